@@ -1,0 +1,229 @@
+//! The ractor actor that carries one key's behaviour, with supervision done inside it.
+//!
+//! A panic in [`VirtualActor::handle`] is caught here rather than left to ractor, which would
+//! stop the actor and drop the rest of its mailbox. Catching it keeps the queued messages and
+//! lets the state be reloaded from its durable form, which is what a restart would do.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::panic::AssertUnwindSafe;
+use std::sync::{Arc, Weak};
+
+use futures::FutureExt;
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+
+use crate::error::Error;
+use crate::host::{Host, Inner};
+use crate::VirtualActor;
+
+/// What travels through a cell's mailbox.
+pub(crate) enum Envelope<M> {
+    /// A message for the behaviour.
+    User(M),
+    /// Stop if the behaviour allows it (or always, when `force`); sent by the host after it
+    /// stopped routing new messages to this actor.
+    Passivate { generation: u64, force: bool },
+}
+
+/// Handed to [`VirtualActor::handle`]: who the actor is and how to reach itself and the host.
+pub struct ActorContext<A: VirtualActor> {
+    key: A::Key,
+    myself: ActorRef<Envelope<A::Msg>>,
+    host: Weak<Inner<A>>,
+}
+
+impl<A: VirtualActor> fmt::Debug for ActorContext<A> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ActorContext").field("key", &self.key).finish()
+    }
+}
+
+impl<A: VirtualActor> ActorContext<A> {
+    /// The key this actor serves.
+    pub fn key(&self) -> &A::Key {
+        &self.key
+    }
+
+    /// Queues a message to this same actor, behind what is already in its mailbox. Used to feed
+    /// back the results of work the actor started in the background.
+    ///
+    /// # Errors
+    /// Gives the message back if the actor has stopped.
+    pub fn send_self(&self, msg: A::Msg) -> Result<(), A::Msg> {
+        send_user(&self.myself, msg)
+    }
+
+    /// The host, to send messages to other keys (None while it is shutting down).
+    pub fn host(&self) -> Option<Host<A>> {
+        self.host.upgrade().map(Host::from_inner)
+    }
+}
+
+/// The ractor actor type; stateless, as ractor wants.
+pub(crate) struct Cell<A: VirtualActor> {
+    pub(crate) behaviour: Arc<A>,
+    pub(crate) host: Weak<Inner<A>>,
+}
+
+pub(crate) struct CellArgs<A: VirtualActor> {
+    pub(crate) key: A::Key,
+}
+
+pub(crate) struct CellState<A: VirtualActor> {
+    ctx: ActorContext<A>,
+    state: Option<A::State>,
+    /// Clock times of recent panics, oldest first.
+    crashes: VecDeque<u64>,
+    failed: Option<Error>,
+}
+
+impl<A: VirtualActor> Actor for Cell<A> {
+    type Msg = Envelope<A::Msg>;
+    type State = CellState<A>;
+    type Arguments = CellArgs<A>;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        args: CellArgs<A>,
+    ) -> Result<CellState<A>, ActorProcessingErr> {
+        let state = self.behaviour.activate(&args.key).await?;
+        Ok(CellState {
+            ctx: ActorContext {
+                key: args.key,
+                myself,
+                host: self.host.clone(),
+            },
+            state: Some(state),
+            crashes: VecDeque::new(),
+            failed: None,
+        })
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        message: Self::Msg,
+        cell: &mut CellState<A>,
+    ) -> Result<(), ActorProcessingErr> {
+        match message {
+            Envelope::User(msg) => self.deliver(msg, cell).await,
+            Envelope::Passivate { generation, force } => {
+                let busy = cell
+                    .state
+                    .as_ref()
+                    .is_some_and(|state| !self.behaviour.can_passivate(state));
+                match self.host.upgrade() {
+                    Some(host) if busy && !force => host.cancel_stop(&cell.ctx.key, generation),
+                    _ => myself.stop(None),
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl<A: VirtualActor> Cell<A> {
+    async fn deliver(&self, msg: A::Msg, cell: &mut CellState<A>) {
+        if let Some(error) = &cell.failed {
+            self.behaviour.reject(msg, error.clone());
+            return;
+        }
+        let Some(state) = cell.state.as_mut() else {
+            // Only a failed cell has no state, and that case returned above.
+            self.behaviour.reject(
+                msg,
+                Error::ActivationFailed {
+                    key: cell.ctx.key.to_string(),
+                    reason: "no state loaded".into(),
+                },
+            );
+            return;
+        };
+        let outcome = AssertUnwindSafe(self.behaviour.handle(&cell.ctx, msg, state))
+            .catch_unwind()
+            .await;
+        if let Err(panic) = outcome {
+            self.recover(cell, panic_message(panic.as_ref())).await;
+        }
+    }
+
+    /// Restarts the behaviour's state from durable storage, or fails the key when it keeps
+    /// crashing.
+    async fn recover(&self, cell: &mut CellState<A>, panic: String) {
+        let Some(host) = self.host.upgrade() else {
+            return;
+        };
+        let config = host.config();
+        let now = host.now_ms();
+        cell.crashes.push_back(now);
+        while cell
+            .crashes
+            .front()
+            .is_some_and(|&at| now.saturating_sub(at) > config.crash_window_ms)
+        {
+            cell.crashes.pop_front();
+        }
+        host.record_crash();
+        let crashes = u32::try_from(cell.crashes.len()).unwrap_or(u32::MAX);
+        tracing::error!(key = %cell.ctx.key, crashes, %panic, "actor.crashed");
+        cell.state = None;
+        if crashes >= config.max_crashes {
+            let error = Error::Failed {
+                key: cell.ctx.key.to_string(),
+                crashes,
+                window_ms: config.crash_window_ms,
+                last_panic: panic,
+            };
+            tracing::error!(key = %cell.ctx.key, %error, "actor.failed");
+            host.mark_failed(cell.ctx.key.clone(), error.clone());
+            cell.failed = Some(error);
+            return;
+        }
+        let reloaded = AssertUnwindSafe(self.behaviour.activate(&cell.ctx.key))
+            .catch_unwind()
+            .await;
+        match reloaded {
+            Ok(Ok(state)) => {
+                tracing::info!(key = %cell.ctx.key, "actor.restarted");
+                cell.state = Some(state);
+            }
+            Ok(Err(error)) => self.fail_reload(&host, cell, error.to_string()),
+            Err(panic) => self.fail_reload(&host, cell, panic_message(panic.as_ref())),
+        }
+    }
+
+    fn fail_reload(&self, host: &Inner<A>, cell: &mut CellState<A>, reason: String) {
+        let error = Error::ActivationFailed {
+            key: cell.ctx.key.to_string(),
+            reason,
+        };
+        host.mark_failed(cell.ctx.key.clone(), error.clone());
+        cell.failed = Some(error);
+    }
+}
+
+/// The text of a panic payload.
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(text) = payload.downcast_ref::<&str>() {
+        (*text).to_string()
+    } else if let Some(text) = payload.downcast_ref::<String>() {
+        text.clone()
+    } else {
+        "panic with a non-string payload".to_string()
+    }
+}
+
+/// Sends a behaviour message to a cell; gives it back if the mailbox is closed.
+pub(crate) fn send_user<M: Send + Sync + 'static>(
+    actor: &ActorRef<Envelope<M>>,
+    msg: M,
+) -> Result<(), M> {
+    match actor.send_message(Envelope::User(msg)) {
+        Ok(()) => Ok(()),
+        Err(ractor::MessagingErr::SendErr(Envelope::User(msg))) => Err(msg),
+        // ractor gives back what it was handed on every failed send; a passivation envelope
+        // cannot come back from a user send.
+        Err(_) => Ok(()),
+    }
+}

@@ -1,0 +1,110 @@
+//! A generic virtual-actor host on [ractor]: one actor per key, activated by its first message,
+//! passivated when idle or evicted least-recently-used, restarted from durable state when it
+//! panics, and failed after too many crashes in a window.
+//!
+//! The host knows nothing of what the actors do. A behaviour implements [`VirtualActor`]:
+//! how to load a key's state ([`VirtualActor::activate`]), how to handle a message, when it is
+//! safe to stop, and how to answer a message that cannot be delivered.
+//!
+//! # Guarantees
+//!
+//! - **One actor per key.** A key's actor is the only one handling its messages; a new actor
+//!   for a key is activated only after the previous one has fully stopped.
+//! - **No lost messages.** A message sent while its actor is starting or stopping is buffered
+//!   in the host and handed, in order, to the next actor for that key. A message that races an
+//!   eviction is delivered either to the old actor before it stops or to the re-activated one.
+//! - **Eviction is only a stop.** The behaviour keeps its state durable; the host never asks it
+//!   to save anything on the way out (ractor skips `post_stop` on a panic, so saving there
+//!   would not be safe anyway).
+//! - **Supervision.** A panic while handling a message is caught inside the actor; its state is
+//!   reloaded through [`VirtualActor::activate`] and the mailbox goes on. After
+//!   [`HostConfig::max_crashes`] panics within [`HostConfig::crash_window_ms`] the key is marked
+//!   failed and every message for it is rejected with [`Error::Failed`].
+//!
+//! # Example
+//!
+//! ```
+//! use dormant_actors::{ActorContext, Error, Host, HostConfig, VirtualActor};
+//! use tokio::sync::oneshot;
+//!
+//! #[derive(Debug)]
+//! struct Counter;
+//! enum CounterMsg { Add(u64, oneshot::Sender<u64>) }
+//!
+//! impl VirtualActor for Counter {
+//!     type Key = String;
+//!     type Msg = CounterMsg;
+//!     type State = u64;
+//!     type Error = std::convert::Infallible;
+//!
+//!     async fn activate(&self, _key: &String) -> Result<u64, Self::Error> { Ok(0) }
+//!
+//!     async fn handle(&self, _ctx: &ActorContext<Self>, msg: CounterMsg, total: &mut u64) {
+//!         let CounterMsg::Add(n, reply) = msg;
+//!         *total += n;
+//!         let _ = reply.send(*total);
+//!     }
+//!
+//!     fn reject(&self, _msg: CounterMsg, _error: Error) {}
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! let host = Host::new(Counter, HostConfig::default());
+//! let (tx, rx) = oneshot::channel();
+//! host.send("a".to_string(), CounterMsg::Add(2, tx));
+//! assert_eq!(rx.await.ok(), Some(2));
+//! host.shutdown().await;
+//! # }
+//! ```
+
+mod cell;
+mod clock;
+mod error;
+mod host;
+mod slot;
+
+use std::fmt::{Debug, Display};
+use std::future::Future;
+use std::hash::Hash;
+
+pub use cell::ActorContext;
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use error::Error;
+pub use host::{Host, HostConfig, HostStats};
+
+/// The behaviour of one kind of keyed, durable actor.
+///
+/// The host calls [`activate`](Self::activate) before the first message of a key (and again
+/// after a panic), then [`handle`](Self::handle) for each message in order.
+pub trait VirtualActor: Sized + Send + Sync + Debug + 'static {
+    /// The identity of an actor, e.g. a session id.
+    type Key: Clone + Eq + Hash + Send + Sync + Debug + Display + 'static;
+    /// The messages an actor handles.
+    type Msg: Send + Sync + 'static;
+    /// What an actor keeps in memory while it is resident.
+    type State: Send + 'static;
+    /// Why loading a key's state failed.
+    type Error: std::error::Error + Send + Sync + 'static;
+
+    /// Loads the state of `key` from durable storage (or creates it).
+    fn activate(&self, key: &Self::Key)
+        -> impl Future<Output = Result<Self::State, Self::Error>> + Send;
+
+    /// Handles one message.
+    fn handle(
+        &self,
+        ctx: &ActorContext<Self>,
+        msg: Self::Msg,
+        state: &mut Self::State,
+    ) -> impl Future<Output = ()> + Send;
+
+    /// Whether the actor may stop now. An actor with work in flight (a run waiting on a model
+    /// call, say) answers `false`, and an eviction request is dropped until it is idle again.
+    fn can_passivate(&self, _state: &Self::State) -> bool {
+        true
+    }
+
+    /// Answers a message that cannot be handled, so the sender learns why.
+    fn reject(&self, msg: Self::Msg, error: Error);
+}

@@ -1,0 +1,57 @@
+//! Messages that race evictions are delivered exactly once, never dropped.
+
+mod common;
+
+use std::collections::HashMap;
+
+use common::{apply, Counter};
+use dormant_actors::{Host, HostConfig};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thousands_of_sends_interleaved_with_evictions_arrive_exactly_once() -> anyhow::Result<()>
+{
+    const KEYS: u64 = 16;
+    const MESSAGES: u64 = 8_000;
+    let config = HostConfig {
+        max_resident: Some(8),
+        ..HostConfig::default()
+    };
+    let host = Host::new(Counter::default(), config);
+    let evictor = {
+        let host = host.clone();
+        tokio::spawn(async move {
+            for round in 0..2_000u64 {
+                host.evict(&format!("k{}", round % KEYS));
+                if round % 7 == 0 {
+                    tokio::task::yield_now().await;
+                }
+            }
+        })
+    };
+    let mut answers = Vec::with_capacity(MESSAGES as usize);
+    for id in 0..MESSAGES {
+        answers.push(apply(&host, &format!("k{}", id % KEYS), id));
+        if id % 64 == 0 {
+            tokio::task::yield_now().await;
+        }
+    }
+    evictor.await?;
+    for answer in answers {
+        answer.await??;
+    }
+    let durable = host.behaviour().durable.lock().clone();
+    let mut seen: HashMap<u64, usize> = HashMap::new();
+    for (key, ids) in &durable {
+        for id in ids {
+            assert_eq!(format!("k{}", id % KEYS), *key, "id {id} went to the wrong key");
+            *seen.entry(*id).or_default() += 1;
+        }
+    }
+    for id in 0..MESSAGES {
+        assert_eq!(seen.get(&id), Some(&1), "message {id} was not applied exactly once");
+    }
+    let stats = host.stats();
+    assert!(stats.passivations > 0, "the test must actually evict: {stats:?}");
+    assert!(stats.activations > KEYS, "evicted keys must re-activate: {stats:?}");
+    Ok(())
+}

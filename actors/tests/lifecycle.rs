@@ -1,0 +1,125 @@
+//! Activation on first message, passivation, LRU eviction and rehydration of a keyed actor.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::{apply, ask, Counter, CounterMsg};
+use dormant_actors::{Error, Host, HostConfig, ManualClock};
+
+#[tokio::test]
+async fn first_message_activates_and_loads_durable_state() -> anyhow::Result<()> {
+    let counter = Counter::default();
+    counter.durable.lock().insert("a".into(), vec![7, 8]);
+    let host = Host::new(counter, HostConfig::default());
+    assert!(!host.is_resident(&"a".to_string()));
+    assert_eq!(apply(&host, "a", 9).await??, 3);
+    assert!(host.is_resident(&"a".to_string()));
+    assert_eq!(host.stats().activations, 1);
+    Ok(())
+}
+
+#[tokio::test]
+async fn evicted_actor_rehydrates_from_durable_state() -> anyhow::Result<()> {
+    let host = Host::new(Counter::default(), HostConfig::default());
+    apply(&host, "a", 1).await??;
+    host.evict_and_wait(&"a".to_string()).await;
+    assert!(!host.is_resident(&"a".to_string()));
+    assert_eq!(apply(&host, "a", 2).await??, 2);
+    let stats = host.stats();
+    assert_eq!((stats.activations, stats.passivations), (2, 1));
+    Ok(())
+}
+
+#[tokio::test]
+async fn busy_actor_refuses_eviction_and_keeps_its_messages() -> anyhow::Result<()> {
+    let host = Host::new(Counter::default(), HostConfig::default());
+    ask(&host, "a", |reply| CounterMsg::SetBusy { busy: true, reply }).await??;
+    host.evict_and_wait(&"a".to_string()).await;
+    assert!(host.is_resident(&"a".to_string()));
+    assert_eq!(apply(&host, "a", 1).await??, 1);
+    assert_eq!(host.stats().activations, 1);
+    ask(&host, "a", |reply| CounterMsg::SetBusy { busy: false, reply }).await??;
+    host.evict_and_wait(&"a".to_string()).await;
+    assert!(!host.is_resident(&"a".to_string()));
+    Ok(())
+}
+
+#[tokio::test]
+async fn least_recently_used_actors_are_evicted_past_the_limit() -> anyhow::Result<()> {
+    let config = HostConfig {
+        max_resident: Some(10),
+        ..HostConfig::default()
+    };
+    let host = Host::new(Counter::default(), config);
+    for key in 0..10 {
+        apply(&host, &format!("k{key}"), 0).await??;
+    }
+    // Touch k0 so that k1 becomes the least recently used.
+    apply(&host, "k0", 1).await??;
+    apply(&host, "k10", 0).await??;
+    // The eleventh activation evicts down to nine tenths of the limit: the two oldest.
+    host.evict_and_wait(&"k1".to_string()).await;
+    host.evict_and_wait(&"k2".to_string()).await;
+    assert!(host.is_resident(&"k0".to_string()));
+    assert!(!host.is_resident(&"k1".to_string()));
+    assert!(!host.is_resident(&"k2".to_string()));
+    assert!(host.stats().resident <= 10);
+    assert_eq!(host.stats().peak_resident, 11);
+    // An evicted key comes back with its state.
+    assert_eq!(apply(&host, "k1", 5).await??, 2);
+    Ok(())
+}
+
+#[tokio::test]
+async fn idle_actors_are_passivated_by_the_clock() -> anyhow::Result<()> {
+    let clock = ManualClock::new(0);
+    let config = HostConfig {
+        idle_after_ms: Some(1_000),
+        ..HostConfig::default()
+    };
+    let host = Host::with_clock(Counter::default(), config, Arc::new(clock.clone()));
+    apply(&host, "old", 0).await??;
+    clock.advance(600);
+    apply(&host, "new", 0).await??;
+    clock.advance(500);
+    assert_eq!(host.passivate_idle(), 1);
+    host.evict_and_wait(&"old".to_string()).await;
+    assert!(!host.is_resident(&"old".to_string()));
+    assert!(host.is_resident(&"new".to_string()));
+    Ok(())
+}
+
+#[tokio::test]
+async fn failed_activation_answers_a_typed_error_and_can_be_retried() -> anyhow::Result<()> {
+    let counter = Counter {
+        fail_activation_of: Some("bad".into()),
+        ..Counter::default()
+    };
+    let host = Host::new(counter, HostConfig::default());
+    let first = apply(&host, "bad", 1);
+    let second = apply(&host, "bad", 2);
+    for answer in [first.await?, second.await?] {
+        match answer {
+            Err(Error::ActivationFailed { key, reason }) => {
+                assert_eq!(key, "bad");
+                assert!(reason.contains("snapshot is corrupt"), "{reason}");
+            }
+            other => anyhow::bail!("expected an activation failure, got {other:?}"),
+        }
+    }
+    assert!(!host.is_resident(&"bad".to_string()));
+    assert_eq!(apply(&host, "good", 1).await??, 1);
+    Ok(())
+}
+
+#[tokio::test]
+async fn shutdown_stops_everything_and_rejects_later_messages() -> anyhow::Result<()> {
+    let host = Host::new(Counter::default(), HostConfig::default());
+    apply(&host, "a", 1).await??;
+    ask(&host, "b", |reply| CounterMsg::SetBusy { busy: true, reply }).await??;
+    host.shutdown().await;
+    assert_eq!(host.stats().resident, 0);
+    assert_eq!(apply(&host, "a", 2).await?, Err(Error::ShutDown));
+    Ok(())
+}
