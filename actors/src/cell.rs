@@ -53,9 +53,47 @@ impl<A: VirtualActor> ActorContext<A> {
         send_user(&self.myself, msg)
     }
 
+    /// An owned handle to this actor's mailbox, for background work that reports back later.
+    pub fn mailbox(&self) -> Mailbox<A> {
+        Mailbox {
+            actor: self.myself.clone(),
+        }
+    }
+
     /// The host, to send messages to other keys (None while it is shutting down).
     pub fn host(&self) -> Option<Host<A>> {
         self.host.upgrade().map(Host::from_inner)
+    }
+}
+
+/// A cloneable handle to one actor's mailbox (see [`ActorContext::mailbox`]). It reaches that
+/// actor only, not its successor after an eviction: use it for work the actor waits on, which
+/// keeps it from being passivated.
+pub struct Mailbox<A: VirtualActor> {
+    actor: ActorRef<Envelope<A::Msg>>,
+}
+
+impl<A: VirtualActor> Clone for Mailbox<A> {
+    fn clone(&self) -> Self {
+        Self {
+            actor: self.actor.clone(),
+        }
+    }
+}
+
+impl<A: VirtualActor> fmt::Debug for Mailbox<A> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Mailbox").field("actor", &self.actor.get_id()).finish()
+    }
+}
+
+impl<A: VirtualActor> Mailbox<A> {
+    /// Queues `msg` behind what is already in the mailbox.
+    ///
+    /// # Errors
+    /// Gives the message back if the actor has stopped.
+    pub fn send(&self, msg: A::Msg) -> Result<(), A::Msg> {
+        send_user(&self.actor, msg)
     }
 }
 

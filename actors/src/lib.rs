@@ -68,7 +68,7 @@ use std::fmt::{Debug, Display};
 use std::future::Future;
 use std::hash::Hash;
 
-pub use cell::ActorContext;
+pub use cell::{ActorContext, Mailbox};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::Error;
 pub use host::{Host, HostConfig, HostStats};

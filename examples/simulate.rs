@@ -1,0 +1,2 @@
+//! Run with: cargo run --example simulate
+fn main() {}

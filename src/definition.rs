@@ -1,0 +1,425 @@
+//! Agent definitions, validated when built: an invalid definition never reaches a run.
+
+mod tool;
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+
+use serde_json::Value;
+
+pub use tool::{Approval, ToolContext, ToolDefinition, ToolError, ToolHandler, ToolKind};
+
+/// The name of the tool that ends a run with a value checked against the agent's output schema.
+pub const FINISH_TOOL: &str = "__finish__";
+/// Prefix reserved for the tools the runtime makes for ephemeral sub-agents.
+pub const SUBAGENT_PREFIX: &str = "subagent__";
+/// Prefix reserved for the companion tools of persistent sub-agents.
+pub const COMPANION_PREFIX: &str = "companion__";
+/// Model calls a run may make when the definition does not say.
+pub const DEFAULT_MAX_STEPS: u32 = 10;
+/// A client tool's timeout when neither the tool nor the agent sets one: five minutes.
+pub const DEFAULT_CLIENT_TOOL_TIMEOUT_MS: u64 = 300_000;
+
+/// Why a definition was refused. Each rule has its own variant.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum DefinitionError {
+    /// The agent's name is empty.
+    #[error("an agent needs a name")]
+    EmptyAgentName,
+    /// A tool's name is empty.
+    #[error("agent {agent}: a tool needs a name")]
+    EmptyToolName {
+        /// The agent.
+        agent: String,
+    },
+    /// A user tool uses a prefix the runtime reserves.
+    #[error("agent {agent}: tool {tool} uses the reserved prefix {prefix}")]
+    ReservedPrefix {
+        /// The agent.
+        agent: String,
+        /// The tool.
+        tool: String,
+        /// The reserved prefix.
+        prefix: &'static str,
+    },
+    /// A user tool is named `__finish__`.
+    #[error("agent {agent}: the tool name {FINISH_TOOL} is reserved")]
+    ReservedFinishName {
+        /// The agent.
+        agent: String,
+    },
+    /// Two tools share a name.
+    #[error("agent {agent}: two tools are named {tool}")]
+    DuplicateTool {
+        /// The agent.
+        agent: String,
+        /// The name used twice.
+        tool: String,
+    },
+    /// A client tool requires approval: the client already is the person in the loop.
+    #[error("agent {agent}: client tool {tool} may not also require approval")]
+    ClientWithApproval {
+        /// The agent.
+        agent: String,
+        /// The tool.
+        tool: String,
+    },
+    /// A client tool is `finish_with`: its result arrives after the run has suspended.
+    #[error("agent {agent}: client tool {tool} may not also be finish_with")]
+    ClientWithFinish {
+        /// The agent.
+        agent: String,
+        /// The tool.
+        tool: String,
+    },
+    /// A sub-agent tool is `finish_with` or requires approval.
+    #[error("agent {agent}: sub-agent tool {tool} may not be finish_with or require approval")]
+    SubAgentWithFlags {
+        /// The agent.
+        agent: String,
+        /// The tool.
+        tool: String,
+    },
+    /// A schema does not compile.
+    #[error("agent {agent}: {which} schema of {owner} is not a valid JSON Schema: {reason}")]
+    InvalidSchema {
+        /// The agent.
+        agent: String,
+        /// The tool, or the agent for its output schema.
+        owner: String,
+        /// `input` or `output`.
+        which: &'static str,
+        /// The compiler's complaint.
+        reason: String,
+    },
+    /// `max_steps` is zero.
+    #[error("agent {agent}: max_steps must be at least 1")]
+    ZeroMaxSteps {
+        /// The agent.
+        agent: String,
+    },
+    /// A sub-agent tool names an agent that is not registered.
+    #[error("agent {agent}: sub-agent tool {tool} names unknown agent {target}")]
+    UnknownSubAgent {
+        /// The agent.
+        agent: String,
+        /// The tool.
+        tool: String,
+        /// The agent it names.
+        target: String,
+    },
+    /// An agent with this name is already registered.
+    #[error("an agent named {agent} is already defined")]
+    DuplicateAgent {
+        /// The agent.
+        agent: String,
+    },
+}
+
+/// A compiled JSON Schema and its source.
+#[derive(Clone)]
+pub(crate) struct Schema {
+    source: Value,
+    validator: Arc<jsonschema::Validator>,
+}
+
+impl fmt::Debug for Schema {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("Schema").field(&self.source).finish()
+    }
+}
+
+impl Schema {
+    fn compile(source: &Value) -> Result<Self, String> {
+        let validator = jsonschema::validator_for(source).map_err(|error| error.to_string())?;
+        Ok(Self {
+            source: source.clone(),
+            validator: Arc::new(validator),
+        })
+    }
+
+    /// Every way `value` fails the schema, as `path: message` lines; empty when valid.
+    pub(crate) fn errors(&self, value: &Value) -> Vec<String> {
+        self.validator
+            .iter_errors(value)
+            .map(|error| {
+                let path = error.instance_path().to_string();
+                let path = if path.is_empty() { "/".into() } else { path };
+                format!("{path}: {error}")
+            })
+            .collect()
+    }
+
+    /// The schema as written.
+    pub(crate) fn source(&self) -> &Value {
+        &self.source
+    }
+}
+
+/// A tool as the model sees it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ToolSpec {
+    /// The name.
+    pub name: String,
+    /// The description.
+    pub description: String,
+    /// The input schema (an empty object schema when the definition has none).
+    pub input_schema: Value,
+}
+
+/// A validated tool with its compiled schemas.
+#[derive(Clone, Debug)]
+pub(crate) struct Tool {
+    pub(crate) def: ToolDefinition,
+    pub(crate) input: Option<Schema>,
+    /// Checked against submitted client results (the submit contract).
+    #[allow(dead_code)]
+    pub(crate) output: Option<Schema>,
+}
+
+/// An agent: its prompt, tools and limits. Build one with [`AgentDefinition::builder`].
+///
+/// ```
+/// use dormant::{AgentDefinition, DefinitionError, ToolDefinition, ToolError};
+/// use serde_json::json;
+///
+/// let agent = AgentDefinition::builder("helper")
+///     .system_prompt("Be brief.")
+///     .tool(ToolDefinition::server("now", |_, _| async { Ok::<_, ToolError>(json!(0)) }))
+///     .max_steps(5)
+///     .build()?;
+/// assert_eq!(agent.name(), "helper");
+///
+/// let refused = AgentDefinition::builder("x")
+///     .tool(ToolDefinition::client("__finish__"))
+///     .build();
+/// assert!(matches!(refused, Err(DefinitionError::ReservedFinishName { .. })));
+/// # Ok::<(), DefinitionError>(())
+/// ```
+#[derive(Clone, Debug)]
+pub struct AgentDefinition {
+    name: String,
+    system_prompt: String,
+    max_steps: u32,
+    client_tool_timeout_ms: Option<u64>,
+    output_schema: Option<Schema>,
+    tools: Vec<Tool>,
+    by_name: HashMap<String, usize>,
+    specs: Arc<[ToolSpec]>,
+}
+
+impl AgentDefinition {
+    /// Starts a definition of the agent `name`.
+    pub fn builder(name: impl Into<String>) -> AgentBuilder {
+        AgentBuilder {
+            name: name.into(),
+            system_prompt: String::new(),
+            max_steps: DEFAULT_MAX_STEPS,
+            client_tool_timeout_ms: None,
+            output_schema: None,
+            tools: Vec::new(),
+        }
+    }
+
+    /// The agent's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The system prompt.
+    pub fn system_prompt(&self) -> &str {
+        &self.system_prompt
+    }
+
+    /// Model calls one run may make.
+    pub fn max_steps(&self) -> u32 {
+        self.max_steps
+    }
+
+    /// The client-tool timeout for tools that do not set their own.
+    pub fn client_tool_timeout_ms(&self) -> Option<u64> {
+        self.client_tool_timeout_ms
+    }
+
+    /// The output schema, if the agent finishes with `__finish__`.
+    pub fn output_schema(&self) -> Option<&Value> {
+        self.output_schema.as_ref().map(Schema::source)
+    }
+
+    /// The tools as the model sees them (with `__finish__` when there is an output schema).
+    pub fn tool_specs(&self) -> Arc<[ToolSpec]> {
+        Arc::clone(&self.specs)
+    }
+
+    /// The user tools, in definition order.
+    pub fn tools(&self) -> impl Iterator<Item = &ToolDefinition> {
+        self.tools.iter().map(|tool| &tool.def)
+    }
+
+    pub(crate) fn tool(&self, name: &str) -> Option<&Tool> {
+        self.by_name.get(name).and_then(|&index| self.tools.get(index))
+    }
+
+    pub(crate) fn output(&self) -> Option<&Schema> {
+        self.output_schema.as_ref()
+    }
+}
+
+/// Builds an [`AgentDefinition`]; [`AgentBuilder::build`] checks every rule.
+#[derive(Debug)]
+#[must_use]
+pub struct AgentBuilder {
+    name: String,
+    system_prompt: String,
+    max_steps: u32,
+    client_tool_timeout_ms: Option<u64>,
+    output_schema: Option<Value>,
+    tools: Vec<ToolDefinition>,
+}
+
+impl AgentBuilder {
+    /// Sets the system prompt.
+    pub fn system_prompt(mut self, prompt: impl Into<String>) -> Self {
+        self.system_prompt = prompt.into();
+        self
+    }
+
+    /// Adds a tool.
+    pub fn tool(mut self, tool: ToolDefinition) -> Self {
+        self.tools.push(tool);
+        self
+    }
+
+    /// Sets how many model calls one run may make (default [`DEFAULT_MAX_STEPS`]).
+    pub fn max_steps(mut self, steps: u32) -> Self {
+        self.max_steps = steps;
+        self
+    }
+
+    /// Sets the timeout of client tools that do not set their own.
+    pub fn client_tool_timeout_ms(mut self, timeout_ms: u64) -> Self {
+        self.client_tool_timeout_ms = Some(timeout_ms);
+        self
+    }
+
+    /// Gives the agent an output schema: it gains the `__finish__` tool, whose input must
+    /// satisfy the schema and becomes the run's output.
+    pub fn output_schema(mut self, schema: Value) -> Self {
+        self.output_schema = Some(schema);
+        self
+    }
+
+    /// Checks every rule and builds the definition.
+    ///
+    /// # Errors
+    /// The first rule broken, as its own [`DefinitionError`] variant.
+    pub fn build(self) -> Result<AgentDefinition, DefinitionError> {
+        let agent = self.name;
+        if agent.is_empty() {
+            return Err(DefinitionError::EmptyAgentName);
+        }
+        if self.max_steps == 0 {
+            return Err(DefinitionError::ZeroMaxSteps { agent });
+        }
+        let mut tools = Vec::with_capacity(self.tools.len());
+        let mut by_name = HashMap::with_capacity(self.tools.len());
+        for def in self.tools {
+            check_tool(&agent, &def)?;
+            if by_name.insert(def.name.clone(), tools.len()).is_some() {
+                return Err(DefinitionError::DuplicateTool {
+                    agent,
+                    tool: def.name,
+                });
+            }
+            let compile = |schema: &Option<Value>, which| {
+                schema
+                    .as_ref()
+                    .map(Schema::compile)
+                    .transpose()
+                    .map_err(|reason| DefinitionError::InvalidSchema {
+                        agent: agent.clone(),
+                        owner: def.name.clone(),
+                        which,
+                        reason,
+                    })
+            };
+            let input = compile(&def.input_schema, "input")?;
+            let output = compile(&def.output_schema, "output")?;
+            tools.push(Tool { def, input, output });
+        }
+        let output_schema = self
+            .output_schema
+            .as_ref()
+            .map(Schema::compile)
+            .transpose()
+            .map_err(|reason| DefinitionError::InvalidSchema {
+                agent: agent.clone(),
+                owner: agent.clone(),
+                which: "output",
+                reason,
+            })?;
+        let mut specs: Vec<ToolSpec> = tools
+            .iter()
+            .map(|tool| ToolSpec {
+                name: tool.def.name.clone(),
+                description: tool.def.description.clone(),
+                input_schema: tool
+                    .def
+                    .input_schema
+                    .clone()
+                    .unwrap_or_else(|| serde_json::json!({ "type": "object" })),
+            })
+            .collect();
+        if let Some(schema) = &output_schema {
+            specs.push(ToolSpec {
+                name: FINISH_TOOL.into(),
+                description: "Finish the run with this value as its output.".into(),
+                input_schema: schema.source().clone(),
+            });
+        }
+        Ok(AgentDefinition {
+            name: agent,
+            system_prompt: self.system_prompt,
+            max_steps: self.max_steps,
+            client_tool_timeout_ms: self.client_tool_timeout_ms,
+            output_schema,
+            tools,
+            by_name,
+            specs: specs.into(),
+        })
+    }
+}
+
+fn check_tool(agent: &str, def: &ToolDefinition) -> Result<(), DefinitionError> {
+    let agent = agent.to_string();
+    let tool = def.name.clone();
+    if tool.is_empty() {
+        return Err(DefinitionError::EmptyToolName { agent });
+    }
+    if tool == FINISH_TOOL {
+        return Err(DefinitionError::ReservedFinishName { agent });
+    }
+    for prefix in [SUBAGENT_PREFIX, COMPANION_PREFIX] {
+        if tool.starts_with(prefix) {
+            return Err(DefinitionError::ReservedPrefix {
+                agent,
+                tool,
+                prefix,
+            });
+        }
+    }
+    let needs_approval = !matches!(def.approval, Approval::Never);
+    match def.kind {
+        ToolKind::Client { .. } if needs_approval => {
+            Err(DefinitionError::ClientWithApproval { agent, tool })
+        }
+        ToolKind::Client { .. } if def.finish_with => {
+            Err(DefinitionError::ClientWithFinish { agent, tool })
+        }
+        ToolKind::SubAgent { .. } if needs_approval || def.finish_with => {
+            Err(DefinitionError::SubAgentWithFlags { agent, tool })
+        }
+        _ => Ok(()),
+    }
+}

@@ -1,0 +1,299 @@
+//! Tool definitions: what a tool is called, what it accepts and returns, and who runs it.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use parking_lot::Mutex;
+use serde_json::{Map, Value};
+
+use crate::ids::{RunId, SessionId};
+
+/// An error a server tool returns; the model reads its text.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ToolError(pub String);
+
+impl ToolError {
+    /// An error with this text.
+    pub fn new(text: impl Into<String>) -> Self {
+        Self(text.into())
+    }
+}
+
+impl From<&str> for ToolError {
+    fn from(text: &str) -> Self {
+        Self(text.to_string())
+    }
+}
+
+impl From<String> for ToolError {
+    fn from(text: String) -> Self {
+        Self(text)
+    }
+}
+
+/// What a server tool's handler can see and change besides its input.
+#[derive(Clone, Debug)]
+pub struct ToolContext {
+    session_id: SessionId,
+    run_id: RunId,
+    tool_call_id: String,
+    state: Arc<Value>,
+    updates: Arc<Mutex<Map<String, Value>>>,
+}
+
+impl ToolContext {
+    pub(crate) fn new(
+        session_id: SessionId,
+        run_id: RunId,
+        tool_call_id: String,
+        state: Arc<Value>,
+    ) -> Self {
+        Self {
+            session_id,
+            run_id,
+            tool_call_id,
+            state,
+            updates: Arc::default(),
+        }
+    }
+
+    /// The session that called the tool.
+    pub fn session_id(&self) -> &SessionId {
+        &self.session_id
+    }
+
+    /// The run in progress.
+    pub fn run_id(&self) -> RunId {
+        self.run_id
+    }
+
+    /// This call's id.
+    pub fn tool_call_id(&self) -> &str {
+        &self.tool_call_id
+    }
+
+    /// The session's custom state as the step began (a JSON object).
+    pub fn state(&self) -> &Value {
+        &self.state
+    }
+
+    /// Sets `key` of the session's custom state; committed with the tool's result.
+    pub fn set_state(&self, key: impl Into<String>, value: Value) {
+        self.updates.lock().insert(key.into(), value);
+    }
+
+    pub(crate) fn take_updates(&self) -> Map<String, Value> {
+        std::mem::take(&mut *self.updates.lock())
+    }
+}
+
+/// Runs a server tool.
+pub trait ToolHandler: Send + Sync + 'static {
+    /// Runs the tool on `input`.
+    fn call(&self, input: Value, ctx: ToolContext) -> BoxFuture<'static, Result<Value, ToolError>>;
+}
+
+impl<F, Fut> ToolHandler for F
+where
+    F: Fn(Value, ToolContext) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Value, ToolError>> + Send + 'static,
+{
+    fn call(&self, input: Value, ctx: ToolContext) -> BoxFuture<'static, Result<Value, ToolError>> {
+        Box::pin(self(input, ctx))
+    }
+}
+
+/// Whether a call must be approved by a person before it runs.
+#[derive(Clone, Default)]
+pub enum Approval {
+    /// Never (the default).
+    #[default]
+    Never,
+    /// Always.
+    Always,
+    /// When the predicate says so; a predicate that errs or panics means approval is required.
+    When(Arc<dyn Fn(&Value) -> Result<bool, String> + Send + Sync>),
+}
+
+impl fmt::Debug for Approval {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Approval::Never => f.write_str("Never"),
+            Approval::Always => f.write_str("Always"),
+            Approval::When(_) => f.write_str("When(<predicate>)"),
+        }
+    }
+}
+
+/// Who runs a tool.
+#[derive(Clone)]
+pub enum ToolKind {
+    /// The runtime, with this handler.
+    Server(Arc<dyn ToolHandler>),
+    /// A client outside the runtime (a browser); the run suspends until it answers.
+    Client {
+        /// How long the client has to answer, in milliseconds (falls back to the agent's).
+        timeout_ms: Option<u64>,
+    },
+    /// A sub-agent session of the named agent.
+    SubAgent {
+        /// The agent the child runs.
+        agent: String,
+    },
+}
+
+impl fmt::Debug for ToolKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ToolKind::Server(_) => f.write_str("Server(<handler>)"),
+            ToolKind::Client { timeout_ms } => f
+                .debug_struct("Client")
+                .field("timeout_ms", timeout_ms)
+                .finish(),
+            ToolKind::SubAgent { agent } => {
+                f.debug_struct("SubAgent").field("agent", agent).finish()
+            }
+        }
+    }
+}
+
+/// A tool an agent may call. Checked when the agent is built
+/// ([`AgentDefinition::builder`](crate::AgentDefinition::builder)).
+///
+/// ```
+/// use dormant::{ToolDefinition, ToolError};
+/// use serde_json::json;
+///
+/// let lookup = ToolDefinition::server("lookup", |input, _ctx| async move {
+///     Ok::<_, ToolError>(json!({ "found": input["key"] }))
+/// })
+/// .description("Looks a key up")
+/// .safe_to_retry(true);
+/// assert_eq!(lookup.name(), "lookup");
+/// ```
+#[derive(Clone, Debug)]
+pub struct ToolDefinition {
+    pub(crate) name: String,
+    pub(crate) description: String,
+    pub(crate) input_schema: Option<Value>,
+    pub(crate) output_schema: Option<Value>,
+    pub(crate) kind: ToolKind,
+    pub(crate) approval: Approval,
+    pub(crate) safe_to_retry: bool,
+    pub(crate) finish_with: bool,
+}
+
+impl ToolDefinition {
+    fn with_kind(name: impl Into<String>, kind: ToolKind) -> Self {
+        Self {
+            name: name.into(),
+            description: String::new(),
+            input_schema: None,
+            output_schema: None,
+            kind,
+            approval: Approval::Never,
+            safe_to_retry: false,
+            finish_with: false,
+        }
+    }
+
+    /// A tool the runtime runs with `handler`.
+    pub fn server(name: impl Into<String>, handler: impl ToolHandler) -> Self {
+        Self::with_kind(name, ToolKind::Server(Arc::new(handler)))
+    }
+
+    /// A tool a client runs; the run suspends until its result is submitted.
+    pub fn client(name: impl Into<String>) -> Self {
+        Self::with_kind(name, ToolKind::Client { timeout_ms: None })
+    }
+
+    /// A tool that delegates to a sub-agent session of `agent`.
+    pub fn sub_agent(name: impl Into<String>, agent: impl Into<String>) -> Self {
+        Self::with_kind(
+            name,
+            ToolKind::SubAgent {
+                agent: agent.into(),
+            },
+        )
+    }
+
+    /// Sets the description shown to the model.
+    #[must_use]
+    pub fn description(mut self, text: impl Into<String>) -> Self {
+        self.description = text.into();
+        self
+    }
+
+    /// Sets the JSON Schema the input must satisfy.
+    #[must_use]
+    pub fn input_schema(mut self, schema: Value) -> Self {
+        self.input_schema = Some(schema);
+        self
+    }
+
+    /// Sets the JSON Schema a result must satisfy (checked for client results).
+    #[must_use]
+    pub fn output_schema(mut self, schema: Value) -> Self {
+        self.output_schema = Some(schema);
+        self
+    }
+
+    /// Sets a client tool's timeout in milliseconds (0: expired at once). No effect on other
+    /// kinds.
+    #[must_use]
+    pub fn timeout_ms(mut self, timeout_ms: u64) -> Self {
+        if let ToolKind::Client { timeout_ms: slot } = &mut self.kind {
+            *slot = Some(timeout_ms);
+        }
+        self
+    }
+
+    /// Requires approval before the tool runs.
+    #[must_use]
+    pub fn require_approval(mut self, approval: Approval) -> Self {
+        self.approval = approval;
+        self
+    }
+
+    /// Declares that running the tool twice is harmless, so a call cut by a crash is re-run.
+    #[must_use]
+    pub fn safe_to_retry(mut self, safe: bool) -> Self {
+        self.safe_to_retry = safe;
+        self
+    }
+
+    /// Makes the tool's successful result the run's final output.
+    #[must_use]
+    pub fn finish_with(mut self, finish: bool) -> Self {
+        self.finish_with = finish;
+        self
+    }
+
+    /// The tool's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Who runs the tool.
+    pub fn kind(&self) -> &ToolKind {
+        &self.kind
+    }
+
+    /// Whether a crash-cut call may be re-run.
+    pub fn is_safe_to_retry(&self) -> bool {
+        self.safe_to_retry
+    }
+
+    /// Whether the tool's result finishes the run.
+    pub fn is_finish_with(&self) -> bool {
+        self.finish_with
+    }
+
+    /// Whether the tool requires approval.
+    pub fn approval(&self) -> &Approval {
+        &self.approval
+    }
+}

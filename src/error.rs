@@ -1,0 +1,75 @@
+//! The errors of the public API.
+
+use crate::definition::DefinitionError;
+use crate::ids::{InvalidId, SessionId};
+use crate::{schema, store};
+
+/// What went wrong in a call to the [`Runtime`](crate::Runtime).
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// No session has this id.
+    #[error("unknown session {0}")]
+    UnknownSession(SessionId),
+    /// No agent has this name.
+    #[error("unknown agent {0}")]
+    UnknownAgent(String),
+    /// The session exists and runs another agent.
+    #[error("session {session} runs agent {actual}, not {requested}")]
+    AgentMismatch {
+        /// The session.
+        session: SessionId,
+        /// The agent it runs.
+        actual: String,
+        /// The agent asked for.
+        requested: String,
+    },
+    /// A run of the session is in progress.
+    #[error("session {0} is already running")]
+    AlreadyRunning(SessionId),
+    /// An id is malformed.
+    #[error("invalid id: {0}")]
+    InvalidId(#[from] InvalidId),
+    /// A definition was refused.
+    #[error("invalid definition: {0}")]
+    InvalidDefinition(#[from] DefinitionError),
+    /// The store failed; nothing of the operation was acknowledged.
+    #[error("store: {0}")]
+    Store(#[from] store::Error),
+    /// A stored value could not be read (corrupt, or written by a newer version).
+    #[error(transparent)]
+    Schema(#[from] schema::Error),
+    /// The session's actor crashed too often and is marked failed, or could not start.
+    #[error("session {session} is unavailable: {reason}")]
+    SessionUnavailable {
+        /// The session.
+        session: SessionId,
+        /// Why.
+        reason: String,
+    },
+    /// The session's actor went away before answering (it crashed while handling the call).
+    #[error("session {0} crashed while handling the request")]
+    Crashed(SessionId),
+    /// The runtime is shut down.
+    #[error("the runtime is shut down")]
+    ShutDown,
+}
+
+impl Error {
+    /// A stable snake_case code for the error.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Error::UnknownSession(_) => "unknown_session",
+            Error::UnknownAgent(_) => "unknown_agent",
+            Error::AgentMismatch { .. } => "agent_mismatch",
+            Error::AlreadyRunning(_) => "already_running",
+            Error::InvalidId(_) => "invalid_id",
+            Error::InvalidDefinition(_) => "invalid_definition",
+            Error::Store(_) => "store_error",
+            Error::Schema(schema::Error::UnsupportedVersion { .. }) => "unsupported_version",
+            Error::Schema(_) => "corrupt_snapshot",
+            Error::SessionUnavailable { .. } => "session_unavailable",
+            Error::Crashed(_) => "crashed",
+            Error::ShutDown => "shut_down",
+        }
+    }
+}

@@ -1,0 +1,86 @@
+//! dormant: an in-process, actor-based runtime for durable agent sessions.
+//!
+//! Each session is an actor that owns its state and mailbox. Its agent loop (ask the model,
+//! run tools, repeat) commits every step to an embedded [sled] store before acting on it, so a
+//! session can be evicted from memory at any idle moment and rehydrated by its next message,
+//! and a killed process loses nothing it acknowledged.
+//!
+//! # Layout
+//!
+//! - [`Runtime`] (`runtime.rs`): the handle a daemon embeds: define agents, execute, inspect,
+//!   follow streams, evict, shut down.
+//! - [`definition`]: [`AgentDefinition`] and [`ToolDefinition`], validated when built.
+//! - [`session`]: the session core, a pure state machine (inputs in, a commit and effects out);
+//!   `actor.rs` is the session actor that executes its transitions on the
+//!   [`dormant_actors`] host.
+//! - [`llm`]: the [`LlmAdapter`] trait and [`ScriptedLlm`], a deterministic model.
+//! - [`store`]: the [`Store`] trait, [`SledStore`] (group commit, power-loss safe by default)
+//!   and [`MemoryStore`] for unit tests; `schema.rs` is the stored layout.
+//! - [`stream`], [`hooks`], [`clock`]: what a run reports, and the injected clock.
+//!
+//! # Example
+//!
+//! ```
+//! use std::sync::Arc;
+//! use dormant::{
+//!     AgentDefinition, ModelReply, Runtime, ScriptedLlm, SledStore, Status, ToolCall,
+//!     ToolDefinition, ToolError,
+//! };
+//! use serde_json::json;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let agent = AgentDefinition::builder("clerk")
+//!     .tool(ToolDefinition::server("lookup", |input, _ctx| async move {
+//!         Ok::<_, ToolError>(json!({ "stock": 3, "item": input["item"] }))
+//!     }))
+//!     .build()?;
+//! let llm = ScriptedLlm::new().script("clerk", vec![
+//!     ModelReply::tool_calls(vec![ToolCall::new("c1", "lookup", json!({ "item": "tea" }))]),
+//!     ModelReply::text("We have 3 teas."),
+//! ]);
+//! let runtime = Runtime::builder()
+//!     .store(Arc::new(SledStore::temporary()?))
+//!     .llm(Arc::new(llm))
+//!     .agent(agent)
+//!     .build()?;
+//! let outcome = runtime.execute("clerk", "any tea?").await?;
+//! assert_eq!(outcome.status, Status::Completed);
+//! assert_eq!(runtime.messages(&outcome.session_id)?.len(), 4);
+//! runtime.shutdown().await?;
+//! # Ok(()) }
+//! ```
+
+#![forbid(unsafe_code)]
+
+mod actor;
+pub mod clock;
+pub mod definition;
+mod dispatch;
+mod error;
+pub mod hooks;
+pub mod ids;
+pub mod llm;
+pub mod message;
+mod metrics;
+mod runtime;
+pub mod schema;
+pub mod session;
+pub mod store;
+pub mod stream;
+
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use definition::{
+    AgentBuilder, AgentDefinition, Approval, DefinitionError, ToolContext, ToolDefinition,
+    ToolError, ToolHandler, ToolKind,
+};
+pub use error::Error;
+pub use hooks::{HookEvent, Hooks};
+pub use ids::{RunId, SessionId};
+pub use llm::{LlmAdapter, LlmError, ModelReply, ModelRequest, ScriptedLlm};
+pub use message::{Message, ToolCall, ToolOutcome};
+pub use metrics::Latency;
+pub use runtime::{Runtime, RuntimeBuilder, RuntimeStats};
+pub use session::{ErrorCode, RunError, RunOutcome, RunRecord, SessionRecord, Status};
+pub use store::{MemoryStore, SledStore, Store};
+pub use stream::{Chunk, ChunkKind};

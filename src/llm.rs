@@ -1,0 +1,94 @@
+//! The model behind an agent: one call per step, messages and tool specs in, text and tool
+//! calls out.
+
+mod scripted;
+
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+
+use crate::definition::ToolSpec;
+use crate::ids::SessionId;
+use crate::message::{Message, ToolCall};
+
+pub use scripted::ScriptedLlm;
+
+/// What a model call sees.
+#[derive(Clone, Debug)]
+pub struct ModelRequest {
+    /// The session asking.
+    pub session_id: SessionId,
+    /// The agent's name.
+    pub agent: String,
+    /// The agent's system prompt.
+    pub system_prompt: String,
+    /// The whole conversation so far.
+    pub messages: Arc<Vec<Message>>,
+    /// The tools the model may call.
+    pub tools: Arc<[ToolSpec]>,
+}
+
+impl ModelRequest {
+    /// How many assistant messages the session has recorded: the index of this reply in a
+    /// script.
+    pub fn assistant_turns(&self) -> usize {
+        self.messages
+            .iter()
+            .filter(|message| matches!(message, Message::Assistant { .. }))
+            .count()
+    }
+}
+
+/// What the model answered.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ModelReply {
+    /// Text, if any.
+    pub text: Option<String>,
+    /// Tool calls, in order.
+    pub tool_calls: Vec<ToolCall>,
+}
+
+impl ModelReply {
+    /// A reply with only text: the run completes.
+    pub fn text(text: impl Into<String>) -> Self {
+        Self {
+            text: Some(text.into()),
+            tool_calls: Vec::new(),
+        }
+    }
+
+    /// A reply with only tool calls.
+    pub fn tool_calls(calls: Vec<ToolCall>) -> Self {
+        Self {
+            text: None,
+            tool_calls: calls,
+        }
+    }
+}
+
+/// Why a model call failed.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum LlmError {
+    /// A scripted session asked for more replies than its script has.
+    #[error("script_exhausted: session {session} asked for reply {index} of agent {agent}, whose script has {len}")]
+    ScriptExhausted {
+        /// The session.
+        session: SessionId,
+        /// The agent.
+        agent: String,
+        /// The reply asked for (0-based).
+        index: usize,
+        /// The script's length.
+        len: usize,
+    },
+    /// The provider failed.
+    #[error("model_error: {0}")]
+    Provider(String),
+}
+
+/// A language model. Real providers live behind feature flags; tests, scenarios and the
+/// simulator use [`ScriptedLlm`].
+pub trait LlmAdapter: Send + Sync + 'static {
+    /// Answers one step.
+    fn complete(&self, request: ModelRequest) -> BoxFuture<'static, Result<ModelReply, LlmError>>;
+}

@@ -1,0 +1,81 @@
+//! Counters and latency histograms the runtime exposes.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use hdrhistogram::Histogram;
+use parking_lot::Mutex;
+
+/// A latency distribution, in microseconds.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Latency {
+    /// Samples recorded.
+    pub count: u64,
+    /// Median.
+    pub p50_us: u64,
+    /// 99th percentile.
+    pub p99_us: u64,
+    /// 99.9th percentile.
+    pub p999_us: u64,
+    /// Largest.
+    pub max_us: u64,
+}
+
+/// A thread-safe histogram of durations (1 µs to 1 hour, 3 significant digits).
+#[derive(Debug)]
+pub(crate) struct LatencyHistogram {
+    histogram: Mutex<Option<Histogram<u64>>>,
+}
+
+impl Default for LatencyHistogram {
+    fn default() -> Self {
+        Self {
+            histogram: Mutex::new(Histogram::new_with_bounds(1, 3_600_000_000, 3).ok()),
+        }
+    }
+}
+
+impl LatencyHistogram {
+    pub(crate) fn record(&self, elapsed: Duration) {
+        let micros = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
+        if let Some(histogram) = self.histogram.lock().as_mut() {
+            histogram.saturating_record(micros.max(1));
+        }
+    }
+
+    pub(crate) fn summary(&self) -> Latency {
+        match self.histogram.lock().as_ref() {
+            Some(histogram) => Latency {
+                count: histogram.len(),
+                p50_us: histogram.value_at_quantile(0.5),
+                p99_us: histogram.value_at_quantile(0.99),
+                p999_us: histogram.value_at_quantile(0.999),
+                max_us: histogram.max(),
+            },
+            None => Latency::default(),
+        }
+    }
+}
+
+/// The runtime's own measurements.
+#[derive(Debug, Default)]
+pub(crate) struct Metrics {
+    commits: LatencyHistogram,
+    commit_bytes: AtomicU64,
+}
+
+impl Metrics {
+    pub(crate) fn record_commit(&self, elapsed: Duration, bytes: usize) {
+        self.commits.record(elapsed);
+        self.commit_bytes
+            .fetch_add(u64::try_from(bytes).unwrap_or(u64::MAX), Ordering::Relaxed);
+    }
+
+    pub(crate) fn commit_latency(&self) -> Latency {
+        self.commits.summary()
+    }
+
+    pub(crate) fn commit_bytes(&self) -> u64 {
+        self.commit_bytes.load(Ordering::Relaxed)
+    }
+}

@@ -1,0 +1,261 @@
+//! The public entry point: a [`Runtime`] hosts sessions on a store and runs their agents.
+
+mod builder;
+mod follow;
+
+use std::sync::Arc;
+
+use dormant_actors::{Host, HostStats};
+use futures::Stream;
+use tokio::sync::oneshot;
+
+use crate::actor::{host_error, SessionActor, SessionMsg, Shared};
+use crate::definition::{AgentDefinition, DefinitionError, ToolKind};
+use crate::error::Error;
+use crate::ids::SessionId;
+use crate::message::Message;
+use crate::metrics::Latency;
+use crate::schema;
+use crate::session::{RunOutcome, RunRecord, SessionRecord, Status};
+use crate::stream::Chunk;
+
+pub use builder::RuntimeBuilder;
+
+/// A snapshot of the runtime's counters.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RuntimeStats {
+    /// Actor lifecycle counters (activations, passivations, resident actors).
+    pub host: HostStats,
+    /// Latency of durable step commits, as the sessions waited for them.
+    pub commit_latency: Latency,
+    /// Bytes written by step commits.
+    pub commit_bytes: u64,
+}
+
+/// Hosts durable agent sessions. Cheap to clone; every clone drives the same sessions.
+///
+/// ```
+/// use std::sync::Arc;
+/// use dormant::{AgentDefinition, ModelReply, Runtime, ScriptedLlm, SledStore, Status};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let llm = ScriptedLlm::new().script("greeter", vec![ModelReply::text("Hello!")]);
+/// let runtime = Runtime::builder()
+///     .store(Arc::new(SledStore::temporary()?))
+///     .llm(Arc::new(llm))
+///     .agent(AgentDefinition::builder("greeter").build()?)
+///     .build()?;
+/// let outcome = runtime.execute("greeter", "hi").await?;
+/// assert_eq!(outcome.status, Status::Completed);
+/// assert_eq!(outcome.text.as_deref(), Some("Hello!"));
+/// runtime.shutdown().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+pub struct Runtime {
+    host: Host<SessionActor>,
+    shared: Arc<Shared>,
+}
+
+impl Runtime {
+    /// Starts configuring a runtime.
+    pub fn builder() -> RuntimeBuilder {
+        RuntimeBuilder::default()
+    }
+
+    /// Registers one more agent.
+    ///
+    /// # Errors
+    /// [`Error::InvalidDefinition`] if an agent of that name exists or a sub-agent tool names
+    /// an agent that is not registered.
+    pub fn define(&self, agent: AgentDefinition) -> Result<(), Error> {
+        define(&self.shared, agent)
+    }
+
+    /// Starts a new session of `agent` with a server-issued id and waits for its first run to
+    /// end (or suspend).
+    ///
+    /// # Errors
+    /// [`Error::UnknownAgent`], or a store failure (then nothing was acknowledged).
+    pub async fn execute(
+        &self,
+        agent: &str,
+        message: impl Into<String>,
+    ) -> Result<RunOutcome, Error> {
+        self.execute_on(&SessionId::generate(), agent, message)
+            .await
+    }
+
+    /// Runs `message` on the session `id` (creating it if it does not exist; a completed,
+    /// failed or interrupted session starts a new turn that sees the whole conversation) and
+    /// waits for the run to end or suspend.
+    ///
+    /// # Errors
+    /// [`Error::AlreadyRunning`] while a run is in progress, [`Error::AgentMismatch`] if the
+    /// session runs another agent, [`Error::UnknownAgent`], a store failure.
+    pub async fn execute_on(
+        &self,
+        id: &SessionId,
+        agent: &str,
+        message: impl Into<String>,
+    ) -> Result<RunOutcome, Error> {
+        let agent = self.agent(agent)?;
+        let (reply, answer) = oneshot::channel();
+        self.host.send(
+            id.clone(),
+            SessionMsg::Execute {
+                agent,
+                message: message.into(),
+                reply,
+            },
+        );
+        answer.await.map_err(|_| self.lost_reply(id))?
+    }
+
+    /// The session's stored record (status, counters, custom state).
+    ///
+    /// # Errors
+    /// [`Error::UnknownSession`], or a typed error if the stored record is unreadable.
+    pub fn session(&self, id: &SessionId) -> Result<SessionRecord, Error> {
+        schema::load_record(self.shared.store.as_ref(), id)?
+            .ok_or_else(|| Error::UnknownSession(id.clone()))
+    }
+
+    /// The session's status.
+    ///
+    /// # Errors
+    /// As [`Runtime::session`].
+    pub fn status(&self, id: &SessionId) -> Result<Status, Error> {
+        Ok(self.session(id)?.status)
+    }
+
+    /// The session's conversation, in order.
+    ///
+    /// # Errors
+    /// As [`Runtime::session`].
+    pub fn messages(&self, id: &SessionId) -> Result<Vec<Message>, Error> {
+        self.session(id)?;
+        Ok(schema::load_messages(self.shared.store.as_ref(), id)?)
+    }
+
+    /// The session's run records, in turn order.
+    ///
+    /// # Errors
+    /// As [`Runtime::session`].
+    pub fn runs(&self, id: &SessionId) -> Result<Vec<RunRecord>, Error> {
+        self.session(id)?;
+        Ok(schema::load_runs(self.shared.store.as_ref(), id)?)
+    }
+
+    /// The session's stored stream chunks from sequence number `from` on.
+    ///
+    /// # Errors
+    /// As [`Runtime::session`].
+    pub fn chunks(&self, id: &SessionId, from: u64) -> Result<Vec<Chunk>, Error> {
+        self.session(id)?;
+        Ok(schema::load_chunks(self.shared.store.as_ref(), id, from)?)
+    }
+
+    /// Follows the session's stream from sequence number `from`: stored chunks first, then
+    /// live ones as their commits become durable, without gaps or repeats. The stream ends
+    /// when the runtime shuts down.
+    pub fn follow(
+        &self,
+        id: &SessionId,
+        from: u64,
+    ) -> impl Stream<Item = Result<Chunk, Error>> + Send + 'static {
+        follow::follow(Arc::clone(&self.shared), id.clone(), from)
+    }
+
+    /// Stops the session's actor (if resident and idle) and waits; its state stays in the store.
+    pub async fn evict(&self, id: &SessionId) {
+        self.host.evict_and_wait(id).await;
+    }
+
+    /// Stops every idle resident session actor and waits.
+    pub async fn evict_all(&self) {
+        self.host.evict_all().await;
+    }
+
+    /// Passivates sessions idle for longer than the configured idle time; returns how many.
+    pub fn passivate_idle(&self) -> usize {
+        self.host.passivate_idle()
+    }
+
+    /// Whether the session has a resident actor.
+    pub fn is_resident(&self, id: &SessionId) -> bool {
+        self.host.is_resident(id)
+    }
+
+    /// The runtime's counters.
+    pub fn stats(&self) -> RuntimeStats {
+        RuntimeStats {
+            host: self.host.stats(),
+            commit_latency: self.shared.metrics.commit_latency(),
+            commit_bytes: self.shared.metrics.commit_bytes(),
+        }
+    }
+
+    /// Bytes the store occupies on disk.
+    ///
+    /// # Errors
+    /// A store failure.
+    pub fn store_size_on_disk(&self) -> Result<u64, Error> {
+        Ok(self.shared.store.size_on_disk()?)
+    }
+
+    /// Stops every session actor, then flushes the store. Runs still in progress are recorded
+    /// as interrupted when their session is next activated.
+    ///
+    /// # Errors
+    /// The final flush failed.
+    pub async fn shutdown(&self) -> Result<(), Error> {
+        self.host.shutdown().await;
+        self.shared.streams.clear();
+        self.shared.store.flush().await?;
+        Ok(())
+    }
+
+    fn agent(&self, name: &str) -> Result<Arc<AgentDefinition>, Error> {
+        self.shared
+            .agents
+            .get(name)
+            .map(|agent| Arc::clone(agent.value()))
+            .ok_or_else(|| Error::UnknownAgent(name.to_string()))
+    }
+
+    /// The reply port was dropped: the actor crashed while handling the call, or the host
+    /// refused it (the refusal is answered through `reject`, so this is the crash).
+    fn lost_reply(&self, id: &SessionId) -> Error {
+        match self.host.failure(id) {
+            Some(error) => host_error(error),
+            None => Error::Crashed(id.clone()),
+        }
+    }
+}
+
+fn define(shared: &Shared, agent: AgentDefinition) -> Result<(), Error> {
+    for tool in agent.tools() {
+        if let ToolKind::SubAgent { agent: target } = tool.kind() {
+            if target != agent.name() && !shared.agents.contains_key(target) {
+                return Err(DefinitionError::UnknownSubAgent {
+                    agent: agent.name().to_string(),
+                    tool: tool.name().to_string(),
+                    target: target.clone(),
+                }
+                .into());
+            }
+        }
+    }
+    match shared.agents.entry(agent.name().to_string()) {
+        dashmap::Entry::Occupied(_) => Err(DefinitionError::DuplicateAgent {
+            agent: agent.name().to_string(),
+        }
+        .into()),
+        dashmap::Entry::Vacant(vacant) => {
+            vacant.insert(Arc::new(agent));
+            Ok(())
+        }
+    }
+}

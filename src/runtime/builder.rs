@@ -1,0 +1,155 @@
+//! Configuring a [`Runtime`].
+
+use std::sync::Arc;
+
+use dashmap::DashMap;
+use dormant_actors::{Clock, Host, HostConfig, SystemClock};
+
+use super::{define, Runtime};
+use crate::actor::{SessionActor, Shared};
+use crate::definition::AgentDefinition;
+use crate::error::Error;
+use crate::hooks::{Hooks, NoHooks};
+use crate::llm::{LlmAdapter, ScriptedLlm};
+use crate::metrics::Metrics;
+use crate::store::{SledStore, Store};
+
+/// Configures and builds a [`Runtime`]. Everything has a default except the store, which
+/// defaults to a temporary sled database (gone when the runtime is dropped).
+#[must_use]
+pub struct RuntimeBuilder {
+    store: Option<Arc<dyn Store>>,
+    llm: Option<Arc<dyn LlmAdapter>>,
+    clock: Arc<dyn Clock>,
+    hooks: Arc<dyn Hooks>,
+    agents: Vec<AgentDefinition>,
+    host: HostConfig,
+}
+
+impl Default for RuntimeBuilder {
+    fn default() -> Self {
+        Self {
+            store: None,
+            llm: None,
+            clock: Arc::new(SystemClock),
+            hooks: Arc::new(NoHooks),
+            agents: Vec::new(),
+            host: HostConfig::default(),
+        }
+    }
+}
+
+impl std::fmt::Debug for RuntimeBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RuntimeBuilder")
+            .field("store", &self.store)
+            .field("clock", &self.clock)
+            .field("agents", &self.agents.len())
+            .field("host", &self.host)
+            .finish()
+    }
+}
+
+impl RuntimeBuilder {
+    /// Sets the store (default: a temporary sled database).
+    pub fn store(mut self, store: Arc<dyn Store>) -> Self {
+        self.store = Some(store);
+        self
+    }
+
+    /// Sets the model (default: a [`ScriptedLlm`] with no scripts).
+    pub fn llm(mut self, llm: Arc<dyn LlmAdapter>) -> Self {
+        self.llm = Some(llm);
+        self
+    }
+
+    /// Sets the clock (default: the system clock).
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// Sets the hooks (default: none).
+    pub fn hooks(mut self, hooks: Arc<dyn Hooks>) -> Self {
+        self.hooks = hooks;
+        self
+    }
+
+    /// Registers an agent.
+    pub fn agent(mut self, agent: AgentDefinition) -> Self {
+        self.agents.push(agent);
+        self
+    }
+
+    /// Evicts the least recently used idle sessions past this many resident actors.
+    pub fn max_resident(mut self, max: usize) -> Self {
+        self.host.max_resident = Some(max);
+        self
+    }
+
+    /// Passivates sessions that received nothing for this long.
+    pub fn idle_after_ms(mut self, ms: u64) -> Self {
+        self.host.idle_after_ms = Some(ms);
+        self
+    }
+
+    /// Sets the crash-loop breaker: `crashes` within `window_ms` fail a session.
+    pub fn crash_limit(mut self, crashes: u32, window_ms: u64) -> Self {
+        self.host.max_crashes = crashes;
+        self.host.crash_window_ms = window_ms;
+        self
+    }
+
+    /// Builds the runtime. Must be called inside a tokio runtime.
+    ///
+    /// # Errors
+    /// An invalid agent set (a duplicate name, a sub-agent tool naming an unknown agent), or
+    /// the default temporary store could not be opened.
+    pub fn build(self) -> Result<Runtime, Error> {
+        let store = match self.store {
+            Some(store) => store,
+            None => Arc::new(SledStore::temporary()?),
+        };
+        let shared = Arc::new(Shared {
+            store,
+            llm: self.llm.unwrap_or_else(|| Arc::new(ScriptedLlm::new())),
+            clock: Arc::clone(&self.clock),
+            hooks: self.hooks,
+            agents: DashMap::new(),
+            streams: DashMap::new(),
+            metrics: Metrics::default(),
+        });
+        // Agents may name each other as sub-agents: register names first, then check.
+        let mut pending = self.agents;
+        let mut progress = true;
+        while !pending.is_empty() && progress {
+            progress = false;
+            let mut retry = Vec::new();
+            for agent in pending {
+                let name = agent.name().to_string();
+                match define(&shared, agent.clone()) {
+                    Ok(()) => progress = true,
+                    Err(Error::InvalidDefinition(
+                        crate::definition::DefinitionError::UnknownSubAgent { .. },
+                    )) => retry.push(agent),
+                    Err(error) => {
+                        tracing::error!(agent = %name, %error, "runtime.invalid_agent");
+                        return Err(error);
+                    }
+                }
+            }
+            pending = retry;
+        }
+        if let Some(agent) = pending.into_iter().next() {
+            define(&shared, agent)?;
+        }
+        let host = Host::with_clock(
+            SessionActor {
+                shared: Arc::clone(&shared),
+            },
+            self.host,
+            self.clock,
+        );
+        Ok(Runtime { host, shared })
+    }
+}

@@ -1,0 +1,92 @@
+//! Following a session's stream: stored chunks, then live ones, without gaps or repeats.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use futures::Stream;
+use tokio::sync::broadcast;
+
+use crate::actor::Shared;
+use crate::error::Error;
+use crate::ids::SessionId;
+use crate::schema;
+use crate::stream::Chunk;
+
+/// How many live chunks a slow follower may fall behind before it re-reads from the store.
+const LIVE_BUFFER: usize = 1024;
+
+struct Follower {
+    shared: Arc<Shared>,
+    session: SessionId,
+    next: u64,
+    buffered: VecDeque<Chunk>,
+    live: broadcast::Receiver<Chunk>,
+    started: bool,
+    failed: bool,
+}
+
+pub(super) fn follow(
+    shared: Arc<Shared>,
+    session: SessionId,
+    from: u64,
+) -> impl Stream<Item = Result<Chunk, Error>> + Send + 'static {
+    // Subscribe before reading the store: a chunk committed in between is then in both, and
+    // the sequence numbers drop the copy.
+    let live = shared
+        .streams
+        .entry(session.clone())
+        .or_insert_with(|| broadcast::channel(LIVE_BUFFER).0)
+        .subscribe();
+    let follower = Follower {
+        shared,
+        session,
+        next: from,
+        buffered: VecDeque::new(),
+        live,
+        started: false,
+        failed: false,
+    };
+    futures::stream::unfold(follower, |mut follower| async move {
+        if follower.failed {
+            return None;
+        }
+        if !follower.started {
+            follower.started = true;
+            if let Err(error) = follower.refill() {
+                follower.failed = true;
+                return Some((Err(error), follower));
+            }
+        }
+        loop {
+            while let Some(chunk) = follower.buffered.pop_front() {
+                if chunk.seq >= follower.next {
+                    follower.next = chunk.seq + 1;
+                    return Some((Ok(chunk), follower));
+                }
+            }
+            match follower.live.recv().await {
+                Ok(chunk) if chunk.seq < follower.next => continue,
+                Ok(chunk) if chunk.seq == follower.next => {
+                    follower.next += 1;
+                    return Some((Ok(chunk), follower));
+                }
+                // A gap (chunks published before we subscribed) or a lag: the store has them.
+                Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {
+                    if let Err(error) = follower.refill() {
+                        follower.failed = true;
+                        return Some((Err(error), follower));
+                    }
+                }
+                Err(broadcast::error::RecvError::Closed) => return None,
+            }
+        }
+    })
+}
+
+impl Follower {
+    fn refill(&mut self) -> Result<(), Error> {
+        let stored = schema::load_chunks(self.shared.store.as_ref(), &self.session, self.next)?;
+        self.buffered.extend(stored);
+        Ok(())
+    }
+}

@@ -1,0 +1,143 @@
+//! What a session stores: its snapshot record and its run records.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::ids::{RunId, SessionId};
+
+/// Where a session (or one of its runs) stands. Never a string.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    /// A run is in progress.
+    Running,
+    /// The last run finished normally.
+    Completed,
+    /// The last run failed (see its error); a new message starts a new turn.
+    Failed,
+    /// The last run was interrupted (by request, or cut by a crash); `resume` continues it.
+    Interrupted,
+    /// The run waits for client tools or approvals.
+    SuspendedClientTool,
+    /// The run waits for sub-agents that are themselves waiting.
+    SuspendedAwaitingChildren,
+}
+
+impl Status {
+    /// The stable snake_case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Running => "running",
+            Status::Completed => "completed",
+            Status::Failed => "failed",
+            Status::Interrupted => "interrupted",
+            Status::SuspendedClientTool => "suspended_client_tool",
+            Status::SuspendedAwaitingChildren => "suspended_awaiting_children",
+        }
+    }
+}
+
+impl std::fmt::Display for Status {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The stable code of an error a run ended with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    /// A scripted model ran out of replies.
+    ScriptExhausted,
+    /// The run used all its steps and the model still wanted tools.
+    MaxSteps,
+    /// The model provider failed.
+    ModelError,
+    /// The process died while the run was in progress.
+    Crashed,
+    /// The session was aborted.
+    Aborted,
+    /// The run was interrupted by request.
+    Interrupted,
+}
+
+impl ErrorCode {
+    /// The stable snake_case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorCode::ScriptExhausted => "script_exhausted",
+            ErrorCode::MaxSteps => "max_steps",
+            ErrorCode::ModelError => "model_error",
+            ErrorCode::Crashed => "crashed",
+            ErrorCode::Aborted => "aborted",
+            ErrorCode::Interrupted => "interrupted",
+        }
+    }
+}
+
+/// An error a run ended with: a stable code and a sentence.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunError {
+    /// The stable code.
+    pub code: ErrorCode,
+    /// What happened.
+    pub message: String,
+}
+
+/// The snapshot of a session: small, mutable, rewritten by each commit.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SessionRecord {
+    /// The session.
+    pub id: SessionId,
+    /// The agent it runs.
+    pub agent: String,
+    /// Where it stands.
+    pub status: Status,
+    /// The root of its tree (itself for a root).
+    pub root: SessionId,
+    /// Its parent, for a sub-agent.
+    pub parent: Option<SessionId>,
+    /// When it was created (clock ms).
+    pub created_at_ms: u64,
+    /// When it was last written (clock ms).
+    pub updated_at_ms: u64,
+    /// Messages recorded (the next message's sequence number).
+    pub message_count: u64,
+    /// Stream chunks recorded (the next chunk's sequence number).
+    pub chunk_count: u64,
+    /// Runs recorded (the current run's turn number).
+    pub run_count: u32,
+    /// The current (or last) run.
+    pub current_run: Option<RunId>,
+    /// Model calls made by the current run.
+    pub steps_in_run: u32,
+    /// Custom state that tools change (a JSON object).
+    pub custom_state: Map<String, Value>,
+    /// An interrupt is requested; checked (and cleared) at the top of the next step.
+    pub interrupt_requested: bool,
+}
+
+/// One run: an `execute` or a `resume`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RunRecord {
+    /// The run.
+    pub run_id: RunId,
+    /// Its turn number: 1, 2, 3 … within the session.
+    pub turn: u32,
+    /// The suspended run this one resumed.
+    pub previous_run_id: Option<RunId>,
+    /// Where it stands.
+    pub status: Status,
+    /// When it started (clock ms).
+    pub started_at_ms: u64,
+    /// When it ended or suspended (clock ms).
+    pub ended_at_ms: Option<u64>,
+    /// Model calls it made.
+    pub steps: u32,
+    /// The final assistant text.
+    pub text: Option<String>,
+    /// The finish value.
+    pub output: Option<Value>,
+    /// Why it failed or was interrupted.
+    pub error: Option<RunError>,
+}

@@ -1,0 +1,224 @@
+//! The persistence boundary: a byte-level, transactional key-value [`Store`] with named trees.
+//!
+//! Sessions never talk to sled directly. The typed layout (which key holds what, and how values
+//! are encoded) lives in [`crate::schema`]; a backend only has to apply a [`Batch`] atomically
+//! and durably, and to read keys and prefixes back. [`SledStore`] is the embedded default;
+//! [`MemoryStore`] is for unit tests.
+
+mod memory;
+mod sled;
+
+use std::fmt::Debug;
+
+pub use self::memory::MemoryStore;
+pub use self::sled::{Durability, SledStore, SledStoreBuilder};
+
+/// The named key spaces of the store. Each is a separate sled tree.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Tree {
+    /// Session id → small mutable snapshot (with a format version).
+    Sessions,
+    /// (session id, seq) → one message; append-only.
+    Messages,
+    /// (session id, turn) → run record.
+    Runs,
+    /// (session id, seq) → one stream chunk.
+    Stream,
+    /// (session id, tool call id) → pending client-tool entry.
+    Pending,
+    /// (deadline, session id, tool call id) → nothing; ordered by deadline.
+    Deadlines,
+    /// (root session id, tool call id) → owning session id.
+    Ownership,
+    /// (root session id, tool call id) → completion time.
+    Tombstones,
+}
+
+impl Tree {
+    /// Every tree, in a fixed order (backends open them all at start).
+    pub const ALL: [Tree; 8] = [
+        Tree::Sessions,
+        Tree::Messages,
+        Tree::Runs,
+        Tree::Stream,
+        Tree::Pending,
+        Tree::Deadlines,
+        Tree::Ownership,
+        Tree::Tombstones,
+    ];
+
+    /// The tree's name in the backend.
+    pub fn name(self) -> &'static str {
+        match self {
+            Tree::Sessions => "sessions",
+            Tree::Messages => "messages",
+            Tree::Runs => "runs",
+            Tree::Stream => "stream",
+            Tree::Pending => "pending",
+            Tree::Deadlines => "deadlines",
+            Tree::Ownership => "ownership",
+            Tree::Tombstones => "tombstones",
+        }
+    }
+}
+
+/// What a commit carries, so that a fault can be injected before a chosen kind of commit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CommitKind {
+    /// A new run: the session, the user message and the run record.
+    RunStart,
+    /// Commit #1 of a step: the model's reply with its tool calls, before anything runs.
+    ToolCalls,
+    /// Commit #2 of a step: tool results, step count and state changes.
+    ToolResults,
+    /// The end of a run (completed, failed, interrupted) without tool results.
+    RunEnd,
+    /// Anything else (a submitted answer, an interrupt flag, a timeout).
+    Other,
+}
+
+/// One write of a [`Batch`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// Set `key` in `tree` to `value`.
+    Put {
+        /// The tree written.
+        tree: Tree,
+        /// The key.
+        key: Vec<u8>,
+        /// The new value.
+        value: Vec<u8>,
+    },
+    /// Remove `key` from `tree` (no error if absent).
+    Delete {
+        /// The tree written.
+        tree: Tree,
+        /// The key.
+        key: Vec<u8>,
+    },
+}
+
+/// Writes that land together or not at all.
+#[derive(Clone, Debug)]
+pub struct Batch {
+    kind: CommitKind,
+    ops: Vec<Op>,
+}
+
+impl Batch {
+    /// An empty batch of the given kind.
+    pub fn new(kind: CommitKind) -> Self {
+        Self {
+            kind,
+            ops: Vec::new(),
+        }
+    }
+
+    /// Adds a put.
+    pub fn put(&mut self, tree: Tree, key: Vec<u8>, value: Vec<u8>) {
+        self.ops.push(Op::Put { tree, key, value });
+    }
+
+    /// Adds a delete.
+    pub fn delete(&mut self, tree: Tree, key: Vec<u8>) {
+        self.ops.push(Op::Delete { tree, key });
+    }
+
+    /// What this commit carries.
+    pub fn kind(&self) -> CommitKind {
+        self.kind
+    }
+
+    /// The writes, in order.
+    pub fn ops(&self) -> &[Op] {
+        &self.ops
+    }
+
+    /// Whether the batch writes nothing.
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+
+    /// Total bytes of keys and values (for metrics and benches).
+    pub fn byte_len(&self) -> usize {
+        self.ops
+            .iter()
+            .map(|op| match op {
+                Op::Put { key, value, .. } => key.len() + value.len(),
+                Op::Delete { key, .. } => key.len(),
+            })
+            .sum()
+    }
+}
+
+/// A key and its value, as read back from a tree.
+pub type Entry = (Vec<u8>, Vec<u8>);
+
+/// Errors of a store backend.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The embedded database failed.
+    #[error("sled: {0}")]
+    Sled(#[from] ::sled::Error),
+    /// A file operation (the power-loss sync) failed.
+    #[error("store i/o: {0}")]
+    Io(#[from] std::io::Error),
+    /// A transaction could not be applied.
+    #[error("transaction aborted: {0}")]
+    Transaction(String),
+    /// The store was closed, or its flusher thread is gone.
+    #[error("store is closed")]
+    Closed,
+    /// A fault injected by a test wrapper: the process is considered dead from this commit on.
+    #[error("injected fault: commit of kind {0:?} failed as if the process died")]
+    Injected(CommitKind),
+}
+
+/// A transactional, durable key-value store with named trees.
+///
+/// Implementations must make [`Store::commit`] atomic (after a crash, all of a batch or none of
+/// it is visible) and durable at their configured level before it returns.
+#[async_trait::async_trait]
+pub trait Store: Send + Sync + Debug + 'static {
+    /// Applies every write of `batch` atomically; returns once the batch is durable.
+    ///
+    /// # Errors
+    /// A backend failure; then nothing of the batch may be acknowledged.
+    async fn commit(&self, batch: Batch) -> Result<(), Error>;
+
+    /// Reads one key.
+    ///
+    /// # Errors
+    /// A backend failure.
+    fn get(&self, tree: Tree, key: &[u8]) -> Result<Option<Vec<u8>>, Error>;
+
+    /// Reads every entry whose key starts with `prefix`, in key order.
+    ///
+    /// # Errors
+    /// A backend failure.
+    fn scan_prefix(&self, tree: Tree, prefix: &[u8]) -> Result<Vec<Entry>, Error>;
+
+    /// Reads up to `limit` entries with `from <= key < to`, in key order.
+    ///
+    /// # Errors
+    /// A backend failure.
+    fn scan_range(
+        &self,
+        tree: Tree,
+        from: &[u8],
+        to: &[u8],
+        limit: usize,
+    ) -> Result<Vec<Entry>, Error>;
+
+    /// Makes everything committed so far durable (used by graceful shutdown).
+    ///
+    /// # Errors
+    /// A backend failure.
+    async fn flush(&self) -> Result<(), Error>;
+
+    /// Bytes the store occupies on disk (0 for memory).
+    ///
+    /// # Errors
+    /// A backend failure.
+    fn size_on_disk(&self) -> Result<u64, Error>;
+}

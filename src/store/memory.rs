@@ -1,0 +1,278 @@
+//! An in-memory [`Store`] for unit tests.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::ops::Bound;
+
+use parking_lot::RwLock;
+
+use super::{Batch, Entry, Error, Op, Store, Tree};
+
+type Map = BTreeMap<Vec<u8>, Vec<u8>>;
+
+/// A [`Store`] that keeps everything in memory: **for unit tests only**.
+///
+/// Commits are atomic (a batch is applied under one write lock, so readers see all of it or
+/// none of it) but nothing is durable: the data is gone when the store is dropped, and
+/// [`Store::flush`] does nothing. Use [`SledStore`](super::SledStore) for anything that must
+/// survive a restart.
+///
+/// # Examples
+///
+/// ```
+/// use dormant::store::{Batch, CommitKind, MemoryStore, Store, Tree};
+///
+/// fn main() -> Result<(), dormant::store::Error> {
+///     let store = MemoryStore::new();
+///     let mut batch = Batch::new(CommitKind::Other);
+///     batch.put(Tree::Runs, b"s1/1".to_vec(), b"run".to_vec());
+///     futures::executor::block_on(store.commit(batch))?;
+///     assert_eq!(store.get(Tree::Runs, b"s1/1")?, Some(b"run".to_vec()));
+///     assert_eq!(store.len(Tree::Runs), 1);
+///     Ok(())
+/// }
+/// ```
+#[derive(Default)]
+pub struct MemoryStore {
+    /// One map per tree, indexed by the tree's position in [`Tree::ALL`].
+    trees: RwLock<[Map; 8]>,
+}
+
+impl MemoryStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Number of entries in `tree`.
+    pub fn len(&self, tree: Tree) -> usize {
+        self.trees.read()[tree_index(tree)].len()
+    }
+
+    /// Whether every tree is empty.
+    pub fn is_empty(&self) -> bool {
+        self.trees.read().iter().all(BTreeMap::is_empty)
+    }
+}
+
+fn tree_index(tree: Tree) -> usize {
+    tree as usize
+}
+
+impl fmt::Debug for MemoryStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let trees = self.trees.read();
+        let mut map = f.debug_map();
+        for tree in Tree::ALL {
+            map.entry(&tree.name(), &trees[tree_index(tree)].len());
+        }
+        map.finish()
+    }
+}
+
+#[async_trait::async_trait]
+impl Store for MemoryStore {
+    async fn commit(&self, batch: Batch) -> Result<(), Error> {
+        let mut trees = self.trees.write();
+        for op in batch.ops() {
+            match op {
+                Op::Put { tree, key, value } => {
+                    trees[tree_index(*tree)].insert(key.clone(), value.clone());
+                }
+                Op::Delete { tree, key } => {
+                    trees[tree_index(*tree)].remove(key);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn get(&self, tree: Tree, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
+        Ok(self.trees.read()[tree_index(tree)].get(key).cloned())
+    }
+
+    fn scan_prefix(&self, tree: Tree, prefix: &[u8]) -> Result<Vec<Entry>, Error> {
+        let trees = self.trees.read();
+        Ok(trees[tree_index(tree)]
+            .range::<[u8], _>((Bound::Included(prefix), Bound::Unbounded))
+            .take_while(|(k, _)| k.starts_with(prefix))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect())
+    }
+
+    fn scan_range(
+        &self,
+        tree: Tree,
+        from: &[u8],
+        to: &[u8],
+        limit: usize,
+    ) -> Result<Vec<Entry>, Error> {
+        if limit == 0 || from >= to {
+            // `BTreeMap::range` panics on a reversed range.
+            return Ok(Vec::new());
+        }
+        let trees = self.trees.read();
+        Ok(trees[tree_index(tree)]
+            .range::<[u8], _>((Bound::Included(from), Bound::Excluded(to)))
+            .take(limit)
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect())
+    }
+
+    async fn flush(&self) -> Result<(), Error> {
+        Ok(())
+    }
+
+    fn size_on_disk(&self) -> Result<u64, Error> {
+        Ok(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::store::CommitKind;
+
+    fn batch(ops: &[(Tree, &[u8], &[u8])]) -> Batch {
+        let mut batch = Batch::new(CommitKind::Other);
+        for (tree, key, value) in ops {
+            batch.put(*tree, key.to_vec(), value.to_vec());
+        }
+        batch
+    }
+
+    #[tokio::test]
+    async fn a_committed_put_can_be_read_back() -> Result<(), anyhow::Error> {
+        let store = MemoryStore::new();
+        assert!(store.is_empty());
+        store
+            .commit(batch(&[(Tree::Sessions, b"s1", b"v1")]))
+            .await?;
+        assert_eq!(store.get(Tree::Sessions, b"s1")?, Some(b"v1".to_vec()));
+        assert_eq!(
+            store.get(Tree::Messages, b"s1")?,
+            None,
+            "trees are separate"
+        );
+        assert_eq!(store.len(Tree::Sessions), 1);
+        assert_eq!(store.size_on_disk()?, 0);
+        store.flush().await?;
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn a_delete_removes_a_key_and_later_ops_win() -> Result<(), anyhow::Error> {
+        let store = MemoryStore::new();
+        let mut b = Batch::new(CommitKind::Other);
+        b.put(Tree::Pending, b"a".to_vec(), b"1".to_vec());
+        b.put(Tree::Pending, b"a".to_vec(), b"2".to_vec());
+        b.put(Tree::Pending, b"b".to_vec(), b"1".to_vec());
+        b.delete(Tree::Pending, b"b".to_vec());
+        b.delete(Tree::Pending, b"never-there".to_vec());
+        store.commit(b).await?;
+        assert_eq!(store.get(Tree::Pending, b"a")?, Some(b"2".to_vec()));
+        assert_eq!(store.get(Tree::Pending, b"b")?, None);
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn scan_prefix_returns_only_matching_keys_in_order() -> Result<(), anyhow::Error> {
+        let store = MemoryStore::new();
+        store
+            .commit(batch(&[
+                (Tree::Messages, b"s1/2", b"b"),
+                (Tree::Messages, b"s1/1", b"a"),
+                (Tree::Messages, b"s2/1", b"x"),
+                (Tree::Messages, b"s1", b"bare"),
+                (Tree::Stream, b"s1/9", b"other tree"),
+            ]))
+            .await?;
+        assert_eq!(
+            store.scan_prefix(Tree::Messages, b"s1/")?,
+            vec![
+                (b"s1/1".to_vec(), b"a".to_vec()),
+                (b"s1/2".to_vec(), b"b".to_vec())
+            ]
+        );
+        assert_eq!(store.scan_prefix(Tree::Messages, b"")?.len(), 4);
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn scan_range_is_half_open_and_respects_the_limit() -> Result<(), anyhow::Error> {
+        let store = MemoryStore::new();
+        let mut b = Batch::new(CommitKind::Other);
+        for i in 0u8..10 {
+            b.put(Tree::Deadlines, vec![i], vec![i]);
+        }
+        store.commit(b).await?;
+        let keys = |entries: Vec<Entry>| entries.into_iter().map(|(k, _)| k[0]).collect::<Vec<_>>();
+        assert_eq!(
+            keys(store.scan_range(Tree::Deadlines, &[2], &[6], 100)?),
+            [2, 3, 4, 5]
+        );
+        assert_eq!(
+            keys(store.scan_range(Tree::Deadlines, &[2], &[6], 2)?),
+            [2, 3]
+        );
+        assert!(store.scan_range(Tree::Deadlines, &[2], &[6], 0)?.is_empty());
+        assert!(store
+            .scan_range(Tree::Deadlines, &[6], &[2], 10)?
+            .is_empty());
+        assert!(store
+            .scan_range(Tree::Deadlines, &[4], &[4], 10)?
+            .is_empty());
+        Ok(())
+    }
+
+    /// A reader that sees session version `v` must also see message `v`, written in the same
+    /// batch into another tree.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_batch_over_two_trees_becomes_visible_all_at_once() -> Result<(), anyhow::Error> {
+        let store = Arc::new(MemoryStore::new());
+        let stop = Arc::new(AtomicBool::new(false));
+        let checks = Arc::new(AtomicU64::new(0));
+        let reader = {
+            let (store, stop, checks) =
+                (Arc::clone(&store), Arc::clone(&stop), Arc::clone(&checks));
+            std::thread::spawn(move || -> Result<(), Error> {
+                while !stop.load(Ordering::SeqCst) {
+                    if let Some(v) = store.get(Tree::Sessions, b"s")? {
+                        assert_eq!(store.get(Tree::Messages, &v)?, Some(v.clone()));
+                        checks.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+                Ok(())
+            })
+        };
+        let mut i = 0u32;
+        while i < 2000 || checks.load(Ordering::SeqCst) < 100 {
+            let v = i.to_be_bytes();
+            store
+                .commit(batch(&[
+                    (Tree::Sessions, b"s", &v),
+                    (Tree::Messages, &v, &v),
+                ]))
+                .await?;
+            i += 1;
+            tokio::task::yield_now().await;
+        }
+        stop.store(true, Ordering::SeqCst);
+        reader
+            .join()
+            .map_err(|_| anyhow::anyhow!("reader panicked"))??;
+        Ok(())
+    }
+
+    #[test]
+    fn debug_lists_entry_counts_per_tree() -> Result<(), anyhow::Error> {
+        let store = MemoryStore::new();
+        futures::executor::block_on(store.commit(batch(&[(Tree::Ownership, b"k", b"v")])))?;
+        let shown = format!("{store:?}");
+        assert!(shown.contains("\"ownership\": 1"), "{shown}");
+        Ok(())
+    }
+}

@@ -1,0 +1,118 @@
+//! The per-session stream: typed chunks with sequence numbers, stored with the commit that
+//! produced them, so a reader can follow from any sequence number, across restarts.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::ids::RunId;
+use crate::message::ToolOutcome;
+use crate::session::{RunError, Status};
+
+/// One event of a session's stream.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Chunk {
+    /// Position in the session's stream, from 0, without gaps.
+    pub seq: u64,
+    /// The run that produced it.
+    pub run_id: RunId,
+    /// Clock time (ms).
+    pub at_ms: u64,
+    /// What happened.
+    pub kind: ChunkKind,
+}
+
+/// What a [`Chunk`] reports.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ChunkKind {
+    /// A run started.
+    RunStart {
+        /// Its turn number.
+        turn: u32,
+    },
+    /// The model said something.
+    Text {
+        /// The text.
+        text: String,
+    },
+    /// A tool call was dispatched (or became pending).
+    ToolStart {
+        /// The call.
+        tool_call_id: String,
+        /// The tool.
+        tool_name: String,
+        /// Its input.
+        input: Value,
+    },
+    /// A tool call produced its outcome.
+    ToolEnd {
+        /// The call.
+        tool_call_id: String,
+        /// The tool.
+        tool_name: String,
+        /// What it produced.
+        outcome: ToolOutcome,
+    },
+    /// A call waits for a person's approval.
+    ToolApprovalRequest {
+        /// The call.
+        tool_call_id: String,
+        /// The tool.
+        tool_name: String,
+        /// Its input.
+        input: Value,
+        /// `{runId}::{toolCallId}`.
+        approval_id: String,
+    },
+    /// A sub-agent started.
+    SubagentStart {
+        /// The child session.
+        session_id: String,
+        /// The tool call that started it.
+        tool_call_id: String,
+    },
+    /// A sub-agent ended.
+    SubagentEnd {
+        /// The child session.
+        session_id: String,
+        /// The tool call that started it.
+        tool_call_id: String,
+    },
+    /// The run suspended.
+    RunSuspended {
+        /// The suspended status.
+        status: Status,
+        /// The calls it waits on.
+        tool_call_ids: Vec<String>,
+    },
+    /// The run was interrupted.
+    RunInterrupted {
+        /// Why.
+        error: Option<RunError>,
+    },
+    /// The run ended.
+    RunEnd {
+        /// How.
+        status: Status,
+        /// Why it failed, if it did.
+        error: Option<RunError>,
+    },
+}
+
+impl ChunkKind {
+    /// The stable snake_case name of the chunk type.
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            ChunkKind::RunStart { .. } => "run_start",
+            ChunkKind::Text { .. } => "text",
+            ChunkKind::ToolStart { .. } => "tool_start",
+            ChunkKind::ToolEnd { .. } => "tool_end",
+            ChunkKind::ToolApprovalRequest { .. } => "tool_approval_request",
+            ChunkKind::SubagentStart { .. } => "subagent_start",
+            ChunkKind::SubagentEnd { .. } => "subagent_end",
+            ChunkKind::RunSuspended { .. } => "run_suspended",
+            ChunkKind::RunInterrupted { .. } => "run_interrupted",
+            ChunkKind::RunEnd { .. } => "run_end",
+        }
+    }
+}

@@ -1,0 +1,76 @@
+//! Shared fixtures: a counting server tool, a recording hook, and runtime builders.
+
+#![allow(dead_code, unreachable_pub)]
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use dormant::{
+    AgentDefinition, HookEvent, Hooks, ManualClock, ModelReply, Runtime, ScriptedLlm, SledStore,
+    Store, ToolCall, ToolDefinition, ToolError,
+};
+use parking_lot::Mutex;
+use serde_json::{json, Value};
+
+/// A server tool that counts its invocations and answers `{ "echo": input }`.
+pub fn counting_tool(name: &str, calls: Arc<AtomicUsize>) -> ToolDefinition {
+    ToolDefinition::server(name, move |input: Value, _ctx| {
+        let calls = Arc::clone(&calls);
+        async move {
+            calls.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, ToolError>(json!({ "echo": input }))
+        }
+    })
+}
+
+/// Records the names of every hook that fires.
+#[derive(Debug, Default)]
+pub struct RecordingHooks {
+    pub names: Mutex<Vec<&'static str>>,
+}
+
+impl Hooks for RecordingHooks {
+    fn on_event(&self, event: &HookEvent) {
+        self.names.lock().push(event.name());
+    }
+}
+
+/// A script of `steps` tool-calling replies (one call of `tool` each) and a final text.
+pub fn tool_script(tool: &str, steps: usize) -> Vec<ModelReply> {
+    let mut script: Vec<ModelReply> = (0..steps)
+        .map(|step| {
+            ModelReply::tool_calls(vec![ToolCall::new(
+                format!("call-{step}"),
+                tool,
+                json!({ "step": step }),
+            )])
+        })
+        .collect();
+    script.push(ModelReply::text("done"));
+    script
+}
+
+/// A runtime over `store` with one agent `worker` (tool `work`) scripted for `steps` steps.
+pub fn worker_runtime(
+    store: Arc<dyn Store>,
+    steps: usize,
+    calls: Arc<AtomicUsize>,
+    clock: ManualClock,
+) -> anyhow::Result<Runtime> {
+    let agent = AgentDefinition::builder("worker")
+        .tool(counting_tool("work", calls))
+        .max_steps(20)
+        .build()?;
+    let llm = ScriptedLlm::new().script("worker", tool_script("work", steps));
+    Ok(Runtime::builder()
+        .store(store)
+        .llm(Arc::new(llm))
+        .clock(Arc::new(clock))
+        .agent(agent)
+        .build()?)
+}
+
+/// A temporary sled store.
+pub fn temp_store() -> anyhow::Result<Arc<dyn Store>> {
+    Ok(Arc::new(SledStore::temporary()?))
+}

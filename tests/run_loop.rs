@@ -1,0 +1,219 @@
+//! The server-tool run loop: steps, commits, hooks, run records, turns and limits.
+
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use common::{counting_tool, temp_store, worker_runtime, RecordingHooks};
+use dormant::{
+    AgentDefinition, ChunkKind, ErrorCode, Error, ManualClock, Message, ModelReply, Runtime,
+    ScriptedLlm, SessionId, Status, ToolCall, ToolDefinition, ToolError, ToolOutcome,
+};
+use futures::StreamExt;
+use serde_json::json;
+
+#[tokio::test]
+async fn server_tool_steps_run_and_the_run_completes() -> anyhow::Result<()> {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let runtime = worker_runtime(temp_store()?, 3, calls.clone(), ManualClock::new(0))?;
+    let outcome = runtime.execute("worker", "go").await?;
+    assert_eq!(outcome.status, Status::Completed);
+    assert_eq!(outcome.text.as_deref(), Some("done"));
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+    let messages = runtime.messages(&outcome.session_id)?;
+    // user, 3 × (assistant + tool), final assistant
+    assert_eq!(messages.len(), 8);
+    assert!(matches!(&messages[2], Message::Tool { outcome: ToolOutcome::Result(v), .. } if v["echo"]["step"] == 0));
+    let runs = runtime.runs(&outcome.session_id)?;
+    assert_eq!(runs.len(), 1);
+    assert_eq!((runs[0].turn, runs[0].steps, runs[0].status), (1, 4, Status::Completed));
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_completed_session_takes_a_new_turn_that_sees_the_conversation() -> anyhow::Result<()> {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let agent = AgentDefinition::builder("chat").build()?;
+    let llm = ScriptedLlm::new().script(
+        "chat",
+        vec![ModelReply::text("first"), ModelReply::text("second")],
+    );
+    let runtime = Runtime::builder()
+        .store(temp_store()?)
+        .llm(Arc::new(llm))
+        .agent(agent)
+        .build()?;
+    drop(calls);
+    let id: SessionId = "s1".parse()?;
+    let first = runtime.execute_on(&id, "chat", "one").await?;
+    let second = runtime.execute_on(&id, "chat", "two").await?;
+    assert_eq!(first.text.as_deref(), Some("first"));
+    assert_eq!(second.text.as_deref(), Some("second"));
+    assert_eq!(second.turn, 2);
+    assert_eq!(runtime.messages(&id)?.len(), 4);
+    let runs = runtime.runs(&id)?;
+    assert_eq!(runs.iter().map(|r| r.turn).collect::<Vec<_>>(), vec![1, 2]);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_script_that_runs_out_fails_with_script_exhausted() -> anyhow::Result<()> {
+    let runtime = Runtime::builder()
+        .store(temp_store()?)
+        .agent(AgentDefinition::builder("mute").build()?)
+        .build()?;
+    let outcome = runtime.execute("mute", "hello?").await?;
+    assert_eq!(outcome.status, Status::Failed);
+    let error = outcome.error.ok_or_else(|| anyhow::anyhow!("no error"))?;
+    assert_eq!(error.code, ErrorCode::ScriptExhausted);
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_step_limit_fails_the_run_with_max_steps() -> anyhow::Result<()> {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let agent = AgentDefinition::builder("loop")
+        .tool(counting_tool("spin", calls.clone()))
+        .max_steps(3)
+        .build()?;
+    let llm = ScriptedLlm::new().script("loop", common::tool_script("spin", 10));
+    let runtime = Runtime::builder()
+        .store(temp_store()?)
+        .llm(Arc::new(llm))
+        .agent(agent)
+        .build()?;
+    let outcome = runtime.execute("loop", "spin").await?;
+    assert_eq!(outcome.status, Status::Failed);
+    assert_eq!(outcome.error.map(|e| e.code), Some(ErrorCode::MaxSteps));
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+    Ok(())
+}
+
+#[tokio::test]
+async fn finish_validates_against_the_output_schema() -> anyhow::Result<()> {
+    let agent = AgentDefinition::builder("judge")
+        .output_schema(json!({ "type": "object", "required": ["score"],
+                               "properties": { "score": { "type": "integer" } } }))
+        .build()?;
+    let llm = ScriptedLlm::new().script(
+        "judge",
+        vec![
+            ModelReply::tool_calls(vec![ToolCall::new("f1", "__finish__", json!({ "score": "high" }))]),
+            ModelReply::tool_calls(vec![ToolCall::new("f2", "__finish__", json!({ "score": 9 }))]),
+        ],
+    );
+    let runtime = Runtime::builder()
+        .store(temp_store()?)
+        .llm(Arc::new(llm))
+        .agent(agent)
+        .build()?;
+    let outcome = runtime.execute("judge", "rate it").await?;
+    assert_eq!(outcome.status, Status::Completed);
+    assert_eq!(outcome.output, Some(json!({ "score": 9 })));
+    let messages = runtime.messages(&outcome.session_id)?;
+    assert!(matches!(&messages[2], Message::Tool { outcome: ToolOutcome::Error(e), .. } if e.starts_with("invalid_output")));
+    Ok(())
+}
+
+#[tokio::test]
+async fn finish_with_tools_run_after_the_parallel_phase_and_end_the_run() -> anyhow::Result<()> {
+    let order = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let record = |name: &'static str| {
+        let order = Arc::clone(&order);
+        ToolDefinition::server(name, move |_input, ctx: dormant::ToolContext| {
+            let order = Arc::clone(&order);
+            async move {
+                order.lock().push(name);
+                ctx.set_state(name, json!(true));
+                Ok::<_, ToolError>(json!(name))
+            }
+        })
+    };
+    let agent = AgentDefinition::builder("flow")
+        .tool(record("submit").finish_with(true))
+        .tool(record("prepare"))
+        .build()?;
+    let llm = ScriptedLlm::new().script(
+        "flow",
+        vec![ModelReply::tool_calls(vec![
+            ToolCall::new("a", "submit", json!({})),
+            ToolCall::new("b", "prepare", json!({})),
+        ])],
+    );
+    let hooks = Arc::new(RecordingHooks::default());
+    let runtime = Runtime::builder()
+        .store(temp_store()?)
+        .llm(Arc::new(llm))
+        .hooks(hooks.clone())
+        .agent(agent)
+        .build()?;
+    let outcome = runtime.execute("flow", "ship").await?;
+    assert_eq!(outcome.status, Status::Completed);
+    assert_eq!(outcome.output, Some(json!("submit")));
+    assert_eq!(*order.lock(), vec!["prepare", "submit"]);
+    let record = runtime.session(&outcome.session_id)?;
+    assert_eq!(record.custom_state.get("prepare"), Some(&json!(true)));
+    let names = hooks.names.lock().clone();
+    let position = |name| names.iter().position(|n| *n == name);
+    assert!(position("before_tool") < position("on_state_change"));
+    assert!(position("on_state_change") < names.iter().rposition(|n| *n == "after_tool"));
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_panicking_tool_becomes_a_tool_error() -> anyhow::Result<()> {
+    let agent = AgentDefinition::builder("risky")
+        .tool(ToolDefinition::server("boom", |_input, _ctx| async move {
+            if true {
+                panic!("kaboom");
+            }
+            Ok::<_, ToolError>(json!(null))
+        }))
+        .build()?;
+    let llm = ScriptedLlm::new().script("risky", common::tool_script("boom", 1));
+    let runtime = Runtime::builder()
+        .store(temp_store()?)
+        .llm(Arc::new(llm))
+        .agent(agent)
+        .build()?;
+    let outcome = runtime.execute("risky", "go").await?;
+    assert_eq!(outcome.status, Status::Completed);
+    let messages = runtime.messages(&outcome.session_id)?;
+    assert!(matches!(&messages[2], Message::Tool { outcome: ToolOutcome::Error(e), .. } if e.contains("kaboom")));
+    Ok(())
+}
+
+#[tokio::test]
+async fn unknown_sessions_and_agents_are_typed_errors() -> anyhow::Result<()> {
+    let runtime = Runtime::builder().store(temp_store()?).build()?;
+    let id: SessionId = "nobody".parse()?;
+    assert!(matches!(runtime.status(&id), Err(Error::UnknownSession(_))));
+    assert!(matches!(runtime.messages(&id), Err(Error::UnknownSession(_))));
+    assert!(matches!(runtime.execute("ghost", "hi").await, Err(Error::UnknownAgent(_))));
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_stream_can_be_followed_from_any_sequence() -> anyhow::Result<()> {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let runtime = worker_runtime(temp_store()?, 2, calls, ManualClock::new(0))?;
+    let outcome = runtime.execute("worker", "go").await?;
+    let id = outcome.session_id;
+    let all = runtime.chunks(&id, 0)?;
+    let types: Vec<&str> = all.iter().map(|c| c.kind.type_name()).collect();
+    assert_eq!(types.first(), Some(&"run_start"));
+    assert_eq!(types.last(), Some(&"run_end"));
+    assert!(all.iter().enumerate().all(|(i, c)| c.seq == i as u64));
+    let followed: Vec<_> = runtime.follow(&id, 3).take(all.len() - 3).collect().await;
+    let seqs: Vec<u64> = followed.into_iter().map(|c| c.map(|c| c.seq)).collect::<Result<_, _>>()?;
+    assert_eq!(seqs, (3..all.len() as u64).collect::<Vec<_>>());
+    // A follower that starts at the end sees the next turn's chunks live.
+    let mut live = Box::pin(runtime.follow(&id, all.len() as u64));
+    let next = runtime.execute_on(&id, "worker", "again");
+    let (first_live, _) = tokio::join!(live.next(), next);
+    let first_live = first_live.ok_or_else(|| anyhow::anyhow!("stream ended"))??;
+    assert_eq!(first_live.seq, all.len() as u64);
+    assert!(matches!(first_live.kind, ChunkKind::RunStart { turn: 2 }));
+    Ok(())
+}
