@@ -122,6 +122,14 @@ impl Runtime {
             .ok_or_else(|| Error::UnknownSession(id.clone()))
     }
 
+    /// Every session in the store (roots and sub-agents), in id order.
+    ///
+    /// # Errors
+    /// A store failure, or a stored key that is not a session id.
+    pub fn session_ids(&self) -> Result<Vec<SessionId>, Error> {
+        Ok(schema::list_sessions(self.shared.store.as_ref())?)
+    }
+
     /// The session's status.
     ///
     /// # Errors

@@ -184,6 +184,22 @@ fn load_all<T: DeserializeOwned>(
         .collect()
 }
 
+/// Every stored session id, in key order.
+pub(crate) fn list_sessions(store: &dyn Store) -> Result<Vec<SessionId>, Error> {
+    store
+        .scan_prefix(Tree::Sessions, &[])?
+        .into_iter()
+        .map(|(key, _)| {
+            let text = String::from_utf8_lossy(&key).into_owned();
+            text.parse().map_err(|error: crate::ids::InvalidId| Error::Corrupt {
+                session: SessionId::generate(),
+                tree: Tree::Sessions.name(),
+                reason: format!("stored key {text:?} is not a session id: {error}"),
+            })
+        })
+        .collect()
+}
+
 /// Reads a session's messages in order.
 pub(crate) fn load_messages(store: &dyn Store, session: &SessionId) -> Result<Vec<Message>, Error> {
     load_all(store, session, Tree::Messages)

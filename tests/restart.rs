@@ -1,0 +1,82 @@
+//! Sessions survive a dropped runtime and a reopened store, and eviction mid-run.
+
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use common::worker_runtime;
+use dormant::{ManualClock, SessionId, SledStore, Status};
+
+#[tokio::test]
+async fn sessions_are_intact_after_the_store_is_reopened() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let calls = Arc::new(AtomicUsize::new(0));
+    let clock = ManualClock::new(0);
+    let ids: Vec<SessionId> = (0..20).map(|i| format!("s{i}").parse()).collect::<Result<_, _>>()?;
+    let mut before = Vec::new();
+    {
+        let store = Arc::new(SledStore::open(dir.path())?);
+        let runtime = worker_runtime(store, 3, calls.clone(), clock.clone())?;
+        for id in &ids {
+            let outcome = runtime.execute_on(id, "worker", "go").await?;
+            assert_eq!(outcome.status, Status::Completed);
+            before.push((
+                runtime.messages(id)?,
+                runtime.runs(id)?,
+                runtime.chunks(id, 0)?,
+            ));
+        }
+        runtime.shutdown().await?;
+    }
+    let store = Arc::new(SledStore::open(dir.path())?);
+    let runtime = worker_runtime(store, 3, calls.clone(), clock)?;
+    assert_eq!(runtime.session_ids()?.len(), ids.len());
+    for (id, (messages, runs, chunks)) in ids.iter().zip(&before) {
+        assert_eq!(runtime.status(id)?, Status::Completed);
+        assert_eq!(&runtime.messages(id)?, messages);
+        assert_eq!(&runtime.runs(id)?, runs);
+        assert_eq!(&runtime.chunks(id, 0)?, chunks);
+    }
+    // A reopened session takes a new turn: its script index continues where it left off, so
+    // with no replies left it fails with script_exhausted rather than replaying old answers.
+    let again = runtime.execute_on(&ids[0], "worker", "more").await?;
+    assert_eq!(again.turn, 2);
+    assert_eq!(calls.load(Ordering::SeqCst), 60, "no tool ran twice across the restart");
+    runtime.shutdown().await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_evicted_between_turns_rehydrate_with_their_conversation() -> anyhow::Result<()>
+{
+    let calls = Arc::new(AtomicUsize::new(0));
+    let store = common::temp_store()?;
+    let agent = dormant::AgentDefinition::builder("worker")
+        .tool(common::counting_tool("work", calls.clone()))
+        .build()?;
+    // Two turns, each one tool step then text.
+    let mut script = common::tool_script("work", 1);
+    script.extend(common::tool_script("work", 1));
+    let llm = dormant::ScriptedLlm::new().script("worker", script);
+    let runtime = dormant::Runtime::builder()
+        .store(store)
+        .llm(Arc::new(llm))
+        .agent(agent)
+        .max_resident(10)
+        .build()?;
+    let ids: Vec<SessionId> = (0..50).map(|i| format!("r{i}").parse()).collect::<Result<_, _>>()?;
+    for id in &ids {
+        runtime.execute_on(id, "worker", "one").await?;
+    }
+    for id in &ids {
+        let outcome = runtime.execute_on(id, "worker", "two").await?;
+        assert_eq!((outcome.status, outcome.turn), (Status::Completed, 2));
+        assert_eq!(runtime.messages(id)?.len(), 8);
+    }
+    let stats = runtime.stats().host;
+    assert!(stats.resident <= 10 + 1, "{stats:?}");
+    assert!(stats.activations >= 100, "every second turn rehydrated: {stats:?}");
+    assert_eq!(calls.load(Ordering::SeqCst), 100);
+    Ok(())
+}
