@@ -12,3 +12,6 @@ pub(crate) use self::core::{FinishedCall, Input, Session};
 pub use outcome::RunOutcome;
 pub use state::{ErrorCode, RunError, RunRecord, SessionRecord, Status};
 pub(crate) use transition::{Effect, Transition};
+
+#[cfg(test)]
+mod tests;

@@ -4,7 +4,9 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value};
 
-use super::{Effect, ErrorCode, RunError, RunOutcome, RunRecord, SessionRecord, Status, Transition};
+use super::{
+    Effect, ErrorCode, RunError, RunOutcome, RunRecord, SessionRecord, Status, Transition,
+};
 use crate::definition::{AgentDefinition, ToolKind, FINISH_TOOL};
 use crate::error::Error;
 use crate::hooks::HookEvent;
@@ -79,12 +81,12 @@ struct Staged {
 /// is in progress.
 #[derive(Debug)]
 pub(crate) struct Session {
-    record: SessionRecord,
+    pub(super) record: SessionRecord,
     agent: Arc<AgentDefinition>,
-    run: Option<RunRecord>,
+    pub(super) run: Option<RunRecord>,
     /// Loaded for a run and released when it settles, so idle sessions stay small. Shared with
     /// the model call in flight; `Arc::make_mut` copies only if that call still holds it.
-    messages: Option<Arc<Vec<Message>>>,
+    pub(super) messages: Option<Arc<Vec<Message>>>,
     phase: Phase,
     staged: Staged,
 }
