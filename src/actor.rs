@@ -159,6 +159,10 @@ impl VirtualActor for SessionActor {
             && !matches!(&state.loaded, Loaded::Present(session) if session.is_busy())
     }
 
+    fn passivated(&self, id: &SessionId) {
+        tracing::debug!(session = %id, "session.evicted");
+    }
+
     fn reject(&self, msg: SessionMsg, error: dormant_actors::Error) {
         if let SessionMsg::Execute { reply, .. } = msg {
             let _ = reply.send(Err(host_error(error)));

@@ -483,6 +483,9 @@ impl<A: VirtualActor> Inner<A> {
                     occupied.remove();
                     self.resident.fetch_sub(1, Ordering::Relaxed);
                     tracing::debug!(%key, generation, "actor.passivated");
+                    if !self.shut_down.load(Ordering::Acquire) {
+                        self.behaviour.passivated(&key);
+                    }
                     for msg in queue {
                         self.behaviour.reject(msg, Error::ShutDown);
                     }

@@ -105,6 +105,10 @@ pub trait VirtualActor: Sized + Send + Sync + Debug + 'static {
         true
     }
 
+    /// Called after the actor of `key` stopped because it was passivated or evicted (not on
+    /// shutdown). Its state is already durable; this is for logs and metrics.
+    fn passivated(&self, _key: &Self::Key) {}
+
     /// Answers a message that cannot be handled, so the sender learns why.
     fn reject(&self, msg: Self::Msg, error: Error);
 }
