@@ -1,14 +1,16 @@
 //! Durable commits per second of a ~1 KiB batch (one put into `sessions`, one into
 //! `messages`), through `SledStore` and through bare sled.
 //!
-//! * `sled_store/group_commit/{1,64}`: `SledStore`, group commit on, power-loss durability.
+//! * `sled_store/group_commit/{1,64}`: `SledStore`, group commit on (the batches queued
+//!   while a flush runs are applied in one sled transaction, then flushed once), power-loss
+//!   durability.
 //! * `sled_store/group_commit_process_crash/64`: the same at process-crash durability (no
 //!   `fdatasync`), to show what the sync costs under group commit.
 //! * `sled_store/no_group_commit/{1,64}`: `SledStore`, one flush + `fdatasync` per commit.
 //! * `bare_sled/flush_per_write/1`: raw `Tree::insert` ×2, `Db::flush`, `fdatasync` of the `db`
 //!   file, per write: the one-commit-one-flush ceiling of the disk.
-//! * `bare_sled/flush_per_64_writes/64`: 64 writes, then one flush + `fdatasync`: what ideal
-//!   group commit of 64 writers could reach.
+//! * `bare_sled/flush_per_64_writes/64`: 64 writes (no transaction), then one flush +
+//!   `fdatasync`, on one thread: what ideal group commit of 64 writers could reach.
 //!
 //! One element = one durable batch. Run with `cargo bench --bench store`; the stores live in
 //! temporary directories under the system temp dir, so the numbers are those of that disk.

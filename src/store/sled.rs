@@ -172,7 +172,8 @@ impl SledStoreBuilder {
 /// [`Durability`] level, with group commit.
 ///
 /// Each [`Tree`] is a separate sled tree named [`Tree::name`]. Dropping the store stops its
-/// flusher thread (after it has served every queued commit) and releases the directory lock.
+/// flusher thread and releases the directory lock; the drop blocks until the thread has served
+/// every queued commit (at most one group's transaction and flush).
 ///
 /// # How a commit becomes durable
 ///
