@@ -2,11 +2,11 @@
 //! rules: it feeds inputs to the [`Session`] core, makes each transition's commit durable, then
 //! executes its effects.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use dashmap::DashMap;
-use dormant_actors::{ActorContext, Clock, Mailbox, VirtualActor};
+use dormant_actors::{ActorContext, Clock, Mailbox, VirtualActor, WeakHost};
 use tokio::sync::{broadcast, oneshot};
 
 use crate::definition::AgentDefinition;
@@ -16,21 +16,31 @@ use crate::hooks::Hooks;
 use crate::ids::{RunId, SessionId};
 use crate::llm::{LlmAdapter, LlmError, ModelReply};
 use crate::metrics::Metrics;
-use crate::schema;
-use crate::session::{Effect, FinishedCall, Input, RunOutcome, Session, Transition};
+use crate::scheduler::{DeadlineScheduler, SchedulerKey, SchedulerMsg};
+use crate::schema::{self, IndexWrite};
+use crate::session::{
+    Effect, FinishedCall, Input, Observation, Policy, Resumed, RunOutcome, Session, Submission,
+    Transition, Verdict,
+};
 use crate::store::Store;
 use crate::stream::Chunk;
+use crate::submit::SubmitOutcome;
 
-/// What every session actor shares.
+/// What every session actor (and the router and scheduler) shares.
 pub(crate) struct Shared {
     pub(crate) store: Arc<dyn Store>,
     pub(crate) llm: Arc<dyn LlmAdapter>,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) hooks: Arc<dyn Hooks>,
+    pub(crate) policy: Arc<Policy>,
+    pub(crate) tombstone_retention_ms: u64,
     pub(crate) agents: DashMap<String, Arc<AgentDefinition>>,
     /// Live followers of a session's stream; chunks are published after their commit.
     pub(crate) streams: DashMap<SessionId, broadcast::Sender<Chunk>>,
     pub(crate) metrics: Metrics,
+    /// Told about newly armed deadlines so it can wake earlier (weak: the scheduler holds
+    /// this `Shared`, and a cycle would keep the store open after shutdown).
+    pub(crate) scheduler: OnceLock<WeakHost<DeadlineScheduler>>,
 }
 
 impl std::fmt::Debug for Shared {
@@ -38,9 +48,32 @@ impl std::fmt::Debug for Shared {
         f.debug_struct("Shared")
             .field("store", &self.store)
             .field("agents", &self.agents.len())
+            .field("policy", &self.policy)
             .finish()
     }
 }
+
+impl Shared {
+    /// Whether a tombstone written at `completed_at` still answers duplicates at `now`.
+    pub(crate) fn tombstone_alive(&self, completed_at: u64, now: u64) -> bool {
+        now < completed_at.saturating_add(self.tombstone_retention_ms)
+    }
+
+    /// `already_completed` if the call completed within retention, else `unknown_tool_call`.
+    pub(crate) fn settled_call_outcome(
+        &self,
+        root: &SessionId,
+        call: &str,
+    ) -> Result<SubmitOutcome, Error> {
+        let now = self.clock.now_ms();
+        Ok(match schema::tombstone(self.store.as_ref(), root, call)? {
+            Some(at) if self.tombstone_alive(at, now) => SubmitOutcome::AlreadyCompleted,
+            _ => SubmitOutcome::UnknownToolCall,
+        })
+    }
+}
+
+type RunReply = oneshot::Sender<Result<RunOutcome, Error>>;
 
 /// Requests a session actor handles. Replies travel in `reply`.
 #[derive(Debug)]
@@ -49,15 +82,39 @@ pub(crate) enum SessionMsg {
     Execute {
         agent: Arc<AgentDefinition>,
         message: String,
-        reply: oneshot::Sender<Result<RunOutcome, Error>>,
+        reply: RunReply,
     },
+    /// Continue a suspended or interrupted run; joins a run already in progress.
+    Resume { reply: Option<RunReply> },
+    /// An answer for one of this session's pending calls (routed here by the router).
+    Submit {
+        root: SessionId,
+        tool_call_id: String,
+        submission: Submission,
+        reply: oneshot::Sender<Result<SubmitOutcome, Error>>,
+    },
+    /// A deadline passed (sent by the scheduler); answered once the timeout is recorded.
+    Timeout {
+        tool_call_id: String,
+        reply: oneshot::Sender<()>,
+    },
+    /// A durable interrupt.
+    Interrupt {
+        reply: oneshot::Sender<Result<(), Error>>,
+    },
+    /// A terminal abort.
+    Abort {
+        reply: oneshot::Sender<Result<(), Error>>,
+    },
+    /// Answered when no run is in progress.
+    WaitSettled { reply: oneshot::Sender<()> },
     /// The model answered (sent by the actor's own model task).
     ModelReplied {
         run_id: RunId,
         step: u32,
         reply: Result<ModelReply, LlmError>,
     },
-    /// The step's tools finished (sent by the actor's own tool task).
+    /// Dispatched tools finished (sent by the actor's own tool task).
     ToolsFinished {
         run_id: RunId,
         step: u32,
@@ -82,11 +139,12 @@ pub(crate) enum Loaded {
     Unreadable,
 }
 
-/// A resident session: what was loaded, and who waits for the current run.
+/// A resident session: what was loaded, and who waits for the current run to settle.
 #[derive(Debug)]
 pub(crate) struct SessionState {
     loaded: Loaded,
-    waiters: Vec<oneshot::Sender<Result<RunOutcome, Error>>>,
+    waiters: Vec<RunReply>,
+    settle_waiters: Vec<oneshot::Sender<()>>,
 }
 
 impl VirtualActor for SessionActor {
@@ -106,6 +164,7 @@ impl VirtualActor for SessionActor {
         let mut state = SessionState {
             loaded,
             waiters: Vec::new(),
+            settle_waiters: Vec::new(),
         };
         if let Loaded::Present(session) = &mut state.loaded {
             let now = self.shared.clock.now_ms();
@@ -121,12 +180,44 @@ impl VirtualActor for SessionActor {
     }
 
     async fn handle(&self, ctx: &ActorContext<Self>, msg: SessionMsg, state: &mut SessionState) {
+        let now = self.shared.clock.now_ms();
         match msg {
             SessionMsg::Execute {
                 agent,
                 message,
                 reply,
             } => self.execute(ctx, state, agent, message, reply).await,
+            SessionMsg::Resume { reply } => self.resume(ctx, state, reply).await,
+            SessionMsg::Submit {
+                root,
+                tool_call_id,
+                submission,
+                reply,
+            } => {
+                let outcome = self
+                    .submit(ctx, state, &root, &tool_call_id, submission)
+                    .await;
+                let _ = reply.send(outcome);
+            }
+            SessionMsg::Timeout {
+                tool_call_id,
+                reply,
+            } => {
+                if let Loaded::Present(session) = &mut state.loaded {
+                    let transition = session.timeout(&tool_call_id, now);
+                    let _ = self.perform(ctx, state, transition).await;
+                }
+                let _ = reply.send(());
+            }
+            SessionMsg::Interrupt { reply } => {
+                let result = self.control(ctx, state, Session::interrupt).await;
+                let _ = reply.send(result);
+            }
+            SessionMsg::Abort { reply } => {
+                let result = self.control(ctx, state, Session::abort).await;
+                let _ = reply.send(result);
+            }
+            SessionMsg::WaitSettled { reply } => self.when_settled(state, reply),
             SessionMsg::ModelReplied {
                 run_id,
                 step,
@@ -156,6 +247,7 @@ impl VirtualActor for SessionActor {
 
     fn can_passivate(&self, state: &SessionState) -> bool {
         state.waiters.is_empty()
+            && state.settle_waiters.is_empty()
             && !matches!(&state.loaded, Loaded::Present(session) if session.is_busy())
     }
 
@@ -164,8 +256,18 @@ impl VirtualActor for SessionActor {
     }
 
     fn reject(&self, msg: SessionMsg, error: dormant_actors::Error) {
-        if let SessionMsg::Execute { reply, .. } = msg {
-            let _ = reply.send(Err(host_error(error)));
+        match msg {
+            SessionMsg::Execute { reply, .. } | SessionMsg::Resume { reply: Some(reply) } => {
+                let _ = reply.send(Err(host_error(error)));
+            }
+            SessionMsg::Submit { reply, .. } => {
+                let _ = reply.send(Err(host_error(error)));
+            }
+            SessionMsg::Interrupt { reply } | SessionMsg::Abort { reply } => {
+                let _ = reply.send(Err(host_error(error)));
+            }
+            // Dropping the reply tells a waiting sweep or settle call that nothing will happen.
+            _ => {}
         }
     }
 }
@@ -203,7 +305,34 @@ impl SessionActor {
             Some(_) => schema::load_run(store, id, record.run_count)?,
             None => None,
         };
-        Ok(Loaded::Present(Session::restore(record, agent, run)))
+        let pending = schema::load_pending(store, id)?;
+        let policy = Arc::clone(&self.shared.policy);
+        Ok(Loaded::Present(Session::restore(
+            record, agent, policy, run, pending,
+        )))
+    }
+
+    /// The loaded session, re-reading an unreadable one; `None` if it does not exist.
+    fn present<'s>(
+        &self,
+        id: &SessionId,
+        state: &'s mut SessionState,
+    ) -> Result<Option<&'s mut Session>, Error> {
+        if matches!(state.loaded, Loaded::Unreadable) {
+            state.loaded = self.load(id)?;
+        }
+        Ok(match &mut state.loaded {
+            Loaded::Present(session) => Some(session),
+            _ => None,
+        })
+    }
+
+    fn ensure_messages(&self, session: &mut Session) -> Result<(), Error> {
+        if session.needs_messages() {
+            let messages = schema::load_messages(self.shared.store.as_ref(), session.id())?;
+            session.attach_messages(messages);
+        }
+        Ok(())
     }
 
     async fn execute(
@@ -212,21 +341,21 @@ impl SessionActor {
         state: &mut SessionState,
         agent: Arc<AgentDefinition>,
         message: String,
-        reply: oneshot::Sender<Result<RunOutcome, Error>>,
+        reply: RunReply,
     ) {
         let id = ctx.key();
         let now = self.shared.clock.now_ms();
-        if matches!(state.loaded, Loaded::Unreadable) {
-            match self.load(id) {
-                Ok(loaded) => state.loaded = loaded,
-                Err(error) => {
-                    let _ = reply.send(Err(error));
-                    return;
-                }
+        match self.present(id, state) {
+            Ok(Some(_)) => {}
+            Ok(None) => {
+                let policy = Arc::clone(&self.shared.policy);
+                let session = Session::create(id.clone(), agent.clone(), policy, now);
+                state.loaded = Loaded::Present(session);
             }
-        }
-        if matches!(state.loaded, Loaded::Absent) {
-            state.loaded = Loaded::Present(Session::create(id.clone(), agent.clone(), now));
+            Err(error) => {
+                let _ = reply.send(Err(error));
+                return;
+            }
         }
         let Loaded::Present(session) = &mut state.loaded else {
             return;
@@ -239,14 +368,9 @@ impl SessionActor {
             }));
             return;
         }
-        if session.needs_messages() {
-            match schema::load_messages(self.shared.store.as_ref(), id) {
-                Ok(messages) => session.attach_messages(messages),
-                Err(error) => {
-                    let _ = reply.send(Err(error.into()));
-                    return;
-                }
-            }
+        if let Err(error) = self.ensure_messages(session) {
+            let _ = reply.send(Err(error));
+            return;
         }
         let input = Input::Execute {
             run_id: RunId::generate(),
@@ -255,12 +379,109 @@ impl SessionActor {
         match session.apply(input, now) {
             Ok(transition) => {
                 state.waiters.push(reply);
-                self.perform(ctx, state, transition).await;
+                // A failed commit has already answered the waiter.
+                let _ = self.perform(ctx, state, transition).await;
             }
             Err(error) => {
                 let _ = reply.send(Err(error));
             }
         }
+    }
+
+    async fn resume(
+        &self,
+        ctx: &ActorContext<Self>,
+        state: &mut SessionState,
+        reply: Option<RunReply>,
+    ) {
+        let now = self.shared.clock.now_ms();
+        let session = match self.present(ctx.key(), state) {
+            Ok(Some(session)) => session,
+            Ok(None) => {
+                if let Some(reply) = reply {
+                    let _ = reply.send(Err(Error::UnknownSession(ctx.key().clone())));
+                }
+                return;
+            }
+            Err(error) => {
+                if let Some(reply) = reply {
+                    let _ = reply.send(Err(error));
+                }
+                return;
+            }
+        };
+        // Single flight: a resume while a run is in progress waits for that run.
+        if session.is_busy() {
+            state.waiters.extend(reply);
+            return;
+        }
+        if let Err(error) = self.ensure_messages(session) {
+            if let Some(reply) = reply {
+                let _ = reply.send(Err(error));
+            }
+            return;
+        }
+        match session.resume(RunId::generate(), now) {
+            Ok(Resumed::Started(transition)) => {
+                state.waiters.extend(reply);
+                // A failed commit has already answered the waiter.
+                let _ = self.perform(ctx, state, transition).await;
+            }
+            Ok(Resumed::StillWaiting(outcome)) => {
+                session.release_messages();
+                if let Some(reply) = reply {
+                    let _ = reply.send(Ok(outcome));
+                }
+            }
+            Err(error) => {
+                if let Some(reply) = reply {
+                    let _ = reply.send(Err(error));
+                }
+            }
+        }
+    }
+
+    async fn submit(
+        &self,
+        ctx: &ActorContext<Self>,
+        state: &mut SessionState,
+        root: &SessionId,
+        tool_call_id: &str,
+        submission: Submission,
+    ) -> Result<SubmitOutcome, Error> {
+        let now = self.shared.clock.now_ms();
+        let Some(session) = self.present(ctx.key(), state)? else {
+            return self.shared.settled_call_outcome(root, tool_call_id);
+        };
+        let (verdict, transition) = session.submit(tool_call_id, submission, now);
+        let committed = self.perform(ctx, state, transition).await;
+        match verdict {
+            Verdict::Accepted => {
+                committed?;
+                tracing::debug!(session = %ctx.key(), tool_call_id, "client_tool.submitted");
+                Ok(SubmitOutcome::Accepted)
+            }
+            Verdict::AlreadyCompleted => Ok(SubmitOutcome::AlreadyCompleted),
+            Verdict::NotPending => self.shared.settled_call_outcome(root, tool_call_id),
+            Verdict::InvalidResult { reason, errors } => {
+                tracing::warn!(session = %ctx.key(), tool_call_id, %reason, "client_tool.validation_failed");
+                Ok(SubmitOutcome::InvalidResult { reason, errors })
+            }
+        }
+    }
+
+    async fn control(
+        &self,
+        ctx: &ActorContext<Self>,
+        state: &mut SessionState,
+        apply: fn(&mut Session, u64) -> Transition,
+    ) -> Result<(), Error> {
+        let now = self.shared.clock.now_ms();
+        let Some(session) = self.present(ctx.key(), state)? else {
+            return Err(Error::UnknownSession(ctx.key().clone()));
+        };
+        let transition = apply(session, now);
+        self.perform(ctx, state, transition).await
     }
 
     async fn feed(&self, ctx: &ActorContext<Self>, state: &mut SessionState, input: Input) {
@@ -269,8 +490,19 @@ impl SessionActor {
         };
         let now = self.shared.clock.now_ms();
         match session.apply(input, now) {
-            Ok(transition) => self.perform(ctx, state, transition).await,
+            Ok(transition) => {
+                let _ = self.perform(ctx, state, transition).await;
+            }
             Err(error) => tracing::warn!(session = %ctx.key(), %error, "session.input_refused"),
+        }
+    }
+
+    fn when_settled(&self, state: &mut SessionState, reply: oneshot::Sender<()>) {
+        let busy = matches!(&state.loaded, Loaded::Present(session) if session.is_busy());
+        if busy {
+            state.settle_waiters.push(reply);
+        } else {
+            let _ = reply.send(());
         }
     }
 
@@ -281,76 +513,134 @@ impl SessionActor {
         ctx: &ActorContext<Self>,
         state: &mut SessionState,
         transition: Transition,
-    ) {
+    ) -> Result<(), Error> {
         if let Some(commit) = transition.commit {
             if let Err(error) = self.commit(&commit).await {
                 tracing::error!(session = %ctx.key(), %error, "session.commit_failed");
                 let reason = error.to_string();
-                let mut first = Some(error);
                 for waiter in state.waiters.drain(..) {
-                    let error = first.take().unwrap_or_else(|| Error::SessionUnavailable {
+                    let _ = waiter.send(Err(Error::SessionUnavailable {
                         session: ctx.key().clone(),
                         reason: reason.clone(),
-                    });
-                    let _ = waiter.send(Err(error));
+                    }));
                 }
+                state.settle_waiters.clear();
                 state.loaded = self.load(ctx.key()).unwrap_or(Loaded::Unreadable);
-                return;
+                return Err(error);
             }
-            self.publish(ctx.key(), commit.chunks);
+            self.after_commit(ctx.key(), &commit);
         }
         for effect in transition.effects {
-            match effect {
-                Effect::CallModel {
+            self.run_effect(ctx, state, effect);
+        }
+        Ok(())
+    }
+
+    fn run_effect(&self, ctx: &ActorContext<Self>, state: &mut SessionState, effect: Effect) {
+        match effect {
+            Effect::CallModel {
+                run_id,
+                step,
+                request,
+            } => {
+                let llm = Arc::clone(&self.shared.llm);
+                let mailbox = ctx.mailbox();
+                tokio::spawn(async move {
+                    let reply = llm.complete(request).await;
+                    send_back(
+                        &mailbox,
+                        SessionMsg::ModelReplied {
+                            run_id,
+                            step,
+                            reply,
+                        },
+                    );
+                });
+            }
+            Effect::RunTools {
+                run_id,
+                step,
+                parallel,
+                sequential,
+                state: custom_state,
+            } => {
+                let Loaded::Present(session) = &state.loaded else {
+                    return;
+                };
+                let step_context = StepContext {
+                    agent: Arc::clone(session.agent()),
+                    session: ctx.key().clone(),
                     run_id,
-                    step,
-                    request,
-                } => {
-                    let llm = Arc::clone(&self.shared.llm);
-                    let mailbox = ctx.mailbox();
-                    tokio::spawn(async move {
-                        let reply = llm.complete(request).await;
-                        send_back(&mailbox, SessionMsg::ModelReplied { run_id, step, reply });
-                    });
-                }
-                Effect::RunTools {
-                    run_id,
-                    step,
-                    parallel,
-                    sequential,
                     state: custom_state,
-                } => {
-                    let Loaded::Present(session) = &state.loaded else {
-                        continue;
-                    };
-                    let step_context = StepContext {
-                        agent: Arc::clone(session.agent()),
-                        session: ctx.key().clone(),
-                        run_id,
-                        state: custom_state,
-                    };
-                    let mailbox = ctx.mailbox();
-                    tokio::spawn(async move {
-                        let outcomes = run_step(step_context, parallel, sequential).await;
-                        send_back(
-                            &mailbox,
-                            SessionMsg::ToolsFinished {
-                                run_id,
-                                step,
-                                outcomes,
-                            },
-                        );
-                    });
+                };
+                let mailbox = ctx.mailbox();
+                tokio::spawn(async move {
+                    let outcomes = run_step(step_context, parallel, sequential).await;
+                    send_back(
+                        &mailbox,
+                        SessionMsg::ToolsFinished {
+                            run_id,
+                            step,
+                            outcomes,
+                        },
+                    );
+                });
+            }
+            Effect::Hook(event) => self.shared.hooks.on_event(&event),
+            Effect::Observe(observation) => self.observe(ctx.key(), observation),
+            Effect::AutoResume => {
+                // Through the host, not the mailbox: a passivation may already be queued, and
+                // the host hands messages that arrive while stopping to the next activation.
+                if let Some(host) = ctx.host() {
+                    host.send(ctx.key().clone(), SessionMsg::Resume { reply: None });
                 }
-                Effect::Hook(event) => self.shared.hooks.on_event(&event),
-                Effect::Settle(outcome) => {
-                    for waiter in state.waiters.drain(..) {
-                        let _ = waiter.send(Ok(outcome.clone()));
-                    }
-                    if let Loaded::Present(session) = &mut state.loaded {
-                        session.release_messages();
-                    }
+            }
+            Effect::Settle(outcome) => {
+                for waiter in state.waiters.drain(..) {
+                    let _ = waiter.send(Ok(outcome.clone()));
                 }
+                for waiter in state.settle_waiters.drain(..) {
+                    let _ = waiter.send(());
+                }
+                if let Loaded::Present(session) = &mut state.loaded {
+                    session.release_messages();
+                }
+            }
+        }
+    }
+
+    fn observe(&self, id: &SessionId, observation: Observation) {
+        let metrics = &self.shared.metrics;
+        match observation {
+            Observation::Suspended {
+                tool_call_id,
+                tool_name,
+                deadline_at_ms,
+            } => {
+                tracing::debug!(session = %id, tool_call_id, tool_name, deadline_at_ms, "client_tool.suspended");
+            }
+            Observation::Answered {
+                tool_call_id,
+                wait_ms,
+                has_error,
+            } => {
+                metrics.record_answer(wait_ms);
+                tracing::debug!(session = %id, tool_call_id, wait_ms, has_error, "client_tool.answered");
+            }
+            Observation::TimedOut {
+                tool_call_id,
+                lag_ms,
+            } => {
+                metrics.record_timeout(lag_ms);
+                tracing::warn!(session = %id, tool_call_id, lag_ms, "client_tool.timeout");
+            }
+            Observation::Aborted { count } => {
+                metrics.record_aborted(count);
+                tracing::warn!(session = %id, count, "client_tool.aborted");
+            }
+            Observation::Abandoned { count } => {
+                metrics.record_abandoned(count);
+                tracing::warn!(session = %id, count, "client_tool.abandoned");
             }
         }
     }
@@ -364,14 +654,30 @@ impl SessionActor {
         Ok(())
     }
 
-    fn publish(&self, id: &SessionId, chunks: Vec<Chunk>) {
-        if chunks.is_empty() {
+    /// Publishes the commit's chunks to live followers and tells the scheduler about new
+    /// deadlines.
+    fn after_commit(&self, id: &SessionId, commit: &schema::Commit) {
+        let earliest = commit
+            .index
+            .iter()
+            .filter_map(|write| match write {
+                IndexWrite::PutDeadline { at, .. } => Some(*at),
+                _ => None,
+            })
+            .min();
+        if let (Some(at), Some(scheduler)) = (
+            earliest,
+            self.shared.scheduler.get().and_then(WeakHost::upgrade),
+        ) {
+            scheduler.send(SchedulerKey, SchedulerMsg::Armed { at });
+        }
+        if commit.chunks.is_empty() {
             return;
         }
         let followed = match self.shared.streams.get(id) {
             Some(sender) => {
-                for chunk in chunks {
-                    let _ = sender.send(chunk);
+                for chunk in &commit.chunks {
+                    let _ = sender.send(chunk.clone());
                 }
                 sender.receiver_count() > 0
             }

@@ -258,7 +258,9 @@ impl AgentDefinition {
     }
 
     pub(crate) fn tool(&self, name: &str) -> Option<&Tool> {
-        self.by_name.get(name).and_then(|&index| self.tools.get(index))
+        self.by_name
+            .get(name)
+            .and_then(|&index| self.tools.get(index))
     }
 
     pub(crate) fn output(&self) -> Option<&Schema> {

@@ -26,6 +26,17 @@ pub enum Error {
     /// A run of the session is in progress.
     #[error("session {0} is already running")]
     AlreadyRunning(SessionId),
+    /// The session was aborted; it never runs again.
+    #[error("session {0} was aborted")]
+    Aborted(SessionId),
+    /// There is nothing to resume: the last run completed or failed.
+    #[error("session {session} has nothing to resume: its last run is {status}")]
+    NotResumable {
+        /// The session.
+        session: SessionId,
+        /// Its status.
+        status: crate::session::Status,
+    },
     /// An id is malformed.
     #[error("invalid id: {0}")]
     InvalidId(#[from] InvalidId),
@@ -62,6 +73,8 @@ impl Error {
             Error::UnknownAgent(_) => "unknown_agent",
             Error::AgentMismatch { .. } => "agent_mismatch",
             Error::AlreadyRunning(_) => "already_running",
+            Error::Aborted(_) => "aborted",
+            Error::NotResumable { .. } => "not_resumable",
             Error::InvalidId(_) => "invalid_id",
             Error::InvalidDefinition(_) => "invalid_definition",
             Error::Store(_) => "store_error",

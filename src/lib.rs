@@ -63,11 +63,15 @@ pub mod ids;
 pub mod llm;
 pub mod message;
 mod metrics;
+mod router;
 mod runtime;
+pub mod scenario;
+mod scheduler;
 pub mod schema;
 pub mod session;
 pub mod store;
 pub mod stream;
+pub mod submit;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use definition::{
@@ -79,8 +83,14 @@ pub use hooks::{HookEvent, Hooks};
 pub use ids::{RunId, SessionId};
 pub use llm::{LlmAdapter, LlmError, ModelReply, ModelRequest, ScriptedLlm};
 pub use message::{Message, ToolCall, ToolOutcome};
-pub use metrics::Latency;
+pub use metrics::{ClientToolStats, Latency};
 pub use runtime::{Runtime, RuntimeBuilder, RuntimeStats};
-pub use session::{ErrorCode, RunError, RunOutcome, RunRecord, SessionRecord, Status};
+pub use scheduler::SweepReport;
+pub use schema::ExpiredCall;
+pub use session::{
+    Answer, ErrorCode, PendingCall, PendingKind, RunError, RunOutcome, RunRecord, SessionRecord,
+    Status,
+};
 pub use store::{MemoryStore, SledStore, Store};
 pub use stream::{Chunk, ChunkKind};
+pub use submit::{Submit, SubmitAnswer, SubmitOutcome};

@@ -57,11 +57,34 @@ impl LatencyHistogram {
     }
 }
 
+/// How client-tool and approval calls fared.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct ClientToolStats {
+    /// Time from a call becoming pending to its accepted answer (recorded in µs; the clock's
+    /// resolution is milliseconds).
+    pub wait: Latency,
+    /// Answers accepted.
+    pub answered: u64,
+    /// Calls that expired.
+    pub timeouts: u64,
+    /// How late, after its deadline, each timeout was recorded (µs).
+    pub timeout_lag: Latency,
+    /// Unanswered calls dropped by an interrupt or abort.
+    pub aborted: u64,
+    /// Unanswered calls closed by a new message.
+    pub abandoned: u64,
+}
+
 /// The runtime's own measurements.
 #[derive(Debug, Default)]
 pub(crate) struct Metrics {
     commits: LatencyHistogram,
     commit_bytes: AtomicU64,
+    waits: LatencyHistogram,
+    timeout_lags: LatencyHistogram,
+    timeouts: AtomicU64,
+    aborted: AtomicU64,
+    abandoned: AtomicU64,
 }
 
 impl Metrics {
@@ -77,5 +100,36 @@ impl Metrics {
 
     pub(crate) fn commit_bytes(&self) -> u64 {
         self.commit_bytes.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn record_answer(&self, wait_ms: u64) {
+        self.waits.record(Duration::from_millis(wait_ms));
+    }
+
+    pub(crate) fn record_timeout(&self, lag_ms: u64) {
+        self.timeouts.fetch_add(1, Ordering::Relaxed);
+        self.timeout_lags.record(Duration::from_millis(lag_ms));
+    }
+
+    pub(crate) fn record_aborted(&self, count: usize) {
+        self.aborted
+            .fetch_add(u64::try_from(count).unwrap_or(u64::MAX), Ordering::Relaxed);
+    }
+
+    pub(crate) fn record_abandoned(&self, count: usize) {
+        self.abandoned
+            .fetch_add(u64::try_from(count).unwrap_or(u64::MAX), Ordering::Relaxed);
+    }
+
+    pub(crate) fn client_tools(&self) -> ClientToolStats {
+        let wait = self.waits.summary();
+        ClientToolStats {
+            answered: wait.count,
+            wait,
+            timeouts: self.timeouts.load(Ordering::Relaxed),
+            timeout_lag: self.timeout_lags.summary(),
+            aborted: self.aborted.load(Ordering::Relaxed),
+            abandoned: self.abandoned.load(Ordering::Relaxed),
+        }
     }
 }

@@ -14,10 +14,16 @@ use crate::definition::{AgentDefinition, DefinitionError, ToolKind};
 use crate::error::Error;
 use crate::ids::SessionId;
 use crate::message::Message;
+use crate::metrics::ClientToolStats;
 use crate::metrics::Latency;
+use crate::router::{Route, RouterActor, Shard};
+use crate::scheduler::{DeadlineScheduler, SchedulerKey, SchedulerMsg, SweepReport};
 use crate::schema;
+use crate::schema::ExpiredCall;
+use crate::session::{PendingCall, Submission};
 use crate::session::{RunOutcome, RunRecord, SessionRecord, Status};
 use crate::stream::Chunk;
+use crate::submit::{Submit, SubmitAnswer, SubmitOutcome};
 
 pub use builder::RuntimeBuilder;
 
@@ -55,7 +61,10 @@ pub struct RuntimeStats {
 #[derive(Clone, Debug)]
 pub struct Runtime {
     host: Host<SessionActor>,
+    router: Host<RouterActor>,
+    scheduler: Host<DeadlineScheduler>,
     shared: Arc<Shared>,
+    max_result_bytes: usize,
 }
 
 impl Runtime {
@@ -111,6 +120,191 @@ impl Runtime {
             },
         );
         answer.await.map_err(|_| self.lost_reply(id))?
+    }
+
+    /// Submits an answer for a pending client-tool or approval call. The answer always names
+    /// the ROOT session; the router finds the session (a sub-agent, say) that owns the call.
+    /// `Accepted` is returned only once the answer is durable; the first accepted answer wins.
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use dormant::{AgentDefinition, ModelReply, Runtime, ScriptedLlm, Status, ToolCall, ToolDefinition};
+    /// use dormant::submit::{Submit, SubmitOutcome};
+    /// use serde_json::json;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let llm = ScriptedLlm::new().script("editor", vec![
+    /// #     ModelReply::tool_calls(vec![ToolCall::new("tc-1", "edit", json!({}))]),
+    /// #     ModelReply::text("done"),
+    /// # ]);
+    /// # let runtime = Runtime::builder().llm(Arc::new(llm))
+    /// #     .agent(AgentDefinition::builder("editor").tool(ToolDefinition::client("edit")).build()?)
+    /// #     .build()?;
+    /// let id = "s1".parse()?;
+    /// let run = runtime.execute_on(&id, "editor", "edit it").await?;
+    /// assert_eq!(run.status, Status::SuspendedClientTool);
+    /// let outcome = runtime.submit_tool_result(Submit::result("s1", "tc-1", json!({ "ok": true }))).await?;
+    /// assert_eq!(outcome, SubmitOutcome::Accepted);
+    /// let resumed = runtime.resume(&id).await?;
+    /// assert_eq!(resumed.status, Status::Completed);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// Only a store failure (or a shut-down runtime); every expected outcome, bad input
+    /// included, is a [`SubmitOutcome`].
+    pub async fn submit_tool_result(&self, submit: Submit) -> Result<SubmitOutcome, Error> {
+        if submit.tool_call_id.is_empty() || submit.session_id.is_empty() {
+            return Ok(SubmitOutcome::InvalidRequest {
+                reason: "session_id and tool_call_id may not be empty".into(),
+            });
+        }
+        let size = submit.payload_len();
+        if size > self.max_result_bytes {
+            return Ok(SubmitOutcome::PayloadTooLarge {
+                size,
+                limit: self.max_result_bytes,
+            });
+        }
+        let root: SessionId = match submit.session_id.parse() {
+            Ok(root) => root,
+            Err(error) => {
+                return Ok(SubmitOutcome::InvalidRequest {
+                    reason: format!("session_id: {error}"),
+                })
+            }
+        };
+        let submission = match submit.answer {
+            SubmitAnswer::Result(value) => Submission::Result(value),
+            SubmitAnswer::Error(error) => Submission::Error(error),
+            SubmitAnswer::Approval {
+                approval_id,
+                approved,
+                reason,
+            } => Submission::Approval {
+                approved,
+                approval_id,
+                reason,
+            },
+        };
+        let (reply, answer) = oneshot::channel();
+        self.router.send(
+            Shard::of(&root),
+            Route {
+                root: root.clone(),
+                tool_call_id: submit.tool_call_id,
+                submission,
+                reply,
+            },
+        );
+        answer.await.map_err(|_| self.lost_reply(&root))?
+    }
+
+    /// Submits a JSON envelope as a client sends it (see [`Submit::from_json`]); a malformed
+    /// envelope answers `InvalidRequest` and stores nothing.
+    ///
+    /// # Errors
+    /// As [`Runtime::submit_tool_result`].
+    pub async fn submit_json(&self, envelope: &serde_json::Value) -> Result<SubmitOutcome, Error> {
+        match Submit::from_json(envelope) {
+            Ok(submit) => self.submit_tool_result(submit).await,
+            Err(reason) => Ok(SubmitOutcome::InvalidRequest { reason }),
+        }
+    }
+
+    /// Resumes a suspended (or interrupted) session: answers are drained into tool results in
+    /// call order, approved tools run, expired calls become `client_tool_timeout` errors, and
+    /// the run goes on until it ends or suspends again. While some call is still unanswered and
+    /// unexpired, nothing runs and the outcome lists what is pending (a barrier). A resume
+    /// while a run is in progress waits for that run.
+    ///
+    /// # Errors
+    /// [`Error::UnknownSession`], [`Error::Aborted`], [`Error::NotResumable`] for a session
+    /// whose last run completed or failed, a store failure.
+    pub async fn resume(&self, id: &SessionId) -> Result<RunOutcome, Error> {
+        self.session(id)?;
+        let (reply, answer) = oneshot::channel();
+        self.host
+            .send(id.clone(), SessionMsg::Resume { reply: Some(reply) });
+        answer.await.map_err(|_| self.lost_reply(id))?
+    }
+
+    /// Interrupts a session durably: a suspended run ends `interrupted` at once (its pending
+    /// calls are dropped; late submits answer `unknown_tool_call`), a running one at the top of
+    /// its next step. `resume` continues an interrupted session.
+    ///
+    /// # Errors
+    /// [`Error::UnknownSession`], a store failure.
+    pub async fn interrupt(&self, id: &SessionId) -> Result<(), Error> {
+        self.session(id)?;
+        let (reply, answer) = oneshot::channel();
+        self.host.send(id.clone(), SessionMsg::Interrupt { reply });
+        answer.await.map_err(|_| self.lost_reply(id))?
+    }
+
+    /// Aborts a session: terminal. It fails, its pending calls are dropped, and it refuses
+    /// `resume` and `execute` from then on.
+    ///
+    /// # Errors
+    /// [`Error::UnknownSession`], a store failure.
+    pub async fn abort(&self, id: &SessionId) -> Result<(), Error> {
+        self.session(id)?;
+        let (reply, answer) = oneshot::channel();
+        self.host.send(id.clone(), SessionMsg::Abort { reply });
+        answer.await.map_err(|_| self.lost_reply(id))?
+    }
+
+    /// Waits until no run of the session is in progress (an automatic resume, say).
+    pub async fn wait_settled(&self, id: &SessionId) {
+        if !self.host.is_resident(id) {
+            return;
+        }
+        let (reply, settled) = oneshot::channel();
+        self.host
+            .send(id.clone(), SessionMsg::WaitSettled { reply });
+        let _ = settled.await;
+    }
+
+    /// Fires every deadline that has passed by the runtime's clock and waits until the
+    /// sessions concerned have recorded their timeouts and settled. The background scheduler
+    /// does the same on its own; call this after moving a manual clock.
+    ///
+    /// # Errors
+    /// A store failure, or a shut-down runtime.
+    pub async fn sweep_deadlines(&self) -> Result<SweepReport, Error> {
+        let (reply, answer) = oneshot::channel();
+        self.scheduler
+            .send(SchedulerKey, SchedulerMsg::Sweep { reply: Some(reply) });
+        answer.await.map_err(|_| Error::ShutDown)?
+    }
+
+    /// Pending calls whose deadline is at or before `now`, earliest first: an ordered range
+    /// read of the durable deadline index, O(log n + k) for k results.
+    ///
+    /// # Errors
+    /// A store failure.
+    pub fn find_expired_pending(&self, now: u64) -> Result<Vec<ExpiredCall>, Error> {
+        Ok(schema::expired_calls(
+            self.shared.store.as_ref(),
+            now,
+            usize::MAX,
+        )?)
+    }
+
+    /// The session's pending calls (waiting, or answered and waiting for a resume).
+    ///
+    /// # Errors
+    /// As [`Runtime::session`].
+    pub fn pending(&self, id: &SessionId) -> Result<Vec<PendingCall>, Error> {
+        self.session(id)?;
+        let mut calls = schema::load_pending(self.shared.store.as_ref(), id)?;
+        calls.sort_by_key(|call| call.position);
+        Ok(calls)
+    }
+
+    /// How client-tool and approval calls fared: wait times and outcome counters.
+    pub fn client_tool_stats(&self) -> ClientToolStats {
+        self.shared.metrics.client_tools()
     }
 
     /// The session's stored record (status, counters, custom state).
@@ -219,6 +413,8 @@ impl Runtime {
     /// # Errors
     /// The final flush failed.
     pub async fn shutdown(&self) -> Result<(), Error> {
+        self.router.shutdown().await;
+        self.scheduler.shutdown().await;
         self.host.shutdown().await;
         self.shared.streams.clear();
         self.shared.store.flush().await?;

@@ -12,7 +12,7 @@ use serde::Serialize;
 
 use crate::ids::SessionId;
 use crate::message::Message;
-use crate::session::{RunRecord, SessionRecord};
+use crate::session::{PendingCall, RunRecord, SessionRecord};
 use crate::store::{Batch, CommitKind, Store, Tree};
 use crate::stream::Chunk;
 
@@ -116,6 +116,65 @@ fn session_key(session: &SessionId) -> Vec<u8> {
     session.as_str().as_bytes().to_vec()
 }
 
+/// The key of pending call `call` of `session` (and of ownership and tombstone entries, with
+/// the root as `session`).
+pub(crate) fn call_key(session: &SessionId, call: &str) -> Vec<u8> {
+    let mut key = prefix(session);
+    key.extend_from_slice(call.as_bytes());
+    key
+}
+
+/// `at` (u64 BE) followed by [`call_key`]: ordered by time.
+pub(crate) fn timed_key(at: u64, session: &SessionId, call: &str) -> Vec<u8> {
+    let mut key = at.to_be_bytes().to_vec();
+    key.extend_from_slice(&call_key(session, call));
+    key
+}
+
+/// The deadline-index key of `call` of `session`, armed for `at`.
+pub(crate) fn deadline_key(at: u64, session: &SessionId, call: &str) -> Vec<u8> {
+    timed_key(at, session, call)
+}
+
+/// Splits a [`call_key`] back into its session and call.
+fn split_call_key(key: &[u8]) -> Option<(SessionId, String)> {
+    let (len, rest) = key.split_first_chunk::<2>()?;
+    let len = usize::from(u16::from_be_bytes(*len));
+    let id = std::str::from_utf8(rest.get(..len)?).ok()?.parse().ok()?;
+    let call = String::from_utf8(rest.get(len..)?.to_vec()).ok()?;
+    Some((id, call))
+}
+
+/// Splits a timed key back into its time, session and call.
+fn split_timed_key(key: &[u8]) -> Option<(u64, SessionId, String)> {
+    let (at, rest) = key.split_first_chunk::<8>()?;
+    let (session, call) = split_call_key(rest)?;
+    Some((u64::from_be_bytes(*at), session, call))
+}
+
+/// A write to one of the per-call indexes, beside the session's own entries.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum IndexWrite {
+    /// Store a pending call of this session.
+    PutPending(PendingCall),
+    /// Remove a pending call of this session.
+    DeletePending(String),
+    /// Arm a deadline for a call of this session.
+    PutDeadline { at: u64, call: String },
+    /// Disarm a deadline.
+    DeleteDeadline { at: u64, call: String },
+    /// Record on the root that this session owns the call.
+    PutOwnership { root: SessionId, call: String },
+    /// Clear an ownership entry on the root.
+    DeleteOwnership { root: SessionId, call: String },
+    /// Leave a tombstone on the root for a completed call (and its expiry index entry).
+    PutTombstone {
+        root: SessionId,
+        call: String,
+        at: u64,
+    },
+}
+
 /// The writes of one step of a session, before encoding.
 #[derive(Clone, Debug)]
 pub(crate) struct Commit {
@@ -124,6 +183,7 @@ pub(crate) struct Commit {
     pub(crate) messages: Vec<(u64, Message)>,
     pub(crate) runs: Vec<RunRecord>,
     pub(crate) chunks: Vec<Chunk>,
+    pub(crate) index: Vec<IndexWrite>,
 }
 
 impl Commit {
@@ -156,6 +216,42 @@ impl Commit {
                 seq_key(id, chunk.seq),
                 encode(Tree::Stream, chunk)?,
             );
+        }
+        for write in &self.index {
+            match write {
+                IndexWrite::PutPending(call) => batch.put(
+                    Tree::Pending,
+                    call_key(id, &call.tool_call_id),
+                    encode(Tree::Pending, call)?,
+                ),
+                IndexWrite::DeletePending(call) => batch.delete(Tree::Pending, call_key(id, call)),
+                IndexWrite::PutDeadline { at, call } => {
+                    batch.put(Tree::Deadlines, timed_key(*at, id, call), Vec::new());
+                }
+                IndexWrite::DeleteDeadline { at, call } => {
+                    batch.delete(Tree::Deadlines, timed_key(*at, id, call));
+                }
+                IndexWrite::PutOwnership { root, call } => batch.put(
+                    Tree::Ownership,
+                    call_key(root, call),
+                    encode(Tree::Ownership, id)?,
+                ),
+                IndexWrite::DeleteOwnership { root, call } => {
+                    batch.delete(Tree::Ownership, call_key(root, call));
+                }
+                IndexWrite::PutTombstone { root, call, at } => {
+                    batch.put(
+                        Tree::Tombstones,
+                        call_key(root, call),
+                        encode(Tree::Tombstones, at)?,
+                    );
+                    batch.put(
+                        Tree::TombstoneExpiry,
+                        timed_key(*at, root, call),
+                        Vec::new(),
+                    );
+                }
+            }
         }
         Ok(batch)
     }
@@ -191,11 +287,12 @@ pub(crate) fn list_sessions(store: &dyn Store) -> Result<Vec<SessionId>, Error> 
         .into_iter()
         .map(|(key, _)| {
             let text = String::from_utf8_lossy(&key).into_owned();
-            text.parse().map_err(|error: crate::ids::InvalidId| Error::Corrupt {
-                session: SessionId::generate(),
-                tree: Tree::Sessions.name(),
-                reason: format!("stored key {text:?} is not a session id: {error}"),
-            })
+            text.parse()
+                .map_err(|error: crate::ids::InvalidId| Error::Corrupt {
+                    session: SessionId::generate(),
+                    tree: Tree::Sessions.name(),
+                    reason: format!("stored key {text:?} is not a session id: {error}"),
+                })
         })
         .collect()
 }
@@ -236,4 +333,96 @@ pub(crate) fn load_chunks(
         .iter()
         .map(|(_, bytes)| decode(session, Tree::Stream, bytes))
         .collect()
+}
+
+/// Reads a session's pending calls.
+pub(crate) fn load_pending(
+    store: &dyn Store,
+    session: &SessionId,
+) -> Result<Vec<PendingCall>, Error> {
+    load_all(store, session, Tree::Pending)
+}
+
+/// The session that owns call `call` under `root`, if the call is pending.
+pub(crate) fn owner(
+    store: &dyn Store,
+    root: &SessionId,
+    call: &str,
+) -> Result<Option<SessionId>, Error> {
+    store
+        .get(Tree::Ownership, &call_key(root, call))?
+        .map(|bytes| decode(root, Tree::Ownership, &bytes))
+        .transpose()
+}
+
+/// When call `call` under `root` completed, if a tombstone remains.
+pub(crate) fn tombstone(
+    store: &dyn Store,
+    root: &SessionId,
+    call: &str,
+) -> Result<Option<u64>, Error> {
+    store
+        .get(Tree::Tombstones, &call_key(root, call))?
+        .map(|bytes| decode(root, Tree::Tombstones, &bytes))
+        .transpose()
+}
+
+/// A pending call whose deadline has passed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExpiredCall {
+    /// When it expired (clock ms).
+    pub deadline_at_ms: u64,
+    /// The session that owns it.
+    pub session: SessionId,
+    /// The call.
+    pub tool_call_id: String,
+}
+
+/// Up to `limit` calls whose deadline is at or before `now`, earliest first: a range scan of
+/// the deadline index, O(log n + k).
+pub(crate) fn expired_calls(
+    store: &dyn Store,
+    now: u64,
+    limit: usize,
+) -> Result<Vec<ExpiredCall>, Error> {
+    let end = now.saturating_add(1).to_be_bytes();
+    Ok(store
+        .scan_range(Tree::Deadlines, &[], &end, limit)?
+        .into_iter()
+        .filter_map(|(key, _)| split_timed_key(&key))
+        .map(|(deadline_at_ms, session, tool_call_id)| ExpiredCall {
+            deadline_at_ms,
+            session,
+            tool_call_id,
+        })
+        .collect())
+}
+
+/// The earliest armed deadline.
+pub(crate) fn next_deadline(store: &dyn Store) -> Result<Option<u64>, Error> {
+    Ok(store
+        .scan_range(Tree::Deadlines, &[], &[0xff; 9], 1)?
+        .first()
+        .and_then(|(key, _)| split_timed_key(key))
+        .map(|(at, _, _)| at))
+}
+
+/// A batch deleting up to `limit` tombstones that completed at or before `before`, and how
+/// many it deletes: an ordered range scan, never a scan of every session.
+pub(crate) fn reap_tombstones(
+    store: &dyn Store,
+    before: u64,
+    limit: usize,
+) -> Result<(Batch, usize), Error> {
+    let end = before.saturating_add(1).to_be_bytes();
+    let mut batch = Batch::new(CommitKind::Other);
+    let mut count = 0;
+    for (key, _) in store.scan_range(Tree::TombstoneExpiry, &[], &end, limit)? {
+        if let Some((_, root, call)) = split_timed_key(&key) {
+            batch.delete(Tree::Tombstones, call_key(&root, &call));
+            count += 1;
+        }
+        batch.delete(Tree::TombstoneExpiry, key);
+    }
+    Ok((batch, count))
 }

@@ -5,13 +5,22 @@
 
 mod core;
 mod outcome;
+mod resume;
 mod state;
+mod step;
+mod suspend;
 mod transition;
 
-pub(crate) use self::core::{FinishedCall, Input, Session};
+pub(crate) use self::core::{FinishedCall, Input, Policy, Session};
 pub use outcome::RunOutcome;
-pub use state::{ErrorCode, RunError, RunRecord, SessionRecord, Status};
-pub(crate) use transition::{Effect, Transition};
+pub(crate) use resume::Resumed;
+pub use state::{
+    Answer, ErrorCode, PendingCall, PendingKind, RunError, RunRecord, SessionRecord, Status,
+    Suspension,
+};
+pub use suspend::NOT_APPROVED;
+pub(crate) use suspend::{Submission, Verdict};
+pub(crate) use transition::{Effect, Observation, Transition};
 
 #[cfg(test)]
 mod tests;

@@ -32,11 +32,13 @@ pub enum Tree {
     Ownership,
     /// (root session id, tool call id) → completion time.
     Tombstones,
+    /// (completion time, root session id, tool call id) → nothing; reaps tombstones in order.
+    TombstoneExpiry,
 }
 
 impl Tree {
     /// Every tree, in a fixed order (backends open them all at start).
-    pub const ALL: [Tree; 8] = [
+    pub const ALL: [Tree; 9] = [
         Tree::Sessions,
         Tree::Messages,
         Tree::Runs,
@@ -45,6 +47,7 @@ impl Tree {
         Tree::Deadlines,
         Tree::Ownership,
         Tree::Tombstones,
+        Tree::TombstoneExpiry,
     ];
 
     /// The tree's name in the backend.
@@ -58,6 +61,7 @@ impl Tree {
             Tree::Deadlines => "deadlines",
             Tree::Ownership => "ownership",
             Tree::Tombstones => "tombstones",
+            Tree::TombstoneExpiry => "tombstone_expiry",
         }
     }
 }

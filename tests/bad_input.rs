@@ -13,7 +13,9 @@ use dormant::{
 use serde_json::json;
 
 fn server(name: &str) -> ToolDefinition {
-    ToolDefinition::server(name, |_input, _ctx| async { Ok::<_, ToolError>(json!(null)) })
+    ToolDefinition::server(name, |_input, _ctx| async {
+        Ok::<_, ToolError>(json!(null))
+    })
 }
 
 #[test]
@@ -21,13 +23,22 @@ fn every_definition_rule_has_its_own_refusal() {
     let build = |tool: ToolDefinition| AgentDefinition::builder("a").tool(tool).build();
     assert!(matches!(
         build(server("subagent__x")),
-        Err(DefinitionError::ReservedPrefix { prefix: "subagent__", .. })
+        Err(DefinitionError::ReservedPrefix {
+            prefix: "subagent__",
+            ..
+        })
     ));
     assert!(matches!(
         build(server("companion__x")),
-        Err(DefinitionError::ReservedPrefix { prefix: "companion__", .. })
+        Err(DefinitionError::ReservedPrefix {
+            prefix: "companion__",
+            ..
+        })
     ));
-    assert!(matches!(build(server("__finish__")), Err(DefinitionError::ReservedFinishName { .. })));
+    assert!(matches!(
+        build(server("__finish__")),
+        Err(DefinitionError::ReservedFinishName { .. })
+    ));
     assert!(matches!(
         build(ToolDefinition::client("edit").require_approval(Approval::Always)),
         Err(DefinitionError::ClientWithApproval { .. })
@@ -40,7 +51,10 @@ fn every_definition_rule_has_its_own_refusal() {
         build(ToolDefinition::sub_agent("ask", "b").finish_with(true)),
         Err(DefinitionError::SubAgentWithFlags { .. })
     ));
-    assert!(matches!(build(server("")), Err(DefinitionError::EmptyToolName { .. })));
+    assert!(matches!(
+        build(server("")),
+        Err(DefinitionError::EmptyToolName { .. })
+    ));
     assert!(matches!(
         build(server("t").input_schema(json!({ "type": 12 }))),
         Err(DefinitionError::InvalidSchema { which: "input", .. })
@@ -53,9 +67,18 @@ fn every_definition_rule_has_its_own_refusal() {
         AgentDefinition::builder("a").max_steps(0).build(),
         Err(DefinitionError::ZeroMaxSteps { .. })
     ));
-    assert!(matches!(AgentDefinition::builder("").build(), Err(DefinitionError::EmptyAgentName)));
-    let message = build(server("subagent__x")).map(|_| ()).unwrap_err().to_string();
-    assert!(message.contains("subagent__x") && message.contains("reserved"), "{message}");
+    assert!(matches!(
+        AgentDefinition::builder("").build(),
+        Err(DefinitionError::EmptyAgentName)
+    ));
+    let message = build(server("subagent__x"))
+        .map(|_| ())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        message.contains("subagent__x") && message.contains("reserved"),
+        "{message}"
+    );
 }
 
 #[tokio::test]
@@ -67,14 +90,18 @@ async fn runtime_refuses_duplicate_agents_and_unknown_sub_agents() -> anyhow::Re
     let duplicate = runtime.define(AgentDefinition::builder("a").build()?);
     assert!(matches!(
         duplicate,
-        Err(Error::InvalidDefinition(DefinitionError::DuplicateAgent { .. }))
+        Err(Error::InvalidDefinition(
+            DefinitionError::DuplicateAgent { .. }
+        ))
     ));
     let orphan = AgentDefinition::builder("b")
         .tool(ToolDefinition::sub_agent("ask", "nobody"))
         .build()?;
     assert!(matches!(
         runtime.define(orphan),
-        Err(Error::InvalidDefinition(DefinitionError::UnknownSubAgent { .. }))
+        Err(Error::InvalidDefinition(
+            DefinitionError::UnknownSubAgent { .. }
+        ))
     ));
     assert_eq!(
         Error::from(DefinitionError::EmptyAgentName).code(),
@@ -101,7 +128,12 @@ async fn put_raw_snapshot(store: &Arc<dyn Store>, id: &str, bytes: Vec<u8>) -> a
 async fn corrupt_and_future_snapshots_are_typed_errors_naming_the_session() -> anyhow::Result<()> {
     let store = common::temp_store()?;
     put_raw_snapshot(&store, "garbled", vec![schema::FORMAT_VERSION, 0xc1, 0xff]).await?;
-    put_raw_snapshot(&store, "from-the-future", vec![schema::FORMAT_VERSION + 8, 0x80]).await?;
+    put_raw_snapshot(
+        &store,
+        "from-the-future",
+        vec![schema::FORMAT_VERSION + 8, 0x80],
+    )
+    .await?;
     let runtime = Runtime::builder()
         .store(Arc::clone(&store))
         .agent(AgentDefinition::builder("a").build()?)
@@ -129,7 +161,10 @@ async fn corrupt_and_future_snapshots_are_typed_errors_naming_the_session() -> a
         Some(vec![schema::FORMAT_VERSION, 0xc1, 0xff])
     );
     let fine = runtime.execute("a", "hi").await?;
-    assert_eq!(fine.error.map(|e| e.code.as_str()), Some("script_exhausted"));
+    assert_eq!(
+        fine.error.map(|e| e.code.as_str()),
+        Some("script_exhausted")
+    );
     Ok(())
 }
 
@@ -166,7 +201,10 @@ async fn a_second_execute_while_running_is_refused_with_already_running() -> any
     started.notified().await;
     assert!(entered.load(Ordering::SeqCst));
     let second = runtime.execute_on(&id, "slow", "again").await;
-    assert!(matches!(second, Err(Error::AlreadyRunning(ref s)) if *s == id), "{second:?}");
+    assert!(
+        matches!(second, Err(Error::AlreadyRunning(ref s)) if *s == id),
+        "{second:?}"
+    );
     // A running session refuses eviction rather than losing its run.
     runtime.evict(&id).await;
     assert!(runtime.is_resident(&id));

@@ -27,7 +27,8 @@ async fn crash_child() -> anyhow::Result<()> {
         return Ok(());
     };
     let store = Arc::new(SledStore::open(path)?);
-    let runtime = common::worker_runtime(store, 6, Arc::new(AtomicUsize::new(0)), ManualClock::new(0))?;
+    let runtime =
+        common::worker_runtime(store, 6, Arc::new(AtomicUsize::new(0)), ManualClock::new(0))?;
     let mut next = 0u64;
     loop {
         let batch: Vec<_> = (next..next + 8)
@@ -53,12 +54,21 @@ async fn crash_child() -> anyhow::Result<()> {
 fn killed_process_leaves_every_session_at_a_committed_step() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let mut child = Command::new(std::env::current_exe()?)
-        .args(["--ignored", "--exact", "crash_child", "--nocapture", "--test-threads=1"])
+        .args([
+            "--ignored",
+            "--exact",
+            "crash_child",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env(STORE_ENV, dir.path())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()?;
-    let stdout = child.stdout.take().ok_or_else(|| anyhow::anyhow!("no stdout"))?;
+    let stdout = child
+        .stdout
+        .take()
+        .ok_or_else(|| anyhow::anyhow!("no stdout"))?;
     let mut acked = HashSet::new();
     for line in BufReader::new(stdout).lines() {
         let line = line?;
@@ -72,19 +82,31 @@ fn killed_process_leaves_every_session_at_a_committed_step() -> anyhow::Result<(
     // Child::kill sends SIGKILL on Unix: no destructor, no flush, no goodbye.
     child.kill()?;
     child.wait()?;
-    anyhow::ensure!(acked.len() >= ACKED_BEFORE_KILL, "the child died before acking enough runs");
+    anyhow::ensure!(
+        acked.len() >= ACKED_BEFORE_KILL,
+        "the child died before acking enough runs"
+    );
 
     let runtime = tokio::runtime::Runtime::new()?;
     runtime.block_on(async {
         let store = Arc::new(SledStore::open(dir.path())?);
-        let sessions = common::worker_runtime(store, 6, Arc::new(AtomicUsize::new(0)), ManualClock::new(0))?;
+        let sessions =
+            common::worker_runtime(store, 6, Arc::new(AtomicUsize::new(0)), ManualClock::new(0))?;
         let ids = sessions.session_ids()?;
         let mut in_flight = 0;
         for id in &ids {
             // Every snapshot decodes, and its counters match what the same commits wrote.
             let record = sessions.session(id)?;
-            assert_eq!(sessions.messages(id)?.len() as u64, record.message_count, "{id}");
-            assert_eq!(sessions.chunks(id, 0)?.len() as u64, record.chunk_count, "{id}");
+            assert_eq!(
+                sessions.messages(id)?.len() as u64,
+                record.message_count,
+                "{id}"
+            );
+            assert_eq!(
+                sessions.chunks(id, 0)?.len() as u64,
+                record.chunk_count,
+                "{id}"
+            );
             assert_eq!(sessions.runs(id)?.len() as u32, record.run_count, "{id}");
             match record.status {
                 Status::Completed => {}
@@ -94,17 +116,28 @@ fn killed_process_leaves_every_session_at_a_committed_step() -> anyhow::Result<(
         }
         for id in &acked {
             let id: SessionId = id.parse()?;
-            assert_eq!(sessions.status(&id)?, Status::Completed, "acknowledged run of {id} lost");
+            assert_eq!(
+                sessions.status(&id)?,
+                Status::Completed,
+                "acknowledged run of {id} lost"
+            );
         }
         // A session cut mid-run is closed as interrupted when it is next activated, and then
         // takes a new turn.
-        if let Some(id) = ids.iter().find(|id| sessions.status(id).ok() == Some(Status::Running)) {
+        if let Some(id) = ids
+            .iter()
+            .find(|id| sessions.status(id).ok() == Some(Status::Running))
+        {
             let outcome = sessions.execute_on(id, "worker", "again").await?;
             assert_eq!(outcome.turn, 2);
             let runs = sessions.runs(id)?;
             assert_eq!(runs[0].status, Status::Interrupted);
         }
-        eprintln!("{} sessions on disk, {} acked, {in_flight} cut mid-run", ids.len(), acked.len());
+        eprintln!(
+            "{} sessions on disk, {} acked, {in_flight} cut mid-run",
+            ids.len(),
+            acked.len()
+        );
         sessions.shutdown().await?;
         anyhow::Ok(())
     })

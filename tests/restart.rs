@@ -13,7 +13,9 @@ async fn sessions_are_intact_after_the_store_is_reopened() -> anyhow::Result<()>
     let dir = tempfile::tempdir()?;
     let calls = Arc::new(AtomicUsize::new(0));
     let clock = ManualClock::new(0);
-    let ids: Vec<SessionId> = (0..20).map(|i| format!("s{i}").parse()).collect::<Result<_, _>>()?;
+    let ids: Vec<SessionId> = (0..20)
+        .map(|i| format!("s{i}").parse())
+        .collect::<Result<_, _>>()?;
     let mut before = Vec::new();
     {
         let store = Arc::new(SledStore::open(dir.path())?);
@@ -42,14 +44,17 @@ async fn sessions_are_intact_after_the_store_is_reopened() -> anyhow::Result<()>
     // with no replies left it fails with script_exhausted rather than replaying old answers.
     let again = runtime.execute_on(&ids[0], "worker", "more").await?;
     assert_eq!(again.turn, 2);
-    assert_eq!(calls.load(Ordering::SeqCst), 60, "no tool ran twice across the restart");
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        60,
+        "no tool ran twice across the restart"
+    );
     runtime.shutdown().await?;
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sessions_evicted_between_turns_rehydrate_with_their_conversation() -> anyhow::Result<()>
-{
+async fn sessions_evicted_between_turns_rehydrate_with_their_conversation() -> anyhow::Result<()> {
     let calls = Arc::new(AtomicUsize::new(0));
     let store = common::temp_store()?;
     let agent = dormant::AgentDefinition::builder("worker")
@@ -65,7 +70,9 @@ async fn sessions_evicted_between_turns_rehydrate_with_their_conversation() -> a
         .agent(agent)
         .max_resident(10)
         .build()?;
-    let ids: Vec<SessionId> = (0..50).map(|i| format!("r{i}").parse()).collect::<Result<_, _>>()?;
+    let ids: Vec<SessionId> = (0..50)
+        .map(|i| format!("r{i}").parse())
+        .collect::<Result<_, _>>()?;
     for id in &ids {
         runtime.execute_on(id, "worker", "one").await?;
     }
@@ -76,7 +83,10 @@ async fn sessions_evicted_between_turns_rehydrate_with_their_conversation() -> a
     }
     let stats = runtime.stats().host;
     assert!(stats.resident <= 10 + 1, "{stats:?}");
-    assert!(stats.activations >= 100, "every second turn rehydrated: {stats:?}");
+    assert!(
+        stats.activations >= 100,
+        "every second turn rehydrated: {stats:?}"
+    );
     assert_eq!(calls.load(Ordering::SeqCst), 100);
     Ok(())
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use common::{counting_tool, temp_store, worker_runtime, RecordingHooks};
 use dormant::{
-    AgentDefinition, ChunkKind, ErrorCode, Error, ManualClock, Message, ModelReply, Runtime,
+    AgentDefinition, ChunkKind, Error, ErrorCode, ManualClock, Message, ModelReply, Runtime,
     ScriptedLlm, SessionId, Status, ToolCall, ToolDefinition, ToolError, ToolOutcome,
 };
 use futures::StreamExt;
@@ -24,10 +24,15 @@ async fn server_tool_steps_run_and_the_run_completes() -> anyhow::Result<()> {
     let messages = runtime.messages(&outcome.session_id)?;
     // user, 3 × (assistant + tool), final assistant
     assert_eq!(messages.len(), 8);
-    assert!(matches!(&messages[2], Message::Tool { outcome: ToolOutcome::Result(v), .. } if v["echo"]["step"] == 0));
+    assert!(
+        matches!(&messages[2], Message::Tool { outcome: ToolOutcome::Result(v), .. } if v["echo"]["step"] == 0)
+    );
     let runs = runtime.runs(&outcome.session_id)?;
     assert_eq!(runs.len(), 1);
-    assert_eq!((runs[0].turn, runs[0].steps, runs[0].status), (1, 4, Status::Completed));
+    assert_eq!(
+        (runs[0].turn, runs[0].steps, runs[0].status),
+        (1, 4, Status::Completed)
+    );
     Ok(())
 }
 
@@ -99,8 +104,16 @@ async fn finish_validates_against_the_output_schema() -> anyhow::Result<()> {
     let llm = ScriptedLlm::new().script(
         "judge",
         vec![
-            ModelReply::tool_calls(vec![ToolCall::new("f1", "__finish__", json!({ "score": "high" }))]),
-            ModelReply::tool_calls(vec![ToolCall::new("f2", "__finish__", json!({ "score": 9 }))]),
+            ModelReply::tool_calls(vec![ToolCall::new(
+                "f1",
+                "__finish__",
+                json!({ "score": "high" }),
+            )]),
+            ModelReply::tool_calls(vec![ToolCall::new(
+                "f2",
+                "__finish__",
+                json!({ "score": 9 }),
+            )]),
         ],
     );
     let runtime = Runtime::builder()
@@ -112,7 +125,9 @@ async fn finish_validates_against_the_output_schema() -> anyhow::Result<()> {
     assert_eq!(outcome.status, Status::Completed);
     assert_eq!(outcome.output, Some(json!({ "score": 9 })));
     let messages = runtime.messages(&outcome.session_id)?;
-    assert!(matches!(&messages[2], Message::Tool { outcome: ToolOutcome::Error(e), .. } if e.starts_with("invalid_output")));
+    assert!(
+        matches!(&messages[2], Message::Tool { outcome: ToolOutcome::Error(e), .. } if e.starts_with("invalid_output"))
+    );
     Ok(())
 }
 
@@ -180,7 +195,9 @@ async fn a_panicking_tool_becomes_a_tool_error() -> anyhow::Result<()> {
     let outcome = runtime.execute("risky", "go").await?;
     assert_eq!(outcome.status, Status::Completed);
     let messages = runtime.messages(&outcome.session_id)?;
-    assert!(matches!(&messages[2], Message::Tool { outcome: ToolOutcome::Error(e), .. } if e.contains("kaboom")));
+    assert!(
+        matches!(&messages[2], Message::Tool { outcome: ToolOutcome::Error(e), .. } if e.contains("kaboom"))
+    );
     Ok(())
 }
 
@@ -189,8 +206,14 @@ async fn unknown_sessions_and_agents_are_typed_errors() -> anyhow::Result<()> {
     let runtime = Runtime::builder().store(temp_store()?).build()?;
     let id: SessionId = "nobody".parse()?;
     assert!(matches!(runtime.status(&id), Err(Error::UnknownSession(_))));
-    assert!(matches!(runtime.messages(&id), Err(Error::UnknownSession(_))));
-    assert!(matches!(runtime.execute("ghost", "hi").await, Err(Error::UnknownAgent(_))));
+    assert!(matches!(
+        runtime.messages(&id),
+        Err(Error::UnknownSession(_))
+    ));
+    assert!(matches!(
+        runtime.execute("ghost", "hi").await,
+        Err(Error::UnknownAgent(_))
+    ));
     Ok(())
 }
 
@@ -206,7 +229,10 @@ async fn the_stream_can_be_followed_from_any_sequence() -> anyhow::Result<()> {
     assert_eq!(types.last(), Some(&"run_end"));
     assert!(all.iter().enumerate().all(|(i, c)| c.seq == i as u64));
     let followed: Vec<_> = runtime.follow(&id, 3).take(all.len() - 3).collect().await;
-    let seqs: Vec<u64> = followed.into_iter().map(|c| c.map(|c| c.seq)).collect::<Result<_, _>>()?;
+    let seqs: Vec<u64> = followed
+        .into_iter()
+        .map(|c| c.map(|c| c.seq))
+        .collect::<Result<_, _>>()?;
     assert_eq!(seqs, (3..all.len() as u64).collect::<Vec<_>>());
     // A follower that starts at the end sees the next turn's chunks live.
     let mut live = Box::pin(runtime.follow(&id, all.len() as u64));

@@ -34,7 +34,9 @@ pub struct ActorContext<A: VirtualActor> {
 
 impl<A: VirtualActor> fmt::Debug for ActorContext<A> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ActorContext").field("key", &self.key).finish()
+        f.debug_struct("ActorContext")
+            .field("key", &self.key)
+            .finish()
     }
 }
 
@@ -83,7 +85,9 @@ impl<A: VirtualActor> Clone for Mailbox<A> {
 
 impl<A: VirtualActor> fmt::Debug for Mailbox<A> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Mailbox").field("actor", &self.actor.get_id()).finish()
+        f.debug_struct("Mailbox")
+            .field("actor", &self.actor.get_id())
+            .finish()
     }
 }
 

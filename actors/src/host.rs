@@ -60,6 +60,33 @@ pub struct HostStats {
     pub peak_resident: usize,
 }
 
+/// A handle that does not keep a host alive (see [`Host::downgrade`]), for behaviours that
+/// must reach another host without forming a reference cycle.
+pub struct WeakHost<A: VirtualActor> {
+    inner: std::sync::Weak<Inner<A>>,
+}
+
+impl<A: VirtualActor> Clone for WeakHost<A> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl<A: VirtualActor> fmt::Debug for WeakHost<A> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WeakHost").finish_non_exhaustive()
+    }
+}
+
+impl<A: VirtualActor> WeakHost<A> {
+    /// The host, if it still exists.
+    pub fn upgrade(&self) -> Option<Host<A>> {
+        self.inner.upgrade().map(Host::from_inner)
+    }
+}
+
 /// A handle to a virtual-actor host; cheap to clone.
 pub struct Host<A: VirtualActor> {
     inner: Arc<Inner<A>>,
@@ -139,6 +166,13 @@ impl<A: VirtualActor> Host<A> {
         Self { inner }
     }
 
+    /// A handle that does not keep the host alive.
+    pub fn downgrade(&self) -> WeakHost<A> {
+        WeakHost {
+            inner: Arc::downgrade(&self.inner),
+        }
+    }
+
     /// The behaviour shared by every actor of this host.
     pub fn behaviour(&self) -> &A {
         &self.inner.behaviour
@@ -189,7 +223,10 @@ impl<A: VirtualActor> Host<A> {
 
     /// The error a failed key answers with, if it is marked failed.
     pub fn failure(&self, key: &A::Key) -> Option<Error> {
-        self.inner.failed.get(key).map(|entry| entry.value().clone())
+        self.inner
+            .failed
+            .get(key)
+            .map(|entry| entry.value().clone())
     }
 
     /// Clears a key's failed mark, so its next message activates it again.
@@ -256,7 +293,8 @@ impl<A: VirtualActor> Inner<A> {
     fn touch(&self, slot: &Slot<A>) {
         let tick = self.use_counter.fetch_add(1, Ordering::Relaxed);
         slot.last_use.store(tick, Ordering::Relaxed);
-        slot.last_use_ms.store(self.clock.now_ms(), Ordering::Relaxed);
+        slot.last_use_ms
+            .store(self.clock.now_ms(), Ordering::Relaxed);
     }
 
     fn send(self: &Arc<Self>, key: A::Key, msg: A::Msg) {
@@ -353,9 +391,10 @@ impl<A: VirtualActor> Inner<A> {
             Err(error) => {
                 self.activation_failures.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(%key, %error, "actor.activation_failed");
-                let queue = match self.slots.remove_if(&key, |_, slot| {
-                    slot.generation == generation
-                }) {
+                let queue = match self
+                    .slots
+                    .remove_if(&key, |_, slot| slot.generation == generation)
+                {
                     Some((_, slot)) => match slot.phase {
                         Phase::Starting { queue } => queue,
                         _ => Vec::new(),

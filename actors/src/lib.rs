@@ -71,7 +71,7 @@ use std::hash::Hash;
 pub use cell::{ActorContext, Mailbox};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::Error;
-pub use host::{Host, HostConfig, HostStats};
+pub use host::{Host, HostConfig, HostStats, WeakHost};
 
 /// The behaviour of one kind of keyed, durable actor.
 ///
@@ -88,8 +88,10 @@ pub trait VirtualActor: Sized + Send + Sync + Debug + 'static {
     type Error: std::error::Error + Send + Sync + 'static;
 
     /// Loads the state of `key` from durable storage (or creates it).
-    fn activate(&self, key: &Self::Key)
-        -> impl Future<Output = Result<Self::State, Self::Error>> + Send;
+    fn activate(
+        &self,
+        key: &Self::Key,
+    ) -> impl Future<Output = Result<Self::State, Self::Error>> + Send;
 
     /// Handles one message.
     fn handle(

@@ -8,8 +8,7 @@ use common::{apply, Counter};
 use dormant_actors::{Host, HostConfig};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn thousands_of_sends_interleaved_with_evictions_arrive_exactly_once() -> anyhow::Result<()>
-{
+async fn thousands_of_sends_interleaved_with_evictions_arrive_exactly_once() -> anyhow::Result<()> {
     const KEYS: u64 = 16;
     const MESSAGES: u64 = 8_000;
     let config = HostConfig {
@@ -43,15 +42,29 @@ async fn thousands_of_sends_interleaved_with_evictions_arrive_exactly_once() -> 
     let mut seen: HashMap<u64, usize> = HashMap::new();
     for (key, ids) in &durable {
         for id in ids {
-            assert_eq!(format!("k{}", id % KEYS), *key, "id {id} went to the wrong key");
+            assert_eq!(
+                format!("k{}", id % KEYS),
+                *key,
+                "id {id} went to the wrong key"
+            );
             *seen.entry(*id).or_default() += 1;
         }
     }
     for id in 0..MESSAGES {
-        assert_eq!(seen.get(&id), Some(&1), "message {id} was not applied exactly once");
+        assert_eq!(
+            seen.get(&id),
+            Some(&1),
+            "message {id} was not applied exactly once"
+        );
     }
     let stats = host.stats();
-    assert!(stats.passivations > 0, "the test must actually evict: {stats:?}");
-    assert!(stats.activations > KEYS, "evicted keys must re-activate: {stats:?}");
+    assert!(
+        stats.passivations > 0,
+        "the test must actually evict: {stats:?}"
+    );
+    assert!(
+        stats.activations > KEYS,
+        "evicted keys must re-activate: {stats:?}"
+    );
     Ok(())
 }

@@ -34,12 +34,20 @@ async fn evicted_actor_rehydrates_from_durable_state() -> anyhow::Result<()> {
 #[tokio::test]
 async fn busy_actor_refuses_eviction_and_keeps_its_messages() -> anyhow::Result<()> {
     let host = Host::new(Counter::default(), HostConfig::default());
-    ask(&host, "a", |reply| CounterMsg::SetBusy { busy: true, reply }).await??;
+    ask(&host, "a", |reply| CounterMsg::SetBusy {
+        busy: true,
+        reply,
+    })
+    .await??;
     host.evict_and_wait(&"a".to_string()).await;
     assert!(host.is_resident(&"a".to_string()));
     assert_eq!(apply(&host, "a", 1).await??, 1);
     assert_eq!(host.stats().activations, 1);
-    ask(&host, "a", |reply| CounterMsg::SetBusy { busy: false, reply }).await??;
+    ask(&host, "a", |reply| CounterMsg::SetBusy {
+        busy: false,
+        reply,
+    })
+    .await??;
     host.evict_and_wait(&"a".to_string()).await;
     assert!(!host.is_resident(&"a".to_string()));
     Ok(())
@@ -117,7 +125,11 @@ async fn failed_activation_answers_a_typed_error_and_can_be_retried() -> anyhow:
 async fn shutdown_stops_everything_and_rejects_later_messages() -> anyhow::Result<()> {
     let host = Host::new(Counter::default(), HostConfig::default());
     apply(&host, "a", 1).await??;
-    ask(&host, "b", |reply| CounterMsg::SetBusy { busy: true, reply }).await??;
+    ask(&host, "b", |reply| CounterMsg::SetBusy {
+        busy: true,
+        reply,
+    })
+    .await??;
     host.shutdown().await;
     assert_eq!(host.stats().resident, 0);
     assert_eq!(apply(&host, "a", 2).await?, Err(Error::ShutDown));

@@ -21,11 +21,18 @@ async fn panic_restarts_from_durable_state_and_keeps_the_mailbox() -> anyhow::Re
     host.send("a".into(), CounterMsg::Panic { reply: panic_reply });
     let second = apply(&host, "a", 2);
     let third = apply(&host, "a", 3);
-    assert!(panicked.await.is_err(), "the panicking message's caller sees a dropped reply");
+    assert!(
+        panicked.await.is_err(),
+        "the panicking message's caller sees a dropped reply"
+    );
     assert_eq!(second.await??, 2);
     assert_eq!(third.await??, 3);
     assert_eq!(host.stats().crashes, 1);
-    assert_eq!(activations(host.behaviour()), 2, "one activation and one restart");
+    assert_eq!(
+        activations(host.behaviour()),
+        2,
+        "one activation and one restart"
+    );
     Ok(())
 }
 
@@ -52,7 +59,10 @@ async fn crash_loop_marks_the_key_failed_with_a_typed_error() -> anyhow::Result<
     }
     // Evicting does not clear the mark: the key keeps answering the error.
     host.evict_and_wait(&"a".to_string()).await;
-    assert!(matches!(apply(&host, "a", 1).await?, Err(Error::Failed { .. })));
+    assert!(matches!(
+        apply(&host, "a", 1).await?,
+        Err(Error::Failed { .. })
+    ));
     // Other keys are unaffected, and clearing the mark lets the key activate again.
     assert_eq!(apply(&host, "b", 1).await??, 1);
     host.clear_failure(&"a".to_string());

@@ -12,7 +12,11 @@ use crate::error::Error;
 use crate::hooks::{Hooks, NoHooks};
 use crate::llm::{LlmAdapter, ScriptedLlm};
 use crate::metrics::Metrics;
+use crate::router::RouterActor;
+use crate::scheduler::{DeadlineScheduler, SchedulerKey, SchedulerMsg};
+use crate::session::Policy;
 use crate::store::{SledStore, Store};
+use crate::submit::{DEFAULT_MAX_RESULT_BYTES, DEFAULT_TOMBSTONE_RETENTION_MS};
 
 /// Configures and builds a [`Runtime`]. Everything has a default except the store, which
 /// defaults to a temporary sled database (gone when the runtime is dropped).
@@ -24,6 +28,10 @@ pub struct RuntimeBuilder {
     hooks: Arc<dyn Hooks>,
     agents: Vec<AgentDefinition>,
     host: HostConfig,
+    policy: Policy,
+    tombstone_retention_ms: u64,
+    max_result_bytes: usize,
+    background_deadlines: bool,
 }
 
 impl Default for RuntimeBuilder {
@@ -35,6 +43,10 @@ impl Default for RuntimeBuilder {
             hooks: Arc::new(NoHooks),
             agents: Vec::new(),
             host: HostConfig::default(),
+            policy: Policy::default(),
+            tombstone_retention_ms: DEFAULT_TOMBSTONE_RETENTION_MS,
+            max_result_bytes: DEFAULT_MAX_RESULT_BYTES,
+            background_deadlines: true,
         }
     }
 }
@@ -100,6 +112,41 @@ impl RuntimeBuilder {
         self
     }
 
+    /// Sets the timeout of client tools (and approvals) when neither the tool nor the agent
+    /// sets one (default five minutes; 0 means expired at once).
+    pub fn client_tool_timeout_ms(mut self, ms: u64) -> Self {
+        self.policy.client_tool_timeout_ms = ms;
+        self
+    }
+
+    /// Resumes a suspended session on its own as soon as every call it waits on is answered
+    /// or timed out (default off: `resume` is explicit).
+    pub fn auto_resume(mut self, on: bool) -> Self {
+        self.policy.auto_resume = on;
+        self
+    }
+
+    /// How long a completed call answers duplicate submits with `already_completed` (default
+    /// 24 hours); after that they answer `unknown_tool_call`.
+    pub fn tombstone_retention_ms(mut self, ms: u64) -> Self {
+        self.tombstone_retention_ms = ms;
+        self
+    }
+
+    /// The largest submitted result or error accepted, in bytes (default 1 MiB).
+    pub fn max_result_bytes(mut self, bytes: usize) -> Self {
+        self.max_result_bytes = bytes;
+        self
+    }
+
+    /// Whether the deadline scheduler wakes by itself (default on). Turn it off when a test or
+    /// simulation drives a manual clock and fires deadlines with
+    /// [`Runtime::sweep_deadlines`](crate::Runtime::sweep_deadlines).
+    pub fn background_deadlines(mut self, on: bool) -> Self {
+        self.background_deadlines = on;
+        self
+    }
+
     /// Builds the runtime. Must be called inside a tokio runtime.
     ///
     /// # Errors
@@ -115,9 +162,12 @@ impl RuntimeBuilder {
             llm: self.llm.unwrap_or_else(|| Arc::new(ScriptedLlm::new())),
             clock: Arc::clone(&self.clock),
             hooks: self.hooks,
+            policy: Arc::new(self.policy),
+            tombstone_retention_ms: self.tombstone_retention_ms,
             agents: DashMap::new(),
             streams: DashMap::new(),
             metrics: Metrics::default(),
+            scheduler: std::sync::OnceLock::new(),
         });
         // Agents may name each other as sub-agents: register names first, then check.
         let mut pending = self.agents;
@@ -148,8 +198,34 @@ impl RuntimeBuilder {
                 shared: Arc::clone(&shared),
             },
             self.host,
+            Arc::clone(&self.clock),
+        );
+        // Router shards and the scheduler are never evicted: their hosts have no limits.
+        let router = Host::with_clock(
+            RouterActor {
+                shared: Arc::clone(&shared),
+                sessions: host.clone(),
+            },
+            HostConfig::default(),
+            Arc::clone(&self.clock),
+        );
+        let scheduler = Host::with_clock(
+            DeadlineScheduler {
+                shared: Arc::clone(&shared),
+                sessions: host.clone(),
+                background: self.background_deadlines,
+            },
+            HostConfig::default(),
             self.clock,
         );
-        Ok(Runtime { host, shared })
+        let _ = shared.scheduler.set(scheduler.downgrade());
+        scheduler.send(SchedulerKey, SchedulerMsg::Boot);
+        Ok(Runtime {
+            host,
+            router,
+            scheduler,
+            shared,
+            max_result_bytes: self.max_result_bytes,
+        })
     }
 }

@@ -59,6 +59,8 @@ pub enum ErrorCode {
     Aborted,
     /// The run was interrupted by request.
     Interrupted,
+    /// A resume or a new message was refused because the session was aborted.
+    NotResumable,
 }
 
 impl ErrorCode {
@@ -71,6 +73,7 @@ impl ErrorCode {
             ErrorCode::Crashed => "crashed",
             ErrorCode::Aborted => "aborted",
             ErrorCode::Interrupted => "interrupted",
+            ErrorCode::NotResumable => "not_resumable",
         }
     }
 }
@@ -115,6 +118,12 @@ pub struct SessionRecord {
     pub custom_state: Map<String, Value>,
     /// An interrupt is requested; checked (and cleared) at the top of the next step.
     pub interrupt_requested: bool,
+    /// The session was aborted: terminal, nothing runs again.
+    #[serde(default)]
+    pub aborted: bool,
+    /// What the suspended run waits on.
+    #[serde(default)]
+    pub suspension: Option<Suspension>,
 }
 
 /// One run: an `execute` or a `resume`.
@@ -140,4 +149,74 @@ pub struct RunRecord {
     pub output: Option<Value>,
     /// Why it failed or was interrupted.
     pub error: Option<RunError>,
+}
+
+/// Whether a pending call waits for a client's result or a person's approval.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PendingKind {
+    /// A client tool: the client runs it and submits the result.
+    Client,
+    /// An approval gate: a person approves or denies, and the tool runs on resume if approved.
+    Approval,
+}
+
+/// The answer recorded in a pending call.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Answer {
+    /// A client tool's result.
+    Result(Value),
+    /// An error (from the client, or a denial, or a timeout): the model reads it.
+    Error(String),
+    /// An approval: the tool runs with its stored input on resume.
+    Approved,
+    /// The deadline passed before an answer.
+    TimedOut,
+}
+
+/// A tool call waiting outside the runtime: stored one entry per call.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PendingCall {
+    /// The call.
+    pub tool_call_id: String,
+    /// The tool.
+    pub tool_name: String,
+    /// Its input (an approved call runs with it).
+    pub input: Value,
+    /// Client result or approval.
+    pub kind: PendingKind,
+    /// The run that made the call (part of the approval id).
+    pub run_id: RunId,
+    /// Position of the call in the model's reply, so answers are drained in call order.
+    pub position: u32,
+    /// When it became pending (clock ms).
+    pub requested_at_ms: u64,
+    /// When it expires (clock ms).
+    pub deadline_at_ms: u64,
+    /// The answer, once one is accepted (or the deadline passed).
+    pub answer: Option<Answer>,
+    /// When the answer was accepted (clock ms).
+    pub answered_at_ms: Option<u64>,
+}
+
+impl PendingCall {
+    /// `{runId}::{toolCallId}`, the id an approval must carry.
+    pub fn approval_id(&self) -> String {
+        format!("{}::{}", self.run_id, self.tool_call_id)
+    }
+
+    /// Whether the call still waits for an answer at `now`.
+    pub fn is_waiting(&self, now: u64) -> bool {
+        self.answer.is_none() && now < self.deadline_at_ms
+    }
+}
+
+/// Why a run stopped without ending.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Suspension {
+    /// The suspended run.
+    pub run_id: RunId,
+    /// The calls of the step it waits on, in call order.
+    pub tool_call_ids: Vec<String>,
 }

@@ -23,8 +23,12 @@ fn agent(max_steps: u32) -> Arc<AgentDefinition> {
     Arc::new(built.unwrap_or_else(|error| panic!("valid definition: {error}")))
 }
 
+fn policy() -> Arc<Policy> {
+    Arc::new(Policy::default())
+}
+
 fn started(max_steps: u32) -> (Session, RunId) {
-    let mut session = Session::create(SessionId::generate(), agent(max_steps), 0);
+    let mut session = Session::create(SessionId::generate(), agent(max_steps), policy(), 0);
     let run_id = RunId::generate();
     let transition = session.apply(
         Input::Execute {
@@ -43,7 +47,7 @@ fn call(id: &str) -> ToolCall {
 
 #[test]
 fn execute_commits_the_run_before_asking_the_model() {
-    let mut session = Session::create(SessionId::generate(), agent(5), 0);
+    let mut session = Session::create(SessionId::generate(), agent(5), policy(), 0);
     let run_id = RunId::generate();
     let transition = session
         .apply(
@@ -205,7 +209,7 @@ fn a_model_failure_fails_the_run_with_its_code() {
         .unwrap_or_default();
     assert_eq!(t.commit.as_ref().map(|c| c.kind), Some(CommitKind::RunEnd));
     assert_eq!(
-        session.outcome().error.map(|e| e.code),
+        session.outcome(2).error.map(|e| e.code),
         Some(ErrorCode::ModelError)
     );
 }
@@ -213,7 +217,13 @@ fn a_model_failure_fails_the_run_with_its_code() {
 #[test]
 fn a_run_found_running_after_a_crash_is_closed_as_interrupted() {
     let (session, _) = started(5);
-    let mut restored = Session::restore(session.record.clone(), agent(5), session.run.clone());
+    let mut restored = Session::restore(
+        session.record.clone(),
+        agent(5),
+        policy(),
+        session.run.clone(),
+        Vec::new(),
+    );
     let t = restored.recover_after_crash(10);
     let chunk = t
         .as_ref()
@@ -242,7 +252,13 @@ fn a_new_turn_closes_tool_calls_a_crash_left_without_results() {
     );
     // The process dies here: restore from the record, with the conversation as stored.
     let messages = session.messages.as_deref().cloned().unwrap_or_default();
-    let mut restored = Session::restore(session.record.clone(), agent(5), session.run.clone());
+    let mut restored = Session::restore(
+        session.record.clone(),
+        agent(5),
+        policy(),
+        session.run.clone(),
+        Vec::new(),
+    );
     let _ = restored.recover_after_crash(3);
     restored.attach_messages(messages);
     let t = restored

@@ -31,6 +31,11 @@ pub(crate) enum Effect {
     },
     /// Fire a hook.
     Hook(HookEvent),
+    /// Report something to tracing and the runtime's metrics.
+    Observe(Observation),
+    /// Every call of the suspension is answered and the runtime resumes on its own: queue a
+    /// resume behind this input.
+    AutoResume,
     /// The run ended or suspended: answer whoever waits for it.
     Settle(RunOutcome),
 }
@@ -40,4 +45,27 @@ pub(crate) enum Effect {
 pub(crate) struct Transition {
     pub(crate) commit: Option<Commit>,
     pub(crate) effects: Vec<Effect>,
+}
+
+/// Something worth a tracing event and a metric.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Observation {
+    /// A call became pending.
+    Suspended {
+        tool_call_id: String,
+        tool_name: String,
+        deadline_at_ms: u64,
+    },
+    /// A submitted answer was accepted after waiting `wait_ms`.
+    Answered {
+        tool_call_id: String,
+        wait_ms: u64,
+        has_error: bool,
+    },
+    /// A call expired `lag_ms` after its deadline.
+    TimedOut { tool_call_id: String, lag_ms: u64 },
+    /// Unanswered calls dropped by an interrupt or abort.
+    Aborted { count: usize },
+    /// Unanswered calls closed by a new message.
+    Abandoned { count: usize },
 }

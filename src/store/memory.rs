@@ -35,7 +35,7 @@ type Map = BTreeMap<Vec<u8>, Vec<u8>>;
 #[derive(Default)]
 pub struct MemoryStore {
     /// One map per tree, indexed by the tree's position in [`Tree::ALL`].
-    trees: RwLock<[Map; 8]>,
+    trees: RwLock<[Map; Tree::ALL.len()]>,
 }
 
 impl MemoryStore {

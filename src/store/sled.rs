@@ -389,7 +389,7 @@ fn tree_index(tree: Tree) -> usize {
     tree as usize
 }
 
-fn open_trees(db: &::sled::Db) -> Result<[::sled::Tree; 8], Error> {
+fn open_trees(db: &::sled::Db) -> Result<[::sled::Tree; Tree::ALL.len()], Error> {
     Ok([
         db.open_tree(Tree::Sessions.name())?,
         db.open_tree(Tree::Messages.name())?,
@@ -399,6 +399,7 @@ fn open_trees(db: &::sled::Db) -> Result<[::sled::Tree; 8], Error> {
         db.open_tree(Tree::Deadlines.name())?,
         db.open_tree(Tree::Ownership.name())?,
         db.open_tree(Tree::Tombstones.name())?,
+        db.open_tree(Tree::TombstoneExpiry.name())?,
     ])
 }
 
@@ -406,7 +407,7 @@ fn open_trees(db: &::sled::Db) -> Result<[::sled::Tree; 8], Error> {
 struct Shared {
     db: ::sled::Db,
     /// Indexed by [`tree_index`].
-    trees: [::sled::Tree; 8],
+    trees: [::sled::Tree; Tree::ALL.len()],
     /// `Some` at [`Durability::PowerLoss`] for a non-temporary store.
     syncer: Option<Syncer>,
     flushes: AtomicU64,
@@ -435,7 +436,7 @@ impl Shared {
     /// Applies `batches`, in order, in one sled transaction over the trees they touch.
     fn apply(&self, batches: &[Batch]) -> Result<(), Error> {
         // Slot of each touched tree in `trees`, in order of first use.
-        let mut slots: [Option<usize>; 8] = [None; 8];
+        let mut slots: [Option<usize>; Tree::ALL.len()] = [None; Tree::ALL.len()];
         let mut trees: Vec<::sled::Tree> = Vec::with_capacity(2);
         let mut slot_of = |tree: Tree| -> usize {
             let index = tree_index(tree);

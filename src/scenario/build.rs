@@ -1,0 +1,171 @@
+//! Turning a file's agents into runtime definitions: fixed server handlers that count their
+//! invocations, and the scripted model's replies.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use serde_json::Value;
+
+use super::format::{AgentSpec, ScriptEntry, ToolKindSpec, ToolSpec};
+use crate::definition::{
+    AgentDefinition, Approval, DefinitionError, ToolDefinition, ToolError, FINISH_TOOL,
+};
+use crate::llm::ModelReply;
+use crate::message::ToolCall;
+
+/// How many times each server tool's handler ran, by tool name, over the whole scenario
+/// (restarts included).
+#[derive(Debug, Default)]
+pub(crate) struct Invocations(Mutex<BTreeMap<String, u64>>);
+
+impl Invocations {
+    fn record(&self, tool: &str) {
+        *self.0.lock().entry(tool.to_string()).or_default() += 1;
+    }
+
+    /// The count of `tool` (0 if it never ran).
+    pub(crate) fn count(&self, tool: &str) -> u64 {
+        self.0.lock().get(tool).copied().unwrap_or_default()
+    }
+}
+
+/// Builds the agent; the runtime's own checks refuse it as they would any definition.
+pub(crate) fn agent(
+    spec: &AgentSpec,
+    invocations: &Arc<Invocations>,
+) -> Result<AgentDefinition, DefinitionError> {
+    let mut builder = AgentDefinition::builder(spec.name.as_str());
+    if let Some(steps) = spec.max_steps {
+        builder = builder.max_steps(steps);
+    }
+    if let Some(timeout) = spec.client_tool_timeout_ms {
+        builder = builder.client_tool_timeout_ms(timeout);
+    }
+    if let Some(schema) = &spec.output_schema {
+        builder = builder.output_schema(schema.clone());
+    }
+    for tool in &spec.tools {
+        builder = builder.tool(self::tool(tool, invocations));
+    }
+    builder.build()
+}
+
+fn tool(spec: &ToolSpec, invocations: &Arc<Invocations>) -> ToolDefinition {
+    let mut tool = match spec.kind {
+        ToolKindSpec::Server => {
+            let name = spec.name.clone();
+            let answer = match &spec.error {
+                Some(error) => Err(ToolError::new(error.as_str())),
+                None => Ok(spec.result.clone().unwrap_or(Value::Null)),
+            };
+            let invocations = Arc::clone(invocations);
+            ToolDefinition::server(spec.name.as_str(), move |_input, _ctx| {
+                invocations.record(&name);
+                let answer = answer.clone();
+                async move { answer }
+            })
+        }
+        ToolKindSpec::Client => {
+            let mut tool = ToolDefinition::client(spec.name.as_str());
+            if let Some(timeout) = spec.timeout_ms {
+                tool = tool.timeout_ms(timeout);
+            }
+            if let Some(schema) = &spec.output_schema {
+                tool = tool.output_schema(schema.clone());
+            }
+            tool
+        }
+        ToolKindSpec::SubAgent => ToolDefinition::sub_agent(
+            spec.name.as_str(),
+            spec.agent.as_deref().unwrap_or_default(),
+        ),
+    };
+    if spec.require_approval {
+        tool = tool.require_approval(Approval::Always);
+    }
+    tool.safe_to_retry(spec.safe_to_retry)
+        .finish_with(spec.finish_with)
+}
+
+/// The model's replies. `{ "finish": V }` at entry K is a call of `__finish__` with id
+/// `finish-K` and input V, after the entry's other calls.
+pub(crate) fn script(entries: &[ScriptEntry]) -> Vec<ModelReply> {
+    entries
+        .iter()
+        .enumerate()
+        .map(|(index, entry)| {
+            let mut tool_calls: Vec<ToolCall> = entry
+                .tool_calls
+                .iter()
+                .flatten()
+                .map(|call| ToolCall::new(call.id.as_str(), call.name.as_str(), call.input.clone()))
+                .collect();
+            if let Some(value) = &entry.finish {
+                tool_calls.push(ToolCall::new(
+                    format!("finish-{index}"),
+                    FINISH_TOOL,
+                    value.clone(),
+                ));
+            }
+            ModelReply {
+                text: entry.text.clone(),
+                tool_calls,
+            }
+        })
+        .collect()
+}
+
+/// The snake_case name of the rule a definition broke, which a `define` step may expect as
+/// well as the general `invalid_definition`.
+pub(crate) fn definition_error_code(error: &DefinitionError) -> &'static str {
+    match error {
+        DefinitionError::EmptyAgentName => "empty_agent_name",
+        DefinitionError::EmptyToolName { .. } => "empty_tool_name",
+        DefinitionError::ReservedPrefix { .. } => "reserved_prefix",
+        DefinitionError::ReservedFinishName { .. } => "reserved_finish_name",
+        DefinitionError::DuplicateTool { .. } => "duplicate_tool",
+        DefinitionError::ClientWithApproval { .. } => "client_with_approval",
+        DefinitionError::ClientWithFinish { .. } => "client_with_finish",
+        DefinitionError::SubAgentWithFlags { .. } => "sub_agent_with_flags",
+        DefinitionError::InvalidSchema { .. } => "invalid_schema",
+        DefinitionError::ZeroMaxSteps { .. } => "zero_max_steps",
+        DefinitionError::UnknownSubAgent { .. } => "unknown_sub_agent",
+        DefinitionError::DuplicateAgent { .. } => "duplicate_agent",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scenario::format::ToolCallSpec;
+    use serde_json::json;
+
+    #[test]
+    fn a_finish_entry_calls_finish_with_an_id_from_its_index() {
+        let entries = vec![
+            ScriptEntry {
+                text: Some("thinking".into()),
+                tool_calls: None,
+                finish: None,
+            },
+            ScriptEntry {
+                text: None,
+                tool_calls: Some(vec![ToolCallSpec {
+                    id: "c".into(),
+                    name: "t".into(),
+                    input: json!({}),
+                }]),
+                finish: Some(json!({ "score": 1 })),
+            },
+        ];
+        let replies = script(&entries);
+        assert_eq!(replies[0], ModelReply::text("thinking"));
+        let names: Vec<(&str, &str)> = replies[1]
+            .tool_calls
+            .iter()
+            .map(|call| (call.id.as_str(), call.name.as_str()))
+            .collect();
+        assert_eq!(names, vec![("c", "t"), ("finish-1", "__finish__")]);
+    }
+}

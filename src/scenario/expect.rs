@@ -1,0 +1,339 @@
+//! Checking a step's expectations against what its op returned and the session as it is now.
+//! Each mismatch is a sentence `expected X, got Y`.
+
+use serde_json::Value;
+
+use super::build::definition_error_code;
+use super::format::ToolResultSpec;
+use super::step::Step;
+use super::world::World;
+use crate::error::Error;
+use crate::ids::{RunId, SessionId};
+use crate::message::{Message, ToolOutcome};
+use crate::runtime::Runtime;
+use crate::session::{RunOutcome, RunRecord};
+
+/// What an op returned.
+#[derive(Debug)]
+pub(crate) enum Observed {
+    /// A run ended or suspended (`execute`), or the runtime refused to start it.
+    Run(Result<RunOutcome, Error>),
+    /// The op only succeeds or fails (`define`, `evict`, `restart`, `check`).
+    Done(Result<(), Error>),
+}
+
+impl Observed {
+    fn error(&self) -> Option<&Error> {
+        match self {
+            Observed::Run(Err(error)) | Observed::Done(Err(error)) => Some(error),
+            Observed::Run(Ok(_)) | Observed::Done(Ok(())) => None,
+        }
+    }
+}
+
+/// Every expectation of `step` that does not hold, as `expected X, got Y`, in the order of
+/// the spec's table.
+pub(crate) fn check(world: &World, step: &Step, observed: &Observed) -> Vec<String> {
+    let expect = &step.expect;
+    let mut out = Mismatches::default();
+    // `parse.rs` refuses expectations about a session on a step that names none.
+    let view = step.op.session().map(|session| View {
+        runtime: world.runtime().ok(),
+        session,
+        observed,
+    });
+    let view = view.as_ref();
+    if let (Some(expected), Some(view)) = (expect.status, view) {
+        let got = view.status();
+        if got != expected.as_str() {
+            out.push("status", expected.as_str(), got);
+        }
+    }
+    if expect.pending.is_some() {
+        out.unsupported("pending");
+    }
+    if let (Some(expected), Some(view)) = (&expect.text, view) {
+        match view.last_run() {
+            Ok((text, _)) if text == *expected => {}
+            Ok((text, _)) => out.push("text", show_text(expected), show_text(&text)),
+            Err(error) => out.push("text", show_text(expected), describe(&error)),
+        }
+    }
+    if let (Some(expected), Some(view)) = (&expect.output, view) {
+        match view.last_run() {
+            Ok((_, output)) if output.as_ref().unwrap_or(&Value::Null) == expected => {}
+            Ok((_, output)) => out.push("output", expected, show_value(&output)),
+            Err(error) => out.push("output", expected, describe(&error)),
+        }
+    }
+    match (&expect.error, observed.error()) {
+        (Some(expected), _) => {
+            let got = error_codes(world, step.op.session(), observed);
+            if !got.iter().any(|code| code == expected) {
+                let got = got.first().map_or("no error", String::as_str);
+                out.push("error", expected, got);
+            }
+        }
+        (None, Some(error)) => out
+            .0
+            .push(format!("expected success, got {}", describe(error))),
+        (None, None) => {}
+    }
+    if expect.submit.is_some() {
+        out.unsupported("submit");
+    }
+    if let (Some(expected), Some(view)) = (&expect.tool_results, view) {
+        for (id, wanted) in expected {
+            let key = format!("tool_results.{id}");
+            match view.tool_outcome(id) {
+                Ok(Some(outcome)) if matches(wanted, &outcome) => {}
+                Ok(Some(outcome)) => out.push(&key, show_wanted(wanted), show_outcome(&outcome)),
+                Ok(None) => out.push(&key, show_wanted(wanted), "no result recorded"),
+                Err(error) => out.push(&key, show_wanted(wanted), describe(&error)),
+            }
+        }
+    }
+    for (tool, &expected) in expect.invocations.iter().flatten() {
+        let got = world.invocations.count(tool);
+        if got != expected {
+            out.push(&format!("invocations.{tool}"), expected, got);
+        }
+    }
+    if let (Some(expected), Some(view)) = (expect.runs, view) {
+        match view.runs() {
+            Ok(runs) if runs.len() == expected => {}
+            Ok(runs) => out.push("runs", expected, runs.len()),
+            Err(error) => out.push("runs", expected, describe(&error)),
+        }
+    }
+    if let (Some(expected), Some(view)) = (&expect.events, view) {
+        let expected: Vec<&str> = expected.iter().map(|event| event.as_str()).collect();
+        match view.event_names() {
+            Ok(got) if is_subsequence(&expected, &got) => {}
+            Ok(got) => out.push("events in order", show_list(&expected), show_list(&got)),
+            Err(error) => out.push("events in order", show_list(&expected), describe(&error)),
+        }
+    }
+    if let (Some(expected), Some(view)) = (&expect.hooks, view) {
+        let expected: Vec<&str> = expected.iter().map(|hook| hook.as_str()).collect();
+        let key = "hooks of the last run in order";
+        match view.last_run_id() {
+            Ok(run) => {
+                let got = run.map(|run| world.hooks.names(run)).unwrap_or_default();
+                if !is_subsequence(&expected, &got) {
+                    out.push(key, show_list(&expected), show_list(&got));
+                }
+            }
+            Err(error) => out.push(key, show_list(&expected), describe(&error)),
+        }
+    }
+    out.0
+}
+
+/// The mismatches of one step.
+#[derive(Default)]
+struct Mismatches(Vec<String>);
+
+impl Mismatches {
+    fn push(&mut self, key: &str, expected: impl std::fmt::Display, got: impl std::fmt::Display) {
+        self.0.push(format!("expected {key} {expected}, got {got}"));
+    }
+
+    fn unsupported(&mut self, key: &str) {
+        self.0.push(unsupported(key));
+    }
+}
+
+fn unsupported(key: &str) -> String {
+    format!("expectation {key} is not supported by this version of the runtime")
+}
+
+/// The codes the step's error may be expected as: the op's own error, or else the error the
+/// session's last run ended with. A refused definition answers both `invalid_definition` and
+/// the rule it broke.
+fn error_codes(world: &World, session: Option<&SessionId>, observed: &Observed) -> Vec<String> {
+    let codes = |error: &Error| match error {
+        Error::InvalidDefinition(rule) => {
+            vec![
+                error.code().to_string(),
+                definition_error_code(rule).to_string(),
+            ]
+        }
+        _ => vec![error.code().to_string()],
+    };
+    match observed {
+        Observed::Run(Err(error)) | Observed::Done(Err(error)) => codes(error),
+        Observed::Run(Ok(outcome)) => outcome
+            .error
+            .iter()
+            .map(|error| error.code.as_str().to_string())
+            .collect(),
+        Observed::Done(Ok(())) => match session {
+            None => Vec::new(),
+            Some(session) => match world.runtime().and_then(|runtime| runtime.runs(session)) {
+                Ok(runs) => runs
+                    .last()
+                    .and_then(|run| run.error.as_ref())
+                    .map(|error| vec![error.code.as_str().to_string()])
+                    .unwrap_or_default(),
+                Err(error) => codes(&error),
+            },
+        },
+    }
+}
+
+/// The session as the expectations see it: the op's run outcome when it has one, else the
+/// store.
+struct View<'a> {
+    runtime: Option<&'a Runtime>,
+    session: &'a SessionId,
+    observed: &'a Observed,
+}
+
+impl View<'_> {
+    fn runtime(&self) -> Result<&Runtime, Error> {
+        self.runtime.ok_or(Error::ShutDown)
+    }
+
+    fn status(&self) -> String {
+        match self.observed {
+            Observed::Run(Ok(outcome)) => outcome.status.as_str().into(),
+            Observed::Run(Err(error)) => describe(error),
+            Observed::Done(_) => match self.runtime().and_then(|r| r.status(self.session)) {
+                Ok(status) => status.as_str().into(),
+                Err(error) => describe(&error),
+            },
+        }
+    }
+
+    /// The text and output of the op's run, or else of the session's last run.
+    fn last_run(&self) -> Result<(Option<String>, Option<Value>), Error> {
+        if let Observed::Run(Ok(outcome)) = self.observed {
+            return Ok((outcome.text.clone(), outcome.output.clone()));
+        }
+        let runs = self.runs()?;
+        Ok(runs
+            .last()
+            .map(|run| (run.text.clone(), run.output.clone()))
+            .unwrap_or_default())
+    }
+
+    fn runs(&self) -> Result<Vec<RunRecord>, Error> {
+        self.runtime()?.runs(self.session)
+    }
+
+    fn last_run_id(&self) -> Result<Option<RunId>, Error> {
+        Ok(self.runs()?.last().map(|run| run.run_id))
+    }
+
+    fn event_names(&self) -> Result<Vec<&'static str>, Error> {
+        let chunks = self.runtime()?.chunks(self.session, 0)?;
+        Ok(chunks.iter().map(|chunk| chunk.kind.type_name()).collect())
+    }
+
+    /// The recorded outcome of tool call `id`, in the session or any session of its tree.
+    fn tool_outcome(&self, id: &str) -> Result<Option<ToolOutcome>, Error> {
+        let runtime = self.runtime()?;
+        let find = |session: &SessionId| -> Result<Option<ToolOutcome>, Error> {
+            Ok(runtime
+                .messages(session)?
+                .into_iter()
+                .find_map(|message| match message {
+                    Message::Tool {
+                        tool_call_id,
+                        outcome,
+                        ..
+                    } if tool_call_id == id => Some(outcome),
+                    _ => None,
+                }))
+        };
+        if let Some(outcome) = find(self.session)? {
+            return Ok(Some(outcome));
+        }
+        let root = runtime.session(self.session)?.root;
+        for other in runtime.session_ids()? {
+            if other == *self.session || runtime.session(&other)?.root != root {
+                continue;
+            }
+            if let Some(outcome) = find(&other)? {
+                return Ok(Some(outcome));
+            }
+        }
+        Ok(None)
+    }
+}
+
+fn matches(wanted: &ToolResultSpec, outcome: &ToolOutcome) -> bool {
+    match (wanted, outcome) {
+        (
+            ToolResultSpec {
+                result: Some(expected),
+                ..
+            },
+            ToolOutcome::Result(value),
+        ) => expected == value,
+        (
+            ToolResultSpec {
+                error: Some(part), ..
+            },
+            ToolOutcome::Error(text),
+        ) => text.contains(part.as_str()),
+        _ => false,
+    }
+}
+
+/// Whether `expected` appears in `got` in order, not necessarily adjacent.
+fn is_subsequence(expected: &[&str], got: &[&str]) -> bool {
+    let mut got = got.iter();
+    expected.iter().all(|wanted| got.any(|name| name == wanted))
+}
+
+fn describe(error: &Error) -> String {
+    format!("error {} ({error})", error.code())
+}
+
+fn show_text(text: &Option<String>) -> String {
+    text.as_ref().map_or_else(
+        || "none".into(),
+        |text| Value::String(text.clone()).to_string(),
+    )
+}
+
+fn show_value(value: &Option<Value>) -> String {
+    value
+        .as_ref()
+        .map_or_else(|| "none".into(), Value::to_string)
+}
+
+fn show_wanted(wanted: &ToolResultSpec) -> String {
+    match (&wanted.result, &wanted.error) {
+        (Some(value), _) => format!("result {value}"),
+        (None, Some(part)) => format!("an error containing {}", Value::String(part.clone())),
+        (None, None) => "nothing".into(),
+    }
+}
+
+fn show_outcome(outcome: &ToolOutcome) -> String {
+    match outcome {
+        ToolOutcome::Result(value) => format!("result {value}"),
+        ToolOutcome::Error(text) => format!("error {}", Value::String(text.clone())),
+    }
+}
+
+fn show_list(names: &[&str]) -> String {
+    format!("[{}]", names.join(", "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_subsequence;
+
+    #[test]
+    fn a_subsequence_keeps_order_but_not_adjacency() {
+        let got = ["run_start", "text", "tool_start", "tool_end", "run_end"];
+        assert!(is_subsequence(&["run_start", "tool_end", "run_end"], &got));
+        assert!(is_subsequence(&[], &got));
+        assert!(!is_subsequence(&["tool_end", "tool_start"], &got));
+        assert!(!is_subsequence(&["run_start", "run_start"], &got));
+    }
+}

@@ -1,0 +1,352 @@
+//! The serde shape of a scenario file (`shared/spec/scenarios.md`). Every struct refuses
+//! unknown fields; a step is read in two passes (its `op` first, then the op's own struct, see
+//! `parse.rs`) so that errors inside a step still carry their JSON path.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Deserializer};
+use serde_json::Value;
+
+use crate::session::Status;
+
+/// A whole file. `steps` stay raw here: each is read by the struct of its op.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct FileSpec {
+    #[serde(default)]
+    pub(crate) name: Option<String>,
+    #[serde(default)]
+    pub(crate) config: ConfigSpec,
+    #[serde(default)]
+    pub(crate) agents: Vec<AgentSpec>,
+    pub(crate) steps: Vec<Value>,
+}
+
+/// `config`: every key optional, `null` meaning the runtime's default.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ConfigSpec {
+    // Accepted so that files written for later features parse; this runtime has no such knob yet.
+    #[allow(dead_code)]
+    #[serde(default)]
+    pub(crate) client_tool_timeout_ms: Option<u64>,
+    #[allow(dead_code)]
+    #[serde(default)]
+    pub(crate) tombstone_retention_ms: Option<u64>,
+    #[allow(dead_code)]
+    #[serde(default)]
+    pub(crate) max_result_bytes: Option<u64>,
+    #[allow(dead_code)]
+    #[serde(default)]
+    pub(crate) auto_resume: Option<bool>,
+    #[serde(default)]
+    pub(crate) idle_after_ms: Option<u64>,
+    #[serde(default)]
+    pub(crate) max_resident: Option<usize>,
+}
+
+/// An agent with its tools and the script of its model.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct AgentSpec {
+    pub(crate) name: String,
+    #[serde(default)]
+    pub(crate) max_steps: Option<u32>,
+    #[serde(default)]
+    pub(crate) client_tool_timeout_ms: Option<u64>,
+    #[serde(default)]
+    pub(crate) output_schema: Option<Value>,
+    #[serde(default)]
+    pub(crate) tools: Vec<ToolSpec>,
+    #[serde(default)]
+    pub(crate) script: Vec<ScriptEntry>,
+}
+
+/// Who runs a tool.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum ToolKindSpec {
+    /// The runner's fixed handler.
+    #[default]
+    Server,
+    /// A client outside the runtime.
+    Client,
+    /// A sub-agent session.
+    SubAgent,
+}
+
+/// A tool. Which fields apply depends on `kind`; `parse.rs` checks that.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ToolSpec {
+    pub(crate) name: String,
+    #[serde(default)]
+    pub(crate) kind: ToolKindSpec,
+    #[serde(default, deserialize_with = "present")]
+    pub(crate) result: Option<Value>,
+    #[serde(default)]
+    pub(crate) error: Option<String>,
+    #[serde(default)]
+    pub(crate) timeout_ms: Option<u64>,
+    #[serde(default)]
+    pub(crate) output_schema: Option<Value>,
+    #[serde(default)]
+    pub(crate) agent: Option<String>,
+    #[serde(default)]
+    pub(crate) require_approval: bool,
+    #[serde(default)]
+    pub(crate) safe_to_retry: bool,
+    #[serde(default)]
+    pub(crate) finish_with: bool,
+}
+
+/// One model reply: text, tool calls, a finish value, or a mix.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ScriptEntry {
+    #[serde(default)]
+    pub(crate) text: Option<String>,
+    #[serde(default)]
+    pub(crate) tool_calls: Option<Vec<ToolCallSpec>>,
+    #[serde(default, deserialize_with = "present")]
+    pub(crate) finish: Option<Value>,
+}
+
+/// A tool call in a script entry.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ToolCallSpec {
+    pub(crate) id: String,
+    pub(crate) name: String,
+    #[serde(default = "empty_object")]
+    pub(crate) input: Value,
+}
+
+/// `define`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct DefineStep {
+    pub(crate) agent: AgentSpec,
+    #[serde(default)]
+    pub(crate) expect: Expect,
+}
+
+/// `execute`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ExecuteStep {
+    pub(crate) agent: String,
+    pub(crate) session: String,
+    pub(crate) message: String,
+    #[serde(default)]
+    pub(crate) expect: Expect,
+}
+
+/// The `kind` of a submit envelope.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub(crate) enum SubmitKind {
+    /// A client tool's result or error (the default).
+    ClientToolResult,
+    /// A person's answer to an approval request.
+    ApprovalResponse,
+}
+
+/// `submit`. Read whole so later versions can send it; this runtime refuses the op.
+#[allow(dead_code)]
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct SubmitStep {
+    #[serde(default)]
+    pub(crate) session: Option<String>,
+    #[serde(default)]
+    pub(crate) tool_call: Option<String>,
+    #[serde(default, deserialize_with = "present")]
+    pub(crate) result: Option<Value>,
+    #[serde(default)]
+    pub(crate) error: Option<String>,
+    #[serde(default)]
+    pub(crate) kind: Option<SubmitKind>,
+    #[serde(default)]
+    pub(crate) approved: Option<bool>,
+    #[serde(default)]
+    pub(crate) reason: Option<String>,
+    #[serde(default)]
+    pub(crate) approval_id: Option<String>,
+    #[serde(default, deserialize_with = "present")]
+    pub(crate) raw: Option<Value>,
+    #[serde(default)]
+    pub(crate) expect: Expect,
+}
+
+/// `resume`, `interrupt`, `abort`, `evict` and `check`: a session and expectations.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct SessionStep {
+    pub(crate) session: String,
+    #[serde(default)]
+    pub(crate) expect: Expect,
+}
+
+/// `advance_clock`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ClockStep {
+    pub(crate) ms: u64,
+    #[serde(default)]
+    pub(crate) expect: Expect,
+}
+
+/// `restart`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RestartStep {
+    #[serde(default)]
+    pub(crate) expect: Expect,
+}
+
+/// The commit a `crash_before` fault cuts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum CommitSpec {
+    /// Commit #1: the model's tool calls.
+    ToolCalls,
+    /// Commit #2: the tools' results.
+    ToolResults,
+}
+
+/// `crash_before`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct CrashStep {
+    pub(crate) commit: CommitSpec,
+    #[serde(default)]
+    pub(crate) expect: Expect,
+}
+
+/// What a step expects; every key optional, each one given must match.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Expect {
+    #[serde(default)]
+    pub(crate) status: Option<Status>,
+    #[serde(default)]
+    pub(crate) pending: Option<Vec<String>>,
+    /// `Some(None)` is an explicit `null`: the run has no text.
+    #[serde(default, deserialize_with = "present")]
+    pub(crate) text: Option<Option<String>>,
+    /// `Some(Value::Null)` is an explicit `null`: the run has no output.
+    #[serde(default, deserialize_with = "present")]
+    pub(crate) output: Option<Value>,
+    #[serde(default)]
+    pub(crate) error: Option<String>,
+    #[serde(default)]
+    pub(crate) submit: Option<SubmitOutcomeSpec>,
+    #[serde(default)]
+    pub(crate) tool_results: Option<BTreeMap<String, ToolResultSpec>>,
+    #[serde(default)]
+    pub(crate) invocations: Option<BTreeMap<String, u64>>,
+    #[serde(default)]
+    pub(crate) runs: Option<usize>,
+    #[serde(default)]
+    pub(crate) events: Option<Vec<EventName>>,
+    #[serde(default)]
+    pub(crate) hooks: Option<Vec<HookName>>,
+}
+
+/// The outcome of a submit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum SubmitOutcomeSpec {
+    Accepted,
+    AlreadyCompleted,
+    UnknownToolCall,
+    InvalidRequest,
+    InvalidResult,
+    PayloadTooLarge,
+}
+
+/// `{ "result": VALUE }` or `{ "error": "substring" }`; `parse.rs` checks that exactly one is
+/// given.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ToolResultSpec {
+    #[serde(default, deserialize_with = "present")]
+    pub(crate) result: Option<Value>,
+    #[serde(default)]
+    pub(crate) error: Option<String>,
+}
+
+/// A stream chunk type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum EventName {
+    RunStart,
+    Text,
+    ToolStart,
+    ToolEnd,
+    ToolApprovalRequest,
+    SubagentStart,
+    SubagentEnd,
+    RunSuspended,
+    RunInterrupted,
+    RunEnd,
+}
+
+impl EventName {
+    /// The name as written, the same as [`ChunkKind::type_name`](crate::ChunkKind::type_name).
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            EventName::RunStart => "run_start",
+            EventName::Text => "text",
+            EventName::ToolStart => "tool_start",
+            EventName::ToolEnd => "tool_end",
+            EventName::ToolApprovalRequest => "tool_approval_request",
+            EventName::SubagentStart => "subagent_start",
+            EventName::SubagentEnd => "subagent_end",
+            EventName::RunSuspended => "run_suspended",
+            EventName::RunInterrupted => "run_interrupted",
+            EventName::RunEnd => "run_end",
+        }
+    }
+}
+
+/// A hook.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum HookName {
+    BeforeTool,
+    OnStateChange,
+    OnMessage,
+    AfterTool,
+    OnAgentSuspended,
+    OnAgentResumed,
+}
+
+impl HookName {
+    /// The name as written, the same as [`HookEvent::name`](crate::HookEvent::name).
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            HookName::BeforeTool => "before_tool",
+            HookName::OnStateChange => "on_state_change",
+            HookName::OnMessage => "on_message",
+            HookName::AfterTool => "after_tool",
+            HookName::OnAgentSuspended => "on_agent_suspended",
+            HookName::OnAgentResumed => "on_agent_resumed",
+        }
+    }
+}
+
+/// Reads a field that is present, even as `null`, as `Some`: with `#[serde(default)]`, an
+/// absent field stays `None`, so `"result": null` and no `result` differ.
+fn present<'de, D, T>(deserializer: D) -> Result<Option<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    T::deserialize(deserializer).map(Some)
+}
+
+fn empty_object() -> Value {
+    Value::Object(serde_json::Map::new())
+}

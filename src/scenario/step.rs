@@ -1,0 +1,115 @@
+//! A validated step: its op with typed arguments, and what it expects.
+
+use crate::ids::SessionId;
+
+use super::format::{AgentSpec, CommitSpec, Expect, SubmitStep};
+
+/// The op names, in the spec's order (for messages).
+pub(crate) const OP_NAMES: [&str; 11] = [
+    "define",
+    "execute",
+    "submit",
+    "resume",
+    "interrupt",
+    "abort",
+    "advance_clock",
+    "evict",
+    "restart",
+    "crash_before",
+    "check",
+];
+
+/// One step of a scenario.
+#[derive(Debug)]
+pub(crate) struct Step {
+    pub(crate) op: Op,
+    pub(crate) expect: Expect,
+}
+
+/// What `evict` stops.
+#[derive(Debug)]
+pub(crate) enum EvictTarget {
+    /// One session.
+    Session(SessionId),
+    /// Every resident session (`"session": "all"`).
+    All,
+}
+
+/// An operation against the runtime.
+#[derive(Debug)]
+pub(crate) enum Op {
+    /// Registers one more agent.
+    Define(Box<AgentSpec>),
+    /// Starts a run (or a new turn) and waits for it to end or suspend.
+    Execute {
+        agent: String,
+        session: SessionId,
+        message: String,
+    },
+    /// Submits a client tool result or an approval (not supported yet). `session` is `None`
+    /// when the step gives none or one that is not a valid id (a test of `invalid_request`).
+    Submit {
+        session: Option<SessionId>,
+        #[allow(dead_code)]
+        submit: Box<SubmitStep>,
+    },
+    /// Resumes a suspended or interrupted session (not supported yet).
+    Resume(SessionId),
+    /// Durable interrupt (not supported yet).
+    Interrupt(SessionId),
+    /// Terminal abort (not supported yet).
+    Abort(SessionId),
+    /// Moves the manual clock (not supported yet: no deadline scheduler to fire).
+    AdvanceClock {
+        #[allow(dead_code)]
+        ms: u64,
+    },
+    /// Stops resident actors; state stays in the store.
+    Evict(EvictTarget),
+    /// Drops the runtime and reopens the store.
+    Restart,
+    /// Arms a commit fault (not supported yet).
+    CrashBefore {
+        #[allow(dead_code)]
+        commit: CommitSpec,
+    },
+    /// Checks the session as it is now.
+    Check(SessionId),
+}
+
+impl Op {
+    /// The op's name as written in the file.
+    pub(crate) fn name(&self) -> &'static str {
+        match self {
+            Op::Define(_) => "define",
+            Op::Execute { .. } => "execute",
+            Op::Submit { .. } => "submit",
+            Op::Resume(_) => "resume",
+            Op::Interrupt(_) => "interrupt",
+            Op::Abort(_) => "abort",
+            Op::AdvanceClock { .. } => "advance_clock",
+            Op::Evict(_) => "evict",
+            Op::Restart => "restart",
+            Op::CrashBefore { .. } => "crash_before",
+            Op::Check(_) => "check",
+        }
+    }
+
+    /// The session the step's expectations look at, if the op names one.
+    pub(crate) fn session(&self) -> Option<&SessionId> {
+        match self {
+            Op::Execute { session, .. }
+            | Op::Resume(session)
+            | Op::Interrupt(session)
+            | Op::Abort(session)
+            | Op::Check(session)
+            | Op::Evict(EvictTarget::Session(session)) => Some(session),
+            Op::Submit { session, .. } => session.as_ref(),
+            Op::Define(_)
+            | Op::AdvanceClock { .. }
+            | Op::Evict(EvictTarget::All)
+            | Op::Restart
+            | Op::CrashBefore { .. } => None,
+        }
+    }
+}

@@ -1,0 +1,232 @@
+//! The deadline scheduler: one actor that sleeps until the earliest armed deadline, tells the
+//! owners of expired calls to record their timeouts, and reaps tombstones past retention. At
+//! boot it re-arms from the durable index, so overdue deadlines fire first.
+//!
+//! A session waiting on a human is never treated as stuck: only its deadline ends the wait.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use dormant_actors::{ActorContext, Host, VirtualActor};
+use tokio::sync::oneshot;
+
+use crate::actor::{host_error, SessionActor, SessionMsg, Shared};
+use crate::error::Error;
+use crate::ids::SessionId;
+use crate::schema;
+use crate::store::{Batch, CommitKind, Tree};
+
+/// Expired calls handled per round of a sweep.
+const SWEEP_BATCH: usize = 1024;
+/// Tombstones reaped per sweep.
+const REAP_BATCH: usize = 4096;
+/// The longest the background timer sleeps before it looks at the clock again.
+const MAX_SLEEP: Duration = Duration::from_secs(60);
+
+/// What one sweep did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SweepReport {
+    /// Expired calls whose owners were told to record a timeout.
+    pub fired: usize,
+    /// Tombstones removed because their retention ended.
+    pub reaped: usize,
+}
+
+/// Requests the scheduler handles.
+#[derive(Debug)]
+pub(crate) enum SchedulerMsg {
+    /// Arm the timer from the durable index (sent once at start).
+    Boot,
+    /// A deadline at `at` was armed: wake up by then.
+    Armed { at: u64 },
+    /// Fire what has expired now. With a reply, it is sent once every affected session has
+    /// settled (its timeouts recorded and any automatic resume finished).
+    Sweep {
+        reply: Option<oneshot::Sender<Result<SweepReport, Error>>>,
+    },
+}
+
+/// The scheduler's single key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct SchedulerKey;
+
+impl std::fmt::Display for SchedulerKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("deadline-scheduler")
+    }
+}
+
+/// The scheduler's behaviour.
+#[derive(Debug)]
+pub(crate) struct DeadlineScheduler {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) sessions: Host<SessionActor>,
+    /// Whether it wakes by itself (off when a test drives time with a manual clock).
+    pub(crate) background: bool,
+}
+
+/// The armed wake-up, if any.
+#[derive(Debug, Default)]
+pub(crate) struct Timer {
+    wake_at: Option<u64>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for Timer {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+}
+
+impl VirtualActor for DeadlineScheduler {
+    type Key = SchedulerKey;
+    type Msg = SchedulerMsg;
+    type State = Timer;
+    type Error = std::convert::Infallible;
+
+    async fn activate(&self, _key: &SchedulerKey) -> Result<Timer, Self::Error> {
+        Ok(Timer::default())
+    }
+
+    async fn handle(&self, ctx: &ActorContext<Self>, message: SchedulerMsg, timer: &mut Timer) {
+        match message {
+            SchedulerMsg::Boot => self.rearm(ctx, timer),
+            SchedulerMsg::Armed { at } => {
+                if self.background && timer.wake_at.is_none_or(|wake| at < wake) {
+                    self.arm(ctx, timer, at);
+                }
+            }
+            SchedulerMsg::Sweep { reply } => {
+                timer.wake_at = None;
+                let report = self.sweep(reply.is_some()).await;
+                if let Err(error) = &report {
+                    tracing::error!(%error, "deadline.sweep_failed");
+                }
+                self.rearm(ctx, timer);
+                if let Some(reply) = reply {
+                    let _ = reply.send(report);
+                }
+            }
+        }
+    }
+
+    fn reject(&self, message: SchedulerMsg, error: dormant_actors::Error) {
+        if let SchedulerMsg::Sweep { reply: Some(reply) } = message {
+            let _ = reply.send(Err(host_error(error)));
+        }
+    }
+}
+
+impl DeadlineScheduler {
+    /// Arms the timer for the earliest deadline in the durable index.
+    fn rearm(&self, ctx: &ActorContext<Self>, timer: &mut Timer) {
+        if !self.background {
+            return;
+        }
+        match schema::next_deadline(self.shared.store.as_ref()) {
+            Ok(Some(at)) => self.arm(ctx, timer, at),
+            Ok(None) => {}
+            Err(error) => tracing::error!(%error, "deadline.rearm_failed"),
+        }
+    }
+
+    /// Wakes the scheduler at clock time `at` (at once if that has passed).
+    fn arm(&self, ctx: &ActorContext<Self>, timer: &mut Timer, at: u64) {
+        if let Some(task) = timer.task.take() {
+            task.abort();
+        }
+        let delay =
+            Duration::from_millis(at.saturating_sub(self.shared.clock.now_ms())).min(MAX_SLEEP);
+        let mailbox = ctx.mailbox();
+        timer.wake_at = Some(at);
+        timer.task = Some(tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            let _ = mailbox.send(SchedulerMsg::Sweep { reply: None });
+        }));
+    }
+
+    /// Fires every expired call, earliest first, then reaps old tombstones.
+    async fn sweep(&self, settle: bool) -> Result<SweepReport, Error> {
+        let store = self.shared.store.as_ref();
+        let now = self.shared.clock.now_ms();
+        let mut report = SweepReport::default();
+        let mut seen = HashSet::new();
+        let mut touched: HashSet<SessionId> = HashSet::new();
+        loop {
+            let expired = schema::expired_calls(store, now, SWEEP_BATCH)?;
+            let fresh: Vec<_> = expired
+                .iter()
+                .filter(|call| seen.insert((call.session.clone(), call.tool_call_id.clone())))
+                .cloned()
+                .collect();
+            if fresh.is_empty() {
+                // Entries that survived their owner's timeout are stale (the owner has no such
+                // call): clear them so they are not fired forever.
+                self.clear_stale(&expired).await?;
+                break;
+            }
+            let mut recorded = Vec::with_capacity(fresh.len());
+            for call in &fresh {
+                let (reply, done) = oneshot::channel();
+                self.sessions.send(
+                    call.session.clone(),
+                    SessionMsg::Timeout {
+                        tool_call_id: call.tool_call_id.clone(),
+                        reply,
+                    },
+                );
+                touched.insert(call.session.clone());
+                recorded.push(done);
+            }
+            for done in recorded {
+                let _ = done.await;
+            }
+            report.fired += fresh.len();
+            if expired.len() < SWEEP_BATCH && fresh.len() == expired.len() {
+                break;
+            }
+        }
+        if settle {
+            for session in touched {
+                let (reply, settled) = oneshot::channel();
+                self.sessions
+                    .send(session, SessionMsg::WaitSettled { reply });
+                let _ = settled.await;
+            }
+        }
+        let retention = self.shared.tombstone_retention_ms;
+        let (batch, reaped) =
+            schema::reap_tombstones(store, now.saturating_sub(retention), REAP_BATCH)?;
+        if now >= retention && !batch.is_empty() {
+            self.shared.store.commit(batch).await?;
+            report.reaped = reaped;
+        }
+        if report.fired > 0 {
+            tracing::debug!(
+                fired = report.fired,
+                reaped = report.reaped,
+                "deadline.swept"
+            );
+        }
+        Ok(report)
+    }
+
+    async fn clear_stale(&self, expired: &[schema::ExpiredCall]) -> Result<(), Error> {
+        if expired.is_empty() {
+            return Ok(());
+        }
+        let mut batch = Batch::new(CommitKind::Other);
+        for call in expired {
+            tracing::warn!(session = %call.session, tool_call_id = %call.tool_call_id, "deadline.stale_entry_cleared");
+            batch.delete(
+                Tree::Deadlines,
+                schema::deadline_key(call.deadline_at_ms, &call.session, &call.tool_call_id),
+            );
+        }
+        self.shared.store.commit(batch).await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,257 @@
+//! Going on after a suspension (resume, with its barrier), and ending one early (interrupt,
+//! abort, a new message over pending calls).
+
+use super::core::{CallSlot, Phase, Session};
+use super::suspend::answer_outcome;
+use super::{
+    Answer, Effect, ErrorCode, Observation, PendingCall, RunError, RunOutcome, Status, Transition,
+};
+use crate::error::Error;
+use crate::hooks::HookEvent;
+use crate::ids::RunId;
+use crate::message::{ToolCall, ToolOutcome};
+use crate::schema::IndexWrite;
+use crate::store::CommitKind;
+
+/// What a resume did.
+#[derive(Debug)]
+pub(crate) enum Resumed {
+    /// A new run started; its transition must be performed.
+    Started(Transition),
+    /// Some call of the suspension still waits (the barrier): nothing ran.
+    StillWaiting(RunOutcome),
+}
+
+impl Session {
+    /// Continues a suspended or interrupted run as the new run `run_id`.
+    ///
+    /// # Errors
+    /// [`Error::Aborted`] for an aborted session, [`Error::AlreadyRunning`] while a run is in
+    /// progress, [`Error::NotResumable`] for a session whose last run completed or failed.
+    pub(crate) fn resume(&mut self, run_id: RunId, now: u64) -> Result<Resumed, Error> {
+        if self.record.aborted {
+            return Err(Error::Aborted(self.record.id.clone()));
+        }
+        match self.record.status {
+            Status::Running => Err(Error::AlreadyRunning(self.record.id.clone())),
+            Status::SuspendedClientTool | Status::SuspendedAwaitingChildren => {
+                if !self.waiting_calls(now).is_empty() {
+                    return Ok(Resumed::StillWaiting(self.outcome(now)));
+                }
+                Ok(Resumed::Started(self.drain(run_id, now)))
+            }
+            Status::Interrupted => {
+                let previous = self.current_run_id();
+                let mut effects = Vec::new();
+                self.start_run(run_id, Some(previous), now);
+                self.close_dangling_calls("interrupted: the run stopped before this call returned");
+                effects.push(self.resumed_hook(run_id, previous));
+                self.begin_step(run_id, now, &mut effects);
+                Ok(Resumed::Started(self.finish(
+                    CommitKind::RunStart,
+                    now,
+                    effects,
+                )))
+            }
+            status @ (Status::Completed | Status::Failed) => Err(Error::NotResumable {
+                session: self.record.id.clone(),
+                status,
+            }),
+        }
+    }
+
+    /// Drains every answer of the suspension into tool results, in call order, and runs the
+    /// approved tools: one continuation that sees all results, once.
+    fn drain(&mut self, run_id: RunId, now: u64) -> Transition {
+        let previous = self
+            .record
+            .suspension
+            .as_ref()
+            .map_or_else(|| self.current_run_id(), |suspension| suspension.run_id);
+        self.start_run(run_id, Some(previous), now);
+        let mut effects = vec![self.resumed_hook(run_id, previous)];
+        let pending = std::mem::take(&mut self.pending);
+        let mut calls = Vec::with_capacity(pending.len());
+        let mut slots = Vec::with_capacity(pending.len());
+        let mut parallel = Vec::new();
+        let mut sequential = Vec::new();
+        for entry in &pending {
+            let call = ToolCall::new(
+                entry.tool_call_id.clone(),
+                entry.tool_name.clone(),
+                entry.input.clone(),
+            );
+            let slot = match (&entry.answer, answer_outcome(entry)) {
+                (Some(Answer::Approved), _) => {
+                    if self.finishes_run(&call) {
+                        sequential.push(call.clone());
+                    } else {
+                        parallel.push(call.clone());
+                    }
+                    CallSlot::Dispatched
+                }
+                (Some(_), Some(outcome)) => CallSlot::Ready {
+                    outcome,
+                    reported: true,
+                },
+                // Expired but not yet swept: the deadline is authoritative.
+                _ => {
+                    effects.push(Effect::Observe(Observation::TimedOut {
+                        tool_call_id: entry.tool_call_id.clone(),
+                        lag_ms: now.saturating_sub(entry.deadline_at_ms),
+                    }));
+                    let mut expired = entry.clone();
+                    expired.answer = Some(Answer::TimedOut);
+                    CallSlot::Ready {
+                        outcome: answer_outcome(&expired)
+                            .unwrap_or_else(|| ToolOutcome::Error("client_tool_timeout".into())),
+                        reported: false,
+                    }
+                }
+            };
+            calls.push(call);
+            slots.push(slot);
+        }
+        for entry in &pending {
+            self.complete(entry, now);
+        }
+        let step = self.record.steps_in_run;
+        effects.push(Effect::RunTools {
+            run_id,
+            step,
+            parallel,
+            sequential,
+            state: std::sync::Arc::new(serde_json::Value::Object(self.record.custom_state.clone())),
+        });
+        self.phase = Phase::AwaitingTools {
+            run_id,
+            step,
+            calls,
+            slots,
+        };
+        self.finish(CommitKind::RunStart, now, effects)
+    }
+
+    /// Removes a finished call's entry and ownership and leaves a tombstone on the root, so a
+    /// duplicate submit answers `already_completed` for the retention period.
+    fn complete(&mut self, entry: &PendingCall, now: u64) {
+        self.unindex(entry);
+        self.staged.index.push(IndexWrite::PutTombstone {
+            root: self.record.root.clone(),
+            call: entry.tool_call_id.clone(),
+            at: now,
+        });
+    }
+
+    fn resumed_hook(&self, run_id: RunId, previous: RunId) -> Effect {
+        Effect::Hook(HookEvent::AgentResumed {
+            session: self.record.id.clone(),
+            run_id,
+            previous_run_id: previous,
+        })
+    }
+
+    /// A new message over pending calls closes each one: answers are kept, unanswered calls get
+    /// `client_tool_abandoned`, and all are tombstoned.
+    pub(super) fn abandon_pending(&mut self, now: u64, effects: &mut Vec<Effect>) {
+        if self.pending.is_empty() {
+            return;
+        }
+        let run_id = self.current_run_id();
+        let pending = std::mem::take(&mut self.pending);
+        let mut abandoned = 0;
+        for entry in &pending {
+            let (outcome, reported) = match (&entry.answer, answer_outcome(entry)) {
+                (Some(Answer::Approved), _) => (
+                    ToolOutcome::Error(
+                        "client_tool_abandoned: approved, but a new message arrived before the tool ran"
+                            .into(),
+                    ),
+                    false,
+                ),
+                (Some(_), Some(outcome)) => (outcome, true),
+                _ => {
+                    abandoned += 1;
+                    (
+                        ToolOutcome::Error(
+                            "client_tool_abandoned: a new message arrived before this call was answered"
+                                .into(),
+                        ),
+                        false,
+                    )
+                }
+            };
+            let call = ToolCall::new(
+                entry.tool_call_id.clone(),
+                entry.tool_name.clone(),
+                entry.input.clone(),
+            );
+            self.record_outcome(
+                run_id,
+                call,
+                outcome,
+                reported,
+                Default::default(),
+                now,
+                effects,
+            );
+            self.complete(entry, now);
+        }
+        if abandoned > 0 {
+            effects.push(Effect::Observe(Observation::Abandoned { count: abandoned }));
+        }
+        self.record.suspension = None;
+    }
+
+    /// A durable interrupt: a suspended run ends `interrupted` at once (its pending calls and
+    /// ownership are cleared, so late submits answer `unknown_tool_call`); a running one stops
+    /// at the top of its next step.
+    pub(crate) fn interrupt(&mut self, now: u64) -> Transition {
+        match self.record.status {
+            Status::SuspendedClientTool | Status::SuspendedAwaitingChildren => {
+                let mut effects = Vec::new();
+                let count = self.drop_pending(now, |_| true);
+                effects.push(Effect::Observe(Observation::Aborted { count }));
+                self.record.suspension = None;
+                let error = RunError {
+                    code: ErrorCode::Interrupted,
+                    message: "interrupted by request while waiting".into(),
+                };
+                self.end_run(Status::Interrupted, Some(error), now, &mut effects);
+                self.finish(CommitKind::Other, now, effects)
+            }
+            Status::Running => {
+                self.record.interrupt_requested = true;
+                self.finish(CommitKind::Other, now, Vec::new())
+            }
+            _ => Transition::default(),
+        }
+    }
+
+    /// A terminal abort: the session fails, its pending calls are dropped, and it never runs
+    /// again.
+    pub(crate) fn abort(&mut self, now: u64) -> Transition {
+        if self.record.aborted {
+            return Transition::default();
+        }
+        self.record.aborted = true;
+        let mut effects = Vec::new();
+        let count = self.drop_pending(now, |_| true);
+        if count > 0 {
+            effects.push(Effect::Observe(Observation::Aborted { count }));
+        }
+        self.record.suspension = None;
+        match self.record.status {
+            // Honoured at the top of the next step.
+            Status::Running => {}
+            _ => {
+                let error = RunError {
+                    code: ErrorCode::Aborted,
+                    message: "aborted: the session was aborted".into(),
+                };
+                self.end_run(Status::Failed, Some(error), now, &mut effects);
+            }
+        }
+        self.finish(CommitKind::Other, now, effects)
+    }
+}

@@ -1,0 +1,447 @@
+//! The agent loop: a new run, each step's model call, the dispatch of its tool calls, and the
+//! commit of their results.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+
+use serde_json::{Map, Value};
+
+use super::core::{CallSlot, FinishedCall, Phase, Session};
+use super::{Effect, ErrorCode, PendingKind, RunError, Status, Transition};
+use crate::definition::{Approval, ToolKind, FINISH_TOOL};
+use crate::error::Error;
+use crate::hooks::HookEvent;
+use crate::ids::RunId;
+use crate::llm::{LlmError, ModelReply, ModelRequest};
+use crate::message::{Message, ToolCall, ToolOutcome};
+use crate::store::CommitKind;
+use crate::stream::ChunkKind;
+
+impl Session {
+    pub(super) fn execute(
+        &mut self,
+        run_id: RunId,
+        text: String,
+        now: u64,
+    ) -> Result<Transition, Error> {
+        if self.record.aborted {
+            return Err(Error::Aborted(self.record.id.clone()));
+        }
+        if self.record.status == Status::Running {
+            return Err(Error::AlreadyRunning(self.record.id.clone()));
+        }
+        let mut effects = Vec::new();
+        self.abandon_pending(now, &mut effects);
+        self.close_dangling_calls("interrupted: the run stopped before this call returned");
+        self.record.steps_in_run = 0;
+        self.record.interrupt_requested = false;
+        self.start_run(run_id, None, now);
+        let message = Message::User { text };
+        self.stage_message(message.clone());
+        effects.push(self.on_message(run_id, message));
+        self.begin_step(run_id, now, &mut effects);
+        Ok(self.finish(CommitKind::RunStart, now, effects))
+    }
+
+    /// The model must never see a tool call without its result: calls of the last reply that
+    /// have none (a crash, an interrupt) are closed with an error first.
+    pub(super) fn close_dangling_calls(&mut self, reason: &str) {
+        let Some(messages) = &self.messages else {
+            return;
+        };
+        let Some(last_assistant) = messages
+            .iter()
+            .rposition(|message| matches!(message, Message::Assistant { .. }))
+        else {
+            return;
+        };
+        let Some(Message::Assistant { tool_calls, .. }) = messages.get(last_assistant) else {
+            return;
+        };
+        let answered: Vec<&str> = messages[last_assistant..]
+            .iter()
+            .filter_map(|message| match message {
+                Message::Tool { tool_call_id, .. } => Some(tool_call_id.as_str()),
+                _ => None,
+            })
+            .collect();
+        let dangling: Vec<ToolCall> = tool_calls
+            .iter()
+            .filter(|call| !answered.contains(&call.id.as_str()))
+            .cloned()
+            .collect();
+        for call in dangling {
+            self.stage_message(Message::Tool {
+                tool_call_id: call.id,
+                tool_name: call.name,
+                outcome: ToolOutcome::Error(reason.to_string()),
+            });
+        }
+    }
+
+    /// A session found `Running` on activation was cut by a crash (no live actor ran it): its
+    /// run is closed as interrupted, and a later `resume` or message goes on from there.
+    pub(crate) fn recover_after_crash(&mut self, now: u64) -> Option<Transition> {
+        if self.record.status != Status::Running {
+            return None;
+        }
+        let mut effects = Vec::new();
+        self.end_run(
+            Status::Interrupted,
+            Some(RunError {
+                code: ErrorCode::Crashed,
+                message: "the process stopped while this run was in progress".into(),
+            }),
+            now,
+            &mut effects,
+        );
+        // Nobody waits for a run of a previous process.
+        effects.retain(|effect| !matches!(effect, Effect::Settle(_)));
+        Some(self.finish(CommitKind::RunEnd, now, effects))
+    }
+
+    /// The top of a step: honour an interrupt or abort, enforce the step limit, ask the model.
+    pub(super) fn begin_step(&mut self, run_id: RunId, now: u64, effects: &mut Vec<Effect>) {
+        if self.record.aborted {
+            let error = RunError {
+                code: ErrorCode::Aborted,
+                message: "aborted: the session was aborted".into(),
+            };
+            self.end_run(Status::Failed, Some(error), now, effects);
+            return;
+        }
+        if self.record.interrupt_requested {
+            self.record.interrupt_requested = false;
+            let error = RunError {
+                code: ErrorCode::Interrupted,
+                message: "interrupted by request".into(),
+            };
+            self.end_run(Status::Interrupted, Some(error), now, effects);
+            return;
+        }
+        let max_steps = self.agent.max_steps();
+        if self.record.steps_in_run >= max_steps {
+            let error = RunError {
+                code: ErrorCode::MaxSteps,
+                message: format!("max_steps: the run used all {max_steps} of its steps"),
+            };
+            self.end_run(Status::Failed, Some(error), now, effects);
+            return;
+        }
+        self.record.steps_in_run += 1;
+        let step = self.record.steps_in_run;
+        if let Some(run) = &mut self.run {
+            run.steps += 1;
+        }
+        self.phase = Phase::AwaitingModel { run_id, step };
+        let messages = self.messages.get_or_insert_with(Arc::default);
+        effects.push(Effect::CallModel {
+            run_id,
+            step,
+            request: ModelRequest {
+                session_id: self.record.id.clone(),
+                agent: self.agent.name().to_string(),
+                system_prompt: self.agent.system_prompt().to_string(),
+                messages: Arc::clone(messages),
+                tools: self.agent.tool_specs(),
+            },
+        });
+    }
+
+    pub(super) fn model_replied(
+        &mut self,
+        run_id: RunId,
+        step: u32,
+        reply: Result<ModelReply, LlmError>,
+        now: u64,
+    ) -> Transition {
+        if !matches!(self.phase, Phase::AwaitingModel { run_id: r, step: s } if r == run_id && s == step)
+        {
+            // A late answer for a run that has since ended (or a previous incarnation's).
+            return Transition::default();
+        }
+        self.phase = Phase::Idle;
+        let mut effects = Vec::new();
+        let reply = match reply {
+            Ok(reply) => reply,
+            Err(error) => {
+                let code = match error {
+                    LlmError::ScriptExhausted { .. } => ErrorCode::ScriptExhausted,
+                    LlmError::Provider(_) => ErrorCode::ModelError,
+                };
+                let error = RunError {
+                    code,
+                    message: error.to_string(),
+                };
+                self.end_run(Status::Failed, Some(error), now, &mut effects);
+                return self.finish(CommitKind::RunEnd, now, effects);
+            }
+        };
+        if let Some(text) = &reply.text {
+            self.stage_chunk(run_id, now, ChunkKind::Text { text: text.clone() });
+            if let Some(run) = &mut self.run {
+                run.text = Some(text.clone());
+            }
+        }
+        let message = Message::Assistant {
+            text: reply.text,
+            tool_calls: reply.tool_calls.clone(),
+        };
+        self.stage_message(message.clone());
+        effects.push(self.on_message(run_id, message));
+        let calls = reply.tool_calls;
+        if calls.is_empty() {
+            self.end_run(Status::Completed, None, now, &mut effects);
+            return self.finish(CommitKind::RunEnd, now, effects);
+        }
+        let mut parallel = Vec::new();
+        let mut sequential = Vec::new();
+        let mut slots = Vec::with_capacity(calls.len());
+        for (index, call) in calls.iter().enumerate() {
+            self.stage_chunk(
+                run_id,
+                now,
+                ChunkKind::ToolStart {
+                    tool_call_id: call.id.clone(),
+                    tool_name: call.name.clone(),
+                    input: call.input.clone(),
+                },
+            );
+            let duplicate = calls[..index].iter().any(|earlier| earlier.id == call.id);
+            let slot = if duplicate {
+                ready(format!(
+                    "duplicate_tool_call_id: call id {} is used twice in one reply",
+                    call.id
+                ))
+            } else {
+                self.classify(call)
+            };
+            match &slot {
+                CallSlot::Ready { .. } => {}
+                CallSlot::Dispatched if self.finishes_run(call) => sequential.push(call.clone()),
+                CallSlot::Dispatched => parallel.push(call.clone()),
+                CallSlot::Pending(_) => {}
+            }
+            if !matches!(slot, CallSlot::Ready { .. }) {
+                effects.push(Effect::Hook(HookEvent::BeforeTool {
+                    session: self.record.id.clone(),
+                    run_id,
+                    call: call.clone(),
+                }));
+            }
+            slots.push(slot);
+        }
+        effects.push(Effect::RunTools {
+            run_id,
+            step,
+            parallel,
+            sequential,
+            state: Arc::new(Value::Object(self.record.custom_state.clone())),
+        });
+        self.phase = Phase::AwaitingTools {
+            run_id,
+            step,
+            calls,
+            slots,
+        };
+        self.finish(CommitKind::ToolCalls, now, effects)
+    }
+
+    /// Decides how a call is carried out: run by the runtime, made pending, or answered at once
+    /// with an error the model can act on.
+    fn classify(&self, call: &ToolCall) -> CallSlot {
+        if call.name == FINISH_TOOL && self.agent.output().is_some() {
+            return CallSlot::Dispatched;
+        }
+        let Some(tool) = self.agent.tool(&call.name) else {
+            return ready(format!(
+                "unknown_tool: agent {} has no tool named {}",
+                self.agent.name(),
+                call.name
+            ));
+        };
+        if let Some(schema) = &tool.input {
+            let errors = schema.errors(&call.input);
+            if !errors.is_empty() {
+                return ready(format!("invalid_input: {}", errors.join("; ")));
+            }
+        }
+        match &tool.def.kind {
+            ToolKind::Client { .. } => CallSlot::Pending(PendingKind::Client),
+            ToolKind::Server(_) if needs_approval(&tool.def.approval, &call.input) => {
+                CallSlot::Pending(PendingKind::Approval)
+            }
+            ToolKind::Server(_) => CallSlot::Dispatched,
+            ToolKind::SubAgent { .. } => ready(format!(
+                "unsupported_tool_kind: sub-agent tool {} is not supported by this version",
+                call.name
+            )),
+        }
+    }
+
+    pub(super) fn finishes_run(&self, call: &ToolCall) -> bool {
+        (call.name == FINISH_TOOL && self.agent.output().is_some())
+            || self
+                .agent
+                .tool(&call.name)
+                .is_some_and(|tool| tool.def.finish_with)
+    }
+
+    pub(super) fn tools_finished(
+        &mut self,
+        run_id: RunId,
+        step: u32,
+        outcomes: Vec<FinishedCall>,
+        now: u64,
+    ) -> Transition {
+        let phase = std::mem::replace(&mut self.phase, Phase::Idle);
+        let (calls, mut slots) = match phase {
+            Phase::AwaitingTools {
+                run_id: r,
+                step: s,
+                calls,
+                slots,
+            } if r == run_id && s == step => (calls, slots),
+            other => {
+                self.phase = other;
+                return Transition::default();
+            }
+        };
+        let mut updates: Vec<Map<String, Value>> = vec![Map::new(); calls.len()];
+        for finished in outcomes {
+            let index = calls.iter().zip(&slots).position(|(call, slot)| {
+                call.id == finished.tool_call_id && matches!(slot, CallSlot::Dispatched)
+            });
+            if let Some(index) = index {
+                slots[index] = CallSlot::Ready {
+                    outcome: finished.outcome,
+                    reported: false,
+                };
+                updates[index] = finished.updates;
+            }
+        }
+        let finisher = calls.iter().zip(&slots).position(|(call, slot)| {
+            self.finishes_run(call)
+                && matches!(
+                    slot,
+                    CallSlot::Ready {
+                        outcome: ToolOutcome::Result(_),
+                        ..
+                    }
+                )
+        });
+        let mut effects = Vec::new();
+        let mut output = None;
+        let mut pending = 0u32;
+        for (index, ((call, slot), changes)) in
+            calls.into_iter().zip(slots).zip(updates).enumerate()
+        {
+            let (outcome, reported) = match slot {
+                CallSlot::Ready { outcome, reported } => (outcome, reported),
+                CallSlot::Pending(_) if finisher.is_some() => (
+                    ToolOutcome::Error(
+                        "skipped: another call in this step already finished the run".into(),
+                    ),
+                    false,
+                ),
+                CallSlot::Pending(kind) => {
+                    let position = u32::try_from(index).unwrap_or(u32::MAX);
+                    self.make_pending(run_id, call, kind, position, now, &mut effects);
+                    pending += 1;
+                    continue;
+                }
+                CallSlot::Dispatched => (
+                    ToolOutcome::Error("tool_not_run: the runtime lost this call's outcome".into()),
+                    false,
+                ),
+            };
+            if Some(index) == finisher {
+                if let ToolOutcome::Result(value) = &outcome {
+                    output = Some(value.clone());
+                }
+            }
+            self.record_outcome(run_id, call, outcome, reported, changes, now, &mut effects);
+        }
+        if let Some(value) = output {
+            if let Some(run) = &mut self.run {
+                run.output = Some(value);
+            }
+            self.end_run(Status::Completed, None, now, &mut effects);
+        } else if pending > 0 {
+            self.suspend(run_id, now, &mut effects);
+        } else {
+            self.begin_step(run_id, now, &mut effects);
+        }
+        self.finish(CommitKind::ToolResults, now, effects)
+    }
+
+    /// Records one call's outcome: the tool message, its `tool_end` chunk unless one was
+    /// already emitted, the custom-state changes, and the hooks in their documented order.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn record_outcome(
+        &mut self,
+        run_id: RunId,
+        call: ToolCall,
+        outcome: ToolOutcome,
+        reported: bool,
+        changes: Map<String, Value>,
+        now: u64,
+        effects: &mut Vec<Effect>,
+    ) {
+        for (key, value) in &changes {
+            self.record.custom_state.insert(key.clone(), value.clone());
+        }
+        if !reported {
+            self.stage_chunk(
+                run_id,
+                now,
+                ChunkKind::ToolEnd {
+                    tool_call_id: call.id.clone(),
+                    tool_name: call.name.clone(),
+                    outcome: outcome.clone(),
+                },
+            );
+        }
+        let message = Message::Tool {
+            tool_call_id: call.id.clone(),
+            tool_name: call.name.clone(),
+            outcome: outcome.clone(),
+        };
+        self.stage_message(message.clone());
+        effects.push(Effect::Hook(HookEvent::OnStateChange {
+            session: self.record.id.clone(),
+            run_id,
+            tool_call_id: call.id.clone(),
+            updates: changes,
+        }));
+        effects.push(self.on_message(run_id, message));
+        effects.push(Effect::Hook(HookEvent::AfterTool {
+            session: self.record.id.clone(),
+            run_id,
+            tool_call_id: call.id,
+            tool_name: call.name,
+            outcome,
+        }));
+    }
+}
+
+fn ready(error: String) -> CallSlot {
+    CallSlot::Ready {
+        outcome: ToolOutcome::Error(error),
+        reported: false,
+    }
+}
+
+/// Evaluates an approval rule; a predicate that errs or panics requires approval (fail closed).
+fn needs_approval(approval: &Approval, input: &Value) -> bool {
+    match approval {
+        Approval::Never => false,
+        Approval::Always => true,
+        Approval::When(predicate) => {
+            match std::panic::catch_unwind(AssertUnwindSafe(|| predicate(input))) {
+                Ok(Ok(required)) => required,
+                Ok(Err(_)) | Err(_) => true,
+            }
+        }
+    }
+}

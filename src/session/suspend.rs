@@ -1,0 +1,365 @@
+//! Calls that wait outside the runtime: making them pending, suspending the run, accepting
+//! answers (first writer wins) and recording timeouts.
+
+use serde_json::Value;
+
+use super::core::Session;
+use super::{
+    Answer, Effect, Observation, PendingCall, PendingKind, Status, Suspension, Transition,
+};
+use crate::definition::ToolKind;
+use crate::hooks::HookEvent;
+use crate::ids::RunId;
+use crate::message::{ToolCall, ToolOutcome};
+use crate::schema::IndexWrite;
+use crate::store::CommitKind;
+use crate::stream::ChunkKind;
+
+/// The error text a denied approval records.
+pub const NOT_APPROVED: &str = "Tool call was not approved by the user";
+
+/// An answer for a pending call, as submitted.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Submission {
+    /// A client tool's result.
+    Result(Value),
+    /// An error instead of a result (accepted for either kind; an approval's tool then never
+    /// runs).
+    Error(String),
+    /// A person's decision on an approval gate.
+    Approval {
+        approved: bool,
+        approval_id: String,
+        reason: Option<String>,
+    },
+}
+
+/// What the session decided about a submission.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Verdict {
+    /// Recorded; acknowledged once the transition's commit is durable.
+    Accepted,
+    /// An answer exists already, or the deadline passed.
+    AlreadyCompleted,
+    /// The session has no pending call with that id (the caller checks tombstones).
+    NotPending,
+    /// The answer does not fit the call; nothing was stored.
+    InvalidResult { reason: String, errors: Vec<String> },
+}
+
+impl Session {
+    /// Makes `call` pending: its entry, its deadline and its ownership entry on the root are
+    /// staged for commit #2.
+    pub(super) fn make_pending(
+        &mut self,
+        run_id: RunId,
+        call: ToolCall,
+        kind: PendingKind,
+        position: u32,
+        now: u64,
+        effects: &mut Vec<Effect>,
+    ) {
+        let tool_timeout = match self.agent.tool(&call.name).map(|tool| &tool.def.kind) {
+            Some(ToolKind::Client { timeout_ms }) => *timeout_ms,
+            _ => None,
+        };
+        let timeout = tool_timeout
+            .or(self.agent.client_tool_timeout_ms())
+            .unwrap_or(self.policy.client_tool_timeout_ms);
+        let entry = PendingCall {
+            tool_call_id: call.id,
+            tool_name: call.name,
+            input: call.input,
+            kind,
+            run_id,
+            position,
+            requested_at_ms: now,
+            deadline_at_ms: now.saturating_add(timeout),
+            answer: None,
+            answered_at_ms: None,
+        };
+        if kind == PendingKind::Approval {
+            self.stage_chunk(
+                run_id,
+                now,
+                ChunkKind::ToolApprovalRequest {
+                    tool_call_id: entry.tool_call_id.clone(),
+                    tool_name: entry.tool_name.clone(),
+                    input: entry.input.clone(),
+                    approval_id: entry.approval_id(),
+                },
+            );
+        }
+        self.staged.index.push(IndexWrite::PutDeadline {
+            at: entry.deadline_at_ms,
+            call: entry.tool_call_id.clone(),
+        });
+        self.staged.index.push(IndexWrite::PutOwnership {
+            root: self.record.root.clone(),
+            call: entry.tool_call_id.clone(),
+        });
+        self.staged
+            .index
+            .push(IndexWrite::PutPending(entry.clone()));
+        effects.push(Effect::Observe(Observation::Suspended {
+            tool_call_id: entry.tool_call_id.clone(),
+            tool_name: entry.tool_name.clone(),
+            deadline_at_ms: entry.deadline_at_ms,
+        }));
+        self.pending.push(entry);
+    }
+
+    /// Ends the step's run as suspended on its pending calls.
+    pub(super) fn suspend(&mut self, run_id: RunId, now: u64, effects: &mut Vec<Effect>) {
+        let tool_call_ids: Vec<String> = self
+            .pending
+            .iter()
+            .map(|call| call.tool_call_id.clone())
+            .collect();
+        effects.push(Effect::Hook(HookEvent::AgentSuspended {
+            session: self.record.id.clone(),
+            run_id,
+            tool_call_ids: tool_call_ids.clone(),
+        }));
+        self.record.suspension = Some(Suspension {
+            run_id,
+            tool_call_ids,
+        });
+        self.end_run(Status::SuspendedClientTool, None, now, effects);
+    }
+
+    /// Applies a submitted answer to pending call `call_id`. The first accepted answer wins.
+    pub(crate) fn submit(
+        &mut self,
+        call_id: &str,
+        submission: Submission,
+        now: u64,
+    ) -> (Verdict, Transition) {
+        let Some(index) = self
+            .pending
+            .iter()
+            .position(|call| call.tool_call_id == call_id)
+        else {
+            return (Verdict::NotPending, Transition::default());
+        };
+        let entry = &self.pending[index];
+        if entry.answer.is_some() {
+            return (Verdict::AlreadyCompleted, Transition::default());
+        }
+        if now >= entry.deadline_at_ms {
+            // The deadline is authoritative: record the timeout now if the scheduler has not.
+            let transition = self.timeout(call_id, now);
+            return (Verdict::AlreadyCompleted, transition);
+        }
+        let answer = match self.check_submission(entry, submission) {
+            Ok(answer) => answer,
+            Err(verdict) => return (verdict, Transition::default()),
+        };
+        let run_id = entry.run_id;
+        let wait_ms = now.saturating_sub(entry.requested_at_ms);
+        let has_error = matches!(answer, Answer::Error(_));
+        let mut effects = vec![Effect::Observe(Observation::Answered {
+            tool_call_id: call_id.to_string(),
+            wait_ms,
+            has_error,
+        })];
+        self.record_answer(index, answer, run_id, now);
+        if self.policy.auto_resume && self.waiting_calls(now).is_empty() {
+            effects.push(Effect::AutoResume);
+        }
+        (
+            Verdict::Accepted,
+            self.finish(CommitKind::Other, now, effects),
+        )
+    }
+
+    /// Checks a submission against its call: kind binding, approval id, output schema.
+    fn check_submission(
+        &self,
+        entry: &PendingCall,
+        submission: Submission,
+    ) -> Result<Answer, Verdict> {
+        let invalid = |reason: String| Verdict::InvalidResult {
+            reason,
+            errors: Vec::new(),
+        };
+        match (entry.kind, submission) {
+            (_, Submission::Error(error)) => Ok(Answer::Error(error)),
+            (PendingKind::Client, Submission::Result(value)) => {
+                let schema = self
+                    .agent
+                    .tool(&entry.tool_name)
+                    .and_then(|tool| tool.output.as_ref());
+                let errors = schema
+                    .map(|schema| schema.errors(&value))
+                    .unwrap_or_default();
+                if errors.is_empty() {
+                    Ok(Answer::Result(value))
+                } else {
+                    Err(Verdict::InvalidResult {
+                        reason: format!(
+                            "the result does not match the output schema of {}",
+                            entry.tool_name
+                        ),
+                        errors,
+                    })
+                }
+            }
+            (PendingKind::Client, Submission::Approval { .. }) => Err(invalid(format!(
+                "{} is a client tool call; it takes a client-tool-result, not an approval-response",
+                entry.tool_call_id
+            ))),
+            (PendingKind::Approval, Submission::Result(_)) => Err(invalid(format!(
+                "{} waits for an approval-response, not a client-tool-result",
+                entry.tool_call_id
+            ))),
+            (
+                PendingKind::Approval,
+                Submission::Approval {
+                    approved,
+                    approval_id,
+                    reason,
+                },
+            ) => {
+                if approval_id != entry.approval_id() {
+                    return Err(invalid(format!(
+                        "approval id {approval_id} does not match this call's {}",
+                        entry.approval_id()
+                    )));
+                }
+                if approved {
+                    Ok(Answer::Approved)
+                } else {
+                    Ok(Answer::Error(match reason {
+                        Some(reason) if !reason.is_empty() => {
+                            format!("{NOT_APPROVED} (reason: {reason})")
+                        }
+                        _ => NOT_APPROVED.to_string(),
+                    }))
+                }
+            }
+        }
+    }
+
+    /// Stores the answer in the entry, removes its deadline, and reports its outcome on the
+    /// stream (an approval reports when its tool has run).
+    fn record_answer(&mut self, index: usize, answer: Answer, run_id: RunId, now: u64) {
+        let Some(entry) = self.pending.get_mut(index) else {
+            return;
+        };
+        entry.answer = Some(answer.clone());
+        entry.answered_at_ms = Some(now);
+        let entry = entry.clone();
+        self.staged.index.push(IndexWrite::DeleteDeadline {
+            at: entry.deadline_at_ms,
+            call: entry.tool_call_id.clone(),
+        });
+        self.staged
+            .index
+            .push(IndexWrite::PutPending(entry.clone()));
+        if let Some(outcome) = answer_outcome(&entry) {
+            self.stage_chunk(
+                run_id,
+                now,
+                ChunkKind::ToolEnd {
+                    tool_call_id: entry.tool_call_id,
+                    tool_name: entry.tool_name,
+                    outcome,
+                },
+            );
+        }
+    }
+
+    /// Records that call `call_id` expired without an answer. Does nothing if it was answered
+    /// (an accepted answer is never overwritten) or has not expired, so a sweep that runs twice
+    /// writes one timeout.
+    pub(crate) fn timeout(&mut self, call_id: &str, now: u64) -> Transition {
+        let Some(index) = self
+            .pending
+            .iter()
+            .position(|call| call.tool_call_id == call_id)
+        else {
+            return Transition::default();
+        };
+        let entry = &self.pending[index];
+        if entry.answer.is_some() || now < entry.deadline_at_ms {
+            return Transition::default();
+        }
+        let run_id = entry.run_id;
+        let lag_ms = now.saturating_sub(entry.deadline_at_ms);
+        let call = ToolCall::new(
+            entry.tool_call_id.clone(),
+            entry.tool_name.clone(),
+            entry.input.clone(),
+        );
+        self.record_answer(index, Answer::TimedOut, run_id, now);
+        let outcome = self
+            .pending
+            .get(index)
+            .and_then(answer_outcome)
+            .unwrap_or_else(|| ToolOutcome::Error("client_tool_timeout".into()));
+        let mut effects = vec![
+            Effect::Observe(Observation::TimedOut {
+                tool_call_id: call.id.clone(),
+                lag_ms,
+            }),
+            Effect::Hook(HookEvent::AfterTool {
+                session: self.record.id.clone(),
+                run_id,
+                tool_call_id: call.id,
+                tool_name: call.name,
+                outcome,
+            }),
+        ];
+        if self.policy.auto_resume && self.waiting_calls(now).is_empty() {
+            effects.push(Effect::AutoResume);
+        }
+        self.finish(CommitKind::Other, now, effects)
+    }
+
+    /// Removes the calls that match `which` (entries, deadlines, ownership), without tombstones:
+    /// a late submit for them answers `unknown_tool_call`. Returns how many were unanswered.
+    pub(super) fn drop_pending(&mut self, now: u64, which: impl Fn(&PendingCall) -> bool) -> usize {
+        let (dropped, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.pending)
+            .into_iter()
+            .partition(|call| which(call));
+        self.pending = kept;
+        let unanswered = dropped.iter().filter(|call| call.is_waiting(now)).count();
+        for call in dropped {
+            self.unindex(&call);
+        }
+        unanswered
+    }
+
+    /// Stages the removal of a call's entry, deadline (if still armed) and ownership.
+    pub(super) fn unindex(&mut self, call: &PendingCall) {
+        if call.answer.is_none() {
+            self.staged.index.push(IndexWrite::DeleteDeadline {
+                at: call.deadline_at_ms,
+                call: call.tool_call_id.clone(),
+            });
+        }
+        self.staged
+            .index
+            .push(IndexWrite::DeletePending(call.tool_call_id.clone()));
+        self.staged.index.push(IndexWrite::DeleteOwnership {
+            root: self.record.root.clone(),
+            call: call.tool_call_id.clone(),
+        });
+    }
+}
+
+/// The tool outcome an answered entry stands for (none for an approval, whose tool has yet to
+/// run).
+pub(crate) fn answer_outcome(entry: &PendingCall) -> Option<ToolOutcome> {
+    match entry.answer.as_ref()? {
+        Answer::Result(value) => Some(ToolOutcome::Result(value.clone())),
+        Answer::Error(error) => Some(ToolOutcome::Error(error.clone())),
+        Answer::Approved => None,
+        Answer::TimedOut => Some(ToolOutcome::Error(format!(
+            "client_tool_timeout: no answer for {} arrived within {} ms",
+            entry.tool_name,
+            entry.deadline_at_ms.saturating_sub(entry.requested_at_ms)
+        ))),
+    }
+}

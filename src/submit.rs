@@ -1,0 +1,239 @@
+//! The submit contract: how a client's answer for a pending call is expressed, checked and
+//! answered.
+//!
+//! Every expected outcome is a value of [`SubmitOutcome`], not an error: only a store failure
+//! is an `Err`.
+
+use serde_json::{Map, Value};
+
+/// The largest result (or error text) accepted by default: 1 MiB.
+pub const DEFAULT_MAX_RESULT_BYTES: usize = 1024 * 1024;
+/// How long a completed call's tombstone answers duplicates by default: 24 hours.
+pub const DEFAULT_TOMBSTONE_RETENTION_MS: u64 = 24 * 60 * 60 * 1000;
+
+/// An answer for a pending call, always addressed to the ROOT session of its tree.
+///
+/// ```
+/// use dormant::submit::Submit;
+/// use serde_json::json;
+///
+/// let answer = Submit::result("s1", "tc-1", json!({ "applied": 1 }));
+/// let parsed = Submit::from_json(&json!({
+///     "session_id": "s1", "tool_call_id": "tc-1", "result": { "applied": 1 }
+/// }));
+/// assert_eq!(parsed, Ok(answer));
+/// ```
+#[derive(Clone, Debug, PartialEq)]
+pub struct Submit {
+    /// The root session.
+    pub session_id: String,
+    /// The pending call.
+    pub tool_call_id: String,
+    /// The answer.
+    pub answer: SubmitAnswer,
+}
+
+/// What a [`Submit`] answers with.
+#[derive(Clone, Debug, PartialEq)]
+pub enum SubmitAnswer {
+    /// A client tool's result (checked against the tool's output schema).
+    Result(Value),
+    /// An error instead of a result; accepted for client calls and approvals alike (an
+    /// approval's tool then never runs). Not schema-checked.
+    Error(String),
+    /// A decision on an approval gate.
+    Approval {
+        /// `{runId}::{toolCallId}` of the call, as the `tool_approval_request` chunk gave it.
+        approval_id: String,
+        /// Approved: the tool runs with its stored input on resume. Denied: it never runs.
+        approved: bool,
+        /// Why (recorded with a denial).
+        reason: Option<String>,
+    },
+}
+
+impl Submit {
+    /// A client tool's result.
+    pub fn result(session: impl Into<String>, call: impl Into<String>, result: Value) -> Self {
+        Self {
+            session_id: session.into(),
+            tool_call_id: call.into(),
+            answer: SubmitAnswer::Result(result),
+        }
+    }
+
+    /// An error instead of a result.
+    pub fn error(
+        session: impl Into<String>,
+        call: impl Into<String>,
+        error: impl Into<String>,
+    ) -> Self {
+        Self {
+            session_id: session.into(),
+            tool_call_id: call.into(),
+            answer: SubmitAnswer::Error(error.into()),
+        }
+    }
+
+    /// A decision on an approval gate.
+    pub fn approval(
+        session: impl Into<String>,
+        call: impl Into<String>,
+        approval_id: impl Into<String>,
+        approved: bool,
+        reason: Option<String>,
+    ) -> Self {
+        Self {
+            session_id: session.into(),
+            tool_call_id: call.into(),
+            answer: SubmitAnswer::Approval {
+                approval_id: approval_id.into(),
+                approved,
+                reason,
+            },
+        }
+    }
+
+    /// Reads the JSON envelope a client sends (snake_case):
+    /// `{ "kind": "client-tool-result", "session_id", "tool_call_id", "result" | "error" }` or
+    /// `{ "kind": "approval-response", "session_id", "tool_call_id", "approval_id", "approved",
+    /// "reason"? }`. `kind` defaults to `client-tool-result`.
+    ///
+    /// # Errors
+    /// Why the envelope is malformed: an unknown field, a missing or empty id, both or neither
+    /// of `result` and `error`, a field of the wrong type.
+    pub fn from_json(envelope: &Value) -> Result<Self, String> {
+        let fields = envelope
+            .as_object()
+            .ok_or_else(|| "the envelope must be a JSON object".to_string())?;
+        const KNOWN: [&str; 8] = [
+            "kind",
+            "session_id",
+            "tool_call_id",
+            "result",
+            "error",
+            "approval_id",
+            "approved",
+            "reason",
+        ];
+        if let Some(unknown) = fields.keys().find(|key| !KNOWN.contains(&key.as_str())) {
+            return Err(format!("unknown field {unknown:?}"));
+        }
+        let session_id = text(fields, "session_id")?.ok_or("session_id is required")?;
+        let tool_call_id = text(fields, "tool_call_id")?.ok_or("tool_call_id is required")?;
+        let error = text(fields, "error")?;
+        let result = fields.get("result").cloned();
+        let answer = match text(fields, "kind")?.as_deref() {
+            None | Some("client-tool-result") => {
+                if let Some(field) = ["approval_id", "approved", "reason"]
+                    .iter()
+                    .find(|field| fields.contains_key(**field))
+                {
+                    return Err(format!("{field} belongs to an approval-response"));
+                }
+                match (result, error) {
+                    (Some(result), None) => SubmitAnswer::Result(result),
+                    (None, Some(error)) => SubmitAnswer::Error(error),
+                    (Some(_), Some(_)) => return Err("give result or error, not both".into()),
+                    (None, None) => return Err("give result or error".into()),
+                }
+            }
+            Some("approval-response") => {
+                if result.is_some() {
+                    return Err("an approval-response carries no result".into());
+                }
+                let approved = match fields.get("approved") {
+                    None => None,
+                    Some(Value::Bool(approved)) => Some(*approved),
+                    Some(_) => return Err("approved must be true or false".into()),
+                };
+                match (approved, error) {
+                    (None, Some(error)) => SubmitAnswer::Error(error),
+                    (Some(_), Some(_)) => {
+                        return Err("give approved or error, not both".into());
+                    }
+                    (None, None) => return Err("an approval-response needs approved".into()),
+                    (Some(approved), None) => SubmitAnswer::Approval {
+                        approval_id: text(fields, "approval_id")?
+                            .ok_or("an approval-response needs approval_id")?,
+                        approved,
+                        reason: text(fields, "reason")?,
+                    },
+                }
+            }
+            Some(other) => return Err(format!("unknown kind {other:?}")),
+        };
+        Ok(Self {
+            session_id,
+            tool_call_id,
+            answer,
+        })
+    }
+
+    /// Bytes of the answer's payload, as checked against the size limit.
+    pub(crate) fn payload_len(&self) -> usize {
+        match &self.answer {
+            SubmitAnswer::Result(value) => {
+                serde_json::to_vec(value).map_or(usize::MAX, |b| b.len())
+            }
+            SubmitAnswer::Error(error) => error.len(),
+            SubmitAnswer::Approval { reason, .. } => reason.as_ref().map_or(0, String::len),
+        }
+    }
+}
+
+/// A string field: absent is `None`; present but not a non-empty string is an error.
+fn text(fields: &Map<String, Value>, name: &str) -> Result<Option<String>, String> {
+    match fields.get(name) {
+        None => Ok(None),
+        Some(Value::String(value)) if !value.is_empty() => Ok(Some(value.clone())),
+        Some(Value::String(_)) => Err(format!("{name} may not be empty")),
+        Some(_) => Err(format!("{name} must be a string")),
+    }
+}
+
+/// How the runtime answered a submit.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SubmitOutcome {
+    /// Stored durably; the answer will be applied exactly once.
+    Accepted,
+    /// The call already has an answer, its deadline passed, or it completed within the
+    /// tombstone retention period. The submission changed nothing.
+    AlreadyCompleted,
+    /// No pending call has this id under that session (or the session does not exist). Nothing
+    /// was created.
+    UnknownToolCall,
+    /// The envelope is malformed, or names a sub-agent session instead of the root.
+    InvalidRequest {
+        /// What was wrong.
+        reason: String,
+    },
+    /// The answer does not fit the call (its output schema, its kind, its approval id).
+    InvalidResult {
+        /// What was wrong.
+        reason: String,
+        /// The schema errors, one per line, when the output schema refused it.
+        errors: Vec<String>,
+    },
+    /// The payload is over the limit.
+    PayloadTooLarge {
+        /// Its size in bytes.
+        size: usize,
+        /// The limit.
+        limit: usize,
+    },
+}
+
+impl SubmitOutcome {
+    /// The stable snake_case code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            SubmitOutcome::Accepted => "accepted",
+            SubmitOutcome::AlreadyCompleted => "already_completed",
+            SubmitOutcome::UnknownToolCall => "unknown_tool_call",
+            SubmitOutcome::InvalidRequest { .. } => "invalid_request",
+            SubmitOutcome::InvalidResult { .. } => "invalid_result",
+            SubmitOutcome::PayloadTooLarge { .. } => "payload_too_large",
+        }
+    }
+}
