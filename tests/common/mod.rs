@@ -74,3 +74,61 @@ pub fn worker_runtime(
 pub fn temp_store() -> anyhow::Result<Arc<dyn Store>> {
     Ok(Arc::new(SledStore::temporary()?))
 }
+
+/// An agent `editor` with a client tool `edit` (output schema `{applied: integer}`), an
+/// approval-gated server tool `deploy` (counted in `deploys`), and a server tool `lookup`;
+/// scripted with `script`. Deadlines are fired by `sweep_deadlines` (no background timer).
+pub fn editor_runtime(
+    store: Arc<dyn Store>,
+    clock: ManualClock,
+    script: Vec<ModelReply>,
+    deploys: Arc<AtomicUsize>,
+    configure: impl FnOnce(dormant::RuntimeBuilder) -> dormant::RuntimeBuilder,
+) -> anyhow::Result<Runtime> {
+    let agent = AgentDefinition::builder("editor")
+        .tool(
+            ToolDefinition::client("edit")
+                .timeout_ms(30_000)
+                .output_schema(json!({ "type": "object", "required": ["applied"],
+                    "properties": { "applied": { "type": "integer", "minimum": 0 } } })),
+        )
+        .tool(counting_tool("deploy", deploys).require_approval(dormant::Approval::Always))
+        .tool(counting_tool("lookup", Arc::new(AtomicUsize::new(0))))
+        .build()?;
+    let llm = ScriptedLlm::new().script("editor", script);
+    let builder = Runtime::builder()
+        .store(store)
+        .llm(Arc::new(llm))
+        .clock(Arc::new(clock))
+        .background_deadlines(false)
+        .agent(agent);
+    Ok(configure(builder).build()?)
+}
+
+/// One reply calling `calls` (id, tool) with empty input, then `text`.
+pub fn calls_then_text(calls: &[(&str, &str)], text: &str) -> Vec<ModelReply> {
+    vec![
+        ModelReply::tool_calls(
+            calls
+                .iter()
+                .map(|(id, tool)| ToolCall::new(*id, *tool, json!({})))
+                .collect(),
+        ),
+        ModelReply::text(text),
+    ]
+}
+
+/// The tool message of call `id` in `messages`.
+pub fn tool_result<'m>(
+    messages: &'m [dormant::Message],
+    id: &str,
+) -> Option<&'m dormant::ToolOutcome> {
+    messages.iter().find_map(|message| match message {
+        dormant::Message::Tool {
+            tool_call_id,
+            outcome,
+            ..
+        } if tool_call_id == id => Some(outcome),
+        _ => None,
+    })
+}

@@ -1,0 +1,203 @@
+//! Deadlines: the scheduler times out unanswered calls, never an answered one, once; the
+//! index is durable and re-armed at boot; tombstones expire after retention.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::{calls_then_text, editor_runtime, temp_store, tool_result, RecordingHooks};
+use dormant::submit::{Submit, SubmitOutcome};
+use dormant::{ChunkKind, ManualClock, SessionId, SledStore, Status, ToolOutcome};
+use serde_json::json;
+
+#[tokio::test]
+async fn an_unanswered_call_times_out_and_resume_sees_client_tool_timeout() -> anyhow::Result<()> {
+    let clock = ManualClock::new(0);
+    let hooks = Arc::new(RecordingHooks::default());
+    let script = calls_then_text(&[("tc-1", "edit")], "gave up");
+    let runtime = editor_runtime(temp_store()?, clock.clone(), script, Arc::default(), |b| {
+        b.hooks(hooks.clone())
+    })?;
+    let id: SessionId = "s1".parse()?;
+    runtime.execute_on(&id, "editor", "go").await?;
+    clock.advance(29_999);
+    assert_eq!(runtime.sweep_deadlines().await?.fired, 0);
+    assert_eq!(runtime.find_expired_pending(clock_now(&clock))?.len(), 0);
+    clock.advance(1);
+    let expired = runtime.find_expired_pending(30_000)?;
+    assert_eq!(expired.len(), 1);
+    assert_eq!(expired[0].tool_call_id, "tc-1");
+    assert_eq!(runtime.sweep_deadlines().await?.fired, 1);
+    // A second sweep writes nothing more.
+    let chunks = runtime.chunks(&id, 0)?.len();
+    assert_eq!(runtime.sweep_deadlines().await?.fired, 0);
+    assert_eq!(runtime.chunks(&id, 0)?.len(), chunks);
+    let timeout_end = runtime.chunks(&id, 0)?.into_iter().any(|c| {
+        matches!(&c.kind, ChunkKind::ToolEnd { outcome: ToolOutcome::Error(e), .. } if e.starts_with("client_tool_timeout"))
+    });
+    assert!(timeout_end, "the timeout is reported on the stream");
+    assert!(hooks.names.lock().contains(&"after_tool"));
+    assert_eq!(runtime.client_tool_stats().timeouts, 1);
+    // The deadline is authoritative: a late submit changes nothing.
+    let late = runtime
+        .submit_tool_result(Submit::result("s1", "tc-1", json!({ "applied": 1 })))
+        .await?;
+    assert_eq!(late, SubmitOutcome::AlreadyCompleted);
+    let resumed = runtime.resume(&id).await?;
+    assert_eq!(resumed.status, Status::Completed);
+    match tool_result(&runtime.messages(&id)?, "tc-1") {
+        Some(ToolOutcome::Error(error)) => assert!(error.starts_with("client_tool_timeout")),
+        other => anyhow::bail!("expected a timeout, got {other:?}"),
+    }
+    Ok(())
+}
+
+/// Wakes a waiter when a timeout is recorded.
+#[derive(Default)]
+struct TimeoutHooks {
+    timed_out: tokio::sync::Notify,
+}
+
+impl dormant::Hooks for TimeoutHooks {
+    fn on_event(&self, event: &dormant::HookEvent) {
+        if let dormant::HookEvent::AfterTool {
+            outcome: ToolOutcome::Error(error),
+            ..
+        } = event
+        {
+            if error.starts_with("client_tool_timeout") {
+                self.timed_out.notify_one();
+            }
+        }
+    }
+}
+
+fn clock_now(clock: &ManualClock) -> u64 {
+    use dormant::Clock;
+    clock.now_ms()
+}
+
+#[tokio::test]
+async fn an_answer_accepted_before_the_deadline_is_never_overwritten() -> anyhow::Result<()> {
+    let clock = ManualClock::new(0);
+    let script = calls_then_text(&[("tc-1", "edit")], "ok");
+    let runtime = editor_runtime(temp_store()?, clock.clone(), script, Arc::default(), |b| b)?;
+    let id: SessionId = "s1".parse()?;
+    runtime.execute_on(&id, "editor", "go").await?;
+    runtime
+        .submit_tool_result(Submit::result("s1", "tc-1", json!({ "applied": 7 })))
+        .await?;
+    assert!(
+        runtime.find_expired_pending(u64::MAX - 1)?.is_empty(),
+        "the deadline was disarmed"
+    );
+    clock.advance(60_000);
+    assert_eq!(runtime.sweep_deadlines().await?.fired, 0);
+    runtime.resume(&id).await?;
+    assert_eq!(
+        tool_result(&runtime.messages(&id)?, "tc-1"),
+        Some(&ToolOutcome::Result(json!({ "applied": 7 })))
+    );
+    assert_eq!(runtime.client_tool_stats().timeouts, 0);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_timeout_of_zero_expires_at_once() -> anyhow::Result<()> {
+    let clock = ManualClock::new(0);
+    let agent = dormant::AgentDefinition::builder("quick")
+        .tool(dormant::ToolDefinition::client("ask").timeout_ms(0))
+        .build()?;
+    let runtime = dormant::Runtime::builder()
+        .store(temp_store()?)
+        .llm(Arc::new(
+            dormant::ScriptedLlm::new().script("quick", calls_then_text(&[("q", "ask")], "x")),
+        ))
+        .clock(Arc::new(clock))
+        .background_deadlines(false)
+        .agent(agent)
+        .build()?;
+    let run = runtime.execute("quick", "go").await?;
+    assert_eq!(run.status, Status::SuspendedClientTool);
+    assert!(run.pending.is_empty(), "an expired call is not pending");
+    assert_eq!(runtime.sweep_deadlines().await?.fired, 1);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overdue_deadlines_fire_after_a_restart_by_themselves() -> anyhow::Result<()> {
+    use dormant::Clock;
+    let dir = tempfile::tempdir()?;
+    let script = calls_then_text(&[("tc-1", "edit")], "ok");
+    let id: SessionId = "s1".parse()?;
+    {
+        let runtime = editor_runtime(
+            Arc::new(SledStore::open(dir.path())?),
+            ManualClock::new(0),
+            script.clone(),
+            Arc::default(),
+            |b| b,
+        )?;
+        runtime.execute_on(&id, "editor", "go").await?;
+        runtime.shutdown().await?;
+    }
+    // Reopen "later": the deadline passed while nothing ran. The background scheduler re-arms
+    // from the durable index at boot and fires the overdue entry without being asked.
+    let clock = ManualClock::new(31_000);
+    let hooks = Arc::new(TimeoutHooks::default());
+    let runtime = editor_runtime(
+        Arc::new(SledStore::open(dir.path())?),
+        clock.clone(),
+        script,
+        Arc::default(),
+        |b| b.background_deadlines(true).hooks(hooks.clone()),
+    )?;
+    // Wait for the timeout's after_tool hook: the notification, not the passing of time.
+    tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        hooks.timed_out.notified(),
+    )
+    .await?;
+    let pending = runtime.pending(&id)?;
+    assert_eq!(
+        pending[0].answer,
+        Some(dormant::Answer::TimedOut),
+        "at {}",
+        clock.now_ms()
+    );
+    runtime.shutdown().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn tombstones_answer_duplicates_until_retention_ends_then_are_reaped() -> anyhow::Result<()> {
+    let clock = ManualClock::new(0);
+    let script = calls_then_text(&[("tc-1", "edit")], "ok");
+    let runtime = editor_runtime(temp_store()?, clock.clone(), script, Arc::default(), |b| {
+        b.tombstone_retention_ms(1_000)
+    })?;
+    let id: SessionId = "s1".parse()?;
+    runtime.execute_on(&id, "editor", "go").await?;
+    runtime
+        .submit_tool_result(Submit::result("s1", "tc-1", json!({ "applied": 1 })))
+        .await?;
+    runtime.resume(&id).await?;
+    runtime.evict(&id).await;
+    let dup = Submit::result("s1", "tc-1", json!({ "applied": 1 }));
+    assert_eq!(
+        runtime.submit_tool_result(dup.clone()).await?,
+        SubmitOutcome::AlreadyCompleted
+    );
+    clock.advance(1_000);
+    assert_eq!(
+        runtime.submit_tool_result(dup.clone()).await?,
+        SubmitOutcome::UnknownToolCall
+    );
+    assert_eq!(runtime.sweep_deadlines().await?.reaped, 1);
+    assert_eq!(runtime.sweep_deadlines().await?.reaped, 0);
+    assert_eq!(
+        runtime.submit_tool_result(dup).await?,
+        SubmitOutcome::UnknownToolCall
+    );
+    Ok(())
+}
