@@ -446,6 +446,9 @@ impl<A: VirtualActor> Inner<A> {
                 queue: undelivered,
             }
         };
+        drop(slot);
+        // A shutdown or eviction may be waiting for this key to leave `Starting`.
+        self.stopped.notify_waiters();
     }
 
     /// Stops routing to the actor of `key` and queues a passivation envelope behind its mailbox.

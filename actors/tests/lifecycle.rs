@@ -135,3 +135,16 @@ async fn shutdown_stops_everything_and_rejects_later_messages() -> anyhow::Resul
     assert_eq!(apply(&host, "a", 2).await?, Err(Error::ShutDown));
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_right_after_the_first_send_returns() -> anyhow::Result<()> {
+    // The first send spawns an activation; shutdown must not wait for a wake-up that the
+    // activation never sends.
+    for _ in 0..50 {
+        let host = Host::new(Counter::default(), HostConfig::default());
+        let (reply, _answer) = tokio::sync::oneshot::channel();
+        host.send("a".into(), CounterMsg::SetBusy { busy: false, reply });
+        tokio::time::timeout(std::time::Duration::from_secs(10), host.shutdown()).await?;
+    }
+    Ok(())
+}

@@ -222,13 +222,12 @@ impl Session {
                 CallSlot::Dispatched => parallel.push(call.clone()),
                 CallSlot::Pending(_) => {}
             }
-            if !matches!(slot, CallSlot::Ready { .. }) {
-                effects.push(Effect::Hook(HookEvent::BeforeTool {
-                    session: self.record.id.clone(),
-                    run_id,
-                    call: call.clone(),
-                }));
-            }
+            // Every call gets the whole hook sequence, even one answered on the spot.
+            effects.push(Effect::Hook(HookEvent::BeforeTool {
+                session: self.record.id.clone(),
+                run_id,
+                call: call.clone(),
+            }));
             slots.push(slot);
         }
         effects.push(Effect::RunTools {
