@@ -108,6 +108,11 @@ pub(crate) enum SessionMsg {
     },
     /// Answered when no run is in progress.
     WaitSettled { reply: oneshot::Sender<()> },
+    /// A pipelined submit's commit finished (sent by the commit's own task).
+    SubmitSettled {
+        tool_call_id: String,
+        committed: bool,
+    },
     /// The model answered (sent by the actor's own model task).
     ModelReplied {
         run_id: RunId,
@@ -145,6 +150,9 @@ pub(crate) struct SessionState {
     loaded: Loaded,
     waiters: Vec<RunReply>,
     settle_waiters: Vec<oneshot::Sender<()>>,
+    /// Submit commits in flight: each writes only its own call's entries, so they are not
+    /// awaited in the handler; every other input first waits for them (see `barrier`).
+    inflight: Vec<(String, tokio::task::JoinHandle<bool>)>,
 }
 
 impl VirtualActor for SessionActor {
@@ -165,6 +173,7 @@ impl VirtualActor for SessionActor {
             loaded,
             waiters: Vec::new(),
             settle_waiters: Vec::new(),
+            inflight: Vec::new(),
         };
         if let Loaded::Present(session) = &mut state.loaded {
             let now = self.shared.clock.now_ms();
@@ -180,6 +189,12 @@ impl VirtualActor for SessionActor {
     }
 
     async fn handle(&self, ctx: &ActorContext<Self>, msg: SessionMsg, state: &mut SessionState) {
+        if !matches!(
+            msg,
+            SessionMsg::Submit { .. } | SessionMsg::SubmitSettled { .. }
+        ) {
+            self.barrier(state).await;
+        }
         let now = self.shared.clock.now_ms();
         match msg {
             SessionMsg::Execute {
@@ -194,10 +209,19 @@ impl VirtualActor for SessionActor {
                 submission,
                 reply,
             } => {
-                let outcome = self
-                    .submit(ctx, state, &root, &tool_call_id, submission)
+                self.submit(ctx, state, &root, tool_call_id, submission, reply)
                     .await;
-                let _ = reply.send(outcome);
+            }
+            SessionMsg::SubmitSettled {
+                tool_call_id,
+                committed,
+            } => {
+                state.inflight.retain(|(_, task)| !task.is_finished());
+                if !committed {
+                    if let Loaded::Present(session) = &mut state.loaded {
+                        session.revert_answer(&tool_call_id);
+                    }
+                }
             }
             SessionMsg::Timeout {
                 tool_call_id,
@@ -248,6 +272,7 @@ impl VirtualActor for SessionActor {
     fn can_passivate(&self, state: &SessionState) -> bool {
         state.waiters.is_empty()
             && state.settle_waiters.is_empty()
+            && state.inflight.is_empty()
             && !matches!(&state.loaded, Loaded::Present(session) if session.is_busy())
     }
 
@@ -446,26 +471,107 @@ impl SessionActor {
         ctx: &ActorContext<Self>,
         state: &mut SessionState,
         root: &SessionId,
-        tool_call_id: &str,
+        tool_call_id: String,
         submission: Submission,
-    ) -> Result<SubmitOutcome, Error> {
+        reply: oneshot::Sender<Result<SubmitOutcome, Error>>,
+    ) {
         let now = self.shared.clock.now_ms();
-        let Some(session) = self.present(ctx.key(), state)? else {
-            return self.shared.settled_call_outcome(root, tool_call_id);
-        };
-        let (verdict, transition) = session.submit(tool_call_id, submission, now);
-        let committed = self.perform(ctx, state, transition).await;
-        match verdict {
-            Verdict::Accepted => {
-                committed?;
-                tracing::debug!(session = %ctx.key(), tool_call_id, "client_tool.submitted");
-                Ok(SubmitOutcome::Accepted)
+        let session = match self.present(ctx.key(), state) {
+            Ok(Some(session)) => session,
+            Ok(None) => {
+                let _ = reply.send(self.shared.settled_call_outcome(root, &tool_call_id));
+                return;
             }
-            Verdict::AlreadyCompleted => Ok(SubmitOutcome::AlreadyCompleted),
-            Verdict::NotPending => self.shared.settled_call_outcome(root, tool_call_id),
+            Err(error) => {
+                let _ = reply.send(Err(error));
+                return;
+            }
+        };
+        let (verdict, transition) = session.submit(&tool_call_id, submission, now);
+        let outcome = match verdict {
+            Verdict::Accepted => {
+                self.pipeline_submit(ctx, state, tool_call_id, transition, reply);
+                return;
+            }
+            Verdict::AlreadyCompleted => {
+                // A late submit may have recorded the timeout: that commit is ordinary.
+                self.barrier(state).await;
+                match self.perform(ctx, state, transition).await {
+                    Ok(()) => Ok(SubmitOutcome::AlreadyCompleted),
+                    Err(error) => Err(error),
+                }
+            }
+            Verdict::NotPending => self.shared.settled_call_outcome(root, &tool_call_id),
             Verdict::InvalidResult { reason, errors } => {
                 tracing::warn!(session = %ctx.key(), tool_call_id, %reason, "client_tool.validation_failed");
                 Ok(SubmitOutcome::InvalidResult { reason, errors })
+            }
+        };
+        let _ = reply.send(outcome);
+    }
+
+    /// Commits an accepted answer without holding the mailbox: the caller is answered once it
+    /// is durable, and the actor learns the result through `SubmitSettled`.
+    fn pipeline_submit(
+        &self,
+        ctx: &ActorContext<Self>,
+        state: &mut SessionState,
+        tool_call_id: String,
+        transition: Transition,
+        reply: oneshot::Sender<Result<SubmitOutcome, Error>>,
+    ) {
+        let batch = transition.commit.as_ref().map(schema::Commit::encode);
+        let shared = Arc::clone(&self.shared);
+        let mailbox = ctx.mailbox();
+        let session = ctx.key().clone();
+        let call = tool_call_id.clone();
+        let task = tokio::spawn(async move {
+            let result = match batch {
+                Some(Ok(batch)) => {
+                    let bytes = batch.byte_len();
+                    let started = Instant::now();
+                    let committed = shared.store.commit(batch).await;
+                    shared.metrics.record_commit(started.elapsed(), bytes);
+                    committed.map_err(Error::from)
+                }
+                Some(Err(error)) => Err(Error::from(error)),
+                None => Ok(()),
+            };
+            let committed = result.is_ok();
+            match result {
+                Ok(()) => {
+                    tracing::debug!(session = %session, tool_call_id = %call, "client_tool.submitted");
+                    let _ = reply.send(Ok(SubmitOutcome::Accepted));
+                }
+                Err(error) => {
+                    tracing::error!(session = %session, tool_call_id = %call, %error, "client_tool.submit_commit_failed");
+                    let _ = reply.send(Err(error));
+                }
+            }
+            send_back(
+                &mailbox,
+                SessionMsg::SubmitSettled {
+                    tool_call_id: call,
+                    committed,
+                },
+            );
+            committed
+        });
+        state.inflight.push((tool_call_id, task));
+        for effect in transition.effects {
+            self.run_effect(ctx, state, effect);
+        }
+    }
+
+    /// Waits for the submit commits in flight, and forgets the answers whose commit failed,
+    /// before any input that reads answers or writes the session's own entries.
+    async fn barrier(&self, state: &mut SessionState) {
+        for (tool_call_id, task) in std::mem::take(&mut state.inflight) {
+            let committed = task.await.unwrap_or(false);
+            if !committed {
+                if let Loaded::Present(session) = &mut state.loaded {
+                    session.revert_answer(&tool_call_id);
+                }
             }
         }
     }

@@ -179,7 +179,10 @@ pub(crate) enum IndexWrite {
 #[derive(Clone, Debug)]
 pub(crate) struct Commit {
     pub(crate) kind: CommitKind,
-    pub(crate) record: SessionRecord,
+    pub(crate) session: SessionId,
+    /// The new snapshot; `None` for commits that touch only per-call entries (a submit), so
+    /// they never race the session's own writes.
+    pub(crate) record: Option<SessionRecord>,
     pub(crate) messages: Vec<(u64, Message)>,
     pub(crate) runs: Vec<RunRecord>,
     pub(crate) chunks: Vec<Chunk>,
@@ -189,13 +192,15 @@ pub(crate) struct Commit {
 impl Commit {
     /// Encodes the commit as one store batch.
     pub(crate) fn encode(&self) -> Result<Batch, Error> {
-        let id = &self.record.id;
+        let id = &self.session;
         let mut batch = Batch::new(self.kind);
-        batch.put(
-            Tree::Sessions,
-            session_key(id),
-            encode(Tree::Sessions, &self.record)?,
-        );
+        if let Some(record) = &self.record {
+            batch.put(
+                Tree::Sessions,
+                session_key(id),
+                encode(Tree::Sessions, record)?,
+            );
+        }
         for (seq, message) in &self.messages {
             batch.put(
                 Tree::Messages,

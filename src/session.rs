@@ -5,6 +5,7 @@
 
 mod core;
 mod outcome;
+mod pending;
 mod resume;
 mod state;
 mod step;

@@ -5,11 +5,13 @@
 //! and durably, and to read keys and prefixes back. [`SledStore`] is the embedded default;
 //! [`MemoryStore`] is for unit tests.
 
+mod faulty;
 mod memory;
 mod sled;
 
 use std::fmt::Debug;
 
+pub use self::faulty::{Fault, FaultyStore};
 pub use self::memory::MemoryStore;
 pub use self::sled::{Durability, SledStore, SledStoreBuilder};
 

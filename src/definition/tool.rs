@@ -200,8 +200,18 @@ impl ToolDefinition {
         }
     }
 
-    /// A tool the runtime runs with `handler`.
-    pub fn server(name: impl Into<String>, handler: impl ToolHandler) -> Self {
+    /// A tool the runtime runs with the async closure `handler`.
+    pub fn server<F, Fut>(name: impl Into<String>, handler: F) -> Self
+    where
+        F: Fn(Value, ToolContext) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Value, ToolError>> + Send + 'static,
+    {
+        Self::server_handler(name, handler)
+    }
+
+    /// A tool the runtime runs with `handler` (any [`ToolHandler`], such as a struct that
+    /// holds a connection pool).
+    pub fn server_handler(name: impl Into<String>, handler: impl ToolHandler) -> Self {
         Self::with_kind(name, ToolKind::Server(Arc::new(handler)))
     }
 

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value};
 
+use super::pending::PendingCalls;
 use super::{
     Effect, PendingCall, PendingKind, RunError, RunOutcome, RunRecord, SessionRecord, Status,
     Transition,
@@ -113,7 +114,7 @@ pub(crate) struct Session {
     pub(super) policy: Arc<Policy>,
     pub(super) run: Option<RunRecord>,
     /// Calls waiting outside the runtime (or answered and waiting for a resume), in call order.
-    pub(super) pending: Vec<PendingCall>,
+    pub(super) pending: PendingCalls,
     /// Loaded for a run and released when it settles, so idle sessions stay small. Shared with
     /// the model call in flight; `Arc::make_mut` copies only if that call still holds it.
     pub(super) messages: Option<Arc<Vec<Message>>>,
@@ -153,7 +154,7 @@ impl Session {
             agent,
             policy,
             run: None,
-            pending: Vec::new(),
+            pending: PendingCalls::default(),
             messages: Some(Arc::new(Vec::new())),
             phase: Phase::Idle,
             staged: Staged::default(),
@@ -166,9 +167,9 @@ impl Session {
         agent: Arc<AgentDefinition>,
         policy: Arc<Policy>,
         run: Option<RunRecord>,
-        mut pending: Vec<PendingCall>,
+        pending: Vec<PendingCall>,
     ) -> Self {
-        pending.sort_by_key(|call| call.position);
+        let pending = PendingCalls::from_entries(pending);
         Self {
             record,
             agent,
@@ -212,11 +213,7 @@ impl Session {
 
     /// Ids of the calls that still wait for an answer at `now`, in call order.
     pub(crate) fn waiting_calls(&self, now: u64) -> Vec<String> {
-        self.pending
-            .iter()
-            .filter(|call| call.is_waiting(now))
-            .map(|call| call.tool_call_id.clone())
-            .collect()
+        self.pending.waiting_ids(now)
     }
 
     /// Applies one input at time `now`.
@@ -347,6 +344,27 @@ impl Session {
         });
     }
 
+    /// A commit of per-call entries only (no snapshot, messages or chunks): it shares no key
+    /// with any other write of the session, so it may land in any order relative to them.
+    pub(super) fn finish_entries(&mut self, kind: CommitKind, effects: Vec<Effect>) -> Transition {
+        let staged = std::mem::take(&mut self.staged);
+        debug_assert!(
+            staged.messages.is_empty() && staged.chunks.is_empty() && !staged.run_changed
+        );
+        Transition {
+            commit: Some(Commit {
+                kind,
+                session: self.record.id.clone(),
+                record: None,
+                messages: Vec::new(),
+                runs: Vec::new(),
+                chunks: Vec::new(),
+                index: staged.index,
+            }),
+            effects,
+        }
+    }
+
     /// Turns what was staged into the transition's commit.
     pub(super) fn finish(
         &mut self,
@@ -363,7 +381,8 @@ impl Session {
         Transition {
             commit: Some(Commit {
                 kind,
-                record: self.record.clone(),
+                session: self.record.id.clone(),
+                record: Some(self.record.clone()),
                 messages: staged.messages,
                 runs,
                 chunks: staged.chunks,

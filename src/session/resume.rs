@@ -70,7 +70,7 @@ impl Session {
             .map_or_else(|| self.current_run_id(), |suspension| suspension.run_id);
         self.start_run(run_id, Some(previous), now);
         let mut effects = vec![self.resumed_hook(run_id, previous)];
-        let pending = std::mem::take(&mut self.pending);
+        let pending = self.pending.take_in_order();
         let mut calls = Vec::with_capacity(pending.len());
         let mut slots = Vec::with_capacity(pending.len());
         let mut parallel = Vec::new();
@@ -90,9 +90,10 @@ impl Session {
                     }
                     CallSlot::Dispatched
                 }
-                (Some(_), Some(outcome)) => CallSlot::Ready {
+                // Only a timeout was reported when it happened; answers are reported now.
+                (Some(answer), Some(outcome)) => CallSlot::Ready {
                     outcome,
-                    reported: true,
+                    reported: *answer == Answer::TimedOut,
                 },
                 // Expired but not yet swept: the deadline is authoritative.
                 _ => {
@@ -116,6 +117,12 @@ impl Session {
             self.complete(entry, now);
         }
         let step = self.record.steps_in_run;
+        if parallel.is_empty() && sequential.is_empty() {
+            // No approved tool to run: the answers are recorded in this same commit.
+            let updates = vec![Default::default(); calls.len()];
+            self.settle_step(run_id, calls, slots, updates, now, &mut effects);
+            return self.finish(CommitKind::RunStart, now, effects);
+        }
         effects.push(Effect::RunTools {
             run_id,
             step,
@@ -158,7 +165,7 @@ impl Session {
             return;
         }
         let run_id = self.current_run_id();
-        let pending = std::mem::take(&mut self.pending);
+        let pending = self.pending.take_in_order();
         let mut abandoned = 0;
         for entry in &pending {
             let (outcome, reported) = match (&entry.answer, answer_outcome(entry)) {
@@ -169,7 +176,7 @@ impl Session {
                     ),
                     false,
                 ),
-                (Some(_), Some(outcome)) => (outcome, true),
+                (Some(answer), Some(outcome)) => (outcome, *answer == Answer::TimedOut),
                 _ => {
                     abandoned += 1;
                     (

@@ -212,11 +212,10 @@ impl PendingCall {
     }
 }
 
-/// Why a run stopped without ending.
+/// What a suspended run waits on. The calls themselves are the session's pending entries
+/// (one store entry each), so the snapshot stays the same size however many there are.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Suspension {
     /// The suspended run.
     pub run_id: RunId,
-    /// The calls of the step it waits on, in call order.
-    pub tool_call_ids: Vec<String>,
 }

@@ -230,6 +230,13 @@ impl Session {
             }));
             slots.push(slot);
         }
+        if parallel.is_empty() && sequential.is_empty() {
+            // Nothing runs between commit #1 and commit #2 (only client calls, approvals and
+            // refusals), so one commit carries both.
+            let updates = vec![Map::new(); calls.len()];
+            self.settle_step(run_id, calls, slots, updates, now, &mut effects);
+            return self.finish(CommitKind::ToolCalls, now, effects);
+        }
         effects.push(Effect::RunTools {
             run_id,
             step,
@@ -319,6 +326,22 @@ impl Session {
                 updates[index] = finished.updates;
             }
         }
+        let mut effects = Vec::new();
+        self.settle_step(run_id, calls, slots, updates, now, &mut effects);
+        self.finish(CommitKind::ToolResults, now, effects)
+    }
+
+    /// Records every call of a step whose outcomes are known (or that became pending), then
+    /// ends the run, suspends it, or begins the next step.
+    pub(super) fn settle_step(
+        &mut self,
+        run_id: RunId,
+        calls: Vec<ToolCall>,
+        slots: Vec<CallSlot>,
+        updates: Vec<Map<String, Value>>,
+        now: u64,
+        effects: &mut Vec<Effect>,
+    ) {
         let finisher = calls.iter().zip(&slots).position(|(call, slot)| {
             self.finishes_run(call)
                 && matches!(
@@ -329,7 +352,6 @@ impl Session {
                     }
                 )
         });
-        let mut effects = Vec::new();
         let mut output = None;
         let mut pending = 0u32;
         for (index, ((call, slot), changes)) in
@@ -345,7 +367,7 @@ impl Session {
                 ),
                 CallSlot::Pending(kind) => {
                     let position = u32::try_from(index).unwrap_or(u32::MAX);
-                    self.make_pending(run_id, call, kind, position, now, &mut effects);
+                    self.make_pending(run_id, call, kind, position, now, effects);
                     pending += 1;
                     continue;
                 }
@@ -359,19 +381,18 @@ impl Session {
                     output = Some(value.clone());
                 }
             }
-            self.record_outcome(run_id, call, outcome, reported, changes, now, &mut effects);
+            self.record_outcome(run_id, call, outcome, reported, changes, now, effects);
         }
         if let Some(value) = output {
             if let Some(run) = &mut self.run {
                 run.output = Some(value);
             }
-            self.end_run(Status::Completed, None, now, &mut effects);
+            self.end_run(Status::Completed, None, now, effects);
         } else if pending > 0 {
-            self.suspend(run_id, now, &mut effects);
+            self.suspend(run_id, now, effects);
         } else {
-            self.begin_step(run_id, now, &mut effects);
+            self.begin_step(run_id, now, effects);
         }
-        self.finish(CommitKind::ToolResults, now, effects)
     }
 
     /// Records one call's outcome: the tool message, its `tool_end` chunk unless one was

@@ -4,6 +4,7 @@
 use serde_json::Value;
 
 use super::core::Session;
+use super::pending::PendingCalls;
 use super::{
     Answer, Effect, Observation, PendingCall, PendingKind, Status, Suspension, Transition,
 };
@@ -106,25 +107,17 @@ impl Session {
             tool_name: entry.tool_name.clone(),
             deadline_at_ms: entry.deadline_at_ms,
         }));
-        self.pending.push(entry);
+        self.pending.insert(entry);
     }
 
     /// Ends the step's run as suspended on its pending calls.
     pub(super) fn suspend(&mut self, run_id: RunId, now: u64, effects: &mut Vec<Effect>) {
-        let tool_call_ids: Vec<String> = self
-            .pending
-            .iter()
-            .map(|call| call.tool_call_id.clone())
-            .collect();
         effects.push(Effect::Hook(HookEvent::AgentSuspended {
             session: self.record.id.clone(),
             run_id,
-            tool_call_ids: tool_call_ids.clone(),
+            tool_call_ids: self.pending.ids(),
         }));
-        self.record.suspension = Some(Suspension {
-            run_id,
-            tool_call_ids,
-        });
+        self.record.suspension = Some(Suspension { run_id });
         self.end_run(Status::SuspendedClientTool, None, now, effects);
     }
 
@@ -135,14 +128,9 @@ impl Session {
         submission: Submission,
         now: u64,
     ) -> (Verdict, Transition) {
-        let Some(index) = self
-            .pending
-            .iter()
-            .position(|call| call.tool_call_id == call_id)
-        else {
+        let Some(entry) = self.pending.get(call_id) else {
             return (Verdict::NotPending, Transition::default());
         };
-        let entry = &self.pending[index];
         if entry.answer.is_some() {
             return (Verdict::AlreadyCompleted, Transition::default());
         }
@@ -163,13 +151,15 @@ impl Session {
             wait_ms,
             has_error,
         })];
-        self.record_answer(index, answer, run_id, now);
-        if self.policy.auto_resume && self.waiting_calls(now).is_empty() {
+        // The outcome is reported on the stream when the resume records it: a submit writes
+        // only its own entry, so concurrent submits to one session never wait on each other.
+        self.record_answer(call_id, answer, run_id, now, false);
+        if self.policy.auto_resume && !self.pending.any_waiting(now) {
             effects.push(Effect::AutoResume);
         }
         (
             Verdict::Accepted,
-            self.finish(CommitKind::Other, now, effects),
+            self.finish_entries(CommitKind::Other, effects),
         )
     }
 
@@ -241,10 +231,17 @@ impl Session {
         }
     }
 
-    /// Stores the answer in the entry, removes its deadline, and reports its outcome on the
-    /// stream (an approval reports when its tool has run).
-    fn record_answer(&mut self, index: usize, answer: Answer, run_id: RunId, now: u64) {
-        let Some(entry) = self.pending.get_mut(index) else {
+    /// Stores the answer in the entry and removes its deadline; with `report`, its outcome goes
+    /// on the stream now (a timeout), otherwise when the resume records it.
+    fn record_answer(
+        &mut self,
+        call_id: &str,
+        answer: Answer,
+        run_id: RunId,
+        now: u64,
+        report: bool,
+    ) {
+        let Some(entry) = self.pending.get_mut(call_id) else {
             return;
         };
         entry.answer = Some(answer.clone());
@@ -257,7 +254,7 @@ impl Session {
         self.staged
             .index
             .push(IndexWrite::PutPending(entry.clone()));
-        if let Some(outcome) = answer_outcome(&entry) {
+        if let Some(outcome) = answer_outcome(&entry).filter(|_| report) {
             self.stage_chunk(
                 run_id,
                 now,
@@ -274,14 +271,9 @@ impl Session {
     /// (an accepted answer is never overwritten) or has not expired, so a sweep that runs twice
     /// writes one timeout.
     pub(crate) fn timeout(&mut self, call_id: &str, now: u64) -> Transition {
-        let Some(index) = self
-            .pending
-            .iter()
-            .position(|call| call.tool_call_id == call_id)
-        else {
+        let Some(entry) = self.pending.get(call_id) else {
             return Transition::default();
         };
-        let entry = &self.pending[index];
         if entry.answer.is_some() || now < entry.deadline_at_ms {
             return Transition::default();
         }
@@ -292,10 +284,10 @@ impl Session {
             entry.tool_name.clone(),
             entry.input.clone(),
         );
-        self.record_answer(index, Answer::TimedOut, run_id, now);
+        self.record_answer(call_id, Answer::TimedOut, run_id, now, true);
         let outcome = self
             .pending
-            .get(index)
+            .get(call_id)
             .and_then(answer_outcome)
             .unwrap_or_else(|| ToolOutcome::Error("client_tool_timeout".into()));
         let mut effects = vec![
@@ -311,19 +303,30 @@ impl Session {
                 outcome,
             }),
         ];
-        if self.policy.auto_resume && self.waiting_calls(now).is_empty() {
+        if self.policy.auto_resume && !self.pending.any_waiting(now) {
             effects.push(Effect::AutoResume);
         }
         self.finish(CommitKind::Other, now, effects)
     }
 
+    /// Forgets an answer whose commit failed: the call waits again (its deadline entry was
+    /// never removed, since that removal was part of the failed commit).
+    pub(crate) fn revert_answer(&mut self, call_id: &str) {
+        if let Some(entry) = self.pending.get_mut(call_id) {
+            entry.answer = None;
+            entry.answered_at_ms = None;
+        }
+    }
+
     /// Removes the calls that match `which` (entries, deadlines, ownership), without tombstones:
     /// a late submit for them answers `unknown_tool_call`. Returns how many were unanswered.
     pub(super) fn drop_pending(&mut self, now: u64, which: impl Fn(&PendingCall) -> bool) -> usize {
-        let (dropped, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.pending)
+        let (dropped, kept): (Vec<_>, Vec<_>) = self
+            .pending
+            .take_in_order()
             .into_iter()
             .partition(|call| which(call));
-        self.pending = kept;
+        self.pending = PendingCalls::from_entries(kept);
         let unanswered = dropped.iter().filter(|call| call.is_waiting(now)).count();
         for call in dropped {
             self.unindex(&call);

@@ -184,7 +184,10 @@ fn the_step_limit_ends_the_run_in_the_same_commit_as_the_last_results() {
         )
         .unwrap_or_default();
     let commit = t.commit.as_ref();
-    assert_eq!(commit.map(|c| c.record.status), Some(Status::Failed));
+    assert_eq!(
+        commit.and_then(|c| c.record.as_ref()).map(|r| r.status),
+        Some(Status::Failed)
+    );
     assert_eq!(commit.map(|c| c.runs.len()), Some(1));
     let settled = t.effects.iter().find_map(|effect| match effect {
         Effect::Settle(outcome) => outcome.error.as_ref().map(|e| e.code),

@@ -1,0 +1,76 @@
+//! A session's pending calls, keyed by call id so a submit costs the same however many calls
+//! wait; call order is restored from each entry's position when the calls are drained.
+
+use std::collections::HashMap;
+
+use super::PendingCall;
+
+/// The calls of a session that wait outside the runtime (or are answered and wait for a
+/// resume).
+#[derive(Debug, Default, Clone)]
+pub(crate) struct PendingCalls {
+    by_id: HashMap<String, PendingCall>,
+}
+
+impl PendingCalls {
+    pub(crate) fn from_entries(entries: Vec<PendingCall>) -> Self {
+        Self {
+            by_id: entries
+                .into_iter()
+                .map(|call| (call.tool_call_id.clone(), call))
+                .collect(),
+        }
+    }
+
+    pub(crate) fn get(&self, id: &str) -> Option<&PendingCall> {
+        self.by_id.get(id)
+    }
+
+    pub(crate) fn get_mut(&mut self, id: &str) -> Option<&mut PendingCall> {
+        self.by_id.get_mut(id)
+    }
+
+    pub(crate) fn insert(&mut self, call: PendingCall) {
+        self.by_id.insert(call.tool_call_id.clone(), call);
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.by_id.is_empty()
+    }
+
+    /// Whether any call still waits for an answer at `now`.
+    pub(crate) fn any_waiting(&self, now: u64) -> bool {
+        self.by_id.values().any(|call| call.is_waiting(now))
+    }
+
+    /// Ids of the calls that still wait at `now`, in call order.
+    pub(crate) fn waiting_ids(&self, now: u64) -> Vec<String> {
+        let mut waiting: Vec<&PendingCall> = self
+            .by_id
+            .values()
+            .filter(|call| call.is_waiting(now))
+            .collect();
+        waiting.sort_by_key(|call| call.position);
+        waiting
+            .into_iter()
+            .map(|call| call.tool_call_id.clone())
+            .collect()
+    }
+
+    /// Ids of every call, in call order.
+    pub(crate) fn ids(&self) -> Vec<String> {
+        let mut calls: Vec<&PendingCall> = self.by_id.values().collect();
+        calls.sort_by_key(|call| call.position);
+        calls
+            .into_iter()
+            .map(|call| call.tool_call_id.clone())
+            .collect()
+    }
+
+    /// Removes and returns every call, in call order.
+    pub(crate) fn take_in_order(&mut self) -> Vec<PendingCall> {
+        let mut calls: Vec<PendingCall> = std::mem::take(&mut self.by_id).into_values().collect();
+        calls.sort_by_key(|call| call.position);
+        calls
+    }
+}

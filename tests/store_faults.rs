@@ -1,0 +1,69 @@
+//! A commit that fails is never acknowledged, changes nothing, and the session recovers from
+//! its last durable state.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::{calls_then_text, editor_runtime};
+use dormant::store::{CommitKind, Fault, FaultyStore, MemoryStore, Store};
+use dormant::submit::{Submit, SubmitOutcome};
+use dormant::{Error, ManualClock, SessionId, Status};
+use serde_json::json;
+
+fn faulty() -> Arc<FaultyStore> {
+    Arc::new(FaultyStore::new(Arc::new(MemoryStore::new())))
+}
+
+#[tokio::test]
+async fn a_submit_whose_commit_fails_is_not_accepted_and_the_call_still_waits() -> anyhow::Result<()>
+{
+    let store = faulty();
+    let runtime = editor_runtime(
+        Arc::clone(&store) as Arc<dyn Store>,
+        ManualClock::new(0),
+        calls_then_text(&[("tc-1", "edit")], "done"),
+        Arc::default(),
+        |b| b,
+    )?;
+    let id: SessionId = "s1".parse()?;
+    runtime.execute_on(&id, "editor", "go").await?;
+    store.arm(Fault::NextCommit);
+    let failed = runtime
+        .submit_tool_result(Submit::result("s1", "tc-1", json!({ "applied": 1 })))
+        .await;
+    assert!(matches!(failed, Err(Error::Store(_))), "{failed:?}");
+    assert_eq!(runtime.pending(&id)?[0].answer, None, "nothing was stored");
+    // The session forgot the answer too: the barrier stops a resume from using it.
+    let held = runtime.resume(&id).await?;
+    assert_eq!(held.pending, vec!["tc-1".to_string()]);
+    let retry = runtime
+        .submit_tool_result(Submit::result("s1", "tc-1", json!({ "applied": 2 })))
+        .await?;
+    assert_eq!(retry, SubmitOutcome::Accepted);
+    let done = runtime.resume(&id).await?;
+    assert_eq!(done.status, Status::Completed);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_failed_step_commit_answers_a_store_error_and_the_session_reloads() -> anyhow::Result<()>
+{
+    let store = faulty();
+    let runtime = editor_runtime(
+        Arc::clone(&store) as Arc<dyn Store>,
+        ManualClock::new(0),
+        calls_then_text(&[("l1", "lookup")], "done"),
+        Arc::default(),
+        |b| b,
+    )?;
+    let id: SessionId = "s1".parse()?;
+    store.arm(Fault::CrashBefore(CommitKind::ToolResults));
+    let failed = runtime.execute_on(&id, "editor", "go").await;
+    assert!(failed.is_err(), "{failed:?}");
+    // Commit #1 landed, commit #2 did not: the run is recorded as running at its last step.
+    assert_eq!(runtime.status(&id)?, Status::Running);
+    assert_eq!(runtime.messages(&id)?.len(), 2);
+    assert!(store.failed_commits() >= 1);
+    Ok(())
+}
