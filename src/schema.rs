@@ -131,8 +131,10 @@ pub(crate) fn timed_key(at: u64, session: &SessionId, call: &str) -> Vec<u8> {
     key
 }
 
-/// The deadline-index key of `call` of `session`, armed for `at`.
-pub(crate) fn deadline_key(at: u64, session: &SessionId, call: &str) -> Vec<u8> {
+/// The key of the deadline-index entry of `call` of `session`, armed for `at` (ms): the
+/// deadline (u64 BE) first, so the index is ordered by time. Public for tools and benches that
+/// build or inspect the index directly.
+pub fn deadline_key(at: u64, session: &SessionId, call: &str) -> Vec<u8> {
     timed_key(at, session, call)
 }
 

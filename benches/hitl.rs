@@ -1,0 +1,302 @@
+//! Run with: cargo bench --bench hitl            (add `-- --quick` for a short run)
+//!
+//! The human-in-the-loop paths, each beside the raw cost of its parts in the same run:
+//! suspension cycles (execute → suspend → durable submit → resume → complete) against bare
+//! sled group commit of the same number of writes of the same size; `find_expired_pending`
+//! as the deadline index grows; submit latency with 10,000 calls pending under one root
+//! against 10,000 roots with one each; and what a suspended, evicted session keeps resident.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use dormant::store::{Batch, CommitKind, SledStore, Store, Tree};
+use dormant::submit::{Submit, SubmitOutcome};
+use dormant::{
+    AgentDefinition, ModelReply, Runtime, ScriptedLlm, SessionId, Status, ToolCall,
+    ToolDefinition,
+};
+use futures::stream::{self, StreamExt};
+use hdrhistogram::Histogram;
+use serde_json::json;
+
+fn main() -> anyhow::Result<()> {
+    let quick = std::env::args().any(|arg| arg == "--quick");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    println!("# dormant human-in-the-loop bench ({} cores)", num_cpus());
+    let only = std::env::var("HITL_ONLY").ok();
+    let wants = |name: &str| only.as_deref().is_none_or(|only| only == name);
+    runtime.block_on(async {
+        if wants("cycles") {
+            suspension_cycles(quick).await?;
+        }
+        if only.is_some() {
+            return Ok(());
+        }
+        expired_scan(quick).await?;
+        submit_latency(quick).await?;
+        evicted_memory(quick).await?;
+        anyhow::Ok(())
+    })
+}
+
+fn num_cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+fn agent() -> anyhow::Result<AgentDefinition> {
+    Ok(AgentDefinition::builder("editor")
+        .tool(ToolDefinition::client("edit"))
+        .build()?)
+}
+
+fn runtime_on(store: Arc<dyn Store>, script: Vec<ModelReply>) -> anyhow::Result<Runtime> {
+    Ok(Runtime::builder()
+        .store(store)
+        .llm(Arc::new(ScriptedLlm::new().script("editor", script)))
+        .background_deadlines(false)
+        .agent(agent()?)
+        .build()?)
+}
+
+fn one_call_script() -> Vec<ModelReply> {
+    vec![
+        ModelReply::tool_calls(vec![ToolCall::new("tc-1", "edit", json!({ "doc": 1 }))]),
+        ModelReply::text("applied"),
+    ]
+}
+
+/// One suspension cycle on a fresh session, through the public API.
+async fn cycle(runtime: &Runtime, id: SessionId) -> anyhow::Result<()> {
+    let run = runtime.execute_on(&id, "editor", "edit it").await?;
+    anyhow::ensure!(run.status == Status::SuspendedClientTool);
+    let submit = Submit::result(id.as_str(), "tc-1", json!({ "applied": 1 }));
+    anyhow::ensure!(runtime.submit_tool_result(submit).await? == SubmitOutcome::Accepted);
+    let done = runtime.resume(&id).await?;
+    anyhow::ensure!(done.status == Status::Completed);
+    Ok(())
+}
+
+async fn suspension_cycles(quick: bool) -> anyhow::Result<()> {
+    println!("\n## Suspension cycles/s (durable at each step, power-loss safe, group commit)\n");
+    println!("| concurrent sessions | cycles | cycles/s | commits/cycle | bytes/commit | bare sled cycles/s (same writes, same size, same grouping) | ratio |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    let cases: &[(usize, usize)] = if quick {
+        &[(1, 50), (100, 500), (10_000, 10_000)]
+    } else {
+        &[(1, 300), (100, 3_000), (10_000, 10_000)]
+    };
+    for &(concurrency, cycles) in cases {
+        let dir = tempfile::tempdir()?;
+        let runtime = runtime_on(Arc::new(SledStore::open(dir.path())?), one_call_script())?;
+        let started = Instant::now();
+        let results: Vec<anyhow::Result<()>> = stream::iter(0..cycles)
+            .map(|i| {
+                let runtime = runtime.clone();
+                async move { cycle(&runtime, format!("c{i}").parse()?).await }
+            })
+            .buffer_unordered(concurrency)
+            .collect()
+            .await;
+        let elapsed = started.elapsed();
+        results.into_iter().collect::<anyhow::Result<Vec<()>>>()?;
+        let stats = runtime.stats();
+        runtime.shutdown().await?;
+        let commits = stats.commit_latency.count;
+        let per_cycle = commits as f64 / cycles as f64;
+        let bytes = (stats.commit_bytes / commits.max(1)) as usize;
+        let ours = cycles as f64 / elapsed.as_secs_f64();
+        let bare_writes_per_s = bare_sled_group_commit(commits as usize, bytes, concurrency)?;
+        let bare_cycles = bare_writes_per_s / per_cycle;
+        println!(
+            "| {concurrency} | {cycles} | {ours:.0} | {per_cycle:.1} | {bytes} | {bare_cycles:.0} | {:.0}% |",
+            100.0 * ours / bare_cycles
+        );
+    }
+    Ok(())
+}
+
+/// Durable writes/s of bare sled: `group` inserts of `size` bytes, then one flush and one
+/// fdatasync of sled's data file, repeated until `writes` are durable. A group of 1 is the
+/// one-write-one-flush rate.
+fn bare_sled_group_commit(writes: usize, size: usize, group: usize) -> anyhow::Result<f64> {
+    let dir = tempfile::tempdir()?;
+    let db = sled::Config::new().path(dir.path()).open()?;
+    let tree = db.open_tree("bench")?;
+    let data = std::fs::File::open(dir.path().join("db"))?;
+    let value = vec![7u8; size.max(1)];
+    let writes = writes.min(if group == 1 { 2_000 } else { writes });
+    let started = Instant::now();
+    let mut done = 0usize;
+    while done < writes {
+        let batch = group.min(writes - done);
+        for i in 0..batch {
+            tree.insert(((done + i) as u64).to_be_bytes(), value.as_slice())?;
+        }
+        db.flush()?;
+        data.sync_data()?;
+        done += batch;
+    }
+    Ok(writes as f64 / started.elapsed().as_secs_f64())
+}
+
+async fn expired_scan(quick: bool) -> anyhow::Result<()> {
+    println!("\n## find_expired_pending: cost per expired entry as the deadline index grows\n");
+    println!("| armed deadlines | expired per call | µs per call | ns per expired entry |");
+    println!("|---:|---:|---:|---:|");
+    let sizes: &[usize] = if quick { &[1_000, 100_000] } else { &[1_000, 100_000, 1_000_000] };
+    const EXPIRED: usize = 100;
+    let session: SessionId = "root".parse()?;
+    for &size in sizes {
+        let store: Arc<dyn Store> = Arc::new(SledStore::temporary()?);
+        let mut written = 0;
+        while written < size {
+            let mut batch = Batch::new(CommitKind::Other);
+            for i in written..(written + 10_000).min(size) {
+                // The first EXPIRED entries are due at 1 000 ms; the rest far in the future.
+                let at = if i < EXPIRED { 1_000 } else { 1_000_000 + i as u64 };
+                batch.put(Tree::Deadlines, dormant::schema::deadline_key(at, &session, &format!("call-{i}")), Vec::new());
+            }
+            written = (written + 10_000).min(size);
+            store.commit(batch).await?;
+        }
+        let runtime = runtime_on(Arc::clone(&store), Vec::new())?;
+        let rounds = 2_000;
+        let started = Instant::now();
+        for _ in 0..rounds {
+            let expired = runtime.find_expired_pending(5_000)?;
+            anyhow::ensure!(expired.len() == EXPIRED);
+        }
+        let per_call = started.elapsed() / rounds;
+        println!(
+            "| {size} | {EXPIRED} | {:.1} | {:.0} |",
+            per_call.as_secs_f64() * 1e6,
+            per_call.as_nanos() as f64 / EXPIRED as f64
+        );
+        runtime.shutdown().await?;
+    }
+    Ok(())
+}
+
+async fn submit_latency(quick: bool) -> anyhow::Result<()> {
+    println!("\n## Submit latency under load (64 submits in flight, durable)\n");
+    println!("| pending calls | roots | submits | p50 µs | p99 µs | submits/s |");
+    println!("|---:|---:|---:|---:|---:|---:|");
+    let calls = if quick { 2_000 } else { 10_000 };
+    // One root holding every call in one suspended step.
+    {
+        let dir = tempfile::tempdir()?;
+        let ids: Vec<String> = (0..calls).map(|i| format!("tc-{i}")).collect();
+        let script = vec![
+            ModelReply::tool_calls(ids.iter().map(|id| ToolCall::new(id.as_str(), "edit", json!({}))).collect()),
+            ModelReply::text("all applied"),
+        ];
+        let runtime = runtime_on(Arc::new(SledStore::open(dir.path())?), script)?;
+        let root: SessionId = "root".parse()?;
+        let run = runtime.execute_on(&root, "editor", "edit everything").await?;
+        anyhow::ensure!(run.pending.len() == calls);
+        let submits = ids.iter().map(|id| Submit::result("root", id.as_str(), json!({ "applied": 1 }))).collect();
+        report_submits(&runtime, calls, 1, submits).await?;
+        runtime.shutdown().await?;
+    }
+    // As many roots, one pending call each.
+    {
+        let dir = tempfile::tempdir()?;
+        let runtime = runtime_on(Arc::new(SledStore::open(dir.path())?), one_call_script())?;
+        let roots: Vec<String> = (0..calls).map(|i| format!("r{i}")).collect();
+        let started: Vec<anyhow::Result<()>> = stream::iter(roots.clone())
+            .map(|root| {
+                let runtime = runtime.clone();
+                async move {
+                    runtime.execute_on(&root.parse()?, "editor", "edit it").await?;
+                    Ok(())
+                }
+            })
+            .buffer_unordered(256)
+            .collect()
+            .await;
+        started.into_iter().collect::<anyhow::Result<Vec<()>>>()?;
+        let submits = roots.iter().map(|root| Submit::result(root.as_str(), "tc-1", json!({ "applied": 1 }))).collect();
+        report_submits(&runtime, 1, calls, submits).await?;
+        runtime.shutdown().await?;
+    }
+    Ok(())
+}
+
+async fn report_submits(runtime: &Runtime, pending: usize, roots: usize, submits: Vec<Submit>) -> anyhow::Result<()> {
+    let count = submits.len();
+    let started = Instant::now();
+    let latencies: Vec<anyhow::Result<Duration>> = stream::iter(submits)
+        .map(|submit| {
+            let runtime = runtime.clone();
+            async move {
+                let started = Instant::now();
+                let outcome = runtime.submit_tool_result(submit).await?;
+                anyhow::ensure!(outcome == SubmitOutcome::Accepted, "{outcome:?}");
+                Ok(started.elapsed())
+            }
+        })
+        .buffer_unordered(64)
+        .collect()
+        .await;
+    let elapsed = started.elapsed();
+    let mut histogram = Histogram::<u64>::new(3)?;
+    for latency in latencies {
+        histogram.record(latency?.as_micros() as u64)?;
+    }
+    println!(
+        "| {pending} | {roots} | {count} | {} | {} | {:.0} |",
+        histogram.value_at_quantile(0.5),
+        histogram.value_at_quantile(0.99),
+        count as f64 / elapsed.as_secs_f64()
+    );
+    Ok(())
+}
+
+async fn evicted_memory(quick: bool) -> anyhow::Result<()> {
+    println!("\n## Memory of suspended sessions, resident and evicted\n");
+    let sessions = if quick { 2_000 } else { 10_000 };
+    let dir = tempfile::tempdir()?;
+    let runtime = runtime_on(Arc::new(SledStore::open(dir.path())?), one_call_script())?;
+    let before = rss_kib();
+    let results: Vec<anyhow::Result<()>> = stream::iter(0..sessions)
+        .map(|i| {
+            let runtime = runtime.clone();
+            async move {
+                runtime.execute_on(&format!("m{i}").parse()?, "editor", "edit it").await?;
+                Ok(())
+            }
+        })
+        .buffer_unordered(256)
+        .collect()
+        .await;
+    results.into_iter().collect::<anyhow::Result<Vec<()>>>()?;
+    let resident = runtime.stats().host.resident;
+    let suspended_rss = rss_kib();
+    runtime.evict_all().await;
+    let after = runtime.stats().host.resident;
+    println!("| suspended sessions | resident actors | RSS growth while resident (KiB/session) | resident actors after evict_all |");
+    println!("|---:|---:|---:|---:|");
+    println!(
+        "| {sessions} | {resident} | {:.2} | {after} |",
+        (suspended_rss.saturating_sub(before)) as f64 / sessions as f64
+    );
+    println!("\nAn evicted session has no entry in the host's table, no actor and no stream sender: its only trace is in the store.");
+    runtime.shutdown().await?;
+    Ok(())
+}
+
+fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find(|line| line.starts_with("VmRSS:"))
+                .and_then(|line| line.split_whitespace().nth(1))
+                .and_then(|kib| kib.parse().ok())
+        })
+        .unwrap_or(0)
+}
