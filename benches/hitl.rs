@@ -12,8 +12,7 @@ use std::time::{Duration, Instant};
 use dormant::store::{Batch, CommitKind, SledStore, Store, Tree};
 use dormant::submit::{Submit, SubmitOutcome};
 use dormant::{
-    AgentDefinition, ModelReply, Runtime, ScriptedLlm, SessionId, Status, ToolCall,
-    ToolDefinition,
+    AgentDefinition, ModelReply, Runtime, ScriptedLlm, SessionId, Status, ToolCall, ToolDefinition,
 };
 use futures::stream::{self, StreamExt};
 use hdrhistogram::Histogram;
@@ -146,7 +145,11 @@ async fn expired_scan(quick: bool) -> anyhow::Result<()> {
     println!("\n## find_expired_pending: cost per expired entry as the deadline index grows\n");
     println!("| armed deadlines | expired per call | µs per call | ns per expired entry |");
     println!("|---:|---:|---:|---:|");
-    let sizes: &[usize] = if quick { &[1_000, 100_000] } else { &[1_000, 100_000, 1_000_000] };
+    let sizes: &[usize] = if quick {
+        &[1_000, 100_000]
+    } else {
+        &[1_000, 100_000, 1_000_000]
+    };
     const EXPIRED: usize = 100;
     let session: SessionId = "root".parse()?;
     for &size in sizes {
@@ -156,8 +159,16 @@ async fn expired_scan(quick: bool) -> anyhow::Result<()> {
             let mut batch = Batch::new(CommitKind::Other);
             for i in written..(written + 10_000).min(size) {
                 // The first EXPIRED entries are due at 1 000 ms; the rest far in the future.
-                let at = if i < EXPIRED { 1_000 } else { 1_000_000 + i as u64 };
-                batch.put(Tree::Deadlines, dormant::schema::deadline_key(at, &session, &format!("call-{i}")), Vec::new());
+                let at = if i < EXPIRED {
+                    1_000
+                } else {
+                    1_000_000 + i as u64
+                };
+                batch.put(
+                    Tree::Deadlines,
+                    dormant::schema::deadline_key(at, &session, &format!("call-{i}")),
+                    Vec::new(),
+                );
             }
             written = (written + 10_000).min(size);
             store.commit(batch).await?;
@@ -190,14 +201,23 @@ async fn submit_latency(quick: bool) -> anyhow::Result<()> {
         let dir = tempfile::tempdir()?;
         let ids: Vec<String> = (0..calls).map(|i| format!("tc-{i}")).collect();
         let script = vec![
-            ModelReply::tool_calls(ids.iter().map(|id| ToolCall::new(id.as_str(), "edit", json!({}))).collect()),
+            ModelReply::tool_calls(
+                ids.iter()
+                    .map(|id| ToolCall::new(id.as_str(), "edit", json!({})))
+                    .collect(),
+            ),
             ModelReply::text("all applied"),
         ];
         let runtime = runtime_on(Arc::new(SledStore::open(dir.path())?), script)?;
         let root: SessionId = "root".parse()?;
-        let run = runtime.execute_on(&root, "editor", "edit everything").await?;
+        let run = runtime
+            .execute_on(&root, "editor", "edit everything")
+            .await?;
         anyhow::ensure!(run.pending.len() == calls);
-        let submits = ids.iter().map(|id| Submit::result("root", id.as_str(), json!({ "applied": 1 }))).collect();
+        let submits = ids
+            .iter()
+            .map(|id| Submit::result("root", id.as_str(), json!({ "applied": 1 })))
+            .collect();
         report_submits(&runtime, calls, 1, submits).await?;
         runtime.shutdown().await?;
     }
@@ -210,7 +230,9 @@ async fn submit_latency(quick: bool) -> anyhow::Result<()> {
             .map(|root| {
                 let runtime = runtime.clone();
                 async move {
-                    runtime.execute_on(&root.parse()?, "editor", "edit it").await?;
+                    runtime
+                        .execute_on(&root.parse()?, "editor", "edit it")
+                        .await?;
                     Ok(())
                 }
             })
@@ -218,14 +240,22 @@ async fn submit_latency(quick: bool) -> anyhow::Result<()> {
             .collect()
             .await;
         started.into_iter().collect::<anyhow::Result<Vec<()>>>()?;
-        let submits = roots.iter().map(|root| Submit::result(root.as_str(), "tc-1", json!({ "applied": 1 }))).collect();
+        let submits = roots
+            .iter()
+            .map(|root| Submit::result(root.as_str(), "tc-1", json!({ "applied": 1 })))
+            .collect();
         report_submits(&runtime, 1, calls, submits).await?;
         runtime.shutdown().await?;
     }
     Ok(())
 }
 
-async fn report_submits(runtime: &Runtime, pending: usize, roots: usize, submits: Vec<Submit>) -> anyhow::Result<()> {
+async fn report_submits(
+    runtime: &Runtime,
+    pending: usize,
+    roots: usize,
+    submits: Vec<Submit>,
+) -> anyhow::Result<()> {
     let count = submits.len();
     let started = Instant::now();
     let latencies: Vec<anyhow::Result<Duration>> = stream::iter(submits)
@@ -265,7 +295,9 @@ async fn evicted_memory(quick: bool) -> anyhow::Result<()> {
         .map(|i| {
             let runtime = runtime.clone();
             async move {
-                runtime.execute_on(&format!("m{i}").parse()?, "editor", "edit it").await?;
+                runtime
+                    .execute_on(&format!("m{i}").parse()?, "editor", "edit it")
+                    .await?;
                 Ok(())
             }
         })
