@@ -407,8 +407,10 @@ impl Runtime {
         Ok(self.shared.store.size_on_disk()?)
     }
 
-    /// Stops every session actor, then flushes the store. Runs still in progress are recorded
-    /// as interrupted when their session is next activated.
+    /// Stops every session actor, then flushes and closes the store (so its directory can be
+    /// reopened at once; this runtime and its clones answer [`Error::Store`] or
+    /// [`Error::ShutDown`] afterwards). Runs still in progress are recorded as interrupted
+    /// when their session is next activated.
     ///
     /// # Errors
     /// The final flush failed.
@@ -417,7 +419,9 @@ impl Runtime {
         self.scheduler.shutdown().await;
         self.host.shutdown().await;
         self.shared.streams.clear();
-        self.shared.store.flush().await?;
+        // Closing (not just flushing) releases the store's files at once, even while a task
+        // that is finishing still holds a handle: the directory can be reopened right away.
+        self.shared.store.close().await?;
         Ok(())
     }
 

@@ -222,6 +222,16 @@ pub trait Store: Send + Sync + Debug + 'static {
     /// A backend failure.
     async fn flush(&self) -> Result<(), Error>;
 
+    /// Makes everything committed durable and releases the backend (its files and locks),
+    /// even if other handles on the store remain; they fail with [`Error::Closed`] from then
+    /// on. The default only flushes.
+    ///
+    /// # Errors
+    /// The final flush failed.
+    async fn close(&self) -> Result<(), Error> {
+        self.flush().await
+    }
+
     /// Bytes the store occupies on disk (0 for memory).
     ///
     /// # Errors

@@ -6,27 +6,36 @@ use serde_json::Value;
 use super::build::definition_error_code;
 use super::format::ToolResultSpec;
 use super::step::Step;
+use super::tree;
 use super::world::World;
 use crate::error::Error;
 use crate::ids::{RunId, SessionId};
 use crate::message::{Message, ToolOutcome};
 use crate::runtime::Runtime;
 use crate::session::{RunOutcome, RunRecord};
+use crate::submit::SubmitOutcome;
 
 /// What an op returned.
 #[derive(Debug)]
 pub(crate) enum Observed {
-    /// A run ended or suspended (`execute`), or the runtime refused to start it.
+    /// A run ended or suspended (`execute`, `resume`: for a resume held by the barrier, the
+    /// run still suspended), or the runtime refused the op.
     Run(Result<RunOutcome, Error>),
-    /// The op only succeeds or fails (`define`, `evict`, `restart`, `check`).
+    /// The op only succeeds or fails (`define`, `interrupt`, `abort`, `advance_clock`,
+    /// `evict`, `restart`, `check`).
     Done(Result<(), Error>),
+    /// How the runtime answered a `submit` (an `Err` only for a store failure or a runtime
+    /// that is gone).
+    Submit(Result<SubmitOutcome, Error>),
 }
 
 impl Observed {
     fn error(&self) -> Option<&Error> {
         match self {
-            Observed::Run(Err(error)) | Observed::Done(Err(error)) => Some(error),
-            Observed::Run(Ok(_)) | Observed::Done(Ok(())) => None,
+            Observed::Run(Err(error))
+            | Observed::Done(Err(error))
+            | Observed::Submit(Err(error)) => Some(error),
+            Observed::Run(Ok(_)) | Observed::Done(Ok(())) | Observed::Submit(Ok(_)) => None,
         }
     }
 }
@@ -41,6 +50,7 @@ pub(crate) fn check(world: &World, step: &Step, observed: &Observed) -> Vec<Stri
         runtime: world.runtime().ok(),
         session,
         observed,
+        now: world.now(),
     });
     let view = view.as_ref();
     if let (Some(expected), Some(view)) = (expect.status, view) {
@@ -49,8 +59,18 @@ pub(crate) fn check(world: &World, step: &Step, observed: &Observed) -> Vec<Stri
             out.push("status", expected.as_str(), got);
         }
     }
-    if expect.pending.is_some() {
-        out.unsupported("pending");
+    if let (Some(expected), Some(view)) = (&expect.pending, view) {
+        let mut expected: Vec<&str> = expected.iter().map(String::as_str).collect();
+        expected.sort_unstable();
+        expected.dedup();
+        match view.pending() {
+            Ok(got) if got == expected => {}
+            Ok(got) => {
+                let got: Vec<&str> = got.iter().map(String::as_str).collect();
+                out.push("pending", show_list(&expected), show_list(&got));
+            }
+            Err(error) => out.push("pending", show_list(&expected), describe(&error)),
+        }
     }
     if let (Some(expected), Some(view)) = (&expect.text, view) {
         match view.last_run() {
@@ -79,8 +99,18 @@ pub(crate) fn check(world: &World, step: &Step, observed: &Observed) -> Vec<Stri
             .push(format!("expected success, got {}", describe(error))),
         (None, None) => {}
     }
-    if expect.submit.is_some() {
-        out.unsupported("submit");
+    if let Some(expected) = expect.submit {
+        match observed {
+            Observed::Submit(Ok(outcome)) if outcome.code() == expected.as_str() => {}
+            Observed::Submit(Ok(outcome)) => {
+                out.push("submit", expected.as_str(), show_submit(outcome));
+            }
+            Observed::Submit(Err(error)) => out.push("submit", expected.as_str(), describe(error)),
+            // `parse.rs` allows a submit outcome only on a submit step.
+            Observed::Run(_) | Observed::Done(_) => {
+                out.push("submit", expected.as_str(), "no submit");
+            }
+        }
     }
     if let (Some(expected), Some(view)) = (&expect.tool_results, view) {
         for (id, wanted) in expected {
@@ -138,14 +168,6 @@ impl Mismatches {
     fn push(&mut self, key: &str, expected: impl std::fmt::Display, got: impl std::fmt::Display) {
         self.0.push(format!("expected {key} {expected}, got {got}"));
     }
-
-    fn unsupported(&mut self, key: &str) {
-        self.0.push(unsupported(key));
-    }
-}
-
-fn unsupported(key: &str) -> String {
-    format!("expectation {key} is not supported by this version of the runtime")
 }
 
 /// The codes the step's error may be expected as: the op's own error, or else the error the
@@ -162,13 +184,17 @@ fn error_codes(world: &World, session: Option<&SessionId>, observed: &Observed) 
         _ => vec![error.code().to_string()],
     };
     match observed {
-        Observed::Run(Err(error)) | Observed::Done(Err(error)) => codes(error),
+        Observed::Run(Err(error)) | Observed::Done(Err(error)) | Observed::Submit(Err(error)) => {
+            codes(error)
+        }
         Observed::Run(Ok(outcome)) => outcome
             .error
             .iter()
             .map(|error| error.code.as_str().to_string())
             .collect(),
-        Observed::Done(Ok(())) => match session {
+        // A submit's outcome is checked by `submit`; its error, as for any op that only
+        // succeeds, is the one the session's last run ended with (an automatic resume's).
+        Observed::Done(Ok(())) | Observed::Submit(Ok(_)) => match session {
             None => Vec::new(),
             Some(session) => match world.runtime().and_then(|runtime| runtime.runs(session)) {
                 Ok(runs) => runs
@@ -188,6 +214,8 @@ struct View<'a> {
     runtime: Option<&'a Runtime>,
     session: &'a SessionId,
     observed: &'a Observed,
+    /// The manual clock's time: a call past its deadline no longer waits.
+    now: u64,
 }
 
 impl View<'_> {
@@ -199,10 +227,12 @@ impl View<'_> {
         match self.observed {
             Observed::Run(Ok(outcome)) => outcome.status.as_str().into(),
             Observed::Run(Err(error)) => describe(error),
-            Observed::Done(_) => match self.runtime().and_then(|r| r.status(self.session)) {
-                Ok(status) => status.as_str().into(),
-                Err(error) => describe(&error),
-            },
+            Observed::Done(_) | Observed::Submit(_) => {
+                match self.runtime().and_then(|r| r.status(self.session)) {
+                    Ok(status) => status.as_str().into(),
+                    Err(error) => describe(&error),
+                }
+            }
         }
     }
 
@@ -216,6 +246,11 @@ impl View<'_> {
             .last()
             .map(|run| (run.text.clone(), run.output.clone()))
             .unwrap_or_default())
+    }
+
+    /// The ids of the tree's calls that still await an answer, sorted.
+    fn pending(&self) -> Result<Vec<String>, Error> {
+        tree::waiting_calls(self.runtime()?, self.session, self.now)
     }
 
     fn runs(&self) -> Result<Vec<RunRecord>, Error> {
@@ -250,9 +285,8 @@ impl View<'_> {
         if let Some(outcome) = find(self.session)? {
             return Ok(Some(outcome));
         }
-        let root = runtime.session(self.session)?.root;
-        for other in runtime.session_ids()? {
-            if other == *self.session || runtime.session(&other)?.root != root {
+        for other in tree::sessions(runtime, self.session)? {
+            if other == *self.session {
                 continue;
             }
             if let Some(outcome) = find(&other)? {
@@ -317,6 +351,25 @@ fn show_outcome(outcome: &ToolOutcome) -> String {
     match outcome {
         ToolOutcome::Result(value) => format!("result {value}"),
         ToolOutcome::Error(text) => format!("error {}", Value::String(text.clone())),
+    }
+}
+
+/// A submit outcome with what the runtime said about it.
+fn show_submit(outcome: &SubmitOutcome) -> String {
+    match outcome {
+        SubmitOutcome::Accepted
+        | SubmitOutcome::AlreadyCompleted
+        | SubmitOutcome::UnknownToolCall => outcome.code().into(),
+        SubmitOutcome::InvalidRequest { reason } => format!("{} ({reason})", outcome.code()),
+        SubmitOutcome::InvalidResult { reason, errors } if errors.is_empty() => {
+            format!("{} ({reason})", outcome.code())
+        }
+        SubmitOutcome::InvalidResult { reason, errors } => {
+            format!("{} ({reason}: {})", outcome.code(), errors.join("; "))
+        }
+        SubmitOutcome::PayloadTooLarge { size, limit } => {
+            format!("{} ({size} bytes, limit {limit})", outcome.code())
+        }
     }
 }
 

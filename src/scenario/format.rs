@@ -26,17 +26,12 @@ pub(crate) struct FileSpec {
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct ConfigSpec {
-    // Accepted so that files written for later features parse; this runtime has no such knob yet.
-    #[allow(dead_code)]
     #[serde(default)]
     pub(crate) client_tool_timeout_ms: Option<u64>,
-    #[allow(dead_code)]
     #[serde(default)]
     pub(crate) tombstone_retention_ms: Option<u64>,
-    #[allow(dead_code)]
     #[serde(default)]
     pub(crate) max_result_bytes: Option<u64>,
-    #[allow(dead_code)]
     #[serde(default)]
     pub(crate) auto_resume: Option<bool>,
     #[serde(default)]
@@ -152,8 +147,18 @@ pub(crate) enum SubmitKind {
     ApprovalResponse,
 }
 
-/// `submit`. Read whole so later versions can send it; this runtime refuses the op.
-#[allow(dead_code)]
+impl SubmitKind {
+    /// The name as written, the same as the envelope's `kind`.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            SubmitKind::ClientToolResult => "client-tool-result",
+            SubmitKind::ApprovalResponse => "approval-response",
+        }
+    }
+}
+
+/// `submit`: the fields of the envelope it builds, or `raw`, the envelope itself (then
+/// `session` only names the session the expectations look at).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct SubmitStep {
@@ -264,6 +269,20 @@ pub(crate) enum SubmitOutcomeSpec {
     InvalidRequest,
     InvalidResult,
     PayloadTooLarge,
+}
+
+impl SubmitOutcomeSpec {
+    /// The name as written, the same as [`SubmitOutcome::code`](crate::submit::SubmitOutcome::code).
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            SubmitOutcomeSpec::Accepted => "accepted",
+            SubmitOutcomeSpec::AlreadyCompleted => "already_completed",
+            SubmitOutcomeSpec::UnknownToolCall => "unknown_tool_call",
+            SubmitOutcomeSpec::InvalidRequest => "invalid_request",
+            SubmitOutcomeSpec::InvalidResult => "invalid_result",
+            SubmitOutcomeSpec::PayloadTooLarge => "payload_too_large",
+        }
+    }
 }
 
 /// `{ "result": VALUE }` or `{ "error": "substring" }`; `parse.rs` checks that exactly one is

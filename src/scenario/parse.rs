@@ -17,7 +17,7 @@ use super::step::{EvictTarget, Op, Step, OP_NAMES};
 use crate::ids::SessionId;
 
 /// A scenario file, parsed and checked: agents with their scripts, and steps with what they
-/// expect. Run it with [`run`](super::run).
+/// expect. Run it with [`run`](super::run()).
 ///
 /// ```
 /// use dormant::scenario::Scenario;
@@ -154,14 +154,18 @@ impl Parser {
             }
             "submit" => {
                 let step: SubmitStep = self.read(&path, rest)?;
-                if step.raw.is_none() && (step.session.is_none() || step.tool_call.is_none()) {
-                    return Err(self.error(
-                        &path,
-                        "a submit needs `session` and `tool_call` (or a `raw` envelope)",
-                    ));
-                }
+                self.submit(&path, &step)?;
                 // An invalid id is a legitimate test of `invalid_request`, not a file error.
-                let session = step.session.as_deref().and_then(|id| id.parse().ok());
+                let raw_session = step
+                    .raw
+                    .as_ref()
+                    .and_then(|raw| raw.get("session_id"))
+                    .and_then(Value::as_str);
+                let session = step
+                    .session
+                    .as_deref()
+                    .or(raw_session)
+                    .and_then(|id| id.parse().ok());
                 let expect = step.expect.clone();
                 let op = Op::Submit {
                     session,
@@ -225,6 +229,39 @@ impl Parser {
     fn session(&self, path: &str, id: &str) -> Result<SessionId, Error> {
         id.parse()
             .map_err(|error| self.error(&format!("{path}.session"), error))
+    }
+
+    /// A submit builds its envelope from `session`, `tool_call` and the answer's fields, or
+    /// sends `raw` whole; it does not mix the two.
+    fn submit(&self, path: &str, step: &SubmitStep) -> Result<(), Error> {
+        if step.raw.is_some() {
+            let envelope_fields = [
+                ("tool_call", step.tool_call.is_some()),
+                ("result", step.result.is_some()),
+                ("error", step.error.is_some()),
+                ("kind", step.kind.is_some()),
+                ("approved", step.approved.is_some()),
+                ("reason", step.reason.is_some()),
+                ("approval_id", step.approval_id.is_some()),
+            ];
+            if let Some((field, _)) = envelope_fields.iter().find(|(_, given)| *given) {
+                return Err(self.error(
+                    &format!("{path}.{field}"),
+                    format!(
+                        "`raw` is the whole envelope, so `{field}` does not apply \
+                         (only `session`, naming the session the expectations look at)"
+                    ),
+                ));
+            }
+            return Ok(());
+        }
+        if step.session.is_none() || step.tool_call.is_none() {
+            return Err(self.error(
+                path,
+                "a submit needs `session` and `tool_call` (or a `raw` envelope)",
+            ));
+        }
+        Ok(())
     }
 
     /// The rules of an agent that serde cannot express.

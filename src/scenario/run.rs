@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use super::envelope;
 use super::error::Error;
 use super::expect::{self, Observed};
 use super::parse::Scenario;
@@ -25,17 +26,28 @@ pub(crate) async fn run(scenario: &Scenario) -> Result<FileReport, Error> {
     let mut steps = scenario.steps.iter().enumerate();
     while let Some((index, step)) = steps.next() {
         let op = step.op.name();
-        let performed = tokio::time::timeout(SETTLE_TIMEOUT, perform(&mut world, &step.op))
-            .await
-            .unwrap_or_else(|_| {
-                Err(Stop(format!(
-                    "op {op} did not settle within {} s",
-                    SETTLE_TIMEOUT.as_secs()
-                )))
-            });
+        let performed = tokio::time::timeout(SETTLE_TIMEOUT, async {
+            let observed = perform(&mut world, &step.op).await?;
+            let settled = settle(&world, &step.op).await;
+            Ok((observed, settled))
+        })
+        .await
+        .unwrap_or_else(|_| {
+            Err(Stop(format!(
+                "op {op} did not settle within {} s",
+                SETTLE_TIMEOUT.as_secs()
+            )))
+        });
         match performed {
-            Ok(observed) => {
-                let mismatches = expect::check(&world, step, &observed);
+            Ok((observed, settled)) => {
+                let mut mismatches = Vec::new();
+                if let Err(error) = settled {
+                    mismatches.push(format!(
+                        "the runtime failed to settle after the op: {} ({error})",
+                        error.code()
+                    ));
+                }
+                mismatches.extend(expect::check(&world, step, &observed));
                 if !mismatches.is_empty() {
                     failures.push(StepFailure::new(
                         scenario.file(),
@@ -87,6 +99,45 @@ async fn perform(world: &mut World, op: &Op) -> Result<Observed, Stop> {
             };
             Ok(Observed::Run(outcome))
         }
+        Op::Submit { submit, .. } => {
+            let outcome = match world.runtime() {
+                Ok(runtime) => {
+                    let envelope = envelope::build(submit, runtime);
+                    runtime.submit_json(&envelope).await
+                }
+                Err(error) => Err(error),
+            };
+            Ok(Observed::Submit(outcome))
+        }
+        Op::Resume(session) => {
+            let outcome = match world.runtime() {
+                Ok(runtime) => runtime.resume(session).await,
+                Err(error) => Err(error),
+            };
+            Ok(Observed::Run(outcome))
+        }
+        Op::Interrupt(session) => {
+            let done = match world.runtime() {
+                Ok(runtime) => runtime.interrupt(session).await,
+                Err(error) => Err(error),
+            };
+            Ok(Observed::Done(done))
+        }
+        Op::Abort(session) => {
+            let done = match world.runtime() {
+                Ok(runtime) => runtime.abort(session).await,
+                Err(error) => Err(error),
+            };
+            Ok(Observed::Done(done))
+        }
+        Op::AdvanceClock { ms } => {
+            world.advance_clock(*ms);
+            let done = match world.runtime() {
+                Ok(runtime) => runtime.sweep_deadlines().await.map(|_| ()),
+                Err(error) => Err(error),
+            };
+            Ok(Observed::Done(done))
+        }
         Op::Evict(target) => {
             let runtime = world.runtime().map_err(|error| Stop(error.to_string()))?;
             match target {
@@ -103,14 +154,29 @@ async fn perform(world: &mut World, op: &Op) -> Result<Observed, Stop> {
             ))),
         },
         Op::Check(_) => Ok(Observed::Done(Ok(()))),
-        Op::Submit { .. }
-        | Op::Resume(_)
-        | Op::Interrupt(_)
-        | Op::Abort(_)
-        | Op::AdvanceClock { .. }
-        | Op::CrashBefore { .. } => Err(Stop(format!(
+        Op::CrashBefore { .. } => Err(Stop(format!(
             "op {} is not supported by this version of the runtime",
             op.name()
         ))),
     }
+}
+
+/// Lets the work `op` caused settle: fires every deadline that has passed by the manual clock
+/// (a timeout of 0 expires as soon as its call is recorded), then waits until no run is in
+/// progress in any session (automatic resumes included). Children are waited for before their
+/// parents (a child's id extends its parent's, so it sorts after it). `define`, `evict` and
+/// `check` cause no work.
+async fn settle(world: &World, op: &Op) -> Result<(), crate::Error> {
+    if matches!(op, Op::Define(_) | Op::Evict(_) | Op::Check(_)) {
+        return Ok(());
+    }
+    // After a failed restart there is nothing left to settle; the next op says so.
+    let Ok(runtime) = world.runtime() else {
+        return Ok(());
+    };
+    runtime.sweep_deadlines().await?;
+    for session in runtime.session_ids()?.iter().rev() {
+        runtime.wait_settled(session).await;
+    }
+    Ok(())
 }

@@ -46,24 +46,21 @@ pub(crate) enum Op {
         session: SessionId,
         message: String,
     },
-    /// Submits a client tool result or an approval (not supported yet). `session` is `None`
-    /// when the step gives none or one that is not a valid id (a test of `invalid_request`).
+    /// Submits a client tool result or an approval. `session` is the session the expectations
+    /// look at: the step's `session` (or else the `session_id` of its `raw` envelope), `None`
+    /// when there is none or it is not a valid id (a test of `invalid_request`).
     Submit {
         session: Option<SessionId>,
-        #[allow(dead_code)]
         submit: Box<SubmitStep>,
     },
-    /// Resumes a suspended or interrupted session (not supported yet).
+    /// Resumes a suspended or interrupted session.
     Resume(SessionId),
-    /// Durable interrupt (not supported yet).
+    /// Durable interrupt.
     Interrupt(SessionId),
-    /// Terminal abort (not supported yet).
+    /// Terminal abort.
     Abort(SessionId),
-    /// Moves the manual clock (not supported yet: no deadline scheduler to fire).
-    AdvanceClock {
-        #[allow(dead_code)]
-        ms: u64,
-    },
+    /// Moves the manual clock and fires the deadlines that passed.
+    AdvanceClock { ms: u64 },
     /// Stops resident actors; state stays in the store.
     Evict(EvictTarget),
     /// Drops the runtime and reopens the store.

@@ -11,7 +11,7 @@ use super::build::{self, Invocations};
 use super::error::Error;
 use super::format::{AgentSpec, ConfigSpec};
 use super::parse::Scenario;
-use crate::clock::ManualClock;
+use crate::clock::{Clock, ManualClock};
 use crate::definition::AgentDefinition;
 use crate::hooks::{HookEvent, Hooks};
 use crate::ids::RunId;
@@ -122,6 +122,16 @@ impl World {
         self.runtime.as_ref().ok_or(crate::Error::ShutDown)
     }
 
+    /// The manual clock's time (ms).
+    pub(crate) fn now(&self) -> u64 {
+        self.clock.now_ms()
+    }
+
+    /// Moves the manual clock forward by `ms`.
+    pub(crate) fn advance_clock(&self, ms: u64) {
+        self.clock.advance(ms);
+    }
+
     /// Registers one more agent; a refusal is the runtime's own error.
     pub(crate) fn define(&mut self, spec: &AgentSpec) -> Result<(), crate::Error> {
         let agent = build::agent(spec, &self.invocations)?;
@@ -153,12 +163,28 @@ impl World {
     }
 
     fn start(&self) -> Result<Runtime, crate::Error> {
-        let store = SledStore::open(self.dir.path())?;
+        let store = Arc::new(SledStore::open(self.dir.path())?);
         let mut builder = Runtime::builder()
-            .store(Arc::new(store))
+            .store(store)
             .llm(Arc::clone(&self.llm) as Arc<_>)
             .clock(Arc::new(self.clock.clone()))
             .hooks(Arc::clone(&self.hooks) as Arc<_>);
+        // The runner moves the clock and fires deadlines itself (`advance_clock`, and a sweep
+        // after each op), so nothing fires behind its back.
+        builder = builder.background_deadlines(false);
+        let config = &self.config;
+        if let Some(ms) = config.client_tool_timeout_ms {
+            builder = builder.client_tool_timeout_ms(ms);
+        }
+        if let Some(ms) = config.tombstone_retention_ms {
+            builder = builder.tombstone_retention_ms(ms);
+        }
+        if let Some(bytes) = config.max_result_bytes {
+            builder = builder.max_result_bytes(usize::try_from(bytes).unwrap_or(usize::MAX));
+        }
+        if let Some(on) = config.auto_resume {
+            builder = builder.auto_resume(on);
+        }
         if let Some(ms) = self.config.idle_after_ms {
             builder = builder.idle_after_ms(ms);
         }

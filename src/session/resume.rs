@@ -42,10 +42,18 @@ impl Session {
             }
             Status::Interrupted => {
                 let previous = self.current_run_id();
+                let crashed = self
+                    .run
+                    .as_ref()
+                    .and_then(|run| run.error.as_ref())
+                    .is_some_and(|error| error.code == ErrorCode::Crashed);
                 let mut effects = Vec::new();
                 self.start_run(run_id, Some(previous), now);
-                self.close_dangling_calls("interrupted: the run stopped before this call returned");
                 effects.push(self.resumed_hook(run_id, previous));
+                if crashed {
+                    return Ok(Resumed::Started(self.retry_cut_calls(run_id, now, effects)));
+                }
+                self.close_dangling_calls("interrupted: the run stopped before this call returned");
                 self.begin_step(run_id, now, &mut effects);
                 Ok(Resumed::Started(self.finish(
                     CommitKind::RunStart,
@@ -58,6 +66,63 @@ impl Session {
                 status,
             }),
         }
+    }
+
+    /// At-most-once across crashes: the calls a crash cut (committed by commit #1, without a
+    /// result) run again only if their tool is `safe_to_retry`; any other server call gets a
+    /// `tool_durability_error` result the model can act on. Client and approval calls never
+    /// reached anyone outside (their pending entries were part of the lost commit #2), so they
+    /// become pending now.
+    fn retry_cut_calls(&mut self, run_id: RunId, now: u64, mut effects: Vec<Effect>) -> Transition {
+        let cut = self.dangling_calls();
+        if cut.is_empty() {
+            self.begin_step(run_id, now, &mut effects);
+            return self.finish(CommitKind::RunStart, now, effects);
+        }
+        let mut parallel = Vec::new();
+        let mut sequential = Vec::new();
+        let mut slots = Vec::with_capacity(cut.len());
+        for call in &cut {
+            let slot = match self.classify(call) {
+                CallSlot::Dispatched if self.safe_to_retry(call) => {
+                    if self.finishes_run(call) {
+                        sequential.push(call.clone());
+                    } else {
+                        parallel.push(call.clone());
+                    }
+                    CallSlot::Dispatched
+                }
+                CallSlot::Dispatched => CallSlot::Ready {
+                    outcome: ToolOutcome::Error(format!(
+                        "tool_durability_error: the process stopped while {} (call {}) was running, so it may or may not have taken effect. It is not marked safe to retry, so it was not run again: check whether its effect happened before calling it again.",
+                        call.name, call.id
+                    )),
+                    reported: false,
+                },
+                other => other,
+            };
+            slots.push(slot);
+        }
+        let step = self.record.steps_in_run;
+        if parallel.is_empty() && sequential.is_empty() {
+            let updates = vec![Default::default(); cut.len()];
+            self.settle_step(run_id, cut, slots, updates, now, &mut effects);
+            return self.finish(CommitKind::RunStart, now, effects);
+        }
+        effects.push(Effect::RunTools {
+            run_id,
+            step,
+            parallel,
+            sequential,
+            state: std::sync::Arc::new(serde_json::Value::Object(self.record.custom_state.clone())),
+        });
+        self.phase = Phase::AwaitingTools {
+            run_id,
+            step,
+            calls: cut,
+            slots,
+        };
+        self.finish(CommitKind::RunStart, now, effects)
     }
 
     /// Drains every answer of the suspension into tool results, in call order, and runs the

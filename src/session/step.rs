@@ -43,20 +43,20 @@ impl Session {
         Ok(self.finish(CommitKind::RunStart, now, effects))
     }
 
-    /// The model must never see a tool call without its result: calls of the last reply that
-    /// have none (a crash, an interrupt) are closed with an error first.
-    pub(super) fn close_dangling_calls(&mut self, reason: &str) {
+    /// The calls of the last model reply that have no result yet (a crash or an interrupt cut
+    /// them), in call order.
+    pub(super) fn dangling_calls(&self) -> Vec<ToolCall> {
         let Some(messages) = &self.messages else {
-            return;
+            return Vec::new();
         };
         let Some(last_assistant) = messages
             .iter()
             .rposition(|message| matches!(message, Message::Assistant { .. }))
         else {
-            return;
+            return Vec::new();
         };
         let Some(Message::Assistant { tool_calls, .. }) = messages.get(last_assistant) else {
-            return;
+            return Vec::new();
         };
         let answered: Vec<&str> = messages[last_assistant..]
             .iter()
@@ -65,12 +65,17 @@ impl Session {
                 _ => None,
             })
             .collect();
-        let dangling: Vec<ToolCall> = tool_calls
+        tool_calls
             .iter()
             .filter(|call| !answered.contains(&call.id.as_str()))
             .cloned()
-            .collect();
-        for call in dangling {
+            .collect()
+    }
+
+    /// The model must never see a tool call without its result: calls of the last reply that
+    /// have none (a crash, an interrupt) are closed with an error first.
+    pub(super) fn close_dangling_calls(&mut self, reason: &str) {
+        for call in self.dangling_calls() {
             self.stage_message(Message::Tool {
                 tool_call_id: call.id,
                 tool_name: call.name,
@@ -255,7 +260,7 @@ impl Session {
 
     /// Decides how a call is carried out: run by the runtime, made pending, or answered at once
     /// with an error the model can act on.
-    fn classify(&self, call: &ToolCall) -> CallSlot {
+    pub(super) fn classify(&self, call: &ToolCall) -> CallSlot {
         if call.name == FINISH_TOOL && self.agent.output().is_some() {
             return CallSlot::Dispatched;
         }
@@ -283,6 +288,13 @@ impl Session {
                 call.name
             )),
         }
+    }
+
+    /// Whether running the call's tool twice is declared harmless.
+    pub(super) fn safe_to_retry(&self, call: &ToolCall) -> bool {
+        self.agent
+            .tool(&call.name)
+            .is_some_and(|tool| tool.def.safe_to_retry)
     }
 
     pub(super) fn finishes_run(&self, call: &ToolCall) -> bool {

@@ -134,6 +134,10 @@ impl Store for FaultyStore {
         self.inner.flush().await
     }
 
+    async fn close(&self) -> Result<(), Error> {
+        self.inner.close().await
+    }
+
     fn size_on_disk(&self) -> Result<u64, Error> {
         self.inner.size_on_disk()
     }

@@ -16,7 +16,7 @@ use ::sled::transaction::{
     TransactionalTree,
 };
 use ::sled::IVec;
-use parking_lot::{Condvar, Mutex};
+use parking_lot::{Condvar, MappedRwLockReadGuard, Mutex, RwLock, RwLockReadGuard};
 use tokio::sync::oneshot;
 
 use super::{Batch, Entry, Error, Op, Store, Tree};
@@ -145,9 +145,7 @@ impl SledStoreBuilder {
         };
 
         let shared = Arc::new(Shared {
-            db,
-            trees,
-            syncer,
+            open: RwLock::new(Some(Open { db, trees, syncer })),
             flushes: AtomicU64::new(0),
             #[cfg(test)]
             fail_flushes: std::sync::atomic::AtomicBool::new(false),
@@ -283,11 +281,11 @@ impl SledStore {
     /// # Errors
     /// sled cannot stat its files.
     pub fn size_on_disk_bytes(&self) -> Result<u64, Error> {
-        Ok(self.shared.db.size_on_disk()?)
+        Ok(self.shared.open()?.db.size_on_disk()?)
     }
 
-    fn tree(&self, tree: Tree) -> &::sled::Tree {
-        &self.shared.trees[tree_index(tree)]
+    fn tree(&self, tree: Tree) -> Result<::sled::Tree, Error> {
+        Ok(self.shared.open()?.trees[tree_index(tree)].clone())
     }
 
     /// Applies `batch` (if any) and returns once a flush that started after it was applied
@@ -342,11 +340,11 @@ impl Store for SledStore {
     }
 
     fn get(&self, tree: Tree, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
-        Ok(self.tree(tree).get(key)?.map(|v| v.to_vec()))
+        Ok(self.tree(tree)?.get(key)?.map(|v| v.to_vec()))
     }
 
     fn scan_prefix(&self, tree: Tree, prefix: &[u8]) -> Result<Vec<Entry>, Error> {
-        self.tree(tree)
+        self.tree(tree)?
             .scan_prefix(prefix)
             .map(|kv| {
                 let (k, v) = kv?;
@@ -365,7 +363,7 @@ impl Store for SledStore {
         if limit == 0 || from >= to {
             return Ok(Vec::new());
         }
-        self.tree(tree)
+        self.tree(tree)?
             .range(from..to)
             .take(limit)
             .map(|kv| {
@@ -377,6 +375,16 @@ impl Store for SledStore {
 
     async fn flush(&self) -> Result<(), Error> {
         self.commit_and_flush(None).await
+    }
+
+    /// Flushes, then releases the database (and its lock on the directory) even if other
+    /// handles on this store remain: they answer [`Error::Closed`] from then on.
+    async fn close(&self) -> Result<(), Error> {
+        let flushed = self.commit_and_flush(None).await;
+        // Waits for a transaction or flush in progress, which holds the read side.
+        let open = self.shared.open.write().take();
+        drop(open);
+        flushed
     }
 
     fn size_on_disk(&self) -> Result<u64, Error> {
@@ -403,13 +411,18 @@ fn open_trees(db: &::sled::Db) -> Result<[::sled::Tree; Tree::ALL.len()], Error>
     ])
 }
 
-/// What the store, its flusher thread and its blocking flush tasks share.
-struct Shared {
+/// The open database; taken out by [`Store::close`].
+struct Open {
     db: ::sled::Db,
     /// Indexed by [`tree_index`].
     trees: [::sled::Tree; Tree::ALL.len()],
     /// `Some` at [`Durability::PowerLoss`] for a non-temporary store.
     syncer: Option<Syncer>,
+}
+
+/// What the store, its flusher thread and its blocking flush tasks share.
+struct Shared {
+    open: RwLock<Option<Open>>,
     flushes: AtomicU64,
     /// Makes every flush fail while set (tests of error propagation).
     #[cfg(test)]
@@ -433,8 +446,14 @@ struct Prepared {
 const MAX_WRITES_PER_TRANSACTION: usize = 4096;
 
 impl Shared {
+    /// The open database, or [`Error::Closed`].
+    fn open(&self) -> Result<MappedRwLockReadGuard<'_, Open>, Error> {
+        RwLockReadGuard::try_map(self.open.read(), Option::as_ref).map_err(|_| Error::Closed)
+    }
+
     /// Applies `batches`, in order, in one sled transaction over the trees they touch.
     fn apply(&self, batches: &[Batch]) -> Result<(), Error> {
+        let open = self.open()?;
         // Slot of each touched tree in `trees`, in order of first use.
         let mut slots: [Option<usize>; Tree::ALL.len()] = [None; Tree::ALL.len()];
         let mut trees: Vec<::sled::Tree> = Vec::with_capacity(2);
@@ -445,7 +464,7 @@ impl Shared {
                 None => {
                     let slot = trees.len();
                     slots[index] = Some(slot);
-                    trees.push(self.trees[index].clone());
+                    trees.push(open.trees[index].clone());
                     slot
                 }
             }
@@ -523,8 +542,9 @@ impl Shared {
         if self.fail_flushes.load(Ordering::SeqCst) {
             return Err(Error::Io(io::Error::other("injected flush failure")));
         }
-        self.db.flush()?;
-        if let Some(syncer) = &self.syncer {
+        let open = self.open()?;
+        open.db.flush()?;
+        if let Some(syncer) = &open.syncer {
             syncer.sync()?;
         }
         self.flushes.fetch_add(1, Ordering::Relaxed);

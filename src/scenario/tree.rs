@@ -1,0 +1,45 @@
+//! The sessions of a tree: a root and every sub-agent session under it. The expectations that
+//! look at "the session tree" (`pending`, `tool_results`), the `approval_id: "auto"` lookup
+//! and the settling after each op all go through [`sessions`], so sub-agents join them
+//! without further changes.
+
+use crate::error::Error;
+use crate::ids::SessionId;
+use crate::runtime::Runtime;
+
+/// The tree `session` belongs to: its root first, then the other sessions whose root it is,
+/// in id order.
+///
+/// # Errors
+/// [`Error::UnknownSession`] if `session` does not exist, or a store failure.
+pub(crate) fn sessions(runtime: &Runtime, session: &SessionId) -> Result<Vec<SessionId>, Error> {
+    let root = runtime.session(session)?.root;
+    let mut tree = vec![root.clone()];
+    for other in runtime.session_ids()? {
+        if other != root && runtime.session(&other)?.root == root {
+            tree.push(other);
+        }
+    }
+    Ok(tree)
+}
+
+/// Every call of the tree that still awaits an answer at `now` (neither answered nor
+/// expired), in id order.
+///
+/// # Errors
+/// As [`sessions`].
+pub(crate) fn waiting_calls(
+    runtime: &Runtime,
+    session: &SessionId,
+    now: u64,
+) -> Result<Vec<String>, Error> {
+    let mut calls = std::collections::BTreeSet::new();
+    for member in sessions(runtime, session)? {
+        for call in runtime.pending(&member)? {
+            if call.is_waiting(now) {
+                calls.insert(call.tool_call_id);
+            }
+        }
+    }
+    Ok(calls.into_iter().collect())
+}
