@@ -18,7 +18,7 @@ async fn every_scenario_file_passes() -> anyhow::Result<()> {
         "{}",
         summary.failure_lines().join("\n")
     );
-    assert!(summary.passed() >= 24, "the suite lost files: {summary}");
+    assert!(summary.passed() >= 68, "the suite lost files: {summary}");
     Ok(())
 }
 
@@ -51,33 +51,109 @@ async fn an_unsupported_op_fails_its_step_and_stops_the_file() -> anyhow::Result
         r#"{ "agents": [ { "name": "a", "script": [ { "text": "hi" } ] } ],
              "steps": [
                { "op": "execute", "agent": "a", "session": "s1", "message": "m" },
-               { "op": "advance_clock", "ms": 1000 },
+               { "op": "crash_before", "commit": "tool_results" },
                { "op": "check", "session": "s1" } ] }"#,
     )?;
     let report = scenario::run(&scenario).await?;
     let lines: Vec<String> = report.failures().iter().map(ToString::to_string).collect();
     assert_eq!(
         lines,
-        ["later.json: step 1 (advance_clock): op advance_clock is not supported by this version of the runtime (1 later steps not run)"]
+        ["later.json: step 1 (crash_before): op crash_before is not supported by this version of the runtime (1 later steps not run)"]
+    );
+    Ok(())
+}
+
+const EDITOR: &str = r#""agents": [ { "name": "editor",
+    "tools": [ { "name": "edit", "kind": "client", "timeout_ms": 1000,
+                 "output_schema": { "type": "object", "required": ["applied"] } } ],
+    "script": [ { "tool_calls": [ { "id": "tc-1", "name": "edit", "input": {} } ] },
+                { "text": "done" } ] } ]"#;
+
+#[tokio::test]
+async fn a_wrong_submit_outcome_or_pending_set_fails_with_what_the_runtime_said(
+) -> anyhow::Result<()> {
+    let scenario = Scenario::from_json(
+        "submit.json",
+        &format!(
+            r#"{{ {EDITOR}, "steps": [
+               {{ "op": "execute", "agent": "editor", "session": "s1", "message": "m",
+                  "expect": {{ "pending": ["tc-2", "tc-1"] }} }},
+               {{ "op": "submit", "session": "s1", "tool_call": "tc-1", "result": {{}},
+                  "expect": {{ "submit": "accepted", "pending": [] }} }},
+               {{ "op": "submit", "session": "s1", "tool_call": "tc-1", "result": {{ "applied": 1 }},
+                  "expect": {{ "submit": "accepted" }} }},
+               {{ "op": "resume", "session": "s1", "expect": {{ "status": "suspended_client_tool" }} }},
+               {{ "op": "resume", "session": "s1", "expect": {{ "status": "completed" }} }} ] }}"#
+        ),
+    )?;
+    let report = scenario::run(&scenario).await?;
+    let lines: Vec<String> = report.failures().iter().map(ToString::to_string).collect();
+    assert_eq!(lines.len(), 4, "{lines:#?}");
+    assert_eq!(
+        lines[0],
+        "submit.json: step 0 (execute): expected pending [tc-1, tc-2], got [tc-1]"
+    );
+    assert!(
+        lines[1].starts_with(
+            "submit.json: step 1 (submit): expected pending [], got [tc-1]; \
+             expected submit accepted, got invalid_result ("
+        ) && lines[1].contains(r#""applied" is a required property"#),
+        "{}",
+        lines[1]
+    );
+    assert_eq!(
+        lines[2],
+        "submit.json: step 3 (resume): expected status suspended_client_tool, got completed"
+    );
+    assert!(
+        lines[3].starts_with(
+            "submit.json: step 4 (resume): expected status completed, got error not_resumable"
+        ),
+        "{}",
+        lines[3]
     );
     Ok(())
 }
 
 #[tokio::test]
-async fn an_unsupported_expectation_fails_its_step() -> anyhow::Result<()> {
+async fn advance_clock_fires_deadlines_before_the_next_step() -> anyhow::Result<()> {
     let scenario = Scenario::from_json(
-        "pending.json",
-        r#"{ "agents": [ { "name": "a", "script": [ { "text": "hi" } ] } ],
-             "steps": [ { "op": "execute", "agent": "a", "session": "s1", "message": "m",
-                          "expect": { "status": "completed", "pending": [] } } ] }"#,
+        "clock.json",
+        &format!(
+            r#"{{ {EDITOR}, "steps": [
+               {{ "op": "execute", "agent": "editor", "session": "s1", "message": "m" }},
+               {{ "op": "advance_clock", "ms": 1000 }},
+               {{ "op": "check", "session": "s1",
+                  "expect": {{ "pending": [], "events": ["run_suspended", "tool_end"] }} }},
+               {{ "op": "submit", "session": "s1", "tool_call": "tc-1", "result": {{ "applied": 1 }},
+                  "expect": {{ "submit": "already_completed" }} }},
+               {{ "op": "resume", "session": "s1",
+                  "expect": {{ "status": "completed",
+                              "tool_results": {{ "tc-1": {{ "error": "client_tool_timeout" }} }} }} }} ] }}"#
+        ),
     )?;
     let report = scenario::run(&scenario).await?;
-    assert_eq!(report.failures().len(), 1);
-    assert_eq!(
-        report.failures()[0].message(),
-        "expectation pending is not supported by this version of the runtime"
-    );
+    let lines: Vec<String> = report.failures().iter().map(ToString::to_string).collect();
+    assert!(lines.is_empty(), "{lines:#?}");
     Ok(())
+}
+
+#[test]
+fn a_raw_envelope_does_not_mix_with_envelope_fields() {
+    let error = Scenario::from_json(
+        "raw.json",
+        r#"{ "steps": [ { "op": "submit", "session": "s1", "raw": {}, "result": 1 } ] }"#,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(error.starts_with("raw.json: steps[0].result: "), "{error}");
+    let error = Scenario::from_json(
+        "bare.json",
+        r#"{ "steps": [ { "op": "submit", "session": "s1", "result": 1 } ] }"#,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(error.starts_with("bare.json: steps[0]: "), "{error}");
 }
 
 #[tokio::test]
