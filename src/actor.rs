@@ -138,8 +138,8 @@ pub(crate) struct SessionActor {
 pub(crate) enum Loaded {
     /// No session has this id yet.
     Absent,
-    /// The session.
-    Present(Session),
+    /// The session (boxed: it is large, and most resident actors of a busy host hold one).
+    Present(Box<Session>),
     /// The stored session cannot be read; every request answers why (and retries the read).
     Unreadable,
 }
@@ -332,9 +332,9 @@ impl SessionActor {
         };
         let pending = schema::load_pending(store, id)?;
         let policy = Arc::clone(&self.shared.policy);
-        Ok(Loaded::Present(Session::restore(
+        Ok(Loaded::Present(Box::new(Session::restore(
             record, agent, policy, run, pending,
-        )))
+        ))))
     }
 
     /// The loaded session, re-reading an unreadable one; `None` if it does not exist.
@@ -347,7 +347,7 @@ impl SessionActor {
             state.loaded = self.load(id)?;
         }
         Ok(match &mut state.loaded {
-            Loaded::Present(session) => Some(session),
+            Loaded::Present(session) => Some(&mut **session),
             _ => None,
         })
     }
@@ -375,7 +375,7 @@ impl SessionActor {
             Ok(None) => {
                 let policy = Arc::clone(&self.shared.policy);
                 let session = Session::create(id.clone(), agent.clone(), policy, now);
-                state.loaded = Loaded::Present(session);
+                state.loaded = Loaded::Present(Box::new(session));
             }
             Err(error) => {
                 let _ = reply.send(Err(error));
@@ -408,6 +408,7 @@ impl SessionActor {
                 let _ = self.perform(ctx, state, transition).await;
             }
             Err(error) => {
+                session.release_messages();
                 let _ = reply.send(Err(error));
             }
         }
@@ -459,6 +460,7 @@ impl SessionActor {
                 }
             }
             Err(error) => {
+                session.release_messages();
                 if let Some(reply) = reply {
                     let _ = reply.send(Err(error));
                 }

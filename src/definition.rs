@@ -8,7 +8,9 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-pub use tool::{Approval, ToolContext, ToolDefinition, ToolError, ToolHandler, ToolKind};
+pub use tool::{
+    Approval, ApprovalPredicate, ToolContext, ToolDefinition, ToolError, ToolHandler, ToolKind,
+};
 
 /// The name of the tool that ends a run with a value checked against the agent's output schema.
 pub const FINISH_TOOL: &str = "__finish__";

@@ -8,14 +8,24 @@
 //! fail is a [`StepFailure`], `FILE: step N (op): expected X, got Y`, and a run over several
 //! files ends with the [`Summary`] line `N passed, M failed`.
 //!
-//! This version of the runtime runs `define`, `execute`, `evict`, `restart` and `check`; a step
-//! with another op (or expecting `pending` or `submit`) fails saying so.
+//! This version of the runtime runs every op but `crash_before`, which fails its step saying
+//! so. The runtime is built with `background_deadlines(false)`: the runner owns time. After
+//! each op that can cause work it fires every deadline the manual clock has passed
+//! ([`Runtime::sweep_deadlines`](crate::Runtime::sweep_deadlines), so a timeout of 0 fires
+//! as soon as its call is recorded) and waits until no session has a run in progress
+//! (automatic resumes included), so the next step sees a quiet runtime.
+//!
+//! A `submit` step becomes a JSON envelope (its `raw` value, or one built from its fields) sent
+//! through [`Runtime::submit_json`](crate::Runtime::submit_json), the same parsing a client's
+//! submit gets; `approval_id: "auto"` is the call's real `{runId}::{toolCallId}`.
 //!
 //! - `format.rs`: the serde shape of a file; `parse.rs`: [`Scenario`], reading and checking it;
 //!   `step.rs`: the validated ops.
 //! - `build.rs`: agents, counting server handlers and scripts; `world.rs`: the runtime under
 //!   test and what survives its restarts.
-//! - `run.rs`: executing steps; `expect.rs`: checking expectations; `report.rs`: the results.
+//! - `run.rs`: executing steps and settling after them; `envelope.rs`: a submit's envelope;
+//!   `tree.rs`: the sessions of a tree; `expect.rs`: checking expectations; `report.rs`: the
+//!   results.
 //!
 //! ```
 //! use dormant::scenario::{self, Scenario};
@@ -42,6 +52,7 @@
 //! ```
 
 mod build;
+mod envelope;
 mod error;
 mod expect;
 mod format;
@@ -49,6 +60,7 @@ mod parse;
 mod report;
 mod run;
 mod step;
+mod tree;
 mod world;
 
 use std::path::{Path, PathBuf};
@@ -70,7 +82,7 @@ pub async fn run(scenario: &Scenario) -> Result<FileReport, Error> {
 /// Reads, parses and runs the file at `path`.
 ///
 /// # Errors
-/// As [`Scenario::load`] and [`run`].
+/// As [`Scenario::load`] and [`run()`].
 pub async fn run_file(path: impl AsRef<Path>) -> Result<FileReport, Error> {
     let scenario = Scenario::load(path)?;
     run(&scenario).await

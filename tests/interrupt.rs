@@ -139,3 +139,61 @@ async fn resume_of_a_completed_session_is_not_resumable() -> anyhow::Result<()> 
     ));
     Ok(())
 }
+
+#[tokio::test]
+async fn an_interrupt_keeps_the_answers_already_accepted() -> anyhow::Result<()> {
+    let script = vec![
+        ModelReply::tool_calls(vec![
+            dormant::ToolCall::new("a", "edit", json!({})),
+            dormant::ToolCall::new("b", "edit", json!({})),
+        ]),
+        ModelReply::text("carried on"),
+    ];
+    let runtime = editor_runtime(
+        temp_store()?,
+        ManualClock::new(0),
+        script,
+        Arc::default(),
+        |b| b,
+    )?;
+    let id: SessionId = "s1".parse()?;
+    runtime.execute_on(&id, "editor", "go").await?;
+    let accepted = runtime
+        .submit_tool_result(Submit::result("s1", "a", json!({ "applied": 1 })))
+        .await?;
+    assert_eq!(accepted, SubmitOutcome::Accepted);
+    runtime.interrupt(&id).await?;
+    let messages = runtime.messages(&id)?;
+    assert_eq!(
+        tool_result(&messages, "a"),
+        Some(&ToolOutcome::Result(json!({ "applied": 1 })))
+    );
+    let duplicate = runtime
+        .submit_tool_result(Submit::result("s1", "a", json!({ "applied": 1 })))
+        .await?;
+    assert_eq!(
+        duplicate,
+        SubmitOutcome::AlreadyCompleted,
+        "the kept answer is tombstoned"
+    );
+    let late = runtime
+        .submit_tool_result(Submit::result("s1", "b", json!({ "applied": 2 })))
+        .await?;
+    assert_eq!(
+        late,
+        SubmitOutcome::UnknownToolCall,
+        "the unanswered call was dropped"
+    );
+    let resumed = runtime.resume(&id).await?;
+    assert_eq!(resumed.status, Status::Completed);
+    let messages = runtime.messages(&id)?;
+    assert_eq!(
+        tool_result(&messages, "a"),
+        Some(&ToolOutcome::Result(json!({ "applied": 1 })))
+    );
+    assert!(matches!(
+        tool_result(&messages, "b"),
+        Some(ToolOutcome::Error(_))
+    ));
+    Ok(())
+}

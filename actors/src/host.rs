@@ -116,6 +116,8 @@ pub(crate) struct Inner<A: VirtualActor> {
     clock: Arc<dyn Clock>,
     slots: DashMap<A::Key, Slot<A>>,
     failed: DashMap<A::Key, Error>,
+    /// Keys in `failed`, so the hot path skips that lookup while nothing has failed.
+    failed_count: AtomicUsize,
     next_generation: AtomicU64,
     use_counter: AtomicU64,
     resident: AtomicUsize,
@@ -144,6 +146,7 @@ impl<A: VirtualActor> Host<A> {
             clock,
             slots: DashMap::new(),
             failed: DashMap::new(),
+            failed_count: AtomicUsize::new(0),
             next_generation: AtomicU64::new(1),
             use_counter: AtomicU64::new(0),
             resident: AtomicUsize::new(0),
@@ -231,7 +234,9 @@ impl<A: VirtualActor> Host<A> {
 
     /// Clears a key's failed mark, so its next message activates it again.
     pub fn clear_failure(&self, key: &A::Key) {
-        self.inner.failed.remove(key);
+        if self.inner.failed.remove(key).is_some() {
+            self.inner.failed_count.fetch_sub(1, Ordering::Release);
+        }
     }
 
     /// The host's counters.
@@ -287,7 +292,9 @@ impl<A: VirtualActor> Inner<A> {
     }
 
     pub(crate) fn mark_failed(&self, key: A::Key, error: Error) {
-        self.failed.insert(key, error);
+        if self.failed.insert(key, error).is_none() {
+            self.failed_count.fetch_add(1, Ordering::Release);
+        }
     }
 
     fn touch(&self, slot: &Slot<A>) {
@@ -302,10 +309,12 @@ impl<A: VirtualActor> Inner<A> {
             self.behaviour.reject(msg, Error::ShutDown);
             return;
         }
-        if let Some(error) = self.failed.get(&key) {
-            let error = error.value().clone();
-            self.behaviour.reject(msg, error);
-            return;
+        if self.failed_count.load(Ordering::Acquire) > 0 {
+            if let Some(error) = self.failed.get(&key) {
+                let error = error.value().clone();
+                self.behaviour.reject(msg, error);
+                return;
+            }
         }
         // Fast path under the shard's read lock: a stop request needs the write lock, so a
         // message handed to a live actor here is always ahead of its passivation envelope.

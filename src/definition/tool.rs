@@ -106,6 +106,9 @@ where
     }
 }
 
+/// Decides from a call's input whether it needs approval; `Err` means it does.
+pub type ApprovalPredicate = Arc<dyn Fn(&Value) -> Result<bool, String> + Send + Sync>;
+
 /// Whether a call must be approved by a person before it runs.
 #[derive(Clone, Default)]
 pub enum Approval {
@@ -115,7 +118,7 @@ pub enum Approval {
     /// Always.
     Always,
     /// When the predicate says so; a predicate that errs or panics means approval is required.
-    When(Arc<dyn Fn(&Value) -> Result<bool, String> + Send + Sync>),
+    When(ApprovalPredicate),
 }
 
 impl fmt::Debug for Approval {

@@ -229,28 +229,44 @@ impl Session {
         if self.pending.is_empty() {
             return;
         }
+        let abandoned = self.close_pending(
+            now,
+            effects,
+            "client_tool_abandoned: approved, but a new message arrived before the tool ran",
+            Some("client_tool_abandoned: a new message arrived before this call was answered"),
+        );
+        if abandoned > 0 {
+            effects.push(Effect::Observe(Observation::Abandoned { count: abandoned }));
+        }
+        self.record.suspension = None;
+    }
+
+    /// Records every answered pending call as its result (tombstoned: duplicates answer
+    /// `already_completed`), so an accepted answer is never lost. Unanswered calls are closed
+    /// with `unanswered` (tombstoned too), or, without it, dropped: their entries go and a late
+    /// submit answers `unknown_tool_call`. Returns how many were unanswered.
+    fn close_pending(
+        &mut self,
+        now: u64,
+        effects: &mut Vec<Effect>,
+        approved: &str,
+        unanswered: Option<&str>,
+    ) -> usize {
         let run_id = self.current_run_id();
-        let pending = self.pending.take_in_order();
-        let mut abandoned = 0;
-        for entry in &pending {
-            let (outcome, reported) = match (&entry.answer, answer_outcome(entry)) {
-                (Some(Answer::Approved), _) => (
-                    ToolOutcome::Error(
-                        "client_tool_abandoned: approved, but a new message arrived before the tool ran"
-                            .into(),
-                    ),
-                    false,
-                ),
+        let mut count = 0;
+        for entry in self.pending.take_in_order() {
+            let (outcome, reported) = match (&entry.answer, answer_outcome(&entry)) {
+                (Some(Answer::Approved), _) => (ToolOutcome::Error(approved.into()), false),
                 (Some(answer), Some(outcome)) => (outcome, *answer == Answer::TimedOut),
                 _ => {
-                    abandoned += 1;
-                    (
-                        ToolOutcome::Error(
-                            "client_tool_abandoned: a new message arrived before this call was answered"
-                                .into(),
-                        ),
-                        false,
-                    )
+                    count += 1;
+                    match unanswered {
+                        Some(text) => (ToolOutcome::Error(text.into()), false),
+                        None => {
+                            self.unindex(&entry);
+                            continue;
+                        }
+                    }
                 }
             };
             let call = ToolCall::new(
@@ -267,22 +283,25 @@ impl Session {
                 now,
                 effects,
             );
-            self.complete(entry, now);
+            self.complete(&entry, now);
         }
-        if abandoned > 0 {
-            effects.push(Effect::Observe(Observation::Abandoned { count: abandoned }));
-        }
-        self.record.suspension = None;
+        count
     }
 
-    /// A durable interrupt: a suspended run ends `interrupted` at once (its pending calls and
-    /// ownership are cleared, so late submits answer `unknown_tool_call`); a running one stops
-    /// at the top of its next step.
+    /// A durable interrupt: a suspended run ends `interrupted` at once. Its answered calls keep
+    /// their answers (recorded as results); its unanswered calls and their ownership are
+    /// cleared, so late submits answer `unknown_tool_call`. A running run stops at the top of
+    /// its next step.
     pub(crate) fn interrupt(&mut self, now: u64) -> Transition {
         match self.record.status {
             Status::SuspendedClientTool | Status::SuspendedAwaitingChildren => {
                 let mut effects = Vec::new();
-                let count = self.drop_pending(now, |_| true);
+                let count = self.close_pending(
+                    now,
+                    &mut effects,
+                    "interrupted: approved, but the run was interrupted before the tool ran",
+                    None,
+                );
                 effects.push(Effect::Observe(Observation::Aborted { count }));
                 self.record.suspension = None;
                 let error = RunError {
@@ -300,15 +319,20 @@ impl Session {
         }
     }
 
-    /// A terminal abort: the session fails, its pending calls are dropped, and it never runs
-    /// again.
+    /// A terminal abort: the session fails, its unanswered calls are dropped (answered ones are
+    /// recorded), and it never runs again.
     pub(crate) fn abort(&mut self, now: u64) -> Transition {
         if self.record.aborted {
             return Transition::default();
         }
         self.record.aborted = true;
         let mut effects = Vec::new();
-        let count = self.drop_pending(now, |_| true);
+        let count = self.close_pending(
+            now,
+            &mut effects,
+            "aborted: approved, but the session was aborted before the tool ran",
+            None,
+        );
         if count > 0 {
             effects.push(Effect::Observe(Observation::Aborted { count }));
         }

@@ -244,7 +244,7 @@ impl Session {
         let Some(entry) = self.pending.get_mut(call_id) else {
             return;
         };
-        entry.answer = Some(answer.clone());
+        entry.answer = Some(answer);
         entry.answered_at_ms = Some(now);
         let entry = entry.clone();
         self.staged.index.push(IndexWrite::DeleteDeadline {

@@ -934,7 +934,7 @@ mod tests {
         let store = SledStore::temporary()?;
         for (i, tree) in Tree::ALL.into_iter().enumerate() {
             assert_eq!(tree_index(tree), i);
-            assert_eq!(&*store.tree(tree).name(), tree.name().as_bytes());
+            assert_eq!(&*store.tree(tree)?.name(), tree.name().as_bytes());
         }
         Ok(())
     }
