@@ -1,4 +1,4 @@
-//! A session's semantics as a pure state machine: [`Session::apply`] takes an input and the
+//! A session's semantics as a pure state machine: `Session::apply` takes an input and the
 //! time and returns the transition (the writes to make durable, then the effects to run). The
 //! session actor only executes transitions, so every rule here is testable without actors,
 //! sled or time.
