@@ -90,3 +90,21 @@ async fn sessions_evicted_between_turns_rehydrate_with_their_conversation() -> a
     assert_eq!(calls.load(Ordering::SeqCst), 100);
     Ok(())
 }
+
+#[tokio::test]
+async fn after_shutdown_the_directory_reopens_at_once_and_its_size_is_known() -> anyhow::Result<()>
+{
+    let dir = tempfile::tempdir()?;
+    for round in 0..5 {
+        let store = Arc::new(SledStore::open(dir.path())?);
+        let runtime = worker_runtime(store, 1, Arc::default(), ManualClock::new(0))?;
+        runtime
+            .execute_on(&format!("s{round}").parse()?, "worker", "go")
+            .await?;
+        runtime.shutdown().await?;
+        // A runtime clone held elsewhere gets a typed error, not a hang or a panic.
+        assert!(runtime.session_ids().is_err());
+        assert!(runtime.store_size_on_disk()? > 0);
+    }
+    Ok(())
+}

@@ -281,7 +281,12 @@ impl SledStore {
     /// # Errors
     /// sled cannot stat its files.
     pub fn size_on_disk_bytes(&self) -> Result<u64, Error> {
-        Ok(self.shared.open()?.db.size_on_disk()?)
+        match (self.shared.open(), &self.path) {
+            (Ok(open), _) => Ok(open.db.size_on_disk()?),
+            // Closed: what the directory holds is still a fair answer.
+            (Err(_), Some(path)) => Ok(directory_size(path)?),
+            (Err(error), None) => Err(error),
+        }
     }
 
     fn tree(&self, tree: Tree) -> Result<::sled::Tree, Error> {
@@ -390,6 +395,21 @@ impl Store for SledStore {
     fn size_on_disk(&self) -> Result<u64, Error> {
         self.size_on_disk_bytes()
     }
+}
+
+/// Bytes of every file under `dir`.
+fn directory_size(dir: &Path) -> io::Result<u64> {
+    let mut total = 0;
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let meta = entry.metadata()?;
+        total += if meta.is_dir() {
+            directory_size(&entry.path())?
+        } else {
+            meta.len()
+        };
+    }
+    Ok(total)
 }
 
 /// Index of a tree in [`Tree::ALL`] (and in `Shared::trees`).
