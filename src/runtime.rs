@@ -370,6 +370,11 @@ impl Runtime {
         follow::follow(Arc::clone(&self.shared), id.clone(), from)
     }
 
+    /// How many sessions have a live stream channel (someone follows them).
+    pub fn live_followed_sessions(&self) -> usize {
+        self.shared.streams.len()
+    }
+
     /// Stops the session's actor (if resident and idle) and waits; its state stays in the store.
     pub async fn evict(&self, id: &SessionId) {
         self.host.evict_and_wait(id).await;

@@ -243,3 +243,23 @@ async fn the_stream_can_be_followed_from_any_sequence() -> anyhow::Result<()> {
     assert!(matches!(first_live.kind, ChunkKind::RunStart { turn: 2 }));
     Ok(())
 }
+
+#[tokio::test]
+async fn a_dropped_follower_releases_the_live_channel() -> anyhow::Result<()> {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let runtime = worker_runtime(temp_store()?, 1, calls, ManualClock::new(0))?;
+    let id: SessionId = "s1".parse()?;
+    runtime.execute_on(&id, "worker", "go").await?;
+    let mut first = Box::pin(runtime.follow(&id, 0));
+    let second = Box::pin(runtime.follow(&id, 0));
+    first.next().await;
+    drop(second);
+    assert_eq!(
+        runtime.live_followed_sessions(),
+        1,
+        "another follower still reads"
+    );
+    drop(first);
+    assert_eq!(runtime.live_followed_sessions(), 0);
+    Ok(())
+}

@@ -13,7 +13,8 @@ use crate::schema;
 use crate::stream::Chunk;
 
 /// How many live chunks a slow follower may fall behind before it re-reads from the store.
-const LIVE_BUFFER: usize = 1024;
+/// Small on purpose: the channel allocates all of it up front, per followed session.
+const LIVE_BUFFER: usize = 64;
 
 struct Follower {
     shared: Arc<Shared>,
@@ -81,6 +82,16 @@ pub(super) fn follow(
             }
         }
     })
+}
+
+impl Drop for Follower {
+    /// The last follower of a session takes its live channel with it, so a session that was
+    /// followed once does not keep a buffer until shutdown.
+    fn drop(&mut self) {
+        self.shared
+            .streams
+            .remove_if(&self.session, |_, sender| sender.receiver_count() <= 1);
+    }
 }
 
 impl Follower {
