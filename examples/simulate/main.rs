@@ -1,0 +1,308 @@
+//! Run with: cargo run --release --example simulate
+//!
+//! The main job: runs many sessions of a scripted agent on a durable sled store, with a
+//! bounded number of runs in flight and, by default, a resident limit that forces sessions to
+//! be evicted and rehydrated from the store. Each turn is a few server-tool steps; each
+//! session also suspends `--suspensions` times on a human-in-the-loop call (the client tool
+//! `confirm`, or the approval-gated server tool `deploy`, alternately), which a simulated
+//! client answers after a random delay: a share never answers (the call times out on the
+//! background deadline scheduler), a share submits a duplicate or first the wrong kind of
+//! answer, and a share of the waiting sessions is evicted at once. Every session is checked at
+//! the end (the process exits non-zero if one is wrong), then a report is printed: throughput,
+//! suspension cycles/s, commit and submit latency, timeouts and their lag, actor lifecycle
+//! counters, memory and store size. `--json` prints the same report as one JSON object.
+//!
+//! The simulated client's choices come from a seeded generator (`--seed`), per session and
+//! suspension, so they do not depend on scheduling; the timing (real clock) does.
+
+mod driver;
+mod plan;
+mod report;
+mod verify;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::Context as _;
+use clap::{Parser, ValueEnum};
+use dormant::store::Durability;
+use dormant::{
+    AgentDefinition, Approval, Runtime, ScriptedLlm, SessionId, SledStore, ToolDefinition,
+    ToolError,
+};
+use serde_json::Value;
+
+use crate::plan::{
+    confirm_schema, deploy_result, lookup_result, Plan, AGENTS, CONFIRM, DEPLOY, LOOKUP,
+};
+use crate::report::{Memory, Report};
+use crate::verify::ToolCounts;
+
+/// Simulates many durable agent sessions and reports throughput, latency and memory.
+#[derive(Debug, Parser)]
+#[command(about)]
+struct Args {
+    /// Sessions to run.
+    #[arg(long, default_value_t = 10_000)]
+    sessions: usize,
+    /// Server-tool steps per turn (each followed by one more model step with the final text).
+    #[arg(long, default_value_t = 4)]
+    steps: usize,
+    /// Turns per session; each turn is a separate `execute_on`, queued behind every other
+    /// session's previous turn.
+    #[arg(long, default_value_t = 2)]
+    turns: usize,
+    /// Human-in-the-loop suspensions per session, spread round robin over its turns and
+    /// evenly among each turn's server steps. Each is one model reply that calls the client
+    /// tool `confirm` or the approval-gated `deploy` (alternately); the run suspends until the
+    /// simulated client answers or the call times out, then `resume` continues it. 0 runs
+    /// server tools only.
+    #[arg(long, default_value_t = 1)]
+    suspensions: usize,
+    /// Deadline of client-tool calls and approvals, in milliseconds (real time; fired by the
+    /// runtime's background deadline scheduler).
+    #[arg(long, default_value_t = 500)]
+    client_timeout_ms: u64,
+    /// Longest a simulated client takes to answer, in milliseconds (uniform from 0).
+    #[arg(long, default_value_t = 20)]
+    answer_delay_ms: u64,
+    /// Share of calls the client never answers: they time out, and the resume sees
+    /// `client_tool_timeout`.
+    #[arg(long, default_value_t = 0.05)]
+    never_answer: f64,
+    /// Share of answered calls whose answer is submitted twice (the second must answer
+    /// `already_completed`; half are sent before the resume, half after it).
+    #[arg(long, default_value_t = 0.1)]
+    duplicates: f64,
+    /// Share of answered calls that first get the wrong kind of answer (an approval-response
+    /// to a client call, a result to an approval), which must answer `invalid_result`.
+    #[arg(long, default_value_t = 0.05)]
+    wrong_kind: f64,
+    /// Share of suspended sessions evicted right after they suspend (besides the LRU
+    /// evictions past `--max-resident`).
+    #[arg(long, default_value_t = 0.25)]
+    evict_waiting: f64,
+    /// Let the runtime resume a session as soon as its call is answered or timed out (the
+    /// driver follows the stream) instead of calling `resume`.
+    #[arg(long)]
+    auto_resume: bool,
+    /// Seed of the simulated clients' choices.
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// Runs (execute or resume) in flight at once. A session waiting for its client holds no
+    /// slot.
+    #[arg(long, default_value_t = 64)]
+    concurrency: usize,
+    /// Most resident session actors (least recently used idle ones are evicted past it);
+    /// 0 means no limit, so nothing is evicted or rehydrated by the limit.
+    #[arg(long, default_value_t = 1_000)]
+    max_resident: usize,
+    /// Store directory (default: a fresh temporary directory, removed at exit). Sessions get
+    /// new ids, so an existing store can be reused.
+    #[arg(long)]
+    store: Option<PathBuf>,
+    /// What an acknowledged commit survives.
+    #[arg(long, value_enum, default_value_t = DurabilityArg::PowerLoss)]
+    durability: DurabilityArg,
+    /// Give every commit its own flush instead of sharing flushes between sessions.
+    #[arg(long)]
+    no_group_commit: bool,
+    /// Print the report as one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum DurabilityArg {
+    /// flush (survives a killed process).
+    ProcessCrash,
+    /// flush + fdatasync (survives a power cut).
+    PowerLoss,
+}
+
+impl From<DurabilityArg> for Durability {
+    fn from(arg: DurabilityArg) -> Self {
+        match arg {
+            DurabilityArg::ProcessCrash => Durability::ProcessCrash,
+            DurabilityArg::PowerLoss => Durability::PowerLoss,
+        }
+    }
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    anyhow::ensure!(args.sessions > 0, "--sessions must be at least 1");
+    anyhow::ensure!(args.turns > 0, "--turns must be at least 1");
+    anyhow::ensure!(args.concurrency > 0, "--concurrency must be at least 1");
+    for (flag, share) in [
+        ("--never-answer", args.never_answer),
+        ("--duplicates", args.duplicates),
+        ("--wrong-kind", args.wrong_kind),
+        ("--evict-waiting", args.evict_waiting),
+    ] {
+        anyhow::ensure!(
+            (0.0..=1.0).contains(&share),
+            "{flag} is a share: between 0 and 1"
+        );
+    }
+    let problems = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?
+        .block_on(simulate(args))?;
+    if problems > 0 {
+        eprintln!("simulate: verification failed: {problems} sessions or counters were wrong");
+        std::process::exit(1);
+    }
+    Ok(())
+}
+
+/// Runs the simulation and prints the report; returns how many problems verification found.
+async fn simulate(args: Args) -> anyhow::Result<usize> {
+    let temp = match &args.store {
+        Some(_) => None,
+        None => Some(tempfile::tempdir().context("creating a temporary directory")?),
+    };
+    let path = match (&args.store, &temp) {
+        (Some(path), _) => path.clone(),
+        (None, Some(dir)) => dir.path().join("store"),
+        (None, None) => anyhow::bail!("no store directory"),
+    };
+    let store = Arc::new(
+        SledStore::builder(&path)
+            .durability(args.durability.into())
+            .group_commit(!args.no_group_commit)
+            .open()
+            .with_context(|| format!("opening the sled store at {}", path.display()))?,
+    );
+
+    let plan = Plan::new(&args);
+    let lookups = Arc::new(AtomicU64::new(0));
+    let deploys = Arc::new(AtomicU64::new(0));
+    let max_steps = u32::try_from(plan.max_steps()).context("--steps is too large")?;
+    let mut llm = ScriptedLlm::new();
+    let mut builder = Runtime::builder()
+        .store(Arc::clone(&store) as Arc<dyn dormant::Store>)
+        .client_tool_timeout_ms(args.client_timeout_ms)
+        .auto_resume(args.auto_resume);
+    for (variant, name) in AGENTS.iter().enumerate() {
+        llm = llm.script(*name, plan.script(variant));
+        builder = builder.agent(
+            AgentDefinition::builder(*name)
+                .system_prompt("Look things up, confirm with the user, then answer.")
+                .tool(lookup_tool(Arc::clone(&lookups)))
+                .tool(
+                    ToolDefinition::client(CONFIRM)
+                        .description("Asks the user to confirm")
+                        .output_schema(confirm_schema()),
+                )
+                .tool(deploy_tool(Arc::clone(&deploys)))
+                .max_steps(max_steps)
+                .build()?,
+        );
+    }
+    builder = builder.llm(Arc::new(llm));
+    if args.max_resident > 0 {
+        builder = builder.max_resident(args.max_resident);
+    }
+    let runtime = builder.build()?;
+
+    let ids: Arc<Vec<SessionId>> =
+        Arc::new((0..args.sessions).map(|_| SessionId::generate()).collect());
+    let rss_before = Memory::read()?;
+    let measured = driver::run(&runtime, &ids, &args).await?;
+    let rss_after = Memory::read()?;
+    let stats = runtime.stats();
+    let client = runtime.client_tool_stats();
+
+    let verify_start = Instant::now();
+    let tools = ToolCounts {
+        lookups: lookups.load(Ordering::Relaxed),
+        deploys: deploys.load(Ordering::Relaxed),
+    };
+    let mut problems = measured.errors.clone();
+    problems.extend(verify::verify(
+        &runtime, &ids, &plan, &measured, tools, &client,
+    )?);
+    let verify_elapsed = verify_start.elapsed();
+
+    runtime.shutdown().await?;
+    // The store is closed (and flushed) now: measure its files.
+    let store_bytes = dir_size(&path)?;
+    let flushes = store.flush_count();
+
+    let report = Report {
+        args: &args,
+        store_path: if temp.is_some() {
+            None
+        } else {
+            Some(path.clone())
+        },
+        measured: &measured,
+        stats,
+        client,
+        tools,
+        rss_before,
+        rss_after,
+        store_bytes,
+        flushes,
+        verify_elapsed,
+        problems: &problems,
+    };
+    if args.json {
+        println!("{}", serde_json::to_string(&report.json())?);
+    } else {
+        report.print();
+    }
+    drop(runtime);
+    drop(store);
+    drop(temp);
+    Ok(problems.len())
+}
+
+/// A server tool that does trivial work and counts its invocations.
+fn lookup_tool(calls: Arc<AtomicU64>) -> ToolDefinition {
+    ToolDefinition::server(LOOKUP, move |input: Value, _ctx| {
+        let calls = Arc::clone(&calls);
+        async move {
+            calls.fetch_add(1, Ordering::Relaxed);
+            Ok::<_, ToolError>(lookup_result(&input["step"]))
+        }
+    })
+    .description("Looks an item up")
+    .safe_to_retry(true)
+}
+
+/// A server tool that needs a person's approval before each call; counts its invocations.
+fn deploy_tool(calls: Arc<AtomicU64>) -> ToolDefinition {
+    ToolDefinition::server(DEPLOY, move |input: Value, _ctx| {
+        let calls = Arc::clone(&calls);
+        async move {
+            calls.fetch_add(1, Ordering::Relaxed);
+            Ok::<_, ToolError>(deploy_result(&input))
+        }
+    })
+    .description("Deploys, once a person approves")
+    .require_approval(Approval::Always)
+}
+
+/// Bytes of the files under `path`.
+fn dir_size(path: &Path) -> anyhow::Result<u64> {
+    let mut total = 0;
+    let mut dirs = vec![path.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        for entry in
+            std::fs::read_dir(&dir).with_context(|| format!("reading {}", dir.display()))?
+        {
+            let entry = entry?;
+            let meta = entry.metadata()?;
+            if meta.is_dir() {
+                dirs.push(entry.path());
+            } else {
+                total += meta.len();
+            }
+        }
+    }
+    Ok(total)
+}

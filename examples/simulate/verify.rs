@@ -1,0 +1,214 @@
+//! The end check: every session in the store is completed with exactly the conversation its
+//! plan implies, and every accepted answer was applied exactly once with its exact value.
+
+use std::collections::HashMap;
+
+use dormant::{ClientToolStats, Message, Runtime, SessionId, Status, ToolOutcome};
+use serde_json::json;
+
+use crate::driver::{Counters, Expected, Measured};
+use crate::plan::{lookup_result, server_call_id, suspension_call_id, Plan, TIMEOUT_CODE};
+
+/// What the counting tools saw.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ToolCounts {
+    /// `lookup` invocations.
+    pub(crate) lookups: u64,
+    /// `deploy` invocations (only approved calls run).
+    pub(crate) deploys: u64,
+}
+
+/// Checks every session and the global counters; returns the problems found.
+pub(crate) fn verify(
+    runtime: &Runtime,
+    ids: &[SessionId],
+    plan: &Plan,
+    measured: &Measured,
+    tools: ToolCounts,
+    client: &ClientToolStats,
+) -> anyhow::Result<Vec<String>> {
+    let mut problems = Vec::new();
+    for (session, id) in ids.iter().enumerate() {
+        let expected = measured
+            .expected
+            .get(session)
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        check_session(runtime, id, plan, expected, &mut problems)?;
+    }
+    let counters = &measured.counters;
+    let get = Counters::get;
+    let sessions = u64::try_from(ids.len())?;
+    let mut expect = |what: &str, got: u64, want: u64| {
+        if got != want {
+            problems.push(format!("{what}: {got}, expected {want}"));
+        }
+    };
+    expect(
+        "lookup invocations (sessions × steps × turns)",
+        tools.lookups,
+        sessions * u64::try_from(plan.steps * plan.turns)?,
+    );
+    expect(
+        "deploy invocations (approvals accepted)",
+        tools.deploys,
+        get(&counters.approved),
+    );
+    expect(
+        "suspension cycles (sessions × suspensions)",
+        get(&counters.cycles),
+        sessions * u64::try_from(plan.suspensions)?,
+    );
+    expect(
+        "answers the runtime counted (accepted submits)",
+        client.answered,
+        get(&counters.accepted),
+    );
+    expect(
+        "timeouts the runtime counted (never answered + late answers)",
+        client.timeouts,
+        get(&counters.never_answered) + get(&counters.late),
+    );
+    expect(
+        "timeouts seen on the stream (never answered)",
+        get(&counters.timeouts_seen),
+        get(&counters.never_answered),
+    );
+    expect(
+        "duplicates answered already_completed (duplicates sent)",
+        get(&counters.duplicates_already_completed),
+        get(&counters.duplicates),
+    );
+    expect(
+        "wrong kinds answered invalid_result (wrong kinds sent, less late ones)",
+        get(&counters.wrong_kind_invalid),
+        get(&counters.wrong_kind).saturating_sub(get(&counters.wrong_kind_late)),
+    );
+    expect("calls aborted", client.aborted, 0);
+    expect("calls abandoned", client.abandoned, 0);
+    Ok(problems)
+}
+
+fn check_session(
+    runtime: &Runtime,
+    id: &SessionId,
+    plan: &Plan,
+    expected: &[(String, Expected)],
+    problems: &mut Vec<String>,
+) -> anyhow::Result<()> {
+    let record = match runtime.session(id) {
+        Ok(record) => record,
+        Err(error) => {
+            problems.push(format!("session {id}: {error}"));
+            return Ok(());
+        }
+    };
+    if record.status != Status::Completed {
+        problems.push(format!("session {id}: status {:?}", record.status));
+    }
+    // Per turn: the user message, steps × (assistant with a call + tool result), the same
+    // for each suspension, the final text.
+    let expected_messages = plan.turns * (2 * plan.steps + 2) + 2 * plan.suspensions;
+    let messages = runtime.messages(id)?;
+    if messages.len() != expected_messages {
+        problems.push(format!(
+            "session {id}: {} messages, expected {expected_messages}",
+            messages.len()
+        ));
+    }
+    let mut results: HashMap<&str, Vec<&ToolOutcome>> = HashMap::new();
+    for message in &messages {
+        if let Message::Tool {
+            tool_call_id,
+            outcome,
+            ..
+        } = message
+        {
+            results.entry(tool_call_id).or_default().push(outcome);
+        }
+    }
+    let tools: usize = results.values().map(Vec::len).sum();
+    let expected_tools = plan.turns * plan.steps + plan.suspensions;
+    if tools != expected_tools {
+        problems.push(format!(
+            "session {id}: {tools} tool results, expected {expected_tools}"
+        ));
+    }
+    let mut once = |call: &str| -> Option<&ToolOutcome> {
+        match results.get(call).map(Vec::as_slice) {
+            Some([outcome]) => Some(outcome),
+            Some(many) => {
+                problems.push(format!(
+                    "session {id}: {} results for {call}, expected exactly one",
+                    many.len()
+                ));
+                None
+            }
+            None => {
+                problems.push(format!("session {id}: no result for {call}"));
+                None
+            }
+        }
+    };
+    let mut wrong = Vec::new();
+    for turn in 1..=plan.turns {
+        for step in 0..plan.steps {
+            let call = server_call_id(turn, step);
+            let want = ToolOutcome::Result(lookup_result(&json!(step)));
+            if let Some(got) = once(&call) {
+                if *got != want {
+                    wrong.push(format!("session {id}: {call} returned {got:?}"));
+                }
+            }
+        }
+    }
+    if expected.len() != plan.suspensions {
+        wrong.push(format!(
+            "session {id}: {} suspensions answered or timed out, expected {}",
+            expected.len(),
+            plan.suspensions
+        ));
+    }
+    for (call, want) in expected {
+        let Some(got) = once(call) else { continue };
+        let fine = match (want, got) {
+            (Expected::Exact(want), got) => want == got,
+            (Expected::Timeout, ToolOutcome::Error(error)) => error.starts_with(TIMEOUT_CODE),
+            (Expected::Timeout, ToolOutcome::Result(_)) => false,
+        };
+        if !fine {
+            wrong.push(format!(
+                "session {id}: {call} has result {got:?}, expected {want:?}"
+            ));
+        }
+    }
+    // Every suspension of the plan, even one the driver never reached, must be recorded.
+    for index in 0..plan.suspensions {
+        let call = suspension_call_id(index % plan.turns + 1, index);
+        if !expected.iter().any(|(known, _)| *known == call) {
+            wrong.push(format!(
+                "session {id}: {call} was never answered or timed out"
+            ));
+        }
+    }
+    problems.extend(wrong);
+    let runs = runtime.runs(id)?;
+    let completed = runs
+        .iter()
+        .filter(|run| run.status == Status::Completed)
+        .count();
+    let suspended = runs
+        .iter()
+        .filter(|run| run.status == Status::SuspendedClientTool)
+        .count();
+    let expected_runs = plan.turns + plan.suspensions;
+    if runs.len() != expected_runs || completed != plan.turns || suspended != plan.suspensions {
+        problems.push(format!(
+            "session {id}: {} runs ({completed} completed, {suspended} suspended), expected {expected_runs} ({} completed, {} suspended)",
+            runs.len(),
+            plan.turns,
+            plan.suspensions
+        ));
+    }
+    Ok(())
+}
