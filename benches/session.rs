@@ -189,11 +189,12 @@ fn new_ids(count: usize) -> Vec<SessionId> {
     (0..count).map(|_| SessionId::generate()).collect()
 }
 
-/// Creates `ids` as sessions of 20 messages (64 in flight) and stops every actor.
+/// Creates `ids` as sessions of 20 messages (64 in flight) and stops every actor; the store
+/// stays open (shutting the runtime down would close it).
 async fn create_sessions(store: &Arc<dyn Store>, ids: &[SessionId]) -> anyhow::Result<()> {
     let runtime = build_runtime(Arc::clone(store), REHYDRATE_STEPS, 2, None)?;
     run_turns(&runtime, ids, "go", 64).await?;
-    runtime.shutdown().await?;
+    runtime.evict_all().await;
     Ok(())
 }
 
@@ -253,6 +254,7 @@ async fn rehydration_cold(sessions: usize) -> anyhow::Result<()> {
     {
         let store: Arc<dyn Store> = Arc::new(SledStore::open(&path)?);
         create_sessions(&store, &ids).await?;
+        store.close().await?;
     }
     let store: Arc<dyn Store> = Arc::new(SledStore::open(&path)?);
     measure_rehydration(
