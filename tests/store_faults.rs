@@ -67,3 +67,72 @@ async fn a_failed_step_commit_answers_a_store_error_and_the_session_reloads() ->
     assert!(store.failed_commits() >= 1);
     Ok(())
 }
+
+#[tokio::test]
+async fn after_a_crash_only_safe_to_retry_tools_run_again() -> anyhow::Result<()> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let inner: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let safe = Arc::new(AtomicUsize::new(0));
+    let unsafe_calls = Arc::new(AtomicUsize::new(0));
+    let build = |store: Arc<dyn Store>| -> anyhow::Result<dormant::Runtime> {
+        let agent = dormant::AgentDefinition::builder("ops")
+            .tool(common::counting_tool("read", safe.clone()).safe_to_retry(true))
+            .tool(common::counting_tool("charge", unsafe_calls.clone()))
+            .build()?;
+        let script = calls_then_text(&[("r1", "read"), ("c1", "charge")], "done");
+        Ok(dormant::Runtime::builder()
+            .store(store)
+            .llm(Arc::new(dormant::ScriptedLlm::new().script("ops", script)))
+            .agent(agent)
+            .build()?)
+    };
+    let id: SessionId = "s1".parse()?;
+    {
+        // The handlers run, then the process "dies" before their results are committed.
+        let store = Arc::new(FaultyStore::new(Arc::clone(&inner)));
+        store.arm(Fault::CrashBefore(CommitKind::ToolResults));
+        let runtime = build(Arc::clone(&store) as Arc<dyn Store>)?;
+        assert!(runtime.execute_on(&id, "ops", "go").await.is_err());
+        runtime.shutdown().await.ok();
+    }
+    assert_eq!(
+        (
+            safe.load(Ordering::SeqCst),
+            unsafe_calls.load(Ordering::SeqCst)
+        ),
+        (1, 1)
+    );
+    let runtime = build(Arc::clone(&inner))?;
+    let resumed = runtime.resume(&id).await?;
+    assert_eq!(resumed.status, Status::Completed);
+    assert_eq!(
+        safe.load(Ordering::SeqCst),
+        2,
+        "the safe_to_retry tool ran again"
+    );
+    assert_eq!(
+        unsafe_calls.load(Ordering::SeqCst),
+        1,
+        "the other one did not"
+    );
+    let messages = runtime.messages(&id)?;
+    assert!(matches!(
+        common::tool_result(&messages, "r1"),
+        Some(dormant::ToolOutcome::Result(_))
+    ));
+    match common::tool_result(&messages, "c1") {
+        Some(dormant::ToolOutcome::Error(error)) => {
+            assert!(
+                error.starts_with("tool_durability_error") && error.contains("charge"),
+                "{error}"
+            );
+        }
+        other => anyhow::bail!("expected a durability error, got {other:?}"),
+    }
+    let runs = runtime.runs(&id)?;
+    assert_eq!(
+        runs[0].error.as_ref().map(|e| e.code),
+        Some(dormant::ErrorCode::Crashed)
+    );
+    Ok(())
+}

@@ -1,7 +1,7 @@
 //! Going on after a suspension (resume, with its barrier), and ending one early (interrupt,
 //! abort, a new message over pending calls).
 
-use super::core::{CallSlot, Phase, Session};
+use super::core::{CallSlot, Session};
 use super::suspend::answer_outcome;
 use super::{
     Answer, Effect, ErrorCode, Observation, PendingCall, RunError, RunOutcome, Status, Transition,
@@ -104,25 +104,17 @@ impl Session {
             slots.push(slot);
         }
         let step = self.record.steps_in_run;
-        if parallel.is_empty() && sequential.is_empty() {
-            let updates = vec![Default::default(); cut.len()];
-            self.settle_step(run_id, cut, slots, updates, now, &mut effects);
-            return self.finish(CommitKind::RunStart, now, effects);
-        }
-        effects.push(Effect::RunTools {
+        self.dispatch(
+            CommitKind::RunStart,
             run_id,
             step,
+            cut,
+            slots,
             parallel,
             sequential,
-            state: std::sync::Arc::new(serde_json::Value::Object(self.record.custom_state.clone())),
-        });
-        self.phase = Phase::AwaitingTools {
-            run_id,
-            step,
-            calls: cut,
-            slots,
-        };
-        self.finish(CommitKind::RunStart, now, effects)
+            now,
+            effects,
+        )
     }
 
     /// Drains every answer of the suspension into tool results, in call order, and runs the
@@ -182,26 +174,17 @@ impl Session {
             self.complete(entry, now);
         }
         let step = self.record.steps_in_run;
-        if parallel.is_empty() && sequential.is_empty() {
-            // No approved tool to run: the answers are recorded in this same commit.
-            let updates = vec![Default::default(); calls.len()];
-            self.settle_step(run_id, calls, slots, updates, now, &mut effects);
-            return self.finish(CommitKind::RunStart, now, effects);
-        }
-        effects.push(Effect::RunTools {
-            run_id,
-            step,
-            parallel,
-            sequential,
-            state: std::sync::Arc::new(serde_json::Value::Object(self.record.custom_state.clone())),
-        });
-        self.phase = Phase::AwaitingTools {
+        self.dispatch(
+            CommitKind::RunStart,
             run_id,
             step,
             calls,
             slots,
-        };
-        self.finish(CommitKind::RunStart, now, effects)
+            parallel,
+            sequential,
+            now,
+            effects,
+        )
     }
 
     /// Removes a finished call's entry and ownership and leaves a tombstone on the root, so a

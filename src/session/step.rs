@@ -235,27 +235,18 @@ impl Session {
             }));
             slots.push(slot);
         }
-        if parallel.is_empty() && sequential.is_empty() {
-            // Nothing runs between commit #1 and commit #2 (only client calls, approvals and
-            // refusals), so one commit carries both.
-            let updates = vec![Map::new(); calls.len()];
-            self.settle_step(run_id, calls, slots, updates, now, &mut effects);
-            return self.finish(CommitKind::ToolCalls, now, effects);
-        }
-        effects.push(Effect::RunTools {
-            run_id,
-            step,
-            parallel,
-            sequential,
-            state: Arc::new(Value::Object(self.record.custom_state.clone())),
-        });
-        self.phase = Phase::AwaitingTools {
+        // With nothing to run between commit #1 and commit #2, one commit carries both.
+        self.dispatch(
+            CommitKind::ToolCalls,
             run_id,
             step,
             calls,
             slots,
-        };
-        self.finish(CommitKind::ToolCalls, now, effects)
+            parallel,
+            sequential,
+            now,
+            effects,
+        )
     }
 
     /// Decides how a call is carried out: run by the runtime, made pending, or answered at once
@@ -341,6 +332,42 @@ impl Session {
         let mut effects = Vec::new();
         self.settle_step(run_id, calls, slots, updates, now, &mut effects);
         self.finish(CommitKind::ToolResults, now, effects)
+    }
+
+    /// Sends the step's server calls to the tool task, or, when nothing is to run (only
+    /// client calls, approvals and refusals), settles the step in this same commit.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn dispatch(
+        &mut self,
+        kind: CommitKind,
+        run_id: RunId,
+        step: u32,
+        calls: Vec<ToolCall>,
+        slots: Vec<CallSlot>,
+        parallel: Vec<ToolCall>,
+        sequential: Vec<ToolCall>,
+        now: u64,
+        mut effects: Vec<Effect>,
+    ) -> Transition {
+        if parallel.is_empty() && sequential.is_empty() {
+            let updates = vec![Map::new(); calls.len()];
+            self.settle_step(run_id, calls, slots, updates, now, &mut effects);
+            return self.finish(kind, now, effects);
+        }
+        effects.push(Effect::RunTools {
+            run_id,
+            step,
+            parallel,
+            sequential,
+            state: Arc::new(Value::Object(self.record.custom_state.clone())),
+        });
+        self.phase = Phase::AwaitingTools {
+            run_id,
+            step,
+            calls,
+            slots,
+        };
+        self.finish(kind, now, effects)
     }
 
     /// Records every call of a step whose outcomes are known (or that became pending), then
