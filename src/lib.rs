@@ -69,6 +69,7 @@ pub mod scenario;
 mod scheduler;
 pub mod schema;
 pub mod session;
+mod shared;
 pub mod store;
 pub mod stream;
 pub mod submit;

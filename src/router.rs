@@ -11,11 +11,12 @@ use std::sync::Arc;
 use dormant_actors::{ActorContext, Host, VirtualActor};
 use tokio::sync::oneshot;
 
-use crate::actor::{host_error, SessionActor, SessionMsg, Shared};
+use crate::actor::{host_error, SessionActor, SessionMsg};
 use crate::error::Error;
 use crate::ids::SessionId;
 use crate::schema;
 use crate::session::Submission;
+use crate::shared::Shared;
 use crate::submit::SubmitOutcome;
 
 /// How many router actors share the submits (by hash of the root id).

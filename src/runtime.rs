@@ -9,7 +9,7 @@ use dormant_actors::{Host, HostStats};
 use futures::Stream;
 use tokio::sync::oneshot;
 
-use crate::actor::{host_error, SessionActor, SessionMsg, Shared};
+use crate::actor::{host_error, SessionActor, SessionMsg};
 use crate::definition::{AgentDefinition, DefinitionError, ToolKind};
 use crate::error::Error;
 use crate::ids::SessionId;
@@ -22,6 +22,7 @@ use crate::schema;
 use crate::schema::ExpiredCall;
 use crate::session::{PendingCall, Submission};
 use crate::session::{RunOutcome, RunRecord, SessionRecord, Status};
+use crate::shared::Shared;
 use crate::stream::Chunk;
 use crate::submit::{Submit, SubmitAnswer, SubmitOutcome};
 

@@ -11,10 +11,11 @@ use std::time::Duration;
 use dormant_actors::{ActorContext, Host, VirtualActor};
 use tokio::sync::oneshot;
 
-use crate::actor::{host_error, SessionActor, SessionMsg, Shared};
+use crate::actor::{host_error, SessionActor, SessionMsg};
 use crate::error::Error;
 use crate::ids::SessionId;
 use crate::schema;
+use crate::shared::Shared;
 use crate::store::{Batch, CommitKind, Tree};
 
 /// Expired calls handled per round of a sweep.

@@ -6,7 +6,7 @@ use dashmap::DashMap;
 use dormant_actors::{Clock, Host, HostConfig, SystemClock};
 
 use super::{define, Runtime};
-use crate::actor::{SessionActor, Shared};
+use crate::actor::SessionActor;
 use crate::definition::AgentDefinition;
 use crate::error::Error;
 use crate::hooks::{Hooks, NoHooks};
@@ -15,6 +15,7 @@ use crate::metrics::Metrics;
 use crate::router::RouterActor;
 use crate::scheduler::{DeadlineScheduler, SchedulerKey, SchedulerMsg};
 use crate::session::Policy;
+use crate::shared::Shared;
 use crate::store::{SledStore, Store};
 use crate::submit::{DEFAULT_MAX_RESULT_BYTES, DEFAULT_TOMBSTONE_RETENTION_MS};
 

@@ -6,10 +6,10 @@ use std::sync::Arc;
 use futures::Stream;
 use tokio::sync::broadcast;
 
-use crate::actor::Shared;
 use crate::error::Error;
 use crate::ids::SessionId;
 use crate::schema;
+use crate::shared::Shared;
 use crate::stream::Chunk;
 
 /// How many live chunks a slow follower may fall behind before it re-reads from the store.

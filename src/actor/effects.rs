@@ -1,0 +1,205 @@
+//! Executing a transition: its commit first, then its effects in order.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use dormant_actors::{ActorContext, WeakHost};
+
+use super::{send_back, Loaded, SessionActor, SessionMsg, SessionState};
+use crate::dispatch::{run_step, StepContext};
+use crate::error::Error;
+use crate::ids::SessionId;
+use crate::scheduler::{SchedulerKey, SchedulerMsg};
+use crate::schema::{self, IndexWrite};
+use crate::session::{Effect, Observation, Transition};
+
+impl SessionActor {
+    /// Makes the commit durable, then runs the effects in order. A failed commit leaves the
+    /// in-memory state unreliable, so it is dropped and read back from the store.
+    pub(super) async fn perform(
+        &self,
+        ctx: &ActorContext<Self>,
+        state: &mut SessionState,
+        transition: Transition,
+    ) -> Result<(), Error> {
+        if let Some(commit) = transition.commit {
+            if let Err(error) = self.commit(&commit).await {
+                tracing::error!(session = %ctx.key(), %error, "session.commit_failed");
+                let reason = error.to_string();
+                for waiter in state.waiters.drain(..) {
+                    let _ = waiter.send(Err(Error::SessionUnavailable {
+                        session: ctx.key().clone(),
+                        reason: reason.clone(),
+                    }));
+                }
+                state.settle_waiters.clear();
+                state.loaded = self.load(ctx.key()).unwrap_or(Loaded::Unreadable);
+                return Err(error);
+            }
+            self.after_commit(ctx.key(), &commit);
+        }
+        for effect in transition.effects {
+            self.run_effect(ctx, state, effect);
+        }
+        Ok(())
+    }
+
+    pub(super) fn run_effect(
+        &self,
+        ctx: &ActorContext<Self>,
+        state: &mut SessionState,
+        effect: Effect,
+    ) {
+        match effect {
+            Effect::CallModel {
+                run_id,
+                step,
+                request,
+            } => {
+                let llm = Arc::clone(&self.shared.llm);
+                let mailbox = ctx.mailbox();
+                tokio::spawn(async move {
+                    let reply = llm.complete(request).await;
+                    send_back(
+                        &mailbox,
+                        SessionMsg::ModelReplied {
+                            run_id,
+                            step,
+                            reply,
+                        },
+                    );
+                });
+            }
+            Effect::RunTools {
+                run_id,
+                step,
+                parallel,
+                sequential,
+                state: custom_state,
+            } => {
+                let Loaded::Present(session) = &state.loaded else {
+                    return;
+                };
+                let step_context = StepContext {
+                    agent: Arc::clone(session.agent()),
+                    session: ctx.key().clone(),
+                    run_id,
+                    state: custom_state,
+                };
+                let mailbox = ctx.mailbox();
+                tokio::spawn(async move {
+                    let outcomes = run_step(step_context, parallel, sequential).await;
+                    send_back(
+                        &mailbox,
+                        SessionMsg::ToolsFinished {
+                            run_id,
+                            step,
+                            outcomes,
+                        },
+                    );
+                });
+            }
+            Effect::Hook(event) => self.shared.hooks.on_event(&event),
+            Effect::Observe(observation) => self.observe(ctx.key(), observation),
+            Effect::AutoResume => {
+                // Through the host, not the mailbox: a passivation may already be queued, and
+                // the host hands messages that arrive while stopping to the next activation.
+                if let Some(host) = ctx.host() {
+                    host.send(ctx.key().clone(), SessionMsg::Resume { reply: None });
+                }
+            }
+            Effect::Settle(outcome) => {
+                for waiter in state.waiters.drain(..) {
+                    let _ = waiter.send(Ok(outcome.clone()));
+                }
+                for waiter in state.settle_waiters.drain(..) {
+                    let _ = waiter.send(());
+                }
+                if let Loaded::Present(session) = &mut state.loaded {
+                    session.release_messages();
+                }
+            }
+        }
+    }
+
+    pub(super) fn observe(&self, id: &SessionId, observation: Observation) {
+        let metrics = &self.shared.metrics;
+        match observation {
+            Observation::Suspended {
+                tool_call_id,
+                tool_name,
+                deadline_at_ms,
+            } => {
+                tracing::debug!(session = %id, tool_call_id, tool_name, deadline_at_ms, "client_tool.suspended");
+            }
+            Observation::Answered {
+                tool_call_id,
+                wait_ms,
+                has_error,
+            } => {
+                metrics.record_answer(wait_ms);
+                tracing::debug!(session = %id, tool_call_id, wait_ms, has_error, "client_tool.answered");
+            }
+            Observation::TimedOut {
+                tool_call_id,
+                lag_ms,
+            } => {
+                metrics.record_timeout(lag_ms);
+                tracing::warn!(session = %id, tool_call_id, lag_ms, "client_tool.timeout");
+            }
+            Observation::Aborted { count } => {
+                metrics.record_aborted(count);
+                tracing::warn!(session = %id, count, "client_tool.aborted");
+            }
+            Observation::Abandoned { count } => {
+                metrics.record_abandoned(count);
+                tracing::warn!(session = %id, count, "client_tool.abandoned");
+            }
+        }
+    }
+
+    pub(super) async fn commit(&self, commit: &schema::Commit) -> Result<(), Error> {
+        let batch = commit.encode()?;
+        let bytes = batch.byte_len();
+        let started = Instant::now();
+        self.shared.store.commit(batch).await?;
+        self.shared.metrics.record_commit(started.elapsed(), bytes);
+        Ok(())
+    }
+
+    /// Publishes the commit's chunks to live followers and tells the scheduler about new
+    /// deadlines.
+    pub(super) fn after_commit(&self, id: &SessionId, commit: &schema::Commit) {
+        let earliest = commit
+            .index
+            .iter()
+            .filter_map(|write| match write {
+                IndexWrite::PutDeadline { at, .. } => Some(*at),
+                _ => None,
+            })
+            .min();
+        if let (Some(at), Some(scheduler)) = (
+            earliest,
+            self.shared.scheduler.get().and_then(WeakHost::upgrade),
+        ) {
+            scheduler.send(SchedulerKey, SchedulerMsg::Armed { at });
+        }
+        if commit.chunks.is_empty() {
+            return;
+        }
+        let followed = match self.shared.streams.get(id) {
+            Some(sender) => {
+                for chunk in &commit.chunks {
+                    let _ = sender.send(chunk.clone());
+                }
+                sender.receiver_count() > 0
+            }
+            None => return,
+        };
+        if !followed {
+            self.shared
+                .streams
+                .remove_if(id, |_, sender| sender.receiver_count() == 0);
+        }
+    }
+}
