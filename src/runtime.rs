@@ -255,9 +255,14 @@ impl Runtime {
         answer.await.map_err(|_| self.lost_reply(id))?
     }
 
-    /// Waits until no run of the session is in progress (an automatic resume, say).
+    /// Waits until no run of the session is in progress (an automatic resume, say). A session
+    /// stored as running that has no actor in this process (its run was cut by a crash) is
+    /// activated, which records that run as interrupted.
     pub async fn wait_settled(&self, id: &SessionId) {
-        if !self.host.is_resident(id) {
+        // A session stored as running with no actor here was cut by a crash: activating it
+        // closes that run as interrupted, which is the settled state it is waiting for.
+        let cut_by_crash = || matches!(self.status(id), Ok(Status::Running));
+        if !self.host.is_resident(id) && !cut_by_crash() {
             return;
         }
         let (reply, settled) = oneshot::channel();

@@ -8,8 +8,14 @@
 //! fail is a [`StepFailure`], `FILE: step N (op): expected X, got Y`, and a run over several
 //! files ends with the [`Summary`] line `N passed, M failed`.
 //!
-//! This version of the runtime runs every op but `crash_before`, which fails its step saying
-//! so. The runtime is built with `background_deadlines(false)`: the runner owns time. After
+//! The store is a [`FaultyStore`](crate::store::FaultyStore) over sled: `crash_before` arms
+//! [`Fault::CrashBefore`](crate::store::Fault::CrashBefore) with the commit kind it names
+//! (`tool_calls`, `tool_results`), so that commit and every one after it fail as if the
+//! process had died there, and the op that hits it answers the runtime's store error. `restart`
+//! opens the directory again behind a new wrapper with no fault: only what was committed
+//! before the crash survives it.
+//!
+//! The runtime is built with `background_deadlines(false)`: the runner owns time. After
 //! each op that can cause work it fires every deadline the manual clock has passed
 //! ([`Runtime::sweep_deadlines`](crate::Runtime::sweep_deadlines), so a timeout of 0 fires
 //! as soon as its call is recorded) and waits until no session has a run in progress

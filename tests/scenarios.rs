@@ -1,5 +1,5 @@
 //! The conformance scenarios of `tests/scenarios/*.json` all pass, and the runner reports a
-//! failing or unsupported step the way the spec says.
+//! failing step the way the spec says.
 
 use std::path::Path;
 
@@ -18,7 +18,7 @@ async fn every_scenario_file_passes() -> anyhow::Result<()> {
         "{}",
         summary.failure_lines().join("\n")
     );
-    assert!(summary.passed() >= 68, "the suite lost files: {summary}");
+    assert!(summary.passed() >= 75, "the suite lost files: {summary}");
     Ok(())
 }
 
@@ -44,22 +44,64 @@ async fn a_wrong_expectation_fails_its_step_with_expected_and_got() -> anyhow::R
     Ok(())
 }
 
+/// Agent `ops`: one step calling `read` (safe_to_retry) and `charge`, then "done".
+const OPS: &str = r#""agents": [ { "name": "ops",
+    "tools": [ { "name": "read", "safe_to_retry": true, "result": { "v": 1 } },
+               { "name": "charge", "result": { "ok": true } } ],
+    "script": [ { "tool_calls": [ { "id": "r1", "name": "read", "input": {} },
+                                 { "id": "c1", "name": "charge", "input": {} } ] },
+                { "text": "done" } ] } ]"#;
+
 #[tokio::test]
-async fn an_unsupported_op_fails_its_step_and_stops_the_file() -> anyhow::Result<()> {
+async fn crash_before_fails_the_commit_and_restart_clears_it() -> anyhow::Result<()> {
     let scenario = Scenario::from_json(
-        "later.json",
-        r#"{ "agents": [ { "name": "a", "script": [ { "text": "hi" } ] } ],
-             "steps": [
-               { "op": "execute", "agent": "a", "session": "s1", "message": "m" },
-               { "op": "crash_before", "commit": "tool_results" },
-               { "op": "check", "session": "s1" } ] }"#,
+        "crash.json",
+        &format!(
+            r#"{{ {OPS}, "steps": [
+               {{ "op": "crash_before", "commit": "tool_results" }},
+               {{ "op": "execute", "agent": "ops", "session": "s1", "message": "m",
+                  "expect": {{ "invocations": {{ "read": 1, "charge": 1 }} }} }},
+               {{ "op": "restart" }},
+               {{ "op": "resume", "session": "s1",
+                  "expect": {{ "status": "completed", "invocations": {{ "read": 2, "charge": 1 }},
+                              "tool_results": {{ "c1": {{ "error": "tool_durability_error" }} }} }} }} ] }}"#
+        ),
     )?;
     let report = scenario::run(&scenario).await?;
     let lines: Vec<String> = report.failures().iter().map(ToString::to_string).collect();
-    assert_eq!(
-        lines,
-        ["later.json: step 1 (crash_before): op crash_before is not supported by this version of the runtime (1 later steps not run)"]
+    // The op that hits the fault fails, with the error the runtime gave; the rest of the file
+    // runs, and after the restart nothing fails any more.
+    assert_eq!(lines.len(), 1, "{lines:#?}");
+    assert!(
+        lines[0].starts_with("crash.json: step 1 (execute): expected success, got error ")
+            && lines[0].contains("injected fault: commit of kind ToolResults"),
+        "{}",
+        lines[0]
     );
+    Ok(())
+}
+
+/// What the spec says and this runtime does not do yet: the op that hits the fault answers
+/// `store_error` (the runtime answers `session_unavailable`, the store error flattened into
+/// its reason), and a `check` right after the restart sees the cut run as `interrupted` (the
+/// runtime reports `running` until something activates the session).
+#[tokio::test]
+async fn crash_before_as_the_spec_says() -> anyhow::Result<()> {
+    let scenario = Scenario::from_json(
+        "crash_spec.json",
+        &format!(
+            r#"{{ {OPS}, "steps": [
+               {{ "op": "crash_before", "commit": "tool_results" }},
+               {{ "op": "execute", "agent": "ops", "session": "s1", "message": "m",
+                  "expect": {{ "error": "store_error" }} }},
+               {{ "op": "restart" }},
+               {{ "op": "check", "session": "s1",
+                  "expect": {{ "status": "interrupted", "error": "crashed", "runs": 1 }} }} ] }}"#
+        ),
+    )?;
+    let report = scenario::run(&scenario).await?;
+    let lines: Vec<String> = report.failures().iter().map(ToString::to_string).collect();
+    assert!(lines.is_empty(), "{lines:#?}");
     Ok(())
 }
 

@@ -60,7 +60,15 @@ async fn a_failed_step_commit_answers_a_store_error_and_the_session_reloads() ->
     let id: SessionId = "s1".parse()?;
     store.arm(Fault::CrashBefore(CommitKind::ToolResults));
     let failed = runtime.execute_on(&id, "editor", "go").await;
-    assert!(failed.is_err(), "{failed:?}");
+    assert!(
+        matches!(
+            failed,
+            Err(Error::Store(dormant::store::Error::Injected(
+                CommitKind::ToolResults
+            )))
+        ),
+        "the caller learns it was the store: {failed:?}"
+    );
     // Commit #1 landed, commit #2 did not: the run is recorded as running at its last step.
     assert_eq!(runtime.status(&id)?, Status::Running);
     assert_eq!(runtime.messages(&id)?.len(), 2);

@@ -26,15 +26,19 @@ impl SessionActor {
             if let Err(error) = self.commit(&commit).await {
                 tracing::error!(session = %ctx.key(), %error, "session.commit_failed");
                 let reason = error.to_string();
+                let unavailable = || Error::SessionUnavailable {
+                    session: ctx.key().clone(),
+                    reason: reason.clone(),
+                };
+                // The caller waiting for this run gets the typed store error; anyone else
+                // joined to it learns why in words (store errors are not cloneable).
+                let mut typed = Some(error);
                 for waiter in state.waiters.drain(..) {
-                    let _ = waiter.send(Err(Error::SessionUnavailable {
-                        session: ctx.key().clone(),
-                        reason: reason.clone(),
-                    }));
+                    let _ = waiter.send(Err(typed.take().unwrap_or_else(unavailable)));
                 }
                 state.settle_waiters.clear();
                 state.loaded = self.load(ctx.key()).unwrap_or(Loaded::Unreadable);
-                return Err(error);
+                return Err(typed.unwrap_or_else(unavailable));
             }
             self.after_commit(ctx.key(), &commit);
         }

@@ -7,10 +7,12 @@ use std::time::Duration;
 use super::envelope;
 use super::error::Error;
 use super::expect::{self, Observed};
+use super::format::CommitSpec;
 use super::parse::Scenario;
 use super::report::{FileReport, StepFailure};
 use super::step::{EvictTarget, Op};
 use super::world::World;
+use crate::store::CommitKind;
 
 /// How long one op, or the final shutdown, may take. Scenario ops are tiny, so anything near
 /// this is a runtime that never settles.
@@ -154,20 +156,26 @@ async fn perform(world: &mut World, op: &Op) -> Result<Observed, Stop> {
             ))),
         },
         Op::Check(_) => Ok(Observed::Done(Ok(()))),
-        Op::CrashBefore { .. } => Err(Stop(format!(
-            "op {} is not supported by this version of the runtime",
-            op.name()
-        ))),
+        Op::CrashBefore { commit } => {
+            let kind = match commit {
+                CommitSpec::ToolCalls => CommitKind::ToolCalls,
+                CommitSpec::ToolResults => CommitKind::ToolResults,
+            };
+            Ok(Observed::Done(world.crash_before(kind)))
+        }
     }
 }
 
 /// Lets the work `op` caused settle: fires every deadline that has passed by the manual clock
 /// (a timeout of 0 expires as soon as its call is recorded), then waits until no run is in
 /// progress in any session (automatic resumes included). Children are waited for before their
-/// parents (a child's id extends its parent's, so it sorts after it). `define`, `evict` and
-/// `check` cause no work.
+/// parents (a child's id extends its parent's, so it sorts after it). `define`, `evict`,
+/// `crash_before` and `check` cause no work.
 async fn settle(world: &World, op: &Op) -> Result<(), crate::Error> {
-    if matches!(op, Op::Define(_) | Op::Evict(_) | Op::Check(_)) {
+    if matches!(
+        op,
+        Op::Define(_) | Op::Evict(_) | Op::CrashBefore { .. } | Op::Check(_)
+    ) {
         return Ok(());
     }
     // After a failed restart there is nothing left to settle; the next op says so.

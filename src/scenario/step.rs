@@ -65,11 +65,9 @@ pub(crate) enum Op {
     Evict(EvictTarget),
     /// Drops the runtime and reopens the store.
     Restart,
-    /// Arms a commit fault (not supported yet).
-    CrashBefore {
-        #[allow(dead_code)]
-        commit: CommitSpec,
-    },
+    /// Arms a crash before the next commit of this kind; every commit fails from there until
+    /// `restart`.
+    CrashBefore { commit: CommitSpec },
     /// Checks the session as it is now.
     Check(SessionId),
 }

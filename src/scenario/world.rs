@@ -1,6 +1,6 @@
-//! The runtime under test for one file: a sled store in a temporary directory, a manual clock
-//! from 0 ms, the scripted model, and the observers (hook log, invocation counts) that outlive
-//! restarts.
+//! The runtime under test for one file: a sled store in a temporary directory (behind a
+//! [`FaultyStore`] that `crash_before` arms), a manual clock from 0 ms, the scripted model, and
+//! the observers (hook log, invocation counts) that outlive restarts.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -17,7 +17,7 @@ use crate::hooks::{HookEvent, Hooks};
 use crate::ids::RunId;
 use crate::llm::ScriptedLlm;
 use crate::runtime::Runtime;
-use crate::store::SledStore;
+use crate::store::{CommitKind, Fault, FaultyStore, SledStore, Store};
 
 /// Every hook that fired, with the run it belongs to.
 #[derive(Debug, Default)]
@@ -55,6 +55,9 @@ pub(crate) struct World {
     file: PathBuf,
     // Declared before `dir`: the store must close before its directory is removed.
     runtime: Option<Runtime>,
+    /// The fault-injecting wrapper of the runtime's store; a new one, with no fault, on each
+    /// start.
+    store: Option<Arc<FaultyStore>>,
     dir: tempfile::TempDir,
     clock: ManualClock,
     config: ConfigSpec,
@@ -80,6 +83,7 @@ impl World {
         let mut world = Self {
             file,
             runtime: None,
+            store: None,
             dir,
             clock: ManualClock::new(0),
             config: scenario.config.clone(),
@@ -99,7 +103,10 @@ impl World {
                 .set_agent_script(agent.name.as_str(), build::script(&agent.script));
         }
         match world.start() {
-            Ok(runtime) => world.runtime = Some(runtime),
+            Ok((runtime, store)) => {
+                world.runtime = Some(runtime);
+                world.store = Some(store);
+            }
             Err(source @ crate::Error::InvalidDefinition(_)) => {
                 return Err(Error::Agent {
                     file: world.file,
@@ -132,6 +139,15 @@ impl World {
         self.clock.advance(ms);
     }
 
+    /// Arms a crash before the next commit of `kind`: it fails, and so does every commit after
+    /// it, until [`World::restart`] opens the store again without the fault.
+    pub(crate) fn crash_before(&self, kind: CommitKind) -> Result<(), crate::Error> {
+        self.runtime()?;
+        let store = self.store.as_ref().ok_or(crate::Error::ShutDown)?;
+        store.arm(Fault::CrashBefore(kind));
+        Ok(())
+    }
+
     /// Registers one more agent; a refusal is the runtime's own error.
     pub(crate) fn define(&mut self, spec: &AgentSpec) -> Result<(), crate::Error> {
         let agent = build::agent(spec, &self.invocations)?;
@@ -144,12 +160,16 @@ impl World {
     }
 
     /// Shuts the runtime down, drops it with its store, and opens both again on the same
-    /// directory. The clock, model, hook log and counts carry over.
+    /// directory, with no fault armed (a crash the old store was dying of stays in the past).
+    /// The clock, model, hook log and counts carry over.
     pub(crate) async fn restart(&mut self) -> Result<(), crate::Error> {
+        self.store = None;
         if let Some(runtime) = self.runtime.take() {
             runtime.shutdown().await?;
         }
-        self.runtime = Some(self.start()?);
+        let (runtime, store) = self.start()?;
+        self.runtime = Some(runtime);
+        self.store = Some(store);
         Ok(())
     }
 
@@ -162,10 +182,12 @@ impl World {
         }
     }
 
-    fn start(&self) -> Result<Runtime, crate::Error> {
-        let store = Arc::new(SledStore::open(self.dir.path())?);
+    /// A runtime over a freshly opened store, wrapped in a [`FaultyStore`] with no fault.
+    fn start(&self) -> Result<(Runtime, Arc<FaultyStore>), crate::Error> {
+        let sled: Arc<dyn Store> = Arc::new(SledStore::open(self.dir.path())?);
+        let store = Arc::new(FaultyStore::new(sled));
         let mut builder = Runtime::builder()
-            .store(store)
+            .store(Arc::clone(&store) as Arc<dyn Store>)
             .llm(Arc::clone(&self.llm) as Arc<_>)
             .clock(Arc::new(self.clock.clone()))
             .hooks(Arc::clone(&self.hooks) as Arc<_>);
@@ -195,6 +217,6 @@ impl World {
             let agent: AgentDefinition = build::agent(spec, &self.invocations)?;
             builder = builder.agent(agent);
         }
-        builder.build()
+        Ok((builder.build()?, store))
     }
 }
