@@ -176,7 +176,6 @@ pub(crate) struct Tool {
     pub(crate) def: ToolDefinition,
     pub(crate) input: Option<Schema>,
     /// Checked against submitted client results (the submit contract).
-    #[allow(dead_code)]
     pub(crate) output: Option<Schema>,
 }
 
