@@ -7,8 +7,6 @@
 mod common;
 
 use std::collections::HashSet;
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
 use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 
@@ -53,24 +51,9 @@ async fn crash_child() -> anyhow::Result<()> {
 #[test]
 fn killed_process_leaves_every_session_at_a_committed_step() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let mut child = Command::new(std::env::current_exe()?)
-        .args([
-            "--ignored",
-            "--exact",
-            "crash_child",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(STORE_ENV, dir.path())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()?;
-    let stdout = child
-        .stdout
-        .take()
-        .ok_or_else(|| anyhow::anyhow!("no stdout"))?;
+    let (mut child, lines) = common::spawn_child("crash_child", STORE_ENV, dir.path())?;
     let mut acked = HashSet::new();
-    for line in BufReader::new(stdout).lines() {
+    for line in lines {
         let line = line?;
         if let Some(id) = line.strip_prefix("acked ") {
             acked.insert(id.to_string());

@@ -5,8 +5,6 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 
 use common::{calls_then_text, editor_runtime, tool_result};
@@ -47,24 +45,9 @@ async fn submit_child() -> anyhow::Result<()> {
 #[test]
 fn an_accepted_answer_survives_sigkill_and_applies_once() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let mut child = Command::new(std::env::current_exe()?)
-        .args([
-            "--ignored",
-            "--exact",
-            "submit_child",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(STORE_ENV, dir.path())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()?;
-    let stdout = child
-        .stdout
-        .take()
-        .ok_or_else(|| anyhow::anyhow!("no stdout"))?;
+    let (mut child, lines) = common::spawn_child("submit_child", STORE_ENV, dir.path())?;
     let mut accepted = Vec::new();
-    for line in BufReader::new(stdout).lines() {
+    for line in lines {
         if let Some(id) = line?.strip_prefix("accepted ") {
             accepted.push(id.to_string());
             // Kill as soon as the first answers are acknowledged, with later submits in flight.

@@ -132,3 +132,33 @@ pub fn tool_result<'m>(
         _ => None,
     })
 }
+
+/// Re-runs this test binary as a child process that runs only the ignored test `test`, with
+/// `env` set to `dir`; returns the child and the lines of its stdout. The caller kills it.
+pub fn spawn_child(
+    test: &str,
+    env: &str,
+    dir: &std::path::Path,
+) -> anyhow::Result<(
+    std::process::Child,
+    std::io::Lines<std::io::BufReader<std::process::ChildStdout>>,
+)> {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(std::env::current_exe()?)
+        .args([
+            "--ignored",
+            "--exact",
+            test,
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(env, dir)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()?;
+    let stdout = child
+        .stdout
+        .take()
+        .ok_or_else(|| anyhow::anyhow!("the child has no stdout"))?;
+    Ok((child, std::io::BufReader::new(stdout).lines()))
+}
