@@ -13,9 +13,8 @@ use tokio::sync::oneshot;
 use crate::definition::AgentDefinition;
 use crate::error::Error;
 use crate::ids::{RunId, SessionId};
-use crate::llm::{LlmError, ModelReply};
 use crate::schema::{self};
-use crate::session::{FinishedCall, Input, Resumed, RunOutcome, Session, Submission, Transition};
+use crate::session::{Input, Resumed, RunOutcome, Session, Submission, Transition};
 use crate::shared::Shared;
 use crate::submit::SubmitOutcome;
 
@@ -59,18 +58,9 @@ pub(crate) enum SessionMsg {
         tool_call_id: String,
         committed: bool,
     },
-    /// The model answered (sent by the actor's own model task).
-    ModelReplied {
-        run_id: RunId,
-        step: u32,
-        reply: Result<ModelReply, LlmError>,
-    },
-    /// Dispatched tools finished (sent by the actor's own tool task).
-    ToolsFinished {
-        run_id: RunId,
-        step: u32,
-        outcomes: Vec<FinishedCall>,
-    },
+    /// Work the actor started finished: the model answered, or dispatched tools returned
+    /// (sent by the actor's own tasks, fed to the core as it is).
+    Feed(Input),
 }
 
 /// The session actor's behaviour (stateless: the state lives in [`SessionState`]).
@@ -188,30 +178,7 @@ impl VirtualActor for SessionActor {
                 let _ = reply.send(result);
             }
             SessionMsg::WaitSettled { reply } => self.when_settled(state, reply),
-            SessionMsg::ModelReplied {
-                run_id,
-                step,
-                reply,
-            } => {
-                let input = Input::ModelReplied {
-                    run_id,
-                    step,
-                    reply,
-                };
-                self.feed(ctx, state, input).await;
-            }
-            SessionMsg::ToolsFinished {
-                run_id,
-                step,
-                outcomes,
-            } => {
-                let input = Input::ToolsFinished {
-                    run_id,
-                    step,
-                    outcomes,
-                };
-                self.feed(ctx, state, input).await;
-            }
+            SessionMsg::Feed(input) => self.feed(ctx, state, input).await,
         }
     }
 

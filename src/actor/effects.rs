@@ -11,7 +11,7 @@ use crate::error::Error;
 use crate::ids::SessionId;
 use crate::scheduler::{SchedulerKey, SchedulerMsg};
 use crate::schema::{self, IndexWrite};
-use crate::session::{Effect, Observation, Transition};
+use crate::session::{Effect, Input, Observation, Transition};
 
 impl SessionActor {
     /// Makes the commit durable, then runs the effects in order. A failed commit leaves the
@@ -66,11 +66,11 @@ impl SessionActor {
                     let reply = llm.complete(request).await;
                     send_back(
                         &mailbox,
-                        SessionMsg::ModelReplied {
+                        SessionMsg::Feed(Input::ModelReplied {
                             run_id,
                             step,
                             reply,
-                        },
+                        }),
                     );
                 });
             }
@@ -95,11 +95,11 @@ impl SessionActor {
                     let outcomes = run_step(step_context, parallel, sequential).await;
                     send_back(
                         &mailbox,
-                        SessionMsg::ToolsFinished {
+                        SessionMsg::Feed(Input::ToolsFinished {
                             run_id,
                             step,
                             outcomes,
-                        },
+                        }),
                     );
                 });
             }
