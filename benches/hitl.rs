@@ -6,6 +6,9 @@
 //! as the deadline index grows; submit latency with 10,000 calls pending under one root
 //! against 10,000 roots with one each; and what a suspended, evicted session keeps resident.
 
+#[path = "support/rss.rs"]
+mod rss;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -290,7 +293,7 @@ async fn evicted_memory(quick: bool) -> anyhow::Result<()> {
     let sessions = if quick { 2_000 } else { 10_000 };
     let dir = tempfile::tempdir()?;
     let runtime = runtime_on(Arc::new(SledStore::open(dir.path())?), one_call_script())?;
-    let before = rss_kib();
+    let before = rss::rss_bytes()? / 1024;
     let results: Vec<anyhow::Result<()>> = stream::iter(0..sessions)
         .map(|i| {
             let runtime = runtime.clone();
@@ -306,7 +309,7 @@ async fn evicted_memory(quick: bool) -> anyhow::Result<()> {
         .await;
     results.into_iter().collect::<anyhow::Result<Vec<()>>>()?;
     let resident = runtime.stats().host.resident;
-    let suspended_rss = rss_kib();
+    let suspended_rss = rss::rss_bytes()? / 1024;
     runtime.evict_all().await;
     let after = runtime.stats().host.resident;
     println!("| suspended sessions | resident actors | RSS growth while resident (KiB/session) | resident actors after evict_all |");
@@ -318,17 +321,4 @@ async fn evicted_memory(quick: bool) -> anyhow::Result<()> {
     println!("\nAn evicted session has no entry in the host's table, no actor and no stream sender: its only trace is in the store.");
     runtime.shutdown().await?;
     Ok(())
-}
-
-fn rss_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|status| {
-            status
-                .lines()
-                .find(|line| line.starts_with("VmRSS:"))
-                .and_then(|line| line.split_whitespace().nth(1))
-                .and_then(|kib| kib.parse().ok())
-        })
-        .unwrap_or(0)
 }

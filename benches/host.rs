@@ -16,11 +16,14 @@
 //! resident), each measured in a fresh child process as the VmRSS delta divided by the count.
 //! Run with `cargo bench --bench host`.
 
+#[path = "support/rss.rs"]
+mod rss;
+use rss::rss_bytes;
+
 use std::convert::Infallible;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use anyhow::Context as _;
 use criterion::Criterion;
 use dormant_actors::{ActorContext, Error, Host, HostConfig, VirtualActor};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
@@ -207,24 +210,6 @@ fn round_trip(c: &mut Criterion) -> anyhow::Result<()> {
     }
     group.finish();
     Ok(())
-}
-
-/// VmRSS of this process in bytes, from /proc/self/status (0 where there is no procfs).
-fn rss_bytes() -> anyhow::Result<u64> {
-    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
-        return Ok(0);
-    };
-    let Some(line) = status.lines().find(|line| line.starts_with("VmRSS:")) else {
-        return Ok(0);
-    };
-    let kib: u64 = line
-        .trim_start_matches("VmRSS:")
-        .trim()
-        .trim_end_matches("kB")
-        .trim()
-        .parse()
-        .with_context(|| format!("parsing {line:?}"))?;
-    Ok(kib * 1024)
 }
 
 /// In a child process: spawns `count` idle actors of the kind named, prints

@@ -27,6 +27,10 @@
 //! or off. One element = one session; commits/s are printed after each bench.
 //! Run with `cargo bench --bench session`.
 
+#[path = "support/rss.rs"]
+mod rss;
+use rss::rss_bytes;
+
 use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -263,24 +267,6 @@ async fn rehydration_cold(sessions: usize) -> anyhow::Result<()> {
         "sled store closed and reopened (cold cache, power-loss durability)",
     )
     .await
-}
-
-/// VmRSS of this process in bytes, from /proc/self/status (0 where there is no procfs).
-fn rss_bytes() -> anyhow::Result<u64> {
-    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
-        return Ok(0);
-    };
-    let Some(line) = status.lines().find(|line| line.starts_with("VmRSS:")) else {
-        return Ok(0);
-    };
-    let kib: u64 = line
-        .trim_start_matches("VmRSS:")
-        .trim()
-        .trim_end_matches("kB")
-        .trim()
-        .parse()
-        .with_context(|| format!("parsing {line:?}"))?;
-    Ok(kib * 1024)
 }
 
 /// In a child process: completes `count` sessions, keeps them resident or evicts them all,
