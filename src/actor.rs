@@ -2,8 +2,11 @@
 //! rules: it feeds inputs to the [`Session`] core, makes each transition's commit durable, then
 //! executes its effects (`effects.rs`); submits are pipelined (`submit.rs`).
 
+mod children;
 mod effects;
 mod submit;
+
+pub(crate) use children::DEFAULT_CHILD_INSPECTION_TIMEOUT;
 
 use std::sync::Arc;
 
@@ -14,7 +17,10 @@ use crate::definition::AgentDefinition;
 use crate::error::Error;
 use crate::ids::{RunId, SessionId};
 use crate::schema::{self};
-use crate::session::{Input, Resumed, RunOutcome, Session, Submission, Transition};
+use crate::session::{
+    ChildReport, ChildStart, ChildState, Input, Resumed, RunOutcome, Session, Submission,
+    Transition,
+};
 use crate::shared::Shared;
 use crate::submit::SubmitOutcome;
 
@@ -61,6 +67,20 @@ pub(crate) enum SessionMsg {
     /// Work the actor started finished: the model answered, or dispatched tools returned
     /// (sent by the actor's own tasks, fed to the core as it is).
     Feed(Input),
+    /// Start this session as the child of a sub-agent call (or re-attach to it).
+    StartChild(ChildStart),
+    /// The parent goes on: resume if suspended, and report where this session stands.
+    Wake {
+        parent: SessionId,
+        tool_call_id: String,
+    },
+    /// A child of this session reports (sent by the child).
+    ChildReport {
+        tool_call_id: String,
+        report: ChildReport,
+    },
+    /// Background recovery finished inspecting the children recorded as running.
+    Reconciled(Vec<(String, ChildState)>),
 }
 
 /// The session actor's behaviour (stateless: the state lives in [`SessionState`]).
@@ -89,6 +109,11 @@ pub(crate) struct SessionState {
     /// Submit commits in flight: each writes only its own call's entries, so they are not
     /// awaited in the handler; every other input first waits for them (see `barrier`).
     inflight: Vec<(String, tokio::task::JoinHandle<bool>)>,
+    /// Children recorded as running when the session was loaded (a crash cut their parent's
+    /// step): reconciled in the background, once.
+    to_reconcile: Vec<(String, SessionId)>,
+    /// The background reconciliation is in flight.
+    reconciling: bool,
 }
 
 impl VirtualActor for SessionActor {
@@ -110,8 +135,13 @@ impl VirtualActor for SessionActor {
             waiters: Vec::new(),
             settle_waiters: Vec::new(),
             inflight: Vec::new(),
+            to_reconcile: Vec::new(),
+            reconciling: false,
         };
         if let Loaded::Present(session) = &mut state.loaded {
+            // A snapshot taken before anything runs: children started from now on are never
+            // part of it.
+            state.to_reconcile = session.children_to_reconcile();
             let now = self.shared.clock.now_ms();
             if let Some(recovery) = session.recover_after_crash(now) {
                 tracing::warn!(session = %id, "session.recovered_interrupted_run");
@@ -125,6 +155,8 @@ impl VirtualActor for SessionActor {
     }
 
     async fn handle(&self, ctx: &ActorContext<Self>, msg: SessionMsg, state: &mut SessionState) {
+        // Recovery never holds up the message that woke the session.
+        self.reconcile_in_background(ctx, state);
         if !matches!(
             msg,
             SessionMsg::Submit { .. } | SessionMsg::SubmitSettled { .. }
@@ -179,6 +211,21 @@ impl VirtualActor for SessionActor {
             }
             SessionMsg::WaitSettled { reply } => self.when_settled(state, reply),
             SessionMsg::Feed(input) => self.feed(ctx, state, input).await,
+            SessionMsg::StartChild(start) => self.start_child(ctx, state, start).await,
+            SessionMsg::Wake { .. } => self.wake(ctx, state).await,
+            SessionMsg::ChildReport {
+                tool_call_id,
+                report,
+            } => self.child_reported(ctx, state, tool_call_id, report).await,
+            SessionMsg::Reconciled(results) => {
+                state.reconciling = false;
+                self.feed(ctx, state, Input::Reconciled { results }).await;
+                if !matches!(&state.loaded, Loaded::Present(session) if session.is_busy()) {
+                    for waiter in state.settle_waiters.drain(..) {
+                        let _ = waiter.send(());
+                    }
+                }
+            }
         }
     }
 
@@ -186,6 +233,8 @@ impl VirtualActor for SessionActor {
         state.waiters.is_empty()
             && state.settle_waiters.is_empty()
             && state.inflight.is_empty()
+            && !state.reconciling
+            && state.to_reconcile.is_empty()
             && !matches!(&state.loaded, Loaded::Present(session) if session.is_busy())
     }
 
@@ -203,6 +252,20 @@ impl VirtualActor for SessionActor {
             }
             SessionMsg::Interrupt { reply } | SessionMsg::Abort { reply } => {
                 let _ = reply.send(Err(host_error(error)));
+            }
+            // The parent must learn that its child cannot run, or it would wait forever.
+            SessionMsg::StartChild(start) => self.unreachable_child(
+                &start.origin.parent,
+                start.origin.tool_call_id,
+                &start.child,
+                error,
+            ),
+            SessionMsg::Wake {
+                parent,
+                tool_call_id,
+            } => {
+                let child = parent.ephemeral_child(&tool_call_id);
+                self.unreachable_child(&parent, tool_call_id, &child, error);
             }
             // Dropping the reply tells a waiting sweep or settle call that nothing will happen.
             _ => {}
@@ -244,9 +307,10 @@ impl SessionActor {
             None => None,
         };
         let pending = schema::load_pending(store, id)?;
+        let children = schema::load_children(store, id)?;
         let policy = Arc::clone(&self.shared.policy);
         Ok(Loaded::Present(Box::new(Session::restore(
-            record, agent, policy, run, pending,
+            record, agent, policy, run, pending, children,
         ))))
     }
 
@@ -409,7 +473,8 @@ impl SessionActor {
     }
 
     fn when_settled(&self, state: &mut SessionState, reply: oneshot::Sender<()>) {
-        let busy = matches!(&state.loaded, Loaded::Present(session) if session.is_busy());
+        let busy = state.reconciling
+            || matches!(&state.loaded, Loaded::Present(session) if session.is_busy());
         if busy {
             state.settle_waiters.push(reply);
         } else {

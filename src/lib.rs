@@ -89,8 +89,8 @@ pub use runtime::{Runtime, RuntimeBuilder, RuntimeStats};
 pub use scheduler::SweepReport;
 pub use schema::ExpiredCall;
 pub use session::{
-    Answer, ErrorCode, PendingCall, PendingKind, RunError, RunOutcome, RunRecord, SessionRecord,
-    Status,
+    Answer, ChildCall, ChildState, ErrorCode, PendingCall, PendingKind, RunError, RunOutcome,
+    RunRecord, SessionRecord, Status,
 };
 pub use store::{MemoryStore, SledStore, Store};
 pub use stream::{Chunk, ChunkKind};

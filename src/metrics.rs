@@ -85,6 +85,7 @@ pub(crate) struct Metrics {
     timeouts: AtomicU64,
     aborted: AtomicU64,
     abandoned: AtomicU64,
+    reconciled: AtomicU64,
 }
 
 impl Metrics {
@@ -119,6 +120,16 @@ impl Metrics {
     pub(crate) fn record_abandoned(&self, count: usize) {
         self.abandoned
             .fetch_add(u64::try_from(count).unwrap_or(u64::MAX), Ordering::Relaxed);
+    }
+
+    pub(crate) fn record_reconciled(&self, count: usize) {
+        self.reconciled
+            .fetch_add(u64::try_from(count).unwrap_or(u64::MAX), Ordering::Relaxed);
+    }
+
+    /// Children recovery has inspected and written a terminal outcome for.
+    pub(crate) fn reconciled(&self) -> u64 {
+        self.reconciled.load(Ordering::Relaxed)
     }
 
     pub(crate) fn client_tools(&self) -> ClientToolStats {

@@ -20,7 +20,7 @@ use crate::router::{Route, RouterActor, Shard};
 use crate::scheduler::{DeadlineScheduler, SchedulerKey, SchedulerMsg, SweepReport};
 use crate::schema;
 use crate::schema::ExpiredCall;
-use crate::session::{PendingCall, Submission};
+use crate::session::{ChildCall, PendingCall, Submission};
 use crate::session::{RunOutcome, RunRecord, SessionRecord, Status};
 use crate::shared::Shared;
 use crate::stream::Chunk;
@@ -37,6 +37,8 @@ pub struct RuntimeStats {
     pub commit_latency: Latency,
     /// Bytes written by step commits.
     pub commit_bytes: u64,
+    /// Children that recovery inspected after a crash cut their parent's step.
+    pub reconciled_children: u64,
 }
 
 /// Hosts durable agent sessions. Cheap to clone; every clone drives the same sessions.
@@ -308,6 +310,18 @@ impl Runtime {
         Ok(calls)
     }
 
+    /// The session's sub-agent calls that have not become tool results yet: which child runs
+    /// each, and what the session last learned of it.
+    ///
+    /// # Errors
+    /// As [`Runtime::session`].
+    pub fn children(&self, id: &SessionId) -> Result<Vec<ChildCall>, Error> {
+        self.session(id)?;
+        let mut calls = schema::load_children(self.shared.store.as_ref(), id)?;
+        calls.sort_by_key(|call| call.position);
+        Ok(calls)
+    }
+
     /// How client-tool and approval calls fared: wait times and outcome counters.
     pub fn client_tool_stats(&self) -> ClientToolStats {
         self.shared.metrics.client_tools()
@@ -407,6 +421,7 @@ impl Runtime {
             host: self.host.stats(),
             commit_latency: self.shared.metrics.commit_latency(),
             commit_bytes: self.shared.metrics.commit_bytes(),
+            reconciled_children: self.shared.metrics.reconciled(),
         }
     }
 

@@ -12,7 +12,7 @@ use serde::Serialize;
 
 use crate::ids::SessionId;
 use crate::message::Message;
-use crate::session::{PendingCall, RunRecord, SessionRecord};
+use crate::session::{ChildCall, PendingCall, RunRecord, SessionRecord};
 use crate::store::{Batch, CommitKind, Store, Tree};
 use crate::stream::Chunk;
 
@@ -175,6 +175,10 @@ pub(crate) enum IndexWrite {
         call: String,
         at: u64,
     },
+    /// Store a sub-agent call's child entry of this session.
+    PutChild(ChildCall),
+    /// Remove a sub-agent call's child entry of this session.
+    DeleteChild(String),
 }
 
 /// The writes of one step of a session, before encoding.
@@ -232,6 +236,14 @@ impl Commit {
                     encode(Tree::Pending, call)?,
                 ),
                 IndexWrite::DeletePending(call) => batch.delete(Tree::Pending, call_key(id, call)),
+                IndexWrite::PutChild(child) => batch.put(
+                    Tree::Children,
+                    call_key(id, &child.tool_call_id),
+                    encode(Tree::Children, child)?,
+                ),
+                IndexWrite::DeleteChild(call) => {
+                    batch.delete(Tree::Children, call_key(id, call));
+                }
                 IndexWrite::PutDeadline { at, call } => {
                     batch.put(Tree::Deadlines, timed_key(*at, id, call), Vec::new());
                 }
@@ -348,6 +360,14 @@ pub(crate) fn load_pending(
     session: &SessionId,
 ) -> Result<Vec<PendingCall>, Error> {
     load_all(store, session, Tree::Pending)
+}
+
+/// A session's sub-agent call entries.
+pub(crate) fn load_children(
+    store: &dyn Store,
+    session: &SessionId,
+) -> Result<Vec<ChildCall>, Error> {
+    load_all(store, session, Tree::Children)
 }
 
 /// The session that owns call `call` under `root`, if the call is pending.

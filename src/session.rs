@@ -3,6 +3,7 @@
 //! session actor only executes transitions, so every rule here is testable without actors,
 //! sled or time.
 
+mod children;
 mod core;
 mod outcome;
 mod pending;
@@ -12,11 +13,12 @@ mod step;
 mod suspend;
 mod transition;
 
-pub(crate) use self::core::{FinishedCall, Input, Policy, Session};
+pub(crate) use self::children::ChildStart;
+pub(crate) use self::core::{ChildReport, FinishedCall, Input, Policy, Session};
 pub use outcome::RunOutcome;
 pub(crate) use resume::Resumed;
 pub use state::{
-    Answer, ErrorCode, PendingCall, PendingKind, RunError, RunRecord, SessionRecord, Status,
+    Answer, ChildCall, ChildState, ErrorCode, PendingCall, PendingKind, RunError, RunRecord, SessionRecord, Status,
     Suspension,
 };
 pub use suspend::NOT_APPROVED;

@@ -36,11 +36,13 @@ pub enum Tree {
     Tombstones,
     /// (completion time, root session id, tool call id) → nothing; reaps tombstones in order.
     TombstoneExpiry,
+    /// (parent session id, tool call id) → the sub-agent call's child entry.
+    Children,
 }
 
 impl Tree {
     /// Every tree, in a fixed order (backends open them all at start).
-    pub const ALL: [Tree; 9] = [
+    pub const ALL: [Tree; 10] = [
         Tree::Sessions,
         Tree::Messages,
         Tree::Runs,
@@ -50,6 +52,7 @@ impl Tree {
         Tree::Ownership,
         Tree::Tombstones,
         Tree::TombstoneExpiry,
+        Tree::Children,
     ];
 
     /// The tree's name in the backend.
@@ -64,6 +67,7 @@ impl Tree {
             Tree::Ownership => "ownership",
             Tree::Tombstones => "tombstones",
             Tree::TombstoneExpiry => "tombstone_expiry",
+            Tree::Children => "children",
         }
     }
 }

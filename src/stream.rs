@@ -78,6 +78,15 @@ pub enum ChunkKind {
         /// The tool call that started it.
         tool_call_id: String,
     },
+    /// A chunk of a sub-agent's stream, copied into its parent's (and so on up to the root).
+    Forwarded {
+        /// The child session that produced it.
+        session_id: String,
+        /// The parent's tool call the child runs.
+        tool_call_id: String,
+        /// The child's chunk, with the child's own sequence number.
+        chunk: Box<Chunk>,
+    },
     /// The run suspended.
     RunSuspended {
         /// The suspended status.
@@ -110,6 +119,9 @@ impl ChunkKind {
             ChunkKind::ToolApprovalRequest { .. } => "tool_approval_request",
             ChunkKind::SubagentStart { .. } => "subagent_start",
             ChunkKind::SubagentEnd { .. } => "subagent_end",
+            // A forwarded chunk reads as what it reports: the parent's stream shows the child's
+            // events in place.
+            ChunkKind::Forwarded { chunk, .. } => chunk.kind.type_name(),
             ChunkKind::RunSuspended { .. } => "run_suspended",
             ChunkKind::RunInterrupted { .. } => "run_interrupted",
             ChunkKind::RunEnd { .. } => "run_end",

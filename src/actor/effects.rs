@@ -103,6 +103,39 @@ impl SessionActor {
                     );
                 });
             }
+            Effect::StartChild(start) => {
+                if let Some(host) = ctx.host() {
+                    host.send(start.child.clone(), SessionMsg::StartChild(start));
+                }
+            }
+            Effect::WakeChildren(children) => {
+                if let Some(host) = ctx.host() {
+                    for (tool_call_id, child) in children {
+                        let parent = ctx.key().clone();
+                        host.send(
+                            child,
+                            SessionMsg::Wake {
+                                parent,
+                                tool_call_id,
+                            },
+                        );
+                    }
+                }
+            }
+            Effect::StopChildren { children, abort } => {
+                if let Some(host) = ctx.host() {
+                    for child in children {
+                        // Nobody waits for the answer: the child reports as its run ends.
+                        let (reply, _) = tokio::sync::oneshot::channel();
+                        let msg = if abort {
+                            SessionMsg::Abort { reply }
+                        } else {
+                            SessionMsg::Interrupt { reply }
+                        };
+                        host.send(child, msg);
+                    }
+                }
+            }
             Effect::Hook(event) => self.shared.hooks.on_event(&event),
             Effect::Observe(observation) => self.observe(ctx.key(), observation),
             Effect::AutoResume => {
@@ -121,6 +154,8 @@ impl SessionActor {
                 }
                 if let Loaded::Present(session) = &mut state.loaded {
                     session.release_messages();
+                    let now = self.shared.clock.now_ms();
+                    self.report_to_parent(ctx, session, now);
                 }
             }
         }

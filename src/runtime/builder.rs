@@ -31,6 +31,7 @@ pub struct RuntimeBuilder {
     host: HostConfig,
     policy: Policy,
     tombstone_retention_ms: u64,
+    child_inspection_timeout: std::time::Duration,
     max_result_bytes: usize,
     background_deadlines: bool,
 }
@@ -46,6 +47,7 @@ impl Default for RuntimeBuilder {
             host: HostConfig::default(),
             policy: Policy::default(),
             tombstone_retention_ms: DEFAULT_TOMBSTONE_RETENTION_MS,
+            child_inspection_timeout: crate::actor::DEFAULT_CHILD_INSPECTION_TIMEOUT,
             max_result_bytes: DEFAULT_MAX_RESULT_BYTES,
             background_deadlines: true,
         }
@@ -134,6 +136,22 @@ impl RuntimeBuilder {
         self
     }
 
+    /// How deep a tree of sub-agents may grow below its root (default 8). A sub-agent call
+    /// that would go deeper gets the tool error `max_depth_exceeded`, so agents that delegate
+    /// to each other in a cycle end with an error the model can read, never a hang.
+    pub fn max_depth(mut self, depth: u32) -> Self {
+        self.policy.max_depth = depth;
+        self
+    }
+
+    /// How long recovery waits for one child it inspects (default 2 s) before writing it off
+    /// as interrupted (`inspection_timed_out`), so a stuck child never holds up its parent's
+    /// recovery for longer than this.
+    pub fn child_inspection_timeout_ms(mut self, ms: u64) -> Self {
+        self.child_inspection_timeout = std::time::Duration::from_millis(ms);
+        self
+    }
+
     /// The largest submitted result or error accepted, in bytes (default 1 MiB).
     pub fn max_result_bytes(mut self, bytes: usize) -> Self {
         self.max_result_bytes = bytes;
@@ -169,6 +187,8 @@ impl RuntimeBuilder {
             streams: DashMap::new(),
             metrics: Metrics::default(),
             scheduler: std::sync::OnceLock::new(),
+            sessions: std::sync::OnceLock::new(),
+            child_inspection_timeout: self.child_inspection_timeout,
         });
         // Agents may name each other as sub-agents: register names first, then check.
         let mut pending = self.agents;
@@ -220,6 +240,7 @@ impl RuntimeBuilder {
             self.clock,
         );
         let _ = shared.scheduler.set(scheduler.downgrade());
+        let _ = shared.sessions.set(host.downgrade());
         scheduler.send(SchedulerKey, SchedulerMsg::Boot);
         Ok(Runtime {
             host,

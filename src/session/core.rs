@@ -6,10 +6,11 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value};
 
+use super::children::{ChildCalls, ChildOrigin};
 use super::pending::PendingCalls;
 use super::{
-    Effect, PendingCall, PendingKind, RunError, RunOutcome, RunRecord, SessionRecord, Status,
-    Transition,
+    ChildCall, ChildState, Effect, PendingCall, PendingKind, RunError, RunOutcome, RunRecord,
+    SessionRecord, Status, Transition,
 };
 use crate::definition::AgentDefinition;
 use crate::error::Error;
@@ -27,13 +28,20 @@ pub(crate) struct Policy {
     pub(crate) client_tool_timeout_ms: u64,
     /// Resume as soon as every call of a suspension is answered or timed out.
     pub(crate) auto_resume: bool,
+    /// How deep a tree of sub-agents may grow (a root is depth 0): a cycle of agents that
+    /// delegate to each other ends here with a typed tool error instead of recursing forever.
+    pub(crate) max_depth: u32,
 }
+
+/// The default [`Policy::max_depth`].
+pub(crate) const DEFAULT_MAX_DEPTH: u32 = 8;
 
 impl Default for Policy {
     fn default() -> Self {
         Self {
             client_tool_timeout_ms: crate::definition::DEFAULT_CLIENT_TOOL_TIMEOUT_MS,
             auto_resume: false,
+            max_depth: DEFAULT_MAX_DEPTH,
         }
     }
 }
@@ -55,6 +63,25 @@ pub(crate) enum Input {
         step: u32,
         outcomes: Vec<FinishedCall>,
     },
+    /// A child reported where it stands; `chunks` are its stream chunks not yet forwarded.
+    ChildReported {
+        tool_call_id: String,
+        report: ChildReport,
+        chunks: Vec<Chunk>,
+    },
+    /// Background recovery learned how children recorded as running ended.
+    Reconciled { results: Vec<(String, ChildState)> },
+}
+
+/// What a child tells its parent when its run settles (or when the parent wakes it).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum ChildReport {
+    /// It ended: its result or error is the parent's tool result.
+    Finished(ToolOutcome),
+    /// It waits on these calls (its own and its descendants').
+    Suspended(Vec<String>),
+    /// Its run was cut by a crash of its actor; waking it continues the run.
+    Crashed,
 }
 
 /// One tool call's outcome, with the custom-state keys its handler set.
@@ -77,6 +104,8 @@ pub(super) enum CallSlot {
     },
     /// Waits outside the runtime (client tool or approval).
     Pending(PendingKind),
+    /// Run by a child session; its entry in `Session::children` says how far it got.
+    Child,
 }
 
 /// Where the run is between inputs (in memory only: a crash here is recovered from the
@@ -93,7 +122,14 @@ pub(super) enum Phase {
         step: u32,
         calls: Vec<ToolCall>,
         slots: Vec<CallSlot>,
+        /// Custom-state keys each call's handler set.
+        updates: Vec<Map<String, Value>>,
+        /// The server tools of the step have not returned yet.
+        tools_running: bool,
     },
+    /// A resume woke the suspended children in `waking`; it goes on (or reports the barrier)
+    /// once each has reported.
+    AwaitingChildren { waking: Vec<String> },
 }
 
 /// Writes gathered while applying one input; they become the transition's commit.
@@ -115,6 +151,8 @@ pub(crate) struct Session {
     pub(super) run: Option<RunRecord>,
     /// Calls waiting outside the runtime (or answered and waiting for a resume), in call order.
     pub(super) pending: PendingCalls,
+    /// Sub-agent calls whose child has not been recorded as a result yet.
+    pub(super) children: ChildCalls,
     /// Loaded for a run and released when it settles, so idle sessions stay small. Shared with
     /// the model call in flight; `Arc::make_mut` copies only if that call still holds it.
     pub(super) messages: Option<Arc<Vec<Message>>>,
@@ -148,6 +186,8 @@ impl Session {
             interrupt_requested: false,
             aborted: false,
             suspension: None,
+            parent_call: None,
+            depth: 0,
         };
         Self {
             record,
@@ -155,10 +195,27 @@ impl Session {
             policy,
             run: None,
             pending: PendingCalls::default(),
+            children: ChildCalls::default(),
             messages: Some(Arc::new(Vec::new())),
             phase: Phase::Idle,
             staged: Staged::default(),
         }
+    }
+
+    /// A sub-agent that does not exist yet.
+    pub(crate) fn create_child(
+        id: SessionId,
+        agent: Arc<AgentDefinition>,
+        policy: Arc<Policy>,
+        now: u64,
+        origin: ChildOrigin,
+    ) -> Self {
+        let mut session = Self::create(id, agent, policy, now);
+        session.record.root = origin.root;
+        session.record.parent = Some(origin.parent);
+        session.record.parent_call = Some(origin.tool_call_id);
+        session.record.depth = origin.depth;
+        session
     }
 
     /// A session read back from the store.
@@ -168,6 +225,7 @@ impl Session {
         policy: Arc<Policy>,
         run: Option<RunRecord>,
         pending: Vec<PendingCall>,
+        children: Vec<ChildCall>,
     ) -> Self {
         let pending = PendingCalls::from_entries(pending);
         Self {
@@ -176,6 +234,7 @@ impl Session {
             policy,
             run,
             pending,
+            children: ChildCalls::from_entries(children),
             messages: None,
             phase: Phase::Idle,
             staged: Staged::default(),
@@ -188,6 +247,10 @@ impl Session {
 
     pub(crate) fn id(&self) -> &SessionId {
         &self.record.id
+    }
+
+    pub(crate) fn record(&self) -> &SessionRecord {
+        &self.record
     }
 
     /// Whether work is in flight (a model call or tools), so the actor must stay resident.
@@ -211,9 +274,12 @@ impl Session {
         }
     }
 
-    /// Ids of the calls that still wait for an answer at `now`, in call order.
+    /// Ids of the calls that still wait for an answer at `now`, in call order: this session's
+    /// own, then those its suspended children wait on.
     pub(crate) fn waiting_calls(&self, now: u64) -> Vec<String> {
-        self.pending.waiting_ids(now)
+        let mut waiting = self.pending.waiting_ids(now);
+        waiting.extend(self.children.waiting_below());
+        waiting
     }
 
     /// Applies one input at time `now`.
@@ -233,6 +299,12 @@ impl Session {
                 step,
                 outcomes,
             } => Ok(self.tools_finished(run_id, step, outcomes, now)),
+            Input::ChildReported {
+                tool_call_id,
+                report,
+                chunks,
+            } => Ok(self.child_reported(&tool_call_id, report, chunks, now)),
+            Input::Reconciled { results } => Ok(self.reconciled(results)),
         }
     }
 

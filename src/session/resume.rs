@@ -1,7 +1,7 @@
 //! Going on after a suspension (resume, with its barrier), and ending one early (interrupt,
 //! abort, a new message over pending calls).
 
-use super::core::{CallSlot, Session};
+use super::core::{CallSlot, Phase, Session};
 use super::suspend::answer_outcome;
 use super::{
     Answer, Effect, ErrorCode, Observation, PendingCall, RunError, RunOutcome, Status, Transition,
@@ -35,8 +35,20 @@ impl Session {
         match self.record.status {
             Status::Running => Err(Error::AlreadyRunning(self.record.id.clone())),
             Status::SuspendedClientTool | Status::SuspendedAwaitingChildren => {
-                if !self.waiting_calls(now).is_empty() {
+                if self.pending.any_waiting(now) {
                     return Ok(Resumed::StillWaiting(self.outcome(now)));
+                }
+                let asleep = self.children_to_wake();
+                if !asleep.is_empty() {
+                    // The cascade: each child resumes (or reports what it still waits on), and
+                    // this session goes on once all have reported.
+                    self.phase = Phase::AwaitingChildren {
+                        waking: asleep.iter().map(|(call, _)| call.clone()).collect(),
+                    };
+                    return Ok(Resumed::Started(Transition {
+                        commit: None,
+                        effects: vec![Effect::WakeChildren(asleep)],
+                    }));
                 }
                 Ok(Resumed::Started(self.drain(run_id, now)))
             }
@@ -119,7 +131,7 @@ impl Session {
 
     /// Drains every answer of the suspension into tool results, in call order, and runs the
     /// approved tools: one continuation that sees all results, once.
-    fn drain(&mut self, run_id: RunId, now: u64) -> Transition {
+    pub(super) fn drain(&mut self, run_id: RunId, now: u64) -> Transition {
         let previous = self
             .record
             .suspension
@@ -130,9 +142,23 @@ impl Session {
         let pending = self.pending.take_in_order();
         let mut calls = Vec::with_capacity(pending.len());
         let mut slots = Vec::with_capacity(pending.len());
+        let mut positions = Vec::with_capacity(pending.len());
         let mut parallel = Vec::new();
         let mut sequential = Vec::new();
+        for entry in self.children.entries() {
+            positions.push(entry.position);
+            calls.push(ToolCall::new(
+                entry.tool_call_id.clone(),
+                entry.tool_name.clone(),
+                serde_json::Value::Null,
+            ));
+            slots.push(CallSlot::Ready {
+                outcome: self.adopt_child(run_id, &entry.tool_call_id, now),
+                reported: false,
+            });
+        }
         for entry in &pending {
+            positions.push(entry.position);
             let call = ToolCall::new(
                 entry.tool_call_id.clone(),
                 entry.tool_name.clone(),
@@ -173,6 +199,12 @@ impl Session {
         for entry in &pending {
             self.complete(entry, now);
         }
+        // Children and own calls interleave in the model's reply: restore call order.
+        let mut ordered: Vec<(u32, (ToolCall, CallSlot))> =
+            positions.into_iter().zip(calls.into_iter().zip(slots)).collect();
+        ordered.sort_by_key(|(position, _)| *position);
+        let (calls, slots): (Vec<ToolCall>, Vec<CallSlot>) =
+            ordered.into_iter().map(|(_, pair)| pair).unzip();
         let step = self.record.steps_in_run;
         self.dispatch(
             CommitKind::RunStart,
@@ -209,7 +241,7 @@ impl Session {
     /// A new message over pending calls closes each one: answers are kept, unanswered calls get
     /// `client_tool_abandoned`, and all are tombstoned.
     pub(super) fn abandon_pending(&mut self, now: u64, effects: &mut Vec<Effect>) {
-        if self.pending.is_empty() {
+        if self.pending.is_empty() && self.children.is_empty() {
             return;
         }
         let abandoned = self.close_pending(
@@ -237,6 +269,24 @@ impl Session {
     ) -> usize {
         let run_id = self.current_run_id();
         let mut count = 0;
+        // Children the run will not wait for are stopped (aborted when abandoned or aborted);
+        // those that finished are recorded like answered calls.
+        let abort_children = unanswered.is_some() || self.record.aborted;
+        let finished = if self.is_busy() {
+            // A step in progress still waits for its children; they are stopped, not dropped.
+            Vec::new()
+        } else {
+            self.release_children(abort_children, effects)
+        };
+        for entry in finished {
+            let call = ToolCall::new(
+                entry.tool_call_id.clone(),
+                entry.tool_name.clone(),
+                serde_json::Value::Null,
+            );
+            let outcome = self.adopt_child(run_id, &entry.tool_call_id, now);
+            self.record_outcome(run_id, call, outcome, false, Default::default(), now, effects);
+        }
         for entry in self.pending.take_in_order() {
             let (outcome, reported) = match (&entry.answer, answer_outcome(&entry)) {
                 (Some(Answer::Approved), _) => (ToolOutcome::Error(approved.into()), false),
@@ -296,7 +346,9 @@ impl Session {
             }
             Status::Running => {
                 self.record.interrupt_requested = true;
-                self.finish(CommitKind::Other, now, Vec::new())
+                let mut effects = Vec::new();
+                self.stop_live_children(false, &mut effects);
+                self.finish(CommitKind::Other, now, effects)
             }
             _ => Transition::default(),
         }
@@ -321,8 +373,8 @@ impl Session {
         }
         self.record.suspension = None;
         match self.record.status {
-            // Honoured at the top of the next step.
-            Status::Running => {}
+            // Honoured at the top of the next step, once the children stopped.
+            Status::Running => self.stop_live_children(true, &mut effects),
             _ => {
                 let error = RunError {
                     code: ErrorCode::Aborted,

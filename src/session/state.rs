@@ -124,6 +124,12 @@ pub struct SessionRecord {
     /// What the suspended run waits on.
     #[serde(default)]
     pub suspension: Option<Suspension>,
+    /// For a sub-agent: the parent's tool call that started it.
+    #[serde(default)]
+    pub parent_call: Option<String>,
+    /// How many ancestors it has (0 for a root).
+    #[serde(default)]
+    pub depth: u32,
 }
 
 /// One run: an `execute` or a `resume`.
@@ -209,6 +215,58 @@ impl PendingCall {
     /// Whether the call still waits for an answer at `now`.
     pub fn is_waiting(&self, now: u64) -> bool {
         self.answer.is_none() && now < self.deadline_at_ms
+    }
+}
+
+/// A parent's sub-agent call: which child runs it and what the parent last learned of it.
+/// Stored one entry per call, so a parent with thousands of children rewrites one small entry
+/// when one of them reports.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ChildCall {
+    /// The parent's tool call.
+    pub tool_call_id: String,
+    /// The sub-agent tool.
+    pub tool_name: String,
+    /// The child session (`{parent}-sub-{toolCallId}`).
+    pub child: SessionId,
+    /// The parent's run that made the call.
+    pub run_id: RunId,
+    /// Position of the call in the model's reply.
+    pub position: u32,
+    /// When the child was started (clock ms).
+    pub started_at_ms: u64,
+    /// What the parent knows of the child.
+    pub state: ChildState,
+    /// The child's stream chunks already copied into the parent's stream.
+    pub forwarded: u64,
+}
+
+/// What a parent knows of one of its children.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ChildState {
+    /// Started, and has not reported since.
+    Running,
+    /// Waiting on a person or a browser; `waiting` are the calls (its own and its
+    /// descendants') that need an answer.
+    Suspended {
+        /// Tool call ids that wait, anywhere under the child.
+        waiting: Vec<String>,
+    },
+    /// Done: its result (or error) is the parent's tool result.
+    Finished(crate::message::ToolOutcome),
+    /// Recovery could not learn how the child ended (it did not answer in time, or it is
+    /// missing); a resume of the parent re-attaches to it if it exists.
+    Interrupted {
+        /// Why: `inspection_timed_out`, `child_missing`, `child_interrupted`.
+        reason: String,
+    },
+}
+
+impl ChildState {
+    /// Whether the child's outcome is known.
+    pub fn is_finished(&self) -> bool {
+        matches!(self, ChildState::Finished(_))
     }
 }
 

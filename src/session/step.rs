@@ -7,7 +7,7 @@ use std::sync::Arc;
 use serde_json::{Map, Value};
 
 use super::core::{CallSlot, FinishedCall, Phase, Session};
-use super::{Effect, ErrorCode, PendingKind, RunError, Status, Transition};
+use super::{ChildState, Effect, ErrorCode, PendingKind, RunError, Status, Transition};
 use crate::definition::{Approval, ToolKind, FINISH_TOOL};
 use crate::error::Error;
 use crate::hooks::HookEvent;
@@ -225,7 +225,7 @@ impl Session {
                 CallSlot::Ready { .. } => {}
                 CallSlot::Dispatched if self.finishes_run(call) => sequential.push(call.clone()),
                 CallSlot::Dispatched => parallel.push(call.clone()),
-                CallSlot::Pending(_) => {}
+                CallSlot::Pending(_) | CallSlot::Child => {}
             }
             // Every call gets the whole hook sequence, even one answered on the spot.
             effects.push(Effect::Hook(HookEvent::BeforeTool {
@@ -274,10 +274,7 @@ impl Session {
                 CallSlot::Pending(PendingKind::Approval)
             }
             ToolKind::Server(_) => CallSlot::Dispatched,
-            ToolKind::SubAgent { .. } => ready(format!(
-                "unsupported_tool_kind: sub-agent tool {} is not supported by this version",
-                call.name
-            )),
+            ToolKind::SubAgent { .. } => self.classify_child(call),
         }
     }
 
@@ -303,22 +300,24 @@ impl Session {
         outcomes: Vec<FinishedCall>,
         now: u64,
     ) -> Transition {
-        let phase = std::mem::replace(&mut self.phase, Phase::Idle);
-        let (calls, mut slots) = match phase {
-            Phase::AwaitingTools {
-                run_id: r,
-                step: s,
-                calls,
-                slots,
-            } if r == run_id && s == step => (calls, slots),
-            other => {
-                self.phase = other;
-                return Transition::default();
-            }
+        let Phase::AwaitingTools {
+            run_id: r,
+            step: s,
+            calls,
+            slots,
+            updates,
+            tools_running,
+        } = &mut self.phase
+        else {
+            return Transition::default();
         };
-        let mut updates: Vec<Map<String, Value>> = vec![Map::new(); calls.len()];
+        if *r != run_id || *s != step || !*tools_running {
+            // A late answer for a step that has since ended (or a previous incarnation's).
+            return Transition::default();
+        }
+        *tools_running = false;
         for finished in outcomes {
-            let index = calls.iter().zip(&slots).position(|(call, slot)| {
+            let index = calls.iter().zip(slots.iter()).position(|(call, slot)| {
                 call.id == finished.tool_call_id && matches!(slot, CallSlot::Dispatched)
             });
             if let Some(index) = index {
@@ -330,12 +329,64 @@ impl Session {
             }
         }
         let mut effects = Vec::new();
-        self.settle_step(run_id, calls, slots, updates, now, &mut effects);
+        self.settle_if_ready(now, &mut effects);
         self.finish(CommitKind::ToolResults, now, effects)
     }
 
-    /// Sends the step's server calls to the tool task, or, when nothing is to run (only
-    /// client calls, approvals and refusals), settles the step in this same commit.
+    /// Settles the step in progress once its server tools have returned and each of its
+    /// children has finished or suspended. Returns whether it settled.
+    pub(super) fn settle_if_ready(&mut self, now: u64, effects: &mut Vec<Effect>) -> bool {
+        let ready = match &self.phase {
+            Phase::AwaitingTools {
+                calls,
+                slots,
+                tools_running,
+                ..
+            } => {
+                !*tools_running
+                    && calls.iter().zip(slots).all(|(call, slot)| {
+                        !matches!(slot, CallSlot::Child)
+                            || self
+                                .children
+                                .get(&call.id)
+                                .is_none_or(|entry| entry.state != ChildState::Running)
+                    })
+            }
+            _ => false,
+        };
+        if !ready {
+            return false;
+        }
+        let Phase::AwaitingTools {
+            run_id,
+            calls,
+            mut slots,
+            updates,
+            ..
+        } = std::mem::replace(&mut self.phase, Phase::Idle)
+        else {
+            return false;
+        };
+        for (call, slot) in calls.iter().zip(slots.iter_mut()) {
+            let finished = matches!(slot, CallSlot::Child)
+                && self
+                    .children
+                    .get(&call.id)
+                    .is_none_or(|entry| entry.state.is_finished());
+            if finished {
+                *slot = CallSlot::Ready {
+                    outcome: self.adopt_child(run_id, &call.id, now),
+                    reported: false,
+                };
+            }
+        }
+        self.settle_step(run_id, calls, slots, updates, now, effects);
+        true
+    }
+
+    /// Sends the step's server calls to the tool task and starts its children; when nothing
+    /// is to run (only client calls, approvals and refusals), the step settles in this same
+    /// commit.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn dispatch(
         &mut self,
@@ -349,24 +400,31 @@ impl Session {
         now: u64,
         mut effects: Vec<Effect>,
     ) -> Transition {
-        if parallel.is_empty() && sequential.is_empty() {
-            let updates = vec![Map::new(); calls.len()];
-            self.settle_step(run_id, calls, slots, updates, now, &mut effects);
-            return self.finish(kind, now, effects);
+        for (position, (call, slot)) in calls.iter().zip(&slots).enumerate() {
+            if matches!(slot, CallSlot::Child) {
+                self.launch_child(run_id, call, position, now, &mut effects);
+            }
         }
-        effects.push(Effect::RunTools {
-            run_id,
-            step,
-            parallel,
-            sequential,
-            state: Arc::new(Value::Object(self.record.custom_state.clone())),
-        });
+        let tools_running = !(parallel.is_empty() && sequential.is_empty());
+        if tools_running {
+            effects.push(Effect::RunTools {
+                run_id,
+                step,
+                parallel,
+                sequential,
+                state: Arc::new(Value::Object(self.record.custom_state.clone())),
+            });
+        }
+        let updates = vec![Map::new(); calls.len()];
         self.phase = Phase::AwaitingTools {
             run_id,
             step,
             calls,
             slots,
+            updates,
+            tools_running,
         };
+        self.settle_if_ready(now, &mut effects);
         self.finish(kind, now, effects)
     }
 
@@ -414,6 +472,21 @@ impl Session {
                     ToolOutcome::Error("tool_not_run: the runtime lost this call's outcome".into()),
                     false,
                 ),
+                // A child that waits on a person: the run suspends on it, unless another call
+                // finished the run, and then the child is no longer needed.
+                CallSlot::Child if finisher.is_some() => {
+                    if let Some(entry) = self.children.get(&call.id) {
+                        effects.push(Effect::StopChildren {
+                            children: vec![entry.child.clone()],
+                            abort: true,
+                        });
+                    }
+                    (self.adopt_child(run_id, &call.id, now), false)
+                }
+                CallSlot::Child => {
+                    pending += 1;
+                    continue;
+                }
             };
             if Some(index) == finisher {
                 if let ToolOutcome::Result(value) = &outcome {

@@ -118,7 +118,12 @@ impl Session {
             tool_call_ids: self.pending.ids(),
         }));
         self.record.suspension = Some(Suspension { run_id });
-        self.end_run(Status::SuspendedClientTool, None, now, effects);
+        let status = if self.children.any_unfinished() {
+            Status::SuspendedAwaitingChildren
+        } else {
+            Status::SuspendedClientTool
+        };
+        self.end_run(status, None, now, effects);
     }
 
     /// Applies a submitted answer to pending call `call_id`. The first accepted answer wins.
@@ -154,7 +159,7 @@ impl Session {
         // The outcome is reported on the stream when the resume records it: a submit writes
         // only its own entry, so concurrent submits to one session never wait on each other.
         self.record_answer(call_id, answer, run_id, now, false);
-        if self.policy.auto_resume && !self.pending.any_waiting(now) {
+        if self.policy.auto_resume && !self.any_waiting(now) {
             effects.push(Effect::AutoResume);
         }
         (
@@ -303,7 +308,7 @@ impl Session {
                 outcome,
             }),
         ];
-        if self.policy.auto_resume && !self.pending.any_waiting(now) {
+        if self.policy.auto_resume && !self.any_waiting(now) {
             effects.push(Effect::AutoResume);
         }
         self.finish(CommitKind::Other, now, effects)

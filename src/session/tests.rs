@@ -221,7 +221,14 @@ fn a_model_failure_fails_the_run_with_its_code() {
 fn a_run_found_running_after_a_crash_is_closed_as_interrupted() {
     let (session, _) = started(5);
     let mut restored =
-        Session::restore(session.record, agent(5), policy(), session.run, Vec::new());
+        Session::restore(
+            session.record,
+            agent(5),
+            policy(),
+            session.run,
+            Vec::new(),
+            Vec::new(),
+        );
     let t = restored.recover_after_crash(10);
     let chunk = t
         .as_ref()
@@ -255,6 +262,7 @@ fn a_new_turn_closes_tool_calls_a_crash_left_without_results() {
         agent(5),
         policy(),
         session.run.clone(),
+        Vec::new(),
         Vec::new(),
     );
     let _ = restored.recover_after_crash(3);

@@ -4,9 +4,10 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
+use super::children::ChildStart;
 use super::RunOutcome;
 use crate::hooks::HookEvent;
-use crate::ids::RunId;
+use crate::ids::{RunId, SessionId};
 use crate::llm::ModelRequest;
 use crate::message::ToolCall;
 use crate::schema::Commit;
@@ -28,6 +29,16 @@ pub(crate) enum Effect {
         parallel: Vec<ToolCall>,
         sequential: Vec<ToolCall>,
         state: Arc<Value>,
+    },
+    /// Start a child session for a sub-agent call, or re-attach to the one that exists.
+    StartChild(ChildStart),
+    /// Wake suspended children (a resume cascading down the tree): each reports back.
+    /// Pairs of (the sub-agent call, its child).
+    WakeChildren(Vec<(String, SessionId)>),
+    /// Interrupt (or abort) children the run will no longer wait for.
+    StopChildren {
+        children: Vec<SessionId>,
+        abort: bool,
     },
     /// Fire a hook.
     Hook(HookEvent),

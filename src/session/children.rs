@@ -1,0 +1,446 @@
+//! Sub-agent calls: each starts (or re-attaches to) a child session, the child reports back by
+//! one-way messages keyed by the tool call id, and its outcome becomes the parent's tool
+//! result. A child that waits on a person suspends its parent (`suspended_awaiting_children`),
+//! and a resume of the parent wakes it first: the cascade.
+
+use std::collections::HashMap;
+
+use serde_json::Value;
+
+use super::core::{CallSlot, ChildReport, Phase, Session};
+use super::{ChildCall, ChildState, Effect, Transition};
+use crate::definition::ToolKind;
+use crate::ids::{RunId, SessionId};
+use crate::message::{ToolCall, ToolOutcome};
+use crate::schema::IndexWrite;
+use crate::store::CommitKind;
+use crate::stream::{Chunk, ChunkKind};
+
+/// Where a child comes from: what its record needs to know about its parent.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct ChildOrigin {
+    pub(crate) parent: SessionId,
+    pub(crate) root: SessionId,
+    pub(crate) tool_call_id: String,
+    pub(crate) depth: u32,
+}
+
+/// A child to start (or re-attach to, if it exists).
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct ChildStart {
+    pub(crate) origin: ChildOrigin,
+    pub(crate) child: SessionId,
+    pub(crate) agent: String,
+    pub(crate) message: String,
+}
+
+/// A parent's sub-agent calls that have not become tool results yet, keyed by call id.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct ChildCalls {
+    by_id: HashMap<String, ChildCall>,
+}
+
+impl ChildCalls {
+    pub(crate) fn from_entries(entries: Vec<ChildCall>) -> Self {
+        Self {
+            by_id: entries
+                .into_iter()
+                .map(|call| (call.tool_call_id.clone(), call))
+                .collect(),
+        }
+    }
+
+    pub(crate) fn get(&self, id: &str) -> Option<&ChildCall> {
+        self.by_id.get(id)
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.by_id.is_empty()
+    }
+
+    /// Whether some child has not finished.
+    pub(crate) fn any_unfinished(&self) -> bool {
+        self.by_id.values().any(|call| !call.state.is_finished())
+    }
+
+    fn in_order(&self) -> Vec<&ChildCall> {
+        let mut calls: Vec<&ChildCall> = self.by_id.values().collect();
+        calls.sort_by_key(|call| call.position);
+        calls
+    }
+
+    /// The calls suspended children wait on, in call order.
+    pub(crate) fn waiting_below(&self) -> Vec<String> {
+        self.in_order()
+            .into_iter()
+            .filter_map(|call| match &call.state {
+                ChildState::Suspended { waiting } => Some(waiting.iter().cloned()),
+                _ => None,
+            })
+            .flatten()
+            .collect()
+    }
+
+    /// Calls whose child was last known running: what recovery must reconcile.
+    pub(crate) fn running(&self) -> Vec<(String, SessionId)> {
+        self.in_order()
+            .into_iter()
+            .filter(|call| call.state == ChildState::Running)
+            .map(|call| (call.tool_call_id.clone(), call.child.clone()))
+            .collect()
+    }
+
+    /// Every entry, in call order.
+    pub(super) fn entries(&self) -> Vec<ChildCall> {
+        self.in_order().into_iter().cloned().collect()
+    }
+
+    fn take_in_order(&mut self) -> Vec<ChildCall> {
+        let mut calls: Vec<ChildCall> = std::mem::take(&mut self.by_id).into_values().collect();
+        calls.sort_by_key(|call| call.position);
+        calls
+    }
+}
+
+impl Session {
+    /// A sub-agent call runs in a child unless the tree is already as deep as allowed (a cycle
+    /// of agents delegating to each other ends here) or the call has no message for it.
+    pub(super) fn classify_child(&self, call: &ToolCall) -> CallSlot {
+        if self.children.get(&call.id).is_some() {
+            // Committed before a crash: re-attach to the child (and its result).
+            return CallSlot::Child;
+        }
+        let max_depth = self.policy.max_depth;
+        if self.record.depth >= max_depth {
+            return error_slot(format!(
+                "max_depth_exceeded: sub-agent {} would be {} levels below the root; the limit is {max_depth}",
+                call.name,
+                self.record.depth + 1
+            ));
+        }
+        if child_message(&call.input).is_none() {
+            return error_slot(format!(
+                "invalid_input: sub-agent tool {} takes {{\"message\": string}}, the child's first message",
+                call.name
+            ));
+        }
+        CallSlot::Child
+    }
+
+    /// Records the child of a sub-agent call (once) and asks the actor to start it or, if it
+    /// exists, to re-attach to it.
+    pub(super) fn launch_child(
+        &mut self,
+        run_id: RunId,
+        call: &ToolCall,
+        position: usize,
+        now: u64,
+        effects: &mut Vec<Effect>,
+    ) {
+        let child = self.record.id.ephemeral_child(&call.id);
+        match self.children.by_id.get_mut(&call.id) {
+            Some(entry) if entry.state.is_finished() => return,
+            Some(entry) => {
+                entry.state = ChildState::Running;
+                let entry = entry.clone();
+                self.staged.index.push(IndexWrite::PutChild(entry));
+            }
+            None => {
+                let entry = ChildCall {
+                    tool_call_id: call.id.clone(),
+                    tool_name: call.name.clone(),
+                    child: child.clone(),
+                    run_id,
+                    position: u32::try_from(position).unwrap_or(u32::MAX),
+                    started_at_ms: now,
+                    state: ChildState::Running,
+                    forwarded: 0,
+                };
+                self.staged.index.push(IndexWrite::PutChild(entry.clone()));
+                self.children.by_id.insert(call.id.clone(), entry);
+                self.stage_chunk(
+                    run_id,
+                    now,
+                    ChunkKind::SubagentStart {
+                        session_id: child.to_string(),
+                        tool_call_id: call.id.clone(),
+                    },
+                );
+            }
+        }
+        let agent = match self.agent.tool(&call.name).map(|tool| &tool.def.kind) {
+            Some(ToolKind::SubAgent { agent }) => agent.clone(),
+            _ => self.agent.name().to_string(),
+        };
+        effects.push(Effect::StartChild(ChildStart {
+            origin: ChildOrigin {
+                parent: self.record.id.clone(),
+                root: self.record.root.clone(),
+                tool_call_id: call.id.clone(),
+                depth: self.record.depth.saturating_add(1),
+            },
+            child,
+            agent,
+            message: child_message(&call.input).unwrap_or_default(),
+        }));
+    }
+
+    /// Removes a finished child's entry and returns its outcome, with `subagent_end` on the
+    /// stream; the caller records the outcome as the tool result.
+    pub(super) fn adopt_child(&mut self, run_id: RunId, call_id: &str, now: u64) -> ToolOutcome {
+        let Some(entry) = self.children.by_id.remove(call_id) else {
+            return ToolOutcome::Error(format!(
+                "sub_agent_lost: the child of call {call_id} is not recorded"
+            ));
+        };
+        self.staged
+            .index
+            .push(IndexWrite::DeleteChild(entry.tool_call_id.clone()));
+        self.stage_chunk(
+            run_id,
+            now,
+            ChunkKind::SubagentEnd {
+                session_id: entry.child.to_string(),
+                tool_call_id: entry.tool_call_id.clone(),
+            },
+        );
+        match entry.state {
+            ChildState::Finished(outcome) => outcome,
+            ChildState::Interrupted { reason } => ToolOutcome::Error(format!(
+                "sub_agent_interrupted: child {} did not finish ({reason})",
+                entry.child
+            )),
+            ChildState::Running | ChildState::Suspended { .. } => ToolOutcome::Error(format!(
+                "sub_agent_abandoned: child {} was still working",
+                entry.child
+            )),
+        }
+    }
+
+    /// Stops every child that has not finished (its entry goes) and returns the finished ones,
+    /// in call order, for the caller to record.
+    pub(super) fn release_children(
+        &mut self,
+        abort: bool,
+        effects: &mut Vec<Effect>,
+    ) -> Vec<ChildCall> {
+        let mut stopped = Vec::new();
+        let mut finished = Vec::new();
+        for entry in self.children.take_in_order() {
+            if entry.state.is_finished() {
+                finished.push(entry);
+            } else {
+                self.staged
+                    .index
+                    .push(IndexWrite::DeleteChild(entry.tool_call_id.clone()));
+                stopped.push(entry.child);
+            }
+        }
+        // Finished entries stay until the caller records them (it removes them).
+        for entry in &finished {
+            self.children
+                .by_id
+                .insert(entry.tool_call_id.clone(), entry.clone());
+        }
+        if !stopped.is_empty() {
+            effects.push(Effect::StopChildren {
+                children: stopped,
+                abort,
+            });
+        }
+        finished
+    }
+
+    /// Asks children still working on this run's calls to stop (an interrupt or abort while
+    /// the run is in progress): each reports back as it ends, and the step settles.
+    pub(super) fn stop_live_children(&self, abort: bool, effects: &mut Vec<Effect>) {
+        let children: Vec<SessionId> = self
+            .children
+            .in_order()
+            .into_iter()
+            .filter(|call| !call.state.is_finished())
+            .map(|call| call.child.clone())
+            .collect();
+        if !children.is_empty() {
+            effects.push(Effect::StopChildren { children, abort });
+        }
+    }
+
+    /// A child reported: its new chunks are copied into this stream, its entry updated, and a
+    /// step or a resume that waited for it goes on.
+    pub(super) fn child_reported(
+        &mut self,
+        call_id: &str,
+        report: ChildReport,
+        chunks: Vec<Chunk>,
+        now: u64,
+    ) -> Transition {
+        let Some(entry) = self.children.by_id.get(call_id) else {
+            // A report for a call already recorded (a duplicate, or a child woken twice).
+            return Transition::default();
+        };
+        let child = entry.child.clone();
+        let forwarded_from = entry.forwarded;
+        let run_id = self.current_run_id();
+        let mut forwarded = forwarded_from;
+        for chunk in chunks {
+            if chunk.seq < forwarded {
+                continue;
+            }
+            forwarded = chunk.seq + 1;
+            self.stage_chunk(
+                run_id,
+                now,
+                ChunkKind::Forwarded {
+                    session_id: child.to_string(),
+                    tool_call_id: call_id.to_string(),
+                    chunk: Box::new(chunk),
+                },
+            );
+        }
+        let mut effects = Vec::new();
+        let live = self.waits_on(call_id);
+        let Some(entry) = self.children.by_id.get_mut(call_id) else {
+            return Transition::default();
+        };
+        entry.forwarded = forwarded;
+        match report {
+            ChildReport::Crashed if live => {
+                effects.push(Effect::WakeChildren(vec![(call_id.to_string(), child)]));
+            }
+            ChildReport::Crashed => {}
+            ChildReport::Suspended(waiting) => {
+                entry.state = ChildState::Suspended { waiting };
+            }
+            ChildReport::Finished(outcome) => {
+                entry.state = ChildState::Finished(outcome);
+            }
+        }
+        let entry = entry.clone();
+        let woken = entry.state != ChildState::Running;
+        self.staged.index.push(IndexWrite::PutChild(entry));
+        match &mut self.phase {
+            Phase::AwaitingTools { .. } => {
+                self.settle_if_ready(now, &mut effects);
+            }
+            Phase::AwaitingChildren { waking } => {
+                if woken {
+                    waking.retain(|id| id != call_id);
+                }
+                if waking.is_empty() {
+                    self.phase = Phase::Idle;
+                    return self.after_waking(now, effects);
+                }
+            }
+            Phase::Idle | Phase::AwaitingModel { .. } => {
+                if self.policy.auto_resume && self.is_suspended() && !self.any_waiting(now) {
+                    effects.push(Effect::AutoResume);
+                }
+            }
+        }
+        self.finish(CommitKind::Other, now, effects)
+    }
+
+    /// Whether the step or resume in progress waits for this call's child.
+    fn waits_on(&self, call_id: &str) -> bool {
+        match &self.phase {
+            Phase::AwaitingTools { calls, slots, .. } => calls
+                .iter()
+                .zip(slots)
+                .any(|(call, slot)| call.id == call_id && matches!(slot, CallSlot::Child)),
+            Phase::AwaitingChildren { waking } => waking.iter().any(|id| id == call_id),
+            _ => false,
+        }
+    }
+
+    /// Every woken child reported: go on if nothing waits any more, else answer the barrier.
+    fn after_waking(&mut self, now: u64, effects: Vec<Effect>) -> Transition {
+        if self.any_waiting(now) {
+            let mut effects = effects;
+            effects.push(Effect::Settle(self.outcome(now)));
+            return self.finish(CommitKind::Other, now, effects);
+        }
+        let mut transition = self.drain(RunId::generate(), now);
+        let mut all = effects;
+        all.append(&mut transition.effects);
+        transition.effects = all;
+        transition
+    }
+
+    pub(super) fn is_suspended(&self) -> bool {
+        matches!(
+            self.record.status,
+            super::Status::SuspendedClientTool | super::Status::SuspendedAwaitingChildren
+        )
+    }
+
+    /// Whether some call of the suspension still waits: an own call unanswered and unexpired,
+    /// or a child not finished.
+    pub(super) fn any_waiting(&self, now: u64) -> bool {
+        self.pending.any_waiting(now) || self.children.any_unfinished()
+    }
+
+    /// Children a resume must wake before it can go on.
+    pub(super) fn children_to_wake(&self) -> Vec<(String, SessionId)> {
+        self.children
+            .in_order()
+            .into_iter()
+            .filter(|call| !call.state.is_finished())
+            .map(|call| (call.tool_call_id.clone(), call.child.clone()))
+            .collect()
+    }
+
+    /// Children recorded as running when this session was loaded: the set recovery reconciles
+    /// (children started after activation are never part of it).
+    pub(crate) fn children_to_reconcile(&self) -> Vec<(String, SessionId)> {
+        if self.is_busy() {
+            return Vec::new();
+        }
+        self.children.running()
+    }
+
+    /// The child of sub-agent call `call_id` and how many of its chunks were forwarded.
+    pub(crate) fn child_calls_entry(&self, call_id: &str) -> Option<(SessionId, u64)> {
+        self.children
+            .get(call_id)
+            .map(|entry| (entry.child.clone(), entry.forwarded))
+    }
+
+    /// Writes the terminal outcomes background recovery found, for entries still marked running
+    /// that no step or resume waits on.
+    pub(super) fn reconciled(&mut self, results: Vec<(String, ChildState)>) -> Transition {
+        let mut changed = false;
+        for (call_id, state) in results {
+            if self.waits_on(&call_id) {
+                continue;
+            }
+            if let Some(entry) = self.children.by_id.get_mut(&call_id) {
+                if entry.state == ChildState::Running {
+                    entry.state = state;
+                    let entry = entry.clone();
+                    self.staged.index.push(IndexWrite::PutChild(entry));
+                    changed = true;
+                }
+            }
+        }
+        if !changed {
+            return Transition::default();
+        }
+        self.finish_entries(CommitKind::Other, Vec::new())
+    }
+}
+
+/// The child's first message: the call's `input.message`.
+fn child_message(input: &Value) -> Option<String> {
+    input
+        .get("message")
+        .and_then(Value::as_str)
+        .map(str::to_string)
+}
+
+fn error_slot(error: String) -> CallSlot {
+    CallSlot::Ready {
+        outcome: ToolOutcome::Error(error),
+        reported: false,
+    }
+}
