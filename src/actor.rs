@@ -114,6 +114,8 @@ pub(crate) struct SessionState {
     to_reconcile: Vec<(String, SessionId)>,
     /// The background reconciliation is in flight.
     reconciling: bool,
+    /// An automatic resume was sent to this session and has not been handled yet.
+    resume_queued: bool,
 }
 
 impl VirtualActor for SessionActor {
@@ -137,6 +139,7 @@ impl VirtualActor for SessionActor {
             inflight: Vec::new(),
             to_reconcile: Vec::new(),
             reconciling: false,
+            resume_queued: false,
         };
         if let Loaded::Present(session) = &mut state.loaded {
             // A snapshot taken before anything runs: children started from now on are never
@@ -170,7 +173,11 @@ impl VirtualActor for SessionActor {
                 message,
                 reply,
             } => self.execute(ctx, state, agent, message, reply).await,
-            SessionMsg::Resume { reply } => self.resume(ctx, state, reply).await,
+            SessionMsg::Resume { reply } => {
+                state.resume_queued = false;
+                self.resume(ctx, state, reply).await;
+                self.answer_settle_waiters_if_idle(state);
+            }
             SessionMsg::Submit {
                 root,
                 tool_call_id,
@@ -220,17 +227,14 @@ impl VirtualActor for SessionActor {
             SessionMsg::Reconciled(results) => {
                 state.reconciling = false;
                 self.feed(ctx, state, Input::Reconciled { results }).await;
-                if !matches!(&state.loaded, Loaded::Present(session) if session.is_busy()) {
-                    for waiter in state.settle_waiters.drain(..) {
-                        let _ = waiter.send(());
-                    }
-                }
+                self.answer_settle_waiters_if_idle(state);
             }
         }
     }
 
     fn can_passivate(&self, state: &SessionState) -> bool {
-        state.waiters.is_empty()
+        !state.resume_queued
+            && state.waiters.is_empty()
             && state.settle_waiters.is_empty()
             && state.inflight.is_empty()
             && !state.reconciling
@@ -473,12 +477,20 @@ impl SessionActor {
     }
 
     fn when_settled(&self, state: &mut SessionState, reply: oneshot::Sender<()>) {
+        state.settle_waiters.push(reply);
+        self.answer_settle_waiters_if_idle(state);
+    }
+
+    /// Answers those waiting for the session to settle if nothing is in progress: no run, no
+    /// queued automatic resume, no reconciliation.
+    fn answer_settle_waiters_if_idle(&self, state: &mut SessionState) {
         let busy = state.reconciling
+            || state.resume_queued
             || matches!(&state.loaded, Loaded::Present(session) if session.is_busy());
-        if busy {
-            state.settle_waiters.push(reply);
-        } else {
-            let _ = reply.send(());
+        if !busy {
+            for waiter in state.settle_waiters.drain(..) {
+                let _ = waiter.send(());
+            }
         }
     }
 }

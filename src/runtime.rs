@@ -470,26 +470,44 @@ impl Runtime {
 }
 
 fn define(shared: &Shared, agent: AgentDefinition) -> Result<(), Error> {
-    for tool in agent.tools() {
-        if let ToolKind::SubAgent { agent: target } = tool.kind() {
-            if target != agent.name() && !shared.agents.contains_key(target) {
-                return Err(DefinitionError::UnknownSubAgent {
-                    agent: agent.name().to_string(),
-                    tool: tool.name().to_string(),
-                    target: target.clone(),
+    define_all(shared, vec![agent])
+}
+
+/// Registers a set of agents at once, so agents of the set may name each other (in a cycle,
+/// even) as sub-agents; a sub-agent tool naming an agent neither in the set nor registered is
+/// refused, and nothing of the set is registered then.
+pub(crate) fn define_all(shared: &Shared, agents: Vec<AgentDefinition>) -> Result<(), Error> {
+    let known = |name: &str| {
+        shared.agents.contains_key(name) || agents.iter().any(|agent| agent.name() == name)
+    };
+    for (index, agent) in agents.iter().enumerate() {
+        let duplicate = shared.agents.contains_key(agent.name())
+            || agents[..index]
+                .iter()
+                .any(|earlier| earlier.name() == agent.name());
+        if duplicate {
+            return Err(DefinitionError::DuplicateAgent {
+                agent: agent.name().to_string(),
+            }
+            .into());
+        }
+        for tool in agent.tools() {
+            if let ToolKind::SubAgent { agent: target } = tool.kind() {
+                if !known(target) {
+                    return Err(DefinitionError::UnknownSubAgent {
+                        agent: agent.name().to_string(),
+                        tool: tool.name().to_string(),
+                        target: target.clone(),
+                    }
+                    .into());
                 }
-                .into());
             }
         }
     }
-    match shared.agents.entry(agent.name().to_string()) {
-        dashmap::Entry::Occupied(_) => Err(DefinitionError::DuplicateAgent {
-            agent: agent.name().to_string(),
-        }
-        .into()),
-        dashmap::Entry::Vacant(vacant) => {
-            vacant.insert(Arc::new(agent));
-            Ok(())
-        }
+    for agent in agents {
+        shared
+            .agents
+            .insert(agent.name().to_string(), Arc::new(agent));
     }
+    Ok(())
 }

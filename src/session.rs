@@ -18,8 +18,8 @@ pub(crate) use self::core::{ChildReport, FinishedCall, Input, Policy, Session};
 pub use outcome::RunOutcome;
 pub(crate) use resume::Resumed;
 pub use state::{
-    Answer, ChildCall, ChildState, ErrorCode, PendingCall, PendingKind, RunError, RunRecord, SessionRecord, Status,
-    Suspension,
+    Answer, ChildCall, ChildState, ErrorCode, PendingCall, PendingKind, RunError, RunRecord,
+    SessionRecord, Status, Suspension,
 };
 pub use suspend::NOT_APPROVED;
 pub(crate) use suspend::{Submission, Verdict};

@@ -35,7 +35,12 @@ impl SessionActor {
             Ok(None) => {}
             Err(error) => {
                 let text = format!("sub_agent_unavailable: child {id} cannot be read: {error}");
-                return report(ctx.host(), &start.origin.parent, start.origin.tool_call_id, fail(text));
+                return report(
+                    ctx.host(),
+                    &start.origin.parent,
+                    start.origin.tool_call_id,
+                    fail(text),
+                );
             }
         }
         let Some(agent) = self
@@ -45,7 +50,12 @@ impl SessionActor {
             .map(|agent| Arc::clone(agent.value()))
         else {
             let text = format!("unknown_agent: no agent named {} is defined", start.agent);
-            return report(ctx.host(), &start.origin.parent, start.origin.tool_call_id, fail(text));
+            return report(
+                ctx.host(),
+                &start.origin.parent,
+                start.origin.tool_call_id,
+                fail(text),
+            );
         };
         let now = self.shared.clock.now_ms();
         let policy = Arc::clone(&self.shared.policy);
@@ -64,9 +74,13 @@ impl SessionActor {
             }
             Err(error) => {
                 let parent = session.record().parent.clone();
-                if let (Some(parent), Some(call)) = (parent, session.record().parent_call.clone())
-                {
-                    report(ctx.host(), &parent, call, fail(format!("sub_agent_failed: {error}")));
+                if let (Some(parent), Some(call)) = (parent, session.record().parent_call.clone()) {
+                    report(
+                        ctx.host(),
+                        &parent,
+                        call,
+                        fail(format!("sub_agent_failed: {error}")),
+                    );
                 }
             }
         }
@@ -129,12 +143,7 @@ impl SessionActor {
     }
 
     /// Tells the parent (if any) where this session's last run stands.
-    pub(super) fn report_to_parent(
-        &self,
-        ctx: &ActorContext<Self>,
-        session: &Session,
-        now: u64,
-    ) {
+    pub(super) fn report_to_parent(&self, ctx: &ActorContext<Self>, session: &Session, now: u64) {
         if let Some(report) = child_report(&session.outcome(now), session.record().aborted) {
             self.report_outcome(ctx, session, report);
         }
@@ -279,11 +288,11 @@ pub(crate) fn child_report(outcome: &RunOutcome, aborted: bool) -> Option<ChildR
         Status::SuspendedClientTool | Status::SuspendedAwaitingChildren if !aborted => {
             ChildReport::Suspended(outcome.pending.clone())
         }
-        Status::Completed => ChildReport::Finished(ToolOutcome::Result(
-            outcome.output.clone().unwrap_or_else(|| {
-                serde_json::Value::String(outcome.text.clone().unwrap_or_default())
-            }),
-        )),
+        Status::Completed => {
+            ChildReport::Finished(ToolOutcome::Result(outcome.output.clone().unwrap_or_else(
+                || serde_json::Value::String(outcome.text.clone().unwrap_or_default()),
+            )))
+        }
         Status::Interrupted if error.is_some_and(|error| error.code == ErrorCode::Crashed) => {
             ChildReport::Crashed
         }

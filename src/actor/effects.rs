@@ -139,6 +139,9 @@ impl SessionActor {
             Effect::Hook(event) => self.shared.hooks.on_event(&event),
             Effect::Observe(observation) => self.observe(ctx.key(), observation),
             Effect::AutoResume => {
+                // Counted as work in progress until the resume is handled, so nobody waiting
+                // for this session to settle is answered in between.
+                state.resume_queued = true;
                 // Through the host, not the mailbox: a passivation may already be queued, and
                 // the host hands messages that arrive while stopping to the next activation.
                 if let Some(host) = ctx.host() {
@@ -146,16 +149,20 @@ impl SessionActor {
                 }
             }
             Effect::Settle(outcome) => {
-                for waiter in state.waiters.drain(..) {
-                    let _ = waiter.send(Ok(outcome.clone()));
-                }
-                for waiter in state.settle_waiters.drain(..) {
-                    let _ = waiter.send(());
-                }
+                // The parent hears first, so whoever learns that this run settled finds the
+                // parent's reaction already queued.
                 if let Loaded::Present(session) = &mut state.loaded {
                     session.release_messages();
                     let now = self.shared.clock.now_ms();
                     self.report_to_parent(ctx, session, now);
+                }
+                for waiter in state.waiters.drain(..) {
+                    let _ = waiter.send(Ok(outcome.clone()));
+                }
+                if !state.resume_queued {
+                    for waiter in state.settle_waiters.drain(..) {
+                        let _ = waiter.send(());
+                    }
                 }
             }
         }

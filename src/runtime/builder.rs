@@ -5,7 +5,7 @@ use std::sync::Arc;
 use dashmap::DashMap;
 use dormant_actors::{Clock, Host, HostConfig, SystemClock};
 
-use super::{define, Runtime};
+use super::{define_all, Runtime};
 use crate::actor::SessionActor;
 use crate::definition::AgentDefinition;
 use crate::error::Error;
@@ -190,29 +190,10 @@ impl RuntimeBuilder {
             sessions: std::sync::OnceLock::new(),
             child_inspection_timeout: self.child_inspection_timeout,
         });
-        // Agents may name each other as sub-agents: register names first, then check.
-        let mut pending = self.agents;
-        let mut progress = true;
-        while !pending.is_empty() && progress {
-            progress = false;
-            let mut retry = Vec::new();
-            for agent in pending {
-                let name = agent.name().to_string();
-                match define(&shared, agent.clone()) {
-                    Ok(()) => progress = true,
-                    Err(Error::InvalidDefinition(
-                        crate::definition::DefinitionError::UnknownSubAgent { .. },
-                    )) => retry.push(agent),
-                    Err(error) => {
-                        tracing::error!(agent = %name, %error, "runtime.invalid_agent");
-                        return Err(error);
-                    }
-                }
-            }
-            pending = retry;
-        }
-        if let Some(agent) = pending.into_iter().next() {
-            define(&shared, agent)?;
+        // Agents may name each other as sub-agents: the set is checked as a whole.
+        if let Err(error) = define_all(&shared, self.agents) {
+            tracing::error!(%error, "runtime.invalid_agent");
+            return Err(error);
         }
         let host = Host::with_clock(
             SessionActor {

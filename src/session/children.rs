@@ -94,12 +94,6 @@ impl ChildCalls {
     pub(super) fn entries(&self) -> Vec<ChildCall> {
         self.in_order().into_iter().cloned().collect()
     }
-
-    fn take_in_order(&mut self) -> Vec<ChildCall> {
-        let mut calls: Vec<ChildCall> = std::mem::take(&mut self.by_id).into_values().collect();
-        calls.sort_by_key(|call| call.position);
-        calls
-    }
 }
 
 impl Session {
@@ -217,38 +211,36 @@ impl Session {
         }
     }
 
-    /// Stops every child that has not finished (its entry goes) and returns the finished ones,
-    /// in call order, for the caller to record.
+    /// Stops every child that has not finished and hands back every entry, in call order, for
+    /// the caller to record or drop (each still in `children` until adopted or dropped).
     pub(super) fn release_children(
         &mut self,
         abort: bool,
         effects: &mut Vec<Effect>,
     ) -> Vec<ChildCall> {
-        let mut stopped = Vec::new();
-        let mut finished = Vec::new();
-        for entry in self.children.take_in_order() {
-            if entry.state.is_finished() {
-                finished.push(entry);
-            } else {
-                self.staged
-                    .index
-                    .push(IndexWrite::DeleteChild(entry.tool_call_id.clone()));
-                stopped.push(entry.child);
-            }
-        }
-        // Finished entries stay until the caller records them (it removes them).
-        for entry in &finished {
-            self.children
-                .by_id
-                .insert(entry.tool_call_id.clone(), entry.clone());
-        }
+        let entries = self.children.entries();
+        let stopped: Vec<SessionId> = entries
+            .iter()
+            .filter(|entry| !entry.state.is_finished())
+            .map(|entry| entry.child.clone())
+            .collect();
         if !stopped.is_empty() {
             effects.push(Effect::StopChildren {
                 children: stopped,
                 abort,
             });
         }
-        finished
+        entries
+    }
+
+    /// Forgets a child's entry without recording a result (the run was interrupted: the call
+    /// is closed as interrupted when the run continues).
+    pub(super) fn drop_child(&mut self, call_id: &str) {
+        if self.children.by_id.remove(call_id).is_some() {
+            self.staged
+                .index
+                .push(IndexWrite::DeleteChild(call_id.to_string()));
+        }
     }
 
     /// Asks children still working on this run's calls to stop (an interrupt or abort while

@@ -129,7 +129,9 @@ pub(super) enum Phase {
     },
     /// A resume woke the suspended children in `waking`; it goes on (or reports the barrier)
     /// once each has reported.
-    AwaitingChildren { waking: Vec<String> },
+    AwaitingChildren {
+        waking: Vec<String>,
+    },
 }
 
 /// Writes gathered while applying one input; they become the transition's commit.

@@ -4,7 +4,8 @@
 use super::core::{CallSlot, Phase, Session};
 use super::suspend::answer_outcome;
 use super::{
-    Answer, Effect, ErrorCode, Observation, PendingCall, RunError, RunOutcome, Status, Transition,
+    Answer, ChildState, Effect, ErrorCode, Observation, PendingCall, RunError, RunOutcome, Status,
+    Transition,
 };
 use crate::error::Error;
 use crate::hooks::HookEvent;
@@ -200,8 +201,10 @@ impl Session {
             self.complete(entry, now);
         }
         // Children and own calls interleave in the model's reply: restore call order.
-        let mut ordered: Vec<(u32, (ToolCall, CallSlot))> =
-            positions.into_iter().zip(calls.into_iter().zip(slots)).collect();
+        let mut ordered: Vec<(u32, (ToolCall, CallSlot))> = positions
+            .into_iter()
+            .zip(calls.into_iter().zip(slots))
+            .collect();
         ordered.sort_by_key(|(position, _)| *position);
         let (calls, slots): (Vec<ToolCall>, Vec<CallSlot>) =
             ordered.into_iter().map(|(_, pair)| pair).unzip();
@@ -279,13 +282,36 @@ impl Session {
             self.release_children(abort_children, effects)
         };
         for entry in finished {
+            let outcome = match (&entry.state, unanswered) {
+                (ChildState::Finished(_), _) => self.adopt_child(run_id, &entry.tool_call_id, now),
+                (_, Some(_)) => {
+                    count += 1;
+                    self.adopt_child(run_id, &entry.tool_call_id, now);
+                    ToolOutcome::Error(
+                        "sub_agent_abandoned: a new message arrived before the child finished"
+                            .into(),
+                    )
+                }
+                (_, None) => {
+                    count += 1;
+                    self.drop_child(&entry.tool_call_id);
+                    continue;
+                }
+            };
             let call = ToolCall::new(
                 entry.tool_call_id.clone(),
                 entry.tool_name.clone(),
                 serde_json::Value::Null,
             );
-            let outcome = self.adopt_child(run_id, &entry.tool_call_id, now);
-            self.record_outcome(run_id, call, outcome, false, Default::default(), now, effects);
+            self.record_outcome(
+                run_id,
+                call,
+                outcome,
+                false,
+                Default::default(),
+                now,
+                effects,
+            );
         }
         for entry in self.pending.take_in_order() {
             let (outcome, reported) = match (&entry.answer, answer_outcome(&entry)) {

@@ -220,15 +220,14 @@ fn a_model_failure_fails_the_run_with_its_code() {
 #[test]
 fn a_run_found_running_after_a_crash_is_closed_as_interrupted() {
     let (session, _) = started(5);
-    let mut restored =
-        Session::restore(
-            session.record,
-            agent(5),
-            policy(),
-            session.run,
-            Vec::new(),
-            Vec::new(),
-        );
+    let mut restored = Session::restore(
+        session.record,
+        agent(5),
+        policy(),
+        session.run,
+        Vec::new(),
+        Vec::new(),
+    );
     let t = restored.recover_after_crash(10);
     let chunk = t
         .as_ref()
