@@ -242,6 +242,31 @@ impl VirtualActor for SessionActor {
             && !matches!(&state.loaded, Loaded::Present(session) if session.is_busy())
     }
 
+    fn restarted(&self, id: &SessionId, state: &mut SessionState) {
+        // A child whose run the panic cut tells its parent, which wakes it to go on (the
+        // at-most-once rules decide what runs again); if it keeps crashing, `failed` follows.
+        if let Loaded::Present(session) = &state.loaded {
+            let now = self.shared.clock.now_ms();
+            if let Some(report) = children::child_report(&session.outcome(now), false) {
+                if report == ChildReport::Crashed {
+                    tracing::warn!(session = %id, "subagent.restarted_after_panic");
+                    self.report_from_outside(session.record(), report);
+                }
+            }
+        }
+    }
+
+    fn failed(&self, id: &SessionId, error: &dormant_actors::Error) {
+        // The parent of a child that keeps crashing records that as the tool's error.
+        if let Ok(Some(record)) = schema::load_record(self.shared.store.as_ref(), id) {
+            let text = format!("sub_agent_failed: child {id} failed: {error}");
+            self.report_from_outside(
+                &record,
+                ChildReport::Finished(crate::message::ToolOutcome::Error(text)),
+            );
+        }
+    }
+
     fn passivated(&self, id: &SessionId) {
         tracing::debug!(session = %id, "session.evicted");
     }

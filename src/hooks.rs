@@ -73,6 +73,18 @@ pub enum HookEvent {
 }
 
 impl HookEvent {
+    /// The session the event belongs to.
+    pub fn session(&self) -> &SessionId {
+        match self {
+            HookEvent::BeforeTool { session, .. }
+            | HookEvent::OnStateChange { session, .. }
+            | HookEvent::OnMessage { session, .. }
+            | HookEvent::AfterTool { session, .. }
+            | HookEvent::AgentSuspended { session, .. }
+            | HookEvent::AgentResumed { session, .. } => session,
+        }
+    }
+
     /// The hook's stable name.
     pub fn name(&self) -> &'static str {
         match self {

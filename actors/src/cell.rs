@@ -219,6 +219,7 @@ impl<A: VirtualActor> Cell<A> {
             };
             tracing::error!(key = %cell.ctx.key, %error, "actor.failed");
             host.mark_failed(cell.ctx.key.clone(), error.clone());
+            self.behaviour.failed(&cell.ctx.key, &error);
             cell.failed = Some(error);
             return;
         }
@@ -226,8 +227,9 @@ impl<A: VirtualActor> Cell<A> {
             .catch_unwind()
             .await;
         match reloaded {
-            Ok(Ok(state)) => {
+            Ok(Ok(mut state)) => {
                 tracing::info!(key = %cell.ctx.key, "actor.restarted");
+                self.behaviour.restarted(&cell.ctx.key, &mut state);
                 cell.state = Some(state);
             }
             Ok(Err(error)) => self.fail_reload(&host, cell, error.to_string()),
@@ -241,6 +243,7 @@ impl<A: VirtualActor> Cell<A> {
             reason,
         };
         host.mark_failed(cell.ctx.key.clone(), error.clone());
+        self.behaviour.failed(&cell.ctx.key, &error);
         cell.failed = Some(error);
     }
 }

@@ -113,4 +113,13 @@ pub trait VirtualActor: Sized + Send + Sync + Debug + 'static {
 
     /// Answers a message that cannot be handled, so the sender learns why.
     fn reject(&self, msg: Self::Msg, error: Error);
+
+    /// Called once the actor of `key` was restarted after a panic (its state reloaded through
+    /// [`activate`](Self::activate)), so the behaviour can tell whoever depended on the work the
+    /// panic cut.
+    fn restarted(&self, _key: &Self::Key, _state: &mut Self::State) {}
+
+    /// Called when `key` is marked failed (it kept crashing, or its state could not be
+    /// reloaded): from now on every message for it is rejected with `error`.
+    fn failed(&self, _key: &Self::Key, _error: &Error) {}
 }

@@ -142,6 +142,18 @@ impl SessionActor {
         report(host, parent, tool_call_id, fail(text));
     }
 
+    /// Sends a report to the parent of `record` from outside a handler (no context at hand).
+    pub(super) fn report_from_outside(
+        &self,
+        record: &crate::session::SessionRecord,
+        report_: ChildReport,
+    ) {
+        if let (Some(parent), Some(call)) = (&record.parent, &record.parent_call) {
+            let host = self.shared.sessions.get().and_then(WeakHost::upgrade);
+            report(host, parent, call.clone(), report_);
+        }
+    }
+
     /// Tells the parent (if any) where this session's last run stands.
     pub(super) fn report_to_parent(&self, ctx: &ActorContext<Self>, session: &Session, now: u64) {
         if let Some(report) = child_report(&session.outcome(now), session.record().aborted) {

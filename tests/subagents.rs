@@ -1,0 +1,192 @@
+//! Sub-agents under failure: a child that keeps crashing, and recovery of children a restart
+//! left marked as running (one that completed, one that never answers its inspection).
+
+mod common;
+
+use std::sync::Arc;
+
+use dormant::{
+    AgentDefinition, ChildState, HookEvent, Hooks, LlmAdapter, LlmError, ManualClock, ModelReply,
+    ModelRequest, Runtime, ScriptedLlm, SessionId, SledStore, Status, ToolCall, ToolDefinition,
+    ToolOutcome,
+};
+use futures::future::BoxFuture;
+use serde_json::json;
+
+/// A lead that delegates to `good` and `other` in one reply, then says "done".
+fn lead(other: &str) -> anyhow::Result<AgentDefinition> {
+    Ok(AgentDefinition::builder("lead")
+        .tool(ToolDefinition::sub_agent("ask_good", "good"))
+        .tool(ToolDefinition::sub_agent("ask_other", other))
+        .build()?)
+}
+
+fn lead_script() -> Vec<ModelReply> {
+    vec![
+        ModelReply::tool_calls(vec![
+            ToolCall::new("g1", "ask_good", json!({ "message": "hi" })),
+            ToolCall::new("o1", "ask_other", json!({ "message": "hi" })),
+        ]),
+        ModelReply::text("done"),
+    ]
+}
+
+/// Panics on every hook of one session: its actor crashes each time it does anything.
+struct PanicFor(SessionId);
+
+impl Hooks for PanicFor {
+    fn on_event(&self, event: &HookEvent) {
+        assert!(event.session() != &self.0, "hook panics for {}", self.0);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_that_keeps_crashing_is_a_tool_error_and_its_sibling_is_unaffected(
+) -> anyhow::Result<()> {
+    let llm = ScriptedLlm::new()
+        .script("lead", lead_script())
+        .script("good", vec![ModelReply::text("fine")])
+        .script("crashy", vec![ModelReply::text("never")]);
+    let parent: SessionId = "p".parse()?;
+    let runtime = Runtime::builder()
+        .llm(Arc::new(llm))
+        .clock(Arc::new(ManualClock::new(0)))
+        .hooks(Arc::new(PanicFor(parent.ephemeral_child("o1"))))
+        .crash_limit(3, 60_000)
+        .agent(lead("crashy")?)
+        .agent(AgentDefinition::builder("good").build()?)
+        .agent(AgentDefinition::builder("crashy").build()?)
+        .build()?;
+    let outcome = runtime.execute_on(&parent, "lead", "go").await?;
+    assert_eq!(outcome.status, Status::Completed);
+    assert_eq!(outcome.text.as_deref(), Some("done"));
+    let messages = runtime.messages(&parent)?;
+    assert_eq!(
+        common::tool_result(&messages, "g1"),
+        Some(&ToolOutcome::Result(json!("fine")))
+    );
+    match common::tool_result(&messages, "o1") {
+        Some(ToolOutcome::Error(text)) => {
+            assert!(text.starts_with("sub_agent_failed"), "{text}");
+            assert!(text.contains("crash"), "{text}");
+        }
+        other => panic!("o1 should be a tool error, got {other:?}"),
+    }
+    // The runtime goes on serving other sessions.
+    let again = runtime.execute_on(&"q".parse()?, "good", "hi").await?;
+    assert_eq!(again.status, Status::Completed);
+    runtime.shutdown().await?;
+    Ok(())
+}
+
+/// Answers from a script, except that every model call of agent `stuck` never returns;
+/// `started` is told each time such a call begins.
+struct StuckFor {
+    script: ScriptedLlm,
+    started: tokio::sync::mpsc::UnboundedSender<SessionId>,
+}
+
+impl LlmAdapter for StuckFor {
+    fn complete(&self, request: ModelRequest) -> BoxFuture<'static, Result<ModelReply, LlmError>> {
+        if request.agent == "stuck" {
+            let _ = self.started.send(request.session_id.clone());
+            return Box::pin(futures::future::pending());
+        }
+        self.script.complete(request)
+    }
+}
+
+fn stuck_runtime(
+    dir: &std::path::Path,
+    started: tokio::sync::mpsc::UnboundedSender<SessionId>,
+) -> anyhow::Result<Runtime> {
+    let script = ScriptedLlm::new()
+        .script("lead", lead_script())
+        .script("good", vec![ModelReply::text("fine")]);
+    Ok(Runtime::builder()
+        .store(Arc::new(SledStore::open(dir)?))
+        .llm(Arc::new(StuckFor { script, started }))
+        .clock(Arc::new(ManualClock::new(0)))
+        .child_inspection_timeout_ms(200)
+        .agent(lead("stuck")?)
+        .agent(AgentDefinition::builder("good").build()?)
+        .agent(AgentDefinition::builder("stuck").build()?)
+        .build()?)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recovery_reconciles_children_in_the_background_within_its_bound_and_only_once(
+) -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let parent: SessionId = "p".parse()?;
+    let good = parent.ephemeral_child("g1");
+    let stuck = parent.ephemeral_child("o1");
+
+    // First process: the lead's step waits on a child whose model never answers.
+    let (started, mut starts) = tokio::sync::mpsc::unbounded_channel();
+    let runtime = stuck_runtime(dir.path(), started)?;
+    let running = {
+        let runtime = runtime.clone();
+        let parent = parent.clone();
+        tokio::spawn(async move { runtime.execute_on(&parent, "lead", "go").await })
+    };
+    assert_eq!(starts.recv().await, Some(stuck.clone()));
+    runtime.wait_settled(&good).await;
+    assert_eq!(runtime.status(&good)?, Status::Completed);
+    // The process goes away with the step in flight.
+    runtime.shutdown().await?;
+    running.abort();
+
+    // Second process: the stuck child is busy again (someone resumed it), so its inspection
+    // cannot finish; the good one can.
+    let (started, mut starts) = tokio::sync::mpsc::unbounded_channel();
+    let runtime = stuck_runtime(dir.path(), started)?;
+    // The good child's report may or may not have reached the parent before the end; the
+    // stuck one's cannot have.
+    let stale = runtime.children(&parent)?;
+    let running = |call: &str| {
+        stale
+            .iter()
+            .any(|entry| entry.tool_call_id == call && entry.state == ChildState::Running)
+    };
+    assert!(running("o1"));
+    let expected = if running("g1") { 2 } else { 1 };
+    let resuming = {
+        let runtime = runtime.clone();
+        let stuck = stuck.clone();
+        tokio::spawn(async move { runtime.resume(&stuck).await })
+    };
+    assert_eq!(starts.recv().await, Some(stuck.clone()));
+    // Waking the parent: it answers at once, while its children are reconciled behind it.
+    runtime.interrupt(&parent).await?;
+    assert_eq!(runtime.status(&parent)?, Status::Interrupted);
+    runtime.wait_settled(&parent).await;
+    assert_eq!(runtime.stats().reconciled_children, expected);
+    let reconciled = runtime.children(&parent)?;
+    let state_of = |call: &str| {
+        reconciled
+            .iter()
+            .find(|entry| entry.tool_call_id == call)
+            .map(|entry| entry.state.clone())
+    };
+    assert_eq!(
+        state_of("g1"),
+        Some(ChildState::Finished(ToolOutcome::Result(json!("fine"))))
+    );
+    match state_of("o1") {
+        Some(ChildState::Interrupted { reason }) => {
+            assert!(reason.starts_with("inspection_timed_out"), "{reason}");
+        }
+        other => panic!("the stuck child should be written off, got {other:?}"),
+    }
+
+    // The next wake finds nothing to reconcile.
+    runtime.evict(&parent).await;
+    assert!(!runtime.is_resident(&parent));
+    runtime.interrupt(&parent).await?;
+    runtime.wait_settled(&parent).await;
+    assert_eq!(runtime.stats().reconciled_children, expected);
+    resuming.abort();
+    runtime.shutdown().await?;
+    Ok(())
+}
