@@ -89,7 +89,7 @@ struct StuckFor {
 impl LlmAdapter for StuckFor {
     fn complete(&self, request: ModelRequest) -> BoxFuture<'static, Result<ModelReply, LlmError>> {
         if request.agent == "stuck" {
-            let _ = self.started.send(request.session_id.clone());
+            let _ = self.started.send(request.session_id);
             return Box::pin(futures::future::pending());
         }
         self.script.complete(request)
