@@ -67,10 +67,8 @@ impl SessionActor {
         match session.apply(input, now) {
             Ok(transition) => {
                 state.loaded = Loaded::Present(Box::new(session));
-                // Its settle reports to the parent; a failed commit is reported below.
-                if let Err(error) = self.perform(ctx, state, transition).await {
-                    self.report_failure(ctx, state, &error);
-                }
+                // Its settle reports to the parent, and so does a failed commit.
+                let _ = self.perform(ctx, state, transition).await;
             }
             Err(error) => {
                 let parent = session.record().parent.clone();
@@ -114,9 +112,8 @@ impl SessionActor {
         }
         match session.resume(RunId::generate(), now) {
             Ok(Resumed::Started(transition)) => {
-                if let Err(error) = self.perform(ctx, state, transition).await {
-                    self.report_failure(ctx, state, &error);
-                }
+                // Its settle reports to the parent, and so does a failed commit.
+                let _ = self.perform(ctx, state, transition).await;
             }
             Ok(Resumed::StillWaiting(_)) | Err(_) => {
                 session.release_messages();
@@ -165,14 +162,6 @@ impl SessionActor {
         let record = session.record();
         if let (Some(parent), Some(call)) = (&record.parent, &record.parent_call) {
             report(ctx.host(), parent, call.clone(), report_);
-        }
-    }
-
-    /// A commit of this child failed: its parent learns it as the tool's error.
-    fn report_failure(&self, ctx: &ActorContext<Self>, state: &SessionState, error: &Error) {
-        if let Loaded::Present(session) = &state.loaded {
-            let text = format!("sub_agent_failed: {error}");
-            self.report_outcome(ctx, session, fail(text));
         }
     }
 

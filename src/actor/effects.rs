@@ -9,9 +9,10 @@ use super::{send_back, Loaded, SessionActor, SessionMsg, SessionState};
 use crate::dispatch::{run_step, StepContext};
 use crate::error::Error;
 use crate::ids::SessionId;
+use crate::message::ToolOutcome;
 use crate::scheduler::{SchedulerKey, SchedulerMsg};
 use crate::schema::{self, IndexWrite};
-use crate::session::{Effect, Input, Observation, Transition};
+use crate::session::{ChildReport, Effect, Input, Observation, Transition};
 
 impl SessionActor {
     /// Makes the commit durable, then runs the effects in order. A failed commit leaves the
@@ -37,6 +38,14 @@ impl SessionActor {
                     let _ = waiter.send(Err(typed.take().unwrap_or_else(unavailable)));
                 }
                 state.settle_waiters.clear();
+                // A child's parent waits for it: it learns of the failure as the tool's error.
+                if let Loaded::Present(session) = &state.loaded {
+                    let text = format!("sub_agent_failed: {reason}");
+                    self.report_from_outside(
+                        session.record(),
+                        ChildReport::Finished(ToolOutcome::Error(text)),
+                    );
+                }
                 state.loaded = self.load(ctx.key()).unwrap_or(Loaded::Unreadable);
                 return Err(typed.unwrap_or_else(unavailable));
             }

@@ -311,9 +311,13 @@ impl Session {
         let entry = entry.clone();
         let woken = entry.state != ChildState::Running;
         self.staged.index.push(IndexWrite::PutChild(entry));
+        let mut kind = CommitKind::Other;
         match &mut self.phase {
             Phase::AwaitingTools { .. } => {
-                self.settle_if_ready(now, &mut effects);
+                if self.settle_if_ready(now, &mut effects) {
+                    // The step's results: commit #2, whoever finished last.
+                    kind = CommitKind::ToolResults;
+                }
             }
             Phase::AwaitingChildren { waking } => {
                 if woken {
@@ -330,7 +334,7 @@ impl Session {
                 }
             }
         }
-        self.finish(CommitKind::Other, now, effects)
+        self.finish(kind, now, effects)
     }
 
     /// Whether the step or resume in progress waits for this call's child.
