@@ -27,3 +27,5 @@ pub(crate) use transition::{Effect, Observation, Transition};
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_children;
