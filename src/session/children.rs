@@ -296,16 +296,20 @@ impl Session {
             return Transition::default();
         };
         entry.forwarded = forwarded;
-        match report {
-            ChildReport::Crashed if live => {
-                effects.push(Effect::WakeChildren(vec![(call_id.to_string(), child)]));
-            }
-            ChildReport::Crashed => {}
-            ChildReport::Suspended(waiting) => {
-                entry.state = ChildState::Suspended { waiting };
-            }
-            ChildReport::Finished(outcome) => {
-                entry.state = ChildState::Finished(outcome);
+        if entry.state.is_finished() {
+            // Already recorded (a re-attached child reports its result again): keep the first.
+        } else {
+            match report {
+                ChildReport::Crashed if live => {
+                    effects.push(Effect::WakeChildren(vec![(call_id.to_string(), child)]));
+                }
+                ChildReport::Crashed => {}
+                ChildReport::Suspended(waiting) => {
+                    entry.state = ChildState::Suspended { waiting };
+                }
+                ChildReport::Finished(outcome) => {
+                    entry.state = ChildState::Finished(outcome);
+                }
             }
         }
         let entry = entry.clone();
