@@ -296,9 +296,8 @@ impl Session {
             return Transition::default();
         };
         entry.forwarded = forwarded;
-        if entry.state.is_finished() {
-            // Already recorded (a re-attached child reports its result again): keep the first.
-        } else {
+        // A result already recorded stays (a re-attached child reports it again).
+        if !entry.state.is_finished() {
             match report {
                 ChildReport::Crashed if live => {
                     effects.push(Effect::WakeChildren(vec![(call_id.to_string(), child)]));
