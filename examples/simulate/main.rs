@@ -14,8 +14,14 @@
 //!
 //! The simulated client's choices come from a seeded generator (`--seed`), per session and
 //! suspension, so they do not depend on scheduling; the timing (real clock) does.
+//!
+//! `--fanout ROOTSxCHILDREN` (e.g. `--fanout 20x50`) runs trees of sub-agents instead: each
+//! root delegates to CHILDREN children that each suspend on a client tool, the client answers
+//! every child's call against the root, and `resume(root)` cascades into the children and
+//! completes the tree (see `fanout.rs`).
 
 mod driver;
+mod fanout;
 mod plan;
 mod report;
 mod verify;
@@ -41,9 +47,24 @@ use crate::report::{Memory, Report};
 use crate::verify::ToolCounts;
 
 /// Simulates many durable agent sessions and reports throughput, latency and memory.
+///
+/// With --fanout ROOTSxCHILDREN it simulates trees of sub-agents instead (nested suspension:
+/// every child waits on a client tool, the client answers against the root, resume(root)
+/// completes the tree).
 #[derive(Debug, Parser)]
 #[command(about)]
 struct Args {
+    /// Fan-out mode: ROOTS trees (e.g. 20x50), each a root that delegates to CHILDREN
+    /// sub-agents which each suspend on a client tool; the simulated client answers every
+    /// child's call against the root (after up to --answer-delay-ms, a --duplicates share
+    /// twice), a --evict-waiting share of the trees is evicted while waiting, then
+    /// resume(root) cascades into the children. Reports trees/s and submit latency, and
+    /// checks every child's result is in its root's messages exactly once. Uses
+    /// --concurrency (runs in flight), --max-resident, --seed, --store, --durability, --json;
+    /// ignores --sessions, --steps, --turns, --suspensions, --never-answer, --wrong-kind,
+    /// --auto-resume and --client-timeout-ms (no call times out in this mode).
+    #[arg(long, value_name = "ROOTSxCHILDREN")]
+    fanout: Option<fanout::Fanout>,
     /// Sessions to run.
     #[arg(long, default_value_t = 10_000)]
     sessions: usize,
@@ -147,10 +168,13 @@ fn main() -> anyhow::Result<()> {
             "{flag} is a share: between 0 and 1"
         );
     }
-    let problems = tokio::runtime::Builder::new_multi_thread()
+    let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
-        .build()?
-        .block_on(simulate(args))?;
+        .build()?;
+    let problems = match args.fanout {
+        Some(fanout) => runtime.block_on(fanout::simulate(args, fanout))?,
+        None => runtime.block_on(simulate(args))?,
+    };
     if problems > 0 {
         eprintln!("simulate: verification failed: {problems} sessions or counters were wrong");
         std::process::exit(1);

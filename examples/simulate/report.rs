@@ -44,6 +44,16 @@ impl Memory {
             hwm: field("VmHWM:")?,
         })
     }
+
+    /// VmRSS, bytes.
+    pub(crate) fn rss(self) -> u64 {
+        self.rss
+    }
+
+    /// VmHWM (peak RSS), bytes.
+    pub(crate) fn hwm(self) -> u64 {
+        self.hwm
+    }
 }
 
 /// Everything the closing report shows.
