@@ -322,6 +322,36 @@ async fn submit_all(runtime: &Runtime, submits: Vec<Submit>) -> anyhow::Result<S
     })
 }
 
+/// Reopens a store the previous runtime shut down. `Runtime::shutdown` closes the store so
+/// that its directory "can be reopened at once", but after a shutdown with many children
+/// hanging in model calls sled's directory lock is sometimes still held for a moment: retry
+/// (and say so) rather than fail.
+async fn reopen(path: &std::path::Path) -> anyhow::Result<SledStore> {
+    let started = Instant::now();
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        match SledStore::open(path) {
+            Ok(store) => {
+                if attempts > 1 {
+                    println!(
+                        "(note: the reopen found sled's lock still held; it succeeded on attempt {attempts}, after {:.0} ms)",
+                        started.elapsed().as_secs_f64() * 1e3
+                    );
+                }
+                return Ok(store);
+            }
+            Err(error)
+                if error.to_string().contains("could not acquire lock")
+                    && started.elapsed() < Duration::from_secs(10) =>
+            {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Err(error) => return Err(error.into()),
+        }
+    }
+}
+
 /// A scripted model whose answers to the child agent never come: the children stay running.
 #[derive(Debug)]
 struct HangingChildren(ScriptedLlm);
@@ -394,7 +424,7 @@ async fn recovery(quick: bool) -> anyhow::Result<()> {
         }
         // A new process: the same store, children whose model still never answers.
         let runtime = runtime_on(
-            Arc::new(SledStore::open(dir.path())?),
+            Arc::new(reopen(dir.path()).await?),
             hanging(children),
             inspection_ms,
         )?;
