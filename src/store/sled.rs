@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use ::sled::transaction::{
     ConflictableTransactionError, ConflictableTransactionResult, TransactionError, Transactional,
@@ -125,8 +126,9 @@ impl SledStoreBuilder {
     /// Opens (or creates) the store.
     ///
     /// # Errors
-    /// sled cannot open the directory (for example another process holds its lock), or, at
-    /// [`Durability::PowerLoss`], the data file or directories cannot be opened or synced.
+    /// sled cannot open the directory (for example another process still holds its lock after
+    /// half a second), or, at [`Durability::PowerLoss`], the data file or directories cannot be
+    /// opened or synced.
     pub fn open(self) -> Result<SledStore, Error> {
         let mut config = ::sled::Config::new();
         match &self.path {
@@ -136,7 +138,7 @@ impl SledStoreBuilder {
         if let Some(bytes) = self.cache_capacity {
             config = config.cache_capacity(bytes);
         }
-        let db = config.open()?;
+        let db = open_db(&config)?;
         let trees = open_trees(&db)?;
 
         let syncer = match (&self.path, self.durability) {
@@ -394,6 +396,34 @@ impl Store for SledStore {
 
     fn size_on_disk(&self) -> Result<u64, Error> {
         self.size_on_disk_bytes()
+    }
+}
+
+/// How long [`open_db`] waits for sled's directory lock to be released.
+const LOCK_RETRY: Duration = Duration::from_millis(10);
+const LOCK_RETRIES: u32 = 50;
+
+/// Opens sled, waiting up to half a second for its directory lock.
+///
+/// Why wait: sled writes its log buffers from I/O threads, each holding a handle on the data
+/// file, and it wakes a flush's waiters before that thread has let go of the handle. So right
+/// after the last handle on a database is dropped, the file (and the lock on it) can stay
+/// open for a moment, and reopening the directory in the same process fails now and then (a
+/// store unit test that reopens at once failed in 1–2 of 40 runs). A lock that another process
+/// holds still fails, half a second later.
+fn open_db(config: &::sled::Config) -> Result<::sled::Db, Error> {
+    let mut retries = 0;
+    loop {
+        match config.open() {
+            // sled reports the lock as `ErrorKind::Other`: only its message tells it apart.
+            Err(::sled::Error::Io(e))
+                if retries < LOCK_RETRIES && e.to_string().contains("could not acquire lock") =>
+            {
+                retries += 1;
+                std::thread::sleep(LOCK_RETRY);
+            }
+            opened => return Ok(opened?),
+        }
     }
 }
 
