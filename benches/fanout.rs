@@ -16,18 +16,19 @@
 
 #[path = "support/rss.rs"]
 mod rss;
+#[path = "support/submits.rs"]
+mod submits;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use dormant::submit::{Submit, SubmitOutcome};
+use dormant::submit::Submit;
 use dormant::{
     AgentDefinition, ChildState, LlmAdapter, LlmError, ModelReply, ModelRequest, Runtime,
     ScriptedLlm, SessionId, SledStore, Status, Store, ToolCall, ToolDefinition,
 };
 use futures::future::BoxFuture;
 use futures::stream::{self, StreamExt};
-use hdrhistogram::Histogram;
 use serde_json::json;
 
 const ROOT_AGENT: &str = "lead";
@@ -296,25 +297,7 @@ async fn fan_out(quick: bool) -> anyhow::Result<()> {
 
 async fn submit_all(runtime: &Runtime, submits: Vec<Submit>) -> anyhow::Result<SubmitRow> {
     let count = submits.len();
-    let started = Instant::now();
-    let latencies: Vec<anyhow::Result<Duration>> = stream::iter(submits)
-        .map(|submit| {
-            let runtime = runtime.clone();
-            async move {
-                let started = Instant::now();
-                let outcome = runtime.submit_tool_result(submit).await?;
-                anyhow::ensure!(outcome == SubmitOutcome::Accepted, "{outcome:?}");
-                Ok(started.elapsed())
-            }
-        })
-        .buffer_unordered(64)
-        .collect()
-        .await;
-    let elapsed = started.elapsed();
-    let mut histogram = Histogram::<u64>::new(3)?;
-    for latency in latencies {
-        histogram.record(latency?.as_micros() as u64)?;
-    }
+    let (histogram, elapsed) = submits::submit_latencies(runtime, submits, 64).await?;
     Ok(SubmitRow {
         p50: histogram.value_at_quantile(0.5),
         p99: histogram.value_at_quantile(0.99),

@@ -8,9 +8,11 @@
 
 #[path = "support/rss.rs"]
 mod rss;
+#[path = "support/submits.rs"]
+mod submits;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use dormant::store::{Batch, CommitKind, SledStore, Store, Tree};
 use dormant::submit::{Submit, SubmitOutcome};
@@ -18,7 +20,6 @@ use dormant::{
     AgentDefinition, ModelReply, Runtime, ScriptedLlm, SessionId, Status, ToolCall, ToolDefinition,
 };
 use futures::stream::{self, StreamExt};
-use hdrhistogram::Histogram;
 use serde_json::json;
 
 fn main() -> anyhow::Result<()> {
@@ -260,25 +261,7 @@ async fn report_submits(
     submits: Vec<Submit>,
 ) -> anyhow::Result<()> {
     let count = submits.len();
-    let started = Instant::now();
-    let latencies: Vec<anyhow::Result<Duration>> = stream::iter(submits)
-        .map(|submit| {
-            let runtime = runtime.clone();
-            async move {
-                let started = Instant::now();
-                let outcome = runtime.submit_tool_result(submit).await?;
-                anyhow::ensure!(outcome == SubmitOutcome::Accepted, "{outcome:?}");
-                Ok(started.elapsed())
-            }
-        })
-        .buffer_unordered(64)
-        .collect()
-        .await;
-    let elapsed = started.elapsed();
-    let mut histogram = Histogram::<u64>::new(3)?;
-    for latency in latencies {
-        histogram.record(latency?.as_micros() as u64)?;
-    }
+    let (histogram, elapsed) = submits::submit_latencies(runtime, submits, 64).await?;
     println!(
         "| {pending} | {roots} | {count} | {} | {} | {:.0} |",
         histogram.value_at_quantile(0.5),

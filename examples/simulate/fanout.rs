@@ -19,11 +19,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::Context as _;
 use dormant::submit::{Submit, SubmitOutcome};
 use dormant::{
-    AgentDefinition, Message, ModelReply, Runtime, ScriptedLlm, SessionId, SledStore, Status,
-    ToolCall, ToolDefinition, ToolOutcome,
+    AgentDefinition, Message, ModelReply, Runtime, ScriptedLlm, SessionId, Status, ToolCall,
+    ToolDefinition, ToolOutcome,
 };
 use hdrhistogram::Histogram;
 use parking_lot::Mutex;
@@ -173,22 +172,7 @@ struct Sim {
 
 /// Runs the fan-out mode and prints its report; returns how many problems the check found.
 pub(crate) async fn simulate(args: Args, fanout: Fanout) -> anyhow::Result<usize> {
-    let temp = match &args.store {
-        Some(_) => None,
-        None => Some(tempfile::tempdir().context("creating a temporary directory")?),
-    };
-    let path = match (&args.store, &temp) {
-        (Some(path), _) => path.clone(),
-        (None, Some(dir)) => dir.path().join("store"),
-        (None, None) => anyhow::bail!("no store directory"),
-    };
-    let store = Arc::new(
-        SledStore::builder(&path)
-            .durability(args.durability.into())
-            .group_commit(!args.no_group_commit)
-            .open()
-            .with_context(|| format!("opening the sled store at {}", path.display()))?,
-    );
+    let (temp, path, store) = crate::open_store(&args)?;
 
     let roots: Vec<SessionId> = (0..fanout.roots).map(|_| SessionId::generate()).collect();
     // ScriptedLlm scripts per agent or per session: the root's script is the agent's; each

@@ -184,22 +184,7 @@ fn main() -> anyhow::Result<()> {
 
 /// Runs the simulation and prints the report; returns how many problems verification found.
 async fn simulate(args: Args) -> anyhow::Result<usize> {
-    let temp = match &args.store {
-        Some(_) => None,
-        None => Some(tempfile::tempdir().context("creating a temporary directory")?),
-    };
-    let path = match (&args.store, &temp) {
-        (Some(path), _) => path.clone(),
-        (None, Some(dir)) => dir.path().join("store"),
-        (None, None) => anyhow::bail!("no store directory"),
-    };
-    let store = Arc::new(
-        SledStore::builder(&path)
-            .durability(args.durability.into())
-            .group_commit(!args.no_group_commit)
-            .open()
-            .with_context(|| format!("opening the sled store at {}", path.display()))?,
-    );
+    let (temp, path, store) = open_store(&args)?;
 
     let plan = Plan::new(&args);
     let lookups = Arc::new(AtomicU64::new(0));
@@ -309,6 +294,30 @@ fn deploy_tool(calls: Arc<AtomicU64>) -> ToolDefinition {
     })
     .description("Deploys, once a person approves")
     .require_approval(Approval::Always)
+}
+
+/// The sled store the run writes to: `--store`, or a temporary directory (returned so it
+/// lives as long as the run), with the durability and group-commit settings asked for.
+pub(crate) fn open_store(
+    args: &Args,
+) -> anyhow::Result<(Option<tempfile::TempDir>, PathBuf, Arc<SledStore>)> {
+    let temp = match &args.store {
+        Some(_) => None,
+        None => Some(tempfile::tempdir().context("creating a temporary directory")?),
+    };
+    let path = match (&args.store, &temp) {
+        (Some(path), _) => path.clone(),
+        (None, Some(dir)) => dir.path().join("store"),
+        (None, None) => anyhow::bail!("no store directory"),
+    };
+    let store = Arc::new(
+        SledStore::builder(&path)
+            .durability(args.durability.into())
+            .group_commit(!args.no_group_commit)
+            .open()
+            .with_context(|| format!("opening the sled store at {}", path.display()))?,
+    );
+    Ok((temp, path, store))
 }
 
 /// Bytes of the files under `path`.
