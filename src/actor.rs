@@ -250,7 +250,7 @@ impl VirtualActor for SessionActor {
             if let Some(report) = children::child_report(&session.outcome(now), false) {
                 if report == ChildReport::Crashed {
                     tracing::warn!(session = %id, "subagent.restarted_after_panic");
-                    self.report_from_outside(session.record(), report);
+                    self.send_to_parent(session.record(), report);
                 }
             }
         }
@@ -260,7 +260,7 @@ impl VirtualActor for SessionActor {
         // The parent of a child that keeps crashing records that as the tool's error.
         if let Ok(Some(record)) = schema::load_record(self.shared.store.as_ref(), id) {
             let text = format!("sub_agent_failed: child {id} failed: {error}");
-            self.report_from_outside(
+            self.send_to_parent(
                 &record,
                 ChildReport::Finished(crate::message::ToolOutcome::Error(text)),
             );
@@ -508,7 +508,7 @@ impl SessionActor {
 
     /// Answers those waiting for the session to settle if nothing is in progress: no run, no
     /// queued automatic resume, no reconciliation.
-    fn answer_settle_waiters_if_idle(&self, state: &mut SessionState) {
+    pub(super) fn answer_settle_waiters_if_idle(&self, state: &mut SessionState) {
         let busy = state.reconciling
             || state.resume_queued
             || matches!(&state.loaded, Loaded::Present(session) if session.is_busy());

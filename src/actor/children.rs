@@ -104,11 +104,11 @@ impl SessionActor {
                 | Status::Running
         ) && !session.record().aborted;
         if !resumable {
-            return self.report_to_parent(ctx, session, now);
+            return self.report_to_parent(session, now);
         }
         if let Err(error) = self.ensure_messages(session) {
             let text = format!("sub_agent_unavailable: {error}");
-            return self.report_outcome(ctx, session, fail(text));
+            return self.send_to_parent(session.record(), fail(text));
         }
         match session.resume(RunId::generate(), now) {
             Ok(Resumed::Started(transition)) => {
@@ -117,7 +117,7 @@ impl SessionActor {
             }
             Ok(Resumed::StillWaiting(_)) | Err(_) => {
                 session.release_messages();
-                self.report_to_parent(ctx, session, now);
+                self.report_to_parent(session, now);
             }
         }
     }
@@ -139,8 +139,9 @@ impl SessionActor {
         report(host, parent, tool_call_id, fail(text));
     }
 
-    /// Sends a report to the parent of `record` from outside a handler (no context at hand).
-    pub(super) fn report_from_outside(
+    /// Sends a report to the parent of `record`, if it has one (through the host's weak
+    /// handle, so it works inside a handler and outside one alike).
+    pub(super) fn send_to_parent(
         &self,
         record: &crate::session::SessionRecord,
         report_: ChildReport,
@@ -152,16 +153,9 @@ impl SessionActor {
     }
 
     /// Tells the parent (if any) where this session's last run stands.
-    pub(super) fn report_to_parent(&self, ctx: &ActorContext<Self>, session: &Session, now: u64) {
+    pub(super) fn report_to_parent(&self, session: &Session, now: u64) {
         if let Some(report) = child_report(&session.outcome(now), session.record().aborted) {
-            self.report_outcome(ctx, session, report);
-        }
-    }
-
-    fn report_outcome(&self, ctx: &ActorContext<Self>, session: &Session, report_: ChildReport) {
-        let record = session.record();
-        if let (Some(parent), Some(call)) = (&record.parent, &record.parent_call) {
-            report(ctx.host(), parent, call.clone(), report_);
+            self.send_to_parent(session.record(), report);
         }
     }
 

@@ -41,7 +41,7 @@ impl SessionActor {
                 // A child's parent waits for it: it learns of the failure as the tool's error.
                 if let Loaded::Present(session) = &state.loaded {
                     let text = format!("sub_agent_failed: {reason}");
-                    self.report_from_outside(
+                    self.send_to_parent(
                         session.record(),
                         ChildReport::Finished(ToolOutcome::Error(text)),
                     );
@@ -163,16 +163,12 @@ impl SessionActor {
                 if let Loaded::Present(session) = &mut state.loaded {
                     session.release_messages();
                     let now = self.shared.clock.now_ms();
-                    self.report_to_parent(ctx, session, now);
+                    self.report_to_parent(session, now);
                 }
                 for waiter in state.waiters.drain(..) {
                     let _ = waiter.send(Ok(outcome.clone()));
                 }
-                if !state.resume_queued {
-                    for waiter in state.settle_waiters.drain(..) {
-                        let _ = waiter.send(());
-                    }
-                }
+                self.answer_settle_waiters_if_idle(state);
             }
         }
     }
