@@ -18,7 +18,7 @@ use crate::error::Error;
 use crate::ids::{RunId, SessionId};
 use crate::schema::{self};
 use crate::session::{
-    ChildReport, ChildStart, ChildState, Input, Resumed, RunOutcome, Session, Submission,
+    ChildReport, ChildStart, ChildState, Input, Resumed, RunOutcome, Session, Stored, Submission,
     Transition,
 };
 use crate::shared::Shared;
@@ -335,11 +335,15 @@ impl SessionActor {
             Some(_) => schema::load_run(store, id, record.run_count)?,
             None => None,
         };
-        let pending = schema::load_pending(store, id)?;
-        let children = schema::load_children(store, id)?;
+        let stored = Stored {
+            run,
+            pending: schema::load_pending(store, id)?,
+            children: schema::load_children(store, id)?,
+            companions: schema::load_companions(store, id)?,
+        };
         let policy = Arc::clone(&self.shared.policy);
         Ok(Loaded::Present(Box::new(Session::restore(
-            record, agent, policy, run, pending, children,
+            record, agent, policy, stored,
         ))))
     }
 
@@ -360,7 +364,7 @@ impl SessionActor {
 
     fn ensure_messages(&self, session: &mut Session) -> Result<(), Error> {
         if session.needs_messages() {
-            let messages = schema::load_messages(self.shared.store.as_ref(), session.id())?;
+            let messages = schema::load_conversation(self.shared.store.as_ref(), session.record())?;
             session.attach_messages(messages);
         }
         Ok(())

@@ -1,5 +1,6 @@
 //! Agent definitions, validated when built: an invalid definition never reaches a run.
 
+mod companion;
 mod tool;
 
 use std::collections::HashMap;
@@ -8,6 +9,8 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
+pub(crate) use companion::CompanionTool;
+pub use companion::{CompanionMode, PersistentAgent};
 pub use tool::{
     Approval, ApprovalPredicate, ToolContext, ToolDefinition, ToolError, ToolHandler, ToolKind,
 };
@@ -111,6 +114,22 @@ pub enum DefinitionError {
         /// The agent it names.
         target: String,
     },
+    /// The same agent is listed twice as a persistent sub-agent.
+    #[error("agent {agent}: persistent agent {target} is listed twice")]
+    DuplicatePersistentAgent {
+        /// The agent.
+        agent: String,
+        /// The agent listed twice.
+        target: String,
+    },
+    /// A persistent sub-agent names an agent that is not registered.
+    #[error("agent {agent}: persistent agent {target} is not a defined agent")]
+    UnknownPersistentAgent {
+        /// The agent.
+        agent: String,
+        /// The agent it names.
+        target: String,
+    },
     /// An agent with this name is already registered.
     #[error("an agent named {agent} is already defined")]
     DuplicateAgent {
@@ -207,6 +226,7 @@ pub struct AgentDefinition {
     output_schema: Option<Schema>,
     tools: Vec<Tool>,
     by_name: HashMap<String, usize>,
+    persistent: Vec<PersistentAgent>,
     specs: Arc<[ToolSpec]>,
 }
 
@@ -220,6 +240,7 @@ impl AgentDefinition {
             client_tool_timeout_ms: None,
             output_schema: None,
             tools: Vec::new(),
+            persistent: Vec::new(),
         }
     }
 
@@ -258,6 +279,11 @@ impl AgentDefinition {
         self.tools.iter().map(|tool| &tool.def)
     }
 
+    /// The agents this one may run as persistent sub-agents (companions).
+    pub fn persistent_agents(&self) -> &[PersistentAgent] {
+        &self.persistent
+    }
+
     pub(crate) fn tool(&self, name: &str) -> Option<&Tool> {
         self.by_name
             .get(name)
@@ -279,6 +305,7 @@ pub struct AgentBuilder {
     client_tool_timeout_ms: Option<u64>,
     output_schema: Option<Value>,
     tools: Vec<ToolDefinition>,
+    persistent: Vec<PersistentAgent>,
 }
 
 impl AgentBuilder {
@@ -310,6 +337,28 @@ impl AgentBuilder {
     /// satisfy the schema and becomes the run's output.
     pub fn output_schema(mut self, schema: Value) -> Self {
         self.output_schema = Some(schema);
+        self
+    }
+
+    /// Lets the agent run `agent` as a persistent sub-agent: it gains the `companion__*` tools
+    /// (`spawnAgent`, `sendMessage`, `listChildren`, `getChildStatus`, `terminateChild`, and
+    /// `waitForResult` once some persistent agent is [`CompanionMode::Blocking`]).
+    ///
+    /// ```
+    /// use dormant::{AgentDefinition, CompanionMode};
+    /// let lead = AgentDefinition::builder("lead")
+    ///     .persistent_agent("researcher", CompanionMode::Blocking)
+    ///     .build()?;
+    /// let names: Vec<String> = lead.tool_specs().iter().map(|spec| spec.name.clone()).collect();
+    /// assert!(names.contains(&"companion__spawnAgent".to_string()));
+    /// assert!(names.contains(&"companion__waitForResult".to_string()));
+    /// # Ok::<(), dormant::DefinitionError>(())
+    /// ```
+    pub fn persistent_agent(mut self, agent: impl Into<String>, mode: CompanionMode) -> Self {
+        self.persistent.push(PersistentAgent {
+            agent: agent.into(),
+            mode,
+        });
         self
     }
 
@@ -374,6 +423,18 @@ impl AgentBuilder {
                     .unwrap_or_else(|| serde_json::json!({ "type": "object" })),
             })
             .collect();
+        for (index, persistent) in self.persistent.iter().enumerate() {
+            if self.persistent[..index]
+                .iter()
+                .any(|earlier| earlier.agent == persistent.agent)
+            {
+                return Err(DefinitionError::DuplicatePersistentAgent {
+                    agent,
+                    target: persistent.agent.clone(),
+                });
+            }
+        }
+        specs.extend(companion::companion_specs(&self.persistent));
         if let Some(schema) = &output_schema {
             specs.push(ToolSpec {
                 name: FINISH_TOOL.into(),
@@ -389,6 +450,7 @@ impl AgentBuilder {
             output_schema,
             tools,
             by_name,
+            persistent: self.persistent,
             specs: specs.into(),
         })
     }

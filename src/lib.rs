@@ -76,8 +76,8 @@ pub mod submit;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use definition::{
-    AgentBuilder, AgentDefinition, Approval, DefinitionError, ToolContext, ToolDefinition,
-    ToolError, ToolHandler, ToolKind,
+    AgentBuilder, AgentDefinition, Approval, CompanionMode, DefinitionError, PersistentAgent,
+    ToolContext, ToolDefinition, ToolError, ToolHandler, ToolKind,
 };
 pub use error::Error;
 pub use hooks::{HookEvent, Hooks};
@@ -89,8 +89,8 @@ pub use runtime::{Runtime, RuntimeBuilder, RuntimeStats};
 pub use scheduler::SweepReport;
 pub use schema::ExpiredCall;
 pub use session::{
-    Answer, ChildCall, ChildState, ErrorCode, PendingCall, PendingKind, RunError, RunOutcome,
-    RunRecord, SessionRecord, Status,
+    Answer, ChildCall, ChildState, Companion, CompanionStatus, ErrorCode, PendingCall, PendingKind,
+    RunError, RunOutcome, RunRecord, SessionRecord, Status,
 };
 pub use store::{MemoryStore, SledStore, Store};
 pub use stream::{Chunk, ChunkKind};

@@ -20,7 +20,7 @@ use crate::router::{Route, RouterActor, Shard};
 use crate::scheduler::{DeadlineScheduler, SchedulerKey, SchedulerMsg, SweepReport};
 use crate::schema;
 use crate::schema::ExpiredCall;
-use crate::session::{ChildCall, PendingCall, Submission};
+use crate::session::{ChildCall, Companion, PendingCall, Submission};
 use crate::session::{RunOutcome, RunRecord, SessionRecord, Status};
 use crate::shared::Shared;
 use crate::stream::Chunk;
@@ -322,6 +322,15 @@ impl Runtime {
         Ok(calls)
     }
 
+    /// The persistent sub-agents (companions) of a session, by name, as the session knows
+    /// them: where each one's turn stands and its last reply.
+    ///
+    /// # Errors
+    /// A store failure.
+    pub fn companions(&self, id: &SessionId) -> Result<Vec<Companion>, Error> {
+        Ok(schema::load_companions(self.shared.store.as_ref(), id)?)
+    }
+
     /// How client-tool and approval calls fared: wait times and outcome counters.
     pub fn client_tool_stats(&self) -> ClientToolStats {
         self.shared.metrics.client_tools()
@@ -411,6 +420,11 @@ impl Runtime {
     }
 
     /// Whether the session has a resident actor.
+    pub(crate) fn resident_sessions(&self) -> Vec<SessionId> {
+        self.host.resident_keys()
+    }
+
+    /// Whether the session has an actor right now.
     pub fn is_resident(&self, id: &SessionId) -> bool {
         self.host.is_resident(id)
     }
@@ -488,6 +502,17 @@ pub(crate) fn define_all(shared: &Shared, agents: Vec<AgentDefinition>) -> Resul
         if duplicate {
             return Err(DefinitionError::DuplicateAgent {
                 agent: agent.name().to_string(),
+            }
+            .into());
+        }
+        if let Some(target) = agent
+            .persistent_agents()
+            .iter()
+            .find(|persistent| !known(&persistent.agent))
+        {
+            return Err(DefinitionError::UnknownPersistentAgent {
+                agent: agent.name().to_string(),
+                target: target.agent.clone(),
             }
             .into());
         }

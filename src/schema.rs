@@ -12,7 +12,7 @@ use serde::Serialize;
 
 use crate::ids::SessionId;
 use crate::message::Message;
-use crate::session::{ChildCall, PendingCall, RunRecord, SessionRecord};
+use crate::session::{ChildCall, Companion, PendingCall, RunRecord, SessionRecord};
 use crate::store::{Batch, CommitKind, Store, Tree};
 use crate::stream::Chunk;
 
@@ -179,6 +179,8 @@ pub(crate) enum IndexWrite {
     PutChild(ChildCall),
     /// Remove a sub-agent call's child entry of this session.
     DeleteChild(String),
+    /// Store a persistent sub-agent of this session.
+    PutCompanion(Companion),
 }
 
 /// The writes of one step of a session, before encoding.
@@ -244,6 +246,11 @@ impl Commit {
                 IndexWrite::DeleteChild(call) => {
                     batch.delete(Tree::Children, call_key(id, call));
                 }
+                IndexWrite::PutCompanion(companion) => batch.put(
+                    Tree::Companions,
+                    call_key(id, &companion.name),
+                    encode(Tree::Companions, companion)?,
+                ),
                 IndexWrite::PutDeadline { at, call } => {
                     batch.put(Tree::Deadlines, timed_key(*at, id, call), Vec::new());
                 }
@@ -368,6 +375,27 @@ pub(crate) fn load_children(
     session: &SessionId,
 ) -> Result<Vec<ChildCall>, Error> {
     load_all(store, session, Tree::Children)
+}
+
+/// A session's persistent sub-agents, by name.
+pub(crate) fn load_companions(
+    store: &dyn Store,
+    session: &SessionId,
+) -> Result<Vec<Companion>, Error> {
+    load_all(store, session, Tree::Companions)
+}
+
+/// The conversation the model sees: the messages from the record's `history_start` on (a
+/// companion spawned fresh starts over; its earlier messages stay stored).
+pub(crate) fn load_conversation(
+    store: &dyn Store,
+    record: &SessionRecord,
+) -> Result<Vec<Message>, Error> {
+    let mut messages = load_messages(store, &record.id)?;
+    let start = usize::try_from(record.history_start)
+        .unwrap_or(usize::MAX)
+        .min(messages.len());
+    Ok(messages.split_off(start))
 }
 
 /// The session that owns call `call` under `root`, if the call is pending.

@@ -4,6 +4,7 @@
 //! sled or time.
 
 mod children;
+mod companions;
 mod core;
 mod outcome;
 mod pending;
@@ -13,13 +14,13 @@ mod step;
 mod suspend;
 mod transition;
 
-pub(crate) use self::children::ChildStart;
-pub(crate) use self::core::{ChildReport, FinishedCall, Input, Policy, Session};
+pub(crate) use self::children::{ChildKind, ChildStart};
+pub(crate) use self::core::{ChildReport, FinishedCall, Input, Policy, Session, Stored};
 pub use outcome::RunOutcome;
 pub(crate) use resume::Resumed;
 pub use state::{
-    Answer, ChildCall, ChildState, ErrorCode, PendingCall, PendingKind, RunError, RunRecord,
-    SessionRecord, Status, Suspension,
+    Answer, ChildCall, ChildState, Companion, CompanionStatus, ErrorCode, PendingCall, PendingKind,
+    RunError, RunRecord, SessionRecord, Status, Suspension,
 };
 pub use suspend::NOT_APPROVED;
 pub(crate) use suspend::{Submission, Verdict};

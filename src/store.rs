@@ -38,11 +38,13 @@ pub enum Tree {
     TombstoneExpiry,
     /// (parent session id, tool call id) → the sub-agent call's child entry.
     Children,
+    /// (parent session id, name) → a persistent sub-agent as its parent knows it.
+    Companions,
 }
 
 impl Tree {
     /// Every tree, in a fixed order (backends open them all at start).
-    pub const ALL: [Tree; 10] = [
+    pub const ALL: [Tree; 11] = [
         Tree::Sessions,
         Tree::Messages,
         Tree::Runs,
@@ -53,6 +55,7 @@ impl Tree {
         Tree::Tombstones,
         Tree::TombstoneExpiry,
         Tree::Children,
+        Tree::Companions,
     ];
 
     /// The tree's name in the backend.
@@ -68,6 +71,7 @@ impl Tree {
             Tree::Tombstones => "tombstones",
             Tree::TombstoneExpiry => "tombstone_expiry",
             Tree::Children => "children",
+            Tree::Companions => "companions",
         }
     }
 }

@@ -224,6 +224,15 @@ impl<A: VirtualActor> Host<A> {
         self.inner.slots.contains_key(key)
     }
 
+    /// The keys that have an actor (live, starting or stopping) right now.
+    pub fn resident_keys(&self) -> Vec<A::Key> {
+        self.inner
+            .slots
+            .iter()
+            .map(|slot| slot.key().clone())
+            .collect()
+    }
+
     /// The error a failed key answers with, if it is marked failed.
     pub fn failure(&self, key: &A::Key) -> Option<Error> {
         self.inner

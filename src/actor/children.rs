@@ -15,7 +15,8 @@ use crate::ids::{RunId, SessionId};
 use crate::message::ToolOutcome;
 use crate::schema;
 use crate::session::{
-    ChildReport, ChildStart, ChildState, ErrorCode, Input, Resumed, RunOutcome, Session, Status,
+    ChildKind, ChildReport, ChildStart, ChildState, ErrorCode, Input, Resumed, RunOutcome, Session,
+    Status,
 };
 use crate::shared::Shared;
 use crate::store::Store;
@@ -31,7 +32,17 @@ impl SessionActor {
     ) {
         let id = ctx.key();
         match self.present(id, state) {
-            Ok(Some(_)) => return self.wake(ctx, state).await,
+            Ok(Some(session)) => {
+                let ChildKind::Companion { fresh } = start.kind else {
+                    return self.wake(ctx, state).await;
+                };
+                let call = &start.origin.tool_call_id;
+                if session.record().parent_call.as_ref() == Some(call) {
+                    // This call started the companion's current turn already (a replay).
+                    return self.wake(ctx, state).await;
+                }
+                return self.consult(ctx, state, start, fresh).await;
+            }
             Ok(None) => {}
             Err(error) => {
                 let text = format!("sub_agent_unavailable: child {id} cannot be read: {error}");
@@ -80,6 +91,46 @@ impl SessionActor {
                         fail(format!("sub_agent_failed: {error}")),
                     );
                 }
+            }
+        }
+    }
+
+    /// A companion's new turn: on its preserved conversation, or fresh. A refusal (its turn is
+    /// still running) is the parent's tool error.
+    async fn consult(
+        &self,
+        ctx: &ActorContext<Self>,
+        state: &mut SessionState,
+        start: ChildStart,
+        fresh: bool,
+    ) {
+        let now = self.shared.clock.now_ms();
+        let parent = start.origin.parent;
+        let call = start.origin.tool_call_id;
+        let Ok(Some(session)) = self.present(ctx.key(), state) else {
+            return;
+        };
+        if let Err(error) = self.ensure_messages(session) {
+            let text = format!("sub_agent_unavailable: {error}");
+            return report(ctx.host(), &parent, call, fail(text));
+        }
+        let input = Input::Consult {
+            run_id: RunId::generate(),
+            message: start.message,
+            tool_call_id: call.clone(),
+            fresh,
+        };
+        match session.apply(input, now) {
+            // Its settle reports to the parent, and so does a failed commit.
+            Ok(transition) => {
+                let _ = self.perform(ctx, state, transition).await;
+            }
+            Err(error) => {
+                let text = format!(
+                    "companion_busy: {} cannot take a new turn: {error}",
+                    ctx.key()
+                );
+                report(ctx.host(), &parent, call, fail(text));
             }
         }
     }
@@ -171,13 +222,16 @@ impl SessionActor {
             Ok(Some(session)) => session,
             Ok(None) | Err(_) => return,
         };
-        let Some(entry) = session.child_calls_entry(&tool_call_id) else {
+        let Some((child, forwarded)) = session.report_source(&tool_call_id) else {
             return;
         };
-        let chunks = match schema::load_chunks(self.shared.store.as_ref(), &entry.0, entry.1) {
-            Ok(chunks) => chunks,
-            Err(error) => {
-                tracing::warn!(session = %ctx.key(), child = %entry.0, %error, "subagent.chunks_unreadable");
+        let chunks = match forwarded
+            .map(|from| schema::load_chunks(self.shared.store.as_ref(), &child, from))
+        {
+            None => Vec::new(),
+            Some(Ok(chunks)) => chunks,
+            Some(Err(error)) => {
+                tracing::warn!(session = %ctx.key(), %child, %error, "subagent.chunks_unreadable");
                 Vec::new()
             }
         };

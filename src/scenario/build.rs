@@ -48,6 +48,9 @@ pub(crate) fn agent(
     for tool in &spec.tools {
         builder = builder.tool(self::tool(tool, invocations));
     }
+    for persistent in &spec.persistent_agents {
+        builder = builder.persistent_agent(persistent.agent.as_str(), persistent.mode);
+    }
     builder.build()
 }
 
@@ -132,6 +135,8 @@ pub(crate) fn definition_error_code(error: &DefinitionError) -> &'static str {
         DefinitionError::ZeroMaxSteps { .. } => "zero_max_steps",
         DefinitionError::UnknownSubAgent { .. } => "unknown_sub_agent",
         DefinitionError::DuplicateAgent { .. } => "duplicate_agent",
+        DefinitionError::DuplicatePersistentAgent { .. } => "duplicate_persistent_agent",
+        DefinitionError::UnknownPersistentAgent { .. } => "unknown_persistent_agent",
     }
 }
 

@@ -144,6 +144,24 @@ pub(crate) fn check(world: &World, step: &Step, observed: &Observed) -> Vec<Stri
             Err(error) => out.push("events in order", show_list(&expected), describe(&error)),
         }
     }
+    if let (Some(expected), Some(view)) = (&expect.companions, view) {
+        match view.companions() {
+            Ok(got) => {
+                for (name, status) in expected {
+                    let found = got.iter().find(|companion| &companion.name == name);
+                    let got =
+                        found.map_or("no such companion", |companion| companion.status.as_str());
+                    if got != status {
+                        out.push(&format!("companions.{name}"), status, got);
+                    }
+                }
+            }
+            Err(error) => {
+                let names: Vec<&str> = expected.keys().map(String::as_str).collect();
+                out.push("companions", show_list(&names), describe(&error));
+            }
+        }
+    }
     if let (Some(expected), Some(view)) = (&expect.hooks, view) {
         let expected: Vec<&str> = expected.iter().map(|hook| hook.as_str()).collect();
         let key = "hooks of the last run in order";
@@ -251,6 +269,10 @@ impl View<'_> {
     /// The ids of the tree's calls that still await an answer, sorted.
     fn pending(&self) -> Result<Vec<String>, Error> {
         tree::waiting_calls(self.runtime()?, self.session, self.now)
+    }
+
+    fn companions(&self) -> Result<Vec<crate::session::Companion>, Error> {
+        self.runtime()?.companions(self.session)
     }
 
     fn runs(&self) -> Result<Vec<RunRecord>, Error> {

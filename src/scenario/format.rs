@@ -55,6 +55,23 @@ pub(crate) struct AgentSpec {
     pub(crate) tools: Vec<ToolSpec>,
     #[serde(default)]
     pub(crate) script: Vec<ScriptEntry>,
+    /// Agents it may run as persistent sub-agents (an addition to the format, documented in
+    /// the README): it gains the `companion__*` tools.
+    #[serde(default)]
+    pub(crate) persistent_agents: Vec<PersistentSpec>,
+}
+
+/// A persistent sub-agent of an agent.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct PersistentSpec {
+    pub(crate) agent: String,
+    #[serde(default = "blocking")]
+    pub(crate) mode: crate::definition::CompanionMode,
+}
+
+fn blocking() -> crate::definition::CompanionMode {
+    crate::definition::CompanionMode::Blocking
 }
 
 /// Who runs a tool.
@@ -257,6 +274,11 @@ pub(crate) struct Expect {
     pub(crate) events: Option<Vec<EventName>>,
     #[serde(default)]
     pub(crate) hooks: Option<Vec<HookName>>,
+    /// Companion name → status (`running`, `suspended`, `completed`, `failed`,
+    /// `interrupted`, `terminated`), as the session knows its persistent sub-agents (an
+    /// addition to the format).
+    #[serde(default)]
+    pub(crate) companions: Option<BTreeMap<String, String>>,
 }
 
 /// The outcome of a submit.

@@ -325,6 +325,7 @@ impl Parser {
             ("runs", expect.runs.is_some()),
             ("events", expect.events.is_some()),
             ("hooks", expect.hooks.is_some()),
+            ("companions", expect.companions.is_some()),
         ];
         if op.session().is_none() {
             if let Some((key, _)) = about_session.iter().find(|(_, given)| *given) {

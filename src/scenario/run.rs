@@ -2,6 +2,7 @@
 //! work it caused has settled, so the next step sees a quiet runtime; an op (or the final
 //! shutdown) that does not settle within [`SETTLE_TIMEOUT`] fails instead of hanging the run.
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use super::envelope;
@@ -12,6 +13,7 @@ use super::parse::Scenario;
 use super::report::{FileReport, StepFailure};
 use super::step::{EvictTarget, Op};
 use super::world::World;
+use crate::ids::SessionId;
 use crate::store::CommitKind;
 
 /// How long one op, or the final shutdown, may take. Scenario ops are tiny, so anything near
@@ -169,8 +171,9 @@ async fn perform(world: &mut World, op: &Op) -> Result<Observed, Stop> {
 /// Lets the work `op` caused settle: fires every deadline that has passed by the manual clock
 /// (a timeout of 0 expires as soon as its call is recorded), then waits until no run is in
 /// progress in any session (automatic resumes included). Children are waited for before their
-/// parents (a child's id extends its parent's, so it sorts after it). `define`, `evict`,
-/// `crash_before` and `check` cause no work.
+/// parents (a child's id extends its parent's, so it sorts after it). Resident sessions are
+/// waited for too: a companion started without waiting has an actor before it has a record.
+/// `define`, `evict`, `crash_before` and `check` cause no work.
 async fn settle(world: &World, op: &Op) -> Result<(), crate::Error> {
     if matches!(
         op,
@@ -183,8 +186,18 @@ async fn settle(world: &World, op: &Op) -> Result<(), crate::Error> {
         return Ok(());
     };
     runtime.sweep_deadlines().await?;
-    for session in runtime.session_ids()?.iter().rev() {
-        runtime.wait_settled(session).await;
+    // A pass can start sessions a later pass must see (a parent's automatic resume may start
+    // companions): go on until a pass finds no session the previous one did not wait for.
+    let mut waited: BTreeSet<SessionId> = BTreeSet::new();
+    loop {
+        let mut sessions: BTreeSet<SessionId> = runtime.session_ids()?.into_iter().collect();
+        sessions.extend(runtime.resident_sessions());
+        if !waited.is_empty() && sessions.is_subset(&waited) {
+            return Ok(());
+        }
+        for session in sessions.iter().rev() {
+            runtime.wait_settled(session).await;
+        }
+        waited.extend(sessions);
     }
-    Ok(())
 }

@@ -32,6 +32,17 @@ pub(crate) struct ChildStart {
     pub(crate) child: SessionId,
     pub(crate) agent: String,
     pub(crate) message: String,
+    pub(crate) kind: ChildKind,
+}
+
+/// What a start means for a child that exists already.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ChildKind {
+    /// One call, one child: an existing child is re-attached to (its result is reported).
+    Ephemeral,
+    /// A persistent companion: re-attached to if this call started its current turn, else
+    /// given a new turn; `fresh` starts it over (it failed or was terminated).
+    Companion { fresh: bool },
 }
 
 /// A parent's sub-agent calls that have not become tool results yet, keyed by call id.
@@ -52,6 +63,19 @@ impl ChildCalls {
 
     pub(crate) fn get(&self, id: &str) -> Option<&ChildCall> {
         self.by_id.get(id)
+    }
+
+    pub(super) fn insert(&mut self, entry: ChildCall) {
+        self.by_id.insert(entry.tool_call_id.clone(), entry);
+    }
+
+    /// The calls that wait on `child`, in call order (several may wait on one companion).
+    fn calls_on(&self, child: &SessionId) -> Vec<String> {
+        self.in_order()
+            .into_iter()
+            .filter(|call| &call.child == child)
+            .map(|call| call.tool_call_id.clone())
+            .collect()
     }
 
     pub(crate) fn is_empty(&self) -> bool {
@@ -149,6 +173,7 @@ impl Session {
                     started_at_ms: now,
                     state: ChildState::Running,
                     forwarded: 0,
+                    companion: None,
                 };
                 self.staged.index.push(IndexWrite::PutChild(entry.clone()));
                 self.children.by_id.insert(call.id.clone(), entry);
@@ -176,6 +201,7 @@ impl Session {
             child,
             agent,
             message: child_message(&call.input).unwrap_or_default(),
+            kind: super::children::ChildKind::Ephemeral,
         }));
     }
 
@@ -258,8 +284,9 @@ impl Session {
         }
     }
 
-    /// A child reported: its new chunks are copied into this stream, its entry updated, and a
-    /// step or a resume that waited for it goes on.
+    /// A child reported: its new chunks are copied into this stream, the entries of the calls
+    /// that wait on it updated, and a step or a resume that waited for it goes on. A report
+    /// from a companion reaches its record and every call that waits on it.
     pub(super) fn child_reported(
         &mut self,
         call_id: &str,
@@ -267,14 +294,81 @@ impl Session {
         chunks: Vec<Chunk>,
         now: u64,
     ) -> Transition {
-        let Some(entry) = self.children.by_id.get(call_id) else {
+        let mut effects = Vec::new();
+        let targets = match self.companion_reported(call_id, &report, &mut effects) {
+            Some(companion) => self.children.calls_on(&companion),
             // A report for a call already recorded (a duplicate, or a child woken twice).
-            return Transition::default();
+            None if self.children.get(call_id).is_none() => return Transition::default(),
+            None => {
+                self.forward_chunks(call_id, chunks, now);
+                vec![call_id.to_string()]
+            }
+        };
+        let mut woken = Vec::new();
+        for target in targets {
+            let live = self.waits_on(&target);
+            let Some(entry) = self.children.by_id.get_mut(&target) else {
+                continue;
+            };
+            // A result already recorded stays (a re-attached child reports it again).
+            if !entry.state.is_finished() {
+                match &report {
+                    ChildReport::Crashed if live && entry.companion.is_none() => {
+                        effects.push(Effect::WakeChildren(vec![(
+                            target.clone(),
+                            entry.child.clone(),
+                        )]));
+                    }
+                    ChildReport::Crashed => {}
+                    ChildReport::Suspended(waiting) => {
+                        entry.state = ChildState::Suspended {
+                            waiting: waiting.clone(),
+                        };
+                    }
+                    ChildReport::Finished(outcome) => {
+                        entry.state = ChildState::Finished(outcome.clone());
+                    }
+                }
+            }
+            if entry.state != ChildState::Running {
+                woken.push(target);
+            }
+            let entry = entry.clone();
+            self.staged.index.push(IndexWrite::PutChild(entry));
+        }
+        let mut kind = CommitKind::Other;
+        match &mut self.phase {
+            Phase::AwaitingTools { .. } => {
+                if self.settle_if_ready(now, &mut effects) {
+                    // The step's results: commit #2, whoever finished last.
+                    kind = CommitKind::ToolResults;
+                }
+            }
+            Phase::AwaitingChildren { waking } => {
+                waking.retain(|id| !woken.contains(id));
+                if waking.is_empty() {
+                    self.phase = Phase::Idle;
+                    return self.after_waking(now, effects);
+                }
+            }
+            Phase::Idle | Phase::AwaitingModel { .. } => {
+                if self.policy.auto_resume && self.is_suspended() && !self.any_waiting(now) {
+                    effects.push(Effect::AutoResume);
+                }
+            }
+        }
+        self.finish(kind, now, effects)
+    }
+
+    /// Copies a child's chunks not yet forwarded into this stream, between the call's
+    /// `subagent_start` and `subagent_end`.
+    fn forward_chunks(&mut self, call_id: &str, chunks: Vec<Chunk>, now: u64) {
+        let Some(entry) = self.children.by_id.get(call_id) else {
+            return;
         };
         let child = entry.child.clone();
-        let forwarded_from = entry.forwarded;
+        let mut forwarded = entry.forwarded;
         let run_id = self.current_run_id();
-        let mut forwarded = forwarded_from;
         for chunk in chunks {
             if chunk.seq < forwarded {
                 continue;
@@ -290,54 +384,9 @@ impl Session {
                 },
             );
         }
-        let mut effects = Vec::new();
-        let live = self.waits_on(call_id);
-        let Some(entry) = self.children.by_id.get_mut(call_id) else {
-            return Transition::default();
-        };
-        entry.forwarded = forwarded;
-        // A result already recorded stays (a re-attached child reports it again).
-        if !entry.state.is_finished() {
-            match report {
-                ChildReport::Crashed if live => {
-                    effects.push(Effect::WakeChildren(vec![(call_id.to_string(), child)]));
-                }
-                ChildReport::Crashed => {}
-                ChildReport::Suspended(waiting) => {
-                    entry.state = ChildState::Suspended { waiting };
-                }
-                ChildReport::Finished(outcome) => {
-                    entry.state = ChildState::Finished(outcome);
-                }
-            }
+        if let Some(entry) = self.children.by_id.get_mut(call_id) {
+            entry.forwarded = forwarded;
         }
-        let entry = entry.clone();
-        let woken = entry.state != ChildState::Running;
-        self.staged.index.push(IndexWrite::PutChild(entry));
-        let mut kind = CommitKind::Other;
-        match &mut self.phase {
-            Phase::AwaitingTools { .. } => {
-                if self.settle_if_ready(now, &mut effects) {
-                    // The step's results: commit #2, whoever finished last.
-                    kind = CommitKind::ToolResults;
-                }
-            }
-            Phase::AwaitingChildren { waking } => {
-                if woken {
-                    waking.retain(|id| id != call_id);
-                }
-                if waking.is_empty() {
-                    self.phase = Phase::Idle;
-                    return self.after_waking(now, effects);
-                }
-            }
-            Phase::Idle | Phase::AwaitingModel { .. } => {
-                if self.policy.auto_resume && self.is_suspended() && !self.any_waiting(now) {
-                    effects.push(Effect::AutoResume);
-                }
-            }
-        }
-        self.finish(kind, now, effects)
     }
 
     /// Whether the step or resume in progress waits for this call's child.
@@ -395,14 +444,26 @@ impl Session {
         if self.is_busy() {
             return Vec::new();
         }
-        self.children.running()
+        let mut running = self.children.running();
+        for (call, child) in self.companions.running() {
+            if !running.iter().any(|(known, _)| *known == call) {
+                running.push((call, child));
+            }
+        }
+        running
     }
 
-    /// The child of sub-agent call `call_id` and how many of its chunks were forwarded.
-    pub(crate) fn child_calls_entry(&self, call_id: &str) -> Option<(SessionId, u64)> {
-        self.children
-            .get(call_id)
-            .map(|entry| (entry.child.clone(), entry.forwarded))
+    /// Where a report naming `call_id` comes from: the child, and from which of its chunks on
+    /// the report must carry its stream (`None`: a companion, whose stream stays its own).
+    /// `None` for a call nothing waits on any more.
+    pub(crate) fn report_source(&self, call_id: &str) -> Option<(SessionId, Option<u64>)> {
+        if let Some(companion) = self.companions.by_turn_call(call_id) {
+            return Some((companion.child.clone(), None));
+        }
+        self.children.get(call_id).map(|entry| {
+            let forwarded = entry.companion.is_none().then_some(entry.forwarded);
+            (entry.child.clone(), forwarded)
+        })
     }
 
     /// Writes the terminal outcomes background recovery found, for entries still marked running
@@ -410,6 +471,9 @@ impl Session {
     pub(super) fn reconciled(&mut self, results: Vec<(String, ChildState)>) -> Transition {
         let mut changed = false;
         for (call_id, state) in results {
+            if self.companion_reconciled(&call_id, &state) {
+                changed = true;
+            }
             if self.waits_on(&call_id) {
                 continue;
             }

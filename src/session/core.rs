@@ -7,10 +7,11 @@ use std::sync::Arc;
 use serde_json::{Map, Value};
 
 use super::children::{ChildCalls, ChildOrigin};
+use super::companions::Companions;
 use super::pending::PendingCalls;
 use super::{
-    ChildCall, ChildState, Effect, PendingCall, PendingKind, RunError, RunOutcome, RunRecord,
-    SessionRecord, Status, Transition,
+    ChildCall, ChildState, Companion, Effect, PendingCall, PendingKind, RunError, RunOutcome,
+    RunRecord, SessionRecord, Status, Transition,
 };
 use crate::definition::AgentDefinition;
 use crate::error::Error;
@@ -71,6 +72,13 @@ pub(crate) enum Input {
     },
     /// Background recovery learned how children recorded as running ended.
     Reconciled { results: Vec<(String, ChildState)> },
+    /// A companion's new turn, started by its parent's call `tool_call_id`.
+    Consult {
+        run_id: RunId,
+        message: String,
+        tool_call_id: String,
+        fresh: bool,
+    },
 }
 
 /// What a child tells its parent when its run settles (or when the parent wakes it).
@@ -106,6 +114,9 @@ pub(super) enum CallSlot {
     Pending(PendingKind),
     /// Run by a child session; its entry in `Session::children` says how far it got.
     Child,
+    /// A companion tool call, carried out when the step dispatches (it becomes `Ready` or
+    /// `Child` there).
+    Companion,
 }
 
 /// Where the run is between inputs (in memory only: a crash here is recovered from the
@@ -134,6 +145,16 @@ pub(super) enum Phase {
     },
 }
 
+/// What a session keeps beside its snapshot, read back with it.
+#[derive(Debug, Default)]
+pub(crate) struct Stored {
+    /// The current (or last) run.
+    pub(crate) run: Option<RunRecord>,
+    pub(crate) pending: Vec<PendingCall>,
+    pub(crate) children: Vec<ChildCall>,
+    pub(crate) companions: Vec<Companion>,
+}
+
 /// Writes gathered while applying one input; they become the transition's commit.
 #[derive(Debug, Default)]
 pub(super) struct Staged {
@@ -155,6 +176,8 @@ pub(crate) struct Session {
     pub(super) pending: PendingCalls,
     /// Sub-agent calls whose child has not been recorded as a result yet.
     pub(super) children: ChildCalls,
+    /// Persistent sub-agents, by name.
+    pub(super) companions: Companions,
     /// Loaded for a run and released when it settles, so idle sessions stay small. Shared with
     /// the model call in flight; `Arc::make_mut` copies only if that call still holds it.
     pub(super) messages: Option<Arc<Vec<Message>>>,
@@ -190,6 +213,7 @@ impl Session {
             suspension: None,
             parent_call: None,
             depth: 0,
+            history_start: 0,
         };
         Self {
             record,
@@ -198,6 +222,7 @@ impl Session {
             run: None,
             pending: PendingCalls::default(),
             children: ChildCalls::default(),
+            companions: Companions::default(),
             messages: Some(Arc::new(Vec::new())),
             phase: Phase::Idle,
             staged: Staged::default(),
@@ -225,18 +250,16 @@ impl Session {
         record: SessionRecord,
         agent: Arc<AgentDefinition>,
         policy: Arc<Policy>,
-        run: Option<RunRecord>,
-        pending: Vec<PendingCall>,
-        children: Vec<ChildCall>,
+        stored: Stored,
     ) -> Self {
-        let pending = PendingCalls::from_entries(pending);
         Self {
             record,
             agent,
             policy,
-            run,
-            pending,
-            children: ChildCalls::from_entries(children),
+            run: stored.run,
+            pending: PendingCalls::from_entries(stored.pending),
+            children: ChildCalls::from_entries(stored.children),
+            companions: Companions::from_entries(stored.companions),
             messages: None,
             phase: Phase::Idle,
             staged: Staged::default(),
@@ -245,10 +268,6 @@ impl Session {
 
     pub(crate) fn agent(&self) -> &Arc<AgentDefinition> {
         &self.agent
-    }
-
-    pub(crate) fn id(&self) -> &SessionId {
-        &self.record.id
     }
 
     pub(crate) fn record(&self) -> &SessionRecord {
@@ -307,6 +326,12 @@ impl Session {
                 chunks,
             } => Ok(self.child_reported(&tool_call_id, report, chunks, now)),
             Input::Reconciled { results } => Ok(self.reconciled(results)),
+            Input::Consult {
+                run_id,
+                message,
+                tool_call_id,
+                fresh,
+            } => self.consult(run_id, message, tool_call_id, fresh, now),
         }
     }
 

@@ -397,6 +397,7 @@ impl Session {
         if count > 0 {
             effects.push(Effect::Observe(Observation::Aborted { count }));
         }
+        self.terminate_companions(&mut effects);
         self.record.suspension = None;
         match self.record.status {
             // Honoured at the top of the next step, once the children stopped.

@@ -130,6 +130,10 @@ pub struct SessionRecord {
     /// How many ancestors it has (0 for a root).
     #[serde(default)]
     pub depth: u32,
+    /// The first message of the conversation the model sees: a companion spawned fresh after
+    /// it failed or was terminated starts over here (the earlier messages stay stored).
+    #[serde(default)]
+    pub history_start: u64,
 }
 
 /// One run: an `execute` or a `resume`.
@@ -239,6 +243,10 @@ pub struct ChildCall {
     pub state: ChildState,
     /// The child's stream chunks already copied into the parent's stream.
     pub forwarded: u64,
+    /// For a call that waits on a persistent sub-agent: its name. A companion keeps its own
+    /// stream (its chunks are not copied into the parent's).
+    #[serde(default)]
+    pub companion: Option<String>,
 }
 
 /// What a parent knows of one of its children.
@@ -276,4 +284,71 @@ impl ChildState {
 pub struct Suspension {
     /// The suspended run.
     pub run_id: RunId,
+}
+
+/// A persistent sub-agent of a session, as its parent knows it: stored one entry per name.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Companion {
+    /// The name the parent gave it (its session is `{parent}-agent-{name}`).
+    pub name: String,
+    /// The agent it runs.
+    pub agent: String,
+    /// Whether the parent waits for its replies.
+    pub mode: crate::definition::CompanionMode,
+    /// Its session.
+    pub child: SessionId,
+    /// Where its current (or last) turn stands.
+    pub status: CompanionStatus,
+    /// The reply (or error) of its last finished turn.
+    pub result: Option<crate::message::ToolOutcome>,
+    /// The parent's tool call that started its current turn: the child reports to it, and a
+    /// report naming an older call is stale.
+    pub turn_call: String,
+    /// Turns it was given since it was (last) spawned fresh.
+    pub turns: u32,
+    /// When it was (last) spawned fresh (clock ms).
+    pub spawned_at_ms: u64,
+}
+
+/// Where a persistent sub-agent stands, as its parent knows it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CompanionStatus {
+    /// Its turn is in progress.
+    Running,
+    /// Its turn waits on a person or a browser (these calls, anywhere under it).
+    Suspended {
+        /// Tool call ids that wait.
+        waiting: Vec<String>,
+    },
+    /// Its last turn ended with a reply; a new message continues its conversation.
+    Completed,
+    /// Its last turn failed; a new message spawns it fresh.
+    Failed,
+    /// Its turn was cut and recovery could not learn how it ended; a new message continues it.
+    Interrupted,
+    /// Terminated by the parent; spawning the name again starts it fresh.
+    Terminated,
+}
+
+impl CompanionStatus {
+    /// The stable snake_case name.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            CompanionStatus::Running => "running",
+            CompanionStatus::Suspended { .. } => "suspended",
+            CompanionStatus::Completed => "completed",
+            CompanionStatus::Failed => "failed",
+            CompanionStatus::Interrupted => "interrupted",
+            CompanionStatus::Terminated => "terminated",
+        }
+    }
+
+    /// Whether its turn is still going (running, or waiting on a person).
+    pub fn is_working(&self) -> bool {
+        matches!(
+            self,
+            CompanionStatus::Running | CompanionStatus::Suspended { .. }
+        )
+    }
 }

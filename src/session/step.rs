@@ -225,7 +225,7 @@ impl Session {
                 CallSlot::Ready { .. } => {}
                 CallSlot::Dispatched if self.finishes_run(call) => sequential.push(call.clone()),
                 CallSlot::Dispatched => parallel.push(call.clone()),
-                CallSlot::Pending(_) | CallSlot::Child => {}
+                CallSlot::Pending(_) | CallSlot::Child | CallSlot::Companion => {}
             }
             // Every call gets the whole hook sequence, even one answered on the spot.
             effects.push(Effect::Hook(HookEvent::BeforeTool {
@@ -254,6 +254,9 @@ impl Session {
     pub(super) fn classify(&self, call: &ToolCall) -> CallSlot {
         if call.name == FINISH_TOOL && self.agent.output().is_some() {
             return CallSlot::Dispatched;
+        }
+        if self.is_companion_call(call) {
+            return CallSlot::Companion;
         }
         let Some(tool) = self.agent.tool(&call.name) else {
             return ready(format!(
@@ -394,15 +397,20 @@ impl Session {
         run_id: RunId,
         step: u32,
         calls: Vec<ToolCall>,
-        slots: Vec<CallSlot>,
+        mut slots: Vec<CallSlot>,
         parallel: Vec<ToolCall>,
         sequential: Vec<ToolCall>,
         now: u64,
         mut effects: Vec<Effect>,
     ) -> Transition {
-        for (position, (call, slot)) in calls.iter().zip(&slots).enumerate() {
-            if matches!(slot, CallSlot::Child) {
-                self.launch_child(run_id, call, position, now, &mut effects);
+        // Companion calls have their own phase, in call order, before the children start.
+        for (position, (call, slot)) in calls.iter().zip(slots.iter_mut()).enumerate() {
+            match slot {
+                CallSlot::Companion => {
+                    *slot = self.companion_call(run_id, call, position, now, &mut effects);
+                }
+                CallSlot::Child => self.launch_child(run_id, call, position, now, &mut effects),
+                _ => {}
             }
         }
         let tools_running = !(parallel.is_empty() && sequential.is_empty());
@@ -468,7 +476,7 @@ impl Session {
                     pending += 1;
                     continue;
                 }
-                CallSlot::Dispatched => (
+                CallSlot::Dispatched | CallSlot::Companion => (
                     ToolOutcome::Error("tool_not_run: the runtime lost this call's outcome".into()),
                     false,
                 ),

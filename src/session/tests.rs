@@ -224,9 +224,10 @@ fn a_run_found_running_after_a_crash_is_closed_as_interrupted() {
         session.record,
         agent(5),
         policy(),
-        session.run,
-        Vec::new(),
-        Vec::new(),
+        Stored {
+            run: session.run,
+            ..Stored::default()
+        },
     );
     let t = restored.recover_after_crash(10);
     let chunk = t
@@ -260,9 +261,10 @@ fn a_new_turn_closes_tool_calls_a_crash_left_without_results() {
         session.record.clone(),
         agent(5),
         policy(),
-        session.run.clone(),
-        Vec::new(),
-        Vec::new(),
+        Stored {
+            run: session.run.clone(),
+            ..Stored::default()
+        },
     );
     let _ = restored.recover_after_crash(3);
     restored.attach_messages(messages);

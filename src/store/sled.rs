@@ -459,6 +459,7 @@ fn open_trees(db: &::sled::Db) -> Result<[::sled::Tree; Tree::ALL.len()], Error>
         db.open_tree(Tree::Tombstones.name())?,
         db.open_tree(Tree::TombstoneExpiry.name())?,
         db.open_tree(Tree::Children.name())?,
+        db.open_tree(Tree::Companions.name())?,
     ])
 }
 
