@@ -461,7 +461,7 @@ impl SessionActor {
             Ok(Resumed::Started(transition)) => {
                 state.waiters.extend(reply);
                 // A failed commit has already answered the waiter.
-                let _ = self.perform(ctx, state, transition).await;
+                let _ = self.perform(ctx, state, *transition).await;
             }
             Ok(Resumed::StillWaiting(outcome)) => {
                 session.release_messages();

@@ -164,7 +164,7 @@ impl SessionActor {
         match session.resume(RunId::generate(), now) {
             Ok(Resumed::Started(transition)) => {
                 // Its settle reports to the parent, and so does a failed commit.
-                let _ = self.perform(ctx, state, transition).await;
+                let _ = self.perform(ctx, state, *transition).await;
             }
             Ok(Resumed::StillWaiting(_)) | Err(_) => {
                 session.release_messages();

@@ -188,16 +188,19 @@ async fn settle(world: &World, op: &Op) -> Result<(), crate::Error> {
     runtime.sweep_deadlines().await?;
     // A pass can start sessions a later pass must see (a parent's automatic resume may start
     // companions): go on until a pass finds no session the previous one did not wait for.
-    let mut waited: BTreeSet<SessionId> = BTreeSet::new();
+    let mut waited: Option<BTreeSet<SessionId>> = None;
     loop {
         let mut sessions: BTreeSet<SessionId> = runtime.session_ids()?.into_iter().collect();
         sessions.extend(runtime.resident_sessions());
-        if !waited.is_empty() && sessions.is_subset(&waited) {
+        if waited
+            .as_ref()
+            .is_some_and(|waited| sessions.is_subset(waited))
+        {
             return Ok(());
         }
         for session in sessions.iter().rev() {
             runtime.wait_settled(session).await;
         }
-        waited.extend(sessions);
+        waited.get_or_insert_with(BTreeSet::new).extend(sessions);
     }
 }

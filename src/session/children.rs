@@ -156,13 +156,9 @@ impl Session {
         effects: &mut Vec<Effect>,
     ) {
         let child = self.record.id.ephemeral_child(&call.id);
-        match self.children.by_id.get_mut(&call.id) {
+        match self.children.by_id.get(&call.id) {
             Some(entry) if entry.state.is_finished() => return,
-            Some(entry) => {
-                entry.state = ChildState::Running;
-                let entry = entry.clone();
-                self.staged.index.push(IndexWrite::PutChild(entry));
-            }
+            Some(_) => self.wait_again(&call.id),
             None => {
                 let entry = ChildCall {
                     tool_call_id: call.id.clone(),
@@ -203,6 +199,18 @@ impl Session {
             message: child_message(&call.input).unwrap_or_default(),
             kind: super::children::ChildKind::Ephemeral,
         }));
+    }
+
+    /// A call recorded before a crash waits on its child again (the child is re-attached to,
+    /// and reports where it stands); a known result stays.
+    pub(super) fn wait_again(&mut self, call_id: &str) {
+        if let Some(entry) = self.children.by_id.get_mut(call_id) {
+            if !entry.state.is_finished() {
+                entry.state = ChildState::Running;
+                let entry = entry.clone();
+                self.staged.index.push(IndexWrite::PutChild(entry));
+            }
+        }
     }
 
     /// Removes a finished child's entry and returns its outcome, with `subagent_end` on the
@@ -471,11 +479,12 @@ impl Session {
     pub(super) fn reconciled(&mut self, results: Vec<(String, ChildState)>) -> Transition {
         let mut changed = false;
         for (call_id, state) in results {
-            if self.companion_reconciled(&call_id, &state) {
-                changed = true;
-            }
+            // A step or resume that waits on the child learns its outcome from its report.
             if self.waits_on(&call_id) {
                 continue;
+            }
+            if self.companion_reconciled(&call_id, &state) {
+                changed = true;
             }
             if let Some(entry) = self.children.by_id.get_mut(&call_id) {
                 if entry.state == ChildState::Running {

@@ -175,6 +175,7 @@ impl Session {
                 call.id.clone(),
                 entry.child.clone(),
             )]));
+            self.wait_again(&call.id);
             return CallSlot::Child;
         }
         let companion = match self.named_companion(&call.input) {
@@ -248,7 +249,13 @@ impl Session {
                 CompanionStatus::Failed | CompanionStatus::Terminated
             )
         });
-        if !replayed {
+        if replayed {
+            // Re-run after a crash: recovery may have written the turn off meanwhile.
+            if let Some(mut companion) = existing.filter(|c| !c.status.is_working()) {
+                companion.status = CompanionStatus::Running;
+                self.put_companion(companion);
+            }
+        } else {
             let previous = existing.as_ref().filter(|_| !fresh);
             self.put_companion(Companion {
                 name: turn.name.clone(),
@@ -288,7 +295,9 @@ impl Session {
                 reported: false,
             },
             CompanionMode::Blocking => {
-                if self.children.get(&call.id).is_none() {
+                if self.children.get(&call.id).is_some() {
+                    self.wait_again(&call.id);
+                } else {
                     let companion = self.companions.by_name.get(&turn.name).cloned();
                     if let Some(companion) = companion {
                         self.wait_on_companion(

@@ -18,7 +18,7 @@ use crate::store::CommitKind;
 #[derive(Debug)]
 pub(crate) enum Resumed {
     /// A new run started; its transition must be performed.
-    Started(Transition),
+    Started(Box<Transition>),
     /// Some call of the suspension still waits (the barrier): nothing ran.
     StillWaiting(RunOutcome),
 }
@@ -46,12 +46,12 @@ impl Session {
                     self.phase = Phase::AwaitingChildren {
                         waking: asleep.iter().map(|(call, _)| call.clone()).collect(),
                     };
-                    return Ok(Resumed::Started(Transition {
+                    return Ok(Resumed::Started(Box::new(Transition {
                         commit: None,
                         effects: vec![Effect::WakeChildren(asleep)],
-                    }));
+                    })));
                 }
-                Ok(Resumed::Started(self.drain(run_id, now)))
+                Ok(Resumed::Started(Box::new(self.drain(run_id, now))))
             }
             Status::Interrupted => {
                 let previous = self.current_run_id();
@@ -64,15 +64,17 @@ impl Session {
                 self.start_run(run_id, Some(previous), now);
                 effects.push(self.resumed_hook(run_id, previous));
                 if crashed {
-                    return Ok(Resumed::Started(self.retry_cut_calls(run_id, now, effects)));
+                    return Ok(Resumed::Started(Box::new(
+                        self.retry_cut_calls(run_id, now, effects),
+                    )));
                 }
                 self.close_dangling_calls("interrupted: the run stopped before this call returned");
                 self.begin_step(run_id, now, &mut effects);
-                Ok(Resumed::Started(self.finish(
+                Ok(Resumed::Started(Box::new(self.finish(
                     CommitKind::RunStart,
                     now,
                     effects,
-                )))
+                ))))
             }
             status @ (Status::Completed | Status::Failed) => Err(Error::NotResumable {
                 session: self.record.id.clone(),
