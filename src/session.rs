@@ -30,3 +30,5 @@ pub(crate) use transition::{Effect, Observation, Transition};
 mod tests;
 #[cfg(test)]
 mod tests_children;
+#[cfg(test)]
+mod tests_companions;
