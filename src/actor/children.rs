@@ -322,6 +322,7 @@ fn stored_child_state(store: &dyn Store, child: &SessionId) -> Result<ChildState
     };
     Ok(match child_report(&outcome, record.aborted) {
         Some(ChildReport::Finished(outcome)) => ChildState::Finished(outcome),
+        Some(ChildReport::Interrupted(text)) => ChildState::Finished(ToolOutcome::Error(text)),
         Some(ChildReport::Suspended(waiting)) => ChildState::Suspended { waiting },
         Some(ChildReport::Crashed) | None => ChildState::Interrupted {
             reason: format!("child_interrupted: child {child} was cut by a crash"),
@@ -345,14 +346,19 @@ pub(crate) fn child_report(outcome: &RunOutcome, aborted: bool) -> Option<ChildR
         Status::Interrupted if error.is_some_and(|error| error.code == ErrorCode::Crashed) => {
             ChildReport::Crashed
         }
-        _ => {
+        status => {
             let (code, message) = error.map_or(("failed", String::new()), |error| {
                 (error.code.as_str(), error.message.clone())
             });
-            fail(format!(
-                "sub_agent_failed: child {} ended {} with {code}: {message}",
-                outcome.session_id, outcome.status
-            ))
+            let text = format!(
+                "sub_agent_failed: child {} ended {status} with {code}: {message}",
+                outcome.session_id
+            );
+            if status == Status::Interrupted && !aborted {
+                ChildReport::Interrupted(text)
+            } else {
+                fail(text)
+            }
         }
     })
 }

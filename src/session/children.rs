@@ -336,6 +336,9 @@ impl Session {
                     ChildReport::Finished(outcome) => {
                         entry.state = ChildState::Finished(outcome.clone());
                     }
+                    ChildReport::Interrupted(text) => {
+                        entry.state = ChildState::Finished(ToolOutcome::Error(text.clone()));
+                    }
                 }
             }
             if entry.state != ChildState::Running {

@@ -473,6 +473,10 @@ impl Session {
                     waiting: waiting.clone(),
                 };
             }
+            ChildReport::Interrupted(text) => {
+                companion.status = CompanionStatus::Interrupted;
+                companion.result = Some(ToolOutcome::Error(text.clone()));
+            }
             ChildReport::Crashed => {
                 // Its actor was restarted with the turn cut: waking it goes on with the turn.
                 companion.status = CompanionStatus::Running;

@@ -90,6 +90,9 @@ pub(crate) enum ChildReport {
     Suspended(Vec<String>),
     /// Its run was cut by a crash of its actor; waking it continues the run.
     Crashed,
+    /// It was interrupted (by request): an error for the call that waited on it, but a
+    /// companion keeps its conversation (a new message continues it).
+    Interrupted(String),
 }
 
 /// One tool call's outcome, with the custom-state keys its handler set.
