@@ -73,6 +73,8 @@ pub(crate) enum SessionMsg {
     Wake {
         parent: SessionId,
         tool_call_id: String,
+        /// The session woken (named in the parent's error if it cannot be reached).
+        child: SessionId,
     },
     /// A child of this session reports (sent by the child).
     ChildReport {
@@ -116,6 +118,9 @@ pub(crate) struct SessionState {
     reconciling: bool,
     /// An automatic resume was sent to this session and has not been handled yet.
     resume_queued: bool,
+    /// New turns of this companion that arrived while a run was still stopping (a terminate
+    /// and a new spawn in one reply): started again once that run settles.
+    deferred_starts: Vec<ChildStart>,
 }
 
 impl VirtualActor for SessionActor {
@@ -140,6 +145,7 @@ impl VirtualActor for SessionActor {
             to_reconcile: Vec::new(),
             reconciling: false,
             resume_queued: false,
+            deferred_starts: Vec::new(),
         };
         if let Loaded::Present(session) = &mut state.loaded {
             // A snapshot taken before anything runs: children started from now on are never
@@ -239,6 +245,7 @@ impl VirtualActor for SessionActor {
             && state.inflight.is_empty()
             && !state.reconciling
             && state.to_reconcile.is_empty()
+            && state.deferred_starts.is_empty()
             && !matches!(&state.loaded, Loaded::Present(session) if session.is_busy())
     }
 
@@ -292,10 +299,8 @@ impl VirtualActor for SessionActor {
             SessionMsg::Wake {
                 parent,
                 tool_call_id,
-            } => {
-                let child = parent.ephemeral_child(&tool_call_id);
-                self.unreachable_child(&parent, tool_call_id, &child, error);
-            }
+                child,
+            } => self.unreachable_child(&parent, tool_call_id, &child, error),
             // Dropping the reply tells a waiting sweep or settle call that nothing will happen.
             _ => {}
         }

@@ -33,6 +33,17 @@ impl SessionActor {
         let id = ctx.key();
         match self.present(id, state) {
             Ok(Some(session)) => {
+                if session.record().parent.as_ref() != Some(&start.origin.parent) {
+                    // Ids are concatenations: refuse to take over a session of another tree.
+                    let text =
+                        format!("session_id_taken: {id} exists and belongs to another parent");
+                    return report(
+                        ctx.host(),
+                        &start.origin.parent,
+                        start.origin.tool_call_id,
+                        fail(text),
+                    );
+                }
                 let ChildKind::Companion { fresh } = start.kind else {
                     return self.wake(ctx, state).await;
                 };
@@ -105,11 +116,17 @@ impl SessionActor {
         fresh: bool,
     ) {
         let now = self.shared.clock.now_ms();
-        let parent = start.origin.parent;
-        let call = start.origin.tool_call_id;
         let Ok(Some(session)) = self.present(ctx.key(), state) else {
             return;
         };
+        if session.is_busy() {
+            // Its run is still stopping (terminated and spawned again in one reply): the new
+            // turn starts once that run settles.
+            state.deferred_starts.push(start);
+            return;
+        }
+        let parent = start.origin.parent;
+        let call = start.origin.tool_call_id;
         if let Err(error) = self.ensure_messages(session) {
             let text = format!("sub_agent_unavailable: {error}");
             return report(ctx.host(), &parent, call, fail(text));
@@ -322,7 +339,9 @@ fn stored_child_state(store: &dyn Store, child: &SessionId) -> Result<ChildState
     };
     Ok(match child_report(&outcome, record.aborted) {
         Some(ChildReport::Finished(outcome)) => ChildState::Finished(outcome),
-        Some(ChildReport::Interrupted(text)) => ChildState::Finished(ToolOutcome::Error(text)),
+        // Interrupted, not failed: a companion keeps its conversation, and a resume of the
+        // parent re-attaches to an ephemeral child.
+        Some(ChildReport::Interrupted(reason)) => ChildState::Interrupted { reason },
         Some(ChildReport::Suspended(waiting)) => ChildState::Suspended { waiting },
         Some(ChildReport::Crashed) | None => ChildState::Interrupted {
             reason: format!("child_interrupted: child {child} was cut by a crash"),

@@ -122,10 +122,11 @@ impl SessionActor {
                     for (tool_call_id, child) in children {
                         let parent = ctx.key().clone();
                         host.send(
-                            child,
+                            child.clone(),
                             SessionMsg::Wake {
                                 parent,
                                 tool_call_id,
+                                child,
                             },
                         );
                     }
@@ -164,6 +165,10 @@ impl SessionActor {
                     session.release_messages();
                     let now = self.shared.clock.now_ms();
                     self.report_to_parent(session, now);
+                }
+                // A companion's new turn that waited for this run to stop starts now.
+                for start in state.deferred_starts.drain(..) {
+                    super::send_back(&ctx.mailbox(), SessionMsg::StartChild(start));
                 }
                 for waiter in state.waiters.drain(..) {
                     let _ = waiter.send(Ok(outcome.clone()));

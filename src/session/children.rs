@@ -253,9 +253,12 @@ impl Session {
         effects: &mut Vec<Effect>,
     ) -> Vec<ChildCall> {
         let entries = self.children.entries();
+        // A companion outlives the calls that wait on it: abandoning the wait leaves it be (an
+        // aborted parent terminates its companions separately); an interrupt reaches it.
         let stopped: Vec<SessionId> = entries
             .iter()
             .filter(|entry| !entry.state.is_finished())
+            .filter(|entry| !abort || entry.companion.is_none())
             .map(|entry| entry.child.clone())
             .collect();
         if !stopped.is_empty() {

@@ -229,7 +229,7 @@ impl Session {
         now: u64,
         effects: &mut Vec<Effect>,
     ) -> CallSlot {
-        let turn = match self.read_turn(tool, &call.input) {
+        let turn = match self.read_turn(tool, call) {
             Ok(turn) => turn,
             Err(error) => return error_slot(error),
         };
@@ -249,11 +249,21 @@ impl Session {
                 CompanionStatus::Failed | CompanionStatus::Terminated
             )
         });
+        // Re-run after a crash: a turn still working is re-attached to (it reports again), one
+        // recovery wrote off as interrupted is woken, one whose end is known is left be.
+        let mut restart = true;
         if replayed {
-            // Re-run after a crash: recovery may have written the turn off meanwhile.
-            if let Some(mut companion) = existing.filter(|c| !c.status.is_working()) {
-                companion.status = CompanionStatus::Running;
-                self.put_companion(companion);
+            if let Some(mut companion) = existing.clone() {
+                match companion.status {
+                    CompanionStatus::Running | CompanionStatus::Suspended { .. } => {}
+                    CompanionStatus::Interrupted => {
+                        companion.status = CompanionStatus::Running;
+                        self.put_companion(companion);
+                    }
+                    CompanionStatus::Completed
+                    | CompanionStatus::Failed
+                    | CompanionStatus::Terminated => restart = false,
+                }
             }
         } else {
             let previous = existing.as_ref().filter(|_| !fresh);
@@ -271,20 +281,22 @@ impl Session {
         }
         // Sent again when the call is re-run after a crash: the child re-attaches to the
         // turn this call started instead of starting another.
-        effects.push(Effect::StartChild(ChildStart {
-            origin: ChildOrigin {
-                parent: self.record.id.clone(),
-                root: self.record.root.clone(),
-                tool_call_id: call.id.clone(),
-                depth: self.record.depth.saturating_add(1),
-            },
-            child: child.clone(),
-            agent: turn.agent.clone(),
-            message: turn.message,
-            kind: ChildKind::Companion {
-                fresh: fresh && !replayed,
-            },
-        }));
+        if restart {
+            effects.push(Effect::StartChild(ChildStart {
+                origin: ChildOrigin {
+                    parent: self.record.id.clone(),
+                    root: self.record.root.clone(),
+                    tool_call_id: call.id.clone(),
+                    depth: self.record.depth.saturating_add(1),
+                },
+                child: child.clone(),
+                agent: turn.agent.clone(),
+                message: turn.message,
+                kind: ChildKind::Companion {
+                    fresh: fresh && !replayed,
+                },
+            }));
+        }
         match turn.mode {
             CompanionMode::NonBlocking => CallSlot::Ready {
                 outcome: ToolOutcome::Result(json!({
@@ -294,6 +306,18 @@ impl Session {
                 })),
                 reported: false,
             },
+            CompanionMode::Blocking if !restart && self.children.get(&call.id).is_none() => {
+                // The turn's end is known and nothing waits on it any more: that is the answer.
+                let outcome = existing
+                    .and_then(|companion| companion.result)
+                    .unwrap_or_else(|| {
+                        ToolOutcome::Error(format!("companion_lost: {} has no reply", turn.name))
+                    });
+                CallSlot::Ready {
+                    outcome,
+                    reported: false,
+                }
+            }
             CompanionMode::Blocking => {
                 if self.children.get(&call.id).is_some() {
                     self.wait_again(&call.id);
@@ -315,7 +339,8 @@ impl Session {
         }
     }
 
-    fn read_turn(&self, tool: CompanionTool, input: &Value) -> Result<Turn, String> {
+    fn read_turn(&self, tool: CompanionTool, call: &ToolCall) -> Result<Turn, String> {
+        let input = &call.input;
         let message = input_str(input, "message").ok_or_else(|| {
             "invalid_input: this tool needs {\"message\": string}, the companion's next message"
                 .to_string()
@@ -324,16 +349,22 @@ impl Session {
             let agent = input_str(input, "agentType").ok_or_else(|| {
                 "invalid_input: spawnAgent needs {\"agentType\": string}".to_string()
             })?;
-            let name = match input_str(input, "name") {
-                Some(name) => name.to_string(),
-                None => self.auto_name(agent),
+            let name = match input.get("name") {
+                None | Some(Value::Null) => match self.companions.by_turn_call(&call.id) {
+                    // Re-run after a crash: the name it was given then, not the next free one.
+                    Some(companion) => companion.name.clone(),
+                    None => self.auto_name(agent),
+                },
+                Some(Value::String(name)) => name.clone(),
+                Some(_) => {
+                    return Err("invalid_input: a companion's `name` is a string".to_string())
+                }
             };
             (name, agent.to_string())
         } else {
             let companion = self.named_companion(input)?;
             (companion.name.clone(), companion.agent.clone())
         };
-        check_name(&name)?;
         let mode = self
             .agent
             .persistent_agents()
@@ -352,6 +383,7 @@ impl Session {
                     self.agent.name()
                 )
             })?;
+        check_name(&name)?;
         Ok(Turn {
             name,
             agent,
@@ -619,18 +651,22 @@ fn input_str<'v>(input: &'v Value, key: &str) -> Option<&'v str> {
     input.get(key).and_then(Value::as_str)
 }
 
-/// A name becomes part of a session id: letters, digits, `-` and `_`, at most 64.
+/// A name becomes part of a session id: letters, digits, `-` and `_`, at most 64, and never
+/// `-sub-` or `-agent-`, which would make the id of another session of the tree (ids are
+/// concatenations: `{parent}-agent-{name}`, `{parent}-sub-{call}`).
 fn check_name(name: &str) -> Result<(), String> {
     let valid = !name.is_empty()
         && name.len() <= MAX_NAME_LEN
         && name
             .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        && !name.contains("-sub-")
+        && !name.contains("-agent-");
     if valid {
         Ok(())
     } else {
         Err(format!(
-            "invalid_input: a companion name is 1 to {MAX_NAME_LEN} letters, digits, '-' or '_'; got {name:?}"
+            "invalid_input: a companion name is 1 to {MAX_NAME_LEN} letters, digits, '-' or '_', without '-sub-' or '-agent-'; got {name:?}"
         ))
     }
 }

@@ -481,9 +481,14 @@ impl Session {
                     false,
                 ),
                 // A child that waits on a person: the run suspends on it, unless another call
-                // finished the run, and then the child is no longer needed.
+                // finished the run, and then the child is no longer needed (a companion
+                // outlives the call: only the wait ends).
                 CallSlot::Child if finisher.is_some() => {
-                    if let Some(entry) = self.children.get(&call.id) {
+                    let ephemeral = self
+                        .children
+                        .get(&call.id)
+                        .filter(|entry| entry.companion.is_none());
+                    if let Some(entry) = ephemeral {
                         effects.push(Effect::StopChildren {
                             children: vec![entry.child.clone()],
                             abort: true,
