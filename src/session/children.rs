@@ -516,7 +516,8 @@ fn child_message(input: &Value) -> Option<String> {
         .map(str::to_string)
 }
 
-fn error_slot(error: String) -> CallSlot {
+/// A call answered at once with an error the model can act on.
+pub(super) fn error_slot(error: String) -> CallSlot {
     CallSlot::Ready {
         outcome: ToolOutcome::Error(error),
         reported: false,

@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use serde_json::{json, Value};
 
-use super::children::{ChildKind, ChildOrigin, ChildStart};
+use super::children::{error_slot, ChildKind, ChildOrigin, ChildStart};
 use super::core::{CallSlot, ChildReport, Session};
 use super::{ChildCall, ChildState, Companion, CompanionStatus, Effect, Status, Transition};
 use crate::definition::{CompanionMode, CompanionTool};
@@ -668,12 +668,5 @@ fn check_name(name: &str) -> Result<(), String> {
         Err(format!(
             "invalid_input: a companion name is 1 to {MAX_NAME_LEN} letters, digits, '-' or '_', without '-sub-' or '-agent-'; got {name:?}"
         ))
-    }
-}
-
-fn error_slot(error: String) -> CallSlot {
-    CallSlot::Ready {
-        outcome: ToolOutcome::Error(error),
-        reported: false,
     }
 }
