@@ -171,16 +171,7 @@ impl Session {
                     forwarded: 0,
                     companion: None,
                 };
-                self.staged.index.push(IndexWrite::PutChild(entry.clone()));
-                self.children.by_id.insert(call.id.clone(), entry);
-                self.stage_chunk(
-                    run_id,
-                    now,
-                    ChunkKind::SubagentStart {
-                        session_id: child.to_string(),
-                        tool_call_id: call.id.clone(),
-                    },
-                );
+                self.record_child_call(entry);
             }
         }
         let agent = match self.agent.tool(&call.name).map(|tool| &tool.def.kind) {
@@ -199,6 +190,20 @@ impl Session {
             message: child_message(&call.input).unwrap_or_default(),
             kind: super::children::ChildKind::Ephemeral,
         }));
+    }
+
+    /// Records a new call that waits on a child: its entry, and `subagent_start` on the stream.
+    pub(super) fn record_child_call(&mut self, entry: ChildCall) {
+        self.stage_chunk(
+            entry.run_id,
+            entry.started_at_ms,
+            ChunkKind::SubagentStart {
+                session_id: entry.child.to_string(),
+                tool_call_id: entry.tool_call_id.clone(),
+            },
+        );
+        self.staged.index.push(IndexWrite::PutChild(entry.clone()));
+        self.children.insert(entry);
     }
 
     /// A call recorded before a crash waits on its child again (the child is re-attached to,

@@ -22,7 +22,6 @@ use crate::error::Error;
 use crate::ids::{RunId, SessionId};
 use crate::message::{ToolCall, ToolOutcome};
 use crate::schema::IndexWrite;
-use crate::stream::ChunkKind;
 
 /// The longest companion name accepted (it becomes part of a session id).
 const MAX_NAME_LEN: usize = 64;
@@ -458,16 +457,7 @@ impl Session {
             forwarded: 0,
             companion: Some(companion.name.clone()),
         };
-        self.children.insert(entry.clone());
-        self.staged.index.push(IndexWrite::PutChild(entry));
-        self.stage_chunk(
-            run_id,
-            now,
-            ChunkKind::SubagentStart {
-                session_id: companion.child.to_string(),
-                tool_call_id: call.id.clone(),
-            },
-        );
+        self.record_child_call(entry);
     }
 
     fn put_companion(&mut self, companion: Companion) {
