@@ -14,7 +14,7 @@ mod submits;
 use std::sync::Arc;
 use std::time::Instant;
 
-use dormant::store::{Batch, CommitKind, SledStore, Store, Tree};
+use dormant::store::{Batch, CommitKind, MemoryStore, SledStore, Store, Tree};
 use dormant::submit::{Submit, SubmitOutcome};
 use dormant::{
     AgentDefinition, ModelReply, Runtime, ScriptedLlm, SessionId, Status, ToolCall, ToolDefinition,
@@ -34,6 +34,9 @@ fn main() -> anyhow::Result<()> {
     runtime.block_on(async {
         if wants("cycles") {
             suspension_cycles(quick).await?;
+        }
+        if wants("memory_cycles") {
+            memory_cycles(quick).await?;
         }
         if only.is_some() {
             return Ok(());
@@ -84,39 +87,65 @@ async fn cycle(runtime: &Runtime, id: SessionId) -> anyhow::Result<()> {
 
 async fn suspension_cycles(quick: bool) -> anyhow::Result<()> {
     println!("\n## Suspension cycles/s (durable at each step, power-loss safe, group commit)\n");
-    println!("| concurrent sessions | cycles | cycles/s | commits/cycle | bytes/commit | bare sled cycles/s (same writes, same size, same grouping) | ratio |");
-    println!("|---:|---:|---:|---:|---:|---:|---:|");
-    let cases: &[(usize, usize)] = if quick {
-        &[(1, 50), (100, 500), (10_000, 10_000)]
-    } else {
-        &[(1, 300), (100, 3_000), (10_000, 10_000)]
-    };
-    for &(concurrency, cycles) in cases {
+    println!("| concurrent sessions | cycles | cycles/s | commits/cycle | key writes/cycle | bytes/commit | bare sled cycles/s (same writes, same size, same grouping) | ratio |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for &(concurrency, cycles) in cycle_cases(quick) {
         let dir = tempfile::tempdir()?;
         let runtime = runtime_on(Arc::new(SledStore::open(dir.path())?), one_call_script())?;
-        let started = Instant::now();
-        let results: Vec<anyhow::Result<()>> = stream::iter(0..cycles)
-            .map(|i| {
-                let runtime = runtime.clone();
-                async move { cycle(&runtime, format!("c{i}").parse()?).await }
-            })
-            .buffer_unordered(concurrency)
-            .collect()
-            .await;
-        let elapsed = started.elapsed();
-        results.into_iter().collect::<anyhow::Result<Vec<()>>>()?;
+        let ours = run_cycles(&runtime, concurrency, cycles).await?;
         let stats = runtime.stats();
         runtime.shutdown().await?;
         let commits = stats.commit_latency.count;
         let per_cycle = commits as f64 / cycles as f64;
+        let keys = stats.commit_writes as f64 / cycles as f64;
         let bytes = (stats.commit_bytes / commits.max(1)) as usize;
-        let ours = cycles as f64 / elapsed.as_secs_f64();
         let bare_writes_per_s = bare_sled_group_commit(commits as usize, bytes, concurrency)?;
         let bare_cycles = bare_writes_per_s / per_cycle;
         println!(
-            "| {concurrency} | {cycles} | {ours:.0} | {per_cycle:.1} | {bytes} | {bare_cycles:.0} | {:.0}% |",
+            "| {concurrency} | {cycles} | {ours:.0} | {per_cycle:.1} | {keys:.1} | {bytes} | {bare_cycles:.0} | {:.0}% |",
             100.0 * ours / bare_cycles
         );
+    }
+    Ok(())
+}
+
+fn cycle_cases(quick: bool) -> &'static [(usize, usize)] {
+    if quick {
+        &[(1, 50), (100, 500), (10_000, 10_000)]
+    } else {
+        &[(1, 300), (100, 3_000), (10_000, 10_000)]
+    }
+}
+
+/// Runs `cycles` suspension cycles, `concurrency` at a time, each on a fresh session;
+/// returns cycles/s.
+async fn run_cycles(runtime: &Runtime, concurrency: usize, cycles: usize) -> anyhow::Result<f64> {
+    let started = Instant::now();
+    let results: Vec<anyhow::Result<()>> = stream::iter(0..cycles)
+        .map(|i| {
+            let runtime = runtime.clone();
+            async move { cycle(&runtime, format!("c{i}").parse()?).await }
+        })
+        .buffer_unordered(concurrency)
+        .collect()
+        .await;
+    let elapsed = started.elapsed();
+    results.into_iter().collect::<anyhow::Result<Vec<()>>>()?;
+    Ok(cycles as f64 / elapsed.as_secs_f64())
+}
+
+/// The runtime's share of a cycle: the same cycles on `MemoryStore`, which is neither durable
+/// nor shared with a flusher thread. What the runtime alone can do caps the end-to-end rate
+/// whatever the store does.
+async fn memory_cycles(quick: bool) -> anyhow::Result<()> {
+    println!("\n## The runtime alone: the same cycles on MemoryStore (nothing durable)\n");
+    println!("| concurrent sessions | cycles | cycles/s |");
+    println!("|---:|---:|---:|");
+    for &(concurrency, cycles) in cycle_cases(quick) {
+        let runtime = runtime_on(Arc::new(MemoryStore::new()), one_call_script())?;
+        let ours = run_cycles(&runtime, concurrency, cycles).await?;
+        runtime.shutdown().await?;
+        println!("| {concurrency} | {cycles} | {ours:.0} |");
     }
     Ok(())
 }

@@ -6,6 +6,8 @@ use std::time::Duration;
 use hdrhistogram::Histogram;
 use parking_lot::Mutex;
 
+use crate::store::Batch;
+
 /// A latency distribution, in microseconds.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Latency {
@@ -75,11 +77,28 @@ pub struct ClientToolStats {
     pub abandoned: u64,
 }
 
+/// What a commit wrote, taken before the batch moves into the store.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct BatchSize {
+    bytes: usize,
+    writes: usize,
+}
+
+impl BatchSize {
+    pub(crate) fn of(batch: &Batch) -> Self {
+        Self {
+            bytes: batch.byte_len(),
+            writes: batch.ops().len(),
+        }
+    }
+}
+
 /// The runtime's own measurements.
 #[derive(Debug, Default)]
 pub(crate) struct Metrics {
     commits: LatencyHistogram,
     commit_bytes: AtomicU64,
+    commit_writes: AtomicU64,
     waits: LatencyHistogram,
     timeout_lags: LatencyHistogram,
     timeouts: AtomicU64,
@@ -89,10 +108,17 @@ pub(crate) struct Metrics {
 }
 
 impl Metrics {
-    pub(crate) fn record_commit(&self, elapsed: Duration, bytes: usize) {
+    /// Records a durable commit of `batch` that took `elapsed`.
+    pub(crate) fn record_commit(&self, elapsed: Duration, batch: &BatchSize) {
         self.commits.record(elapsed);
-        self.commit_bytes
-            .fetch_add(u64::try_from(bytes).unwrap_or(u64::MAX), Ordering::Relaxed);
+        self.commit_bytes.fetch_add(
+            u64::try_from(batch.bytes).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
+        self.commit_writes.fetch_add(
+            u64::try_from(batch.writes).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
     }
 
     pub(crate) fn commit_latency(&self) -> Latency {
@@ -101,6 +127,10 @@ impl Metrics {
 
     pub(crate) fn commit_bytes(&self) -> u64 {
         self.commit_bytes.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn commit_writes(&self) -> u64 {
+        self.commit_writes.load(Ordering::Relaxed)
     }
 
     pub(crate) fn record_answer(&self, wait_ms: u64) {

@@ -37,6 +37,8 @@ pub struct RuntimeStats {
     pub commit_latency: Latency,
     /// Bytes written by step commits.
     pub commit_bytes: u64,
+    /// Key writes (puts and deletes) made by step commits: each is one sled tree update.
+    pub commit_writes: u64,
     /// Children that recovery inspected after a crash cut their parent's step.
     pub reconciled_children: u64,
 }
@@ -435,6 +437,7 @@ impl Runtime {
             host: self.host.stats(),
             commit_latency: self.shared.metrics.commit_latency(),
             commit_bytes: self.shared.metrics.commit_bytes(),
+            commit_writes: self.shared.metrics.commit_writes(),
             reconciled_children: self.shared.metrics.reconciled(),
         }
     }

@@ -10,6 +10,7 @@ use crate::dispatch::{run_step, StepContext};
 use crate::error::Error;
 use crate::ids::SessionId;
 use crate::message::ToolOutcome;
+use crate::metrics::BatchSize;
 use crate::scheduler::{SchedulerKey, SchedulerMsg};
 use crate::schema::{self, IndexWrite};
 use crate::session::{ChildReport, Effect, Input, Observation, Transition};
@@ -216,10 +217,10 @@ impl SessionActor {
 
     pub(super) async fn commit(&self, commit: &schema::Commit) -> Result<(), Error> {
         let batch = commit.encode()?;
-        let bytes = batch.byte_len();
+        let size = BatchSize::of(&batch);
         let started = Instant::now();
         self.shared.store.commit(batch).await?;
-        self.shared.metrics.record_commit(started.elapsed(), bytes);
+        self.shared.metrics.record_commit(started.elapsed(), &size);
         Ok(())
     }
 

@@ -10,6 +10,7 @@ use tokio::sync::oneshot;
 use super::{send_back, Loaded, SessionActor, SessionMsg, SessionState};
 use crate::error::Error;
 use crate::ids::SessionId;
+use crate::metrics::BatchSize;
 use crate::schema;
 use crate::session::{Submission, Transition, Verdict};
 use crate::submit::SubmitOutcome;
@@ -77,10 +78,10 @@ impl SessionActor {
         let task = tokio::spawn(async move {
             let result = match batch {
                 Some(Ok(batch)) => {
-                    let bytes = batch.byte_len();
+                    let size = BatchSize::of(&batch);
                     let started = Instant::now();
                     let committed = shared.store.commit(batch).await;
-                    shared.metrics.record_commit(started.elapsed(), bytes);
+                    shared.metrics.record_commit(started.elapsed(), &size);
                     committed.map_err(Error::from)
                 }
                 Some(Err(error)) => Err(Error::from(error)),
