@@ -1,5 +1,5 @@
 //! Durable commits per second of a ~1 KiB batch (one put into `sessions`, one into
-//! `messages`), through `SledStore` and through bare sled.
+//! `log`), through `SledStore` and through bare sled.
 //!
 //! * `sled_store/group_commit/{1,64}`: `SledStore`, group commit on (the batches queued
 //!   while a flush runs are applied in one sled transaction, then flushed once), power-loss
@@ -45,7 +45,7 @@ fn one_kib_batch(writer: usize) -> Batch {
     let (session, message) = keys(writer);
     let mut batch = Batch::new(CommitKind::ToolResults);
     batch.put(Tree::Sessions, session, vec![0x5a; VALUE_BYTES]);
-    batch.put(Tree::Messages, message, vec![0xa5; VALUE_BYTES]);
+    batch.put(Tree::Log, message, vec![0xa5; VALUE_BYTES]);
     batch
 }
 
@@ -142,7 +142,7 @@ impl Bare {
             let db = sled::Config::new().path(dir).open()?;
             Ok(Self {
                 sessions: db.open_tree("sessions")?,
-                messages: db.open_tree("messages")?,
+                messages: db.open_tree("log")?,
                 data_file: OpenOptions::new().write(true).open(dir.join("db"))?,
                 db,
             })

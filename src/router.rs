@@ -113,9 +113,13 @@ impl RouterActor {
                 ),
             }));
         }
-        match schema::owner(store, root, call)? {
-            Some(owner) => Ok(Ok(owner)),
-            None => Ok(Err(self.shared.settled_call_outcome(root, call)?)),
+        if let Some(owner) = schema::owner(store, root, call)? {
+            return Ok(Ok(owner));
         }
+        // A root's own calls have no ownership entry: their pending entry is the proof.
+        if schema::has_pending(store, root, call)? {
+            return Ok(Ok(root.clone()));
+        }
+        Ok(Err(self.shared.settled_call_outcome(root, call)?))
     }
 }

@@ -20,17 +20,16 @@ pub use self::sled::{Durability, SledStore, SledStoreBuilder};
 pub enum Tree {
     /// Session id → small mutable snapshot (with a format version).
     Sessions,
-    /// (session id, seq) → one message; append-only.
-    Messages,
-    /// (session id, turn) → run record.
-    Runs,
-    /// (session id, seq) → one stream chunk.
-    Stream,
+    /// (session id, chunk end, log seq) → what one commit appended to the session: its
+    /// messages, its run record (when the run changed) and its stream chunks, in one entry, so
+    /// a step costs one write here however many messages and chunks it has. Append-only.
+    Log,
     /// (session id, tool call id) → pending client-tool entry.
     Pending,
     /// (deadline, session id, tool call id) → nothing; ordered by deadline.
     Deadlines,
-    /// (root session id, tool call id) → owning session id.
+    /// (root session id, tool call id) → owning sub-agent session id (a root's own calls have
+    /// no entry: its pending entry stands for it).
     Ownership,
     /// (root session id, tool call id) → completion time.
     Tombstones,
@@ -44,11 +43,9 @@ pub enum Tree {
 
 impl Tree {
     /// Every tree, in a fixed order (backends open them all at start).
-    pub const ALL: [Tree; 11] = [
+    pub const ALL: [Tree; 9] = [
         Tree::Sessions,
-        Tree::Messages,
-        Tree::Runs,
-        Tree::Stream,
+        Tree::Log,
         Tree::Pending,
         Tree::Deadlines,
         Tree::Ownership,
@@ -62,9 +59,7 @@ impl Tree {
     pub fn name(self) -> &'static str {
         match self {
             Tree::Sessions => "sessions",
-            Tree::Messages => "messages",
-            Tree::Runs => "runs",
-            Tree::Stream => "stream",
+            Tree::Log => "log",
             Tree::Pending => "pending",
             Tree::Deadlines => "deadlines",
             Tree::Ownership => "ownership",
@@ -165,6 +160,15 @@ impl Batch {
     }
 }
 
+/// The first key after every key that starts with `prefix` (`None` when there is none: the
+/// prefix is empty or all `0xff`).
+pub(crate) fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
+    let last = prefix.iter().rposition(|&byte| byte != 0xff)?;
+    let mut end = prefix[..=last].to_vec();
+    end[last] += 1;
+    Some(end)
+}
+
 /// A key and its value, as read back from a tree.
 pub type Entry = (Vec<u8>, Vec<u8>);
 
@@ -183,6 +187,13 @@ pub enum Error {
     /// The store was closed, or its flusher thread is gone.
     #[error("store is closed")]
     Closed,
+    /// The store directory was written by an older dormant whose layout this build cannot
+    /// read.
+    #[error("the store was written by an older dormant (it has a `{tree}` tree); this build keeps a session's messages, runs and stream chunks in the `log` tree and cannot read it: open a new store directory")]
+    OldLayout {
+        /// A tree of the old layout found in the store.
+        tree: String,
+    },
     /// A fault injected by a test wrapper: the process is considered dead from this commit on.
     #[error("injected fault: commit of kind {0:?} failed as if the process died")]
     Injected(CommitKind),
@@ -211,6 +222,13 @@ pub trait Store: Send + Sync + Debug + 'static {
     /// # Errors
     /// A backend failure.
     fn scan_prefix(&self, tree: Tree, prefix: &[u8]) -> Result<Vec<Entry>, Error>;
+
+    /// Reads up to `limit` entries whose key starts with `prefix`, last key first.
+    ///
+    /// # Errors
+    /// A backend failure.
+    fn scan_prefix_rev(&self, tree: Tree, prefix: &[u8], limit: usize)
+        -> Result<Vec<Entry>, Error>;
 
     /// Reads up to `limit` entries with `from <= key < to`, in key order.
     ///

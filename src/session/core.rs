@@ -217,6 +217,7 @@ impl Session {
             parent_call: None,
             depth: 0,
             history_start: 0,
+            log_count: 0,
         };
         Self {
             record,
@@ -458,6 +459,7 @@ impl Session {
                 kind,
                 session: self.record.id.clone(),
                 record: None,
+                log_seq: self.record.log_count,
                 messages: Vec::new(),
                 runs: Vec::new(),
                 chunks: Vec::new(),
@@ -480,11 +482,16 @@ impl Session {
             (Some(run), true) => vec![run.clone()],
             _ => Vec::new(),
         };
+        let log_seq = self.record.log_count;
+        if !(staged.messages.is_empty() && staged.chunks.is_empty() && runs.is_empty()) {
+            self.record.log_count += 1;
+        }
         Transition {
             commit: Some(Commit {
                 kind,
                 session: self.record.id.clone(),
                 record: Some(self.record.clone()),
+                log_seq,
                 messages: staged.messages,
                 runs,
                 chunks: staged.chunks,

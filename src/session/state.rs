@@ -134,6 +134,9 @@ pub struct SessionRecord {
     /// it failed or was terminated starts over here (the earlier messages stay stored).
     #[serde(default)]
     pub history_start: u64,
+    /// Commits that appended to the session's log (the next log entry's sequence number).
+    #[serde(default)]
+    pub log_count: u64,
 }
 
 /// One run: an `execute` or a `resume`.

@@ -95,10 +95,14 @@ impl Session {
             at: entry.deadline_at_ms,
             call: entry.tool_call_id.clone(),
         });
-        self.staged.index.push(IndexWrite::PutOwnership {
-            root: self.record.root.clone(),
-            call: entry.tool_call_id.clone(),
-        });
+        // A root owns its own calls without an entry: the router finds them in its pending
+        // entries, which saves a write on suspension and another on completion.
+        if !self.owns_as_root() {
+            self.staged.index.push(IndexWrite::PutOwnership {
+                root: self.record.root.clone(),
+                call: entry.tool_call_id.clone(),
+            });
+        }
         self.staged
             .index
             .push(IndexWrite::PutPending(entry.clone()));
@@ -350,10 +354,17 @@ impl Session {
         self.staged
             .index
             .push(IndexWrite::DeletePending(call.tool_call_id.clone()));
-        self.staged.index.push(IndexWrite::DeleteOwnership {
-            root: self.record.root.clone(),
-            call: call.tool_call_id.clone(),
-        });
+        if !self.owns_as_root() {
+            self.staged.index.push(IndexWrite::DeleteOwnership {
+                root: self.record.root.clone(),
+                call: call.tool_call_id.clone(),
+            });
+        }
+    }
+
+    /// Whether this session is its own root, so its calls need no ownership entry.
+    fn owns_as_root(&self) -> bool {
+        self.record.root == self.record.id
     }
 }
 

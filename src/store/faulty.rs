@@ -120,6 +120,15 @@ impl Store for FaultyStore {
         self.inner.scan_prefix(tree, prefix)
     }
 
+    fn scan_prefix_rev(
+        &self,
+        tree: Tree,
+        prefix: &[u8],
+        limit: usize,
+    ) -> Result<Vec<Entry>, Error> {
+        self.inner.scan_prefix_rev(tree, prefix, limit)
+    }
+
     fn scan_range(
         &self,
         tree: Tree,

@@ -25,10 +25,10 @@ type Map = BTreeMap<Vec<u8>, Vec<u8>>;
 /// fn main() -> Result<(), dormant::store::Error> {
 ///     let store = MemoryStore::new();
 ///     let mut batch = Batch::new(CommitKind::Other);
-///     batch.put(Tree::Runs, b"s1/1".to_vec(), b"run".to_vec());
+///     batch.put(Tree::Log, b"s1/1".to_vec(), b"entry".to_vec());
 ///     futures::executor::block_on(store.commit(batch))?;
-///     assert_eq!(store.get(Tree::Runs, b"s1/1")?, Some(b"run".to_vec()));
-///     assert_eq!(store.len(Tree::Runs), 1);
+///     assert_eq!(store.get(Tree::Log, b"s1/1")?, Some(b"entry".to_vec()));
+///     assert_eq!(store.len(Tree::Log), 1);
 ///     Ok(())
 /// }
 /// ```
@@ -100,6 +100,26 @@ impl Store for MemoryStore {
             .collect())
     }
 
+    fn scan_prefix_rev(
+        &self,
+        tree: Tree,
+        prefix: &[u8],
+        limit: usize,
+    ) -> Result<Vec<Entry>, Error> {
+        let end = super::prefix_end(prefix);
+        let upper = match &end {
+            Some(end) => Bound::Excluded(end.as_slice()),
+            None => Bound::Unbounded,
+        };
+        let trees = self.trees.read();
+        Ok(trees[tree_index(tree)]
+            .range::<[u8], _>((Bound::Included(prefix), upper))
+            .rev()
+            .take(limit)
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect())
+    }
+
     fn scan_range(
         &self,
         tree: Tree,
@@ -152,11 +172,7 @@ mod tests {
             .commit(batch(&[(Tree::Sessions, b"s1", b"v1")]))
             .await?;
         assert_eq!(store.get(Tree::Sessions, b"s1")?, Some(b"v1".to_vec()));
-        assert_eq!(
-            store.get(Tree::Messages, b"s1")?,
-            None,
-            "trees are separate"
-        );
+        assert_eq!(store.get(Tree::Log, b"s1")?, None, "trees are separate");
         assert_eq!(store.len(Tree::Sessions), 1);
         assert_eq!(store.size_on_disk()?, 0);
         store.flush().await?;
@@ -183,21 +199,21 @@ mod tests {
         let store = MemoryStore::new();
         store
             .commit(batch(&[
-                (Tree::Messages, b"s1/2", b"b"),
-                (Tree::Messages, b"s1/1", b"a"),
-                (Tree::Messages, b"s2/1", b"x"),
-                (Tree::Messages, b"s1", b"bare"),
-                (Tree::Stream, b"s1/9", b"other tree"),
+                (Tree::Log, b"s1/2", b"b"),
+                (Tree::Log, b"s1/1", b"a"),
+                (Tree::Log, b"s2/1", b"x"),
+                (Tree::Log, b"s1", b"bare"),
+                (Tree::Ownership, b"s1/9", b"other tree"),
             ]))
             .await?;
         assert_eq!(
-            store.scan_prefix(Tree::Messages, b"s1/")?,
+            store.scan_prefix(Tree::Log, b"s1/")?,
             vec![
                 (b"s1/1".to_vec(), b"a".to_vec()),
                 (b"s1/2".to_vec(), b"b".to_vec())
             ]
         );
-        assert_eq!(store.scan_prefix(Tree::Messages, b"")?.len(), 4);
+        assert_eq!(store.scan_prefix(Tree::Log, b"")?.len(), 4);
         Ok(())
     }
 
@@ -241,7 +257,7 @@ mod tests {
             std::thread::spawn(move || -> Result<(), Error> {
                 while !stop.load(Ordering::SeqCst) {
                     if let Some(v) = store.get(Tree::Sessions, b"s")? {
-                        assert_eq!(store.get(Tree::Messages, &v)?, Some(v.clone()));
+                        assert_eq!(store.get(Tree::Log, &v)?, Some(v.clone()));
                         checks.fetch_add(1, Ordering::SeqCst);
                     }
                 }
@@ -252,10 +268,7 @@ mod tests {
         while i < 2000 || checks.load(Ordering::SeqCst) < 100 {
             let v = i.to_be_bytes();
             store
-                .commit(batch(&[
-                    (Tree::Sessions, b"s", &v),
-                    (Tree::Messages, &v, &v),
-                ]))
+                .commit(batch(&[(Tree::Sessions, b"s", &v), (Tree::Log, &v, &v)]))
                 .await?;
             i += 1;
             tokio::task::yield_now().await;

@@ -139,6 +139,7 @@ impl SledStoreBuilder {
             config = config.cache_capacity(bytes);
         }
         let db = open_db(&config)?;
+        refuse_old_layout(&db)?;
         let trees = open_trees(&db)?;
 
         let syncer = match (&self.path, self.durability) {
@@ -213,12 +214,12 @@ impl SledStoreBuilder {
 ///
 ///     let mut batch = Batch::new(CommitKind::RunStart);
 ///     batch.put(Tree::Sessions, b"s1".to_vec(), b"snapshot".to_vec());
-///     batch.put(Tree::Messages, b"s1/0001".to_vec(), b"hello".to_vec());
+///     batch.put(Tree::Log, b"s1/0001".to_vec(), b"hello".to_vec());
 ///     // `commit` is async; any executor works with group commit on.
 ///     futures::executor::block_on(store.commit(batch))?;
 ///
 ///     assert_eq!(store.get(Tree::Sessions, b"s1")?, Some(b"snapshot".to_vec()));
-///     assert_eq!(store.scan_prefix(Tree::Messages, b"s1/")?.len(), 1);
+///     assert_eq!(store.scan_prefix(Tree::Log, b"s1/")?.len(), 1);
 ///     assert!(store.flush_count() >= 1);
 ///     Ok(())
 /// }
@@ -360,6 +361,23 @@ impl Store for SledStore {
             .collect()
     }
 
+    fn scan_prefix_rev(
+        &self,
+        tree: Tree,
+        prefix: &[u8],
+        limit: usize,
+    ) -> Result<Vec<Entry>, Error> {
+        self.tree(tree)?
+            .scan_prefix(prefix)
+            .rev()
+            .take(limit)
+            .map(|kv| {
+                let (k, v) = kv?;
+                Ok((k.to_vec(), v.to_vec()))
+            })
+            .collect()
+    }
+
     fn scan_range(
         &self,
         tree: Tree,
@@ -427,6 +445,25 @@ fn open_db(config: &::sled::Config) -> Result<::sled::Db, Error> {
     }
 }
 
+/// Trees of the first layout, which kept a session's messages, run records and stream chunks
+/// one per key; their contents now live in [`Tree::Log`].
+const OLD_LAYOUT_TREES: [&str; 3] = ["messages", "runs", "stream"];
+
+/// Refuses a store written with the first layout rather than showing its sessions without
+/// their messages.
+fn refuse_old_layout(db: &::sled::Db) -> Result<(), Error> {
+    for name in OLD_LAYOUT_TREES {
+        let exists = db
+            .tree_names()
+            .iter()
+            .any(|tree| tree.as_ref() == name.as_bytes());
+        if exists && !db.open_tree(name)?.is_empty() {
+            return Err(Error::OldLayout { tree: name.into() });
+        }
+    }
+    Ok(())
+}
+
 /// Bytes of every file under `dir`.
 fn directory_size(dir: &Path) -> io::Result<u64> {
     let mut total = 0;
@@ -450,9 +487,7 @@ fn tree_index(tree: Tree) -> usize {
 fn open_trees(db: &::sled::Db) -> Result<[::sled::Tree; Tree::ALL.len()], Error> {
     Ok([
         db.open_tree(Tree::Sessions.name())?,
-        db.open_tree(Tree::Messages.name())?,
-        db.open_tree(Tree::Runs.name())?,
-        db.open_tree(Tree::Stream.name())?,
+        db.open_tree(Tree::Log.name())?,
         db.open_tree(Tree::Pending.name())?,
         db.open_tree(Tree::Deadlines.name())?,
         db.open_tree(Tree::Ownership.name())?,
@@ -694,6 +729,7 @@ fn duplicate(error: &Error) -> Error {
         Error::Io(e) => Error::Io(io::Error::new(e.kind(), e.to_string())),
         Error::Transaction(why) => Error::Transaction(why.clone()),
         Error::Closed => Error::Closed,
+        Error::OldLayout { tree } => Error::OldLayout { tree: tree.clone() },
         Error::Injected(kind) => Error::Injected(*kind),
     }
 }
@@ -846,11 +882,7 @@ mod tests {
             .commit(batch(&[(Tree::Sessions, b"s1", b"v1")]))
             .await?;
         assert_eq!(store.get(Tree::Sessions, b"s1")?, Some(b"v1".to_vec()));
-        assert_eq!(
-            store.get(Tree::Messages, b"s1")?,
-            None,
-            "trees are separate"
-        );
+        assert_eq!(store.get(Tree::Log, b"s1")?, None, "trees are separate");
         assert_eq!(store.flush_count(), 1);
         Ok(())
     }
@@ -871,13 +903,13 @@ mod tests {
     async fn later_ops_of_a_batch_win_over_earlier_ones() -> Result<(), anyhow::Error> {
         let store = SledStore::temporary()?;
         let mut b = Batch::new(CommitKind::Other);
-        b.put(Tree::Runs, b"a".to_vec(), b"1".to_vec());
-        b.put(Tree::Runs, b"a".to_vec(), b"2".to_vec());
-        b.put(Tree::Runs, b"b".to_vec(), b"1".to_vec());
-        b.delete(Tree::Runs, b"b".to_vec());
+        b.put(Tree::Children, b"a".to_vec(), b"1".to_vec());
+        b.put(Tree::Children, b"a".to_vec(), b"2".to_vec());
+        b.put(Tree::Children, b"b".to_vec(), b"1".to_vec());
+        b.delete(Tree::Children, b"b".to_vec());
         store.commit(b).await?;
-        assert_eq!(store.get(Tree::Runs, b"a")?, Some(b"2".to_vec()));
-        assert_eq!(store.get(Tree::Runs, b"b")?, None);
+        assert_eq!(store.get(Tree::Children, b"a")?, Some(b"2".to_vec()));
+        assert_eq!(store.get(Tree::Children, b"b")?, None);
         Ok(())
     }
 
@@ -886,14 +918,14 @@ mod tests {
         let store = SledStore::temporary()?;
         store
             .commit(batch(&[
-                (Tree::Messages, b"s1/2", b"b"),
-                (Tree::Messages, b"s1/1", b"a"),
-                (Tree::Messages, b"s2/1", b"x"),
-                (Tree::Messages, b"s1", b"bare"),
-                (Tree::Stream, b"s1/9", b"other tree"),
+                (Tree::Log, b"s1/2", b"b"),
+                (Tree::Log, b"s1/1", b"a"),
+                (Tree::Log, b"s2/1", b"x"),
+                (Tree::Log, b"s1", b"bare"),
+                (Tree::Ownership, b"s1/9", b"other tree"),
             ]))
             .await?;
-        let got = store.scan_prefix(Tree::Messages, b"s1/")?;
+        let got = store.scan_prefix(Tree::Log, b"s1/")?;
         assert_eq!(
             got,
             vec![
@@ -901,12 +933,12 @@ mod tests {
                 (b"s1/2".to_vec(), b"b".to_vec())
             ]
         );
-        assert_eq!(store.scan_prefix(Tree::Messages, b"")?.len(), 4);
+        assert_eq!(store.scan_prefix(Tree::Log, b"")?.len(), 4);
         // A prefix ending in 0xff still works.
         store
-            .commit(batch(&[(Tree::Messages, &[1, 0xff, 3], b"y")]))
+            .commit(batch(&[(Tree::Log, &[1, 0xff, 3], b"y")]))
             .await?;
-        assert_eq!(store.scan_prefix(Tree::Messages, &[1, 0xff])?.len(), 1);
+        assert_eq!(store.scan_prefix(Tree::Log, &[1, 0xff])?.len(), 1);
         Ok(())
     }
 
@@ -955,7 +987,7 @@ mod tests {
             std::thread::spawn(move || -> Result<(), Error> {
                 while !stop.load(Ordering::SeqCst) {
                     if let Some(v) = store.get(Tree::Sessions, b"s")? {
-                        let message = store.get(Tree::Messages, &v)?;
+                        let message = store.get(Tree::Log, &v)?;
                         assert_eq!(message, Some(v.clone()), "torn batch at version {v:?}");
                         checks.fetch_add(1, Ordering::SeqCst);
                     }
@@ -967,10 +999,7 @@ mod tests {
         while i < 300 || checks.load(Ordering::SeqCst) < 100 {
             let v = i.to_be_bytes();
             store
-                .commit(batch(&[
-                    (Tree::Sessions, b"s", &v),
-                    (Tree::Messages, &v, &v),
-                ]))
+                .commit(batch(&[(Tree::Sessions, b"s", &v), (Tree::Log, &v, &v)]))
                 .await?;
             i += 1;
         }
@@ -1000,7 +1029,7 @@ mod tests {
             for i in 0..n {
                 let mut key = vec![tag];
                 key.extend_from_slice(&(i as u32).to_be_bytes());
-                b.put(Tree::Stream, key, vec![tag]);
+                b.put(Tree::Ownership, key, vec![tag]);
             }
             b
         };
@@ -1017,7 +1046,7 @@ mod tests {
         assert_eq!(store.flush_count(), 1);
         for (tag, n) in [(1u8, max / 2), (2, max / 2), (3, max + 10), (4, 1)] {
             assert_eq!(
-                store.scan_prefix(Tree::Stream, &[tag])?.len(),
+                store.scan_prefix(Tree::Ownership, &[tag])?.len(),
                 n,
                 "batch {tag}"
             );
@@ -1054,20 +1083,42 @@ mod tests {
         Ok(())
     }
 
+    #[test]
+    fn a_store_of_the_first_layout_is_refused_with_the_tree_it_has() -> Result<(), anyhow::Error> {
+        let dir = tempfile::tempdir()?;
+        {
+            let db = ::sled::open(dir.path())?;
+            db.open_tree("messages")?
+                .insert(b"s1", b"hello".as_slice())?;
+            db.flush()?;
+        }
+        match SledStore::open(dir.path()) {
+            Err(Error::OldLayout { tree }) => assert_eq!(tree, "messages"),
+            other => panic!("expected the old layout to be refused, got {other:?}"),
+        }
+        // An empty tree of that name holds nothing to lose: the store opens.
+        let empty = tempfile::tempdir()?;
+        {
+            let db = ::sled::open(empty.path())?;
+            db.open_tree("stream")?;
+            db.flush()?;
+        }
+        SledStore::open(empty.path())?;
+        Ok(())
+    }
+
     #[tokio::test]
     async fn large_values_stored_as_sled_blobs_survive_a_reopen() -> Result<(), anyhow::Error> {
         let dir = tempfile::tempdir()?;
         let big = vec![7u8; 1024 * 1024];
         {
             let store = SledStore::open(dir.path())?;
-            store
-                .commit(batch(&[(Tree::Messages, b"big", &big)]))
-                .await?;
+            store.commit(batch(&[(Tree::Log, b"big", &big)])).await?;
             let blobs = std::fs::read_dir(dir.path().join("blobs"))?.count();
             assert!(blobs > 0, "sled should have written a blob file");
         }
         let store = SledStore::open(dir.path())?;
-        assert_eq!(store.get(Tree::Messages, b"big")?, Some(big));
+        assert_eq!(store.get(Tree::Log, b"big")?, Some(big));
         Ok(())
     }
 
@@ -1091,7 +1142,7 @@ mod tests {
                     store
                         .commit(batch(&[
                             (Tree::Sessions, key.as_bytes(), &value),
-                            (Tree::Messages, key.as_bytes(), &value),
+                            (Tree::Log, key.as_bytes(), &value),
                         ]))
                         .await?;
                 }
@@ -1124,10 +1175,7 @@ mod tests {
             store.scan_prefix(Tree::Sessions, b"")?.len(),
             TASKS * COMMITS
         );
-        assert_eq!(
-            store.scan_prefix(Tree::Messages, b"")?.len(),
-            TASKS * COMMITS
-        );
+        assert_eq!(store.scan_prefix(Tree::Log, b"")?.len(), TASKS * COMMITS);
         Ok(())
     }
 
@@ -1143,7 +1191,9 @@ mod tests {
             let mut tasks = tokio::task::JoinSet::new();
             for i in 0u8..16 {
                 let store = Arc::clone(&store);
-                tasks.spawn(async move { store.commit(batch(&[(Tree::Runs, &[i], &[i])])).await });
+                tasks.spawn(
+                    async move { store.commit(batch(&[(Tree::Children, &[i], &[i])])).await },
+                );
             }
             while let Some(joined) = tasks.join_next().await {
                 let err = joined?.expect_err("a commit was acknowledged without a flush");
@@ -1152,7 +1202,9 @@ mod tests {
             assert!(store.flush().await.is_err());
             assert_eq!(store.flush_count(), 0);
             store.shared.fail_flushes.store(false, Ordering::SeqCst);
-            store.commit(batch(&[(Tree::Runs, b"ok", b"ok")])).await?;
+            store
+                .commit(batch(&[(Tree::Children, b"ok", b"ok")]))
+                .await?;
             assert_eq!(store.flush_count(), 1);
         }
         Ok(())
@@ -1164,9 +1216,9 @@ mod tests {
             let store = SledStoreBuilder::temporary()
                 .group_commit(group_commit)
                 .open()?;
-            futures::executor::block_on(store.commit(batch(&[(Tree::Stream, b"k", b"v")])))?;
+            futures::executor::block_on(store.commit(batch(&[(Tree::Ownership, b"k", b"v")])))?;
             futures::executor::block_on(store.flush())?;
-            assert_eq!(store.get(Tree::Stream, b"k")?, Some(b"v".to_vec()));
+            assert_eq!(store.get(Tree::Ownership, b"k")?, Some(b"v".to_vec()));
         }
         Ok(())
     }
@@ -1215,7 +1267,7 @@ mod tests {
                         message_key.extend_from_slice(&n.to_be_bytes());
                         store
                             .commit(batch(&[
-                                (Tree::Messages, &message_key, &[0xab; 300]),
+                                (Tree::Log, &message_key, &[0xab; 300]),
                                 (Tree::Sessions, &[s], &n.to_be_bytes()),
                             ]))
                             .await?;
@@ -1287,7 +1339,7 @@ mod tests {
                     version >= acked_n,
                     "session {s}: acked {acked_n}, recovered {version}"
                 );
-                let messages = store.scan_prefix(Tree::Messages, &[s as u8])?;
+                let messages = store.scan_prefix(Tree::Log, &[s as u8])?;
                 // Messages 1..=version, all of them, and nothing beyond: an orphan message or a
                 // version without its message would be a torn batch.
                 assert_eq!(messages.len(), version as usize, "session {s}");
@@ -1299,8 +1351,8 @@ mod tests {
             let mut reset = Batch::new(CommitKind::Other);
             for s in 0u8..8 {
                 reset.delete(Tree::Sessions, vec![s]);
-                for (key, _) in store.scan_prefix(Tree::Messages, &[s])? {
-                    reset.delete(Tree::Messages, key);
+                for (key, _) in store.scan_prefix(Tree::Log, &[s])? {
+                    reset.delete(Tree::Log, key);
                 }
             }
             futures::executor::block_on(store.commit(reset))?;

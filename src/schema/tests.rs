@@ -1,0 +1,249 @@
+//! The log layout: what one commit appends is one entry, read back by section and by range.
+
+use serde_json::Map;
+
+use super::*;
+use crate::ids::RunId;
+use crate::session::Status;
+use crate::store::MemoryStore;
+use crate::stream::ChunkKind;
+
+fn record(id: &SessionId) -> SessionRecord {
+    SessionRecord {
+        id: id.clone(),
+        agent: "a".into(),
+        status: Status::Running,
+        root: id.clone(),
+        parent: None,
+        created_at_ms: 0,
+        updated_at_ms: 0,
+        message_count: 0,
+        chunk_count: 0,
+        run_count: 0,
+        current_run: None,
+        steps_in_run: 0,
+        custom_state: Map::new(),
+        interrupt_requested: false,
+        aborted: false,
+        suspension: None,
+        parent_call: None,
+        depth: 0,
+        history_start: 0,
+        log_count: 0,
+    }
+}
+
+fn run(turn: u32, steps: u32) -> RunRecord {
+    RunRecord {
+        run_id: RunId::generate(),
+        turn,
+        previous_run_id: None,
+        status: Status::Running,
+        started_at_ms: 0,
+        ended_at_ms: None,
+        steps,
+        text: None,
+        output: None,
+        error: None,
+    }
+}
+
+/// A session whose commits are built the way the session core builds them: each appends the
+/// given messages, chunks and run, and the record counts them.
+struct Writer {
+    store: MemoryStore,
+    record: SessionRecord,
+}
+
+impl Writer {
+    fn new(id: &str) -> Self {
+        Self {
+            store: MemoryStore::new(),
+            record: record(&id.parse().expect("valid id")),
+        }
+    }
+
+    fn commit(&mut self, messages: usize, chunks: usize, run: Option<RunRecord>) {
+        let messages: Vec<(u64, Message)> = (0..messages)
+            .map(|_| {
+                let seq = self.record.message_count;
+                self.record.message_count += 1;
+                (
+                    seq,
+                    Message::User {
+                        text: format!("m{seq}"),
+                    },
+                )
+            })
+            .collect();
+        let chunks: Vec<Chunk> = (0..chunks)
+            .map(|_| {
+                let seq = self.record.chunk_count;
+                self.record.chunk_count += 1;
+                Chunk {
+                    seq,
+                    run_id: RunId::generate(),
+                    at_ms: seq,
+                    kind: ChunkKind::Text {
+                        text: format!("c{seq}"),
+                    },
+                }
+            })
+            .collect();
+        let runs: Vec<RunRecord> = run.into_iter().collect();
+        let log_seq = self.record.log_count;
+        if !(messages.is_empty() && chunks.is_empty() && runs.is_empty()) {
+            self.record.log_count += 1;
+        }
+        let commit = Commit {
+            kind: CommitKind::Other,
+            session: self.record.id.clone(),
+            record: Some(self.record.clone()),
+            log_seq,
+            messages,
+            runs,
+            chunks,
+            index: Vec::new(),
+        };
+        let batch = commit.encode().expect("encodes");
+        futures::executor::block_on(self.store.commit(batch)).expect("commits");
+    }
+
+    fn chunk_seqs(&self, from: u64) -> Vec<u64> {
+        load_chunks(&self.store, &self.record.id, from)
+            .expect("reads")
+            .iter()
+            .map(|chunk| chunk.seq)
+            .collect()
+    }
+}
+
+#[test]
+fn a_commit_appends_one_log_entry_whatever_it_carries() {
+    let mut writer = Writer::new("s1");
+    writer.commit(2, 3, Some(run(1, 0)));
+    assert_eq!(writer.store.len(Tree::Log), 1);
+    let messages = load_messages(&writer.store, &writer.record.id).expect("reads");
+    assert_eq!(
+        messages,
+        vec![
+            Message::User { text: "m0".into() },
+            Message::User { text: "m1".into() }
+        ]
+    );
+    assert_eq!(writer.chunk_seqs(0), vec![0, 1, 2]);
+    assert_eq!(
+        load_runs(&writer.store, &writer.record.id)
+            .expect("reads")
+            .len(),
+        1
+    );
+}
+
+#[test]
+fn chunks_from_any_offset_are_exactly_those_at_or_after_it() {
+    let mut writer = Writer::new("s1");
+    writer.commit(1, 2, Some(run(1, 0))); // chunks 0, 1
+    writer.commit(0, 0, Some(run(1, 1))); // a run change alone
+    writer.commit(1, 3, None); // chunks 2, 3, 4
+    writer.commit(0, 1, None); // chunk 5
+    let all: Vec<u64> = (0..6).collect();
+    for from in 0..8 {
+        let expected: Vec<u64> = all.iter().copied().filter(|seq| *seq >= from).collect();
+        assert_eq!(writer.chunk_seqs(from), expected, "from {from}");
+    }
+}
+
+#[test]
+fn a_run_rewritten_by_later_commits_reads_as_last_written() {
+    let mut writer = Writer::new("s1");
+    writer.commit(1, 1, Some(run(1, 0)));
+    writer.commit(1, 1, Some(run(1, 1)));
+    writer.commit(1, 1, Some(run(2, 0)));
+    let runs = load_runs(&writer.store, &writer.record.id).expect("reads");
+    assert_eq!(
+        runs.iter()
+            .map(|run| (run.turn, run.steps))
+            .collect::<Vec<_>>(),
+        vec![(1, 1), (2, 0)]
+    );
+    let first = load_run(&writer.store, &writer.record.id, 1).expect("reads");
+    assert_eq!(first.map(|run| run.steps), Some(1));
+    assert_eq!(
+        load_run(&writer.store, &writer.record.id, 3).expect("reads"),
+        None
+    );
+}
+
+#[test]
+fn a_run_older_than_the_recent_entries_is_still_found() {
+    let mut writer = Writer::new("s1");
+    writer.commit(1, 0, Some(run(1, 7)));
+    for _ in 0..RECENT_LOG_ENTRIES + 3 {
+        writer.commit(0, 1, None);
+    }
+    let found = load_run(&writer.store, &writer.record.id, 1).expect("reads");
+    assert_eq!(found.map(|run| run.steps), Some(7));
+}
+
+#[test]
+fn the_conversation_starts_at_history_start() {
+    let mut writer = Writer::new("s1");
+    writer.commit(3, 0, None);
+    writer.commit(2, 0, None);
+    writer.record.history_start = 3;
+    let conversation = load_conversation(&writer.store, &writer.record).expect("reads");
+    assert_eq!(
+        conversation,
+        vec![
+            Message::User { text: "m3".into() },
+            Message::User { text: "m4".into() }
+        ]
+    );
+}
+
+#[test]
+fn sessions_whose_ids_share_a_prefix_do_not_see_each_others_entries() {
+    let mut short = Writer::new("s1");
+    short.commit(1, 1, None);
+    let mut long = Writer {
+        store: short.store,
+        record: record(&"s10".parse().expect("valid id")),
+    };
+    long.commit(2, 2, None);
+    short.store = long.store;
+    assert_eq!(
+        load_messages(&short.store, &short.record.id)
+            .expect("reads")
+            .len(),
+        1
+    );
+    assert_eq!(short.chunk_seqs(0), vec![0]);
+}
+
+#[test]
+fn a_damaged_log_entry_is_a_corrupt_error_naming_the_tree() {
+    let writer = Writer::new("s1");
+    let id = writer.record.id.clone();
+    for bytes in [
+        vec![],
+        vec![FORMAT_VERSION],
+        vec![FORMAT_VERSION, 0, 0, 0, 9, 1],
+        vec![FORMAT_VERSION, 0, 0, 0, 1, 0xc1, 0, 0, 0, 0],
+    ] {
+        let mut batch = Batch::new(CommitKind::Other);
+        batch.put(Tree::Log, log_key(&id, 0, 0), bytes.clone());
+        futures::executor::block_on(writer.store.commit(batch)).expect("commits");
+        match load_messages(&writer.store, &id) {
+            Err(Error::Corrupt { tree, .. }) => assert_eq!(tree, "log", "{bytes:?}"),
+            other => panic!("{bytes:?}: expected a corrupt log entry, got {other:?}"),
+        }
+    }
+    let mut batch = Batch::new(CommitKind::Other);
+    batch.put(Tree::Log, log_key(&id, 0, 0), vec![FORMAT_VERSION + 1]);
+    futures::executor::block_on(writer.store.commit(batch)).expect("commits");
+    assert!(matches!(
+        load_messages(&writer.store, &id),
+        Err(Error::UnsupportedVersion { .. })
+    ));
+}
