@@ -6,6 +6,8 @@
 //! as the deadline index grows; submit latency with 10,000 calls pending under one root
 //! against 10,000 roots with one each; and what a suspended, evicted session keeps resident.
 
+#[path = "support/allocator.rs"]
+mod allocator;
 #[path = "support/rss.rs"]
 mod rss;
 #[path = "support/submits.rs"]
@@ -28,7 +30,11 @@ fn main() -> anyhow::Result<()> {
         .worker_threads(2)
         .enable_all()
         .build()?;
-    println!("# dormant human-in-the-loop bench ({} cores)", num_cpus());
+    println!(
+        "# dormant human-in-the-loop bench ({} cores, {} allocator)",
+        num_cpus(),
+        allocator::NAME
+    );
     let only = std::env::var("HITL_ONLY").ok();
     let wants = |name: &str| only.as_deref().is_none_or(|only| only == name);
     runtime.block_on(async {

@@ -20,6 +20,8 @@
 //! every child's call against the root, and `resume(root)` cascades into the children and
 //! completes the tree (see `fanout.rs`).
 
+#[path = "../../benches/support/allocator.rs"]
+mod allocator;
 mod driver;
 mod fanout;
 mod plan;

@@ -209,6 +209,7 @@ impl Report<'_> {
             "durability": format!("{:?}", Durability::from(self.args.durability)),
             "group_commit": !self.args.no_group_commit,
             "store_path": self.store_path.as_ref().map(|p| p.display().to_string()),
+            "allocator": crate::allocator::NAME,
             "elapsed_s": self.secs(),
             "sessions_per_s": self.rate(count(self.args.sessions)),
             "turns_per_s": self.rate(count(self.turns())),
@@ -340,6 +341,7 @@ impl Report<'_> {
         if let Some(path) = &self.store_path {
             println!("store:               {}", path.display());
         }
+        println!("allocator:           {}", crate::allocator::NAME);
         println!("elapsed:             {:.2} s", self.secs());
         println!("sessions:            {}", args.sessions);
         println!(
