@@ -129,7 +129,7 @@ impl<A: VirtualActor> Actor for Cell<A> {
         myself: ActorRef<Self::Msg>,
         args: CellArgs<A>,
     ) -> Result<CellState<A>, ActorProcessingErr> {
-        let state = self.behaviour.activate(&args.key).await?;
+        let state = Box::pin(self.behaviour.activate(&args.key)).await?;
         Ok(CellState {
             ctx: ActorContext {
                 key: args.key,
@@ -182,11 +182,13 @@ impl<A: VirtualActor> Cell<A> {
             );
             return;
         };
-        let outcome = AssertUnwindSafe(self.behaviour.handle(&cell.ctx, msg, state))
+        // Boxed: an idle cell's task keeps its future allocated, and an inline handler future
+        // would make every resident actor as large as the largest state of any handler.
+        let outcome = AssertUnwindSafe(Box::pin(self.behaviour.handle(&cell.ctx, msg, state)))
             .catch_unwind()
             .await;
         if let Err(panic) = outcome {
-            self.recover(cell, panic_message(panic.as_ref())).await;
+            Box::pin(self.recover(cell, panic_message(panic.as_ref()))).await;
         }
     }
 
