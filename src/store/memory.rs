@@ -218,6 +218,38 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn scan_prefix_rev_returns_the_last_keys_of_the_prefix_first() -> Result<(), anyhow::Error>
+    {
+        let store = MemoryStore::new();
+        store
+            .commit(batch(&[
+                (Tree::Log, b"s1/1", b"a"),
+                (Tree::Log, b"s1/2", b"b"),
+                (Tree::Log, b"s1/3", b"c"),
+                (Tree::Log, b"s2/1", b"x"),
+                (Tree::Log, &[1, 0xff, 3], b"y"),
+                (Tree::Log, &[1, 0xff, 0xff], b"z"),
+                (Tree::Log, &[2], b"after"),
+            ]))
+            .await?;
+        let keys = |entries: Vec<Entry>| -> Vec<Vec<u8>> {
+            entries.into_iter().map(|(key, _)| key).collect()
+        };
+        assert_eq!(
+            keys(store.scan_prefix_rev(Tree::Log, b"s1/", 2)?),
+            vec![b"s1/3".to_vec(), b"s1/2".to_vec()]
+        );
+        // The end of a prefix ending in 0xff is found past the 0xff bytes.
+        assert_eq!(
+            keys(store.scan_prefix_rev(Tree::Log, &[1, 0xff], 10)?),
+            vec![vec![1, 0xff, 0xff], vec![1, 0xff, 3]]
+        );
+        assert_eq!(store.scan_prefix_rev(Tree::Log, b"", 10)?.len(), 7);
+        assert!(store.scan_prefix_rev(Tree::Log, b"s1/", 0)?.is_empty());
+        Ok(())
+    }
+
+    #[tokio::test]
     async fn scan_range_is_half_open_and_respects_the_limit() -> Result<(), anyhow::Error> {
         let store = MemoryStore::new();
         let mut b = Batch::new(CommitKind::Other);

@@ -452,11 +452,9 @@ const OLD_LAYOUT_TREES: [&str; 3] = ["messages", "runs", "stream"];
 /// Refuses a store written with the first layout rather than showing its sessions without
 /// their messages.
 fn refuse_old_layout(db: &::sled::Db) -> Result<(), Error> {
+    let names = db.tree_names();
     for name in OLD_LAYOUT_TREES {
-        let exists = db
-            .tree_names()
-            .iter()
-            .any(|tree| tree.as_ref() == name.as_bytes());
+        let exists = names.iter().any(|tree| tree.as_ref() == name.as_bytes());
         if exists && !db.open_tree(name)?.is_empty() {
             return Err(Error::OldLayout { tree: name.into() });
         }
@@ -939,6 +937,21 @@ mod tests {
             .commit(batch(&[(Tree::Log, &[1, 0xff, 3], b"y")]))
             .await?;
         assert_eq!(store.scan_prefix(Tree::Log, &[1, 0xff])?.len(), 1);
+        // Backwards: last key first, `limit` of them, still only the prefix.
+        store
+            .commit(batch(&[
+                (Tree::Log, b"s1/3", b"c"),
+                (Tree::Log, b"s1/4", b"d"),
+            ]))
+            .await?;
+        let last: Vec<Vec<u8>> = store
+            .scan_prefix_rev(Tree::Log, b"s1/", 2)?
+            .into_iter()
+            .map(|(key, _)| key)
+            .collect();
+        assert_eq!(last, vec![b"s1/4".to_vec(), b"s1/3".to_vec()]);
+        assert_eq!(store.scan_prefix_rev(Tree::Log, b"s1/", 10)?.len(), 4);
+        assert_eq!(store.scan_prefix_rev(Tree::Log, &[1, 0xff], 10)?.len(), 1);
         Ok(())
     }
 
