@@ -15,7 +15,8 @@ pub use self::faulty::{Fault, FaultyStore};
 pub use self::memory::MemoryStore;
 pub use self::sled::{Durability, SledStore, SledStoreBuilder};
 
-/// The named key spaces of the store. Each is a separate sled tree.
+/// The named key spaces of the store. [`SledStore`] keeps them all in one sled tree, each as a
+/// key range of its own.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Tree {
     /// Session id → small mutable snapshot (with a format version).
@@ -55,7 +56,7 @@ impl Tree {
         Tree::Companions,
     ];
 
-    /// The tree's name in the backend.
+    /// The tree's name (in debug output and documentation).
     pub fn name(self) -> &'static str {
         match self {
             Tree::Sessions => "sessions",
@@ -181,17 +182,14 @@ pub enum Error {
     /// A file operation (the power-loss sync) failed.
     #[error("store i/o: {0}")]
     Io(#[from] std::io::Error),
-    /// A transaction could not be applied.
-    #[error("transaction aborted: {0}")]
-    Transaction(String),
     /// The store was closed, or its flusher thread is gone.
     #[error("store is closed")]
     Closed,
     /// The store directory was written by an older dormant whose layout this build cannot
     /// read.
-    #[error("the store was written by an older dormant (it has a `{tree}` tree); this build keeps a session's messages, runs and stream chunks in the `log` tree and cannot read it: open a new store directory")]
+    #[error("the store was written by an older dormant (it has a non-empty `{tree}` tree); this build keeps every record in the one `records` tree and cannot read it: open a new store directory")]
     OldLayout {
-        /// A tree of the old layout found in the store.
+        /// A sled tree of an earlier layout found in the store.
         tree: String,
     },
     /// A fault injected by a test wrapper: the process is considered dead from this commit on.

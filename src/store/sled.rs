@@ -12,15 +12,15 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use ::sled::transaction::{
-    ConflictableTransactionError, ConflictableTransactionResult, TransactionError, Transactional,
-    TransactionalTree,
-};
 use ::sled::IVec;
 use parking_lot::{Condvar, MappedRwLockReadGuard, Mutex, RwLock, RwLockReadGuard};
 use tokio::sync::oneshot;
 
 use super::{Batch, Entry, Error, Op, Store, Tree};
+
+mod keyspace;
+
+use keyspace::{logical_key, stored_key, RECORDS};
 
 /// How much of a crash an acknowledged commit survives.
 ///
@@ -140,7 +140,7 @@ impl SledStoreBuilder {
         }
         let db = open_db(&config)?;
         refuse_old_layout(&db)?;
-        let trees = open_trees(&db)?;
+        let records = db.open_tree(RECORDS)?;
 
         let syncer = match (&self.path, self.durability) {
             (Some(path), Durability::PowerLoss) => Some(Syncer::open(path)?),
@@ -148,12 +148,16 @@ impl SledStoreBuilder {
         };
 
         let shared = Arc::new(Shared {
-            open: RwLock::new(Some(Open { db, trees, syncer })),
+            open: RwLock::new(Some(Open {
+                db,
+                records,
+                syncer,
+            })),
             flushes: AtomicU64::new(0),
             #[cfg(test)]
             fail_flushes: std::sync::atomic::AtomicBool::new(false),
             #[cfg(test)]
-            transactions: AtomicU64::new(0),
+            applied_batches: AtomicU64::new(0),
         });
         let group = if self.group_commit {
             Some(GroupFlusher::start(Arc::clone(&shared))?)
@@ -172,36 +176,43 @@ impl SledStoreBuilder {
 /// The sled-backed [`Store`]: atomic multi-tree commits, durable at a configurable
 /// [`Durability`] level, with group commit.
 ///
-/// Each [`Tree`] is a separate sled tree named [`Tree::name`]. Dropping the store stops its
-/// flusher thread and releases the directory lock; the drop blocks until the thread has served
-/// every queued commit (at most one group's transaction and flush).
+/// Every [`Tree`] lives in one sled tree, `records`, as a key range of its own: each key is
+/// stored behind its tree's tag byte. Dropping the store stops its flusher thread and releases
+/// the directory lock; the drop blocks until the thread has served every queued commit (at
+/// most one group's batch and flush).
 ///
 /// # How a commit becomes durable
 ///
-/// A batch is applied inside **one** sled transaction over the trees it touches. sled seals the
-/// writes of a transaction as one batch in its log, so after a crash either all of them are
-/// recovered or none. The commit returns only after a flush that *started after* the
-/// transaction was applied has succeeded (plus an `fdatasync` at [`Durability::PowerLoss`]).
+/// A batch is applied as **one** `sled::Batch` on that tree. sled seals the writes of a batch
+/// as one unit in its log, so after a crash either all of them are recovered or none. The
+/// commit returns only after a flush that *started after* the batch was applied has succeeded
+/// (plus an `fdatasync` at [`Durability::PowerLoss`]).
 ///
 /// * **Group commit on** (the default): `commit` queues its batch for a dedicated flusher
 ///   thread and awaits a oneshot. The thread takes everything queued so far, applies those
-///   batches together in one sled transaction (several, if the group is very large), does one
+///   batches together as one sled batch (several, if the group is very large), does one
 ///   flush, and wakes every committer of the group. Many concurrent committers thus share one
-///   transaction and one physical flush.
-/// * **Group commit off**: every commit applies its own transaction and does its own flush on
+///   sled batch and one physical flush.
+/// * **Group commit off**: every commit applies its own sled batch and does its own flush on
 ///   tokio's blocking pool.
 ///
-/// Why batches are grouped into one transaction and not only into one flush: sled 0.34 seals
-/// its current log buffer and hands it to its I/O threads at the start of every transaction
-/// (`pin_log` rolls the buffer before and after reserving the transaction's batch marker, and
-/// every buffer write is followed by a waiting `sync_file_range`). So a transaction is not an
-/// in-memory operation but one or two small disk writes, and a flush has to wait for all of
+/// Why one sled tree and not one per [`Tree`]: writing several sled trees atomically needs a
+/// sled transaction, which reads every key's old value back and stages each write in a hash
+/// map before applying it; a single-tree `sled::Batch` only applies. With 10,000 concurrent
+/// sessions that cut the flusher thread's share of the CPU by about a seventh
+/// (`cargo bench --bench hitl`, BENCHMARKS.md).
+///
+/// Why batches are grouped into one sled batch and not only into one flush: sled 0.34 seals
+/// its current log buffer and hands it to its I/O threads at the start of every batch or
+/// transaction (`pin_log` rolls the buffer before and after reserving the batch marker, and
+/// every buffer write is followed by a waiting `sync_file_range`). So applying a batch is not
+/// an in-memory operation but one or two small disk writes, and a flush has to wait for all of
 /// them. Measured on the development VM (2 vCPUs, ext4), with 1 KiB two-tree batches: 64
 /// transactions then one flush reach ~8k writes/s; one transaction holding the same 64 batches
 /// then one flush reach ~33k writes/s.
 ///
 /// Grouping keeps every batch all-or-nothing (a group is all-or-nothing as a whole). A commit is
-/// never acknowledged before its flush has succeeded; a failed transaction or flush fails every
+/// never acknowledged before its flush has succeeded; a failed apply or flush fails every
 /// commit of its group.
 ///
 /// # Examples
@@ -292,8 +303,8 @@ impl SledStore {
         }
     }
 
-    fn tree(&self, tree: Tree) -> Result<::sled::Tree, Error> {
-        Ok(self.shared.open()?.trees[tree_index(tree)].clone())
+    fn records(&self) -> Result<::sled::Tree, Error> {
+        Ok(self.shared.open()?.records.clone())
     }
 
     /// Applies `batch` (if any) and returns once a flush that started after it was applied
@@ -340,7 +351,7 @@ impl fmt::Debug for SledStore {
 
 #[async_trait::async_trait]
 impl Store for SledStore {
-    /// Applies the batch in one sled transaction (shared with the other batches of its group
+    /// Applies the batch as one sled batch (shared with the other batches of its group
     /// under group commit), then waits for a flush that started after it. An empty batch
     /// writes nothing but still waits (it acts as a barrier).
     async fn commit(&self, batch: Batch) -> Result<(), Error> {
@@ -348,16 +359,16 @@ impl Store for SledStore {
     }
 
     fn get(&self, tree: Tree, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
-        Ok(self.tree(tree)?.get(key)?.map(|v| v.to_vec()))
+        Ok(self
+            .records()?
+            .get(stored_key(tree, key))?
+            .map(|v| v.to_vec()))
     }
 
     fn scan_prefix(&self, tree: Tree, prefix: &[u8]) -> Result<Vec<Entry>, Error> {
-        self.tree(tree)?
-            .scan_prefix(prefix)
-            .map(|kv| {
-                let (k, v) = kv?;
-                Ok((k.to_vec(), v.to_vec()))
-            })
+        self.records()?
+            .scan_prefix(stored_key(tree, prefix))
+            .map(logical_entry)
             .collect()
     }
 
@@ -367,14 +378,11 @@ impl Store for SledStore {
         prefix: &[u8],
         limit: usize,
     ) -> Result<Vec<Entry>, Error> {
-        self.tree(tree)?
-            .scan_prefix(prefix)
+        self.records()?
+            .scan_prefix(stored_key(tree, prefix))
             .rev()
             .take(limit)
-            .map(|kv| {
-                let (k, v) = kv?;
-                Ok((k.to_vec(), v.to_vec()))
-            })
+            .map(logical_entry)
             .collect()
     }
 
@@ -388,13 +396,10 @@ impl Store for SledStore {
         if limit == 0 || from >= to {
             return Ok(Vec::new());
         }
-        self.tree(tree)?
-            .range(from..to)
+        self.records()?
+            .range(stored_key(tree, from)..stored_key(tree, to))
             .take(limit)
-            .map(|kv| {
-                let (k, v) = kv?;
-                Ok((k.to_vec(), v.to_vec()))
-            })
+            .map(logical_entry)
             .collect()
     }
 
@@ -406,7 +411,7 @@ impl Store for SledStore {
     /// handles on this store remain: they answer [`Error::Closed`] from then on.
     async fn close(&self) -> Result<(), Error> {
         let flushed = self.commit_and_flush(None).await;
-        // Waits for a transaction or flush in progress, which holds the read side.
+        // Waits for an apply or flush in progress, which holds the read side.
         let open = self.shared.open.write().take();
         drop(open);
         flushed
@@ -445,18 +450,18 @@ fn open_db(config: &::sled::Config) -> Result<::sled::Db, Error> {
     }
 }
 
-/// Trees of the first layout, which kept a session's messages, run records and stream chunks
-/// one per key; their contents now live in [`Tree::Log`].
-const OLD_LAYOUT_TREES: [&str; 3] = ["messages", "runs", "stream"];
-
-/// Refuses a store written with the first layout rather than showing its sessions without
-/// their messages.
+/// Refuses a store written by an earlier layout (one sled tree per logical tree) rather than
+/// showing its sessions as if they did not exist: any non-empty sled tree other than sled's
+/// default tree and [`RECORDS`] is one.
 fn refuse_old_layout(db: &::sled::Db) -> Result<(), Error> {
-    let names = db.tree_names();
-    for name in OLD_LAYOUT_TREES {
-        let exists = names.iter().any(|tree| tree.as_ref() == name.as_bytes());
-        if exists && !db.open_tree(name)?.is_empty() {
-            return Err(Error::OldLayout { tree: name.into() });
+    for name in db.tree_names() {
+        if name == RECORDS.as_bytes() || name == b"__sled__default" {
+            continue;
+        }
+        if !db.open_tree(&name)?.is_empty() {
+            return Err(Error::OldLayout {
+                tree: String::from_utf8_lossy(&name).into_owned(),
+            });
         }
     }
     Ok(())
@@ -477,30 +482,17 @@ fn directory_size(dir: &Path) -> io::Result<u64> {
     Ok(total)
 }
 
-/// Index of a tree in [`Tree::ALL`] (and in `Shared::trees`).
-fn tree_index(tree: Tree) -> usize {
-    tree as usize
-}
-
-fn open_trees(db: &::sled::Db) -> Result<[::sled::Tree; Tree::ALL.len()], Error> {
-    Ok([
-        db.open_tree(Tree::Sessions.name())?,
-        db.open_tree(Tree::Log.name())?,
-        db.open_tree(Tree::Pending.name())?,
-        db.open_tree(Tree::Deadlines.name())?,
-        db.open_tree(Tree::Ownership.name())?,
-        db.open_tree(Tree::Tombstones.name())?,
-        db.open_tree(Tree::TombstoneExpiry.name())?,
-        db.open_tree(Tree::Children.name())?,
-        db.open_tree(Tree::Companions.name())?,
-    ])
+/// A stored entry as the [`Store`] API shows it: its key without the tree tag.
+fn logical_entry(kv: ::sled::Result<(IVec, IVec)>) -> Result<Entry, Error> {
+    let (key, value) = kv?;
+    Ok((logical_key(&key), value.to_vec()))
 }
 
 /// The open database; taken out by [`Store::close`].
 struct Open {
     db: ::sled::Db,
-    /// Indexed by [`tree_index`].
-    trees: [::sled::Tree; Tree::ALL.len()],
+    /// The one sled tree every logical tree lives in (see [`keyspace`]).
+    records: ::sled::Tree,
     /// `Some` at [`Durability::PowerLoss`] for a non-temporary store.
     syncer: Option<Syncer>,
 }
@@ -512,23 +504,14 @@ struct Shared {
     /// Makes every flush fail while set (tests of error propagation).
     #[cfg(test)]
     fail_flushes: std::sync::atomic::AtomicBool,
-    /// Number of sled transactions applied.
+    /// Number of sled batches applied.
     #[cfg(test)]
-    transactions: AtomicU64,
+    applied_batches: AtomicU64,
 }
 
-/// One write prepared outside the transaction closure (which sled may run more than once).
-struct Prepared {
-    /// Index into the transaction's trees.
-    slot: usize,
-    key: IVec,
-    /// `None` for a delete.
-    value: Option<IVec>,
-}
-
-/// A group's batches are split into transactions of about this many writes, so that one
-/// transaction (which holds sled's global transaction lock) stays bounded.
-const MAX_WRITES_PER_TRANSACTION: usize = 4096;
+/// A group's batches are applied as sled batches of about this many writes, so that one
+/// application (which holds sled's global write lock) stays bounded.
+const MAX_WRITES_PER_SLED_BATCH: usize = 4096;
 
 impl Shared {
     /// The open database, or [`Error::Closed`].
@@ -536,79 +519,32 @@ impl Shared {
         RwLockReadGuard::try_map(self.open.read(), Option::as_ref).map_err(|_| Error::Closed)
     }
 
-    /// Applies `batches`, in order, in one sled transaction over the trees they touch.
+    /// Applies `batches` as one sled batch: all or nothing, after a crash too. A key written
+    /// by several of them ends with the last write, as if they were applied in order.
     fn apply(&self, batches: &[Batch]) -> Result<(), Error> {
         let open = self.open()?;
-        // Slot of each touched tree in `trees`, in order of first use.
-        let mut slots: [Option<usize>; Tree::ALL.len()] = [None; Tree::ALL.len()];
-        let mut trees: Vec<::sled::Tree> = Vec::with_capacity(2);
-        let mut slot_of = |tree: Tree| -> usize {
-            let index = tree_index(tree);
-            match slots[index] {
-                Some(slot) => slot,
-                None => {
-                    let slot = trees.len();
-                    slots[index] = Some(slot);
-                    trees.push(open.trees[index].clone());
-                    slot
+        let mut sled_batch = ::sled::Batch::default();
+        for op in batches.iter().flat_map(Batch::ops) {
+            match op {
+                Op::Put { tree, key, value } => {
+                    sled_batch.insert(stored_key(*tree, key), value.as_slice());
                 }
+                Op::Delete { tree, key } => sled_batch.remove(stored_key(*tree, key)),
             }
-        };
-        let prepared: Vec<Prepared> = batches
-            .iter()
-            .flat_map(Batch::ops)
-            .map(|op| match op {
-                Op::Put { tree, key, value } => Prepared {
-                    slot: slot_of(*tree),
-                    key: IVec::from(key.as_slice()),
-                    value: Some(IVec::from(value.as_slice())),
-                },
-                Op::Delete { tree, key } => Prepared {
-                    slot: slot_of(*tree),
-                    key: IVec::from(key.as_slice()),
-                    value: None,
-                },
-            })
-            .collect();
-
-        let result = <[::sled::Tree] as Transactional<String>>::transaction(
-            trees.as_slice(),
-            |views: &Vec<TransactionalTree>| -> ConflictableTransactionResult<(), String> {
-                for write in &prepared {
-                    let Some(view) = views.get(write.slot) else {
-                        return Err(ConflictableTransactionError::Abort(format!(
-                            "no transactional view for tree slot {}",
-                            write.slot
-                        )));
-                    };
-                    match &write.value {
-                        Some(value) => {
-                            view.insert(write.key.clone(), value.clone())?;
-                        }
-                        None => {
-                            view.remove(write.key.clone())?;
-                        }
-                    }
-                }
-                Ok(())
-            },
-        );
-        #[cfg(test)]
-        self.transactions.fetch_add(1, Ordering::SeqCst);
-        match result {
-            Ok(()) => Ok(()),
-            Err(TransactionError::Abort(why)) => Err(Error::Transaction(why)),
-            Err(TransactionError::Storage(e)) => Err(Error::Sled(e)),
         }
+        open.records.apply_batch(sled_batch)?;
+        #[cfg(test)]
+        self.applied_batches.fetch_add(1, Ordering::SeqCst);
+        Ok(())
     }
 
-    /// Applies a group's batches in as few transactions as [`MAX_WRITES_PER_TRANSACTION`]
+    /// Applies a group's batches in as few sled batches as [`MAX_WRITES_PER_SLED_BATCH`]
     /// allows (a batch is never split), then does one flush.
     fn apply_group_and_flush(&self, batches: &[Batch]) -> Result<(), Error> {
         let mut start = 0;
         let mut writes = 0;
         for (i, batch) in batches.iter().enumerate() {
-            if writes > 0 && writes + batch.ops().len() > MAX_WRITES_PER_TRANSACTION {
+            if writes > 0 && writes + batch.ops().len() > MAX_WRITES_PER_SLED_BATCH {
                 self.apply(&batches[start..i])?;
                 start = i;
                 writes = 0;
@@ -725,7 +661,6 @@ fn duplicate(error: &Error) -> Error {
     match error {
         Error::Sled(e) => Error::Sled(e.clone()),
         Error::Io(e) => Error::Io(io::Error::new(e.kind(), e.to_string())),
-        Error::Transaction(why) => Error::Transaction(why.clone()),
         Error::Closed => Error::Closed,
         Error::OldLayout { tree } => Error::OldLayout { tree: tree.clone() },
         Error::Injected(kind) => Error::Injected(*kind),
@@ -1023,19 +958,44 @@ mod tests {
         Ok(())
     }
 
-    #[test]
-    fn the_sled_trees_are_indexed_in_the_order_of_tree_all() -> Result<(), anyhow::Error> {
+    #[tokio::test]
+    async fn every_logical_tree_keeps_its_keys_apart_in_the_one_sled_tree(
+    ) -> Result<(), anyhow::Error> {
         let store = SledStore::temporary()?;
-        for (i, tree) in Tree::ALL.into_iter().enumerate() {
-            assert_eq!(tree_index(tree), i);
-            assert_eq!(&*store.tree(tree)?.name(), tree.name().as_bytes());
+        let mut batch = Batch::new(CommitKind::Other);
+        for tree in Tree::ALL {
+            batch.put(tree, b"k".to_vec(), tree.name().as_bytes().to_vec());
+            batch.put(tree, b"k2".to_vec(), tree.name().as_bytes().to_vec());
         }
+        store.commit(batch).await?;
+        for tree in Tree::ALL {
+            let name = tree.name().as_bytes().to_vec();
+            assert_eq!(store.get(tree, b"k")?, Some(name.clone()));
+            assert_eq!(
+                store.scan_prefix(tree, b"")?,
+                vec![
+                    (b"k".to_vec(), name.clone()),
+                    (b"k2".to_vec(), name.clone())
+                ]
+            );
+            assert_eq!(
+                store.scan_prefix_rev(tree, b"", 1)?,
+                vec![(b"k2".to_vec(), name.clone())]
+            );
+            assert_eq!(
+                store.scan_range(tree, b"", b"k2", 10)?,
+                vec![(b"k".to_vec(), name)]
+            );
+        }
+        // Everything lives in the one `records` tree.
+        let open = store.shared.open()?;
+        assert_eq!(open.records.len(), 2 * Tree::ALL.len());
         Ok(())
     }
 
     #[test]
-    fn a_large_group_is_split_into_transactions_between_batches_only() -> Result<(), anyhow::Error>
-    {
+    fn a_large_group_is_split_into_sled_batches_between_our_batches_only(
+    ) -> Result<(), anyhow::Error> {
         let store = SledStore::temporary()?;
         let sized = |n: usize, tag: u8| {
             let mut b = Batch::new(CommitKind::Other);
@@ -1046,7 +1006,7 @@ mod tests {
             }
             b
         };
-        let max = MAX_WRITES_PER_TRANSACTION;
+        let max = MAX_WRITES_PER_SLED_BATCH;
         // [max/2, max/2] fit together; [max + 10] is over the limit but never split; [1].
         let batches = [
             sized(max / 2, 1),
@@ -1055,7 +1015,7 @@ mod tests {
             sized(1, 4),
         ];
         store.shared.apply_group_and_flush(&batches)?;
-        assert_eq!(store.shared.transactions.load(Ordering::SeqCst), 3);
+        assert_eq!(store.shared.applied_batches.load(Ordering::SeqCst), 3);
         assert_eq!(store.flush_count(), 1);
         for (tag, n) in [(1u8, max / 2), (2, max / 2), (3, max + 10), (4, 1)] {
             assert_eq!(
@@ -1097,17 +1057,19 @@ mod tests {
     }
 
     #[test]
-    fn a_store_of_the_first_layout_is_refused_with_the_tree_it_has() -> Result<(), anyhow::Error> {
-        let dir = tempfile::tempdir()?;
-        {
-            let db = ::sled::open(dir.path())?;
-            db.open_tree("messages")?
-                .insert(b"s1", b"hello".as_slice())?;
-            db.flush()?;
-        }
-        match SledStore::open(dir.path()) {
-            Err(Error::OldLayout { tree }) => assert_eq!(tree, "messages"),
-            other => panic!("expected the old layout to be refused, got {other:?}"),
+    fn a_store_of_an_earlier_layout_is_refused_with_the_tree_it_has() -> Result<(), anyhow::Error> {
+        // The first layout's `messages` tree and the second layout's `sessions` tree.
+        for old_tree in ["messages", "sessions"] {
+            let dir = tempfile::tempdir()?;
+            {
+                let db = ::sled::open(dir.path())?;
+                db.open_tree(old_tree)?.insert(b"s1", b"hello".as_slice())?;
+                db.flush()?;
+            }
+            match SledStore::open(dir.path()) {
+                Err(Error::OldLayout { tree }) => assert_eq!(tree, old_tree),
+                other => panic!("expected the old layout to be refused, got {other:?}"),
+            }
         }
         // An empty tree of that name holds nothing to lose: the store opens.
         let empty = tempfile::tempdir()?;
@@ -1166,15 +1128,15 @@ mod tests {
             joined??;
         }
         let flushes = store.flush_count();
-        let transactions = store.shared.transactions.load(Ordering::SeqCst);
+        let applied = store.shared.applied_batches.load(Ordering::SeqCst);
         let commits = (TASKS * COMMITS) as u64;
         assert!(
             flushes < commits,
             "{flushes} flushes for {commits} commits: group commit did not share any"
         );
         assert!(
-            transactions < commits,
-            "{transactions} transactions for {commits} commits: no batches were grouped"
+            applied < commits,
+            "{applied} sled batches for {commits} commits: no batches were grouped"
         );
         let weak = Arc::downgrade(&store.shared);
         drop(store);
