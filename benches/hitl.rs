@@ -13,13 +13,15 @@
 
 #[path = "support/allocator.rs"]
 mod allocator;
+#[path = "support/cpu.rs"]
+mod cpu;
 #[path = "support/rss.rs"]
 mod rss;
 #[path = "support/submits.rs"]
 mod submits;
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use dormant::store::{Batch, CommitKind, MemoryStore, SledStore, Store, Tree};
 use dormant::submit::{Submit, SubmitOutcome};
@@ -101,12 +103,12 @@ async fn cycle(runtime: &Runtime, id: SessionId) -> anyhow::Result<()> {
 
 async fn suspension_cycles(quick: bool) -> anyhow::Result<()> {
     println!("\n## Suspension cycles/s (durable at each step, power-loss safe, group commit)\n");
-    println!("| concurrent sessions | cycles | cycles/s | commits/cycle | key writes/cycle | bytes/commit | bare sled cycles/s (same writes, same size, same grouping) | ratio |");
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("| concurrent sessions | cycles | cycles/s | CPU µs/cycle | commits/cycle | key writes/cycle | bytes/commit | bare sled cycles/s (same writes, same size, same grouping) | ratio |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for &(concurrency, cycles) in cycle_cases(quick) {
         let dir = tempfile::tempdir()?;
         let runtime = runtime_on(Arc::new(SledStore::open(dir.path())?), one_call_script())?;
-        let ours = run_cycles(&runtime, concurrency, cycles).await?;
+        let (ours, cpu) = run_cycles(&runtime, concurrency, cycles).await?;
         let stats = runtime.stats();
         runtime.shutdown().await?;
         let commits = stats.commit_latency.count;
@@ -116,7 +118,8 @@ async fn suspension_cycles(quick: bool) -> anyhow::Result<()> {
         let bare_writes_per_s = bare_sled_group_commit(commits as usize, bytes, concurrency)?;
         let bare_cycles = bare_writes_per_s / per_cycle;
         println!(
-            "| {concurrency} | {cycles} | {ours:.0} | {per_cycle:.1} | {keys:.1} | {bytes} | {bare_cycles:.0} | {:.0}% |",
+            "| {concurrency} | {cycles} | {ours:.0} | {} | {per_cycle:.1} | {keys:.1} | {bytes} | {bare_cycles:.0} | {:.0}% |",
+            cpu_per_cycle(cpu, cycles),
             100.0 * ours / bare_cycles
         );
     }
@@ -135,8 +138,13 @@ fn cycle_cases(quick: bool) -> &'static [(usize, usize)] {
 }
 
 /// Runs `cycles` suspension cycles, `concurrency` at a time, each on a fresh session;
-/// returns cycles/s.
-async fn run_cycles(runtime: &Runtime, concurrency: usize, cycles: usize) -> anyhow::Result<f64> {
+/// returns cycles/s and the process CPU time they took (`None` without procfs).
+async fn run_cycles(
+    runtime: &Runtime,
+    concurrency: usize,
+    cycles: usize,
+) -> anyhow::Result<(f64, Option<Duration>)> {
+    let cpu_before = cpu::process_cpu();
     let started = Instant::now();
     let results: Vec<anyhow::Result<()>> = stream::iter(0..cycles)
         .map(|i| {
@@ -147,8 +155,19 @@ async fn run_cycles(runtime: &Runtime, concurrency: usize, cycles: usize) -> any
         .collect()
         .await;
     let elapsed = started.elapsed();
+    let cpu = cpu::process_cpu()
+        .zip(cpu_before)
+        .map(|(after, before)| after.saturating_sub(before));
     results.into_iter().collect::<anyhow::Result<Vec<()>>>()?;
-    Ok(cycles as f64 / elapsed.as_secs_f64())
+    Ok((cycles as f64 / elapsed.as_secs_f64(), cpu))
+}
+
+/// CPU µs per cycle as a table cell ("—" without procfs).
+fn cpu_per_cycle(cpu: Option<Duration>, cycles: usize) -> String {
+    cpu.map_or_else(
+        || "—".to_string(),
+        |cpu| format!("{:.0}", cpu.as_secs_f64() * 1e6 / cycles as f64),
+    )
 }
 
 /// The runtime's share of a cycle: the same cycles on `MemoryStore`, which is neither durable
@@ -156,13 +175,16 @@ async fn run_cycles(runtime: &Runtime, concurrency: usize, cycles: usize) -> any
 /// whatever the store does.
 async fn memory_cycles(quick: bool) -> anyhow::Result<()> {
     println!("\n## The runtime alone: the same cycles on MemoryStore (nothing durable)\n");
-    println!("| concurrent sessions | cycles | cycles/s |");
-    println!("|---:|---:|---:|");
+    println!("| concurrent sessions | cycles | cycles/s | CPU µs/cycle |");
+    println!("|---:|---:|---:|---:|");
     for &(concurrency, cycles) in cycle_cases(quick) {
         let runtime = runtime_on(Arc::new(MemoryStore::new()), one_call_script())?;
-        let ours = run_cycles(&runtime, concurrency, cycles).await?;
+        let (ours, cpu) = run_cycles(&runtime, concurrency, cycles).await?;
         runtime.shutdown().await?;
-        println!("| {concurrency} | {cycles} | {ours:.0} |");
+        println!(
+            "| {concurrency} | {cycles} | {ours:.0} | {} |",
+            cpu_per_cycle(cpu, cycles)
+        );
     }
     Ok(())
 }
