@@ -253,3 +253,113 @@ async fn auto_resume_continues_as_soon_as_every_call_is_answered() -> anyhow::Re
     assert_eq!(runtime.runs(&id)?.len(), 2);
     Ok(())
 }
+
+/// Passes everything through to a [`MemoryStore`] and counts the scans of the log tree, where
+/// a session's conversation is read back from.
+#[derive(Debug)]
+struct LogScans {
+    inner: dormant::store::MemoryStore,
+    scans: std::sync::atomic::AtomicUsize,
+}
+
+impl LogScans {
+    fn count(&self) -> usize {
+        self.scans.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+#[async_trait::async_trait]
+impl dormant::store::Store for LogScans {
+    async fn commit(&self, batch: dormant::store::Batch) -> Result<(), dormant::store::Error> {
+        self.inner.commit(batch).await
+    }
+    fn get(
+        &self,
+        tree: dormant::store::Tree,
+        key: &[u8],
+    ) -> Result<Option<Vec<u8>>, dormant::store::Error> {
+        self.inner.get(tree, key)
+    }
+    fn scan_prefix(
+        &self,
+        tree: dormant::store::Tree,
+        prefix: &[u8],
+    ) -> Result<Vec<dormant::store::Entry>, dormant::store::Error> {
+        if tree == dormant::store::Tree::Log {
+            self.scans.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+        self.inner.scan_prefix(tree, prefix)
+    }
+    fn scan_prefix_rev(
+        &self,
+        tree: dormant::store::Tree,
+        prefix: &[u8],
+        limit: usize,
+    ) -> Result<Vec<dormant::store::Entry>, dormant::store::Error> {
+        self.inner.scan_prefix_rev(tree, prefix, limit)
+    }
+    fn scan_range(
+        &self,
+        tree: dormant::store::Tree,
+        from: &[u8],
+        to: &[u8],
+        limit: usize,
+    ) -> Result<Vec<dormant::store::Entry>, dormant::store::Error> {
+        self.inner.scan_range(tree, from, to, limit)
+    }
+    async fn flush(&self) -> Result<(), dormant::store::Error> {
+        self.inner.flush().await
+    }
+    fn size_on_disk(&self) -> Result<u64, dormant::store::Error> {
+        self.inner.size_on_disk()
+    }
+}
+
+#[tokio::test]
+async fn a_resident_suspended_session_resumes_without_reading_its_conversation_back(
+) -> anyhow::Result<()> {
+    let store = Arc::new(LogScans {
+        inner: dormant::store::MemoryStore::new(),
+        scans: Default::default(),
+    });
+    let script = calls_then_text(&[("tc-1", "edit")], "All done.");
+    let runtime = editor_runtime(
+        store.clone(),
+        ManualClock::new(0),
+        script,
+        Arc::default(),
+        |b| b,
+    )?;
+    let answer = |session: &str| Submit::result(session, "tc-1", json!({ "applied": 1 }));
+
+    // Resident while it waits: the resume finds the conversation still in memory.
+    let resident: SessionId = "resident".parse()?;
+    runtime.execute_on(&resident, "editor", "edit it").await?;
+    assert_eq!(
+        runtime.submit_tool_result(answer("resident")).await?,
+        SubmitOutcome::Accepted
+    );
+    let before = store.count();
+    let done = runtime.resume(&resident).await?;
+    assert_eq!(done.status, Status::Completed);
+    assert_eq!(
+        store.count(),
+        before,
+        "the resume read the conversation back"
+    );
+
+    // Evicted while it waits: the conversation comes back from the store, whole.
+    let evicted: SessionId = "evicted".parse()?;
+    runtime.execute_on(&evicted, "editor", "edit it").await?;
+    runtime.evict(&evicted).await;
+    assert_eq!(
+        runtime.submit_tool_result(answer("evicted")).await?,
+        SubmitOutcome::Accepted
+    );
+    let before = store.count();
+    let done = runtime.resume(&evicted).await?;
+    assert_eq!(done.status, Status::Completed);
+    assert!(store.count() > before);
+    assert_eq!(runtime.messages(&evicted)?, runtime.messages(&resident)?);
+    Ok(())
+}

@@ -292,9 +292,12 @@ impl Session {
         self.messages = Some(Arc::new(messages));
     }
 
-    /// Drops the conversation from memory; it is durable and reloaded for the next run.
+    /// Drops the conversation from memory once no run needs it; it is durable and reloaded for
+    /// the next run. A suspended session keeps it while resident: its resume, which needs the
+    /// whole conversation, is the next thing expected, and reading it back from the store
+    /// would cost a scan of the session's log per cycle. Eviction still drops it.
     pub(crate) fn release_messages(&mut self) {
-        if !self.is_busy() {
+        if !self.is_busy() && !self.is_suspended() {
             self.messages = None;
         }
     }
