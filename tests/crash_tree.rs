@@ -33,7 +33,11 @@ fn logged_tool(name: &str, log: PathBuf) -> ToolDefinition {
                 .append(true)
                 .open(&log)
                 .map_err(|error| ToolError::new(error.to_string()))?;
-            writeln!(file, "{}", ctx.tool_call_id()).map_err(|e| ToolError::new(e.to_string()))?;
+            // One write per line: `writeln!` on a `File` may split it into two writes, and
+            // two handlers appending at once would then interleave their lines.
+            let line = format!("{}\n", ctx.tool_call_id());
+            file.write_all(line.as_bytes())
+                .map_err(|e| ToolError::new(e.to_string()))?;
             Ok::<_, ToolError>(json!({ "ok": true }))
         }
     })
