@@ -102,14 +102,14 @@ impl RouterActor {
         call: &str,
     ) -> Result<Result<SessionId, SubmitOutcome>, Error> {
         let store = self.shared.store.as_ref();
-        let Some(record) = schema::load_record(store, root)? else {
+        let Some(lineage) = schema::load_lineage(store, root)? else {
             return Ok(Err(SubmitOutcome::UnknownToolCall));
         };
-        if record.parent.is_some() {
+        if lineage.parent.is_some() {
             return Ok(Err(SubmitOutcome::InvalidRequest {
                 reason: format!(
                     "{root} is a sub-agent session; submit against its root session {}",
-                    record.root
+                    lineage.root
                 ),
             }));
         }

@@ -8,14 +8,20 @@
 //! are one contiguous, ordered prefix.
 //!
 //! What a commit appends to a session (its messages, its run record when the run changed, its
-//! stream chunks) is **one** entry of the `log` tree, not one entry each: sled applies a
-//! transaction key by key, so the number of keys, not their bytes, is what a commit costs
-//! (a suspension cycle went from 28 key writes to 15 with this layout). The entry's key is
+//! stream chunks, and the session's record after the commit) is **one** entry of the `log`
+//! tree, not one entry each: sled applies a batch key by key, so the number of keys, not their
+//! bytes, is what a commit costs (a suspension cycle went from 28 key writes to 15 with this
+//! layout, then to 12 once the record moved into the entry). The entry's key is
 //! `prefix · chunk end (u64 BE) · log seq (u64 BE)`: the log seq orders entries in commit
 //! order, and the chunk end (the session's chunk count after the commit) comes first so that
-//! the entries holding chunks from `n` on are a range scan starting at `n + 1`. The value is
-//! three length-prefixed MessagePack sections (messages, runs, chunks), so a reader that wants
-//! only the messages skips the rest without decoding it.
+//! the entries holding chunks from `n` on are a range scan starting at `n + 1`; since neither
+//! ever decreases, the last entry of the prefix is the newest. The value is four
+//! length-prefixed MessagePack sections (messages, runs, chunks, record), so a reader that
+//! wants only one skips the rest without decoding it.
+//!
+//! The `sessions` tree holds the record as of the session's first commit and is not rewritten:
+//! it says the session exists and where it sits in its tree (root, parent), which never
+//! change. The current record is read from the newest log entry.
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -217,25 +223,34 @@ impl Commit {
     pub(crate) fn encode(&self) -> Result<Batch, Error> {
         let id = &self.session;
         let mut batch = Batch::new(self.kind);
-        if let Some(record) = &self.record {
-            batch.put(
-                Tree::Sessions,
-                session_key(id),
-                encode(Tree::Sessions, record)?,
-            );
-        }
-        if !(self.messages.is_empty() && self.runs.is_empty() && self.chunks.is_empty()) {
-            let Some(record) = &self.record else {
+        match &self.record {
+            Some(record) => {
+                // The session's first commit also writes its snapshot, which only the
+                // identity fields of (see `load_lineage`) are read from later; every
+                // commit's log entry carries the whole record.
+                if self.log_seq == 0 {
+                    batch.put(
+                        Tree::Sessions,
+                        session_key(id),
+                        encode(Tree::Sessions, record)?,
+                    );
+                }
+                batch.put(
+                    Tree::Log,
+                    log_key(id, record.chunk_count, self.log_seq),
+                    encode_log(&self.messages, &self.runs, &self.chunks, record)?,
+                );
+            }
+            None if !(self.messages.is_empty()
+                && self.runs.is_empty()
+                && self.chunks.is_empty()) =>
+            {
                 return Err(Error::Encode {
                     tree: Tree::Log.name(),
                     reason: "a commit that appends to the log must carry the snapshot".into(),
                 });
-            };
-            batch.put(
-                Tree::Log,
-                log_key(id, record.chunk_count, self.log_seq),
-                encode_log(&self.messages, &self.runs, &self.chunks)?,
-            );
+            }
+            None => {}
         }
         for write in &self.index {
             match write {
@@ -290,11 +305,39 @@ impl Commit {
     }
 }
 
-/// Reads a session's snapshot.
+/// Reads a session's record: the one carried by its newest log entry (the snapshot written
+/// at its first commit only if no log entry carries one).
 pub(crate) fn load_record(
     store: &dyn Store,
     session: &SessionId,
 ) -> Result<Option<SessionRecord>, Error> {
+    let Some(snapshot) = store.get(Tree::Sessions, &session_key(session))? else {
+        return Ok(None);
+    };
+    for (_, bytes) in store.scan_prefix_rev(Tree::Log, &prefix(session), 1)? {
+        let records: Vec<SessionRecord> = decode_section(session, &bytes, Section::Record)?;
+        if let Some(record) = records.into_iter().next_back() {
+            return Ok(Some(record));
+        }
+    }
+    decode(session, Tree::Sessions, &snapshot).map(Some)
+}
+
+/// Where a session sits in its tree. Never changes after the session's first commit, so it
+/// is read from the snapshot alone (one key, no log scan).
+#[derive(Debug, serde::Deserialize)]
+pub(crate) struct Lineage {
+    /// The root of its tree (itself for a root).
+    pub(crate) root: SessionId,
+    /// Its parent, for a sub-agent.
+    pub(crate) parent: Option<SessionId>,
+}
+
+/// Reads a session's [`Lineage`], if the session exists.
+pub(crate) fn load_lineage(
+    store: &dyn Store,
+    session: &SessionId,
+) -> Result<Option<Lineage>, Error> {
     store
         .get(Tree::Sessions, &session_key(session))?
         .map(|bytes| decode(session, Tree::Sessions, &bytes))
@@ -330,18 +373,20 @@ pub(crate) fn list_sessions(store: &dyn Store) -> Result<Vec<SessionId>, Error> 
         .collect()
 }
 
-/// Encodes a log entry: the format version, then the messages, runs and chunks sections, each
-/// a u32 (BE) length followed by MessagePack.
+/// Encodes a log entry: the format version, then the messages, runs, chunks and record
+/// sections, each a u32 (BE) length followed by MessagePack.
 fn encode_log(
     messages: &[(u64, Message)],
     runs: &[RunRecord],
     chunks: &[Chunk],
+    record: &SessionRecord,
 ) -> Result<Vec<u8>, Error> {
-    let mut bytes = Vec::with_capacity(256);
+    let mut bytes = Vec::with_capacity(512);
     bytes.push(FORMAT_VERSION);
     encode_section(&mut bytes, messages)?;
     encode_section(&mut bytes, runs)?;
     encode_section(&mut bytes, chunks)?;
+    encode_section(&mut bytes, std::slice::from_ref(record))?;
     Ok(bytes)
 }
 
@@ -366,9 +411,12 @@ enum Section {
     Messages = 0,
     Runs = 1,
     Chunks = 2,
+    /// The session's record as of the commit (one item).
+    Record = 3,
 }
 
-/// Decodes one section of a log entry without decoding the others.
+/// Decodes one section of a log entry without decoding the others. The record section may be
+/// absent (it is the newest); the first three may not.
 fn decode_section<T: DeserializeOwned>(
     session: &SessionId,
     bytes: &[u8],
@@ -392,6 +440,9 @@ fn decode_section<T: DeserializeOwned>(
         None => return Err(corrupt("empty value".into())),
     };
     for index in 0..=section as usize {
+        if rest.is_empty() && index > Section::Chunks as usize {
+            return Ok(Vec::new());
+        }
         let (len, after) = rest
             .split_first_chunk::<4>()
             .ok_or_else(|| corrupt(format!("section {index} has no length")))?;

@@ -19,11 +19,14 @@ pub use self::sled::{Durability, SledStore, SledStoreBuilder};
 /// key range of its own.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Tree {
-    /// Session id → small mutable snapshot (with a format version).
+    /// Session id → the session's record as of its first commit (with a format version). Only
+    /// the fields that never change (its root, parent, agent) are read from it; the current
+    /// record is in the newest [`Tree::Log`] entry.
     Sessions,
     /// (session id, chunk end, log seq) → what one commit appended to the session: its
-    /// messages, its run record (when the run changed) and its stream chunks, in one entry, so
-    /// a step costs one write here however many messages and chunks it has. Append-only.
+    /// messages, its run record (when the run changed), its stream chunks and the session's
+    /// record after the commit, in one entry, so a step costs one write here however many
+    /// messages and chunks it has. Append-only.
     Log,
     /// (session id, tool call id) → pending client-tool entry.
     Pending,

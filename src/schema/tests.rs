@@ -92,9 +92,7 @@ impl Writer {
             .collect();
         let runs: Vec<RunRecord> = run.into_iter().collect();
         let log_seq = self.record.log_count;
-        if !(messages.is_empty() && chunks.is_empty() && runs.is_empty()) {
-            self.record.log_count += 1;
-        }
+        self.record.log_count += 1;
         let commit = Commit {
             kind: CommitKind::Other,
             session: self.record.id.clone(),
@@ -246,4 +244,75 @@ fn a_damaged_log_entry_is_a_corrupt_error_naming_the_tree() {
         load_messages(&writer.store, &id),
         Err(Error::UnsupportedVersion { .. })
     ));
+}
+
+#[test]
+fn only_the_first_commit_writes_the_snapshot_and_the_record_reads_from_the_newest_entry() {
+    let mut writer = Writer::new("s1");
+    writer.commit(1, 1, Some(run(1, 0)));
+    writer.record.steps_in_run = 1;
+    writer.commit(0, 0, None);
+    writer.record.steps_in_run = 2;
+    writer.record.status = Status::SuspendedClientTool;
+    writer.commit(1, 0, None);
+    let id = writer.record.id.clone();
+
+    assert_eq!(writer.store.len(Tree::Sessions), 1);
+    assert_eq!(
+        writer.store.len(Tree::Log),
+        3,
+        "a commit with nothing to append still appends its record"
+    );
+    let loaded = load_record(&writer.store, &id)
+        .expect("reads")
+        .expect("exists");
+    assert_eq!(loaded, writer.record);
+    let snapshot: SessionRecord = decode(
+        &id,
+        Tree::Sessions,
+        &writer
+            .store
+            .get(Tree::Sessions, &session_key(&id))
+            .expect("reads")
+            .expect("exists"),
+    )
+    .expect("decodes");
+    assert_eq!(
+        (snapshot.steps_in_run, snapshot.log_count),
+        (0, 1),
+        "the snapshot is the first commit's"
+    );
+
+    let lineage = load_lineage(&writer.store, &id)
+        .expect("reads")
+        .expect("exists");
+    assert_eq!((lineage.root, lineage.parent), (id, None));
+    let absent: SessionId = "nobody".parse().expect("valid id");
+    assert!(load_record(&writer.store, &absent)
+        .expect("reads")
+        .is_none());
+    assert!(load_lineage(&writer.store, &absent)
+        .expect("reads")
+        .is_none());
+}
+
+#[test]
+fn a_log_entry_without_a_record_section_falls_back_to_the_snapshot() {
+    let mut writer = Writer::new("s1");
+    writer.commit(1, 0, None);
+    let id = writer.record.id.clone();
+    // The three sections of an entry that carries no record: empty messages, runs, chunks.
+    let mut entry = vec![FORMAT_VERSION];
+    for _ in 0..3 {
+        entry.extend_from_slice(&1u32.to_be_bytes());
+        entry.push(0x90);
+    }
+    let mut batch = Batch::new(CommitKind::Other);
+    batch.put(Tree::Log, log_key(&id, 0, 1), entry);
+    futures::executor::block_on(writer.store.commit(batch)).expect("commits");
+    let loaded = load_record(&writer.store, &id)
+        .expect("reads")
+        .expect("exists");
+    assert_eq!(loaded.log_count, 1, "the snapshot of the first commit");
+    assert_eq!(load_messages(&writer.store, &id).expect("reads").len(), 1);
 }

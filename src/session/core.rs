@@ -485,10 +485,9 @@ impl Session {
             (Some(run), true) => vec![run.clone()],
             _ => Vec::new(),
         };
+        // Every commit with a snapshot appends a log entry: the entry carries the record.
         let log_seq = self.record.log_count;
-        if !(staged.messages.is_empty() && staged.chunks.is_empty() && runs.is_empty()) {
-            self.record.log_count += 1;
-        }
+        self.record.log_count += 1;
         Transition {
             commit: Some(Commit {
                 kind,
