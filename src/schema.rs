@@ -225,9 +225,8 @@ impl Commit {
         let mut batch = Batch::new(self.kind);
         match &self.record {
             Some(record) => {
-                // The session's first commit also writes its snapshot, which only the
-                // identity fields of (see `load_lineage`) are read from later; every
-                // commit's log entry carries the whole record.
+                // Every commit's log entry carries the whole record; the session's first
+                // commit also writes the snapshot, read later only for its lineage.
                 if self.log_seq == 0 {
                     batch.put(
                         Tree::Sessions,
@@ -305,22 +304,24 @@ impl Commit {
     }
 }
 
-/// Reads a session's record: the one carried by its newest log entry (the snapshot written
-/// at its first commit only if no log entry carries one).
+/// Reads a session's record: the one carried by its newest log entry, or the snapshot of its
+/// first commit if no log entry carries one. The log is read first: the first commit writes
+/// the snapshot and a log entry together, so a session with an entry exists, and the usual
+/// load costs one read.
 pub(crate) fn load_record(
     store: &dyn Store,
     session: &SessionId,
 ) -> Result<Option<SessionRecord>, Error> {
-    let Some(snapshot) = store.get(Tree::Sessions, &session_key(session))? else {
-        return Ok(None);
-    };
     for (_, bytes) in store.scan_prefix_rev(Tree::Log, &prefix(session), 1)? {
         let records: Vec<SessionRecord> = decode_section(session, &bytes, Section::Record)?;
         if let Some(record) = records.into_iter().next_back() {
             return Ok(Some(record));
         }
     }
-    decode(session, Tree::Sessions, &snapshot).map(Some)
+    store
+        .get(Tree::Sessions, &session_key(session))?
+        .map(|bytes| decode(session, Tree::Sessions, &bytes))
+        .transpose()
 }
 
 /// Where a session sits in its tree. Never changes after the session's first commit, so it
