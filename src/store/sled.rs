@@ -199,8 +199,8 @@ impl SledStoreBuilder {
 /// Why one sled tree and not one per [`Tree`]: writing several sled trees atomically needs a
 /// sled transaction, which reads every key's old value back and stages each write in a hash
 /// map before applying it; a single-tree `sled::Batch` only applies. With 10,000 concurrent
-/// sessions that cut the flusher thread's share of the CPU by about a seventh
-/// (`cargo bench --bench hitl`, BENCHMARKS.md).
+/// sessions that cut the flusher thread's share of the CPU by about a seventh (perf over
+/// `cargo bench --bench hitl`; BENCHMARKS.md, session 5).
 ///
 /// Why batches are grouped into one sled batch and not only into one flush: sled 0.34 seals
 /// its current log buffer and hands it to its I/O threads at the start of every batch or
@@ -455,6 +455,7 @@ fn open_db(config: &::sled::Config) -> Result<::sled::Db, Error> {
 /// default tree and [`RECORDS`] is one.
 fn refuse_old_layout(db: &::sled::Db) -> Result<(), Error> {
     for name in db.tree_names() {
+        // `__sled__default` is the tree sled itself keeps in every database.
         if name == RECORDS.as_bytes() || name == b"__sled__default" {
             continue;
         }
