@@ -25,7 +25,8 @@
 //! (4 tool steps + final text = 10 durable commits each) with 1 or 64 in flight, on a sled
 //! store in a temporary directory at the default power-loss durability, with group commit on
 //! or off. One element = one session; commits/s are printed after each bench.
-//! Run with `cargo bench --bench session`.
+//! Run with `cargo bench --bench session`. One part alone:
+//! `SESSION_ONLY=rehydration|memory|commits cargo bench --bench session`.
 
 #[path = "support/rss.rs"]
 mod rss;
@@ -449,16 +450,21 @@ fn main() -> anyhow::Result<()> {
     // `cargo bench` passes `--bench`; without it (`cargo test --benches`) criterion runs each
     // bench once as a test, so keep the measurements before it small too.
     let testing = !args.iter().any(|arg| arg == "--bench");
-    if !listing {
+    let only = std::env::var("SESSION_ONLY").ok();
+    let wants = |name: &str| only.as_deref().is_none_or(|only| only == name);
+    if !listing && wants("rehydration") {
         let rt = tokio_runtime()?;
         let sessions = if testing { 20 } else { 400 };
         rt.block_on(rehydration_warm(sessions))?;
         rt.block_on(rehydration_cold(sessions))?;
-        drop(rt);
+    }
+    if !listing && wants("memory") {
         memory_report(if testing { 500 } else { 10_000 })?;
     }
-    let mut criterion = Criterion::default().configure_from_args();
-    session_commit(&mut criterion)?;
-    criterion.final_summary();
+    if wants("commits") {
+        let mut criterion = Criterion::default().configure_from_args();
+        session_commit(&mut criterion)?;
+        criterion.final_summary();
+    }
     Ok(())
 }

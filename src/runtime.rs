@@ -347,6 +347,15 @@ impl Runtime {
             .ok_or_else(|| Error::UnknownSession(id.clone()))
     }
 
+    /// [`Error::UnknownSession`] unless the session exists. Reads the snapshot of its first
+    /// commit (one key), not its current record (the newest log entry, a reverse scan).
+    fn require_session(&self, id: &SessionId) -> Result<(), Error> {
+        match schema::load_lineage(self.shared.store.as_ref(), id)? {
+            Some(_) => Ok(()),
+            None => Err(Error::UnknownSession(id.clone())),
+        }
+    }
+
     /// Every session in the store (roots and sub-agents), in id order.
     ///
     /// # Errors
@@ -368,7 +377,7 @@ impl Runtime {
     /// # Errors
     /// As [`Runtime::session`].
     pub fn messages(&self, id: &SessionId) -> Result<Vec<Message>, Error> {
-        self.session(id)?;
+        self.require_session(id)?;
         Ok(schema::load_messages(self.shared.store.as_ref(), id)?)
     }
 
@@ -377,7 +386,7 @@ impl Runtime {
     /// # Errors
     /// As [`Runtime::session`].
     pub fn runs(&self, id: &SessionId) -> Result<Vec<RunRecord>, Error> {
-        self.session(id)?;
+        self.require_session(id)?;
         Ok(schema::load_runs(self.shared.store.as_ref(), id)?)
     }
 
@@ -386,7 +395,7 @@ impl Runtime {
     /// # Errors
     /// As [`Runtime::session`].
     pub fn chunks(&self, id: &SessionId, from: u64) -> Result<Vec<Chunk>, Error> {
-        self.session(id)?;
+        self.require_session(id)?;
         Ok(schema::load_chunks(self.shared.store.as_ref(), id, from)?)
     }
 

@@ -23,6 +23,8 @@
 //! it says the session exists and where it sits in its tree (root, parent), which never
 //! change. The current record is read from the newest log entry.
 
+mod stored_message;
+
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
@@ -32,8 +34,13 @@ use crate::session::{ChildCall, Companion, PendingCall, RunRecord, SessionRecord
 use crate::store::{Batch, CommitKind, Store, Tree};
 use crate::stream::Chunk;
 
-/// The format version written into every stored value.
-pub const FORMAT_VERSION: u8 = 1;
+/// The format version written into every stored value. Version 2 stores a log entry's
+/// messages externally tagged (see `stored_message`); every other value is unchanged since
+/// version 1.
+pub const FORMAT_VERSION: u8 = 2;
+
+/// The oldest format version this build reads.
+const OLDEST_FORMAT_VERSION: u8 = 1;
 
 /// Why a stored value could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -86,7 +93,7 @@ pub(crate) fn decode<T: DeserializeOwned>(
     bytes: &[u8],
 ) -> Result<T, Error> {
     match bytes.split_first() {
-        Some((&FORMAT_VERSION, body)) => {
+        Some((&found, body)) if (OLDEST_FORMAT_VERSION..=FORMAT_VERSION).contains(&found) => {
             rmp_serde::from_slice(body).map_err(|error| Error::Corrupt {
                 session: session.clone(),
                 tree: tree.name(),
@@ -384,14 +391,14 @@ fn encode_log(
 ) -> Result<Vec<u8>, Error> {
     let mut bytes = Vec::with_capacity(512);
     bytes.push(FORMAT_VERSION);
-    encode_section(&mut bytes, messages)?;
+    encode_section(&mut bytes, &stored_message::Entries(messages))?;
     encode_section(&mut bytes, runs)?;
     encode_section(&mut bytes, chunks)?;
     encode_section(&mut bytes, std::slice::from_ref(record))?;
     Ok(bytes)
 }
 
-fn encode_section<T: Serialize>(bytes: &mut Vec<u8>, items: &[T]) -> Result<(), Error> {
+fn encode_section<T: Serialize + ?Sized>(bytes: &mut Vec<u8>, items: &T) -> Result<(), Error> {
     let at = bytes.len();
     bytes.extend_from_slice(&[0; 4]);
     rmp_serde::encode::write_named(bytes, items).map_err(|error| Error::Encode {
@@ -416,20 +423,23 @@ enum Section {
     Record = 3,
 }
 
-/// Decodes one section of a log entry without decoding the others. The record section may be
-/// absent (it is the newest); the first three may not.
-fn decode_section<T: DeserializeOwned>(
+/// Finds one section of a log entry without decoding any: the entry's format version and the
+/// section's MessagePack body, `None` if the entry predates the section (only the record
+/// section may be absent; the first three may not).
+fn find_section<'b>(
     session: &SessionId,
-    bytes: &[u8],
+    bytes: &'b [u8],
     section: Section,
-) -> Result<Vec<T>, Error> {
+) -> Result<(u8, Option<&'b [u8]>), Error> {
     let corrupt = |reason: String| Error::Corrupt {
         session: session.clone(),
         tree: Tree::Log.name(),
         reason,
     };
-    let mut rest = match bytes.split_first() {
-        Some((&FORMAT_VERSION, rest)) => rest,
+    let (version, mut rest) = match bytes.split_first() {
+        Some((&found, rest)) if (OLDEST_FORMAT_VERSION..=FORMAT_VERSION).contains(&found) => {
+            (found, rest)
+        }
         Some((&found, _)) if found > FORMAT_VERSION => {
             return Err(Error::UnsupportedVersion {
                 session: session.clone(),
@@ -442,7 +452,7 @@ fn decode_section<T: DeserializeOwned>(
     };
     for index in 0..=section as usize {
         if rest.is_empty() && index > Section::Chunks as usize {
-            return Ok(Vec::new());
+            return Ok((version, None));
         }
         let (len, after) = rest
             .split_first_chunk::<4>()
@@ -452,37 +462,65 @@ fn decode_section<T: DeserializeOwned>(
             .get(..len)
             .ok_or_else(|| corrupt(format!("section {index} is cut short")))?;
         if index == section as usize {
-            return rmp_serde::from_slice(body).map_err(|error| corrupt(error.to_string()));
+            return Ok((version, Some(body)));
         }
         rest = &after[len..];
     }
-    Ok(Vec::new())
+    Ok((version, None))
 }
 
-/// One section of every log entry of `session`, in commit order.
-fn load_log<T: DeserializeOwned>(
-    store: &dyn Store,
+/// Decodes one section of a log entry without decoding the others; an absent section is
+/// empty.
+fn decode_section<T: DeserializeOwned>(
     session: &SessionId,
+    bytes: &[u8],
     section: Section,
 ) -> Result<Vec<T>, Error> {
-    let mut items = Vec::new();
-    for (_, bytes) in store.scan_prefix(Tree::Log, &prefix(session))? {
-        items.extend(decode_section::<T>(session, &bytes, section)?);
+    match find_section(session, bytes, section)? {
+        (_, Some(body)) => rmp_serde::from_slice(body).map_err(|error| corrupt_log(session, error)),
+        (_, None) => Ok(Vec::new()),
     }
-    Ok(items)
+}
+
+/// Decodes the messages section of a log entry, in the stored form of the entry's version.
+fn decode_messages(session: &SessionId, bytes: &[u8]) -> Result<Vec<(u64, Message)>, Error> {
+    match find_section(session, bytes, Section::Messages)? {
+        (version, Some(body)) => stored_message::decode_entries(version, body)
+            .map_err(|error| corrupt_log(session, error)),
+        (_, None) => Ok(Vec::new()),
+    }
+}
+
+fn corrupt_log(session: &SessionId, error: rmp_serde::decode::Error) -> Error {
+    Error::Corrupt {
+        session: session.clone(),
+        tree: Tree::Log.name(),
+        reason: error.to_string(),
+    }
+}
+
+/// Every message of `session`, with its sequence number, in commit order.
+fn load_log_messages(store: &dyn Store, session: &SessionId) -> Result<Vec<(u64, Message)>, Error> {
+    let mut messages = Vec::new();
+    for (_, bytes) in store.scan_prefix(Tree::Log, &prefix(session))? {
+        messages.extend(decode_messages(session, &bytes)?);
+    }
+    Ok(messages)
 }
 
 /// Reads a session's messages in order.
 pub(crate) fn load_messages(store: &dyn Store, session: &SessionId) -> Result<Vec<Message>, Error> {
-    let messages: Vec<(u64, Message)> = load_log(store, session, Section::Messages)?;
+    let messages = load_log_messages(store, session)?;
     Ok(messages.into_iter().map(|(_, message)| message).collect())
 }
 
 /// Reads a session's run records in turn order (each as last written).
 pub(crate) fn load_runs(store: &dyn Store, session: &SessionId) -> Result<Vec<RunRecord>, Error> {
     let mut runs = std::collections::BTreeMap::new();
-    for run in load_log::<RunRecord>(store, session, Section::Runs)? {
-        runs.insert(run.turn, run);
+    for (_, bytes) in store.scan_prefix(Tree::Log, &prefix(session))? {
+        for run in decode_section::<RunRecord>(session, &bytes, Section::Runs)? {
+            runs.insert(run.turn, run);
+        }
     }
     Ok(runs.into_values().collect())
 }
@@ -557,7 +595,7 @@ pub(crate) fn load_conversation(
     store: &dyn Store,
     record: &SessionRecord,
 ) -> Result<Vec<Message>, Error> {
-    let messages: Vec<(u64, Message)> = load_log(store, &record.id, Section::Messages)?;
+    let messages = load_log_messages(store, &record.id)?;
     Ok(messages
         .into_iter()
         .filter(|(seq, _)| *seq >= record.history_start)

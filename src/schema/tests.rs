@@ -316,3 +316,59 @@ fn a_log_entry_without_a_record_section_falls_back_to_the_snapshot() {
     assert_eq!(loaded.log_count, 1, "the snapshot of the first commit");
     assert_eq!(load_messages(&writer.store, &id).expect("reads").len(), 1);
 }
+
+#[test]
+fn messages_are_stored_externally_tagged_and_format_1_entries_still_read() {
+    let mut writer = Writer::new("s1");
+    writer.commit(1, 0, None);
+    let id = writer.record.id.clone();
+    let stored = writer
+        .store
+        .scan_prefix(Tree::Log, &prefix(&id))
+        .expect("reads");
+    let (version, body) = find_section(&id, &stored[0].1, Section::Messages).expect("finds");
+    assert_eq!(version, FORMAT_VERSION);
+    let as_value: serde_json::Value =
+        rmp_serde::from_slice(body.expect("present")).expect("decodes");
+    assert_eq!(
+        as_value,
+        serde_json::json!([[0, {"user": {"text": "m0"}}]]),
+        "the variant names the message, not a role field inside it"
+    );
+
+    // A version-1 entry: the messages in their public, internally tagged form.
+    let old = vec![
+        (
+            1u64,
+            Message::Assistant {
+                text: None,
+                tool_calls: vec![crate::message::ToolCall::new(
+                    "c1",
+                    "lookup",
+                    serde_json::json!({"q": [1, 2]}),
+                )],
+            },
+        ),
+        (
+            2,
+            Message::Tool {
+                tool_call_id: "c1".into(),
+                tool_name: "lookup".into(),
+                outcome: crate::message::ToolOutcome::Result(serde_json::json!("found")),
+            },
+        ),
+    ];
+    let mut entry = vec![1];
+    encode_section(&mut entry, &old).expect("encodes");
+    for _ in 0..2 {
+        entry.extend_from_slice(&1u32.to_be_bytes());
+        entry.push(0x90);
+    }
+    let mut batch = Batch::new(CommitKind::Other);
+    batch.put(Tree::Log, log_key(&id, 0, 1), entry);
+    futures::executor::block_on(writer.store.commit(batch)).expect("commits");
+
+    let mut expected = vec![Message::User { text: "m0".into() }];
+    expected.extend(old.into_iter().map(|(_, message)| message));
+    assert_eq!(load_messages(&writer.store, &id).expect("reads"), expected);
+}
