@@ -347,9 +347,15 @@ impl Runtime {
             .ok_or_else(|| Error::UnknownSession(id.clone()))
     }
 
-    /// [`Error::UnknownSession`] unless the session exists. Reads the snapshot of its first
-    /// commit (one key), not its current record (the newest log entry, a reverse scan).
-    fn require_session(&self, id: &SessionId) -> Result<(), Error> {
+    /// [`Error::UnknownSession`] if `found_nothing` and the session does not exist. A read that
+    /// found any of a session's log entries proves it exists (its first commit wrote the
+    /// snapshot with them), so only an empty answer costs the check: a read of the snapshot
+    /// (one key, often on another page than the log), not of the current record (a reverse
+    /// scan of the log).
+    fn require_session_if(&self, found_nothing: bool, id: &SessionId) -> Result<(), Error> {
+        if !found_nothing {
+            return Ok(());
+        }
         match schema::load_lineage(self.shared.store.as_ref(), id)? {
             Some(_) => Ok(()),
             None => Err(Error::UnknownSession(id.clone())),
@@ -377,8 +383,9 @@ impl Runtime {
     /// # Errors
     /// As [`Runtime::session`].
     pub fn messages(&self, id: &SessionId) -> Result<Vec<Message>, Error> {
-        self.require_session(id)?;
-        Ok(schema::load_messages(self.shared.store.as_ref(), id)?)
+        let messages = schema::load_messages(self.shared.store.as_ref(), id)?;
+        self.require_session_if(messages.is_empty(), id)?;
+        Ok(messages)
     }
 
     /// The session's run records, in turn order.
@@ -386,8 +393,9 @@ impl Runtime {
     /// # Errors
     /// As [`Runtime::session`].
     pub fn runs(&self, id: &SessionId) -> Result<Vec<RunRecord>, Error> {
-        self.require_session(id)?;
-        Ok(schema::load_runs(self.shared.store.as_ref(), id)?)
+        let runs = schema::load_runs(self.shared.store.as_ref(), id)?;
+        self.require_session_if(runs.is_empty(), id)?;
+        Ok(runs)
     }
 
     /// The session's stored stream chunks from sequence number `from` on.
@@ -395,8 +403,9 @@ impl Runtime {
     /// # Errors
     /// As [`Runtime::session`].
     pub fn chunks(&self, id: &SessionId, from: u64) -> Result<Vec<Chunk>, Error> {
-        self.require_session(id)?;
-        Ok(schema::load_chunks(self.shared.store.as_ref(), id, from)?)
+        let chunks = schema::load_chunks(self.shared.store.as_ref(), id, from)?;
+        self.require_session_if(chunks.is_empty(), id)?;
+        Ok(chunks)
     }
 
     /// Follows the session's stream from sequence number `from`: stored chunks first, then

@@ -210,6 +210,11 @@ async fn unknown_sessions_and_agents_are_typed_errors() -> anyhow::Result<()> {
         runtime.messages(&id),
         Err(Error::UnknownSession(_))
     ));
+    assert!(matches!(runtime.runs(&id), Err(Error::UnknownSession(_))));
+    assert!(matches!(
+        runtime.chunks(&id, 0),
+        Err(Error::UnknownSession(_))
+    ));
     assert!(matches!(
         runtime.execute("ghost", "hi").await,
         Err(Error::UnknownAgent(_))
@@ -228,6 +233,10 @@ async fn the_stream_can_be_followed_from_any_sequence() -> anyhow::Result<()> {
     assert_eq!(types.first(), Some(&"run_start"));
     assert_eq!(types.last(), Some(&"run_end"));
     assert!(all.iter().enumerate().all(|(i, c)| c.seq == i as u64));
+    assert!(
+        runtime.chunks(&id, all.len() as u64)?.is_empty(),
+        "past the end of a known session's stream is empty, not an unknown session"
+    );
     let followed: Vec<_> = runtime.follow(&id, 3).take(all.len() - 3).collect().await;
     let seqs: Vec<u64> = followed
         .into_iter()
