@@ -16,11 +16,13 @@ use ::sled::IVec;
 use parking_lot::{Condvar, MappedRwLockReadGuard, Mutex, RwLock, RwLockReadGuard};
 use tokio::sync::oneshot;
 
-use super::{Batch, Entry, Error, Op, Store, Tree};
+use super::{Batch, Entry, Error, Store, Tree};
 
 mod keyspace;
+mod writes;
 
 use keyspace::{logical_key, stored_key, RECORDS};
+use writes::SledWrites;
 
 /// How much of a crash an acknowledged commit survives.
 ///
@@ -310,7 +312,7 @@ impl SledStore {
     /// Applies `batch` (if any) and returns once a flush that started after it was applied
     /// has completed.
     async fn commit_and_flush(&self, batch: Option<Batch>) -> Result<(), Error> {
-        let batch = batch.filter(|b| !b.is_empty());
+        let batch = batch.filter(|b| !b.is_empty()).map(SledWrites::new);
         match &self.group {
             Some(group) => {
                 let done = group.enqueue(batch)?;
@@ -522,16 +524,11 @@ impl Shared {
 
     /// Applies `batches` as one sled batch: all or nothing, after a crash too. A key written
     /// by several of them ends with the last write, as if they were applied in order.
-    fn apply(&self, batches: &[Batch]) -> Result<(), Error> {
+    fn apply(&self, batches: &[SledWrites]) -> Result<(), Error> {
         let open = self.open()?;
         let mut sled_batch = ::sled::Batch::default();
-        for op in batches.iter().flat_map(Batch::ops) {
-            match op {
-                Op::Put { tree, key, value } => {
-                    sled_batch.insert(stored_key(*tree, key), value.as_slice());
-                }
-                Op::Delete { tree, key } => sled_batch.remove(stored_key(*tree, key)),
-            }
+        for writes in batches {
+            writes.add_to(&mut sled_batch);
         }
         open.records.apply_batch(sled_batch)?;
         #[cfg(test)]
@@ -541,16 +538,16 @@ impl Shared {
 
     /// Applies a group's batches in as few sled batches as [`MAX_WRITES_PER_SLED_BATCH`]
     /// allows (a batch is never split), then does one flush.
-    fn apply_group_and_flush(&self, batches: &[Batch]) -> Result<(), Error> {
+    fn apply_group_and_flush(&self, batches: &[SledWrites]) -> Result<(), Error> {
         let mut start = 0;
         let mut writes = 0;
         for (i, batch) in batches.iter().enumerate() {
-            if writes > 0 && writes + batch.ops().len() > MAX_WRITES_PER_SLED_BATCH {
+            if writes > 0 && writes + batch.len() > MAX_WRITES_PER_SLED_BATCH {
                 self.apply(&batches[start..i])?;
                 start = i;
                 writes = 0;
             }
-            writes += batch.ops().len();
+            writes += batch.len();
         }
         if start < batches.len() {
             self.apply(&batches[start..])?;
@@ -672,7 +669,7 @@ type Waiter = oneshot::Sender<Result<(), Error>>;
 
 /// A committer waiting for the flusher: its batch (`None` for a bare flush) and its wake-up.
 struct Pending {
-    batch: Option<Batch>,
+    batch: Option<SledWrites>,
     done: Waiter,
 }
 
@@ -717,7 +714,10 @@ impl GroupFlusher {
     }
 
     /// Queues a batch (or a bare flush) for the next group.
-    fn enqueue(&self, batch: Option<Batch>) -> Result<oneshot::Receiver<Result<(), Error>>, Error> {
+    fn enqueue(
+        &self,
+        batch: Option<SledWrites>,
+    ) -> Result<oneshot::Receiver<Result<(), Error>>, Error> {
         let (done, rx) = oneshot::channel();
         let mut state = self.queue.state.lock();
         if state.closed || state.shutdown {
@@ -1015,6 +1015,7 @@ mod tests {
             sized(max + 10, 3),
             sized(1, 4),
         ];
+        let batches = batches.map(SledWrites::new);
         store.shared.apply_group_and_flush(&batches)?;
         assert_eq!(store.shared.applied_batches.load(Ordering::SeqCst), 3);
         assert_eq!(store.flush_count(), 1);
