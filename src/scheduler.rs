@@ -20,7 +20,7 @@ use crate::store::{Batch, CommitKind, Tree};
 
 /// Expired calls handled per round of a sweep.
 const SWEEP_BATCH: usize = 1024;
-/// Tombstones reaped per sweep.
+/// Tombstones read per sweep by the reaper (each sweep goes on where the last one stopped).
 const REAP_BATCH: usize = 4096;
 /// The longest the background timer sleeps before it looks at the clock again.
 const MAX_SLEEP: Duration = Duration::from_secs(60);
@@ -67,11 +67,13 @@ pub(crate) struct DeadlineScheduler {
     pub(crate) background: bool,
 }
 
-/// The armed wake-up, if any.
+/// The armed wake-up, if any, and where the tombstone reaper goes on from.
 #[derive(Debug, Default)]
 pub(crate) struct Timer {
     wake_at: Option<u64>,
     task: Option<tokio::task::JoinHandle<()>>,
+    /// The first tombstone key the next sweep reads (`None`: from the beginning).
+    reap_from: Option<Vec<u8>>,
 }
 
 impl Drop for Timer {
@@ -102,7 +104,7 @@ impl VirtualActor for DeadlineScheduler {
             }
             SchedulerMsg::Sweep { reply } => {
                 timer.wake_at = None;
-                let report = self.sweep(reply.is_some()).await;
+                let report = self.sweep(reply.is_some(), &mut timer.reap_from).await;
                 if let Err(error) = &report {
                     tracing::error!(%error, "deadline.sweep_failed");
                 }
@@ -149,8 +151,13 @@ impl DeadlineScheduler {
         }));
     }
 
-    /// Fires every expired call, earliest first, then reaps old tombstones.
-    async fn sweep(&self, settle: bool) -> Result<SweepReport, Error> {
+    /// Fires every expired call, earliest first, then reaps old tombstones (the next stretch
+    /// of them from `reap_from`, which it advances).
+    async fn sweep(
+        &self,
+        settle: bool,
+        reap_from: &mut Option<Vec<u8>>,
+    ) -> Result<SweepReport, Error> {
         let store = self.shared.store.as_ref();
         let now = self.shared.clock.now_ms();
         let mut report = SweepReport::default();
@@ -198,13 +205,18 @@ impl DeadlineScheduler {
                 let _ = settled.await;
             }
         }
-        let retention = self.shared.tombstone_retention_ms;
-        let (batch, reaped) =
-            schema::reap_tombstones(store, now.saturating_sub(retention), REAP_BATCH)?;
-        if now >= retention && !batch.is_empty() {
-            self.shared.store.commit(batch).await?;
-            report.reaped = reaped;
+        let reap = schema::reap_tombstones(
+            store,
+            reap_from.as_deref(),
+            now,
+            self.shared.tombstone_retention_ms,
+            REAP_BATCH,
+        )?;
+        if !reap.batch.is_empty() {
+            self.shared.store.commit(reap.batch).await?;
+            report.reaped = reap.reaped;
         }
+        *reap_from = reap.resume_at;
         if report.fired > 0 {
             tracing::debug!(
                 fired = report.fired,

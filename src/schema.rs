@@ -195,7 +195,7 @@ pub(crate) enum IndexWrite {
     PutOwnership { root: SessionId, call: String },
     /// Clear an ownership entry on the root.
     DeleteOwnership { root: SessionId, call: String },
-    /// Leave a tombstone on the root for a completed call (and its expiry index entry).
+    /// Leave a tombstone on the root for a completed call.
     PutTombstone {
         root: SessionId,
         call: String,
@@ -293,18 +293,11 @@ impl Commit {
                 IndexWrite::DeleteOwnership { root, call } => {
                     batch.delete(Tree::Ownership, call_key(root, call));
                 }
-                IndexWrite::PutTombstone { root, call, at } => {
-                    batch.put(
-                        Tree::Tombstones,
-                        call_key(root, call),
-                        encode(Tree::Tombstones, at)?,
-                    );
-                    batch.put(
-                        Tree::TombstoneExpiry,
-                        timed_key(*at, root, call),
-                        Vec::new(),
-                    );
-                }
+                IndexWrite::PutTombstone { root, call, at } => batch.put(
+                    Tree::Tombstones,
+                    call_key(root, call),
+                    encode(Tree::Tombstones, at)?,
+                ),
             }
         }
         Ok(batch)
@@ -678,24 +671,70 @@ pub(crate) fn next_deadline(store: &dyn Store) -> Result<Option<u64>, Error> {
         .map(|(at, _, _)| at))
 }
 
-/// A batch deleting up to `limit` tombstones that completed at or before `before`, and how
-/// many it deletes: an ordered range scan, never a scan of every session.
+/// Where the tombstone reaper goes on from, and what one of its passes found.
+#[derive(Debug)]
+pub(crate) struct Reap {
+    /// Deletes the expired tombstones the pass found.
+    pub(crate) batch: Batch,
+    /// How many tombstones `batch` deletes.
+    pub(crate) reaped: usize,
+    /// The first key of the next pass; `None` to start again from the beginning.
+    pub(crate) resume_at: Option<Vec<u8>>,
+}
+
+/// One pass of the tombstone reaper: reads up to `limit` tombstones from `from` on (from the
+/// beginning with `None`) and deletes those whose retention ended by `now`.
+///
+/// Tombstones have no expiry index: an index entry cost a key write when the call completed
+/// and another when it was reaped, in the commits that finish a run, while this walk only
+/// reads. Successive passes go round the tombstones in key order and wrap at the end, so each
+/// tombstone is read about once per round, and an expired one is deleted at most a round
+/// after it expired. Lookups never depend on reaping (they check the completion time), so a
+/// late reap only keeps a dead key on disk for longer. Stores written before this also hold
+/// `tombstone_expiry` entries; each pass deletes up to `limit` of those as well.
 pub(crate) fn reap_tombstones(
     store: &dyn Store,
-    before: u64,
+    from: Option<&[u8]>,
+    now: u64,
+    retention_ms: u64,
     limit: usize,
-) -> Result<(Batch, usize), Error> {
-    let end = before.saturating_add(1).to_be_bytes();
-    let mut batch = Batch::new(CommitKind::Other);
-    let mut count = 0;
-    for (key, _) in store.scan_range(Tree::TombstoneExpiry, &[], &end, limit)? {
-        if let Some((_, root, call)) = split_timed_key(&key) {
-            batch.delete(Tree::Tombstones, call_key(&root, &call));
-            count += 1;
+) -> Result<Reap, Error> {
+    let mut reap = Reap {
+        batch: Batch::new(CommitKind::Other),
+        reaped: 0,
+        resume_at: None,
+    };
+    // A call key starts with its session id's length (u16 BE, at most 512): below 0xff.
+    let start = from.unwrap_or_default();
+    let seen = store.scan_range(Tree::Tombstones, start, &[0xff], limit)?;
+    for (key, value) in &seen {
+        // An undecodable tombstone answers nothing useful: reap it rather than stall on it.
+        let expired = match split_call_key(key) {
+            Some((root, _)) => decode::<u64>(&root, Tree::Tombstones, value)
+                .map_or(true, |at| now >= at.saturating_add(retention_ms)),
+            None => true,
+        };
+        if expired {
+            reap.batch.delete(Tree::Tombstones, key.clone());
+            reap.reaped += 1;
         }
-        batch.delete(Tree::TombstoneExpiry, key);
     }
-    Ok((batch, count))
+    if seen.len() == limit {
+        reap.resume_at = seen.last().map(|(key, _)| successor(key));
+    }
+    // Their keys start with a time (u64 BE).
+    for (key, _) in store.scan_range(Tree::TombstoneExpiry, &[], &[0xff; 9], limit)? {
+        reap.batch.delete(Tree::TombstoneExpiry, key);
+    }
+    Ok(reap)
+}
+
+/// The smallest key after `key`.
+fn successor(key: &[u8]) -> Vec<u8> {
+    let mut next = Vec::with_capacity(key.len() + 1);
+    next.extend_from_slice(key);
+    next.push(0);
+    next
 }
 
 #[cfg(test)]

@@ -37,7 +37,9 @@ pub enum Tree {
     Ownership,
     /// (root session id, tool call id) → completion time.
     Tombstones,
-    /// (completion time, root session id, tool call id) → nothing; reaps tombstones in order.
+    /// (completion time, root session id, tool call id) → nothing. No longer written: the
+    /// reaper walks [`Tree::Tombstones`] itself. Entries left by stores written before are
+    /// deleted by the reaper.
     TombstoneExpiry,
     /// (parent session id, tool call id) → the sub-agent call's child entry.
     Children,

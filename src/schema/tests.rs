@@ -372,3 +372,51 @@ fn messages_are_stored_externally_tagged_and_format_1_entries_still_read() {
     expected.extend(old.into_iter().map(|(_, message)| message));
     assert_eq!(load_messages(&writer.store, &id).expect("reads"), expected);
 }
+
+#[test]
+fn the_reaper_walks_the_tombstones_in_stretches_and_deletes_only_expired_ones() {
+    let store = MemoryStore::new();
+    let root: SessionId = "root".parse().expect("valid id");
+    let mut batch = Batch::new(CommitKind::Other);
+    // Calls c0..c4 completed at 0, 10, 20, 30, 40; a leftover expiry entry of the old layout.
+    for i in 0..5u64 {
+        batch.put(
+            Tree::Tombstones,
+            call_key(&root, &format!("c{i}")),
+            encode(Tree::Tombstones, &(i * 10)).expect("encodes"),
+        );
+    }
+    batch.put(Tree::TombstoneExpiry, timed_key(0, &root, "c0"), Vec::new());
+    futures::executor::block_on(store.commit(batch)).expect("commits");
+    let remaining = |store: &MemoryStore| -> Vec<String> {
+        store
+            .scan_prefix(Tree::Tombstones, &[])
+            .expect("reads")
+            .iter()
+            .filter_map(|(key, _)| split_call_key(key).map(|(_, call)| call))
+            .collect()
+    };
+
+    // At 35 with a retention of 10, c0..c2 have expired (at + 10 <= 35); two are read a pass.
+    let first = reap_tombstones(&store, None, 35, 10, 2).expect("reaps");
+    assert_eq!(first.reaped, 2);
+    assert_eq!(
+        first.resume_at,
+        Some(successor(&call_key(&root, "c1"))),
+        "a full stretch: the next pass goes on after it"
+    );
+    futures::executor::block_on(store.commit(first.batch)).expect("commits");
+    assert_eq!(remaining(&store), ["c2", "c3", "c4"]);
+    assert_eq!(store.len(Tree::TombstoneExpiry), 0, "old index entries go");
+
+    let second = reap_tombstones(&store, first.resume_at.as_deref(), 35, 10, 2).expect("reaps");
+    assert_eq!(second.reaped, 1, "c2 expired, c3 did not");
+    futures::executor::block_on(store.commit(second.batch)).expect("commits");
+    let third = reap_tombstones(&store, second.resume_at.as_deref(), 35, 10, 2).expect("reaps");
+    assert_eq!((third.reaped, third.resume_at), (0, None), "the end: wrap round");
+    assert_eq!(remaining(&store), ["c3", "c4"]);
+
+    // Later, a pass from the beginning finds the rest expired.
+    let later = reap_tombstones(&store, None, 50, 10, 10).expect("reaps");
+    assert_eq!((later.reaped, later.resume_at.is_none()), (2, true));
+}
