@@ -708,10 +708,14 @@ pub(crate) fn reap_tombstones(
     let start = from.unwrap_or_default();
     let seen = store.scan_range(Tree::Tombstones, start, &[0xff], limit)?;
     for (key, value) in &seen {
-        // An undecodable tombstone answers nothing useful: reap it rather than stall on it.
+        // A damaged tombstone answers nothing useful: reap it rather than keep failing on it.
+        // One written by a newer format is kept: this build cannot tell when it expires.
         let expired = match split_call_key(key) {
-            Some((root, _)) => decode::<u64>(&root, Tree::Tombstones, value)
-                .map_or(true, |at| now >= at.saturating_add(retention_ms)),
+            Some((root, _)) => match decode::<u64>(&root, Tree::Tombstones, value) {
+                Ok(at) => now >= at.saturating_add(retention_ms),
+                Err(Error::UnsupportedVersion { .. }) => false,
+                Err(_) => true,
+            },
             None => true,
         };
         if expired {

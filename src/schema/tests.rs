@@ -413,10 +413,43 @@ fn the_reaper_walks_the_tombstones_in_stretches_and_deletes_only_expired_ones() 
     assert_eq!(second.reaped, 1, "c2 expired, c3 did not");
     futures::executor::block_on(store.commit(second.batch)).expect("commits");
     let third = reap_tombstones(&store, second.resume_at.as_deref(), 35, 10, 2).expect("reaps");
-    assert_eq!((third.reaped, third.resume_at), (0, None), "the end: wrap round");
+    assert_eq!(
+        (third.reaped, third.resume_at),
+        (0, None),
+        "the end: wrap round"
+    );
     assert_eq!(remaining(&store), ["c3", "c4"]);
 
     // Later, a pass from the beginning finds the rest expired.
     let later = reap_tombstones(&store, None, 50, 10, 10).expect("reaps");
     assert_eq!((later.reaped, later.resume_at.is_none()), (2, true));
+}
+
+#[test]
+fn the_reaper_deletes_a_damaged_tombstone_but_keeps_one_of_a_newer_format() {
+    let store = MemoryStore::new();
+    let root: SessionId = "root".parse().expect("valid id");
+    let mut batch = Batch::new(CommitKind::Other);
+    batch.put(
+        Tree::Tombstones,
+        call_key(&root, "damaged"),
+        vec![FORMAT_VERSION, 0xc1],
+    );
+    batch.put(
+        Tree::Tombstones,
+        call_key(&root, "newer"),
+        vec![FORMAT_VERSION + 1, 0],
+    );
+    futures::executor::block_on(store.commit(batch)).expect("commits");
+    let reap = reap_tombstones(&store, None, 0, 10, 10).expect("reaps");
+    assert_eq!(reap.reaped, 1);
+    futures::executor::block_on(store.commit(reap.batch)).expect("commits");
+    assert!(store
+        .get(Tree::Tombstones, &call_key(&root, "newer"))
+        .expect("reads")
+        .is_some());
+    assert!(store
+        .get(Tree::Tombstones, &call_key(&root, "damaged"))
+        .expect("reads")
+        .is_none());
 }
