@@ -11,7 +11,8 @@
 //! stream chunks, and the session's record after the commit) is **one** entry of the `log`
 //! tree, not one entry each: sled applies a batch key by key, so the number of keys, not their
 //! bytes, is what a commit costs (a suspension cycle went from 28 key writes to 15 with this
-//! layout, then to 12 once the record moved into the entry). The entry's key is
+//! layout, then to 12 once the record moved into the entry, and to 11 once tombstones lost
+//! their expiry index). The entry's key is
 //! `prefix · chunk end (u64 BE) · log seq (u64 BE)`: the log seq orders entries in commit
 //! order, and the chunk end (the session's chunk count after the commit) comes first so that
 //! the entries holding chunks from `n` on are a range scan starting at `n + 1`; since neither
