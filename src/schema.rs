@@ -306,22 +306,18 @@ impl Commit {
 }
 
 /// Reads a session's record: the one carried by its newest log entry, or the snapshot of its
-/// first commit if that entry carries none (it was written before entries carried records).
-/// The log is read first: the first commit writes the snapshot and a log entry together, so a
-/// session exists exactly when it has an entry, and the usual load costs one read.
+/// first commit if no log entry carries one. The log is read first: the first commit writes
+/// the snapshot and a log entry together, so a session with an entry exists, and the usual
+/// load costs one read.
 pub(crate) fn load_record(
     store: &dyn Store,
     session: &SessionId,
 ) -> Result<Option<SessionRecord>, Error> {
-    let newest = store.scan_prefix_rev(Tree::Log, &prefix(session), 1)?;
-    let Some((_, bytes)) = newest.first() else {
-        // No log entry, so no first commit: the session does not exist (a new session's
-        // activation stops here, one read).
-        return Ok(None);
-    };
-    let records: Vec<SessionRecord> = decode_section(session, bytes, Section::Record)?;
-    if let Some(record) = records.into_iter().next_back() {
-        return Ok(Some(record));
+    for (_, bytes) in store.scan_prefix_rev(Tree::Log, &prefix(session), 1)? {
+        let records: Vec<SessionRecord> = decode_section(session, &bytes, Section::Record)?;
+        if let Some(record) = records.into_iter().next_back() {
+            return Ok(Some(record));
+        }
     }
     store
         .get(Tree::Sessions, &session_key(session))?
