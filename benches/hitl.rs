@@ -218,8 +218,8 @@ fn bare_sled_group_commit(writes: usize, size: usize, group: usize) -> anyhow::R
 
 async fn expired_scan(quick: bool) -> anyhow::Result<()> {
     println!("\n## find_expired_pending: cost per expired entry as the deadline index grows\n");
-    println!("| armed deadlines | expired per call | µs per call | ns per expired entry |");
-    println!("|---:|---:|---:|---:|");
+    println!("| armed deadlines | expired per call | µs per call, first pass | µs per call, best pass | ns per expired entry (best pass) |");
+    println!("|---:|---:|---:|---:|---:|");
     let sizes: &[usize] = if quick {
         &[1_000, 100_000]
     } else {
@@ -249,21 +249,44 @@ async fn expired_scan(quick: bool) -> anyhow::Result<()> {
             store.commit(batch).await?;
         }
         let runtime = runtime_on(Arc::clone(&store), Vec::new())?;
-        let rounds = 2_000;
-        let started = Instant::now();
-        for _ in 0..rounds {
-            let expired = runtime.find_expired_pending(5_000)?;
-            anyhow::ensure!(expired.len() == EXPIRED);
-        }
-        let per_call = started.elapsed() / rounds;
+        let (first, best) = time_expired_passes(&runtime, EXPIRED, if quick { 3 } else { 10 })?;
         println!(
-            "| {size} | {EXPIRED} | {:.1} | {:.0} |",
-            per_call.as_secs_f64() * 1e6,
-            per_call.as_nanos() as f64 / EXPIRED as f64
+            "| {size} | {EXPIRED} | {:.1} | {:.1} | {:.0} |",
+            first.as_secs_f64() * 1e6,
+            best.as_secs_f64() * 1e6,
+            best.as_nanos() as f64 / EXPIRED as f64
         );
         runtime.shutdown().await?;
     }
     Ok(())
+}
+
+/// Times passes of 2,000 `find_expired_pending` calls (at most `max_passes`, at most 30 s)
+/// and returns the mean call of the first pass and of the fastest.
+///
+/// The first pass also pays for writing the index: sled frees the pages an insert replaced
+/// through epoch-based reclamation, a process-wide queue that whichever thread pins an epoch
+/// next works off a bounded amount at a time, and a sled batch pins once for all its writes.
+/// Right after a million inserts that debt made thousands of calls up to 50x slower, growing
+/// with the number of entries just written, not with the index. Later passes show the scan.
+fn time_expired_passes(
+    runtime: &Runtime,
+    expired: usize,
+    max_passes: usize,
+) -> anyhow::Result<(Duration, Duration)> {
+    const CALLS: u32 = 2_000;
+    let until = Instant::now() + Duration::from_secs(30);
+    let mut passes = Vec::new();
+    while passes.len() < max_passes && (passes.is_empty() || Instant::now() < until) {
+        let started = Instant::now();
+        for _ in 0..CALLS {
+            anyhow::ensure!(runtime.find_expired_pending(5_000)?.len() == expired);
+        }
+        passes.push(started.elapsed() / CALLS);
+    }
+    let first = passes.first().copied().unwrap_or_default();
+    let best = passes.iter().copied().min().unwrap_or(first);
+    Ok((first, best))
 }
 
 async fn submit_latency(quick: bool) -> anyhow::Result<()> {
