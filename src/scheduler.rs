@@ -20,8 +20,16 @@ use crate::store::{Batch, CommitKind, Tree};
 
 /// Expired calls handled per round of a sweep.
 const SWEEP_BATCH: usize = 1024;
-/// Tombstones read per sweep by the reaper (each sweep goes on where the last one stopped).
+/// Tombstones the reaper reads per stretch (each stretch goes on where the last one stopped).
 const REAP_BATCH: usize = 4096;
+/// Stretches per reap: up to 16,384 tombstones read, a few milliseconds.
+const REAP_STRETCHES: usize = 4;
+/// The least clock time between two reaps of the background timer. Deadlines can fire many
+/// times a second; reading thousands of tombstones each time would cost more than the
+/// timeouts. At one reap a second the reaper reads up to 16,384 tombstones a second, so it
+/// goes round all of them within their retention as long as calls complete at under 16,384 a
+/// second on average.
+const REAP_INTERVAL_MS: u64 = 1_000;
 /// The longest the background timer sleeps before it looks at the clock again.
 const MAX_SLEEP: Duration = Duration::from_secs(60);
 
@@ -72,8 +80,28 @@ pub(crate) struct DeadlineScheduler {
 pub(crate) struct Timer {
     wake_at: Option<u64>,
     task: Option<tokio::task::JoinHandle<()>>,
-    /// The first tombstone key the next sweep reads (`None`: from the beginning).
-    reap_from: Option<Vec<u8>>,
+    /// Where the tombstone reaper goes on from.
+    reaper: Reaper,
+}
+
+/// The tombstone reaper's place in its round.
+#[derive(Debug, Default)]
+struct Reaper {
+    /// The first tombstone key the next reap reads (`None`: from the beginning).
+    from: Option<Vec<u8>>,
+    /// When it last reaped (clock ms).
+    reaped_at: Option<u64>,
+}
+
+impl Reaper {
+    /// Whether a sweep at `now` reaps: an explicit sweep always does, the background timer's
+    /// at most once per [`REAP_INTERVAL_MS`].
+    fn due(&self, explicit: bool, now: u64) -> bool {
+        explicit
+            || self
+                .reaped_at
+                .is_none_or(|at| now >= at.saturating_add(REAP_INTERVAL_MS))
+    }
 }
 
 impl Drop for Timer {
@@ -104,7 +132,7 @@ impl VirtualActor for DeadlineScheduler {
             }
             SchedulerMsg::Sweep { reply } => {
                 timer.wake_at = None;
-                let report = self.sweep(reply.is_some(), &mut timer.reap_from).await;
+                let report = self.sweep(reply.is_some(), &mut timer.reaper).await;
                 if let Err(error) = &report {
                     tracing::error!(%error, "deadline.sweep_failed");
                 }
@@ -151,13 +179,9 @@ impl DeadlineScheduler {
         }));
     }
 
-    /// Fires every expired call, earliest first, then reaps old tombstones (the next stretch
-    /// of them from `reap_from`, which it advances).
-    async fn sweep(
-        &self,
-        settle: bool,
-        reap_from: &mut Option<Vec<u8>>,
-    ) -> Result<SweepReport, Error> {
+    /// Fires every expired call, earliest first, then reaps old tombstones if the reaper is
+    /// due. An explicit sweep (`settle`) also waits for the sessions it touched to settle.
+    async fn sweep(&self, settle: bool, reaper: &mut Reaper) -> Result<SweepReport, Error> {
         let store = self.shared.store.as_ref();
         let now = self.shared.clock.now_ms();
         let mut report = SweepReport::default();
@@ -205,18 +229,9 @@ impl DeadlineScheduler {
                 let _ = settled.await;
             }
         }
-        let reap = schema::reap_tombstones(
-            store,
-            reap_from.as_deref(),
-            now,
-            self.shared.tombstone_retention_ms,
-            REAP_BATCH,
-        )?;
-        if !reap.batch.is_empty() {
-            self.shared.store.commit(reap.batch).await?;
-            report.reaped = reap.reaped;
+        if reaper.due(settle, now) {
+            report.reaped = self.reap(reaper, now).await?;
         }
-        *reap_from = reap.resume_at;
         if report.fired > 0 {
             tracing::debug!(
                 fired = report.fired,
@@ -225,6 +240,32 @@ impl DeadlineScheduler {
             );
         }
         Ok(report)
+    }
+
+    /// Reads up to [`REAP_STRETCHES`] stretches of tombstones from where the reaper stopped,
+    /// deletes the expired ones, and returns how many it deleted.
+    async fn reap(&self, reaper: &mut Reaper, now: u64) -> Result<usize, Error> {
+        let mut reaped = 0;
+        for _ in 0..REAP_STRETCHES {
+            let reap = schema::reap_tombstones(
+                self.shared.store.as_ref(),
+                reaper.from.as_deref(),
+                now,
+                self.shared.tombstone_retention_ms,
+                REAP_BATCH,
+            )?;
+            if !reap.batch.is_empty() {
+                self.shared.store.commit(reap.batch).await?;
+            }
+            reaped += reap.reaped;
+            reaper.from = reap.resume_at;
+            if reaper.from.is_none() {
+                // The end of the round: the next reap starts over.
+                break;
+            }
+        }
+        reaper.reaped_at = Some(now);
+        Ok(reaped)
     }
 
     async fn clear_stale(&self, expired: &[schema::ExpiredCall]) -> Result<(), Error> {
@@ -241,5 +282,23 @@ impl DeadlineScheduler {
         }
         self.shared.store.commit(batch).await?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_background_timer_reaps_at_most_once_an_interval_and_an_explicit_sweep_always() {
+        let mut reaper = Reaper::default();
+        assert!(reaper.due(false, 0), "never reaped: due");
+        reaper.reaped_at = Some(5_000);
+        assert!(!reaper.due(false, 5_000 + REAP_INTERVAL_MS - 1));
+        assert!(
+            reaper.due(true, 5_000),
+            "an explicit sweep reaps whenever it runs"
+        );
+        assert!(reaper.due(false, 5_000 + REAP_INTERVAL_MS));
     }
 }
