@@ -48,6 +48,26 @@ fn run(turn: u32, steps: u32) -> RunRecord {
     }
 }
 
+/// Commits `batch` to `store`.
+fn commit_batch(store: &MemoryStore, batch: Batch) {
+    futures::executor::block_on(store.commit(batch)).expect("commits");
+}
+
+/// Writes raw bytes under `key`, bypassing the encoders (damaged, old or future values).
+fn put_raw(store: &MemoryStore, tree: Tree, key: Vec<u8>, value: Vec<u8>) {
+    let mut batch = Batch::new(CommitKind::Other);
+    batch.put(tree, key, value);
+    commit_batch(store, batch);
+}
+
+/// Appends `count` log-entry sections that each hold an empty MessagePack array.
+fn push_empty_sections(entry: &mut Vec<u8>, count: usize) {
+    for _ in 0..count {
+        entry.extend_from_slice(&1u32.to_be_bytes());
+        entry.push(0x90);
+    }
+}
+
 /// A session whose commits are built the way the session core builds them: each appends the
 /// given messages, chunks and run, and the record counts them.
 struct Writer {
@@ -104,7 +124,7 @@ impl Writer {
             index: Vec::new(),
         };
         let batch = commit.encode().expect("encodes");
-        futures::executor::block_on(self.store.commit(batch)).expect("commits");
+        commit_batch(&self.store, batch);
     }
 
     fn chunk_seqs(&self, from: u64) -> Vec<u64> {
@@ -229,17 +249,18 @@ fn a_damaged_log_entry_is_a_corrupt_error_naming_the_tree() {
         vec![FORMAT_VERSION, 0, 0, 0, 9, 1],
         vec![FORMAT_VERSION, 0, 0, 0, 1, 0xc1, 0, 0, 0, 0],
     ] {
-        let mut batch = Batch::new(CommitKind::Other);
-        batch.put(Tree::Log, log_key(&id, 0, 0), bytes.clone());
-        futures::executor::block_on(writer.store.commit(batch)).expect("commits");
+        put_raw(&writer.store, Tree::Log, log_key(&id, 0, 0), bytes.clone());
         match load_messages(&writer.store, &id) {
             Err(Error::Corrupt { tree, .. }) => assert_eq!(tree, "log", "{bytes:?}"),
             other => panic!("{bytes:?}: expected a corrupt log entry, got {other:?}"),
         }
     }
-    let mut batch = Batch::new(CommitKind::Other);
-    batch.put(Tree::Log, log_key(&id, 0, 0), vec![FORMAT_VERSION + 1]);
-    futures::executor::block_on(writer.store.commit(batch)).expect("commits");
+    put_raw(
+        &writer.store,
+        Tree::Log,
+        log_key(&id, 0, 0),
+        vec![FORMAT_VERSION + 1],
+    );
     assert!(matches!(
         load_messages(&writer.store, &id),
         Err(Error::UnsupportedVersion { .. })
@@ -303,13 +324,8 @@ fn a_log_entry_without_a_record_section_falls_back_to_the_snapshot() {
     let id = writer.record.id.clone();
     // The three sections of an entry that carries no record: empty messages, runs, chunks.
     let mut entry = vec![FORMAT_VERSION];
-    for _ in 0..3 {
-        entry.extend_from_slice(&1u32.to_be_bytes());
-        entry.push(0x90);
-    }
-    let mut batch = Batch::new(CommitKind::Other);
-    batch.put(Tree::Log, log_key(&id, 0, 1), entry);
-    futures::executor::block_on(writer.store.commit(batch)).expect("commits");
+    push_empty_sections(&mut entry, 3);
+    put_raw(&writer.store, Tree::Log, log_key(&id, 0, 1), entry);
     let loaded = load_record(&writer.store, &id)
         .expect("reads")
         .expect("exists");
@@ -360,13 +376,8 @@ fn messages_are_stored_externally_tagged_and_format_1_entries_still_read() {
     ];
     let mut entry = vec![1];
     encode_section(&mut entry, &old).expect("encodes");
-    for _ in 0..2 {
-        entry.extend_from_slice(&1u32.to_be_bytes());
-        entry.push(0x90);
-    }
-    let mut batch = Batch::new(CommitKind::Other);
-    batch.put(Tree::Log, log_key(&id, 0, 1), entry);
-    futures::executor::block_on(writer.store.commit(batch)).expect("commits");
+    push_empty_sections(&mut entry, 2);
+    put_raw(&writer.store, Tree::Log, log_key(&id, 0, 1), entry);
 
     let mut expected = vec![Message::User { text: "m0".into() }];
     expected.extend(old.into_iter().map(|(_, message)| message));
@@ -387,7 +398,7 @@ fn the_reaper_walks_the_tombstones_in_stretches_and_deletes_only_expired_ones() 
         );
     }
     batch.put(Tree::TombstoneExpiry, timed_key(0, &root, "c0"), Vec::new());
-    futures::executor::block_on(store.commit(batch)).expect("commits");
+    commit_batch(&store, batch);
     let remaining = |store: &MemoryStore| -> Vec<String> {
         store
             .scan_prefix(Tree::Tombstones, &[])
@@ -405,13 +416,13 @@ fn the_reaper_walks_the_tombstones_in_stretches_and_deletes_only_expired_ones() 
         Some(successor(&call_key(&root, "c1"))),
         "a full stretch: the next pass goes on after it"
     );
-    futures::executor::block_on(store.commit(first.batch)).expect("commits");
+    commit_batch(&store, first.batch);
     assert_eq!(remaining(&store), ["c2", "c3", "c4"]);
     assert_eq!(store.len(Tree::TombstoneExpiry), 0, "old index entries go");
 
     let second = reap_tombstones(&store, first.resume_at.as_deref(), 35, 10, 2).expect("reaps");
     assert_eq!(second.reaped, 1, "c2 expired, c3 did not");
-    futures::executor::block_on(store.commit(second.batch)).expect("commits");
+    commit_batch(&store, second.batch);
     let third = reap_tombstones(&store, second.resume_at.as_deref(), 35, 10, 2).expect("reaps");
     assert_eq!(
         (third.reaped, third.resume_at),
@@ -440,10 +451,10 @@ fn the_reaper_deletes_a_damaged_tombstone_but_keeps_one_of_a_newer_format() {
         call_key(&root, "newer"),
         vec![FORMAT_VERSION + 1, 0],
     );
-    futures::executor::block_on(store.commit(batch)).expect("commits");
+    commit_batch(&store, batch);
     let reap = reap_tombstones(&store, None, 0, 10, 10).expect("reaps");
     assert_eq!(reap.reaped, 1);
-    futures::executor::block_on(store.commit(reap.batch)).expect("commits");
+    commit_batch(&store, reap.batch);
     assert!(store
         .get(Tree::Tombstones, &call_key(&root, "newer"))
         .expect("reads")
