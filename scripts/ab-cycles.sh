@@ -4,11 +4,11 @@
 #
 # Each round runs every configuration once (`HITL_ONLY=cycles`, about 10 s each), in an order
 # rotated by one every round, so that no configuration always runs first: with a fixed order,
-# the configuration run first came out slowest in eight rounds of eight, ~50 % below an
-# identical one run third. Even rotated, two identical configurations differed by 17 % in
-# their means over six rounds (BENCHMARKS.md, session 7), so a difference smaller than that
-# needs more rounds. Prints one line per run, then each configuration's mean, median, lowest
-# and highest for the burst row (10,000 cycles) and the steady row (30,000).
+# the configuration run first came out slowest in seven rounds of eight, and an identical one
+# run third was 1.5x faster on average. Even rotated, two identical configurations differed
+# by 17 % in their means over six rounds (BENCHMARKS.md, session 7), so a difference smaller
+# than that needs more rounds. Prints one line per run, then each configuration's mean,
+# median, lowest and highest for the burst row (10,000 cycles) and the steady row (30,000).
 #
 # usage: scripts/ab-cycles.sh ROUNDS CONFIG...
 #   CONFIG is a command that runs a hitl bench binary, with any environment in front:
