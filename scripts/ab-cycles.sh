@@ -34,12 +34,15 @@ for ((round = 0; round < rounds; round++)); do
         config=$(((round + slot) % count))
         # Word splitting is wanted: a config is a command line.
         # shellcheck disable=SC2086
-        rows=$(HITL_ONLY=cycles ${configs[$config]} --bench 2>/dev/null | grep '^| 10000 |' || true)
+        if ! rows=$(HITL_ONLY=cycles ${configs[$config]} --bench 2>/dev/null | grep '^| 10000 |'); then
+            echo "config $config (${configs[$config]}) failed or printed no 10,000-session rows" >&2
+            exit 1
+        fi
         burst=$(awk -F'|' 'NR == 1 { print $4 + 0 }' <<<"$rows")
         steady=$(awk -F'|' 'NR == 2 { print $4 + 0 }' <<<"$rows")
         printf 'round %d  slot %d  config %d  burst %6s/s  steady %6s/s\n' \
-            "$round" "$slot" "$config" "${burst:-?}" "${steady:-?}"
-        printf '%d %s %s\n' "$config" "${burst:-0}" "${steady:-0}" >>"$results"
+            "$round" "$slot" "$config" "$burst" "$steady"
+        printf '%d %s %s\n' "$config" "$burst" "$steady" >>"$results"
     done
 done
 
