@@ -23,6 +23,10 @@ if [[ $# -lt 2 ]]; then
 fi
 rounds=$1
 shift
+if [[ ! $rounds =~ ^[1-9][0-9]*$ ]]; then
+    echo "ROUNDS must be a positive whole number, not '$rounds'" >&2
+    exit 2
+fi
 configs=("$@")
 count=${#configs[@]}
 
