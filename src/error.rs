@@ -46,9 +46,10 @@ pub enum Error {
     /// The store failed; nothing of the operation was acknowledged.
     #[error("store: {0}")]
     Store(#[from] store::Error),
-    /// A stored value could not be read (corrupt, or written by a newer version).
+    /// A stored value could not be read (corrupt, or written by a newer version). A store that
+    /// failed while reading is [`Error::Store`], never this.
     #[error(transparent)]
-    Schema(#[from] schema::Error),
+    Schema(schema::Error),
     /// The session's actor crashed too often and is marked failed, or could not start.
     #[error("session {session} is unavailable: {reason}")]
     SessionUnavailable {
@@ -63,6 +64,21 @@ pub enum Error {
     /// The runtime is shut down.
     #[error("the runtime is shut down")]
     ShutDown,
+    /// [`RuntimeBuilder::build`](crate::RuntimeBuilder::build) was called outside a tokio
+    /// runtime; the runtime's actors run on tokio.
+    #[error("a runtime must be built inside a tokio runtime (for example under #[tokio::main])")]
+    NoTokioRuntime,
+}
+
+impl From<schema::Error> for Error {
+    /// Keeps a failing store apart from a corrupt value: a daemon that maps codes to alerts
+    /// must not report corruption for an I/O error or a closed store.
+    fn from(error: schema::Error) -> Self {
+        match error {
+            schema::Error::Store(error) => Error::Store(error),
+            other => Error::Schema(other),
+        }
+    }
 }
 
 impl Error {
@@ -83,6 +99,7 @@ impl Error {
             Error::SessionUnavailable { .. } => "session_unavailable",
             Error::Crashed(_) => "crashed",
             Error::ShutDown => "shut_down",
+            Error::NoTokioRuntime => "no_tokio_runtime",
         }
     }
 }

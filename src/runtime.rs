@@ -2,6 +2,7 @@
 
 mod builder;
 mod follow;
+mod lifetime;
 
 use std::sync::Arc;
 
@@ -70,6 +71,8 @@ pub struct Runtime {
     scheduler: Host<DeadlineScheduler>,
     shared: Arc<Shared>,
     max_result_bytes: usize,
+    /// Shuts the runtime down when the last clone is dropped without [`Runtime::shutdown`].
+    lifetime: Arc<lifetime::Lifetime>,
 }
 
 impl Runtime {
@@ -473,9 +476,15 @@ impl Runtime {
     /// [`Error::ShutDown`] afterwards). Runs still in progress are recorded as interrupted
     /// when their session is next activated.
     ///
+    /// Dropping the last clone without calling this does the same without waiting: the store
+    /// is released at once if nobody else holds it (a store you still hold stays open for
+    /// you), and the actors stop in the background. Call it to know when they have stopped
+    /// and to see the final flush's error.
+    ///
     /// # Errors
     /// The final flush failed.
     pub async fn shutdown(&self) -> Result<(), Error> {
+        self.lifetime.mark_shut_down();
         self.router.shutdown().await;
         self.scheduler.shutdown().await;
         self.host.shutdown().await;

@@ -261,6 +261,13 @@ pub trait Store: Send + Sync + Debug + 'static {
         self.flush().await
     }
 
+    /// Releases the backend (its files and locks) at once, without waiting and without a
+    /// final flush: every acknowledged commit is durable already. Other handles fail with
+    /// [`Error::Closed`] from then on. A runtime dropped without
+    /// [`shutdown`](crate::Runtime::shutdown) calls this on a store nobody else holds. The
+    /// default does nothing.
+    fn release(&self) {}
+
     /// Bytes the store occupies on disk (0 for memory).
     ///
     /// # Errors

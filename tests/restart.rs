@@ -1,4 +1,5 @@
-//! Sessions survive a dropped runtime and a reopened store, and eviction mid-run.
+//! Sessions survive a dropped runtime and a reopened store, and eviction mid-run; a dropped
+//! runtime lets go of its store.
 
 mod common;
 
@@ -102,9 +103,60 @@ async fn after_shutdown_the_directory_reopens_at_once_and_its_size_is_known() ->
             .execute_on(&format!("s{round}").parse()?, "worker", "go")
             .await?;
         runtime.shutdown().await?;
-        // A runtime clone held elsewhere gets a typed error, not a hang or a panic.
-        assert!(runtime.session_ids().is_err());
+        // A runtime clone held elsewhere gets a typed error, not a hang or a panic, and a
+        // closed store is a store error, not a corrupt value.
+        let codes = [
+            runtime.session_ids().map(|_| ()),
+            runtime.status(&format!("s{round}").parse()?).map(|_| ()),
+            runtime.messages(&format!("s{round}").parse()?).map(|_| ()),
+        ]
+        .map(|result| result.err().map(|error| error.code()));
+        assert_eq!(codes, [Some("store_error"); 3]);
         assert!(runtime.store_size_on_disk()? > 0);
     }
     Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_the_last_clone_without_shutdown_releases_a_store_nobody_else_holds(
+) -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    for round in 0..5 {
+        // The directory opens at once: the previous round's runtime let go of it when its
+        // last clone was dropped.
+        let store = Arc::new(SledStore::open(dir.path())?);
+        let runtime = worker_runtime(store, 1, Arc::default(), ManualClock::new(0))?;
+        let clone = runtime.clone();
+        runtime
+            .execute_on(&format!("s{round}").parse()?, "worker", "go")
+            .await?;
+        drop(runtime);
+        // A clone keeps the runtime alive.
+        assert_eq!(clone.session_ids()?.len(), round + 1);
+        drop(clone);
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_a_runtime_leaves_a_store_the_caller_holds_open() -> anyhow::Result<()> {
+    let store: Arc<dyn dormant::Store> = Arc::new(SledStore::temporary()?);
+    let first = worker_runtime(Arc::clone(&store), 1, Arc::default(), ManualClock::new(0))?;
+    first.execute_on(&"s0".parse()?, "worker", "go").await?;
+    drop(first);
+    let second = worker_runtime(store, 1, Arc::default(), ManualClock::new(0))?;
+    assert_eq!(second.status(&"s0".parse()?)?, Status::Completed);
+    second.shutdown().await?;
+    Ok(())
+}
+
+#[test]
+fn building_outside_a_tokio_runtime_is_a_typed_error() {
+    let built = dormant::Runtime::builder()
+        .store(Arc::new(dormant::MemoryStore::new()))
+        .build();
+    assert_eq!(
+        built.err().map(|error| error.code()),
+        Some("no_tokio_runtime")
+    );
 }

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use dashmap::DashMap;
 use dormant_actors::{Clock, Host, HostConfig, SystemClock};
 
+use super::lifetime::Lifetime;
 use super::{define_all, Runtime};
 use crate::actor::SessionActor;
 use crate::definition::AgentDefinition;
@@ -19,8 +20,9 @@ use crate::shared::Shared;
 use crate::store::{SledStore, Store};
 use crate::submit::{DEFAULT_MAX_RESULT_BYTES, DEFAULT_TOMBSTONE_RETENTION_MS};
 
-/// Configures and builds a [`Runtime`]. Everything has a default except the store, which
-/// defaults to a temporary sled database (gone when the runtime is dropped).
+/// Configures and builds a [`Runtime`]. Everything has a default; the store defaults to a
+/// temporary sled database, deleted when the runtime shuts down or its last clone is
+/// dropped.
 #[must_use]
 pub struct RuntimeBuilder {
     store: Option<Arc<dyn Store>>,
@@ -169,9 +171,11 @@ impl RuntimeBuilder {
     /// Builds the runtime. Must be called inside a tokio runtime.
     ///
     /// # Errors
-    /// An invalid agent set (a duplicate name, a sub-agent tool naming an unknown agent), or
-    /// the default temporary store could not be opened.
+    /// [`Error::NoTokioRuntime`] outside a tokio runtime (the runtime starts actors), an
+    /// invalid agent set (a duplicate name, a sub-agent tool naming an unknown agent), or the
+    /// default temporary store could not be opened.
     pub fn build(self) -> Result<Runtime, Error> {
+        let tokio = tokio::runtime::Handle::try_current().map_err(|_| Error::NoTokioRuntime)?;
         let store = match self.store {
             Some(store) => store,
             None => Arc::new(SledStore::temporary()?),
@@ -223,12 +227,20 @@ impl RuntimeBuilder {
         let _ = shared.scheduler.set(scheduler.downgrade());
         let _ = shared.sessions.set(host.downgrade());
         scheduler.send(SchedulerKey, SchedulerMsg::Boot);
+        let lifetime = Arc::new(Lifetime::new(
+            host.clone(),
+            router.clone(),
+            scheduler.clone(),
+            Arc::clone(&shared),
+            tokio,
+        ));
         Ok(Runtime {
             host,
             router,
             scheduler,
             shared,
             max_result_bytes: self.max_result_bytes,
+            lifetime,
         })
     }
 }

@@ -147,6 +147,14 @@ impl Store for FaultyStore {
         self.inner.close().await
     }
 
+    /// Only a store nobody else holds: tests keep the inner store to restart on it after a
+    /// simulated crash.
+    fn release(&self) {
+        if Arc::strong_count(&self.inner) == 1 {
+            self.inner.release();
+        }
+    }
+
     fn size_on_disk(&self) -> Result<u64, Error> {
         self.inner.size_on_disk()
     }

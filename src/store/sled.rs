@@ -419,6 +419,12 @@ impl Store for SledStore {
         flushed
     }
 
+    /// Waits for an apply or flush in progress (it holds the read side), then drops the
+    /// database; queued commits that were never acknowledged fail with [`Error::Closed`].
+    fn release(&self) {
+        drop(self.shared.open.write().take());
+    }
+
     fn size_on_disk(&self) -> Result<u64, Error> {
         self.size_on_disk_bytes()
     }

@@ -1,0 +1,82 @@
+//! What happens when the last handle on a runtime goes away without
+//! [`Runtime::shutdown`](super::Runtime::shutdown).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use dormant_actors::Host;
+
+use crate::actor::SessionActor;
+use crate::router::RouterActor;
+use crate::scheduler::DeadlineScheduler;
+use crate::shared::Shared;
+
+/// Shared by every clone of a [`Runtime`](super::Runtime); dropped with the last one.
+///
+/// Without it, a dropped runtime would live on for the life of the process: its actors hold
+/// the shared state, which holds the store, its flusher thread and sled's lock on the
+/// directory, so the directory could not be reopened.
+#[derive(Debug)]
+pub(super) struct Lifetime {
+    pub(super) host: Host<SessionActor>,
+    pub(super) router: Host<RouterActor>,
+    pub(super) scheduler: Host<DeadlineScheduler>,
+    pub(super) shared: Arc<Shared>,
+    /// Captured at build (which needs a tokio runtime to start actors), so a handle dropped
+    /// on a thread outside tokio can still stop them.
+    pub(super) tokio: tokio::runtime::Handle,
+    shut_down: AtomicBool,
+}
+
+impl Lifetime {
+    pub(super) fn new(
+        host: Host<SessionActor>,
+        router: Host<RouterActor>,
+        scheduler: Host<DeadlineScheduler>,
+        shared: Arc<Shared>,
+        tokio: tokio::runtime::Handle,
+    ) -> Self {
+        Self {
+            host,
+            router,
+            scheduler,
+            shared,
+            tokio,
+            shut_down: AtomicBool::new(false),
+        }
+    }
+
+    /// `shutdown` ran: dropping has nothing left to do.
+    pub(super) fn mark_shut_down(&self) {
+        self.shut_down.store(true, Ordering::Release);
+    }
+}
+
+impl Drop for Lifetime {
+    fn drop(&mut self) {
+        if self.shut_down.load(Ordering::Acquire) {
+            return;
+        }
+        tracing::debug!("runtime.dropped_without_shutdown");
+        // The store first, synchronously, so that its directory can be reopened as soon as the
+        // drop returns. Every acknowledged commit is durable already; a commit still in flight
+        // fails, as it would in a crash. A store the caller still holds is left open: they may
+        // build another runtime on it.
+        if Arc::strong_count(&self.shared.store) == 1 {
+            self.shared.store.release();
+        }
+        self.shared.streams.clear();
+        // Then the actors, which can only be stopped asynchronously. If tokio is shutting
+        // down, the task is dropped, and so are the actors' own tasks.
+        let (router, scheduler, host) = (
+            self.router.clone(),
+            self.scheduler.clone(),
+            self.host.clone(),
+        );
+        drop(self.tokio.spawn(async move {
+            router.shutdown().await;
+            scheduler.shutdown().await;
+            host.shutdown().await;
+        }));
+    }
+}
