@@ -167,6 +167,12 @@ impl Runtime {
                 reason: "session_id and tool_call_id may not be empty".into(),
             });
         }
+        if matches!(&submit.answer, SubmitAnswer::Approval { approval_id, .. } if approval_id.is_empty())
+        {
+            return Ok(SubmitOutcome::InvalidRequest {
+                reason: "approval_id may not be empty".into(),
+            });
+        }
         let size = submit.payload_len();
         if size > self.max_result_bytes {
             return Ok(SubmitOutcome::PayloadTooLarge {

@@ -98,6 +98,23 @@ async fn malformed_envelopes_are_refused_and_store_nothing() -> anyhow::Result<(
         let outcome = runtime.submit_json(&envelope).await?;
         assert_eq!(outcome.code(), expected, "{envelope}: {outcome:?}");
     }
+    // The typed path classifies an empty approval id as the JSON path does: a malformed
+    // request, not a wrong answer.
+    let empty_approval = json!({ "kind": "approval-response", "session_id": "s1",
+        "tool_call_id": "d1", "approval_id": "", "approved": true });
+    assert_eq!(
+        runtime.submit_json(&empty_approval).await?.code(),
+        "invalid_request"
+    );
+    let typed = runtime
+        .submit_tool_result(Submit::approval("s1", "d1", "", true, None))
+        .await?;
+    assert_eq!(
+        typed,
+        SubmitOutcome::InvalidRequest {
+            reason: "approval_id may not be empty".into()
+        }
+    );
     assert_eq!(runtime.pending(&id)?, before, "nothing was stored");
     assert!(
         runtime.session_ids()?.iter().all(|s| s.as_str() == "s1"),
