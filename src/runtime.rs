@@ -337,9 +337,11 @@ impl Runtime {
     /// them: where each one's turn stands and its last reply.
     ///
     /// # Errors
-    /// A store failure.
+    /// As [`Runtime::session`].
     pub fn companions(&self, id: &SessionId) -> Result<Vec<Companion>, Error> {
-        Ok(schema::load_companions(self.shared.store.as_ref(), id)?)
+        let companions = schema::load_companions(self.shared.store.as_ref(), id)?;
+        self.require_session_if(companions.is_empty(), id)?;
+        Ok(companions)
     }
 
     /// How client-tool and approval calls fared: wait times and outcome counters.

@@ -216,6 +216,10 @@ async fn unknown_sessions_and_agents_are_typed_errors() -> anyhow::Result<()> {
         Err(Error::UnknownSession(_))
     ));
     assert!(matches!(
+        runtime.companions(&id),
+        Err(Error::UnknownSession(_))
+    ));
+    assert!(matches!(
         runtime.execute("ghost", "hi").await,
         Err(Error::UnknownAgent(_))
     ));
@@ -228,6 +232,10 @@ async fn the_stream_can_be_followed_from_any_sequence() -> anyhow::Result<()> {
     let runtime = worker_runtime(temp_store()?, 2, calls, ManualClock::new(0))?;
     let outcome = runtime.execute("worker", "go").await?;
     let id = outcome.session_id;
+    assert!(
+        runtime.companions(&id)?.is_empty(),
+        "a session without companions"
+    );
     let all = runtime.chunks(&id, 0)?;
     let types: Vec<&str> = all.iter().map(|c| c.kind.type_name()).collect();
     assert_eq!(types.first(), Some(&"run_start"));
