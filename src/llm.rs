@@ -70,7 +70,7 @@ impl ModelReply {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum LlmError {
     /// A scripted session asked for more replies than its script has.
-    #[error("script_exhausted: session {session} asked for reply {index} of agent {agent}, whose script has {len}")]
+    #[error("script_exhausted: session {session} asked for reply #{} of agent {agent}, whose script has {len}", index + 1)]
     ScriptExhausted {
         /// The session.
         session: SessionId,

@@ -1,6 +1,6 @@
 //! The conformance scenario runner: JSON files that describe agents with a scripted model and
 //! a sequence of operations against one [`Runtime`](crate::Runtime), each with the outcome it
-//! expects (the format is `shared/spec/scenarios.md`).
+//! expects (the format is `docs/scenario-format.md`).
 //!
 //! Each file runs on a fresh sled store in a temporary directory with a manual clock from
 //! 0 ms; `restart` reopens the same directory. Parsing is strict: an unknown field, op, agent

@@ -1,4 +1,4 @@
-//! The serde shape of a scenario file (`shared/spec/scenarios.md`). Every struct refuses
+//! The serde shape of a scenario file (`docs/scenario-format.md`). Every struct refuses
 //! unknown fields; a step is read in two passes (its `op` first, then the op's own struct, see
 //! `parse.rs`) so that errors inside a step still carry their JSON path.
 
@@ -56,7 +56,7 @@ pub(crate) struct AgentSpec {
     #[serde(default)]
     pub(crate) script: Vec<ScriptEntry>,
     /// Agents it may run as persistent sub-agents (an addition to the format, documented in
-    /// the README): it gains the `companion__*` tools.
+    /// `docs/scenario-format.md`): it gains the `companion__*` tools.
     #[serde(default)]
     pub(crate) persistent_agents: Vec<PersistentSpec>,
 }

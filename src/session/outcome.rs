@@ -12,7 +12,8 @@ pub struct RunOutcome {
     pub session_id: SessionId,
     /// The run.
     pub run_id: RunId,
-    /// Its turn number.
+    /// Its number among the session's runs, from 1: every `execute` and every `resume` is
+    /// a run, so an execute, a resume and a second execute are turns 1, 2 and 3.
     pub turn: u32,
     /// How it ended.
     pub status: Status,

@@ -144,7 +144,8 @@ pub struct SessionRecord {
 pub struct RunRecord {
     /// The run.
     pub run_id: RunId,
-    /// Its turn number: 1, 2, 3 … within the session.
+    /// Its number among the session's runs, from 1: every `execute` and every `resume` is
+    /// a run, so an execute, a resume and a second execute are turns 1, 2 and 3.
     pub turn: u32,
     /// The suspended run this one resumed.
     pub previous_run_id: Option<RunId>,
