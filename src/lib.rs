@@ -85,7 +85,7 @@ pub use ids::{RunId, SessionId};
 pub use llm::{LlmAdapter, LlmError, ModelReply, ModelRequest, ScriptedLlm};
 pub use message::{Message, ToolCall, ToolOutcome};
 pub use metrics::{ClientToolStats, Latency};
-pub use runtime::{Runtime, RuntimeBuilder, RuntimeStats};
+pub use runtime::{Runtime, RuntimeBuilder, RuntimeStats, WeakRuntime};
 pub use scheduler::SweepReport;
 pub use schema::ExpiredCall;
 pub use session::{

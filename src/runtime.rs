@@ -75,6 +75,19 @@ pub struct Runtime {
     lifetime: Arc<lifetime::Lifetime>,
 }
 
+/// A [`Runtime`] handle that does not keep it alive; see [`Runtime::downgrade`].
+#[derive(Clone, Debug)]
+pub struct WeakRuntime {
+    lifetime: std::sync::Weak<lifetime::Lifetime>,
+}
+
+impl WeakRuntime {
+    /// The runtime, while any strong handle on it remains.
+    pub fn upgrade(&self) -> Option<Runtime> {
+        self.lifetime.upgrade().map(|lifetime| lifetime.runtime())
+    }
+}
+
 impl Runtime {
     /// Starts configuring a runtime.
     pub fn builder() -> RuntimeBuilder {
@@ -484,15 +497,16 @@ impl Runtime {
     /// [`Error::ShutDown`] afterwards). Runs still in progress are recorded as interrupted
     /// when their session is next activated.
     ///
-    /// Dropping the last clone without calling this does the same without waiting: the store
-    /// is released at once if nobody else holds it (a store you still hold stays open for
-    /// you), and the actors stop in the background. Call it to know when they have stopped
-    /// and to see the final flush's error.
+    /// Dropping the last clone without calling this is like killing the process, without
+    /// the exit: a store nobody else holds is released before the drop returns (commits in
+    /// flight fail; everything acknowledged is durable), and the actors stop in the
+    /// background. A store you still hold stays open, but call this before building another
+    /// runtime on it, so that the old actors have stopped. A clone held by the runtime itself
+    /// (in a hook or a tool) keeps it alive: give those a [`WeakRuntime`].
     ///
     /// # Errors
     /// The final flush failed.
     pub async fn shutdown(&self) -> Result<(), Error> {
-        self.lifetime.mark_shut_down();
         self.router.shutdown().await;
         self.scheduler.shutdown().await;
         self.host.shutdown().await;
@@ -500,7 +514,19 @@ impl Runtime {
         // Closing (not just flushing) releases the store's files at once, even while a task
         // that is finishing still holds a handle: the directory can be reopened right away.
         self.shared.store.close().await?;
+        // Only now: a shutdown cancelled half way (a timeout around it) leaves the drop to
+        // finish the job.
+        self.lifetime.mark_shut_down();
         Ok(())
+    }
+
+    /// A handle that does not keep the runtime alive, for a hook or a tool that needs to call
+    /// the runtime that runs it: a strong clone there would keep the runtime (its actors, its
+    /// store and the store's lock) alive after every other handle is gone.
+    pub fn downgrade(&self) -> WeakRuntime {
+        WeakRuntime {
+            lifetime: Arc::downgrade(&self.lifetime),
+        }
     }
 
     fn agent(&self, name: &str) -> Result<Arc<AgentDefinition>, Error> {

@@ -261,9 +261,10 @@ pub trait Store: Send + Sync + Debug + 'static {
         self.flush().await
     }
 
-    /// Releases the backend (its files and locks) at once, without waiting and without a
-    /// final flush: every acknowledged commit is durable already. Other handles fail with
-    /// [`Error::Closed`] from then on. A runtime dropped without
+    /// Releases the backend (its files and locks) now, from synchronous code: a drop. It
+    /// waits for a write in progress, not for queued ones, which fail; it needs no final
+    /// flush of its own, since every acknowledged commit is durable already. Other handles
+    /// fail with [`Error::Closed`] from then on. A runtime dropped without
     /// [`shutdown`](crate::Runtime::shutdown) calls this on a store nobody else holds. The
     /// default does nothing.
     fn release(&self) {}

@@ -117,7 +117,9 @@ async fn after_shutdown_the_directory_reopens_at_once_and_its_size_is_known() ->
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+// One thread: the actors' background shutdown cannot run while the test reopens the
+// directory, so only the release inside the drop can let go of it.
+#[tokio::test(flavor = "current_thread")]
 async fn dropping_the_last_clone_without_shutdown_releases_a_store_nobody_else_holds(
 ) -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
@@ -138,15 +140,54 @@ async fn dropping_the_last_clone_without_shutdown_releases_a_store_nobody_else_h
     Ok(())
 }
 
+#[tokio::test(flavor = "current_thread")]
+async fn a_shutdown_cancelled_half_way_leaves_the_release_to_the_drop() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    for round in 0..3 {
+        let store = Arc::new(SledStore::open(dir.path())?);
+        let runtime = worker_runtime(store, 1, Arc::default(), ManualClock::new(0))?;
+        runtime
+            .execute_on(&format!("s{round}").parse()?, "worker", "go")
+            .await?;
+        // One poll: the shutdown starts stopping actors, then is dropped (as by a timeout).
+        let mut shutdown = Box::pin(runtime.shutdown());
+        assert!(futures::poll!(shutdown.as_mut()).is_pending());
+        drop(shutdown);
+        drop(runtime);
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_weak_handle_does_not_keep_the_runtime_alive() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let store = Arc::new(SledStore::open(dir.path())?);
+    let runtime = worker_runtime(store, 1, Arc::default(), ManualClock::new(0))?;
+    let weak = runtime.downgrade();
+    let upgraded = weak
+        .upgrade()
+        .ok_or_else(|| anyhow::anyhow!("runtime alive"))?;
+    upgraded.execute_on(&"s0".parse()?, "worker", "go").await?;
+    drop(upgraded);
+    drop(runtime);
+    assert!(weak.upgrade().is_none());
+    // The directory was released by the drop of the last strong handle.
+    let store = Arc::new(SledStore::open(dir.path())?);
+    let again = worker_runtime(store, 1, Arc::default(), ManualClock::new(0))?;
+    assert_eq!(again.status(&"s0".parse()?)?, Status::Completed);
+    again.shutdown().await?;
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropping_a_runtime_leaves_a_store_the_caller_holds_open() -> anyhow::Result<()> {
     let store: Arc<dyn dormant::Store> = Arc::new(SledStore::temporary()?);
-    let first = worker_runtime(Arc::clone(&store), 1, Arc::default(), ManualClock::new(0))?;
-    first.execute_on(&"s0".parse()?, "worker", "go").await?;
-    drop(first);
-    let second = worker_runtime(store, 1, Arc::default(), ManualClock::new(0))?;
-    assert_eq!(second.status(&"s0".parse()?)?, Status::Completed);
-    second.shutdown().await?;
+    let runtime = worker_runtime(Arc::clone(&store), 1, Arc::default(), ManualClock::new(0))?;
+    runtime.execute_on(&"s0".parse()?, "worker", "go").await?;
+    drop(runtime);
+    // A released store would refuse this with `Closed`.
+    store.flush().await?;
+    assert!(store.size_on_disk()? > 0);
     Ok(())
 }
 

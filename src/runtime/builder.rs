@@ -227,20 +227,14 @@ impl RuntimeBuilder {
         let _ = shared.scheduler.set(scheduler.downgrade());
         let _ = shared.sessions.set(host.downgrade());
         scheduler.send(SchedulerKey, SchedulerMsg::Boot);
-        let lifetime = Arc::new(Lifetime::new(
-            host.clone(),
-            router.clone(),
-            scheduler.clone(),
-            Arc::clone(&shared),
-            tokio,
-        ));
-        Ok(Runtime {
+        Ok(Lifetime::new(
             host,
             router,
             scheduler,
             shared,
-            max_result_bytes: self.max_result_bytes,
-            lifetime,
-        })
+            tokio,
+            self.max_result_bytes,
+        )
+        .runtime())
     }
 }

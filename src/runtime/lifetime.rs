@@ -11,6 +11,8 @@ use crate::router::RouterActor;
 use crate::scheduler::DeadlineScheduler;
 use crate::shared::Shared;
 
+use super::Runtime;
+
 /// Shared by every clone of a [`Runtime`](super::Runtime); dropped with the last one.
 ///
 /// Without it, a dropped runtime would live on for the life of the process: its actors hold
@@ -25,6 +27,7 @@ pub(super) struct Lifetime {
     /// Captured at build (which needs a tokio runtime to start actors), so a handle dropped
     /// on a thread outside tokio can still stop them.
     pub(super) tokio: tokio::runtime::Handle,
+    pub(super) max_result_bytes: usize,
     shut_down: AtomicBool,
 }
 
@@ -35,18 +38,32 @@ impl Lifetime {
         scheduler: Host<DeadlineScheduler>,
         shared: Arc<Shared>,
         tokio: tokio::runtime::Handle,
-    ) -> Self {
-        Self {
+        max_result_bytes: usize,
+    ) -> Arc<Self> {
+        Arc::new(Self {
             host,
             router,
             scheduler,
             shared,
             tokio,
+            max_result_bytes,
             shut_down: AtomicBool::new(false),
+        })
+    }
+
+    /// A strong handle: one more clone that keeps this alive.
+    pub(super) fn runtime(self: Arc<Self>) -> Runtime {
+        Runtime {
+            host: self.host.clone(),
+            router: self.router.clone(),
+            scheduler: self.scheduler.clone(),
+            shared: Arc::clone(&self.shared),
+            max_result_bytes: self.max_result_bytes,
+            lifetime: self,
         }
     }
 
-    /// `shutdown` ran: dropping has nothing left to do.
+    /// `shutdown` finished: dropping has nothing left to do.
     pub(super) fn mark_shut_down(&self) {
         self.shut_down.store(true, Ordering::Release);
     }

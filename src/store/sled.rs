@@ -420,9 +420,11 @@ impl Store for SledStore {
     }
 
     /// Waits for an apply or flush in progress (it holds the read side), then drops the
-    /// database; queued commits that were never acknowledged fail with [`Error::Closed`].
+    /// database outside the lock (sled flushes as it drops); queued commits that were never
+    /// acknowledged fail with [`Error::Closed`].
     fn release(&self) {
-        drop(self.shared.open.write().take());
+        let open = self.shared.open.write().take();
+        drop(open);
     }
 
     fn size_on_disk(&self) -> Result<u64, Error> {
