@@ -2,23 +2,23 @@
 
 mod builder;
 mod follow;
-mod lifetime;
+mod inner;
 
 use std::sync::Arc;
 
-use dormant_actors::{Host, HostStats};
+use dormant_actors::HostStats;
 use futures::Stream;
 use tokio::sync::oneshot;
 
-use crate::actor::{host_error, SessionActor, SessionMsg};
+use crate::actor::{host_error, SessionMsg};
 use crate::definition::{AgentDefinition, DefinitionError, ToolKind};
 use crate::error::Error;
 use crate::ids::SessionId;
 use crate::message::Message;
 use crate::metrics::ClientToolStats;
 use crate::metrics::Latency;
-use crate::router::{Route, RouterActor, Shard};
-use crate::scheduler::{DeadlineScheduler, SchedulerKey, SchedulerMsg, SweepReport};
+use crate::router::{Route, Shard};
+use crate::scheduler::{SchedulerKey, SchedulerMsg, SweepReport};
 use crate::schema;
 use crate::schema::ExpiredCall;
 use crate::session::{ChildCall, Companion, PendingCall, Submission};
@@ -28,6 +28,7 @@ use crate::stream::Chunk;
 use crate::submit::{Submit, SubmitAnswer, SubmitOutcome};
 
 pub use builder::RuntimeBuilder;
+use inner::Inner;
 
 /// A snapshot of the runtime's counters.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -66,25 +67,19 @@ pub struct RuntimeStats {
 /// ```
 #[derive(Clone, Debug)]
 pub struct Runtime {
-    host: Host<SessionActor>,
-    router: Host<RouterActor>,
-    scheduler: Host<DeadlineScheduler>,
-    shared: Arc<Shared>,
-    max_result_bytes: usize,
-    /// Shuts the runtime down when the last clone is dropped without [`Runtime::shutdown`].
-    lifetime: Arc<lifetime::Lifetime>,
+    inner: Arc<Inner>,
 }
 
 /// A [`Runtime`] handle that does not keep it alive; see [`Runtime::downgrade`].
 #[derive(Clone, Debug)]
 pub struct WeakRuntime {
-    lifetime: std::sync::Weak<lifetime::Lifetime>,
+    inner: std::sync::Weak<Inner>,
 }
 
 impl WeakRuntime {
     /// The runtime, while any strong handle on it remains.
     pub fn upgrade(&self) -> Option<Runtime> {
-        self.lifetime.upgrade().map(|lifetime| lifetime.runtime())
+        self.inner.upgrade().map(|inner| Runtime { inner })
     }
 }
 
@@ -100,7 +95,7 @@ impl Runtime {
     /// [`Error::InvalidDefinition`] if an agent of that name exists or a sub-agent tool names
     /// an agent that is not registered.
     pub fn define(&self, agent: AgentDefinition) -> Result<(), Error> {
-        define(&self.shared, agent)
+        define(&self.inner.shared, agent)
     }
 
     /// Starts a new session of `agent` with a server-issued id and waits for its first run to
@@ -132,7 +127,7 @@ impl Runtime {
     ) -> Result<RunOutcome, Error> {
         let agent = self.agent(agent)?;
         let (reply, answer) = oneshot::channel();
-        self.host.send(
+        self.inner.host.send(
             id.clone(),
             SessionMsg::Execute {
                 agent,
@@ -187,10 +182,10 @@ impl Runtime {
             });
         }
         let size = submit.payload_len();
-        if size > self.max_result_bytes {
+        if size > self.inner.max_result_bytes {
             return Ok(SubmitOutcome::PayloadTooLarge {
                 size,
-                limit: self.max_result_bytes,
+                limit: self.inner.max_result_bytes,
             });
         }
         let root: SessionId = match submit.session_id.parse() {
@@ -215,7 +210,7 @@ impl Runtime {
             },
         };
         let (reply, answer) = oneshot::channel();
-        self.router.send(
+        self.inner.router.send(
             Shard::of(&root),
             Route {
                 root: root.clone(),
@@ -251,7 +246,8 @@ impl Runtime {
     pub async fn resume(&self, id: &SessionId) -> Result<RunOutcome, Error> {
         self.session(id)?;
         let (reply, answer) = oneshot::channel();
-        self.host
+        self.inner
+            .host
             .send(id.clone(), SessionMsg::Resume { reply: Some(reply) });
         answer.await.map_err(|_| self.lost_reply(id))?
     }
@@ -265,7 +261,9 @@ impl Runtime {
     pub async fn interrupt(&self, id: &SessionId) -> Result<(), Error> {
         self.session(id)?;
         let (reply, answer) = oneshot::channel();
-        self.host.send(id.clone(), SessionMsg::Interrupt { reply });
+        self.inner
+            .host
+            .send(id.clone(), SessionMsg::Interrupt { reply });
         answer.await.map_err(|_| self.lost_reply(id))?
     }
 
@@ -277,7 +275,9 @@ impl Runtime {
     pub async fn abort(&self, id: &SessionId) -> Result<(), Error> {
         self.session(id)?;
         let (reply, answer) = oneshot::channel();
-        self.host.send(id.clone(), SessionMsg::Abort { reply });
+        self.inner
+            .host
+            .send(id.clone(), SessionMsg::Abort { reply });
         answer.await.map_err(|_| self.lost_reply(id))?
     }
 
@@ -288,11 +288,12 @@ impl Runtime {
         // A session stored as running with no actor here was cut by a crash: activating it
         // closes that run as interrupted, which is the settled state it is waiting for.
         let cut_by_crash = || matches!(self.status(id), Ok(Status::Running));
-        if !self.host.is_resident(id) && !cut_by_crash() {
+        if !self.inner.host.is_resident(id) && !cut_by_crash() {
             return;
         }
         let (reply, settled) = oneshot::channel();
-        self.host
+        self.inner
+            .host
             .send(id.clone(), SessionMsg::WaitSettled { reply });
         let _ = settled.await;
     }
@@ -305,7 +306,8 @@ impl Runtime {
     /// A store failure, or a shut-down runtime.
     pub async fn sweep_deadlines(&self) -> Result<SweepReport, Error> {
         let (reply, answer) = oneshot::channel();
-        self.scheduler
+        self.inner
+            .scheduler
             .send(SchedulerKey, SchedulerMsg::Sweep { reply: Some(reply) });
         answer.await.map_err(|_| Error::ShutDown)?
     }
@@ -317,7 +319,7 @@ impl Runtime {
     /// A store failure.
     pub fn find_expired_pending(&self, now: u64) -> Result<Vec<ExpiredCall>, Error> {
         Ok(schema::expired_calls(
-            self.shared.store.as_ref(),
+            self.inner.shared.store.as_ref(),
             now,
             usize::MAX,
         )?)
@@ -329,7 +331,7 @@ impl Runtime {
     /// As [`Runtime::session`].
     pub fn pending(&self, id: &SessionId) -> Result<Vec<PendingCall>, Error> {
         self.session(id)?;
-        let mut calls = schema::load_pending(self.shared.store.as_ref(), id)?;
+        let mut calls = schema::load_pending(self.inner.shared.store.as_ref(), id)?;
         calls.sort_by_key(|call| call.position);
         Ok(calls)
     }
@@ -341,7 +343,7 @@ impl Runtime {
     /// As [`Runtime::session`].
     pub fn children(&self, id: &SessionId) -> Result<Vec<ChildCall>, Error> {
         self.session(id)?;
-        let mut calls = schema::load_children(self.shared.store.as_ref(), id)?;
+        let mut calls = schema::load_children(self.inner.shared.store.as_ref(), id)?;
         calls.sort_by_key(|call| call.position);
         Ok(calls)
     }
@@ -352,14 +354,14 @@ impl Runtime {
     /// # Errors
     /// As [`Runtime::session`].
     pub fn companions(&self, id: &SessionId) -> Result<Vec<Companion>, Error> {
-        let companions = schema::load_companions(self.shared.store.as_ref(), id)?;
+        let companions = schema::load_companions(self.inner.shared.store.as_ref(), id)?;
         self.require_session_if(companions.is_empty(), id)?;
         Ok(companions)
     }
 
     /// How client-tool and approval calls fared: wait times and outcome counters.
     pub fn client_tool_stats(&self) -> ClientToolStats {
-        self.shared.metrics.client_tools()
+        self.inner.shared.metrics.client_tools()
     }
 
     /// The session's stored record (status, counters, custom state).
@@ -367,7 +369,7 @@ impl Runtime {
     /// # Errors
     /// [`Error::UnknownSession`], or a typed error if the stored record is unreadable.
     pub fn session(&self, id: &SessionId) -> Result<SessionRecord, Error> {
-        schema::load_record(self.shared.store.as_ref(), id)?
+        schema::load_record(self.inner.shared.store.as_ref(), id)?
             .ok_or_else(|| Error::UnknownSession(id.clone()))
     }
 
@@ -380,7 +382,7 @@ impl Runtime {
         if !found_nothing {
             return Ok(());
         }
-        match schema::load_lineage(self.shared.store.as_ref(), id)? {
+        match schema::load_lineage(self.inner.shared.store.as_ref(), id)? {
             Some(_) => Ok(()),
             None => Err(Error::UnknownSession(id.clone())),
         }
@@ -391,7 +393,7 @@ impl Runtime {
     /// # Errors
     /// A store failure, or a stored key that is not a session id.
     pub fn session_ids(&self) -> Result<Vec<SessionId>, Error> {
-        Ok(schema::list_sessions(self.shared.store.as_ref())?)
+        Ok(schema::list_sessions(self.inner.shared.store.as_ref())?)
     }
 
     /// The session's status.
@@ -407,7 +409,7 @@ impl Runtime {
     /// # Errors
     /// As [`Runtime::session`].
     pub fn messages(&self, id: &SessionId) -> Result<Vec<Message>, Error> {
-        let messages = schema::load_messages(self.shared.store.as_ref(), id)?;
+        let messages = schema::load_messages(self.inner.shared.store.as_ref(), id)?;
         self.require_session_if(messages.is_empty(), id)?;
         Ok(messages)
     }
@@ -417,7 +419,7 @@ impl Runtime {
     /// # Errors
     /// As [`Runtime::session`].
     pub fn runs(&self, id: &SessionId) -> Result<Vec<RunRecord>, Error> {
-        let runs = schema::load_runs(self.shared.store.as_ref(), id)?;
+        let runs = schema::load_runs(self.inner.shared.store.as_ref(), id)?;
         self.require_session_if(runs.is_empty(), id)?;
         Ok(runs)
     }
@@ -427,7 +429,7 @@ impl Runtime {
     /// # Errors
     /// As [`Runtime::session`].
     pub fn chunks(&self, id: &SessionId, from: u64) -> Result<Vec<Chunk>, Error> {
-        let chunks = schema::load_chunks(self.shared.store.as_ref(), id, from)?;
+        let chunks = schema::load_chunks(self.inner.shared.store.as_ref(), id, from)?;
         self.require_session_if(chunks.is_empty(), id)?;
         Ok(chunks)
     }
@@ -440,47 +442,47 @@ impl Runtime {
         id: &SessionId,
         from: u64,
     ) -> impl Stream<Item = Result<Chunk, Error>> + Send + 'static {
-        follow::follow(Arc::clone(&self.shared), id.clone(), from)
+        follow::follow(Arc::clone(&self.inner.shared), id.clone(), from)
     }
 
     /// How many sessions have a live stream channel (someone follows them).
     pub fn live_followed_sessions(&self) -> usize {
-        self.shared.streams.len()
+        self.inner.shared.streams.len()
     }
 
     /// Stops the session's actor (if resident and idle) and waits; its state stays in the store.
     pub async fn evict(&self, id: &SessionId) {
-        self.host.evict_and_wait(id).await;
+        self.inner.host.evict_and_wait(id).await;
     }
 
     /// Stops every idle resident session actor and waits.
     pub async fn evict_all(&self) {
-        self.host.evict_all().await;
+        self.inner.host.evict_all().await;
     }
 
     /// Passivates sessions idle for longer than the configured idle time; returns how many.
     pub fn passivate_idle(&self) -> usize {
-        self.host.passivate_idle()
+        self.inner.host.passivate_idle()
     }
 
     /// Whether the session has a resident actor.
     pub(crate) fn resident_sessions(&self) -> Vec<SessionId> {
-        self.host.resident_keys()
+        self.inner.host.resident_keys()
     }
 
     /// Whether the session has an actor right now.
     pub fn is_resident(&self, id: &SessionId) -> bool {
-        self.host.is_resident(id)
+        self.inner.host.is_resident(id)
     }
 
     /// The runtime's counters.
     pub fn stats(&self) -> RuntimeStats {
         RuntimeStats {
-            host: self.host.stats(),
-            commit_latency: self.shared.metrics.commit_latency(),
-            commit_bytes: self.shared.metrics.commit_bytes(),
-            commit_writes: self.shared.metrics.commit_writes(),
-            reconciled_children: self.shared.metrics.reconciled(),
+            host: self.inner.host.stats(),
+            commit_latency: self.inner.shared.metrics.commit_latency(),
+            commit_bytes: self.inner.shared.metrics.commit_bytes(),
+            commit_writes: self.inner.shared.metrics.commit_writes(),
+            reconciled_children: self.inner.shared.metrics.reconciled(),
         }
     }
 
@@ -489,7 +491,7 @@ impl Runtime {
     /// # Errors
     /// A store failure.
     pub fn store_size_on_disk(&self) -> Result<u64, Error> {
-        Ok(self.shared.store.size_on_disk()?)
+        Ok(self.inner.shared.store.size_on_disk()?)
     }
 
     /// Stops every session actor, then flushes and closes the store (so its directory can be
@@ -507,16 +509,16 @@ impl Runtime {
     /// # Errors
     /// The final flush failed.
     pub async fn shutdown(&self) -> Result<(), Error> {
-        self.router.shutdown().await;
-        self.scheduler.shutdown().await;
-        self.host.shutdown().await;
-        self.shared.streams.clear();
+        self.inner.router.shutdown().await;
+        self.inner.scheduler.shutdown().await;
+        self.inner.host.shutdown().await;
+        self.inner.shared.streams.clear();
         // Closing (not just flushing) releases the store's files at once, even while a task
         // that is finishing still holds a handle: the directory can be reopened right away.
-        self.shared.store.close().await?;
+        self.inner.shared.store.close().await?;
         // Only now: a shutdown cancelled half way (a timeout around it) leaves the drop to
         // finish the job.
-        self.lifetime.mark_shut_down();
+        self.inner.mark_shut_down();
         Ok(())
     }
 
@@ -525,12 +527,13 @@ impl Runtime {
     /// store and the store's lock) alive after every other handle is gone.
     pub fn downgrade(&self) -> WeakRuntime {
         WeakRuntime {
-            lifetime: Arc::downgrade(&self.lifetime),
+            inner: Arc::downgrade(&self.inner),
         }
     }
 
     fn agent(&self, name: &str) -> Result<Arc<AgentDefinition>, Error> {
-        self.shared
+        self.inner
+            .shared
             .agents
             .get(name)
             .map(|agent| Arc::clone(agent.value()))
@@ -540,7 +543,7 @@ impl Runtime {
     /// The reply port was dropped: the actor crashed while handling the call, or the host
     /// refused it (the refusal is answered through `reject`, so this is the crash).
     fn lost_reply(&self, id: &SessionId) -> Error {
-        match self.host.failure(id) {
+        match self.inner.host.failure(id) {
             Some(error) => host_error(error),
             None => Error::Crashed(id.clone()),
         }

@@ -92,16 +92,20 @@ async fn sessions_evicted_between_turns_rehydrate_with_their_conversation() -> a
     Ok(())
 }
 
+/// Opens the store in `dir` and runs one session `id` of the worker to completion on it.
+async fn open_and_run(dir: &std::path::Path, id: &str) -> anyhow::Result<dormant::Runtime> {
+    let store = Arc::new(SledStore::open(dir)?);
+    let runtime = worker_runtime(store, 1, Arc::default(), ManualClock::new(0))?;
+    runtime.execute_on(&id.parse()?, "worker", "go").await?;
+    Ok(runtime)
+}
+
 #[tokio::test]
 async fn after_shutdown_the_directory_reopens_at_once_and_its_size_is_known() -> anyhow::Result<()>
 {
     let dir = tempfile::tempdir()?;
     for round in 0..5 {
-        let store = Arc::new(SledStore::open(dir.path())?);
-        let runtime = worker_runtime(store, 1, Arc::default(), ManualClock::new(0))?;
-        runtime
-            .execute_on(&format!("s{round}").parse()?, "worker", "go")
-            .await?;
+        let runtime = open_and_run(dir.path(), &format!("s{round}")).await?;
         runtime.shutdown().await?;
         // A runtime clone held elsewhere gets a typed error, not a hang or a panic, and a
         // closed store is a store error, not a corrupt value.
@@ -126,12 +130,8 @@ async fn dropping_the_last_clone_without_shutdown_releases_a_store_nobody_else_h
     for round in 0..5 {
         // The directory opens at once: the previous round's runtime let go of it when its
         // last clone was dropped.
-        let store = Arc::new(SledStore::open(dir.path())?);
-        let runtime = worker_runtime(store, 1, Arc::default(), ManualClock::new(0))?;
+        let runtime = open_and_run(dir.path(), &format!("s{round}")).await?;
         let clone = runtime.clone();
-        runtime
-            .execute_on(&format!("s{round}").parse()?, "worker", "go")
-            .await?;
         drop(runtime);
         // A clone keeps the runtime alive.
         assert_eq!(clone.session_ids()?.len(), round + 1);
@@ -144,11 +144,7 @@ async fn dropping_the_last_clone_without_shutdown_releases_a_store_nobody_else_h
 async fn a_shutdown_cancelled_half_way_leaves_the_release_to_the_drop() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     for round in 0..3 {
-        let store = Arc::new(SledStore::open(dir.path())?);
-        let runtime = worker_runtime(store, 1, Arc::default(), ManualClock::new(0))?;
-        runtime
-            .execute_on(&format!("s{round}").parse()?, "worker", "go")
-            .await?;
+        let runtime = open_and_run(dir.path(), &format!("s{round}")).await?;
         // One poll: the shutdown starts stopping actors, then is dropped (as by a timeout).
         let mut shutdown = Box::pin(runtime.shutdown());
         assert!(futures::poll!(shutdown.as_mut()).is_pending());
@@ -161,13 +157,12 @@ async fn a_shutdown_cancelled_half_way_leaves_the_release_to_the_drop() -> anyho
 #[tokio::test(flavor = "current_thread")]
 async fn a_weak_handle_does_not_keep_the_runtime_alive() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let store = Arc::new(SledStore::open(dir.path())?);
-    let runtime = worker_runtime(store, 1, Arc::default(), ManualClock::new(0))?;
+    let runtime = open_and_run(dir.path(), "s0").await?;
     let weak = runtime.downgrade();
     let upgraded = weak
         .upgrade()
         .ok_or_else(|| anyhow::anyhow!("runtime alive"))?;
-    upgraded.execute_on(&"s0".parse()?, "worker", "go").await?;
+    assert_eq!(upgraded.status(&"s0".parse()?)?, Status::Completed);
     drop(upgraded);
     drop(runtime);
     assert!(weak.upgrade().is_none());

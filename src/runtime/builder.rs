@@ -5,7 +5,7 @@ use std::sync::Arc;
 use dashmap::DashMap;
 use dormant_actors::{Clock, Host, HostConfig, SystemClock};
 
-use super::lifetime::Lifetime;
+use super::inner::Inner;
 use super::{define_all, Runtime};
 use crate::actor::SessionActor;
 use crate::definition::AgentDefinition;
@@ -227,14 +227,15 @@ impl RuntimeBuilder {
         let _ = shared.scheduler.set(scheduler.downgrade());
         let _ = shared.sessions.set(host.downgrade());
         scheduler.send(SchedulerKey, SchedulerMsg::Boot);
-        Ok(Lifetime::new(
-            host,
-            router,
-            scheduler,
-            shared,
-            tokio,
-            self.max_result_bytes,
-        )
-        .runtime())
+        Ok(Runtime {
+            inner: Arc::new(Inner::new(
+                host,
+                router,
+                scheduler,
+                shared,
+                self.max_result_bytes,
+                tokio,
+            )),
+        })
     }
 }

@@ -1,5 +1,5 @@
-//! What happens when the last handle on a runtime goes away without
-//! [`Runtime::shutdown`](super::Runtime::shutdown).
+//! The parts of a runtime that its clones share, and what happens when the last clone goes
+//! away without [`Runtime::shutdown`](super::Runtime::shutdown).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -11,55 +11,41 @@ use crate::router::RouterActor;
 use crate::scheduler::DeadlineScheduler;
 use crate::shared::Shared;
 
-use super::Runtime;
-
 /// Shared by every clone of a [`Runtime`](super::Runtime); dropped with the last one.
 ///
-/// Without it, a dropped runtime would live on for the life of the process: its actors hold
-/// the shared state, which holds the store, its flusher thread and sled's lock on the
-/// directory, so the directory could not be reopened.
+/// Its drop shuts the runtime down. Without that, a dropped runtime would live on for the
+/// life of the process: its actors hold the shared state, which holds the store, its flusher
+/// thread and sled's lock on the directory, so the directory could not be reopened.
 #[derive(Debug)]
-pub(super) struct Lifetime {
+pub(super) struct Inner {
     pub(super) host: Host<SessionActor>,
     pub(super) router: Host<RouterActor>,
     pub(super) scheduler: Host<DeadlineScheduler>,
     pub(super) shared: Arc<Shared>,
+    pub(super) max_result_bytes: usize,
     /// Captured at build (which needs a tokio runtime to start actors), so a handle dropped
     /// on a thread outside tokio can still stop them.
-    pub(super) tokio: tokio::runtime::Handle,
-    pub(super) max_result_bytes: usize,
+    tokio: tokio::runtime::Handle,
     shut_down: AtomicBool,
 }
 
-impl Lifetime {
+impl Inner {
     pub(super) fn new(
         host: Host<SessionActor>,
         router: Host<RouterActor>,
         scheduler: Host<DeadlineScheduler>,
         shared: Arc<Shared>,
-        tokio: tokio::runtime::Handle,
         max_result_bytes: usize,
-    ) -> Arc<Self> {
-        Arc::new(Self {
+        tokio: tokio::runtime::Handle,
+    ) -> Self {
+        Self {
             host,
             router,
             scheduler,
             shared,
-            tokio,
             max_result_bytes,
+            tokio,
             shut_down: AtomicBool::new(false),
-        })
-    }
-
-    /// A strong handle: one more clone that keeps this alive.
-    pub(super) fn runtime(self: Arc<Self>) -> Runtime {
-        Runtime {
-            host: self.host.clone(),
-            router: self.router.clone(),
-            scheduler: self.scheduler.clone(),
-            shared: Arc::clone(&self.shared),
-            max_result_bytes: self.max_result_bytes,
-            lifetime: self,
         }
     }
 
@@ -69,7 +55,7 @@ impl Lifetime {
     }
 }
 
-impl Drop for Lifetime {
+impl Drop for Inner {
     fn drop(&mut self) {
         if self.shut_down.load(Ordering::Acquire) {
             return;
