@@ -267,8 +267,10 @@ impl Runtime {
         answer.await.map_err(|_| self.lost_reply(id))?
     }
 
-    /// Aborts a session: terminal. It fails, its pending calls are dropped, and it refuses
-    /// `resume` and `execute` from then on.
+    /// Aborts a session: terminal. A running, suspended or interrupted run fails, pending
+    /// calls are dropped, and the session refuses `resume` and `execute` from then on. A
+    /// session whose last run completed or failed keeps that run and its status as they were;
+    /// only the refusals are new.
     ///
     /// # Errors
     /// [`Error::UnknownSession`], a store failure.

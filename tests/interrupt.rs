@@ -43,6 +43,30 @@ async fn interrupt_clears_pending_calls_and_resume_continues() -> anyhow::Result
 }
 
 #[tokio::test]
+async fn abort_after_completion_leaves_the_finished_run_and_its_stream_alone() -> anyhow::Result<()>
+{
+    let runtime = editor_runtime(
+        temp_store()?,
+        ManualClock::new(0),
+        vec![ModelReply::text("done")],
+        Arc::default(),
+        |b| b,
+    )?;
+    let id: SessionId = "s1".parse()?;
+    runtime.execute_on(&id, "editor", "go").await?;
+    let (runs, chunks) = (runtime.runs(&id)?, runtime.chunks(&id, 0)?);
+    runtime.abort(&id).await?;
+    assert_eq!(runtime.status(&id)?, Status::Completed);
+    assert_eq!(runtime.runs(&id)?, runs, "the run record is not rewritten");
+    assert_eq!(runtime.chunks(&id, 0)?, chunks, "no second run_end");
+    assert!(matches!(
+        runtime.execute_on(&id, "editor", "again").await,
+        Err(dormant::Error::Aborted(_))
+    ));
+    Ok(())
+}
+
+#[tokio::test]
 async fn abort_is_terminal() -> anyhow::Result<()> {
     let script = calls_then_text(&[("tc-1", "edit")], "never");
     let runtime = editor_runtime(

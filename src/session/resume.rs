@@ -382,8 +382,9 @@ impl Session {
         }
     }
 
-    /// A terminal abort: the session fails, its unanswered calls are dropped (answered ones are
-    /// recorded), and it never runs again.
+    /// A terminal abort: a suspended or interrupted run fails, its unanswered calls are dropped
+    /// (answered ones are recorded), and the session never runs again. A session whose last
+    /// run already completed or failed keeps that run as it was.
     pub(crate) fn abort(&mut self, now: u64) -> Transition {
         if self.record.aborted {
             return Transition::default();
@@ -404,13 +405,19 @@ impl Session {
         match self.record.status {
             // Honoured at the top of the next step, once the children stopped.
             Status::Running => self.stop_live_children(true, &mut effects),
-            _ => {
+            // A run that stopped and could go on (suspended, or interrupted) ends here.
+            Status::SuspendedClientTool
+            | Status::SuspendedAwaitingChildren
+            | Status::Interrupted => {
                 let error = RunError {
                     code: ErrorCode::Aborted,
                     message: "aborted: the session was aborted".into(),
                 };
                 self.end_run(Status::Failed, Some(error), now, &mut effects);
             }
+            // A run that already ended keeps its record and its one `run_end`: the abort only
+            // refuses what would come next.
+            Status::Completed | Status::Failed => {}
         }
         self.finish(CommitKind::Other, now, effects)
     }
