@@ -68,7 +68,11 @@ impl Session {
                         self.retry_cut_calls(run_id, now, effects),
                     )));
                 }
-                self.close_dangling_calls("interrupted: the run stopped before this call returned");
+                self.close_dangling_calls(
+                    "interrupted: the run stopped before this call returned",
+                    now,
+                    &mut effects,
+                );
                 self.begin_step(run_id, now, &mut effects);
                 Ok(Resumed::Started(Box::new(self.finish(
                     CommitKind::RunStart,

@@ -32,7 +32,11 @@ impl Session {
         }
         let mut effects = Vec::new();
         self.abandon_pending(now, &mut effects);
-        self.close_dangling_calls("interrupted: the run stopped before this call returned");
+        self.close_dangling_calls(
+            "interrupted: the run stopped before this call returned",
+            now,
+            &mut effects,
+        );
         self.record.steps_in_run = 0;
         self.record.interrupt_requested = false;
         self.start_run(run_id, None, now);
@@ -73,14 +77,18 @@ impl Session {
     }
 
     /// The model must never see a tool call without its result: calls of the last reply that
-    /// have none (a crash, an interrupt) are closed with an error first.
-    pub(super) fn close_dangling_calls(&mut self, reason: &str) {
+    /// have none (a crash, an interrupt) are closed with an error first, like any other
+    /// outcome: a `tool_end` chunk for the `tool_start` a follower saw, and the hooks.
+    pub(super) fn close_dangling_calls(
+        &mut self,
+        reason: &str,
+        now: u64,
+        effects: &mut Vec<Effect>,
+    ) {
+        let run_id = self.current_run_id();
         for call in self.dangling_calls() {
-            self.stage_message(Message::Tool {
-                tool_call_id: call.id,
-                tool_name: call.name,
-                outcome: ToolOutcome::Error(reason.to_string()),
-            });
+            let outcome = ToolOutcome::Error(reason.to_string());
+            self.record_outcome(run_id, call, outcome, false, Map::new(), now, effects);
         }
     }
 
