@@ -106,7 +106,8 @@ fn finish_outcome(agent: &AgentDefinition, input: &Value) -> ToolOutcome {
     }
 }
 
-fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+/// The text a panic carries, for a log line or an error message.
+pub(crate) fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
     payload
         .downcast_ref::<&str>()
         .map(|text| (*text).to_string())

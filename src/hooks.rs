@@ -99,10 +99,25 @@ impl HookEvent {
 }
 
 /// Receives hook events. Called on the session's actor: keep it quick, and hand slow work to a
-/// task of your own.
+/// task of your own. A hook observes and cannot change the run: if it panics, the panic is
+/// logged (`hook.panicked`, at error level) and the run goes on.
 pub trait Hooks: Send + Sync + 'static {
     /// Observes one event.
     fn on_event(&self, event: &HookEvent);
+}
+
+/// Hands `event` to `hooks`, keeping a panicking hook from taking the session's actor (and the
+/// run it is driving) down with it.
+pub(crate) fn notify(hooks: &dyn Hooks, event: &HookEvent) {
+    let called = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| hooks.on_event(event)));
+    if let Err(panic) = called {
+        tracing::error!(
+            session = %event.session(),
+            hook = event.name(),
+            reason = %crate::dispatch::panic_text(panic.as_ref()),
+            "hook.panicked"
+        );
+    }
 }
 
 /// Hooks that do nothing (the default).

@@ -176,6 +176,36 @@ async fn finish_with_tools_run_after_the_parallel_phase_and_end_the_run() -> any
     Ok(())
 }
 
+/// A hook that panics on every event of one name.
+struct PanickingHook(&'static str);
+
+impl dormant::Hooks for PanickingHook {
+    fn on_event(&self, event: &dormant::HookEvent) {
+        assert_ne!(event.name(), self.0, "this hook panics");
+    }
+}
+
+#[tokio::test]
+async fn a_panicking_hook_is_logged_and_the_run_goes_on() -> anyhow::Result<()> {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let agent = AgentDefinition::builder("worker")
+        .tool(counting_tool("work", calls.clone()))
+        .build()?;
+    let llm = ScriptedLlm::new().script("worker", common::tool_script("work", 2));
+    let runtime = Runtime::builder()
+        .store(temp_store()?)
+        .llm(Arc::new(llm))
+        .hooks(Arc::new(PanickingHook("after_tool")))
+        .agent(agent)
+        .build()?;
+    let outcome = runtime.execute("worker", "go").await?;
+    assert_eq!(outcome.status, Status::Completed);
+    assert_eq!(outcome.text.as_deref(), Some("done"));
+    assert_eq!(calls.load(Ordering::SeqCst), 2, "each tool ran once");
+    assert_eq!(runtime.stats().host.crashes, 0);
+    Ok(())
+}
+
 #[tokio::test]
 async fn a_panicking_tool_becomes_a_tool_error() -> anyhow::Result<()> {
     let agent = AgentDefinition::builder("risky")

@@ -147,7 +147,7 @@ impl SessionActor {
                     }
                 }
             }
-            Effect::Hook(event) => self.shared.hooks.on_event(&event),
+            Effect::Hook(event) => crate::hooks::notify(self.shared.hooks.as_ref(), &event),
             Effect::Observe(observation) => self.observe(ctx.key(), observation),
             Effect::AutoResume => {
                 // Counted as work in progress until the resume is handled, so nobody waiting
