@@ -5,8 +5,9 @@ mod common;
 
 use std::sync::Arc;
 
+use dormant::store::{self, Batch, Entry, Op, Store, Tree};
 use dormant::{
-    AgentDefinition, ChildState, HookEvent, Hooks, LlmAdapter, LlmError, ManualClock, ModelReply,
+    AgentDefinition, ChildState, LlmAdapter, LlmError, ManualClock, MemoryStore, ModelReply,
     ModelRequest, Runtime, ScriptedLlm, SessionId, SledStore, Status, ToolCall, ToolDefinition,
     ToolOutcome,
 };
@@ -31,12 +32,67 @@ fn lead_script() -> Vec<ModelReply> {
     ]
 }
 
-/// Panics on every hook of one session: its actor crashes each time it does anything.
-struct PanicFor(SessionId);
+/// A store that panics on every commit that writes a key of one session after its first, so
+/// that session's actor crashes each time it commits once it exists. (Hooks and tools are
+/// caught: a store is the collaborator whose panic reaches the actor.)
+#[derive(Debug)]
+struct PanicFor {
+    inner: Arc<dyn Store>,
+    session: SessionId,
+    commits: std::sync::atomic::AtomicUsize,
+}
 
-impl Hooks for PanicFor {
-    fn on_event(&self, event: &HookEvent) {
-        assert!(event.session() != &self.0, "hook panics for {}", self.0);
+impl PanicFor {
+    fn touches(&self, batch: &Batch) -> bool {
+        let id = self.session.as_str().as_bytes();
+        batch.ops().iter().any(|op| {
+            let key = match op {
+                Op::Put { key, .. } | Op::Delete { key, .. } => key,
+            };
+            key.windows(id.len()).any(|window| window == id)
+        })
+    }
+}
+
+#[async_trait::async_trait]
+impl Store for PanicFor {
+    async fn commit(&self, batch: Batch) -> Result<(), store::Error> {
+        if self.touches(&batch) {
+            let earlier = self
+                .commits
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            assert!(earlier == 0, "commit panics for {}", self.session);
+        }
+        self.inner.commit(batch).await
+    }
+    fn get(&self, tree: Tree, key: &[u8]) -> Result<Option<Vec<u8>>, store::Error> {
+        self.inner.get(tree, key)
+    }
+    fn scan_prefix(&self, tree: Tree, prefix: &[u8]) -> Result<Vec<Entry>, store::Error> {
+        self.inner.scan_prefix(tree, prefix)
+    }
+    fn scan_prefix_rev(
+        &self,
+        tree: Tree,
+        prefix: &[u8],
+        limit: usize,
+    ) -> Result<Vec<Entry>, store::Error> {
+        self.inner.scan_prefix_rev(tree, prefix, limit)
+    }
+    fn scan_range(
+        &self,
+        tree: Tree,
+        from: &[u8],
+        to: &[u8],
+        limit: usize,
+    ) -> Result<Vec<Entry>, store::Error> {
+        self.inner.scan_range(tree, from, to, limit)
+    }
+    async fn flush(&self) -> Result<(), store::Error> {
+        self.inner.flush().await
+    }
+    fn size_on_disk(&self) -> Result<u64, store::Error> {
+        self.inner.size_on_disk()
     }
 }
 
@@ -51,7 +107,11 @@ async fn a_child_that_keeps_crashing_is_a_tool_error_and_its_sibling_is_unaffect
     let runtime = Runtime::builder()
         .llm(Arc::new(llm))
         .clock(Arc::new(ManualClock::new(0)))
-        .hooks(Arc::new(PanicFor(parent.ephemeral_child("o1"))))
+        .store(Arc::new(PanicFor {
+            inner: Arc::new(MemoryStore::new()),
+            session: parent.ephemeral_child("o1"),
+            commits: Default::default(),
+        }))
         .crash_limit(3, 60_000)
         .agent(lead("crashy")?)
         .agent(AgentDefinition::builder("good").build()?)
@@ -68,7 +128,8 @@ async fn a_child_that_keeps_crashing_is_a_tool_error_and_its_sibling_is_unaffect
     match common::tool_result(&messages, "o1") {
         Some(ToolOutcome::Error(text)) => {
             assert!(text.starts_with("sub_agent_failed"), "{text}");
-            assert!(text.contains("crash"), "{text}");
+            // The child's own failure travels up with it.
+            assert!(text.contains("commit panics for p-sub-o1"), "{text}");
         }
         other => panic!("o1 should be a tool error, got {other:?}"),
     }
