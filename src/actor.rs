@@ -400,6 +400,15 @@ impl SessionActor {
         let Loaded::Present(session) = &mut state.loaded else {
             return;
         };
+        // Only the parent starts a sub-agent's turns (its bookkeeping of the child would not
+        // see a turn started from outside); this message comes from the public API only.
+        if let Some(parent) = &session.record().parent {
+            let _ = reply.send(Err(Error::SubAgentSession {
+                session: id.clone(),
+                parent: parent.clone(),
+            }));
+            return;
+        }
         if session.agent().name() != agent.name() {
             let _ = reply.send(Err(Error::AgentMismatch {
                 session: id.clone(),

@@ -23,6 +23,14 @@ pub enum Error {
         /// The agent asked for.
         requested: String,
     },
+    /// The session is a sub-agent's, whose turns only its parent starts.
+    #[error("session {session} is a sub-agent of {parent}: only its parent starts its turns")]
+    SubAgentSession {
+        /// The sub-agent's session.
+        session: SessionId,
+        /// Its parent.
+        parent: SessionId,
+    },
     /// A run of the session is in progress.
     #[error("session {0} is already running")]
     AlreadyRunning(SessionId),
@@ -88,6 +96,7 @@ impl Error {
             Error::UnknownSession(_) => "unknown_session",
             Error::UnknownAgent(_) => "unknown_agent",
             Error::AgentMismatch { .. } => "agent_mismatch",
+            Error::SubAgentSession { .. } => "sub_agent_session",
             Error::AlreadyRunning(_) => "already_running",
             Error::Aborted(_) => "aborted",
             Error::NotResumable { .. } => "not_resumable",

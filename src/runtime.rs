@@ -114,11 +114,15 @@ impl Runtime {
 
     /// Runs `message` on the session `id` (creating it if it does not exist; a completed,
     /// failed or interrupted session starts a new turn that sees the whole conversation) and
-    /// waits for the run to end or suspend.
+    /// waits for the run to end or suspend. On a suspended session, the calls still waiting
+    /// are closed first with the error `client_tool_abandoned` and tombstoned, so a late
+    /// submit for one answers `already_completed`.
     ///
     /// # Errors
     /// [`Error::AlreadyRunning`] while a run is in progress, [`Error::AgentMismatch`] if the
-    /// session runs another agent, [`Error::UnknownAgent`], a store failure.
+    /// session runs another agent, [`Error::SubAgentSession`] for a sub-agent's session (its
+    /// parent starts its turns), [`Error::Aborted`], [`Error::UnknownAgent`], a store
+    /// failure.
     pub async fn execute_on(
         &self,
         id: &SessionId,
@@ -254,7 +258,8 @@ impl Runtime {
 
     /// Interrupts a session durably: a suspended run ends `interrupted` at once (its pending
     /// calls are dropped; late submits answer `unknown_tool_call`), a running one at the top of
-    /// its next step. `resume` continues an interrupted session.
+    /// its next step. `resume` continues an interrupted session. On a session with no run to
+    /// stop (completed, failed, interrupted or aborted) it does nothing.
     ///
     /// # Errors
     /// [`Error::UnknownSession`], a store failure.
