@@ -87,8 +87,32 @@ pub enum LlmError {
 }
 
 /// A language model. Real providers live behind feature flags; tests, scenarios and the
-/// simulator use [`ScriptedLlm`].
+/// simulator use [`ScriptedLlm`]. An adapter that panics fails the run with a `model_error`,
+/// as an error it returned would.
 pub trait LlmAdapter: Send + Sync + 'static {
     /// Answers one step.
     fn complete(&self, request: ModelRequest) -> BoxFuture<'static, Result<ModelReply, LlmError>>;
+}
+
+/// Asks `llm`, turning a panic (in the call or in its future) into [`LlmError::Provider`]:
+/// the reply is what ends the step, so a lost one would leave the run waiting forever.
+pub(crate) async fn complete_caught(
+    llm: &dyn LlmAdapter,
+    request: ModelRequest,
+) -> Result<ModelReply, LlmError> {
+    use futures::FutureExt;
+    let panicked = |panic: Box<dyn std::any::Any + Send>| {
+        let reason = crate::dispatch::panic_text(panic.as_ref());
+        tracing::error!(%reason, "llm.panicked");
+        Err(LlmError::Provider(format!(
+            "the model adapter panicked: {reason}"
+        )))
+    };
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| llm.complete(request))) {
+        Ok(reply) => std::panic::AssertUnwindSafe(reply)
+            .catch_unwind()
+            .await
+            .unwrap_or_else(panicked),
+        Err(panic) => panicked(panic),
+    }
 }

@@ -206,6 +206,40 @@ async fn a_panicking_hook_is_logged_and_the_run_goes_on() -> anyhow::Result<()> 
     Ok(())
 }
 
+/// A model adapter that panics: in the call itself, or in the future it returns.
+struct PanickingLlm {
+    in_the_future: bool,
+}
+
+impl dormant::LlmAdapter for PanickingLlm {
+    fn complete(
+        &self,
+        _request: dormant::ModelRequest,
+    ) -> futures::future::BoxFuture<'static, Result<ModelReply, dormant::LlmError>> {
+        assert!(self.in_the_future, "the adapter panics when called");
+        Box::pin(async { panic!("the adapter's future panics") })
+    }
+}
+
+#[tokio::test]
+async fn a_panicking_model_adapter_fails_the_run_instead_of_leaving_it_waiting(
+) -> anyhow::Result<()> {
+    for in_the_future in [false, true] {
+        let runtime = Runtime::builder()
+            .store(temp_store()?)
+            .llm(Arc::new(PanickingLlm { in_the_future }))
+            .agent(AgentDefinition::builder("fragile").build()?)
+            .build()?;
+        let outcome = runtime.execute("fragile", "go").await?;
+        assert_eq!(outcome.status, Status::Failed);
+        let error = outcome.error.ok_or_else(|| anyhow::anyhow!("an error"))?;
+        assert_eq!(error.code, dormant::ErrorCode::ModelError);
+        assert!(error.message.contains("panic"), "{}", error.message);
+        runtime.shutdown().await?;
+    }
+    Ok(())
+}
+
 #[tokio::test]
 async fn a_panicking_tool_becomes_a_tool_error() -> anyhow::Result<()> {
     let agent = AgentDefinition::builder("risky")

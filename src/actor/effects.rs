@@ -73,7 +73,7 @@ impl SessionActor {
                 let llm = Arc::clone(&self.shared.llm);
                 let mailbox = ctx.mailbox();
                 tokio::spawn(async move {
-                    let reply = llm.complete(request).await;
+                    let reply = crate::llm::complete_caught(llm.as_ref(), request).await;
                     send_back(
                         &mailbox,
                         SessionMsg::Feed(Input::ModelReplied {
