@@ -114,7 +114,8 @@ pub async fn run_paths<P: AsRef<Path>>(paths: &[P]) -> Summary {
 /// The scenario files `path` stands for: itself, or the sorted `*.json` files of a directory.
 ///
 /// # Errors
-/// [`Error::Read`] if `path` is a directory that cannot be listed.
+/// [`Error::Read`] if `path` is a directory that cannot be listed, [`Error::NoScenarios`] if
+/// it holds no `*.json` file.
 pub fn files(path: &Path) -> Result<Vec<PathBuf>, Error> {
     if !path.is_dir() {
         return Ok(vec![path.to_path_buf()]);
@@ -129,6 +130,11 @@ pub fn files(path: &Path) -> Result<Vec<PathBuf>, Error> {
         if file.is_file() && file.extension().is_some_and(|ext| ext == "json") {
             files.push(file);
         }
+    }
+    if files.is_empty() {
+        return Err(Error::NoScenarios {
+            file: path.to_path_buf(),
+        });
     }
     files.sort();
     Ok(files)

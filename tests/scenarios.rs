@@ -234,3 +234,18 @@ async fn files_that_cannot_run_count_as_failed_with_their_error() -> anyhow::Res
     );
     Ok(())
 }
+
+#[tokio::test]
+async fn a_directory_without_scenario_files_fails_instead_of_passing_empty() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    std::fs::write(dir.path().join("notes.txt"), "not a scenario")?;
+    let summary = scenario::run_paths(&[dir.path()]).await;
+    assert!(!summary.all_passed(), "{summary}");
+    assert_eq!(summary.failed(), 1, "{summary}");
+    assert!(
+        summary.failure_lines()[0].contains("no *.json scenario files"),
+        "{:?}",
+        summary.failure_lines()
+    );
+    Ok(())
+}

@@ -48,6 +48,13 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// A directory given to run holds no `*.json` file: a mistyped or emptied directory must
+    /// not pass as "nothing failed".
+    #[error("{}: no *.json scenario files in this directory", .file.display())]
+    NoScenarios {
+        /// The directory.
+        file: PathBuf,
+    },
     /// The store or the runtime could not be opened for the file.
     #[error("{}: cannot open the runtime: {source}", .file.display())]
     Runtime {
@@ -67,6 +74,7 @@ impl Error {
             | Error::Format { file, .. }
             | Error::Agent { file, .. }
             | Error::TempDir { file, .. }
+            | Error::NoScenarios { file }
             | Error::Runtime { file, .. } => file,
         }
     }
