@@ -48,9 +48,14 @@ impl ManualClock {
         }
     }
 
-    /// Moves time forward by `ms`.
+    /// Moves time forward by `ms`, stopping at `u64::MAX`: time never wraps round to the
+    /// past, where armed deadlines would wait forever.
     pub fn advance(&self, ms: u64) {
-        self.now.fetch_add(ms, Ordering::SeqCst);
+        let _ = self
+            .now
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |now| {
+                Some(now.saturating_add(ms))
+            });
     }
 
     /// Sets the time to `ms`.
@@ -62,5 +67,19 @@ impl ManualClock {
 impl Clock for ManualClock {
     fn now_ms(&self) -> u64 {
         self.now.load(Ordering::SeqCst)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_manual_clock_stops_at_the_end_of_time_instead_of_wrapping() {
+        let clock = ManualClock::new(u64::MAX - 10);
+        clock.advance(1_000);
+        assert_eq!(clock.now_ms(), u64::MAX);
+        clock.advance(1);
+        assert_eq!(clock.now_ms(), u64::MAX);
     }
 }
