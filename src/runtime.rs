@@ -442,8 +442,11 @@ impl Runtime {
     }
 
     /// Follows the session's stream from sequence number `from`: stored chunks first, then
-    /// live ones as their commits become durable, without gaps or repeats. The stream ends
-    /// when the runtime shuts down.
+    /// live ones as their commits become durable, without gaps or repeats. The stream does
+    /// not end with a run (a session may run again): stop at the `run_end` you wait for (not
+    /// a forwarded child's, see [`ChunkKind::is_forwarded`](crate::ChunkKind::is_forwarded)).
+    /// It ends when the runtime shuts down. A session that does not exist yet is followed
+    /// too, from its first chunk on: call [`Runtime::status`] first to refuse unknown ids.
     pub fn follow(
         &self,
         id: &SessionId,

@@ -109,7 +109,9 @@ pub enum ChunkKind {
 }
 
 impl ChunkKind {
-    /// The stable snake_case name of the chunk type.
+    /// The stable snake_case name of the chunk type. A child's chunk forwarded into its
+    /// parent's stream reads as what it reports, so a follower that stops at `run_end` must
+    /// also check [`ChunkKind::is_forwarded`], or it stops at the child's end.
     pub fn type_name(&self) -> &'static str {
         match self {
             ChunkKind::RunStart { .. } => "run_start",
@@ -126,5 +128,10 @@ impl ChunkKind {
             ChunkKind::RunInterrupted { .. } => "run_interrupted",
             ChunkKind::RunEnd { .. } => "run_end",
         }
+    }
+
+    /// Whether this is a child's chunk forwarded into its parent's stream.
+    pub fn is_forwarded(&self) -> bool {
+        matches!(self, ChunkKind::Forwarded { .. })
     }
 }
