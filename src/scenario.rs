@@ -67,6 +67,7 @@ mod report;
 mod run;
 mod step;
 mod tree;
+mod unique_keys;
 mod world;
 
 use std::path::{Path, PathBuf};

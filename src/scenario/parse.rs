@@ -14,6 +14,7 @@ use super::format::{
     RestartStep, SessionStep, SubmitStep, ToolKindSpec,
 };
 use super::step::{EvictTarget, Op, Step, OP_NAMES};
+use super::unique_keys::UniqueKeys;
 use crate::ids::SessionId;
 
 /// A scenario file, parsed and checked: agents with their scripts, and steps with what they
@@ -96,6 +97,11 @@ impl Parser {
         let spec: FileSpec = serde_path_to_error::deserialize(&mut de)
             .map_err(|error| self.error(&join("", error.path()), error.inner()))?;
         de.end().map_err(|error| self.error(".", error))?;
+        // The file is valid JSON by now; serde_json kept the last of two equal keys.
+        serde_path_to_error::deserialize::<_, UniqueKeys>(&mut serde_json::Deserializer::from_str(
+            text,
+        ))
+        .map_err(|error| self.error(&join("", error.path()), error.inner()))?;
         for (index, agent) in spec.agents.iter().enumerate() {
             self.agent(&format!("agents[{index}]"), agent)?;
         }
@@ -442,6 +448,22 @@ mod tests {
 
     const AGENT: &str = r#""agents": [ { "name": "a", "script": [ { "text": "ok" } ],
         "tools": [ { "name": "t", "result": 1 } ] } ]"#;
+
+    #[test]
+    fn a_key_given_twice_in_a_step_is_refused_with_its_path() {
+        let (path, message) = format_error(&format!(
+            r#"{{ {AGENT}, "steps": [ {{ "op": "execute", "agent": "a", "session": "s",
+               "message": "m", "expect": {{ "status": "failed", "status": "completed" }} }} ] }}"#
+        ));
+        assert_eq!(path, "steps[0].expect");
+        assert!(message.contains("`status` appears twice"), "{message}");
+        let (path, message) = format_error(&format!(
+            r#"{{ {AGENT}, "steps": [ {{ "op": "execute", "agent": "a", "session": "s",
+               "message": "m", "expect": {{ "status": "failed" }}, "expect": {{}} }} ] }}"#
+        ));
+        assert_eq!(path, "steps[0]");
+        assert!(message.contains("`expect` appears twice"), "{message}");
+    }
 
     #[test]
     fn an_unknown_expectation_field_names_its_json_path() {
