@@ -189,6 +189,18 @@ impl<A: VirtualActor> Cell<A> {
             .await;
         if let Err(panic) = outcome {
             Box::pin(self.recover(cell, panic_message(panic.as_ref()))).await;
+            return;
+        }
+        // An actor that was busy when the host last evicted past its limit refused to stop;
+        // now that it can stop, it is the one to go if the host is still over the limit.
+        let idle = cell
+            .state
+            .as_ref()
+            .is_some_and(|state| self.behaviour.can_passivate(state));
+        if idle {
+            if let Some(host) = self.host.upgrade() {
+                host.stop_if_over_limit(&cell.ctx.key);
+            }
         }
     }
 

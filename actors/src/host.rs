@@ -608,6 +608,19 @@ impl<A: VirtualActor> Inner<A> {
         idle.len()
     }
 
+    /// Stops `key`'s idle actor if more actors are resident than the limit allows: eviction
+    /// runs when an actor starts, and skips those busy then, so without this a burst of busy
+    /// actors (a fan-out of children) would stay resident past the limit once idle.
+    pub(crate) fn stop_if_over_limit(&self, key: &A::Key) {
+        let over = self
+            .config
+            .max_resident
+            .is_some_and(|max| self.resident.load(Ordering::Relaxed) > max);
+        if over {
+            self.request_stop(key, false);
+        }
+    }
+
     /// Evicts the least recently used live actors, down to nine tenths of the limit, so that
     /// the scan of the table is paid once per batch of evictions rather than once per actor.
     fn evict_least_recently_used(&self) {

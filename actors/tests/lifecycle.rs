@@ -148,3 +148,38 @@ async fn shutdown_right_after_the_first_send_returns() -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn an_actor_busy_past_the_limit_is_evicted_once_it_goes_idle() -> anyhow::Result<()> {
+    let config = HostConfig {
+        max_resident: Some(1),
+        ..HostConfig::default()
+    };
+    let host = Host::new(Counter::default(), config);
+    // Two busy actors: the second activation asks the first to stop, and it refuses.
+    for key in ["a", "b"] {
+        ask(&host, key, |reply| CounterMsg::SetBusy {
+            busy: true,
+            reply,
+        })
+        .await??;
+    }
+    host.evict_and_wait(&"a".to_string()).await;
+    assert_eq!(host.stats().resident, 2, "both busy, both resident");
+    ask(&host, "a", |reply| CounterMsg::SetBusy {
+        busy: false,
+        reply,
+    })
+    .await??;
+    // No clock and no other message: only going idle past the limit can stop it. Its stop
+    // runs on this thread's tasks, so yield until it has (bounded, so a missing stop fails).
+    for _ in 0..1_000 {
+        if !host.is_resident(&"a".to_string()) {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    assert!(!host.is_resident(&"a".to_string()), "{:?}", host.stats());
+    assert!(host.is_resident(&"b".to_string()), "b is still busy");
+    Ok(())
+}
