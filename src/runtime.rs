@@ -516,9 +516,15 @@ impl Runtime {
     /// runtime on it, so that the old actors have stopped. A clone held by the runtime itself
     /// (in a hook or a tool) keeps it alive: give those a [`WeakRuntime`].
     ///
+    /// Calling it again, on this handle or a clone, returns `Ok` at once.
+    ///
     /// # Errors
     /// The final flush failed.
     pub async fn shutdown(&self) -> Result<(), Error> {
+        // A second shutdown (of this handle or a clone) has nothing left to do.
+        if self.inner.is_shut_down() {
+            return Ok(());
+        }
         self.inner.router.shutdown().await;
         self.inner.scheduler.shutdown().await;
         self.inner.host.shutdown().await;

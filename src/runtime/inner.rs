@@ -53,11 +53,16 @@ impl Inner {
     pub(super) fn mark_shut_down(&self) {
         self.shut_down.store(true, Ordering::Release);
     }
+
+    /// Whether `shutdown` finished.
+    pub(super) fn is_shut_down(&self) -> bool {
+        self.shut_down.load(Ordering::Acquire)
+    }
 }
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        if self.shut_down.load(Ordering::Acquire) {
+        if self.is_shut_down() {
             return;
         }
         tracing::debug!("runtime.dropped_without_shutdown");
