@@ -101,9 +101,10 @@ pub(crate) async fn complete_caught(
     request: ModelRequest,
 ) -> Result<ModelReply, LlmError> {
     use futures::FutureExt;
+    let session = request.session_id.clone();
     let panicked = |panic: Box<dyn std::any::Any + Send>| {
         let reason = crate::dispatch::panic_text(panic.as_ref());
-        tracing::error!(%reason, "llm.panicked");
+        tracing::error!(%session, %reason, "llm.panicked");
         Err(LlmError::Provider(format!(
             "the model adapter panicked: {reason}"
         )))
