@@ -193,14 +193,17 @@ impl<A: VirtualActor> Cell<A> {
         }
         // An actor that was busy when the host last evicted past its limit refused to stop;
         // now that it can stop, it is the one to go if the host is still over the limit.
-        let idle = cell
-            .state
-            .as_ref()
-            .is_some_and(|state| self.behaviour.can_passivate(state));
-        if idle {
-            if let Some(host) = self.host.upgrade() {
-                host.stop_if_over_limit(&cell.ctx.key);
-            }
+        // The limit is checked first: it is one atomic load, paid after every message.
+        let Some(host) = self.host.upgrade() else {
+            return;
+        };
+        let idle = || {
+            cell.state
+                .as_ref()
+                .is_some_and(|state| self.behaviour.can_passivate(state))
+        };
+        if host.over_limit() && idle() {
+            host.request_stop(&cell.ctx.key, false);
         }
     }
 

@@ -470,7 +470,7 @@ impl<A: VirtualActor> Inner<A> {
     }
 
     /// Stops routing to the actor of `key` and queues a passivation envelope behind its mailbox.
-    fn request_stop(&self, key: &A::Key, force: bool) {
+    pub(crate) fn request_stop(&self, key: &A::Key, force: bool) {
         let Some(mut slot) = self.slots.get_mut(key) else {
             return;
         };
@@ -608,17 +608,14 @@ impl<A: VirtualActor> Inner<A> {
         idle.len()
     }
 
-    /// Stops `key`'s idle actor if more actors are resident than the limit allows: eviction
-    /// runs when an actor starts, and skips those busy then, so without this a burst of busy
-    /// actors (a fan-out of children) would stay resident past the limit once idle.
-    pub(crate) fn stop_if_over_limit(&self, key: &A::Key) {
-        let over = self
-            .config
+    /// Whether more actors are resident than the limit allows. Eviction runs when an actor
+    /// starts and skips those busy then, so an actor that goes idle while this holds is
+    /// stopped by its cell; without that, a burst of busy actors (a fan-out of children)
+    /// would stay resident past the limit once idle.
+    pub(crate) fn over_limit(&self) -> bool {
+        self.config
             .max_resident
-            .is_some_and(|max| self.resident.load(Ordering::Relaxed) > max);
-        if over {
-            self.request_stop(key, false);
-        }
+            .is_some_and(|max| self.resident.load(Ordering::Relaxed) > max)
     }
 
     /// Evicts the least recently used live actors, down to nine tenths of the limit, so that
