@@ -5,6 +5,7 @@
 mod children;
 mod effects;
 mod submit;
+mod work;
 
 pub(crate) use children::DEFAULT_CHILD_INSPECTION_TIMEOUT;
 
@@ -121,6 +122,9 @@ pub(crate) struct SessionState {
     /// New turns of this companion that arrived while a run was still stopping (a terminate
     /// and a new spawn in one reply): started again once that run settles.
     deferred_starts: Vec<ChildStart>,
+    /// The model call or tools in flight, cancelled by an interrupt or abort (and when the
+    /// actor stops).
+    work: work::InFlight,
 }
 
 impl VirtualActor for SessionActor {
@@ -146,6 +150,7 @@ impl VirtualActor for SessionActor {
             reconciling: false,
             resume_queued: false,
             deferred_starts: Vec::new(),
+            work: work::InFlight::default(),
         };
         if let Loaded::Present(session) = &mut state.loaded {
             // A snapshot taken before anything runs: children started from now on are never

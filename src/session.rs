@@ -6,6 +6,7 @@
 mod children;
 mod companions;
 mod core;
+mod cut;
 mod outcome;
 mod pending;
 mod resume;

@@ -64,6 +64,20 @@ pub enum ChunkKind {
         /// `{runId}::{toolCallId}`.
         approval_id: String,
     },
+    /// A person's decision on an approval call, recorded by the resume that acts on it, in
+    /// the same commit that dispatches the approved tool (before it runs).
+    ToolApprovalResponse {
+        /// The call.
+        tool_call_id: String,
+        /// The tool.
+        tool_name: String,
+        /// `{runId}::{toolCallId}`, as the request announced it.
+        approval_id: String,
+        /// Approved (the tool runs) or denied (it never runs).
+        approved: bool,
+        /// Why, if the person said.
+        reason: Option<String>,
+    },
     /// A sub-agent started.
     SubagentStart {
         /// The child session.
@@ -119,6 +133,7 @@ impl ChunkKind {
             ChunkKind::ToolStart { .. } => "tool_start",
             ChunkKind::ToolEnd { .. } => "tool_end",
             ChunkKind::ToolApprovalRequest { .. } => "tool_approval_request",
+            ChunkKind::ToolApprovalResponse { .. } => "tool_approval_response",
             ChunkKind::SubagentStart { .. } => "subagent_start",
             ChunkKind::SubagentEnd { .. } => "subagent_end",
             // A forwarded chunk reads as what it reports: the parent's stream shows the child's

@@ -52,6 +52,52 @@ async fn an_unanswered_call_times_out_and_resume_sees_client_tool_timeout() -> a
     Ok(())
 }
 
+/// Seed 001: when a client-tool deadline elapses the runtime appends the synthetic tool error,
+/// emits its `tool_end` and fires the hooks with the timeout payload, once. The resume that
+/// follows fires none of them again for that call.
+#[tokio::test]
+async fn a_timeout_fires_its_hooks_once_at_expiry_in_the_canonical_order() -> anyhow::Result<()> {
+    let clock = ManualClock::new(0);
+    let hooks = Arc::new(RecordingHooks::default());
+    let script = calls_then_text(&[("tc-1", "edit")], "gave up");
+    let runtime = editor_runtime(temp_store()?, clock.clone(), script, Arc::default(), |b| {
+        b.hooks(hooks.clone())
+    })?;
+    let id: SessionId = "s1".parse()?;
+    runtime.execute_on(&id, "editor", "go").await?;
+    clock.advance(30_000);
+    assert_eq!(runtime.sweep_deadlines().await?.fired, 1);
+    let at_expiry = ["on_state_change", "on_message", "after_tool"];
+    assert_eq!(hooks.tool_hooks_of("tc-1"), at_expiry);
+    match tool_result(&runtime.messages(&id)?, "tc-1") {
+        Some(ToolOutcome::Error(error)) => assert!(error.starts_with("client_tool_timeout")),
+        other => anyhow::bail!("the timeout is recorded at expiry, got {other:?}"),
+    }
+    runtime.evict(&id).await;
+    let resumed = runtime.resume(&id).await?;
+    assert_eq!(resumed.status, Status::Completed);
+    assert_eq!(
+        hooks.tool_hooks_of("tc-1"),
+        at_expiry,
+        "the resume fires nothing more for the timed-out call"
+    );
+    let messages = runtime.messages(&id)?;
+    let results = messages
+        .iter()
+        .filter(
+            |m| matches!(m, dormant::Message::Tool { tool_call_id, .. } if tool_call_id == "tc-1"),
+        )
+        .count();
+    assert_eq!(results, 1, "one result for the call");
+    let ends = runtime
+        .chunks(&id, 0)?
+        .into_iter()
+        .filter(|c| matches!(&c.kind, ChunkKind::ToolEnd { tool_call_id, .. } if tool_call_id == "tc-1"))
+        .count();
+    assert_eq!(ends, 1, "one tool_end for the call");
+    Ok(())
+}
+
 /// Wakes a waiter when a timeout is recorded.
 #[derive(Default)]
 struct TimeoutHooks {

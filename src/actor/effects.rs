@@ -72,7 +72,7 @@ impl SessionActor {
             } => {
                 let llm = Arc::clone(&self.shared.llm);
                 let mailbox = ctx.mailbox();
-                tokio::spawn(async move {
+                state.work.spawn(async move {
                     let reply = crate::llm::complete_caught(llm.as_ref(), request).await;
                     send_back(
                         &mailbox,
@@ -101,7 +101,7 @@ impl SessionActor {
                     state: custom_state,
                 };
                 let mailbox = ctx.mailbox();
-                tokio::spawn(async move {
+                state.work.spawn(async move {
                     let outcomes = run_step(step_context, parallel, sequential).await;
                     send_back(
                         &mailbox,
@@ -147,6 +147,7 @@ impl SessionActor {
                     }
                 }
             }
+            Effect::CancelWork => state.work.cancel(),
             Effect::Hook(event) => crate::hooks::notify(self.shared.hooks.as_ref(), &event),
             Effect::Observe(observation) => self.observe(ctx.key(), observation),
             Effect::AutoResume => {

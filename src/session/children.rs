@@ -285,21 +285,6 @@ impl Session {
         }
     }
 
-    /// Asks children still working on this run's calls to stop (an interrupt or abort while
-    /// the run is in progress): each reports back as it ends, and the step settles.
-    pub(super) fn stop_live_children(&self, abort: bool, effects: &mut Vec<Effect>) {
-        let children: Vec<SessionId> = self
-            .children
-            .in_order()
-            .into_iter()
-            .filter(|call| !call.state.is_finished())
-            .map(|call| call.child.clone())
-            .collect();
-        if !children.is_empty() {
-            effects.push(Effect::StopChildren { children, abort });
-        }
-    }
-
     /// A child reported: its new chunks are copied into this stream, the entries of the calls
     /// that wait on it updated, and a step or a resume that waited for it goes on. A report
     /// from a companion reaches its record and every call that waits on it.

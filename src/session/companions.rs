@@ -547,6 +547,25 @@ impl Session {
         true
     }
 
+    /// An interrupted parent interrupts its companions that are still working (running, or
+    /// waiting on a person), whether or not it waits on them: an interrupt stops the whole
+    /// tree. They keep their conversations; a new message continues them.
+    pub(super) fn stop_working_companions(&self, effects: &mut Vec<Effect>) {
+        let working: Vec<SessionId> = self
+            .companions
+            .in_order()
+            .into_iter()
+            .filter(|companion| companion.status.is_working())
+            .map(|companion| companion.child.clone())
+            .collect();
+        if !working.is_empty() {
+            effects.push(Effect::StopChildren {
+                children: working,
+                abort: false,
+            });
+        }
+    }
+
     /// An aborted parent terminates its companions too.
     pub(super) fn terminate_companions(&mut self, effects: &mut Vec<Effect>) {
         let live: Vec<Companion> = self

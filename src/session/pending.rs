@@ -30,6 +30,10 @@ impl PendingCalls {
         self.by_id.get_mut(id)
     }
 
+    pub(crate) fn remove(&mut self, id: &str) -> Option<PendingCall> {
+        self.by_id.remove(id)
+    }
+
     pub(crate) fn insert(&mut self, call: PendingCall) {
         self.by_id.insert(call.tool_call_id.clone(), call);
     }
@@ -67,10 +71,25 @@ impl PendingCalls {
             .collect()
     }
 
-    /// Removes and returns every call, in call order.
-    pub(crate) fn take_in_order(&mut self) -> Vec<PendingCall> {
-        let mut calls: Vec<PendingCall> = std::mem::take(&mut self.by_id).into_values().collect();
+    /// Every call, in call order (copies: the entries stay until each call's result is
+    /// recorded).
+    pub(crate) fn in_order(&self) -> Vec<PendingCall> {
+        let mut calls: Vec<PendingCall> = self.by_id.values().cloned().collect();
         calls.sort_by_key(|call| call.position);
         calls
+    }
+
+    /// Removes and returns the calls that match `which`, in call order.
+    pub(crate) fn take_where(&mut self, which: impl Fn(&PendingCall) -> bool) -> Vec<PendingCall> {
+        let ids: Vec<String> = self
+            .by_id
+            .values()
+            .filter(|call| which(call))
+            .map(|call| call.tool_call_id.clone())
+            .collect();
+        let mut taken: Vec<PendingCall> =
+            ids.iter().filter_map(|id| self.by_id.remove(id)).collect();
+        taken.sort_by_key(|call| call.position);
+        taken
     }
 }

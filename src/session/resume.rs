@@ -1,11 +1,13 @@
 //! Going on after a suspension (resume, with its barrier), and ending one early (interrupt,
 //! abort, a new message over pending calls).
 
+use serde_json::Value;
+
 use super::core::{CallSlot, Phase, Session};
-use super::suspend::answer_outcome;
+use super::suspend::{answer_outcome, timeout_outcome};
 use super::{
-    Answer, ChildState, Effect, ErrorCode, Observation, PendingCall, RunError, RunOutcome, Status,
-    Transition,
+    Answer, ChildState, Effect, ErrorCode, Observation, PendingCall, PendingKind, RunError,
+    RunOutcome, Status, Transition,
 };
 use crate::error::Error;
 use crate::hooks::HookEvent;
@@ -13,6 +15,7 @@ use crate::ids::RunId;
 use crate::message::{ToolCall, ToolOutcome};
 use crate::schema::IndexWrite;
 use crate::store::CommitKind;
+use crate::stream::ChunkKind;
 
 /// What a resume did.
 #[derive(Debug)]
@@ -68,11 +71,7 @@ impl Session {
                         self.retry_cut_calls(run_id, now, effects),
                     )));
                 }
-                self.close_dangling_calls(
-                    "interrupted: the run stopped before this call returned",
-                    now,
-                    &mut effects,
-                );
+                self.close_dangling_calls(now, &mut effects);
                 self.begin_step(run_id, now, &mut effects);
                 Ok(Resumed::Started(Box::new(self.finish(
                     CommitKind::RunStart,
@@ -87,57 +86,14 @@ impl Session {
         }
     }
 
-    /// At-most-once across crashes: the calls a crash cut (committed by commit #1, without a
-    /// result) run again only if their tool is `safe_to_retry`; any other server call gets a
-    /// `tool_durability_error` result the model can act on. Client and approval calls never
-    /// reached anyone outside (their pending entries were part of the lost commit #2), so they
-    /// become pending now.
-    fn retry_cut_calls(&mut self, run_id: RunId, now: u64, mut effects: Vec<Effect>) -> Transition {
-        let cut = self.dangling_calls();
-        if cut.is_empty() {
-            self.begin_step(run_id, now, &mut effects);
-            return self.finish(CommitKind::RunStart, now, effects);
-        }
-        let mut parallel = Vec::new();
-        let mut sequential = Vec::new();
-        let mut slots = Vec::with_capacity(cut.len());
-        for call in &cut {
-            let slot = match self.classify(call) {
-                CallSlot::Dispatched if self.safe_to_retry(call) => {
-                    if self.finishes_run(call) {
-                        sequential.push(call.clone());
-                    } else {
-                        parallel.push(call.clone());
-                    }
-                    CallSlot::Dispatched
-                }
-                CallSlot::Dispatched => CallSlot::Ready {
-                    outcome: ToolOutcome::Error(format!(
-                        "tool_durability_error: the process stopped while {} (call {}) was running, so it may or may not have taken effect. It is not marked safe to retry, so it was not run again: check whether its effect happened before calling it again.",
-                        call.name, call.id
-                    )),
-                    reported: false,
-                },
-                other => other,
-            };
-            slots.push(slot);
-        }
-        let step = self.record.steps_in_run;
-        self.dispatch(
-            CommitKind::RunStart,
-            run_id,
-            step,
-            cut,
-            slots,
-            parallel,
-            sequential,
-            now,
-            effects,
-        )
-    }
-
     /// Drains every answer of the suspension into tool results, in call order, and runs the
     /// approved tools: one continuation that sees all results, once.
+    ///
+    /// Each pending entry (and each child entry) goes in the commit that records its call's
+    /// result: for answers and children that is this commit, unless an approved tool runs, and
+    /// then it is the commit of that tool's result. So a crash in between finds the approval
+    /// still recorded (the tool was dispatched: the at-most-once rule decides, never a second
+    /// approval) and the other answers still there (an accepted answer is never lost).
     pub(super) fn drain(&mut self, run_id: RunId, now: u64) -> Transition {
         let previous = self
             .record
@@ -146,74 +102,32 @@ impl Session {
             .map_or_else(|| self.current_run_id(), |suspension| suspension.run_id);
         self.start_run(run_id, Some(previous), now);
         let mut effects = vec![self.resumed_hook(run_id, previous)];
-        let pending = self.pending.take_in_order();
-        let mut calls = Vec::with_capacity(pending.len());
-        let mut slots = Vec::with_capacity(pending.len());
-        let mut positions = Vec::with_capacity(pending.len());
-        let mut parallel = Vec::new();
-        let mut sequential = Vec::new();
-        for entry in self.children.entries() {
-            positions.push(entry.position);
-            calls.push(ToolCall::new(
-                entry.tool_call_id.clone(),
-                entry.tool_name.clone(),
-                serde_json::Value::Null,
-            ));
-            slots.push(CallSlot::Ready {
-                outcome: self.adopt_child(run_id, &entry.tool_call_id, now),
-                reported: false,
-            });
-        }
-        for entry in &pending {
-            positions.push(entry.position);
-            let call = ToolCall::new(
-                entry.tool_call_id.clone(),
-                entry.tool_name.clone(),
-                entry.input.clone(),
-            );
-            let slot = match (&entry.answer, answer_outcome(entry)) {
-                (Some(Answer::Approved), _) => {
-                    if self.finishes_run(&call) {
-                        sequential.push(call.clone());
-                    } else {
-                        parallel.push(call.clone());
-                    }
-                    CallSlot::Dispatched
-                }
-                // Only a timeout was reported when it happened; answers are reported now.
-                (Some(answer), Some(outcome)) => CallSlot::Ready {
-                    outcome,
-                    reported: *answer == Answer::TimedOut,
-                },
-                // Expired but not yet swept: the deadline is authoritative.
-                _ => {
-                    effects.push(Effect::Observe(Observation::TimedOut {
-                        tool_call_id: entry.tool_call_id.clone(),
-                        lag_ms: now.saturating_sub(entry.deadline_at_ms),
-                    }));
-                    let mut expired = entry.clone();
-                    expired.answer = Some(Answer::TimedOut);
-                    CallSlot::Ready {
-                        outcome: answer_outcome(&expired)
-                            .unwrap_or_else(|| ToolOutcome::Error("client_tool_timeout".into())),
-                        reported: false,
-                    }
-                }
-            };
-            calls.push(call);
-            slots.push(slot);
-        }
-        for entry in &pending {
-            self.complete(entry, now);
+        let mut ordered: Vec<(u32, ToolCall, CallSlot)> = self
+            .children
+            .entries()
+            .into_iter()
+            .map(|entry| {
+                let call = ToolCall::new(entry.tool_call_id, entry.tool_name, Value::Null);
+                (entry.position, call, CallSlot::Child)
+            })
+            .collect();
+        for entry in self.pending.in_order() {
+            if self.recorded(&entry) {
+                // A timeout, whose result was recorded when it expired.
+                self.pending.remove(&entry.tool_call_id);
+                self.complete(&entry, now);
+                continue;
+            }
+            self.report_decision(run_id, &entry, now);
+            let slot = self.answered_slot(&entry, now, &mut effects);
+            ordered.push((entry.position, entry_call(&entry), slot));
         }
         // Children and own calls interleave in the model's reply: restore call order.
-        let mut ordered: Vec<(u32, (ToolCall, CallSlot))> = positions
+        ordered.sort_by_key(|(position, ..)| *position);
+        let (calls, slots) = ordered
             .into_iter()
-            .zip(calls.into_iter().zip(slots))
-            .collect();
-        ordered.sort_by_key(|(position, _)| *position);
-        let (calls, slots): (Vec<ToolCall>, Vec<CallSlot>) =
-            ordered.into_iter().map(|(_, pair)| pair).unzip();
+            .map(|(_, call, slot)| (call, slot))
+            .unzip();
         let step = self.record.steps_in_run;
         self.dispatch(
             CommitKind::RunStart,
@@ -221,16 +135,78 @@ impl Session {
             step,
             calls,
             slots,
-            parallel,
-            sequential,
             now,
             effects,
         )
     }
 
+    /// What an answered (or expired) entry's call does on resume: an approved tool runs, any
+    /// other answer is the call's result.
+    pub(super) fn answered_slot(
+        &self,
+        entry: &PendingCall,
+        now: u64,
+        effects: &mut Vec<Effect>,
+    ) -> CallSlot {
+        match (&entry.answer, answer_outcome(entry)) {
+            (Some(Answer::Approved), _) => CallSlot::Dispatched,
+            // Written by an earlier version, which reported a timeout's outcome on the stream
+            // when it expired but left its result for the resume.
+            (Some(Answer::TimedOut), Some(outcome)) => CallSlot::Ready {
+                outcome,
+                reported: true,
+            },
+            (Some(_), Some(outcome)) => CallSlot::Ready {
+                outcome,
+                reported: false,
+            },
+            // Expired but not yet swept: the deadline is authoritative.
+            _ => {
+                effects.push(Effect::Observe(Observation::TimedOut {
+                    tool_call_id: entry.tool_call_id.clone(),
+                    lag_ms: now.saturating_sub(entry.deadline_at_ms),
+                }));
+                CallSlot::Ready {
+                    outcome: timeout_outcome(entry),
+                    reported: false,
+                }
+            }
+        }
+    }
+
+    /// Whether the entry's result is in the conversation already: a timeout records its
+    /// result when it expires (an earlier version left it to the resume).
+    pub(super) fn recorded(&self, entry: &PendingCall) -> bool {
+        entry.answer == Some(Answer::TimedOut) && self.has_result(&entry.tool_call_id)
+    }
+
+    /// Puts a person's decision on an approval call on the stream, in the commit that acts on
+    /// it (before an approved tool runs), so it can be seen after any crash.
+    fn report_decision(&mut self, run_id: RunId, entry: &PendingCall, now: u64) {
+        let (approved, reason) = match &entry.answer {
+            Some(Answer::Approved) => (true, None),
+            Some(Answer::Denied { reason }) => (false, reason.clone()),
+            _ => return,
+        };
+        if entry.kind != PendingKind::Approval {
+            return;
+        }
+        self.stage_chunk(
+            run_id,
+            now,
+            ChunkKind::ToolApprovalResponse {
+                tool_call_id: entry.tool_call_id.clone(),
+                tool_name: entry.tool_name.clone(),
+                approval_id: entry.approval_id(),
+                approved,
+                reason,
+            },
+        );
+    }
+
     /// Removes a finished call's entry and ownership and leaves a tombstone on the root, so a
     /// duplicate submit answers `already_completed` for the retention period.
-    fn complete(&mut self, entry: &PendingCall, now: u64) {
+    pub(super) fn complete(&mut self, entry: &PendingCall, now: u64) {
         self.unindex(entry);
         self.staged.index.push(IndexWrite::PutTombstone {
             root: self.record.root.clone(),
@@ -269,6 +245,10 @@ impl Session {
     /// `already_completed`), so an accepted answer is never lost. Unanswered calls are closed
     /// with `unanswered` (tombstoned too), or, without it, dropped: their entries go and a late
     /// submit answers `unknown_tool_call`. Returns how many were unanswered.
+    ///
+    /// An approved call whose tool was dispatched (the session is not suspended: a crash cut
+    /// the run that ran it) is left to [`Session::close_dangling_calls`], under the
+    /// at-most-once rule.
     fn close_pending(
         &mut self,
         now: u64,
@@ -281,13 +261,7 @@ impl Session {
         // Children the run will not wait for are stopped (aborted when abandoned or aborted);
         // those that finished are recorded like answered calls.
         let abort_children = unanswered.is_some() || self.record.aborted;
-        let finished = if self.is_busy() {
-            // A step in progress still waits for its children; they are stopped, not dropped.
-            Vec::new()
-        } else {
-            self.release_children(abort_children, effects)
-        };
-        for entry in finished {
+        for entry in self.release_children(abort_children, effects) {
             let outcome = match (&entry.state, unanswered) {
                 (ChildState::Finished(_), _) => self.adopt_child(run_id, &entry.tool_call_id, now),
                 (_, Some(_)) => {
@@ -304,11 +278,7 @@ impl Session {
                     continue;
                 }
             };
-            let call = ToolCall::new(
-                entry.tool_call_id.clone(),
-                entry.tool_name.clone(),
-                serde_json::Value::Null,
-            );
+            let call = ToolCall::new(entry.tool_call_id, entry.tool_name, Value::Null);
             self.record_outcome(
                 run_id,
                 call,
@@ -319,26 +289,36 @@ impl Session {
                 effects,
             );
         }
-        for entry in self.pending.take_in_order() {
+        let suspended = self.is_suspended();
+        for entry in self.pending.in_order() {
+            if self.recorded(&entry) {
+                self.pending.remove(&entry.tool_call_id);
+                self.complete(&entry, now);
+                continue;
+            }
             let (outcome, reported) = match (&entry.answer, answer_outcome(&entry)) {
-                (Some(Answer::Approved), _) => (ToolOutcome::Error(approved.into()), false),
-                (Some(answer), Some(outcome)) => (outcome, *answer == Answer::TimedOut),
+                (Some(Answer::Approved), _) if !suspended => continue,
+                (Some(Answer::Approved), _) => {
+                    self.report_decision(run_id, &entry, now);
+                    (ToolOutcome::Error(approved.into()), false)
+                }
+                (Some(answer), Some(outcome)) => {
+                    self.report_decision(run_id, &entry, now);
+                    (outcome, *answer == Answer::TimedOut)
+                }
                 _ => {
                     count += 1;
                     match unanswered {
                         Some(text) => (ToolOutcome::Error(text.into()), false),
                         None => {
+                            self.pending.remove(&entry.tool_call_id);
                             self.unindex(&entry);
                             continue;
                         }
                     }
                 }
             };
-            let call = ToolCall::new(
-                entry.tool_call_id.clone(),
-                entry.tool_name.clone(),
-                entry.input.clone(),
-            );
+            let call = entry_call(&entry);
             self.record_outcome(
                 run_id,
                 call,
@@ -348,19 +328,22 @@ impl Session {
                 now,
                 effects,
             );
-            self.complete(&entry, now);
         }
         count
     }
 
-    /// A durable interrupt: a suspended run ends `interrupted` at once. Its answered calls keep
-    /// their answers (recorded as results); its unanswered calls and their ownership are
-    /// cleared, so late submits answer `unknown_tool_call`. A running run stops at the top of
-    /// its next step.
+    /// A durable interrupt. A suspended run ends `interrupted` at once: its answered calls
+    /// keep their answers (recorded as results); its unanswered calls and their ownership are
+    /// cleared, so late submits answer `unknown_tool_call`. A running run ends `interrupted`
+    /// at once too: its model call and tools in flight are cancelled and each call of its step
+    /// gets its outcome (see [`Session::cut_step`]). The children it stopped and its working
+    /// companions are interrupted; they keep their conversations.
     pub(crate) fn interrupt(&mut self, now: u64) -> Transition {
+        let mut effects = Vec::new();
         match self.record.status {
             Status::SuspendedClientTool | Status::SuspendedAwaitingChildren => {
-                let mut effects = Vec::new();
+                // A resume that was waking the children is called off.
+                self.phase = Phase::Idle;
                 let count = self.close_pending(
                     now,
                     &mut effects,
@@ -369,6 +352,7 @@ impl Session {
                 );
                 effects.push(Effect::Observe(Observation::Aborted { count }));
                 self.record.suspension = None;
+                self.stop_working_companions(&mut effects);
                 let error = RunError {
                     code: ErrorCode::Interrupted,
                     message: "interrupted by request while waiting".into(),
@@ -377,24 +361,34 @@ impl Session {
                 self.finish(CommitKind::Other, now, effects)
             }
             Status::Running => {
-                self.record.interrupt_requested = true;
-                let mut effects = Vec::new();
-                self.stop_live_children(false, &mut effects);
-                self.finish(CommitKind::Other, now, effects)
+                self.cut_step("the run was interrupted", false, now, &mut effects);
+                self.stop_working_companions(&mut effects);
+                let error = RunError {
+                    code: ErrorCode::Interrupted,
+                    message: "interrupted by request".into(),
+                };
+                self.end_run(Status::Interrupted, Some(error), now, &mut effects);
+                self.finish(CommitKind::RunEnd, now, effects)
             }
             _ => Transition::default(),
         }
     }
 
-    /// A terminal abort: a suspended or interrupted run fails, its unanswered calls are dropped
-    /// (answered ones are recorded), and the session never runs again. A session whose last
-    /// run already completed or failed keeps that run as it was.
+    /// A terminal abort: a running, suspended or interrupted run fails (a running one at once,
+    /// its work in flight cancelled), its unanswered calls are dropped (answered ones are
+    /// recorded), its children are aborted, its companions terminated, and the session never
+    /// runs again. A session whose last run already completed or failed keeps that run as it
+    /// was.
     pub(crate) fn abort(&mut self, now: u64) -> Transition {
         if self.record.aborted {
             return Transition::default();
         }
         self.record.aborted = true;
         let mut effects = Vec::new();
+        if self.record.status == Status::Running {
+            self.cut_step("the session was aborted", true, now, &mut effects);
+        }
+        self.phase = Phase::Idle;
         let count = self.close_pending(
             now,
             &mut effects,
@@ -404,13 +398,16 @@ impl Session {
         if count > 0 {
             effects.push(Effect::Observe(Observation::Aborted { count }));
         }
+        if self.record.status == Status::Interrupted {
+            // Calls a crash cut, an approved tool among them: nothing may stay dispatched.
+            self.close_dangling_calls(now, &mut effects);
+        }
         self.terminate_companions(&mut effects);
         self.record.suspension = None;
         match self.record.status {
-            // Honoured at the top of the next step, once the children stopped.
-            Status::Running => self.stop_live_children(true, &mut effects),
-            // A run that stopped and could go on (suspended, or interrupted) ends here.
-            Status::SuspendedClientTool
+            // A run that stopped or could go on ends here.
+            Status::Running
+            | Status::SuspendedClientTool
             | Status::SuspendedAwaitingChildren
             | Status::Interrupted => {
                 let error = RunError {
@@ -425,4 +422,13 @@ impl Session {
         }
         self.finish(CommitKind::Other, now, effects)
     }
+}
+
+/// The tool call a pending entry stands for.
+fn entry_call(entry: &PendingCall) -> ToolCall {
+    ToolCall::new(
+        entry.tool_call_id.clone(),
+        entry.tool_name.clone(),
+        entry.input.clone(),
+    )
 }

@@ -181,11 +181,20 @@ pub enum PendingKind {
 pub enum Answer {
     /// A client tool's result.
     Result(Value),
-    /// An error (from the client, or a denial, or a timeout): the model reads it.
+    /// An error instead of a result (from the client): the model reads it. For an approval
+    /// call it means the tool never runs.
     Error(String),
-    /// An approval: the tool runs with its stored input on resume.
+    /// An approval: the tool runs with its stored input on resume. The entry stays until the
+    /// tool's result is recorded, so that after a crash the call is known to have been
+    /// dispatched (and is re-run only if it is `safe_to_retry`).
     Approved,
-    /// The deadline passed before an answer.
+    /// A denial: the tool never runs; its result is the error [`NOT_APPROVED`](super::NOT_APPROVED).
+    Denied {
+        /// Why, as the person gave it.
+        reason: Option<String>,
+    },
+    /// The deadline passed before an answer. The call's result (a `client_tool_timeout`
+    /// error) is recorded in the conversation when it expires.
     TimedOut,
 }
 

@@ -32,11 +32,7 @@ impl Session {
         }
         let mut effects = Vec::new();
         self.abandon_pending(now, &mut effects);
-        self.close_dangling_calls(
-            "interrupted: the run stopped before this call returned",
-            now,
-            &mut effects,
-        );
+        self.close_dangling_calls(now, &mut effects);
         self.record.steps_in_run = 0;
         self.record.interrupt_requested = false;
         self.start_run(run_id, None, now);
@@ -45,72 +41,6 @@ impl Session {
         effects.push(self.on_message(run_id, message));
         self.begin_step(run_id, now, &mut effects);
         Ok(self.finish(CommitKind::RunStart, now, effects))
-    }
-
-    /// The calls of the last model reply that have no result yet (a crash or an interrupt cut
-    /// them), in call order.
-    pub(super) fn dangling_calls(&self) -> Vec<ToolCall> {
-        let Some(messages) = &self.messages else {
-            return Vec::new();
-        };
-        let Some(last_assistant) = messages
-            .iter()
-            .rposition(|message| matches!(message, Message::Assistant { .. }))
-        else {
-            return Vec::new();
-        };
-        let Some(Message::Assistant { tool_calls, .. }) = messages.get(last_assistant) else {
-            return Vec::new();
-        };
-        let answered: Vec<&str> = messages[last_assistant..]
-            .iter()
-            .filter_map(|message| match message {
-                Message::Tool { tool_call_id, .. } => Some(tool_call_id.as_str()),
-                _ => None,
-            })
-            .collect();
-        tool_calls
-            .iter()
-            .filter(|call| !answered.contains(&call.id.as_str()))
-            .cloned()
-            .collect()
-    }
-
-    /// The model must never see a tool call without its result: calls of the last reply that
-    /// have none (a crash, an interrupt) are closed with an error first, like any other
-    /// outcome: a `tool_end` chunk for the `tool_start` a follower saw, and the hooks.
-    pub(super) fn close_dangling_calls(
-        &mut self,
-        reason: &str,
-        now: u64,
-        effects: &mut Vec<Effect>,
-    ) {
-        let run_id = self.current_run_id();
-        for call in self.dangling_calls() {
-            let outcome = ToolOutcome::Error(reason.to_string());
-            self.record_outcome(run_id, call, outcome, false, Map::new(), now, effects);
-        }
-    }
-
-    /// A session found `Running` on activation was cut by a crash (no live actor ran it): its
-    /// run is closed as interrupted, and a later `resume` or message goes on from there.
-    pub(crate) fn recover_after_crash(&mut self, now: u64) -> Option<Transition> {
-        if self.record.status != Status::Running {
-            return None;
-        }
-        let mut effects = Vec::new();
-        self.end_run(
-            Status::Interrupted,
-            Some(RunError {
-                code: ErrorCode::Crashed,
-                message: "the process stopped while this run was in progress".into(),
-            }),
-            now,
-            &mut effects,
-        );
-        // Nobody waits for a run of a previous process.
-        effects.retain(|effect| !matches!(effect, Effect::Settle(_)));
-        Some(self.finish(CommitKind::RunEnd, now, effects))
     }
 
     /// The top of a step: honour an interrupt or abort, enforce the step limit, ask the model.
@@ -207,8 +137,6 @@ impl Session {
             self.end_run(Status::Completed, None, now, &mut effects);
             return self.finish(CommitKind::RunEnd, now, effects);
         }
-        let mut parallel = Vec::new();
-        let mut sequential = Vec::new();
         let mut slots = Vec::with_capacity(calls.len());
         for (index, call) in calls.iter().enumerate() {
             self.stage_chunk(
@@ -229,12 +157,6 @@ impl Session {
             } else {
                 self.classify(call)
             };
-            match &slot {
-                CallSlot::Ready { .. } => {}
-                CallSlot::Dispatched if self.finishes_run(call) => sequential.push(call.clone()),
-                CallSlot::Dispatched => parallel.push(call.clone()),
-                CallSlot::Pending(_) | CallSlot::Child | CallSlot::Companion => {}
-            }
             // Every call gets the whole hook sequence, even one answered on the spot.
             effects.push(Effect::Hook(HookEvent::BeforeTool {
                 session: self.record.id.clone(),
@@ -250,8 +172,6 @@ impl Session {
             step,
             calls,
             slots,
-            parallel,
-            sequential,
             now,
             effects,
         )
@@ -395,9 +315,9 @@ impl Session {
         true
     }
 
-    /// Sends the step's server calls to the tool task and starts its children; when nothing
-    /// is to run (only client calls, approvals and refusals), the step settles in this same
-    /// commit.
+    /// Sends the step's server calls (its `Dispatched` slots: `finish_with` ones in order after
+    /// the others) to the tool task and starts its children; when nothing is to run (only
+    /// client calls, approvals and refusals), the step settles in this same commit.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn dispatch(
         &mut self,
@@ -406,11 +326,15 @@ impl Session {
         step: u32,
         calls: Vec<ToolCall>,
         mut slots: Vec<CallSlot>,
-        parallel: Vec<ToolCall>,
-        sequential: Vec<ToolCall>,
         now: u64,
         mut effects: Vec<Effect>,
     ) -> Transition {
+        let (sequential, parallel): (Vec<ToolCall>, Vec<ToolCall>) = calls
+            .iter()
+            .zip(&slots)
+            .filter(|(_, slot)| matches!(slot, CallSlot::Dispatched))
+            .map(|(call, _)| call.clone())
+            .partition(|call| self.finishes_run(call));
         // Companion calls have their own phase, in call order, before the children start.
         for (position, (call, slot)) in calls.iter().zip(slots.iter_mut()).enumerate() {
             match slot {
@@ -528,10 +452,32 @@ impl Session {
         }
     }
 
-    /// Records one call's outcome: the tool message, its `tool_end` chunk unless one was
-    /// already emitted, the custom-state changes, and the hooks in their documented order.
+    /// Records one call's outcome (see [`Session::record_result`]), and with it clears the
+    /// call's pending entry, if it has one: an approved tool's, or a drained answer's, which
+    /// stays until its result is recorded so that a crash in between finds it.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn record_outcome(
+        &mut self,
+        run_id: RunId,
+        call: ToolCall,
+        outcome: ToolOutcome,
+        reported: bool,
+        changes: Map<String, Value>,
+        now: u64,
+        effects: &mut Vec<Effect>,
+    ) {
+        let entry = self.pending.remove(&call.id);
+        self.record_result(run_id, call, outcome, reported, changes, now, effects);
+        if let Some(entry) = entry {
+            self.complete(&entry, now);
+        }
+    }
+
+    /// Records one call's result: the tool message, the custom-state changes, and, unless
+    /// `reported` (they were emitted already), its `tool_end` chunk and the hooks in their
+    /// documented order.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn record_result(
         &mut self,
         run_id: RunId,
         call: ToolCall,
@@ -544,23 +490,24 @@ impl Session {
         for (key, value) in &changes {
             self.record.custom_state.insert(key.clone(), value.clone());
         }
-        if !reported {
-            self.stage_chunk(
-                run_id,
-                now,
-                ChunkKind::ToolEnd {
-                    tool_call_id: call.id.clone(),
-                    tool_name: call.name.clone(),
-                    outcome: outcome.clone(),
-                },
-            );
-        }
         let message = Message::Tool {
             tool_call_id: call.id.clone(),
             tool_name: call.name.clone(),
             outcome: outcome.clone(),
         };
         self.stage_message(message.clone());
+        if reported {
+            return;
+        }
+        self.stage_chunk(
+            run_id,
+            now,
+            ChunkKind::ToolEnd {
+                tool_call_id: call.id.clone(),
+                tool_name: call.name.clone(),
+                outcome: outcome.clone(),
+            },
+        );
         effects.push(Effect::Hook(HookEvent::OnStateChange {
             session: self.record.id.clone(),
             run_id,

@@ -1,10 +1,9 @@
 //! Calls that wait outside the runtime: making them pending, suspending the run, accepting
 //! answers (first writer wins) and recording timeouts.
 
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use super::core::Session;
-use super::pending::PendingCalls;
 use super::{
     Answer, Effect, Observation, PendingCall, PendingKind, Status, Suspension, Transition,
 };
@@ -152,9 +151,8 @@ impl Session {
             Ok(answer) => answer,
             Err(verdict) => return (verdict, Transition::default()),
         };
-        let run_id = entry.run_id;
         let wait_ms = now.saturating_sub(entry.requested_at_ms);
-        let has_error = matches!(answer, Answer::Error(_));
+        let has_error = matches!(answer, Answer::Error(_) | Answer::Denied { .. });
         let mut effects = vec![Effect::Observe(Observation::Answered {
             tool_call_id: call_id.to_string(),
             wait_ms,
@@ -162,7 +160,7 @@ impl Session {
         })];
         // The outcome is reported on the stream when the resume records it: a submit writes
         // only its own entry, so concurrent submits to one session never wait on each other.
-        self.record_answer(call_id, answer, run_id, now, false);
+        self.record_answer(call_id, answer, now);
         if self.policy.auto_resume && !self.any_waiting(now) {
             effects.push(Effect::AutoResume);
         }
@@ -229,27 +227,16 @@ impl Session {
                 if approved {
                     Ok(Answer::Approved)
                 } else {
-                    Ok(Answer::Error(match reason {
-                        Some(reason) if !reason.is_empty() => {
-                            format!("{NOT_APPROVED} (reason: {reason})")
-                        }
-                        _ => NOT_APPROVED.to_string(),
-                    }))
+                    Ok(Answer::Denied {
+                        reason: reason.filter(|reason| !reason.is_empty()),
+                    })
                 }
             }
         }
     }
 
-    /// Stores the answer in the entry and removes its deadline; with `report`, its outcome goes
-    /// on the stream now (a timeout), otherwise when the resume records it.
-    fn record_answer(
-        &mut self,
-        call_id: &str,
-        answer: Answer,
-        run_id: RunId,
-        now: u64,
-        report: bool,
-    ) {
+    /// Stores the answer in the entry and removes its deadline.
+    fn record_answer(&mut self, call_id: &str, answer: Answer, now: u64) {
         let Some(entry) = self.pending.get_mut(call_id) else {
             return;
         };
@@ -260,58 +247,46 @@ impl Session {
             at: entry.deadline_at_ms,
             call: entry.tool_call_id.clone(),
         });
-        self.staged
-            .index
-            .push(IndexWrite::PutPending(entry.clone()));
-        if let Some(outcome) = answer_outcome(&entry).filter(|_| report) {
-            self.stage_chunk(
-                run_id,
-                now,
-                ChunkKind::ToolEnd {
-                    tool_call_id: entry.tool_call_id,
-                    tool_name: entry.tool_name,
-                    outcome,
-                },
-            );
-        }
+        self.staged.index.push(IndexWrite::PutPending(entry));
     }
 
     /// Records that call `call_id` expired without an answer. Does nothing if it was answered
     /// (an accepted answer is never overwritten) or has not expired, so a sweep that runs twice
     /// writes one timeout.
+    ///
+    /// The call's result, a `client_tool_timeout` error, is recorded at once, like any outcome:
+    /// its message, its `tool_end` chunk, and `on_state_change`, `on_message`, `after_tool` in
+    /// that order (seed 001: "fires onMessage + afterTool hooks with the timeout payload").
+    /// The entry stays, answered `TimedOut`, until the resume clears it (so a duplicate
+    /// answers `already_completed` and the tombstone's retention counts from the resume); the
+    /// resume records nothing more for it.
     pub(crate) fn timeout(&mut self, call_id: &str, now: u64) -> Transition {
-        let Some(entry) = self.pending.get(call_id) else {
+        let Some(entry) = self.pending.get(call_id).cloned() else {
             return Transition::default();
         };
         if entry.answer.is_some() || now < entry.deadline_at_ms {
             return Transition::default();
         }
-        let run_id = entry.run_id;
-        let lag_ms = now.saturating_sub(entry.deadline_at_ms);
+        self.record_answer(call_id, Answer::TimedOut, now);
+        let mut effects = vec![Effect::Observe(Observation::TimedOut {
+            tool_call_id: entry.tool_call_id.clone(),
+            lag_ms: now.saturating_sub(entry.deadline_at_ms),
+        })];
         let call = ToolCall::new(
             entry.tool_call_id.clone(),
             entry.tool_name.clone(),
             entry.input.clone(),
         );
-        self.record_answer(call_id, Answer::TimedOut, run_id, now, true);
-        let outcome = self
-            .pending
-            .get(call_id)
-            .and_then(answer_outcome)
-            .unwrap_or_else(|| ToolOutcome::Error("client_tool_timeout".into()));
-        let mut effects = vec![
-            Effect::Observe(Observation::TimedOut {
-                tool_call_id: call.id.clone(),
-                lag_ms,
-            }),
-            Effect::Hook(HookEvent::AfterTool {
-                session: self.record.id.clone(),
-                run_id,
-                tool_call_id: call.id,
-                tool_name: call.name,
-                outcome,
-            }),
-        ];
+        let outcome = timeout_outcome(&entry);
+        self.record_result(
+            entry.run_id,
+            call,
+            outcome,
+            false,
+            Map::new(),
+            now,
+            &mut effects,
+        );
         if self.policy.auto_resume && !self.any_waiting(now) {
             effects.push(Effect::AutoResume);
         }
@@ -330,12 +305,7 @@ impl Session {
     /// Removes the calls that match `which` (entries, deadlines, ownership), without tombstones:
     /// a late submit for them answers `unknown_tool_call`. Returns how many were unanswered.
     pub(super) fn drop_pending(&mut self, now: u64, which: impl Fn(&PendingCall) -> bool) -> usize {
-        let (dropped, kept): (Vec<_>, Vec<_>) = self
-            .pending
-            .take_in_order()
-            .into_iter()
-            .partition(|call| which(call));
-        self.pending = PendingCalls::from_entries(kept);
+        let dropped = self.pending.take_where(which);
         let unanswered = dropped.iter().filter(|call| call.is_waiting(now)).count();
         for call in dropped {
             self.unindex(&call);
@@ -375,10 +345,21 @@ pub(crate) fn answer_outcome(entry: &PendingCall) -> Option<ToolOutcome> {
         Answer::Result(value) => Some(ToolOutcome::Result(value.clone())),
         Answer::Error(error) => Some(ToolOutcome::Error(error.clone())),
         Answer::Approved => None,
-        Answer::TimedOut => Some(ToolOutcome::Error(format!(
-            "client_tool_timeout: no answer for {} arrived within {} ms",
-            entry.tool_name,
-            entry.deadline_at_ms.saturating_sub(entry.requested_at_ms)
+        Answer::Denied {
+            reason: Some(reason),
+        } => Some(ToolOutcome::Error(format!(
+            "{NOT_APPROVED} (reason: {reason})"
         ))),
+        Answer::Denied { reason: None } => Some(ToolOutcome::Error(NOT_APPROVED.into())),
+        Answer::TimedOut => Some(timeout_outcome(entry)),
     }
+}
+
+/// The result of a call whose deadline passed without an answer.
+pub(crate) fn timeout_outcome(entry: &PendingCall) -> ToolOutcome {
+    ToolOutcome::Error(format!(
+        "client_tool_timeout: no answer for {} arrived within {} ms",
+        entry.tool_name,
+        entry.deadline_at_ms.saturating_sub(entry.requested_at_ms)
+    ))
 }

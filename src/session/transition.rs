@@ -40,6 +40,9 @@ pub(crate) enum Effect {
         children: Vec<SessionId>,
         abort: bool,
     },
+    /// Cancel the model call and the tools in flight (their futures are dropped; whatever they
+    /// would have answered is ignored): an interrupt or abort ended the run they belong to.
+    CancelWork,
     /// Fire a hook.
     Hook(HookEvent),
     /// Report something to tracing and the runtime's metrics.

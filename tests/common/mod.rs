@@ -23,15 +23,38 @@ pub fn counting_tool(name: &str, calls: Arc<AtomicUsize>) -> ToolDefinition {
     })
 }
 
-/// Records the names of every hook that fires.
+/// Records every hook that fires: its name, and the event itself.
 #[derive(Debug, Default)]
 pub struct RecordingHooks {
     pub names: Mutex<Vec<&'static str>>,
+    pub events: Mutex<Vec<HookEvent>>,
 }
 
 impl Hooks for RecordingHooks {
     fn on_event(&self, event: &HookEvent) {
         self.names.lock().push(event.name());
+        self.events.lock().push(event.clone());
+    }
+}
+
+impl RecordingHooks {
+    /// The names of the tool hooks (`on_state_change`, `on_message` of a tool message,
+    /// `after_tool`) that fired for call `id`, in order.
+    pub fn tool_hooks_of(&self, id: &str) -> Vec<&'static str> {
+        self.events
+            .lock()
+            .iter()
+            .filter(|event| match event {
+                HookEvent::OnStateChange { tool_call_id, .. }
+                | HookEvent::AfterTool { tool_call_id, .. } => tool_call_id == id,
+                HookEvent::OnMessage {
+                    message: dormant::Message::Tool { tool_call_id, .. },
+                    ..
+                } => tool_call_id == id,
+                _ => false,
+            })
+            .map(HookEvent::name)
+            .collect()
     }
 }
 

@@ -1,0 +1,245 @@
+//! Calls a crash or an interrupt cut, and the at-most-once rule that decides what becomes of
+//! them (seed 003, DESIGN.md "At-most-once side effects").
+//!
+//! A server call is committed as dispatched by commit #1 of its step (the model's reply), or,
+//! for an approved call, by the resume that drains the approval: its pending entry, answered
+//! `approved`, stays until the tool's result is recorded. A dispatched call that has no result
+//! when its run is cut may or may not have taken effect: it runs again only if its tool is
+//! `safe_to_retry`, and otherwise gets a `tool_durability_error` result the model can act on.
+//! Calls that were never dispatched (client calls and approvals whose pending entries were part
+//! of a lost commit) become pending again, and accepted answers are recorded as they are.
+
+use serde_json::Map;
+
+use super::core::{CallSlot, Phase, Session};
+use super::{Answer, Effect, ErrorCode, RunError, Status, Transition};
+use crate::definition::FINISH_TOOL;
+use crate::ids::RunId;
+use crate::message::{Message, ToolCall, ToolOutcome};
+use crate::store::CommitKind;
+
+/// The result of a call that a stopped run will not wait for.
+pub(super) const CUT_BEFORE_RESULT: &str = "interrupted: the run stopped before this call returned";
+
+impl Session {
+    /// The calls of the last model reply that have no result yet (a crash or an interrupt cut
+    /// them), in call order.
+    pub(super) fn dangling_calls(&self) -> Vec<ToolCall> {
+        let Some(messages) = &self.messages else {
+            return Vec::new();
+        };
+        let Some(last_assistant) = messages
+            .iter()
+            .rposition(|message| matches!(message, Message::Assistant { .. }))
+        else {
+            return Vec::new();
+        };
+        let Some(Message::Assistant { tool_calls, .. }) = messages.get(last_assistant) else {
+            return Vec::new();
+        };
+        let answered: Vec<&str> = messages[last_assistant..]
+            .iter()
+            .filter_map(|message| match message {
+                Message::Tool { tool_call_id, .. } => Some(tool_call_id.as_str()),
+                _ => None,
+            })
+            .collect();
+        tool_calls
+            .iter()
+            .filter(|call| !answered.contains(&call.id.as_str()))
+            .cloned()
+            .collect()
+    }
+
+    /// Whether the conversation already holds a result for call `id` of the last reply. An
+    /// unloaded conversation answers `true`: only a legacy timeout asks, see
+    /// [`Session::recorded`].
+    pub(super) fn has_result(&self, id: &str) -> bool {
+        let Some(messages) = &self.messages else {
+            return true;
+        };
+        messages
+            .iter()
+            .rev()
+            .take_while(|message| !matches!(message, Message::Assistant { .. }))
+            .any(|message| matches!(message, Message::Tool { tool_call_id, .. } if tool_call_id == id))
+    }
+
+    /// The model must never see a tool call without its result: calls of the last reply that
+    /// have none (a crash cut them) are closed first, like any other outcome, with a
+    /// `tool_end` chunk for the `tool_start` a follower saw, and the hooks. Nothing runs
+    /// again here (a new message, an abort): a dispatched call that is not `safe_to_retry`
+    /// gets `tool_durability_error`, an accepted answer is recorded, anything else is closed
+    /// as interrupted.
+    pub(super) fn close_dangling_calls(&mut self, now: u64, effects: &mut Vec<Effect>) {
+        let run_id = self.current_run_id();
+        for call in self.dangling_calls() {
+            let (outcome, reported) = match self.cut_slot(&call, false, now, effects) {
+                CallSlot::Ready { outcome, reported } => (outcome, reported),
+                _ => (ToolOutcome::Error(CUT_BEFORE_RESULT.into()), false),
+            };
+            self.record_outcome(run_id, call, outcome, reported, Map::new(), now, effects);
+        }
+    }
+
+    /// The resume of a run a crash cut: its cut calls go on under the at-most-once rule (a
+    /// `safe_to_retry` call runs again, any other dispatched call gets
+    /// `tool_durability_error`, a call never dispatched becomes pending, a child is
+    /// re-attached to), then the loop goes on.
+    pub(super) fn retry_cut_calls(
+        &mut self,
+        run_id: RunId,
+        now: u64,
+        mut effects: Vec<Effect>,
+    ) -> Transition {
+        let cut = self.dangling_calls();
+        if cut.is_empty() {
+            self.begin_step(run_id, now, &mut effects);
+            return self.finish(CommitKind::RunStart, now, effects);
+        }
+        let slots = cut
+            .iter()
+            .map(|call| self.cut_slot(call, true, now, &mut effects))
+            .collect();
+        let step = self.record.steps_in_run;
+        self.dispatch(CommitKind::RunStart, run_id, step, cut, slots, now, effects)
+    }
+
+    /// How a call of the last reply that has no result goes on: with `retry`, when its run is
+    /// resumed after a crash; without, when the session moves on without it (everything is
+    /// then `Ready`).
+    fn cut_slot(
+        &mut self,
+        call: &ToolCall,
+        retry: bool,
+        now: u64,
+        effects: &mut Vec<Effect>,
+    ) -> CallSlot {
+        if let Some(entry) = self.pending.get(&call.id).cloned() {
+            return match &entry.answer {
+                // The resume that drained the approval dispatched the tool.
+                Some(Answer::Approved) => self.dispatched_slot(call, retry),
+                None if entry.is_waiting(now) && retry => CallSlot::Pending(entry.kind),
+                None if entry.is_waiting(now) => cut_before_result(),
+                _ => self.answered_slot(&entry, now, effects),
+            };
+        }
+        match self.classify(call) {
+            CallSlot::Dispatched => self.dispatched_slot(call, retry),
+            slot @ CallSlot::Ready { .. } => slot,
+            slot if retry => slot,
+            _ => cut_before_result(),
+        }
+    }
+
+    /// A dispatched call without a result: it runs again only if its tool says that is
+    /// harmless; otherwise the model learns that it may or may not have taken effect.
+    fn dispatched_slot(&self, call: &ToolCall, retry: bool) -> CallSlot {
+        let harmless = call.name == FINISH_TOOL || self.safe_to_retry(call);
+        match (harmless, retry) {
+            (true, true) => CallSlot::Dispatched,
+            (true, false) => cut_before_result(),
+            (false, _) => CallSlot::Ready {
+                outcome: ToolOutcome::Error(format!(
+                    "tool_durability_error: the process stopped while {} (call {}) was running, so it may or may not have taken effect. It is not marked safe to retry, so it was not run again: check whether its effect happened before calling it again.",
+                    call.name, call.id
+                )),
+                reported: false,
+            },
+        }
+    }
+
+    /// Ends the step in progress at once (an interrupt or an abort of a running run): the
+    /// model call and the tools in flight are cancelled, and every call of the step gets its
+    /// outcome now, so nothing the cancelled work would have produced is applied later. A tool
+    /// that was running may or may not have taken effect, and its result says so; a child
+    /// still working is stopped (aborted with `abort`).
+    pub(super) fn cut_step(&mut self, why: &str, abort: bool, now: u64, effects: &mut Vec<Effect>) {
+        effects.push(Effect::CancelWork);
+        let Phase::AwaitingTools {
+            run_id,
+            calls,
+            slots,
+            updates,
+            ..
+        } = std::mem::replace(&mut self.phase, Phase::Idle)
+        else {
+            return;
+        };
+        let mut stopped = Vec::new();
+        for ((call, slot), changes) in calls.into_iter().zip(slots).zip(updates) {
+            let (outcome, reported, changes) = match slot {
+                CallSlot::Ready { outcome, reported } => (outcome, reported, changes),
+                CallSlot::Dispatched => (
+                    ToolOutcome::Error(format!(
+                        "interrupted: {why} while {} was running; it was cancelled and may or may not have taken effect",
+                        call.name
+                    )),
+                    false,
+                    Map::new(),
+                ),
+                CallSlot::Child => {
+                    let finished = self
+                        .children
+                        .get(&call.id)
+                        .is_none_or(|entry| entry.state.is_finished());
+                    if let Some(entry) = self.children.get(&call.id).filter(|_| !finished) {
+                        // An aborted parent terminates its companions on its own.
+                        if !abort || entry.companion.is_none() {
+                            stopped.push(entry.child.clone());
+                        }
+                    }
+                    let adopted = self.adopt_child(run_id, &call.id, now);
+                    let outcome = if finished {
+                        adopted
+                    } else {
+                        ToolOutcome::Error(format!(
+                            "interrupted: {why} before the sub-agent finished"
+                        ))
+                    };
+                    (outcome, false, Map::new())
+                }
+                CallSlot::Pending(_) | CallSlot::Companion => (
+                    ToolOutcome::Error(format!("interrupted: {why} before this call was made")),
+                    false,
+                    Map::new(),
+                ),
+            };
+            self.record_outcome(run_id, call, outcome, reported, changes, now, effects);
+        }
+        if !stopped.is_empty() {
+            effects.push(Effect::StopChildren {
+                children: stopped,
+                abort,
+            });
+        }
+    }
+
+    /// A session found `Running` on activation was cut by a crash (no live actor ran it): its
+    /// run is closed as interrupted, and a later `resume` or message goes on from there.
+    pub(crate) fn recover_after_crash(&mut self, now: u64) -> Option<Transition> {
+        if self.record.status != Status::Running {
+            return None;
+        }
+        let mut effects = Vec::new();
+        self.end_run(
+            Status::Interrupted,
+            Some(RunError {
+                code: ErrorCode::Crashed,
+                message: "the process stopped while this run was in progress".into(),
+            }),
+            now,
+            &mut effects,
+        );
+        // Nobody waits for a run of a previous process.
+        effects.retain(|effect| !matches!(effect, Effect::Settle(_)));
+        Some(self.finish(CommitKind::RunEnd, now, effects))
+    }
+}
+
+fn cut_before_result() -> CallSlot {
+    CallSlot::Ready {
+        outcome: ToolOutcome::Error(CUT_BEFORE_RESULT.into()),
+        reported: false,
+    }
+}
