@@ -19,13 +19,17 @@ use crate::error::Error;
 use crate::ids::{RunId, SessionId};
 use crate::schema::{self};
 use crate::session::{
-    ChildReport, ChildStart, ChildState, Input, Resumed, RunOutcome, Session, Stored, Submission,
-    Transition,
+    ChildReport, ChildStart, ChildState, Effect, Input, Resumed, RunOutcome, Session, Stored,
+    Submission,
 };
 use crate::shared::Shared;
 use crate::submit::SubmitOutcome;
 
 type RunReply = oneshot::Sender<Result<RunOutcome, Error>>;
+
+/// The answer to a [`SessionMsg::Stop`]: the children the stopped session asked to stop, each
+/// with whether to abort it.
+pub(crate) type StopReply = oneshot::Sender<Result<Vec<(SessionId, bool)>, Error>>;
 
 /// Requests a session actor handles. Replies travel in `reply`.
 #[derive(Debug)]
@@ -50,13 +54,13 @@ pub(crate) enum SessionMsg {
         tool_call_id: String,
         reply: oneshot::Sender<()>,
     },
-    /// A durable interrupt.
-    Interrupt {
-        reply: oneshot::Sender<Result<(), Error>>,
-    },
-    /// A terminal abort.
-    Abort {
-        reply: oneshot::Sender<Result<(), Error>>,
+    /// A durable interrupt, or with `abort` a terminal abort. With a `reply`, the caller walks
+    /// the tree: the children this session stops are not told here but handed back, for the
+    /// caller to stop in turn (so it knows when the whole tree has stopped). Without one (a
+    /// parent stopping its children), this session stops its own children itself.
+    Stop {
+        abort: bool,
+        reply: Option<StopReply>,
     },
     /// Answered when no run is in progress.
     WaitSettled { reply: oneshot::Sender<()> },
@@ -134,38 +138,31 @@ impl VirtualActor for SessionActor {
     type Error = Error;
 
     async fn activate(&self, id: &SessionId) -> Result<SessionState, Error> {
-        let loaded = match self.load(id) {
+        let loaded = match self.load_recovered(id).await {
             Ok(loaded) => loaded,
             Err(error) => {
                 tracing::warn!(session = %id, %error, "session.unreadable");
                 Loaded::Unreadable
             }
         };
-        let mut state = SessionState {
+        let to_reconcile = match &loaded {
+            // A snapshot taken before anything runs: children started from now on are never
+            // part of it.
+            Loaded::Present(session) => session.children_to_reconcile(),
+            _ => Vec::new(),
+        };
+        tracing::debug!(session = %id, "session.activated");
+        Ok(SessionState {
             loaded,
             waiters: Vec::new(),
             settle_waiters: Vec::new(),
             inflight: Vec::new(),
-            to_reconcile: Vec::new(),
+            to_reconcile,
             reconciling: false,
             resume_queued: false,
             deferred_starts: Vec::new(),
             work: work::InFlight::default(),
-        };
-        if let Loaded::Present(session) = &mut state.loaded {
-            // A snapshot taken before anything runs: children started from now on are never
-            // part of it.
-            state.to_reconcile = session.children_to_reconcile();
-            let now = self.shared.clock.now_ms();
-            if let Some(recovery) = session.recover_after_crash(now) {
-                tracing::warn!(session = %id, "session.recovered_interrupted_run");
-                if let Some(commit) = &recovery.commit {
-                    self.shared.store.commit(commit.encode()?).await?;
-                }
-            }
-        }
-        tracing::debug!(session = %id, "session.activated");
-        Ok(state)
+        })
     }
 
     async fn handle(&self, ctx: &ActorContext<Self>, msg: SessionMsg, state: &mut SessionState) {
@@ -219,13 +216,12 @@ impl VirtualActor for SessionActor {
                 }
                 let _ = reply.send(());
             }
-            SessionMsg::Interrupt { reply } => {
-                let result = self.control(ctx, state, Session::interrupt).await;
-                let _ = reply.send(result);
-            }
-            SessionMsg::Abort { reply } => {
-                let result = self.control(ctx, state, Session::abort).await;
-                let _ = reply.send(result);
+            SessionMsg::Stop { abort, reply } => {
+                let walked = reply.is_some();
+                let result = self.stop(ctx, state, abort, walked).await;
+                if let Some(reply) = reply {
+                    let _ = reply.send(result);
+                }
             }
             SessionMsg::WaitSettled { reply } => self.when_settled(state, reply),
             SessionMsg::Feed(input) => self.feed(ctx, state, input).await,
@@ -291,7 +287,9 @@ impl VirtualActor for SessionActor {
             SessionMsg::Submit { reply, .. } => {
                 let _ = reply.send(Err(host_error(error)));
             }
-            SessionMsg::Interrupt { reply } | SessionMsg::Abort { reply } => {
+            SessionMsg::Stop {
+                reply: Some(reply), ..
+            } => {
                 let _ = reply.send(Err(host_error(error)));
             }
             // The parent must learn that its child cannot run, or it would wait forever.
@@ -357,14 +355,32 @@ impl SessionActor {
         ))))
     }
 
+    /// Reads a session back from the store and closes, as interrupted, a run that no live
+    /// actor drives: one a crash cut, or one whose commit failed here (its work in flight was
+    /// cancelled with it). Its cut calls are then dealt with by the at-most-once rule when the
+    /// session goes on.
+    pub(super) async fn load_recovered(&self, id: &SessionId) -> Result<Loaded, Error> {
+        let mut loaded = self.load(id)?;
+        if let Loaded::Present(session) = &mut loaded {
+            let now = self.shared.clock.now_ms();
+            if let Some(recovery) = session.recover_after_crash(now) {
+                tracing::warn!(session = %id, "session.recovered_interrupted_run");
+                if let Some(commit) = &recovery.commit {
+                    self.commit(commit).await?;
+                }
+            }
+        }
+        Ok(loaded)
+    }
+
     /// The loaded session, re-reading an unreadable one; `None` if it does not exist.
-    fn present<'s>(
+    async fn present<'s>(
         &self,
         id: &SessionId,
         state: &'s mut SessionState,
     ) -> Result<Option<&'s mut Session>, Error> {
         if matches!(state.loaded, Loaded::Unreadable) {
-            state.loaded = self.load(id)?;
+            state.loaded = self.load_recovered(id).await?;
         }
         Ok(match &mut state.loaded {
             Loaded::Present(session) => Some(&mut **session),
@@ -390,7 +406,7 @@ impl SessionActor {
     ) {
         let id = ctx.key();
         let now = self.shared.clock.now_ms();
-        match self.present(id, state) {
+        match self.present(id, state).await {
             Ok(Some(_)) => {}
             Ok(None) => {
                 let policy = Arc::clone(&self.shared.policy);
@@ -450,7 +466,7 @@ impl SessionActor {
         reply: Option<RunReply>,
     ) {
         let now = self.shared.clock.now_ms();
-        let session = match self.present(ctx.key(), state) {
+        let session = match self.present(ctx.key(), state).await {
             Ok(Some(session)) => session,
             Ok(None) => {
                 if let Some(reply) = reply {
@@ -497,18 +513,43 @@ impl SessionActor {
         }
     }
 
-    async fn control(
+    /// An interrupt or abort. With `walked`, the children it stops are handed back (see
+    /// [`SessionMsg::Stop`]) instead of being told here.
+    async fn stop(
         &self,
         ctx: &ActorContext<Self>,
         state: &mut SessionState,
-        apply: fn(&mut Session, u64) -> Transition,
-    ) -> Result<(), Error> {
+        abort: bool,
+        walked: bool,
+    ) -> Result<Vec<(SessionId, bool)>, Error> {
         let now = self.shared.clock.now_ms();
-        let Some(session) = self.present(ctx.key(), state)? else {
+        let Some(session) = self.present(ctx.key(), state).await? else {
             return Err(Error::UnknownSession(ctx.key().clone()));
         };
-        let transition = apply(session, now);
-        self.perform(ctx, state, transition).await
+        // Closing the calls of the last reply needs the conversation.
+        self.ensure_messages(session)?;
+        let mut transition = if abort {
+            session.abort(now)
+        } else {
+            session.interrupt(now)
+        };
+        session.release_messages();
+        let mut stopped = Vec::new();
+        if walked {
+            transition.effects.retain(|effect| match effect {
+                Effect::StopChildren { children, abort } => {
+                    for child in children {
+                        if !stopped.iter().any(|(known, _)| known == child) {
+                            stopped.push((child.clone(), *abort));
+                        }
+                    }
+                    false
+                }
+                _ => true,
+            });
+        }
+        self.perform(ctx, state, transition).await?;
+        Ok(stopped)
     }
 
     async fn feed(&self, ctx: &ActorContext<Self>, state: &mut SessionState, input: Input) {

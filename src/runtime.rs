@@ -1,8 +1,10 @@
 //! The public entry point: a [`Runtime`] hosts sessions on a store and runs their agents.
 
 mod builder;
+mod claim;
 mod follow;
 mod inner;
+mod stop;
 
 use std::sync::Arc;
 
@@ -95,6 +97,7 @@ impl Runtime {
     /// [`Error::InvalidDefinition`] if an agent of that name exists or a sub-agent tool names
     /// an agent that is not registered.
     pub fn define(&self, agent: AgentDefinition) -> Result<(), Error> {
+        self.ensure_open()?;
         define(&self.inner.shared, agent)
     }
 
@@ -129,6 +132,7 @@ impl Runtime {
         agent: &str,
         message: impl Into<String>,
     ) -> Result<RunOutcome, Error> {
+        self.ensure_open()?;
         let agent = self.agent(agent)?;
         let (reply, answer) = oneshot::channel();
         self.inner.host.send(
@@ -174,6 +178,7 @@ impl Runtime {
     /// Only a store failure (or a shut-down runtime); every expected outcome, bad input
     /// included, is a [`SubmitOutcome`].
     pub async fn submit_tool_result(&self, submit: Submit) -> Result<SubmitOutcome, Error> {
+        self.ensure_open()?;
         if submit.tool_call_id.is_empty() || submit.session_id.is_empty() {
             return Ok(SubmitOutcome::InvalidRequest {
                 reason: "session_id and tool_call_id may not be empty".into(),
@@ -232,6 +237,7 @@ impl Runtime {
     /// # Errors
     /// As [`Runtime::submit_tool_result`].
     pub async fn submit_json(&self, envelope: &serde_json::Value) -> Result<SubmitOutcome, Error> {
+        self.ensure_open()?;
         match Submit::from_json(envelope) {
             Ok(submit) => self.submit_tool_result(submit).await,
             Err(reason) => Ok(SubmitOutcome::InvalidRequest { reason }),
@@ -257,41 +263,40 @@ impl Runtime {
     }
 
     /// Interrupts a session durably: a suspended run ends `interrupted` at once (its pending
-    /// calls are dropped; late submits answer `unknown_tool_call`), a running one at the top of
-    /// its next step. `resume` continues an interrupted session. On a session with no run to
-    /// stop (completed, failed, interrupted or aborted) it does nothing.
+    /// calls are dropped; late submits answer `unknown_tool_call`), and so does a running one:
+    /// its model call and the tools it is running are cancelled (their futures dropped) and
+    /// each call of its step is closed with an `interrupted` error. Its children and working
+    /// companions are interrupted too, at any depth, evicted or not; they keep their
+    /// conversations. Returns once every session of the tree below has stopped and none of
+    /// its calls is pending. `resume` continues an interrupted session. On a session with no
+    /// run to stop (completed, failed, interrupted or aborted) it does nothing.
     ///
     /// # Errors
     /// [`Error::UnknownSession`], a store failure.
     pub async fn interrupt(&self, id: &SessionId) -> Result<(), Error> {
-        self.session(id)?;
-        let (reply, answer) = oneshot::channel();
-        self.inner
-            .host
-            .send(id.clone(), SessionMsg::Interrupt { reply });
-        answer.await.map_err(|_| self.lost_reply(id))?
+        self.stop_tree(id, false).await
     }
 
-    /// Aborts a session: terminal. A running, suspended or interrupted run fails, pending
-    /// calls are dropped, and the session refuses `resume` and `execute` from then on. A
-    /// session whose last run completed or failed keeps that run and its status as they were;
-    /// only the refusals are new.
+    /// Aborts a session: terminal. A running, suspended or interrupted run fails (a running
+    /// one at once, its model call and tools cancelled), pending calls are dropped, its
+    /// children are aborted and its companions terminated, at any depth, and the session
+    /// refuses `resume` and `execute` from then on. Returns once every session of the tree
+    /// below has stopped. A session whose last run completed or failed keeps that run and its
+    /// status as they were; only the refusals are new.
     ///
     /// # Errors
     /// [`Error::UnknownSession`], a store failure.
     pub async fn abort(&self, id: &SessionId) -> Result<(), Error> {
-        self.session(id)?;
-        let (reply, answer) = oneshot::channel();
-        self.inner
-            .host
-            .send(id.clone(), SessionMsg::Abort { reply });
-        answer.await.map_err(|_| self.lost_reply(id))?
+        self.stop_tree(id, true).await
     }
 
     /// Waits until no run of the session is in progress (an automatic resume, say). A session
     /// stored as running that has no actor in this process (its run was cut by a crash) is
     /// activated, which records that run as interrupted.
     pub async fn wait_settled(&self, id: &SessionId) {
+        if self.inner.is_closing() {
+            return;
+        }
         // A session stored as running with no actor here was cut by a crash: activating it
         // closes that run as interrupted, which is the settled state it is waiting for.
         let cut_by_crash = || matches!(self.status(id), Ok(Status::Running));
@@ -312,6 +317,7 @@ impl Runtime {
     /// # Errors
     /// A store failure, or a shut-down runtime.
     pub async fn sweep_deadlines(&self) -> Result<SweepReport, Error> {
+        self.ensure_open()?;
         let (reply, answer) = oneshot::channel();
         self.inner
             .scheduler
@@ -325,11 +331,7 @@ impl Runtime {
     /// # Errors
     /// A store failure.
     pub fn find_expired_pending(&self, now: u64) -> Result<Vec<ExpiredCall>, Error> {
-        Ok(schema::expired_calls(
-            self.inner.shared.store.as_ref(),
-            now,
-            usize::MAX,
-        )?)
+        self.read(|store| schema::expired_calls(store, now, usize::MAX))
     }
 
     /// The session's pending calls (waiting, or answered and waiting for a resume).
@@ -338,7 +340,7 @@ impl Runtime {
     /// As [`Runtime::session`].
     pub fn pending(&self, id: &SessionId) -> Result<Vec<PendingCall>, Error> {
         self.session(id)?;
-        let mut calls = schema::load_pending(self.inner.shared.store.as_ref(), id)?;
+        let mut calls = self.read(|store| schema::load_pending(store, id))?;
         calls.sort_by_key(|call| call.position);
         Ok(calls)
     }
@@ -350,7 +352,7 @@ impl Runtime {
     /// As [`Runtime::session`].
     pub fn children(&self, id: &SessionId) -> Result<Vec<ChildCall>, Error> {
         self.session(id)?;
-        let mut calls = schema::load_children(self.inner.shared.store.as_ref(), id)?;
+        let mut calls = self.read(|store| schema::load_children(store, id))?;
         calls.sort_by_key(|call| call.position);
         Ok(calls)
     }
@@ -361,7 +363,7 @@ impl Runtime {
     /// # Errors
     /// As [`Runtime::session`].
     pub fn companions(&self, id: &SessionId) -> Result<Vec<Companion>, Error> {
-        let companions = schema::load_companions(self.inner.shared.store.as_ref(), id)?;
+        let companions = self.read(|store| schema::load_companions(store, id))?;
         self.require_session_if(companions.is_empty(), id)?;
         Ok(companions)
     }
@@ -376,7 +378,7 @@ impl Runtime {
     /// # Errors
     /// [`Error::UnknownSession`], or a typed error if the stored record is unreadable.
     pub fn session(&self, id: &SessionId) -> Result<SessionRecord, Error> {
-        schema::load_record(self.inner.shared.store.as_ref(), id)?
+        self.read(|store| schema::load_record(store, id))?
             .ok_or_else(|| Error::UnknownSession(id.clone()))
     }
 
@@ -389,7 +391,7 @@ impl Runtime {
         if !found_nothing {
             return Ok(());
         }
-        match schema::load_lineage(self.inner.shared.store.as_ref(), id)? {
+        match self.read(|store| schema::load_lineage(store, id))? {
             Some(_) => Ok(()),
             None => Err(Error::UnknownSession(id.clone())),
         }
@@ -400,7 +402,7 @@ impl Runtime {
     /// # Errors
     /// A store failure, or a stored key that is not a session id.
     pub fn session_ids(&self) -> Result<Vec<SessionId>, Error> {
-        Ok(schema::list_sessions(self.inner.shared.store.as_ref())?)
+        self.read(schema::list_sessions)
     }
 
     /// The session's status.
@@ -416,7 +418,7 @@ impl Runtime {
     /// # Errors
     /// As [`Runtime::session`].
     pub fn messages(&self, id: &SessionId) -> Result<Vec<Message>, Error> {
-        let messages = schema::load_messages(self.inner.shared.store.as_ref(), id)?;
+        let messages = self.read(|store| schema::load_messages(store, id))?;
         self.require_session_if(messages.is_empty(), id)?;
         Ok(messages)
     }
@@ -426,7 +428,7 @@ impl Runtime {
     /// # Errors
     /// As [`Runtime::session`].
     pub fn runs(&self, id: &SessionId) -> Result<Vec<RunRecord>, Error> {
-        let runs = schema::load_runs(self.inner.shared.store.as_ref(), id)?;
+        let runs = self.read(|store| schema::load_runs(store, id))?;
         self.require_session_if(runs.is_empty(), id)?;
         Ok(runs)
     }
@@ -436,7 +438,7 @@ impl Runtime {
     /// # Errors
     /// As [`Runtime::session`].
     pub fn chunks(&self, id: &SessionId, from: u64) -> Result<Vec<Chunk>, Error> {
-        let chunks = schema::load_chunks(self.inner.shared.store.as_ref(), id, from)?;
+        let chunks = self.read(|store| schema::load_chunks(store, id, from))?;
         self.require_session_if(chunks.is_empty(), id)?;
         Ok(chunks)
     }
@@ -445,14 +447,24 @@ impl Runtime {
     /// live ones as their commits become durable, without gaps or repeats. The stream does
     /// not end with a run (a session may run again): stop at the `run_end` you wait for (not
     /// a forwarded child's, see [`ChunkKind::is_forwarded`](crate::ChunkKind::is_forwarded)).
-    /// It ends when the runtime shuts down. A session that does not exist yet is followed
-    /// too, from its first chunk on: call [`Runtime::status`] first to refuse unknown ids.
+    /// It ends when the runtime shuts down (after shutdown it yields one `ShutDown` error).
+    /// A session that does not exist yet is followed too, from its first chunk on: call
+    /// [`Runtime::status`] first to refuse unknown ids.
     pub fn follow(
         &self,
         id: &SessionId,
         from: u64,
     ) -> impl Stream<Item = Result<Chunk, Error>> + Send + 'static {
-        follow::follow(Arc::clone(&self.inner.shared), id.clone(), from)
+        if self.inner.is_closing() {
+            return futures::future::Either::Left(futures::stream::once(async {
+                Err(Error::ShutDown)
+            }));
+        }
+        futures::future::Either::Right(follow::follow(
+            Arc::clone(&self.inner.shared),
+            id.clone(),
+            from,
+        ))
     }
 
     /// How many sessions have a live stream channel (someone follows them).
@@ -501,13 +513,14 @@ impl Runtime {
     /// # Errors
     /// A store failure.
     pub fn store_size_on_disk(&self) -> Result<u64, Error> {
-        Ok(self.inner.shared.store.size_on_disk()?)
+        self.read(|store| Ok(store.size_on_disk()?))
     }
 
     /// Stops every session actor, then flushes and closes the store (so its directory can be
-    /// reopened at once; this runtime and its clones answer [`Error::Store`] or
-    /// [`Error::ShutDown`] afterwards). Runs still in progress are recorded as interrupted
-    /// when their session is next activated.
+    /// reopened at once). From the moment it begins, every method of this runtime and its
+    /// clones answers [`Error::ShutDown`], and so does a call waiting on a run in progress
+    /// (whose model call and tools are cancelled). Runs still in progress are recorded as
+    /// interrupted when their session is next activated.
     ///
     /// Dropping the last clone without calling this is like killing the process, without
     /// the exit: a store nobody else holds is released before the drop returns (commits in
@@ -525,6 +538,7 @@ impl Runtime {
         if self.inner.is_shut_down() {
             return Ok(());
         }
+        self.inner.mark_closing();
         self.inner.router.shutdown().await;
         self.inner.scheduler.shutdown().await;
         self.inner.host.shutdown().await;
@@ -561,8 +575,31 @@ impl Runtime {
     fn lost_reply(&self, id: &SessionId) -> Error {
         match self.inner.host.failure(id) {
             Some(error) => host_error(error),
+            // A shutdown stops actors with their runs in flight: a defined outcome.
+            None if self.inner.is_closing() => Error::ShutDown,
             None => Error::Crashed(id.clone()),
         }
+    }
+
+    /// [`Error::ShutDown`] once `shutdown` has begun.
+    fn ensure_open(&self) -> Result<(), Error> {
+        if self.inner.is_closing() {
+            return Err(Error::ShutDown);
+        }
+        Ok(())
+    }
+
+    /// Reads the store, unless the runtime is shut down (a store that closes under the read
+    /// answers `ShutDown` too).
+    fn read<T>(
+        &self,
+        read: impl FnOnce(&dyn crate::store::Store) -> Result<T, schema::Error>,
+    ) -> Result<T, Error> {
+        self.ensure_open()?;
+        read(self.inner.shared.store.as_ref()).map_err(|error| match Error::from(error) {
+            Error::Store(crate::store::Error::Closed) if self.inner.is_closing() => Error::ShutDown,
+            other => other,
+        })
     }
 }
 

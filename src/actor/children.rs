@@ -31,7 +31,7 @@ impl SessionActor {
         start: ChildStart,
     ) {
         let id = ctx.key();
-        match self.present(id, state) {
+        match self.present(id, state).await {
             Ok(Some(session)) => {
                 if session.record().parent.as_ref() != Some(&start.origin.parent) {
                     // Ids are concatenations: refuse to take over a session of another tree.
@@ -116,7 +116,7 @@ impl SessionActor {
         fresh: bool,
     ) {
         let now = self.shared.clock.now_ms();
-        let Ok(Some(session)) = self.present(ctx.key(), state) else {
+        let Ok(Some(session)) = self.present(ctx.key(), state).await else {
             return;
         };
         if session.is_busy() {
@@ -156,7 +156,7 @@ impl SessionActor {
     /// suspended or interrupted, and report where this session stands.
     pub(super) async fn wake(&self, ctx: &ActorContext<Self>, state: &mut SessionState) {
         let now = self.shared.clock.now_ms();
-        let session = match self.present(ctx.key(), state) {
+        let session = match self.present(ctx.key(), state).await {
             Ok(Some(session)) => session,
             Ok(None) | Err(_) => return,
         };
@@ -235,7 +235,7 @@ impl SessionActor {
         tool_call_id: String,
         report: ChildReport,
     ) {
-        let session = match self.present(ctx.key(), state) {
+        let session = match self.present(ctx.key(), state).await {
             Ok(Some(session)) => session,
             Ok(None) | Err(_) => return,
         };

@@ -47,7 +47,14 @@ impl SessionActor {
                         ChildReport::Finished(ToolOutcome::Error(text)),
                     );
                 }
-                state.loaded = self.load(ctx.key()).unwrap_or(Loaded::Unreadable);
+                // The run is cut as by a crash: its work in flight goes, and what the store holds
+                // is read back, with the run closed as interrupted (the at-most-once rule
+                // decides what its cut calls become when it goes on).
+                state.work.cancel();
+                state.loaded = self
+                    .load_recovered(ctx.key())
+                    .await
+                    .unwrap_or(Loaded::Unreadable);
                 return Err(typed.unwrap_or_else(unavailable));
             }
             self.after_commit(ctx.key(), &commit);
@@ -136,14 +143,9 @@ impl SessionActor {
             Effect::StopChildren { children, abort } => {
                 if let Some(host) = ctx.host() {
                     for child in children {
-                        // Nobody waits for the answer: the child reports as its run ends.
-                        let (reply, _) = tokio::sync::oneshot::channel();
-                        let msg = if abort {
-                            SessionMsg::Abort { reply }
-                        } else {
-                            SessionMsg::Interrupt { reply }
-                        };
-                        host.send(child, msg);
+                        // Nobody waits for the answer: the child reports as its run ends, and
+                        // stops its own children.
+                        host.send(child, SessionMsg::Stop { abort, reply: None });
                     }
                 }
             }

@@ -26,7 +26,7 @@ impl SessionActor {
         reply: oneshot::Sender<Result<SubmitOutcome, Error>>,
     ) {
         let now = self.shared.clock.now_ms();
-        let session = match self.present(ctx.key(), state) {
+        let session = match self.present(ctx.key(), state).await {
             Ok(Some(session)) => session,
             Ok(None) => {
                 let _ = reply.send(self.shared.settled_call_outcome(root, &tool_call_id));

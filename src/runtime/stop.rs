@@ -1,0 +1,43 @@
+//! Interrupting or aborting a whole tree: the caller walks it, so the call returns only once
+//! every session below has stopped.
+
+use std::collections::{HashSet, VecDeque};
+
+use super::Runtime;
+use crate::actor::SessionMsg;
+use crate::error::Error;
+use crate::ids::SessionId;
+
+impl Runtime {
+    /// Stops `root` and then, level by level, every child each stopped session asked to stop
+    /// (whatever their depth, evicted or not: a message activates them). Each session answers
+    /// once its stop is durable and hands back its own children, so when the walk ends no
+    /// session of the tree is running and none of its calls is pending. The walk runs here,
+    /// outside every actor, so no session ever waits on another.
+    pub(super) async fn stop_tree(&self, root: &SessionId, abort: bool) -> Result<(), Error> {
+        self.ensure_open()?;
+        self.session(root)?;
+        let mut queue = VecDeque::from([(root.clone(), abort)]);
+        let mut stopped = HashSet::new();
+        while let Some((id, abort)) = queue.pop_front() {
+            if !stopped.insert(id.clone()) {
+                continue;
+            }
+            let (reply, answer) = tokio::sync::oneshot::channel();
+            self.inner.host.send(
+                id.clone(),
+                SessionMsg::Stop {
+                    abort,
+                    reply: Some(reply),
+                },
+            );
+            match answer.await.map_err(|_| self.lost_reply(&id))? {
+                Ok(children) => queue.extend(children),
+                // A child whose start never happened (it was refused): nothing to stop.
+                Err(Error::UnknownSession(_)) if &id != root => {}
+                Err(error) => return Err(error),
+            }
+        }
+        Ok(())
+    }
+}
