@@ -69,9 +69,15 @@ pub enum Error {
     /// The session's actor went away before answering (it crashed while handling the call).
     #[error("session {0} crashed while handling the request")]
     Crashed(SessionId),
-    /// The runtime is shut down.
+    /// The runtime is shut down (every method of it and of its clones answers this from the
+    /// moment `shutdown` begins), or a runtime was built on a store that a shutdown closed.
     #[error("the runtime is shut down")]
     ShutDown,
+    /// Another runtime of this process uses this store: one store has one runtime (a second
+    /// would accept the same answers and run the same tools again). Shut the other down, or
+    /// drop its last handle, first.
+    #[error("another runtime of this process already uses this store; shut it down before building a new one on it")]
+    StoreInUse,
     /// [`RuntimeBuilder::build`](crate::RuntimeBuilder::build) was called outside a tokio
     /// runtime; the runtime's actors run on tokio.
     #[error("a runtime must be built inside a tokio runtime (for example under #[tokio::main])")]
@@ -108,6 +114,7 @@ impl Error {
             Error::SessionUnavailable { .. } => "session_unavailable",
             Error::Crashed(_) => "crashed",
             Error::ShutDown => "shut_down",
+            Error::StoreInUse => "store_in_use",
             Error::NoTokioRuntime => "no_tokio_runtime",
         }
     }

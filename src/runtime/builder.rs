@@ -5,6 +5,7 @@ use std::sync::Arc;
 use dashmap::DashMap;
 use dormant_actors::{Clock, Host, HostConfig, SystemClock};
 
+use super::claim::StoreClaim;
 use super::inner::Inner;
 use super::{define_all, Runtime};
 use crate::actor::SessionActor;
@@ -17,7 +18,7 @@ use crate::router::RouterActor;
 use crate::scheduler::{DeadlineScheduler, SchedulerKey, SchedulerMsg};
 use crate::session::Policy;
 use crate::shared::Shared;
-use crate::store::{SledStore, Store};
+use crate::store::{SledStore, Store, Tree};
 use crate::submit::{DEFAULT_MAX_RESULT_BYTES, DEFAULT_TOMBSTONE_RETENTION_MS};
 
 /// Configures and builds a [`Runtime`]. Everything has a default; the store defaults to a
@@ -171,15 +172,23 @@ impl RuntimeBuilder {
     /// Builds the runtime. Must be called inside a tokio runtime.
     ///
     /// # Errors
-    /// [`Error::NoTokioRuntime`] outside a tokio runtime (the runtime starts actors), an
-    /// invalid agent set (a duplicate name, a sub-agent tool naming an unknown agent), or the
-    /// default temporary store could not be opened.
+    /// [`Error::NoTokioRuntime`] outside a tokio runtime (the runtime starts actors),
+    /// [`Error::StoreInUse`] if another runtime of this process uses the store (one store has
+    /// one runtime), [`Error::ShutDown`] if a shutdown closed the store, an invalid agent set
+    /// (a duplicate name, a sub-agent tool naming an unknown agent), or the default temporary
+    /// store could not be opened.
     pub fn build(self) -> Result<Runtime, Error> {
         let tokio = tokio::runtime::Handle::try_current().map_err(|_| Error::NoTokioRuntime)?;
         let store = match self.store {
             Some(store) => store,
             None => Arc::new(SledStore::temporary()?),
         };
+        let claim = StoreClaim::take(&store)?;
+        // A store a shutdown closed cannot serve a new runtime: say so now, not at the first
+        // request.
+        if let Err(crate::store::Error::Closed) = store.get(Tree::Sessions, &[]) {
+            return Err(Error::ShutDown);
+        }
         let shared = Arc::new(Shared {
             store,
             llm: self.llm.unwrap_or_else(|| Arc::new(ScriptedLlm::new())),
@@ -235,6 +244,7 @@ impl RuntimeBuilder {
                 shared,
                 self.max_result_bytes,
                 tokio,
+                claim,
             )),
         })
     }

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use dormant_actors::Host;
 
+use super::claim::StoreClaim;
 use crate::actor::SessionActor;
 use crate::router::RouterActor;
 use crate::scheduler::DeadlineScheduler;
@@ -26,7 +27,11 @@ pub(super) struct Inner {
     /// Captured at build (which needs a tokio runtime to start actors), so a handle dropped
     /// on a thread outside tokio can still stop them.
     tokio: tokio::runtime::Handle,
+    /// Set when `shutdown` begins: from then on every method answers `ShutDown`.
+    closing: AtomicBool,
     shut_down: AtomicBool,
+    /// The runtime's hold on its store, released by `shutdown` (or with the last handle).
+    claim: parking_lot::Mutex<Option<StoreClaim>>,
 }
 
 impl Inner {
@@ -37,6 +42,7 @@ impl Inner {
         shared: Arc<Shared>,
         max_result_bytes: usize,
         tokio: tokio::runtime::Handle,
+        claim: StoreClaim,
     ) -> Self {
         Self {
             host,
@@ -45,13 +51,31 @@ impl Inner {
             shared,
             max_result_bytes,
             tokio,
+            closing: AtomicBool::new(false),
             shut_down: AtomicBool::new(false),
+            claim: parking_lot::Mutex::new(Some(claim)),
         }
+    }
+
+    /// `shutdown` began: new calls answer `ShutDown`.
+    pub(super) fn mark_closing(&self) {
+        self.closing.store(true, Ordering::Release);
+    }
+
+    /// Whether `shutdown` began.
+    pub(super) fn is_closing(&self) -> bool {
+        self.closing.load(Ordering::Acquire)
+    }
+
+    /// Lets another runtime be built on the store.
+    pub(super) fn release_claim(&self) {
+        self.claim.lock().take();
     }
 
     /// `shutdown` finished: dropping has nothing left to do.
     pub(super) fn mark_shut_down(&self) {
         self.shut_down.store(true, Ordering::Release);
+        self.release_claim();
     }
 
     /// Whether `shutdown` finished.
@@ -81,10 +105,14 @@ impl Drop for Inner {
             self.scheduler.clone(),
             self.host.clone(),
         );
+        // The store stays claimed until the old actors have stopped: a runtime built on it
+        // meanwhile would run beside them.
+        let claim = self.claim.lock().take();
         drop(self.tokio.spawn(async move {
             router.shutdown().await;
             scheduler.shutdown().await;
             host.shutdown().await;
+            drop(claim);
         }));
     }
 }
