@@ -76,6 +76,53 @@ async fn a_failed_step_commit_answers_a_store_error_and_the_session_reloads() ->
     Ok(())
 }
 
+/// A commit that fails while the process lives on (a disk full for a moment) cuts the run like
+/// a crash: the session is read back with the run closed as interrupted, and it goes on under
+/// the at-most-once rule. Before, the session stayed recorded as running (every resume
+/// answered `already_running`), and once reloaded the approved tool was asked for again.
+#[tokio::test]
+async fn a_step_commit_that_fails_once_cuts_the_run_and_the_approved_tool_never_runs_twice(
+) -> anyhow::Result<()> {
+    let store = faulty();
+    let deploys = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let runtime = editor_runtime(
+        Arc::clone(&store) as Arc<dyn Store>,
+        ManualClock::new(0),
+        calls_then_text(&[("d1", "deploy")], "done"),
+        Arc::clone(&deploys),
+        |b| b,
+    )?;
+    let id: SessionId = "s1".parse()?;
+    let run = runtime.execute_on(&id, "editor", "go").await?;
+    let approval_id = runtime.pending(&id)?[0].approval_id();
+    assert_eq!(run.status, Status::SuspendedClientTool);
+    let yes = Submit::approval("s1", "d1", approval_id, true, None);
+    assert_eq!(
+        runtime.submit_tool_result(yes).await?,
+        SubmitOutcome::Accepted
+    );
+    store.arm(Fault::NextCommitOf(CommitKind::ToolResults));
+    assert!(matches!(runtime.resume(&id).await, Err(Error::Store(_))));
+    assert_eq!(deploys.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert_eq!(runtime.status(&id)?, Status::Interrupted);
+    let done = runtime.resume(&id).await?;
+    assert_eq!(done.status, Status::Completed, "{done:?}");
+    assert!(runtime.pending(&id)?.is_empty(), "no second approval asked");
+    runtime.evict(&id).await;
+    assert!(matches!(
+        runtime.resume(&id).await,
+        Err(Error::NotResumable { .. })
+    ));
+    assert_eq!(deploys.load(std::sync::atomic::Ordering::SeqCst), 1);
+    match common::tool_result(&runtime.messages(&id)?, "d1") {
+        Some(dormant::ToolOutcome::Error(error)) => {
+            assert!(error.starts_with("tool_durability_error"), "{error}");
+        }
+        other => anyhow::bail!("expected tool_durability_error, got {other:?}"),
+    }
+    Ok(())
+}
+
 #[tokio::test]
 async fn after_a_crash_only_safe_to_retry_tools_run_again() -> anyhow::Result<()> {
     use std::sync::atomic::{AtomicUsize, Ordering};

@@ -13,6 +13,9 @@ use super::{Batch, CommitKind, Entry, Error, Store, Tree};
 pub enum Fault {
     /// The next commit fails; later ones succeed.
     NextCommit,
+    /// The next commit of this kind fails; later ones succeed (a disk that was full for a
+    /// moment: the process lives on).
+    NextCommitOf(CommitKind),
     /// The next commit of this kind fails, and every commit after it, as if the process died
     /// just before it: nothing of it or after it lands, until [`FaultyStore::clear`].
     CrashBefore(CommitKind),
@@ -86,6 +89,10 @@ impl FaultyStore {
         let trips = state.dead
             || match state.armed {
                 Some(Fault::NextCommit) => {
+                    state.armed = None;
+                    true
+                }
+                Some(Fault::NextCommitOf(armed)) if armed == kind => {
                     state.armed = None;
                     true
                 }
