@@ -73,6 +73,14 @@ pub enum Error {
     /// moment `shutdown` begins), or a runtime was built on a store that a shutdown closed.
     #[error("the runtime is shut down")]
     ShutDown,
+    /// A runtime setting is out of range.
+    #[error("invalid runtime setting {setting}: {reason}")]
+    InvalidConfig {
+        /// The builder method's name.
+        setting: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// Another runtime of this process uses this store: one store has one runtime (a second
     /// would accept the same answers and run the same tools again). Shut the other down, or
     /// drop its last handle, first.
@@ -115,6 +123,7 @@ impl Error {
             Error::Crashed(_) => "crashed",
             Error::ShutDown => "shut_down",
             Error::StoreInUse => "store_in_use",
+            Error::InvalidConfig { .. } => "invalid_config",
             Error::NoTokioRuntime => "no_tokio_runtime",
         }
     }

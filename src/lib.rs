@@ -63,6 +63,7 @@ pub mod ids;
 pub mod llm;
 pub mod message;
 mod metrics;
+mod nesting;
 mod router;
 mod runtime;
 pub mod scenario;

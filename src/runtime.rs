@@ -190,6 +190,19 @@ impl Runtime {
                 reason: "approval_id may not be empty".into(),
             });
         }
+        if let SubmitAnswer::Result(value) = &submit.answer {
+            let limit = self.inner.shared.policy.max_json_depth;
+            if crate::nesting::exceeds(value, limit) {
+                if let SubmitAnswer::Result(value) = submit.answer {
+                    crate::nesting::dismantle(value);
+                }
+                return Ok(SubmitOutcome::InvalidRequest {
+                    reason: format!(
+                        "the result nests deeper than {limit} arrays and objects (the runtime's max_json_depth)"
+                    ),
+                });
+            }
+        }
         let size = submit.payload_len();
         if size > self.inner.max_result_bytes {
             return Ok(SubmitOutcome::PayloadTooLarge {

@@ -8,6 +8,10 @@ use serde_json::{Map, Value};
 
 /// The largest result (or error text) accepted by default: 1 MiB.
 pub const DEFAULT_MAX_RESULT_BYTES: usize = 1024 * 1024;
+/// How deeply a submitted result (and any JSON value from outside: a model's tool-call input,
+/// a tool's result) may nest by default, counting arrays and objects, as serde_json's parser
+/// does.
+pub const DEFAULT_MAX_JSON_DEPTH: usize = 128;
 /// How long a completed call's tombstone answers duplicates by default: 24 hours.
 pub const DEFAULT_TOMBSTONE_RETENTION_MS: u64 = 24 * 60 * 60 * 1000;
 
@@ -103,6 +107,13 @@ impl Submit {
     /// Why the envelope is malformed: an unknown field, a missing or empty id, both or neither
     /// of `result` and `error`, a field of the wrong type.
     pub fn from_json(envelope: &Value) -> Result<Self, String> {
+        // Measured before anything is copied out of it: cloning recurses once per level.
+        let limit = crate::nesting::MAX_JSON_DEPTH_LIMIT + 1;
+        if crate::nesting::exceeds(envelope, limit) {
+            return Err(format!(
+                "the envelope nests deeper than {limit} arrays and objects"
+            ));
+        }
         let fields = envelope
             .as_object()
             .ok_or_else(|| "the envelope must be a JSON object".to_string())?;

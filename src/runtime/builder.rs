@@ -14,6 +14,7 @@ use crate::error::Error;
 use crate::hooks::{Hooks, NoHooks};
 use crate::llm::{LlmAdapter, ScriptedLlm};
 use crate::metrics::Metrics;
+use crate::nesting::{MAX_JSON_DEPTH_LIMIT, MAX_TREE_DEPTH};
 use crate::router::RouterActor;
 use crate::scheduler::{DeadlineScheduler, SchedulerKey, SchedulerMsg};
 use crate::session::Policy;
@@ -139,9 +140,10 @@ impl RuntimeBuilder {
         self
     }
 
-    /// How deep a tree of sub-agents may grow below its root (default 8). A sub-agent call
-    /// that would go deeper gets the tool error `max_depth_exceeded`, so agents that delegate
-    /// to each other in a cycle end with an error the model can read, never a hang.
+    /// How deep a tree of sub-agents may grow below its root (default 8, at most 16). A
+    /// sub-agent call that would go deeper gets the tool error `max_depth_exceeded`, so agents
+    /// that delegate to each other in a cycle end with an error the model can read, never a
+    /// hang.
     pub fn max_depth(mut self, depth: u32) -> Self {
         self.policy.max_depth = depth;
         self
@@ -152,6 +154,17 @@ impl RuntimeBuilder {
     /// recovery for longer than this.
     pub fn child_inspection_timeout_ms(mut self, ms: u64) -> Self {
         self.child_inspection_timeout = std::time::Duration::from_millis(ms);
+        self
+    }
+
+    /// How deeply a JSON value from outside may nest, counting arrays and objects (default
+    /// 128, like serde_json's parser; at most 512): a submitted result deeper than this is
+    /// refused with `invalid_request`, a model reply with a tool-call input deeper than this
+    /// fails its run (`model_error`), and a server tool result deeper than this becomes the
+    /// tool error `invalid_output`. Nothing that nests deeper is stored, so every stored value
+    /// can be read back.
+    pub fn max_json_depth(mut self, depth: usize) -> Self {
+        self.policy.max_json_depth = depth;
         self
     }
 
@@ -169,16 +182,39 @@ impl RuntimeBuilder {
         self
     }
 
+    /// Refuses limits past what the stored form can hold (see `crate::nesting`).
+    fn check_limits(&self) -> Result<(), Error> {
+        let json_depth = self.policy.max_json_depth;
+        if !(1..=MAX_JSON_DEPTH_LIMIT).contains(&json_depth) {
+            return Err(Error::InvalidConfig {
+                setting: "max_json_depth",
+                reason: format!("{json_depth} is not within 1..={MAX_JSON_DEPTH_LIMIT}"),
+            });
+        }
+        if self.policy.max_depth > MAX_TREE_DEPTH {
+            return Err(Error::InvalidConfig {
+                setting: "max_depth",
+                reason: format!(
+                    "{} is over {MAX_TREE_DEPTH}, the deepest tree of sub-agents whose forwarded stream chunks can be stored",
+                    self.policy.max_depth
+                ),
+            });
+        }
+        Ok(())
+    }
+
     /// Builds the runtime. Must be called inside a tokio runtime.
     ///
     /// # Errors
     /// [`Error::NoTokioRuntime`] outside a tokio runtime (the runtime starts actors),
+    /// [`Error::InvalidConfig`] for a limit out of range,
     /// [`Error::StoreInUse`] if another runtime of this process uses the store (one store has
     /// one runtime), [`Error::ShutDown`] if a shutdown closed the store, an invalid agent set
     /// (a duplicate name, a sub-agent tool naming an unknown agent), or the default temporary
     /// store could not be opened.
     pub fn build(self) -> Result<Runtime, Error> {
         let tokio = tokio::runtime::Handle::try_current().map_err(|_| Error::NoTokioRuntime)?;
+        self.check_limits()?;
         let store = match self.store {
             Some(store) => store,
             None => Arc::new(SledStore::temporary()?),

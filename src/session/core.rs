@@ -32,6 +32,9 @@ pub(crate) struct Policy {
     /// How deep a tree of sub-agents may grow (a root is depth 0): a cycle of agents that
     /// delegate to each other ends here with a typed tool error instead of recursing forever.
     pub(crate) max_depth: u32,
+    /// How deeply a JSON value from outside (a model's tool-call input, a tool's result) may
+    /// nest; see `crate::nesting`.
+    pub(crate) max_json_depth: usize,
 }
 
 /// The default [`Policy::max_depth`].
@@ -43,6 +46,7 @@ impl Default for Policy {
             client_tool_timeout_ms: crate::definition::DEFAULT_CLIENT_TOOL_TIMEOUT_MS,
             auto_resume: false,
             max_depth: DEFAULT_MAX_DEPTH,
+            max_json_depth: crate::submit::DEFAULT_MAX_JSON_DEPTH,
         }
     }
 }

@@ -14,6 +14,7 @@ use crate::hooks::HookEvent;
 use crate::ids::RunId;
 use crate::llm::{LlmError, ModelReply, ModelRequest};
 use crate::message::{Message, ToolCall, ToolOutcome};
+use crate::nesting;
 use crate::store::CommitKind;
 use crate::stream::ChunkKind;
 
@@ -105,7 +106,7 @@ impl Session {
         }
         self.phase = Phase::Idle;
         let mut effects = Vec::new();
-        let reply = match reply {
+        let reply = match reply.and_then(|reply| self.bounded_reply(reply)) {
             Ok(reply) => reply,
             Err(error) => {
                 let code = match error {
@@ -252,11 +253,14 @@ impl Session {
                 call.id == finished.tool_call_id && matches!(slot, CallSlot::Dispatched)
             });
             if let Some(index) = index {
+                let limit = self.policy.max_json_depth;
+                let (outcome, changes) =
+                    bounded_result(&calls[index], finished.outcome, finished.updates, limit);
                 slots[index] = CallSlot::Ready {
-                    outcome: finished.outcome,
+                    outcome,
                     reported: false,
                 };
-                updates[index] = finished.updates;
+                updates[index] = changes;
             }
         }
         let mut effects = Vec::new();
@@ -523,6 +527,55 @@ impl Session {
             outcome,
         }));
     }
+}
+
+impl Session {
+    /// A reply whose tool-call input nests deeper than the runtime allows is refused whole
+    /// (nothing of it is stored): stored, it could not be read back.
+    fn bounded_reply(&self, reply: ModelReply) -> Result<ModelReply, LlmError> {
+        let limit = self.policy.max_json_depth;
+        let Some(call) = reply
+            .tool_calls
+            .iter()
+            .find(|call| nesting::exceeds(&call.input, limit))
+        else {
+            return Ok(reply);
+        };
+        let error = LlmError::Provider(format!(
+            "the input of tool call {} ({}) nests deeper than {limit} arrays and objects (the runtime's max_json_depth); the reply was not recorded",
+            call.id, call.name
+        ));
+        for call in reply.tool_calls {
+            nesting::dismantle(call.input);
+        }
+        Err(error)
+    }
+}
+
+/// A tool's result or state changes that nest deeper than `limit` are not stored: the call's
+/// result is the error `invalid_output` instead.
+fn bounded_result(
+    call: &ToolCall,
+    outcome: ToolOutcome,
+    changes: Map<String, Value>,
+    limit: usize,
+) -> (ToolOutcome, Map<String, Value>) {
+    let too_deep = matches!(&outcome, ToolOutcome::Result(value) if nesting::exceeds(value, limit))
+        || changes.values().any(|value| nesting::exceeds(value, limit));
+    if !too_deep {
+        return (outcome, changes);
+    }
+    if let ToolOutcome::Result(value) = outcome {
+        nesting::dismantle(value);
+    }
+    for (_, value) in changes {
+        nesting::dismantle(value);
+    }
+    let error = format!(
+        "invalid_output: the result of {} nests deeper than {limit} arrays and objects (the runtime's max_json_depth), so it was not kept",
+        call.name
+    );
+    (ToolOutcome::Error(error), Map::new())
 }
 
 fn ready(error: String) -> CallSlot {
