@@ -47,13 +47,13 @@ pub enum Error {
     },
     /// An id is malformed.
     #[error("invalid id: {0}")]
-    InvalidId(#[from] InvalidId),
+    InvalidId(InvalidId),
     /// A definition was refused.
     #[error("invalid definition: {0}")]
-    InvalidDefinition(#[from] DefinitionError),
+    InvalidDefinition(DefinitionError),
     /// The store failed; nothing of the operation was acknowledged.
     #[error("store: {0}")]
-    Store(#[from] store::Error),
+    Store(store::Error),
     /// A stored value could not be read (corrupt, or written by a newer version). A store that
     /// failed while reading is [`Error::Store`], never this.
     #[error(transparent)]
@@ -92,6 +92,26 @@ pub enum Error {
     NoTokioRuntime,
 }
 
+// The wrapped errors are part of the message, so they are not also given as its `source`:
+// an error reporter that prints the chain (anyhow's `{:#}`, say) would print each twice.
+impl From<InvalidId> for Error {
+    fn from(error: InvalidId) -> Self {
+        Error::InvalidId(error)
+    }
+}
+
+impl From<DefinitionError> for Error {
+    fn from(error: DefinitionError) -> Self {
+        Error::InvalidDefinition(error)
+    }
+}
+
+impl From<store::Error> for Error {
+    fn from(error: store::Error) -> Self {
+        Error::Store(error)
+    }
+}
+
 impl From<schema::Error> for Error {
     /// Keeps a failing store apart from a corrupt value: a daemon that maps codes to alerts
     /// must not report corruption for an I/O error or a closed store.
@@ -126,5 +146,28 @@ impl Error {
             Error::InvalidConfig { .. } => "invalid_config",
             Error::NoTokioRuntime => "no_tokio_runtime",
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A reporter that prints an error and then its chain of sources (anyhow's `{:#}` and
+    /// `{:?}`) must not print the wrapped error a second time.
+    #[test]
+    fn a_wrapped_error_is_printed_once() {
+        let errors = [
+            Error::from(store::Error::Closed),
+            Error::from(schema::Error::Store(store::Error::Closed)),
+            Error::from(InvalidId::Empty),
+        ];
+        for error in errors {
+            assert!(std::error::Error::source(&error).is_none(), "{error}");
+        }
+        assert_eq!(
+            Error::from(store::Error::Closed).to_string(),
+            "store: store is closed"
+        );
     }
 }

@@ -76,7 +76,14 @@ pub enum Error {
     },
     /// The store failed while reading.
     #[error("store: {0}")]
-    Store(#[from] crate::store::Error),
+    Store(crate::store::Error),
+}
+
+// Part of the message, so not also its `source` (a reporter would print it twice).
+impl From<crate::store::Error> for Error {
+    fn from(error: crate::store::Error) -> Self {
+        Error::Store(error)
+    }
 }
 
 pub(crate) fn encode<T: Serialize>(tree: Tree, value: &T) -> Result<Vec<u8>, Error> {
