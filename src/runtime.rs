@@ -119,7 +119,16 @@ impl Runtime {
     /// failed or interrupted session starts a new turn that sees the whole conversation) and
     /// waits for the run to end or suspend. On a suspended session, the calls still waiting
     /// are closed first with the error `client_tool_abandoned` and tombstoned, so a late
-    /// submit for one answers `already_completed`.
+    /// submit for one answers `already_completed`. A run a crash cut goes on under the
+    /// at-most-once rule first: a call it had dispatched without a result gets
+    /// `tool_durability_error` (nothing runs again on a new message).
+    ///
+    /// **Dropping the returned future does not stop the run.** Once the future has been
+    /// polled, the message is the session's and its run goes on in the runtime, durably,
+    /// whether or not anyone waits for it; only the answer is lost. Follow it with
+    /// [`Runtime::follow`] or [`Runtime::status`], and stop it with [`Runtime::interrupt`] or
+    /// [`Runtime::abort`], which cancel its model call and tools at once. A future dropped
+    /// before it was first polled sent nothing.
     ///
     /// # Errors
     /// [`Error::AlreadyRunning`] while a run is in progress, [`Error::AgentMismatch`] if the
