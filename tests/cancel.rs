@@ -99,6 +99,24 @@ fn slow_tool_runtime(probe: &Arc<Probe>) -> anyhow::Result<Runtime> {
         .build()?)
 }
 
+type Run = tokio::task::JoinHandle<Result<dormant::RunOutcome, dormant::Error>>;
+
+/// Starts a run of `agent` on session `id` in the background and waits until its slow work
+/// (the model call or the tool behind `probe`) has started.
+async fn start_slow_run(
+    runtime: &Runtime,
+    id: &SessionId,
+    agent: &'static str,
+    probe: &Probe,
+) -> anyhow::Result<Run> {
+    let run = tokio::spawn({
+        let (runtime, id) = (runtime.clone(), id.clone());
+        async move { runtime.execute_on(&id, agent, "go").await }
+    });
+    within("the slow work's start", probe.started.notified()).await?;
+    Ok(run)
+}
+
 async fn within<T>(what: &str, future: impl std::future::Future<Output = T>) -> anyhow::Result<T> {
     tokio::time::timeout(BOUND, future)
         .await
@@ -110,11 +128,7 @@ async fn interrupt_cancels_a_model_call_in_flight_and_resume_asks_again() -> any
     let probe = Arc::new(Probe::default());
     let runtime = slow_model_runtime(&probe)?;
     let id: SessionId = "s1".parse()?;
-    let run = tokio::spawn({
-        let (runtime, id) = (runtime.clone(), id.clone());
-        async move { runtime.execute_on(&id, "thinker", "think").await }
-    });
-    within("the model call", probe.started.notified()).await?;
+    let run = start_slow_run(&runtime, &id, "thinker", &probe).await?;
     runtime.interrupt(&id).await?;
     let outcome = within("the run's end", run).await???;
     assert_eq!(outcome.status, Status::Interrupted);
@@ -136,11 +150,7 @@ async fn abort_cancels_a_running_tool_and_fails_the_run_at_once() -> anyhow::Res
     let probe = Arc::new(Probe::default());
     let runtime = slow_tool_runtime(&probe)?;
     let id: SessionId = "s1".parse()?;
-    let run = tokio::spawn({
-        let (runtime, id) = (runtime.clone(), id.clone());
-        async move { runtime.execute_on(&id, "worker", "go").await }
-    });
-    within("the tool's start", probe.started.notified()).await?;
+    let run = start_slow_run(&runtime, &id, "worker", &probe).await?;
     runtime.abort(&id).await?;
     let outcome = within("the run's end", run).await???;
     assert_eq!(outcome.status, Status::Failed);
@@ -172,11 +182,7 @@ async fn interrupt_of_a_running_tool_closes_its_call_and_resume_goes_on() -> any
     let probe = Arc::new(Probe::default());
     let runtime = slow_tool_runtime(&probe)?;
     let id: SessionId = "s1".parse()?;
-    let run = tokio::spawn({
-        let (runtime, id) = (runtime.clone(), id.clone());
-        async move { runtime.execute_on(&id, "worker", "go").await }
-    });
-    within("the tool's start", probe.started.notified()).await?;
+    let run = start_slow_run(&runtime, &id, "worker", &probe).await?;
     runtime.interrupt(&id).await?;
     assert_eq!(
         within("the run's end", run).await???.status,
@@ -200,11 +206,7 @@ async fn shutdown_with_a_run_in_flight_answers_its_caller_shut_down() -> anyhow:
     let probe = Arc::new(Probe::default());
     let runtime = slow_model_runtime(&probe)?;
     let id: SessionId = "s1".parse()?;
-    let run = tokio::spawn({
-        let (runtime, id) = (runtime.clone(), id.clone());
-        async move { runtime.execute_on(&id, "thinker", "think").await }
-    });
-    within("the model call", probe.started.notified()).await?;
+    let run = start_slow_run(&runtime, &id, "thinker", &probe).await?;
     runtime.shutdown().await?;
     let answer = within("the caller's answer", run).await??;
     assert!(
