@@ -179,14 +179,19 @@ pub(crate) fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
 pub type Entry = (Vec<u8>, Vec<u8>);
 
 /// Errors of a store backend.
+///
+/// Every message is complete on its own and no variant reports a
+/// [`source`](std::error::Error::source): a variant that wraps another error prints that
+/// error's text itself, so an error reporter that prints the whole chain (such as `anyhow`'s
+/// `{:#}`) shows it once, not twice. The wrapped error is still there to match on.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The embedded database failed.
     #[error("sled: {0}")]
-    Sled(#[from] ::sled::Error),
+    Sled(::sled::Error),
     /// A file operation (the power-loss sync) failed.
     #[error("store i/o: {0}")]
-    Io(#[from] std::io::Error),
+    Io(std::io::Error),
     /// The store was closed, or its flusher thread is gone.
     #[error("store is closed")]
     Closed,
@@ -200,6 +205,20 @@ pub enum Error {
     /// A fault injected by a test wrapper: the process is considered dead from this commit on.
     #[error("injected fault: commit of kind {0:?} failed as if the process died")]
     Injected(CommitKind),
+}
+
+// Written by hand rather than with `#[from]`, which would also make the wrapped error the
+// `source` and have it printed twice (see [`Error`]).
+impl From<::sled::Error> for Error {
+    fn from(error: ::sled::Error) -> Self {
+        Error::Sled(error)
+    }
+}
+
+impl From<std::io::Error> for Error {
+    fn from(error: std::io::Error) -> Self {
+        Error::Io(error)
+    }
 }
 
 /// A transactional, durable key-value store with named trees.
@@ -274,4 +293,21 @@ pub trait Store: Send + Sync + Debug + 'static {
     /// # Errors
     /// A backend failure.
     fn size_on_disk(&self) -> Result<u64, Error>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An error reporter that prints the whole chain (`anyhow`'s `{:#}`) shows a wrapped
+    /// error's text once.
+    #[test]
+    fn a_wrapped_error_is_printed_once_in_its_chain() {
+        let sled = Error::from(::sled::Error::Unsupported("the reason".into()));
+        let io = Error::from(std::io::Error::other("the reason"));
+        for error in [sled, io] {
+            let shown = format!("{:#}", anyhow::Error::from(error));
+            assert_eq!(shown.matches("the reason").count(), 1, "{shown}");
+        }
+    }
 }
