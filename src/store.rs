@@ -10,6 +10,7 @@ mod memory;
 mod sled;
 
 use std::fmt::Debug;
+use std::path::PathBuf;
 
 pub use self::faulty::{Fault, FaultyStore};
 pub use self::memory::MemoryStore;
@@ -192,6 +193,14 @@ pub enum Error {
     /// A file operation (the power-loss sync) failed.
     #[error("store i/o: {0}")]
     Io(std::io::Error),
+    /// The store directory is locked by another open store: another process, or another
+    /// [`SledStore`] of this process that was not dropped or closed. Reported after waiting
+    /// half a second for the lock.
+    #[error("store directory {} is in use by another process (or by another open SledStore in this process)", .path.display())]
+    Locked {
+        /// The store directory.
+        path: PathBuf,
+    },
     /// The store was closed, or its flusher thread is gone.
     #[error("store is closed")]
     Closed,

@@ -128,9 +128,9 @@ impl SledStoreBuilder {
     /// Opens (or creates) the store.
     ///
     /// # Errors
-    /// sled cannot open the directory (for example another process still holds its lock after
-    /// half a second), or, at [`Durability::PowerLoss`], the data file or directories cannot be
-    /// opened or synced.
+    /// [`Error::Locked`] when another process (or another open store of this process) still
+    /// holds the directory after half a second; otherwise sled cannot open the directory, or,
+    /// at [`Durability::PowerLoss`], the data file or directories cannot be opened or synced.
     pub fn open(self) -> Result<SledStore, Error> {
         let mut config = ::sled::Config::new();
         match &self.path {
@@ -140,7 +140,7 @@ impl SledStoreBuilder {
         if let Some(bytes) = self.cache_capacity {
             config = config.cache_capacity(bytes);
         }
-        let db = open_db(&config)?;
+        let db = open_db(&config, self.path.as_deref())?;
         refuse_old_layout(&db)?;
         let records = db.open_tree(RECORDS)?;
 
@@ -436,7 +436,8 @@ impl Store for SledStore {
 const LOCK_RETRY: Duration = Duration::from_millis(10);
 const LOCK_RETRIES: u32 = 50;
 
-/// Opens sled, waiting up to half a second for its directory lock.
+/// Opens sled, waiting up to half a second for its directory lock; a lock still held then is
+/// [`Error::Locked`] (naming `path`, the store directory, `None` for a temporary store).
 ///
 /// Why wait: sled writes its log buffers from I/O threads, each holding a handle on the data
 /// file, and it wakes a flush's waiters before that thread has let go of the handle. So right
@@ -444,16 +445,24 @@ const LOCK_RETRIES: u32 = 50;
 /// open for a moment, and reopening the directory in the same process fails now and then (a
 /// store unit test that reopens at once failed in 1–2 of 40 runs). A lock that another process
 /// holds still fails, half a second later.
-fn open_db(config: &::sled::Config) -> Result<::sled::Db, Error> {
+fn open_db(config: &::sled::Config, path: Option<&Path>) -> Result<::sled::Db, Error> {
     let mut retries = 0;
     loop {
         match config.open() {
             // sled reports the lock as `ErrorKind::Other`: only its message tells it apart.
-            Err(::sled::Error::Io(e))
-                if retries < LOCK_RETRIES && e.to_string().contains("could not acquire lock") =>
-            {
-                retries += 1;
-                std::thread::sleep(LOCK_RETRY);
+            Err(::sled::Error::Io(e)) if e.to_string().contains("could not acquire lock") => {
+                if retries < LOCK_RETRIES {
+                    retries += 1;
+                    std::thread::sleep(LOCK_RETRY);
+                    continue;
+                }
+                return Err(match path {
+                    Some(path) => Error::Locked {
+                        path: path.to_owned(),
+                    },
+                    // Nobody else knows a temporary store's directory: keep sled's words.
+                    None => ::sled::Error::Io(e).into(),
+                });
             }
             opened => return Ok(opened?),
         }
@@ -667,6 +676,7 @@ fn duplicate(error: &Error) -> Error {
     match error {
         Error::Sled(e) => Error::Sled(e.clone()),
         Error::Io(e) => Error::Io(io::Error::new(e.kind(), e.to_string())),
+        Error::Locked { path } => Error::Locked { path: path.clone() },
         Error::Closed => Error::Closed,
         Error::OldLayout { tree } => Error::OldLayout { tree: tree.clone() },
         Error::Injected(kind) => Error::Injected(*kind),
@@ -1342,6 +1352,97 @@ mod tests {
             }
             futures::executor::block_on(store.commit(reset))?;
         }
+        Ok(())
+    }
+
+    #[test]
+    fn a_second_open_of_a_directory_in_use_is_refused_naming_the_directory(
+    ) -> Result<(), anyhow::Error> {
+        let dir = tempfile::tempdir()?;
+        let first = SledStore::open(dir.path())?;
+        match SledStore::open(dir.path()) {
+            Err(Error::Locked { path }) => assert_eq!(path, dir.path()),
+            other => panic!("expected the directory to be refused as locked, got {other:?}"),
+        }
+        drop(first);
+        SledStore::open(dir.path())?;
+        Ok(())
+    }
+
+    #[test]
+    fn the_locked_error_names_the_directory_once() {
+        let error = Error::Locked {
+            path: PathBuf::from("/srv/agent-store"),
+        };
+        let shown = format!("{:#}", anyhow::Error::from(error));
+        assert_eq!(
+            shown,
+            "store directory /srv/agent-store is in use by another process \
+             (or by another open SledStore in this process)"
+        );
+    }
+
+    const LOCK_CHILD_ENV: &str = "DORMANT_SLED_LOCK_CHILD_DIR";
+    const LOCK_CHILD_OPENED: &str = "lock child: store opened";
+
+    /// Run by the parent test below in a child process: opens the store, says so, and holds
+    /// it until its stdin is closed.
+    #[test]
+    fn lock_child_holds_the_store_until_stdin_closes() -> Result<(), anyhow::Error> {
+        let Some(dir) = std::env::var_os(LOCK_CHILD_ENV) else {
+            return Ok(()); // Only meaningful as the parent's child.
+        };
+        let store = SledStore::open(PathBuf::from(dir))?;
+        println!("{LOCK_CHILD_OPENED}");
+        std::io::copy(&mut std::io::stdin(), &mut std::io::sink())?;
+        drop(store);
+        Ok(())
+    }
+
+    #[test]
+    fn a_directory_another_process_holds_is_refused_naming_the_directory(
+    ) -> Result<(), anyhow::Error> {
+        if std::env::var_os(LOCK_CHILD_ENV).is_some() {
+            return Ok(());
+        }
+        let dir = tempfile::tempdir()?;
+        let mut child = Command::new(std::env::current_exe()?)
+            .args([
+                "--exact",
+                "store::sled::tests::lock_child_holds_the_store_until_stdin_closes",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(LOCK_CHILD_ENV, dir.path())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()?;
+        let stdout = child
+            .stdout
+            .take()
+            .ok_or_else(|| anyhow::anyhow!("no stdout"))?;
+        let mut lines = BufReader::new(stdout).lines();
+        loop {
+            let Some(line) = lines.next() else {
+                anyhow::bail!("the child exited before opening the store");
+            };
+            // libtest prints the test's name on the same line, before it.
+            if line?.ends_with(LOCK_CHILD_OPENED) {
+                break;
+            }
+        }
+        let refused = SledStore::open(dir.path());
+        // Closing its stdin lets the child close the store and exit.
+        drop(child.stdin.take());
+        let status = child.wait()?;
+        match refused {
+            Err(Error::Locked { path }) => assert_eq!(path, dir.path()),
+            other => panic!("expected the directory to be refused as locked, got {other:?}"),
+        }
+        assert!(status.success(), "the child failed: {status}");
+        // The child is gone, and so is its lock.
+        SledStore::open(dir.path())?;
         Ok(())
     }
 }
