@@ -10,6 +10,7 @@ mod memory;
 mod sled;
 
 use std::fmt::Debug;
+use std::path::{Path, PathBuf};
 
 pub use self::faulty::{Fault, FaultyStore};
 pub use self::memory::MemoryStore;
@@ -179,14 +180,40 @@ pub(crate) fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
 pub type Entry = (Vec<u8>, Vec<u8>);
 
 /// Errors of a store backend.
+///
+/// Every message is complete on its own and no variant reports a
+/// [`source`](std::error::Error::source): a variant that wraps another error prints that
+/// error's text itself, so an error reporter that prints the whole chain (such as `anyhow`'s
+/// `{:#}`) shows it once, not twice. The wrapped error is still there to match on.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The embedded database failed.
     #[error("sled: {0}")]
-    Sled(#[from] ::sled::Error),
+    Sled(::sled::Error),
     /// A file operation (the power-loss sync) failed.
     #[error("store i/o: {0}")]
-    Io(#[from] std::io::Error),
+    Io(std::io::Error),
+    /// The device that holds the store is full, or the disk quota is exhausted (`ENOSPC`,
+    /// `EDQUOT`). Nothing of the failed commit was acknowledged, and what the store shows
+    /// is what is on disk. It is [retryable](Error::is_retryable): once space is freed,
+    /// the same store commits again, without being reopened. While the disk stays full, reads
+    /// can fail with it too (see [`SledStore`]).
+    #[error("cannot write to {}: {kind}; its commits fail until space is freed, then succeed again", location(.path.as_deref()))]
+    StorageFull {
+        /// The store directory (`None` for a temporary store).
+        path: Option<PathBuf>,
+        /// [`StorageFull`](std::io::ErrorKind::StorageFull) or
+        /// [`QuotaExceeded`](std::io::ErrorKind::QuotaExceeded).
+        kind: std::io::ErrorKind,
+    },
+    /// The store directory is locked by another open store: another process, or another
+    /// [`SledStore`] of this process that was not dropped or closed. Reported after waiting
+    /// half a second for the lock.
+    #[error("store directory {} is in use by another process (or by another open SledStore in this process)", .path.display())]
+    Locked {
+        /// The store directory.
+        path: PathBuf,
+    },
     /// The store was closed, or its flusher thread is gone.
     #[error("store is closed")]
     Closed,
@@ -202,6 +229,41 @@ pub enum Error {
     Injected(CommitKind),
 }
 
+impl Error {
+    /// Whether the failure is temporary: the same call can succeed later, once the condition
+    /// the error names has cleared, with nothing to repair first. A commit that failed so was
+    /// not acknowledged, and the store stays usable as it is: it need not be reopened.
+    ///
+    /// True for [`Error::StorageFull`] (retry once space is freed) and [`Error::Locked`]
+    /// (open again once the other holder has closed the store). Every other error is not
+    /// known to clear by itself.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, Error::StorageFull { .. } | Error::Locked { .. })
+    }
+}
+
+// Written by hand rather than with `#[from]`, which would also make the wrapped error the
+// `source` and have it printed twice (see [`Error`]).
+impl From<::sled::Error> for Error {
+    fn from(error: ::sled::Error) -> Self {
+        Error::Sled(error)
+    }
+}
+
+impl From<std::io::Error> for Error {
+    fn from(error: std::io::Error) -> Self {
+        Error::Io(error)
+    }
+}
+
+/// How [`Error::StorageFull`] names the store.
+fn location(path: Option<&Path>) -> String {
+    match path {
+        Some(path) => format!("store directory {}", path.display()),
+        None => "the temporary store".to_owned(),
+    }
+}
+
 /// A transactional, durable key-value store with named trees.
 ///
 /// Implementations must make [`Store::commit`] atomic (after a crash, all of a batch or none of
@@ -212,6 +274,8 @@ pub trait Store: Send + Sync + Debug + 'static {
     ///
     /// # Errors
     /// A backend failure; then nothing of the batch may be acknowledged.
+    /// [`Error::is_retryable`] tells whether the same commit can succeed later (on a full
+    /// disk, once space is freed).
     async fn commit(&self, batch: Batch) -> Result<(), Error>;
 
     /// Reads one key.
@@ -274,4 +338,52 @@ pub trait Store: Send + Sync + Debug + 'static {
     /// # Errors
     /// A backend failure.
     fn size_on_disk(&self) -> Result<u64, Error>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An error reporter that prints the whole chain (`anyhow`'s `{:#}`) shows a wrapped
+    /// error's text once.
+    #[test]
+    fn a_wrapped_error_is_printed_once_in_its_chain() {
+        let sled = Error::from(::sled::Error::Unsupported("the reason".into()));
+        let io = Error::from(std::io::Error::other("the reason"));
+        for error in [sled, io] {
+            let shown = format!("{:#}", anyhow::Error::from(error));
+            assert_eq!(shown.matches("the reason").count(), 1, "{shown}");
+        }
+    }
+
+    #[test]
+    fn a_full_disk_is_named_and_retryable_and_other_errors_are_not() {
+        let full = Error::StorageFull {
+            path: Some(PathBuf::from("/srv/agent-store")),
+            kind: std::io::ErrorKind::StorageFull,
+        };
+        assert_eq!(
+            format!("{:#}", anyhow::Error::from(full)),
+            "cannot write to store directory /srv/agent-store: no storage space; its commits \
+             fail until space is freed, then succeed again"
+        );
+        let quota = Error::StorageFull {
+            path: None,
+            kind: std::io::ErrorKind::QuotaExceeded,
+        };
+        assert!(quota.is_retryable());
+        assert_eq!(
+            quota.to_string(),
+            "cannot write to the temporary store: quota exceeded; its commits fail until space \
+             is freed, then succeed again"
+        );
+        for error in [
+            Error::Closed,
+            Error::from(std::io::Error::other("broken")),
+            Error::from(::sled::Error::Unsupported("broken".into())),
+            Error::Injected(CommitKind::Other),
+        ] {
+            assert!(!error.is_retryable(), "{error}");
+        }
+    }
 }

@@ -13,7 +13,9 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use ::sled::IVec;
-use parking_lot::{Condvar, MappedRwLockReadGuard, Mutex, RwLock, RwLockReadGuard};
+use parking_lot::{
+    Condvar, MappedRwLockReadGuard, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard,
+};
 use tokio::sync::oneshot;
 
 use super::{Batch, Entry, Error, Store, Tree};
@@ -128,9 +130,10 @@ impl SledStoreBuilder {
     /// Opens (or creates) the store.
     ///
     /// # Errors
-    /// sled cannot open the directory (for example another process still holds its lock after
-    /// half a second), or, at [`Durability::PowerLoss`], the data file or directories cannot be
-    /// opened or synced.
+    /// [`Error::Locked`] when another process (or another open store of this process) still
+    /// holds the directory after half a second; [`Error::StorageFull`] when the disk is full;
+    /// otherwise sled cannot open the directory, or, at [`Durability::PowerLoss`], the data
+    /// file or directories cannot be opened or synced.
     pub fn open(self) -> Result<SledStore, Error> {
         let mut config = ::sled::Config::new();
         match &self.path {
@@ -140,27 +143,7 @@ impl SledStoreBuilder {
         if let Some(bytes) = self.cache_capacity {
             config = config.cache_capacity(bytes);
         }
-        let db = open_db(&config)?;
-        refuse_old_layout(&db)?;
-        let records = db.open_tree(RECORDS)?;
-
-        let syncer = match (&self.path, self.durability) {
-            (Some(path), Durability::PowerLoss) => Some(Syncer::open(path)?),
-            _ => None,
-        };
-
-        let shared = Arc::new(Shared {
-            open: RwLock::new(Some(Open {
-                db,
-                records,
-                syncer,
-            })),
-            flushes: AtomicU64::new(0),
-            #[cfg(test)]
-            fail_flushes: std::sync::atomic::AtomicBool::new(false),
-            #[cfg(test)]
-            applied_batches: AtomicU64::new(0),
-        });
+        let shared = Arc::new(Shared::start(config, self.path.clone(), self.durability)?);
         let group = if self.group_commit {
             Some(GroupFlusher::start(Arc::clone(&shared))?)
         } else {
@@ -216,6 +199,24 @@ impl SledStoreBuilder {
 /// Grouping keeps every batch all-or-nothing (a group is all-or-nothing as a whole). A commit is
 /// never acknowledged before its flush has succeeded; a failed apply or flush fails every
 /// commit of its group.
+///
+/// # After a failed write, and when the disk is full
+///
+/// A commit that cannot be written because the disk is full or the disk quota is exhausted
+/// fails with [`Error::StorageFull`], which is [retryable](Error::is_retryable): once space
+/// is freed, the same store commits again, without being reopened. Commits acknowledged
+/// before stay acknowledged, and once a commit has failed, nothing of it is shown unless it
+/// reached the disk.
+///
+/// How: sled 0.34 fails every later operation of a database once one of its log writes has
+/// failed, even after space is freed, and it keeps showing the batches it applied in memory
+/// but could not write (they would vanish at the next restart). So after *any* failed apply or
+/// flush the store drops the `sled::Db` and opens it again from the directory before the
+/// failed commits hear of it: from then on, readers see what is on disk. Reads wait while
+/// that happens. While the disk stays full, opening the database can fail as well (sled needs
+/// a little space to open); the store then has no database, and every read and commit tries
+/// to open it again, failing with [`Error::StorageFull`] until there is room. A temporary store
+/// is opened again the same way: its directory stays until the store is dropped.
 ///
 /// # Examples
 ///
@@ -305,10 +306,6 @@ impl SledStore {
         }
     }
 
-    fn records(&self) -> Result<::sled::Tree, Error> {
-        Ok(self.shared.open()?.records.clone())
-    }
-
     /// Applies `batch` (if any) and returns once a flush that started after it was applied
     /// has completed.
     async fn commit_and_flush(&self, batch: Option<Batch>) -> Result<(), Error> {
@@ -321,12 +318,7 @@ impl SledStore {
             }
             None => {
                 let shared = Arc::clone(&self.shared);
-                let work = move || {
-                    if let Some(batch) = &batch {
-                        shared.apply(std::slice::from_ref(batch))?;
-                    }
-                    shared.flush_durable()
-                };
+                let work = move || shared.commit(batch.as_slice());
                 match tokio::runtime::Handle::try_current() {
                     Ok(handle) => handle
                         .spawn_blocking(work)
@@ -360,15 +352,24 @@ impl Store for SledStore {
         self.commit_and_flush(Some(batch)).await
     }
 
+    // Every read holds the read side of the database lock while it reads (and does not read
+    // from a clone of the sled tree after letting go of it): a failed write then waits for
+    // the reads in progress before it replaces the database, and no read can go on in the
+    // one it replaced.
+
     fn get(&self, tree: Tree, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
         Ok(self
-            .records()?
+            .shared
+            .open()?
+            .records
             .get(stored_key(tree, key))?
             .map(|v| v.to_vec()))
     }
 
     fn scan_prefix(&self, tree: Tree, prefix: &[u8]) -> Result<Vec<Entry>, Error> {
-        self.records()?
+        self.shared
+            .open()?
+            .records
             .scan_prefix(stored_key(tree, prefix))
             .map(logical_entry)
             .collect()
@@ -380,7 +381,9 @@ impl Store for SledStore {
         prefix: &[u8],
         limit: usize,
     ) -> Result<Vec<Entry>, Error> {
-        self.records()?
+        self.shared
+            .open()?
+            .records
             .scan_prefix(stored_key(tree, prefix))
             .rev()
             .take(limit)
@@ -398,7 +401,9 @@ impl Store for SledStore {
         if limit == 0 || from >= to {
             return Ok(Vec::new());
         }
-        self.records()?
+        self.shared
+            .open()?
+            .records
             .range(stored_key(tree, from)..stored_key(tree, to))
             .take(limit)
             .map(logical_entry)
@@ -414,7 +419,7 @@ impl Store for SledStore {
     async fn close(&self) -> Result<(), Error> {
         let flushed = self.commit_and_flush(None).await;
         // Waits for an apply or flush in progress, which holds the read side.
-        let open = self.shared.open.write().take();
+        let open = std::mem::replace(&mut *self.shared.state.write(), State::Closed);
         drop(open);
         flushed
     }
@@ -423,7 +428,7 @@ impl Store for SledStore {
     /// database outside the lock (sled flushes as it drops); queued commits that were never
     /// acknowledged fail with [`Error::Closed`].
     fn release(&self) {
-        let open = self.shared.open.write().take();
+        let open = std::mem::replace(&mut *self.shared.state.write(), State::Closed);
         drop(open);
     }
 
@@ -436,7 +441,8 @@ impl Store for SledStore {
 const LOCK_RETRY: Duration = Duration::from_millis(10);
 const LOCK_RETRIES: u32 = 50;
 
-/// Opens sled, waiting up to half a second for its directory lock.
+/// Opens sled, waiting up to half a second for its directory lock; a lock still held then is
+/// [`Error::Locked`] (naming `path`, the store directory, `None` for a temporary store).
 ///
 /// Why wait: sled writes its log buffers from I/O threads, each holding a handle on the data
 /// file, and it wakes a flush's waiters before that thread has let go of the handle. So right
@@ -444,16 +450,24 @@ const LOCK_RETRIES: u32 = 50;
 /// open for a moment, and reopening the directory in the same process fails now and then (a
 /// store unit test that reopens at once failed in 1–2 of 40 runs). A lock that another process
 /// holds still fails, half a second later.
-fn open_db(config: &::sled::Config) -> Result<::sled::Db, Error> {
+fn open_db(config: &::sled::Config, path: Option<&Path>) -> Result<::sled::Db, Error> {
     let mut retries = 0;
     loop {
         match config.open() {
             // sled reports the lock as `ErrorKind::Other`: only its message tells it apart.
-            Err(::sled::Error::Io(e))
-                if retries < LOCK_RETRIES && e.to_string().contains("could not acquire lock") =>
-            {
-                retries += 1;
-                std::thread::sleep(LOCK_RETRY);
+            Err(::sled::Error::Io(e)) if e.to_string().contains("could not acquire lock") => {
+                if retries < LOCK_RETRIES {
+                    retries += 1;
+                    std::thread::sleep(LOCK_RETRY);
+                    continue;
+                }
+                return Err(match path {
+                    Some(path) => Error::Locked {
+                        path: path.to_owned(),
+                    },
+                    // Nobody else knows a temporary store's directory: keep sled's words.
+                    None => ::sled::Error::Io(e).into(),
+                });
             }
             opened => return Ok(opened?),
         }
@@ -499,18 +513,49 @@ fn logical_entry(kv: ::sled::Result<(IVec, IVec)>) -> Result<Entry, Error> {
     Ok((logical_key(&key), value.to_vec()))
 }
 
-/// The open database; taken out by [`Store::close`].
+/// An open database.
 struct Open {
     db: ::sled::Db,
     /// The one sled tree every logical tree lives in (see [`keyspace`]).
     records: ::sled::Tree,
     /// `Some` at [`Durability::PowerLoss`] for a non-temporary store.
     syncer: Option<Syncer>,
+    /// Which opening of the database this is (0 first, then one more after each failed
+    /// write), so that several commits that failed on the same database replace it once.
+    generation: u64,
+}
+
+/// What the store holds of its database.
+enum State {
+    Open(Open),
+    /// A write failed, the database was dropped, and opening it again failed as well (the
+    /// disk is still full, say): the next operation tries again.
+    Failed,
+    /// Taken out by [`Store::close`] or [`Store::release`].
+    Closed,
+}
+
+impl State {
+    fn open(&self) -> Option<&Open> {
+        match self {
+            State::Open(open) => Some(open),
+            State::Failed | State::Closed => None,
+        }
+    }
 }
 
 /// What the store, its flusher thread and its blocking flush tasks share.
 struct Shared {
-    open: RwLock<Option<Open>>,
+    /// The configuration the database is opened with, the first time and after each failed
+    /// write. For a temporary store it also keeps the directory alive across a reopen: sled
+    /// deletes a temporary store's directory when the last handle on its configuration goes.
+    config: ::sled::Config,
+    /// `None` for a temporary store.
+    path: Option<PathBuf>,
+    durability: Durability,
+    state: RwLock<State>,
+    /// How many times the database was opened: the generation of the next one.
+    opened: AtomicU64,
     flushes: AtomicU64,
     /// Makes every flush fail while set (tests of error propagation).
     #[cfg(test)]
@@ -525,15 +570,133 @@ struct Shared {
 const MAX_WRITES_PER_SLED_BATCH: usize = 4096;
 
 impl Shared {
-    /// The open database, or [`Error::Closed`].
+    /// Opens the database.
+    fn start(
+        config: ::sled::Config,
+        path: Option<PathBuf>,
+        durability: Durability,
+    ) -> Result<Self, Error> {
+        let mut shared = Self {
+            config,
+            path,
+            durability,
+            state: RwLock::new(State::Failed),
+            opened: AtomicU64::new(0),
+            flushes: AtomicU64::new(0),
+            #[cfg(test)]
+            fail_flushes: std::sync::atomic::AtomicBool::new(false),
+            #[cfg(test)]
+            applied_batches: AtomicU64::new(0),
+        };
+        *shared.state.get_mut() = State::Open(shared.open_database()?);
+        Ok(shared)
+    }
+
+    /// Opens the database from its files (at start, and again after a failed write).
+    fn open_database(&self) -> Result<Open, Error> {
+        let open = || -> Result<Open, Error> {
+            let db = open_db(&self.config, self.path.as_deref())?;
+            refuse_old_layout(&db)?;
+            let records = db.open_tree(RECORDS)?;
+            let syncer = match (&self.path, self.durability) {
+                (Some(path), Durability::PowerLoss) => Some(Syncer::open(path)?),
+                _ => None,
+            };
+            Ok(Open {
+                db,
+                records,
+                syncer,
+                generation: self.opened.fetch_add(1, Ordering::Relaxed),
+            })
+        };
+        open().map_err(|error| self.classify(error))
+    }
+
+    /// Turns a full disk or an exhausted quota, however sled or the file system reported it,
+    /// into [`Error::StorageFull`]. sled hands out copies of its I/O errors that keep the
+    /// error's kind but not its OS error number, so the kind is what tells.
+    fn classify(&self, error: Error) -> Error {
+        let kind = match &error {
+            Error::Sled(::sled::Error::Io(e)) | Error::Io(e) => e.kind(),
+            _ => return error,
+        };
+        match kind {
+            io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded => Error::StorageFull {
+                path: self.path.clone(),
+                kind,
+            },
+            _ => error,
+        }
+    }
+
+    /// The open database, or [`Error::Closed`]. If a failed write left no database, opens it
+    /// first (and fails as that does, for example with [`Error::StorageFull`] while the disk
+    /// is still full).
     fn open(&self) -> Result<MappedRwLockReadGuard<'_, Open>, Error> {
-        RwLockReadGuard::try_map(self.open.read(), Option::as_ref).map_err(|_| Error::Closed)
+        let mut state = self.state.read();
+        if matches!(*state, State::Failed) {
+            drop(state);
+            let mut write = self.state.write();
+            if matches!(*write, State::Failed) {
+                *write = State::Open(self.open_database()?);
+            }
+            state = RwLockWriteGuard::downgrade(write);
+        }
+        RwLockReadGuard::try_map(state, State::open).map_err(|_| Error::Closed)
+    }
+
+    /// Applies `batches` and does one flush (a bare flush when there are none), all on the
+    /// same database.
+    ///
+    /// When any of it fails, the database is replaced with one opened again from its files
+    /// before this returns (see [`Shared::replace_failed`]); the error is the failure's.
+    fn commit(&self, batches: &[SledWrites]) -> Result<(), Error> {
+        let failed = {
+            let open = self.open()?;
+            match self.apply_group_and_flush(&open, batches) {
+                Ok(()) => return Ok(()),
+                Err(error) => (error, open.generation),
+            }
+        };
+        let (error, generation) = failed;
+        self.replace_failed(generation);
+        Err(self.classify(error))
+    }
+
+    /// Drops the database of `generation`, after a write on it failed, and opens it again from
+    /// its files; if it cannot be opened (the disk is still full, say), the next operation
+    /// tries again.
+    ///
+    /// Why: sled 0.34 records an I/O error of its log writer (a full disk) as a global error
+    /// and fails every later operation of that database with it, even once space is freed;
+    /// only a new `sled::Db` starts afresh. And a batch that sled applied in memory but could
+    /// not write stays readable in the failed database, although it would vanish after a
+    /// restart: the database opened again shows what is on disk, nothing more.
+    ///
+    /// This takes the write side of the lock, so it waits for reads in progress, and later
+    /// ones wait until the database is open again. Several commits that failed on the same
+    /// database (without group commit) replace it once.
+    fn replace_failed(&self, generation: u64) {
+        let mut state = self.state.write();
+        if !matches!(&*state, State::Open(open) if open.generation == generation) {
+            // Already replaced, closed, or waiting for the next operation to open it.
+            return;
+        }
+        // The failed database must be gone before it is opened again: it holds the
+        // directory's lock. sled does not flush a database that recorded a global error as it
+        // drops.
+        *state = State::Failed;
+        match self.open_database() {
+            Ok(open) => *state = State::Open(open),
+            Err(error) => {
+                tracing::warn!(%error, "store: reopening the database after a failed write failed; the next operation tries again");
+            }
+        }
     }
 
     /// Applies `batches` as one sled batch: all or nothing, after a crash too. A key written
     /// by several of them ends with the last write, as if they were applied in order.
-    fn apply(&self, batches: &[SledWrites]) -> Result<(), Error> {
-        let open = self.open()?;
+    fn apply(&self, open: &Open, batches: &[SledWrites]) -> Result<(), Error> {
         let mut sled_batch = ::sled::Batch::default();
         for writes in batches {
             writes.add_to(&mut sled_batch);
@@ -546,30 +709,29 @@ impl Shared {
 
     /// Applies a group's batches in as few sled batches as [`MAX_WRITES_PER_SLED_BATCH`]
     /// allows (a batch is never split), then does one flush.
-    fn apply_group_and_flush(&self, batches: &[SledWrites]) -> Result<(), Error> {
+    fn apply_group_and_flush(&self, open: &Open, batches: &[SledWrites]) -> Result<(), Error> {
         let mut start = 0;
         let mut writes = 0;
         for (i, batch) in batches.iter().enumerate() {
             if writes > 0 && writes + batch.len() > MAX_WRITES_PER_SLED_BATCH {
-                self.apply(&batches[start..i])?;
+                self.apply(open, &batches[start..i])?;
                 start = i;
                 writes = 0;
             }
             writes += batch.len();
         }
         if start < batches.len() {
-            self.apply(&batches[start..])?;
+            self.apply(open, &batches[start..])?;
         }
-        self.flush_durable()
+        self.flush_durable(open)
     }
 
     /// One physical flush: sled's `flush()`, then the `fdatasync`s of the durability level.
-    fn flush_durable(&self) -> Result<(), Error> {
+    fn flush_durable(&self, open: &Open) -> Result<(), Error> {
         #[cfg(test)]
         if self.fail_flushes.load(Ordering::SeqCst) {
             return Err(Error::Io(io::Error::other("injected flush failure")));
         }
-        let open = self.open()?;
         open.db.flush()?;
         if let Some(syncer) = &open.syncer {
             syncer.sync()?;
@@ -667,6 +829,11 @@ fn duplicate(error: &Error) -> Error {
     match error {
         Error::Sled(e) => Error::Sled(e.clone()),
         Error::Io(e) => Error::Io(io::Error::new(e.kind(), e.to_string())),
+        Error::StorageFull { path, kind } => Error::StorageFull {
+            path: path.clone(),
+            kind: *kind,
+        },
+        Error::Locked { path } => Error::Locked { path: path.clone() },
         Error::Closed => Error::Closed,
         Error::OldLayout { tree } => Error::OldLayout { tree: tree.clone() },
         Error::Injected(kind) => Error::Injected(*kind),
@@ -784,7 +951,8 @@ fn run_flusher(shared: &Shared, queue: &Queue) {
             waiters.push(done);
         }
         // The flush starts after every batch of the group is applied, so it covers them all.
-        let result = shared.apply_group_and_flush(&batches);
+        // A failed group has had its database replaced before its committers hear of it.
+        let result = shared.commit(&batches);
         drop(batches);
         for waiter in waiters {
             let outcome = match &result {
@@ -1024,7 +1192,7 @@ mod tests {
             sized(1, 4),
         ];
         let batches = batches.map(SledWrites::new);
-        store.shared.apply_group_and_flush(&batches)?;
+        store.shared.commit(&batches)?;
         assert_eq!(store.shared.applied_batches.load(Ordering::SeqCst), 3);
         assert_eq!(store.flush_count(), 1);
         for (tag, n) in [(1u8, max / 2), (2, max / 2), (3, max + 10), (4, 1)] {
@@ -1186,11 +1354,34 @@ mod tests {
             }
             assert!(store.flush().await.is_err());
             assert_eq!(store.flush_count(), 0);
+            assert!(
+                store.shared.opened.load(Ordering::SeqCst) > 1,
+                "the database was not opened again after a failed write"
+            );
             store.shared.fail_flushes.store(false, Ordering::SeqCst);
             store
                 .commit(batch(&[(Tree::Children, b"ok", b"ok")]))
                 .await?;
             assert_eq!(store.flush_count(), 1);
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn a_failed_database_is_opened_again_once_however_many_commits_failed_on_it(
+    ) -> Result<(), anyhow::Error> {
+        let dir = tempfile::tempdir()?;
+        for store in [SledStore::temporary()?, SledStore::open(dir.path())?] {
+            futures::executor::block_on(store.commit(batch(&[(Tree::Pending, b"k", b"v")])))?;
+            let failed = store.shared.open()?.generation;
+            // As if two commits had failed on it.
+            store.shared.replace_failed(failed);
+            store.shared.replace_failed(failed);
+            assert_eq!(store.shared.opened.load(Ordering::SeqCst), 2);
+            assert_eq!(store.shared.open()?.generation, failed + 1);
+            // Opened from the same directory, a temporary store's too.
+            assert_eq!(store.get(Tree::Pending, b"k")?, Some(b"v".to_vec()));
+            futures::executor::block_on(store.commit(batch(&[(Tree::Pending, b"k2", b"v")])))?;
         }
         Ok(())
     }
@@ -1342,6 +1533,314 @@ mod tests {
             }
             futures::executor::block_on(store.commit(reset))?;
         }
+        Ok(())
+    }
+
+    #[test]
+    fn a_second_open_of_a_directory_in_use_is_refused_naming_the_directory(
+    ) -> Result<(), anyhow::Error> {
+        let dir = tempfile::tempdir()?;
+        let first = SledStore::open(dir.path())?;
+        match SledStore::open(dir.path()) {
+            Err(Error::Locked { path }) => assert_eq!(path, dir.path()),
+            other => panic!("expected the directory to be refused as locked, got {other:?}"),
+        }
+        drop(first);
+        SledStore::open(dir.path())?;
+        Ok(())
+    }
+
+    #[test]
+    fn the_locked_error_names_the_directory_once_and_is_retryable() {
+        let error = Error::Locked {
+            path: PathBuf::from("/srv/agent-store"),
+        };
+        assert!(error.is_retryable());
+        let shown = format!("{:#}", anyhow::Error::from(error));
+        assert_eq!(
+            shown,
+            "store directory /srv/agent-store is in use by another process \
+             (or by another open SledStore in this process)"
+        );
+    }
+
+    const LOCK_CHILD_ENV: &str = "DORMANT_SLED_LOCK_CHILD_DIR";
+    const LOCK_CHILD_OPENED: &str = "lock child: store opened";
+
+    /// Run by the parent test below in a child process: opens the store, says so, and holds
+    /// it until its stdin is closed.
+    #[test]
+    fn lock_child_holds_the_store_until_stdin_closes() -> Result<(), anyhow::Error> {
+        let Some(dir) = std::env::var_os(LOCK_CHILD_ENV) else {
+            return Ok(()); // Only meaningful as the parent's child.
+        };
+        let store = SledStore::open(PathBuf::from(dir))?;
+        println!("{LOCK_CHILD_OPENED}");
+        std::io::copy(&mut std::io::stdin(), &mut std::io::sink())?;
+        drop(store);
+        Ok(())
+    }
+
+    #[test]
+    fn a_directory_another_process_holds_is_refused_naming_the_directory(
+    ) -> Result<(), anyhow::Error> {
+        if std::env::var_os(LOCK_CHILD_ENV).is_some() {
+            return Ok(());
+        }
+        let dir = tempfile::tempdir()?;
+        let mut child = Command::new(std::env::current_exe()?)
+            .args([
+                "--exact",
+                "store::sled::tests::lock_child_holds_the_store_until_stdin_closes",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(LOCK_CHILD_ENV, dir.path())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()?;
+        let stdout = child
+            .stdout
+            .take()
+            .ok_or_else(|| anyhow::anyhow!("no stdout"))?;
+        let mut lines = BufReader::new(stdout).lines();
+        loop {
+            let Some(line) = lines.next() else {
+                anyhow::bail!("the child exited before opening the store");
+            };
+            // libtest prints the test's name on the same line, before it.
+            if line?.ends_with(LOCK_CHILD_OPENED) {
+                break;
+            }
+        }
+        let refused = SledStore::open(dir.path());
+        // Closing its stdin lets the child close the store and exit.
+        drop(child.stdin.take());
+        let status = child.wait()?;
+        match refused {
+            Err(Error::Locked { path }) => assert_eq!(path, dir.path()),
+            other => panic!("expected the directory to be refused as locked, got {other:?}"),
+        }
+        assert!(status.success(), "the child failed: {status}");
+        // The child is gone, and so is its lock.
+        SledStore::open(dir.path())?;
+        Ok(())
+    }
+
+    const FULL_DISK_CHILD_ENV: &str = "DORMANT_SLED_FULL_DISK_CHILD_DIR";
+    /// Printed by the child's shell once the tmpfs is mounted, and by the child once every
+    /// check has passed.
+    const FULL_DISK_MOUNTED: &str = "full-disk: tmpfs mounted";
+    const FULL_DISK_PASSED: &str = "full-disk: every check passed";
+
+    /// Run by the parent test below in a child process, in a mount namespace of its own, with
+    /// a small tmpfs mounted on the directory `DORMANT_SLED_FULL_DISK_CHILD_DIR`.
+    #[test]
+    fn full_disk_child_fills_the_disk_and_frees_it() -> Result<(), anyhow::Error> {
+        let Some(mount) = std::env::var_os(FULL_DISK_CHILD_ENV) else {
+            return Ok(()); // Only meaningful as the parent's child.
+        };
+        let mount = PathBuf::from(mount);
+        for group_commit in [true, false] {
+            fill_and_free_the_disk(&mount, group_commit)
+                .map_err(|e| e.context(format!("group commit {group_commit}")))?;
+        }
+        println!("{FULL_DISK_PASSED}");
+        Ok(())
+    }
+
+    /// One commit: message `n` in the log, and `n` as the session's last message (two keys of
+    /// one batch, so that a torn batch shows).
+    fn numbered(n: u32) -> Batch {
+        batch(&[
+            (Tree::Log, &n.to_be_bytes(), &[0x5a; 200]),
+            (Tree::Sessions, b"last", &n.to_be_bytes()),
+        ])
+    }
+
+    /// The messages a store shows, after checking that its last one is the session's `last`
+    /// (no batch torn).
+    fn shown_messages(store: &SledStore) -> Result<Vec<u32>, Error> {
+        let messages: Vec<u32> = store
+            .scan_prefix(Tree::Log, b"")?
+            .into_iter()
+            .map(|(key, _)| u32::from_be_bytes(key.try_into().unwrap_or_default()))
+            .collect();
+        let last = store
+            .get(Tree::Sessions, b"last")?
+            .map(|v| u32::from_be_bytes(v.try_into().unwrap_or_default()));
+        assert_eq!(last, messages.last().copied(), "a torn batch is visible");
+        Ok(messages)
+    }
+
+    fn assert_storage_full(error: &Error, dir: &Path) {
+        match error {
+            Error::StorageFull {
+                path: Some(path),
+                kind: io::ErrorKind::StorageFull,
+            } if path == dir => assert!(error.is_retryable()),
+            other => panic!(
+                "expected StorageFull naming {}, got {other:?}",
+                dir.display()
+            ),
+        }
+    }
+
+    fn fill_and_free_the_disk(mount: &Path, group_commit: bool) -> Result<(), anyhow::Error> {
+        use std::io::Write;
+
+        use anyhow::Context;
+
+        let dir = mount.join(format!("store-group-commit-{group_commit}"));
+        let store = SledStoreBuilder::new(&dir)
+            .group_commit(group_commit)
+            .open()?;
+        let commit = |n: u32| futures::executor::block_on(store.commit(numbered(n)));
+        let mut acked = Vec::new();
+        let mut next = 0u32;
+        for _ in 0..20 {
+            commit(next)?;
+            acked.push(next);
+            next += 1;
+        }
+
+        // Fill the disk to its last page.
+        let ballast_path = mount.join("ballast");
+        let mut ballast = File::create(&ballast_path)?;
+        let chunk = vec![0xb5; 64 * 1024];
+        loop {
+            match ballast.write_all(&chunk) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::StorageFull => break,
+                Err(e) => return Err(e.into()),
+            }
+        }
+
+        // Commit until one fails: sled can still fill the page it last wrote.
+        let mut failed = None;
+        for _ in 0..10_000 {
+            let n = next;
+            next += 1;
+            match commit(n) {
+                Ok(()) => acked.push(n),
+                Err(error) => {
+                    failed = Some(error);
+                    break;
+                }
+            }
+        }
+        let failed = failed.ok_or_else(|| anyhow::anyhow!("no commit failed on a full disk"))?;
+        assert_storage_full(&failed, &dir);
+        println!("full-disk: commit {} failed: {failed}", next - 1);
+
+        // While the disk stays full, a commit fails with the same error (or lands, if sled
+        // found room), and a read shows only what is on disk, or fails with the same error.
+        let n = next;
+        next += 1;
+        match commit(n) {
+            Ok(()) => acked.push(n),
+            Err(error) => assert_storage_full(&error, &dir),
+        }
+        let seen_while_full = match shown_messages(&store) {
+            Ok(messages) => messages,
+            Err(error) => {
+                assert_storage_full(&error, &dir);
+                Vec::new()
+            }
+        };
+        println!(
+            "full-disk: on the full disk, {} acknowledged, {} shown",
+            acked.len(),
+            seen_while_full.len()
+        );
+
+        // Free the space: the same store commits again.
+        drop(ballast);
+        std::fs::remove_file(&ballast_path)?;
+        for _ in 0..20 {
+            commit(next).with_context(|| format!("commit {next}, once space was freed"))?;
+            acked.push(next);
+            next += 1;
+        }
+        let shown = shown_messages(&store)?;
+        for n in &acked {
+            assert!(shown.contains(n), "acknowledged commit {n} is not visible");
+        }
+        for n in &seen_while_full {
+            assert!(
+                shown.contains(n),
+                "commit {n}, visible on a full disk, vanished"
+            );
+        }
+
+        // What the store showed is what is on disk.
+        drop(store);
+        let reopened = SledStore::open(&dir)?;
+        assert_eq!(shown_messages(&reopened)?, shown);
+        Ok(())
+    }
+
+    /// Whether this process runs as root (the `Uid:` line of `/proc/self/status` gives the
+    /// real, effective, saved and file-system user ids).
+    fn runs_as_root() -> bool {
+        std::fs::read_to_string("/proc/self/status").is_ok_and(|status| {
+            status
+                .lines()
+                .find_map(|line| line.strip_prefix("Uid:"))
+                .and_then(|ids| ids.split_whitespace().nth(1))
+                == Some("0")
+        })
+    }
+
+    /// A commit on a full disk fails with [`Error::StorageFull`]; once space is freed the
+    /// same store commits again, every acknowledged commit is visible, and what the store
+    /// showed is what a reopen finds. The disk is a real, 4 MiB tmpfs, mounted in a mount
+    /// namespace of a child process (which needs root or user namespaces, and util-linux
+    /// `unshare`: the test fails, saying so, without them).
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_full_disk_fails_commits_until_space_is_freed_then_the_same_store_commits_again(
+    ) -> Result<(), anyhow::Error> {
+        if std::env::var_os(FULL_DISK_CHILD_ENV).is_some() {
+            return Ok(());
+        }
+        let mount = tempfile::tempdir()?;
+        let mut unshare = Command::new("unshare");
+        if !runs_as_root() {
+            // An unprivileged user may mount a tmpfs in a user namespace of its own.
+            unshare.arg("--map-root-user");
+        }
+        let script = format!(
+            "mount -t tmpfs -o size=4m tmpfs \"$1\" && echo '{FULL_DISK_MOUNTED}' && \
+             exec \"$2\" --exact \
+             store::sled::tests::full_disk_child_fills_the_disk_and_frees_it \
+             --nocapture --test-threads=1"
+        );
+        let output = unshare
+            .args(["--mount", "sh", "-c", &script, "sh"])
+            .arg(mount.path())
+            .arg(std::env::current_exe()?)
+            .env(FULL_DISK_CHILD_ENV, mount.path())
+            .output()
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "this test runs util-linux `unshare` to mount a small tmpfs, and cannot \
+                     run it: {e}"
+                )
+            })?;
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        anyhow::ensure!(
+            stdout.contains(FULL_DISK_MOUNTED),
+            "this test mounts a small tmpfs in a mount namespace of its own, which needs root \
+             (or unprivileged user namespaces) and util-linux `unshare`; that failed:\n{stderr}"
+        );
+        anyhow::ensure!(
+            output.status.success() && stdout.contains(FULL_DISK_PASSED),
+            "the full-disk child failed ({}):\n{stdout}\n{stderr}",
+            output.status
+        );
         Ok(())
     }
 }
