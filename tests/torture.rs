@@ -20,7 +20,7 @@
 //! Knobs: `DORMANT_TORTURE_SEED` replays a run (the seed is printed first),
 //! `DORMANT_TORTURE_BATCH` sets the new sessions per generation (16),
 //! `DORMANT_TORTURE_BROKEN=safe_to_retry` runs the broken variant (`charge`, which must run at
-//! most once, declared `safe_to_retry`).
+//! most once, declared `safe_to_retry`), which the last test here shows is caught.
 //!
 //! The children are this test binary, re-run with `--ignored --exact torture_child`.
 
@@ -97,6 +97,32 @@ fn sigkill_loses_no_acknowledged_answer_and_runs_no_tool_twice() -> anyhow::Resu
         report.problems() == 0,
         "{} problem(s) under SIGKILL, named in the report above",
         report.problems()
+    );
+    Ok(())
+}
+
+/// The harness is only worth something if it fails a runtime that breaks the guarantee: here
+/// the non-retryable `charge` is declared `safe_to_retry`, and a kill while it runs must show
+/// up as a double execution of `charge`.
+#[test]
+fn the_harness_catches_a_non_retryable_tool_marked_safe_to_retry() -> anyhow::Result<()> {
+    // A fixed seed unless one is given: the check must not depend on luck.
+    let mut options = Options::from_env(3, Some(13), true)?;
+    options.kills = options.kills.min(3);
+    let report = torture(options)?;
+    let charged_twice: Vec<&check::Double> = report
+        .findings
+        .doubles
+        .iter()
+        .filter(|double| double.tool == "charge")
+        .collect();
+    anyhow::ensure!(
+        !charged_twice.is_empty(),
+        "the broken variant went unnoticed (report above)"
+    );
+    anyhow::ensure!(
+        report.kills.exits.is_empty(),
+        "children died on their own (report above)"
     );
     Ok(())
 }
