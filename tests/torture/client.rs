@@ -42,6 +42,9 @@ pub(crate) struct Client {
     pub(crate) notes: Vec<String>,
     /// Makes every submitted value distinct, so the checker can tell which one was applied.
     sent: u64,
+    /// A runtime call hung: the drive stops, so a hung tree costs one timeout, not one per
+    /// round.
+    hung: bool,
 }
 
 impl Client {
@@ -60,6 +63,7 @@ impl Client {
             behaviour,
             notes: Vec::new(),
             sent: 0,
+            hung: false,
         }
     }
 
@@ -67,6 +71,9 @@ impl Client {
     pub(crate) async fn drive(&mut self, root: &SessionId, rounds: usize) -> Option<Status> {
         let mut status = None;
         for _ in 0..rounds {
+            if self.hung {
+                break;
+            }
             status = match self.runtime.status(root) {
                 Ok(status) => Some(status),
                 // Never created (a kill came first): nothing to drive.
@@ -123,7 +130,10 @@ impl Client {
         match tokio::time::timeout(HUNG, call).await {
             Ok(Ok(())) => {}
             Ok(Err(error)) => self.note(format!("{root}: {what}: {error}")),
-            Err(_) => self.note(format!("{root}: {what} hung for {HUNG:?}")),
+            Err(_) => {
+                self.hung = true;
+                self.note(format!("{root}: {what} hung for {HUNG:?}"));
+            }
         }
     }
 
@@ -230,7 +240,10 @@ impl Client {
         };
         match tokio::time::timeout(HUNG, self.runtime.submit_tool_result(submit)).await {
             Ok(outcome) => Ok(outcome?),
-            Err(_) => anyhow::bail!("submit of {id} hung for {HUNG:?}"),
+            Err(_) => {
+                self.hung = true;
+                anyhow::bail!("submit of {id} hung for {HUNG:?}")
+            }
         }
     }
 
