@@ -18,7 +18,7 @@
 //! ```
 //!
 //! Knobs: `DORMANT_TORTURE_SEED` replays a run (the seed is printed first),
-//! `DORMANT_TORTURE_BATCH` sets the new sessions per generation (16),
+//! `DORMANT_TORTURE_BATCH` sets how many new trees each generation keeps in flight (16),
 //! `DORMANT_TORTURE_BROKEN=safe_to_retry` runs the broken variant (`charge`, which must run at
 //! most once, declared `safe_to_retry`), which the last test here shows is caught.
 //!

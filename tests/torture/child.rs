@@ -60,6 +60,9 @@ const BEHAVIOUR: Behaviour = Behaviour {
     answer_all: false,
 };
 
+/// How many times over a generation replaces its batch before it lets itself go idle.
+const REPLACEMENTS: usize = 10;
+
 pub(crate) async fn run(orders: Orders) -> anyhow::Result<()> {
     let name = format!("g{}", orders.generation);
     let process = Arc::new(Process::new(
@@ -112,11 +115,13 @@ pub(crate) async fn run(orders: Orders) -> anyhow::Result<()> {
         let mut client = client(&id);
         trees.spawn(async move { client.drive(&id, usize::MAX).await });
     }
-    for index in 0..orders.batch {
-        let id: SessionId = format!("{name}-s{index}").parse()?;
+    // New sessions trickle in, so kills find them at every stage; each tree that ends is
+    // replaced by a new one, so a generation is rarely idle when its kill comes.
+    let mut started = 0;
+    let mut start = |trees: &mut JoinSet<_>, start_after: Duration| -> anyhow::Result<()> {
+        let id: SessionId = format!("{name}-s{started}").parse()?;
+        started += 1;
         let mut client = client(&id);
-        // New sessions trickle in, so kills find them at every stage.
-        let start_after = Duration::from_millis(rng.below(300));
         trees.spawn(async move {
             tokio::time::sleep(start_after).await;
             if let Err(error) = client.runtime.execute_on(&id, "root", "go").await {
@@ -124,7 +129,12 @@ pub(crate) async fn run(orders: Orders) -> anyhow::Result<()> {
             }
             client.drive(&id, usize::MAX).await
         });
+        Ok(())
+    };
+    for _ in 0..orders.batch {
+        start(&mut trees, Duration::from_millis(rng.below(300)))?;
     }
+    let mut replacements = orders.batch * REPLACEMENTS;
     let evictor = {
         let runtime = runtime.clone();
         let mut rng = Rng::derived(orders.seed, &format!("{name}/evictions"));
@@ -137,6 +147,10 @@ pub(crate) async fn run(orders: Orders) -> anyhow::Result<()> {
     };
     while let Some(tree) = trees.join_next().await {
         tree?;
+        if replacements > 0 {
+            replacements -= 1;
+            start(&mut trees, Duration::ZERO)?;
+        }
     }
     evictor.abort();
     process.say("idle");

@@ -16,7 +16,7 @@ use super::rng::Rng;
 pub(crate) const KILLS_ENV: &str = "DORMANT_TORTURE_KILLS";
 /// The run's seed, to replay one (printed at the start of every run).
 pub(crate) const RUN_SEED_ENV: &str = "DORMANT_TORTURE_SEED";
-/// How many new root sessions each generation starts.
+/// How many new trees each generation keeps in flight (each one that ends is replaced).
 pub(crate) const BATCH_SIZE_ENV: &str = "DORMANT_TORTURE_BATCH";
 
 /// A child that neither reached its trigger nor went idle by then is killed anyway.
