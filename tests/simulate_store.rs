@@ -1,5 +1,6 @@
 //! The simulator (`examples/simulate`) on a store it did not start fresh: one that holds an
-//! earlier process's sessions (it must check only its own).
+//! earlier process's sessions (it must check only its own), and one whose disk fills mid-run
+//! (it must stop at once with the store error).
 //!
 //! These tests run the example binary, which `cargo test` builds next to the test binaries
 //! (`target/debug/examples/simulate`). With `cargo test --test simulate_store` alone, build it
@@ -24,6 +25,9 @@ const SIMULATED: &str = "simulated";
 const FANOUT_WORKER: &str = "fanout-worker";
 /// Longer than any run here needs; a run past it is killed and the test fails.
 const RUN_BOUND: Duration = Duration::from_secs(60);
+/// How soon a store error must end the run: far below the 60 s a waiting turn used to wait
+/// for a timeout the failing store could never record.
+const STORE_ERROR_BOUND: Duration = Duration::from_secs(30);
 
 /// The example binary `cargo test` built.
 fn simulator() -> anyhow::Result<PathBuf> {
@@ -307,4 +311,98 @@ async fn a_store_a_killed_run_left_checks_only_the_next_runs_sessions() -> anyho
         "the run fired deadlines of the killed run's sessions (else this test proves nothing): {report:#}"
     );
     Ok(())
+}
+
+/// How to run a command in a private mount namespace here: `unshare -m` as root, `unshare -r
+/// -m` (a user namespace) otherwise. Fails, saying what it needs, if neither can mount a
+/// tmpfs.
+fn mount_namespace(dir: &Path) -> anyhow::Result<Vec<&'static str>> {
+    let mut failures = Vec::new();
+    for prefix in [vec!["-m"], vec!["-r", "-m"]] {
+        let probe = Command::new("unshare")
+            .args(&prefix)
+            .args(["sh", "-c", r#"mount -t tmpfs -o size=2m tmpfs "$1""#, "sh"])
+            .arg(dir)
+            .output();
+        match probe {
+            Ok(output) if output.status.success() => return Ok(prefix),
+            Ok(output) => failures.push(format!(
+                "unshare {}: {}",
+                prefix.join(" "),
+                String::from_utf8_lossy(&output.stderr).trim()
+            )),
+            Err(error) => failures.push(format!("unshare: {error}")),
+        }
+    }
+    anyhow::bail!(
+        "this test mounts a 2 MiB tmpfs in a private mount namespace to fill the disk under the \
+         simulator: it needs root (or unprivileged user namespaces) and util-linux's `unshare` \
+         and `mount` on PATH; CI runs it as root. Tried: {}",
+        failures.join("; ")
+    )
+}
+
+/// Runs the simulator with `args` on a store in a 2 MiB tmpfs (which fills mid-run) and
+/// checks it stops promptly with the store error.
+fn simulate_on_a_full_disk(args: &[&str]) -> anyhow::Result<()> {
+    let simulator = simulator()?;
+    let dir = tempfile::tempdir()?;
+    let prefix = mount_namespace(dir.path())?;
+    let child = Command::new("unshare")
+        .args(&prefix)
+        .args([
+            "sh",
+            "-c",
+            // $0 is the simulator, $1 the directory, the rest its arguments.
+            r#"mount -t tmpfs -o size=2m tmpfs "$1" && shift && exec "$0" "$@""#,
+        ])
+        .arg(&simulator)
+        .arg(dir.path())
+        .arg("--store")
+        .arg(dir.path().join("store"))
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let done = wait_bounded(child, STORE_ERROR_BOUND)?;
+    let context = || {
+        format!(
+            "simulate {args:?} on a full disk: {} after {:?}\nstdout: {}\nstderr: {}",
+            if done.killed {
+                "killed".to_string()
+            } else {
+                done.status.to_string()
+            },
+            done.elapsed,
+            done.stdout,
+            done.stderr
+        )
+    };
+    assert!(
+        !done.killed,
+        "it did not stop within {STORE_ERROR_BOUND:?}: {}",
+        context()
+    );
+    assert!(!done.status.success(), "it exited 0: {}", context());
+    assert!(
+        done.stderr.contains("store error"),
+        "no store error on stderr: {}",
+        context()
+    );
+    assert!(
+        !done.stderr.contains("verification failed"),
+        "a store error is not a failed verification: {}",
+        context()
+    );
+    Ok(())
+}
+
+#[test]
+fn a_store_error_stops_the_simulator_at_once() -> anyhow::Result<()> {
+    simulate_on_a_full_disk(&["--sessions", "5000", "--never-answer", "0.5"])
+}
+
+#[test]
+fn a_store_error_stops_the_fanout_simulator_at_once() -> anyhow::Result<()> {
+    simulate_on_a_full_disk(&["--fanout", "500x10"])
 }

@@ -16,6 +16,9 @@
 //! global timeout, abort and abandon counters include the sessions an earlier process left in
 //! the store (`--store DIR`; their expired deadlines fire at boot), so a timeout or any other
 //! tool error is looked for in this run's stored conversations instead.
+//!
+//! A store error stops the run at once (see halt.rs): the trees in flight are cancelled and
+//! the process exits with the error.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -33,6 +36,7 @@ use serde_json::{json, Value};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
+use crate::halt::{fatal, Halt};
 use crate::plan::{confirm_result, confirm_schema, Rng, CONFIRM, TIMEOUT_CODE};
 use crate::report::Memory;
 use crate::Args;
@@ -171,6 +175,8 @@ struct Sim {
     histograms: Mutex<Histograms>,
     /// Per tree, the result each child's client submitted (by child index).
     answers: Vec<Mutex<HashMap<usize, Value>>>,
+    /// Raised by the first store error.
+    halt: Halt,
 }
 
 /// Error results in this run's trees: none is expected.
@@ -261,6 +267,7 @@ pub(crate) async fn simulate(args: Args, fanout: Fanout) -> anyhow::Result<usize
         counters: Counters::default(),
         histograms: Mutex::new(Histograms::new()?),
         answers: (0..fanout.roots).map(|_| Mutex::default()).collect(),
+        halt: Halt::default(),
         roots,
         fanout,
         args,
@@ -272,10 +279,26 @@ pub(crate) async fn simulate(args: Args, fanout: Fanout) -> anyhow::Result<usize
         tasks.spawn(async move { sim.tree(tree).await });
     }
     let mut problems = Vec::new();
-    while let Some(joined) = tasks.join_next().await {
-        if let Err(problem) = joined? {
-            problems.push(problem);
+    loop {
+        let joined = tokio::select! {
+            biased;
+            () = sim.halt.raised() => break,
+            joined = tasks.join_next() => joined,
+        };
+        match joined {
+            Some(joined) => {
+                if let Err(problem) = joined? {
+                    problems.push(problem);
+                }
+            }
+            None => break,
         }
+    }
+    if let Some(failure) = sim.halt.take() {
+        // Cancel the trees in flight rather than let them run on against a failed store.
+        tasks.abort_all();
+        while tasks.join_next().await.is_some() {}
+        return Err(failure.into());
     }
     let elapsed = started.elapsed();
     let rss_after = Memory::read()?;
@@ -300,7 +323,10 @@ pub(crate) async fn simulate(args: Args, fanout: Fanout) -> anyhow::Result<usize
         ));
     }
     let verify_elapsed = verify_start.elapsed();
-    runtime.shutdown().await?;
+    runtime
+        .shutdown()
+        .await
+        .map_err(|error| fatal("shutting the runtime down", error))?;
     let store_bytes = crate::dir_size(&path)?;
 
     let sim = Arc::try_unwrap(sim).map_err(|_| anyhow::anyhow!("a tree task outlived the run"))?;
@@ -461,7 +487,7 @@ impl Sim {
             .runtime
             .execute_on(root, LEAD, "confirm every part")
             .await
-            .map_err(|error| here(format!("execute: {error}")))?;
+            .map_err(|error| self.halt.check(here("execute".into()), error))?;
         self.histograms
             .lock()
             .suspend
@@ -507,7 +533,10 @@ impl Sim {
                 .runtime
                 .submit_tool_result(submit())
                 .await
-                .map_err(|error| format!("submit {}: {error}", confirm_id(child)))?;
+                .map_err(|error| {
+                    self.halt
+                        .check(here(format!("submit {}", confirm_id(child))), error)
+                })?;
             if outcome != SubmitOutcome::Accepted {
                 return Err(format!(
                     "the answer for {} got {}",
@@ -527,7 +556,10 @@ impl Sim {
                     .runtime
                     .submit_tool_result(submit())
                     .await
-                    .map_err(|error| format!("duplicate {}: {error}", confirm_id(child)))?;
+                    .map_err(|error| {
+                        self.halt
+                            .check(here(format!("duplicate {}", confirm_id(child))), error)
+                    })?;
                 if again != SubmitOutcome::AlreadyCompleted {
                     return Err(format!(
                         "a duplicate answer for {} got {}, expected already_completed",
@@ -555,7 +587,7 @@ impl Sim {
             .runtime
             .resume(root)
             .await
-            .map_err(|error| here(format!("resume: {error}")))?;
+            .map_err(|error| self.halt.check(here("resume".into()), error))?;
         drop(permit);
         {
             let mut histograms = self.histograms.lock();
@@ -576,6 +608,9 @@ impl Sim {
 
     /// The end check of every tree; adds the problems it finds to `problems` and returns the
     /// error results it found in the trees' conversations.
+    ///
+    /// # Errors
+    /// A store error reading a session is a [`crate::halt::StoreFailure`].
     fn verify(&self, problems: &mut Vec<String>) -> anyhow::Result<ToolErrors> {
         let mut errors = ToolErrors::default();
         for (tree, root) in self.roots.iter().enumerate() {
@@ -595,20 +630,34 @@ impl Sim {
     ) -> anyhow::Result<()> {
         let children = self.fanout.children;
         let here = |what: String| format!("tree {tree} (root {root}): {what}");
+        let unreadable = |id: &SessionId, error| fatal(here(format!("reading {id}")), error);
         match self.runtime.status(root) {
             Ok(Status::Completed) => {}
             Ok(status) => problems.push(here(format!("root status {status:?}"))),
+            Err(error @ dormant::Error::Store(_)) => return Err(unreadable(root, error)),
             Err(error) => {
                 problems.push(here(error.to_string()));
                 return Ok(());
             }
         }
-        let left = self.runtime.children(root)?.len() + self.runtime.pending(root)?.len();
+        let left = self
+            .runtime
+            .children(root)
+            .map_err(|error| unreadable(root, error))?
+            .len()
+            + self
+                .runtime
+                .pending(root)
+                .map_err(|error| unreadable(root, error))?
+                .len();
         if left > 0 {
             problems.push(here(format!("{left} child or pending entries left")));
         }
         // The root: every child's final text, exactly once, and nothing else.
-        let messages = self.runtime.messages(root)?;
+        let messages = self
+            .runtime
+            .messages(root)
+            .map_err(|error| unreadable(root, error))?;
         let results = tool_results(&messages);
         errors.count(&results);
         let total: usize = results.values().map(Vec::len).sum();
@@ -639,12 +688,16 @@ impl Sim {
             match self.runtime.status(&id) {
                 Ok(Status::Completed) => {}
                 Ok(status) => problems.push(here(format!("child {id} status {status:?}"))),
+                Err(error @ dormant::Error::Store(_)) => return Err(unreadable(&id, error)),
                 Err(error) => {
                     problems.push(here(format!("child {id}: {error}")));
                     continue;
                 }
             }
-            let messages = self.runtime.messages(&id)?;
+            let messages = self
+                .runtime
+                .messages(&id)
+                .map_err(|error| unreadable(&id, error))?;
             let results = tool_results(&messages);
             errors.count(&results);
             let want = answers.get(&child).cloned().map(ToolOutcome::Result);

@@ -11,7 +11,8 @@
 //! is checked at the end (the process exits non-zero if one is wrong), then a report is
 //! printed: throughput, suspension cycles/s, commit and submit latency, timeouts and their
 //! lag, actor lifecycle counters, memory and store size. `--json` prints the same report as
-//! one JSON object.
+//! one JSON object. A store error stops the run at once: the process exits non-zero with it
+//! (see `halt.rs`).
 //!
 //! The simulated client's choices come from a seeded generator (`--seed`), per session and
 //! suspension, so they do not depend on scheduling; the timing (real clock) does.
@@ -25,6 +26,7 @@
 mod allocator;
 mod driver;
 mod fanout;
+mod halt;
 mod plan;
 mod report;
 mod tools;
@@ -122,6 +124,7 @@ struct Args {
     /// Store directory (default: a fresh temporary directory, removed at exit). Sessions get
     /// new ids, so an existing store can be reused: the end check looks at this run's
     /// sessions only (an earlier process's expired deadlines fire at boot but are not counted).
+    /// A store error stops the run at once and exits non-zero with it.
     #[arg(long)]
     store: Option<PathBuf>,
     /// What an acknowledged commit survives.
@@ -178,9 +181,22 @@ fn main() -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    let problems = match args.fanout {
-        Some(fanout) => runtime.block_on(fanout::simulate(args, fanout))?,
-        None => runtime.block_on(simulate(args))?,
+    let simulated = match args.fanout {
+        Some(fanout) => runtime.block_on(fanout::simulate(args, fanout)),
+        None => runtime.block_on(simulate(args)),
+    };
+    let problems = match simulated {
+        Ok(problems) => problems,
+        Err(error) => {
+            match error.downcast_ref::<halt::StoreFailure>() {
+                // Its message has the whole cause; the chain below it says it again.
+                Some(failure) => eprintln!("simulate: {failure}"),
+                None => eprintln!("simulate: {error:?}"),
+            }
+            // Exit without dropping the tokio runtime: its drop waits for every blocking
+            // task, and after a store error one may be stuck on the failing store.
+            std::process::exit(1);
+        }
     };
     if problems > 0 {
         eprintln!(
@@ -247,7 +263,10 @@ async fn simulate(args: Args) -> anyhow::Result<usize> {
     problems.extend(verdict.problems);
     let verify_elapsed = verify_start.elapsed();
 
-    runtime.shutdown().await?;
+    runtime
+        .shutdown()
+        .await
+        .map_err(|error| halt::fatal("shutting the runtime down", error))?;
     // The store is closed (and flushed) now: measure its files.
     let store_bytes = dir_size(&path)?;
     let flushes = store.flush_count();

@@ -13,6 +13,7 @@ use dormant::{ClientToolStats, Message, Runtime, SessionId, Status, ToolOutcome}
 use serde_json::json;
 
 use crate::driver::{Counters, Expected, Measured};
+use crate::halt::fatal;
 use crate::plan::{lookup_result, server_call_id, suspension_call_id, Plan, TIMEOUT_CODE};
 
 /// What the counting tools saw.
@@ -42,6 +43,9 @@ struct ToolErrors {
 }
 
 /// Checks every session of this run and the counters; returns the problems found.
+///
+/// # Errors
+/// A store error reading a session is a [`crate::halt::StoreFailure`].
 pub(crate) fn verify(
     runtime: &Runtime,
     ids: &[SessionId],
@@ -132,6 +136,9 @@ fn check_session(
 ) -> anyhow::Result<ToolErrors> {
     let record = match runtime.session(id) {
         Ok(record) => record,
+        Err(error @ dormant::Error::Store(_)) => {
+            return Err(fatal(format!("reading session {id}"), error))
+        }
         Err(error) => {
             problems.push(format!("session {id}: {error}"));
             return Ok(ToolErrors::default());
@@ -143,7 +150,9 @@ fn check_session(
     // Per turn: the user message, steps × (assistant with a call + tool result), the same
     // for each suspension, the final text.
     let expected_messages = plan.turns * (2 * plan.steps + 2) + 2 * plan.suspensions;
-    let messages = runtime.messages(id)?;
+    let messages = runtime
+        .messages(id)
+        .map_err(|error| fatal(format!("reading the messages of session {id}"), error))?;
     if messages.len() != expected_messages {
         problems.push(format!(
             "session {id}: {} messages, expected {expected_messages}",
@@ -234,7 +243,9 @@ fn check_session(
         }
     }
     problems.extend(wrong);
-    let runs = runtime.runs(id)?;
+    let runs = runtime
+        .runs(id)
+        .map_err(|error| fatal(format!("reading the runs of session {id}"), error))?;
     let completed = runs
         .iter()
         .filter(|run| run.status == Status::Completed)
