@@ -6,6 +6,9 @@
 //! `--concurrency` slots only while a run is in progress (`execute_on`, `resume`): while its
 //! session waits for the simulated client it holds nothing, like a dormant session in
 //! production, so many sessions wait at once and the resident limit evicts them.
+//!
+//! A store error stops everything at once (see halt.rs): the queue stops, the turns in flight
+//! are cancelled, and [`run`] returns the error.
 
 use std::io::IsTerminal;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -24,6 +27,7 @@ use serde_json::{json, Value};
 use tokio::sync::{mpsc, Semaphore};
 use tokio::task::JoinSet;
 
+use crate::halt::Halt;
 use crate::plan::{
     confirm_result, deploy_input, deploy_result, suspension_call_id, Kind, Plan, TIMEOUT_CODE,
 };
@@ -179,9 +183,14 @@ struct Sim {
     counters: Counters,
     histograms: Mutex<Histograms>,
     expected: Vec<Mutex<Expectations>>,
+    /// Raised by the first store error.
+    halt: Halt,
 }
 
 /// Runs every turn of every session with at most `args.concurrency` runs in flight.
+///
+/// # Errors
+/// The first store error, as a [`crate::halt::StoreFailure`], as soon as it happens.
 pub(crate) async fn run(
     runtime: &Runtime,
     ids: &Arc<Vec<SessionId>>,
@@ -203,6 +212,7 @@ pub(crate) async fn run(
         counters: Counters::default(),
         histograms: Mutex::new(Histograms::new()?),
         expected: (0..args.sessions).map(|_| Mutex::default()).collect(),
+        halt: Halt::default(),
     });
     let errors = Arc::new(Mutex::new(Vec::new()));
     let mut tasks = JoinSet::new();
@@ -210,7 +220,12 @@ pub(crate) async fn run(
     let start = Instant::now();
 
     while remaining > 0 {
-        let Some(job) = jobs.recv().await else { break };
+        let job = tokio::select! {
+            biased;
+            () = sim.halt.raised() => break,
+            job = jobs.recv() => job,
+        };
+        let Some(job) = job else { break };
         let (session, turn) = match job {
             Job::Skip(turns) => {
                 remaining = remaining.saturating_sub(turns);
@@ -220,7 +235,11 @@ pub(crate) async fn run(
             Job::Run { session, turn } => (session, turn),
         };
         remaining -= 1;
-        let permit = Arc::clone(&sim.slots).acquire_owned().await?;
+        let permit = tokio::select! {
+            biased;
+            () = sim.halt.raised() => break,
+            permit = Arc::clone(&sim.slots).acquire_owned() => permit?,
+        };
         let sim = Arc::clone(&sim);
         let queue = queue.clone();
         let errors = Arc::clone(&errors);
@@ -248,11 +267,26 @@ pub(crate) async fn run(
             joined?;
         }
     }
-    while let Some(joined) = tasks.join_next().await {
-        joined?;
+    loop {
+        let joined = tokio::select! {
+            biased;
+            () = sim.halt.raised() => break,
+            joined = tasks.join_next() => joined,
+        };
+        match joined {
+            Some(joined) => joined?,
+            None => break,
+        }
+    }
+    progress.finish_and_clear();
+    if let Some(failure) = sim.halt.take() {
+        // The turns in flight may be waiting for chunks the failed store will never
+        // commit (a timeout, an automatic resume): cancel them rather than wait.
+        tasks.abort_all();
+        while tasks.join_next().await.is_some() {}
+        return Err(failure.into());
     }
     let elapsed = start.elapsed();
-    progress.finish_and_clear();
     let sim =
         Arc::try_unwrap(sim).map_err(|_| anyhow::anyhow!("a turn task outlived the simulation"))?;
     let errors = std::mem::take(&mut *errors.lock());
@@ -304,7 +338,7 @@ impl Sim {
         let mut cursor = match self.runtime.session(id) {
             Ok(record) => record.chunk_count,
             Err(Error::UnknownSession(_)) => 0,
-            Err(error) => return Err(here(error.to_string())),
+            Err(error) => return Err(self.halt.check(here("reading the session".into()), error)),
         };
         let mut started_ms = SystemClock.now_ms();
         let run_began = Instant::now();
@@ -317,7 +351,8 @@ impl Sim {
             .run
             .saturating_record(micros(run_began.elapsed()));
         drop(permit);
-        let mut settled = Settled::from(outcome.map_err(|error| here(error.to_string()))?);
+        let mut settled =
+            Settled::from(outcome.map_err(|error| self.halt.check(here("execute".into()), error))?);
         for index in self.plan.suspensions_in_turn(turn) {
             let call = suspension_call_id(turn, index);
             if settled.status != Status::SuspendedClientTool || settled.pending != [call.clone()] {
@@ -515,7 +550,10 @@ impl Sim {
                 histograms.run.saturating_record(took);
                 histograms.resume.saturating_record(took);
             }
-            Settled::from(outcome.map_err(|error| format!("resume after {call}: {error}"))?)
+            Settled::from(outcome.map_err(|error| {
+                self.halt
+                    .check(format!("session {id}: resume after {call}"), error)
+            })?)
         };
         if behaviour.duplicate && behaviour.duplicate_after_resume {
             self.duplicate(&answer, call).await?;
@@ -526,11 +564,16 @@ impl Sim {
     /// Submits an envelope; returns the outcome and the clock time it came back.
     async fn submit(&self, envelope: &Value) -> Result<(SubmitOutcome, u64), String> {
         let began = Instant::now();
-        let outcome = self
-            .runtime
-            .submit_json(envelope)
-            .await
-            .map_err(|error| format!("submit: {error}"))?;
+        let outcome = self.runtime.submit_json(envelope).await.map_err(|error| {
+            let field = |name: &str| envelope[name].as_str().unwrap_or("?").to_string();
+            let context = format!(
+                "session {}: submit ({}) for {}",
+                field("session_id"),
+                field("kind"),
+                field("tool_call_id")
+            );
+            self.halt.check(context, error)
+        })?;
         let took = micros(began.elapsed());
         let mut histograms = self.histograms.lock();
         histograms.submit_all.saturating_record(took);
@@ -557,10 +600,10 @@ impl Sim {
 
     /// The approval id of `call`, as its `tool_approval_request` chunk gives it.
     fn approval_id(&self, id: &SessionId, from: u64, call: &str) -> Result<String, String> {
-        let chunks = self
-            .runtime
-            .chunks(id, from)
-            .map_err(|error| format!("reading the stream: {error}"))?;
+        let chunks = self.runtime.chunks(id, from).map_err(|error| {
+            self.halt
+                .check(format!("session {id}: reading the stream"), error)
+        })?;
         chunks
             .into_iter()
             .find_map(|chunk| match chunk.kind {
@@ -587,7 +630,10 @@ impl Sim {
         let mut stream = std::pin::pin!(self.runtime.follow(id, from));
         let wait = async {
             while let Some(chunk) = stream.next().await {
-                let chunk = chunk.map_err(|error| format!("following the stream: {error}"))?;
+                let chunk = chunk.map_err(|error| {
+                    self.halt
+                        .check(format!("session {id}: following the stream"), error)
+                })?;
                 if found(&chunk) {
                     return Ok(chunk);
                 }

@@ -12,7 +12,13 @@
 //! messages exactly once with its value, nothing left pending.
 //!
 //! Deadlines are not exercised in this mode (every call is answered; the client-tool timeout
-//! is ten minutes), so the check can be exact.
+//! is ten minutes), so the check can be exact. It checks this run's trees only: the runtime's
+//! global timeout, abort and abandon counters include the sessions an earlier process left in
+//! the store (`--store DIR`; their expired deadlines fire at boot), so a timeout or any other
+//! tool error is looked for in this run's stored conversations instead.
+//!
+//! A store error stops the run at once (see halt.rs): the trees in flight are cancelled and
+//! the process exits with the error.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -30,7 +36,8 @@ use serde_json::{json, Value};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
-use crate::plan::{confirm_result, confirm_schema, Rng, CONFIRM};
+use crate::halt::{fatal, Halt};
+use crate::plan::{confirm_result, confirm_schema, Rng, CONFIRM, TIMEOUT_CODE};
 use crate::report::Memory;
 use crate::Args;
 
@@ -168,6 +175,29 @@ struct Sim {
     histograms: Mutex<Histograms>,
     /// Per tree, the result each child's client submitted (by child index).
     answers: Vec<Mutex<HashMap<usize, Value>>>,
+    /// Raised by the first store error.
+    halt: Halt,
+}
+
+/// Error results in this run's trees: none is expected.
+#[derive(Clone, Copy, Debug, Default)]
+struct ToolErrors {
+    /// `client_tool_timeout` errors.
+    timeouts: u64,
+    /// Any other error (abandoned, aborted, interrupted, a failed call).
+    other: u64,
+}
+
+impl ToolErrors {
+    fn count(&mut self, results: &HashMap<String, Vec<&ToolOutcome>>) {
+        for outcome in results.values().flatten() {
+            match outcome {
+                ToolOutcome::Error(error) if error.starts_with(TIMEOUT_CODE) => self.timeouts += 1,
+                ToolOutcome::Error(_) => self.other += 1,
+                ToolOutcome::Result(_) => {}
+            }
+        }
+    }
 }
 
 /// Runs the fan-out mode and prints its report; returns how many problems the check found.
@@ -237,6 +267,7 @@ pub(crate) async fn simulate(args: Args, fanout: Fanout) -> anyhow::Result<usize
         counters: Counters::default(),
         histograms: Mutex::new(Histograms::new()?),
         answers: (0..fanout.roots).map(|_| Mutex::default()).collect(),
+        halt: Halt::default(),
         roots,
         fanout,
         args,
@@ -248,18 +279,36 @@ pub(crate) async fn simulate(args: Args, fanout: Fanout) -> anyhow::Result<usize
         tasks.spawn(async move { sim.tree(tree).await });
     }
     let mut problems = Vec::new();
-    while let Some(joined) = tasks.join_next().await {
-        if let Err(problem) = joined? {
-            problems.push(problem);
+    loop {
+        let joined = tokio::select! {
+            biased;
+            () = sim.halt.raised() => break,
+            joined = tasks.join_next() => joined,
+        };
+        match joined {
+            Some(joined) => {
+                if let Err(problem) = joined? {
+                    problems.push(problem);
+                }
+            }
+            None => break,
         }
+    }
+    if let Some(failure) = sim.halt.take() {
+        // Cancel the trees in flight rather than let them run on against a failed store.
+        tasks.abort_all();
+        while tasks.join_next().await.is_some() {}
+        return Err(failure.into());
     }
     let elapsed = started.elapsed();
     let rss_after = Memory::read()?;
     let stats = runtime.stats();
     let client = runtime.client_tool_stats();
     let verify_start = Instant::now();
-    problems.extend(sim.verify()?);
+    let errors = sim.verify(&mut problems)?;
     let expected_answers = count(fanout.roots * fanout.children);
+    // Global, yet this run's: only a submit is counted here, and this process submits only
+    // to its own trees.
     if client.answered != get(&sim.counters.accepted) || client.answered != expected_answers {
         problems.push(format!(
             "the runtime counted {} answers, the clients {} accepted, expected {expected_answers}",
@@ -267,14 +316,17 @@ pub(crate) async fn simulate(args: Args, fanout: Fanout) -> anyhow::Result<usize
             get(&sim.counters.accepted)
         ));
     }
-    if client.timeouts + client.aborted + client.abandoned > 0 {
+    if errors.timeouts + errors.other > 0 {
         problems.push(format!(
-            "calls timed out {}, aborted {}, abandoned {}: expected none",
-            client.timeouts, client.aborted, client.abandoned
+            "calls in this run's trees timed out {}, other tool errors (abandoned, aborted, failed) {}: expected none",
+            errors.timeouts, errors.other
         ));
     }
     let verify_elapsed = verify_start.elapsed();
-    runtime.shutdown().await?;
+    runtime
+        .shutdown()
+        .await
+        .map_err(|error| fatal("shutting the runtime down", error))?;
     let store_bytes = crate::dir_size(&path)?;
 
     let sim = Arc::try_unwrap(sim).map_err(|_| anyhow::anyhow!("a tree task outlived the run"))?;
@@ -435,7 +487,7 @@ impl Sim {
             .runtime
             .execute_on(root, LEAD, "confirm every part")
             .await
-            .map_err(|error| here(format!("execute: {error}")))?;
+            .map_err(|error| self.halt.check(here("execute".into()), error))?;
         self.histograms
             .lock()
             .suspend
@@ -481,7 +533,10 @@ impl Sim {
                 .runtime
                 .submit_tool_result(submit())
                 .await
-                .map_err(|error| format!("submit {}: {error}", confirm_id(child)))?;
+                .map_err(|error| {
+                    self.halt
+                        .check(here(format!("submit {}", confirm_id(child))), error)
+                })?;
             if outcome != SubmitOutcome::Accepted {
                 return Err(format!(
                     "the answer for {} got {}",
@@ -501,7 +556,10 @@ impl Sim {
                     .runtime
                     .submit_tool_result(submit())
                     .await
-                    .map_err(|error| format!("duplicate {}: {error}", confirm_id(child)))?;
+                    .map_err(|error| {
+                        self.halt
+                            .check(here(format!("duplicate {}", confirm_id(child))), error)
+                    })?;
                 if again != SubmitOutcome::AlreadyCompleted {
                     return Err(format!(
                         "a duplicate answer for {} got {}, expected already_completed",
@@ -529,7 +587,7 @@ impl Sim {
             .runtime
             .resume(root)
             .await
-            .map_err(|error| here(format!("resume: {error}")))?;
+            .map_err(|error| self.halt.check(here("resume".into()), error))?;
         drop(permit);
         {
             let mut histograms = self.histograms.lock();
@@ -548,14 +606,18 @@ impl Sim {
         Ok(())
     }
 
-    /// The end check of every tree.
-    fn verify(&self) -> anyhow::Result<Vec<String>> {
-        let mut problems = Vec::new();
+    /// The end check of every tree; adds the problems it finds to `problems` and returns the
+    /// error results it found in the trees' conversations.
+    ///
+    /// # Errors
+    /// A store error reading a session is a [`crate::halt::StoreFailure`].
+    fn verify(&self, problems: &mut Vec<String>) -> anyhow::Result<ToolErrors> {
+        let mut errors = ToolErrors::default();
         for (tree, root) in self.roots.iter().enumerate() {
             let answers = self.answers[tree].lock().clone();
-            self.check_tree(tree, root, &answers, &mut problems)?;
+            self.check_tree(tree, root, &answers, problems, &mut errors)?;
         }
-        Ok(problems)
+        Ok(errors)
     }
 
     fn check_tree(
@@ -564,24 +626,40 @@ impl Sim {
         root: &SessionId,
         answers: &HashMap<usize, Value>,
         problems: &mut Vec<String>,
+        errors: &mut ToolErrors,
     ) -> anyhow::Result<()> {
         let children = self.fanout.children;
         let here = |what: String| format!("tree {tree} (root {root}): {what}");
+        let unreadable = |id: &SessionId, error| fatal(here(format!("reading {id}")), error);
         match self.runtime.status(root) {
             Ok(Status::Completed) => {}
             Ok(status) => problems.push(here(format!("root status {status:?}"))),
+            Err(error @ dormant::Error::Store(_)) => return Err(unreadable(root, error)),
             Err(error) => {
                 problems.push(here(error.to_string()));
                 return Ok(());
             }
         }
-        let left = self.runtime.children(root)?.len() + self.runtime.pending(root)?.len();
+        let left = self
+            .runtime
+            .children(root)
+            .map_err(|error| unreadable(root, error))?
+            .len()
+            + self
+                .runtime
+                .pending(root)
+                .map_err(|error| unreadable(root, error))?
+                .len();
         if left > 0 {
             problems.push(here(format!("{left} child or pending entries left")));
         }
         // The root: every child's final text, exactly once, and nothing else.
-        let messages = self.runtime.messages(root)?;
+        let messages = self
+            .runtime
+            .messages(root)
+            .map_err(|error| unreadable(root, error))?;
         let results = tool_results(&messages);
+        errors.count(&results);
         let total: usize = results.values().map(Vec::len).sum();
         if total != children {
             problems.push(here(format!(
@@ -610,13 +688,18 @@ impl Sim {
             match self.runtime.status(&id) {
                 Ok(Status::Completed) => {}
                 Ok(status) => problems.push(here(format!("child {id} status {status:?}"))),
+                Err(error @ dormant::Error::Store(_)) => return Err(unreadable(&id, error)),
                 Err(error) => {
                     problems.push(here(format!("child {id}: {error}")));
                     continue;
                 }
             }
-            let messages = self.runtime.messages(&id)?;
+            let messages = self
+                .runtime
+                .messages(&id)
+                .map_err(|error| unreadable(&id, error))?;
             let results = tool_results(&messages);
+            errors.count(&results);
             let want = answers.get(&child).cloned().map(ToolOutcome::Result);
             match (results.get(&confirm_id(child)).map(Vec::as_slice), want) {
                 (Some([got]), Some(want)) if **got == want => {}

@@ -7,10 +7,12 @@
 //! `confirm`, or the approval-gated server tool `deploy`, alternately), which a simulated
 //! client answers after a random delay: a share never answers (the call times out on the
 //! background deadline scheduler), a share submits a duplicate or first the wrong kind of
-//! answer, and a share of the waiting sessions is evicted at once. Every session is checked at
-//! the end (the process exits non-zero if one is wrong), then a report is printed: throughput,
-//! suspension cycles/s, commit and submit latency, timeouts and their lag, actor lifecycle
-//! counters, memory and store size. `--json` prints the same report as one JSON object.
+//! answer, and a share of the waiting sessions is evicted at once. Every session of this run
+//! is checked at the end (the process exits non-zero if one is wrong), then a report is
+//! printed: throughput, suspension cycles/s, commit and submit latency, timeouts and their
+//! lag, actor lifecycle counters, memory and store size. `--json` prints the same report as
+//! one JSON object. A store error stops the run at once: the process exits non-zero with it
+//! (see `halt.rs`).
 //!
 //! The simulated client's choices come from a seeded generator (`--seed`), per session and
 //! suspension, so they do not depend on scheduling; the timing (real clock) does.
@@ -24,28 +26,25 @@
 mod allocator;
 mod driver;
 mod fanout;
+mod halt;
 mod plan;
 mod report;
+mod tools;
 mod verify;
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Context as _;
 use clap::{Parser, ValueEnum};
 use dormant::store::Durability;
-use dormant::{
-    AgentDefinition, Approval, Runtime, ScriptedLlm, SessionId, SledStore, ToolDefinition,
-    ToolError,
-};
-use serde_json::Value;
+use dormant::{AgentDefinition, Runtime, ScriptedLlm, SessionId, SledStore, ToolDefinition};
 
-use crate::plan::{
-    confirm_schema, deploy_result, lookup_result, Plan, AGENTS, CONFIRM, DEPLOY, LOOKUP,
-};
+use crate::plan::{confirm_schema, Plan, AGENTS, CONFIRM};
 use crate::report::{Memory, Report};
+use crate::tools::{deploy_tool, lookup_tool, Invocations};
 use crate::verify::ToolCounts;
 
 /// Simulates many durable agent sessions and reports throughput, latency and memory.
@@ -123,7 +122,9 @@ struct Args {
     #[arg(long, default_value_t = 1_000)]
     max_resident: usize,
     /// Store directory (default: a fresh temporary directory, removed at exit). Sessions get
-    /// new ids, so an existing store can be reused.
+    /// new ids, so an existing store can be reused: the end check looks at this run's
+    /// sessions only (an earlier process's expired deadlines fire at boot but are not counted).
+    /// A store error stops the run at once and exits non-zero with it.
     #[arg(long)]
     store: Option<PathBuf>,
     /// What an acknowledged commit survives.
@@ -180,9 +181,22 @@ fn main() -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    let problems = match args.fanout {
-        Some(fanout) => runtime.block_on(fanout::simulate(args, fanout))?,
-        None => runtime.block_on(simulate(args))?,
+    let simulated = match args.fanout {
+        Some(fanout) => runtime.block_on(fanout::simulate(args, fanout)),
+        None => runtime.block_on(simulate(args)),
+    };
+    let problems = match simulated {
+        Ok(problems) => problems,
+        Err(error) => {
+            match error.downcast_ref::<halt::StoreFailure>() {
+                // Its message has the whole cause; the chain below it says it again.
+                Some(failure) => eprintln!("simulate: {failure}"),
+                None => eprintln!("simulate: {error:?}"),
+            }
+            // Exit without dropping the tokio runtime: its drop waits for every blocking
+            // task, and after a store error one may be stuck on the failing store.
+            std::process::exit(1);
+        }
     };
     if problems > 0 {
         eprintln!(
@@ -198,8 +212,13 @@ async fn simulate(args: Args) -> anyhow::Result<usize> {
     let (temp, path, store) = open_store(&args)?;
 
     let plan = Plan::new(&args);
-    let lookups = Arc::new(AtomicU64::new(0));
-    let deploys = Arc::new(AtomicU64::new(0));
+    // The ids come first: the tools count only the calls of this run's sessions (the store
+    // may hold an earlier process's, see tools.rs).
+    let ids: Arc<Vec<SessionId>> =
+        Arc::new((0..args.sessions).map(|_| SessionId::generate()).collect());
+    let own: Arc<HashSet<SessionId>> = Arc::new(ids.iter().cloned().collect());
+    let lookups = Invocations::new(Arc::clone(&own));
+    let deploys = Invocations::new(own);
     let max_steps = u32::try_from(plan.max_steps()).context("--steps is too large")?;
     let mut llm = ScriptedLlm::new();
     let mut builder = Runtime::builder()
@@ -228,8 +247,6 @@ async fn simulate(args: Args) -> anyhow::Result<usize> {
     }
     let runtime = builder.build()?;
 
-    let ids: Arc<Vec<SessionId>> =
-        Arc::new((0..args.sessions).map(|_| SessionId::generate()).collect());
     let rss_before = Memory::read()?;
     let measured = driver::run(&runtime, &ids, &args).await?;
     let rss_after = Memory::read()?;
@@ -238,16 +255,18 @@ async fn simulate(args: Args) -> anyhow::Result<usize> {
 
     let verify_start = Instant::now();
     let tools = ToolCounts {
-        lookups: lookups.load(Ordering::Relaxed),
-        deploys: deploys.load(Ordering::Relaxed),
+        lookups: lookups.get(),
+        deploys: deploys.get(),
     };
+    let verdict = verify::verify(&runtime, &ids, &plan, &measured, tools, &client)?;
     let mut problems = measured.errors.clone();
-    problems.extend(verify::verify(
-        &runtime, &ids, &plan, &measured, tools, &client,
-    )?);
+    problems.extend(verdict.problems);
     let verify_elapsed = verify_start.elapsed();
 
-    runtime.shutdown().await?;
+    runtime
+        .shutdown()
+        .await
+        .map_err(|error| halt::fatal("shutting the runtime down", error))?;
     // The store is closed (and flushed) now: measure its files.
     let store_bytes = dir_size(&path)?;
     let flushes = store.flush_count();
@@ -262,6 +281,7 @@ async fn simulate(args: Args) -> anyhow::Result<usize> {
         measured: &measured,
         stats,
         client,
+        timeouts: verdict.timeouts,
         tools,
         rss_before,
         rss_after,
@@ -279,32 +299,6 @@ async fn simulate(args: Args) -> anyhow::Result<usize> {
     drop(store);
     drop(temp);
     Ok(problems.len())
-}
-
-/// A server tool that does trivial work and counts its invocations.
-fn lookup_tool(calls: Arc<AtomicU64>) -> ToolDefinition {
-    ToolDefinition::server(LOOKUP, move |input: Value, _ctx| {
-        let calls = Arc::clone(&calls);
-        async move {
-            calls.fetch_add(1, Ordering::Relaxed);
-            Ok::<_, ToolError>(lookup_result(&input["step"]))
-        }
-    })
-    .description("Looks an item up")
-    .safe_to_retry(true)
-}
-
-/// A server tool that needs a person's approval before each call; counts its invocations.
-fn deploy_tool(calls: Arc<AtomicU64>) -> ToolDefinition {
-    ToolDefinition::server(DEPLOY, move |input: Value, _ctx| {
-        let calls = Arc::clone(&calls);
-        async move {
-            calls.fetch_add(1, Ordering::Relaxed);
-            Ok::<_, ToolError>(deploy_result(&input))
-        }
-    })
-    .description("Deploys, once a person approves")
-    .require_approval(Approval::Always)
 }
 
 /// The sled store the run writes to: `--store`, or a temporary directory (returned so it

@@ -63,7 +63,11 @@ pub(crate) struct Report<'a> {
     pub(crate) store_path: Option<PathBuf>,
     pub(crate) measured: &'a Measured,
     pub(crate) stats: dormant::RuntimeStats,
+    /// The runtime's counters, global: they include the work it did for sessions an earlier
+    /// process left in the store.
     pub(crate) client: ClientToolStats,
+    /// Timeouts recorded in this run's sessions.
+    pub(crate) timeouts: u64,
     pub(crate) tools: ToolCounts,
     pub(crate) rss_before: Memory,
     pub(crate) rss_after: Memory,
@@ -134,6 +138,11 @@ impl Report<'_> {
             .saturating_sub(u64::try_from(self.args.sessions).unwrap_or(u64::MAX))
     }
 
+    /// Timeouts the runtime fired for sessions that are not this run's.
+    fn earlier_timeouts(&self) -> u64 {
+        self.client.timeouts.saturating_sub(self.timeouts)
+    }
+
     fn commits_per_flush(&self) -> f64 {
         if self.flushes == 0 {
             0.0
@@ -175,7 +184,10 @@ impl Report<'_> {
             "approvals_run": self.tools.deploys,
             "late_answers": get(&c.late),
             "never_answered": get(&c.never_answered),
-            "timeouts_fired": self.client.timeouts,
+            "timeouts_fired": self.timeouts,
+            // Deadlines of sessions an earlier process left in the store, which this runtime
+            // fired too (their lag is in timeout_lag_us).
+            "timeouts_of_earlier_sessions": self.earlier_timeouts(),
             "timeout_lag_us": latency_json(&self.client.timeout_lag),
             "duplicates": {
                 "sent": get(&c.duplicates),
@@ -292,13 +304,19 @@ impl Report<'_> {
         );
         println!(
             "timeouts fired:      {} ({} never answered + {} late), lag p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms",
-            self.client.timeouts,
+            self.timeouts,
             get(&c.never_answered),
             get(&c.late),
             ms(lag.p50_us),
             ms(lag.p99_us),
             ms(lag.max_us)
         );
+        if self.earlier_timeouts() > 0 {
+            println!(
+                "                     and {} of sessions an earlier process left in the store (the lag counts them too)",
+                self.earlier_timeouts()
+            );
+        }
         println!(
             "duplicates:          {} sent, {} already_completed",
             get(&c.duplicates),
