@@ -215,8 +215,10 @@ impl SledStoreBuilder {
 /// failed commits hear of it: from then on, readers see what is on disk. Reads wait while
 /// that happens. While the disk stays full, opening the database can fail as well (sled needs
 /// a little space to open); the store then has no database, and every read and commit tries
-/// to open it again, failing with [`Error::StorageFull`] until there is room. A temporary store
-/// is opened again the same way: its directory stays until the store is dropped.
+/// to open it again, failing with [`Error::StorageFull`] until there is room. An open that
+/// failed so can leave behind a snapshot file sled never finished, which sled itself would
+/// take for corruption at every later open; the store removes it and opens again. A temporary
+/// store is opened again the same way: its directory stays until the store is dropped.
 ///
 /// # Examples
 ///
@@ -450,10 +452,22 @@ const LOCK_RETRIES: u32 = 50;
 /// open for a moment, and reopening the directory in the same process fails now and then (a
 /// store unit test that reopens at once failed in 1–2 of 40 runs). A lock that another process
 /// holds still fails, half a second later.
+///
+/// An open that fails with `Corruption` is tried once more after removing the snapshots sled
+/// never finished writing (see [`remove_unfinished_snapshots`]).
 fn open_db(config: &::sled::Config, path: Option<&Path>) -> Result<::sled::Db, Error> {
     let mut retries = 0;
+    let mut cleared_snapshots = false;
     loop {
         match config.open() {
+            // Once only: if it fails again, the corruption is real. `get_path` is the directory
+            // sled opens, a temporary store's too.
+            Err(error @ ::sled::Error::Corruption { .. }) if !cleared_snapshots => {
+                cleared_snapshots = true;
+                if remove_unfinished_snapshots(&config.get_path())? == 0 {
+                    return Err(error.into());
+                }
+            }
             // sled reports the lock as `ErrorKind::Other`: only its message tells it apart.
             Err(::sled::Error::Io(e)) if e.to_string().contains("could not acquire lock") => {
                 if retries < LOCK_RETRIES {
@@ -472,6 +486,41 @@ fn open_db(config: &::sled::Config, path: Option<&Path>) -> Result<::sled::Db, E
             opened => return Ok(opened?),
         }
     }
+}
+
+/// Removes the snapshot files sled began and never finished from the database directory `dir`;
+/// returns how many there were.
+///
+/// Why: sled 0.34 writes a snapshot only while it opens a database, holding its lock on the
+/// database: to `snap.<lsn>.generating`, renamed to `snap.<lsn>` once written. When the disk
+/// is full, the write fails and the unfinished file stays (often empty). sled's own reader does
+/// not skip such files: it reads the newest `snap.*` file, which is that one, and fails the open
+/// with `Corruption` — every open from then on, even once space is freed, and in every later
+/// process. Nothing in such a file was ever used (the rename is what makes a snapshot count),
+/// so it can go, and sled rebuilds the snapshot from the previous one and its log.
+///
+/// This runs only right after an open of this store failed with `Corruption`: that open held
+/// sled's lock, so no other one was writing a snapshot then. Another process that takes the
+/// lock in the moment between that failure and this removal, and writes its own snapshot of
+/// the same name, would lose it and fail its open: a far narrower race than the wedged store
+/// this replaces.
+fn remove_unfinished_snapshots(dir: &Path) -> Result<usize, Error> {
+    let mut removed = 0;
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with("snap.") && name.ends_with(".generating") {
+            match std::fs::remove_file(entry.path()) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(e.into()),
+            }
+            tracing::warn!(file = %entry.path().display(), "store: removed a snapshot sled never finished writing (a full disk, say)");
+            removed += 1;
+        }
+    }
+    Ok(removed)
 }
 
 /// Refuses a store written by an earlier layout (one sled tree per logical tree) rather than
@@ -1547,6 +1596,23 @@ mod tests {
         }
         drop(first);
         SledStore::open(dir.path())?;
+        Ok(())
+    }
+
+    /// What an open on a full disk leaves behind (an empty snapshot, newer than any other) used
+    /// to fail every later open with sled's `Corruption`, even with space to spare.
+    #[test]
+    fn a_snapshot_sled_never_finished_writing_does_not_wedge_the_store() -> Result<(), anyhow::Error>
+    {
+        let dir = tempfile::tempdir()?;
+        let store = SledStore::open(dir.path())?;
+        futures::executor::block_on(store.commit(numbered(1)))?;
+        drop(store);
+        let unfinished = dir.path().join("snap.FFFFFFFFFFFFFFFF.generating");
+        File::create(&unfinished)?;
+        let store = SledStore::open(dir.path())?;
+        assert_eq!(shown_messages(&store)?, vec![1]);
+        assert!(!unfinished.exists());
         Ok(())
     }
 
