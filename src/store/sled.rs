@@ -213,9 +213,12 @@ impl SledStoreBuilder {
 /// but could not write (they would vanish at the next restart). So after *any* failed apply or
 /// flush the store drops the `sled::Db` and opens it again from the directory before the
 /// failed commits hear of it: from then on, readers see what is on disk. Reads wait while
-/// that happens. While the disk stays full, opening the database can fail as well (sled needs
-/// a little space to open); the store then has no database, and every read and commit tries
-/// to open it again, failing with [`Error::StorageFull`] until there is room. An open that
+/// that happens. A read can fail the same way (sled writes while it reads: it finishes the
+/// splits and merges of the tree nodes it walks through): it is handled like a failed write,
+/// and fails with [`Error::StorageFull`] on a full disk too. While the disk stays full,
+/// opening the database can fail as well (sled needs a little space to open); the store then
+/// has no database, and every read and commit tries to open it again, failing with
+/// [`Error::StorageFull`] until there is room. An open that
 /// failed so can leave behind a snapshot file sled never finished, which sled itself would
 /// take for corruption at every later open; the store removes it and opens again. A temporary
 /// store is opened again the same way: its directory stays until the store is dropped.
@@ -357,24 +360,20 @@ impl Store for SledStore {
     // Every read holds the read side of the database lock while it reads (and does not read
     // from a clone of the sled tree after letting go of it): a failed write then waits for
     // the reads in progress before it replaces the database, and no read can go on in the
-    // one it replaced.
+    // one it replaced. A read can fail like a write: see [`Shared::read`].
 
     fn get(&self, tree: Tree, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
-        Ok(self
-            .shared
-            .open()?
-            .records
-            .get(stored_key(tree, key))?
-            .map(|v| v.to_vec()))
+        self.shared
+            .read(|open| Ok(open.records.get(stored_key(tree, key))?.map(|v| v.to_vec())))
     }
 
     fn scan_prefix(&self, tree: Tree, prefix: &[u8]) -> Result<Vec<Entry>, Error> {
-        self.shared
-            .open()?
-            .records
-            .scan_prefix(stored_key(tree, prefix))
-            .map(logical_entry)
-            .collect()
+        self.shared.read(|open| {
+            open.records
+                .scan_prefix(stored_key(tree, prefix))
+                .map(logical_entry)
+                .collect()
+        })
     }
 
     fn scan_prefix_rev(
@@ -383,14 +382,14 @@ impl Store for SledStore {
         prefix: &[u8],
         limit: usize,
     ) -> Result<Vec<Entry>, Error> {
-        self.shared
-            .open()?
-            .records
-            .scan_prefix(stored_key(tree, prefix))
-            .rev()
-            .take(limit)
-            .map(logical_entry)
-            .collect()
+        self.shared.read(|open| {
+            open.records
+                .scan_prefix(stored_key(tree, prefix))
+                .rev()
+                .take(limit)
+                .map(logical_entry)
+                .collect()
+        })
     }
 
     fn scan_range(
@@ -403,13 +402,13 @@ impl Store for SledStore {
         if limit == 0 || from >= to {
             return Ok(Vec::new());
         }
-        self.shared
-            .open()?
-            .records
-            .range(stored_key(tree, from)..stored_key(tree, to))
-            .take(limit)
-            .map(logical_entry)
-            .collect()
+        self.shared.read(|open| {
+            open.records
+                .range(stored_key(tree, from)..stored_key(tree, to))
+                .take(limit)
+                .map(logical_entry)
+                .collect()
+        })
     }
 
     async fn flush(&self) -> Result<(), Error> {
@@ -692,6 +691,29 @@ impl Shared {
             state = RwLockWriteGuard::downgrade(write);
         }
         RwLockReadGuard::try_map(state, State::open).map_err(|_| Error::Closed)
+    }
+
+    /// Runs `read` on the open database.
+    ///
+    /// A read can fail with a write's error: sled 0.34 finishes the splits and merges of tree
+    /// nodes that a read walks through, which are log writes, and once one of its log writes
+    /// has failed (a full disk) it fails them all, for good. So a read that fails with an I/O
+    /// error is handled like a failed write: the database is opened again from its files
+    /// before the error is returned (else reads would fail until some commit failed too), and
+    /// a full disk is [`Error::StorageFull`], which the caller can retry.
+    fn read<T>(&self, read: impl FnOnce(&Open) -> Result<T, Error>) -> Result<T, Error> {
+        let failed = {
+            let open = self.open()?;
+            match read(&open) {
+                Ok(value) => return Ok(value),
+                Err(error) => (error, open.generation),
+            }
+        };
+        let (error, generation) = failed;
+        if matches!(error, Error::Sled(::sled::Error::Io(_))) {
+            self.replace_failed(generation);
+        }
+        Err(self.classify(error))
     }
 
     /// Applies `batches` and does one flush (a bare flush when there are none), all on the
