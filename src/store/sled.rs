@@ -213,10 +213,15 @@ impl SledStoreBuilder {
 /// but could not write (they would vanish at the next restart). So after *any* failed apply or
 /// flush the store drops the `sled::Db` and opens it again from the directory before the
 /// failed commits hear of it: from then on, readers see what is on disk. Reads wait while
-/// that happens. While the disk stays full, opening the database can fail as well (sled needs
-/// a little space to open); the store then has no database, and every read and commit tries
-/// to open it again, failing with [`Error::StorageFull`] until there is room. A temporary store
-/// is opened again the same way: its directory stays until the store is dropped.
+/// that happens. A read can fail the same way (sled writes while it reads: it finishes the
+/// splits and merges of the tree nodes it walks through): it is handled like a failed write,
+/// and fails with [`Error::StorageFull`] on a full disk too. While the disk stays full,
+/// opening the database can fail as well (sled needs a little space to open); the store then
+/// has no database, and every read and commit tries to open it again, failing with
+/// [`Error::StorageFull`] until there is room. An open that
+/// failed so can leave behind a snapshot file sled never finished, which sled itself would
+/// take for corruption at every later open; the store removes it and opens again. A temporary
+/// store is opened again the same way: its directory stays until the store is dropped.
 ///
 /// # Examples
 ///
@@ -355,24 +360,20 @@ impl Store for SledStore {
     // Every read holds the read side of the database lock while it reads (and does not read
     // from a clone of the sled tree after letting go of it): a failed write then waits for
     // the reads in progress before it replaces the database, and no read can go on in the
-    // one it replaced.
+    // one it replaced. A read can fail like a write: see [`Shared::read`].
 
     fn get(&self, tree: Tree, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
-        Ok(self
-            .shared
-            .open()?
-            .records
-            .get(stored_key(tree, key))?
-            .map(|v| v.to_vec()))
+        self.shared
+            .read(|open| Ok(open.records.get(stored_key(tree, key))?.map(|v| v.to_vec())))
     }
 
     fn scan_prefix(&self, tree: Tree, prefix: &[u8]) -> Result<Vec<Entry>, Error> {
-        self.shared
-            .open()?
-            .records
-            .scan_prefix(stored_key(tree, prefix))
-            .map(logical_entry)
-            .collect()
+        self.shared.read(|open| {
+            open.records
+                .scan_prefix(stored_key(tree, prefix))
+                .map(logical_entry)
+                .collect()
+        })
     }
 
     fn scan_prefix_rev(
@@ -381,14 +382,14 @@ impl Store for SledStore {
         prefix: &[u8],
         limit: usize,
     ) -> Result<Vec<Entry>, Error> {
-        self.shared
-            .open()?
-            .records
-            .scan_prefix(stored_key(tree, prefix))
-            .rev()
-            .take(limit)
-            .map(logical_entry)
-            .collect()
+        self.shared.read(|open| {
+            open.records
+                .scan_prefix(stored_key(tree, prefix))
+                .rev()
+                .take(limit)
+                .map(logical_entry)
+                .collect()
+        })
     }
 
     fn scan_range(
@@ -401,13 +402,13 @@ impl Store for SledStore {
         if limit == 0 || from >= to {
             return Ok(Vec::new());
         }
-        self.shared
-            .open()?
-            .records
-            .range(stored_key(tree, from)..stored_key(tree, to))
-            .take(limit)
-            .map(logical_entry)
-            .collect()
+        self.shared.read(|open| {
+            open.records
+                .range(stored_key(tree, from)..stored_key(tree, to))
+                .take(limit)
+                .map(logical_entry)
+                .collect()
+        })
     }
 
     async fn flush(&self) -> Result<(), Error> {
@@ -450,10 +451,22 @@ const LOCK_RETRIES: u32 = 50;
 /// open for a moment, and reopening the directory in the same process fails now and then (a
 /// store unit test that reopens at once failed in 1–2 of 40 runs). A lock that another process
 /// holds still fails, half a second later.
+///
+/// An open that fails with `Corruption` is tried once more after removing the snapshots sled
+/// never finished writing (see [`remove_unfinished_snapshots`]).
 fn open_db(config: &::sled::Config, path: Option<&Path>) -> Result<::sled::Db, Error> {
     let mut retries = 0;
+    let mut cleared_snapshots = false;
     loop {
         match config.open() {
+            // Once only: if it fails again, the corruption is real. `get_path` is the directory
+            // sled opens, a temporary store's too.
+            Err(error @ ::sled::Error::Corruption { .. }) if !cleared_snapshots => {
+                cleared_snapshots = true;
+                if remove_unfinished_snapshots(&config.get_path())? == 0 {
+                    return Err(error.into());
+                }
+            }
             // sled reports the lock as `ErrorKind::Other`: only its message tells it apart.
             Err(::sled::Error::Io(e)) if e.to_string().contains("could not acquire lock") => {
                 if retries < LOCK_RETRIES {
@@ -472,6 +485,41 @@ fn open_db(config: &::sled::Config, path: Option<&Path>) -> Result<::sled::Db, E
             opened => return Ok(opened?),
         }
     }
+}
+
+/// Removes the snapshot files sled began and never finished from the database directory `dir`;
+/// returns how many there were.
+///
+/// Why: sled 0.34 writes a snapshot only while it opens a database, holding its lock on the
+/// database: to `snap.<lsn>.generating`, renamed to `snap.<lsn>` once written. When the disk
+/// is full, the write fails and the unfinished file stays (often empty). sled's own reader does
+/// not skip such files: it reads the newest `snap.*` file, which is that one, and fails the open
+/// with `Corruption` — every open from then on, even once space is freed, and in every later
+/// process. Nothing in such a file was ever used (the rename is what makes a snapshot count),
+/// so it can go, and sled rebuilds the snapshot from the previous one and its log.
+///
+/// This runs only right after an open of this store failed with `Corruption`: that open held
+/// sled's lock, so no other one was writing a snapshot then. Another process that takes the
+/// lock in the moment between that failure and this removal, and writes its own snapshot of
+/// the same name, would lose it and fail its open: a far narrower race than the wedged store
+/// this replaces.
+fn remove_unfinished_snapshots(dir: &Path) -> Result<usize, Error> {
+    let mut removed = 0;
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with("snap.") && name.ends_with(".generating") {
+            match std::fs::remove_file(entry.path()) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(e.into()),
+            }
+            tracing::warn!(file = %entry.path().display(), "store: removed a snapshot sled never finished writing (a full disk, say)");
+            removed += 1;
+        }
+    }
+    Ok(removed)
 }
 
 /// Refuses a store written by an earlier layout (one sled tree per logical tree) rather than
@@ -643,6 +691,29 @@ impl Shared {
             state = RwLockWriteGuard::downgrade(write);
         }
         RwLockReadGuard::try_map(state, State::open).map_err(|_| Error::Closed)
+    }
+
+    /// Runs `read` on the open database.
+    ///
+    /// A read can fail with a write's error: sled 0.34 finishes the splits and merges of tree
+    /// nodes that a read walks through, which are log writes, and once one of its log writes
+    /// has failed (a full disk) it fails them all, for good. So a read that fails with an I/O
+    /// error is handled like a failed write: the database is opened again from its files
+    /// before the error is returned (else reads would fail until some commit failed too), and
+    /// a full disk is [`Error::StorageFull`], which the caller can retry.
+    fn read<T>(&self, read: impl FnOnce(&Open) -> Result<T, Error>) -> Result<T, Error> {
+        let failed = {
+            let open = self.open()?;
+            match read(&open) {
+                Ok(value) => return Ok(value),
+                Err(error) => (error, open.generation),
+            }
+        };
+        let (error, generation) = failed;
+        if matches!(error, Error::Sled(::sled::Error::Io(_))) {
+            self.replace_failed(generation);
+        }
+        Err(self.classify(error))
     }
 
     /// Applies `batches` and does one flush (a bare flush when there are none), all on the
@@ -1547,6 +1618,23 @@ mod tests {
         }
         drop(first);
         SledStore::open(dir.path())?;
+        Ok(())
+    }
+
+    /// What an open on a full disk leaves behind (an empty snapshot, newer than any other) used
+    /// to fail every later open with sled's `Corruption`, even with space to spare.
+    #[test]
+    fn a_snapshot_sled_never_finished_writing_does_not_wedge_the_store() -> Result<(), anyhow::Error>
+    {
+        let dir = tempfile::tempdir()?;
+        let store = SledStore::open(dir.path())?;
+        futures::executor::block_on(store.commit(numbered(1)))?;
+        drop(store);
+        let unfinished = dir.path().join("snap.FFFFFFFFFFFFFFFF.generating");
+        File::create(&unfinished)?;
+        let store = SledStore::open(dir.path())?;
+        assert_eq!(shown_messages(&store)?, vec![1]);
+        assert!(!unfinished.exists());
         Ok(())
     }
 
