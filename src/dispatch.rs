@@ -12,6 +12,7 @@ use crate::definition::{AgentDefinition, ToolContext, ToolKind, FINISH_TOOL};
 use crate::ids::{RunId, SessionId};
 use crate::message::{ToolCall, ToolOutcome};
 use crate::session::FinishedCall;
+use crate::tool_error::ToolErrorCode;
 
 /// What every call of one step shares.
 #[derive(Clone, Debug)]
@@ -35,9 +36,9 @@ pub(crate) async fn run_step(
         if done {
             finished.push(FinishedCall {
                 tool_call_id: call.id,
-                outcome: ToolOutcome::Error(
-                    "skipped: an earlier call in this step already finished the run".into(),
-                ),
+                outcome: ToolErrorCode::Skipped
+                    .with("an earlier call in this step already finished the run")
+                    .into(),
                 updates: Map::new(),
             });
             continue;
@@ -61,7 +62,7 @@ async fn run_one(step: &StepContext, call: ToolCall) -> FinishedCall {
         Some(ToolKind::Server(handler)) => Arc::clone(handler),
         _ => {
             return FinishedCall {
-                outcome: ToolOutcome::Error(format!("unknown_tool: {}", call.name)),
+                outcome: ToolErrorCode::UnknownTool.with(&call.name).into(),
                 tool_call_id: call.id,
                 updates: Map::new(),
             }
@@ -80,7 +81,7 @@ async fn run_one(step: &StepContext, call: ToolCall) -> FinishedCall {
         Err(panic) => {
             let reason = panic_text(panic.as_ref());
             tracing::error!(session = %step.session, tool = %call.name, %reason, "tool.panicked");
-            ToolOutcome::Error(format!("tool_panicked: {reason}"))
+            ToolErrorCode::ToolPanicked.with(reason).into()
         }
     };
     FinishedCall {
@@ -93,16 +94,20 @@ async fn run_one(step: &StepContext, call: ToolCall) -> FinishedCall {
 /// `__finish__` succeeds with its input when it satisfies the agent's output schema.
 fn finish_outcome(agent: &AgentDefinition, input: &Value) -> ToolOutcome {
     let Some(schema) = agent.output() else {
-        return ToolOutcome::Error("unknown_tool: the agent has no output schema".into());
+        return ToolErrorCode::UnknownTool
+            .with("the agent has no output schema")
+            .into();
     };
     let errors = schema.errors(input);
     if errors.is_empty() {
         ToolOutcome::Result(input.clone())
     } else {
-        ToolOutcome::Error(format!(
-            "invalid_output: the value does not match the output schema: {}",
-            errors.join("; ")
-        ))
+        ToolErrorCode::InvalidOutput
+            .with(format_args!(
+                "the value does not match the output schema: {}",
+                errors.join("; ")
+            ))
+            .into()
     }
 }
 

@@ -74,6 +74,7 @@ mod shared;
 pub mod store;
 pub mod stream;
 pub mod submit;
+pub mod tool_error;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use definition::{
@@ -96,3 +97,4 @@ pub use session::{
 pub use store::{MemoryStore, SledStore, Store};
 pub use stream::{Chunk, ChunkKind};
 pub use submit::{Submit, SubmitAnswer, SubmitOutcome};
+pub use tool_error::ToolErrorCode;

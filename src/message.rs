@@ -41,6 +41,16 @@ impl ToolOutcome {
     pub fn is_error(&self) -> bool {
         matches!(self, ToolOutcome::Error(_))
     }
+
+    /// The stable code of an error the runtime recorded (a timeout, a refusal, a call a crash
+    /// cut), read from the start of its text; `None` for a result, a denied approval, or an
+    /// error text a tool wrote itself.
+    pub fn code(&self) -> Option<crate::ToolErrorCode> {
+        match self {
+            ToolOutcome::Error(text) => crate::ToolErrorCode::of(text),
+            ToolOutcome::Result(_) => None,
+        }
+    }
 }
 
 /// One entry of a session's conversation.

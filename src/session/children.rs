@@ -15,6 +15,7 @@ use crate::message::{ToolCall, ToolOutcome};
 use crate::schema::IndexWrite;
 use crate::store::CommitKind;
 use crate::stream::{Chunk, ChunkKind};
+use crate::tool_error::ToolErrorCode;
 
 /// Where a child comes from: what its record needs to know about its parent.
 #[derive(Clone, Debug, PartialEq)]
@@ -130,17 +131,17 @@ impl Session {
         }
         let max_depth = self.policy.max_depth;
         if self.record.depth >= max_depth {
-            return error_slot(format!(
-                "max_depth_exceeded: sub-agent {} would be {} levels below the root; the limit is {max_depth}",
+            return CallSlot::failed(ToolErrorCode::MaxDepthExceeded.with(format_args!(
+                "sub-agent {} would be {} levels below the root; the limit is {max_depth}",
                 call.name,
                 self.record.depth + 1
-            ));
+            )));
         }
         if child_message(&call.input).is_none() {
-            return error_slot(format!(
-                "invalid_input: sub-agent tool {} takes {{\"message\": string}}, the child's first message",
+            return CallSlot::failed(ToolErrorCode::InvalidInput.with(format_args!(
+                "sub-agent tool {} takes {{\"message\": string}}, the child's first message",
                 call.name
-            ));
+            )));
         }
         CallSlot::Child
     }
@@ -222,9 +223,9 @@ impl Session {
     /// stream; the caller records the outcome as the tool result.
     pub(super) fn adopt_child(&mut self, run_id: RunId, call_id: &str, now: u64) -> ToolOutcome {
         let Some(entry) = self.children.by_id.remove(call_id) else {
-            return ToolOutcome::Error(format!(
-                "sub_agent_lost: the child of call {call_id} is not recorded"
-            ));
+            return ToolErrorCode::SubAgentLost
+                .with(format_args!("the child of call {call_id} is not recorded"))
+                .into();
         };
         self.staged
             .index
@@ -239,14 +240,15 @@ impl Session {
         );
         match entry.state {
             ChildState::Finished(outcome) => outcome,
-            ChildState::Interrupted { reason } => ToolOutcome::Error(format!(
-                "sub_agent_interrupted: child {} did not finish ({reason})",
-                entry.child
-            )),
-            ChildState::Running | ChildState::Suspended { .. } => ToolOutcome::Error(format!(
-                "sub_agent_abandoned: child {} was still working",
-                entry.child
-            )),
+            ChildState::Interrupted { reason } => ToolErrorCode::SubAgentInterrupted
+                .with(format_args!(
+                    "child {} did not finish ({reason})",
+                    entry.child
+                ))
+                .into(),
+            ChildState::Running | ChildState::Suspended { .. } => ToolErrorCode::SubAgentAbandoned
+                .with(format_args!("child {} was still working", entry.child))
+                .into(),
         }
     }
 
@@ -504,12 +506,4 @@ fn child_message(input: &Value) -> Option<String> {
         .get("message")
         .and_then(Value::as_str)
         .map(str::to_string)
-}
-
-/// A call answered at once with an error the model can act on.
-pub(super) fn error_slot(error: String) -> CallSlot {
-    CallSlot::Ready {
-        outcome: ToolOutcome::Error(error),
-        reported: false,
-    }
 }

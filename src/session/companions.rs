@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use serde_json::{json, Value};
 
-use super::children::{error_slot, ChildKind, ChildOrigin, ChildStart};
+use super::children::{ChildKind, ChildOrigin, ChildStart};
 use super::core::{CallSlot, ChildReport, Session};
 use super::{ChildCall, ChildState, Companion, CompanionStatus, Effect, Status, Transition};
 use crate::definition::{CompanionMode, CompanionTool};
@@ -22,6 +22,7 @@ use crate::error::Error;
 use crate::ids::{RunId, SessionId};
 use crate::message::{ToolCall, ToolOutcome};
 use crate::schema::IndexWrite;
+use crate::tool_error::{ToolErrorCode, ToolFailure};
 
 /// The longest companion name accepted (it becomes part of a session id).
 const MAX_NAME_LEN: usize = 64;
@@ -91,7 +92,9 @@ impl Session {
         effects: &mut Vec<Effect>,
     ) -> CallSlot {
         let Some(tool) = CompanionTool::parse(&call.name, self.agent.persistent_agents()) else {
-            return error_slot(format!("unknown_tool: no companion tool {}", call.name));
+            return CallSlot::failed(
+                ToolErrorCode::UnknownTool.with(format_args!("no companion tool {}", call.name)),
+            );
         };
         let answer = match tool {
             CompanionTool::List => Ok(self.list_companions()),
@@ -111,7 +114,7 @@ impl Session {
                 outcome: ToolOutcome::Result(value),
                 reported: false,
             },
-            Err(error) => error_slot(error),
+            Err(error) => CallSlot::failed(error),
         }
     }
 
@@ -125,9 +128,10 @@ impl Session {
         json!({ "children": children })
     }
 
-    fn named_companion(&self, input: &Value) -> Result<&Companion, String> {
-        let name = input_str(input, "name")
-            .ok_or_else(|| "invalid_input: this tool takes {\"name\": string}".to_string())?;
+    fn named_companion(&self, input: &Value) -> Result<&Companion, ToolFailure> {
+        let name = input_str(input, "name").ok_or_else(|| {
+            ToolErrorCode::InvalidInput.with("this tool takes {\"name\": string}")
+        })?;
         self.companions.by_name.get(name).ok_or_else(|| {
             let known: Vec<&str> = self
                 .companions
@@ -135,7 +139,9 @@ impl Session {
                 .into_iter()
                 .map(|companion| companion.name.as_str())
                 .collect();
-            format!("unknown_companion: no persistent sub-agent is named {name}; known: {known:?}")
+            ToolErrorCode::UnknownCompanion.with(format_args!(
+                "no persistent sub-agent is named {name}; known: {known:?}"
+            ))
         })
     }
 
@@ -143,7 +149,7 @@ impl Session {
         &mut self,
         input: &Value,
         effects: &mut Vec<Effect>,
-    ) -> Result<Value, String> {
+    ) -> Result<Value, ToolFailure> {
         let companion = self.named_companion(input)?.clone();
         if companion.status != CompanionStatus::Terminated {
             let mut terminated = companion.clone();
@@ -179,7 +185,7 @@ impl Session {
         }
         let companion = match self.named_companion(&call.input) {
             Ok(companion) => companion.clone(),
-            Err(error) => return error_slot(error),
+            Err(error) => return CallSlot::failed(error),
         };
         let state = match &companion.status {
             CompanionStatus::Running => ChildState::Running,
@@ -188,7 +194,9 @@ impl Session {
             },
             CompanionStatus::Completed | CompanionStatus::Failed => {
                 let outcome = companion.result.clone().unwrap_or_else(|| {
-                    ToolOutcome::Error(format!("companion_lost: {} has no reply", companion.name))
+                    ToolErrorCode::CompanionLost
+                        .with(format_args!("{} has no reply", companion.name))
+                        .into()
                 });
                 return CallSlot::Ready {
                     outcome,
@@ -196,16 +204,16 @@ impl Session {
                 };
             }
             CompanionStatus::Interrupted => {
-                return error_slot(format!(
-                    "companion_interrupted: {} was cut before it replied; send it a message to continue",
+                return CallSlot::failed(ToolErrorCode::CompanionInterrupted.with(format_args!(
+                    "{} was cut before it replied; send it a message to continue",
                     companion.name
-                ))
+                )))
             }
             CompanionStatus::Terminated => {
-                return error_slot(format!(
-                    "companion_terminated: {} was terminated; spawn it again to start it fresh",
+                return CallSlot::failed(ToolErrorCode::CompanionTerminated.with(format_args!(
+                    "{} was terminated; spawn it again to start it fresh",
                     companion.name
-                ))
+                )))
             }
         };
         self.wait_on_companion(run_id, call, position, &companion, state, now);
@@ -230,7 +238,7 @@ impl Session {
     ) -> CallSlot {
         let turn = match self.read_turn(tool, call) {
             Ok(turn) => turn,
-            Err(error) => return error_slot(error),
+            Err(error) => return CallSlot::failed(error),
         };
         let existing = self.companions.by_name.get(&turn.name).cloned();
         let replayed = existing
@@ -238,7 +246,7 @@ impl Session {
             .is_some_and(|companion| companion.turn_call == call.id);
         if !replayed {
             if let Some(error) = self.refuse_turn(tool, &turn, existing.as_ref()) {
-                return error_slot(error);
+                return CallSlot::failed(error);
             }
         }
         let child = self.record.id.persistent_child(&turn.name);
@@ -310,7 +318,9 @@ impl Session {
                 let outcome = existing
                     .and_then(|companion| companion.result)
                     .unwrap_or_else(|| {
-                        ToolOutcome::Error(format!("companion_lost: {} has no reply", turn.name))
+                        ToolErrorCode::CompanionLost
+                            .with(format_args!("{} has no reply", turn.name))
+                            .into()
                     });
                 CallSlot::Ready {
                     outcome,
@@ -338,15 +348,15 @@ impl Session {
         }
     }
 
-    fn read_turn(&self, tool: CompanionTool, call: &ToolCall) -> Result<Turn, String> {
+    fn read_turn(&self, tool: CompanionTool, call: &ToolCall) -> Result<Turn, ToolFailure> {
         let input = &call.input;
         let message = input_str(input, "message").ok_or_else(|| {
-            "invalid_input: this tool needs {\"message\": string}, the companion's next message"
-                .to_string()
+            ToolErrorCode::InvalidInput
+                .with("this tool needs {\"message\": string}, the companion's next message")
         })?;
         let (name, agent) = if tool == CompanionTool::Spawn {
             let agent = input_str(input, "agentType").ok_or_else(|| {
-                "invalid_input: spawnAgent needs {\"agentType\": string}".to_string()
+                ToolErrorCode::InvalidInput.with("spawnAgent needs {\"agentType\": string}")
             })?;
             let name = match input.get("name") {
                 None | Some(Value::Null) => match self.companions.by_turn_call(&call.id) {
@@ -356,7 +366,7 @@ impl Session {
                 },
                 Some(Value::String(name)) => name.clone(),
                 Some(_) => {
-                    return Err("invalid_input: a companion's `name` is a string".to_string())
+                    return Err(ToolErrorCode::InvalidInput.with("a companion's `name` is a string"))
                 }
             };
             (name, agent.to_string())
@@ -377,10 +387,10 @@ impl Session {
                     .iter()
                     .map(|persistent| persistent.agent.as_str())
                     .collect();
-                format!(
-                    "unknown_agent_type: {agent} is not a persistent agent of {}; known: {known:?}",
+                ToolErrorCode::UnknownAgentType.with(format_args!(
+                    "{agent} is not a persistent agent of {}; known: {known:?}",
                     self.agent.name()
-                )
+                ))
             })?;
         check_name(&name)?;
         Ok(Turn {
@@ -405,33 +415,35 @@ impl Session {
         tool: CompanionTool,
         turn: &Turn,
         existing: Option<&Companion>,
-    ) -> Option<String> {
+    ) -> Option<ToolFailure> {
         let max_depth = self.policy.max_depth;
         if self.record.depth >= max_depth {
-            return Some(format!(
-                "max_depth_exceeded: companion {} would be {} levels below the root; the limit is {max_depth}",
+            return Some(ToolErrorCode::MaxDepthExceeded.with(format_args!(
+                "companion {} would be {} levels below the root; the limit is {max_depth}",
                 turn.name,
                 self.record.depth + 1
-            ));
+            )));
         }
         let companion = existing?;
         if companion.agent != turn.agent {
-            return Some(format!(
-                "companion_name_taken: {} already runs agent {}",
+            return Some(ToolErrorCode::CompanionNameTaken.with(format_args!(
+                "{} already runs agent {}",
                 companion.name, companion.agent
-            ));
+            )));
         }
         match (&companion.status, tool) {
-            (CompanionStatus::Running, _) => Some(format!(
-                "companion_busy: {} is still working on its turn; wait for it (companion__waitForResult, companion__getChildStatus) or terminate it",
+            (CompanionStatus::Running, _) => Some(ToolErrorCode::CompanionBusy.with(format_args!(
+                "{} is still working on its turn; wait for it (companion__waitForResult, companion__getChildStatus) or terminate it",
                 companion.name
-            )),
+            ))),
             // A new message gives a waiting companion a new task (its waiting calls are
             // abandoned); spawning it again is refused.
-            (CompanionStatus::Suspended { .. }, CompanionTool::Spawn) => Some(format!(
-                "companion_busy: {} waits on a person; send it a message (companion__sendMessage) to give it a new task",
-                companion.name
-            )),
+            (CompanionStatus::Suspended { .. }, CompanionTool::Spawn) => {
+                Some(ToolErrorCode::CompanionBusy.with(format_args!(
+                    "{} waits on a person; send it a message (companion__sendMessage) to give it a new task",
+                    companion.name
+                )))
+            }
             _ => None,
         }
     }
@@ -538,9 +550,7 @@ impl Session {
             }
             ChildState::Interrupted { reason } => {
                 companion.status = CompanionStatus::Interrupted;
-                companion.result = Some(ToolOutcome::Error(format!(
-                    "companion_interrupted: {reason}"
-                )));
+                companion.result = Some(ToolErrorCode::CompanionInterrupted.with(reason).into());
             }
         }
         self.put_companion(companion);
@@ -663,7 +673,7 @@ fn input_str<'v>(input: &'v Value, key: &str) -> Option<&'v str> {
 /// A name becomes part of a session id: letters, digits, `-` and `_`, at most 64, and never
 /// `-sub-` or `-agent-`, which would make the id of another session of the tree (ids are
 /// concatenations: `{parent}-agent-{name}`, `{parent}-sub-{call}`).
-fn check_name(name: &str) -> Result<(), String> {
+fn check_name(name: &str) -> Result<(), ToolFailure> {
     let valid = !name.is_empty()
         && name.len() <= MAX_NAME_LEN
         && name
@@ -674,8 +684,8 @@ fn check_name(name: &str) -> Result<(), String> {
     if valid {
         Ok(())
     } else {
-        Err(format!(
-            "invalid_input: a companion name is 1 to {MAX_NAME_LEN} letters, digits, '-' or '_', without '-sub-' or '-agent-'; got {name:?}"
-        ))
+        Err(ToolErrorCode::InvalidInput.with(format_args!(
+            "a companion name is 1 to {MAX_NAME_LEN} letters, digits, '-' or '_', without '-sub-' or '-agent-'; got {name:?}"
+        )))
     }
 }

@@ -21,6 +21,7 @@ use crate::message::{Message, ToolCall, ToolOutcome};
 use crate::schema::{Commit, IndexWrite};
 use crate::store::CommitKind;
 use crate::stream::{Chunk, ChunkKind};
+use crate::tool_error::ToolFailure;
 
 /// Runtime settings the rules depend on.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -124,6 +125,16 @@ pub(super) enum CallSlot {
     /// A companion tool call, carried out when the step dispatches (it becomes `Ready` or
     /// `Child` there).
     Companion,
+}
+
+impl CallSlot {
+    /// A call answered at once with an error the runtime records.
+    pub(super) fn failed(error: ToolFailure) -> Self {
+        CallSlot::Ready {
+            outcome: error.into(),
+            reported: false,
+        }
+    }
 }
 
 /// Where the run is between inputs (in memory only: a crash here is recovered from the

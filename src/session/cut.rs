@@ -15,11 +15,14 @@ use super::core::{CallSlot, Phase, Session};
 use super::{Answer, Effect, ErrorCode, RunError, Status, Transition};
 use crate::definition::FINISH_TOOL;
 use crate::ids::RunId;
-use crate::message::{Message, ToolCall, ToolOutcome};
+use crate::message::{Message, ToolCall};
 use crate::store::CommitKind;
+use crate::tool_error::ToolErrorCode;
 
 /// The result of a call that a stopped run will not wait for.
-pub(super) const CUT_BEFORE_RESULT: &str = "interrupted: the run stopped before this call returned";
+fn cut_before_result() -> CallSlot {
+    CallSlot::failed(ToolErrorCode::Interrupted.with("the run stopped before this call returned"))
+}
 
 impl Session {
     /// The calls of the last model reply that have no result yet (a crash or an interrupt cut
@@ -74,11 +77,11 @@ impl Session {
     pub(super) fn close_dangling_calls(&mut self, now: u64, effects: &mut Vec<Effect>) {
         let run_id = self.current_run_id();
         for call in self.dangling_calls() {
-            let (outcome, reported) = match self.cut_slot(&call, false, now, effects) {
-                CallSlot::Ready { outcome, reported } => (outcome, reported),
-                _ => (ToolOutcome::Error(CUT_BEFORE_RESULT.into()), false),
-            };
-            self.record_outcome(run_id, call, outcome, reported, Map::new(), now, effects);
+            // Without `retry`, every call's slot is `Ready`.
+            if let CallSlot::Ready { outcome, reported } = self.cut_slot(&call, false, now, effects)
+            {
+                self.record_outcome(run_id, call, outcome, reported, Map::new(), now, effects);
+            }
         }
     }
 
@@ -139,13 +142,10 @@ impl Session {
         match (harmless, retry) {
             (true, true) => CallSlot::Dispatched,
             (true, false) => cut_before_result(),
-            (false, _) => CallSlot::Ready {
-                outcome: ToolOutcome::Error(format!(
-                    "tool_durability_error: the process stopped while {} (call {}) was running, so it may or may not have taken effect. It is not marked safe to retry, so it was not run again: check whether its effect happened before calling it again.",
-                    call.name, call.id
-                )),
-                reported: false,
-            },
+            (false, _) => CallSlot::failed(ToolErrorCode::ToolDurabilityError.with(format_args!(
+                "the process stopped while {} (call {}) was running, so it may or may not have taken effect. It is not marked safe to retry, so it was not run again: check whether its effect happened before calling it again.",
+                call.name, call.id
+            ))),
         }
     }
 
@@ -171,10 +171,12 @@ impl Session {
             let (outcome, reported, changes) = match slot {
                 CallSlot::Ready { outcome, reported } => (outcome, reported, changes),
                 CallSlot::Dispatched => (
-                    ToolOutcome::Error(format!(
-                        "interrupted: {why} while {} was running; it was cancelled and may or may not have taken effect",
-                        call.name
-                    )),
+                    ToolErrorCode::Interrupted
+                        .with(format_args!(
+                            "{why} while {} was running; it was cancelled and may or may not have taken effect",
+                            call.name
+                        ))
+                        .into(),
                     false,
                     Map::new(),
                 ),
@@ -193,14 +195,16 @@ impl Session {
                     let outcome = if finished {
                         adopted
                     } else {
-                        ToolOutcome::Error(format!(
-                            "interrupted: {why} before the sub-agent finished"
-                        ))
+                        ToolErrorCode::Interrupted
+                            .with(format_args!("{why} before the sub-agent finished"))
+                            .into()
                     };
                     (outcome, false, Map::new())
                 }
                 CallSlot::Pending(_) | CallSlot::Companion => (
-                    ToolOutcome::Error(format!("interrupted: {why} before this call was made")),
+                    ToolErrorCode::Interrupted
+                        .with(format_args!("{why} before this call was made"))
+                        .into(),
                     false,
                     Map::new(),
                 ),
@@ -234,12 +238,5 @@ impl Session {
         // Nobody waits for a run of a previous process.
         effects.retain(|effect| !matches!(effect, Effect::Settle(_)));
         Some(self.finish(CommitKind::RunEnd, now, effects))
-    }
-}
-
-fn cut_before_result() -> CallSlot {
-    CallSlot::Ready {
-        outcome: ToolOutcome::Error(CUT_BEFORE_RESULT.into()),
-        reported: false,
     }
 }

@@ -12,10 +12,11 @@ use super::{
 use crate::error::Error;
 use crate::hooks::HookEvent;
 use crate::ids::RunId;
-use crate::message::{ToolCall, ToolOutcome};
+use crate::message::ToolCall;
 use crate::schema::IndexWrite;
 use crate::store::CommitKind;
 use crate::stream::ChunkKind;
+use crate::tool_error::{ToolErrorCode, ToolFailure};
 
 /// What a resume did.
 #[derive(Debug)]
@@ -232,8 +233,12 @@ impl Session {
         let abandoned = self.close_pending(
             now,
             effects,
-            "client_tool_abandoned: approved, but a new message arrived before the tool ran",
-            Some("client_tool_abandoned: a new message arrived before this call was answered"),
+            ToolErrorCode::ClientToolAbandoned
+                .with("approved, but a new message arrived before the tool ran"),
+            Some(
+                ToolErrorCode::ClientToolAbandoned
+                    .with("a new message arrived before this call was answered"),
+            ),
         );
         if abandoned > 0 {
             effects.push(Effect::Observe(Observation::Abandoned { count: abandoned }));
@@ -253,8 +258,8 @@ impl Session {
         &mut self,
         now: u64,
         effects: &mut Vec<Effect>,
-        approved: &str,
-        unanswered: Option<&str>,
+        approved: ToolFailure,
+        unanswered: Option<ToolFailure>,
     ) -> usize {
         let run_id = self.current_run_id();
         let mut count = 0;
@@ -262,15 +267,14 @@ impl Session {
         // those that finished are recorded like answered calls.
         let abort_children = unanswered.is_some() || self.record.aborted;
         for entry in self.release_children(abort_children, effects) {
-            let outcome = match (&entry.state, unanswered) {
+            let outcome = match (&entry.state, &unanswered) {
                 (ChildState::Finished(_), _) => self.adopt_child(run_id, &entry.tool_call_id, now),
                 (_, Some(_)) => {
                     count += 1;
                     self.adopt_child(run_id, &entry.tool_call_id, now);
-                    ToolOutcome::Error(
-                        "sub_agent_abandoned: a new message arrived before the child finished"
-                            .into(),
-                    )
+                    ToolErrorCode::SubAgentAbandoned
+                        .with("a new message arrived before the child finished")
+                        .into()
                 }
                 (_, None) => {
                     count += 1;
@@ -300,7 +304,7 @@ impl Session {
                 (Some(Answer::Approved), _) if !suspended => continue,
                 (Some(Answer::Approved), _) => {
                     self.report_decision(run_id, &entry, now);
-                    (ToolOutcome::Error(approved.into()), false)
+                    (approved.clone().into(), false)
                 }
                 (Some(answer), Some(outcome)) => {
                     self.report_decision(run_id, &entry, now);
@@ -308,8 +312,8 @@ impl Session {
                 }
                 _ => {
                     count += 1;
-                    match unanswered {
-                        Some(text) => (ToolOutcome::Error(text.into()), false),
+                    match &unanswered {
+                        Some(error) => (error.clone().into(), false),
                         None => {
                             self.pending.remove(&entry.tool_call_id);
                             self.unindex(&entry);
@@ -347,7 +351,8 @@ impl Session {
                 let count = self.close_pending(
                     now,
                     &mut effects,
-                    "interrupted: approved, but the run was interrupted before the tool ran",
+                    ToolErrorCode::Interrupted
+                        .with("approved, but the run was interrupted before the tool ran"),
                     None,
                 );
                 effects.push(Effect::Observe(Observation::Aborted { count }));
@@ -392,7 +397,8 @@ impl Session {
         let count = self.close_pending(
             now,
             &mut effects,
-            "aborted: approved, but the session was aborted before the tool ran",
+            ToolErrorCode::Aborted
+                .with("approved, but the session was aborted before the tool ran"),
             None,
         );
         if count > 0 {

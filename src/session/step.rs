@@ -17,6 +17,7 @@ use crate::message::{Message, ToolCall, ToolOutcome};
 use crate::nesting;
 use crate::store::CommitKind;
 use crate::stream::ChunkKind;
+use crate::tool_error::ToolErrorCode;
 
 impl Session {
     pub(super) fn execute(
@@ -151,10 +152,10 @@ impl Session {
             );
             let duplicate = calls[..index].iter().any(|earlier| earlier.id == call.id);
             let slot = if duplicate {
-                ready(format!(
-                    "duplicate_tool_call_id: call id {} is used twice in one reply",
+                CallSlot::failed(ToolErrorCode::DuplicateToolCallId.with(format_args!(
+                    "call id {} is used twice in one reply",
                     call.id
-                ))
+                )))
             } else {
                 self.classify(call)
             };
@@ -188,16 +189,16 @@ impl Session {
             return CallSlot::Companion;
         }
         let Some(tool) = self.agent.tool(&call.name) else {
-            return ready(format!(
-                "unknown_tool: agent {} has no tool named {}",
+            return CallSlot::failed(ToolErrorCode::UnknownTool.with(format_args!(
+                "agent {} has no tool named {}",
                 self.agent.name(),
                 call.name
-            ));
+            )));
         };
         if let Some(schema) = &tool.input {
             let errors = schema.errors(&call.input);
             if !errors.is_empty() {
-                return ready(format!("invalid_input: {}", errors.join("; ")));
+                return CallSlot::failed(ToolErrorCode::InvalidInput.with(errors.join("; ")));
             }
         }
         match &tool.def.kind {
@@ -401,9 +402,9 @@ impl Session {
             let (outcome, reported) = match slot {
                 CallSlot::Ready { outcome, reported } => (outcome, reported),
                 CallSlot::Pending(_) if finisher.is_some() => (
-                    ToolOutcome::Error(
-                        "skipped: another call in this step already finished the run".into(),
-                    ),
+                    ToolErrorCode::Skipped
+                        .with("another call in this step already finished the run")
+                        .into(),
                     false,
                 ),
                 CallSlot::Pending(kind) => {
@@ -413,7 +414,9 @@ impl Session {
                     continue;
                 }
                 CallSlot::Dispatched | CallSlot::Companion => (
-                    ToolOutcome::Error("tool_not_run: the runtime lost this call's outcome".into()),
+                    ToolErrorCode::ToolNotRun
+                        .with("the runtime lost this call's outcome")
+                        .into(),
                     false,
                 ),
                 // A child that waits on a person: the run suspends on it, unless another call
@@ -571,18 +574,11 @@ fn bounded_result(
     for (_, value) in changes {
         nesting::dismantle(value);
     }
-    let error = format!(
-        "invalid_output: the result of {} nests deeper than {limit} arrays and objects (the runtime's max_json_depth), so it was not kept",
+    let error = ToolErrorCode::InvalidOutput.with(format_args!(
+        "the result of {} nests deeper than {limit} arrays and objects (the runtime's max_json_depth), so it was not kept",
         call.name
-    );
-    (ToolOutcome::Error(error), Map::new())
-}
-
-fn ready(error: String) -> CallSlot {
-    CallSlot::Ready {
-        outcome: ToolOutcome::Error(error),
-        reported: false,
-    }
+    ));
+    (error.into(), Map::new())
 }
 
 /// Evaluates an approval rule; a predicate that errs or panics requires approval (fail closed).

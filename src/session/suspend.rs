@@ -14,6 +14,7 @@ use crate::message::{ToolCall, ToolOutcome};
 use crate::schema::IndexWrite;
 use crate::store::CommitKind;
 use crate::stream::ChunkKind;
+use crate::tool_error::ToolErrorCode;
 
 /// The error text a denied approval records.
 pub const NOT_APPROVED: &str = "Tool call was not approved by the user";
@@ -357,9 +358,11 @@ pub(crate) fn answer_outcome(entry: &PendingCall) -> Option<ToolOutcome> {
 
 /// The result of a call whose deadline passed without an answer.
 pub(crate) fn timeout_outcome(entry: &PendingCall) -> ToolOutcome {
-    ToolOutcome::Error(format!(
-        "client_tool_timeout: no answer for {} arrived within {} ms",
-        entry.tool_name,
-        entry.deadline_at_ms.saturating_sub(entry.requested_at_ms)
-    ))
+    ToolErrorCode::ClientToolTimeout
+        .with(format_args!(
+            "no answer for {} arrived within {} ms",
+            entry.tool_name,
+            entry.deadline_at_ms.saturating_sub(entry.requested_at_ms)
+        ))
+        .into()
 }
