@@ -1,6 +1,8 @@
 //! The session actor: one per live session id, the only writer of its state. It holds no
-//! rules: it feeds inputs to the [`Session`] core, makes each transition's commit durable, then
-//! executes its effects (`effects.rs`); submits are pipelined (`submit.rs`).
+//! rules: it turns each message into an [`Input`] of the [`Session`] core, makes the
+//! transition's commit durable, then executes its effects (`effects.rs`); accepted submits are
+//! committed beside the mailbox (`submit.rs`); children are started and recovery reconciles
+//! them in the background (`children.rs`).
 
 mod children;
 mod effects;
@@ -17,10 +19,9 @@ use tokio::sync::oneshot;
 use crate::definition::AgentDefinition;
 use crate::error::Error;
 use crate::ids::{RunId, SessionId};
-use crate::schema::{self};
+use crate::schema;
 use crate::session::{
-    ChildReport, ChildStart, ChildState, Effect, Input, Resumed, RunOutcome, Session, Stored,
-    Submission,
+    ChildReport, ChildStart, ChildState, Effect, Input, RunOutcome, Session, Stored, Submission,
 };
 use crate::shared::Shared;
 use crate::submit::SubmitOutcome;
@@ -65,10 +66,7 @@ pub(crate) enum SessionMsg {
     /// Answered when no run is in progress.
     WaitSettled { reply: oneshot::Sender<()> },
     /// A pipelined submit's commit finished (sent by the commit's own task).
-    SubmitSettled {
-        tool_call_id: String,
-        committed: bool,
-    },
+    SubmitSettled,
     /// Work the actor started finished: the model answered, or dispatched tools returned
     /// (sent by the actor's own tasks, fed to the core as it is).
     Feed(Input),
@@ -113,9 +111,8 @@ pub(crate) struct SessionState {
     loaded: Loaded,
     waiters: Vec<RunReply>,
     settle_waiters: Vec<oneshot::Sender<()>>,
-    /// Submit commits in flight: each writes only its own call's entries, so they are not
-    /// awaited in the handler; every other input first waits for them (see `barrier`).
-    inflight: Vec<(String, tokio::task::JoinHandle<bool>)>,
+    /// Accepted submits whose commits are in flight (see `submit.rs`).
+    inflight: submit::InFlightSubmits,
     /// Children recorded as running when the session was loaded (a crash cut their parent's
     /// step): reconciled in the background, once.
     to_reconcile: Vec<(String, SessionId)>,
@@ -123,9 +120,6 @@ pub(crate) struct SessionState {
     reconciling: bool,
     /// An automatic resume was sent to this session and has not been handled yet.
     resume_queued: bool,
-    /// New turns of this companion that arrived while a run was still stopping (a terminate
-    /// and a new spawn in one reply): started again once that run settles.
-    deferred_starts: Vec<ChildStart>,
     /// The model call or tools in flight, cancelled by an interrupt or abort (and when the
     /// actor stops).
     work: work::InFlight,
@@ -156,11 +150,10 @@ impl VirtualActor for SessionActor {
             loaded,
             waiters: Vec::new(),
             settle_waiters: Vec::new(),
-            inflight: Vec::new(),
+            inflight: submit::InFlightSubmits::default(),
             to_reconcile,
             reconciling: false,
             resume_queued: false,
-            deferred_starts: Vec::new(),
             work: work::InFlight::default(),
         })
     }
@@ -168,22 +161,29 @@ impl VirtualActor for SessionActor {
     async fn handle(&self, ctx: &ActorContext<Self>, msg: SessionMsg, state: &mut SessionState) {
         // Recovery never holds up the message that woke the session.
         self.reconcile_in_background(ctx, state);
-        if !matches!(
-            msg,
-            SessionMsg::Submit { .. } | SessionMsg::SubmitSettled { .. }
-        ) {
-            self.barrier(state).await;
+        if !matches!(msg, SessionMsg::Submit { .. } | SessionMsg::SubmitSettled) {
+            self.barrier(ctx, state).await;
         }
-        let now = self.shared.clock.now_ms();
         match msg {
             SessionMsg::Execute {
                 agent,
                 message,
                 reply,
-            } => self.execute(ctx, state, agent, message, reply).await,
+            } => {
+                let input = Input::Execute {
+                    run_id: RunId::generate(),
+                    message,
+                    agent: agent.name().to_string(),
+                };
+                self.request(ctx, state, Some(agent), input, Some(reply))
+                    .await;
+            }
             SessionMsg::Resume { reply } => {
                 state.resume_queued = false;
-                self.resume(ctx, state, reply).await;
+                let input = Input::Resume {
+                    run_id: RunId::generate(),
+                };
+                self.request(ctx, state, None, input, reply).await;
                 self.answer_settle_waiters_if_idle(state);
             }
             SessionMsg::Submit {
@@ -195,25 +195,12 @@ impl VirtualActor for SessionActor {
                 self.submit(ctx, state, &root, tool_call_id, submission, reply)
                     .await;
             }
-            SessionMsg::SubmitSettled {
-                tool_call_id,
-                committed,
-            } => {
-                state.inflight.retain(|(_, task)| !task.is_finished());
-                if !committed {
-                    if let Loaded::Present(session) = &mut state.loaded {
-                        session.revert_answer(&tool_call_id);
-                    }
-                }
-            }
+            SessionMsg::SubmitSettled => self.settle_submits(ctx, state).await,
             SessionMsg::Timeout {
                 tool_call_id,
                 reply,
             } => {
-                if let Loaded::Present(session) = &mut state.loaded {
-                    let transition = session.timeout(&tool_call_id, now);
-                    let _ = self.perform(ctx, state, transition).await;
-                }
+                self.feed(ctx, state, Input::Timeout { tool_call_id }).await;
                 let _ = reply.send(());
             }
             SessionMsg::Stop { abort, reply } => {
@@ -226,7 +213,12 @@ impl VirtualActor for SessionActor {
             SessionMsg::WaitSettled { reply } => self.when_settled(state, reply),
             SessionMsg::Feed(input) => self.feed(ctx, state, input).await,
             SessionMsg::StartChild(start) => self.start_child(ctx, state, start).await,
-            SessionMsg::Wake { .. } => self.wake(ctx, state).await,
+            SessionMsg::Wake { .. } => {
+                let input = Input::Wake {
+                    run_id: RunId::generate(),
+                };
+                self.feed(ctx, state, input).await;
+            }
             SessionMsg::ChildReport {
                 tool_call_id,
                 report,
@@ -246,20 +238,15 @@ impl VirtualActor for SessionActor {
             && state.inflight.is_empty()
             && !state.reconciling
             && state.to_reconcile.is_empty()
-            && state.deferred_starts.is_empty()
             && !matches!(&state.loaded, Loaded::Present(session) if session.is_busy())
     }
 
-    fn restarted(&self, id: &SessionId, state: &mut SessionState) {
-        // A child whose run the panic cut tells its parent, which wakes it to go on (the
-        // at-most-once rules decide what runs again); if it keeps crashing, `failed` follows.
-        if let Loaded::Present(session) = &state.loaded {
+    fn restarted(&self, _id: &SessionId, state: &mut SessionState) {
+        // A child whose run the panic cut tells its parent, which wakes it to go on.
+        if let Loaded::Present(session) = &mut state.loaded {
             let now = self.shared.clock.now_ms();
-            if let Some(report) = children::child_report(&session.outcome(now), false) {
-                if report == ChildReport::Crashed {
-                    tracing::warn!(session = %id, "subagent.restarted_after_panic");
-                    self.send_to_parent(session.record(), report);
-                }
+            if let Ok(transition) = session.apply(Input::Restarted, now) {
+                self.send_reports(transition.effects);
             }
         }
     }
@@ -267,11 +254,12 @@ impl VirtualActor for SessionActor {
     fn failed(&self, id: &SessionId, error: &dormant_actors::Error) {
         // The parent of a child that keeps crashing records that as the tool's error.
         if let Ok(Some(record)) = schema::load_record(self.shared.store.as_ref(), id) {
-            let text = format!("sub_agent_failed: child {id} failed: {error}");
-            self.send_to_parent(
-                &record,
-                ChildReport::Finished(crate::message::ToolOutcome::Error(text)),
-            );
+            if let (Some(parent), Some(call)) = (record.parent, record.parent_call) {
+                let why = crate::ToolErrorCode::SubAgentFailed
+                    .with(format_args!("child {id} failed: {error}"));
+                let transition = Session::cannot_start(&parent, call, why);
+                self.send_reports(transition.effects);
+            }
         }
     }
 
@@ -355,19 +343,17 @@ impl SessionActor {
         ))))
     }
 
-    /// Reads a session back from the store and closes, as interrupted, a run that no live
-    /// actor drives: one a crash cut, or one whose commit failed here (its work in flight was
-    /// cancelled with it). Its cut calls are then dealt with by the at-most-once rule when the
-    /// session goes on.
+    /// Reads a session back from the store and gives the core its `Recover` input: a run that
+    /// no live actor drives (a crash cut it, or a commit of this actor failed) is closed as
+    /// interrupted, and its cut calls are dealt with by the at-most-once rule when it goes on.
     pub(super) async fn load_recovered(&self, id: &SessionId) -> Result<Loaded, Error> {
         let mut loaded = self.load(id)?;
         if let Loaded::Present(session) = &mut loaded {
             let now = self.shared.clock.now_ms();
-            if let Some(recovery) = session.recover_after_crash(now) {
+            let recovery = session.apply(Input::Recover, now)?;
+            if let Some(commit) = &recovery.commit {
                 tracing::warn!(session = %id, "session.recovered_interrupted_run");
-                if let Some(commit) = &recovery.commit {
-                    self.commit(commit).await?;
-                }
+                self.shared.commit(commit).await?;
             }
         }
         Ok(loaded)
@@ -388,128 +374,87 @@ impl SessionActor {
         })
     }
 
-    fn ensure_messages(&self, session: &mut Session) -> Result<(), Error> {
-        if session.needs_messages() {
+    /// Loads the conversation if `input` may read it (an idle session keeps it on disk).
+    fn prepare(&self, session: &mut Session, input: &Input) -> Result<(), Error> {
+        if input.needs_conversation() && session.needs_messages() {
             let messages = schema::load_conversation(self.shared.store.as_ref(), session.record())?;
             session.attach_messages(messages);
         }
         Ok(())
     }
 
-    async fn execute(
+    /// A request whose caller waits for a run (an execute, a resume): the caller joins the
+    /// session's waiters and is answered when the run ends or suspends (or at once by a
+    /// refusal). `create` is the agent to create the session with if it does not exist.
+    async fn request(
         &self,
         ctx: &ActorContext<Self>,
         state: &mut SessionState,
-        agent: Arc<AgentDefinition>,
-        message: String,
-        reply: RunReply,
+        create: Option<Arc<AgentDefinition>>,
+        input: Input,
+        reply: Option<RunReply>,
     ) {
         let id = ctx.key();
         let now = self.shared.clock.now_ms();
-        match self.present(id, state).await {
-            Ok(Some(_)) => {}
-            Ok(None) => {
+        let answer = |reply: Option<RunReply>, error: Error| {
+            if let Some(reply) = reply {
+                let _ = reply.send(Err(error));
+            }
+        };
+        match (self.present(id, state).await, create) {
+            (Ok(Some(_)), _) => {}
+            (Ok(None), Some(agent)) => {
                 let policy = Arc::clone(&self.shared.policy);
-                let session = Session::create(id.clone(), agent.clone(), policy, now);
+                let session = Session::create(id.clone(), agent, policy, now);
                 state.loaded = Loaded::Present(Box::new(session));
             }
-            Err(error) => {
-                let _ = reply.send(Err(error));
-                return;
-            }
+            (Ok(None), None) => return answer(reply, Error::UnknownSession(id.clone())),
+            (Err(error), _) => return answer(reply, error),
         }
         let Loaded::Present(session) = &mut state.loaded else {
             return;
         };
-        // Only the parent starts a sub-agent's turns (its bookkeeping of the child would not
-        // see a turn started from outside); this message comes from the public API only.
-        if let Some(parent) = &session.record().parent {
-            let _ = reply.send(Err(Error::SubAgentSession {
-                session: id.clone(),
-                parent: parent.clone(),
-            }));
-            return;
-        }
-        if session.agent().name() != agent.name() {
-            let _ = reply.send(Err(Error::AgentMismatch {
-                session: id.clone(),
-                actual: session.agent().name().to_string(),
-                requested: agent.name().to_string(),
-            }));
-            return;
-        }
-        if let Err(error) = self.ensure_messages(session) {
-            let _ = reply.send(Err(error));
-            return;
-        }
-        let input = Input::Execute {
-            run_id: RunId::generate(),
-            message,
-        };
-        match session.apply(input, now) {
+        let applied = self
+            .prepare(session, &input)
+            .and_then(|()| session.apply(input, now));
+        match applied {
             Ok(transition) => {
-                state.waiters.push(reply);
-                // A failed commit has already answered the waiter.
+                state.waiters.extend(reply);
+                // A failed commit has already answered the waiters.
                 let _ = self.perform(ctx, state, transition).await;
             }
             Err(error) => {
                 session.release_messages();
-                let _ = reply.send(Err(error));
+                answer(reply, error);
             }
         }
     }
 
-    async fn resume(
+    /// An input nobody waits on (a timeout, a reply of the model or the tools, a wake, a
+    /// report): applied to the loaded session, if there is one.
+    pub(super) async fn feed(
         &self,
         ctx: &ActorContext<Self>,
         state: &mut SessionState,
-        reply: Option<RunReply>,
+        input: Input,
     ) {
         let now = self.shared.clock.now_ms();
         let session = match self.present(ctx.key(), state).await {
             Ok(Some(session)) => session,
-            Ok(None) => {
-                if let Some(reply) = reply {
-                    let _ = reply.send(Err(Error::UnknownSession(ctx.key().clone())));
-                }
-                return;
-            }
+            Ok(None) => return,
             Err(error) => {
-                if let Some(reply) = reply {
-                    let _ = reply.send(Err(error));
-                }
+                tracing::warn!(session = %ctx.key(), %error, "session.input_unreadable");
                 return;
             }
         };
-        // Single flight: a resume while a run is in progress waits for that run.
-        if session.is_busy() {
-            state.waiters.extend(reply);
-            return;
-        }
-        if let Err(error) = self.ensure_messages(session) {
-            if let Some(reply) = reply {
-                let _ = reply.send(Err(error));
+        let applied = self
+            .prepare(session, &input)
+            .and_then(|()| session.apply(input, now));
+        match applied {
+            Ok(transition) => {
+                let _ = self.perform(ctx, state, transition).await;
             }
-            return;
-        }
-        match session.resume(RunId::generate(), now) {
-            Ok(Resumed::Started(transition)) => {
-                state.waiters.extend(reply);
-                // A failed commit has already answered the waiter.
-                let _ = self.perform(ctx, state, *transition).await;
-            }
-            Ok(Resumed::StillWaiting(outcome)) => {
-                session.release_messages();
-                if let Some(reply) = reply {
-                    let _ = reply.send(Ok(outcome));
-                }
-            }
-            Err(error) => {
-                session.release_messages();
-                if let Some(reply) = reply {
-                    let _ = reply.send(Err(error));
-                }
-            }
+            Err(error) => tracing::warn!(session = %ctx.key(), %error, "session.input_refused"),
         }
     }
 
@@ -526,13 +471,13 @@ impl SessionActor {
         let Some(session) = self.present(ctx.key(), state).await? else {
             return Err(Error::UnknownSession(ctx.key().clone()));
         };
-        // Closing the calls of the last reply needs the conversation.
-        self.ensure_messages(session)?;
-        let mut transition = if abort {
-            session.abort(now)
+        let input = if abort {
+            Input::Abort
         } else {
-            session.interrupt(now)
+            Input::Interrupt
         };
+        self.prepare(session, &input)?;
+        let mut transition = session.apply(input, now)?;
         session.release_messages();
         let mut stopped = Vec::new();
         if walked {
@@ -550,19 +495,6 @@ impl SessionActor {
         }
         self.perform(ctx, state, transition).await?;
         Ok(stopped)
-    }
-
-    async fn feed(&self, ctx: &ActorContext<Self>, state: &mut SessionState, input: Input) {
-        let Loaded::Present(session) = &mut state.loaded else {
-            return;
-        };
-        let now = self.shared.clock.now_ms();
-        match session.apply(input, now) {
-            Ok(transition) => {
-                let _ = self.perform(ctx, state, transition).await;
-            }
-            Err(error) => tracing::warn!(session = %ctx.key(), %error, "session.input_refused"),
-        }
     }
 
     fn when_settled(&self, state: &mut SessionState, reply: oneshot::Sender<()>) {

@@ -105,6 +105,9 @@ impl<'de> Deserialize<'de> for SessionId {
 pub struct RunId(uuid::Uuid);
 
 impl RunId {
+    /// The run id of an outcome of a session that has had no run yet (the nil uuid).
+    pub const NONE: RunId = RunId(uuid::Uuid::nil());
+
     /// A new run id.
     pub fn generate() -> Self {
         Self(uuid::Uuid::now_v7())

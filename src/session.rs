@@ -3,10 +3,12 @@
 //! session actor only executes transitions, so every rule here is testable without actors,
 //! sled or time.
 
+mod child_side;
 mod children;
 mod companions;
 mod core;
 mod cut;
+mod input;
 mod outcome;
 mod pending;
 mod resume;
@@ -15,10 +17,11 @@ mod step;
 mod suspend;
 mod transition;
 
-pub(crate) use self::children::{ChildKind, ChildStart};
-pub(crate) use self::core::{ChildReport, FinishedCall, Input, Policy, Session, Stored};
+pub(crate) use self::child_side::stored_state;
+pub(crate) use self::children::ChildStart;
+pub(crate) use self::core::{Policy, Session, Stored};
+pub(crate) use self::input::{ChildReport, FinishedCall, Input};
 pub use outcome::RunOutcome;
-pub(crate) use resume::Resumed;
 pub use state::{
     Answer, ChildCall, ChildState, Companion, CompanionStatus, ErrorCode, PendingCall, PendingKind,
     RunError, RunRecord, SessionRecord, Status, Suspension,

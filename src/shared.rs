@@ -53,6 +53,17 @@ impl std::fmt::Debug for Shared {
 }
 
 impl Shared {
+    /// Makes a session's commit durable, and counts it. The one way a session's writes reach
+    /// the store (a step, a submit beside the mailbox, a recovery).
+    pub(crate) async fn commit(&self, commit: &schema::Commit) -> Result<(), Error> {
+        let batch = commit.encode()?;
+        let size = crate::metrics::BatchSize::of(&batch);
+        let started = std::time::Instant::now();
+        self.store.commit(batch).await?;
+        self.metrics.record_commit(started.elapsed(), &size);
+        Ok(())
+    }
+
     /// Whether a tombstone written at `completed_at` still answers duplicates at `now`.
     pub(crate) fn tombstone_alive(&self, completed_at: u64, now: u64) -> bool {
         now < completed_at.saturating_add(self.tombstone_retention_ms)

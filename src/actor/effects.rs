@@ -1,7 +1,6 @@
 //! Executing a transition: its commit first, then its effects in order.
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use dormant_actors::{ActorContext, WeakHost};
 
@@ -9,11 +8,9 @@ use super::{send_back, Loaded, SessionActor, SessionMsg, SessionState};
 use crate::dispatch::{run_step, StepContext};
 use crate::error::Error;
 use crate::ids::SessionId;
-use crate::message::ToolOutcome;
-use crate::metrics::BatchSize;
 use crate::scheduler::{SchedulerKey, SchedulerMsg};
-use crate::schema::{self, IndexWrite};
-use crate::session::{ChildReport, Effect, Input, Observation, Transition};
+use crate::schema;
+use crate::session::{Effect, Input, Observation, Transition};
 
 impl SessionActor {
     /// Makes the commit durable, then runs the effects in order. A failed commit leaves the
@@ -25,7 +22,7 @@ impl SessionActor {
         transition: Transition,
     ) -> Result<(), Error> {
         if let Some(commit) = transition.commit {
-            if let Err(error) = self.commit(&commit).await {
+            if let Err(error) = self.shared.commit(&commit).await {
                 tracing::error!(session = %ctx.key(), %error, "session.commit_failed");
                 let reason = error.to_string();
                 let unavailable = || Error::SessionUnavailable {
@@ -40,12 +37,16 @@ impl SessionActor {
                 }
                 state.settle_waiters.clear();
                 // A child's parent waits for it: it learns of the failure as the tool's error.
-                if let Loaded::Present(session) = &state.loaded {
-                    let text = format!("sub_agent_failed: {reason}");
-                    self.send_to_parent(
-                        session.record(),
-                        ChildReport::Finished(ToolOutcome::Error(text)),
-                    );
+                if let Loaded::Present(session) = &mut state.loaded {
+                    let now = self.shared.clock.now_ms();
+                    let failed = Input::CommitFailed {
+                        reason: reason.clone(),
+                    };
+                    if let Ok(told) = session.apply(failed, now) {
+                        for effect in told.effects {
+                            self.run_effect(ctx, state, effect);
+                        }
+                    }
                 }
                 // The run is cut as by a crash: its work in flight goes, and what the store holds
                 // is read back, with the run closed as interrupted (the at-most-once rule
@@ -57,7 +58,7 @@ impl SessionActor {
                     .unwrap_or(Loaded::Unreadable);
                 return Err(typed.unwrap_or_else(unavailable));
             }
-            self.after_commit(ctx.key(), &commit);
+            self.publish(ctx.key(), &commit);
         }
         for effect in transition.effects {
             self.run_effect(ctx, state, effect);
@@ -92,17 +93,15 @@ impl SessionActor {
                 });
             }
             Effect::RunTools {
+                agent,
                 run_id,
                 step,
                 parallel,
                 sequential,
                 state: custom_state,
             } => {
-                let Loaded::Present(session) = &state.loaded else {
-                    return;
-                };
                 let step_context = StepContext {
-                    agent: Arc::clone(session.agent()),
+                    agent,
                     session: ctx.key().clone(),
                     run_id,
                     state: custom_state,
@@ -162,17 +161,33 @@ impl SessionActor {
                     host.send(ctx.key().clone(), SessionMsg::Resume { reply: None });
                 }
             }
+            Effect::Report {
+                parent,
+                tool_call_id,
+                report,
+            } => {
+                if let Some(host) = ctx.host() {
+                    let msg = SessionMsg::ChildReport {
+                        tool_call_id,
+                        report,
+                    };
+                    host.send(parent, msg);
+                }
+            }
+            Effect::StartAgain(start) => {
+                // Through the host, as for an automatic resume: a passivation may be queued.
+                if let Some(host) = ctx.host() {
+                    host.send(ctx.key().clone(), SessionMsg::StartChild(start));
+                }
+            }
+            Effect::ArmDeadline { at } => {
+                if let Some(scheduler) = self.shared.scheduler.get().and_then(WeakHost::upgrade) {
+                    scheduler.send(SchedulerKey, SchedulerMsg::Armed { at });
+                }
+            }
             Effect::Settle(outcome) => {
-                // The parent hears first, so whoever learns that this run settled finds the
-                // parent's reaction already queued.
                 if let Loaded::Present(session) = &mut state.loaded {
                     session.release_messages();
-                    let now = self.shared.clock.now_ms();
-                    self.report_to_parent(session, now);
-                }
-                // A companion's new turn that waited for this run to stop starts now.
-                for start in state.deferred_starts.drain(..) {
-                    super::send_back(&ctx.mailbox(), SessionMsg::StartChild(start));
                 }
                 for waiter in state.waiters.drain(..) {
                     let _ = waiter.send(Ok(outcome.clone()));
@@ -218,32 +233,8 @@ impl SessionActor {
         }
     }
 
-    pub(super) async fn commit(&self, commit: &schema::Commit) -> Result<(), Error> {
-        let batch = commit.encode()?;
-        let size = BatchSize::of(&batch);
-        let started = Instant::now();
-        self.shared.store.commit(batch).await?;
-        self.shared.metrics.record_commit(started.elapsed(), &size);
-        Ok(())
-    }
-
-    /// Publishes the commit's chunks to live followers and tells the scheduler about new
-    /// deadlines.
-    pub(super) fn after_commit(&self, id: &SessionId, commit: &schema::Commit) {
-        let earliest = commit
-            .index
-            .iter()
-            .filter_map(|write| match write {
-                IndexWrite::PutDeadline { at, .. } => Some(*at),
-                _ => None,
-            })
-            .min();
-        if let (Some(at), Some(scheduler)) = (
-            earliest,
-            self.shared.scheduler.get().and_then(WeakHost::upgrade),
-        ) {
-            scheduler.send(SchedulerKey, SchedulerMsg::Armed { at });
-        }
+    /// Publishes a durable commit's chunks to the session's live followers.
+    pub(super) fn publish(&self, id: &SessionId, commit: &schema::Commit) {
         if commit.chunks.is_empty() {
             return;
         }

@@ -7,8 +7,8 @@ use std::collections::HashMap;
 
 use serde_json::Value;
 
-use super::core::{CallSlot, ChildReport, Phase, Session};
-use super::{ChildCall, ChildState, Effect, Transition};
+use super::core::{CallSlot, Phase, Session};
+use super::{ChildCall, ChildReport, ChildState, Effect, Transition};
 use crate::definition::ToolKind;
 use crate::ids::{RunId, SessionId};
 use crate::message::{ToolCall, ToolOutcome};
@@ -350,11 +350,12 @@ impl Session {
                     kind = CommitKind::ToolResults;
                 }
             }
-            Phase::AwaitingChildren { waking } => {
+            Phase::AwaitingChildren { waking, run_id } => {
                 waking.retain(|id| !woken.contains(id));
                 if waking.is_empty() {
+                    let run_id = *run_id;
                     self.phase = Phase::Idle;
-                    return self.after_waking(now, effects);
+                    return self.after_waking(run_id, now, effects);
                 }
             }
             Phase::Idle | Phase::AwaitingModel { .. } => {
@@ -402,19 +403,20 @@ impl Session {
                 .iter()
                 .zip(slots)
                 .any(|(call, slot)| call.id == call_id && matches!(slot, CallSlot::Child)),
-            Phase::AwaitingChildren { waking } => waking.iter().any(|id| id == call_id),
+            Phase::AwaitingChildren { waking, .. } => waking.iter().any(|id| id == call_id),
             _ => false,
         }
     }
 
     /// Every woken child reported: go on if nothing waits any more, else answer the barrier.
-    fn after_waking(&mut self, now: u64, effects: Vec<Effect>) -> Transition {
+    fn after_waking(&mut self, run_id: RunId, now: u64, effects: Vec<Effect>) -> Transition {
         if self.any_waiting(now) {
             let mut effects = effects;
+            effects.extend(self.report(now));
             effects.push(Effect::Settle(self.outcome(now)));
             return self.finish(CommitKind::Other, now, effects);
         }
-        let mut transition = self.drain(RunId::generate(), now);
+        let mut transition = self.drain(run_id, now);
         let mut all = effects;
         all.append(&mut transition.effects);
         transition.effects = all;

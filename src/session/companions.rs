@@ -15,7 +15,8 @@ use std::sync::Arc;
 use serde_json::{json, Value};
 
 use super::children::{ChildKind, ChildOrigin, ChildStart};
-use super::core::{CallSlot, ChildReport, Session};
+use super::core::{CallSlot, Session};
+use super::ChildReport;
 use super::{ChildCall, ChildState, Companion, CompanionStatus, Effect, Status, Transition};
 use crate::definition::{CompanionMode, CompanionTool};
 use crate::error::Error;

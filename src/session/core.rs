@@ -6,17 +6,15 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value};
 
-use super::children::{ChildCalls, ChildOrigin};
+use super::children::{ChildCalls, ChildOrigin, ChildStart};
 use super::companions::Companions;
 use super::pending::PendingCalls;
 use super::{
-    ChildCall, ChildState, Companion, Effect, PendingCall, PendingKind, RunError, RunOutcome,
-    RunRecord, SessionRecord, Status, Transition,
+    ChildCall, Companion, Effect, PendingCall, PendingKind, RunError, RunOutcome, RunRecord,
+    SessionRecord, Status, Transition,
 };
 use crate::definition::AgentDefinition;
-use crate::error::Error;
 use crate::ids::{RunId, SessionId};
-use crate::llm::{LlmError, ModelReply};
 use crate::message::{Message, ToolCall, ToolOutcome};
 use crate::schema::{Commit, IndexWrite};
 use crate::store::CommitKind;
@@ -50,62 +48,6 @@ impl Default for Policy {
             max_json_depth: crate::submit::DEFAULT_MAX_JSON_DEPTH,
         }
     }
-}
-
-/// An input to the state machine.
-#[derive(Debug)]
-pub(crate) enum Input {
-    /// A user message: a new session's first run, or a new turn.
-    Execute { run_id: RunId, message: String },
-    /// The model answered a step.
-    ModelReplied {
-        run_id: RunId,
-        step: u32,
-        reply: Result<ModelReply, LlmError>,
-    },
-    /// The tools a step (or a resume) dispatched finished.
-    ToolsFinished {
-        run_id: RunId,
-        step: u32,
-        outcomes: Vec<FinishedCall>,
-    },
-    /// A child reported where it stands; `chunks` are its stream chunks not yet forwarded.
-    ChildReported {
-        tool_call_id: String,
-        report: ChildReport,
-        chunks: Vec<Chunk>,
-    },
-    /// Background recovery learned how children recorded as running ended.
-    Reconciled { results: Vec<(String, ChildState)> },
-    /// A companion's new turn, started by its parent's call `tool_call_id`.
-    Consult {
-        run_id: RunId,
-        message: String,
-        tool_call_id: String,
-        fresh: bool,
-    },
-}
-
-/// What a child tells its parent when its run settles (or when the parent wakes it).
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) enum ChildReport {
-    /// It ended: its result or error is the parent's tool result.
-    Finished(ToolOutcome),
-    /// It waits on these calls (its own and its descendants').
-    Suspended(Vec<String>),
-    /// Its run was cut by a crash of its actor; waking it continues the run.
-    Crashed,
-    /// It was interrupted (by request): an error for the call that waited on it, but a
-    /// companion keeps its conversation (a new message continues it).
-    Interrupted(String),
-}
-
-/// One tool call's outcome, with the custom-state keys its handler set.
-#[derive(Debug, Clone)]
-pub(crate) struct FinishedCall {
-    pub(crate) tool_call_id: String,
-    pub(crate) outcome: ToolOutcome,
-    pub(crate) updates: Map<String, Value>,
 }
 
 /// What happens to one call of a step.
@@ -160,6 +102,8 @@ pub(super) enum Phase {
     /// once each has reported.
     AwaitingChildren {
         waking: Vec<String>,
+        /// The run the resume starts once they have.
+        run_id: RunId,
     },
 }
 
@@ -201,6 +145,9 @@ pub(crate) struct Session {
     pub(super) messages: Option<Arc<Vec<Message>>>,
     pub(super) phase: Phase,
     pub(super) staged: Staged,
+    /// New turns of this companion that arrived while a run was still stopping (a terminate
+    /// and a new spawn in one reply): started again once that run settles.
+    pub(super) deferred_starts: Vec<ChildStart>,
 }
 
 impl Session {
@@ -245,6 +192,7 @@ impl Session {
             messages: Some(Arc::new(Vec::new())),
             phase: Phase::Idle,
             staged: Staged::default(),
+            deferred_starts: Vec::new(),
         }
     }
 
@@ -282,11 +230,8 @@ impl Session {
             messages: None,
             phase: Phase::Idle,
             staged: Staged::default(),
+            deferred_starts: Vec::new(),
         }
-    }
-
-    pub(crate) fn agent(&self) -> &Arc<AgentDefinition> {
-        &self.agent
     }
 
     pub(crate) fn record(&self) -> &SessionRecord {
@@ -323,38 +268,6 @@ impl Session {
         let mut waiting = self.pending.waiting_ids(now);
         waiting.extend(self.children.waiting_below());
         waiting
-    }
-
-    /// Applies one input at time `now`.
-    ///
-    /// # Errors
-    /// A refusal that changes nothing (a second `Execute` while running, an aborted session).
-    pub(crate) fn apply(&mut self, input: Input, now: u64) -> Result<Transition, Error> {
-        match input {
-            Input::Execute { run_id, message } => self.execute(run_id, message, now),
-            Input::ModelReplied {
-                run_id,
-                step,
-                reply,
-            } => Ok(self.model_replied(run_id, step, reply, now)),
-            Input::ToolsFinished {
-                run_id,
-                step,
-                outcomes,
-            } => Ok(self.tools_finished(run_id, step, outcomes, now)),
-            Input::ChildReported {
-                tool_call_id,
-                report,
-                chunks,
-            } => Ok(self.child_reported(&tool_call_id, report, chunks, now)),
-            Input::Reconciled { results } => Ok(self.reconciled(results)),
-            Input::Consult {
-                run_id,
-                message,
-                tool_call_id,
-                fresh,
-            } => self.consult(run_id, message, tool_call_id, fresh, now),
-        }
     }
 
     /// Starts a run record (an execute, or a resume of `previous`).
@@ -413,6 +326,12 @@ impl Session {
             _ => ChunkKind::RunEnd { status, error },
         };
         self.stage_chunk(run_id, now, kind);
+        // The parent hears first, so whoever learns that this run settled finds the parent's
+        // reaction already queued; then the companion turns that waited for this run to stop.
+        if let Some(report) = self.report(now) {
+            effects.push(report);
+        }
+        effects.extend(self.deferred_starts.drain(..).map(Effect::StartAgain));
         effects.push(Effect::Settle(self.outcome(now)));
     }
 
@@ -421,7 +340,7 @@ impl Session {
         let run = self.run.as_ref();
         RunOutcome {
             session_id: self.record.id.clone(),
-            run_id: run.map_or_else(RunId::generate, |run| run.run_id),
+            run_id: run.map_or(RunId::NONE, |run| run.run_id),
             turn: run.map_or(0, |run| run.turn),
             status: self.record.status,
             text: run.and_then(|run| run.text.clone()),
@@ -440,9 +359,7 @@ impl Session {
     }
 
     pub(super) fn current_run_id(&self) -> RunId {
-        self.run
-            .as_ref()
-            .map_or_else(RunId::generate, |run| run.run_id)
+        self.run.as_ref().map_or(RunId::NONE, |run| run.run_id)
     }
 
     pub(super) fn stage_message(&mut self, message: Message) {
@@ -467,8 +384,13 @@ impl Session {
 
     /// A commit of per-call entries only (no snapshot, messages or chunks): it shares no key
     /// with any other write of the session, so it may land in any order relative to them.
-    pub(super) fn finish_entries(&mut self, kind: CommitKind, effects: Vec<Effect>) -> Transition {
+    pub(super) fn finish_entries(
+        &mut self,
+        kind: CommitKind,
+        mut effects: Vec<Effect>,
+    ) -> Transition {
         let staged = std::mem::take(&mut self.staged);
+        effects.extend(earliest_deadline(&staged.index));
         debug_assert!(
             staged.messages.is_empty() && staged.chunks.is_empty() && !staged.run_changed
         );
@@ -484,6 +406,7 @@ impl Session {
                 index: staged.index,
             }),
             effects,
+            verdict: None,
         }
     }
 
@@ -500,6 +423,8 @@ impl Session {
             (Some(run), true) => vec![run.clone()],
             _ => Vec::new(),
         };
+        let mut effects = effects;
+        effects.extend(earliest_deadline(&staged.index));
         // Every commit with a snapshot appends a log entry: the entry carries the record.
         let log_seq = self.record.log_count;
         self.record.log_count += 1;
@@ -515,6 +440,20 @@ impl Session {
                 index: staged.index,
             }),
             effects,
+            verdict: None,
         }
     }
+}
+
+/// The scheduler is told of the earliest deadline a commit arms (once it is durable), so that
+/// it can wake earlier than it planned.
+fn earliest_deadline(index: &[IndexWrite]) -> Option<Effect> {
+    index
+        .iter()
+        .filter_map(|write| match write {
+            IndexWrite::PutDeadline { at, .. } => Some(*at),
+            _ => None,
+        })
+        .min()
+        .map(|at| Effect::ArmDeadline { at })
 }

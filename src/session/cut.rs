@@ -221,9 +221,9 @@ impl Session {
 
     /// A session found `Running` on activation was cut by a crash (no live actor ran it): its
     /// run is closed as interrupted, and a later `resume` or message goes on from there.
-    pub(crate) fn recover_after_crash(&mut self, now: u64) -> Option<Transition> {
+    pub(super) fn recover_after_crash(&mut self, now: u64) -> Transition {
         if self.record.status != Status::Running {
-            return None;
+            return Transition::default();
         }
         let mut effects = Vec::new();
         self.end_run(
@@ -235,8 +235,9 @@ impl Session {
             now,
             &mut effects,
         );
-        // Nobody waits for a run of a previous process.
-        effects.retain(|effect| !matches!(effect, Effect::Settle(_)));
-        Some(self.finish(CommitKind::RunEnd, now, effects))
+        // Nobody waits for a run of a previous process, and a parent learns of it by its own
+        // recovery (or when it wakes this child).
+        effects.retain(|effect| !matches!(effect, Effect::Settle(_) | Effect::Report { .. }));
+        self.finish(CommitKind::RunEnd, now, effects)
     }
 }

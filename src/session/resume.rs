@@ -6,8 +6,8 @@ use serde_json::Value;
 use super::core::{CallSlot, Phase, Session};
 use super::suspend::{answer_outcome, timeout_outcome};
 use super::{
-    Answer, ChildState, Effect, ErrorCode, Observation, PendingCall, PendingKind, RunError,
-    RunOutcome, Status, Transition,
+    Answer, ChildState, Effect, ErrorCode, Observation, PendingCall, PendingKind, RunError, Status,
+    Transition,
 };
 use crate::error::Error;
 use crate::hooks::HookEvent;
@@ -18,30 +18,31 @@ use crate::store::CommitKind;
 use crate::stream::ChunkKind;
 use crate::tool_error::{ToolErrorCode, ToolFailure};
 
-/// What a resume did.
-#[derive(Debug)]
-pub(crate) enum Resumed {
-    /// A new run started; its transition must be performed.
-    Started(Box<Transition>),
-    /// Some call of the suspension still waits (the barrier): nothing ran.
-    StillWaiting(RunOutcome),
-}
-
 impl Session {
-    /// Continues a suspended or interrupted run as the new run `run_id`.
+    /// Continues a suspended or interrupted run as the new run `run_id`. A resume while a run
+    /// is in progress joins it (nothing changes: its caller is answered when it settles);
+    /// while some call of the suspension still waits (the barrier) nothing runs and the
+    /// caller is answered with what is pending.
     ///
     /// # Errors
-    /// [`Error::Aborted`] for an aborted session, [`Error::AlreadyRunning`] while a run is in
-    /// progress, [`Error::NotResumable`] for a session whose last run completed or failed.
-    pub(crate) fn resume(&mut self, run_id: RunId, now: u64) -> Result<Resumed, Error> {
+    /// [`Error::Aborted`] for an aborted session, [`Error::NotResumable`] for a session whose
+    /// last run completed or failed.
+    pub(super) fn resume(&mut self, run_id: RunId, now: u64) -> Result<Transition, Error> {
         if self.record.aborted {
             return Err(Error::Aborted(self.record.id.clone()));
+        }
+        if self.is_busy() {
+            return Ok(Transition::default());
         }
         match self.record.status {
             Status::Running => Err(Error::AlreadyRunning(self.record.id.clone())),
             Status::SuspendedClientTool | Status::SuspendedAwaitingChildren => {
                 if self.pending.any_waiting(now) {
-                    return Ok(Resumed::StillWaiting(self.outcome(now)));
+                    return Ok(Transition {
+                        commit: None,
+                        effects: vec![Effect::Settle(self.outcome(now))],
+                        verdict: None,
+                    });
                 }
                 let asleep = self.children_to_wake();
                 if !asleep.is_empty() {
@@ -49,13 +50,15 @@ impl Session {
                     // this session goes on once all have reported.
                     self.phase = Phase::AwaitingChildren {
                         waking: asleep.iter().map(|(call, _)| call.clone()).collect(),
+                        run_id,
                     };
-                    return Ok(Resumed::Started(Box::new(Transition {
+                    return Ok(Transition {
                         commit: None,
                         effects: vec![Effect::WakeChildren(asleep)],
-                    })));
+                        verdict: None,
+                    });
                 }
-                Ok(Resumed::Started(Box::new(self.drain(run_id, now))))
+                Ok(self.drain(run_id, now))
             }
             Status::Interrupted => {
                 let previous = self.current_run_id();
@@ -68,17 +71,11 @@ impl Session {
                 self.start_run(run_id, Some(previous), now);
                 effects.push(self.resumed_hook(run_id, previous));
                 if crashed {
-                    return Ok(Resumed::Started(Box::new(
-                        self.retry_cut_calls(run_id, now, effects),
-                    )));
+                    return Ok(self.retry_cut_calls(run_id, now, effects));
                 }
                 self.close_dangling_calls(now, &mut effects);
                 self.begin_step(run_id, now, &mut effects);
-                Ok(Resumed::Started(Box::new(self.finish(
-                    CommitKind::RunStart,
-                    now,
-                    effects,
-                ))))
+                Ok(self.finish(CommitKind::RunStart, now, effects))
             }
             status @ (Status::Completed | Status::Failed) => Err(Error::NotResumable {
                 session: self.record.id.clone(),
@@ -342,7 +339,7 @@ impl Session {
     /// at once too: its model call and tools in flight are cancelled and each call of its step
     /// gets its outcome (see [`Session::cut_step`]). The children it stopped and its working
     /// companions are interrupted; they keep their conversations.
-    pub(crate) fn interrupt(&mut self, now: u64) -> Transition {
+    pub(super) fn interrupt(&mut self, now: u64) -> Transition {
         let mut effects = Vec::new();
         match self.record.status {
             Status::SuspendedClientTool | Status::SuspendedAwaitingChildren => {
@@ -384,7 +381,7 @@ impl Session {
     /// recorded), its children are aborted, its companions terminated, and the session never
     /// runs again. A session whose last run already completed or failed keeps that run as it
     /// was.
-    pub(crate) fn abort(&mut self, now: u64) -> Transition {
+    pub(super) fn abort(&mut self, now: u64) -> Transition {
         if self.record.aborted {
             return Transition::default();
         }

@@ -6,7 +6,8 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value};
 
-use super::core::{CallSlot, FinishedCall, Phase, Session};
+use super::core::{CallSlot, Phase, Session};
+use super::FinishedCall;
 use super::{ChildState, Effect, ErrorCode, PendingKind, RunError, Status, Transition};
 use crate::definition::{Approval, ToolKind, FINISH_TOOL};
 use crate::error::Error;
@@ -20,6 +21,32 @@ use crate::stream::ChunkKind;
 use crate::tool_error::ToolErrorCode;
 
 impl Session {
+    /// A user message from outside. Only a session's parent starts a sub-agent's turns (its
+    /// bookkeeping of the child would not see one started from outside), and a session runs
+    /// the agent it was created with.
+    pub(super) fn execute_from_outside(
+        &mut self,
+        run_id: RunId,
+        text: String,
+        agent: &str,
+        now: u64,
+    ) -> Result<Transition, Error> {
+        if let Some(parent) = &self.record.parent {
+            return Err(Error::SubAgentSession {
+                session: self.record.id.clone(),
+                parent: parent.clone(),
+            });
+        }
+        if self.agent.name() != agent {
+            return Err(Error::AgentMismatch {
+                session: self.record.id.clone(),
+                actual: self.agent.name().to_string(),
+                requested: agent.to_string(),
+            });
+        }
+        self.execute(run_id, text, now)
+    }
+
     pub(super) fn execute(
         &mut self,
         run_id: RunId,
@@ -353,6 +380,7 @@ impl Session {
         let tools_running = !(parallel.is_empty() && sequential.is_empty());
         if tools_running {
             effects.push(Effect::RunTools {
+                agent: Arc::clone(&self.agent),
                 run_id,
                 step,
                 parallel,

@@ -130,27 +130,28 @@ impl Session {
         self.end_run(status, None, now, effects);
     }
 
-    /// Applies a submitted answer to pending call `call_id`. The first accepted answer wins.
-    pub(crate) fn submit(
-        &mut self,
-        call_id: &str,
-        submission: Submission,
-        now: u64,
-    ) -> (Verdict, Transition) {
+    /// Applies a submitted answer to pending call `call_id`: the transition's verdict says
+    /// what the session decided. The first accepted answer wins; an accepted answer's commit
+    /// writes only the call's own entries.
+    pub(super) fn submit(&mut self, call_id: &str, submission: Submission, now: u64) -> Transition {
+        let decided = |verdict: Verdict, transition: Transition| Transition {
+            verdict: Some(verdict),
+            ..transition
+        };
         let Some(entry) = self.pending.get(call_id) else {
-            return (Verdict::NotPending, Transition::default());
+            return decided(Verdict::NotPending, Transition::default());
         };
         if entry.answer.is_some() {
-            return (Verdict::AlreadyCompleted, Transition::default());
+            return decided(Verdict::AlreadyCompleted, Transition::default());
         }
         if now >= entry.deadline_at_ms {
             // The deadline is authoritative: record the timeout now if the scheduler has not.
             let transition = self.timeout(call_id, now);
-            return (Verdict::AlreadyCompleted, transition);
+            return decided(Verdict::AlreadyCompleted, transition);
         }
         let answer = match self.check_submission(entry, submission) {
             Ok(answer) => answer,
-            Err(verdict) => return (verdict, Transition::default()),
+            Err(verdict) => return decided(verdict, Transition::default()),
         };
         let wait_ms = now.saturating_sub(entry.requested_at_ms);
         let has_error = matches!(answer, Answer::Error(_) | Answer::Denied { .. });
@@ -165,7 +166,7 @@ impl Session {
         if self.policy.auto_resume && !self.any_waiting(now) {
             effects.push(Effect::AutoResume);
         }
-        (
+        decided(
             Verdict::Accepted,
             self.finish_entries(CommitKind::Other, effects),
         )
@@ -261,7 +262,7 @@ impl Session {
     /// The entry stays, answered `TimedOut`, until the resume clears it (so a duplicate
     /// answers `already_completed` and the tombstone's retention counts from the resume); the
     /// resume records nothing more for it.
-    pub(crate) fn timeout(&mut self, call_id: &str, now: u64) -> Transition {
+    pub(super) fn timeout(&mut self, call_id: &str, now: u64) -> Transition {
         let Some(entry) = self.pending.get(call_id).cloned() else {
             return Transition::default();
         };
@@ -296,7 +297,7 @@ impl Session {
 
     /// Forgets an answer whose commit failed: the call waits again (its deadline entry was
     /// never removed, since that removal was part of the failed commit).
-    pub(crate) fn revert_answer(&mut self, call_id: &str) {
+    pub(super) fn revert_answer(&mut self, call_id: &str) {
         if let Some(entry) = self.pending.get_mut(call_id) {
             entry.answer = None;
             entry.answered_at_ms = None;

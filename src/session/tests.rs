@@ -34,6 +34,7 @@ fn started(max_steps: u32) -> (Session, RunId) {
         Input::Execute {
             run_id,
             message: "go".into(),
+            agent: "a".into(),
         },
         1,
     );
@@ -54,6 +55,7 @@ fn execute_commits_the_run_before_asking_the_model() {
             Input::Execute {
                 run_id,
                 message: "go".into(),
+                agent: "a".into(),
             },
             7,
         )
@@ -72,6 +74,7 @@ fn execute_commits_the_run_before_asking_the_model() {
         Input::Execute {
             run_id,
             message: "twice".into(),
+            agent: "a".into(),
         },
         8,
     );
@@ -229,16 +232,18 @@ fn a_run_found_running_after_a_crash_is_closed_as_interrupted() {
             ..Stored::default()
         },
     );
-    let t = restored.recover_after_crash(10);
+    let t = restored.apply(Input::Recover, 10).unwrap_or_default();
     let chunk = t
+        .commit
         .as_ref()
-        .and_then(|t| t.commit.as_ref())
         .and_then(|c| c.chunks.last())
         .map(|c| c.kind.type_name());
     assert_eq!(chunk, Some("run_interrupted"));
     assert_eq!(restored.record.status, Status::Interrupted);
     assert!(
-        restored.recover_after_crash(11).is_none(),
+        restored
+            .apply(Input::Recover, 11)
+            .is_ok_and(|t| t.commit.is_none()),
         "recovery happens once"
     );
 }
@@ -266,13 +271,14 @@ fn a_new_turn_closes_tool_calls_a_crash_left_without_results() {
             ..Stored::default()
         },
     );
-    let _ = restored.recover_after_crash(3);
+    let _ = restored.apply(Input::Recover, 3);
     restored.attach_messages(messages);
     let t = restored
         .apply(
             Input::Execute {
                 run_id: RunId::generate(),
                 message: "again".into(),
+                agent: "a".into(),
             },
             4,
         )

@@ -26,6 +26,7 @@ fn delegating(calls: &[&str], policy: Policy) -> (Session, RunId, Transition) {
     let execute = Input::Execute {
         run_id,
         message: "go".into(),
+        agent: "lead".into(),
     };
     assert!(session.apply(execute, 1).is_ok());
     let reply = ModelReply::tool_calls(
@@ -113,8 +114,13 @@ fn a_resume_wakes_waiting_children_and_goes_on_once_they_finished() {
         ChildReport::Suspended(vec!["q1".into()]),
         3,
     );
-    let resumed = session.resume(RunId::generate(), 5);
-    let Ok(Resumed::Started(transition)) = resumed else {
+    let resumed = session.apply(
+        Input::Resume {
+            run_id: RunId::generate(),
+        },
+        5,
+    );
+    let Ok(transition) = resumed else {
         panic!("a resume wakes the child: {resumed:?}");
     };
     assert!(
@@ -138,7 +144,12 @@ fn a_resume_wakes_waiting_children_and_goes_on_once_they_finished() {
         .any(|e| matches!(e, Effect::Settle(o) if o.status == Status::SuspendedAwaitingChildren)));
     assert_eq!(session.record.run_count, 1);
     // Finished: the parent drains its result and asks the model again.
-    let _ = session.resume(RunId::generate(), 7);
+    let _ = session.apply(
+        Input::Resume {
+            run_id: RunId::generate(),
+        },
+        7,
+    );
     let done = report(
         &mut session,
         "c1",

@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use serde_json::json;
 
+use super::children::ChildKind;
 use super::*;
 use crate::definition::{AgentDefinition, CompanionMode};
 use crate::ids::{RunId, SessionId};
@@ -53,6 +54,7 @@ fn spawned(mode: CompanionMode) -> (Session, RunId, Transition) {
     let execute = Input::Execute {
         run_id,
         message: "go".into(),
+        agent: "lead".into(),
     };
     assert!(session.apply(execute, 1).is_ok());
     let transition = reply(&mut session, run_id, 1, vec![spawn("c1", "first")]);
@@ -159,31 +161,42 @@ fn a_fresh_turn_starts_the_conversation_over_and_clears_an_abort() {
             .build()
             .unwrap_or_else(|error| panic!("valid definition: {error}")),
     );
-    let id: SessionId = "p-agent-h"
-        .parse()
-        .unwrap_or_else(|_| SessionId::generate());
-    let mut child = Session::create(id, helper, Arc::new(Policy::default()), 0);
-    let run_id = RunId::generate();
-    let first = Input::Execute {
-        run_id,
-        message: "first".into(),
+    let parent: SessionId = "p".parse().unwrap_or_else(|_| SessionId::generate());
+    let id = parent.persistent_child("h");
+    let origin = |call: &str| super::children::ChildOrigin {
+        parent: parent.clone(),
+        root: parent.clone(),
+        tool_call_id: call.into(),
+        depth: 1,
     };
-    assert!(child.apply(first, 1).is_ok());
+    let turn = |call: &str, message: &str, fresh: bool| Input::StartChild {
+        run_id: RunId::generate(),
+        start: ChildStart {
+            origin: origin(call),
+            child: id.clone(),
+            agent: "helper".into(),
+            message: message.into(),
+            kind: ChildKind::Companion { fresh },
+        },
+    };
+    let mut child = Session::create_child(
+        id.clone(),
+        helper,
+        Arc::new(Policy::default()),
+        0,
+        origin("c1"),
+    );
+    assert!(child.apply(turn("c1", "first", true), 1).is_ok());
+    let run_id = child.current_run_id();
     let replied = Input::ModelReplied {
         run_id,
         step: 1,
         reply: Ok(ModelReply::text("done")),
     };
     assert!(child.apply(replied, 2).is_ok());
-    let _ = child.abort(2);
+    let _ = child.apply(Input::Abort, 2);
     assert!(child.record.aborted);
-    let consult = Input::Consult {
-        run_id: RunId::generate(),
-        message: "again".into(),
-        tool_call_id: "c4".into(),
-        fresh: true,
-    };
-    assert!(child.apply(consult, 3).is_ok());
+    assert!(child.apply(turn("c4", "again", true), 3).is_ok());
     assert!(!child.record.aborted);
     assert_eq!(
         child.record.history_start, 2,

@@ -5,7 +5,8 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use super::children::ChildStart;
-use super::RunOutcome;
+use super::{ChildReport, RunOutcome, Verdict};
+use crate::definition::AgentDefinition;
 use crate::hooks::HookEvent;
 use crate::ids::{RunId, SessionId};
 use crate::llm::ModelRequest;
@@ -24,6 +25,8 @@ pub(crate) enum Effect {
     /// Run server tools: `parallel` at once, then `sequential` in order, stopping at the first
     /// that finishes the run; feed the outcomes back as `Input::ToolsFinished`.
     RunTools {
+        /// The agent whose tools they are.
+        agent: Arc<AgentDefinition>,
         run_id: RunId,
         step: u32,
         parallel: Vec<ToolCall>,
@@ -50,6 +53,17 @@ pub(crate) enum Effect {
     /// Every call of the suspension is answered and the runtime resumes on its own: queue a
     /// resume behind this input.
     AutoResume,
+    /// Tell `parent` where this session stands, for its call `tool_call_id`.
+    Report {
+        parent: SessionId,
+        tool_call_id: String,
+        report: ChildReport,
+    },
+    /// Start this companion's deferred turn again, now that the run it waited for stopped.
+    StartAgain(ChildStart),
+    /// A deadline was armed at `at` (the earliest of this commit's): the scheduler may need to
+    /// wake earlier.
+    ArmDeadline { at: u64 },
     /// The run ended or suspended: answer whoever waits for it.
     Settle(RunOutcome),
 }
@@ -59,6 +73,9 @@ pub(crate) enum Effect {
 pub(crate) struct Transition {
     pub(crate) commit: Option<Commit>,
     pub(crate) effects: Vec<Effect>,
+    /// For a submit: what the session decided. `Accepted` is acknowledged only once the commit
+    /// is durable.
+    pub(crate) verdict: Option<Verdict>,
 }
 
 /// Something worth a tracing event and a metric.

@@ -1,0 +1,242 @@
+//! The child's side of sub-agents: how a session is started (or re-attached to) by its parent,
+//! woken by a resume cascading down, and what it reports back. `children.rs` is the parent's
+//! side. Parent and child only ever send each other one-way messages (`Effect::Report`,
+//! `Effect::StartChild`, `Effect::WakeChildren`), so neither waits on the other.
+
+use super::children::{ChildKind, ChildStart};
+use super::core::Session;
+use super::{
+    ChildReport, ChildState, Effect, ErrorCode, PendingCall, RunOutcome, RunRecord, SessionRecord,
+    Status, Transition,
+};
+use crate::ids::{RunId, SessionId};
+use crate::message::ToolOutcome;
+use crate::tool_error::{ToolErrorCode, ToolFailure};
+
+impl Session {
+    /// This session's parent starts it as the child of a sub-agent call, or gives a companion
+    /// a new turn, or re-attaches to either after a crash (the call was replayed): a child
+    /// that exists is never started twice for one call.
+    pub(super) fn start_child(&mut self, run_id: RunId, start: ChildStart, now: u64) -> Transition {
+        let origin = start.origin.clone();
+        if self.record.log_count == 0 {
+            // Created for this start: its first run.
+            return match self.execute(run_id, start.message, now) {
+                Ok(transition) => transition,
+                Err(error) => Self::cannot_start(
+                    &start.origin.parent,
+                    start.origin.tool_call_id,
+                    ToolErrorCode::SubAgentFailed.with(error),
+                ),
+            };
+        }
+        if self.record.parent.as_ref() != Some(&origin.parent) {
+            // Ids are concatenations: refuse to take over a session of another tree.
+            let why = ToolErrorCode::SessionIdTaken.with(format_args!(
+                "{} exists and belongs to another parent",
+                self.record.id
+            ));
+            return Self::cannot_start(&origin.parent, origin.tool_call_id, why);
+        }
+        let ChildKind::Companion { fresh } = start.kind else {
+            return self.wake(run_id, now);
+        };
+        if self.record.parent_call.as_ref() == Some(&origin.tool_call_id) {
+            // This call started the companion's current turn already (a replay).
+            return self.wake(run_id, now);
+        }
+        if self.is_busy() {
+            // Its run is still stopping (terminated and spawned again in one reply): the new
+            // turn starts once that run settles.
+            self.deferred_starts.push(start);
+            return Transition::default();
+        }
+        match self.consult(
+            run_id,
+            start.message,
+            origin.tool_call_id.clone(),
+            fresh,
+            now,
+        ) {
+            Ok(transition) => transition,
+            Err(error) => {
+                let why = ToolErrorCode::CompanionBusy.with(format_args!(
+                    "{} cannot take a new turn: {error}",
+                    self.record.id
+                ));
+                Self::cannot_start(&origin.parent, origin.tool_call_id, why)
+            }
+        }
+    }
+
+    /// The transition that tells `parent` its call `tool_call_id` cannot run: the child could
+    /// not be started, so the parent records the error as the call's result instead of
+    /// waiting forever.
+    pub(crate) fn cannot_start(
+        parent: &SessionId,
+        tool_call_id: String,
+        why: ToolFailure,
+    ) -> Transition {
+        Transition {
+            commit: None,
+            effects: vec![Effect::Report {
+                parent: parent.clone(),
+                tool_call_id,
+                report: ChildReport::Finished(why.into()),
+            }],
+            verdict: None,
+        }
+    }
+
+    /// The parent goes on (a resume cascading down, or a re-attach): a suspended or
+    /// interrupted session resumes as the run `run_id` (or reports what it still waits on);
+    /// any other reports where it stands. A run in progress reports when it settles.
+    pub(super) fn wake(&mut self, run_id: RunId, now: u64) -> Transition {
+        if self.is_busy() {
+            return Transition::default();
+        }
+        let resumable = matches!(
+            self.record.status,
+            Status::SuspendedClientTool
+                | Status::SuspendedAwaitingChildren
+                | Status::Interrupted
+                | Status::Running
+        ) && !self.record.aborted;
+        if resumable {
+            if let Ok(transition) = self.resume(run_id, now) {
+                if transition.commit.is_some() || self.is_busy() {
+                    return transition;
+                }
+            }
+        }
+        self.release_messages();
+        Transition {
+            commit: None,
+            effects: self.report(now).into_iter().collect(),
+            verdict: None,
+        }
+    }
+
+    /// What this session tells its parent about where its last run stands (`None` for a root,
+    /// or while a run is in progress).
+    pub(super) fn report(&self, now: u64) -> Option<Effect> {
+        let (parent, call) = (
+            self.record.parent.as_ref()?,
+            self.record.parent_call.as_ref()?,
+        );
+        let report = report_of(&self.outcome(now), self.record.aborted)?;
+        Some(Effect::Report {
+            parent: parent.clone(),
+            tool_call_id: call.clone(),
+            report,
+        })
+    }
+
+    /// Read back after its actor panicked: a parent whose step waits on this child learns
+    /// that the run was cut, and wakes it to go on (the at-most-once rules decide what runs
+    /// again; if it keeps crashing, the host fails it).
+    pub(super) fn restarted(&self, now: u64) -> Transition {
+        let effects = self
+            .report(now)
+            .filter(|report| {
+                matches!(
+                    report,
+                    Effect::Report {
+                        report: ChildReport::Crashed,
+                        ..
+                    }
+                )
+            })
+            .into_iter()
+            .collect();
+        Transition {
+            commit: None,
+            effects,
+            verdict: None,
+        }
+    }
+
+    /// A commit of this session failed: a parent that waits on it records that as the tool's
+    /// error (the session itself is read back and its run closed as cut).
+    pub(super) fn commit_failed(&self, reason: &str) -> Transition {
+        let (Some(parent), Some(call)) = (&self.record.parent, &self.record.parent_call) else {
+            return Transition::default();
+        };
+        Self::cannot_start(
+            parent,
+            call.clone(),
+            ToolErrorCode::SubAgentFailed.with(reason),
+        )
+    }
+}
+
+/// What a child's run outcome means to its parent; `None` while it is still running.
+pub(crate) fn report_of(outcome: &RunOutcome, aborted: bool) -> Option<ChildReport> {
+    let error = outcome.error.as_ref();
+    Some(match outcome.status {
+        Status::Running => return None,
+        Status::SuspendedClientTool | Status::SuspendedAwaitingChildren if !aborted => {
+            ChildReport::Suspended(outcome.pending.clone())
+        }
+        Status::Completed => {
+            ChildReport::Finished(ToolOutcome::Result(outcome.output.clone().unwrap_or_else(
+                || serde_json::Value::String(outcome.text.clone().unwrap_or_default()),
+            )))
+        }
+        Status::Interrupted if error.is_some_and(|error| error.code == ErrorCode::Crashed) => {
+            ChildReport::Crashed
+        }
+        status => {
+            let (code, message) = error.map_or(("failed", String::new()), |error| {
+                (error.code.as_str(), error.message.clone())
+            });
+            let failure = ToolErrorCode::SubAgentFailed.with(format_args!(
+                "child {} ended {status} with {code}: {message}",
+                outcome.session_id
+            ));
+            if status == Status::Interrupted && !aborted {
+                ChildReport::Interrupted(failure.to_string())
+            } else {
+                ChildReport::Finished(failure.into())
+            }
+        }
+    })
+}
+
+/// How a child stands by what the store holds of it: its record, its last run and its pending
+/// calls (`None` for a child that is not stored). Recovery writes this for a child a crash
+/// left recorded as running.
+pub(crate) fn stored_state(
+    child: &SessionId,
+    stored: Option<(SessionRecord, Option<RunRecord>, Vec<PendingCall>)>,
+) -> ChildState {
+    let Some((record, run, pending)) = stored else {
+        return ChildState::Interrupted {
+            reason: format!("child_missing: no session {child} is stored"),
+        };
+    };
+    let outcome = RunOutcome {
+        session_id: child.clone(),
+        run_id: run.as_ref().map_or(RunId::NONE, |run| run.run_id),
+        turn: record.run_count,
+        status: record.status,
+        text: run.as_ref().and_then(|run| run.text.clone()),
+        output: run.as_ref().and_then(|run| run.output.clone()),
+        error: run.and_then(|run| run.error),
+        pending: pending
+            .into_iter()
+            .filter(|call| call.answer.is_none())
+            .map(|call| call.tool_call_id)
+            .collect(),
+    };
+    match report_of(&outcome, record.aborted) {
+        Some(ChildReport::Finished(outcome)) => ChildState::Finished(outcome),
+        // Interrupted, not failed: a companion keeps its conversation, and a resume of the
+        // parent re-attaches to an ephemeral child.
+        Some(ChildReport::Interrupted(reason)) => ChildState::Interrupted { reason },
+        Some(ChildReport::Suspended(waiting)) => ChildState::Suspended { waiting },
+        Some(ChildReport::Crashed) | None => ChildState::Interrupted {
+            reason: format!("child_interrupted: child {child} was cut by a crash"),
+        },
+    }
+}

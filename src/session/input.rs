@@ -1,0 +1,168 @@
+//! The one door into the session core: every input is an [`Input`], and [`Session::apply`] is
+//! the only way a session's state changes. Each input has one handler (in `step.rs`,
+//! `suspend.rs`, `resume.rs`, `cut.rs`, `children.rs`, `companions.rs`); each returns a
+//! [`Transition`]: the writes to make durable, then the effects, as data.
+//!
+//! Nothing here reads a clock, generates an id or touches a store: `now` and every run id
+//! come in with the input, so the same inputs give the same commits, byte for byte.
+
+use serde_json::{Map, Value};
+
+use super::children::ChildStart;
+use super::core::Session;
+use super::{ChildState, Submission, Transition};
+use crate::error::Error;
+use crate::ids::RunId;
+use crate::llm::{LlmError, ModelReply};
+use crate::message::ToolOutcome;
+use crate::stream::Chunk;
+
+/// An input to the state machine.
+#[derive(Debug)]
+pub(crate) enum Input {
+    /// A user message from outside: a new session's first run, or a new turn. `agent` is the
+    /// agent the caller asked for.
+    Execute {
+        run_id: RunId,
+        message: String,
+        agent: String,
+    },
+    /// Continue a suspended or interrupted run as the run `run_id` (a resume while a run is in
+    /// progress joins it).
+    Resume { run_id: RunId },
+    /// An answer for one of this session's pending calls.
+    Submit {
+        tool_call_id: String,
+        submission: Submission,
+    },
+    /// The commit of an accepted answer failed: it is forgotten.
+    AnswerLost { tool_call_id: String },
+    /// A call's deadline passed.
+    Timeout { tool_call_id: String },
+    /// A durable interrupt.
+    Interrupt,
+    /// A terminal abort.
+    Abort,
+    /// The session was just read back from the store: a run recorded as running has no live
+    /// actor (a crash cut it, or a commit of this actor failed).
+    Recover,
+    /// The session was read back after its actor panicked: its parent learns that the run
+    /// was cut.
+    Restarted,
+    /// A commit of this session failed (before it is read back): its parent learns why.
+    CommitFailed { reason: String },
+    /// The model answered a step.
+    ModelReplied {
+        run_id: RunId,
+        step: u32,
+        reply: Result<ModelReply, LlmError>,
+    },
+    /// The tools a step (or a resume) dispatched finished.
+    ToolsFinished {
+        run_id: RunId,
+        step: u32,
+        outcomes: Vec<FinishedCall>,
+    },
+    /// This session's parent starts it as the child of a sub-agent call, or gives a companion
+    /// a new turn (or re-attaches to either); `run_id` is the run it would start.
+    StartChild { run_id: RunId, start: ChildStart },
+    /// The parent goes on (a resume cascading down, a re-attach): resume if possible, as the
+    /// run `run_id`, and report where this session stands.
+    Wake { run_id: RunId },
+    /// A child reported where it stands; `chunks` are its stream chunks not yet forwarded.
+    ChildReported {
+        tool_call_id: String,
+        report: ChildReport,
+        chunks: Vec<Chunk>,
+    },
+    /// Background recovery learned how children recorded as running ended.
+    Reconciled { results: Vec<(String, ChildState)> },
+}
+
+impl Input {
+    /// Whether handling it may read the conversation (which an idle session keeps on disk
+    /// only): the caller loads it first.
+    pub(crate) fn needs_conversation(&self) -> bool {
+        matches!(
+            self,
+            Input::Execute { .. }
+                | Input::Resume { .. }
+                | Input::Interrupt
+                | Input::Abort
+                | Input::StartChild { .. }
+                | Input::Wake { .. }
+        )
+    }
+}
+
+/// What a child tells its parent when its run settles (or when the parent wakes it).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum ChildReport {
+    /// It ended: its result or error is the parent's tool result.
+    Finished(ToolOutcome),
+    /// It waits on these calls (its own and its descendants').
+    Suspended(Vec<String>),
+    /// Its run was cut by a crash of its actor; waking it continues the run.
+    Crashed,
+    /// It was interrupted (by request): an error for the call that waited on it, but a
+    /// companion keeps its conversation (a new message continues it).
+    Interrupted(String),
+}
+
+/// One tool call's outcome, with the custom-state keys its handler set.
+#[derive(Debug, Clone)]
+pub(crate) struct FinishedCall {
+    pub(crate) tool_call_id: String,
+    pub(crate) outcome: ToolOutcome,
+    pub(crate) updates: Map<String, Value>,
+}
+
+impl Session {
+    /// Applies one input at time `now`: the only way a session's state changes.
+    ///
+    /// # Errors
+    /// A refusal that changes nothing and that the caller is answered with (a second
+    /// `Execute` while running, an aborted session, a resume with nothing to resume, …).
+    pub(crate) fn apply(&mut self, input: Input, now: u64) -> Result<Transition, Error> {
+        match input {
+            Input::Execute {
+                run_id,
+                message,
+                agent,
+            } => self.execute_from_outside(run_id, message, &agent, now),
+            Input::Resume { run_id } => self.resume(run_id, now),
+            Input::Submit {
+                tool_call_id,
+                submission,
+            } => Ok(self.submit(&tool_call_id, submission, now)),
+            Input::AnswerLost { tool_call_id } => {
+                self.revert_answer(&tool_call_id);
+                Ok(Transition::default())
+            }
+            Input::Timeout { tool_call_id } => Ok(self.timeout(&tool_call_id, now)),
+            Input::Interrupt => Ok(self.interrupt(now)),
+            Input::Abort => Ok(self.abort(now)),
+            Input::Recover => Ok(self.recover_after_crash(now)),
+            Input::Restarted => Ok(self.restarted(now)),
+            Input::CommitFailed { reason } => Ok(self.commit_failed(&reason)),
+            Input::ModelReplied {
+                run_id,
+                step,
+                reply,
+            } => Ok(self.model_replied(run_id, step, reply, now)),
+            Input::ToolsFinished {
+                run_id,
+                step,
+                outcomes,
+            } => Ok(self.tools_finished(run_id, step, outcomes, now)),
+            Input::StartChild { run_id, start } => Ok(self.start_child(run_id, start, now)),
+            Input::Wake { run_id } => Ok(self.wake(run_id, now)),
+            Input::ChildReported {
+                tool_call_id,
+                report,
+                chunks,
+            } => Ok(self.child_reported(&tool_call_id, report, chunks, now)),
+            Input::Reconciled { results } => Ok(self.reconciled(results)),
+        }
+    }
+}
