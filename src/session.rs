@@ -36,3 +36,5 @@ mod tests;
 mod tests_children;
 #[cfg(test)]
 mod tests_companions;
+#[cfg(test)]
+mod tests_replay;
