@@ -69,6 +69,33 @@ pub(super) enum CallSlot {
     Companion,
 }
 
+/// A call's outcome on its way into the conversation.
+#[derive(Debug)]
+pub(super) struct Outcome {
+    pub(super) value: ToolOutcome,
+    /// Its `tool_end` chunk and hooks were emitted already (a timeout that an earlier version
+    /// reported when it expired).
+    pub(super) reported: bool,
+    /// The custom-state keys its handler set.
+    pub(super) changes: Map<String, Value>,
+}
+
+impl Outcome {
+    /// An outcome not reported yet, with no state changes.
+    pub(super) fn of(value: ToolOutcome) -> Self {
+        Self::reported(value, false)
+    }
+
+    /// An outcome with no state changes, `reported` or not.
+    pub(super) fn reported(value: ToolOutcome, reported: bool) -> Self {
+        Self {
+            value,
+            reported,
+            changes: Map::new(),
+        }
+    }
+}
+
 impl CallSlot {
     /// A call answered at once with an error the runtime records.
     pub(super) fn failed(error: ToolFailure) -> Self {

@@ -11,7 +11,7 @@
 
 use serde_json::Map;
 
-use super::core::{CallSlot, Phase, Session};
+use super::core::{CallSlot, Outcome, Phase, Session};
 use super::{Answer, Effect, ErrorCode, RunError, Status, Transition};
 use crate::definition::FINISH_TOOL;
 use crate::ids::RunId;
@@ -80,7 +80,8 @@ impl Session {
             // Without `retry`, every call's slot is `Ready`.
             if let CallSlot::Ready { outcome, reported } = self.cut_slot(&call, false, now, effects)
             {
-                self.record_outcome(run_id, call, outcome, reported, Map::new(), now, effects);
+                let outcome = Outcome::reported(outcome, reported);
+                self.record_outcome(run_id, call, outcome, now, effects);
             }
         }
     }
@@ -104,8 +105,7 @@ impl Session {
             .iter()
             .map(|call| self.cut_slot(call, true, now, &mut effects))
             .collect();
-        let step = self.record.steps_in_run;
-        self.dispatch(CommitKind::RunStart, run_id, step, cut, slots, now, effects)
+        self.dispatch(CommitKind::RunStart, run_id, cut, slots, now, effects)
     }
 
     /// How a call of the last reply that has no result goes on: with `retry`, when its run is
@@ -209,7 +209,12 @@ impl Session {
                     Map::new(),
                 ),
             };
-            self.record_outcome(run_id, call, outcome, reported, changes, now, effects);
+            let outcome = Outcome {
+                value: outcome,
+                reported,
+                changes,
+            };
+            self.record_outcome(run_id, call, outcome, now, effects);
         }
         if !stopped.is_empty() {
             effects.push(Effect::StopChildren {

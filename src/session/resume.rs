@@ -3,7 +3,7 @@
 
 use serde_json::Value;
 
-use super::core::{CallSlot, Phase, Session};
+use super::core::{CallSlot, Outcome, Phase, Session};
 use super::suspend::{answer_outcome, timeout_outcome};
 use super::{
     Answer, ChildState, Effect, ErrorCode, Observation, PendingCall, PendingKind, RunError, Status,
@@ -126,16 +126,7 @@ impl Session {
             .into_iter()
             .map(|(_, call, slot)| (call, slot))
             .unzip();
-        let step = self.record.steps_in_run;
-        self.dispatch(
-            CommitKind::RunStart,
-            run_id,
-            step,
-            calls,
-            slots,
-            now,
-            effects,
-        )
+        self.dispatch(CommitKind::RunStart, run_id, calls, slots, now, effects)
     }
 
     /// What an answered (or expired) entry's call does on resume: an approved tool runs, any
@@ -280,15 +271,7 @@ impl Session {
                 }
             };
             let call = ToolCall::new(entry.tool_call_id, entry.tool_name, Value::Null);
-            self.record_outcome(
-                run_id,
-                call,
-                outcome,
-                false,
-                Default::default(),
-                now,
-                effects,
-            );
+            self.record_outcome(run_id, call, Outcome::of(outcome), now, effects);
         }
         let suspended = self.is_suspended();
         for entry in self.pending.in_order() {
@@ -320,15 +303,8 @@ impl Session {
                 }
             };
             let call = entry_call(&entry);
-            self.record_outcome(
-                run_id,
-                call,
-                outcome,
-                reported,
-                Default::default(),
-                now,
-                effects,
-            );
+            let outcome = Outcome::reported(outcome, reported);
+            self.record_outcome(run_id, call, outcome, now, effects);
         }
         count
     }

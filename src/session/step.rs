@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value};
 
-use super::core::{CallSlot, Phase, Session};
+use super::core::{CallSlot, Outcome, Phase, Session};
 use super::FinishedCall;
 use super::{ChildState, Effect, ErrorCode, PendingKind, RunError, Status, Transition};
 use crate::definition::{Approval, ToolKind, FINISH_TOOL};
@@ -195,15 +195,7 @@ impl Session {
             slots.push(slot);
         }
         // With nothing to run between commit #1 and commit #2, one commit carries both.
-        self.dispatch(
-            CommitKind::ToolCalls,
-            run_id,
-            step,
-            calls,
-            slots,
-            now,
-            effects,
-        )
+        self.dispatch(CommitKind::ToolCalls, run_id, calls, slots, now, effects)
     }
 
     /// Decides how a call is carried out: run by the runtime, made pending, or answered at once
@@ -350,17 +342,17 @@ impl Session {
     /// Sends the step's server calls (its `Dispatched` slots: `finish_with` ones in order after
     /// the others) to the tool task and starts its children; when nothing is to run (only
     /// client calls, approvals and refusals), the step settles in this same commit.
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn dispatch(
         &mut self,
         kind: CommitKind,
         run_id: RunId,
-        step: u32,
         calls: Vec<ToolCall>,
         mut slots: Vec<CallSlot>,
         now: u64,
         mut effects: Vec<Effect>,
     ) -> Transition {
+        // The step in progress (a resume goes on with the step its run was suspended in).
+        let step = self.record.steps_in_run;
         let (sequential, parallel): (Vec<ToolCall>, Vec<ToolCall>) = calls
             .iter()
             .zip(&slots)
@@ -473,7 +465,12 @@ impl Session {
                     output = Some(value.clone());
                 }
             }
-            self.record_outcome(run_id, call, outcome, reported, changes, now, effects);
+            let outcome = Outcome {
+                value: outcome,
+                reported,
+                changes,
+            };
+            self.record_outcome(run_id, call, outcome, now, effects);
         }
         if let Some(value) = output {
             if let Some(run) = &mut self.run {
@@ -490,38 +487,36 @@ impl Session {
     /// Records one call's outcome (see [`Session::record_result`]), and with it clears the
     /// call's pending entry, if it has one: an approved tool's, or a drained answer's, which
     /// stays until its result is recorded so that a crash in between finds it.
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn record_outcome(
         &mut self,
         run_id: RunId,
         call: ToolCall,
-        outcome: ToolOutcome,
-        reported: bool,
-        changes: Map<String, Value>,
+        outcome: Outcome,
         now: u64,
         effects: &mut Vec<Effect>,
     ) {
         let entry = self.pending.remove(&call.id);
-        self.record_result(run_id, call, outcome, reported, changes, now, effects);
+        self.record_result(run_id, call, outcome, now, effects);
         if let Some(entry) = entry {
             self.complete(&entry, now);
         }
     }
 
-    /// Records one call's result: the tool message, the custom-state changes, and, unless
-    /// `reported` (they were emitted already), its `tool_end` chunk and the hooks in their
-    /// documented order.
-    #[allow(clippy::too_many_arguments)]
+    /// Records one call's result: the tool message, the custom-state changes, and, unless it
+    /// was reported already, its `tool_end` chunk and the hooks in their documented order.
     pub(super) fn record_result(
         &mut self,
         run_id: RunId,
         call: ToolCall,
-        outcome: ToolOutcome,
-        reported: bool,
-        changes: Map<String, Value>,
+        outcome: Outcome,
         now: u64,
         effects: &mut Vec<Effect>,
     ) {
+        let Outcome {
+            value: outcome,
+            reported,
+            changes,
+        } = outcome;
         for (key, value) in &changes {
             self.record.custom_state.insert(key.clone(), value.clone());
         }

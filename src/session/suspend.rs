@@ -1,9 +1,9 @@
 //! Calls that wait outside the runtime: making them pending, suspending the run, accepting
 //! answers (first writer wins) and recording timeouts.
 
-use serde_json::{Map, Value};
+use serde_json::Value;
 
-use super::core::Session;
+use super::core::{Outcome, Session};
 use super::{
     Answer, Effect, Observation, PendingCall, PendingKind, Status, Suspension, Transition,
 };
@@ -280,15 +280,7 @@ impl Session {
             entry.input.clone(),
         );
         let outcome = timeout_outcome(&entry);
-        self.record_result(
-            entry.run_id,
-            call,
-            outcome,
-            false,
-            Map::new(),
-            now,
-            &mut effects,
-        );
+        self.record_result(entry.run_id, call, Outcome::of(outcome), now, &mut effects);
         if self.policy.auto_resume && !self.any_waiting(now) {
             effects.push(Effect::AutoResume);
         }
