@@ -59,7 +59,7 @@ impl VirtualActor for Echo {
         let _ = msg.reply.send(*count);
     }
 
-    fn reject(&self, msg: Ping, _error: Error) {
+    fn reject(&self, _host: &Host<Self>, msg: Ping, _error: Error) {
         drop(msg);
     }
 }

@@ -13,7 +13,9 @@ pub(crate) use children::DEFAULT_CHILD_INSPECTION_TIMEOUT;
 
 use std::sync::Arc;
 
-use dormant_actors::{ActorContext, Mailbox, VirtualActor};
+use dormant_actors::{ActorContext, Host, Mailbox, VirtualActor};
+
+use children::{send_reports, unreachable_child};
 use tokio::sync::oneshot;
 
 use crate::definition::AgentDefinition;
@@ -241,24 +243,24 @@ impl VirtualActor for SessionActor {
             && !matches!(&state.loaded, Loaded::Present(session) if session.is_busy())
     }
 
-    fn restarted(&self, _id: &SessionId, state: &mut SessionState) {
+    fn restarted(&self, host: &Host<Self>, _id: &SessionId, state: &mut SessionState) {
         // A child whose run the panic cut tells its parent, which wakes it to go on.
         if let Loaded::Present(session) = &mut state.loaded {
             let now = self.shared.clock.now_ms();
             if let Ok(transition) = session.apply(Input::Restarted, now) {
-                self.send_reports(transition.effects);
+                send_reports(host, transition.effects);
             }
         }
     }
 
-    fn failed(&self, id: &SessionId, error: &dormant_actors::Error) {
+    fn failed(&self, host: &Host<Self>, id: &SessionId, error: &dormant_actors::Error) {
         // The parent of a child that keeps crashing records that as the tool's error.
         if let Ok(Some(record)) = schema::load_record(self.shared.store.as_ref(), id) {
             if let (Some(parent), Some(call)) = (record.parent, record.parent_call) {
                 let why = crate::ToolErrorCode::SubAgentFailed
                     .with(format_args!("child {id} failed: {error}"));
                 let transition = Session::cannot_start(&parent, call, why);
-                self.send_reports(transition.effects);
+                send_reports(host, transition.effects);
             }
         }
     }
@@ -267,7 +269,7 @@ impl VirtualActor for SessionActor {
         tracing::debug!(session = %id, "session.evicted");
     }
 
-    fn reject(&self, msg: SessionMsg, error: dormant_actors::Error) {
+    fn reject(&self, host: &Host<Self>, msg: SessionMsg, error: dormant_actors::Error) {
         match msg {
             SessionMsg::Execute { reply, .. } | SessionMsg::Resume { reply: Some(reply) } => {
                 let _ = reply.send(Err(host_error(error)));
@@ -281,7 +283,8 @@ impl VirtualActor for SessionActor {
                 let _ = reply.send(Err(host_error(error)));
             }
             // The parent must learn that its child cannot run, or it would wait forever.
-            SessionMsg::StartChild(start) => self.unreachable_child(
+            SessionMsg::StartChild(start) => unreachable_child(
+                host,
                 &start.origin.parent,
                 start.origin.tool_call_id,
                 &start.child,
@@ -291,7 +294,7 @@ impl VirtualActor for SessionActor {
                 parent,
                 tool_call_id,
                 child,
-            } => self.unreachable_child(&parent, tool_call_id, &child, error),
+            } => unreachable_child(host, &parent, tool_call_id, &child, error),
             // Dropping the reply tells a waiting sweep or settle call that nothing will happen.
             _ => {}
         }

@@ -89,7 +89,7 @@ impl VirtualActor for RouterActor {
         }
     }
 
-    fn reject(&self, route: Route, error: dormant_actors::Error) {
+    fn reject(&self, _host: &Host<Self>, route: Route, error: dormant_actors::Error) {
         let _ = route.reply.send(Err(host_error(error)));
     }
 }

@@ -144,7 +144,7 @@ impl VirtualActor for DeadlineScheduler {
         }
     }
 
-    fn reject(&self, message: SchedulerMsg, error: dormant_actors::Error) {
+    fn reject(&self, _host: &Host<Self>, message: SchedulerMsg, error: dormant_actors::Error) {
         if let SchedulerMsg::Sweep { reply: Some(reply) } = message {
             let _ = reply.send(Err(host_error(error)));
         }

@@ -6,7 +6,6 @@ use dashmap::DashMap;
 use dormant_actors::{Clock, WeakHost};
 use tokio::sync::broadcast;
 
-use crate::actor::SessionActor;
 use crate::definition::AgentDefinition;
 use crate::error::Error;
 use crate::hooks::Hooks;
@@ -35,9 +34,6 @@ pub(crate) struct Shared {
     /// Told about newly armed deadlines so it can wake earlier (weak: the scheduler holds
     /// this `Shared`, and a cycle would keep the store open after shutdown).
     pub(crate) scheduler: OnceLock<WeakHost<DeadlineScheduler>>,
-    /// The session host, for messages sent from outside a handler (a child that cannot be
-    /// reached reports to its parent; weak for the same reason).
-    pub(crate) sessions: OnceLock<WeakHost<SessionActor>>,
     /// How long recovery waits for one child before writing it off as interrupted.
     pub(crate) child_inspection_timeout: std::time::Duration,
 }

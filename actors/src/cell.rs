@@ -168,15 +168,16 @@ impl<A: VirtualActor> Actor for Cell<A> {
 impl<A: VirtualActor> Cell<A> {
     async fn deliver(&self, msg: A::Msg, cell: &mut CellState<A>) {
         if let Some(error) = &cell.failed {
-            self.behaviour.reject(msg, error.clone());
+            self.reject(msg, error.clone());
             return;
         }
         let Some(state) = cell.state.as_mut() else {
             // Only a failed cell has no state, and that case returned above.
-            self.behaviour.reject(
+            let key = cell.ctx.key.to_string();
+            self.reject(
                 msg,
                 Error::ActivationFailed {
-                    key: cell.ctx.key.to_string(),
+                    key,
                     reason: "no state loaded".into(),
                 },
             );
@@ -236,7 +237,8 @@ impl<A: VirtualActor> Cell<A> {
             };
             tracing::error!(key = %cell.ctx.key, %error, "actor.failed");
             host.mark_failed(cell.ctx.key.clone(), error.clone());
-            self.behaviour.failed(&cell.ctx.key, &error);
+            let handle = Host::from_inner(Arc::clone(&host));
+            self.behaviour.failed(&handle, &cell.ctx.key, &error);
             cell.failed = Some(error);
             return;
         }
@@ -246,7 +248,8 @@ impl<A: VirtualActor> Cell<A> {
         match reloaded {
             Ok(Ok(mut state)) => {
                 tracing::info!(key = %cell.ctx.key, "actor.restarted");
-                self.behaviour.restarted(&cell.ctx.key, &mut state);
+                let handle = Host::from_inner(Arc::clone(&host));
+                self.behaviour.restarted(&handle, &cell.ctx.key, &mut state);
                 cell.state = Some(state);
             }
             Ok(Err(error)) => self.fail_reload(&host, cell, error.to_string()),
@@ -254,14 +257,23 @@ impl<A: VirtualActor> Cell<A> {
         }
     }
 
-    fn fail_reload(&self, host: &Inner<A>, cell: &mut CellState<A>, reason: String) {
+    fn fail_reload(&self, host: &Arc<Inner<A>>, cell: &mut CellState<A>, reason: String) {
         let error = Error::ActivationFailed {
             key: cell.ctx.key.to_string(),
             reason,
         };
         host.mark_failed(cell.ctx.key.clone(), error.clone());
-        self.behaviour.failed(&cell.ctx.key, &error);
+        let handle = Host::from_inner(Arc::clone(host));
+        self.behaviour.failed(&handle, &cell.ctx.key, &error);
         cell.failed = Some(error);
+    }
+
+    /// Hands an undeliverable message back to the behaviour (dropped with the host: nothing
+    /// is left to answer through).
+    fn reject(&self, msg: A::Msg, error: Error) {
+        if let Some(host) = self.host.upgrade() {
+            self.behaviour.reject(&Host::from_inner(host), msg, error);
+        }
     }
 }
 

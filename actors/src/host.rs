@@ -315,13 +315,15 @@ impl<A: VirtualActor> Inner<A> {
 
     fn send(self: &Arc<Self>, key: A::Key, msg: A::Msg) {
         if self.shut_down.load(Ordering::Acquire) {
-            self.behaviour.reject(msg, Error::ShutDown);
+            self.behaviour
+                .reject(&Host::from_inner(Arc::clone(self)), msg, Error::ShutDown);
             return;
         }
         if self.failed_count.load(Ordering::Acquire) > 0 {
             if let Some(error) = self.failed.get(&key) {
                 let error = error.value().clone();
-                self.behaviour.reject(msg, error);
+                self.behaviour
+                    .reject(&Host::from_inner(Arc::clone(self)), msg, error);
                 return;
             }
         }
@@ -424,6 +426,7 @@ impl<A: VirtualActor> Inner<A> {
                 let reason = error.to_string();
                 for msg in queue {
                     self.behaviour.reject(
+                        &Host::from_inner(Arc::clone(&self)),
                         msg,
                         Error::ActivationFailed {
                             key: key.to_string(),
@@ -547,7 +550,11 @@ impl<A: VirtualActor> Inner<A> {
                         self.behaviour.passivated(&key);
                     }
                     for msg in queue {
-                        self.behaviour.reject(msg, Error::ShutDown);
+                        self.behaviour.reject(
+                            &Host::from_inner(Arc::clone(self)),
+                            msg,
+                            Error::ShutDown,
+                        );
                     }
                 } else {
                     let next = self.next_generation.fetch_add(1, Ordering::Relaxed);

@@ -45,7 +45,7 @@
 //!         let _ = reply.send(*total);
 //!     }
 //!
-//!     fn reject(&self, _msg: CounterMsg, _error: Error) {}
+//!     fn reject(&self, _host: &Host<Self>, _msg: CounterMsg, _error: Error) {}
 //! }
 //!
 //! # #[tokio::main(flavor = "current_thread")]
@@ -111,15 +111,16 @@ pub trait VirtualActor: Sized + Send + Sync + Debug + 'static {
     /// shutdown). Its state is already durable; this is for logs and metrics.
     fn passivated(&self, _key: &Self::Key) {}
 
-    /// Answers a message that cannot be handled, so the sender learns why.
-    fn reject(&self, msg: Self::Msg, error: Error);
+    /// Answers a message that cannot be handled, so the sender learns why. `host` is the host
+    /// the message was sent through, to tell other actors.
+    fn reject(&self, host: &Host<Self>, msg: Self::Msg, error: Error);
 
     /// Called once the actor of `key` was restarted after a panic (its state reloaded through
     /// [`activate`](Self::activate)), so the behaviour can tell whoever depended on the work the
-    /// panic cut.
-    fn restarted(&self, _key: &Self::Key, _state: &mut Self::State) {}
+    /// panic cut, through `host`.
+    fn restarted(&self, _host: &Host<Self>, _key: &Self::Key, _state: &mut Self::State) {}
 
     /// Called when `key` is marked failed (it kept crashing, or its state could not be
     /// reloaded): from now on every message for it is rejected with `error`.
-    fn failed(&self, _key: &Self::Key, _error: &Error) {}
+    fn failed(&self, _host: &Host<Self>, _key: &Self::Key, _error: &Error) {}
 }

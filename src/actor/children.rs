@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use dormant_actors::{ActorContext, Host, WeakHost};
+use dormant_actors::{ActorContext, Host};
 use tokio::sync::oneshot;
 
 use super::{Loaded, SessionActor, SessionMsg, SessionState};
@@ -62,46 +62,6 @@ impl SessionActor {
             start,
         };
         self.feed(ctx, state, input).await;
-    }
-
-    /// A message for a child could not be delivered (it keeps crashing, or cannot be loaded):
-    /// its parent records that as the tool's error instead of waiting forever.
-    pub(super) fn unreachable_child(
-        &self,
-        parent: &SessionId,
-        tool_call_id: String,
-        child: &SessionId,
-        error: dormant_actors::Error,
-    ) {
-        let why = ToolErrorCode::SubAgentFailed.with(format_args!(
-            "child {child} cannot run: {}",
-            super::host_error(error)
-        ));
-        self.send_reports(Session::cannot_start(parent, tool_call_id, why).effects);
-    }
-
-    /// Sends the reports among `effects` from outside a handler (a host callback), through
-    /// the host's weak handle.
-    pub(super) fn send_reports(&self, effects: Vec<Effect>) {
-        let Some(host) = self.shared.sessions.get().and_then(WeakHost::upgrade) else {
-            return;
-        };
-        for effect in effects {
-            if let Effect::Report {
-                parent,
-                tool_call_id,
-                report,
-            } = effect
-            {
-                host.send(
-                    parent,
-                    SessionMsg::ChildReport {
-                        tool_call_id,
-                        report,
-                    },
-                );
-            }
-        }
     }
 
     /// A child reported: its new chunks are read (a report carries none) and fed to the core
@@ -177,6 +137,45 @@ impl SessionActor {
             shared.metrics.record_reconciled(results.len());
             super::send_back(&mailbox, SessionMsg::Reconciled(results));
         });
+    }
+}
+
+/// A message for a child could not be delivered (it keeps crashing, or cannot be loaded): its
+/// parent records that as the tool's error instead of waiting forever.
+pub(super) fn unreachable_child(
+    host: &Host<SessionActor>,
+    parent: &SessionId,
+    tool_call_id: String,
+    child: &SessionId,
+    error: dormant_actors::Error,
+) {
+    let why = ToolErrorCode::SubAgentFailed.with(format_args!(
+        "child {child} cannot run: {}",
+        super::host_error(error)
+    ));
+    send_reports(
+        host,
+        Session::cannot_start(parent, tool_call_id, why).effects,
+    );
+}
+
+/// Sends the reports among `effects` from a host callback (outside a handler).
+pub(super) fn send_reports(host: &Host<SessionActor>, effects: Vec<Effect>) {
+    for effect in effects {
+        if let Effect::Report {
+            parent,
+            tool_call_id,
+            report,
+        } = effect
+        {
+            host.send(
+                parent,
+                SessionMsg::ChildReport {
+                    tool_call_id,
+                    report,
+                },
+            );
+        }
     }
 }
 

@@ -236,7 +236,6 @@ impl RuntimeBuilder {
             streams: DashMap::new(),
             metrics: Metrics::default(),
             scheduler: std::sync::OnceLock::new(),
-            sessions: std::sync::OnceLock::new(),
             child_inspection_timeout: self.child_inspection_timeout,
         });
         // Agents may name each other as sub-agents: the set is checked as a whole.
@@ -270,7 +269,6 @@ impl RuntimeBuilder {
             self.clock,
         );
         let _ = shared.scheduler.set(scheduler.downgrade());
-        let _ = shared.sessions.set(host.downgrade());
         scheduler.send(SchedulerKey, SchedulerMsg::Boot);
         Ok(Runtime {
             inner: Arc::new(Inner::new(

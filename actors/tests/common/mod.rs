@@ -94,7 +94,7 @@ impl VirtualActor for Counter {
         !state.busy
     }
 
-    fn reject(&self, msg: CounterMsg, error: Error) {
+    fn reject(&self, _host: &Host<Self>, msg: CounterMsg, error: Error) {
         let _ = msg.into_reply().send(Err(error));
     }
 }
