@@ -94,6 +94,8 @@ pub(crate) enum SessionMsg {
 #[derive(Debug)]
 pub(crate) struct SessionActor {
     pub(crate) shared: Arc<Shared>,
+    /// Told of the deadlines its commits arm.
+    pub(crate) deadlines: crate::scheduler::Deadlines,
 }
 
 /// What a resident session actor holds.

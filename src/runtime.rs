@@ -19,15 +19,15 @@ use crate::ids::SessionId;
 use crate::message::Message;
 use crate::metrics::ClientToolStats;
 use crate::metrics::Latency;
-use crate::router::{Route, Shard};
-use crate::scheduler::{SchedulerKey, SchedulerMsg, SweepReport};
+use crate::router;
+use crate::scheduler::{SchedulerMsg, SweepReport};
 use crate::schema;
 use crate::schema::ExpiredCall;
-use crate::session::{ChildCall, Companion, PendingCall, Submission};
+use crate::session::{ChildCall, Companion, PendingCall};
 use crate::session::{RunOutcome, RunRecord, SessionRecord, Status};
 use crate::shared::Shared;
 use crate::stream::Chunk;
-use crate::submit::{Submit, SubmitAnswer, SubmitOutcome};
+use crate::submit::{Checked, Limits, Submit, SubmitOutcome};
 
 pub use builder::RuntimeBuilder;
 use inner::Inner;
@@ -188,69 +188,33 @@ impl Runtime {
     /// included, is a [`SubmitOutcome`].
     pub async fn submit_tool_result(&self, submit: Submit) -> Result<SubmitOutcome, Error> {
         self.ensure_open()?;
-        if submit.tool_call_id.is_empty() || submit.session_id.is_empty() {
-            return Ok(SubmitOutcome::InvalidRequest {
-                reason: "session_id and tool_call_id may not be empty".into(),
-            });
-        }
-        if matches!(&submit.answer, SubmitAnswer::Approval { approval_id, .. } if approval_id.is_empty())
-        {
-            return Ok(SubmitOutcome::InvalidRequest {
-                reason: "approval_id may not be empty".into(),
-            });
-        }
-        if let SubmitAnswer::Result(value) = &submit.answer {
-            let limit = self.inner.shared.policy.max_json_depth;
-            if crate::nesting::exceeds(value, limit) {
-                if let SubmitAnswer::Result(value) = submit.answer {
-                    crate::nesting::dismantle(value);
-                }
-                return Ok(SubmitOutcome::InvalidRequest {
-                    reason: format!(
-                        "the result nests deeper than {limit} arrays and objects (the runtime's max_json_depth)"
-                    ),
-                });
-            }
-        }
-        let size = submit.payload_len();
-        if size > self.inner.max_result_bytes {
-            return Ok(SubmitOutcome::PayloadTooLarge {
-                size,
-                limit: self.inner.max_result_bytes,
-            });
-        }
-        let root: SessionId = match submit.session_id.parse() {
-            Ok(root) => root,
-            Err(error) => {
-                return Ok(SubmitOutcome::InvalidRequest {
-                    reason: format!("session_id: {error}"),
-                })
-            }
+        let limits = Limits {
+            max_json_depth: self.inner.shared.policy.max_json_depth,
+            max_result_bytes: self.inner.max_result_bytes,
         };
-        let submission = match submit.answer {
-            SubmitAnswer::Result(value) => Submission::Result(value),
-            SubmitAnswer::Error(error) => Submission::Error(error),
-            SubmitAnswer::Approval {
-                approval_id,
-                approved,
-                reason,
-            } => Submission::Approval {
-                approved,
-                approval_id,
-                reason,
-            },
+        let Checked {
+            root,
+            tool_call_id,
+            submission,
+        } = match submit.check(limits) {
+            Ok(checked) => checked,
+            Err(outcome) => return Ok(outcome),
+        };
+        let owner = match router::owner(&self.inner.shared, &root, &tool_call_id)? {
+            Ok(owner) => owner,
+            Err(outcome) => return Ok(outcome),
         };
         let (reply, answer) = oneshot::channel();
-        self.inner.router.send(
-            Shard::of(&root),
-            Route {
-                root: root.clone(),
-                tool_call_id: submit.tool_call_id,
+        self.inner.host.send(
+            owner.clone(),
+            SessionMsg::Submit {
+                root,
+                tool_call_id,
                 submission,
                 reply,
             },
         );
-        answer.await.map_err(|_| self.lost_reply(&root))?
+        answer.await.map_err(|_| self.lost_reply(&owner))?
     }
 
     /// Submits a JSON envelope as a client sends it (see [`Submit::from_json`]); a malformed
@@ -342,8 +306,8 @@ impl Runtime {
         self.ensure_open()?;
         let (reply, answer) = oneshot::channel();
         self.inner
-            .scheduler
-            .send(SchedulerKey, SchedulerMsg::Sweep { reply: Some(reply) });
+            .deadlines
+            .send(SchedulerMsg::Sweep { reply: Some(reply) });
         answer.await.map_err(|_| Error::ShutDown)?
     }
 
@@ -561,8 +525,7 @@ impl Runtime {
             return Ok(());
         }
         self.inner.mark_closing();
-        self.inner.router.shutdown().await;
-        self.inner.scheduler.shutdown().await;
+        self.inner.stop_scheduler();
         self.inner.host.shutdown().await;
         self.inner.shared.streams.clear();
         // Closing (not just flushing) releases the store's files at once, even while a task

@@ -1,6 +1,6 @@
-//! The deadline scheduler: one actor that sleeps until the earliest armed deadline, tells the
+//! The deadline scheduler: one task that sleeps until the earliest armed deadline, tells the
 //! owners of expired calls to record their timeouts, and reaps tombstones past retention. At
-//! boot it re-arms from the durable index, so overdue deadlines fire first.
+//! start it arms from the durable index, so overdue deadlines fire first.
 //!
 //! A session waiting on a human is never treated as stuck: only its deadline ends the wait.
 
@@ -8,10 +8,10 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use dormant_actors::{ActorContext, Host, VirtualActor};
-use tokio::sync::oneshot;
+use dormant_actors::Host;
+use tokio::sync::{mpsc, oneshot};
 
-use crate::actor::{host_error, SessionActor, SessionMsg};
+use crate::actor::{SessionActor, SessionMsg};
 use crate::error::Error;
 use crate::ids::SessionId;
 use crate::schema;
@@ -45,8 +45,6 @@ pub struct SweepReport {
 /// Requests the scheduler handles.
 #[derive(Debug)]
 pub(crate) enum SchedulerMsg {
-    /// Arm the timer from the durable index (sent once at start).
-    Boot,
     /// A deadline at `at` was armed: wake up by then.
     Armed { at: u64 },
     /// Fire what has expired now. With a reply, it is sent once every affected session has
@@ -56,17 +54,29 @@ pub(crate) enum SchedulerMsg {
     },
 }
 
-/// The scheduler's single key.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub(crate) struct SchedulerKey;
+/// Where the scheduler's requests go: the session actors tell it of new deadlines, the runtime
+/// asks it to sweep. Cloneable; sending to a scheduler that stopped does nothing (a sweep's
+/// caller then learns it from the dropped reply).
+#[derive(Clone, Debug)]
+pub(crate) struct Deadlines {
+    inbox: mpsc::UnboundedSender<SchedulerMsg>,
+}
 
-impl std::fmt::Display for SchedulerKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("deadline-scheduler")
+impl Deadlines {
+    /// A handle and the receiving end the scheduler is started with.
+    pub(crate) fn channel() -> (Self, mpsc::UnboundedReceiver<SchedulerMsg>) {
+        let (inbox, requests) = mpsc::unbounded_channel();
+        (Self { inbox }, requests)
+    }
+
+    pub(crate) fn send(&self, msg: SchedulerMsg) {
+        let _ = self.inbox.send(msg);
     }
 }
 
-/// The scheduler's behaviour.
+/// The scheduler: one task that owns the timer and the reaper's place. It holds the session
+/// host it tells of timeouts; the session actors reach it only through [`Deadlines`], so it
+/// is built after them and nothing is filled in later.
 #[derive(Debug)]
 pub(crate) struct DeadlineScheduler {
     pub(crate) shared: Arc<Shared>,
@@ -77,9 +87,8 @@ pub(crate) struct DeadlineScheduler {
 
 /// The armed wake-up, if any, and where the tombstone reaper goes on from.
 #[derive(Debug, Default)]
-pub(crate) struct Timer {
+struct Timer {
     wake_at: Option<u64>,
-    task: Option<tokio::task::JoinHandle<()>>,
     /// Where the tombstone reaper goes on from.
     reaper: Reaper,
 }
@@ -104,79 +113,56 @@ impl Reaper {
     }
 }
 
-impl Drop for Timer {
-    fn drop(&mut self) {
-        if let Some(task) = self.task.take() {
-            task.abort();
-        }
-    }
-}
-
-impl VirtualActor for DeadlineScheduler {
-    type Key = SchedulerKey;
-    type Msg = SchedulerMsg;
-    type State = Timer;
-    type Error = std::convert::Infallible;
-
-    async fn activate(&self, _key: &SchedulerKey) -> Result<Timer, Self::Error> {
-        Ok(Timer::default())
-    }
-
-    async fn handle(&self, ctx: &ActorContext<Self>, message: SchedulerMsg, timer: &mut Timer) {
-        match message {
-            SchedulerMsg::Boot => self.rearm(ctx, timer),
-            SchedulerMsg::Armed { at } => {
-                if self.background && timer.wake_at.is_none_or(|wake| at < wake) {
-                    self.arm(ctx, timer, at);
-                }
-            }
-            SchedulerMsg::Sweep { reply } => {
-                timer.wake_at = None;
-                let report = self.sweep(reply.is_some(), &mut timer.reaper).await;
-                if let Err(error) = &report {
-                    tracing::error!(%error, "deadline.sweep_failed");
-                }
-                self.rearm(ctx, timer);
-                if let Some(reply) = reply {
-                    let _ = reply.send(report);
-                }
-            }
-        }
-    }
-
-    fn reject(&self, _host: &Host<Self>, message: SchedulerMsg, error: dormant_actors::Error) {
-        if let SchedulerMsg::Sweep { reply: Some(reply) } = message {
-            let _ = reply.send(Err(host_error(error)));
-        }
-    }
-}
-
 impl DeadlineScheduler {
+    /// Runs the scheduler until every [`Deadlines`] handle is gone (or the task is aborted).
+    /// At start it arms the timer from the durable index, so overdue deadlines fire first.
+    pub(crate) async fn run(self, mut requests: mpsc::UnboundedReceiver<SchedulerMsg>) {
+        let mut timer = Timer::default();
+        self.rearm(&mut timer);
+        loop {
+            let sleep = timer.wake_at.map(|at| self.delay_until(at));
+            let msg = tokio::select! {
+                msg = requests.recv() => match msg {
+                    Some(msg) => msg,
+                    None => return,
+                },
+                () = sleep_for(sleep) => SchedulerMsg::Sweep { reply: None },
+            };
+            match msg {
+                SchedulerMsg::Armed { at } => {
+                    if self.background && timer.wake_at.is_none_or(|wake| at < wake) {
+                        timer.wake_at = Some(at);
+                    }
+                }
+                SchedulerMsg::Sweep { reply } => {
+                    timer.wake_at = None;
+                    let report = self.sweep(reply.is_some(), &mut timer.reaper).await;
+                    if let Err(error) = &report {
+                        tracing::error!(%error, "deadline.sweep_failed");
+                    }
+                    self.rearm(&mut timer);
+                    if let Some(reply) = reply {
+                        let _ = reply.send(report);
+                    }
+                }
+            }
+        }
+    }
+
+    /// How long until clock time `at` (at once if it has passed), at most [`MAX_SLEEP`].
+    fn delay_until(&self, at: u64) -> Duration {
+        Duration::from_millis(at.saturating_sub(self.shared.clock.now_ms())).min(MAX_SLEEP)
+    }
+
     /// Arms the timer for the earliest deadline in the durable index.
-    fn rearm(&self, ctx: &ActorContext<Self>, timer: &mut Timer) {
+    fn rearm(&self, timer: &mut Timer) {
         if !self.background {
             return;
         }
         match schema::next_deadline(self.shared.store.as_ref()) {
-            Ok(Some(at)) => self.arm(ctx, timer, at),
-            Ok(None) => {}
+            Ok(next) => timer.wake_at = next,
             Err(error) => tracing::error!(%error, "deadline.rearm_failed"),
         }
-    }
-
-    /// Wakes the scheduler at clock time `at` (at once if that has passed).
-    fn arm(&self, ctx: &ActorContext<Self>, timer: &mut Timer, at: u64) {
-        if let Some(task) = timer.task.take() {
-            task.abort();
-        }
-        let delay =
-            Duration::from_millis(at.saturating_sub(self.shared.clock.now_ms())).min(MAX_SLEEP);
-        let mailbox = ctx.mailbox();
-        timer.wake_at = Some(at);
-        timer.task = Some(tokio::spawn(async move {
-            tokio::time::sleep(delay).await;
-            let _ = mailbox.send(SchedulerMsg::Sweep { reply: None });
-        }));
     }
 
     /// Fires every expired call, earliest first, then reaps old tombstones if the reaper is
@@ -282,6 +268,14 @@ impl DeadlineScheduler {
         }
         self.shared.store.commit(batch).await?;
         Ok(())
+    }
+}
+
+/// Sleeps for `delay`, or forever without one (nothing is armed).
+async fn sleep_for(delay: Option<Duration>) {
+    match delay {
+        Some(delay) => tokio::time::sleep(delay).await,
+        None => std::future::pending().await,
     }
 }
 

@@ -1,9 +1,9 @@
-//! What every session actor, router shard and the deadline scheduler share.
+//! What the session actors, the deadline scheduler and the runtime's calls share.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use dashmap::DashMap;
-use dormant_actors::{Clock, WeakHost};
+use dormant_actors::Clock;
 use tokio::sync::broadcast;
 
 use crate::definition::AgentDefinition;
@@ -12,14 +12,13 @@ use crate::hooks::Hooks;
 use crate::ids::SessionId;
 use crate::llm::LlmAdapter;
 use crate::metrics::Metrics;
-use crate::scheduler::DeadlineScheduler;
 use crate::schema;
 use crate::session::Policy;
 use crate::store::Store;
 use crate::stream::Chunk;
-use crate::submit::SubmitOutcome;
 
-/// What every session actor (and the router and scheduler) shares.
+/// What the session actors, the scheduler and the runtime's calls share: the store, the
+/// model, the clock, the hooks, the agents, the live streams, the metrics.
 pub(crate) struct Shared {
     pub(crate) store: Arc<dyn Store>,
     pub(crate) llm: Arc<dyn LlmAdapter>,
@@ -31,9 +30,6 @@ pub(crate) struct Shared {
     /// Live followers of a session's stream; chunks are published after their commit.
     pub(crate) streams: DashMap<SessionId, broadcast::Sender<Chunk>>,
     pub(crate) metrics: Metrics,
-    /// Told about newly armed deadlines so it can wake earlier (weak: the scheduler holds
-    /// this `Shared`, and a cycle would keep the store open after shutdown).
-    pub(crate) scheduler: OnceLock<WeakHost<DeadlineScheduler>>,
     /// How long recovery waits for one child before writing it off as interrupted.
     pub(crate) child_inspection_timeout: std::time::Duration,
 }
@@ -58,23 +54,5 @@ impl Shared {
         self.store.commit(batch).await?;
         self.metrics.record_commit(started.elapsed(), &size);
         Ok(())
-    }
-
-    /// Whether a tombstone written at `completed_at` still answers duplicates at `now`.
-    pub(crate) fn tombstone_alive(&self, completed_at: u64, now: u64) -> bool {
-        now < completed_at.saturating_add(self.tombstone_retention_ms)
-    }
-
-    /// `already_completed` if the call completed within retention, else `unknown_tool_call`.
-    pub(crate) fn settled_call_outcome(
-        &self,
-        root: &SessionId,
-        call: &str,
-    ) -> Result<SubmitOutcome, Error> {
-        let now = self.clock.now_ms();
-        Ok(match schema::tombstone(self.store.as_ref(), root, call)? {
-            Some(at) if self.tombstone_alive(at, now) => SubmitOutcome::AlreadyCompleted,
-            _ => SubmitOutcome::UnknownToolCall,
-        })
     }
 }

@@ -6,6 +6,10 @@
 
 use serde_json::{Map, Value};
 
+use crate::ids::SessionId;
+use crate::nesting;
+use crate::session::Submission;
+
 /// The largest result (or error text) accepted by default: 1 MiB.
 pub const DEFAULT_MAX_RESULT_BYTES: usize = 1024 * 1024;
 /// How deeply a submitted result (and any JSON value from outside: a model's tool-call input,
@@ -181,6 +185,63 @@ impl Submit {
         })
     }
 
+    /// Checks a submit before it goes anywhere: ids present and well formed, an approval's id
+    /// present, the result no deeper and the payload no larger than the runtime allows. Nothing
+    /// is read or stored; what fails is answered at once.
+    pub(crate) fn check(self, limits: Limits) -> Result<Checked, SubmitOutcome> {
+        let invalid = |reason: String| SubmitOutcome::InvalidRequest { reason };
+        if self.tool_call_id.is_empty() || self.session_id.is_empty() {
+            return Err(invalid(
+                "session_id and tool_call_id may not be empty".into(),
+            ));
+        }
+        if matches!(&self.answer, SubmitAnswer::Approval { approval_id, .. } if approval_id.is_empty())
+        {
+            return Err(invalid("approval_id may not be empty".into()));
+        }
+        // Measured before anything serializes, clones or validates it (see `crate::nesting`).
+        if let SubmitAnswer::Result(value) = &self.answer {
+            if nesting::exceeds(value, limits.max_json_depth) {
+                if let SubmitAnswer::Result(value) = self.answer {
+                    nesting::dismantle(value);
+                }
+                return Err(invalid(format!(
+                    "the result nests deeper than {} arrays and objects (the runtime's max_json_depth)",
+                    limits.max_json_depth
+                )));
+            }
+        }
+        let size = self.payload_len();
+        if size > limits.max_result_bytes {
+            return Err(SubmitOutcome::PayloadTooLarge {
+                size,
+                limit: limits.max_result_bytes,
+            });
+        }
+        let root: SessionId = self
+            .session_id
+            .parse()
+            .map_err(|error| invalid(format!("session_id: {error}")))?;
+        let submission = match self.answer {
+            SubmitAnswer::Result(value) => Submission::Result(value),
+            SubmitAnswer::Error(error) => Submission::Error(error),
+            SubmitAnswer::Approval {
+                approval_id,
+                approved,
+                reason,
+            } => Submission::Approval {
+                approved,
+                approval_id,
+                reason,
+            },
+        };
+        Ok(Checked {
+            root,
+            tool_call_id: self.tool_call_id,
+            submission,
+        })
+    }
+
     /// Bytes of the answer's payload, as checked against the size limit.
     pub(crate) fn payload_len(&self) -> usize {
         match &self.answer {
@@ -200,6 +261,32 @@ fn text(fields: &Map<String, Value>, name: &str) -> Result<Option<String>, Strin
         Some(Value::String(value)) if !value.is_empty() => Ok(Some(value.clone())),
         Some(Value::String(_)) => Err(format!("{name} may not be empty")),
         Some(_) => Err(format!("{name} must be a string")),
+    }
+}
+
+/// What a submit is checked against before it goes anywhere.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Limits {
+    pub(crate) max_json_depth: usize,
+    pub(crate) max_result_bytes: usize,
+}
+
+/// A submit that passed [`Submit::check`]: the root it names, the call, and the answer as the
+/// session core takes it.
+#[derive(Debug)]
+pub(crate) struct Checked {
+    pub(crate) root: SessionId,
+    pub(crate) tool_call_id: String,
+    pub(crate) submission: Submission,
+}
+
+/// The answer for a call that is no longer pending: `already_completed` while the tombstone
+/// its completion left (at `completed_at`) is within retention, else `unknown_tool_call`
+/// (a call that never existed, one an interrupt dropped, or one long forgotten).
+pub(crate) fn settled(completed_at: Option<u64>, now: u64, retention_ms: u64) -> SubmitOutcome {
+    match completed_at {
+        Some(at) if now < at.saturating_add(retention_ms) => SubmitOutcome::AlreadyCompleted,
+        _ => SubmitOutcome::UnknownToolCall,
     }
 }
 

@@ -2,13 +2,13 @@
 
 use std::sync::Arc;
 
-use dormant_actors::{ActorContext, WeakHost};
+use dormant_actors::ActorContext;
 
 use super::{send_back, Loaded, SessionActor, SessionMsg, SessionState};
 use crate::dispatch::{run_step, StepContext};
 use crate::error::Error;
 use crate::ids::SessionId;
-use crate::scheduler::{SchedulerKey, SchedulerMsg};
+use crate::scheduler::SchedulerMsg;
 use crate::schema;
 use crate::session::{Effect, Input, Observation, Transition};
 
@@ -180,11 +180,7 @@ impl SessionActor {
                     host.send(ctx.key().clone(), SessionMsg::StartChild(start));
                 }
             }
-            Effect::ArmDeadline { at } => {
-                if let Some(scheduler) = self.shared.scheduler.get().and_then(WeakHost::upgrade) {
-                    scheduler.send(SchedulerKey, SchedulerMsg::Armed { at });
-                }
-            }
+            Effect::ArmDeadline { at } => self.deadlines.send(SchedulerMsg::Armed { at }),
             Effect::Settle(outcome) => {
                 if let Loaded::Present(session) = &mut state.loaded {
                     session.release_messages();

@@ -52,7 +52,11 @@ impl SessionActor {
         let session = match self.present(ctx.key(), state).await {
             Ok(Some(session)) => session,
             Ok(None) => {
-                let _ = reply.send(self.shared.settled_call_outcome(root, &tool_call_id));
+                let _ = reply.send(crate::router::settled_outcome(
+                    &self.shared,
+                    root,
+                    &tool_call_id,
+                ));
                 return;
             }
             Err(error) => {
@@ -84,7 +88,7 @@ impl SessionActor {
                 }
             }
             Some(Verdict::NotPending) | None => {
-                self.shared.settled_call_outcome(root, &tool_call_id)
+                crate::router::settled_outcome(&self.shared, root, &tool_call_id)
             }
             Some(Verdict::InvalidResult { reason, errors }) => {
                 tracing::warn!(session = %ctx.key(), tool_call_id, %reason, "client_tool.validation_failed");

@@ -15,8 +15,7 @@ use crate::hooks::{Hooks, NoHooks};
 use crate::llm::{LlmAdapter, ScriptedLlm};
 use crate::metrics::Metrics;
 use crate::nesting::{MAX_JSON_DEPTH_LIMIT, MAX_TREE_DEPTH};
-use crate::router::RouterActor;
-use crate::scheduler::{DeadlineScheduler, SchedulerKey, SchedulerMsg};
+use crate::scheduler::{DeadlineScheduler, Deadlines};
 use crate::session::Policy;
 use crate::shared::Shared;
 use crate::store::{SledStore, Store, Tree};
@@ -235,7 +234,6 @@ impl RuntimeBuilder {
             agents: DashMap::new(),
             streams: DashMap::new(),
             metrics: Metrics::default(),
-            scheduler: std::sync::OnceLock::new(),
             child_inspection_timeout: self.child_inspection_timeout,
         });
         // Agents may name each other as sub-agents: the set is checked as a whole.
@@ -243,37 +241,28 @@ impl RuntimeBuilder {
             tracing::error!(%error, "runtime.invalid_agent");
             return Err(error);
         }
+        // In the order each part needs the one before: the session actors tell the scheduler
+        // of new deadlines through its channel, the scheduler tells the session host of
+        // timeouts.
+        let (deadlines, requests) = Deadlines::channel();
         let host = Host::with_clock(
             SessionActor {
                 shared: Arc::clone(&shared),
+                deadlines: deadlines.clone(),
             },
             self.host,
             Arc::clone(&self.clock),
         );
-        // Router shards and the scheduler are never evicted: their hosts have no limits.
-        let router = Host::with_clock(
-            RouterActor {
-                shared: Arc::clone(&shared),
-                sessions: host.clone(),
-            },
-            HostConfig::default(),
-            Arc::clone(&self.clock),
-        );
-        let scheduler = Host::with_clock(
-            DeadlineScheduler {
-                shared: Arc::clone(&shared),
-                sessions: host.clone(),
-                background: self.background_deadlines,
-            },
-            HostConfig::default(),
-            self.clock,
-        );
-        let _ = shared.scheduler.set(scheduler.downgrade());
-        scheduler.send(SchedulerKey, SchedulerMsg::Boot);
+        let scheduler = DeadlineScheduler {
+            shared: Arc::clone(&shared),
+            sessions: host.clone(),
+            background: self.background_deadlines,
+        };
+        let scheduler = tokio.spawn(scheduler.run(requests)).abort_handle();
         Ok(Runtime {
             inner: Arc::new(Inner::new(
                 host,
-                router,
+                deadlines,
                 scheduler,
                 shared,
                 self.max_result_bytes,

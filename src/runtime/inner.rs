@@ -8,8 +8,7 @@ use dormant_actors::Host;
 
 use super::claim::StoreClaim;
 use crate::actor::SessionActor;
-use crate::router::RouterActor;
-use crate::scheduler::DeadlineScheduler;
+use crate::scheduler::Deadlines;
 use crate::shared::Shared;
 
 /// Shared by every clone of a [`Runtime`](super::Runtime); dropped with the last one.
@@ -20,8 +19,10 @@ use crate::shared::Shared;
 #[derive(Debug)]
 pub(super) struct Inner {
     pub(super) host: Host<SessionActor>,
-    pub(super) router: Host<RouterActor>,
-    pub(super) scheduler: Host<DeadlineScheduler>,
+    /// Where the deadline scheduler takes its requests.
+    pub(super) deadlines: Deadlines,
+    /// The scheduler's task, stopped with the runtime.
+    scheduler: tokio::task::AbortHandle,
     pub(super) shared: Arc<Shared>,
     pub(super) max_result_bytes: usize,
     /// Captured at build (which needs a tokio runtime to start actors), so a handle dropped
@@ -37,8 +38,8 @@ pub(super) struct Inner {
 impl Inner {
     pub(super) fn new(
         host: Host<SessionActor>,
-        router: Host<RouterActor>,
-        scheduler: Host<DeadlineScheduler>,
+        deadlines: Deadlines,
+        scheduler: tokio::task::AbortHandle,
         shared: Arc<Shared>,
         max_result_bytes: usize,
         tokio: tokio::runtime::Handle,
@@ -46,7 +47,7 @@ impl Inner {
     ) -> Self {
         Self {
             host,
-            router,
+            deadlines,
             scheduler,
             shared,
             max_result_bytes,
@@ -60,6 +61,12 @@ impl Inner {
     /// `shutdown` began: new calls answer `ShutDown`.
     pub(super) fn mark_closing(&self) {
         self.closing.store(true, Ordering::Release);
+    }
+
+    /// Stops the deadline scheduler (a sweep in progress is dropped: its deadlines stay in the
+    /// durable index for the next start).
+    pub(super) fn stop_scheduler(&self) {
+        self.scheduler.abort();
     }
 
     /// Whether `shutdown` began.
@@ -100,17 +107,12 @@ impl Drop for Inner {
         self.shared.streams.clear();
         // Then the actors, which can only be stopped asynchronously. If tokio is shutting
         // down, the task is dropped, and so are the actors' own tasks.
-        let (router, scheduler, host) = (
-            self.router.clone(),
-            self.scheduler.clone(),
-            self.host.clone(),
-        );
+        self.scheduler.abort();
+        let host = self.host.clone();
         // The store stays claimed until the old actors have stopped: a runtime built on it
         // meanwhile would run beside them.
         let claim = self.claim.lock().take();
         drop(self.tokio.spawn(async move {
-            router.shutdown().await;
-            scheduler.shutdown().await;
             host.shutdown().await;
             drop(claim);
         }));
