@@ -66,6 +66,9 @@ mod metrics;
 mod nesting;
 mod router;
 mod runtime;
+// Test tooling: built only with the `test-util` feature (see Cargo.toml), so that a user's
+// build does not compile the runner or pull in its dependencies.
+#[cfg(feature = "test-util")]
 pub mod scenario;
 mod scheduler;
 pub mod schema;

@@ -5,6 +5,8 @@
 //! and durably, and to read keys and prefixes back. [`SledStore`] is the embedded default;
 //! [`MemoryStore`] is for unit tests.
 
+// Test tooling, like `crate::scenario`: only with the `test-util` feature.
+#[cfg(feature = "test-util")]
 mod faulty;
 mod memory;
 mod sled;
@@ -12,6 +14,7 @@ mod sled;
 use std::fmt::Debug;
 use std::path::{Path, PathBuf};
 
+#[cfg(feature = "test-util")]
 pub use self::faulty::{Fault, FaultyStore};
 pub use self::memory::MemoryStore;
 pub use self::sled::{Durability, SledStore, SledStoreBuilder};
