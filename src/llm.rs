@@ -68,6 +68,7 @@ impl ModelReply {
 
 /// Why a model call failed.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum LlmError {
     /// A scripted session asked for more replies than its script has.
     #[error("script_exhausted: session {session} asked for reply #{} of agent {agent}, whose script has {len}", index + 1)]

@@ -45,6 +45,7 @@ const OLDEST_FORMAT_VERSION: u8 = 1;
 
 /// Why a stored value could not be read.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// The bytes do not decode.
     #[error("session {session}: corrupt {tree} entry: {reason}")]

@@ -39,6 +39,7 @@ pub struct Submit {
 
 /// What a [`Submit`] answers with.
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub enum SubmitAnswer {
     /// A client tool's result (checked against the tool's output schema).
     Result(Value),
@@ -205,6 +206,7 @@ fn text(fields: &Map<String, Value>, name: &str) -> Result<Option<String>, Strin
 
 /// How the runtime answered a submit.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum SubmitOutcome {
     /// Stored durably; the answer will be applied exactly once.
     Accepted,

@@ -111,6 +111,7 @@ pub type ApprovalPredicate = Arc<dyn Fn(&Value) -> Result<bool, String> + Send +
 
 /// Whether a call must be approved by a person before it runs.
 #[derive(Clone, Default)]
+#[non_exhaustive]
 pub enum Approval {
     /// Never (the default).
     #[default]
@@ -133,6 +134,7 @@ impl fmt::Debug for Approval {
 
 /// Who runs a tool.
 #[derive(Clone)]
+#[non_exhaustive]
 pub enum ToolKind {
     /// The runtime, with this handler.
     Server(Arc<dyn ToolHandler>),

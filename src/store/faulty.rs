@@ -10,6 +10,7 @@ use super::{Batch, CommitKind, Entry, Error, Store, Tree};
 
 /// Which commits a [`FaultyStore`] fails.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Fault {
     /// The next commit fails; later ones succeed.
     NextCommit,
