@@ -83,7 +83,13 @@ pub use definition::{
     AgentBuilder, AgentDefinition, Approval, CompanionMode, DefinitionError, PersistentAgent,
     ToolContext, ToolDefinition, ToolError, ToolHandler, ToolKind,
 };
+/// The actor host's counters in [`RuntimeStats::host`], re-exported so that reading them needs
+/// no dependency on `dormant-actors`.
+pub use dormant_actors::HostStats;
 pub use error::Error;
+/// The boxed future an [`LlmAdapter`] or a [`ToolHandler`] returns, re-exported so that
+/// implementing them needs no dependency on `futures`.
+pub use futures::future::BoxFuture;
 pub use hooks::{HookEvent, Hooks};
 pub use ids::{RunId, SessionId};
 pub use llm::{LlmAdapter, LlmError, ModelReply, ModelRequest, ScriptedLlm};

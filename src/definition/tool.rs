@@ -90,7 +90,8 @@ impl ToolContext {
     }
 }
 
-/// Runs a server tool.
+/// Runs a server tool. Every `Fn(Value, ToolContext) -> impl Future` closure implements it; a
+/// type of your own returns a [`BoxFuture`](crate::BoxFuture), which this crate re-exports.
 pub trait ToolHandler: Send + Sync + 'static {
     /// Runs the tool on `input`.
     fn call(&self, input: Value, ctx: ToolContext) -> BoxFuture<'static, Result<Value, ToolError>>;
