@@ -18,6 +18,14 @@
 //!   and [`MemoryStore`] for unit tests; `schema.rs` is the stored layout.
 //! - [`stream`], [`hooks`], [`clock`]: what a run reports, and the injected clock.
 //!
+//! # Features
+//!
+//! - `test-util` (off by default): test tooling, so that a user's build does not compile it:
+//!   the conformance scenario runner `dormant::scenario` (the format is
+//!   `docs/scenario-format.md`) and the fault-injecting `store::FaultyStore`.
+//! - `system-allocator`: only for this crate's `hitl` bench and simulator, which run on
+//!   mimalloc unless it is set. The library itself never sets an allocator.
+//!
 //! # Example
 //!
 //! ```

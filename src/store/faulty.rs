@@ -29,7 +29,8 @@ struct State {
     failed: u64,
 }
 
-/// Wraps a store and fails the commits a [`Fault`] names; reads always pass through.
+/// Wraps a store and fails the commits a [`Fault`] names; reads always pass through. Test
+/// tooling: only with the `test-util` feature.
 ///
 /// ```
 /// use std::sync::Arc;
