@@ -28,6 +28,7 @@ pub const DEFAULT_CLIENT_TOOL_TIMEOUT_MS: u64 = 300_000;
 
 /// Why a definition was refused. Each rule has its own variant.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum DefinitionError {
     /// The agent's name is empty.
     #[error("an agent needs a name")]

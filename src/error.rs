@@ -6,6 +6,7 @@ use crate::{schema, store};
 
 /// What went wrong in a call to the [`Runtime`](crate::Runtime).
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// No session has this id.
     #[error("unknown session {0}")]

@@ -9,6 +9,7 @@ use crate::message::{Message, ToolCall, ToolOutcome};
 
 /// Something a hook observes.
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub enum HookEvent {
     /// A tool call is about to run.
     BeforeTool {

@@ -23,6 +23,7 @@ pub struct SessionId(Arc<str>);
 
 /// Why a string is not a valid id.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum InvalidId {
     /// The id is empty.
     #[error("an id may not be empty")]

@@ -18,6 +18,14 @@
 //!   and [`MemoryStore`] for unit tests; `schema.rs` is the stored layout.
 //! - [`stream`], [`hooks`], [`clock`]: what a run reports, and the injected clock.
 //!
+//! # Features
+//!
+//! - `test-util` (off by default): test tooling, so that a user's build does not compile it:
+//!   the conformance scenario runner `dormant::scenario` (the format is
+//!   `docs/scenario-format.md`) and the fault-injecting `store::FaultyStore`.
+//! - `system-allocator`: only for this crate's `hitl` bench and simulator, which run on
+//!   mimalloc unless it is set. The library itself never sets an allocator.
+//!
 //! # Example
 //!
 //! ```
@@ -66,6 +74,9 @@ mod metrics;
 mod nesting;
 mod router;
 mod runtime;
+// Test tooling: built only with the `test-util` feature (see Cargo.toml), so that a user's
+// build does not compile the runner or pull in its dependencies.
+#[cfg(feature = "test-util")]
 pub mod scenario;
 mod scheduler;
 pub mod schema;
@@ -81,7 +92,13 @@ pub use definition::{
     AgentBuilder, AgentDefinition, Approval, CompanionMode, DefinitionError, PersistentAgent,
     ToolContext, ToolDefinition, ToolError, ToolHandler, ToolKind,
 };
+/// The actor host's counters in [`RuntimeStats::host`], re-exported so that reading them needs
+/// no dependency on `dormant-actors`.
+pub use dormant_actors::HostStats;
 pub use error::Error;
+/// The boxed future an [`LlmAdapter`] or a [`ToolHandler`] returns, re-exported so that
+/// implementing them needs no dependency on `futures`.
+pub use futures::future::BoxFuture;
 pub use hooks::{HookEvent, Hooks};
 pub use ids::{RunId, SessionId};
 pub use llm::{LlmAdapter, LlmError, ModelReply, ModelRequest, ScriptedLlm};

@@ -68,6 +68,7 @@ impl ModelReply {
 
 /// Why a model call failed.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum LlmError {
     /// A scripted session asked for more replies than its script has.
     #[error("script_exhausted: session {session} asked for reply #{} of agent {agent}, whose script has {len}", index + 1)]
@@ -86,9 +87,24 @@ pub enum LlmError {
     Provider(String),
 }
 
-/// A language model. Real providers live behind feature flags; tests, scenarios and the
-/// simulator use [`ScriptedLlm`]. An adapter that panics fails the run with a `model_error`,
-/// as an error it returned would.
+/// A language model. The crate ships no provider: implement this trait for yours. Tests,
+/// scenarios and the simulator use [`ScriptedLlm`]. An adapter that panics fails the run with
+/// a `model_error`, as an error it returned would.
+///
+/// [`BoxFuture`] is re-exported by this crate (`dormant::BoxFuture`):
+///
+/// ```
+/// use dormant::{BoxFuture, LlmAdapter, LlmError, ModelReply, ModelRequest};
+///
+/// /// Answers every step with the number of messages it was shown.
+/// struct Counter;
+///
+/// impl LlmAdapter for Counter {
+///     fn complete(&self, request: ModelRequest) -> BoxFuture<'static, Result<ModelReply, LlmError>> {
+///         Box::pin(async move { Ok(ModelReply::text(request.messages.len().to_string())) })
+///     }
+/// }
+/// ```
 pub trait LlmAdapter: Send + Sync + 'static {
     /// Answers one step.
     fn complete(&self, request: ModelRequest) -> BoxFuture<'static, Result<ModelReply, LlmError>>;

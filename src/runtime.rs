@@ -473,7 +473,8 @@ impl Runtime {
         self.inner.host.passivate_idle()
     }
 
-    /// Whether the session has a resident actor.
+    /// The sessions that have a resident actor (for the scenario runner's `evict` op).
+    #[cfg(feature = "test-util")]
     pub(crate) fn resident_sessions(&self) -> Vec<SessionId> {
         self.inner.host.resident_keys()
     }

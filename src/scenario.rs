@@ -8,6 +8,8 @@
 //! fail is a [`StepFailure`], `FILE: step N (op): expected X, got Y`, and a run over several
 //! files ends with the [`Summary`] line `N passed, M failed`.
 //!
+//! Test tooling: this module exists only with the `test-util` feature.
+//!
 //! The store is a [`FaultyStore`](crate::store::FaultyStore) over sled: `crash_before` arms
 //! [`Fault::CrashBefore`](crate::store::Fault::CrashBefore) with the commit kind it names
 //! (`tool_calls`, `tool_results`), so that commit and every one after it fail as if the

@@ -1,8 +1,10 @@
 //! The stored form: which key holds what, and how values are encoded.
 //!
-//! Every value starts with a one-byte format version followed by MessagePack with named
-//! fields, so fields can be added (with serde defaults) without a migration, and a value
-//! written by a newer version is refused with a typed error rather than misread.
+//! Every value that holds data starts with a one-byte format version followed by MessagePack
+//! (with named fields, for records), so fields can be added (with serde defaults) without a
+//! migration, and a value written by a newer version is refused with a typed error rather than
+//! misread. The deadline index's values are empty (its key is the entry), and keys carry no
+//! version: their byte layouts are fixed.
 //!
 //! Keys of per-session entries start with `len (u16 BE) · session id`, so a session's entries
 //! are one contiguous, ordered prefix.
@@ -35,7 +37,8 @@ use crate::session::{ChildCall, Companion, PendingCall, RunRecord, SessionRecord
 use crate::store::{Batch, CommitKind, Store, Tree};
 use crate::stream::Chunk;
 
-/// The format version written into every stored value. Version 2 stores a log entry's
+/// The format version written at the start of every stored value that holds data (the
+/// deadline index's values are empty). Version 2 stores a log entry's
 /// messages externally tagged (see `stored_message`); every other value is unchanged since
 /// version 1.
 pub const FORMAT_VERSION: u8 = 2;
@@ -45,6 +48,7 @@ const OLDEST_FORMAT_VERSION: u8 = 1;
 
 /// Why a stored value could not be read.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// The bytes do not decode.
     #[error("session {session}: corrupt {tree} entry: {reason}")]

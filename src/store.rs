@@ -5,6 +5,8 @@
 //! and durably, and to read keys and prefixes back. [`SledStore`] is the embedded default;
 //! [`MemoryStore`] is for unit tests.
 
+// Test tooling, like `crate::scenario`: only with the `test-util` feature.
+#[cfg(feature = "test-util")]
 mod faulty;
 mod memory;
 mod sled;
@@ -12,6 +14,7 @@ mod sled;
 use std::fmt::Debug;
 use std::path::{Path, PathBuf};
 
+#[cfg(feature = "test-util")]
 pub use self::faulty::{Fault, FaultyStore};
 pub use self::memory::MemoryStore;
 pub use self::sled::{Durability, SledStore, SledStoreBuilder};
@@ -19,6 +22,7 @@ pub use self::sled::{Durability, SledStore, SledStoreBuilder};
 /// The named key spaces of the store. [`SledStore`] keeps them all in one sled tree, each as a
 /// key range of its own.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
 pub enum Tree {
     /// Session id → the session's record as of its first commit (with a format version). Only
     /// the fields that never change (its root, parent, agent) are read from it; the current
@@ -80,6 +84,7 @@ impl Tree {
 
 /// What a commit carries, so that a fault can be injected before a chosen kind of commit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum CommitKind {
     /// A new run: the session, the user message and the run record.
     RunStart,
@@ -186,6 +191,7 @@ pub type Entry = (Vec<u8>, Vec<u8>);
 /// error's text itself, so an error reporter that prints the whole chain (such as `anyhow`'s
 /// `{:#}`) shows it once, not twice. The wrapped error is still there to match on.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// The embedded database failed.
     #[error("sled: {0}")]

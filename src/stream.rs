@@ -24,6 +24,7 @@ pub struct Chunk {
 /// What a [`Chunk`] reports.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum ChunkKind {
     /// A run started.
     RunStart {

@@ -43,6 +43,7 @@ pub struct Submit {
 
 /// What a [`Submit`] answers with.
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub enum SubmitAnswer {
     /// A client tool's result (checked against the tool's output schema).
     Result(Value),
@@ -292,6 +293,7 @@ pub(crate) fn settled(completed_at: Option<u64>, now: u64, retention_ms: u64) ->
 
 /// How the runtime answered a submit.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum SubmitOutcome {
     /// Stored durably; the answer will be applied exactly once.
     Accepted,

@@ -52,7 +52,7 @@ async fn an_unanswered_call_times_out_and_resume_sees_client_tool_timeout() -> a
     Ok(())
 }
 
-/// Seed 001: when a client-tool deadline elapses the runtime appends the synthetic tool error,
+/// As in the reference framework: when a client-tool deadline elapses the runtime appends the synthetic tool error,
 /// emits its `tool_end` and fires the hooks with the timeout payload, once. The resume that
 /// follows fires none of them again for that call.
 #[tokio::test]

@@ -90,7 +90,8 @@ impl ToolContext {
     }
 }
 
-/// Runs a server tool.
+/// Runs a server tool. Every `Fn(Value, ToolContext) -> impl Future` closure implements it; a
+/// type of your own returns a [`BoxFuture`](crate::BoxFuture), which this crate re-exports.
 pub trait ToolHandler: Send + Sync + 'static {
     /// Runs the tool on `input`.
     fn call(&self, input: Value, ctx: ToolContext) -> BoxFuture<'static, Result<Value, ToolError>>;
@@ -111,6 +112,7 @@ pub type ApprovalPredicate = Arc<dyn Fn(&Value) -> Result<bool, String> + Send +
 
 /// Whether a call must be approved by a person before it runs.
 #[derive(Clone, Default)]
+#[non_exhaustive]
 pub enum Approval {
     /// Never (the default).
     #[default]
@@ -133,6 +135,7 @@ impl fmt::Debug for Approval {
 
 /// Who runs a tool.
 #[derive(Clone)]
+#[non_exhaustive]
 pub enum ToolKind {
     /// The runtime, with this handler.
     Server(Arc<dyn ToolHandler>),

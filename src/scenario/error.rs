@@ -6,6 +6,7 @@ use std::path::PathBuf;
 /// A scenario file that could not be read, parsed or set up. Every variant names the file;
 /// format errors also name the JSON path (`steps[0].expect.stauts`).
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// The file (or a directory given to run) could not be read.
     #[error("{}: cannot read: {source}", .file.display())]

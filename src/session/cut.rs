@@ -1,5 +1,5 @@
 //! Calls a crash or an interrupt cut, and the at-most-once rule that decides what becomes of
-//! them (seed 003, DESIGN.md "At-most-once side effects").
+//! them (the design's "at-most-once side effects"; ARCHITECTURE.md, "Waiting on a human").
 //!
 //! A server call is committed as dispatched by commit #1 of its step (the model's reply), or,
 //! for an approved call, by the resume that drains the approval: its pending entry, answered

@@ -46,6 +46,7 @@ impl std::fmt::Display for Status {
 /// The stable code of an error a run ended with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum ErrorCode {
     /// A scripted model ran out of replies.
     ScriptExhausted,
@@ -178,6 +179,7 @@ pub enum PendingKind {
 /// The answer recorded in a pending call.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum Answer {
     /// A client tool's result.
     Result(Value),
@@ -265,6 +267,7 @@ pub struct ChildCall {
 /// What a parent knows of one of its children.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum ChildState {
     /// Started, and has not reported since.
     Running,
@@ -326,6 +329,7 @@ pub struct Companion {
 /// Where a persistent sub-agent stands, as its parent knows it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum CompanionStatus {
     /// Its turn is in progress.
     Running,

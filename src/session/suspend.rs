@@ -258,7 +258,7 @@ impl Session {
     ///
     /// The call's result, a `client_tool_timeout` error, is recorded at once, like any outcome:
     /// its message, its `tool_end` chunk, and `on_state_change`, `on_message`, `after_tool` in
-    /// that order (seed 001: "fires onMessage + afterTool hooks with the timeout payload").
+    /// that order (as the reference framework fires its hooks with the timeout payload).
     /// The entry stays, answered `TimedOut`, until the resume clears it (so a duplicate
     /// answers `already_completed` and the tombstone's retention counts from the resume); the
     /// resume records nothing more for it.

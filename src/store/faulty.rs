@@ -10,6 +10,7 @@ use super::{Batch, CommitKind, Entry, Error, Store, Tree};
 
 /// Which commits a [`FaultyStore`] fails.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Fault {
     /// The next commit fails; later ones succeed.
     NextCommit,
@@ -28,7 +29,8 @@ struct State {
     failed: u64,
 }
 
-/// Wraps a store and fails the commits a [`Fault`] names; reads always pass through.
+/// Wraps a store and fails the commits a [`Fault`] names; reads always pass through. Test
+/// tooling: only with the `test-util` feature.
 ///
 /// ```
 /// use std::sync::Arc;

@@ -45,6 +45,7 @@ use writes::SledWrites;
 /// [`SledStore::temporary`] are deleted when dropped, so they skip the `fdatasync` (and sled
 /// itself skips `sync_file_range` for them) whatever the level.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Durability {
     /// Survives the process being killed (`flush()` only); not a power cut.
     ProcessCrash,
