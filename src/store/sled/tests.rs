@@ -1,10 +1,12 @@
 //! The sled store's tests: commits, reads, grouping, crashes of a child process, locks and a
 //! full disk.
 
+use std::fs::File;
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicU64};
 
+use super::database::MAX_WRITES_PER_SLED_BATCH;
 use super::*;
 use crate::store::CommitKind;
 
