@@ -15,9 +15,9 @@ use std::fmt::Debug;
 use std::path::{Path, PathBuf};
 
 #[cfg(feature = "test-util")]
-pub use self::faulty::{Fault, FaultyStore};
+pub use self::faulty::{Fault, FaultyStore, InjectedFault};
 pub use self::memory::MemoryStore;
-pub use self::sled::{Durability, SledStore, SledStoreBuilder};
+pub use self::sled::{Durability, SledError, SledStore, SledStoreBuilder};
 
 /// The named key spaces of the store. [`SledStore`] keeps them all in one sled tree, each as a
 /// key range of its own.
@@ -82,7 +82,12 @@ impl Tree {
     }
 }
 
-/// What a commit carries, so that a fault can be injected before a chosen kind of commit.
+/// Which step of a session a commit records (the session core decides it).
+///
+/// Backends ignore it: a batch is applied the same whatever its kind. It labels the batch for
+/// whatever wraps a store, such as [`FaultyStore`], which fails a chosen kind of commit to open
+/// a chosen crash window (the scenarios' `crash_before`): a step's tool calls and its tool
+/// results write the same trees, so the batch's keys alone would not tell them apart.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum CommitKind {
@@ -145,7 +150,7 @@ impl Batch {
         self.ops.push(Op::Delete { tree, key });
     }
 
-    /// What this commit carries.
+    /// Which step this commit records (a label: backends ignore it).
     pub fn kind(&self) -> CommitKind {
         self.kind
     }
@@ -186,19 +191,25 @@ pub type Entry = (Vec<u8>, Vec<u8>);
 
 /// Errors of a store backend.
 ///
-/// Every message is complete on its own and no variant reports a
-/// [`source`](std::error::Error::source): a variant that wraps another error prints that
-/// error's text itself, so an error reporter that prints the whole chain (such as `anyhow`'s
-/// `{:#}`) shows it once, not twice. The wrapped error is still there to match on.
+/// The variants are the failures a caller acts on and any backend can have: a full disk (retry
+/// once space is freed), a store another holder has locked, a closed store. Everything else a
+/// backend reports is [`Error::Backend`], which carries the backend's own error: for
+/// [`SledStore`] a [`SledError`] (sled's own errors, a store of an older layout), for
+/// [`FaultyStore`] an [`InjectedFault`]. A caller that needs one finds it with
+/// [`Error::downcast_ref`].
+///
+/// Every message is complete on its own and each error is printed once by a reporter that
+/// prints the whole chain (such as `anyhow`'s `{:#}`): [`Error::Backend`] is transparent (its
+/// message is the backend error's, and its [`source`](std::error::Error::source) is the
+/// backend error's source, if any), and no other variant reports a source.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// The embedded database failed.
-    #[error("sled: {0}")]
-    Sled(::sled::Error),
-    /// A file operation (the power-loss sync) failed.
-    #[error("store i/o: {0}")]
-    Io(std::io::Error),
+    /// The backend failed in a way no other variant names. Its message is the backend error's
+    /// own (for the sled backend, `sled: …`, `store i/o: …`, or the refusal of an older
+    /// layout).
+    #[error(transparent)]
+    Backend(Box<dyn std::error::Error + Send + Sync + 'static>),
     /// The device that holds the store is full, or the disk quota is exhausted (`ENOSPC`,
     /// `EDQUOT`). Nothing of the failed commit was acknowledged, and what the store shows
     /// is what is on disk. It is [retryable](Error::is_retryable): once space is freed,
@@ -223,19 +234,24 @@ pub enum Error {
     /// The store was closed, or its flusher thread is gone.
     #[error("store is closed")]
     Closed,
-    /// The store directory was written by an older dormant whose layout this build cannot
-    /// read.
-    #[error("the store was written by an older dormant (it has a non-empty `{tree}` tree); this build keeps every record in the one `records` tree and cannot read it: open a new store directory")]
-    OldLayout {
-        /// A sled tree of an earlier layout found in the store.
-        tree: String,
-    },
-    /// A fault injected by a test wrapper: the process is considered dead from this commit on.
-    #[error("injected fault: commit of kind {0:?} failed as if the process died")]
-    Injected(CommitKind),
 }
 
 impl Error {
+    /// A backend's own error, as [`Error::Backend`]. A `String` or `&str` becomes an error
+    /// with that text.
+    pub fn backend(error: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>) -> Self {
+        Error::Backend(error.into())
+    }
+
+    /// The backend's own error, if this is an [`Error::Backend`] carrying an `E`: for example
+    /// a [`SledError`] (`error.downcast_ref::<SledError>()`) or an [`InjectedFault`].
+    pub fn downcast_ref<E: std::error::Error + 'static>(&self) -> Option<&E> {
+        match self {
+            Error::Backend(error) => error.downcast_ref(),
+            _ => None,
+        }
+    }
+
     /// Whether the failure is temporary: the same call can succeed later, once the condition
     /// the error names has cleared, with nothing to repair first. A commit that failed so was
     /// not acknowledged, and the store stays usable as it is: it need not be reopened.
@@ -245,20 +261,6 @@ impl Error {
     /// known to clear by itself.
     pub fn is_retryable(&self) -> bool {
         matches!(self, Error::StorageFull { .. } | Error::Locked { .. })
-    }
-}
-
-// Written by hand rather than with `#[from]`, which would also make the wrapped error the
-// `source` and have it printed twice (see [`Error`]).
-impl From<::sled::Error> for Error {
-    fn from(error: ::sled::Error) -> Self {
-        Error::Sled(error)
-    }
-}
-
-impl From<std::io::Error> for Error {
-    fn from(error: std::io::Error) -> Self {
-        Error::Io(error)
     }
 }
 
@@ -354,12 +356,24 @@ mod tests {
     /// error's text once.
     #[test]
     fn a_wrapped_error_is_printed_once_in_its_chain() {
-        let sled = Error::from(::sled::Error::Unsupported("the reason".into()));
-        let io = Error::from(std::io::Error::other("the reason"));
-        for error in [sled, io] {
+        let sled = Error::from(SledError::Sled(::sled::Error::Unsupported(
+            "the reason".into(),
+        )));
+        let sled_io = Error::from(SledError::Io(std::io::Error::other("the reason")));
+        let io = Error::backend(std::io::Error::other("the reason"));
+        for error in [sled, sled_io, io] {
             let shown = format!("{:#}", anyhow::Error::from(error));
             assert_eq!(shown.matches("the reason").count(), 1, "{shown}");
         }
+        // A backend error with a source of its own keeps it in the chain, once.
+        #[derive(Debug, thiserror::Error)]
+        #[error("connection lost")]
+        struct Lost(#[source] std::io::Error);
+        let lost = Error::backend(Lost(std::io::Error::other("the reason")));
+        assert_eq!(
+            format!("{:#}", anyhow::Error::from(lost)),
+            "connection lost: the reason"
+        );
     }
 
     #[test]
@@ -385,11 +399,35 @@ mod tests {
         );
         for error in [
             Error::Closed,
-            Error::from(std::io::Error::other("broken")),
-            Error::from(::sled::Error::Unsupported("broken".into())),
-            Error::Injected(CommitKind::Other),
+            Error::backend(std::io::Error::other("broken")),
+            Error::from(SledError::Io(std::io::Error::other("broken"))),
+            Error::from(SledError::Sled(::sled::Error::Unsupported("broken".into()))),
+            Error::backend(InjectedFault {
+                kind: CommitKind::Other,
+            }),
         ] {
             assert!(!error.is_retryable(), "{error}");
         }
+    }
+
+    /// A backend's own error is in the message, and a caller finds it by its type.
+    #[test]
+    fn a_backend_error_keeps_its_text_and_its_type() {
+        let error = Error::backend(InjectedFault {
+            kind: CommitKind::ToolResults,
+        });
+        assert_eq!(
+            error.to_string(),
+            "injected fault: commit of kind ToolResults failed as if the process died"
+        );
+        assert_eq!(
+            error.downcast_ref::<InjectedFault>(),
+            Some(&InjectedFault {
+                kind: CommitKind::ToolResults
+            })
+        );
+        assert!(error.downcast_ref::<SledError>().is_none());
+        assert!(Error::Closed.downcast_ref::<InjectedFault>().is_none());
+        assert_eq!(Error::backend("no route").to_string(), "no route");
     }
 }

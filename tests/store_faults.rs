@@ -6,7 +6,7 @@ mod common;
 use std::sync::Arc;
 
 use common::{calls_then_text, editor_runtime};
-use dormant::store::{CommitKind, Fault, FaultyStore, MemoryStore, Store};
+use dormant::store::{CommitKind, Fault, FaultyStore, InjectedFault, MemoryStore, Store};
 use dormant::submit::{Submit, SubmitOutcome};
 use dormant::{Error, ManualClock, SessionId, Status};
 use serde_json::json;
@@ -63,9 +63,9 @@ async fn a_failed_step_commit_answers_a_store_error_and_the_session_reloads() ->
     assert!(
         matches!(
             failed,
-            Err(Error::Store(dormant::store::Error::Injected(
-                CommitKind::ToolResults
-            )))
+            Err(Error::Store(ref error))
+                if error.downcast_ref::<InjectedFault>()
+                    == Some(&InjectedFault { kind: CommitKind::ToolResults })
         ),
         "the caller learns it was the store: {failed:?}"
     );

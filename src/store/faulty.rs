@@ -22,6 +22,15 @@ pub enum Fault {
     CrashBefore(CommitKind),
 }
 
+/// The error of a commit a [`FaultyStore`] failed, carried in [`Error::Backend`] (find it with
+/// [`Error::downcast_ref`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("injected fault: commit of kind {kind:?} failed as if the process died")]
+pub struct InjectedFault {
+    /// The kind of the commit that failed.
+    pub kind: CommitKind,
+}
+
 #[derive(Debug, Default)]
 struct State {
     armed: Option<Fault>,
@@ -116,7 +125,7 @@ impl FaultyStore {
 impl Store for FaultyStore {
     async fn commit(&self, batch: Batch) -> Result<(), Error> {
         if self.trips(batch.kind()) {
-            return Err(Error::Injected(batch.kind()));
+            return Err(Error::backend(InjectedFault { kind: batch.kind() }));
         }
         self.inner.commit(batch).await
     }

@@ -17,6 +17,7 @@ use ::sled::IVec;
 use super::{Batch, Entry, Error, Store, Tree};
 
 mod database;
+mod error;
 mod flusher;
 mod keyspace;
 mod open;
@@ -24,6 +25,8 @@ mod syncer;
 mod writes;
 
 use database::{Shared, State};
+use error::io_error;
+pub use error::SledError;
 use flusher::GroupFlusher;
 use keyspace::{logical_key, stored_key};
 pub use open::{Durability, SledStoreBuilder};
@@ -177,7 +180,7 @@ impl SledStore {
         match (self.shared.open(), &self.path) {
             (Ok(open), _) => Ok(open.db.size_on_disk()?),
             // Closed: what the directory holds is still a fair answer.
-            (Err(_), Some(path)) => Ok(directory_size(path)?),
+            (Err(_), Some(path)) => directory_size(path).map_err(io_error),
             (Err(error), None) => Err(error),
         }
     }
@@ -199,7 +202,7 @@ impl SledStore {
                     Ok(handle) => handle
                         .spawn_blocking(work)
                         .await
-                        .map_err(|e| Error::Io(io::Error::other(format!("commit task: {e}"))))?,
+                        .map_err(|e| io_error(io::Error::other(format!("commit task: {e}"))))?,
                     // Not inside a tokio runtime: work on this thread.
                     Err(_) => work(),
                 }

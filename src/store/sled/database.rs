@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::{MappedRwLockReadGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
+use super::error::{io_error, SledError};
 use super::keyspace::RECORDS;
 use super::open::{open_db, refuse_old_layout, Durability};
 use super::syncer::Syncer;
@@ -104,7 +105,7 @@ impl Shared {
             refuse_old_layout(&db)?;
             let records = db.open_tree(RECORDS)?;
             let syncer = match (&self.path, self.durability) {
-                (Some(path), Durability::PowerLoss) => Some(Syncer::open(path)?),
+                (Some(path), Durability::PowerLoss) => Some(Syncer::open(path).map_err(io_error)?),
                 _ => None,
             };
             Ok(Open {
@@ -121,9 +122,11 @@ impl Shared {
     /// into [`Error::StorageFull`]. sled hands out copies of its I/O errors that keep the
     /// error's kind but not its OS error number, so the kind is what tells.
     fn classify(&self, error: Error) -> Error {
-        let kind = match &error {
-            Error::Sled(::sled::Error::Io(e)) | Error::Io(e) => e.kind(),
-            _ => return error,
+        let Some(kind) = error
+            .downcast_ref::<SledError>()
+            .and_then(SledError::io_kind)
+        else {
+            return error;
         };
         match kind {
             io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded => Error::StorageFull {
@@ -167,7 +170,10 @@ impl Shared {
             }
         };
         let (error, generation) = failed;
-        if matches!(error, Error::Sled(::sled::Error::Io(_))) {
+        if matches!(
+            error.downcast_ref::<SledError>(),
+            Some(SledError::Sled(::sled::Error::Io(_)))
+        ) {
             self.replace_failed(generation);
         }
         Err(self.classify(error))
@@ -258,11 +264,11 @@ impl Shared {
     fn flush_durable(&self, open: &Open) -> Result<(), Error> {
         #[cfg(test)]
         if self.fail_flushes.load(Ordering::SeqCst) {
-            return Err(Error::Io(io::Error::other("injected flush failure")));
+            return Err(io_error(io::Error::other("injected flush failure")));
         }
         open.db.flush()?;
         if let Some(syncer) = &open.syncer {
-            syncer.sync()?;
+            syncer.sync().map_err(io_error)?;
         }
         self.flushes.fetch_add(1, Ordering::Relaxed);
         Ok(())

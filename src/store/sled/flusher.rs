@@ -2,7 +2,6 @@
 //! batch queued so far as one group, does one flush for all of them, and wakes their
 //! committers.
 
-use std::io;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
@@ -10,22 +9,25 @@ use parking_lot::{Condvar, Mutex};
 use tokio::sync::oneshot;
 
 use super::database::Shared;
+use super::error::{io_error, SledError};
 use super::writes::SledWrites;
 use crate::store::Error;
 
 /// Duplicates an error for every commit that waited on the same failed flush.
 fn duplicate(error: &Error) -> Error {
     match error {
-        Error::Sled(e) => Error::Sled(e.clone()),
-        Error::Io(e) => Error::Io(io::Error::new(e.kind(), e.to_string())),
+        Error::Backend(backend) => match backend.downcast_ref::<SledError>() {
+            Some(sled) => sled.duplicate().into(),
+            // Only the sled backend's own errors come out of a flush; should another, its text
+            // is kept.
+            None => Error::backend(backend.to_string()),
+        },
         Error::StorageFull { path, kind } => Error::StorageFull {
             path: path.clone(),
             kind: *kind,
         },
         Error::Locked { path } => Error::Locked { path: path.clone() },
         Error::Closed => Error::Closed,
-        Error::OldLayout { tree } => Error::OldLayout { tree: tree.clone() },
-        Error::Injected(kind) => Error::Injected(*kind),
     }
 }
 
@@ -70,7 +72,8 @@ impl GroupFlusher {
         let thread_queue = Arc::clone(&queue);
         let thread = std::thread::Builder::new()
             .name("dormant-store-flusher".into())
-            .spawn(move || run_flusher(&shared, &thread_queue))?;
+            .spawn(move || run_flusher(&shared, &thread_queue))
+            .map_err(io_error)?;
         Ok(Self {
             queue,
             thread: Some(thread),

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::database::Shared;
+use super::error::{io_error, SledError};
 use super::flusher::GroupFlusher;
 use super::keyspace::RECORDS;
 use super::SledStore;
@@ -171,7 +172,7 @@ pub(super) fn open_db(config: &::sled::Config, path: Option<&Path>) -> Result<::
             // sled opens, a temporary store's too.
             Err(error @ ::sled::Error::Corruption { .. }) if !cleared_snapshots => {
                 cleared_snapshots = true;
-                if remove_unfinished_snapshots(&config.get_path())? == 0 {
+                if remove_unfinished_snapshots(&config.get_path()).map_err(io_error)? == 0 {
                     return Err(error.into());
                 }
             }
@@ -211,7 +212,7 @@ pub(super) fn open_db(config: &::sled::Config, path: Option<&Path>) -> Result<::
 /// lock in the moment between that failure and this removal, and writes its own snapshot of
 /// the same name, would lose it and fail its open: a far narrower race than the wedged store
 /// this replaces.
-fn remove_unfinished_snapshots(dir: &Path) -> Result<usize, Error> {
+fn remove_unfinished_snapshots(dir: &Path) -> io::Result<usize> {
     let mut removed = 0;
     for entry in std::fs::read_dir(dir)? {
         let entry = entry?;
@@ -221,7 +222,7 @@ fn remove_unfinished_snapshots(dir: &Path) -> Result<usize, Error> {
             match std::fs::remove_file(entry.path()) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-                Err(e) => return Err(e.into()),
+                Err(e) => return Err(e),
             }
             tracing::warn!(file = %entry.path().display(), "store: removed a snapshot sled never finished writing (a full disk, say)");
             removed += 1;
@@ -240,9 +241,10 @@ pub(super) fn refuse_old_layout(db: &::sled::Db) -> Result<(), Error> {
             continue;
         }
         if !db.open_tree(&name)?.is_empty() {
-            return Err(Error::OldLayout {
+            return Err(SledError::OldLayout {
                 tree: String::from_utf8_lossy(&name).into_owned(),
-            });
+            }
+            .into());
         }
     }
     Ok(())

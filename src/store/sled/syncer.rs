@@ -11,7 +11,6 @@ use parking_lot::Mutex;
 
 #[cfg(doc)]
 use super::open::Durability;
-use crate::store::Error;
 
 /// The `fdatasync` half of [`Durability::PowerLoss`].
 pub(super) struct Syncer {
@@ -24,7 +23,7 @@ pub(super) struct Syncer {
 
 impl Syncer {
     /// Opens sled's data file and makes the directory entries sled just created durable.
-    pub(super) fn open(dir: &Path) -> Result<Self, Error> {
+    pub(super) fn open(dir: &Path) -> io::Result<Self> {
         // `write(true)` without create or truncate: some platforms need write access to sync.
         let data = OpenOptions::new().write(true).open(dir.join("db"))?;
         data.sync_data()?;
@@ -50,14 +49,14 @@ impl Syncer {
         })
     }
 
-    pub(super) fn sync(&self) -> Result<(), Error> {
+    pub(super) fn sync(&self) -> io::Result<()> {
         self.sync_blobs()?;
         self.data.sync_data()?;
         Ok(())
     }
 
     /// Syncs every blob file not synced yet, then the blob directory if any was new.
-    fn sync_blobs(&self) -> Result<(), Error> {
+    fn sync_blobs(&self) -> io::Result<()> {
         let mut synced = self.synced_blobs.lock();
         let mut present = HashSet::with_capacity(synced.len());
         let mut any_new = false;
@@ -68,7 +67,7 @@ impl Syncer {
                     Ok(file) => file.sync_data()?,
                     // Garbage-collected by sled in the meantime.
                     Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-                    Err(e) => return Err(e.into()),
+                    Err(e) => return Err(e),
                 }
                 any_new = true;
             }

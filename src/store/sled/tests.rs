@@ -277,7 +277,10 @@ fn a_store_of_an_earlier_layout_is_refused_with_the_tree_it_has() -> Result<(), 
             db.flush()?;
         }
         match SledStore::open(dir.path()) {
-            Err(Error::OldLayout { tree }) => assert_eq!(tree, old_tree),
+            Err(error) => match error.downcast_ref::<SledError>() {
+                Some(SledError::OldLayout { tree }) => assert_eq!(tree, old_tree),
+                _ => panic!("expected the old layout to be refused, got {error:?}"),
+            },
             other => panic!("expected the old layout to be refused, got {other:?}"),
         }
     }
@@ -380,7 +383,10 @@ async fn a_failed_flush_fails_every_commit_waiting_on_it() -> Result<(), anyhow:
         }
         while let Some(joined) = tasks.join_next().await {
             let err = joined?.expect_err("a commit was acknowledged without a flush");
-            assert!(matches!(err, Error::Io(_)), "{err}");
+            assert!(
+                matches!(err.downcast_ref::<SledError>(), Some(SledError::Io(_))),
+                "{err}"
+            );
         }
         assert!(store.flush().await.is_err());
         assert_eq!(store.flush_count(), 0);
