@@ -188,7 +188,8 @@ async fn fan_out(quick: bool) -> anyhow::Result<()> {
     let rss_suspended = rss::rss_bytes()?;
     let resident_suspended = runtime.stats().host.resident;
     let suspended = runtime
-        .children(&root)?
+        .children(&root)
+        .await?
         .iter()
         .filter(|call| matches!(call.state, ChildState::Suspended { .. }))
         .count();
@@ -386,13 +387,13 @@ async fn recovery(quick: bool) -> anyhow::Result<()> {
             });
             let deadline = Instant::now() + Duration::from_secs(120);
             loop {
-                let running = runtime.children(&parent).map_or(0, |calls| {
+                let running = runtime.children(&parent).await.map_or(0, |calls| {
                     calls
                         .iter()
                         .filter(|call| call.state == ChildState::Running)
                         .count()
                 });
-                let started = runtime.session_ids()?.len().saturating_sub(1);
+                let started = runtime.session_ids().await?.len().saturating_sub(1);
                 if running == children && started == children {
                     break;
                 }
@@ -411,7 +412,7 @@ async fn recovery(quick: bool) -> anyhow::Result<()> {
             hanging(children),
             inspection_ms,
         )?;
-        anyhow::ensure!(runtime.status(&parent)? == Status::Running);
+        anyhow::ensure!(runtime.status(&parent).await? == Status::Running);
         let mut resumed = Vec::new();
         if busy {
             for i in 0..children {
@@ -425,7 +426,7 @@ async fn recovery(quick: bool) -> anyhow::Result<()> {
                 let mut started = 0;
                 for i in 0..children {
                     let child = parent.ephemeral_child(&delegate_id(i));
-                    if runtime.session(&child)?.run_count >= 2 {
+                    if runtime.session(&child).await?.run_count >= 2 {
                         started += 1;
                     }
                 }
@@ -443,7 +444,7 @@ async fn recovery(quick: bool) -> anyhow::Result<()> {
         runtime.wait_settled(&parent).await;
         let settled = started.elapsed();
         let reconciled = runtime.stats().reconciled_children;
-        let calls = runtime.children(&parent)?;
+        let calls = runtime.children(&parent).await?;
         let still_running = calls
             .iter()
             .filter(|call| call.state == ChildState::Running)

@@ -249,7 +249,8 @@ async fn expired_scan(quick: bool) -> anyhow::Result<()> {
             store.commit(batch).await?;
         }
         let runtime = runtime_on(Arc::clone(&store), Vec::new())?;
-        let (first, best) = time_expired_passes(&runtime, EXPIRED, if quick { 3 } else { 10 })?;
+        let (first, best) =
+            time_expired_passes(&runtime, EXPIRED, if quick { 3 } else { 10 }).await?;
         println!(
             "| {size} | {EXPIRED} | {:.1} | {:.1} | {:.0} |",
             first.as_secs_f64() * 1e6,
@@ -269,7 +270,7 @@ async fn expired_scan(quick: bool) -> anyhow::Result<()> {
 /// next works off a bounded amount at a time, and a sled batch pins once for all its writes.
 /// Right after a million inserts that debt made thousands of calls up to 50x slower, growing
 /// with the number of entries just written, not with the index. Later passes show the scan.
-fn time_expired_passes(
+async fn time_expired_passes(
     runtime: &Runtime,
     expired: usize,
     max_passes: usize,
@@ -280,7 +281,7 @@ fn time_expired_passes(
     while passes.len() < max_passes && (passes.is_empty() || Instant::now() < until) {
         let started = Instant::now();
         for _ in 0..CALLS {
-            anyhow::ensure!(runtime.find_expired_pending(5_000)?.len() == expired);
+            anyhow::ensure!(runtime.find_expired_pending(5_000).await?.len() == expired);
         }
         passes.push(started.elapsed() / CALLS);
     }

@@ -150,12 +150,12 @@ fn print_latency(label: &str, histogram: &Histogram<u64>) {
 }
 
 /// Times the store reads of a session: its record and its messages.
-fn time_loads(runtime: &Runtime, ids: &[SessionId]) -> anyhow::Result<Histogram<u64>> {
+async fn time_loads(runtime: &Runtime, ids: &[SessionId]) -> anyhow::Result<Histogram<u64>> {
     let mut loads = histogram()?;
     for id in ids {
         let start = Instant::now();
-        let snapshot = runtime.session(id)?;
-        let messages = runtime.messages(id)?;
+        let snapshot = runtime.session(id).await?;
+        let messages = runtime.messages(id).await?;
         record(&mut loads, start);
         anyhow::ensure!(
             messages.len() >= 20 && snapshot.status == Status::Completed,
@@ -213,8 +213,8 @@ async fn measure_rehydration(
 ) -> anyhow::Result<()> {
     let runtime = build_runtime(Arc::clone(store), REHYDRATE_STEPS, 2, None)?;
     let (load_ids, turn_ids) = ids.split_at(ids.len() / 2);
-    let cold_loads = time_loads(&runtime, load_ids)?;
-    let warm_loads = time_loads(&runtime, load_ids)?;
+    let cold_loads = time_loads(&runtime, load_ids).await?;
+    let warm_loads = time_loads(&runtime, load_ids).await?;
     let mut evicted = histogram()?;
     let mut resident = histogram()?;
     for id in turn_ids {

@@ -256,15 +256,19 @@ impl VirtualActor for SessionActor {
     }
 
     fn failed(&self, host: &Host<Self>, id: &SessionId, error: &dormant_actors::Error) {
-        // The parent of a child that keeps crashing records that as the tool's error.
-        if let Ok(Some(record)) = schema::load_record(self.shared.store.as_ref(), id) {
-            if let (Some(parent), Some(call)) = (record.parent, record.parent_call) {
-                let why = crate::ToolErrorCode::SubAgentFailed
-                    .with(format_args!("child {id} failed: {error}"));
-                let transition = Session::cannot_start(&parent, call, why);
-                send_reports(host, transition.effects);
+        // The parent of a child that keeps crashing records that as the tool's error. The
+        // callback is synchronous and the store's reads are not: a task reads the lineage.
+        let (shared, host, id) = (Arc::clone(&self.shared), host.clone(), id.clone());
+        let why =
+            crate::ToolErrorCode::SubAgentFailed.with(format_args!("child {id} failed: {error}"));
+        tokio::spawn(async move {
+            if let Ok(Some(record)) = schema::load_record(shared.store.as_ref(), &id).await {
+                if let (Some(parent), Some(call)) = (record.parent, record.parent_call) {
+                    let transition = Session::cannot_start(&parent, call, why);
+                    send_reports(&host, transition.effects);
+                }
             }
-        }
+        });
     }
 
     fn passivated(&self, id: &SessionId) {
@@ -321,9 +325,9 @@ pub(crate) fn host_error(error: dormant_actors::Error) -> Error {
 
 impl SessionActor {
     /// Reads a session back from the store.
-    fn load(&self, id: &SessionId) -> Result<Loaded, Error> {
+    async fn load(&self, id: &SessionId) -> Result<Loaded, Error> {
         let store = self.shared.store.as_ref();
-        let Some(record) = schema::load_record(store, id)? else {
+        let Some(record) = schema::load_record(store, id).await? else {
             return Ok(Loaded::Absent);
         };
         let agent = self
@@ -333,14 +337,14 @@ impl SessionActor {
             .map(|agent| Arc::clone(agent.value()))
             .ok_or_else(|| Error::UnknownAgent(record.agent.clone()))?;
         let run = match record.current_run {
-            Some(_) => schema::load_run(store, id, record.run_count)?,
+            Some(_) => schema::load_run(store, id, record.run_count).await?,
             None => None,
         };
         let stored = Stored {
             run,
-            pending: schema::load_pending(store, id)?,
-            children: schema::load_children(store, id)?,
-            companions: schema::load_companions(store, id)?,
+            pending: schema::load_pending(store, id).await?,
+            children: schema::load_children(store, id).await?,
+            companions: schema::load_companions(store, id).await?,
         };
         let policy = Arc::clone(&self.shared.policy);
         Ok(Loaded::Present(Box::new(Session::restore(
@@ -352,7 +356,7 @@ impl SessionActor {
     /// no live actor drives (a crash cut it, or a commit of this actor failed) is closed as
     /// interrupted, and its cut calls are dealt with by the at-most-once rule when it goes on.
     pub(super) async fn load_recovered(&self, id: &SessionId) -> Result<Loaded, Error> {
-        let mut loaded = self.load(id)?;
+        let mut loaded = self.load(id).await?;
         if let Loaded::Present(session) = &mut loaded {
             let now = self.shared.clock.now_ms();
             let recovery = session.apply(Input::Recover, now)?;
@@ -380,9 +384,10 @@ impl SessionActor {
     }
 
     /// Loads the conversation if `input` may read it (an idle session keeps it on disk).
-    fn prepare(&self, session: &mut Session, input: &Input) -> Result<(), Error> {
+    async fn prepare(&self, session: &mut Session, input: &Input) -> Result<(), Error> {
         if input.needs_conversation() && session.needs_messages() {
-            let messages = schema::load_conversation(self.shared.store.as_ref(), session.record())?;
+            let messages =
+                schema::load_conversation(self.shared.store.as_ref(), session.record()).await?;
             session.attach_messages(messages);
         }
         Ok(())
@@ -419,9 +424,10 @@ impl SessionActor {
         let Loaded::Present(session) = &mut state.loaded else {
             return;
         };
-        let applied = self
-            .prepare(session, &input)
-            .and_then(|()| session.apply(input, now));
+        let applied = match self.prepare(session, &input).await {
+            Ok(()) => session.apply(input, now),
+            Err(error) => Err(error),
+        };
         match applied {
             Ok(transition) => {
                 state.waiters.extend(reply);
@@ -452,9 +458,10 @@ impl SessionActor {
                 return;
             }
         };
-        let applied = self
-            .prepare(session, &input)
-            .and_then(|()| session.apply(input, now));
+        let applied = match self.prepare(session, &input).await {
+            Ok(()) => session.apply(input, now),
+            Err(error) => Err(error),
+        };
         match applied {
             Ok(transition) => {
                 let _ = self.perform(ctx, state, transition).await;
@@ -481,7 +488,7 @@ impl SessionActor {
         } else {
             Input::Interrupt
         };
-        self.prepare(session, &input)?;
+        self.prepare(session, &input).await?;
         let mut transition = session.apply(input, now)?;
         session.release_messages();
         let mut stopped = Vec::new();

@@ -54,7 +54,7 @@
 //!     .build()?;
 //! let outcome = runtime.execute("clerk", "any tea?").await?;
 //! assert_eq!(outcome.status, Status::Completed);
-//! assert_eq!(runtime.messages(&outcome.session_id)?.len(), 4);
+//! assert_eq!(runtime.messages(&outcome.session_id).await?.len(), 4);
 //! runtime.shutdown().await?;
 //! # Ok(()) }
 //! ```
@@ -86,6 +86,8 @@ pub mod store;
 pub mod stream;
 pub mod submit;
 pub mod tool_error;
+#[cfg(test)]
+mod wait;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use definition::{

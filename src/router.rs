@@ -12,13 +12,13 @@ use crate::submit::{self, SubmitOutcome};
 /// The session that owns call `call` under `root`, or the outcome to answer at once: the root
 /// must be a root (a sub-agent's id is `invalid_request`), and a call that is not pending is
 /// answered from its tombstone.
-pub(crate) fn owner(
+pub(crate) async fn owner(
     shared: &Shared,
     root: &SessionId,
     call: &str,
 ) -> Result<Result<SessionId, SubmitOutcome>, Error> {
     let store = shared.store.as_ref();
-    let Some(lineage) = schema::load_lineage(store, root)? else {
+    let Some(lineage) = schema::load_lineage(store, root).await? else {
         return Ok(Err(SubmitOutcome::UnknownToolCall));
     };
     if lineage.parent.is_some() {
@@ -29,14 +29,14 @@ pub(crate) fn owner(
             ),
         }));
     }
-    if let Some(owner) = schema::owner(store, root, call)? {
+    if let Some(owner) = schema::owner(store, root, call).await? {
         return Ok(Ok(owner));
     }
     // A root's own calls have no ownership entry: their pending entry is the proof.
-    if schema::has_pending(store, root, call)? {
+    if schema::has_pending(store, root, call).await? {
         return Ok(Ok(root.clone()));
     }
-    let outcome = settled_outcome(shared, root, call)?;
+    let outcome = settled_outcome(shared, root, call).await?;
     if outcome == SubmitOutcome::UnknownToolCall {
         tracing::warn!(session = %root, tool_call_id = %call, "client_tool.submit_unknown");
     }
@@ -44,12 +44,12 @@ pub(crate) fn owner(
 }
 
 /// The answer for a call of `root` that is not pending (anymore), by its tombstone.
-pub(crate) fn settled_outcome(
+pub(crate) async fn settled_outcome(
     shared: &Shared,
     root: &SessionId,
     call: &str,
 ) -> Result<SubmitOutcome, Error> {
-    let completed_at = schema::tombstone(shared.store.as_ref(), root, call)?;
+    let completed_at = schema::tombstone(shared.store.as_ref(), root, call).await?;
     let now = shared.clock.now_ms();
     Ok(submit::settled(
         completed_at,

@@ -200,7 +200,7 @@ impl Runtime {
             Ok(checked) => checked,
             Err(outcome) => return Ok(outcome),
         };
-        let owner = match router::owner(&self.inner.shared, &root, &tool_call_id)? {
+        let owner = match router::owner(&self.inner.shared, &root, &tool_call_id).await? {
             Ok(owner) => owner,
             Err(outcome) => return Ok(outcome),
         };
@@ -240,7 +240,7 @@ impl Runtime {
     /// [`Error::UnknownSession`], [`Error::Aborted`], [`Error::NotResumable`] for a session
     /// whose last run completed or failed, a store failure.
     pub async fn resume(&self, id: &SessionId) -> Result<RunOutcome, Error> {
-        self.session(id)?;
+        self.session(id).await?;
         let (reply, answer) = oneshot::channel();
         self.inner
             .host
@@ -285,8 +285,8 @@ impl Runtime {
         }
         // A session stored as running with no actor here was cut by a crash: activating it
         // closes that run as interrupted, which is the settled state it is waiting for.
-        let cut_by_crash = || matches!(self.status(id), Ok(Status::Running));
-        if !self.inner.host.is_resident(id) && !cut_by_crash() {
+        if !self.inner.host.is_resident(id) && !matches!(self.status(id).await, Ok(Status::Running))
+        {
             return;
         }
         let (reply, settled) = oneshot::channel();
@@ -316,17 +316,18 @@ impl Runtime {
     ///
     /// # Errors
     /// A store failure.
-    pub fn find_expired_pending(&self, now: u64) -> Result<Vec<ExpiredCall>, Error> {
-        self.read(|store| schema::expired_calls(store, now, usize::MAX))
+    pub async fn find_expired_pending(&self, now: u64) -> Result<Vec<ExpiredCall>, Error> {
+        self.ensure_open()?;
+        self.read(schema::expired_calls(self.store(), now, usize::MAX).await)
     }
 
     /// The session's pending calls (waiting, or answered and waiting for a resume).
     ///
     /// # Errors
     /// As [`Runtime::session`].
-    pub fn pending(&self, id: &SessionId) -> Result<Vec<PendingCall>, Error> {
-        self.session(id)?;
-        let mut calls = self.read(|store| schema::load_pending(store, id))?;
+    pub async fn pending(&self, id: &SessionId) -> Result<Vec<PendingCall>, Error> {
+        self.session(id).await?;
+        let mut calls = self.read(schema::load_pending(self.store(), id).await)?;
         calls.sort_by_key(|call| call.position);
         Ok(calls)
     }
@@ -336,9 +337,9 @@ impl Runtime {
     ///
     /// # Errors
     /// As [`Runtime::session`].
-    pub fn children(&self, id: &SessionId) -> Result<Vec<ChildCall>, Error> {
-        self.session(id)?;
-        let mut calls = self.read(|store| schema::load_children(store, id))?;
+    pub async fn children(&self, id: &SessionId) -> Result<Vec<ChildCall>, Error> {
+        self.session(id).await?;
+        let mut calls = self.read(schema::load_children(self.store(), id).await)?;
         calls.sort_by_key(|call| call.position);
         Ok(calls)
     }
@@ -348,9 +349,10 @@ impl Runtime {
     ///
     /// # Errors
     /// As [`Runtime::session`].
-    pub fn companions(&self, id: &SessionId) -> Result<Vec<Companion>, Error> {
-        let companions = self.read(|store| schema::load_companions(store, id))?;
-        self.require_session_if(companions.is_empty(), id)?;
+    pub async fn companions(&self, id: &SessionId) -> Result<Vec<Companion>, Error> {
+        self.ensure_open()?;
+        let companions = self.read(schema::load_companions(self.store(), id).await)?;
+        self.require_session_if(companions.is_empty(), id).await?;
         Ok(companions)
     }
 
@@ -363,8 +365,9 @@ impl Runtime {
     ///
     /// # Errors
     /// [`Error::UnknownSession`], or a typed error if the stored record is unreadable.
-    pub fn session(&self, id: &SessionId) -> Result<SessionRecord, Error> {
-        self.read(|store| schema::load_record(store, id))?
+    pub async fn session(&self, id: &SessionId) -> Result<SessionRecord, Error> {
+        self.ensure_open()?;
+        self.read(schema::load_record(self.store(), id).await)?
             .ok_or_else(|| Error::UnknownSession(id.clone()))
     }
 
@@ -373,11 +376,11 @@ impl Runtime {
     /// snapshot with them), so only an empty answer costs the check: a read of the snapshot
     /// (one key, often on another page than the log), not of the current record (a reverse
     /// scan of the log).
-    fn require_session_if(&self, found_nothing: bool, id: &SessionId) -> Result<(), Error> {
+    async fn require_session_if(&self, found_nothing: bool, id: &SessionId) -> Result<(), Error> {
         if !found_nothing {
             return Ok(());
         }
-        match self.read(|store| schema::load_lineage(store, id))? {
+        match self.read(schema::load_lineage(self.store(), id).await)? {
             Some(_) => Ok(()),
             None => Err(Error::UnknownSession(id.clone())),
         }
@@ -387,25 +390,27 @@ impl Runtime {
     ///
     /// # Errors
     /// A store failure, or a stored key that is not a session id.
-    pub fn session_ids(&self) -> Result<Vec<SessionId>, Error> {
-        self.read(schema::list_sessions)
+    pub async fn session_ids(&self) -> Result<Vec<SessionId>, Error> {
+        self.ensure_open()?;
+        self.read(schema::list_sessions(self.store()).await)
     }
 
     /// The session's status.
     ///
     /// # Errors
     /// As [`Runtime::session`].
-    pub fn status(&self, id: &SessionId) -> Result<Status, Error> {
-        Ok(self.session(id)?.status)
+    pub async fn status(&self, id: &SessionId) -> Result<Status, Error> {
+        Ok(self.session(id).await?.status)
     }
 
     /// The session's conversation, in order.
     ///
     /// # Errors
     /// As [`Runtime::session`].
-    pub fn messages(&self, id: &SessionId) -> Result<Vec<Message>, Error> {
-        let messages = self.read(|store| schema::load_messages(store, id))?;
-        self.require_session_if(messages.is_empty(), id)?;
+    pub async fn messages(&self, id: &SessionId) -> Result<Vec<Message>, Error> {
+        self.ensure_open()?;
+        let messages = self.read(schema::load_messages(self.store(), id).await)?;
+        self.require_session_if(messages.is_empty(), id).await?;
         Ok(messages)
     }
 
@@ -413,9 +418,10 @@ impl Runtime {
     ///
     /// # Errors
     /// As [`Runtime::session`].
-    pub fn runs(&self, id: &SessionId) -> Result<Vec<RunRecord>, Error> {
-        let runs = self.read(|store| schema::load_runs(store, id))?;
-        self.require_session_if(runs.is_empty(), id)?;
+    pub async fn runs(&self, id: &SessionId) -> Result<Vec<RunRecord>, Error> {
+        self.ensure_open()?;
+        let runs = self.read(schema::load_runs(self.store(), id).await)?;
+        self.require_session_if(runs.is_empty(), id).await?;
         Ok(runs)
     }
 
@@ -423,9 +429,10 @@ impl Runtime {
     ///
     /// # Errors
     /// As [`Runtime::session`].
-    pub fn chunks(&self, id: &SessionId, from: u64) -> Result<Vec<Chunk>, Error> {
-        let chunks = self.read(|store| schema::load_chunks(store, id, from))?;
-        self.require_session_if(chunks.is_empty(), id)?;
+    pub async fn chunks(&self, id: &SessionId, from: u64) -> Result<Vec<Chunk>, Error> {
+        self.ensure_open()?;
+        let chunks = self.read(schema::load_chunks(self.store(), id, from).await)?;
+        self.require_session_if(chunks.is_empty(), id).await?;
         Ok(chunks)
     }
 
@@ -499,8 +506,14 @@ impl Runtime {
     ///
     /// # Errors
     /// A store failure.
-    pub fn store_size_on_disk(&self) -> Result<u64, Error> {
-        self.read(|store| Ok(store.size_on_disk()?))
+    pub async fn store_size_on_disk(&self) -> Result<u64, Error> {
+        self.ensure_open()?;
+        self.read(
+            self.store()
+                .size_on_disk()
+                .await
+                .map_err(schema::Error::from),
+        )
     }
 
     /// Stops every session actor, then flushes and closes the store (so its directory can be
@@ -575,14 +588,14 @@ impl Runtime {
         Ok(())
     }
 
-    /// Reads the store, unless the runtime is shut down (a store that closes under the read
-    /// answers `ShutDown` too).
-    fn read<T>(
-        &self,
-        read: impl FnOnce(&dyn crate::store::Store) -> Result<T, schema::Error>,
-    ) -> Result<T, Error> {
-        self.ensure_open()?;
-        read(self.inner.shared.store.as_ref()).map_err(|error| match Error::from(error) {
+    /// The store the runtime reads.
+    fn store(&self) -> &dyn crate::store::Store {
+        self.inner.shared.store.as_ref()
+    }
+
+    /// A read's result: a store that closed under it (a shutdown began) answers `ShutDown`.
+    fn read<T>(&self, read: Result<T, schema::Error>) -> Result<T, Error> {
+        read.map_err(|error| match Error::from(error) {
             Error::Store(crate::store::Error::Closed) if self.inner.is_closing() => Error::ShutDown,
             other => other,
         })

@@ -118,7 +118,7 @@ impl DeadlineScheduler {
     /// At start it arms the timer from the durable index, so overdue deadlines fire first.
     pub(crate) async fn run(self, mut requests: mpsc::UnboundedReceiver<SchedulerMsg>) {
         let mut timer = Timer::default();
-        self.rearm(&mut timer);
+        self.rearm(&mut timer).await;
         loop {
             let sleep = timer.wake_at.map(|at| self.delay_until(at));
             let msg = tokio::select! {
@@ -140,7 +140,7 @@ impl DeadlineScheduler {
                     if let Err(error) = &report {
                         tracing::error!(%error, "deadline.sweep_failed");
                     }
-                    self.rearm(&mut timer);
+                    self.rearm(&mut timer).await;
                     if let Some(reply) = reply {
                         let _ = reply.send(report);
                     }
@@ -155,11 +155,11 @@ impl DeadlineScheduler {
     }
 
     /// Arms the timer for the earliest deadline in the durable index.
-    fn rearm(&self, timer: &mut Timer) {
+    async fn rearm(&self, timer: &mut Timer) {
         if !self.background {
             return;
         }
-        match schema::next_deadline(self.shared.store.as_ref()) {
+        match schema::next_deadline(self.shared.store.as_ref()).await {
             Ok(next) => timer.wake_at = next,
             Err(error) => tracing::error!(%error, "deadline.rearm_failed"),
         }
@@ -174,7 +174,7 @@ impl DeadlineScheduler {
         let mut seen = HashSet::new();
         let mut touched: HashSet<SessionId> = HashSet::new();
         loop {
-            let expired = schema::expired_calls(store, now, SWEEP_BATCH)?;
+            let expired = schema::expired_calls(store, now, SWEEP_BATCH).await?;
             let fresh: Vec<_> = expired
                 .iter()
                 .filter(|call| seen.insert((call.session.clone(), call.tool_call_id.clone())))
@@ -239,7 +239,8 @@ impl DeadlineScheduler {
                 now,
                 self.shared.tombstone_retention_ms,
                 REAP_BATCH,
-            )?;
+            )
+            .await?;
             if !reap.batch.is_empty() {
                 self.shared.store.commit(reap.batch).await?;
             }

@@ -320,18 +320,22 @@ impl Commit {
 /// first commit if no log entry carries one. The log is read first: the first commit writes
 /// the snapshot and a log entry together, so a session with an entry exists, and the usual
 /// load costs one read.
-pub(crate) fn load_record(
+pub(crate) async fn load_record(
     store: &dyn Store,
     session: &SessionId,
 ) -> Result<Option<SessionRecord>, Error> {
-    for (_, bytes) in store.scan_prefix_rev(Tree::Log, &prefix(session), 1)? {
+    for (_, bytes) in store
+        .scan_prefix_rev(Tree::Log, &prefix(session), 1)
+        .await?
+    {
         let records: Vec<SessionRecord> = decode_section(session, &bytes, Section::Record)?;
         if let Some(record) = records.into_iter().next_back() {
             return Ok(Some(record));
         }
     }
     store
-        .get(Tree::Sessions, &session_key(session))?
+        .get(Tree::Sessions, &session_key(session))
+        .await?
         .map(|bytes| decode(session, Tree::Sessions, &bytes))
         .transpose()
 }
@@ -347,32 +351,35 @@ pub(crate) struct Lineage {
 }
 
 /// Reads a session's [`Lineage`], if the session exists.
-pub(crate) fn load_lineage(
+pub(crate) async fn load_lineage(
     store: &dyn Store,
     session: &SessionId,
 ) -> Result<Option<Lineage>, Error> {
     store
-        .get(Tree::Sessions, &session_key(session))?
+        .get(Tree::Sessions, &session_key(session))
+        .await?
         .map(|bytes| decode(session, Tree::Sessions, &bytes))
         .transpose()
 }
 
-fn load_all<T: DeserializeOwned>(
+async fn load_all<T: DeserializeOwned>(
     store: &dyn Store,
     session: &SessionId,
     tree: Tree,
 ) -> Result<Vec<T>, Error> {
     store
-        .scan_prefix(tree, &prefix(session))?
+        .scan_prefix(tree, &prefix(session))
+        .await?
         .iter()
         .map(|(_, bytes)| decode(session, tree, bytes))
         .collect()
 }
 
 /// Every stored session id, in key order.
-pub(crate) fn list_sessions(store: &dyn Store) -> Result<Vec<SessionId>, Error> {
+pub(crate) async fn list_sessions(store: &dyn Store) -> Result<Vec<SessionId>, Error> {
     store
-        .scan_prefix(Tree::Sessions, &[])?
+        .scan_prefix(Tree::Sessions, &[])
+        .await?
         .into_iter()
         .map(|(key, _)| {
             let text = String::from_utf8_lossy(&key).into_owned();
@@ -505,24 +512,33 @@ fn corrupt_log(session: &SessionId, error: rmp_serde::decode::Error) -> Error {
 }
 
 /// Every message of `session`, with its sequence number, in commit order.
-fn load_log_messages(store: &dyn Store, session: &SessionId) -> Result<Vec<(u64, Message)>, Error> {
+async fn load_log_messages(
+    store: &dyn Store,
+    session: &SessionId,
+) -> Result<Vec<(u64, Message)>, Error> {
     let mut messages = Vec::new();
-    for (_, bytes) in store.scan_prefix(Tree::Log, &prefix(session))? {
+    for (_, bytes) in store.scan_prefix(Tree::Log, &prefix(session)).await? {
         messages.extend(decode_messages(session, &bytes)?);
     }
     Ok(messages)
 }
 
 /// Reads a session's messages in order.
-pub(crate) fn load_messages(store: &dyn Store, session: &SessionId) -> Result<Vec<Message>, Error> {
-    let messages = load_log_messages(store, session)?;
+pub(crate) async fn load_messages(
+    store: &dyn Store,
+    session: &SessionId,
+) -> Result<Vec<Message>, Error> {
+    let messages = load_log_messages(store, session).await?;
     Ok(messages.into_iter().map(|(_, message)| message).collect())
 }
 
 /// Reads a session's run records in turn order (each as last written).
-pub(crate) fn load_runs(store: &dyn Store, session: &SessionId) -> Result<Vec<RunRecord>, Error> {
+pub(crate) async fn load_runs(
+    store: &dyn Store,
+    session: &SessionId,
+) -> Result<Vec<RunRecord>, Error> {
     let mut runs = std::collections::BTreeMap::new();
-    for (_, bytes) in store.scan_prefix(Tree::Log, &prefix(session))? {
+    for (_, bytes) in store.scan_prefix(Tree::Log, &prefix(session)).await? {
         for run in decode_section::<RunRecord>(session, &bytes, Section::Runs)? {
             runs.insert(run.turn, run);
         }
@@ -536,25 +552,29 @@ pub(crate) fn load_runs(store: &dyn Store, session: &SessionId) -> Result<Vec<Ru
 const RECENT_LOG_ENTRIES: usize = 8;
 
 /// Reads one run record (as last written).
-pub(crate) fn load_run(
+pub(crate) async fn load_run(
     store: &dyn Store,
     session: &SessionId,
     turn: u32,
 ) -> Result<Option<RunRecord>, Error> {
-    for (_, bytes) in store.scan_prefix_rev(Tree::Log, &prefix(session), RECENT_LOG_ENTRIES)? {
+    for (_, bytes) in store
+        .scan_prefix_rev(Tree::Log, &prefix(session), RECENT_LOG_ENTRIES)
+        .await?
+    {
         let runs: Vec<RunRecord> = decode_section(session, &bytes, Section::Runs)?;
         if let Some(run) = runs.into_iter().rev().find(|run| run.turn == turn) {
             return Ok(Some(run));
         }
     }
-    Ok(load_runs(store, session)?
+    Ok(load_runs(store, session)
+        .await?
         .into_iter()
         .find(|run| run.turn == turn))
 }
 
 /// Reads a session's stream chunks from sequence number `from` on: a range scan from the
 /// first log entry whose chunks end after `from`.
-pub(crate) fn load_chunks(
+pub(crate) async fn load_chunks(
     store: &dyn Store,
     session: &SessionId,
     from: u64,
@@ -563,7 +583,10 @@ pub(crate) fn load_chunks(
     // A stream never reaches u64::MAX chunks, so an exclusive end there loses nothing.
     let end = log_key(session, u64::MAX, u64::MAX);
     let mut chunks = Vec::new();
-    for (_, bytes) in store.scan_range(Tree::Log, &start, &end, usize::MAX)? {
+    for (_, bytes) in store
+        .scan_range(Tree::Log, &start, &end, usize::MAX)
+        .await?
+    {
         let entry: Vec<Chunk> = decode_section(session, &bytes, Section::Chunks)?;
         chunks.extend(entry.into_iter().filter(|chunk| chunk.seq >= from));
     }
@@ -571,36 +594,36 @@ pub(crate) fn load_chunks(
 }
 
 /// Reads a session's pending calls.
-pub(crate) fn load_pending(
+pub(crate) async fn load_pending(
     store: &dyn Store,
     session: &SessionId,
 ) -> Result<Vec<PendingCall>, Error> {
-    load_all(store, session, Tree::Pending)
+    load_all(store, session, Tree::Pending).await
 }
 
 /// A session's sub-agent call entries.
-pub(crate) fn load_children(
+pub(crate) async fn load_children(
     store: &dyn Store,
     session: &SessionId,
 ) -> Result<Vec<ChildCall>, Error> {
-    load_all(store, session, Tree::Children)
+    load_all(store, session, Tree::Children).await
 }
 
 /// A session's persistent sub-agents, by name.
-pub(crate) fn load_companions(
+pub(crate) async fn load_companions(
     store: &dyn Store,
     session: &SessionId,
 ) -> Result<Vec<Companion>, Error> {
-    load_all(store, session, Tree::Companions)
+    load_all(store, session, Tree::Companions).await
 }
 
 /// The conversation the model sees: the messages from the record's `history_start` on (a
 /// companion spawned fresh starts over; its earlier messages stay stored).
-pub(crate) fn load_conversation(
+pub(crate) async fn load_conversation(
     store: &dyn Store,
     record: &SessionRecord,
 ) -> Result<Vec<Message>, Error> {
-    let messages = load_log_messages(store, &record.id)?;
+    let messages = load_log_messages(store, &record.id).await?;
     Ok(messages
         .into_iter()
         .filter(|(seq, _)| *seq >= record.history_start)
@@ -609,36 +632,39 @@ pub(crate) fn load_conversation(
 }
 
 /// The session that owns call `call` under `root`, if the call is pending.
-pub(crate) fn owner(
+pub(crate) async fn owner(
     store: &dyn Store,
     root: &SessionId,
     call: &str,
 ) -> Result<Option<SessionId>, Error> {
     store
-        .get(Tree::Ownership, &call_key(root, call))?
+        .get(Tree::Ownership, &call_key(root, call))
+        .await?
         .map(|bytes| decode(root, Tree::Ownership, &bytes))
         .transpose()
 }
 
 /// Whether `session` has a pending entry for `call`.
-pub(crate) fn has_pending(
+pub(crate) async fn has_pending(
     store: &dyn Store,
     session: &SessionId,
     call: &str,
 ) -> Result<bool, Error> {
     Ok(store
-        .get(Tree::Pending, &call_key(session, call))?
+        .get(Tree::Pending, &call_key(session, call))
+        .await?
         .is_some())
 }
 
 /// When call `call` under `root` completed, if a tombstone remains.
-pub(crate) fn tombstone(
+pub(crate) async fn tombstone(
     store: &dyn Store,
     root: &SessionId,
     call: &str,
 ) -> Result<Option<u64>, Error> {
     store
-        .get(Tree::Tombstones, &call_key(root, call))?
+        .get(Tree::Tombstones, &call_key(root, call))
+        .await?
         .map(|bytes| decode(root, Tree::Tombstones, &bytes))
         .transpose()
 }
@@ -656,14 +682,15 @@ pub struct ExpiredCall {
 
 /// Up to `limit` calls whose deadline is at or before `now`, earliest first: a range scan of
 /// the deadline index, O(log n + k).
-pub(crate) fn expired_calls(
+pub(crate) async fn expired_calls(
     store: &dyn Store,
     now: u64,
     limit: usize,
 ) -> Result<Vec<ExpiredCall>, Error> {
     let end = now.saturating_add(1).to_be_bytes();
     Ok(store
-        .scan_range(Tree::Deadlines, &[], &end, limit)?
+        .scan_range(Tree::Deadlines, &[], &end, limit)
+        .await?
         .into_iter()
         .filter_map(|(key, _)| split_timed_key(&key))
         .map(|(deadline_at_ms, session, tool_call_id)| ExpiredCall {
@@ -675,9 +702,10 @@ pub(crate) fn expired_calls(
 }
 
 /// The earliest armed deadline.
-pub(crate) fn next_deadline(store: &dyn Store) -> Result<Option<u64>, Error> {
+pub(crate) async fn next_deadline(store: &dyn Store) -> Result<Option<u64>, Error> {
     Ok(store
-        .scan_range(Tree::Deadlines, &[], &[0xff; 9], 1)?
+        .scan_range(Tree::Deadlines, &[], &[0xff; 9], 1)
+        .await?
         .first()
         .and_then(|(key, _)| split_timed_key(key))
         .map(|(at, _, _)| at))
@@ -704,7 +732,7 @@ pub(crate) struct Reap {
 /// after it expired. Lookups never depend on reaping (they check the completion time), so a
 /// late reap only keeps a dead key on disk for longer. Stores written before this also hold
 /// `tombstone_expiry` entries; each pass deletes up to `limit` of those as well.
-pub(crate) fn reap_tombstones(
+pub(crate) async fn reap_tombstones(
     store: &dyn Store,
     from: Option<&[u8]>,
     now: u64,
@@ -718,7 +746,9 @@ pub(crate) fn reap_tombstones(
     };
     // A call key starts with its session id's length (u16 BE, at most 512): below 0xff.
     let start = from.unwrap_or_default();
-    let seen = store.scan_range(Tree::Tombstones, start, &[0xff], limit)?;
+    let seen = store
+        .scan_range(Tree::Tombstones, start, &[0xff], limit)
+        .await?;
     for (key, value) in &seen {
         // A damaged tombstone answers nothing useful: reap it rather than keep failing on it.
         // One written by a newer format is kept: this build cannot tell when it expires.
@@ -739,7 +769,10 @@ pub(crate) fn reap_tombstones(
         reap.resume_at = seen.last().map(|(key, _)| successor(key));
     }
     // Their keys start with a time (u64 BE).
-    for (key, _) in store.scan_range(Tree::TombstoneExpiry, &[], &[0xff; 9], limit)? {
+    for (key, _) in store
+        .scan_range(Tree::TombstoneExpiry, &[], &[0xff; 9], limit)
+        .await?
+    {
         reap.batch.delete(Tree::TombstoneExpiry, key);
     }
     Ok(reap)

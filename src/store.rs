@@ -85,7 +85,7 @@ impl Tree {
 /// Which step of a session a commit records (the session core decides it).
 ///
 /// Backends ignore it: a batch is applied the same whatever its kind. It labels the batch for
-/// whatever wraps a store, such as [`FaultyStore`], which fails a chosen kind of commit to open
+/// whatever wraps a store, such as the `FaultyStore` of the `test-util` feature, which fails a chosen kind of commit to open
 /// a chosen crash window (the scenarios' `crash_before`): a step's tool calls and its tool
 /// results write the same trees, so the batch's keys alone would not tell them apart.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -195,7 +195,7 @@ pub type Entry = (Vec<u8>, Vec<u8>);
 /// once space is freed), a store another holder has locked, a closed store. Everything else a
 /// backend reports is [`Error::Backend`], which carries the backend's own error: for
 /// [`SledStore`] a [`SledError`] (sled's own errors, a store of an older layout), for
-/// [`FaultyStore`] an [`InjectedFault`]. A caller that needs one finds it with
+/// `FaultyStore` an `InjectedFault`. A caller that needs one finds it with
 /// [`Error::downcast_ref`].
 ///
 /// Every message is complete on its own and each error is printed once by a reporter that
@@ -244,7 +244,7 @@ impl Error {
     }
 
     /// The backend's own error, if this is an [`Error::Backend`] carrying an `E`: for example
-    /// a [`SledError`] (`error.downcast_ref::<SledError>()`) or an [`InjectedFault`].
+    /// a [`SledError`] (`error.downcast_ref::<SledError>()`) or an `InjectedFault` (feature `test-util`).
     pub fn downcast_ref<E: std::error::Error + 'static>(&self) -> Option<&E> {
         match self {
             Error::Backend(error) => error.downcast_ref(),
@@ -276,6 +276,10 @@ fn location(path: Option<&Path>) -> String {
 ///
 /// Implementations must make [`Store::commit`] atomic (after a crash, all of a batch or none of
 /// it is visible) and durable at their configured level before it returns.
+///
+/// Reads are `async` too, so that a backend across a network (a database server) can wait for
+/// its answer without holding a thread; an embedded one ([`SledStore`], [`MemoryStore`])
+/// answers at once. A read sees every commit acknowledged before it began.
 #[async_trait::async_trait]
 pub trait Store: Send + Sync + Debug + 'static {
     /// Applies every write of `batch` atomically; returns once the batch is durable.
@@ -290,26 +294,30 @@ pub trait Store: Send + Sync + Debug + 'static {
     ///
     /// # Errors
     /// A backend failure.
-    fn get(&self, tree: Tree, key: &[u8]) -> Result<Option<Vec<u8>>, Error>;
+    async fn get(&self, tree: Tree, key: &[u8]) -> Result<Option<Vec<u8>>, Error>;
 
     /// Reads every entry whose key starts with `prefix`, in key order.
     ///
     /// # Errors
     /// A backend failure.
-    fn scan_prefix(&self, tree: Tree, prefix: &[u8]) -> Result<Vec<Entry>, Error>;
+    async fn scan_prefix(&self, tree: Tree, prefix: &[u8]) -> Result<Vec<Entry>, Error>;
 
     /// Reads up to `limit` entries whose key starts with `prefix`, last key first.
     ///
     /// # Errors
     /// A backend failure.
-    fn scan_prefix_rev(&self, tree: Tree, prefix: &[u8], limit: usize)
-        -> Result<Vec<Entry>, Error>;
+    async fn scan_prefix_rev(
+        &self,
+        tree: Tree,
+        prefix: &[u8],
+        limit: usize,
+    ) -> Result<Vec<Entry>, Error>;
 
     /// Reads up to `limit` entries with `from <= key < to`, in key order.
     ///
     /// # Errors
     /// A backend failure.
-    fn scan_range(
+    async fn scan_range(
         &self,
         tree: Tree,
         from: &[u8],
@@ -341,11 +349,19 @@ pub trait Store: Send + Sync + Debug + 'static {
     /// default does nothing.
     fn release(&self) {}
 
+    /// Whether [`Store::close`] or [`Store::release`] has closed the store: then every call
+    /// fails with [`Error::Closed`]. Answered from memory, without a round trip, so that
+    /// synchronous code (building a runtime) can refuse a closed store at once. The default
+    /// is `false`: a store that is never closed.
+    fn is_closed(&self) -> bool {
+        false
+    }
+
     /// Bytes the store occupies on disk (0 for memory).
     ///
     /// # Errors
     /// A backend failure.
-    fn size_on_disk(&self) -> Result<u64, Error>;
+    async fn size_on_disk(&self) -> Result<u64, Error>;
 }
 
 #[cfg(test)]

@@ -11,9 +11,10 @@ use dormant::submit::{Submit, SubmitOutcome};
 use dormant::{ChunkKind, ManualClock, SessionId, Status, ToolOutcome};
 use serde_json::json;
 
-fn approval_id(runtime: &dormant::Runtime, id: &SessionId) -> anyhow::Result<String> {
+async fn approval_id(runtime: &dormant::Runtime, id: &SessionId) -> anyhow::Result<String> {
     runtime
-        .chunks(id, 0)?
+        .chunks(id, 0)
+        .await?
         .into_iter()
         .find_map(|chunk| match chunk.kind {
             ChunkKind::ToolApprovalRequest { approval_id, .. } => Some(approval_id),
@@ -48,7 +49,7 @@ async fn an_approved_tool_runs_once_with_its_stored_input() -> anyhow::Result<()
         0,
         "nothing runs before approval"
     );
-    let approval = approval_id(&runtime, &id)?;
+    let approval = approval_id(&runtime, &id).await?;
     assert_eq!(approval, format!("{}::d1", run.run_id));
     let outcome = runtime
         .submit_tool_result(Submit::approval("s1", "d1", approval, true, None))
@@ -58,7 +59,7 @@ async fn an_approved_tool_runs_once_with_its_stored_input() -> anyhow::Result<()
     let resumed = runtime.resume(&id).await?;
     assert_eq!(resumed.status, Status::Completed);
     assert_eq!(deploys.load(Ordering::SeqCst), 1);
-    let messages = runtime.messages(&id)?;
+    let messages = runtime.messages(&id).await?;
     assert_eq!(
         tool_result(&messages, "d1"),
         Some(&ToolOutcome::Result(json!({ "echo": { "env": "prod" } })))
@@ -79,7 +80,7 @@ async fn a_denied_tool_never_runs_and_records_the_denial() -> anyhow::Result<()>
     )?;
     let id: SessionId = "s1".parse()?;
     runtime.execute_on(&id, "editor", "ship").await?;
-    let approval = approval_id(&runtime, &id)?;
+    let approval = approval_id(&runtime, &id).await?;
     let outcome = runtime
         .submit_tool_result(Submit::approval(
             "s1",
@@ -92,7 +93,7 @@ async fn a_denied_tool_never_runs_and_records_the_denial() -> anyhow::Result<()>
     assert_eq!(outcome, SubmitOutcome::Accepted);
     runtime.resume(&id).await?;
     assert_eq!(deploys.load(Ordering::SeqCst), 0);
-    match tool_result(&runtime.messages(&id)?, "d1") {
+    match tool_result(&runtime.messages(&id).await?, "d1") {
         Some(ToolOutcome::Error(error)) => assert!(error.starts_with(NOT_APPROVED), "{error}"),
         other => anyhow::bail!("expected the denial, got {other:?}"),
     }
@@ -121,7 +122,7 @@ async fn an_error_only_submission_to_an_approval_is_accepted_and_the_tool_does_n
     runtime.resume(&id).await?;
     assert_eq!(deploys.load(Ordering::SeqCst), 0);
     assert_eq!(
-        tool_result(&runtime.messages(&id)?, "d1"),
+        tool_result(&runtime.messages(&id).await?, "d1"),
         Some(&ToolOutcome::Error("dialog closed".into()))
     );
     Ok(())

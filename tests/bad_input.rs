@@ -140,7 +140,7 @@ async fn corrupt_and_future_snapshots_are_typed_errors_naming_the_session() -> a
         .build()?;
     let garbled: SessionId = "garbled".parse()?;
     let future: SessionId = "from-the-future".parse()?;
-    match runtime.status(&garbled) {
+    match runtime.status(&garbled).await {
         Err(Error::Schema(schema::Error::Corrupt { session, .. })) => assert_eq!(session, garbled),
         other => anyhow::bail!("expected Corrupt, got {other:?}"),
     }
@@ -157,7 +157,7 @@ async fn corrupt_and_future_snapshots_are_typed_errors_naming_the_session() -> a
     }
     // Nothing was written over the unreadable snapshots, and other sessions still work.
     assert_eq!(
-        store.get(Tree::Sessions, b"garbled")?,
+        store.get(Tree::Sessions, b"garbled").await?,
         Some(vec![schema::FORMAT_VERSION, 0xc1, 0xff])
     );
     let fine = runtime.execute("a", "hi").await?;
@@ -211,6 +211,6 @@ async fn a_second_execute_while_running_is_refused_with_already_running() -> any
     release.notify_one();
     let outcome = first.await??;
     assert_eq!(outcome.text.as_deref(), Some("done"));
-    assert_eq!(runtime.runs(&id)?.len(), 1);
+    assert_eq!(runtime.runs(&id).await?.len(), 1);
     Ok(())
 }

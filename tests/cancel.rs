@@ -137,7 +137,11 @@ async fn interrupt_cancels_a_model_call_in_flight_and_resume_asks_again() -> any
         Some(ErrorCode::Interrupted)
     );
     within("the model future's drop", probe.dropped.notified()).await?;
-    assert_eq!(runtime.messages(&id)?.len(), 1, "only the user's message");
+    assert_eq!(
+        runtime.messages(&id).await?.len(),
+        1,
+        "only the user's message"
+    );
     let resumed = runtime.resume(&id).await?;
     assert_eq!(resumed.status, Status::Completed);
     assert_eq!(resumed.text.as_deref(), Some("recovered"));
@@ -159,7 +163,7 @@ async fn abort_cancels_a_running_tool_and_fails_the_run_at_once() -> anyhow::Res
         Some(ErrorCode::Aborted)
     );
     within("the tool future's drop", probe.dropped.notified()).await?;
-    match tool_result(&runtime.messages(&id)?, "h1") {
+    match tool_result(&runtime.messages(&id).await?, "h1") {
         Some(ToolOutcome::Error(error)) => {
             assert!(error.starts_with("interrupted"), "{error}");
             assert!(

@@ -24,7 +24,7 @@ async fn a_client_tool_suspends_and_a_submitted_result_resumes_the_run() -> anyh
     let run = runtime.execute_on(&id, "editor", "edit it").await?;
     assert_eq!(run.status, Status::SuspendedClientTool);
     assert_eq!(run.pending, vec!["tc-1".to_string()]);
-    let pending = runtime.pending(&id)?;
+    let pending = runtime.pending(&id).await?;
     assert_eq!(
         pending[0].deadline_at_ms, 30_000,
         "the tool's own timeout wins"
@@ -37,18 +37,18 @@ async fn a_client_tool_suspends_and_a_submitted_result_resumes_the_run() -> anyh
         .await?;
     assert_eq!(outcome, SubmitOutcome::Accepted);
     // Submitting only writes; the session stays suspended until a resume.
-    assert_eq!(runtime.status(&id)?, Status::SuspendedClientTool);
+    assert_eq!(runtime.status(&id).await?, Status::SuspendedClientTool);
     let resumed = runtime.resume(&id).await?;
     assert_eq!(
         (resumed.status, resumed.text.as_deref()),
         (Status::Completed, Some("All done."))
     );
-    let messages = runtime.messages(&id)?;
+    let messages = runtime.messages(&id).await?;
     assert_eq!(
         tool_result(&messages, "tc-1"),
         Some(&ToolOutcome::Result(json!({ "applied": 1 })))
     );
-    let runs = runtime.runs(&id)?;
+    let runs = runtime.runs(&id).await?;
     assert_eq!(runs.len(), 2);
     assert_eq!(runs[1].previous_run_id, Some(runs[0].run_id));
     assert_eq!(runs[0].status, Status::SuspendedClientTool);
@@ -57,7 +57,7 @@ async fn a_client_tool_suspends_and_a_submitted_result_resumes_the_run() -> anyh
         .submit_tool_result(Submit::result("s1", "tc-1", json!({ "applied": 2 })))
         .await?;
     assert_eq!(again, SubmitOutcome::AlreadyCompleted);
-    assert_eq!(runtime.messages(&id)?, messages);
+    assert_eq!(runtime.messages(&id).await?, messages);
     Ok(())
 }
 
@@ -77,7 +77,7 @@ async fn a_session_waiting_across_a_restart_resumes_with_the_answer_once() -> an
         let store = Arc::new(SledStore::open(dir.path())?);
         let runtime = editor_runtime(store, clock.clone(), script.clone(), Arc::default(), |b| b)?;
         assert_eq!(
-            runtime.status(&id)?,
+            runtime.status(&id).await?,
             Status::SuspendedClientTool,
             "waiting is not a crash"
         );
@@ -91,7 +91,7 @@ async fn a_session_waiting_across_a_restart_resumes_with_the_answer_once() -> an
     let runtime = editor_runtime(store, clock, script, Arc::default(), |b| b)?;
     let resumed = runtime.resume(&id).await?;
     assert_eq!(resumed.status, Status::Completed);
-    let messages = runtime.messages(&id)?;
+    let messages = runtime.messages(&id).await?;
     let results = messages
         .iter()
         .filter(|m| matches!(m, dormant::Message::Tool { .. }))
@@ -124,7 +124,7 @@ async fn parallel_calls_form_a_barrier_and_one_continuation_sees_every_result() 
     let run = runtime.execute_on(&id, "editor", "go").await?;
     assert_eq!(run.pending, vec!["a".to_string(), "c".to_string()]);
     // The server tool of the same step already ran and is recorded.
-    assert!(tool_result(&runtime.messages(&id)?, "b").is_some());
+    assert!(tool_result(&runtime.messages(&id).await?, "b").is_some());
     runtime
         .submit_tool_result(Submit::result("s1", "c", json!({ "applied": 2 })))
         .await?;
@@ -134,7 +134,7 @@ async fn parallel_calls_form_a_barrier_and_one_continuation_sees_every_result() 
         (Status::SuspendedClientTool, vec!["a".to_string()])
     );
     assert_eq!(
-        runtime.runs(&id)?.len(),
+        runtime.runs(&id).await?.len(),
         1,
         "a resume held by the barrier runs nothing"
     );
@@ -143,7 +143,7 @@ async fn parallel_calls_form_a_barrier_and_one_continuation_sees_every_result() 
         .await?;
     let done = runtime.resume(&id).await?;
     assert_eq!(done.status, Status::Completed);
-    let messages = runtime.messages(&id)?;
+    let messages = runtime.messages(&id).await?;
     let order: Vec<&str> = messages
         .iter()
         .filter_map(|m| match m {
@@ -190,7 +190,7 @@ async fn concurrent_submits_for_different_calls_never_clobber_each_other() -> an
     }
     let done = runtime.resume(&id).await?;
     assert_eq!(done.status, Status::Completed);
-    let messages = runtime.messages(&id)?;
+    let messages = runtime.messages(&id).await?;
     for (i, (call, _)) in calls.iter().enumerate() {
         assert_eq!(
             tool_result(&messages, call),
@@ -229,7 +229,7 @@ async fn concurrent_resumes_are_single_flight() -> anyhow::Result<()> {
             "{outcome:?}"
         );
     }
-    assert_eq!(runtime.runs(&id)?.len(), 2, "one resume run, not two");
+    assert_eq!(runtime.runs(&id).await?.len(), 2, "one resume run, not two");
     Ok(())
 }
 
@@ -249,8 +249,8 @@ async fn auto_resume_continues_as_soon_as_every_call_is_answered() -> anyhow::Re
         .submit_tool_result(Submit::result("s1", "tc-1", json!({ "applied": 1 })))
         .await?;
     runtime.wait_settled(&id).await;
-    assert_eq!(runtime.status(&id)?, Status::Completed);
-    assert_eq!(runtime.runs(&id)?.len(), 2);
+    assert_eq!(runtime.status(&id).await?, Status::Completed);
+    assert_eq!(runtime.runs(&id).await?.len(), 2);
     Ok(())
 }
 
@@ -273,14 +273,14 @@ impl dormant::store::Store for LogScans {
     async fn commit(&self, batch: dormant::store::Batch) -> Result<(), dormant::store::Error> {
         self.inner.commit(batch).await
     }
-    fn get(
+    async fn get(
         &self,
         tree: dormant::store::Tree,
         key: &[u8],
     ) -> Result<Option<Vec<u8>>, dormant::store::Error> {
-        self.inner.get(tree, key)
+        self.inner.get(tree, key).await
     }
-    fn scan_prefix(
+    async fn scan_prefix(
         &self,
         tree: dormant::store::Tree,
         prefix: &[u8],
@@ -288,30 +288,30 @@ impl dormant::store::Store for LogScans {
         if tree == dormant::store::Tree::Log {
             self.scans.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         }
-        self.inner.scan_prefix(tree, prefix)
+        self.inner.scan_prefix(tree, prefix).await
     }
-    fn scan_prefix_rev(
+    async fn scan_prefix_rev(
         &self,
         tree: dormant::store::Tree,
         prefix: &[u8],
         limit: usize,
     ) -> Result<Vec<dormant::store::Entry>, dormant::store::Error> {
-        self.inner.scan_prefix_rev(tree, prefix, limit)
+        self.inner.scan_prefix_rev(tree, prefix, limit).await
     }
-    fn scan_range(
+    async fn scan_range(
         &self,
         tree: dormant::store::Tree,
         from: &[u8],
         to: &[u8],
         limit: usize,
     ) -> Result<Vec<dormant::store::Entry>, dormant::store::Error> {
-        self.inner.scan_range(tree, from, to, limit)
+        self.inner.scan_range(tree, from, to, limit).await
     }
     async fn flush(&self) -> Result<(), dormant::store::Error> {
         self.inner.flush().await
     }
-    fn size_on_disk(&self) -> Result<u64, dormant::store::Error> {
-        self.inner.size_on_disk()
+    async fn size_on_disk(&self) -> Result<u64, dormant::store::Error> {
+        self.inner.size_on_disk().await
     }
 }
 
@@ -360,6 +360,9 @@ async fn a_resident_suspended_session_resumes_without_reading_its_conversation_b
     let done = runtime.resume(&evicted).await?;
     assert_eq!(done.status, Status::Completed);
     assert!(store.count() > before);
-    assert_eq!(runtime.messages(&evicted)?, runtime.messages(&resident)?);
+    assert_eq!(
+        runtime.messages(&evicted).await?,
+        runtime.messages(&resident).await?
+    );
     Ok(())
 }

@@ -75,22 +75,26 @@ fn killed_process_leaves_every_session_at_a_committed_step() -> anyhow::Result<(
         let store = Arc::new(SledStore::open(dir.path())?);
         let sessions =
             common::worker_runtime(store, 6, Arc::new(AtomicUsize::new(0)), ManualClock::new(0))?;
-        let ids = sessions.session_ids()?;
+        let ids = sessions.session_ids().await?;
         let mut in_flight = 0;
         for id in &ids {
             // Every snapshot decodes, and its counters match what the same commits wrote.
-            let record = sessions.session(id)?;
+            let record = sessions.session(id).await?;
             assert_eq!(
-                sessions.messages(id)?.len() as u64,
+                sessions.messages(id).await?.len() as u64,
                 record.message_count,
                 "{id}"
             );
             assert_eq!(
-                sessions.chunks(id, 0)?.len() as u64,
+                sessions.chunks(id, 0).await?.len() as u64,
                 record.chunk_count,
                 "{id}"
             );
-            assert_eq!(sessions.runs(id)?.len() as u32, record.run_count, "{id}");
+            assert_eq!(
+                sessions.runs(id).await?.len() as u32,
+                record.run_count,
+                "{id}"
+            );
             match record.status {
                 Status::Completed => {}
                 Status::Running => in_flight += 1,
@@ -100,20 +104,24 @@ fn killed_process_leaves_every_session_at_a_committed_step() -> anyhow::Result<(
         for id in &acked {
             let id: SessionId = id.parse()?;
             assert_eq!(
-                sessions.status(&id)?,
+                sessions.status(&id).await?,
                 Status::Completed,
                 "acknowledged run of {id} lost"
             );
         }
         // A session cut mid-run is closed as interrupted when it is next activated, and then
         // takes a new turn.
-        if let Some(id) = ids
-            .iter()
-            .find(|id| sessions.status(id).ok() == Some(Status::Running))
-        {
+        let mut running = None;
+        for id in &ids {
+            if sessions.status(id).await.ok() == Some(Status::Running) {
+                running = Some(id);
+                break;
+            }
+        }
+        if let Some(id) = running {
             let outcome = sessions.execute_on(id, "worker", "again").await?;
             assert_eq!(outcome.turn, 2);
-            let runs = sessions.runs(id)?;
+            let runs = sessions.runs(id).await?;
             assert_eq!(runs[0].status, Status::Interrupted);
         }
         eprintln!(

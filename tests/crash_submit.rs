@@ -66,7 +66,7 @@ fn an_accepted_answer_survives_sigkill_and_applies_once() -> anyhow::Result<()> 
         for id in &accepted {
             let id: SessionId = id.parse()?;
             let index: i64 = id.as_str()[1..].parse()?;
-            let pending = runtime.pending(&id)?;
+            let pending = runtime.pending(&id).await?;
             assert_eq!(
                 pending[0].answer,
                 Some(dormant::Answer::Result(json!({ "applied": index }))),
@@ -74,7 +74,7 @@ fn an_accepted_answer_survives_sigkill_and_applies_once() -> anyhow::Result<()> 
             );
             let outcome = runtime.resume(&id).await?;
             assert_eq!(outcome.status, Status::Completed);
-            let messages = runtime.messages(&id)?;
+            let messages = runtime.messages(&id).await?;
             let results = messages
                 .iter()
                 .filter(|m| matches!(m, Message::Tool { .. }))

@@ -189,19 +189,19 @@ fn a_tree_in_flight_survives_sigkill() -> anyhow::Result<()> {
             }
             let root_session: SessionId = root_id(root).parse()?;
             // A tree the killed process finished stays finished; any other goes on.
-            if runtime.status(&root_session)? != Status::Completed {
+            if runtime.status(&root_session).await? != Status::Completed {
                 let outcome = runtime.resume(&root_session).await?;
                 assert_eq!(outcome.status, Status::Completed, "{root_session}");
                 assert_eq!(outcome.text.as_deref(), Some("tree done"));
             }
-            let runs = runtime.runs(&root_session)?;
+            let runs = runtime.runs(&root_session).await?;
             assert_eq!(
                 runs.last().and_then(|run| run.text.as_deref()),
                 Some("tree done")
             );
             for child in 0..CHILDREN {
                 let child_session = root_session.ephemeral_child(&format!("w{child}"));
-                let messages = runtime.messages(&child_session)?;
+                let messages = runtime.messages(&child_session).await?;
                 let call = child_call(root, child, "q");
                 let results: Vec<&ToolOutcome> = messages
                     .iter()
@@ -219,7 +219,7 @@ fn a_tree_in_flight_survives_sigkill() -> anyhow::Result<()> {
                     vec![&ToolOutcome::Result(json!({ "confirmed": call }))],
                     "{call}: the answer is applied exactly once"
                 );
-                let messages = runtime.messages(&root_session)?;
+                let messages = runtime.messages(&root_session).await?;
                 assert_eq!(
                     common::tool_result(&messages, &format!("w{child}")),
                     Some(&ToolOutcome::Result(json!("worker done")))

@@ -22,17 +22,20 @@ async fn an_unanswered_call_times_out_and_resume_sees_client_tool_timeout() -> a
     runtime.execute_on(&id, "editor", "go").await?;
     clock.advance(29_999);
     assert_eq!(runtime.sweep_deadlines().await?.fired, 0);
-    assert_eq!(runtime.find_expired_pending(clock_now(&clock))?.len(), 0);
+    assert_eq!(
+        runtime.find_expired_pending(clock_now(&clock)).await?.len(),
+        0
+    );
     clock.advance(1);
-    let expired = runtime.find_expired_pending(30_000)?;
+    let expired = runtime.find_expired_pending(30_000).await?;
     assert_eq!(expired.len(), 1);
     assert_eq!(expired[0].tool_call_id, "tc-1");
     assert_eq!(runtime.sweep_deadlines().await?.fired, 1);
     // A second sweep writes nothing more.
-    let chunks = runtime.chunks(&id, 0)?.len();
+    let chunks = runtime.chunks(&id, 0).await?.len();
     assert_eq!(runtime.sweep_deadlines().await?.fired, 0);
-    assert_eq!(runtime.chunks(&id, 0)?.len(), chunks);
-    let timeout_end = runtime.chunks(&id, 0)?.into_iter().any(|c| {
+    assert_eq!(runtime.chunks(&id, 0).await?.len(), chunks);
+    let timeout_end = runtime.chunks(&id, 0).await?.into_iter().any(|c| {
         matches!(&c.kind, ChunkKind::ToolEnd { outcome: ToolOutcome::Error(e), .. } if e.starts_with("client_tool_timeout"))
     });
     assert!(timeout_end, "the timeout is reported on the stream");
@@ -45,7 +48,7 @@ async fn an_unanswered_call_times_out_and_resume_sees_client_tool_timeout() -> a
     assert_eq!(late, SubmitOutcome::AlreadyCompleted);
     let resumed = runtime.resume(&id).await?;
     assert_eq!(resumed.status, Status::Completed);
-    match tool_result(&runtime.messages(&id)?, "tc-1") {
+    match tool_result(&runtime.messages(&id).await?, "tc-1") {
         Some(ToolOutcome::Error(error)) => assert!(error.starts_with("client_tool_timeout")),
         other => anyhow::bail!("expected a timeout, got {other:?}"),
     }
@@ -69,7 +72,7 @@ async fn a_timeout_fires_its_hooks_once_at_expiry_in_the_canonical_order() -> an
     assert_eq!(runtime.sweep_deadlines().await?.fired, 1);
     let at_expiry = ["on_state_change", "on_message", "after_tool"];
     assert_eq!(hooks.tool_hooks_of("tc-1"), at_expiry);
-    match tool_result(&runtime.messages(&id)?, "tc-1") {
+    match tool_result(&runtime.messages(&id).await?, "tc-1") {
         Some(ToolOutcome::Error(error)) => assert!(error.starts_with("client_tool_timeout")),
         other => anyhow::bail!("the timeout is recorded at expiry, got {other:?}"),
     }
@@ -81,7 +84,7 @@ async fn a_timeout_fires_its_hooks_once_at_expiry_in_the_canonical_order() -> an
         at_expiry,
         "the resume fires nothing more for the timed-out call"
     );
-    let messages = runtime.messages(&id)?;
+    let messages = runtime.messages(&id).await?;
     let results = messages
         .iter()
         .filter(
@@ -90,7 +93,7 @@ async fn a_timeout_fires_its_hooks_once_at_expiry_in_the_canonical_order() -> an
         .count();
     assert_eq!(results, 1, "one result for the call");
     let ends = runtime
-        .chunks(&id, 0)?
+        .chunks(&id, 0).await?
         .into_iter()
         .filter(|c| matches!(&c.kind, ChunkKind::ToolEnd { tool_call_id, .. } if tool_call_id == "tc-1"))
         .count();
@@ -134,14 +137,14 @@ async fn an_answer_accepted_before_the_deadline_is_never_overwritten() -> anyhow
         .submit_tool_result(Submit::result("s1", "tc-1", json!({ "applied": 7 })))
         .await?;
     assert!(
-        runtime.find_expired_pending(u64::MAX - 1)?.is_empty(),
+        runtime.find_expired_pending(u64::MAX - 1).await?.is_empty(),
         "the deadline was disarmed"
     );
     clock.advance(60_000);
     assert_eq!(runtime.sweep_deadlines().await?.fired, 0);
     runtime.resume(&id).await?;
     assert_eq!(
-        tool_result(&runtime.messages(&id)?, "tc-1"),
+        tool_result(&runtime.messages(&id).await?, "tc-1"),
         Some(&ToolOutcome::Result(json!({ "applied": 7 })))
     );
     assert_eq!(runtime.client_tool_stats().timeouts, 0);
@@ -204,7 +207,7 @@ async fn overdue_deadlines_fire_after_a_restart_by_themselves() -> anyhow::Resul
         hooks.timed_out.notified(),
     )
     .await?;
-    let pending = runtime.pending(&id)?;
+    let pending = runtime.pending(&id).await?;
     assert_eq!(
         pending[0].answer,
         Some(dormant::Answer::TimedOut),

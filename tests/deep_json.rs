@@ -69,7 +69,11 @@ async fn a_result_nested_too_deep_is_refused_and_the_session_stays_readable() ->
             other => anyhow::bail!("{levels} levels: expected invalid_request, got {other:?}"),
         }
     }
-    assert_eq!(runtime.pending(&id)?[0].answer, None, "nothing was stored");
+    assert_eq!(
+        runtime.pending(&id).await?[0].answer,
+        None,
+        "nothing was stored"
+    );
     let envelope = json!({ "session_id": "s1", "tool_call_id": "tc-1", "result": nested(1_030) });
     let answer = runtime.submit_json(&envelope).await?;
     assert_eq!(answer.code(), "invalid_request");
@@ -82,7 +86,7 @@ async fn a_result_nested_too_deep_is_refused_and_the_session_stays_readable() ->
     );
     runtime.evict(&id).await;
     assert_eq!(runtime.resume(&id).await?.status, Status::Completed);
-    assert_eq!(runtime.messages(&id)?.len(), 4);
+    assert_eq!(runtime.messages(&id).await?.len(), 4);
     Ok(())
 }
 
@@ -104,7 +108,11 @@ async fn a_model_reply_with_a_tool_input_nested_too_deep_fails_the_run_and_is_no
     assert_eq!(error.code, ErrorCode::ModelError);
     assert!(error.message.contains("128"), "{}", error.message);
     runtime.evict(&id).await;
-    assert_eq!(runtime.messages(&id)?.len(), 1, "only the user's message");
+    assert_eq!(
+        runtime.messages(&id).await?.len(),
+        1,
+        "only the user's message"
+    );
     Ok(())
 }
 
@@ -124,12 +132,16 @@ async fn a_tool_result_nested_too_deep_becomes_a_tool_error() -> anyhow::Result<
     let run = runtime.execute("digger", "dig").await?;
     assert_eq!(run.status, Status::Completed);
     runtime.evict(&run.session_id).await;
-    match tool_result(&runtime.messages(&run.session_id)?, "d1") {
+    match tool_result(&runtime.messages(&run.session_id).await?, "d1") {
         Some(ToolOutcome::Error(error)) => assert!(error.starts_with("invalid_output"), "{error}"),
         other => anyhow::bail!("expected invalid_output, got {other:?}"),
     }
     assert!(
-        runtime.session(&run.session_id)?.custom_state.is_empty(),
+        runtime
+            .session(&run.session_id)
+            .await?
+            .custom_state
+            .is_empty(),
         "the changes of a refused result are not kept"
     );
     Ok(())
@@ -193,16 +205,16 @@ async fn the_deepest_value_allowed_in_the_deepest_tree_allowed_reads_back() -> a
     );
     assert_eq!(runtime.resume(&root).await?.status, Status::Completed);
     runtime.evict_all().await;
-    let sessions = runtime.session_ids()?;
+    let sessions = runtime.session_ids().await?;
     assert_eq!(sessions.len(), LEVELS);
     for id in &sessions {
         // Every stored form of every session decodes.
-        runtime.messages(id)?;
-        runtime.chunks(id, 0)?;
-        runtime.runs(id)?;
-        assert_eq!(runtime.status(id)?, Status::Completed, "{id}");
+        runtime.messages(id).await?;
+        runtime.chunks(id, 0).await?;
+        runtime.runs(id).await?;
+        assert_eq!(runtime.status(id).await?, Status::Completed, "{id}");
     }
-    let forwarded = runtime.chunks(&root, 0)?;
+    let forwarded = runtime.chunks(&root, 0).await?;
     assert!(forwarded.iter().any(|chunk| chunk.kind.is_forwarded()));
     Ok(())
 }

@@ -24,9 +24,9 @@ async fn interrupt_clears_pending_calls_and_resume_continues() -> anyhow::Result
     let id: SessionId = "s1".parse()?;
     runtime.execute_on(&id, "editor", "go").await?;
     runtime.interrupt(&id).await?;
-    assert_eq!(runtime.status(&id)?, Status::Interrupted);
-    assert!(runtime.pending(&id)?.is_empty());
-    assert!(runtime.find_expired_pending(u64::MAX - 1)?.is_empty());
+    assert_eq!(runtime.status(&id).await?, Status::Interrupted);
+    assert!(runtime.pending(&id).await?.is_empty());
+    assert!(runtime.find_expired_pending(u64::MAX - 1).await?.is_empty());
     let late = runtime
         .submit_tool_result(Submit::result("s1", "tc-1", json!({ "applied": 1 })))
         .await?;
@@ -36,7 +36,7 @@ async fn interrupt_clears_pending_calls_and_resume_continues() -> anyhow::Result
     assert_eq!(resumed.status, Status::Completed);
     // The model never sees a call without its result.
     assert!(matches!(
-        tool_result(&runtime.messages(&id)?, "tc-1"),
+        tool_result(&runtime.messages(&id).await?, "tc-1"),
         Some(ToolOutcome::Error(_))
     ));
     Ok(())
@@ -54,11 +54,15 @@ async fn abort_after_completion_leaves_the_finished_run_and_its_stream_alone() -
     )?;
     let id: SessionId = "s1".parse()?;
     runtime.execute_on(&id, "editor", "go").await?;
-    let (runs, chunks) = (runtime.runs(&id)?, runtime.chunks(&id, 0)?);
+    let (runs, chunks) = (runtime.runs(&id).await?, runtime.chunks(&id, 0).await?);
     runtime.abort(&id).await?;
-    assert_eq!(runtime.status(&id)?, Status::Completed);
-    assert_eq!(runtime.runs(&id)?, runs, "the run record is not rewritten");
-    assert_eq!(runtime.chunks(&id, 0)?, chunks, "no second run_end");
+    assert_eq!(runtime.status(&id).await?, Status::Completed);
+    assert_eq!(
+        runtime.runs(&id).await?,
+        runs,
+        "the run record is not rewritten"
+    );
+    assert_eq!(runtime.chunks(&id, 0).await?, chunks, "no second run_end");
     assert!(matches!(
         runtime.execute_on(&id, "editor", "again").await,
         Err(dormant::Error::Aborted(_))
@@ -79,9 +83,9 @@ async fn abort_is_terminal() -> anyhow::Result<()> {
     let id: SessionId = "s1".parse()?;
     runtime.execute_on(&id, "editor", "go").await?;
     runtime.abort(&id).await?;
-    assert_eq!(runtime.status(&id)?, Status::Failed);
-    assert!(runtime.pending(&id)?.is_empty());
-    let runs = runtime.runs(&id)?;
+    assert_eq!(runtime.status(&id).await?, Status::Failed);
+    assert!(runtime.pending(&id).await?.is_empty());
+    let runs = runtime.runs(&id).await?;
     assert_eq!(
         runs[0].error.as_ref().map(|e| e.code),
         Some(ErrorCode::Aborted)
@@ -124,7 +128,7 @@ async fn a_new_message_over_pending_calls_abandons_them_first() -> anyhow::Resul
         .await?;
     let next = runtime.execute_on(&id, "editor", "forget that").await?;
     assert_eq!((next.status, next.turn), (Status::Completed, 2));
-    let messages = runtime.messages(&id)?;
+    let messages = runtime.messages(&id).await?;
     assert_eq!(
         tool_result(&messages, "a"),
         Some(&ToolOutcome::Result(json!({ "applied": 1 })))
@@ -187,7 +191,7 @@ async fn an_interrupt_keeps_the_answers_already_accepted() -> anyhow::Result<()>
         .await?;
     assert_eq!(accepted, SubmitOutcome::Accepted);
     runtime.interrupt(&id).await?;
-    let messages = runtime.messages(&id)?;
+    let messages = runtime.messages(&id).await?;
     assert_eq!(
         tool_result(&messages, "a"),
         Some(&ToolOutcome::Result(json!({ "applied": 1 })))
@@ -210,7 +214,7 @@ async fn an_interrupt_keeps_the_answers_already_accepted() -> anyhow::Result<()>
     );
     let resumed = runtime.resume(&id).await?;
     assert_eq!(resumed.status, Status::Completed);
-    let messages = runtime.messages(&id)?;
+    let messages = runtime.messages(&id).await?;
     assert_eq!(
         tool_result(&messages, "a"),
         Some(&ToolOutcome::Result(json!({ "applied": 1 })))

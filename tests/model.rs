@@ -128,11 +128,12 @@ impl World {
             .build()?)
     }
 
-    fn calls_waiting(&self) -> anyhow::Result<Vec<String>> {
+    async fn calls_waiting(&self) -> anyhow::Result<Vec<String>> {
         let now = self.clock.now_ms();
         Ok(self
             .runtime
-            .pending(&self.id)?
+            .pending(&self.id)
+            .await?
             .into_iter()
             .filter(|call| call.is_waiting(now))
             .map(|call| call.tool_call_id)
@@ -142,7 +143,7 @@ impl World {
     async fn apply(&mut self, op: Op) -> anyhow::Result<()> {
         match op {
             Op::Submit { call, error } => {
-                let pending = self.runtime.pending(&self.id)?;
+                let pending = self.runtime.pending(&self.id).await?;
                 let Some(entry) = pending.get(call) else {
                     return Ok(());
                 };
@@ -214,8 +215,8 @@ impl World {
         Ok(())
     }
 
-    fn check(&self, finished: bool) -> anyhow::Result<()> {
-        let messages = self.runtime.messages(&self.id)?;
+    async fn check(&self, finished: bool) -> anyhow::Result<()> {
+        let messages = self.runtime.messages(&self.id).await?;
         let mut seen: HashMap<&str, &ToolOutcome> = HashMap::new();
         for message in &messages {
             if let Message::Tool {
@@ -245,14 +246,16 @@ impl World {
         // Deadline index: one entry per unanswered pending call, none for answered ones.
         let armed: Vec<String> = self
             .runtime
-            .find_expired_pending(u64::MAX - 1)?
+            .find_expired_pending(u64::MAX - 1)
+            .await?
             .into_iter()
             .filter(|expired| expired.session == self.id)
             .map(|expired| expired.tool_call_id)
             .collect();
         let mut expected: Vec<String> = self
             .runtime
-            .pending(&self.id)?
+            .pending(&self.id)
+            .await?
             .into_iter()
             .filter(|call| call.answer.is_none())
             .map(|call| call.tool_call_id)
@@ -271,10 +274,10 @@ impl World {
 
     /// Drives the session to a point where every accepted answer must have been drained.
     async fn drain(&mut self) -> anyhow::Result<()> {
-        match self.runtime.status(&self.id)? {
+        match self.runtime.status(&self.id).await? {
             Status::SuspendedClientTool | Status::Interrupted => {
                 // Let every waiting call expire so the barrier opens, then go on once.
-                if !self.calls_waiting()?.is_empty() {
+                if !self.calls_waiting().await?.is_empty() {
                     self.clock.advance(TIMEOUT_MS);
                     self.runtime.sweep_deadlines().await?;
                 }
@@ -320,10 +323,11 @@ fn run_case(ops: Vec<Op>) -> anyhow::Result<()> {
                 .map_err(|e| anyhow::anyhow!("{op:?}: {e}"))?;
             world
                 .check(false)
+                .await
                 .map_err(|e| anyhow::anyhow!("after {op:?}: {e}"))?;
         }
         world.drain().await?;
-        world.check(true)?;
+        world.check(true).await?;
         world.runtime.shutdown().await?;
         Ok(())
     })

@@ -25,21 +25,21 @@ async fn sessions_are_intact_after_the_store_is_reopened() -> anyhow::Result<()>
             let outcome = runtime.execute_on(id, "worker", "go").await?;
             assert_eq!(outcome.status, Status::Completed);
             before.push((
-                runtime.messages(id)?,
-                runtime.runs(id)?,
-                runtime.chunks(id, 0)?,
+                runtime.messages(id).await?,
+                runtime.runs(id).await?,
+                runtime.chunks(id, 0).await?,
             ));
         }
         runtime.shutdown().await?;
     }
     let store = Arc::new(SledStore::open(dir.path())?);
     let runtime = worker_runtime(store, 3, calls.clone(), clock)?;
-    assert_eq!(runtime.session_ids()?.len(), ids.len());
+    assert_eq!(runtime.session_ids().await?.len(), ids.len());
     for (id, (messages, runs, chunks)) in ids.iter().zip(&before) {
-        assert_eq!(runtime.status(id)?, Status::Completed);
-        assert_eq!(&runtime.messages(id)?, messages);
-        assert_eq!(&runtime.runs(id)?, runs);
-        assert_eq!(&runtime.chunks(id, 0)?, chunks);
+        assert_eq!(runtime.status(id).await?, Status::Completed);
+        assert_eq!(&runtime.messages(id).await?, messages);
+        assert_eq!(&runtime.runs(id).await?, runs);
+        assert_eq!(&runtime.chunks(id, 0).await?, chunks);
     }
     // A reopened session takes a new turn: its script index continues where it left off, so
     // with no replies left it fails with script_exhausted rather than replaying old answers.
@@ -80,7 +80,7 @@ async fn sessions_evicted_between_turns_rehydrate_with_their_conversation() -> a
     for id in &ids {
         let outcome = runtime.execute_on(id, "worker", "two").await?;
         assert_eq!((outcome.status, outcome.turn), (Status::Completed, 2));
-        assert_eq!(runtime.messages(id)?.len(), 8);
+        assert_eq!(runtime.messages(id).await?.len(), 8);
     }
     let stats = runtime.stats().host;
     assert!(stats.resident <= 10 + 1, "{stats:?}");
@@ -115,10 +115,16 @@ async fn after_shutdown_the_directory_reopens_at_once_and_its_size_is_known() ->
                                    // A runtime clone held elsewhere gets the typed `ShutDown`, not a hang, a panic or a
                                    // store error.
         let codes = [
-            runtime.session_ids().map(|_| ()),
-            runtime.status(&format!("s{round}").parse()?).map(|_| ()),
-            runtime.messages(&format!("s{round}").parse()?).map(|_| ()),
-            runtime.store_size_on_disk().map(|_| ()),
+            runtime.session_ids().await.map(|_| ()),
+            runtime
+                .status(&format!("s{round}").parse()?)
+                .await
+                .map(|_| ()),
+            runtime
+                .messages(&format!("s{round}").parse()?)
+                .await
+                .map(|_| ()),
+            runtime.store_size_on_disk().await.map(|_| ()),
         ]
         .map(|result| result.err().map(|error| error.code()));
         assert_eq!(codes, [Some("shut_down"); 4]);
@@ -141,7 +147,7 @@ async fn dropping_the_last_clone_without_shutdown_releases_a_store_nobody_else_h
         let clone = runtime.clone();
         drop(runtime);
         // A clone keeps the runtime alive.
-        assert_eq!(clone.session_ids()?.len(), round + 1);
+        assert_eq!(clone.session_ids().await?.len(), round + 1);
         drop(clone);
     }
     Ok(())
@@ -169,14 +175,14 @@ async fn a_weak_handle_does_not_keep_the_runtime_alive() -> anyhow::Result<()> {
     let upgraded = weak
         .upgrade()
         .ok_or_else(|| anyhow::anyhow!("runtime alive"))?;
-    assert_eq!(upgraded.status(&"s0".parse()?)?, Status::Completed);
+    assert_eq!(upgraded.status(&"s0".parse()?).await?, Status::Completed);
     drop(upgraded);
     drop(runtime);
     assert!(weak.upgrade().is_none());
     // The directory was released by the drop of the last strong handle.
     let store = Arc::new(SledStore::open(dir.path())?);
     let again = worker_runtime(store, 1, Arc::default(), ManualClock::new(0))?;
-    assert_eq!(again.status(&"s0".parse()?)?, Status::Completed);
+    assert_eq!(again.status(&"s0".parse()?).await?, Status::Completed);
     again.shutdown().await?;
     Ok(())
 }
@@ -189,7 +195,7 @@ async fn dropping_a_runtime_leaves_a_store_the_caller_holds_open() -> anyhow::Re
     drop(runtime);
     // A released store would refuse this with `Closed`.
     store.flush().await?;
-    assert!(store.size_on_disk()? > 0);
+    assert!(store.size_on_disk().await? > 0);
     Ok(())
 }
 

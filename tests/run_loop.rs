@@ -21,13 +21,13 @@ async fn server_tool_steps_run_and_the_run_completes() -> anyhow::Result<()> {
     assert_eq!(outcome.status, Status::Completed);
     assert_eq!(outcome.text.as_deref(), Some("done"));
     assert_eq!(calls.load(Ordering::SeqCst), 3);
-    let messages = runtime.messages(&outcome.session_id)?;
+    let messages = runtime.messages(&outcome.session_id).await?;
     // user, 3 × (assistant + tool), final assistant
     assert_eq!(messages.len(), 8);
     assert!(
         matches!(&messages[2], Message::Tool { outcome: ToolOutcome::Result(v), .. } if v["echo"]["step"] == 0)
     );
-    let runs = runtime.runs(&outcome.session_id)?;
+    let runs = runtime.runs(&outcome.session_id).await?;
     assert_eq!(runs.len(), 1);
     assert_eq!(
         (runs[0].turn, runs[0].steps, runs[0].status),
@@ -56,8 +56,8 @@ async fn a_completed_session_takes_a_new_turn_that_sees_the_conversation() -> an
     assert_eq!(first.text.as_deref(), Some("first"));
     assert_eq!(second.text.as_deref(), Some("second"));
     assert_eq!(second.turn, 2);
-    assert_eq!(runtime.messages(&id)?.len(), 4);
-    let runs = runtime.runs(&id)?;
+    assert_eq!(runtime.messages(&id).await?.len(), 4);
+    let runs = runtime.runs(&id).await?;
     assert_eq!(runs.iter().map(|r| r.turn).collect::<Vec<_>>(), vec![1, 2]);
     Ok(())
 }
@@ -124,7 +124,7 @@ async fn finish_validates_against_the_output_schema() -> anyhow::Result<()> {
     let outcome = runtime.execute("judge", "rate it").await?;
     assert_eq!(outcome.status, Status::Completed);
     assert_eq!(outcome.output, Some(json!({ "score": 9 })));
-    let messages = runtime.messages(&outcome.session_id)?;
+    let messages = runtime.messages(&outcome.session_id).await?;
     assert!(
         matches!(&messages[2], Message::Tool { outcome: ToolOutcome::Error(e), .. } if e.starts_with("invalid_output"))
     );
@@ -167,7 +167,7 @@ async fn finish_with_tools_run_after_the_parallel_phase_and_end_the_run() -> any
     assert_eq!(outcome.status, Status::Completed);
     assert_eq!(outcome.output, Some(json!("submit")));
     assert_eq!(*order.lock(), vec!["prepare", "submit"]);
-    let record = runtime.session(&outcome.session_id)?;
+    let record = runtime.session(&outcome.session_id).await?;
     assert_eq!(record.custom_state.get("prepare"), Some(&json!(true)));
     let names = hooks.names.lock().clone();
     let position = |name| names.iter().position(|n| *n == name);
@@ -258,7 +258,7 @@ async fn a_panicking_tool_becomes_a_tool_error() -> anyhow::Result<()> {
         .build()?;
     let outcome = runtime.execute("risky", "go").await?;
     assert_eq!(outcome.status, Status::Completed);
-    let messages = runtime.messages(&outcome.session_id)?;
+    let messages = runtime.messages(&outcome.session_id).await?;
     assert!(
         matches!(&messages[2], Message::Tool { outcome: ToolOutcome::Error(e), .. } if e.contains("kaboom"))
     );
@@ -269,18 +269,24 @@ async fn a_panicking_tool_becomes_a_tool_error() -> anyhow::Result<()> {
 async fn unknown_sessions_and_agents_are_typed_errors() -> anyhow::Result<()> {
     let runtime = Runtime::builder().store(temp_store()?).build()?;
     let id: SessionId = "nobody".parse()?;
-    assert!(matches!(runtime.status(&id), Err(Error::UnknownSession(_))));
     assert!(matches!(
-        runtime.messages(&id),
-        Err(Error::UnknownSession(_))
-    ));
-    assert!(matches!(runtime.runs(&id), Err(Error::UnknownSession(_))));
-    assert!(matches!(
-        runtime.chunks(&id, 0),
+        runtime.status(&id).await,
         Err(Error::UnknownSession(_))
     ));
     assert!(matches!(
-        runtime.companions(&id),
+        runtime.messages(&id).await,
+        Err(Error::UnknownSession(_))
+    ));
+    assert!(matches!(
+        runtime.runs(&id).await,
+        Err(Error::UnknownSession(_))
+    ));
+    assert!(matches!(
+        runtime.chunks(&id, 0).await,
+        Err(Error::UnknownSession(_))
+    ));
+    assert!(matches!(
+        runtime.companions(&id).await,
         Err(Error::UnknownSession(_))
     ));
     assert!(matches!(
@@ -297,16 +303,16 @@ async fn the_stream_can_be_followed_from_any_sequence() -> anyhow::Result<()> {
     let outcome = runtime.execute("worker", "go").await?;
     let id = outcome.session_id;
     assert!(
-        runtime.companions(&id)?.is_empty(),
+        runtime.companions(&id).await?.is_empty(),
         "a session without companions"
     );
-    let all = runtime.chunks(&id, 0)?;
+    let all = runtime.chunks(&id, 0).await?;
     let types: Vec<&str> = all.iter().map(|c| c.kind.type_name()).collect();
     assert_eq!(types.first(), Some(&"run_start"));
     assert_eq!(types.last(), Some(&"run_end"));
     assert!(all.iter().enumerate().all(|(i, c)| c.seq == i as u64));
     assert!(
-        runtime.chunks(&id, all.len() as u64)?.is_empty(),
+        runtime.chunks(&id, all.len() as u64).await?.is_empty(),
         "past the end of a known session's stream is empty, not an unknown session"
     );
     let followed: Vec<_> = runtime.follow(&id, 3).take(all.len() - 3).collect().await;

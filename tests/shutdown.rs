@@ -32,7 +32,7 @@ async fn a_second_runtime_on_a_store_in_use_is_refused_until_the_first_shuts_dow
     // A store that outlives its runtime's shutdown (a memory store is not closed) serves the
     // next one.
     let second = runtime_on(Arc::clone(&store))?;
-    assert_eq!(second.session_ids()?.len(), 1);
+    assert_eq!(second.session_ids().await?.len(), 1);
     second.shutdown().await?;
     Ok(())
 }
@@ -74,25 +74,55 @@ async fn after_shutdown_every_method_answers_shut_down() -> anyhow::Result<()> {
     assert_eq!(code(runtime.interrupt(&id).await), shut_down, "interrupt");
     assert_eq!(code(runtime.abort(&id).await), shut_down, "abort");
     assert_eq!(code(runtime.sweep_deadlines().await.map(drop)), shut_down);
-    assert_eq!(code(runtime.find_expired_pending(0).map(drop)), shut_down);
-    assert_eq!(code(runtime.pending(&id).map(drop)), shut_down, "pending");
-    assert_eq!(code(runtime.children(&id).map(drop)), shut_down, "children");
     assert_eq!(
-        code(runtime.companions(&id).map(drop)),
+        code(runtime.find_expired_pending(0).await.map(drop)),
+        shut_down
+    );
+    assert_eq!(
+        code(runtime.pending(&id).await.map(drop)),
+        shut_down,
+        "pending"
+    );
+    assert_eq!(
+        code(runtime.children(&id).await.map(drop)),
+        shut_down,
+        "children"
+    );
+    assert_eq!(
+        code(runtime.companions(&id).await.map(drop)),
         shut_down,
         "companions"
     );
-    assert_eq!(code(runtime.session(&id).map(drop)), shut_down, "session");
     assert_eq!(
-        code(runtime.session_ids().map(drop)),
+        code(runtime.session(&id).await.map(drop)),
+        shut_down,
+        "session"
+    );
+    assert_eq!(
+        code(runtime.session_ids().await.map(drop)),
         shut_down,
         "session_ids"
     );
-    assert_eq!(code(runtime.status(&id).map(drop)), shut_down, "status");
-    assert_eq!(code(runtime.messages(&id).map(drop)), shut_down, "messages");
-    assert_eq!(code(runtime.runs(&id).map(drop)), shut_down, "runs");
-    assert_eq!(code(runtime.chunks(&id, 0).map(drop)), shut_down, "chunks");
-    assert_eq!(code(runtime.store_size_on_disk().map(drop)), shut_down);
+    assert_eq!(
+        code(runtime.status(&id).await.map(drop)),
+        shut_down,
+        "status"
+    );
+    assert_eq!(
+        code(runtime.messages(&id).await.map(drop)),
+        shut_down,
+        "messages"
+    );
+    assert_eq!(code(runtime.runs(&id).await.map(drop)), shut_down, "runs");
+    assert_eq!(
+        code(runtime.chunks(&id, 0).await.map(drop)),
+        shut_down,
+        "chunks"
+    );
+    assert_eq!(
+        code(runtime.store_size_on_disk().await.map(drop)),
+        shut_down
+    );
     let first = runtime.follow(&id, 0).boxed().next().await;
     assert!(
         matches!(first, Some(Err(Error::ShutDown))),

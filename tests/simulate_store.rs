@@ -164,7 +164,7 @@ async fn leave_expired_deadline(dir: &Path, agent: &str) -> anyhow::Result<Sessi
     let run = runtime.execute_on(&id, agent, "an earlier process").await?;
     assert_eq!(run.status, Status::SuspendedClientTool);
     assert_eq!(
-        runtime.find_expired_pending(u64::MAX)?.len(),
+        runtime.find_expired_pending(u64::MAX).await?.len(),
         1,
         "the store holds one expired deadline"
     );
@@ -179,7 +179,7 @@ async fn timed_out(dir: &Path, id: &SessionId) -> anyhow::Result<bool> {
         .store(Arc::new(SledStore::open(dir)?))
         .background_deadlines(false)
         .build()?;
-    let timed_out = runtime.messages(id)?.iter().any(|message| {
+    let timed_out = runtime.messages(id).await?.iter().any(|message| {
         matches!(message, Message::Tool { outcome: ToolOutcome::Error(error), .. }
                  if error.starts_with("client_tool_timeout"))
     });

@@ -77,15 +77,16 @@ async fn stop_deep_trees(depth: usize, rounds: usize) -> anyhow::Result<()> {
         };
         for id in &ids {
             assert_eq!(
-                runtime.status(id)?,
+                runtime.status(id).await?,
                 stopped,
                 "round {round} (abort {abort}): {id} at depth {depth}"
             );
-            assert!(runtime.pending(id)?.is_empty(), "round {round}: {id}");
+            assert!(runtime.pending(id).await?.is_empty(), "round {round}: {id}");
         }
         assert!(
             runtime
-                .find_expired_pending(u64::MAX - 1)?
+                .find_expired_pending(u64::MAX - 1)
+                .await?
                 .iter()
                 .all(|call| !ids.contains(&call.session)),
             "round {round}: a deadline of the tree is still armed"

@@ -33,7 +33,11 @@ async fn a_submit_whose_commit_fails_is_not_accepted_and_the_call_still_waits() 
         .submit_tool_result(Submit::result("s1", "tc-1", json!({ "applied": 1 })))
         .await;
     assert!(matches!(failed, Err(Error::Store(_))), "{failed:?}");
-    assert_eq!(runtime.pending(&id)?[0].answer, None, "nothing was stored");
+    assert_eq!(
+        runtime.pending(&id).await?[0].answer,
+        None,
+        "nothing was stored"
+    );
     // The session forgot the answer too: the barrier stops a resume from using it.
     let held = runtime.resume(&id).await?;
     assert_eq!(held.pending, vec!["tc-1".to_string()]);
@@ -70,8 +74,8 @@ async fn a_failed_step_commit_answers_a_store_error_and_the_session_reloads() ->
         "the caller learns it was the store: {failed:?}"
     );
     // Commit #1 landed, commit #2 did not: the run is recorded as running at its last step.
-    assert_eq!(runtime.status(&id)?, Status::Running);
-    assert_eq!(runtime.messages(&id)?.len(), 2);
+    assert_eq!(runtime.status(&id).await?, Status::Running);
+    assert_eq!(runtime.messages(&id).await?.len(), 2);
     assert!(store.failed_commits() >= 1);
     Ok(())
 }
@@ -94,7 +98,7 @@ async fn a_step_commit_that_fails_once_cuts_the_run_and_the_approved_tool_never_
     )?;
     let id: SessionId = "s1".parse()?;
     let run = runtime.execute_on(&id, "editor", "go").await?;
-    let approval_id = runtime.pending(&id)?[0].approval_id();
+    let approval_id = runtime.pending(&id).await?[0].approval_id();
     assert_eq!(run.status, Status::SuspendedClientTool);
     let yes = Submit::approval("s1", "d1", approval_id, true, None);
     assert_eq!(
@@ -104,17 +108,20 @@ async fn a_step_commit_that_fails_once_cuts_the_run_and_the_approved_tool_never_
     store.arm(Fault::NextCommitOf(CommitKind::ToolResults));
     assert!(matches!(runtime.resume(&id).await, Err(Error::Store(_))));
     assert_eq!(deploys.load(std::sync::atomic::Ordering::SeqCst), 1);
-    assert_eq!(runtime.status(&id)?, Status::Interrupted);
+    assert_eq!(runtime.status(&id).await?, Status::Interrupted);
     let done = runtime.resume(&id).await?;
     assert_eq!(done.status, Status::Completed, "{done:?}");
-    assert!(runtime.pending(&id)?.is_empty(), "no second approval asked");
+    assert!(
+        runtime.pending(&id).await?.is_empty(),
+        "no second approval asked"
+    );
     runtime.evict(&id).await;
     assert!(matches!(
         runtime.resume(&id).await,
         Err(Error::NotResumable { .. })
     ));
     assert_eq!(deploys.load(std::sync::atomic::Ordering::SeqCst), 1);
-    match common::tool_result(&runtime.messages(&id)?, "d1") {
+    match common::tool_result(&runtime.messages(&id).await?, "d1") {
         Some(dormant::ToolOutcome::Error(error)) => {
             assert!(error.starts_with("tool_durability_error"), "{error}");
         }
@@ -170,7 +177,7 @@ async fn after_a_crash_only_safe_to_retry_tools_run_again() -> anyhow::Result<()
         1,
         "the other one did not"
     );
-    let messages = runtime.messages(&id)?;
+    let messages = runtime.messages(&id).await?;
     assert!(matches!(
         common::tool_result(&messages, "r1"),
         Some(dormant::ToolOutcome::Result(_))
@@ -184,7 +191,7 @@ async fn after_a_crash_only_safe_to_retry_tools_run_again() -> anyhow::Result<()
         }
         other => anyhow::bail!("expected a durability error, got {other:?}"),
     }
-    let runs = runtime.runs(&id)?;
+    let runs = runtime.runs(&id).await?;
     assert_eq!(
         runs[0].error.as_ref().map(|e| e.code),
         Some(dormant::ErrorCode::Crashed)

@@ -65,34 +65,34 @@ impl Store for PanicFor {
         }
         self.inner.commit(batch).await
     }
-    fn get(&self, tree: Tree, key: &[u8]) -> Result<Option<Vec<u8>>, store::Error> {
-        self.inner.get(tree, key)
+    async fn get(&self, tree: Tree, key: &[u8]) -> Result<Option<Vec<u8>>, store::Error> {
+        self.inner.get(tree, key).await
     }
-    fn scan_prefix(&self, tree: Tree, prefix: &[u8]) -> Result<Vec<Entry>, store::Error> {
-        self.inner.scan_prefix(tree, prefix)
+    async fn scan_prefix(&self, tree: Tree, prefix: &[u8]) -> Result<Vec<Entry>, store::Error> {
+        self.inner.scan_prefix(tree, prefix).await
     }
-    fn scan_prefix_rev(
+    async fn scan_prefix_rev(
         &self,
         tree: Tree,
         prefix: &[u8],
         limit: usize,
     ) -> Result<Vec<Entry>, store::Error> {
-        self.inner.scan_prefix_rev(tree, prefix, limit)
+        self.inner.scan_prefix_rev(tree, prefix, limit).await
     }
-    fn scan_range(
+    async fn scan_range(
         &self,
         tree: Tree,
         from: &[u8],
         to: &[u8],
         limit: usize,
     ) -> Result<Vec<Entry>, store::Error> {
-        self.inner.scan_range(tree, from, to, limit)
+        self.inner.scan_range(tree, from, to, limit).await
     }
     async fn flush(&self) -> Result<(), store::Error> {
         self.inner.flush().await
     }
-    fn size_on_disk(&self) -> Result<u64, store::Error> {
-        self.inner.size_on_disk()
+    async fn size_on_disk(&self) -> Result<u64, store::Error> {
+        self.inner.size_on_disk().await
     }
 }
 
@@ -120,7 +120,7 @@ async fn a_child_that_keeps_crashing_is_a_tool_error_and_its_sibling_is_unaffect
     let outcome = runtime.execute_on(&parent, "lead", "go").await?;
     assert_eq!(outcome.status, Status::Completed);
     assert_eq!(outcome.text.as_deref(), Some("done"));
-    let messages = runtime.messages(&parent)?;
+    let messages = runtime.messages(&parent).await?;
     assert_eq!(
         common::tool_result(&messages, "g1"),
         Some(&ToolOutcome::Result(json!("fine")))
@@ -193,7 +193,7 @@ async fn recovery_reconciles_children_in_the_background_within_its_bound_and_onl
     };
     assert_eq!(starts.recv().await, Some(stuck.clone()));
     runtime.wait_settled(&good).await;
-    assert_eq!(runtime.status(&good)?, Status::Completed);
+    assert_eq!(runtime.status(&good).await?, Status::Completed);
     // The process goes away with the step in flight.
     runtime.shutdown().await?;
     running.abort();
@@ -204,7 +204,7 @@ async fn recovery_reconciles_children_in_the_background_within_its_bound_and_onl
     let runtime = stuck_runtime(dir.path(), started)?;
     // The good child's report may or may not have reached the parent before the end; the
     // stuck one's cannot have.
-    let stale = runtime.children(&parent)?;
+    let stale = runtime.children(&parent).await?;
     let running = |call: &str| {
         stale
             .iter()
@@ -220,10 +220,10 @@ async fn recovery_reconciles_children_in_the_background_within_its_bound_and_onl
     assert_eq!(starts.recv().await, Some(stuck.clone()));
     // Waking the parent: it answers at once, while its children are reconciled behind it.
     runtime.interrupt(&parent).await?;
-    assert_eq!(runtime.status(&parent)?, Status::Interrupted);
+    assert_eq!(runtime.status(&parent).await?, Status::Interrupted);
     runtime.wait_settled(&parent).await;
     assert_eq!(runtime.stats().reconciled_children, expected);
-    let reconciled = runtime.children(&parent)?;
+    let reconciled = runtime.children(&parent).await?;
     let state_of = |call: &str| {
         reconciled
             .iter()

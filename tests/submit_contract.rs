@@ -27,7 +27,7 @@ async fn suspended_with_client_and_approval() -> anyhow::Result<dormant::Runtime
 async fn malformed_envelopes_are_refused_and_store_nothing() -> anyhow::Result<()> {
     let runtime = suspended_with_client_and_approval().await?;
     let id: SessionId = "s1".parse()?;
-    let before = runtime.pending(&id)?;
+    let before = runtime.pending(&id).await?;
     let cases: Vec<(Value, &str)> = vec![
         (
             json!({ "session_id": "", "tool_call_id": "tc-1", "result": {} }),
@@ -115,9 +115,13 @@ async fn malformed_envelopes_are_refused_and_store_nothing() -> anyhow::Result<(
             reason: "approval_id may not be empty".into()
         }
     );
-    assert_eq!(runtime.pending(&id)?, before, "nothing was stored");
+    assert_eq!(runtime.pending(&id).await?, before, "nothing was stored");
     assert!(
-        runtime.session_ids()?.iter().all(|s| s.as_str() == "s1"),
+        runtime
+            .session_ids()
+            .await?
+            .iter()
+            .all(|s| s.as_str() == "s1"),
         "nothing was created"
     );
     let valid = runtime
@@ -159,7 +163,7 @@ async fn a_submit_naming_a_sub_agent_session_is_an_invalid_request() -> anyhow::
     )?;
     runtime.execute_on(&"root".parse()?, "editor", "go").await?;
     // A child record, as the sub-agent machinery writes it: same shape, with a parent.
-    let mut child = runtime.session(&"root".parse()?)?;
+    let mut child = runtime.session(&"root".parse()?).await?;
     child.id = "root-sub-tc-9".parse()?;
     child.parent = Some("root".parse()?);
     let mut bytes = vec![dormant::schema::FORMAT_VERSION];

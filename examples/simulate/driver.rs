@@ -335,7 +335,7 @@ impl Sim {
         let began = Instant::now();
         // Where this turn's chunks start: the stream is read from here to find approval ids,
         // timeouts and (with --auto-resume) where each automatic resume stopped.
-        let mut cursor = match self.runtime.session(id) {
+        let mut cursor = match self.runtime.session(id).await {
             Ok(record) => record.chunk_count,
             Err(Error::UnknownSession(_)) => 0,
             Err(error) => return Err(self.halt.check(here("reading the session".into()), error)),
@@ -420,7 +420,7 @@ impl Sim {
                 )
             }
             Kind::Approval => {
-                let approval_id = self.approval_id(id, *cursor, call)?;
+                let approval_id = self.approval_id(id, *cursor, call).await?;
                 let expected_id = format!("{}::{call}", suspended.run_id);
                 if approval_id != expected_id {
                     return Err(format!(
@@ -599,8 +599,8 @@ impl Sim {
     }
 
     /// The approval id of `call`, as its `tool_approval_request` chunk gives it.
-    fn approval_id(&self, id: &SessionId, from: u64, call: &str) -> Result<String, String> {
-        let chunks = self.runtime.chunks(id, from).map_err(|error| {
+    async fn approval_id(&self, id: &SessionId, from: u64, call: &str) -> Result<String, String> {
+        let chunks = self.runtime.chunks(id, from).await.map_err(|error| {
             self.halt
                 .check(format!("session {id}: reading the stream"), error)
         })?;

@@ -305,7 +305,7 @@ pub(crate) async fn simulate(args: Args, fanout: Fanout) -> anyhow::Result<usize
     let stats = runtime.stats();
     let client = runtime.client_tool_stats();
     let verify_start = Instant::now();
-    let errors = sim.verify(&mut problems)?;
+    let errors = sim.verify(&mut problems).await?;
     let expected_answers = count(fanout.roots * fanout.children);
     // Global, yet this run's: only a submit is counted here, and this process submits only
     // to its own trees.
@@ -611,16 +611,17 @@ impl Sim {
     ///
     /// # Errors
     /// A store error reading a session is a [`crate::halt::StoreFailure`].
-    fn verify(&self, problems: &mut Vec<String>) -> anyhow::Result<ToolErrors> {
+    async fn verify(&self, problems: &mut Vec<String>) -> anyhow::Result<ToolErrors> {
         let mut errors = ToolErrors::default();
         for (tree, root) in self.roots.iter().enumerate() {
             let answers = self.answers[tree].lock().clone();
-            self.check_tree(tree, root, &answers, problems, &mut errors)?;
+            self.check_tree(tree, root, &answers, problems, &mut errors)
+                .await?;
         }
         Ok(errors)
     }
 
-    fn check_tree(
+    async fn check_tree(
         &self,
         tree: usize,
         root: &SessionId,
@@ -631,7 +632,7 @@ impl Sim {
         let children = self.fanout.children;
         let here = |what: String| format!("tree {tree} (root {root}): {what}");
         let unreadable = |id: &SessionId, error| fatal(here(format!("reading {id}")), error);
-        match self.runtime.status(root) {
+        match self.runtime.status(root).await {
             Ok(Status::Completed) => {}
             Ok(status) => problems.push(here(format!("root status {status:?}"))),
             Err(error @ dormant::Error::Store(_)) => return Err(unreadable(root, error)),
@@ -643,11 +644,13 @@ impl Sim {
         let left = self
             .runtime
             .children(root)
+            .await
             .map_err(|error| unreadable(root, error))?
             .len()
             + self
                 .runtime
                 .pending(root)
+                .await
                 .map_err(|error| unreadable(root, error))?
                 .len();
         if left > 0 {
@@ -657,6 +660,7 @@ impl Sim {
         let messages = self
             .runtime
             .messages(root)
+            .await
             .map_err(|error| unreadable(root, error))?;
         let results = tool_results(&messages);
         errors.count(&results);
@@ -685,7 +689,7 @@ impl Sim {
         // Each child: completed, its client's answer applied exactly once with its value.
         for child in 0..children {
             let id = root.ephemeral_child(&delegate_id(child));
-            match self.runtime.status(&id) {
+            match self.runtime.status(&id).await {
                 Ok(Status::Completed) => {}
                 Ok(status) => problems.push(here(format!("child {id} status {status:?}"))),
                 Err(error @ dormant::Error::Store(_)) => return Err(unreadable(&id, error)),
@@ -697,6 +701,7 @@ impl Sim {
             let messages = self
                 .runtime
                 .messages(&id)
+                .await
                 .map_err(|error| unreadable(&id, error))?;
             let results = tool_results(&messages);
             errors.count(&results);

@@ -258,7 +258,7 @@ async fn simulate(args: Args) -> anyhow::Result<usize> {
         lookups: lookups.get(),
         deploys: deploys.get(),
     };
-    let verdict = verify::verify(&runtime, &ids, &plan, &measured, tools, &client)?;
+    let verdict = verify::verify(&runtime, &ids, &plan, &measured, tools, &client).await?;
     let mut problems = measured.errors.clone();
     problems.extend(verdict.problems);
     let verify_elapsed = verify_start.elapsed();

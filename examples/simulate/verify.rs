@@ -46,7 +46,7 @@ struct ToolErrors {
 ///
 /// # Errors
 /// A store error reading a session is a [`crate::halt::StoreFailure`].
-pub(crate) fn verify(
+pub(crate) async fn verify(
     runtime: &Runtime,
     ids: &[SessionId],
     plan: &Plan,
@@ -62,7 +62,7 @@ pub(crate) fn verify(
             .get(session)
             .map(Vec::as_slice)
             .unwrap_or_default();
-        let found = check_session(runtime, id, plan, expected, &mut problems)?;
+        let found = check_session(runtime, id, plan, expected, &mut problems).await?;
         errors.timeouts += found.timeouts;
         errors.other += found.other;
     }
@@ -127,14 +127,14 @@ pub(crate) fn verify(
     })
 }
 
-fn check_session(
+async fn check_session(
     runtime: &Runtime,
     id: &SessionId,
     plan: &Plan,
     expected: &[(String, Expected)],
     problems: &mut Vec<String>,
 ) -> anyhow::Result<ToolErrors> {
-    let record = match runtime.session(id) {
+    let record = match runtime.session(id).await {
         Ok(record) => record,
         Err(error @ dormant::Error::Store(_)) => {
             return Err(fatal(format!("reading session {id}"), error))
@@ -152,6 +152,7 @@ fn check_session(
     let expected_messages = plan.turns * (2 * plan.steps + 2) + 2 * plan.suspensions;
     let messages = runtime
         .messages(id)
+        .await
         .map_err(|error| fatal(format!("reading the messages of session {id}"), error))?;
     if messages.len() != expected_messages {
         problems.push(format!(
@@ -245,6 +246,7 @@ fn check_session(
     problems.extend(wrong);
     let runs = runtime
         .runs(id)
+        .await
         .map_err(|error| fatal(format!("reading the runs of session {id}"), error))?;
     let completed = runs
         .iter()

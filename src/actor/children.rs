@@ -80,12 +80,13 @@ impl SessionActor {
         let Some((child, forwarded)) = session.report_source(&tool_call_id) else {
             return;
         };
-        let chunks = match forwarded
-            .map(|from| schema::load_chunks(self.shared.store.as_ref(), &child, from))
-        {
-            None => Vec::new(),
-            Some(Ok(chunks)) => chunks,
-            Some(Err(error)) => {
+        let chunks = match forwarded {
+            None => Ok(Vec::new()),
+            Some(from) => schema::load_chunks(self.shared.store.as_ref(), &child, from).await,
+        };
+        let chunks = match chunks {
+            Ok(chunks) => chunks,
+            Err(error) => {
                 tracing::warn!(session = %ctx.key(), %child, %error, "subagent.chunks_unreadable");
                 Vec::new()
             }
@@ -185,7 +186,7 @@ async fn inspect(host: &Host<SessionActor>, shared: &Shared, child: &SessionId) 
     let (reply, settled) = oneshot::channel();
     host.send(child.clone(), SessionMsg::WaitSettled { reply });
     let _ = settled.await;
-    match read_child(shared.store.as_ref(), child) {
+    match read_child(shared.store.as_ref(), child).await {
         Ok(stored) => crate::session::stored_state(child, stored),
         Err(error) => ChildState::Interrupted {
             reason: format!("child_unreadable: {error}"),
@@ -200,12 +201,12 @@ type StoredChild = (
     Vec<crate::session::PendingCall>,
 );
 
-fn read_child(store: &dyn Store, child: &SessionId) -> Result<Option<StoredChild>, Error> {
-    let Some(record) = schema::load_record(store, child)? else {
+async fn read_child(store: &dyn Store, child: &SessionId) -> Result<Option<StoredChild>, Error> {
+    let Some(record) = schema::load_record(store, child).await? else {
         return Ok(None);
     };
-    let run = schema::load_run(store, child, record.run_count)?;
-    let pending = schema::load_pending(store, child)?;
+    let run = schema::load_run(store, child, record.run_count).await?;
+    let pending = schema::load_pending(store, child).await?;
     Ok(Some((record, run, pending)))
 }
 

@@ -52,11 +52,8 @@ impl SessionActor {
         let session = match self.present(ctx.key(), state).await {
             Ok(Some(session)) => session,
             Ok(None) => {
-                let _ = reply.send(crate::router::settled_outcome(
-                    &self.shared,
-                    root,
-                    &tool_call_id,
-                ));
+                let _ = reply
+                    .send(crate::router::settled_outcome(&self.shared, root, &tool_call_id).await);
                 return;
             }
             Err(error) => {
@@ -88,7 +85,7 @@ impl SessionActor {
                 }
             }
             Some(Verdict::NotPending) | None => {
-                crate::router::settled_outcome(&self.shared, root, &tool_call_id)
+                crate::router::settled_outcome(&self.shared, root, &tool_call_id).await
             }
             Some(Verdict::InvalidResult { reason, errors }) => {
                 tracing::warn!(session = %ctx.key(), tool_call_id, %reason, "client_tool.validation_failed");

@@ -18,7 +18,7 @@ use crate::nesting::{MAX_JSON_DEPTH_LIMIT, MAX_TREE_DEPTH};
 use crate::scheduler::{DeadlineScheduler, Deadlines};
 use crate::session::Policy;
 use crate::shared::Shared;
-use crate::store::{SledStore, Store, Tree};
+use crate::store::{SledStore, Store};
 use crate::submit::{DEFAULT_MAX_RESULT_BYTES, DEFAULT_TOMBSTONE_RETENTION_MS};
 
 /// Configures and builds a [`Runtime`]. Everything has a default; the store defaults to a
@@ -221,7 +221,7 @@ impl RuntimeBuilder {
         let claim = StoreClaim::take(&store)?;
         // A store a shutdown closed cannot serve a new runtime: say so now, not at the first
         // request.
-        if let Err(crate::store::Error::Closed) = store.get(Tree::Sessions, &[]) {
+        if store.is_closed() {
             return Err(Error::ShutDown);
         }
         let shared = Arc::new(Shared {

@@ -53,7 +53,7 @@ pub(super) fn follow(
         }
         if !follower.started {
             follower.started = true;
-            if let Err(error) = follower.refill() {
+            if let Err(error) = follower.refill().await {
                 follower.failed = true;
                 return Some((Err(error), follower));
             }
@@ -73,7 +73,7 @@ pub(super) fn follow(
                 }
                 // A gap (chunks published before we subscribed) or a lag: the store has them.
                 Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {
-                    if let Err(error) = follower.refill() {
+                    if let Err(error) = follower.refill().await {
                         follower.failed = true;
                         return Some((Err(error), follower));
                     }
@@ -95,8 +95,9 @@ impl Drop for Follower {
 }
 
 impl Follower {
-    fn refill(&mut self) -> Result<(), Error> {
-        let stored = schema::load_chunks(self.shared.store.as_ref(), &self.session, self.next)?;
+    async fn refill(&mut self) -> Result<(), Error> {
+        let stored =
+            schema::load_chunks(self.shared.store.as_ref(), &self.session, self.next).await?;
         self.buffered.extend(stored);
         Ok(())
     }

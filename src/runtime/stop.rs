@@ -16,7 +16,7 @@ impl Runtime {
     /// outside every actor, so no session ever waits on another.
     pub(super) async fn stop_tree(&self, root: &SessionId, abort: bool) -> Result<(), Error> {
         self.ensure_open()?;
-        self.session(root)?;
+        self.session(root).await?;
         let mut queue = VecDeque::from([(root.clone(), abort)]);
         let mut stopped = HashSet::new();
         while let Some((id, abort)) = queue.pop_front() {

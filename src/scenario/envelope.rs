@@ -17,7 +17,7 @@ pub(crate) const AUTO_APPROVAL_ID: &str = "auto";
 /// the step gives (`kind` only when given: the runtime's default is part of what is tested).
 /// `approval_id: "auto"` becomes the call's real approval id when the runtime knows the call,
 /// and stays `"auto"` (a wrong id) when it does not.
-pub(crate) fn build(step: &SubmitStep, runtime: &Runtime) -> Value {
+pub(crate) async fn build(step: &SubmitStep, runtime: &Runtime) -> Value {
     if let Some(raw) = &step.raw {
         return raw.clone();
     }
@@ -43,11 +43,11 @@ pub(crate) fn build(step: &SubmitStep, runtime: &Runtime) -> Value {
     }
     if let Some(approval_id) = &step.approval_id {
         let approval_id = if approval_id == AUTO_APPROVAL_ID {
-            session
-                .parse()
-                .ok()
-                .and_then(|session| approval_id_of(runtime, &session, &call))
-                .unwrap_or_else(|| approval_id.clone())
+            let found = match session.parse() {
+                Ok(session) => approval_id_of(runtime, &session, &call).await,
+                Err(_) => None,
+            };
+            found.unwrap_or_else(|| approval_id.clone())
         } else {
             approval_id.clone()
         };
@@ -58,31 +58,30 @@ pub(crate) fn build(step: &SubmitStep, runtime: &Runtime) -> Value {
 
 /// The approval id of call `call` in the tree of `session`: from its pending entry while it
 /// has one, else from the last `tool_approval_request` chunk that announced it.
-fn approval_id_of(runtime: &Runtime, session: &SessionId, call: &str) -> Option<String> {
-    let members = tree::sessions(runtime, session).ok()?;
-    let pending = members.iter().find_map(|member| {
-        runtime
-            .pending(member)
-            .ok()?
+async fn approval_id_of(runtime: &Runtime, session: &SessionId, call: &str) -> Option<String> {
+    let members = tree::sessions(runtime, session).await.ok()?;
+    for member in &members {
+        let pending = runtime.pending(member).await.ok().unwrap_or_default();
+        if let Some(found) = pending
             .into_iter()
             .find(|pending| pending.tool_call_id == call)
-            .map(|pending| pending.approval_id())
-    });
-    pending.or_else(|| {
-        members.iter().find_map(|member| {
-            runtime
-                .chunks(member, 0)
-                .ok()?
-                .into_iter()
-                .rev()
-                .find_map(|chunk| match chunk.kind {
-                    ChunkKind::ToolApprovalRequest {
-                        tool_call_id,
-                        approval_id,
-                        ..
-                    } if tool_call_id == call => Some(approval_id),
-                    _ => None,
-                })
-        })
-    })
+        {
+            return Some(found.approval_id());
+        }
+    }
+    for member in &members {
+        let chunks = runtime.chunks(member, 0).await.ok().unwrap_or_default();
+        let announced = chunks.into_iter().rev().find_map(|chunk| match chunk.kind {
+            ChunkKind::ToolApprovalRequest {
+                tool_call_id,
+                approval_id,
+                ..
+            } if tool_call_id == call => Some(approval_id),
+            _ => None,
+        });
+        if announced.is_some() {
+            return announced;
+        }
+    }
+    None
 }

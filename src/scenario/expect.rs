@@ -42,7 +42,7 @@ impl Observed {
 
 /// Every expectation of `step` that does not hold, as `expected X, got Y`, in the order of
 /// the spec's table.
-pub(crate) fn check(world: &World, step: &Step, observed: &Observed) -> Vec<String> {
+pub(crate) async fn check(world: &World, step: &Step, observed: &Observed) -> Vec<String> {
     let expect = &step.expect;
     let mut out = Mismatches::default();
     // `parse.rs` refuses expectations about a session on a step that names none.
@@ -54,7 +54,7 @@ pub(crate) fn check(world: &World, step: &Step, observed: &Observed) -> Vec<Stri
     });
     let view = view.as_ref();
     if let (Some(expected), Some(view)) = (expect.status, view) {
-        let got = view.status();
+        let got = view.status().await;
         if got != expected.as_str() {
             out.push("status", expected.as_str(), got);
         }
@@ -63,7 +63,7 @@ pub(crate) fn check(world: &World, step: &Step, observed: &Observed) -> Vec<Stri
         let mut expected: Vec<&str> = expected.iter().map(String::as_str).collect();
         expected.sort_unstable();
         expected.dedup();
-        match view.pending() {
+        match view.pending().await {
             Ok(got) if got == expected => {}
             Ok(got) => {
                 let got: Vec<&str> = got.iter().map(String::as_str).collect();
@@ -73,14 +73,14 @@ pub(crate) fn check(world: &World, step: &Step, observed: &Observed) -> Vec<Stri
         }
     }
     if let (Some(expected), Some(view)) = (&expect.text, view) {
-        match view.last_run() {
+        match view.last_run().await {
             Ok((text, _)) if text == *expected => {}
             Ok((text, _)) => out.push("text", show_text(expected), show_text(&text)),
             Err(error) => out.push("text", show_text(expected), describe(&error)),
         }
     }
     if let (Some(expected), Some(view)) = (&expect.output, view) {
-        match view.last_run() {
+        match view.last_run().await {
             Ok((_, output)) if output.as_ref().unwrap_or(&Value::Null) == expected => {}
             Ok((_, output)) => out.push("output", expected, show_value(&output)),
             Err(error) => out.push("output", expected, describe(&error)),
@@ -88,7 +88,7 @@ pub(crate) fn check(world: &World, step: &Step, observed: &Observed) -> Vec<Stri
     }
     match (&expect.error, observed.error()) {
         (Some(expected), _) => {
-            let got = error_codes(world, step.op.session(), observed);
+            let got = error_codes(world, step.op.session(), observed).await;
             if !got.iter().any(|code| code == expected) {
                 let got = got.first().map_or("no error", String::as_str);
                 out.push("error", expected, got);
@@ -115,7 +115,7 @@ pub(crate) fn check(world: &World, step: &Step, observed: &Observed) -> Vec<Stri
     if let (Some(expected), Some(view)) = (&expect.tool_results, view) {
         for (id, wanted) in expected {
             let key = format!("tool_results.{id}");
-            match view.tool_outcome(id) {
+            match view.tool_outcome(id).await {
                 Ok(Some(outcome)) if matches(wanted, &outcome) => {}
                 Ok(Some(outcome)) => out.push(&key, show_wanted(wanted), show_outcome(&outcome)),
                 Ok(None) => out.push(&key, show_wanted(wanted), "no result recorded"),
@@ -130,7 +130,7 @@ pub(crate) fn check(world: &World, step: &Step, observed: &Observed) -> Vec<Stri
         }
     }
     if let (Some(expected), Some(view)) = (expect.runs, view) {
-        match view.runs() {
+        match view.runs().await {
             Ok(runs) if runs.len() == expected => {}
             Ok(runs) => out.push("runs", expected, runs.len()),
             Err(error) => out.push("runs", expected, describe(&error)),
@@ -138,14 +138,14 @@ pub(crate) fn check(world: &World, step: &Step, observed: &Observed) -> Vec<Stri
     }
     if let (Some(expected), Some(view)) = (&expect.events, view) {
         let expected: Vec<&str> = expected.iter().map(|event| event.as_str()).collect();
-        match view.event_names() {
+        match view.event_names().await {
             Ok(got) if is_subsequence(&expected, &got) => {}
             Ok(got) => out.push("events in order", show_list(&expected), show_list(&got)),
             Err(error) => out.push("events in order", show_list(&expected), describe(&error)),
         }
     }
     if let (Some(expected), Some(view)) = (&expect.companions, view) {
-        match view.companions() {
+        match view.companions().await {
             Ok(got) => {
                 for (name, status) in expected {
                     let found = got.iter().find(|companion| &companion.name == name);
@@ -165,7 +165,7 @@ pub(crate) fn check(world: &World, step: &Step, observed: &Observed) -> Vec<Stri
     if let (Some(expected), Some(view)) = (&expect.hooks, view) {
         let expected: Vec<&str> = expected.iter().map(|hook| hook.as_str()).collect();
         let key = "hooks of the last run in order";
-        match view.last_run_id() {
+        match view.last_run_id().await {
             Ok(run) => {
                 let got = run.map(|run| world.hooks.names(run)).unwrap_or_default();
                 if !is_subsequence(&expected, &got) {
@@ -191,7 +191,11 @@ impl Mismatches {
 /// The codes the step's error may be expected as: the op's own error, or else the error the
 /// session's last run ended with. A refused definition answers both `invalid_definition` and
 /// the rule it broke.
-fn error_codes(world: &World, session: Option<&SessionId>, observed: &Observed) -> Vec<String> {
+async fn error_codes(
+    world: &World,
+    session: Option<&SessionId>,
+    observed: &Observed,
+) -> Vec<String> {
     let codes = |error: &Error| match error {
         Error::InvalidDefinition(rule) => {
             vec![
@@ -214,7 +218,7 @@ fn error_codes(world: &World, session: Option<&SessionId>, observed: &Observed) 
         // succeeds, is the one the session's last run ended with (an automatic resume's).
         Observed::Done(Ok(())) | Observed::Submit(Ok(_)) => match session {
             None => Vec::new(),
-            Some(session) => match world.runtime().and_then(|runtime| runtime.runs(session)) {
+            Some(session) => match runs_of(world, session).await {
                 Ok(runs) => runs
                     .last()
                     .and_then(|run| run.error.as_ref())
@@ -241,12 +245,16 @@ impl View<'_> {
         self.runtime.ok_or(Error::ShutDown)
     }
 
-    fn status(&self) -> String {
+    async fn status(&self) -> String {
         match self.observed {
             Observed::Run(Ok(outcome)) => outcome.status.as_str().into(),
             Observed::Run(Err(error)) => describe(error),
             Observed::Done(_) | Observed::Submit(_) => {
-                match self.runtime().and_then(|r| r.status(self.session)) {
+                let status = match self.runtime() {
+                    Ok(runtime) => runtime.status(self.session).await,
+                    Err(error) => Err(error),
+                };
+                match status {
                     Ok(status) => status.as_str().into(),
                     Err(error) => describe(&error),
                 }
@@ -255,11 +263,11 @@ impl View<'_> {
     }
 
     /// The text and output of the op's run, or else of the session's last run.
-    fn last_run(&self) -> Result<(Option<String>, Option<Value>), Error> {
+    async fn last_run(&self) -> Result<(Option<String>, Option<Value>), Error> {
         if let Observed::Run(Ok(outcome)) = self.observed {
             return Ok((outcome.text.clone(), outcome.output.clone()));
         }
-        let runs = self.runs()?;
+        let runs = self.runs().await?;
         Ok(runs
             .last()
             .map(|run| (run.text.clone(), run.output.clone()))
@@ -267,56 +275,68 @@ impl View<'_> {
     }
 
     /// The ids of the tree's calls that still await an answer, sorted.
-    fn pending(&self) -> Result<Vec<String>, Error> {
-        tree::waiting_calls(self.runtime()?, self.session, self.now)
+    async fn pending(&self) -> Result<Vec<String>, Error> {
+        tree::waiting_calls(self.runtime()?, self.session, self.now).await
     }
 
-    fn companions(&self) -> Result<Vec<crate::session::Companion>, Error> {
-        self.runtime()?.companions(self.session)
+    async fn companions(&self) -> Result<Vec<crate::session::Companion>, Error> {
+        self.runtime()?.companions(self.session).await
     }
 
-    fn runs(&self) -> Result<Vec<RunRecord>, Error> {
-        self.runtime()?.runs(self.session)
+    async fn runs(&self) -> Result<Vec<RunRecord>, Error> {
+        self.runtime()?.runs(self.session).await
     }
 
-    fn last_run_id(&self) -> Result<Option<RunId>, Error> {
-        Ok(self.runs()?.last().map(|run| run.run_id))
+    async fn last_run_id(&self) -> Result<Option<RunId>, Error> {
+        Ok(self.runs().await?.last().map(|run| run.run_id))
     }
 
-    fn event_names(&self) -> Result<Vec<&'static str>, Error> {
-        let chunks = self.runtime()?.chunks(self.session, 0)?;
+    async fn event_names(&self) -> Result<Vec<&'static str>, Error> {
+        let chunks = self.runtime()?.chunks(self.session, 0).await?;
         Ok(chunks.iter().map(|chunk| chunk.kind.type_name()).collect())
     }
 
     /// The recorded outcome of tool call `id`, in the session or any session of its tree.
-    fn tool_outcome(&self, id: &str) -> Result<Option<ToolOutcome>, Error> {
+    async fn tool_outcome(&self, id: &str) -> Result<Option<ToolOutcome>, Error> {
         let runtime = self.runtime()?;
-        let find = |session: &SessionId| -> Result<Option<ToolOutcome>, Error> {
-            Ok(runtime
-                .messages(session)?
-                .into_iter()
-                .find_map(|message| match message {
-                    Message::Tool {
-                        tool_call_id,
-                        outcome,
-                        ..
-                    } if tool_call_id == id => Some(outcome),
-                    _ => None,
-                }))
-        };
-        if let Some(outcome) = find(self.session)? {
+        if let Some(outcome) = outcome_in(runtime, self.session, id).await? {
             return Ok(Some(outcome));
         }
-        for other in tree::sessions(runtime, self.session)? {
+        for other in tree::sessions(runtime, self.session).await? {
             if other == *self.session {
                 continue;
             }
-            if let Some(outcome) = find(&other)? {
+            if let Some(outcome) = outcome_in(runtime, &other, id).await? {
                 return Ok(Some(outcome));
             }
         }
         Ok(None)
     }
+}
+
+/// The recorded outcome of tool call `id` in `session`'s messages.
+async fn outcome_in(
+    runtime: &Runtime,
+    session: &SessionId,
+    id: &str,
+) -> Result<Option<ToolOutcome>, Error> {
+    Ok(runtime
+        .messages(session)
+        .await?
+        .into_iter()
+        .find_map(|message| match message {
+            Message::Tool {
+                tool_call_id,
+                outcome,
+                ..
+            } if tool_call_id == id => Some(outcome),
+            _ => None,
+        }))
+}
+
+/// The run records of `session`, if the world has a runtime.
+async fn runs_of(world: &World, session: &SessionId) -> Result<Vec<RunRecord>, Error> {
+    world.runtime()?.runs(session).await
 }
 
 fn matches(wanted: &ToolResultSpec, outcome: &ToolOutcome) -> bool {

@@ -51,7 +51,7 @@ pub(crate) async fn run(scenario: &Scenario) -> Result<FileReport, Error> {
                         error.code()
                     ));
                 }
-                mismatches.extend(expect::check(&world, step, &observed));
+                mismatches.extend(expect::check(&world, step, &observed).await);
                 if !mismatches.is_empty() {
                     failures.push(StepFailure::new(
                         scenario.file(),
@@ -106,7 +106,7 @@ async fn perform(world: &mut World, op: &Op) -> Result<Observed, Stop> {
         Op::Submit { submit, .. } => {
             let outcome = match world.runtime() {
                 Ok(runtime) => {
-                    let envelope = envelope::build(submit, runtime);
+                    let envelope = envelope::build(submit, runtime).await;
                     runtime.submit_json(&envelope).await
                 }
                 Err(error) => Err(error),
@@ -190,7 +190,7 @@ async fn settle(world: &World, op: &Op) -> Result<(), crate::Error> {
     // companions): go on until a pass finds no session the previous one did not wait for.
     let mut waited: Option<BTreeSet<SessionId>> = None;
     loop {
-        let mut sessions: BTreeSet<SessionId> = runtime.session_ids()?.into_iter().collect();
+        let mut sessions: BTreeSet<SessionId> = runtime.session_ids().await?.into_iter().collect();
         sessions.extend(runtime.resident_sessions());
         if waited
             .as_ref()

@@ -12,11 +12,14 @@ use crate::runtime::Runtime;
 ///
 /// # Errors
 /// [`Error::UnknownSession`] if `session` does not exist, or a store failure.
-pub(crate) fn sessions(runtime: &Runtime, session: &SessionId) -> Result<Vec<SessionId>, Error> {
-    let root = runtime.session(session)?.root;
+pub(crate) async fn sessions(
+    runtime: &Runtime,
+    session: &SessionId,
+) -> Result<Vec<SessionId>, Error> {
+    let root = runtime.session(session).await?.root;
     let mut tree = vec![root.clone()];
-    for other in runtime.session_ids()? {
-        if other != root && runtime.session(&other)?.root == root {
+    for other in runtime.session_ids().await? {
+        if other != root && runtime.session(&other).await?.root == root {
             tree.push(other);
         }
     }
@@ -28,14 +31,14 @@ pub(crate) fn sessions(runtime: &Runtime, session: &SessionId) -> Result<Vec<Ses
 ///
 /// # Errors
 /// As [`sessions`].
-pub(crate) fn waiting_calls(
+pub(crate) async fn waiting_calls(
     runtime: &Runtime,
     session: &SessionId,
     now: u64,
 ) -> Result<Vec<String>, Error> {
     let mut calls = std::collections::BTreeSet::new();
-    for member in sessions(runtime, session)? {
-        for call in runtime.pending(&member)? {
+    for member in sessions(runtime, session).await? {
+        for call in runtime.pending(&member).await? {
             if call.is_waiting(now) {
                 calls.insert(call.tool_call_id);
             }

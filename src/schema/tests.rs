@@ -7,6 +7,7 @@ use crate::ids::RunId;
 use crate::session::Status;
 use crate::store::MemoryStore;
 use crate::stream::ChunkKind;
+use crate::wait::Wait;
 
 fn record(id: &SessionId) -> SessionRecord {
     SessionRecord {
@@ -129,6 +130,7 @@ impl Writer {
 
     fn chunk_seqs(&self, from: u64) -> Vec<u64> {
         load_chunks(&self.store, &self.record.id, from)
+            .wait()
             .expect("reads")
             .iter()
             .map(|chunk| chunk.seq)
@@ -141,7 +143,9 @@ fn a_commit_appends_one_log_entry_whatever_it_carries() {
     let mut writer = Writer::new("s1");
     writer.commit(2, 3, Some(run(1, 0)));
     assert_eq!(writer.store.len(Tree::Log), 1);
-    let messages = load_messages(&writer.store, &writer.record.id).expect("reads");
+    let messages = load_messages(&writer.store, &writer.record.id)
+        .wait()
+        .expect("reads");
     assert_eq!(
         messages,
         vec![
@@ -152,6 +156,7 @@ fn a_commit_appends_one_log_entry_whatever_it_carries() {
     assert_eq!(writer.chunk_seqs(0), vec![0, 1, 2]);
     assert_eq!(
         load_runs(&writer.store, &writer.record.id)
+            .wait()
             .expect("reads")
             .len(),
         1
@@ -178,17 +183,23 @@ fn a_run_rewritten_by_later_commits_reads_as_last_written() {
     writer.commit(1, 1, Some(run(1, 0)));
     writer.commit(1, 1, Some(run(1, 1)));
     writer.commit(1, 1, Some(run(2, 0)));
-    let runs = load_runs(&writer.store, &writer.record.id).expect("reads");
+    let runs = load_runs(&writer.store, &writer.record.id)
+        .wait()
+        .expect("reads");
     assert_eq!(
         runs.iter()
             .map(|run| (run.turn, run.steps))
             .collect::<Vec<_>>(),
         vec![(1, 1), (2, 0)]
     );
-    let first = load_run(&writer.store, &writer.record.id, 1).expect("reads");
+    let first = load_run(&writer.store, &writer.record.id, 1)
+        .wait()
+        .expect("reads");
     assert_eq!(first.map(|run| run.steps), Some(1));
     assert_eq!(
-        load_run(&writer.store, &writer.record.id, 3).expect("reads"),
+        load_run(&writer.store, &writer.record.id, 3)
+            .wait()
+            .expect("reads"),
         None
     );
 }
@@ -200,7 +211,9 @@ fn a_run_older_than_the_recent_entries_is_still_found() {
     for _ in 0..RECENT_LOG_ENTRIES + 3 {
         writer.commit(0, 1, None);
     }
-    let found = load_run(&writer.store, &writer.record.id, 1).expect("reads");
+    let found = load_run(&writer.store, &writer.record.id, 1)
+        .wait()
+        .expect("reads");
     assert_eq!(found.map(|run| run.steps), Some(7));
 }
 
@@ -210,7 +223,9 @@ fn the_conversation_starts_at_history_start() {
     writer.commit(3, 0, None);
     writer.commit(2, 0, None);
     writer.record.history_start = 3;
-    let conversation = load_conversation(&writer.store, &writer.record).expect("reads");
+    let conversation = load_conversation(&writer.store, &writer.record)
+        .wait()
+        .expect("reads");
     assert_eq!(
         conversation,
         vec![
@@ -232,6 +247,7 @@ fn sessions_whose_ids_share_a_prefix_do_not_see_each_others_entries() {
     short.store = long.store;
     assert_eq!(
         load_messages(&short.store, &short.record.id)
+            .wait()
             .expect("reads")
             .len(),
         1
@@ -250,7 +266,7 @@ fn a_damaged_log_entry_is_a_corrupt_error_naming_the_tree() {
         vec![FORMAT_VERSION, 0, 0, 0, 1, 0xc1, 0, 0, 0, 0],
     ] {
         put_raw(&writer.store, Tree::Log, log_key(&id, 0, 0), bytes.clone());
-        match load_messages(&writer.store, &id) {
+        match load_messages(&writer.store, &id).wait() {
             Err(Error::Corrupt { tree, .. }) => assert_eq!(tree, "log", "{bytes:?}"),
             other => panic!("{bytes:?}: expected a corrupt log entry, got {other:?}"),
         }
@@ -262,7 +278,7 @@ fn a_damaged_log_entry_is_a_corrupt_error_naming_the_tree() {
         vec![FORMAT_VERSION + 1],
     );
     assert!(matches!(
-        load_messages(&writer.store, &id),
+        load_messages(&writer.store, &id).wait(),
         Err(Error::UnsupportedVersion { .. })
     ));
 }
@@ -285,6 +301,7 @@ fn only_the_first_commit_writes_the_snapshot_and_the_record_reads_from_the_newes
         "a commit with nothing to append still appends its record"
     );
     let loaded = load_record(&writer.store, &id)
+        .wait()
         .expect("reads")
         .expect("exists");
     assert_eq!(loaded, writer.record);
@@ -294,6 +311,7 @@ fn only_the_first_commit_writes_the_snapshot_and_the_record_reads_from_the_newes
         &writer
             .store
             .get(Tree::Sessions, &session_key(&id))
+            .wait()
             .expect("reads")
             .expect("exists"),
     )
@@ -305,14 +323,17 @@ fn only_the_first_commit_writes_the_snapshot_and_the_record_reads_from_the_newes
     );
 
     let lineage = load_lineage(&writer.store, &id)
+        .wait()
         .expect("reads")
         .expect("exists");
     assert_eq!((lineage.root, lineage.parent), (id, None));
     let absent: SessionId = "nobody".parse().expect("valid id");
     assert!(load_record(&writer.store, &absent)
+        .wait()
         .expect("reads")
         .is_none());
     assert!(load_lineage(&writer.store, &absent)
+        .wait()
         .expect("reads")
         .is_none());
 }
@@ -327,10 +348,17 @@ fn a_log_entry_without_a_record_section_falls_back_to_the_snapshot() {
     push_empty_sections(&mut entry, 3);
     put_raw(&writer.store, Tree::Log, log_key(&id, 0, 1), entry);
     let loaded = load_record(&writer.store, &id)
+        .wait()
         .expect("reads")
         .expect("exists");
     assert_eq!(loaded.log_count, 1, "the snapshot of the first commit");
-    assert_eq!(load_messages(&writer.store, &id).expect("reads").len(), 1);
+    assert_eq!(
+        load_messages(&writer.store, &id)
+            .wait()
+            .expect("reads")
+            .len(),
+        1
+    );
 }
 
 #[test]
@@ -341,6 +369,7 @@ fn messages_are_stored_externally_tagged_and_format_1_entries_still_read() {
     let stored = writer
         .store
         .scan_prefix(Tree::Log, &prefix(&id))
+        .wait()
         .expect("reads");
     let (version, body) = find_section(&id, &stored[0].1, Section::Messages).expect("finds");
     assert_eq!(version, FORMAT_VERSION);
@@ -381,7 +410,10 @@ fn messages_are_stored_externally_tagged_and_format_1_entries_still_read() {
 
     let mut expected = vec![Message::User { text: "m0".into() }];
     expected.extend(old.into_iter().map(|(_, message)| message));
-    assert_eq!(load_messages(&writer.store, &id).expect("reads"), expected);
+    assert_eq!(
+        load_messages(&writer.store, &id).wait().expect("reads"),
+        expected
+    );
 }
 
 #[test]
@@ -402,6 +434,7 @@ fn the_reaper_walks_the_tombstones_in_stretches_and_deletes_only_expired_ones() 
     let remaining = |store: &MemoryStore| -> Vec<String> {
         store
             .scan_prefix(Tree::Tombstones, &[])
+            .wait()
             .expect("reads")
             .iter()
             .filter_map(|(key, _)| split_call_key(key).map(|(_, call)| call))
@@ -409,7 +442,9 @@ fn the_reaper_walks_the_tombstones_in_stretches_and_deletes_only_expired_ones() 
     };
 
     // At 35 with a retention of 10, c0..c2 have expired (at + 10 <= 35); two are read a pass.
-    let first = reap_tombstones(&store, None, 35, 10, 2).expect("reaps");
+    let first = reap_tombstones(&store, None, 35, 10, 2)
+        .wait()
+        .expect("reaps");
     assert_eq!(first.reaped, 2);
     assert_eq!(
         first.resume_at,
@@ -420,10 +455,14 @@ fn the_reaper_walks_the_tombstones_in_stretches_and_deletes_only_expired_ones() 
     assert_eq!(remaining(&store), ["c2", "c3", "c4"]);
     assert_eq!(store.len(Tree::TombstoneExpiry), 0, "old index entries go");
 
-    let second = reap_tombstones(&store, first.resume_at.as_deref(), 35, 10, 2).expect("reaps");
+    let second = reap_tombstones(&store, first.resume_at.as_deref(), 35, 10, 2)
+        .wait()
+        .expect("reaps");
     assert_eq!(second.reaped, 1, "c2 expired, c3 did not");
     commit_batch(&store, second.batch);
-    let third = reap_tombstones(&store, second.resume_at.as_deref(), 35, 10, 2).expect("reaps");
+    let third = reap_tombstones(&store, second.resume_at.as_deref(), 35, 10, 2)
+        .wait()
+        .expect("reaps");
     assert_eq!(
         (third.reaped, third.resume_at),
         (0, None),
@@ -432,7 +471,9 @@ fn the_reaper_walks_the_tombstones_in_stretches_and_deletes_only_expired_ones() 
     assert_eq!(remaining(&store), ["c3", "c4"]);
 
     // Later, a pass from the beginning finds the rest expired.
-    let later = reap_tombstones(&store, None, 50, 10, 10).expect("reaps");
+    let later = reap_tombstones(&store, None, 50, 10, 10)
+        .wait()
+        .expect("reaps");
     assert_eq!((later.reaped, later.resume_at.is_none()), (2, true));
 }
 
@@ -452,15 +493,19 @@ fn the_reaper_deletes_a_damaged_tombstone_but_keeps_one_of_a_newer_format() {
         vec![FORMAT_VERSION + 1, 0],
     );
     commit_batch(&store, batch);
-    let reap = reap_tombstones(&store, None, 0, 10, 10).expect("reaps");
+    let reap = reap_tombstones(&store, None, 0, 10, 10)
+        .wait()
+        .expect("reaps");
     assert_eq!(reap.reaped, 1);
     commit_batch(&store, reap.batch);
     assert!(store
         .get(Tree::Tombstones, &call_key(&root, "newer"))
+        .wait()
         .expect("reads")
         .is_some());
     assert!(store
         .get(Tree::Tombstones, &call_key(&root, "damaged"))
+        .wait()
         .expect("reads")
         .is_none());
 }

@@ -130,31 +130,31 @@ impl Store for FaultyStore {
         self.inner.commit(batch).await
     }
 
-    fn get(&self, tree: Tree, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
-        self.inner.get(tree, key)
+    async fn get(&self, tree: Tree, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
+        self.inner.get(tree, key).await
     }
 
-    fn scan_prefix(&self, tree: Tree, prefix: &[u8]) -> Result<Vec<Entry>, Error> {
-        self.inner.scan_prefix(tree, prefix)
+    async fn scan_prefix(&self, tree: Tree, prefix: &[u8]) -> Result<Vec<Entry>, Error> {
+        self.inner.scan_prefix(tree, prefix).await
     }
 
-    fn scan_prefix_rev(
+    async fn scan_prefix_rev(
         &self,
         tree: Tree,
         prefix: &[u8],
         limit: usize,
     ) -> Result<Vec<Entry>, Error> {
-        self.inner.scan_prefix_rev(tree, prefix, limit)
+        self.inner.scan_prefix_rev(tree, prefix, limit).await
     }
 
-    fn scan_range(
+    async fn scan_range(
         &self,
         tree: Tree,
         from: &[u8],
         to: &[u8],
         limit: usize,
     ) -> Result<Vec<Entry>, Error> {
-        self.inner.scan_range(tree, from, to, limit)
+        self.inner.scan_range(tree, from, to, limit).await
     }
 
     async fn flush(&self) -> Result<(), Error> {
@@ -173,7 +173,11 @@ impl Store for FaultyStore {
         }
     }
 
-    fn size_on_disk(&self) -> Result<u64, Error> {
-        self.inner.size_on_disk()
+    fn is_closed(&self) -> bool {
+        self.inner.is_closed()
+    }
+
+    async fn size_on_disk(&self) -> Result<u64, Error> {
+        self.inner.size_on_disk().await
     }
 }

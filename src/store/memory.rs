@@ -23,13 +23,16 @@ type Map = BTreeMap<Vec<u8>, Vec<u8>>;
 /// use dormant::store::{Batch, CommitKind, MemoryStore, Store, Tree};
 ///
 /// fn main() -> Result<(), dormant::store::Error> {
-///     let store = MemoryStore::new();
-///     let mut batch = Batch::new(CommitKind::Other);
-///     batch.put(Tree::Log, b"s1/1".to_vec(), b"entry".to_vec());
-///     futures::executor::block_on(store.commit(batch))?;
-///     assert_eq!(store.get(Tree::Log, b"s1/1")?, Some(b"entry".to_vec()));
-///     assert_eq!(store.len(Tree::Log), 1);
-///     Ok(())
+///     // The store's methods are async; any executor runs them.
+///     futures::executor::block_on(async {
+///         let store = MemoryStore::new();
+///         let mut batch = Batch::new(CommitKind::Other);
+///         batch.put(Tree::Log, b"s1/1".to_vec(), b"entry".to_vec());
+///         store.commit(batch).await?;
+///         assert_eq!(store.get(Tree::Log, b"s1/1").await?, Some(b"entry".to_vec()));
+///         assert_eq!(store.len(Tree::Log), 1);
+///         Ok(())
+///     })
 /// }
 /// ```
 #[derive(Default)]
@@ -87,11 +90,11 @@ impl Store for MemoryStore {
         Ok(())
     }
 
-    fn get(&self, tree: Tree, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
+    async fn get(&self, tree: Tree, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
         Ok(self.trees.read()[tree_index(tree)].get(key).cloned())
     }
 
-    fn scan_prefix(&self, tree: Tree, prefix: &[u8]) -> Result<Vec<Entry>, Error> {
+    async fn scan_prefix(&self, tree: Tree, prefix: &[u8]) -> Result<Vec<Entry>, Error> {
         let trees = self.trees.read();
         Ok(trees[tree_index(tree)]
             .range::<[u8], _>((Bound::Included(prefix), Bound::Unbounded))
@@ -100,7 +103,7 @@ impl Store for MemoryStore {
             .collect())
     }
 
-    fn scan_prefix_rev(
+    async fn scan_prefix_rev(
         &self,
         tree: Tree,
         prefix: &[u8],
@@ -120,7 +123,7 @@ impl Store for MemoryStore {
             .collect())
     }
 
-    fn scan_range(
+    async fn scan_range(
         &self,
         tree: Tree,
         from: &[u8],
@@ -143,7 +146,7 @@ impl Store for MemoryStore {
         Ok(())
     }
 
-    fn size_on_disk(&self) -> Result<u64, Error> {
+    async fn size_on_disk(&self) -> Result<u64, Error> {
         Ok(0)
     }
 }
@@ -155,6 +158,7 @@ mod tests {
 
     use super::*;
     use crate::store::CommitKind;
+    use crate::wait::Wait;
 
     fn batch(ops: &[(Tree, &[u8], &[u8])]) -> Batch {
         let mut batch = Batch::new(CommitKind::Other);
@@ -171,10 +175,17 @@ mod tests {
         store
             .commit(batch(&[(Tree::Sessions, b"s1", b"v1")]))
             .await?;
-        assert_eq!(store.get(Tree::Sessions, b"s1")?, Some(b"v1".to_vec()));
-        assert_eq!(store.get(Tree::Log, b"s1")?, None, "trees are separate");
+        assert_eq!(
+            store.get(Tree::Sessions, b"s1").await?,
+            Some(b"v1".to_vec())
+        );
+        assert_eq!(
+            store.get(Tree::Log, b"s1").await?,
+            None,
+            "trees are separate"
+        );
         assert_eq!(store.len(Tree::Sessions), 1);
-        assert_eq!(store.size_on_disk()?, 0);
+        assert_eq!(store.size_on_disk().await?, 0);
         store.flush().await?;
         Ok(())
     }
@@ -189,8 +200,8 @@ mod tests {
         b.delete(Tree::Pending, b"b".to_vec());
         b.delete(Tree::Pending, b"never-there".to_vec());
         store.commit(b).await?;
-        assert_eq!(store.get(Tree::Pending, b"a")?, Some(b"2".to_vec()));
-        assert_eq!(store.get(Tree::Pending, b"b")?, None);
+        assert_eq!(store.get(Tree::Pending, b"a").await?, Some(b"2".to_vec()));
+        assert_eq!(store.get(Tree::Pending, b"b").await?, None);
         Ok(())
     }
 
@@ -207,13 +218,13 @@ mod tests {
             ]))
             .await?;
         assert_eq!(
-            store.scan_prefix(Tree::Log, b"s1/")?,
+            store.scan_prefix(Tree::Log, b"s1/").await?,
             vec![
                 (b"s1/1".to_vec(), b"a".to_vec()),
                 (b"s1/2".to_vec(), b"b".to_vec())
             ]
         );
-        assert_eq!(store.scan_prefix(Tree::Log, b"")?.len(), 4);
+        assert_eq!(store.scan_prefix(Tree::Log, b"").await?.len(), 4);
         Ok(())
     }
 
@@ -236,16 +247,19 @@ mod tests {
             entries.into_iter().map(|(key, _)| key).collect()
         };
         assert_eq!(
-            keys(store.scan_prefix_rev(Tree::Log, b"s1/", 2)?),
+            keys(store.scan_prefix_rev(Tree::Log, b"s1/", 2).await?),
             vec![b"s1/3".to_vec(), b"s1/2".to_vec()]
         );
         // The end of a prefix ending in 0xff is found past the 0xff bytes.
         assert_eq!(
-            keys(store.scan_prefix_rev(Tree::Log, &[1, 0xff], 10)?),
+            keys(store.scan_prefix_rev(Tree::Log, &[1, 0xff], 10).await?),
             vec![vec![1, 0xff, 0xff], vec![1, 0xff, 3]]
         );
-        assert_eq!(store.scan_prefix_rev(Tree::Log, b"", 10)?.len(), 7);
-        assert!(store.scan_prefix_rev(Tree::Log, b"s1/", 0)?.is_empty());
+        assert_eq!(store.scan_prefix_rev(Tree::Log, b"", 10).await?.len(), 7);
+        assert!(store
+            .scan_prefix_rev(Tree::Log, b"s1/", 0)
+            .await?
+            .is_empty());
         Ok(())
     }
 
@@ -259,19 +273,24 @@ mod tests {
         store.commit(b).await?;
         let keys = |entries: Vec<Entry>| entries.into_iter().map(|(k, _)| k[0]).collect::<Vec<_>>();
         assert_eq!(
-            keys(store.scan_range(Tree::Deadlines, &[2], &[6], 100)?),
+            keys(store.scan_range(Tree::Deadlines, &[2], &[6], 100).await?),
             [2, 3, 4, 5]
         );
         assert_eq!(
-            keys(store.scan_range(Tree::Deadlines, &[2], &[6], 2)?),
+            keys(store.scan_range(Tree::Deadlines, &[2], &[6], 2).await?),
             [2, 3]
         );
-        assert!(store.scan_range(Tree::Deadlines, &[2], &[6], 0)?.is_empty());
         assert!(store
-            .scan_range(Tree::Deadlines, &[6], &[2], 10)?
+            .scan_range(Tree::Deadlines, &[2], &[6], 0)
+            .await?
             .is_empty());
         assert!(store
-            .scan_range(Tree::Deadlines, &[4], &[4], 10)?
+            .scan_range(Tree::Deadlines, &[6], &[2], 10)
+            .await?
+            .is_empty());
+        assert!(store
+            .scan_range(Tree::Deadlines, &[4], &[4], 10)
+            .await?
             .is_empty());
         Ok(())
     }
@@ -288,8 +307,8 @@ mod tests {
                 (Arc::clone(&store), Arc::clone(&stop), Arc::clone(&checks));
             std::thread::spawn(move || -> Result<(), Error> {
                 while !stop.load(Ordering::SeqCst) {
-                    if let Some(v) = store.get(Tree::Sessions, b"s")? {
-                        assert_eq!(store.get(Tree::Log, &v)?, Some(v.clone()));
+                    if let Some(v) = store.get(Tree::Sessions, b"s").wait()? {
+                        assert_eq!(store.get(Tree::Log, &v).wait()?, Some(v.clone()));
                         checks.fetch_add(1, Ordering::SeqCst);
                     }
                 }

@@ -104,17 +104,18 @@ use writes::SledWrites;
 ///
 /// fn main() -> Result<(), dormant::store::Error> {
 ///     let store = SledStore::temporary()?;
+///     // The store's methods are async; any executor works, group commit on or off.
+///     futures::executor::block_on(async {
+///         let mut batch = Batch::new(CommitKind::RunStart);
+///         batch.put(Tree::Sessions, b"s1".to_vec(), b"snapshot".to_vec());
+///         batch.put(Tree::Log, b"s1/0001".to_vec(), b"hello".to_vec());
+///         store.commit(batch).await?;
 ///
-///     let mut batch = Batch::new(CommitKind::RunStart);
-///     batch.put(Tree::Sessions, b"s1".to_vec(), b"snapshot".to_vec());
-///     batch.put(Tree::Log, b"s1/0001".to_vec(), b"hello".to_vec());
-///     // `commit` is async; any executor works with group commit on.
-///     futures::executor::block_on(store.commit(batch))?;
-///
-///     assert_eq!(store.get(Tree::Sessions, b"s1")?, Some(b"snapshot".to_vec()));
-///     assert_eq!(store.scan_prefix(Tree::Log, b"s1/")?.len(), 1);
-///     assert!(store.flush_count() >= 1);
-///     Ok(())
+///         assert_eq!(store.get(Tree::Sessions, b"s1").await?, Some(b"snapshot".to_vec()));
+///         assert_eq!(store.scan_prefix(Tree::Log, b"s1/").await?.len(), 1);
+///         assert!(store.flush_count() >= 1);
+///         Ok(())
+///     })
 /// }
 /// ```
 pub struct SledStore {
@@ -172,7 +173,7 @@ impl SledStore {
     }
 
     /// Bytes the store occupies on disk (the same as [`Store::size_on_disk`], without needing
-    /// the trait in scope).
+    /// the trait in scope nor an executor).
     ///
     /// # Errors
     /// sled cannot stat its files.
@@ -234,14 +235,15 @@ impl Store for SledStore {
     // Every read holds the read side of the database lock while it reads (and does not read
     // from a clone of the sled tree after letting go of it): a failed write then waits for
     // the reads in progress before it replaces the database, and no read can go on in the
-    // one it replaced. A read can fail like a write: see [`Shared::read`].
+    // one it replaced. A read can fail like a write: see [`Shared::read`]. The reads are
+    // `async` for the trait's sake only: each one is done by its future's first poll.
 
-    fn get(&self, tree: Tree, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
+    async fn get(&self, tree: Tree, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
         self.shared
             .read(|open| Ok(open.records.get(stored_key(tree, key))?.map(|v| v.to_vec())))
     }
 
-    fn scan_prefix(&self, tree: Tree, prefix: &[u8]) -> Result<Vec<Entry>, Error> {
+    async fn scan_prefix(&self, tree: Tree, prefix: &[u8]) -> Result<Vec<Entry>, Error> {
         self.shared.read(|open| {
             open.records
                 .scan_prefix(stored_key(tree, prefix))
@@ -250,7 +252,7 @@ impl Store for SledStore {
         })
     }
 
-    fn scan_prefix_rev(
+    async fn scan_prefix_rev(
         &self,
         tree: Tree,
         prefix: &[u8],
@@ -266,7 +268,7 @@ impl Store for SledStore {
         })
     }
 
-    fn scan_range(
+    async fn scan_range(
         &self,
         tree: Tree,
         from: &[u8],
@@ -307,7 +309,11 @@ impl Store for SledStore {
         drop(open);
     }
 
-    fn size_on_disk(&self) -> Result<u64, Error> {
+    fn is_closed(&self) -> bool {
+        matches!(*self.shared.state.read(), State::Closed)
+    }
+
+    async fn size_on_disk(&self) -> Result<u64, Error> {
         self.size_on_disk_bytes()
     }
 }

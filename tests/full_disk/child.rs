@@ -162,11 +162,10 @@ pub(crate) async fn run(mount: &Path) -> anyhow::Result<()> {
     let last = round + MAX_ROUNDS;
     while sessions.iter().any(|s| !s.done) {
         if round == last {
-            let stuck: Vec<String> = sessions
-                .iter()
-                .filter(|s| !s.done)
-                .map(|s| format!("{} {:?}", s.id, runtime.status(&s.id)))
-                .collect();
+            let mut stuck = Vec::new();
+            for s in sessions.iter().filter(|s| !s.done) {
+                stuck.push(format!("{} {:?}", s.id, runtime.status(&s.id).await));
+            }
             anyhow::bail!("sessions wedged after the disk was freed: {stuck:?}");
         }
         play_round(&runtime, &mut sessions, round, &dir, false).await?;
@@ -178,14 +177,14 @@ pub(crate) async fn run(mount: &Path) -> anyhow::Result<()> {
         // Returns at once unless a run is still going (a wedged one would hang the child,
         // which the parent reports).
         runtime.wait_settled(&s.id).await;
-        let status = runtime.status(&s.id)?;
-        let pending = runtime.pending(&s.id)?;
+        let status = runtime.status(&s.id).await?;
+        let pending = runtime.pending(&s.id).await?;
         anyhow::ensure!(
             status == dormant::Status::Completed && pending.is_empty(),
             "{}: {status} with calls pending: {pending:?}",
             s.id
         );
-        shown.push(runtime.messages(&s.id)?);
+        shown.push(runtime.messages(&s.id).await?);
     }
     runtime.shutdown().await?;
     drop(runtime);
@@ -193,19 +192,19 @@ pub(crate) async fn run(mount: &Path) -> anyhow::Result<()> {
     // A fresh open of the directory: what the runtime showed is what is on disk.
     let reopened = build_runtime(&dir, None)?;
     anyhow::ensure!(
-        reopened.session_ids()?.len() == SESSIONS,
+        reopened.session_ids().await?.len() == SESSIONS,
         "sessions on disk: {:?}",
-        reopened.session_ids()?
+        reopened.session_ids().await?
     );
     for (s, before) in sessions.iter().zip(&shown) {
-        let messages: Vec<Message> = reopened.messages(&s.id)?;
+        let messages: Vec<Message> = reopened.messages(&s.id).await?;
         anyhow::ensure!(
             &messages == before,
             "{}: the reopened store shows other messages",
             s.id
         );
-        let status = reopened.status(&s.id)?;
-        let pending = reopened.pending(&s.id)?.len();
+        let status = reopened.status(&s.id).await?;
+        let pending = reopened.pending(&s.id).await?.len();
         let messages = serde_json::to_string(&messages).context("messages as JSON")?;
         report(&format!("final {} {status} {pending} {messages}", s.id))?;
     }

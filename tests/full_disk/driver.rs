@@ -61,7 +61,7 @@ type Failures = Vec<(&'static str, dormant::Error)>;
 /// tried against the full disk too.
 async fn advance(runtime: &Runtime, s: &mut Driven) -> anyhow::Result<Failures> {
     let mut failures = Failures::new();
-    let status = match runtime.status(&s.id) {
+    let status = match runtime.status(&s.id).await {
         Ok(status) => Some(status),
         Err(dormant::Error::UnknownSession(_)) => None,
         Err(error) => {
@@ -87,7 +87,7 @@ async fn advance(runtime: &Runtime, s: &mut Driven) -> anyhow::Result<Failures> 
         Some(Status::SuspendedClientTool) => {
             s.seen = status;
             if failures.is_empty() {
-                match runtime.pending(&s.id) {
+                match runtime.pending(&s.id).await {
                     Ok(pending) => s.pending = pending,
                     Err(error) => failures.push(("pending", error)),
                 }

@@ -65,8 +65,8 @@ pub(crate) async fn run(dir: &Path, seed: u64, broken: bool) -> anyhow::Result<F
     let mut findings = Findings::default();
 
     let mut roots = Vec::new();
-    for id in runtime.session_ids()? {
-        match runtime.session(&id) {
+    for id in runtime.session_ids().await? {
+        match runtime.session(&id).await {
             Ok(record) if record.parent.is_none() => roots.push(id),
             Ok(_) => findings.sub_agents += 1,
             Err(error) => findings
@@ -98,7 +98,7 @@ pub(crate) async fn run(dir: &Path, seed: u64, broken: bool) -> anyhow::Result<F
             Some(Status::Completed) => findings.completed += 1,
             Some(Status::Failed) => findings.failed += 1,
             other => {
-                let waits = describe_tree(&runtime, &root);
+                let waits = describe_tree(&runtime, &root).await;
                 findings.violations.push(format!(
                     "wedged: root {root} is {} after {ROUNDS} rounds of answering and resuming; {waits}",
                     other.map_or("unreadable", Status::as_str),
@@ -107,7 +107,7 @@ pub(crate) async fn run(dir: &Path, seed: u64, broken: bool) -> anyhow::Result<F
         }
     }
 
-    let results = verify::conversations(&runtime, &mut findings)?;
+    let results = verify::conversations(&runtime, &mut findings).await?;
     runtime.shutdown().await?;
     verify::answers(dir, &results, &mut findings)?;
     verify::executions(dir, &results, &mut findings)?;
@@ -115,14 +115,15 @@ pub(crate) async fn run(dir: &Path, seed: u64, broken: bool) -> anyhow::Result<F
 }
 
 /// What a tree that did not end still waits on, for the report.
-fn describe_tree(runtime: &Runtime, root: &SessionId) -> String {
+async fn describe_tree(runtime: &Runtime, root: &SessionId) -> String {
     let mut parts = Vec::new();
     let mut sessions = vec![root.clone()];
     while let Some(session) = sessions.pop() {
         let status = runtime
             .status(&session)
+            .await
             .map_or_else(|error| error.to_string(), |status| status.to_string());
-        let pending = runtime.pending(&session).unwrap_or_default();
+        let pending = runtime.pending(&session).await.unwrap_or_default();
         let calls: Vec<String> = pending
             .iter()
             .map(|call| {
@@ -135,7 +136,7 @@ fn describe_tree(runtime: &Runtime, root: &SessionId) -> String {
             })
             .collect();
         parts.push(format!("{session} {status} pending [{}]", calls.join(", ")));
-        if let Ok(children) = runtime.children(&session) {
+        if let Ok(children) = runtime.children(&session).await {
             sessions.extend(children.into_iter().map(|child| child.child));
         }
     }

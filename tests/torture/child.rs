@@ -86,8 +86,8 @@ pub(crate) async fn run(orders: Orders) -> anyhow::Result<()> {
 
     let mut found = 0;
     let mut unfinished = Vec::new();
-    for id in runtime.session_ids()? {
-        let record = runtime.session(&id)?;
+    for id in runtime.session_ids().await? {
+        let record = runtime.session(&id).await?;
         if record.parent.is_none() {
             found += 1;
             if !matches!(record.status, Status::Completed | Status::Failed) {

@@ -74,7 +74,7 @@ impl Client {
             if self.hung {
                 break;
             }
-            status = match self.runtime.status(root) {
+            status = match self.runtime.status(root).await {
                 Ok(status) => Some(status),
                 // Never created (a kill came first): nothing to drive.
                 Err(dormant::Error::UnknownSession(_)) => return None,
@@ -152,14 +152,15 @@ impl Client {
         while let Some(session) = sessions.get(next).cloned() {
             sessions.extend(
                 self.runtime
-                    .children(&session)?
+                    .children(&session)
+                    .await?
                     .into_iter()
                     .map(|call| call.child),
             );
             next += 1;
         }
         for session in &sessions {
-            for call in self.runtime.pending(session)? {
+            for call in self.runtime.pending(session).await? {
                 let leave_for_later = !self.behaviour.answer_all && self.rng.percent(30);
                 if call.answer.is_none() && !leave_for_later {
                     self.answer(root, &call).await?;

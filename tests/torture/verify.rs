@@ -32,10 +32,14 @@ pub(crate) struct Results {
 
 /// Reads every session's conversation: at most one result per call, and a completed session
 /// has a result for every call its model made.
-pub(crate) fn conversations(runtime: &Runtime, findings: &mut Findings) -> anyhow::Result<Results> {
+pub(crate) async fn conversations(
+    runtime: &Runtime,
+    findings: &mut Findings,
+) -> anyhow::Result<Results> {
     let mut results = Results::default();
-    for id in runtime.session_ids()? {
-        let (Ok(record), Ok(messages)) = (runtime.session(&id), runtime.messages(&id)) else {
+    for id in runtime.session_ids().await? {
+        let (Ok(record), Ok(messages)) = (runtime.session(&id).await, runtime.messages(&id).await)
+        else {
             findings
                 .violations
                 .push(format!("unreadable session {id} after the drive"));

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use dormant_actors::{ActorContext, Error, VirtualActor};
+use dormant_actors::{ActorContext, Error, Host, VirtualActor};
 use parking_lot::Mutex;
 use tokio::sync::oneshot;
 

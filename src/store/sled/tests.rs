@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64};
 use super::database::MAX_WRITES_PER_SLED_BATCH;
 use super::*;
 use crate::store::CommitKind;
+use crate::wait::Wait;
 
 fn batch(ops: &[(Tree, &[u8], &[u8])]) -> Batch {
     let mut batch = Batch::new(CommitKind::Other);
@@ -24,8 +25,15 @@ async fn a_committed_put_can_be_read_back() -> Result<(), anyhow::Error> {
     store
         .commit(batch(&[(Tree::Sessions, b"s1", b"v1")]))
         .await?;
-    assert_eq!(store.get(Tree::Sessions, b"s1")?, Some(b"v1".to_vec()));
-    assert_eq!(store.get(Tree::Log, b"s1")?, None, "trees are separate");
+    assert_eq!(
+        store.get(Tree::Sessions, b"s1").await?,
+        Some(b"v1".to_vec())
+    );
+    assert_eq!(
+        store.get(Tree::Log, b"s1").await?,
+        None,
+        "trees are separate"
+    );
     assert_eq!(store.flush_count(), 1);
     Ok(())
 }
@@ -38,7 +46,7 @@ async fn a_delete_removes_a_key_and_a_missing_key_is_no_error() -> Result<(), an
     delete.delete(Tree::Pending, b"k".to_vec());
     delete.delete(Tree::Pending, b"never-there".to_vec());
     store.commit(delete).await?;
-    assert_eq!(store.get(Tree::Pending, b"k")?, None);
+    assert_eq!(store.get(Tree::Pending, b"k").await?, None);
     Ok(())
 }
 
@@ -51,8 +59,8 @@ async fn later_ops_of_a_batch_win_over_earlier_ones() -> Result<(), anyhow::Erro
     b.put(Tree::Children, b"b".to_vec(), b"1".to_vec());
     b.delete(Tree::Children, b"b".to_vec());
     store.commit(b).await?;
-    assert_eq!(store.get(Tree::Children, b"a")?, Some(b"2".to_vec()));
-    assert_eq!(store.get(Tree::Children, b"b")?, None);
+    assert_eq!(store.get(Tree::Children, b"a").await?, Some(b"2".to_vec()));
+    assert_eq!(store.get(Tree::Children, b"b").await?, None);
     Ok(())
 }
 
@@ -68,7 +76,7 @@ async fn scan_prefix_returns_only_matching_keys_in_order() -> Result<(), anyhow:
             (Tree::Ownership, b"s1/9", b"other tree"),
         ]))
         .await?;
-    let got = store.scan_prefix(Tree::Log, b"s1/")?;
+    let got = store.scan_prefix(Tree::Log, b"s1/").await?;
     assert_eq!(
         got,
         vec![
@@ -76,12 +84,12 @@ async fn scan_prefix_returns_only_matching_keys_in_order() -> Result<(), anyhow:
             (b"s1/2".to_vec(), b"b".to_vec())
         ]
     );
-    assert_eq!(store.scan_prefix(Tree::Log, b"")?.len(), 4);
+    assert_eq!(store.scan_prefix(Tree::Log, b"").await?.len(), 4);
     // A prefix ending in 0xff still works.
     store
         .commit(batch(&[(Tree::Log, &[1, 0xff, 3], b"y")]))
         .await?;
-    assert_eq!(store.scan_prefix(Tree::Log, &[1, 0xff])?.len(), 1);
+    assert_eq!(store.scan_prefix(Tree::Log, &[1, 0xff]).await?.len(), 1);
     // Backwards: last key first, `limit` of them, still only the prefix.
     store
         .commit(batch(&[
@@ -90,13 +98,20 @@ async fn scan_prefix_returns_only_matching_keys_in_order() -> Result<(), anyhow:
         ]))
         .await?;
     let last: Vec<Vec<u8>> = store
-        .scan_prefix_rev(Tree::Log, b"s1/", 2)?
+        .scan_prefix_rev(Tree::Log, b"s1/", 2)
+        .await?
         .into_iter()
         .map(|(key, _)| key)
         .collect();
     assert_eq!(last, vec![b"s1/4".to_vec(), b"s1/3".to_vec()]);
-    assert_eq!(store.scan_prefix_rev(Tree::Log, b"s1/", 10)?.len(), 4);
-    assert_eq!(store.scan_prefix_rev(Tree::Log, &[1, 0xff], 10)?.len(), 1);
+    assert_eq!(store.scan_prefix_rev(Tree::Log, b"s1/", 10).await?.len(), 4);
+    assert_eq!(
+        store
+            .scan_prefix_rev(Tree::Log, &[1, 0xff], 10)
+            .await?
+            .len(),
+        1
+    );
     Ok(())
 }
 
@@ -110,22 +125,27 @@ async fn scan_range_is_half_open_and_respects_the_limit() -> Result<(), anyhow::
     store.commit(b).await?;
     let keys = |entries: Vec<Entry>| entries.into_iter().map(|(k, _)| k[0]).collect::<Vec<_>>();
     assert_eq!(
-        keys(store.scan_range(Tree::Deadlines, &[2], &[6], 100)?),
+        keys(store.scan_range(Tree::Deadlines, &[2], &[6], 100).await?),
         [2, 3, 4, 5]
     );
     assert_eq!(
-        keys(store.scan_range(Tree::Deadlines, &[2], &[6], 2)?),
+        keys(store.scan_range(Tree::Deadlines, &[2], &[6], 2).await?),
         [2, 3]
     );
-    assert!(store.scan_range(Tree::Deadlines, &[2], &[6], 0)?.is_empty());
     assert!(store
-        .scan_range(Tree::Deadlines, &[6], &[2], 10)?
+        .scan_range(Tree::Deadlines, &[2], &[6], 0)
+        .await?
         .is_empty());
     assert!(store
-        .scan_range(Tree::Deadlines, &[4], &[4], 10)?
+        .scan_range(Tree::Deadlines, &[6], &[2], 10)
+        .await?
+        .is_empty());
+    assert!(store
+        .scan_range(Tree::Deadlines, &[4], &[4], 10)
+        .await?
         .is_empty());
     assert_eq!(
-        keys(store.scan_range(Tree::Deadlines, &[], &[0xff], 3)?),
+        keys(store.scan_range(Tree::Deadlines, &[], &[0xff], 3).await?),
         [0, 1, 2]
     );
     Ok(())
@@ -143,8 +163,8 @@ async fn a_batch_over_two_trees_becomes_visible_all_at_once() -> Result<(), anyh
         let (store, stop, checks) = (Arc::clone(&store), Arc::clone(&stop), Arc::clone(&checks));
         std::thread::spawn(move || -> Result<(), Error> {
             while !stop.load(Ordering::SeqCst) {
-                if let Some(v) = store.get(Tree::Sessions, b"s")? {
-                    let message = store.get(Tree::Log, &v)?;
+                if let Some(v) = store.get(Tree::Sessions, b"s").wait()? {
+                    let message = store.get(Tree::Log, &v).wait()?;
                     assert_eq!(message, Some(v.clone()), "torn batch at version {v:?}");
                     checks.fetch_add(1, Ordering::SeqCst);
                 }
@@ -179,20 +199,20 @@ async fn every_logical_tree_keeps_its_keys_apart_in_the_one_sled_tree() -> Resul
     store.commit(batch).await?;
     for tree in Tree::ALL {
         let name = tree.name().as_bytes().to_vec();
-        assert_eq!(store.get(tree, b"k")?, Some(name.clone()));
+        assert_eq!(store.get(tree, b"k").await?, Some(name.clone()));
         assert_eq!(
-            store.scan_prefix(tree, b"")?,
+            store.scan_prefix(tree, b"").await?,
             vec![
                 (b"k".to_vec(), name.clone()),
                 (b"k2".to_vec(), name.clone())
             ]
         );
         assert_eq!(
-            store.scan_prefix_rev(tree, b"", 1)?,
+            store.scan_prefix_rev(tree, b"", 1).await?,
             vec![(b"k2".to_vec(), name.clone())]
         );
         assert_eq!(
-            store.scan_range(tree, b"", b"k2", 10)?,
+            store.scan_range(tree, b"", b"k2", 10).await?,
             vec![(b"k".to_vec(), name)]
         );
     }
@@ -229,7 +249,7 @@ fn a_large_group_is_split_into_sled_batches_between_our_batches_only() -> Result
     assert_eq!(store.flush_count(), 1);
     for (tag, n) in [(1u8, max / 2), (2, max / 2), (3, max + 10), (4, 1)] {
         assert_eq!(
-            store.scan_prefix(Tree::Ownership, &[tag])?.len(),
+            store.scan_prefix(Tree::Ownership, &[tag]).wait()?.len(),
             n,
             "batch {tag}"
         );
@@ -254,14 +274,14 @@ async fn committed_data_survives_a_reopen() -> Result<(), anyhow::Error> {
         drop(store);
         let store = SledStore::open(dir.path())?;
         assert_eq!(
-            store.get(Tree::Sessions, key.as_bytes())?,
+            store.get(Tree::Sessions, key.as_bytes()).await?,
             Some(b"session".to_vec())
         );
         assert_eq!(
-            store.get(Tree::Tombstones, key.as_bytes())?,
+            store.get(Tree::Tombstones, key.as_bytes()).await?,
             Some(b"tombstone".to_vec())
         );
-        assert!(store.size_on_disk()? > 0);
+        assert!(store.size_on_disk().await? > 0);
     }
     Ok(())
 }
@@ -306,7 +326,7 @@ async fn large_values_stored_as_sled_blobs_survive_a_reopen() -> Result<(), anyh
         assert!(blobs > 0, "sled should have written a blob file");
     }
     let store = SledStore::open(dir.path())?;
-    assert_eq!(store.get(Tree::Log, b"big")?, Some(big));
+    assert_eq!(store.get(Tree::Log, b"big").await?, Some(big));
     Ok(())
 }
 
@@ -360,10 +380,13 @@ async fn concurrent_committers_share_flushes_and_all_commits_survive_a_reopen(
 
     let store = SledStore::open(dir.path())?;
     assert_eq!(
-        store.scan_prefix(Tree::Sessions, b"")?.len(),
+        store.scan_prefix(Tree::Sessions, b"").await?.len(),
         TASKS * COMMITS
     );
-    assert_eq!(store.scan_prefix(Tree::Log, b"")?.len(), TASKS * COMMITS);
+    assert_eq!(
+        store.scan_prefix(Tree::Log, b"").await?.len(),
+        TASKS * COMMITS
+    );
     Ok(())
 }
 
@@ -416,7 +439,7 @@ fn a_failed_database_is_opened_again_once_however_many_commits_failed_on_it(
         assert_eq!(store.shared.opened.load(Ordering::SeqCst), 2);
         assert_eq!(store.shared.open()?.generation, failed + 1);
         // Opened from the same directory, a temporary store's too.
-        assert_eq!(store.get(Tree::Pending, b"k")?, Some(b"v".to_vec()));
+        assert_eq!(store.get(Tree::Pending, b"k").wait()?, Some(b"v".to_vec()));
         futures::executor::block_on(store.commit(batch(&[(Tree::Pending, b"k2", b"v")])))?;
     }
     Ok(())
@@ -430,7 +453,10 @@ fn commit_works_outside_a_tokio_runtime() -> Result<(), anyhow::Error> {
             .open()?;
         futures::executor::block_on(store.commit(batch(&[(Tree::Ownership, b"k", b"v")])))?;
         futures::executor::block_on(store.flush())?;
-        assert_eq!(store.get(Tree::Ownership, b"k")?, Some(b"v".to_vec()));
+        assert_eq!(
+            store.get(Tree::Ownership, b"k").wait()?,
+            Some(b"v".to_vec())
+        );
     }
     Ok(())
 }
@@ -543,7 +569,7 @@ fn after_a_killed_process_every_acked_batch_is_whole_and_none_is_torn() -> Resul
 
         let store = SledStore::open(dir.path())?;
         for (s, &acked_n) in acked.iter().enumerate() {
-            let version = match store.get(Tree::Sessions, &[s as u8])? {
+            let version = match store.get(Tree::Sessions, &[s as u8]).wait()? {
                 Some(v) => u32::from_be_bytes(v.as_slice().try_into()?),
                 None => 0,
             };
@@ -551,7 +577,7 @@ fn after_a_killed_process_every_acked_batch_is_whole_and_none_is_torn() -> Resul
                 version >= acked_n,
                 "session {s}: acked {acked_n}, recovered {version}"
             );
-            let messages = store.scan_prefix(Tree::Log, &[s as u8])?;
+            let messages = store.scan_prefix(Tree::Log, &[s as u8]).wait()?;
             // Messages 1..=version, all of them, and nothing beyond: an orphan message or a
             // version without its message would be a torn batch.
             assert_eq!(messages.len(), version as usize, "session {s}");
@@ -563,7 +589,7 @@ fn after_a_killed_process_every_acked_batch_is_whole_and_none_is_torn() -> Resul
         let mut reset = Batch::new(CommitKind::Other);
         for s in 0u8..8 {
             reset.delete(Tree::Sessions, vec![s]);
-            for (key, _) in store.scan_prefix(Tree::Log, &[s])? {
+            for (key, _) in store.scan_prefix(Tree::Log, &[s]).wait()? {
                 reset.delete(Tree::Log, key);
             }
         }
@@ -715,12 +741,14 @@ fn numbered(n: u32) -> Batch {
 /// (no batch torn).
 fn shown_messages(store: &SledStore) -> Result<Vec<u32>, Error> {
     let messages: Vec<u32> = store
-        .scan_prefix(Tree::Log, b"")?
+        .scan_prefix(Tree::Log, b"")
+        .wait()?
         .into_iter()
         .map(|(key, _)| u32::from_be_bytes(key.try_into().unwrap_or_default()))
         .collect();
     let last = store
-        .get(Tree::Sessions, b"last")?
+        .get(Tree::Sessions, b"last")
+        .wait()?
         .map(|v| u32::from_be_bytes(v.try_into().unwrap_or_default()));
     assert_eq!(last, messages.last().copied(), "a torn batch is visible");
     Ok(messages)
