@@ -89,6 +89,11 @@ pub mod tool_error;
 #[cfg(test)]
 mod wait;
 
+// The README's Rust blocks are compiled (and run, unless `no_run`) as doctests, so they stay true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+mod readme {}
+
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use definition::{
     AgentBuilder, AgentDefinition, Approval, CompanionMode, DefinitionError, PersistentAgent,
