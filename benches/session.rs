@@ -203,6 +203,20 @@ async fn create_sessions(store: &Arc<dyn Store>, ids: &[SessionId]) -> anyhow::R
     Ok(())
 }
 
+/// A runtime on `store` once the one `create_sessions` dropped has stopped its actors: until
+/// then the store is still claimed (`Error::StoreInUse`), and dropping gives nothing to await.
+async fn build_when_free(store: &Arc<dyn Store>) -> anyhow::Result<Runtime> {
+    for _ in 0..1_000 {
+        match build_runtime(Arc::clone(store), REHYDRATE_STEPS, 2, None) {
+            Err(error) if matches!(error.downcast_ref(), Some(dormant::Error::StoreInUse)) => {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            other => return other,
+        }
+    }
+    anyhow::bail!("the store was still in use after 10 s")
+}
+
 /// Measures, on a fresh runtime over `store` (no resident actors), the store loads of the
 /// first half of `ids`, then for each session of the second half a turn after eviction
 /// immediately followed by a turn while resident (interleaved, so drift cancels out).
@@ -211,7 +225,7 @@ async fn measure_rehydration(
     ids: &[SessionId],
     title: &str,
 ) -> anyhow::Result<()> {
-    let runtime = build_runtime(Arc::clone(store), REHYDRATE_STEPS, 2, None)?;
+    let runtime = build_when_free(store).await?;
     let (load_ids, turn_ids) = ids.split_at(ids.len() / 2);
     let cold_loads = time_loads(&runtime, load_ids).await?;
     let warm_loads = time_loads(&runtime, load_ids).await?;

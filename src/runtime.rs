@@ -525,8 +525,9 @@ impl Runtime {
     /// Dropping the last clone without calling this is like killing the process, without
     /// the exit: a store nobody else holds is released before the drop returns (commits in
     /// flight fail; everything acknowledged is durable), and the actors stop in the
-    /// background. A store you still hold stays open, but call this before building another
-    /// runtime on it, so that the old actors have stopped. A clone held by the runtime itself
+    /// background. A store you still hold stays open, and building another runtime on it
+    /// answers [`Error::StoreInUse`] until those actors have stopped (`shutdown` stops them
+    /// before it returns, but closes the store too). A clone held by the runtime itself
     /// (in a hook or a tool) keeps it alive: give those a [`WeakRuntime`].
     ///
     /// Calling it again, on this handle or a clone, returns `Ok` at once.
