@@ -23,12 +23,36 @@ use crate::error::Error;
 use crate::ids::{RunId, SessionId};
 use crate::schema;
 use crate::session::{
-    ChildReport, ChildStart, ChildState, Effect, Input, RunOutcome, Session, Stored, Submission,
+    ChildReport, ChildStart, ChildState, Effect, Input, RunOutcome, RunStarted, Session, Stored,
+    Submission,
 };
 use crate::shared::Shared;
 use crate::submit::SubmitOutcome;
 
 type RunReply = oneshot::Sender<Result<RunOutcome, Error>>;
+type StartReply = oneshot::Sender<Result<RunStarted, Error>>;
+
+/// Who waits on a request that starts (or resumes) a run, and for what.
+#[derive(Debug)]
+pub(crate) enum Reply {
+    /// Until the run ends or suspends.
+    Settled(RunReply),
+    /// Until the request's first commit is durable (the run then goes on without a waiter).
+    Started(StartReply),
+}
+
+impl Reply {
+    fn fail(self, error: Error) {
+        match self {
+            Reply::Settled(reply) => {
+                let _ = reply.send(Err(error));
+            }
+            Reply::Started(reply) => {
+                let _ = reply.send(Err(error));
+            }
+        }
+    }
+}
 
 /// The answer to a [`SessionMsg::Stop`]: the children the stopped session asked to stop, each
 /// with whether to abort it.
@@ -41,10 +65,10 @@ pub(crate) enum SessionMsg {
     Execute {
         agent: Arc<AgentDefinition>,
         message: String,
-        reply: RunReply,
+        reply: Reply,
     },
     /// Continue a suspended or interrupted run; joins a run already in progress.
-    Resume { reply: Option<RunReply> },
+    Resume { reply: Option<Reply> },
     /// An answer for one of this session's pending calls (routed here by the router).
     Submit {
         root: SessionId,
@@ -278,7 +302,7 @@ impl VirtualActor for SessionActor {
     fn reject(&self, host: &Host<Self>, msg: SessionMsg, error: dormant_actors::Error) {
         match msg {
             SessionMsg::Execute { reply, .. } | SessionMsg::Resume { reply: Some(reply) } => {
-                let _ = reply.send(Err(host_error(error)));
+                reply.fail(host_error(error));
             }
             SessionMsg::Submit { reply, .. } => {
                 let _ = reply.send(Err(host_error(error)));
@@ -402,13 +426,13 @@ impl SessionActor {
         state: &mut SessionState,
         create: Option<Arc<AgentDefinition>>,
         input: Input,
-        reply: Option<RunReply>,
+        reply: Option<Reply>,
     ) {
         let id = ctx.key();
         let now = self.shared.clock.now_ms();
-        let answer = |reply: Option<RunReply>, error: Error| {
+        let answer = |reply: Option<Reply>, error: Error| {
             if let Some(reply) = reply {
-                let _ = reply.send(Err(error));
+                reply.fail(error);
             }
         };
         match (self.present(id, state).await, create) {
@@ -424,16 +448,26 @@ impl SessionActor {
         let Loaded::Present(session) = &mut state.loaded else {
             return;
         };
+        let from_seq = session.record().chunk_count;
         let applied = match self.prepare(session, &input).await {
             Ok(()) => session.apply(input, now),
             Err(error) => Err(error),
         };
         match applied {
-            Ok(transition) => {
-                state.waiters.extend(reply);
-                // A failed commit has already answered the waiters.
-                let _ = self.perform(ctx, state, transition).await;
-            }
+            Ok(transition) => match reply {
+                Some(Reply::Started(reply)) => {
+                    let performed = self.perform(ctx, state, transition).await;
+                    let _ = reply.send(performed.and_then(|()| started(id, state, from_seq)));
+                }
+                reply => {
+                    state.waiters.extend(reply.and_then(|reply| match reply {
+                        Reply::Settled(reply) => Some(reply),
+                        Reply::Started(_) => None,
+                    }));
+                    // A failed commit has already answered the waiters.
+                    let _ = self.perform(ctx, state, transition).await;
+                }
+            },
             Err(error) => {
                 session.release_messages();
                 answer(reply, error);
@@ -533,5 +567,24 @@ impl SessionActor {
 fn send_back(mailbox: &Mailbox<SessionActor>, msg: SessionMsg) {
     if mailbox.send(msg).is_err() {
         tracing::debug!("session.result_after_stop");
+    }
+}
+
+/// Where a run stands right after the request that started it was committed.
+fn started(id: &SessionId, state: &SessionState, from_seq: u64) -> Result<RunStarted, Error> {
+    match &state.loaded {
+        Loaded::Present(session) => {
+            let record = session.record();
+            Ok(RunStarted {
+                session_id: id.clone(),
+                run_id: record.current_run,
+                status: record.status,
+                from_seq,
+            })
+        }
+        Loaded::Absent | Loaded::Unreadable => Err(Error::SessionUnavailable {
+            session: id.clone(),
+            reason: "the session could not be read back after its commit".into(),
+        }),
     }
 }

@@ -116,7 +116,7 @@ pub use scheduler::SweepReport;
 pub use schema::ExpiredCall;
 pub use session::{
     Answer, ChildCall, ChildState, Companion, CompanionStatus, ErrorCode, PendingCall, PendingKind,
-    RunError, RunOutcome, RunRecord, SessionRecord, Status,
+    RunError, RunOutcome, RunRecord, RunStarted, SessionRecord, Status,
 };
 pub use store::{MemoryStore, SledStore, Store};
 pub use stream::{Chunk, ChunkKind};

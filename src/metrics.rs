@@ -9,7 +9,7 @@ use parking_lot::Mutex;
 use crate::store::Batch;
 
 /// A latency distribution, in microseconds.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
 pub struct Latency {
     /// Samples recorded.
     pub count: u64,
@@ -60,7 +60,7 @@ impl LatencyHistogram {
 }
 
 /// How client-tool and approval calls fared.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
 pub struct ClientToolStats {
     /// Time from a call becoming pending to its accepted answer (recorded in µs; the clock's
     /// resolution is milliseconds).

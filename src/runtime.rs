@@ -12,7 +12,7 @@ use dormant_actors::HostStats;
 use futures::Stream;
 use tokio::sync::oneshot;
 
-use crate::actor::{host_error, SessionMsg};
+use crate::actor::{host_error, Reply, SessionMsg};
 use crate::definition::{AgentDefinition, DefinitionError, ToolKind};
 use crate::error::Error;
 use crate::ids::SessionId;
@@ -24,7 +24,7 @@ use crate::scheduler::{SchedulerMsg, SweepReport};
 use crate::schema;
 use crate::schema::ExpiredCall;
 use crate::session::{ChildCall, Companion, PendingCall};
-use crate::session::{RunOutcome, RunRecord, SessionRecord, Status};
+use crate::session::{RunOutcome, RunRecord, RunStarted, SessionRecord, Status};
 use crate::shared::Shared;
 use crate::stream::Chunk;
 use crate::submit::{Checked, Limits, Submit, SubmitOutcome};
@@ -32,8 +32,8 @@ use crate::submit::{Checked, Limits, Submit, SubmitOutcome};
 pub use builder::RuntimeBuilder;
 use inner::Inner;
 
-/// A snapshot of the runtime's counters.
-#[derive(Clone, Copy, Debug, PartialEq)]
+/// A snapshot of the runtime's counters (serializable, for a metrics endpoint).
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
 pub struct RuntimeStats {
     /// Actor lifecycle counters (activations, passivations, resident actors).
     pub host: HostStats,
@@ -149,7 +149,56 @@ impl Runtime {
             SessionMsg::Execute {
                 agent,
                 message: message.into(),
-                reply,
+                reply: Reply::Settled(reply),
+            },
+        );
+        answer.await.map_err(|_| self.lost_reply(id))?
+    }
+
+    /// Like [`Runtime::execute_on`], but returns as soon as the new turn is durably started
+    /// (its first commit made) instead of when it ends: the run goes on in the runtime. Follow
+    /// it with [`Runtime::follow`] from [`RunStarted::from_seq`], or ask
+    /// [`Runtime::status`]. This is what a server answering over HTTP wants: a run can take
+    /// longer than a request should.
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use dormant::{AgentDefinition, ModelReply, Runtime, ScriptedLlm, Status};
+    /// use futures::StreamExt;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let llm = ScriptedLlm::new().script("greeter", vec![ModelReply::text("hello")]);
+    /// # let runtime = Runtime::builder().llm(Arc::new(llm))
+    /// #     .agent(AgentDefinition::builder("greeter").build()?).build()?;
+    /// let id = "s1".parse()?;
+    /// let started = runtime.start_on(&id, "greeter", "hi").await?;
+    /// let mut stream = Box::pin(runtime.follow(&id, started.from_seq));
+    /// while let Some(chunk) = stream.next().await {
+    ///     if let dormant::ChunkKind::RunEnd { status, .. } = chunk?.kind {
+    ///         assert_eq!(status, Status::Completed);
+    ///         break;
+    ///     }
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`Runtime::execute_on`]; a store failure means nothing was started.
+    pub async fn start_on(
+        &self,
+        id: &SessionId,
+        agent: &str,
+        message: impl Into<String>,
+    ) -> Result<RunStarted, Error> {
+        self.ensure_open()?;
+        let agent = self.agent(agent)?;
+        let (reply, answer) = oneshot::channel();
+        self.inner.host.send(
+            id.clone(),
+            SessionMsg::Execute {
+                agent,
+                message: message.into(),
+                reply: Reply::Started(reply),
             },
         );
         answer.await.map_err(|_| self.lost_reply(id))?
@@ -242,9 +291,30 @@ impl Runtime {
     pub async fn resume(&self, id: &SessionId) -> Result<RunOutcome, Error> {
         self.session(id).await?;
         let (reply, answer) = oneshot::channel();
-        self.inner
-            .host
-            .send(id.clone(), SessionMsg::Resume { reply: Some(reply) });
+        self.inner.host.send(
+            id.clone(),
+            SessionMsg::Resume {
+                reply: Some(Reply::Settled(reply)),
+            },
+        );
+        answer.await.map_err(|_| self.lost_reply(id))?
+    }
+
+    /// Like [`Runtime::resume`], but returns as soon as the resume is durably applied instead
+    /// of when the run ends: [`RunStarted::status`] is `running` while the run goes on, or
+    /// the suspended status of a resume that found calls still pending (nothing ran).
+    ///
+    /// # Errors
+    /// As [`Runtime::resume`].
+    pub async fn start_resume(&self, id: &SessionId) -> Result<RunStarted, Error> {
+        self.session(id).await?;
+        let (reply, answer) = oneshot::channel();
+        self.inner.host.send(
+            id.clone(),
+            SessionMsg::Resume {
+                reply: Some(Reply::Started(reply)),
+            },
+        );
         answer.await.map_err(|_| self.lost_reply(id))?
     }
 

@@ -21,7 +21,7 @@ pub(crate) use self::child_side::stored_state;
 pub(crate) use self::children::ChildStart;
 pub(crate) use self::core::{Policy, Session, Stored};
 pub(crate) use self::input::{ChildReport, FinishedCall, Input};
-pub use outcome::RunOutcome;
+pub use outcome::{RunOutcome, RunStarted};
 pub use state::{
     Answer, ChildCall, ChildState, Companion, CompanionStatus, ErrorCode, PendingCall, PendingKind,
     RunError, RunRecord, SessionRecord, Status, Suspension,

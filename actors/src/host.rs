@@ -44,7 +44,7 @@ impl Default for HostConfig {
 }
 
 /// Counters of a host's life so far.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct HostStats {
     /// Actors started (first activations and re-activations).
     pub activations: u64,

@@ -26,3 +26,22 @@ pub struct RunOutcome {
     /// Tool calls that wait for an answer (for a suspended run).
     pub pending: Vec<String>,
 }
+
+/// What a caller learns when a run has started, without waiting for it to end
+/// ([`Runtime::start_on`](crate::Runtime::start_on), [`Runtime::start_resume`](crate::Runtime::start_resume)):
+/// the request's first commit is durable, and the run goes on in the runtime.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RunStarted {
+    /// The session.
+    pub session_id: SessionId,
+    /// The session's current run (the one started, or the one a resume joined or found
+    /// waiting).
+    pub run_id: Option<RunId>,
+    /// Where the session stands right after that commit: `running` while the run goes on,
+    /// or already settled (a resume that found calls still pending answers their suspended
+    /// status; nothing ran).
+    pub status: Status,
+    /// The sequence number of the first stream chunk this request produced: follow the
+    /// stream from here to see the run ([`Runtime::follow`](crate::Runtime::follow)).
+    pub from_seq: u64,
+}
