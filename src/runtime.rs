@@ -530,6 +530,12 @@ impl Runtime {
         ))
     }
 
+    /// The time by the runtime's clock (ms), the clock every deadline and timestamp it
+    /// records is read from.
+    pub fn now_ms(&self) -> u64 {
+        self.inner.shared.clock.now_ms()
+    }
+
     /// How many sessions have a live stream channel (someone follows them).
     pub fn live_followed_sessions(&self) -> usize {
         self.inner.shared.streams.len()

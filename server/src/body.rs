@@ -1,0 +1,174 @@
+//! What comes in: a body needs a `Content-Length` within the cap (checked before a byte of it
+//! is read), JSON content, and JSON no deeper than the limit.
+
+use axum::extract::{FromRequest, Request, State};
+use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE, TRANSFER_ENCODING};
+use axum::http::{Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+use crate::error::ApiError;
+use crate::server::AppState;
+
+/// Middleware: a request with a body (any method but GET, HEAD, OPTIONS) must say its length
+/// (411 otherwise, chunked bodies included) and stay within the cap (413, before reading).
+pub(crate) async fn require_length(
+    State(state): State<AppState>,
+    request: Request,
+    next: Next,
+) -> Response {
+    if matches!(
+        *request.method(),
+        Method::GET | Method::HEAD | Method::OPTIONS
+    ) {
+        return next.run(request).await;
+    }
+    let headers = request.headers();
+    let declared = headers
+        .get(CONTENT_LENGTH)
+        .filter(|_| !headers.contains_key(TRANSFER_ENCODING))
+        .map(|value| {
+            value
+                .to_str()
+                .ok()
+                .and_then(|text| text.parse::<u64>().ok())
+        });
+    let limit = state.config.max_body_bytes;
+    match declared {
+        // A chunked body says no length up front: it is refused as one with none.
+        None => ApiError::new(
+            StatusCode::LENGTH_REQUIRED,
+            "length_required",
+            "a request body needs a Content-Length header (chunked bodies are not accepted)",
+        )
+        .into_response(),
+        Some(None) => ApiError::invalid("Content-Length is not a number").into_response(),
+        Some(Some(length)) if length > limit as u64 => ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payload_too_large",
+            format!("the body is {length} bytes; the limit is {limit}"),
+        )
+        .with(serde_json::json!({ "size": length, "limit": limit }))
+        .into_response(),
+        Some(Some(_)) => next.run(request).await,
+    }
+}
+
+/// A JSON body: `Content-Type: application/json`, at most the cap, nested at most the depth
+/// limit, of type `T` (unknown fields refused where `T` says so).
+#[derive(Debug)]
+pub(crate) struct JsonBody<T>(pub(crate) T);
+
+impl<T: DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(request: Request, state: &AppState) -> Result<Self, ApiError> {
+        let value = json_value(request, state).await?;
+        serde_json::from_value(value)
+            .map(JsonBody)
+            .map_err(|error| ApiError::invalid(format!("malformed request: {error}")))
+    }
+}
+
+/// The body as a JSON value, checked as [`JsonBody`] says.
+pub(crate) async fn json_value(request: Request, state: &AppState) -> Result<Value, ApiError> {
+    let is_json = request
+        .headers()
+        .get(CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.split(';').next())
+        .is_some_and(|mime| mime.trim().eq_ignore_ascii_case("application/json"));
+    if !is_json {
+        return Err(ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            "the body must be JSON (Content-Type: application/json)",
+        ));
+    }
+    let limit = state.config.max_body_bytes;
+    let bytes = axum::body::to_bytes(request.into_body(), limit)
+        .await
+        .map_err(|error| {
+            ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "payload_too_large",
+                format!("the body could not be read within {limit} bytes: {error}"),
+            )
+        })?;
+    parse(&bytes, state.config.max_json_depth)
+}
+
+/// Parses JSON no deeper than `max_depth` arrays and objects, measured on the bytes before
+/// anything is built (so a deep document costs no recursion at all).
+pub(crate) fn parse(bytes: &[u8], max_depth: usize) -> Result<Value, ApiError> {
+    if let Some(depth) = too_deep(bytes, max_depth) {
+        return Err(ApiError::invalid(format!(
+            "the body nests deeper than {max_depth} arrays and objects (at least {depth})"
+        )));
+    }
+    serde_json::from_slice(bytes)
+        .map_err(|error| ApiError::invalid(format!("the body is not valid JSON: {error}")))
+}
+
+/// The depth past the limit, if the document's brackets go that deep (strings skipped).
+fn too_deep(bytes: &[u8], max_depth: usize) -> Option<usize> {
+    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
+    for &byte in bytes {
+        if in_string {
+            match byte {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match byte {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > max_depth {
+                    return Some(depth);
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn depth_is_counted_outside_strings_only() {
+        let deep = format!("{}{}", "[".repeat(129), "]".repeat(129));
+        assert!(parse(deep.as_bytes(), 128).is_err());
+        let ok = format!("{}{}", "[".repeat(128), "]".repeat(128));
+        assert!(parse(ok.as_bytes(), 128).is_ok());
+        let quoted = format!("{{\"a\": \"{}\\\"{}\"}}", "[".repeat(500), "{".repeat(500));
+        assert!(parse(quoted.as_bytes(), 2).is_ok());
+        assert!(parse(b"{\"a\": [1, 2", 128).is_err());
+    }
+}
+
+/// Query parameters of type `T`; malformed ones are a typed 400 like a malformed body.
+#[derive(Debug)]
+pub(crate) struct Params<T>(pub(crate) T);
+
+impl<T: DeserializeOwned, S: Send + Sync> axum::extract::FromRequestParts<S> for Params<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        _state: &S,
+    ) -> Result<Self, ApiError> {
+        axum::extract::Query::<T>::try_from_uri(&parts.uri)
+            .map(|axum::extract::Query(params)| Params(params))
+            .map_err(|error| ApiError::invalid(format!("malformed query: {}", error.body_text())))
+    }
+}

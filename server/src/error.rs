@@ -1,0 +1,146 @@
+//! Every answer that is not a success, and the one place that maps the runtime's errors and
+//! submit outcomes to status codes (the table is in `docs/server.md`).
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use dormant::submit::SubmitOutcome;
+use serde_json::{json, Value};
+
+/// Why a server could not be built.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServerError {
+    /// Neither an authenticate hook nor [`Auth::allow_unauthenticated`](crate::Auth::allow_unauthenticated)
+    /// was configured: a server is fail-closed.
+    #[error("no authentication configured: give an authenticate hook (Auth::hook) or allow unauthenticated access explicitly (Auth::allow_unauthenticated, --allow-unauthenticated)")]
+    AuthNotConfigured,
+    /// A [`ServerConfig`](crate::ServerConfig) setting is out of range.
+    #[error("invalid server setting {setting}: {reason}")]
+    InvalidConfig {
+        /// The setting.
+        setting: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
+}
+
+/// An error answer: a status code and a JSON body `{ "code", "message", ... }` whose `code`
+/// is stable (snake_case).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiError {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+    extra: Option<Value>,
+}
+
+impl ApiError {
+    pub(crate) fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            code,
+            message: message.into(),
+            extra: None,
+        }
+    }
+
+    pub(crate) fn with(mut self, extra: Value) -> Self {
+        self.extra = Some(extra);
+        self
+    }
+
+    pub(crate) fn invalid(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "invalid_request", message)
+    }
+
+    /// The status code.
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    /// The stable code.
+    pub fn code(&self) -> &'static str {
+        self.code
+    }
+
+    /// What went wrong, in words.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut body = json!({ "code": self.code, "message": self.message });
+        if let (Some(Value::Object(extra)), Some(fields)) = (self.extra, body.as_object_mut()) {
+            fields.extend(extra);
+        }
+        (self.status, Json(body)).into_response()
+    }
+}
+
+/// The runtime's errors, each with its status code.
+impl From<dormant::Error> for ApiError {
+    fn from(error: dormant::Error) -> Self {
+        use dormant::Error as E;
+        let status = match &error {
+            E::UnknownSession(_) | E::UnknownAgent(_) => StatusCode::NOT_FOUND,
+            E::InvalidId(_) | E::InvalidDefinition(_) => StatusCode::BAD_REQUEST,
+            E::AgentMismatch { .. }
+            | E::SubAgentSession { .. }
+            | E::AlreadyRunning(_)
+            | E::Aborted(_)
+            | E::NotResumable { .. } => StatusCode::CONFLICT,
+            // Retryable: the store may have room again, the session may come back, another
+            // node may answer.
+            E::Store(store) if store.is_retryable() => StatusCode::SERVICE_UNAVAILABLE,
+            E::SessionUnavailable { .. } | E::ShutDown => StatusCode::SERVICE_UNAVAILABLE,
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        if status == StatusCode::INTERNAL_SERVER_ERROR {
+            tracing::error!(%error, code = error.code(), "server.runtime_error");
+        }
+        ApiError::new(status, error.code(), error.to_string())
+    }
+}
+
+/// A submit's outcome: `accepted` is 200, every other outcome an error answer with its
+/// stable code.
+pub(crate) fn submit_answer(outcome: SubmitOutcome) -> Result<Value, ApiError> {
+    let code = outcome.code();
+    let (status, message, extra) = match outcome {
+        SubmitOutcome::Accepted => return Ok(json!({ "code": code })),
+        SubmitOutcome::AlreadyCompleted => (
+            StatusCode::CONFLICT,
+            "the call already has an answer, expired, or completed".to_string(),
+            None,
+        ),
+        SubmitOutcome::UnknownToolCall => (
+            StatusCode::NOT_FOUND,
+            "no pending call has this id under that session".to_string(),
+            None,
+        ),
+        SubmitOutcome::InvalidRequest { reason } => (StatusCode::BAD_REQUEST, reason, None),
+        SubmitOutcome::InvalidResult { reason, errors } => (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            reason,
+            Some(json!({ "errors": errors })),
+        ),
+        SubmitOutcome::PayloadTooLarge { size, limit } => (
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("the answer is {size} bytes; the limit is {limit}"),
+            Some(json!({ "size": size, "limit": limit })),
+        ),
+        other => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("unexpected submit outcome {other:?}"),
+            None,
+        ),
+    };
+    let error = ApiError::new(status, code, message);
+    Err(match extra {
+        Some(extra) => error.with(extra),
+        None => error,
+    })
+}

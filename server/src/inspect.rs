@@ -1,0 +1,137 @@
+//! `dormant-server inspect --store DIR`: what a stopped store holds, for a person: every
+//! session with its status, the calls it waits on (kind, approval id, deadline), its runs
+//! and its last messages. It only reads: no deadline fires, no run is recovered.
+
+use std::io::Write;
+use std::path::Path;
+use std::sync::Arc;
+
+use dormant::{Message, PendingKind, Runtime, SledStore, ToolOutcome};
+
+/// Why the store could not be inspected.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum InspectError {
+    /// The store could not be opened (another process may hold it).
+    #[error("cannot open the store: {0}")]
+    Open(#[from] dormant::store::Error),
+    /// A read failed.
+    #[error(transparent)]
+    Runtime(#[from] dormant::Error),
+    /// The output could not be written.
+    #[error("cannot write the report: {0}")]
+    Write(#[from] std::io::Error),
+}
+
+/// Writes the report of the store in `dir` to `out`, with each session's last `messages`
+/// messages.
+///
+/// # Errors
+/// See [`InspectError`].
+pub async fn inspect(
+    dir: &Path,
+    out: &mut impl Write,
+    messages: usize,
+) -> Result<(), InspectError> {
+    let store = SledStore::open(dir)?;
+    // No agents, and no background deadlines: nothing the runtime does on its own writes.
+    let runtime = Runtime::builder()
+        .store(Arc::new(store))
+        .background_deadlines(false)
+        .build()?;
+    let result = report(&runtime, out, messages).await;
+    runtime.shutdown().await?;
+    result
+}
+
+async fn report(runtime: &Runtime, out: &mut impl Write, last: usize) -> Result<(), InspectError> {
+    let now = runtime.now_ms();
+    let ids = runtime.session_ids().await?;
+    writeln!(out, "{} session(s)", ids.len())?;
+    for id in ids {
+        let record = runtime.session(&id).await?;
+        let lineage = match &record.parent {
+            Some(parent) => format!(", sub-agent of {parent}"),
+            None => String::new(),
+        };
+        writeln!(
+            out,
+            "\nsession {id}: agent {}, {}{}{lineage}, {} turn(s), {} message(s)",
+            record.agent,
+            record.status,
+            if record.aborted { " (aborted)" } else { "" },
+            record.run_count,
+            record.message_count,
+        )?;
+        for call in runtime.pending(&id).await? {
+            let kind = match call.kind {
+                PendingKind::Client => "client tool".to_string(),
+                PendingKind::Approval => format!("approval {}", call.approval_id()),
+            };
+            let when = if call.answer.is_some() {
+                "answered, waiting for a resume".to_string()
+            } else if call.deadline_at_ms <= now {
+                format!("expired {} s ago", (now - call.deadline_at_ms) / 1000)
+            } else {
+                format!("deadline in {} s", (call.deadline_at_ms - now) / 1000)
+            };
+            writeln!(
+                out,
+                "  pending {} {} ({kind}), {when}, input {}",
+                call.tool_call_id, call.tool_name, call.input
+            )?;
+        }
+        for run in runtime.runs(&id).await? {
+            let error = run
+                .error
+                .map(|error| format!(", {}: {}", error.code.as_str(), error.message))
+                .unwrap_or_default();
+            writeln!(
+                out,
+                "  run {} turn {}: {}, {} step(s){error}",
+                run.run_id, run.turn, run.status, run.steps
+            )?;
+        }
+        let messages = runtime.messages(&id).await?;
+        for message in messages.iter().skip(messages.len().saturating_sub(last)) {
+            writeln!(out, "  {}", line(message))?;
+        }
+    }
+    Ok(())
+}
+
+fn line(message: &Message) -> String {
+    let text = match message {
+        Message::User { text } => format!("user: {text}"),
+        Message::Assistant { text, tool_calls } => {
+            let calls: Vec<String> = tool_calls
+                .iter()
+                .map(|call| format!("{}({})", call.name, call.input))
+                .collect();
+            match (text, calls.is_empty()) {
+                (Some(text), true) => format!("assistant: {text}"),
+                (Some(text), false) => format!("assistant: {text} calls {}", calls.join(", ")),
+                (None, _) => format!("assistant calls {}", calls.join(", ")),
+            }
+        }
+        Message::Tool {
+            tool_call_id,
+            tool_name,
+            outcome,
+        } => match outcome {
+            ToolOutcome::Result(value) => format!("tool {tool_name} ({tool_call_id}): {value}"),
+            ToolOutcome::Error(error) => {
+                format!("tool {tool_name} ({tool_call_id}) error: {error}")
+            }
+        },
+    };
+    // One line each, whatever the content: long ones are cut.
+    let flat: String = text
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    match flat.char_indices().nth(200) {
+        Some((at, _)) => format!("{}…", &flat[..at]),
+        None => flat,
+    }
+}

@@ -1,0 +1,71 @@
+//! dormant over HTTP and SSE.
+//!
+//! [`router`] gives an axum [`Router`](axum::Router) that a daemon mounts beside its own
+//! routes; the `dormant-server` binary serves it with a demo agent and a page where a person
+//! answers client tools and approvals in a browser. The routes follow the agent-server
+//! contract of the seeds (`POST /start`, `POST /resume`, `GET /sse`, `GET /status`,
+//! `POST /interrupt`, `POST /abort`, `POST /submit-tool-result`) plus `GET /runs`,
+//! `GET /messages`, `GET /healthz` and `GET /metrics`; `docs/server.md` documents each, with
+//! every status code.
+//!
+//! # Fail-closed
+//!
+//! A server refuses to build unless an authenticate hook is configured
+//! ([`Auth::hook`]) or unauthenticated access is chosen explicitly
+//! ([`Auth::allow_unauthenticated`]). Starting a session answers a token bound to it: that
+//! token, and only it (or a caller the hook calls an operator), may submit, resume, stream,
+//! read, interrupt and abort that session.
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use dormant::{AgentDefinition, ModelReply, Runtime, ScriptedLlm, SledStore};
+//! use dormant_server::Auth;
+//!
+//! # #[tokio::main]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let runtime = Runtime::builder()
+//!     .store(Arc::new(SledStore::open("sessions")?))
+//!     .llm(Arc::new(ScriptedLlm::new().script("greeter", vec![ModelReply::text("hi")])))
+//!     .agent(AgentDefinition::builder("greeter").build()?)
+//!     .build()?;
+//! let app = dormant_server::router(runtime, Auth::allow_unauthenticated())?;
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await?;
+//! axum::serve(listener, app).await?;
+//! # Ok(()) }
+//! ```
+
+#![forbid(unsafe_code)]
+
+mod auth;
+mod body;
+mod config;
+pub mod demo;
+mod error;
+pub mod inspect;
+mod metrics;
+mod ops;
+mod page;
+mod routes;
+mod server;
+mod sse;
+mod token;
+mod wire;
+
+pub use auth::{Auth, Caller, Denied};
+pub use config::{ServerConfig, DEFAULT_MAX_BODY_BYTES};
+pub use error::{ApiError, ServerError};
+pub use server::{Closing, Server};
+pub use token::TokenKey;
+
+use dormant::Runtime;
+
+/// The routes of a dormant server over `runtime`, with the default [`ServerConfig`] and a
+/// token key that lives as long as the process (use [`Server`] to keep tokens valid across
+/// restarts, and to drain streams on shutdown).
+///
+/// # Errors
+/// [`ServerError::AuthNotConfigured`] unless `auth` is a hook or an explicit
+/// [`Auth::allow_unauthenticated`].
+pub fn router(runtime: Runtime, auth: Auth) -> Result<axum::Router, ServerError> {
+    Server::new(runtime, auth).router()
+}

@@ -1,0 +1,248 @@
+//! `dormant-server`: dormant over HTTP and SSE, on an embedded sled store.
+//!
+//! ```text
+//! dormant-server --listen 127.0.0.1:8080 --store DIR --demo --allow-unauthenticated
+//! dormant-server inspect --store DIR
+//! ```
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use dormant::{Runtime, SledStore};
+use dormant_server::{Auth, Caller, Denied, Server, ServerConfig, TokenKey};
+
+/// Serves dormant sessions over HTTP and SSE, with a page at `/` where a person answers
+/// client tools and approvals. `dormant-server inspect --store DIR` reports a stopped store.
+#[derive(Debug, Parser)]
+#[command(version, args_conflicts_with_subcommands = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    serve: Serve,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Reports what a stopped store holds: sessions, status, pending calls (kind, approval id,
+    /// deadline), runs and the last messages. Only reads.
+    Inspect {
+        /// The store directory.
+        #[arg(long)]
+        store: PathBuf,
+        /// How many of each session's last messages to show.
+        #[arg(long, default_value_t = 5)]
+        messages: usize,
+    },
+}
+
+#[derive(Debug, Args)]
+struct Serve {
+    /// The address to listen on. Keep it on loopback unless a proxy in front authenticates
+    /// and terminates TLS.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    listen: SocketAddr,
+    /// The sled store directory (created if missing). The key that signs session tokens is
+    /// kept beside it, in DIR.token-key, so tokens survive a restart.
+    #[arg(long)]
+    store: Option<PathBuf>,
+    /// Serve the demo agent (`demo`): a keyword-driven model with a server tool, a client
+    /// tool the browser answers and an approval-gated tool. Needs no API key.
+    #[arg(long)]
+    demo: bool,
+    /// Let anyone start sessions (each session is still reached only with its token). Say so
+    /// explicitly: without it, or --api-key-env, the server refuses to start.
+    #[arg(long)]
+    allow_unauthenticated: bool,
+    /// The environment variable that holds an API key: a request that sends it
+    /// (`x-api-key: KEY`) may start sessions, choose their ids and act on every session.
+    #[arg(long, value_name = "NAME")]
+    api_key_env: Option<String>,
+    /// The largest request body in bytes (413 past it, before it is read).
+    #[arg(long, default_value_t = dormant_server_default_body())]
+    max_body_bytes: usize,
+    /// How long a request may take to be answered, in milliseconds (408 past it).
+    #[arg(long, default_value_t = 30_000)]
+    request_timeout_ms: u64,
+    /// How long a stream may stay without a chunk before the server ends it, in milliseconds.
+    #[arg(long, default_value_t = 600_000)]
+    sse_idle_timeout_ms: u64,
+    /// An origin allowed to call the server from its pages (CORS); repeat for several. None
+    /// by default.
+    #[arg(long = "cors-origin", value_name = "ORIGIN")]
+    cors_origins: Vec<String>,
+    /// How long a client tool or approval waits for its answer, in milliseconds.
+    #[arg(long, default_value_t = 10 * 60 * 1000)]
+    client_tool_timeout_ms: u64,
+    /// The most session actors kept in memory; idle ones past it are evicted.
+    #[arg(long)]
+    max_resident: Option<usize>,
+}
+
+fn dormant_server_default_body() -> usize {
+    dormant_server::ServerConfig::default().body_limit()
+}
+
+fn main() -> std::process::ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("dormant-server: cannot start tokio: {error}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async move {
+        match cli.command {
+            Some(Command::Inspect { store, messages }) => {
+                let mut out = std::io::stdout().lock();
+                dormant_server::inspect::inspect(&store, &mut out, messages)
+                    .await
+                    .map_err(|error| error.to_string())
+            }
+            None => serve(cli.serve).await,
+        }
+    });
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("dormant-server: {error}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn serve(args: Serve) -> Result<(), String> {
+    let store_dir = args
+        .store
+        .ok_or("--store DIR is required: the sled store the sessions live in")?;
+    if !args.demo {
+        return Err("no agents to serve: run with --demo (a daemon with its own agents mounts dormant_server::router instead)".into());
+    }
+    let auth = match (&args.api_key_env, args.allow_unauthenticated) {
+        (Some(name), _) => api_key_auth(name)?,
+        (None, true) => {
+            tracing::warn!("--allow-unauthenticated: anyone who reaches {} may start sessions (each session still needs its token)", args.listen);
+            Auth::allow_unauthenticated()
+        }
+        (None, false) => Auth::default(),
+    };
+    let store = SledStore::open(&store_dir).map_err(|error| error.to_string())?;
+    let key_path = {
+        let mut name = store_dir.clone().into_os_string();
+        name.push(".token-key");
+        PathBuf::from(name)
+    };
+    let key = TokenKey::load_or_create(&key_path)
+        .map_err(|error| format!("token key {}: {error}", key_path.display()))?;
+    let mut builder = Runtime::builder()
+        .store(Arc::new(store))
+        .client_tool_timeout_ms(args.client_tool_timeout_ms);
+    if let Some(max) = args.max_resident {
+        builder = builder.max_resident(max);
+    }
+    let runtime = dormant_server::demo::configure(builder)
+        .map_err(|error| error.to_string())?
+        .build()
+        .map_err(|error| error.to_string())?;
+    let config = ServerConfig::default()
+        .max_body_bytes(args.max_body_bytes)
+        .request_timeout(Duration::from_millis(args.request_timeout_ms))
+        .sse_idle_timeout(Duration::from_millis(args.sse_idle_timeout_ms))
+        .cors_origins(args.cors_origins);
+    let server = Server::new(runtime.clone(), auth)
+        .config(config)
+        .token_key(key);
+    let closing = server.closing();
+    let app = match server.router() {
+        Ok(app) => app,
+        Err(error) => {
+            let _ = runtime.shutdown().await;
+            return Err(error.to_string());
+        }
+    };
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .map_err(|error| format!("cannot listen on {}: {error}", args.listen))?;
+    let address = listener.local_addr().map_err(|error| error.to_string())?;
+    // The line a script (or a test) waits for before it connects.
+    println!("dormant-server listening on http://{address}");
+    tracing::info!(%address, store = %store_dir.display(), "server.listening");
+    let served = axum::serve(listener, app)
+        .with_graceful_shutdown(async move {
+            shutdown_signal().await;
+            tracing::info!("server.shutting_down");
+            closing.close();
+        })
+        .await;
+    // Streams have ended and requests are answered: stop the sessions and flush the store.
+    let stopped = runtime.shutdown().await;
+    served.map_err(|error| error.to_string())?;
+    stopped.map_err(|error| error.to_string())?;
+    tracing::info!("server.stopped");
+    Ok(())
+}
+
+/// An API key from the environment: `x-api-key` equal to it makes an operator.
+fn api_key_auth(name: &str) -> Result<Auth, String> {
+    let key = std::env::var(name)
+        .map_err(|_| format!("--api-key-env {name}: the variable is not set"))?;
+    if key.len() < 16 {
+        return Err(format!(
+            "--api-key-env {name}: the key must be at least 16 characters"
+        ));
+    }
+    let key: Arc<str> = key.into();
+    Ok(Auth::hook(move |headers| {
+        let given = headers
+            .get("x-api-key")
+            .map(|value| value.as_bytes().to_vec());
+        let key = Arc::clone(&key);
+        Box::pin(async move {
+            match given {
+                Some(given) if constant_time_eq(&given, key.as_bytes()) => {
+                    Ok(Caller::new("api-key").choosing_session_ids().operator())
+                }
+                _ => Err(Denied("send the API key in x-api-key".into())),
+            }
+        })
+    }))
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = terminate => {}
+    }
+}

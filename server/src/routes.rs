@@ -1,0 +1,176 @@
+//! The routes that act on sessions. Each checks who may act, calls the runtime once, and
+//! answers JSON; errors go through `error.rs`.
+
+use axum::extract::{Request, State};
+use axum::http::header::AUTHORIZATION;
+use axum::http::{HeaderMap, StatusCode};
+use axum::Json;
+use dormant::submit::Submit;
+use dormant::SessionId;
+use serde_json::{json, Value};
+
+use crate::body::{json_value, JsonBody, Params};
+use crate::error::{submit_answer, ApiError};
+use crate::server::AppState;
+use crate::wire::{SessionQuery, SessionRequest, StartRequest, Started, StatusAnswer};
+
+fn session_id(text: &str) -> Result<SessionId, ApiError> {
+    text.parse()
+        .map_err(|error| ApiError::invalid(format!("session_id: {error}")))
+}
+
+/// `POST /start`: a new session (server-issued id), or a new turn of one the caller holds a
+/// token for or may name. Answered once the turn is durably started, with the session's
+/// token and where to follow it.
+pub(crate) async fn start(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    JsonBody(body): JsonBody<StartRequest>,
+) -> Result<(StatusCode, Json<Started>), ApiError> {
+    let id = match &body.session_id {
+        None => {
+            state.auth.caller(&headers).await?;
+            SessionId::generate()
+        }
+        Some(text) => {
+            let id = session_id(text)?;
+            if headers.contains_key(AUTHORIZATION) && has_session_token(&headers) {
+                state.auth.session(&state.key, &headers, None, &id).await?;
+            } else {
+                let caller = state.auth.caller(&headers).await?;
+                if !caller.may_choose_session_id {
+                    return Err(ApiError::new(
+                        StatusCode::FORBIDDEN,
+                        "session_id_not_allowed",
+                        "this caller may not choose a session id: leave session_id out, or send the session's token to start a new turn of it",
+                    ));
+                }
+            }
+            id
+        }
+    };
+    let started = state
+        .runtime
+        .start_on(&id, &body.agent, body.message)
+        .await?;
+    tracing::info!(session = %id, agent = %body.agent, "server.started");
+    let token = state.key.issue(&id);
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(Started::new(started, Some(token))),
+    ))
+}
+
+fn has_session_token(headers: &HeaderMap) -> bool {
+    headers
+        .get(AUTHORIZATION)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.strip_prefix("Bearer "))
+        .is_some_and(|token| crate::token::is_token(token.trim()))
+}
+
+/// `POST /resume`: continues a suspended or interrupted run; answered once it is durably
+/// resumed (or found still waiting).
+pub(crate) async fn resume(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    JsonBody(body): JsonBody<SessionRequest>,
+) -> Result<(StatusCode, Json<Started>), ApiError> {
+    let id = session_id(&body.session_id)?;
+    state.auth.session(&state.key, &headers, None, &id).await?;
+    let started = state.runtime.start_resume(&id).await?;
+    Ok((StatusCode::ACCEPTED, Json(Started::new(started, None))))
+}
+
+/// `POST /submit-tool-result`: the envelope of [`Submit::from_json`]; 200 `accepted` only
+/// once the answer is durable.
+pub(crate) async fn submit(
+    State(state): State<AppState>,
+    request: Request,
+) -> Result<Json<Value>, ApiError> {
+    let headers = request.headers().clone();
+    let envelope = json_value(request, &state).await?;
+    let submit = Submit::from_json(&envelope).map_err(ApiError::invalid)?;
+    let id = session_id(&submit.session_id)?;
+    state.auth.session(&state.key, &headers, None, &id).await?;
+    let call = submit.tool_call_id.clone();
+    let outcome = state.runtime.submit_tool_result(submit).await?;
+    tracing::info!(session = %id, tool_call_id = %call, outcome = outcome.code(), "server.submit");
+    submit_answer(outcome).map(Json)
+}
+
+/// `POST /interrupt`: returns once the whole tree has stopped.
+pub(crate) async fn interrupt(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    JsonBody(body): JsonBody<SessionRequest>,
+) -> Result<Json<Value>, ApiError> {
+    let id = session_id(&body.session_id)?;
+    state.auth.session(&state.key, &headers, None, &id).await?;
+    state.runtime.interrupt(&id).await?;
+    let status = state.runtime.status(&id).await?;
+    Ok(Json(json!({ "session_id": id, "status": status })))
+}
+
+/// `POST /abort`: terminal; returns once the whole tree has stopped.
+pub(crate) async fn abort(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    JsonBody(body): JsonBody<SessionRequest>,
+) -> Result<Json<Value>, ApiError> {
+    let id = session_id(&body.session_id)?;
+    state.auth.session(&state.key, &headers, None, &id).await?;
+    state.runtime.abort(&id).await?;
+    let status = state.runtime.status(&id).await?;
+    Ok(Json(
+        json!({ "session_id": id, "status": status, "aborted": true }),
+    ))
+}
+
+/// `GET /status`: the run's status and the calls it waits on.
+pub(crate) async fn status(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Params(query): Params<SessionQuery>,
+) -> Result<Json<StatusAnswer>, ApiError> {
+    let id = authorized(&state, &headers, &query).await?;
+    let record = state.runtime.session(&id).await?;
+    let pending = state.runtime.pending(&id).await?;
+    let now = state.runtime.now_ms();
+    Ok(Json(StatusAnswer::new(record, pending, now)))
+}
+
+/// `GET /runs`: every run record of the session, in order.
+pub(crate) async fn runs(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Params(query): Params<SessionQuery>,
+) -> Result<Json<Value>, ApiError> {
+    let id = authorized(&state, &headers, &query).await?;
+    let runs = state.runtime.runs(&id).await?;
+    Ok(Json(json!({ "session_id": id, "runs": runs })))
+}
+
+/// `GET /messages`: the conversation.
+pub(crate) async fn messages(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Params(query): Params<SessionQuery>,
+) -> Result<Json<Value>, ApiError> {
+    let id = authorized(&state, &headers, &query).await?;
+    let messages = state.runtime.messages(&id).await?;
+    Ok(Json(json!({ "session_id": id, "messages": messages })))
+}
+
+async fn authorized(
+    state: &AppState,
+    headers: &HeaderMap,
+    query: &SessionQuery,
+) -> Result<SessionId, ApiError> {
+    let id = session_id(&query.session_id)?;
+    state
+        .auth
+        .session(&state.key, headers, query.token.as_deref(), &id)
+        .await?;
+    Ok(id)
+}

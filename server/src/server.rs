@@ -1,0 +1,226 @@
+//! Building the router: the state every handler shares, the layers, and the switch that
+//! ends streams when the server shuts down.
+
+use std::sync::Arc;
+
+use axum::http::{HeaderName, HeaderValue, Method, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use dormant::Runtime;
+use tokio::sync::watch;
+use tower_http::cors::{AllowOrigin, CorsLayer};
+use tower_http::trace::TraceLayer;
+
+use crate::auth::Auth;
+use crate::config::ServerConfig;
+use crate::error::{ApiError, ServerError};
+use crate::metrics::HttpMetrics;
+use crate::token::TokenKey;
+use crate::{body, ops, page, routes, sse};
+
+/// What every handler reaches.
+#[derive(Clone, Debug)]
+pub(crate) struct AppState {
+    pub(crate) runtime: Runtime,
+    pub(crate) auth: Auth,
+    pub(crate) key: Arc<TokenKey>,
+    pub(crate) config: Arc<ServerConfig>,
+    pub(crate) closing: watch::Receiver<bool>,
+    pub(crate) metrics: Arc<HttpMetrics>,
+}
+
+/// Tells a server's streams that it is shutting down: each sends a last `end` event
+/// (`reason: shutdown`) and closes, so a graceful shutdown is not held up by open streams.
+/// Clients reconnect with `Last-Event-ID` once the server is back.
+#[derive(Clone, Debug)]
+pub struct Closing(Arc<watch::Sender<bool>>);
+
+impl Closing {
+    /// Ends every stream of the server; new ones are refused with 503.
+    pub fn close(&self) {
+        self.0.send_replace(true);
+    }
+
+    /// Whether [`Closing::close`] was called.
+    pub fn is_closed(&self) -> bool {
+        *self.0.borrow()
+    }
+}
+
+/// A server under construction: the runtime, how callers are authenticated, its limits and
+/// the key of its session tokens.
+///
+/// ```no_run
+/// use std::path::Path;
+/// use dormant_server::{Auth, Server, ServerConfig, TokenKey};
+/// # async fn serve(runtime: dormant::Runtime) -> Result<(), Box<dyn std::error::Error>> {
+/// let server = Server::new(runtime.clone(), Auth::allow_unauthenticated())
+///     .config(ServerConfig::default())
+///     .token_key(TokenKey::load_or_create(Path::new("server.key"))?);
+/// let closing = server.closing();
+/// let app = server.router()?;
+/// let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await?;
+/// axum::serve(listener, app)
+///     .with_graceful_shutdown(async move {
+///         let _ = tokio::signal::ctrl_c().await;
+///         closing.close();
+///     })
+///     .await?;
+/// runtime.shutdown().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct Server {
+    runtime: Runtime,
+    auth: Auth,
+    config: ServerConfig,
+    key: Option<TokenKey>,
+    closing: Closing,
+}
+
+impl Server {
+    /// A server over `runtime`, authenticating with `auth`.
+    pub fn new(runtime: Runtime, auth: Auth) -> Self {
+        Self {
+            runtime,
+            auth,
+            config: ServerConfig::default(),
+            key: None,
+            closing: Closing(Arc::new(watch::channel(false).0)),
+        }
+    }
+
+    /// Its limits and options.
+    pub fn config(mut self, config: ServerConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// The key its session tokens are signed with (default: a random key for this process,
+    /// so tokens die with it).
+    pub fn token_key(mut self, key: TokenKey) -> Self {
+        self.key = Some(key);
+        self
+    }
+
+    /// The switch that ends its streams (see [`Closing`]).
+    pub fn closing(&self) -> Closing {
+        self.closing.clone()
+    }
+
+    /// The routes.
+    ///
+    /// # Errors
+    /// [`ServerError::AuthNotConfigured`] without a hook or an explicit
+    /// [`Auth::allow_unauthenticated`]; [`ServerError::InvalidConfig`]; a failed random key.
+    pub fn router(self) -> Result<Router, ServerError> {
+        if !self.auth.is_configured() {
+            return Err(ServerError::AuthNotConfigured);
+        }
+        self.config.check()?;
+        let key = match self.key {
+            Some(key) => key,
+            None => TokenKey::random().map_err(|error| ServerError::InvalidConfig {
+                setting: "token_key",
+                reason: format!("no random key: {error}"),
+            })?,
+        };
+        let cors = cors(&self.config.cors_origins)?;
+        let page = self.config.page;
+        let state = AppState {
+            runtime: self.runtime,
+            auth: self.auth,
+            key: Arc::new(key),
+            config: Arc::new(self.config),
+            closing: self.closing.0.subscribe(),
+            metrics: Arc::new(HttpMetrics::default()),
+        };
+        let mut router = Router::new()
+            .route("/start", post(routes::start))
+            .route("/resume", post(routes::resume))
+            .route("/submit-tool-result", post(routes::submit))
+            .route("/interrupt", post(routes::interrupt))
+            .route("/abort", post(routes::abort))
+            .route("/status", get(routes::status))
+            .route("/runs", get(routes::runs))
+            .route("/messages", get(routes::messages))
+            .route("/sse", get(sse::stream))
+            .route("/healthz", get(ops::healthz))
+            .route("/metrics", get(ops::metrics));
+        if page {
+            router = router
+                .route("/", get(page::index))
+                .route("/page.js", get(page::script));
+        }
+        let router = router
+            .fallback(not_found)
+            .layer(middleware::from_fn_with_state(
+                state.clone(),
+                body::require_length,
+            ))
+            .layer(middleware::from_fn_with_state(state.clone(), timed))
+            .layer(TraceLayer::new_for_http());
+        let router = match cors {
+            Some(cors) => router.layer(cors),
+            None => router,
+        };
+        Ok(router.with_state(state))
+    }
+}
+
+/// Bounds how long a request takes to be answered (408), and counts it.
+async fn timed(
+    axum::extract::State(state): axum::extract::State<AppState>,
+    request: axum::extract::Request,
+    next: Next,
+) -> Response {
+    let route = crate::metrics::route_of(request.uri().path());
+    let started = std::time::Instant::now();
+    let response = match tokio::time::timeout(state.config.request_timeout, next.run(request)).await {
+        Ok(response) => response,
+        Err(_) => ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "request_timeout",
+            format!(
+                "the request took longer than {} ms; a submit may still have been accepted (a retry answers already_completed)",
+                state.config.request_timeout.as_millis()
+            ),
+        )
+        .into_response(),
+    };
+    state
+        .metrics
+        .request(route, response.status(), started.elapsed());
+    response
+}
+
+async fn not_found() -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route")
+}
+
+fn cors(origins: &[String]) -> Result<Option<CorsLayer>, ServerError> {
+    if origins.is_empty() {
+        return Ok(None);
+    }
+    let origins = origins
+        .iter()
+        .map(|origin| {
+            HeaderValue::from_str(origin).map_err(|_| ServerError::InvalidConfig {
+                setting: "cors_origins",
+                reason: format!("{origin:?} is not a valid origin"),
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Some(
+        CorsLayer::new()
+            .allow_origin(AllowOrigin::list(origins))
+            .allow_methods([Method::GET, Method::POST])
+            .allow_headers([
+                axum::http::header::CONTENT_TYPE,
+                axum::http::header::AUTHORIZATION,
+                HeaderName::from_static("last-event-id"),
+            ]),
+    ))
+}

@@ -1,0 +1,165 @@
+//! `GET /sse`: the session's stream as server-sent events. Each chunk is an event whose id
+//! is its sequence number and whose name is its type; a reconnecting client sends
+//! `Last-Event-ID` and gets what follows, with no gap and no repeat. The stream ends with an
+//! `end` event (no id) saying why: the run settled, the server shuts down, or it was idle.
+
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use dormant::{Chunk, ChunkKind, Error};
+use futures::{Stream, StreamExt};
+use serde_json::json;
+use tokio::sync::watch;
+
+use crate::body::Params;
+use crate::error::ApiError;
+use crate::metrics::StreamGuard;
+use crate::server::AppState;
+use crate::wire::{StreamQuery, Until};
+
+type Chunks = Pin<Box<dyn Stream<Item = Result<Chunk, Error>> + Send>>;
+
+pub(crate) async fn stream(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Params(query): Params<StreamQuery>,
+) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
+    let id: dormant::SessionId = query
+        .session_id
+        .parse()
+        .map_err(|error| ApiError::invalid(format!("session_id: {error}")))?;
+    state
+        .auth
+        .session(&state.key, &headers, query.token.as_deref(), &id)
+        .await?;
+    if *state.closing.borrow() {
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "shutting_down",
+            "the server is shutting down; reconnect with Last-Event-ID",
+        ));
+    }
+    // Refuses unknown sessions (follow would wait for one to appear).
+    state.runtime.status(&id).await?;
+    let from = match last_event_id(&headers)? {
+        Some(last) => last.saturating_add(1),
+        None => query.from.unwrap_or(0),
+    };
+    tracing::debug!(session = %id, from, "server.stream_opened");
+    let follower = Follower {
+        chunks: Box::pin(state.runtime.follow(&id, from)),
+        closing: state.closing.clone(),
+        until: query.until,
+        idle: state.config.sse_idle_timeout,
+        settled: false,
+        done: false,
+        _open: state.metrics.stream_opened(),
+        state: state.clone(),
+    };
+    let events = futures::stream::unfold(follower, |mut follower| async move {
+        let event = follower.next().await?;
+        Some((Ok(event), follower))
+    });
+    Ok(Sse::new(events).keep_alive(KeepAlive::new().interval(state.config.sse_keep_alive)))
+}
+
+/// `Last-Event-ID`: the last sequence number the client saw.
+fn last_event_id(headers: &HeaderMap) -> Result<Option<u64>, ApiError> {
+    let Some(value) = headers.get("last-event-id") else {
+        return Ok(None);
+    };
+    value
+        .to_str()
+        .ok()
+        .and_then(|text| text.trim().parse::<u64>().ok())
+        .map(Some)
+        .ok_or_else(|| ApiError::invalid("Last-Event-ID must be a chunk's sequence number"))
+}
+
+struct Follower {
+    chunks: Chunks,
+    closing: watch::Receiver<bool>,
+    until: Until,
+    idle: Duration,
+    /// The run settled: the next event is the `end`.
+    settled: bool,
+    done: bool,
+    _open: StreamGuard,
+    state: AppState,
+}
+
+impl Follower {
+    async fn next(&mut self) -> Option<Event> {
+        if self.done {
+            return None;
+        }
+        if self.settled {
+            return Some(self.end("settled"));
+        }
+        let idle = self.idle;
+        let next = tokio::select! {
+            chunk = self.chunks.next() => Ok(chunk),
+            _ = self.closing.wait_for(|closing| *closing) => Err("shutdown"),
+            () = tokio::time::sleep(idle) => Err("idle"),
+        };
+        let next = match next {
+            Ok(next) => next,
+            Err(reason) => return Some(self.end(reason)),
+        };
+        match next {
+            None | Some(Err(Error::ShutDown)) => Some(self.end("shutdown")),
+            Some(Err(error)) => {
+                self.done = true;
+                let error = ApiError::from(error);
+                Some(
+                    Event::default().event("error").data(
+                        json!({ "code": error.code(), "message": error.message() }).to_string(),
+                    ),
+                )
+            }
+            Some(Ok(chunk)) => {
+                let now = self.state.runtime.now_ms();
+                self.state
+                    .metrics
+                    .sse_lag(Duration::from_millis(now.saturating_sub(chunk.at_ms)));
+                if self.until == Until::Settled && settles(&chunk.kind) {
+                    // The chunk goes out now; the `end` event follows on the next poll.
+                    self.settled = true;
+                }
+                Some(event(&chunk))
+            }
+        }
+    }
+
+    fn end(&mut self, reason: &str) -> Event {
+        self.done = true;
+        Event::default()
+            .event("end")
+            .data(json!({ "reason": reason }).to_string())
+    }
+}
+
+/// Whether the root's run stops here: it ended, suspended or was interrupted (a forwarded
+/// child's chunk never does).
+fn settles(kind: &ChunkKind) -> bool {
+    !kind.is_forwarded()
+        && matches!(
+            kind,
+            ChunkKind::RunEnd { .. }
+                | ChunkKind::RunSuspended { .. }
+                | ChunkKind::RunInterrupted { .. }
+        )
+}
+
+fn event(chunk: &Chunk) -> Event {
+    let data = serde_json::to_string(chunk)
+        .unwrap_or_else(|error| json!({ "error": error.to_string() }).to_string());
+    Event::default()
+        .id(chunk.seq.to_string())
+        .event(chunk.kind.type_name())
+        .data(data)
+}

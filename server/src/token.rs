@@ -1,0 +1,174 @@
+//! Session-bound tokens: `dst1.<session id, hex>.<HMAC-SHA256 of it, hex>`. Nothing is
+//! stored: a token is valid for its session as long as the server keeps its key.
+
+use std::fmt;
+use std::io::{self, Write};
+use std::path::Path;
+
+use dormant::SessionId;
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+
+const PREFIX: &str = "dst1.";
+const KEY_BYTES: usize = 32;
+
+/// The key that signs session tokens. Tokens issued under one key are valid until the key
+/// changes: keep it (see [`TokenKey::load_or_create`]) for tokens to survive a restart.
+#[derive(Clone)]
+pub struct TokenKey([u8; KEY_BYTES]);
+
+impl fmt::Debug for TokenKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("TokenKey(..)")
+    }
+}
+
+/// Why a token was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum TokenError {
+    /// Not a token of this server (malformed, or signed under another key).
+    Invalid,
+}
+
+impl TokenKey {
+    /// A new random key (from the operating system's generator).
+    ///
+    /// # Errors
+    /// The generator failed.
+    pub fn random() -> io::Result<Self> {
+        let mut key = [0u8; KEY_BYTES];
+        getrandom::fill(&mut key).map_err(|error| io::Error::other(error.to_string()))?;
+        Ok(Self(key))
+    }
+
+    /// A key from its bytes (32 of them).
+    pub fn from_bytes(bytes: [u8; KEY_BYTES]) -> Self {
+        Self(bytes)
+    }
+
+    /// Reads the key kept in `path`, or creates one there (readable by the owner only) if the
+    /// file does not exist.
+    ///
+    /// # Errors
+    /// The file could not be read or written, or does not hold a 32-byte key.
+    pub fn load_or_create(path: &Path) -> io::Result<Self> {
+        match std::fs::read(path) {
+            Ok(bytes) => {
+                let key: [u8; KEY_BYTES] = bytes.try_into().map_err(|bytes: Vec<u8>| {
+                    io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        format!(
+                            "{} holds {} bytes, not a {KEY_BYTES}-byte token key",
+                            path.display(),
+                            bytes.len()
+                        ),
+                    )
+                })?;
+                Ok(Self(key))
+            }
+            Err(error) if error.kind() == io::ErrorKind::NotFound => {
+                let key = Self::random()?;
+                let mut options = std::fs::OpenOptions::new();
+                options.write(true).create_new(true);
+                #[cfg(unix)]
+                std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+                let mut file = options.open(path)?;
+                file.write_all(&key.0)?;
+                file.sync_all()?;
+                Ok(key)
+            }
+            Err(error) => Err(error),
+        }
+    }
+
+    /// The token that authorizes `session`.
+    pub fn issue(&self, session: &SessionId) -> String {
+        let id = hex(session.as_str().as_bytes());
+        let mac = hex(&self.mac(session.as_str()).finalize().into_bytes());
+        format!("{PREFIX}{id}.{mac}")
+    }
+
+    /// The session a token authorizes, if this key signed it.
+    pub(crate) fn verify(&self, token: &str) -> Result<String, TokenError> {
+        let rest = token.strip_prefix(PREFIX).ok_or(TokenError::Invalid)?;
+        let (id, mac) = rest.split_once('.').ok_or(TokenError::Invalid)?;
+        let id = String::from_utf8(unhex(id).ok_or(TokenError::Invalid)?)
+            .map_err(|_| TokenError::Invalid)?;
+        let mac = unhex(mac).ok_or(TokenError::Invalid)?;
+        // Constant time: the comparison does not tell how much of a forged MAC was right.
+        self.mac(&id)
+            .verify_slice(&mac)
+            .map_err(|_| TokenError::Invalid)?;
+        Ok(id)
+    }
+
+    fn mac(&self, session: &str) -> Hmac<Sha256> {
+        let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(&self.0)
+            .unwrap_or_else(|_| unreachable!("HMAC takes a key of any length"));
+        mac.update(b"dormant-session-token\0");
+        mac.update(session.as_bytes());
+        mac
+    }
+}
+
+/// Whether `text` looks like a session token (rather than a credential for the hook).
+pub(crate) fn is_token(text: &str) -> bool {
+    text.starts_with(PREFIX)
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
+}
+
+fn unhex(text: &str) -> Option<Vec<u8>> {
+    if text.len() % 2 != 0 || text.len() > 1024 {
+        return None;
+    }
+    (0..text.len())
+        .step_by(2)
+        .map(|at| u8::from_str_radix(text.get(at..at + 2)?, 16).ok())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_token_names_its_session_and_only_this_key_signed_it(
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        let key = TokenKey::from_bytes([7; 32]);
+        let id: SessionId = "s-1".parse()?;
+        let token = key.issue(&id);
+        assert_eq!(key.verify(&token), Ok("s-1".to_string()));
+        assert_eq!(
+            TokenKey::from_bytes([8; 32]).verify(&token),
+            Err(TokenError::Invalid)
+        );
+        let forged = token.replacen(&hex(b"s-1"), &hex(b"s-2"), 1);
+        assert_eq!(key.verify(&forged), Err(TokenError::Invalid));
+        for garbage in [
+            "",
+            "dst1.",
+            "dst1.zz.00",
+            "dst1.00",
+            "Bearer x",
+            "dst1.733.ab",
+        ] {
+            assert_eq!(key.verify(garbage), Err(TokenError::Invalid), "{garbage:?}");
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn a_kept_key_is_read_back() -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("key");
+        let first = TokenKey::load_or_create(&path)?;
+        let again = TokenKey::load_or_create(&path)?;
+        assert_eq!(first.0, again.0);
+        std::fs::write(&path, b"short")?;
+        assert!(TokenKey::load_or_create(&path).is_err());
+        Ok(())
+    }
+}

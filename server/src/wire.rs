@@ -1,0 +1,166 @@
+//! The JSON bodies of the routes (snake_case, unknown fields refused).
+
+use dormant::{PendingCall, PendingKind, RunId, RunStarted, SessionRecord, Status};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// `POST /start`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct StartRequest {
+    pub(crate) agent: String,
+    pub(crate) message: String,
+    /// Only for a caller that may choose ids, or with the token of that session (a new turn
+    /// of a conversation).
+    #[serde(default)]
+    pub(crate) session_id: Option<String>,
+}
+
+/// `POST /resume`, `/interrupt`, `/abort`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct SessionRequest {
+    pub(crate) session_id: String,
+}
+
+/// `GET /status`, `/runs`, `/messages`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct SessionQuery {
+    pub(crate) session_id: String,
+    #[serde(default)]
+    pub(crate) token: Option<String>,
+}
+
+/// `GET /sse`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct StreamQuery {
+    pub(crate) session_id: String,
+    #[serde(default)]
+    pub(crate) token: Option<String>,
+    /// The first sequence number to send (a `Last-Event-ID` header wins: it is one past it).
+    #[serde(default)]
+    pub(crate) from: Option<u64>,
+    /// `settled` (default): end after the run ends, suspends or is interrupted. `closed`:
+    /// stay open for the next turn, until the client goes, the server shuts down or the
+    /// stream is idle too long.
+    #[serde(default)]
+    pub(crate) until: Until,
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum Until {
+    #[default]
+    Settled,
+    Closed,
+}
+
+/// The answer of `POST /start` and `POST /resume`.
+#[derive(Debug, Serialize)]
+pub(crate) struct Started {
+    pub(crate) session_id: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) token: Option<String>,
+    pub(crate) run_id: Option<RunId>,
+    pub(crate) status: Status,
+    pub(crate) from_seq: u64,
+    /// Where to follow the run (add the token).
+    pub(crate) stream: String,
+}
+
+impl Started {
+    pub(crate) fn new(started: RunStarted, token: Option<String>) -> Self {
+        let session_id = started.session_id.to_string();
+        Self {
+            stream: format!(
+                "/sse?session_id={}&from={}",
+                encode(&session_id),
+                started.from_seq
+            ),
+            session_id,
+            token,
+            run_id: started.run_id,
+            status: started.status,
+            from_seq: started.from_seq,
+        }
+    }
+}
+
+/// The answer of `GET /status`.
+#[derive(Debug, Serialize)]
+pub(crate) struct StatusAnswer {
+    pub(crate) session_id: String,
+    pub(crate) agent: String,
+    pub(crate) status: Status,
+    pub(crate) run_id: Option<RunId>,
+    pub(crate) turn: u32,
+    pub(crate) aborted: bool,
+    pub(crate) message_count: u64,
+    /// The next chunk's sequence number.
+    pub(crate) chunk_count: u64,
+    pub(crate) pending: Vec<PendingAnswer>,
+}
+
+impl StatusAnswer {
+    pub(crate) fn new(record: SessionRecord, pending: Vec<PendingCall>, now_ms: u64) -> Self {
+        Self {
+            session_id: record.id.to_string(),
+            agent: record.agent,
+            status: record.status,
+            run_id: record.current_run,
+            turn: record.run_count,
+            aborted: record.aborted,
+            message_count: record.message_count,
+            chunk_count: record.chunk_count,
+            pending: pending
+                .into_iter()
+                .map(|call| PendingAnswer::new(call, now_ms))
+                .collect(),
+        }
+    }
+}
+
+/// One pending call, as `GET /status` lists it.
+#[derive(Debug, Serialize)]
+pub(crate) struct PendingAnswer {
+    pub(crate) tool_call_id: String,
+    pub(crate) tool_name: String,
+    pub(crate) kind: PendingKind,
+    /// For an approval: the id its answer must carry.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) approval_id: Option<String>,
+    pub(crate) input: Value,
+    pub(crate) requested_at_ms: u64,
+    pub(crate) deadline_at_ms: u64,
+    /// Still waiting for an answer (not answered, not expired).
+    pub(crate) waiting: bool,
+}
+
+impl PendingAnswer {
+    fn new(call: PendingCall, now_ms: u64) -> Self {
+        Self {
+            approval_id: (call.kind == PendingKind::Approval).then(|| call.approval_id()),
+            waiting: call.is_waiting(now_ms),
+            tool_call_id: call.tool_call_id,
+            tool_name: call.tool_name,
+            kind: call.kind,
+            input: call.input,
+            requested_at_ms: call.requested_at_ms,
+            deadline_at_ms: call.deadline_at_ms,
+        }
+    }
+}
+
+/// Percent-encodes a query value (session ids may hold any printable character).
+pub(crate) fn encode(text: &str) -> String {
+    text.bytes()
+        .map(|byte| match byte {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (byte as char).to_string()
+            }
+            _ => format!("%{byte:02X}"),
+        })
+        .collect()
+}
