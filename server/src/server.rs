@@ -43,6 +43,12 @@ impl Closing {
         self.0.send_replace(true);
     }
 
+    /// Waits until [`Closing::close`] is called (for `with_graceful_shutdown`).
+    pub async fn closed(&self) {
+        let mut closed = self.0.subscribe();
+        let _ = closed.wait_for(|closed| *closed).await;
+    }
+
     /// Whether [`Closing::close`] was called.
     pub fn is_closed(&self) -> bool {
         *self.0.borrow()

@@ -1,0 +1,264 @@
+//! Every route through a whole run of the demo agent: start, the stream to the client call,
+//! status, submit (and each of its refusals), resume, the approval, the end; runs and
+//! messages; interrupt and abort.
+
+mod common;
+
+use common::{answer, demo_server, pending, text};
+use dormant_server::ServerConfig;
+use reqwest::StatusCode;
+use serde_json::json;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_goes_through_a_client_tool_and_an_approval_over_http() -> anyhow::Result<()> {
+    let server = demo_server(ServerConfig::default()).await?;
+    let session = server.start("weather in Porto").await?;
+    assert_eq!(session.started["from_seq"], 0);
+    assert!(session.token.starts_with("dst1."));
+
+    // The stream shows the client call and ends with the suspension.
+    let events = server.events(&session, "").await?;
+    let names: Vec<&str> = events.iter().map(|event| event.name.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "run_start",
+            "tool_start",
+            "tool_end",
+            "tool_start",
+            "run_suspended",
+            "end"
+        ]
+    );
+    let ids: Vec<Option<u64>> = events.iter().map(|event| event.id).collect();
+    assert_eq!(ids, [Some(0), Some(1), Some(2), Some(3), Some(4), None]);
+    assert_eq!(events[5].data, json!({ "reason": "settled" }));
+
+    let status = server.status(&session).await?;
+    assert_eq!(status["status"], "suspended_client_tool");
+    let ask = pending(&status, "client")?;
+    assert_eq!(ask["tool_name"], "ask_user");
+    assert_eq!(ask["waiting"], true);
+    assert!(ask["deadline_at_ms"].as_u64().is_some());
+    let call = text(ask, "tool_call_id")?;
+
+    // Each refusal of a submit has its status and stable code, and changes nothing.
+    let wrong =
+        json!({ "session_id": session.id, "tool_call_id": call, "result": { "title": "x" } });
+    let (code, body) = server.submit(&session, &wrong).await?;
+    assert_eq!(
+        (code, body["code"].as_str()),
+        (StatusCode::UNPROCESSABLE_ENTITY, Some("invalid_result"))
+    );
+    assert!(
+        !body["errors"].as_array().map_or(true, Vec::is_empty),
+        "{body}"
+    );
+    let unknown =
+        json!({ "session_id": session.id, "tool_call_id": "nope", "result": { "answer": "x" } });
+    let (code, body) = server.submit(&session, &unknown).await?;
+    assert_eq!(
+        (code, body["code"].as_str()),
+        (StatusCode::NOT_FOUND, Some("unknown_tool_call"))
+    );
+    let malformed = json!({ "session_id": session.id, "tool_call_id": call });
+    let (code, body) = server.submit(&session, &malformed).await?;
+    assert_eq!(
+        (code, body["code"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("invalid_request"))
+    );
+    let as_approval = json!({ "kind": "approval-response", "session_id": session.id, "tool_call_id": call,
+        "approval_id": "x::y", "approved": true });
+    let (code, body) = server.submit(&session, &as_approval).await?;
+    assert_eq!(
+        (code, body["code"].as_str()),
+        (StatusCode::UNPROCESSABLE_ENTITY, Some("invalid_result"))
+    );
+
+    let answer_it = json!({ "session_id": session.id, "tool_call_id": call, "result": { "answer": "Porto in the sun" } });
+    let (code, body) = server.submit(&session, &answer_it).await?;
+    assert_eq!(
+        (code, body),
+        (StatusCode::OK, json!({ "code": "accepted" }))
+    );
+    let (code, body) = server.submit(&session, &answer_it).await?;
+    assert_eq!(
+        (code, body["code"].as_str()),
+        (StatusCode::CONFLICT, Some("already_completed"))
+    );
+
+    // The resume runs to the approval gate.
+    let (code, resumed) = server.resume(&session).await?;
+    assert_eq!(code, StatusCode::ACCEPTED);
+    let from = resumed["from_seq"].as_u64().unwrap_or_default();
+    assert_eq!(from, 5);
+    let events = server.events(&session, &format!("&from={from}")).await?;
+    assert_eq!(events.first().and_then(|event| event.id), Some(from));
+    assert!(events
+        .iter()
+        .any(|event| event.name == "tool_approval_request"));
+    let status = server.status(&session).await?;
+    let gate = pending(&status, "approval")?;
+    assert_eq!(gate["tool_name"], "publish");
+    assert_eq!(gate["input"]["title"], "Porto in the sun");
+    let approval = json!({ "kind": "approval-response", "session_id": session.id,
+        "tool_call_id": text(gate, "tool_call_id")?, "approval_id": text(gate, "approval_id")?,
+        "approved": true, "reason": "looks right" });
+    let (code, _) = server.submit(&session, &approval).await?;
+    assert_eq!(code, StatusCode::OK);
+    let (code, resumed) = server.resume(&session).await?;
+    assert_eq!(code, StatusCode::ACCEPTED);
+    let events = server
+        .events(&session, &format!("&from={}", resumed["from_seq"]))
+        .await?;
+    let end = events
+        .iter()
+        .rev()
+        .find(|event| event.name == "run_end")
+        .map(|event| event.data["kind"]["status"].clone());
+    assert_eq!(end, Some(json!("completed")));
+
+    // Nothing is left to resume.
+    let (code, body) = server.resume(&session).await?;
+    assert_eq!(
+        (code, body["code"].as_str()),
+        (StatusCode::CONFLICT, Some("not_resumable"))
+    );
+
+    let (code, runs) = answer(
+        server
+            .get(
+                &format!("/runs?session_id={}", session.id),
+                Some(&session.token),
+            )
+            .await?,
+    )
+    .await?;
+    assert_eq!(code, StatusCode::OK);
+    assert_eq!(runs["runs"].as_array().map(Vec::len), Some(3));
+    let (code, messages) = answer(
+        server
+            .get(
+                &format!("/messages?session_id={}", session.id),
+                Some(&session.token),
+            )
+            .await?,
+    )
+    .await?;
+    assert_eq!(code, StatusCode::OK);
+    let last = messages["messages"]
+        .as_array()
+        .and_then(|all| all.last())
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(
+        last["text"],
+        "Published \"Porto in the sun\" (sunny in Porto, 21 °C)."
+    );
+    server.stop().await?.shutdown().await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interrupt_abort_and_the_runtime_refusals_have_their_codes() -> anyhow::Result<()> {
+    let server = demo_server(ServerConfig::default()).await?;
+    let session = server.start("weather in Faro").await?;
+    server.events(&session, "").await?;
+    let body = json!({ "session_id": session.id });
+
+    let (code, interrupted) = answer(
+        server
+            .post("/interrupt", Some(&session.token), &body)
+            .await?,
+    )
+    .await?;
+    assert_eq!(
+        (code, interrupted["status"].as_str()),
+        (StatusCode::OK, Some("interrupted"))
+    );
+    // The interrupt dropped the call: a late answer finds nothing.
+    let late = json!({ "session_id": session.id, "tool_call_id": "ask_user-1", "result": { "answer": "x" } });
+    let (code, _) = server.submit(&session, &late).await?;
+    assert_eq!(code, StatusCode::NOT_FOUND);
+
+    let (code, aborted) = answer(server.post("/abort", Some(&session.token), &body).await?).await?;
+    assert_eq!(
+        (code, aborted["aborted"].as_bool()),
+        (StatusCode::OK, Some(true))
+    );
+    let (code, refused) = server.resume(&session).await?;
+    assert_eq!(
+        (code, refused["code"].as_str()),
+        (StatusCode::CONFLICT, Some("aborted"))
+    );
+    // A new turn of an aborted session is refused too (with its token).
+    let again = json!({ "agent": "demo", "message": "again", "session_id": session.id });
+    let (code, refused) =
+        answer(server.post("/start", Some(&session.token), &again).await?).await?;
+    assert_eq!(
+        (code, refused["code"].as_str()),
+        (StatusCode::CONFLICT, Some("aborted"))
+    );
+
+    let nobody = json!({ "agent": "nobody", "message": "hi" });
+    let (code, refused) = answer(server.post("/start", None, &nobody).await?).await?;
+    assert_eq!(
+        (code, refused["code"].as_str()),
+        (StatusCode::NOT_FOUND, Some("unknown_agent"))
+    );
+
+    let (code, missing) = answer(server.get("/nowhere", None).await?).await?;
+    assert_eq!(
+        (code, missing["code"].as_str()),
+        (StatusCode::NOT_FOUND, Some("not_found"))
+    );
+    server.stop().await?.shutdown().await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_turn_of_a_session_takes_its_token_and_the_stream_can_stay_open() -> anyhow::Result<()>
+{
+    let server = demo_server(ServerConfig::default()).await?;
+    let first = server
+        .post(
+            "/start",
+            None,
+            &json!({ "agent": "demo", "message": "echo one" }),
+        )
+        .await?;
+    let (code, first) = answer(first).await?;
+    assert_eq!(code, StatusCode::ACCEPTED);
+    let session = common::Session {
+        id: text(&first, "session_id")?,
+        token: text(&first, "token")?,
+        started: first,
+    };
+    // Open a stream that stays open across turns, then start the second turn.
+    let path = format!(
+        "/sse?session_id={}&token={}&until=closed",
+        session.id, session.token
+    );
+    let stream = server.get(&path, None).await?;
+    let again = json!({ "agent": "demo", "message": "echo two", "session_id": session.id });
+    let (code, second) = answer(server.post("/start", Some(&session.token), &again).await?).await?;
+    assert_eq!(code, StatusCode::ACCEPTED);
+    assert_eq!(second["token"], session.token.as_str());
+    // Two turns: run_start, text, run_end each, in one stream that did not end between them.
+    let events = common::read_events(stream, 6).await?;
+    let names: Vec<&str> = events.iter().map(|event| event.name.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "run_start",
+            "text",
+            "run_end",
+            "run_start",
+            "text",
+            "run_end"
+        ]
+    );
+    assert_eq!(events[4].data["kind"]["text"], "two");
+    server.stop().await?.shutdown().await?;
+    Ok(())
+}
