@@ -7,6 +7,7 @@ use axum::http::{Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use serde::de::DeserializeOwned;
+use serde::Deserialize;
 use serde_json::Value;
 
 use crate::error::ApiError;
@@ -66,6 +67,10 @@ impl<T: DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
 
     async fn from_request(request: Request, state: &AppState) -> Result<Self, ApiError> {
         let value = json_value(request, state).await?;
+        // serde reads a struct from an array too; a request is an object with named fields.
+        if !value.is_object() {
+            return Err(ApiError::invalid("the body must be a JSON object"));
+        }
         serde_json::from_value(value)
             .map(JsonBody)
             .map_err(|error| ApiError::invalid(format!("malformed request: {error}")))
@@ -97,7 +102,8 @@ pub(crate) async fn json_value(request: Request, state: &AppState) -> Result<Val
                 format!("the body could not be read within {limit} bytes: {error}"),
             )
         })?;
-    parse(&bytes, state.config.max_json_depth)
+    // One level more than a value may nest: the envelope's object around a submitted result.
+    parse(&bytes, state.config.max_json_depth + 1)
 }
 
 /// Parses JSON no deeper than `max_depth` arrays and objects, measured on the bytes before
@@ -108,8 +114,14 @@ pub(crate) fn parse(bytes: &[u8], max_depth: usize) -> Result<Value, ApiError> {
             "the body nests deeper than {max_depth} arrays and objects (at least {depth})"
         )));
     }
-    serde_json::from_slice(bytes)
-        .map_err(|error| ApiError::invalid(format!("the body is not valid JSON: {error}")))
+    // The depth is bounded above, so serde_json's own limit (127 levels, one short of the
+    // runtime's default 128) can go: a result the runtime takes in process is taken here too.
+    let mut parser = serde_json::Deserializer::from_slice(bytes);
+    parser.disable_recursion_limit();
+    let value = Value::deserialize(&mut parser)
+        .and_then(|value| parser.end().map(|()| value))
+        .map_err(|error| ApiError::invalid(format!("the body is not valid JSON: {error}")))?;
+    Ok(value)
 }
 
 /// The depth past the limit, if the document's brackets go that deep (strings skipped).

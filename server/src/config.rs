@@ -54,7 +54,9 @@ impl ServerConfig {
     }
 
     /// How deeply a request body's JSON may nest, counting arrays and objects (default 128,
-    /// at most 128: serde_json's own parser limit).
+    /// the runtime's own default; at most 128). The body itself may nest one level more: a
+    /// submitted result sits inside its envelope's object, and may nest as deep as it would in
+    /// process.
     pub fn max_json_depth(mut self, depth: usize) -> Self {
         self.max_json_depth = depth;
         self

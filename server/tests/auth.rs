@@ -1,0 +1,195 @@
+//! Fail-closed: no server without authentication; a session's token opens that session
+//! only; a hook decides who starts sessions, who may name them, and who may act on all.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::{answer, demo_runtime, demo_server, serve};
+use dormant::SledStore;
+use dormant_server::{Auth, Caller, Denied, ServerConfig, ServerError};
+use reqwest::StatusCode;
+use serde_json::json;
+
+#[tokio::test]
+async fn a_server_without_authentication_refuses_to_build() -> anyhow::Result<()> {
+    let runtime = demo_runtime(Arc::new(SledStore::temporary()?))?;
+    let refused = dormant_server::router(runtime.clone(), Auth::default());
+    assert!(matches!(refused, Err(ServerError::AuthNotConfigured)));
+    runtime.shutdown().await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_opens_its_own_session_only() -> anyhow::Result<()> {
+    let server = demo_server(ServerConfig::default()).await?;
+    let a = server.start("weather in Porto").await?;
+    let b = server.start("weather in Braga").await?;
+    server.events(&a, "").await?;
+    let on_a = json!({ "session_id": a.id });
+    let submit_a =
+        json!({ "session_id": a.id, "tool_call_id": "ask_user-1", "result": { "answer": "x" } });
+    let reads = ["/status", "/runs", "/messages", "/sse"];
+
+    // No token: 401 on every session route.
+    for path in reads {
+        let (code, body) = answer(
+            server
+                .get(&format!("{path}?session_id={}", a.id), None)
+                .await?,
+        )
+        .await?;
+        assert_eq!(
+            (code, body["code"].as_str()),
+            (StatusCode::UNAUTHORIZED, Some("missing_token")),
+            "{path}"
+        );
+    }
+    for (path, body) in [
+        ("/resume", &on_a),
+        ("/interrupt", &on_a),
+        ("/abort", &on_a),
+        ("/submit-tool-result", &submit_a),
+    ] {
+        let (code, answer) = answer(server.post(path, None, body).await?).await?;
+        assert_eq!(
+            (code, answer["code"].as_str()),
+            (StatusCode::UNAUTHORIZED, Some("missing_token")),
+            "{path}"
+        );
+    }
+    // B's token on A: 403, in the header or the query.
+    for path in reads {
+        let (code, body) = answer(
+            server
+                .get(&format!("{path}?session_id={}", a.id), Some(&b.token))
+                .await?,
+        )
+        .await?;
+        assert_eq!(
+            (code, body["code"].as_str()),
+            (StatusCode::FORBIDDEN, Some("wrong_session")),
+            "{path}"
+        );
+        let query = format!("{path}?session_id={}&token={}", a.id, b.token);
+        let (code, _) = answer(server.get(&query, None).await?).await?;
+        assert_eq!(code, StatusCode::FORBIDDEN, "{path}?token=");
+    }
+    for (path, body) in [
+        ("/resume", &on_a),
+        ("/interrupt", &on_a),
+        ("/abort", &on_a),
+        ("/submit-tool-result", &submit_a),
+    ] {
+        let (code, answer) = answer(server.post(path, Some(&b.token), body).await?).await?;
+        assert_eq!(
+            (code, answer["code"].as_str()),
+            (StatusCode::FORBIDDEN, Some("wrong_session")),
+            "{path}"
+        );
+    }
+    // A forged token (A's id under a made-up signature): 401.
+    let forged = format!("{}0000", a.token.trim_end_matches(|c: char| c != '.'));
+    let (code, body) = answer(
+        server
+            .get(&format!("/status?session_id={}", a.id), Some(&forged))
+            .await?,
+    )
+    .await?;
+    assert_eq!(
+        (code, body["code"].as_str()),
+        (StatusCode::UNAUTHORIZED, Some("invalid_token"))
+    );
+    // Nothing was answered or stopped by the refused calls.
+    let status = server.status(&a).await?;
+    assert_eq!(status["status"], "suspended_client_tool");
+    assert_eq!(status["pending"][0]["waiting"], true);
+
+    // An anonymous caller may not name a session, nor start a turn of another's.
+    let named = json!({ "agent": "demo", "message": "hi", "session_id": "mine" });
+    let (code, body) = answer(server.post("/start", None, &named).await?).await?;
+    assert_eq!(
+        (code, body["code"].as_str()),
+        (StatusCode::FORBIDDEN, Some("session_id_not_allowed"))
+    );
+    let hijack = json!({ "agent": "demo", "message": "hi", "session_id": a.id });
+    let (code, _) = answer(server.post("/start", Some(&b.token), &hijack).await?).await?;
+    assert_eq!(code, StatusCode::FORBIDDEN);
+    assert!(matches!(
+        server.runtime.status(&"mine".parse()?).await,
+        Err(dormant::Error::UnknownSession(_))
+    ));
+    server.stop().await?.shutdown().await?;
+    Ok(())
+}
+
+fn key_hook() -> Auth {
+    Auth::hook(|headers| {
+        let key = headers
+            .get("x-api-key")
+            .and_then(|value| value.to_str().ok())
+            .map(str::to_string);
+        Box::pin(async move {
+            match key.as_deref() {
+                Some("ops") => Ok(Caller::new("ops").operator().choosing_session_ids()),
+                Some("app") => Ok(Caller::new("app")),
+                _ => Err(Denied("x-api-key is required".into())),
+            }
+        })
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_hook_decides_who_starts_names_and_operates() -> anyhow::Result<()> {
+    let runtime = demo_runtime(Arc::new(SledStore::temporary()?))?;
+    let server = serve(runtime, key_hook(), ServerConfig::default()).await?;
+    let start = json!({ "agent": "demo", "message": "echo hi" });
+    let post = |key: Option<&'static str>, path: &'static str, body: serde_json::Value| {
+        let mut request = server.http.post(server.url(path)).json(&body);
+        if let Some(key) = key {
+            request = request.header("x-api-key", key);
+        }
+        request.send()
+    };
+    let (code, body) = answer(post(None, "/start", start.clone()).await?).await?;
+    assert_eq!(
+        (code, body["message"].as_str()),
+        (StatusCode::UNAUTHORIZED, Some("x-api-key is required"))
+    );
+    let (code, started) = answer(post(Some("app"), "/start", start.clone()).await?).await?;
+    assert_eq!(code, StatusCode::ACCEPTED);
+    let id = started["session_id"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    // The app may not name sessions nor act on one without its token; the operator may both.
+    let named = json!({ "agent": "demo", "message": "echo hi", "session_id": "ops-1" });
+    let (code, _) = answer(post(Some("app"), "/start", named.clone()).await?).await?;
+    assert_eq!(code, StatusCode::FORBIDDEN);
+    let (code, body) = answer(post(Some("ops"), "/start", named).await?).await?;
+    assert_eq!(
+        (code, body["session_id"].as_str()),
+        (StatusCode::ACCEPTED, Some("ops-1"))
+    );
+    let status = |key: &'static str| {
+        server
+            .http
+            .get(server.url(&format!("/status?session_id={id}")))
+            .header("x-api-key", key)
+            .send()
+    };
+    let (code, body) = answer(status("app").await?).await?;
+    assert_eq!(
+        (code, body["code"].as_str()),
+        (StatusCode::FORBIDDEN, Some("session_token_required"))
+    );
+    let (code, _) = answer(status("ops").await?).await?;
+    assert_eq!(code, StatusCode::OK);
+    let (code, body) = answer(status("stranger").await?).await?;
+    assert_eq!(
+        (code, body["code"].as_str()),
+        (StatusCode::UNAUTHORIZED, Some("missing_token"))
+    );
+    server.stop().await?.shutdown().await?;
+    Ok(())
+}
