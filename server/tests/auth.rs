@@ -185,6 +185,14 @@ async fn the_hook_decides_who_starts_names_and_operates() -> anyhow::Result<()> 
     );
     let (code, _) = answer(status("ops").await?).await?;
     assert_eq!(code, StatusCode::OK);
+    let ghost = server
+        .http
+        .get(server.url("/sse?session_id=ghost"))
+        .header("x-api-key", "ops")
+        .send()
+        .await?;
+    let (code, body) = answer(ghost).await?;
+    assert_eq!((code, body["code"].as_str()), (StatusCode::NOT_FOUND, Some("unknown_session")));
     let (code, body) = answer(status("stranger").await?).await?;
     assert_eq!(
         (code, body["code"].as_str()),

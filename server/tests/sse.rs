@@ -1,0 +1,115 @@
+//! The stream: resumable from any event id with no gap and no repeat, from `?from=` or
+//! `Last-Event-ID` (which wins); ended by the run settling, by shutdown, or by idleness;
+//! unknown sessions refused. Plus `/healthz` and `/metrics`.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{answer, demo_server, pending, read_events, text};
+use dormant_server::ServerConfig;
+use reqwest::StatusCode;
+use serde_json::json;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reconnect_from_any_event_id_has_no_gap_and_no_repeat() -> anyhow::Result<()> {
+    let server = demo_server(ServerConfig::default()).await?;
+    let session = server.start("weather in Porto").await?;
+    server.events(&session, "").await?;
+    // Take the session through to its end so the stream is long.
+    let status = server.status(&session).await?;
+    let call = text(pending(&status, "client")?, "tool_call_id")?;
+    let envelope = json!({ "session_id": session.id, "tool_call_id": call, "result": { "answer": "t" } });
+    server.submit(&session, &envelope).await?;
+    server.resume(&session).await?;
+    server.runtime.wait_settled(&session.id.parse()?).await;
+    let stored = server.runtime.chunks(&session.id.parse()?, 0).await?;
+    let total = stored.len() as u64;
+    assert!(total >= 9, "{total} chunks");
+
+    let path = format!("/sse?session_id={}&token={}&until=closed", session.id, session.token);
+    for last in 0..total - 1 {
+        // Last-Event-ID wins over from=.
+        let response = server
+            .http
+            .get(server.url(&format!("{path}&from=0")))
+            .header("last-event-id", last.to_string())
+            .send()
+            .await?;
+        let events = read_events(response, (total - last - 1) as usize).await?;
+        let ids: Vec<u64> = events.iter().filter_map(|event| event.id).collect();
+        let expected: Vec<u64> = (last + 1..total).collect();
+        assert_eq!(ids, expected, "after {last}");
+        for event in &events {
+            let seq = event.id.unwrap_or_default();
+            let chunk = &stored[seq as usize];
+            assert_eq!(event.data, serde_json::to_value(chunk)?, "event {seq}");
+            assert_eq!(event.name, chunk.kind.type_name());
+        }
+    }
+    // from= alone.
+    let response = server.http.get(server.url(&format!("{path}&from=3"))).send().await?;
+    let first = read_events(response, 1).await?;
+    assert_eq!(first.first().and_then(|event| event.id), Some(3));
+    server.stop().await?.shutdown().await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_ends_with_the_reason_and_unknown_sessions_are_refused() -> anyhow::Result<()> {
+    let config = ServerConfig::default().sse_idle_timeout(Duration::from_millis(200));
+    let server = demo_server(config).await?;
+    let session = server.start("weather in Porto").await?;
+    server.events(&session, "").await?;
+    // Nothing happens on a suspended session: the stream ends as idle.
+    let events = server.events(&session, "&from=5&until=closed").await?;
+    assert_eq!(events.len(), 1);
+    assert_eq!((events[0].name.as_str(), &events[0].data), ("end", &json!({ "reason": "idle" })));
+
+    // Without a token, a session nobody started is refused like any other: the server does
+    // not tell which ids exist (an operator gets 404, see tests/auth.rs).
+    let (code, body) = answer(server.get("/sse?session_id=ghost", None).await?).await?;
+    assert_eq!(code, StatusCode::UNAUTHORIZED, "{body}");
+
+    // Shutdown ends an open stream with its reason, and health says so.
+    let (code, health) = answer(server.get("/healthz", None).await?).await?;
+    assert_eq!((code, health["status"].as_str()), (StatusCode::OK, Some("ok")));
+    let path = format!("/sse?session_id={}&token={}&until=closed&from=5", session.id, session.token);
+    let open = server.get(&path, None).await?;
+    server.closing.close();
+    let events = read_events(open, usize::MAX).await?;
+    assert_eq!(events.last().map(|event| event.data.clone()), Some(json!({ "reason": "shutdown" })));
+    server.stop().await?.shutdown().await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_are_in_the_prometheus_text_format() -> anyhow::Result<()> {
+    let server = demo_server(ServerConfig::default()).await?;
+    let session = server.start("weather in Porto").await?;
+    server.events(&session, "").await?;
+    let response = server.get("/metrics", None).await?;
+    assert_eq!(response.status(), StatusCode::OK);
+    assert!(response
+        .headers()
+        .get("content-type")
+        .and_then(|value| value.to_str().ok())
+        .is_some_and(|value| value.starts_with("text/plain; version=0.0.4")));
+    let text = response.text().await?;
+    for line in [
+        "# TYPE dormant_http_requests_total counter",
+        "dormant_http_requests_total{route=\"/start\",status=\"202\"} 1",
+        "# TYPE dormant_commit_latency_seconds summary",
+        "dormant_http_sse_lag_seconds_count 5",
+        "dormant_activations_total 1",
+    ] {
+        assert!(text.lines().any(|got| got == line), "no line {line:?} in\n{text}");
+    }
+    // Every sample line is `name{labels} value` with a number for the value.
+    for line in text.lines().filter(|line| !line.starts_with('#')) {
+        let value = line.rsplit(' ').next().unwrap_or_default();
+        assert!(value.parse::<f64>().is_ok(), "{line}");
+    }
+    server.stop().await?.shutdown().await?;
+    Ok(())
+}
