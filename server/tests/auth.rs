@@ -192,7 +192,10 @@ async fn the_hook_decides_who_starts_names_and_operates() -> anyhow::Result<()> 
         .send()
         .await?;
     let (code, body) = answer(ghost).await?;
-    assert_eq!((code, body["code"].as_str()), (StatusCode::NOT_FOUND, Some("unknown_session")));
+    assert_eq!(
+        (code, body["code"].as_str()),
+        (StatusCode::NOT_FOUND, Some("unknown_session"))
+    );
     let (code, body) = answer(status("stranger").await?).await?;
     assert_eq!(
         (code, body["code"].as_str()),

@@ -51,7 +51,9 @@ async fn a_run_goes_through_a_client_tool_and_an_approval_over_http() -> anyhow:
         (StatusCode::UNPROCESSABLE_ENTITY, Some("invalid_result"))
     );
     assert!(
-        !body["errors"].as_array().map_or(true, Vec::is_empty),
+        body["errors"]
+            .as_array()
+            .is_some_and(|errors| !errors.is_empty()),
         "{body}"
     );
     let unknown =

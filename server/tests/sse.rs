@@ -19,7 +19,8 @@ async fn a_reconnect_from_any_event_id_has_no_gap_and_no_repeat() -> anyhow::Res
     // Take the session through to its end so the stream is long.
     let status = server.status(&session).await?;
     let call = text(pending(&status, "client")?, "tool_call_id")?;
-    let envelope = json!({ "session_id": session.id, "tool_call_id": call, "result": { "answer": "t" } });
+    let envelope =
+        json!({ "session_id": session.id, "tool_call_id": call, "result": { "answer": "t" } });
     server.submit(&session, &envelope).await?;
     server.resume(&session).await?;
     server.runtime.wait_settled(&session.id.parse()?).await;
@@ -27,7 +28,10 @@ async fn a_reconnect_from_any_event_id_has_no_gap_and_no_repeat() -> anyhow::Res
     let total = stored.len() as u64;
     assert!(total >= 9, "{total} chunks");
 
-    let path = format!("/sse?session_id={}&token={}&until=closed", session.id, session.token);
+    let path = format!(
+        "/sse?session_id={}&token={}&until=closed",
+        session.id, session.token
+    );
     for last in 0..total - 1 {
         // Last-Event-ID wins over from=.
         let response = server
@@ -48,7 +52,11 @@ async fn a_reconnect_from_any_event_id_has_no_gap_and_no_repeat() -> anyhow::Res
         }
     }
     // from= alone.
-    let response = server.http.get(server.url(&format!("{path}&from=3"))).send().await?;
+    let response = server
+        .http
+        .get(server.url(&format!("{path}&from=3")))
+        .send()
+        .await?;
     let first = read_events(response, 1).await?;
     assert_eq!(first.first().and_then(|event| event.id), Some(3));
     server.stop().await?.shutdown().await?;
@@ -64,7 +72,10 @@ async fn a_stream_ends_with_the_reason_and_unknown_sessions_are_refused() -> any
     // Nothing happens on a suspended session: the stream ends as idle.
     let events = server.events(&session, "&from=5&until=closed").await?;
     assert_eq!(events.len(), 1);
-    assert_eq!((events[0].name.as_str(), &events[0].data), ("end", &json!({ "reason": "idle" })));
+    assert_eq!(
+        (events[0].name.as_str(), &events[0].data),
+        ("end", &json!({ "reason": "idle" }))
+    );
 
     // Without a token, a session nobody started is refused like any other: the server does
     // not tell which ids exist (an operator gets 404, see tests/auth.rs).
@@ -73,12 +84,21 @@ async fn a_stream_ends_with_the_reason_and_unknown_sessions_are_refused() -> any
 
     // Shutdown ends an open stream with its reason, and health says so.
     let (code, health) = answer(server.get("/healthz", None).await?).await?;
-    assert_eq!((code, health["status"].as_str()), (StatusCode::OK, Some("ok")));
-    let path = format!("/sse?session_id={}&token={}&until=closed&from=5", session.id, session.token);
+    assert_eq!(
+        (code, health["status"].as_str()),
+        (StatusCode::OK, Some("ok"))
+    );
+    let path = format!(
+        "/sse?session_id={}&token={}&until=closed&from=5",
+        session.id, session.token
+    );
     let open = server.get(&path, None).await?;
     server.closing.close();
     let events = read_events(open, usize::MAX).await?;
-    assert_eq!(events.last().map(|event| event.data.clone()), Some(json!({ "reason": "shutdown" })));
+    assert_eq!(
+        events.last().map(|event| event.data.clone()),
+        Some(json!({ "reason": "shutdown" }))
+    );
     server.stop().await?.shutdown().await?;
     Ok(())
 }
@@ -103,7 +123,10 @@ async fn metrics_are_in_the_prometheus_text_format() -> anyhow::Result<()> {
         "dormant_http_sse_lag_seconds_count 5",
         "dormant_activations_total 1",
     ] {
-        assert!(text.lines().any(|got| got == line), "no line {line:?} in\n{text}");
+        assert!(
+            text.lines().any(|got| got == line),
+            "no line {line:?} in\n{text}"
+        );
     }
     // Every sample line is `name{labels} value` with a number for the value.
     for line in text.lines().filter(|line| !line.starts_with('#')) {

@@ -1,6 +1,7 @@
 //! A server on a loopback port for the tests, and the client calls they make.
 #![allow(dead_code, unreachable_pub)]
 
+pub mod binary;
 pub mod gated;
 
 use std::sync::Arc;

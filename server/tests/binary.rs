@@ -1,0 +1,264 @@
+//! The binary: it refuses to start without authentication, documents its flags, keeps
+//! tokens and sessions across a graceful restart, and never loses or doubles an
+//! acknowledged answer when it is killed while a submit is in flight.
+
+mod common;
+
+use std::process::Command;
+use std::time::Duration;
+
+use common::binary::Binary;
+use common::{answer, pending, text};
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+
+#[test]
+fn without_authentication_it_refuses_to_start_and_help_documents_every_flag() -> anyhow::Result<()>
+{
+    let dir = tempfile::tempdir()?;
+    let output = Command::new(env!("CARGO_BIN_EXE_dormant-server"))
+        .args(["--listen", "127.0.0.1:0", "--demo", "--store"])
+        .arg(dir.path().join("store"))
+        .output()?;
+    assert!(!output.status.success());
+    let stderr = String::from_utf8(output.stderr)?;
+    assert!(stderr.contains("no authentication configured"), "{stderr}");
+    assert!(stderr.contains("--allow-unauthenticated"), "{stderr}");
+
+    let help = Command::new(env!("CARGO_BIN_EXE_dormant-server"))
+        .arg("--help")
+        .output()?;
+    let help = String::from_utf8(help.stdout)?;
+    for flag in [
+        "--listen",
+        "--store",
+        "--demo",
+        "--allow-unauthenticated",
+        "--api-key-env",
+        "--max-body-bytes",
+        "--request-timeout-ms",
+        "--sse-idle-timeout-ms",
+        "--cors-origin",
+        "--client-tool-timeout-ms",
+        "--max-resident",
+        "inspect",
+    ] {
+        assert!(
+            help.contains(flag),
+            "--help does not mention {flag}:\n{help}"
+        );
+    }
+    Ok(())
+}
+
+struct Client {
+    http: reqwest::Client,
+    base: String,
+}
+
+impl Client {
+    async fn post(
+        &self,
+        path: &str,
+        token: Option<&str>,
+        body: &Value,
+    ) -> anyhow::Result<(StatusCode, Value)> {
+        let mut request = self.http.post(format!("{}{path}", self.base)).json(body);
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        answer(request.send().await?).await
+    }
+
+    async fn status(&self, id: &str, token: &str) -> anyhow::Result<Value> {
+        let response = self
+            .http
+            .get(format!("{}/status?session_id={id}", self.base))
+            .bearer_auth(token)
+            .send()
+            .await?;
+        Ok(answer(response).await?.1)
+    }
+
+    /// Starts a session and waits (through its stream) until it waits on ask_user.
+    async fn suspended_session(&self) -> anyhow::Result<(String, String)> {
+        let (code, started) = self
+            .post(
+                "/start",
+                None,
+                &json!({ "agent": "demo", "message": "weather in Porto" }),
+            )
+            .await?;
+        anyhow::ensure!(code == StatusCode::ACCEPTED, "{started}");
+        let (id, token) = (text(&started, "session_id")?, text(&started, "token")?);
+        let stream = self
+            .http
+            .get(format!("{}/sse?session_id={id}&token={token}", self.base))
+            .send()
+            .await?;
+        stream.text().await?; // ends when the run suspends
+        Ok((id, token))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_graceful_restart_keeps_sessions_tokens_and_pending_calls() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let store = dir.path().join("store");
+    let server = Binary::start(&store, "127.0.0.1:0", &[])?;
+    let client = Client {
+        http: reqwest::Client::new(),
+        base: server.base.clone(),
+    };
+    let (id, token) = client.suspended_session().await?;
+    let status = server.terminate()?;
+    assert!(
+        status.success(),
+        "a graceful shutdown exits 0, not {status}"
+    );
+
+    let server = Binary::start(&store, "127.0.0.1:0", &[])?;
+    let client = Client {
+        http: reqwest::Client::new(),
+        base: server.base.clone(),
+    };
+    let status = client.status(&id, &token).await?;
+    let call = text(pending(&status, "client")?, "tool_call_id")?;
+    let envelope = json!({ "session_id": id, "tool_call_id": call, "result": { "answer": "after a restart" } });
+    let (code, _) = client
+        .post("/submit-tool-result", Some(&token), &envelope)
+        .await?;
+    assert_eq!(
+        code,
+        StatusCode::OK,
+        "the token issued before the restart still opens the session"
+    );
+    server.kill()?;
+
+    // inspect reads the stopped store: the session, its answered call.
+    let output = Command::new(env!("CARGO_BIN_EXE_dormant-server"))
+        .args(["inspect", "--store"])
+        .arg(&store)
+        .output()?;
+    let report = String::from_utf8(output.stdout)?;
+    assert!(output.status.success(), "{report}");
+    assert!(
+        report.contains(&format!("session {id}: agent demo, suspended_client_tool")),
+        "{report}"
+    );
+    assert!(
+        report
+            .contains("pending ask_user-1 ask_user (client tool), answered, waiting for a resume"),
+        "{report}"
+    );
+    assert!(
+        report.contains("tool lookup_weather (lookup_weather-1)"),
+        "{report}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_submit_racing_a_kill_is_applied_once_if_it_was_acknowledged() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let store = dir.path().join("store");
+    let mut server = Binary::start(&store, "127.0.0.1:0", &[])?;
+    let port = server.port()?.to_string();
+    let listen = format!("127.0.0.1:{port}");
+    let mut acknowledged = 0;
+    for round in 0..6u64 {
+        let client = Client {
+            http: reqwest::Client::new(),
+            base: server.base.clone(),
+        };
+        let (id, token) = client.suspended_session().await?;
+        let answer_text = format!("round {round}");
+        let envelope = json!({ "session_id": id, "tool_call_id": "ask_user-1", "result": { "answer": answer_text } });
+        // The submit and the kill race: the kill lands before, during or after the commit.
+        let submit = {
+            let (client, token, envelope) = (
+                Client {
+                    http: client.http.clone(),
+                    base: client.base.clone(),
+                },
+                token.clone(),
+                envelope.clone(),
+            );
+            tokio::spawn(async move {
+                client
+                    .post("/submit-tool-result", Some(&token), &envelope)
+                    .await
+            })
+        };
+        // From at once to 16 ms: early kills find the submit unread, late ones acknowledged.
+        tokio::time::sleep(Duration::from_millis((1 << round) / 2)).await;
+        server.kill()?;
+        let first = submit.await?;
+        server = Binary::start(&store, &listen, &[])?;
+        let client = Client {
+            http: reqwest::Client::new(),
+            base: server.base.clone(),
+        };
+        let (code, _) = client
+            .post("/submit-tool-result", Some(&token), &envelope)
+            .await?;
+        match first {
+            Ok((StatusCode::OK, _)) => {
+                acknowledged += 1;
+                assert_eq!(
+                    code,
+                    StatusCode::CONFLICT,
+                    "an acknowledged answer survives the kill"
+                );
+            }
+            // Not acknowledged: it may or may not have become durable; the retry settles it.
+            _ => assert!(
+                matches!(code, StatusCode::OK | StatusCode::CONFLICT),
+                "{code}"
+            ),
+        }
+        let (code, resumed) = client
+            .post("/resume", Some(&token), &json!({ "session_id": id }))
+            .await?;
+        assert_eq!(code, StatusCode::ACCEPTED);
+        // Follow the resumed run until it suspends at the approval gate.
+        let path = format!(
+            "{}/sse?session_id={id}&token={token}&from={}",
+            client.base, resumed["from_seq"]
+        );
+        client.http.get(path).send().await?.text().await?;
+        let status = client.status(&id, &token).await?;
+        let approval = pending(&status, "approval")?;
+        assert_eq!(
+            approval["input"]["title"],
+            answer_text.as_str(),
+            "the answer was applied"
+        );
+        let response = client
+            .http
+            .get(format!("{}/messages?session_id={id}", client.base))
+            .bearer_auth(&token)
+            .send()
+            .await?;
+        let (_, messages) = answer(response).await?;
+        let results: Vec<&Value> = messages["messages"]
+            .as_array()
+            .map(|all| {
+                all.iter()
+                    .filter(|message| message["tool_call_id"] == "ask_user-1")
+                    .collect()
+            })
+            .unwrap_or_default();
+        assert_eq!(
+            results.len(),
+            1,
+            "the answer is applied exactly once: {messages}"
+        );
+        assert_eq!(
+            results[0]["outcome"]["result"]["answer"],
+            answer_text.as_str()
+        );
+    }
+    eprintln!("{acknowledged} of 6 submits were acknowledged before their kill");
+    Ok(())
+}

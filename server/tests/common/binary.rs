@@ -1,0 +1,71 @@
+//! The `dormant-server` binary as a child process, for the tests that restart or kill it.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+
+use anyhow::Context;
+
+/// A running `dormant-server`, killed when dropped.
+pub struct Binary {
+    pub child: Child,
+    pub base: String,
+}
+
+impl Binary {
+    /// Starts the demo server on `listen` (e.g. `127.0.0.1:0`) and the store in `store`, and
+    /// waits for the line that says where it listens.
+    pub fn start(store: &Path, listen: &str, extra: &[&str]) -> anyhow::Result<Self> {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_dormant-server"))
+            .args([
+                "--listen",
+                listen,
+                "--demo",
+                "--allow-unauthenticated",
+                "--store",
+            ])
+            .arg(store)
+            .args(extra)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()?;
+        let stdout = child.stdout.take().context("no stdout")?;
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line)?;
+        let base = line
+            .trim()
+            .strip_prefix("dormant-server listening on ")
+            .with_context(|| format!("unexpected first line {line:?}"))?
+            .to_string();
+        Ok(Self { child, base })
+    }
+
+    /// The port it listens on.
+    pub fn port(&self) -> anyhow::Result<&str> {
+        self.base.rsplit(':').next().context("no port")
+    }
+
+    /// SIGKILL, and wait.
+    pub fn kill(mut self) -> anyhow::Result<()> {
+        self.child.kill()?;
+        self.child.wait()?;
+        Ok(())
+    }
+
+    /// SIGTERM (a graceful shutdown), and wait for the exit status.
+    pub fn terminate(mut self) -> anyhow::Result<std::process::ExitStatus> {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()?;
+        anyhow::ensure!(status.success(), "kill -TERM failed");
+        Ok(self.child.wait()?)
+    }
+}
+
+impl Drop for Binary {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
