@@ -14,6 +14,7 @@ pub(crate) use children::DEFAULT_CHILD_INSPECTION_TIMEOUT;
 use std::sync::Arc;
 
 use dormant_actors::{ActorContext, Host, Mailbox, VirtualActor};
+use tracing::Instrument;
 
 use children::{send_reports, unreachable_child};
 use tokio::sync::oneshot;
@@ -187,78 +188,10 @@ impl VirtualActor for SessionActor {
     }
 
     async fn handle(&self, ctx: &ActorContext<Self>, msg: SessionMsg, state: &mut SessionState) {
-        // Recovery never holds up the message that woke the session.
-        self.reconcile_in_background(ctx, state);
-        if !matches!(msg, SessionMsg::Submit { .. } | SessionMsg::SubmitSettled) {
-            self.barrier(ctx, state).await;
-        }
-        match msg {
-            SessionMsg::Execute {
-                agent,
-                message,
-                reply,
-            } => {
-                let input = Input::Execute {
-                    run_id: RunId::generate(),
-                    message,
-                    agent: agent.name().to_string(),
-                };
-                self.request(ctx, state, Some(agent), input, Some(reply))
-                    .await;
-            }
-            SessionMsg::Resume { reply } => {
-                state.resume_queued = false;
-                let input = Input::Resume {
-                    run_id: RunId::generate(),
-                };
-                self.request(ctx, state, None, input, reply).await;
-                self.answer_settle_waiters_if_idle(state);
-            }
-            SessionMsg::Submit {
-                root,
-                tool_call_id,
-                submission,
-                reply,
-            } => {
-                self.submit(ctx, state, &root, tool_call_id, submission, reply)
-                    .await;
-            }
-            SessionMsg::SubmitSettled => self.settle_submits(ctx, state).await,
-            SessionMsg::Timeout {
-                tool_call_id,
-                reply,
-            } => {
-                self.feed(ctx, state, Input::Timeout { tool_call_id }).await;
-                let _ = reply.send(());
-            }
-            SessionMsg::Stop { abort, reply } => {
-                let walked = reply.is_some();
-                let result = self.stop(ctx, state, abort, walked).await;
-                if let Some(reply) = reply {
-                    let _ = reply.send(result);
-                }
-            }
-            SessionMsg::WaitSettled { reply } => self.when_settled(state, reply),
-            SessionMsg::Feed(input) => self.feed(ctx, state, input).await,
-            SessionMsg::StartChild(start) => self.start_child(ctx, state, start).await,
-            SessionMsg::Wake { .. } => {
-                let input = Input::Wake {
-                    run_id: RunId::generate(),
-                };
-                self.feed(ctx, state, input).await;
-            }
-            SessionMsg::ChildReport {
-                tool_call_id,
-                report,
-            } => self.child_reported(ctx, state, tool_call_id, report).await,
-            SessionMsg::Reconciled(results) => {
-                state.reconciling = false;
-                self.feed(ctx, state, Input::Reconciled { results }).await;
-                self.answer_settle_waiters_if_idle(state);
-            }
-        }
+        // Everything the actor logs while it handles a message is inside its session's span.
+        let span = tracing::info_span!("session", session = %ctx.key());
+        self.handle_in_span(ctx, msg, state).instrument(span).await;
     }
-
     fn can_passivate(&self, state: &SessionState) -> bool {
         !state.resume_queued
             && state.waiters.is_empty()
@@ -567,6 +500,86 @@ impl SessionActor {
 fn send_back(mailbox: &Mailbox<SessionActor>, msg: SessionMsg) {
     if mailbox.send(msg).is_err() {
         tracing::debug!("session.result_after_stop");
+    }
+}
+
+impl SessionActor {
+    async fn handle_in_span(
+        &self,
+        ctx: &ActorContext<Self>,
+        msg: SessionMsg,
+        state: &mut SessionState,
+    ) {
+        // Recovery never holds up the message that woke the session.
+        self.reconcile_in_background(ctx, state);
+        if !matches!(msg, SessionMsg::Submit { .. } | SessionMsg::SubmitSettled) {
+            self.barrier(ctx, state).await;
+        }
+        match msg {
+            SessionMsg::Execute {
+                agent,
+                message,
+                reply,
+            } => {
+                let input = Input::Execute {
+                    run_id: RunId::generate(),
+                    message,
+                    agent: agent.name().to_string(),
+                };
+                self.request(ctx, state, Some(agent), input, Some(reply))
+                    .await;
+            }
+            SessionMsg::Resume { reply } => {
+                state.resume_queued = false;
+                let input = Input::Resume {
+                    run_id: RunId::generate(),
+                };
+                self.request(ctx, state, None, input, reply).await;
+                self.answer_settle_waiters_if_idle(state);
+            }
+            SessionMsg::Submit {
+                root,
+                tool_call_id,
+                submission,
+                reply,
+            } => {
+                self.submit(ctx, state, &root, tool_call_id, submission, reply)
+                    .await;
+            }
+            SessionMsg::SubmitSettled => self.settle_submits(ctx, state).await,
+            SessionMsg::Timeout {
+                tool_call_id,
+                reply,
+            } => {
+                self.feed(ctx, state, Input::Timeout { tool_call_id }).await;
+                let _ = reply.send(());
+            }
+            SessionMsg::Stop { abort, reply } => {
+                let walked = reply.is_some();
+                let result = self.stop(ctx, state, abort, walked).await;
+                if let Some(reply) = reply {
+                    let _ = reply.send(result);
+                }
+            }
+            SessionMsg::WaitSettled { reply } => self.when_settled(state, reply),
+            SessionMsg::Feed(input) => self.feed(ctx, state, input).await,
+            SessionMsg::StartChild(start) => self.start_child(ctx, state, start).await,
+            SessionMsg::Wake { .. } => {
+                let input = Input::Wake {
+                    run_id: RunId::generate(),
+                };
+                self.feed(ctx, state, input).await;
+            }
+            SessionMsg::ChildReport {
+                tool_call_id,
+                report,
+            } => self.child_reported(ctx, state, tool_call_id, report).await,
+            SessionMsg::Reconciled(results) => {
+                state.reconciling = false;
+                self.feed(ctx, state, Input::Reconciled { results }).await;
+                self.answer_settle_waiters_if_idle(state);
+            }
+        }
     }
 }
 

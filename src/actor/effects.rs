@@ -11,6 +11,7 @@ use crate::ids::SessionId;
 use crate::scheduler::SchedulerMsg;
 use crate::schema;
 use crate::session::{Effect, Input, Observation, Transition};
+use tracing::Instrument;
 
 impl SessionActor {
     /// Makes the commit durable, then runs the effects in order. A failed commit leaves the
@@ -80,17 +81,21 @@ impl SessionActor {
             } => {
                 let llm = Arc::clone(&self.shared.llm);
                 let mailbox = ctx.mailbox();
-                state.work.spawn(async move {
-                    let reply = crate::llm::complete_caught(llm.as_ref(), request).await;
-                    send_back(
-                        &mailbox,
-                        SessionMsg::Feed(Input::ModelReplied {
-                            run_id,
-                            step,
-                            reply,
-                        }),
-                    );
-                });
+                let span = run_span(ctx.key(), run_id, step);
+                state.work.spawn(
+                    async move {
+                        let reply = crate::llm::complete_caught(llm.as_ref(), request).await;
+                        send_back(
+                            &mailbox,
+                            SessionMsg::Feed(Input::ModelReplied {
+                                run_id,
+                                step,
+                                reply,
+                            }),
+                        );
+                    }
+                    .instrument(span),
+                );
             }
             Effect::RunTools {
                 agent,
@@ -107,17 +112,21 @@ impl SessionActor {
                     state: custom_state,
                 };
                 let mailbox = ctx.mailbox();
-                state.work.spawn(async move {
-                    let outcomes = run_step(step_context, parallel, sequential).await;
-                    send_back(
-                        &mailbox,
-                        SessionMsg::Feed(Input::ToolsFinished {
-                            run_id,
-                            step,
-                            outcomes,
-                        }),
-                    );
-                });
+                let span = run_span(ctx.key(), run_id, step);
+                state.work.spawn(
+                    async move {
+                        let outcomes = run_step(step_context, parallel, sequential).await;
+                        send_back(
+                            &mailbox,
+                            SessionMsg::Feed(Input::ToolsFinished {
+                                run_id,
+                                step,
+                                outcomes,
+                            }),
+                        );
+                    }
+                    .instrument(span),
+                );
             }
             Effect::StartChild(start) => {
                 if let Some(host) = ctx.host() {
@@ -249,4 +258,14 @@ impl SessionActor {
                 .remove_if(id, |_, sender| sender.receiver_count() == 0);
         }
     }
+}
+
+/// The span of a run's work in flight (a model call, a step's tools): a subscriber follows
+/// one session by its `session` field, one run by its `run` field.
+fn run_span(
+    session: &crate::ids::SessionId,
+    run_id: crate::ids::RunId,
+    step: u32,
+) -> tracing::Span {
+    tracing::info_span!("run", session = %session, run = %run_id, step)
 }

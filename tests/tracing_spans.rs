@@ -1,0 +1,76 @@
+//! A subscriber can follow one session: what the actor logs is inside a `session` span, and
+//! what a model adapter or a tool logs is inside a `run` span with the session, run and step.
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+
+use dormant::{
+    AgentDefinition, BoxFuture, LlmAdapter, LlmError, ModelReply, ModelRequest, Runtime,
+};
+
+/// Logs a line from inside the model call.
+#[derive(Debug)]
+struct Talkative;
+
+impl LlmAdapter for Talkative {
+    fn complete(&self, _request: ModelRequest) -> BoxFuture<'static, Result<ModelReply, LlmError>> {
+        Box::pin(async {
+            tracing::info!("adapter.called");
+            Ok(ModelReply::text("hello"))
+        })
+    }
+}
+
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Captured {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        if let Ok(mut buffer) = self.0.lock() {
+            buffer.extend_from_slice(bytes);
+        }
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn what_a_run_logs_carries_its_session_and_run() -> anyhow::Result<()> {
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let runtime = Runtime::builder()
+        .llm(Arc::new(Talkative))
+        .agent(AgentDefinition::builder("greeter").build()?)
+        .build()?;
+    let run = runtime
+        .execute_on(&"s-traced".parse()?, "greeter", "hi")
+        .await?;
+    runtime.shutdown().await?;
+    let logs = String::from_utf8(
+        captured
+            .0
+            .lock()
+            .map_err(|_| anyhow::anyhow!("poisoned"))?
+            .clone(),
+    )?;
+    let line = logs
+        .lines()
+        .find(|line| line.contains("adapter.called"))
+        .ok_or_else(|| anyhow::anyhow!("no adapter line in\n{logs}"))?;
+    assert!(
+        line.contains(&format!(
+            "run{{session=s-traced run={} step=1}}",
+            run.run_id
+        )),
+        "{line}"
+    );
+    Ok(())
+}
