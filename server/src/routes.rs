@@ -34,7 +34,7 @@ pub(crate) async fn start(
         }
         Some(text) => {
             let id = session_id(text)?;
-            if headers.contains_key(AUTHORIZATION) && has_session_token(&headers) {
+            if has_session_token(&headers) {
                 state.auth.session(&state.key, &headers, None, &id).await?;
             } else {
                 let caller = state.auth.caller(&headers).await?;

@@ -167,7 +167,16 @@ impl Server {
                 body::require_length,
             ))
             .layer(middleware::from_fn_with_state(state.clone(), timed))
-            .layer(TraceLayer::new_for_http());
+            // A span per request, with the path only: a query may carry a session token.
+            .layer(TraceLayer::new_for_http().make_span_with(
+                |request: &axum::extract::Request| {
+                    tracing::info_span!(
+                        "request",
+                        method = %request.method(),
+                        path = %request.uri().path()
+                    )
+                },
+            ));
         let router = match cors {
             Some(cors) => router.layer(cors),
             None => router,
