@@ -13,7 +13,10 @@ fn the_readme_curl_walkthrough_runs_as_written() -> anyhow::Result<()> {
     if Command::new("curl").arg("--version").output().is_err() {
         // CI installs curl; say loudly what is missing rather than pass in silence.
         eprintln!("SKIPPED: the README walk-through needs curl (apt-get install curl)");
-        anyhow::ensure!(std::env::var_os("DORMANT_REQUIRE_CURL").is_none(), "curl is required here");
+        anyhow::ensure!(
+            std::env::var_os("DORMANT_REQUIRE_CURL").is_none(),
+            "curl is required here"
+        );
         return Ok(());
     }
     let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"))?;
@@ -36,11 +39,21 @@ fn the_readme_curl_walkthrough_runs_as_written() -> anyhow::Result<()> {
         .output()?;
     let stdout = String::from_utf8(output.stdout)?;
     let stderr = String::from_utf8(output.stderr)?;
-    assert!(output.status.success(), "the walk-through failed:\n{stdout}\n{stderr}");
+    assert!(
+        output.status.success(),
+        "the walk-through failed:\n{stdout}\n{stderr}"
+    );
     // The first stream stops at the client call, the answers are accepted, the last stream
     // ends the run completed.
-    assert!(stdout.contains("event: tool_start\nevent: run_suspended\nevent: end"), "{stdout}");
-    assert_eq!(stdout.matches(r#"{"code":"accepted"}"#).count(), 2, "{stdout}");
+    assert!(
+        stdout.contains("event: tool_start\nevent: run_suspended\nevent: end"),
+        "{stdout}"
+    );
+    assert_eq!(
+        stdout.matches(r#"{"code":"accepted"}"#).count(),
+        2,
+        "{stdout}"
+    );
     assert!(stdout.contains("event: tool_approval_request"), "{stdout}");
     let end = stdout
         .lines()
