@@ -1,0 +1,241 @@
+//! Just enough of the W3C WebDriver protocol (plain HTTP and JSON) to drive Debian's
+//! Chromium through chromedriver: open a page, find, click, type, run a script, wait for a
+//! condition. reqwest is already here for the other tests; a WebDriver crate would bring a
+//! second HTTP stack for these few calls.
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use serde_json::{json, Value};
+
+const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";
+
+/// chromedriver on a free loopback port, killed when dropped.
+pub(crate) struct Driver {
+    child: Child,
+    pub(crate) url: String,
+}
+
+impl Driver {
+    pub(crate) async fn start(binary: &str) -> anyhow::Result<Self> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let child = Command::new(binary)
+            .arg(format!("--port={port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .with_context(|| format!("cannot run {binary}"))?;
+        let driver = Self {
+            child,
+            url: format!("http://127.0.0.1:{port}"),
+        };
+        let http = reqwest::Client::new();
+        // Ready once /status says so (it starts in well under a second).
+        wait_until(Duration::from_secs(20), "chromedriver to start", || async {
+            let ready = http.get(format!("{}/status", driver.url)).send().await;
+            match ready {
+                Ok(response) => Ok(response.json::<Value>().await?["value"]["ready"] == true),
+                Err(_) => Ok(false),
+            }
+        })
+        .await?;
+        Ok(driver)
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One browser session (a headless Chromium).
+pub(crate) struct Browser {
+    http: reqwest::Client,
+    base: String,
+}
+
+impl Browser {
+    pub(crate) async fn open(
+        driver: &Driver,
+        chromium: &str,
+        profile: &std::path::Path,
+    ) -> anyhow::Result<Self> {
+        let http = reqwest::Client::new();
+        let capabilities = json!({ "capabilities": { "alwaysMatch": {
+            "browserName": "chrome",
+            "goog:chromeOptions": {
+                "binary": chromium,
+                "args": [
+                    "--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+                    "--no-first-run", "--window-size=1000,900",
+                    format!("--user-data-dir={}", profile.display()),
+                ],
+            },
+        } } });
+        let created: Value = http
+            .post(format!("{}/session", driver.url))
+            .json(&capabilities)
+            .send()
+            .await?
+            .json()
+            .await?;
+        let id = created["value"]["sessionId"]
+            .as_str()
+            .with_context(|| format!("no browser session: {created}"))?;
+        Ok(Self {
+            base: format!("{}/session/{id}", driver.url),
+            http,
+        })
+    }
+
+    async fn command(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Value,
+    ) -> anyhow::Result<Value> {
+        let request = self.http.request(method, format!("{}{path}", self.base));
+        let request = if body.is_null() {
+            request
+        } else {
+            request.json(&body)
+        };
+        let answer: Value = request.send().await?.json().await?;
+        if let Some(error) = answer["value"]["error"].as_str() {
+            anyhow::bail!("webdriver {path}: {error}: {}", answer["value"]["message"]);
+        }
+        Ok(answer["value"].clone())
+    }
+
+    pub(crate) async fn goto(&self, url: &str) -> anyhow::Result<()> {
+        self.command(reqwest::Method::POST, "/url", json!({ "url": url }))
+            .await?;
+        Ok(())
+    }
+
+    pub(crate) async fn refresh(&self) -> anyhow::Result<()> {
+        self.command(reqwest::Method::POST, "/refresh", json!({}))
+            .await?;
+        Ok(())
+    }
+
+    /// Runs `script` in the page and returns what it returns.
+    pub(crate) async fn script(&self, script: &str, args: Value) -> anyhow::Result<Value> {
+        self.command(
+            reqwest::Method::POST,
+            "/execute/sync",
+            json!({ "script": script, "args": args }),
+        )
+        .await
+    }
+
+    async fn find(&self, css: &str) -> anyhow::Result<String> {
+        let found = self
+            .command(
+                reqwest::Method::POST,
+                "/element",
+                json!({ "using": "css selector", "value": css }),
+            )
+            .await?;
+        found[ELEMENT]
+            .as_str()
+            .map(str::to_string)
+            .context("no element id")
+    }
+
+    pub(crate) async fn click(&self, css: &str) -> anyhow::Result<()> {
+        let element = self.find(css).await?;
+        self.command(
+            reqwest::Method::POST,
+            &format!("/element/{element}/click"),
+            json!({}),
+        )
+        .await?;
+        Ok(())
+    }
+
+    pub(crate) async fn type_into(&self, css: &str, text: &str) -> anyhow::Result<()> {
+        let element = self.find(css).await?;
+        self.command(
+            reqwest::Method::POST,
+            &format!("/element/{element}/value"),
+            json!({ "text": text }),
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// Waits until `css` matches an element (the page renders as events arrive).
+    pub(crate) async fn wait_for(&self, css: &str) -> anyhow::Result<()> {
+        let script = "return document.querySelector(arguments[0]) !== null;";
+        wait_until(Duration::from_secs(20), css, || async {
+            Ok(self.script(script, json!([css])).await? == true)
+        })
+        .await
+    }
+
+    /// Waits until the text of `css` contains `text`.
+    pub(crate) async fn wait_for_text(&self, css: &str, text: &str) -> anyhow::Result<()> {
+        let script =
+            "const e = document.querySelector(arguments[0]); return e ? e.textContent : '';";
+        let waited = wait_until(
+            Duration::from_secs(20),
+            &format!("{css} to show {text:?}"),
+            || async {
+                let shown = self.script(script, json!([css])).await?;
+                Ok(shown.as_str().is_some_and(|shown| shown.contains(text)))
+            },
+        )
+        .await;
+        if let Err(error) = waited {
+            let shown = self.text("body").await.unwrap_or_default();
+            return Err(error.context(format!("the page shows:\n{shown}")));
+        }
+        Ok(())
+    }
+
+    pub(crate) async fn text(&self, css: &str) -> anyhow::Result<String> {
+        let script = "const e = document.querySelector(arguments[0]); return e ? e.innerText : '';";
+        Ok(self
+            .script(script, json!([css]))
+            .await?
+            .as_str()
+            .unwrap_or_default()
+            .to_string())
+    }
+
+    pub(crate) async fn close(self) -> anyhow::Result<()> {
+        self.command(reqwest::Method::DELETE, "", Value::Null)
+            .await?;
+        Ok(())
+    }
+}
+
+/// Polls `condition` until it holds, up to `limit`: the page and the processes act on their
+/// own time, and this waits for what they do, not for a fixed time.
+pub(crate) async fn wait_until<F, Fut>(
+    limit: Duration,
+    what: &str,
+    mut condition: F,
+) -> anyhow::Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<bool>>,
+{
+    let deadline = Instant::now() + limit;
+    loop {
+        if condition().await? {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "gave up waiting for {what} after {limit:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
