@@ -27,6 +27,7 @@ mod allocator;
 mod driver;
 mod fanout;
 mod halt;
+mod http;
 mod plan;
 mod report;
 mod tools;
@@ -66,6 +67,21 @@ struct Args {
     /// --auto-resume and --client-timeout-ms (no call times out in this mode).
     #[arg(long, value_name = "ROOTSxCHILDREN")]
     fanout: Option<fanout::Fanout>,
+    /// HTTP mode: suspension cycles over HTTP and SSE (start, the stream to the client call,
+    /// submit, resume, the stream to the end) through a dormant-server this process serves on
+    /// 127.0.0.1, or through the server at URL (loopback only, serving the demo agent), side
+    /// by side with the same cycles through the in-process API in the same run. Uses
+    /// --sessions, --concurrency, --max-resident, --store, --durability, --json,
+    /// --http-rounds and --sse-streams.
+    #[arg(long, value_name = "URL", num_args = 0..=1, default_missing_value = "")]
+    http: Option<String>,
+    /// HTTP mode: rounds of both passes, alternating which goes first.
+    #[arg(long, default_value_t = 1)]
+    http_rounds: usize,
+    /// HTTP mode: afterwards, open this many SSE streams on suspended sessions and report the
+    /// RSS per open stream.
+    #[arg(long, default_value_t = 0)]
+    sse_streams: usize,
     /// Sessions to run.
     #[arg(long, default_value_t = 10_000)]
     sessions: usize,
@@ -181,9 +197,13 @@ fn main() -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    let simulated = match args.fanout {
-        Some(fanout) => runtime.block_on(fanout::simulate(args, fanout)),
-        None => runtime.block_on(simulate(args)),
+    let simulated = match (args.fanout, args.http.clone()) {
+        (Some(fanout), _) => runtime.block_on(fanout::simulate(args, fanout)),
+        (None, Some(url)) => {
+            let target = Some(url).filter(|url| !url.is_empty());
+            runtime.block_on(http::simulate(args, target))
+        }
+        (None, None) => runtime.block_on(simulate(args)),
     };
     let problems = match simulated {
         Ok(problems) => problems,

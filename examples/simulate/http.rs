@@ -1,0 +1,570 @@
+//! `--http [URL]`: suspension cycles over HTTP and SSE, side by side with the same cycles
+//! through the in-process API in the same run.
+//!
+//! A cycle is one session: start it, follow its stream until it suspends, answer every call
+//! it waits on (a client tool's result, an approval), resume it, and follow it to its end; a
+//! session that suspends again goes round again. In process the cycle calls
+//! `Runtime::start_on`, `follow`, `pending`, `submit_tool_result` and `start_resume`; over
+//! HTTP it calls `POST /start`, `GET /sse`, `GET /status`, `POST /submit-tool-result` and
+//! `POST /resume` of a `dormant-server` router this process serves on 127.0.0.1 (or of the
+//! server at URL, which must be on loopback and serve the demo agent: load tests stay on the
+//! machine). Both passes run the same number of sessions with the same concurrency, one after
+//! the other, in alternating order over `--http-rounds`.
+//!
+//! `--sse-streams N` then opens N streams on suspended sessions and reports how much the
+//! process's RSS grew per open stream. Server and client share this process, so the figure
+//! is the cost of both ends of a stream: an upper bound on the server's.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use dormant::submit::{Submit, SubmitOutcome};
+use dormant::{
+    AgentDefinition, ChunkKind, ModelReply, PendingKind, Runtime, ScriptedLlm, SessionId, Status,
+    ToolCall, ToolDefinition,
+};
+use dormant_server::{Auth, Server, ServerConfig};
+use futures::StreamExt;
+use hdrhistogram::Histogram;
+use parking_lot::Mutex;
+use serde_json::{json, Value};
+
+use crate::report::Memory;
+use crate::Args;
+
+/// The agent of a self-served run: one client call, then a closing text.
+const AGENT: &str = "cycle";
+/// The agent of a server given by URL: the demo (a client call and an approval).
+const DEMO: &str = "demo";
+
+/// What one pass measured.
+#[derive(Debug)]
+struct Pass {
+    sessions: usize,
+    cycles: u64,
+    elapsed: Duration,
+    submit_us: Histogram<u64>,
+    lag_ms: Histogram<u64>,
+    errors: Vec<String>,
+}
+
+impl Pass {
+    fn cycles_per_second(&self) -> f64 {
+        self.cycles as f64 / self.elapsed.as_secs_f64().max(f64::EPSILON)
+    }
+}
+
+/// Latencies the sessions of a pass record, shared by its tasks.
+#[derive(Debug)]
+struct Recorder {
+    submit_us: Mutex<Histogram<u64>>,
+    lag_ms: Mutex<Histogram<u64>>,
+}
+
+impl Recorder {
+    fn new() -> anyhow::Result<Self> {
+        Ok(Self {
+            submit_us: Mutex::new(Histogram::new_with_bounds(1, 60_000_000, 3)?),
+            lag_ms: Mutex::new(Histogram::new_with_bounds(1, 3_600_000, 3)?),
+        })
+    }
+
+    fn submit(&self, elapsed: Duration) {
+        let micros = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
+        self.submit_us.lock().saturating_record(micros.max(1));
+    }
+
+    /// From a chunk's commit (`at_ms`, the runtime's wall clock) to its arrival here.
+    fn lag(&self, at_ms: u64) {
+        self.lag_ms
+            .lock()
+            .saturating_record(now_ms().saturating_sub(at_ms).max(1));
+    }
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |elapsed| {
+            u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX)
+        })
+}
+
+/// Runs the HTTP mode; returns how many problems it found.
+pub(crate) async fn simulate(args: Args, target: Option<String>) -> anyhow::Result<usize> {
+    let (_temp, _path, store) = crate::open_store(&args)?;
+    let agent = AgentDefinition::builder(AGENT)
+        .tool(ToolDefinition::client("ask_user").output_schema(json!({
+            "type": "object", "required": ["answer"],
+            "properties": { "answer": { "type": "string" } }
+        })))
+        .build()?;
+    let llm = ScriptedLlm::new().script(
+        AGENT,
+        vec![
+            ModelReply::tool_calls(vec![ToolCall::new("ask_user-1", "ask_user", json!({}))]),
+            ModelReply::text("done"),
+        ],
+    );
+    let mut builder = Runtime::builder()
+        .store(store as Arc<dyn dormant::Store>)
+        .llm(Arc::new(llm))
+        .agent(agent)
+        .client_tool_timeout_ms(10 * 60 * 1000);
+    if args.max_resident > 0 {
+        builder = builder.max_resident(args.max_resident);
+    }
+    let runtime = builder.build()?;
+    let (base, agent, served) = match target {
+        Some(url) => (loopback(&url)?, DEMO, None),
+        None => {
+            let server = Server::new(runtime.clone(), Auth::allow_unauthenticated())
+                .config(ServerConfig::default().page(false));
+            let closing = server.closing();
+            let app = server.router()?;
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+            let base = format!("http://{}", listener.local_addr()?);
+            let wait = closing.clone();
+            let task = tokio::spawn(async move {
+                axum::serve(listener, app)
+                    .with_graceful_shutdown(async move { wait.closed().await })
+                    .await
+            });
+            (base, AGENT, Some((closing, task)))
+        }
+    };
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(args.concurrency)
+        .build()?;
+    let client = Arc::new(HttpClient { http, base });
+
+    let mut in_process = Vec::new();
+    let mut over_http = Vec::new();
+    for round in 0..args.http_rounds.max(1) {
+        // Alternate which pass goes first: the second runs on a bigger store.
+        for http_first in [round % 2 == 1, round % 2 == 0] {
+            if http_first {
+                over_http.push(run_http(&client, agent, &args).await?);
+            } else {
+                in_process.push(run_in_process(&runtime, &args).await?);
+            }
+        }
+    }
+    let streams = if args.sse_streams > 0 {
+        Some(stream_memory(&client, agent, args.sse_streams).await?)
+    } else {
+        None
+    };
+    if let Some((closing, task)) = served {
+        closing.close();
+        task.await??;
+    }
+    runtime.shutdown().await?;
+
+    let problems: Vec<&String> = in_process
+        .iter()
+        .chain(&over_http)
+        .flat_map(|pass| &pass.errors)
+        .collect();
+    for problem in problems.iter().take(20) {
+        eprintln!("problem: {problem}");
+    }
+    print(&args, &in_process, &over_http, streams);
+    Ok(problems.len())
+}
+
+/// Refuses a target off this machine.
+fn loopback(url: &str) -> anyhow::Result<String> {
+    let url = url.trim_end_matches('/');
+    let host = url
+        .strip_prefix("http://")
+        .context("--http URL must be http://… on this machine")?;
+    let on_loopback = ["127.0.0.1", "localhost", "[::1]"]
+        .iter()
+        .any(|name| host == *name || host.starts_with(&format!("{name}:")));
+    anyhow::ensure!(
+        on_loopback,
+        "--http {url}: load tests stay on loopback (127.0.0.1, localhost, [::1])"
+    );
+    Ok(url.to_string())
+}
+
+async fn run_in_process(runtime: &Runtime, args: &Args) -> anyhow::Result<Pass> {
+    let recorder = Arc::new(Recorder::new()?);
+    let errors = Arc::new(Mutex::new(Vec::new()));
+    let cycles = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let started = Instant::now();
+    futures::stream::iter(0..args.sessions)
+        .for_each_concurrent(args.concurrency, |_| {
+            let (runtime, recorder, errors, cycles) = (
+                runtime.clone(),
+                Arc::clone(&recorder),
+                Arc::clone(&errors),
+                Arc::clone(&cycles),
+            );
+            async move {
+                match cycle_in_process(&runtime, &recorder).await {
+                    Ok(done) => {
+                        cycles.fetch_add(done, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    Err(error) => errors.lock().push(format!("in process: {error:#}")),
+                }
+            }
+        })
+        .await;
+    finish(args, started, &recorder, &cycles, &errors)
+}
+
+fn finish(
+    args: &Args,
+    started: Instant,
+    recorder: &Recorder,
+    cycles: &std::sync::atomic::AtomicU64,
+    errors: &Mutex<Vec<String>>,
+) -> anyhow::Result<Pass> {
+    Ok(Pass {
+        sessions: args.sessions,
+        cycles: cycles.load(std::sync::atomic::Ordering::Relaxed),
+        elapsed: started.elapsed(),
+        submit_us: recorder.submit_us.lock().clone(),
+        lag_ms: recorder.lag_ms.lock().clone(),
+        errors: errors.lock().clone(),
+    })
+}
+
+/// One session through the in-process API; returns its suspension cycles.
+async fn cycle_in_process(runtime: &Runtime, recorder: &Recorder) -> anyhow::Result<u64> {
+    let id = SessionId::generate();
+    let mut from = runtime.start_on(&id, AGENT, "go").await?.from_seq;
+    let mut cycles = 0;
+    loop {
+        let mut stream = Box::pin(runtime.follow(&id, from));
+        let settled = loop {
+            let chunk = stream.next().await.context("the stream ended early")??;
+            recorder.lag(chunk.at_ms);
+            if chunk.kind.is_forwarded() {
+                continue;
+            }
+            match chunk.kind {
+                ChunkKind::RunSuspended { .. } => break None,
+                ChunkKind::RunEnd { status, .. } => break Some(status),
+                ChunkKind::RunInterrupted { .. } => anyhow::bail!("{id} was interrupted"),
+                _ => {}
+            }
+        };
+        if let Some(status) = settled {
+            anyhow::ensure!(status == Status::Completed, "{id} ended {status}");
+            let answers = runtime
+                .messages(&id)
+                .await?
+                .iter()
+                .filter(|message| matches!(message, dormant::Message::Tool { tool_name, .. } if tool_name == "ask_user"))
+                .count();
+            anyhow::ensure!(answers == 1, "{id} has {answers} answers of ask_user");
+            return Ok(cycles);
+        }
+        for call in runtime.pending(&id).await? {
+            if !call.is_waiting(runtime.now_ms()) {
+                continue;
+            }
+            let submit = match call.kind {
+                PendingKind::Approval => Submit::approval(
+                    id.as_str(),
+                    &call.tool_call_id,
+                    call.approval_id(),
+                    true,
+                    None,
+                ),
+                _ => Submit::result(id.as_str(), &call.tool_call_id, json!({ "answer": "yes" })),
+            };
+            let sent = Instant::now();
+            let outcome = runtime.submit_tool_result(submit).await?;
+            recorder.submit(sent.elapsed());
+            anyhow::ensure!(outcome == SubmitOutcome::Accepted, "{id}: {outcome:?}");
+        }
+        from = runtime.start_resume(&id).await?.from_seq;
+        cycles += 1;
+    }
+}
+
+#[derive(Debug)]
+struct HttpClient {
+    http: reqwest::Client,
+    base: String,
+}
+
+impl HttpClient {
+    async fn post(&self, path: &str, token: Option<&str>, body: &Value) -> anyhow::Result<Value> {
+        let mut request = self.http.post(format!("{}{path}", self.base)).json(body);
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        let response = request.send().await?;
+        let status = response.status();
+        let body: Value = response.json().await?;
+        anyhow::ensure!(status.is_success(), "{path} answered {status}: {body}");
+        Ok(body)
+    }
+
+    async fn get(&self, path: &str, token: &str) -> anyhow::Result<Value> {
+        let response = self
+            .http
+            .get(format!("{}{path}", self.base))
+            .bearer_auth(token)
+            .send()
+            .await?;
+        let status = response.status();
+        let body: Value = response.json().await?;
+        anyhow::ensure!(status.is_success(), "{path} answered {status}: {body}");
+        Ok(body)
+    }
+
+    /// Follows the stream from `from` until the run settles; `Some(status)` if it ended.
+    async fn follow(
+        &self,
+        id: &str,
+        token: &str,
+        from: u64,
+        recorder: &Recorder,
+    ) -> anyhow::Result<Option<String>> {
+        let url = format!(
+            "{}/sse?session_id={id}&token={token}&from={from}",
+            self.base
+        );
+        let response = self.http.get(url).send().await?;
+        anyhow::ensure!(
+            response.status().is_success(),
+            "sse answered {}",
+            response.status()
+        );
+        let mut body = response.bytes_stream();
+        let mut buffer = Vec::new();
+        let mut settled = None;
+        while let Some(bytes) = body.next().await {
+            buffer.extend_from_slice(&bytes?);
+            while let Some(end) = buffer.windows(2).position(|pair| pair == b"\n\n") {
+                let block: Vec<u8> = buffer.drain(..end + 2).collect();
+                let block = std::str::from_utf8(&block)?;
+                let Some(data) = block.lines().find_map(|line| line.strip_prefix("data: ")) else {
+                    continue;
+                };
+                let event: Value = serde_json::from_str(data)?;
+                if block.contains("event: end") {
+                    return settled.context("the stream ended before the run settled");
+                }
+                if let Some(at) = event["at_ms"].as_u64() {
+                    recorder.lag(at);
+                }
+                match event["kind"]["type"].as_str() {
+                    Some("run_suspended") => settled = Some(None),
+                    Some("run_end") => {
+                        settled = Some(Some(
+                            event["kind"]["status"].as_str().unwrap_or("?").to_string(),
+                        ));
+                    }
+                    _ => {}
+                }
+            }
+        }
+        settled.context("the stream closed before the run settled")
+    }
+}
+
+async fn run_http(
+    client: &Arc<HttpClient>,
+    agent: &'static str,
+    args: &Args,
+) -> anyhow::Result<Pass> {
+    let recorder = Arc::new(Recorder::new()?);
+    let errors = Arc::new(Mutex::new(Vec::new()));
+    let cycles = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let started = Instant::now();
+    futures::stream::iter(0..args.sessions)
+        .for_each_concurrent(args.concurrency, |_| {
+            let (client, recorder, errors, cycles) = (
+                Arc::clone(client),
+                Arc::clone(&recorder),
+                Arc::clone(&errors),
+                Arc::clone(&cycles),
+            );
+            async move {
+                match cycle_over_http(&client, agent, &recorder).await {
+                    Ok(done) => {
+                        cycles.fetch_add(done, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    Err(error) => errors.lock().push(format!("over HTTP: {error:#}")),
+                }
+            }
+        })
+        .await;
+    finish(args, started, &recorder, &cycles, &errors)
+}
+
+/// One session over HTTP; returns its suspension cycles.
+async fn cycle_over_http(
+    client: &HttpClient,
+    agent: &str,
+    recorder: &Recorder,
+) -> anyhow::Result<u64> {
+    let started = client
+        .post(
+            "/start",
+            None,
+            &json!({ "agent": agent, "message": "weather in Porto" }),
+        )
+        .await?;
+    let id = started["session_id"]
+        .as_str()
+        .context("no session_id")?
+        .to_string();
+    let token = started["token"].as_str().context("no token")?.to_string();
+    let mut from = started["from_seq"].as_u64().context("no from_seq")?;
+    let mut cycles = 0;
+    loop {
+        if let Some(status) = client.follow(&id, &token, from, recorder).await? {
+            anyhow::ensure!(status == "completed", "{id} ended {status}");
+            let messages = client
+                .get(&format!("/messages?session_id={id}"), &token)
+                .await?;
+            let answers = messages["messages"].as_array().map_or(0, |all| {
+                all.iter().filter(|m| m["tool_name"] == "ask_user").count()
+            });
+            anyhow::ensure!(answers == 1, "{id} has {answers} answers of ask_user");
+            return Ok(cycles);
+        }
+        let status = client
+            .get(&format!("/status?session_id={id}"), &token)
+            .await?;
+        for call in status["pending"].as_array().into_iter().flatten() {
+            if call["waiting"] != true {
+                continue;
+            }
+            let envelope = if call["kind"] == "approval" {
+                json!({ "kind": "approval-response", "session_id": id, "tool_call_id": call["tool_call_id"],
+                        "approval_id": call["approval_id"], "approved": true })
+            } else {
+                json!({ "session_id": id, "tool_call_id": call["tool_call_id"], "result": { "answer": "yes" } })
+            };
+            let sent = Instant::now();
+            let answer = client
+                .post("/submit-tool-result", Some(&token), &envelope)
+                .await?;
+            recorder.submit(sent.elapsed());
+            anyhow::ensure!(answer["code"] == "accepted", "{id}: {answer}");
+        }
+        let resumed = client
+            .post("/resume", Some(&token), &json!({ "session_id": id }))
+            .await?;
+        from = resumed["from_seq"].as_u64().context("no from_seq")?;
+        cycles += 1;
+    }
+}
+
+/// RSS growth per open SSE stream: N sessions suspend, then N streams stay open on them.
+async fn stream_memory(
+    client: &Arc<HttpClient>,
+    agent: &str,
+    count: usize,
+) -> anyhow::Result<(usize, u64)> {
+    let mut sessions = Vec::with_capacity(count);
+    for _ in 0..count {
+        let started = client
+            .post(
+                "/start",
+                None,
+                &json!({ "agent": agent, "message": "weather in Porto" }),
+            )
+            .await?;
+        let id = started["session_id"]
+            .as_str()
+            .context("no session_id")?
+            .to_string();
+        let token = started["token"].as_str().context("no token")?.to_string();
+        sessions.push((id, token));
+    }
+    // Every session settles (suspends) before the streams open, so they stay idle.
+    let recorder = Recorder::new()?;
+    for (id, token) in &sessions {
+        client.follow(id, token, 0, &recorder).await?;
+    }
+    let before = Memory::read()?.rss();
+    let mut open = Vec::with_capacity(count);
+    for (id, token) in &sessions {
+        // From past the end: the stream waits for what comes next, idle.
+        let url = format!(
+            "{}/sse?session_id={id}&token={token}&until=closed&from=1000000",
+            client.base
+        );
+        let response = client.http.get(url).send().await?;
+        anyhow::ensure!(
+            response.status().is_success(),
+            "sse answered {}",
+            response.status()
+        );
+        open.push(response);
+    }
+    let after = Memory::read()?.rss();
+    drop(open);
+    Ok((count, after.saturating_sub(before) / count.max(1) as u64))
+}
+
+fn print(args: &Args, in_process: &[Pass], over_http: &[Pass], streams: Option<(usize, u64)>) {
+    let line = |name: &str, pass: &Pass| {
+        let quantile = |histogram: &Histogram<u64>, q: f64| histogram.value_at_quantile(q);
+        format!(
+            "{name:<11} {:>6} sessions, {:>6} cycles in {:>6.2} s = {:>8.0} cycles/s; submit p50 {:>6} µs, p99 {:>6} µs; stream lag p50 {} ms, p99 {} ms",
+            pass.sessions,
+            pass.cycles,
+            pass.elapsed.as_secs_f64(),
+            pass.cycles_per_second(),
+            quantile(&pass.submit_us, 0.5),
+            quantile(&pass.submit_us, 0.99),
+            quantile(&pass.lag_ms, 0.5),
+            quantile(&pass.lag_ms, 0.99),
+        )
+    };
+    let mean = |passes: &[Pass]| {
+        passes.iter().map(Pass::cycles_per_second).sum::<f64>() / passes.len().max(1) as f64
+    };
+    if args.json {
+        let pass_json = |pass: &Pass| {
+            json!({
+                "sessions": pass.sessions, "cycles": pass.cycles, "seconds": pass.elapsed.as_secs_f64(),
+                "cycles_per_second": pass.cycles_per_second(),
+                "submit_p50_us": pass.submit_us.value_at_quantile(0.5),
+                "submit_p99_us": pass.submit_us.value_at_quantile(0.99),
+                "lag_p50_ms": pass.lag_ms.value_at_quantile(0.5),
+                "lag_p99_ms": pass.lag_ms.value_at_quantile(0.99),
+                "errors": pass.errors.len(),
+            })
+        };
+        let report = json!({
+            "concurrency": args.concurrency,
+            "in_process": in_process.iter().map(pass_json).collect::<Vec<_>>(),
+            "http": over_http.iter().map(pass_json).collect::<Vec<_>>(),
+            "http_over_in_process": mean(over_http) / mean(in_process).max(f64::EPSILON),
+            "sse_streams": streams.map(|(count, bytes)| json!({ "open": count, "rss_bytes_per_stream": bytes })),
+        });
+        println!("{report}");
+        return;
+    }
+    println!("suspension cycles, {} at a time:", args.concurrency);
+    for (round, (local, remote)) in in_process.iter().zip(over_http).enumerate() {
+        println!("round {}:", round + 1);
+        println!("  {}", line("in process", local));
+        println!("  {}", line("over HTTP", remote));
+    }
+    println!(
+        "HTTP / in process: {:.2} (mean cycles/s {:.0} / {:.0})",
+        mean(over_http) / mean(in_process).max(f64::EPSILON),
+        mean(over_http),
+        mean(in_process)
+    );
+    if let Some((count, bytes)) = streams {
+        println!(
+            "{count} open SSE streams: RSS +{:.1} KiB per stream (server and client ends, one process)",
+            bytes as f64 / 1024.0
+        );
+    }
+}
