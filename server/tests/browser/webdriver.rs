@@ -3,6 +3,7 @@
 //! condition. reqwest is already here for the other tests; a WebDriver crate would bring a
 //! second HTTP stack for these few calls.
 
+use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -22,8 +23,11 @@ impl Driver {
         let port = std::net::TcpListener::bind("127.0.0.1:0")?
             .local_addr()?
             .port();
+        // Its own process group: chromedriver starts Chromium, which a failed test must not
+        // leave running; dropping the driver kills the whole group.
         let child = Command::new(binary)
             .arg(format!("--port={port}"))
+            .process_group(0)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -48,6 +52,8 @@ impl Driver {
 
 impl Drop for Driver {
     fn drop(&mut self) {
+        let group = format!("-{}", self.child.id());
+        let _ = Command::new("kill").args(["-KILL", "--", &group]).status();
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
