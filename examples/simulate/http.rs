@@ -21,8 +21,8 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use dormant::submit::{Submit, SubmitOutcome};
 use dormant::{
-    AgentDefinition, ChunkKind, ModelReply, PendingKind, Runtime, ScriptedLlm, SessionId, Status,
-    ToolCall, ToolDefinition,
+    AgentDefinition, ChunkKind, ModelReply, Runtime, ScriptedLlm, SessionId, Status, ToolCall,
+    ToolDefinition,
 };
 use dormant_server::{Auth, Server, ServerConfig};
 use futures::StreamExt;
@@ -125,6 +125,11 @@ pub(crate) async fn simulate(args: Args, target: Option<String>) -> anyhow::Resu
             let app = server.router()?;
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
             let base = format!("http://{}", listener.local_addr()?);
+            // Small writes (an SSE event, a JSON answer) go out at once, not after Nagle's
+            // wait for the peer's delayed ACK.
+            let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+                let _ = tcp.set_nodelay(true);
+            });
             let wait = closing.clone();
             let task = tokio::spawn(async move {
                 axum::serve(listener, app)
@@ -191,101 +196,114 @@ fn loopback(url: &str) -> anyhow::Result<String> {
 }
 
 async fn run_in_process(runtime: &Runtime, args: &Args) -> anyhow::Result<Pass> {
+    let (mut pass, ids) = run_pass(args, "in process", |recorder| {
+        let runtime = runtime.clone();
+        async move { cycle_in_process(&runtime, &recorder).await }
+    })
+    .await?;
+    for id in ids {
+        let messages = serde_json::to_value(runtime.messages(&id).await?)?;
+        if !messages.as_array().is_some_and(|all| one_answer(all)) {
+            pass.errors
+                .push(format!("in process: {id} does not have exactly one answer"));
+        }
+    }
+    Ok(pass)
+}
+
+/// Runs `--sessions` cycles, `--concurrency` at a time, and times them; returns what each
+/// finished cycle gave back, to check after the clock stopped.
+async fn run_pass<T, F, Fut>(args: &Args, name: &str, cycle: F) -> anyhow::Result<(Pass, Vec<T>)>
+where
+    F: Fn(Arc<Recorder>) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<(T, u64)>>,
+{
     let recorder = Arc::new(Recorder::new()?);
-    let errors = Arc::new(Mutex::new(Vec::new()));
-    let cycles = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let finished = Mutex::new(Vec::with_capacity(args.sessions));
+    let errors = Mutex::new(Vec::new());
+    let cycles = std::sync::atomic::AtomicU64::new(0);
     let started = Instant::now();
     futures::stream::iter(0..args.sessions)
         .for_each_concurrent(args.concurrency, |_| {
-            let (runtime, recorder, errors, cycles) = (
-                runtime.clone(),
-                Arc::clone(&recorder),
-                Arc::clone(&errors),
-                Arc::clone(&cycles),
-            );
+            let run = cycle(Arc::clone(&recorder));
+            let (finished, errors, cycles) = (&finished, &errors, &cycles);
             async move {
-                match cycle_in_process(&runtime, &recorder).await {
-                    Ok(done) => {
-                        cycles.fetch_add(done, std::sync::atomic::Ordering::Relaxed);
+                match run.await {
+                    Ok((done, count)) => {
+                        cycles.fetch_add(count, std::sync::atomic::Ordering::Relaxed);
+                        finished.lock().push(done);
                     }
-                    Err(error) => errors.lock().push(format!("in process: {error:#}")),
+                    Err(error) => errors.lock().push(format!("{name}: {error:#}")),
                 }
             }
         })
         .await;
-    finish(args, started, &recorder, &cycles, &errors)
-}
-
-fn finish(
-    args: &Args,
-    started: Instant,
-    recorder: &Recorder,
-    cycles: &std::sync::atomic::AtomicU64,
-    errors: &Mutex<Vec<String>>,
-) -> anyhow::Result<Pass> {
-    Ok(Pass {
+    let pass = Pass {
         sessions: args.sessions,
         cycles: cycles.load(std::sync::atomic::Ordering::Relaxed),
         elapsed: started.elapsed(),
         submit_us: recorder.submit_us.lock().clone(),
         lag_ms: recorder.lag_ms.lock().clone(),
-        errors: errors.lock().clone(),
-    })
+        errors: errors.into_inner(),
+    };
+    Ok((pass, finished.into_inner()))
 }
 
-/// One session through the in-process API; returns its suspension cycles.
-async fn cycle_in_process(runtime: &Runtime, recorder: &Recorder) -> anyhow::Result<u64> {
+/// One session through the in-process API; returns it and its suspension cycles. One
+/// stream follows the session from its start to its end; the calls to answer are read off it
+/// (`run_suspended` lists them, `tool_approval_request` marks approvals), as a client that
+/// follows the stream would.
+async fn cycle_in_process(
+    runtime: &Runtime,
+    recorder: &Recorder,
+) -> anyhow::Result<(SessionId, u64)> {
     let id = SessionId::generate();
-    let mut from = runtime.start_on(&id, AGENT, "go").await?.from_seq;
+    let from = runtime.start_on(&id, AGENT, "go").await?.from_seq;
+    let mut stream = Box::pin(runtime.follow(&id, from));
+    let mut approvals = std::collections::HashMap::new();
     let mut cycles = 0;
     loop {
-        let mut stream = Box::pin(runtime.follow(&id, from));
-        let settled = loop {
-            let chunk = stream.next().await.context("the stream ended early")??;
-            recorder.lag(chunk.at_ms);
-            if chunk.kind.is_forwarded() {
+        let chunk = stream.next().await.context("the stream ended early")??;
+        recorder.lag(chunk.at_ms);
+        let waiting = match chunk.kind {
+            ChunkKind::ToolApprovalRequest {
+                tool_call_id,
+                approval_id,
+                ..
+            } => {
+                approvals.insert(tool_call_id, approval_id);
                 continue;
             }
-            match chunk.kind {
-                ChunkKind::RunSuspended { .. } => break None,
-                ChunkKind::RunEnd { status, .. } => break Some(status),
-                ChunkKind::RunInterrupted { .. } => anyhow::bail!("{id} was interrupted"),
-                _ => {}
+            ChunkKind::RunSuspended { tool_call_ids, .. } => tool_call_ids,
+            ChunkKind::RunEnd { status, .. } => {
+                anyhow::ensure!(status == Status::Completed, "{id} ended {status}");
+                return Ok((id, cycles));
             }
+            ChunkKind::RunInterrupted { .. } => anyhow::bail!("{id} was interrupted"),
+            _ => continue,
         };
-        if let Some(status) = settled {
-            anyhow::ensure!(status == Status::Completed, "{id} ended {status}");
-            let answers = runtime
-                .messages(&id)
-                .await?
-                .iter()
-                .filter(|message| matches!(message, dormant::Message::Tool { tool_name, .. } if tool_name == "ask_user"))
-                .count();
-            anyhow::ensure!(answers == 1, "{id} has {answers} answers of ask_user");
-            return Ok(cycles);
-        }
-        for call in runtime.pending(&id).await? {
-            if !call.is_waiting(runtime.now_ms()) {
-                continue;
-            }
-            let submit = match call.kind {
-                PendingKind::Approval => Submit::approval(
-                    id.as_str(),
-                    &call.tool_call_id,
-                    call.approval_id(),
-                    true,
-                    None,
-                ),
-                _ => Submit::result(id.as_str(), &call.tool_call_id, json!({ "answer": "yes" })),
+        for call in waiting {
+            let submit = match approvals.remove(&call) {
+                Some(approval) => Submit::approval(id.as_str(), &call, approval, true, None),
+                None => Submit::result(id.as_str(), &call, json!({ "answer": "yes" })),
             };
             let sent = Instant::now();
             let outcome = runtime.submit_tool_result(submit).await?;
             recorder.submit(sent.elapsed());
             anyhow::ensure!(outcome == SubmitOutcome::Accepted, "{id}: {outcome:?}");
         }
-        from = runtime.start_resume(&id).await?.from_seq;
+        runtime.start_resume(&id).await?;
         cycles += 1;
     }
+}
+
+/// After a pass, untimed: each session has exactly one answer of its client tool.
+fn one_answer(messages: &[Value]) -> bool {
+    messages
+        .iter()
+        .filter(|message| message["tool_name"] == "ask_user")
+        .count()
+        == 1
 }
 
 #[derive(Debug)]
@@ -307,6 +325,26 @@ impl HttpClient {
         Ok(body)
     }
 
+    /// POSTs JSON and reads the answer as a stream of events.
+    async fn stream(
+        &self,
+        path: &str,
+        token: Option<&str>,
+        body: &Value,
+    ) -> anyhow::Result<Events> {
+        let mut request = self.http.post(format!("{}{path}", self.base)).json(body);
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        let response = request.send().await?;
+        let status = response.status();
+        if !status.is_success() {
+            let body = response.text().await?;
+            anyhow::bail!("{path} answered {status}: {body}");
+        }
+        Ok(Events::new(response))
+    }
+
     async fn get(&self, path: &str, token: &str) -> anyhow::Result<Value> {
         let response = self
             .http
@@ -319,56 +357,6 @@ impl HttpClient {
         anyhow::ensure!(status.is_success(), "{path} answered {status}: {body}");
         Ok(body)
     }
-
-    /// Follows the stream from `from` until the run settles; `Some(status)` if it ended.
-    async fn follow(
-        &self,
-        id: &str,
-        token: &str,
-        from: u64,
-        recorder: &Recorder,
-    ) -> anyhow::Result<Option<String>> {
-        let url = format!(
-            "{}/sse?session_id={id}&token={token}&from={from}",
-            self.base
-        );
-        let response = self.http.get(url).send().await?;
-        anyhow::ensure!(
-            response.status().is_success(),
-            "sse answered {}",
-            response.status()
-        );
-        let mut body = response.bytes_stream();
-        let mut buffer = Vec::new();
-        let mut settled = None;
-        while let Some(bytes) = body.next().await {
-            buffer.extend_from_slice(&bytes?);
-            while let Some(end) = buffer.windows(2).position(|pair| pair == b"\n\n") {
-                let block: Vec<u8> = buffer.drain(..end + 2).collect();
-                let block = std::str::from_utf8(&block)?;
-                let Some(data) = block.lines().find_map(|line| line.strip_prefix("data: ")) else {
-                    continue;
-                };
-                let event: Value = serde_json::from_str(data)?;
-                if block.contains("event: end") {
-                    return settled.context("the stream ended before the run settled");
-                }
-                if let Some(at) = event["at_ms"].as_u64() {
-                    recorder.lag(at);
-                }
-                match event["kind"]["type"].as_str() {
-                    Some("run_suspended") => settled = Some(None),
-                    Some("run_end") => {
-                        settled = Some(Some(
-                            event["kind"]["status"].as_str().unwrap_or("?").to_string(),
-                        ));
-                    }
-                    _ => {}
-                }
-            }
-        }
-        settled.context("the stream closed before the run settled")
-    }
 }
 
 async fn run_http(
@@ -376,88 +364,139 @@ async fn run_http(
     agent: &'static str,
     args: &Args,
 ) -> anyhow::Result<Pass> {
-    let recorder = Arc::new(Recorder::new()?);
-    let errors = Arc::new(Mutex::new(Vec::new()));
-    let cycles = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let started = Instant::now();
-    futures::stream::iter(0..args.sessions)
-        .for_each_concurrent(args.concurrency, |_| {
-            let (client, recorder, errors, cycles) = (
-                Arc::clone(client),
-                Arc::clone(&recorder),
-                Arc::clone(&errors),
-                Arc::clone(&cycles),
-            );
-            async move {
-                match cycle_over_http(&client, agent, &recorder).await {
-                    Ok(done) => {
-                        cycles.fetch_add(done, std::sync::atomic::Ordering::Relaxed);
-                    }
-                    Err(error) => errors.lock().push(format!("over HTTP: {error:#}")),
-                }
-            }
-        })
-        .await;
-    finish(args, started, &recorder, &cycles, &errors)
+    let (mut pass, sessions) = run_pass(args, "over HTTP", |recorder| {
+        let client = Arc::clone(client);
+        async move { cycle_over_http(&client, agent, &recorder).await }
+    })
+    .await?;
+    for (id, token) in sessions {
+        let messages = client
+            .get(&format!("/messages?session_id={id}"), &token)
+            .await?;
+        if !messages["messages"]
+            .as_array()
+            .is_some_and(|all| one_answer(all))
+        {
+            pass.errors
+                .push(format!("over HTTP: {id} does not have exactly one answer"));
+        }
+    }
+    Ok(pass)
 }
 
-/// One session over HTTP; returns its suspension cycles.
+/// One session over HTTP; returns its id, token and suspension cycles. The start answers
+/// with the run's stream (`POST /start?stream=true`: first the start's JSON, then the chunks
+/// until the run settles); the calls to answer are read off it, and the last answer of a
+/// suspension resumes the run and streams it in the same request
+/// (`?resume=true&stream=true`). Each stream is read to its end, so its connection goes back
+/// to the pool: two requests a cycle.
 async fn cycle_over_http(
     client: &HttpClient,
     agent: &str,
     recorder: &Recorder,
-) -> anyhow::Result<u64> {
-    let started = client
-        .post(
-            "/start",
-            None,
-            &json!({ "agent": agent, "message": "weather in Porto" }),
-        )
-        .await?;
+) -> anyhow::Result<((String, String), u64)> {
+    let body = json!({ "agent": agent, "message": "weather in Porto" });
+    let mut events = client.stream("/start?stream=true", None, &body).await?;
+    let started = events.next().await?.context("no started event")?;
     let id = started["session_id"]
         .as_str()
         .context("no session_id")?
         .to_string();
     let token = started["token"].as_str().context("no token")?.to_string();
-    let mut from = started["from_seq"].as_u64().context("no from_seq")?;
     let mut cycles = 0;
     loop {
-        if let Some(status) = client.follow(&id, &token, from, recorder).await? {
-            anyhow::ensure!(status == "completed", "{id} ended {status}");
-            let messages = client
-                .get(&format!("/messages?session_id={id}"), &token)
-                .await?;
-            let answers = messages["messages"].as_array().map_or(0, |all| {
-                all.iter().filter(|m| m["tool_name"] == "ask_user").count()
-            });
-            anyhow::ensure!(answers == 1, "{id} has {answers} answers of ask_user");
-            return Ok(cycles);
-        }
-        let status = client
-            .get(&format!("/status?session_id={id}"), &token)
-            .await?;
-        for call in status["pending"].as_array().into_iter().flatten() {
-            if call["waiting"] != true {
-                continue;
+        let mut approvals = std::collections::HashMap::new();
+        let mut waiting = None;
+        while let Some(event) = events.next().await? {
+            if let Some(at) = event["at_ms"].as_u64() {
+                recorder.lag(at);
             }
-            let envelope = if call["kind"] == "approval" {
-                json!({ "kind": "approval-response", "session_id": id, "tool_call_id": call["tool_call_id"],
-                        "approval_id": call["approval_id"], "approved": true })
-            } else {
-                json!({ "session_id": id, "tool_call_id": call["tool_call_id"], "result": { "answer": "yes" } })
+            let kind = &event["kind"];
+            match kind["type"].as_str() {
+                Some("tool_approval_request") => {
+                    if let (Some(call), Some(approval)) =
+                        (kind["tool_call_id"].as_str(), kind["approval_id"].as_str())
+                    {
+                        approvals.insert(call.to_string(), approval.to_string());
+                    }
+                }
+                Some("run_suspended") => {
+                    let calls: Vec<String> = kind["tool_call_ids"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|call| call.as_str().map(str::to_string))
+                        .collect();
+                    waiting = Some(calls);
+                }
+                Some("run_end") => {
+                    let status = kind["status"].as_str().unwrap_or("?");
+                    anyhow::ensure!(status == "completed", "{id} ended {status}");
+                    while events.next().await?.is_some() {}
+                    return Ok(((id, token), cycles));
+                }
+                _ => {}
+            }
+        }
+        let waiting = waiting.context("the stream ended before the run settled")?;
+        let last = waiting.len().saturating_sub(1);
+        for (index, call) in waiting.into_iter().enumerate() {
+            let envelope = match approvals.remove(&call) {
+                Some(approval) => json!({ "kind": "approval-response", "session_id": id,
+                    "tool_call_id": call, "approval_id": approval, "approved": true }),
+                None => {
+                    json!({ "session_id": id, "tool_call_id": call, "result": { "answer": "yes" } })
+                }
             };
             let sent = Instant::now();
-            let answer = client
-                .post("/submit-tool-result", Some(&token), &envelope)
-                .await?;
+            if index < last {
+                let answer = client
+                    .post("/submit-tool-result", Some(&token), &envelope)
+                    .await?;
+                recorder.submit(sent.elapsed());
+                anyhow::ensure!(answer["code"] == "accepted", "{id}: {answer}");
+                continue;
+            }
+            let path = "/submit-tool-result?resume=true&stream=true";
+            events = client.stream(path, Some(&token), &envelope).await?;
+            let answer = events.next().await?.context("no accepted event")?;
             recorder.submit(sent.elapsed());
             anyhow::ensure!(answer["code"] == "accepted", "{id}: {answer}");
         }
-        let resumed = client
-            .post("/resume", Some(&token), &json!({ "session_id": id }))
-            .await?;
-        from = resumed["from_seq"].as_u64().context("no from_seq")?;
         cycles += 1;
+    }
+}
+
+/// The events of an SSE response, one JSON `data` at a time (the `end` event included, as
+/// `{ "reason": … }`).
+struct Events {
+    body: reqwest::Response,
+    buffer: Vec<u8>,
+}
+
+impl Events {
+    fn new(body: reqwest::Response) -> Self {
+        Self {
+            body,
+            buffer: Vec::new(),
+        }
+    }
+
+    async fn next(&mut self) -> anyhow::Result<Option<Value>> {
+        loop {
+            if let Some(end) = self.buffer.windows(2).position(|pair| pair == b"\n\n") {
+                let block: Vec<u8> = self.buffer.drain(..end + 2).collect();
+                let block = std::str::from_utf8(&block)?;
+                if let Some(data) = block.lines().find_map(|line| line.strip_prefix("data: ")) {
+                    return Ok(Some(serde_json::from_str(data)?));
+                }
+                continue; // a keep-alive comment
+            }
+            match self.body.chunk().await? {
+                Some(bytes) => self.buffer.extend_from_slice(&bytes),
+                None => return Ok(None),
+            }
+        }
     }
 }
 
@@ -484,9 +523,10 @@ async fn stream_memory(
         sessions.push((id, token));
     }
     // Every session settles (suspends) before the streams open, so they stay idle.
-    let recorder = Recorder::new()?;
     for (id, token) in &sessions {
-        client.follow(id, token, 0, &recorder).await?;
+        let url = format!("{}/sse?session_id={id}&token={token}", client.base);
+        let mut events = Events::new(client.http.get(url).send().await?);
+        while events.next().await?.is_some() {}
     }
     let before = Memory::read()?.rss();
     let mut open = Vec::with_capacity(count);

@@ -4,6 +4,7 @@
 use axum::extract::{Request, State};
 use axum::http::header::AUTHORIZATION;
 use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
 use axum::Json;
 use dormant::submit::Submit;
 use dormant::SessionId;
@@ -12,7 +13,11 @@ use serde_json::{json, Value};
 use crate::body::{json_value, JsonBody, Params};
 use crate::error::{submit_answer, ApiError};
 use crate::server::AppState;
-use crate::wire::{SessionQuery, SessionRequest, StartRequest, Started, StatusAnswer};
+use crate::sse;
+use crate::wire::{
+    SessionQuery, SessionRequest, StartRequest, Started, StatusAnswer, StreamOption, SubmitQuery,
+    Until,
+};
 
 fn session_id(text: &str) -> Result<SessionId, ApiError> {
     text.parse()
@@ -24,9 +29,10 @@ fn session_id(text: &str) -> Result<SessionId, ApiError> {
 /// token and where to follow it.
 pub(crate) async fn start(
     State(state): State<AppState>,
+    Params(query): Params<StreamOption>,
     headers: HeaderMap,
     JsonBody(body): JsonBody<StartRequest>,
-) -> Result<(StatusCode, Json<Started>), ApiError> {
+) -> Result<Response, ApiError> {
     let id = match &body.session_id {
         None => {
             state.auth.caller(&headers).await?;
@@ -55,10 +61,13 @@ pub(crate) async fn start(
         .await?;
     tracing::info!(session = %id, agent = %body.agent, "server.started");
     let token = state.key.issue(&id);
-    Ok((
-        StatusCode::ACCEPTED,
-        Json(Started::new(started, Some(token))),
-    ))
+    let from = started.from_seq;
+    let answer = Started::new(started, Some(token));
+    if query.stream {
+        let first = sse::first_event("started", &answer)?;
+        return Ok(sse::events(&state, &id, from, Until::Settled, Some(first)).into_response());
+    }
+    Ok((StatusCode::ACCEPTED, Json(answer)).into_response())
 }
 
 fn has_session_token(headers: &HeaderMap) -> bool {
@@ -83,11 +92,20 @@ pub(crate) async fn resume(
 }
 
 /// `POST /submit-tool-result`: the envelope of [`Submit::from_json`]; 200 `accepted` only
-/// once the answer is durable.
+/// once the answer is durable. With `?resume=true`, an accepted answer is followed by a
+/// resume in the same request (one round trip instead of two for the last answer a run
+/// waits on): the answer adds `resumed` (as `POST /resume` answers), or `resume_error` if the
+/// resume was refused; the answer stays accepted either way.
 pub(crate) async fn submit(
     State(state): State<AppState>,
+    Params(query): Params<SubmitQuery>,
     request: Request,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Response, ApiError> {
+    if query.stream && !query.resume {
+        return Err(ApiError::invalid(
+            "stream=true streams the resumed run: add resume=true",
+        ));
+    }
     let headers = request.headers().clone();
     let envelope = json_value(request, &state).await?;
     let submit = Submit::from_json(&envelope).map_err(ApiError::invalid)?;
@@ -96,7 +114,41 @@ pub(crate) async fn submit(
     let call = submit.tool_call_id.clone();
     let outcome = state.runtime.submit_tool_result(submit).await?;
     tracing::info!(session = %id, tool_call_id = %call, outcome = outcome.code(), "server.submit");
-    submit_answer(outcome).map(Json)
+    let mut answer = submit_answer(outcome)?;
+    if !query.resume {
+        return Ok(Json(answer).into_response());
+    }
+    match state.runtime.start_resume(&id).await {
+        Ok(started) => {
+            let from = started.from_seq;
+            let resumed = Started::new(started, None);
+            if query.stream {
+                let first = sse::first_event(
+                    "accepted",
+                    &json!({ "code": "accepted", "resumed": resumed }),
+                )?;
+                return Ok(
+                    sse::events(&state, &id, from, Until::Settled, Some(first)).into_response()
+                );
+            }
+            if let Some(fields) = answer.as_object_mut() {
+                fields.insert(
+                    "resumed".into(),
+                    serde_json::to_value(resumed).unwrap_or_default(),
+                );
+            }
+        }
+        Err(error) => {
+            let error = ApiError::from(error);
+            if let Some(fields) = answer.as_object_mut() {
+                fields.insert(
+                    "resume_error".into(),
+                    json!({ "code": error.code(), "message": error.message() }),
+                );
+            }
+        }
+    }
+    Ok(Json(answer).into_response())
 }
 
 /// `POST /interrupt`: returns once the whole tree has stopped.

@@ -49,12 +49,26 @@ pub(crate) async fn stream(
         Some(last) => last.saturating_add(1),
         None => query.from.unwrap_or(0),
     };
+    Ok(events(&state, &id, from, query.until, None))
+}
+
+/// The stream of `id` from `from` as an SSE response, after `first` if given (the answer of
+/// a request that started the run it streams: `POST /start?stream=true`,
+/// `POST /submit-tool-result?resume=true&stream=true`).
+pub(crate) fn events(
+    state: &AppState,
+    id: &dormant::SessionId,
+    from: u64,
+    until: Until,
+    first: Option<Event>,
+) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
     tracing::debug!(session = %id, from, "server.stream_opened");
     let follower = Follower {
-        chunks: Box::pin(state.runtime.follow(&id, from)),
+        chunks: Box::pin(state.runtime.follow(id, from)),
         closing: state.closing.clone(),
-        until: query.until,
+        until,
         idle: state.config.sse_idle_timeout,
+        idle_timer: Box::pin(tokio::time::sleep(state.config.sse_idle_timeout)),
         settled: false,
         done: false,
         _open: state.metrics.stream_opened(),
@@ -64,7 +78,8 @@ pub(crate) async fn stream(
         let event = follower.next().await?;
         Some((Ok(event), follower))
     });
-    Ok(Sse::new(events).keep_alive(KeepAlive::new().interval(state.config.sse_keep_alive)))
+    let first = futures::stream::iter(first.map(Ok));
+    Sse::new(first.chain(events)).keep_alive(KeepAlive::new().interval(state.config.sse_keep_alive))
 }
 
 /// `Last-Event-ID`: the last sequence number the client saw.
@@ -85,6 +100,8 @@ struct Follower {
     closing: watch::Receiver<bool>,
     until: Until,
     idle: Duration,
+    /// One timer for the stream's life, pushed back at each chunk (not a new one per wait).
+    idle_timer: Pin<Box<tokio::time::Sleep>>,
     /// The run settled: the next event is the `end`.
     settled: bool,
     done: bool,
@@ -100,11 +117,10 @@ impl Follower {
         if self.settled {
             return Some(self.end("settled"));
         }
-        let idle = self.idle;
         let next = tokio::select! {
             chunk = self.chunks.next() => Ok(chunk),
             _ = self.closing.wait_for(|closing| *closing) => Err("shutdown"),
-            () = tokio::time::sleep(idle) => Err("idle"),
+            () = self.idle_timer.as_mut() => Err("idle"),
         };
         let next = match next {
             Ok(next) => next,
@@ -122,6 +138,10 @@ impl Follower {
                 )
             }
             Some(Ok(chunk)) => {
+                let idle = self.idle;
+                self.idle_timer
+                    .as_mut()
+                    .reset(tokio::time::Instant::now() + idle);
                 let now = self.state.runtime.now_ms();
                 self.state
                     .metrics
@@ -162,4 +182,17 @@ fn event(chunk: &Chunk) -> Event {
         .id(chunk.seq.to_string())
         .event(chunk.kind.type_name())
         .data(data)
+}
+
+/// The event that opens a stream answering a request: the JSON the request would have
+/// answered without `stream=true`, named `name`, without an id (it is no chunk).
+pub(crate) fn first_event(name: &str, answer: &impl serde::Serialize) -> Result<Event, ApiError> {
+    let data = serde_json::to_string(answer).map_err(|error| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            error.to_string(),
+        )
+    })?;
+    Ok(Event::default().event(name).data(data))
 }

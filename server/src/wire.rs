@@ -32,6 +32,27 @@ pub(crate) struct SessionQuery {
     pub(crate) token: Option<String>,
 }
 
+/// `POST /submit-tool-result`'s query.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct SubmitQuery {
+    /// Resume the session once the answer is accepted.
+    #[serde(default)]
+    pub(crate) resume: bool,
+    /// With `resume`: answer with the resumed run's stream instead of JSON.
+    #[serde(default)]
+    pub(crate) stream: bool,
+}
+
+/// `POST /start`'s query.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct StreamOption {
+    /// Answer with the run's stream (first an event with the JSON answer) instead of JSON.
+    #[serde(default)]
+    pub(crate) stream: bool,
+}
+
 /// `GET /sse`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -58,7 +79,7 @@ pub(crate) enum Until {
 }
 
 /// The answer of `POST /start` and `POST /resume`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Clone, Serialize)]
 pub(crate) struct Started {
     pub(crate) session_id: String,
     #[serde(skip_serializing_if = "Option::is_none")]

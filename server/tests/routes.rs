@@ -264,3 +264,109 @@ async fn a_new_turn_of_a_session_takes_its_token_and_the_stream_can_stay_open() 
     server.stop().await?.shutdown().await?;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn start_and_the_last_answer_can_answer_with_the_runs_stream() -> anyhow::Result<()> {
+    let server = demo_server(ServerConfig::default()).await?;
+    // POST /start?stream=true: the start's JSON first, then the run until it settles.
+    let response = server
+        .post(
+            "/start?stream=true",
+            None,
+            &json!({ "agent": "demo", "message": "weather in Porto" }),
+        )
+        .await?;
+    assert_eq!(response.status(), StatusCode::OK);
+    let events = common::read_events(response, usize::MAX).await?;
+    let names: Vec<&str> = events.iter().map(|event| event.name.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "started",
+            "run_start",
+            "tool_start",
+            "tool_end",
+            "tool_start",
+            "run_suspended",
+            "end"
+        ]
+    );
+    assert_eq!(events[0].id, None);
+    let session = common::Session {
+        id: text(&events[0].data, "session_id")?,
+        token: text(&events[0].data, "token")?,
+        started: events[0].data.clone(),
+    };
+
+    // stream=true alone is refused: it streams the resumed run.
+    let answer_it = json!({ "session_id": session.id, "tool_call_id": "ask_user-1", "result": { "answer": "Porto" } });
+    let refused = server
+        .post(
+            "/submit-tool-result?stream=true",
+            Some(&session.token),
+            &answer_it,
+        )
+        .await?;
+    assert_eq!(answer(refused).await?.0, StatusCode::BAD_REQUEST);
+
+    // The last answer resumes and streams the resumed run to the approval gate.
+    let response = server
+        .post(
+            "/submit-tool-result?resume=true&stream=true",
+            Some(&session.token),
+            &answer_it,
+        )
+        .await?;
+    let events = common::read_events(response, usize::MAX).await?;
+    assert_eq!(events[0].name, "accepted");
+    assert_eq!(events[0].data["code"], "accepted");
+    assert_eq!(events[0].data["resumed"]["from_seq"], 5);
+    assert_eq!(events[1].id, Some(5));
+    assert!(events
+        .iter()
+        .any(|event| event.name == "tool_approval_request"));
+
+    // ?resume=true without a stream: JSON with where the resumed run starts.
+    let status = server.status(&session).await?;
+    let gate = pending(&status, "approval")?;
+    let approve = json!({ "kind": "approval-response", "session_id": session.id,
+        "tool_call_id": text(gate, "tool_call_id")?, "approval_id": text(gate, "approval_id")?, "approved": true });
+    let (code, body) = answer(
+        server
+            .post(
+                "/submit-tool-result?resume=true",
+                Some(&session.token),
+                &approve,
+            )
+            .await?,
+    )
+    .await?;
+    assert_eq!(
+        (code, body["code"].as_str()),
+        (StatusCode::OK, Some("accepted"))
+    );
+    let from = body["resumed"]["from_seq"].as_u64().unwrap_or_default();
+    let events = server.events(&session, &format!("&from={from}")).await?;
+    assert_eq!(
+        events.iter().rev().nth(1).map(|event| event.name.as_str()),
+        Some("run_end")
+    );
+    // An answer that is refused resumes nothing: its refusal is the answer.
+    let again = json!({ "session_id": session.id, "tool_call_id": "ask_user-1", "result": { "answer": "x" } });
+    let (code, body) = answer(
+        server
+            .post(
+                "/submit-tool-result?resume=true",
+                Some(&session.token),
+                &again,
+            )
+            .await?,
+    )
+    .await?;
+    assert_eq!(
+        (code, body["code"].as_str()),
+        (StatusCode::CONFLICT, Some("already_completed"))
+    );
+    server.stop().await?.shutdown().await?;
+    Ok(())
+}
