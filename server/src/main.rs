@@ -178,6 +178,12 @@ async fn serve(args: Serve) -> Result<(), String> {
         .await
         .map_err(|error| format!("cannot listen on {}: {error}", args.listen))?;
     let address = listener.local_addr().map_err(|error| error.to_string())?;
+    // An SSE event is a small write: send it at once, not after Nagle's wait for an ACK.
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        if let Err(error) = tcp.set_nodelay(true) {
+            tracing::debug!(%error, "server.nodelay_failed");
+        }
+    });
     // The line a script (or a test) waits for before it connects.
     println!("dormant-server listening on http://{address}");
     tracing::info!(%address, store = %store_dir.display(), "server.listening");
