@@ -249,39 +249,42 @@ where
     Ok((pass, finished.into_inner()))
 }
 
-/// One session through the in-process API; returns it and its suspension cycles. One
-/// stream follows the session from its start to its end; the calls to answer are read off it
-/// (`run_suspended` lists them, `tool_approval_request` marks approvals), as a client that
-/// follows the stream would.
+/// One session through the in-process API; returns it and its suspension cycles. It takes
+/// the same steps as a cycle over HTTP: a stream follows the run until it settles, the calls
+/// to answer are read off it (`run_suspended` lists them, `tool_approval_request` marks
+/// approvals), and after the answers and the resume a new stream follows the resumed run from
+/// where the resume says it starts.
 async fn cycle_in_process(
     runtime: &Runtime,
     recorder: &Recorder,
 ) -> anyhow::Result<(SessionId, u64)> {
     let id = SessionId::generate();
-    let from = runtime.start_on(&id, AGENT, "go").await?.from_seq;
-    let mut stream = Box::pin(runtime.follow(&id, from));
-    let mut approvals = std::collections::HashMap::new();
+    let mut from = runtime.start_on(&id, AGENT, "go").await?.from_seq;
     let mut cycles = 0;
     loop {
-        let chunk = stream.next().await.context("the stream ended early")??;
-        recorder.lag(chunk.at_ms);
-        let waiting = match chunk.kind {
-            ChunkKind::ToolApprovalRequest {
-                tool_call_id,
-                approval_id,
-                ..
-            } => {
-                approvals.insert(tool_call_id, approval_id);
-                continue;
+        let mut stream = Box::pin(runtime.follow(&id, from));
+        let mut approvals = std::collections::HashMap::new();
+        let waiting = loop {
+            let chunk = stream.next().await.context("the stream ended early")??;
+            recorder.lag(chunk.at_ms);
+            match chunk.kind {
+                ChunkKind::ToolApprovalRequest {
+                    tool_call_id,
+                    approval_id,
+                    ..
+                } => {
+                    approvals.insert(tool_call_id, approval_id);
+                }
+                ChunkKind::RunSuspended { tool_call_ids, .. } => break tool_call_ids,
+                ChunkKind::RunEnd { status, .. } => {
+                    anyhow::ensure!(status == Status::Completed, "{id} ended {status}");
+                    return Ok((id, cycles));
+                }
+                ChunkKind::RunInterrupted { .. } => anyhow::bail!("{id} was interrupted"),
+                _ => {}
             }
-            ChunkKind::RunSuspended { tool_call_ids, .. } => tool_call_ids,
-            ChunkKind::RunEnd { status, .. } => {
-                anyhow::ensure!(status == Status::Completed, "{id} ended {status}");
-                return Ok((id, cycles));
-            }
-            ChunkKind::RunInterrupted { .. } => anyhow::bail!("{id} was interrupted"),
-            _ => continue,
         };
+        drop(stream);
         for call in waiting {
             let submit = match approvals.remove(&call) {
                 Some(approval) => Submit::approval(id.as_str(), &call, approval, true, None),
@@ -292,7 +295,7 @@ async fn cycle_in_process(
             recorder.submit(sent.elapsed());
             anyhow::ensure!(outcome == SubmitOutcome::Accepted, "{id}: {outcome:?}");
         }
-        runtime.start_resume(&id).await?;
+        from = runtime.start_resume(&id).await?.from_seq;
         cycles += 1;
     }
 }
