@@ -1,7 +1,7 @@
 // The page of dormant-server: send a message, watch the run live, answer client tools and
-// approvals. Plain JavaScript, no build step. What it remembers (the session, its token, the
-// messages sent) is in localStorage, so a reload or a server restart picks the conversation
-// up again.
+// approvals. Plain JavaScript, no build step (the server's CSP allows only this script).
+// What it remembers is in localStorage ({session_id, token, lastSeq, sent}), so a reload, a
+// second tab or a server restart picks the same conversation up again.
 "use strict";
 
 const AGENT = document.querySelector('meta[name="dormant-agent"]').content;
@@ -10,24 +10,88 @@ const $ = (selector) => document.querySelector(selector);
 
 let saved = load();
 let source = null; // the EventSource
-let retryMs = 500; // backoff of our own reconnects
+let retryMs = 500; // the backoff of our own reconnects
+let retryTimer = null;
 let lastSeq = -1; // the last chunk shown
-let resuming = false;
+let resuming = false; // a resume check is under way...
+let resumeAgain = false; // ...and another answer came in meanwhile: check again after it
+let refreshing = false; // a /status refresh is under way...
+let refreshAgain = false; // ...and a chunk said things changed meanwhile
+let refreshResume = false; // the next refresh also resumes a run whose calls are all answered
+let statusAsked = 0; // /status requests sent...
+let statusShown = 0; // ...and the latest one whose answer the cards show
+
+// ---- what the page remembers ----------------------------------------------------------------
 
 function load() {
+  let value = {};
   try {
-    return JSON.parse(localStorage.getItem(STORE_KEY)) || {};
+    value = JSON.parse(localStorage.getItem(STORE_KEY)) || {};
   } catch (_) {
-    return {};
+    value = {};
+  }
+  // The first version of the page kept the session's id as `id`.
+  if (value.id && !value.session_id) value.session_id = value.id;
+  delete value.id;
+  return value;
+}
+
+// Writes what the page remembers. `followOnly`: only if the stored conversation is still
+// this one (a chunk of an old conversation must not win over a new one another tab just
+// started, before its storage event gets here).
+function save(followOnly) {
+  // Another tab of the same conversation may have sent a message since we last read: keep
+  // its text too, so that either tab shows every message after a reload.
+  const stored = load();
+  const same = Boolean(saved.session_id) && stored.session_id === saved.session_id;
+  if (followOnly && !same) return;
+  if (same) saved.sent = Object.assign({}, stored.sent, saved.sent);
+  try {
+    localStorage.setItem(STORE_KEY, JSON.stringify(saved));
+  } catch (_) {
+    // Storage full or refused: the page still works, only a reload forgets the conversation.
   }
 }
 
-function save() {
-  localStorage.setItem(STORE_KEY, JSON.stringify(saved));
+// Another tab wrote: pick up the messages it sent, or follow it to another conversation (a
+// new one, or none after "New conversation"), as a reload would.
+window.addEventListener("storage", (event) => {
+  if (event.key !== STORE_KEY) return;
+  const other = load();
+  if (other.session_id && other.session_id === saved.session_id) {
+    saved.sent = Object.assign({}, saved.sent, other.sent);
+    if (other.token) saved.token = other.token;
+    fillSent();
+    return;
+  }
+  open(other);
+});
+
+// Shows the messages whose text was not known when their run started.
+function fillSent() {
+  for (const line of $("#log").querySelectorAll("li.user[hidden]")) {
+    const sent = (saved.sent || {})[line.dataset.seq];
+    if (sent) {
+      line.textContent = "you: " + sent;
+      line.hidden = false;
+    }
+  }
 }
+
+// ---- small helpers -----------------------------------------------------------------------
 
 function status(text) {
   $("#status").textContent = text;
+}
+
+// The stream's state, shown beside the session and readable by tests: connecting, open,
+// reconnecting, closed.
+function streamState(state) {
+  const badge = $("#connection");
+  badge.dataset.state = state;
+  badge.textContent = {
+    connecting: "connecting…", open: "live", reconnecting: "reconnecting…", closed: "offline",
+  }[state] || state;
 }
 
 function headers(json) {
@@ -37,23 +101,32 @@ function headers(json) {
   return out;
 }
 
-// A JSON request; answers { ok, status, body }.
+// A JSON request; answers { ok, status, body }, status 0 when the server cannot be reached.
 async function call(method, path, body) {
-  const response = await fetch(path, {
-    method,
-    headers: headers(body !== undefined),
-    body: body === undefined ? undefined : JSON.stringify(body),
-  });
+  let response;
+  try {
+    response = await fetch(path, {
+      method,
+      headers: headers(body !== undefined),
+      body: body === undefined ? undefined : JSON.stringify(body),
+    });
+  } catch (_) {
+    return { ok: false, status: 0, body: { code: "unreachable", message: "the server cannot be reached" } };
+  }
   let parsed = null;
   try {
     parsed = await response.json();
   } catch (_) {
-    parsed = { code: "unreadable", message: "the server's answer was not JSON" };
+    parsed = { code: "unreadable", message: "the server's answer (" + response.status + ") was not JSON" };
   }
-  return { ok: response.ok, status: response.status, body: parsed };
+  return { ok: response.ok, status: response.status, body: parsed || {} };
 }
 
-// ---- the log ---------------------------------------------------------------------------
+function statusPath() {
+  return "/status?session_id=" + encodeURIComponent(saved.session_id);
+}
+
+// ---- the log -----------------------------------------------------------------------------
 
 function entry(kind, text) {
   const item = document.createElement("li");
@@ -82,8 +155,14 @@ function render(chunk, prefix) {
   const who = prefix || "";
   switch (kind.type) {
     case "run_start": {
+      // A resume starts a run too; only a run started by a message has its text here. The
+      // text of a message another tab sent may arrive after its run's first chunk: the line
+      // waits, hidden, for the storage event (fillSent).
+      if (prefix) break;
       const sent = (saved.sent || {})[chunk.seq];
-      if (sent && !prefix) entry("user", "you: " + sent);
+      const line = entry("user", sent ? "you: " + sent : "");
+      line.dataset.seq = String(chunk.seq);
+      line.hidden = !sent;
       break;
     }
     case "text":
@@ -136,83 +215,178 @@ const CHUNK_TYPES = [
   "run_interrupted", "run_end",
 ];
 
-// Settles the calls shown as waiting: these chunks mean one appeared or went.
+// Chunks after which the calls waiting for the person may have changed.
 const CHANGES_PENDING = new Set([
   "run_suspended", "run_end", "run_interrupted", "tool_approval_request",
   "tool_approval_response", "tool_end", "forwarded",
 ]);
 
-function connect(from) {
+function closeStream() {
   if (source) source.close();
+  source = null;
+}
+
+function connect(from) {
+  closeStream();
   const query = new URLSearchParams({
-    session_id: saved.id, token: saved.token, until: "closed", from: String(from),
+    session_id: saved.session_id, token: saved.token, until: "closed", from: String(from),
   });
-  source = new EventSource("/sse?" + query);
-  source.onopen = () => {
+  const stream = new EventSource("/sse?" + query);
+  source = stream;
+  streamState("connecting");
+  stream.onopen = () => {
     retryMs = 500;
+    streamState("open");
     status("connected");
-    refreshPending();
+    // Pending calls are shown from the status, not the stream: they may have been asked
+    // before this stream's first chunk, or the server restarted in between. An answer given
+    // before a restart (or in a tab since closed) may still wait for its resume.
+    refreshSoon(true);
   };
-  for (const type of CHUNK_TYPES) source.addEventListener(type, onChunk);
-  source.addEventListener("end", (event) => {
+  for (const type of CHUNK_TYPES) stream.addEventListener(type, onChunk);
+  stream.addEventListener("end", (event) => {
     // The server ended the stream (shutting down, or idle): come back from where we are.
-    const reason = JSON.parse(event.data).reason;
+    let reason = "?";
+    try {
+      reason = JSON.parse(event.data).reason;
+    } catch (_) { /* keep "?" */ }
+    if (stream !== source) return;
     status("stream ended (" + reason + "), reconnecting…");
     reconnectLater();
   });
-  source.addEventListener("error", (event) => {
-    // An `error` event with data is the server's; without, the connection dropped, and the
-    // browser retries by itself with Last-Event-ID unless it gave up (a refused reconnect).
-    if (event.data) entry("error", "stream: " + JSON.parse(event.data).message);
-    if (source && source.readyState === EventSource.CLOSED) reconnectLater();
-    else status("reconnecting…");
+  stream.addEventListener("error", (event) => {
+    if (stream !== source) return;
+    // An `error` event with data is the server's own; without, the connection dropped or
+    // was refused. Either way reopen with our own backoff from the last chunk shown:
+    // EventSource's own retry waits seconds, and gives up for good on a refused reconnect
+    // (a server that is still starting).
+    if (event.data) {
+      try {
+        entry("error", "stream: " + JSON.parse(event.data).message);
+      } catch (_) { /* not JSON: the reconnect says enough */ }
+    }
+    status("reconnecting…");
+    reconnectLater();
   });
 }
 
 function reconnectLater() {
-  if (source) source.close();
-  source = null;
+  closeStream();
+  streamState("reconnecting");
+  if (retryTimer) return;
   const wait = retryMs;
   retryMs = Math.min(retryMs * 2, 5000);
-  setTimeout(() => {
-    if (saved.id && !source) connect(lastSeq + 1);
+  const id = saved.session_id;
+  retryTimer = setTimeout(async () => {
+    retryTimer = null;
+    if (!id || id !== saved.session_id || source) return;
+    // A session the server no longer knows, or a token it no longer accepts, does not come
+    // back by retrying; an unreachable server may.
+    const probe = await call("GET", statusPath());
+    if (id !== saved.session_id || source) return;
+    if (probe.status === 401 || probe.status === 403 || probe.status === 404) {
+      streamState("closed");
+      status(probe.body.message + " — start a new conversation");
+      return;
+    }
+    if (!probe.ok) {
+      reconnectLater();
+      return;
+    }
+    connect(lastSeq + 1);
   }, wait);
 }
 
 function onChunk(event) {
+  if (event.target !== source) return;
   const chunk = JSON.parse(event.data);
   if (chunk.seq <= lastSeq) return; // already shown
   lastSeq = chunk.seq;
+  saved.lastSeq = lastSeq;
+  save(true);
   render(chunk);
   const type = chunk.kind.type;
-  if (CHANGES_PENDING.has(type)) refreshPending();
+  if (CHANGES_PENDING.has(type)) refreshSoon(false);
   if (type === "run_start") status("running");
   if (type === "run_end") status("run " + chunk.kind.status);
 }
 
 // ---- what waits for the person ------------------------------------------------------------
 
+function cardOf(toolCallId) {
+  for (const card of $("#pending").querySelectorAll(".card")) {
+    if (card.dataset.toolCallId === toolCallId) return card;
+  }
+  return null;
+}
+
+// Refreshes once at a time: while a refresh is under way, the chunks that arrive (a reload
+// replays a whole conversation) ask for one more, not one each. `resume`: also resume a run
+// whose calls all have their answers.
+async function refreshSoon(resume) {
+  if (resume) refreshResume = true;
+  if (refreshing) {
+    refreshAgain = true;
+    return;
+  }
+  refreshing = true;
+  try {
+    do {
+      refreshAgain = false;
+      const wantsResume = refreshResume;
+      refreshResume = false;
+      const state = await refreshPending();
+      if (wantsResume && state && allAnswered(state)) resumeIfNothingWaits();
+    } while (refreshAgain);
+  } finally {
+    refreshing = false;
+  }
+}
+
+// The run waits for calls and every one of them has its answer (or is past its deadline):
+// only a resume moves it on.
+function allAnswered(state) {
+  return state.status === "suspended_client_tool" && state.pending.length > 0 &&
+    !state.pending.some((call) => call.waiting);
+}
+
+// Shows a card for each call that waits, and settles the cards of calls that no longer do.
 async function refreshPending() {
-  if (!saved.id) return null;
-  const answer = await call("GET", "/status?session_id=" + encodeURIComponent(saved.id));
+  const id = saved.session_id;
+  if (!id) return null;
+  const asked = ++statusAsked;
+  const answer = await call("GET", statusPath());
+  if (id !== saved.session_id) return null; // the conversation changed meanwhile
   if (!answer.ok) {
     status("status: " + answer.body.message);
     return null;
   }
+  const state = answer.body;
+  // Answers may come back out of order: an older one must not undo what a newer one showed
+  // (settle a card as answered because the call was not asked yet when it was read).
+  if (asked < statusShown) return state;
+  statusShown = asked;
   const box = $("#pending");
-  const shown = new Set();
-  for (const call of answer.body.pending) {
-    if (!call.waiting) continue;
-    shown.add(call.tool_call_id);
-    if (!box.querySelector('[data-tool-call-id="' + CSS.escape(call.tool_call_id) + '"]')) {
-      box.appendChild(call.kind === "approval" ? approvalCard(call) : clientCard(call));
+  const listed = new Map(state.pending.map((call) => [call.tool_call_id, call]));
+  for (const call of state.pending) {
+    if (call.waiting && !cardOf(call.tool_call_id)) {
+      const shown = call.kind === "approval" ? approvalCard(call) : clientCard(call);
+      box.appendChild(shown);
+      shown.scrollIntoView({ block: "nearest" });
     }
   }
-  for (const card of box.querySelectorAll(".card")) {
-    if (!shown.has(card.dataset.toolCallId) && !card.dataset.keep) card.remove();
+  for (const card of box.querySelectorAll(".card:not(.done)")) {
+    const call = listed.get(card.dataset.toolCallId);
+    // A card being answered here is settled by its own answer.
+    if (card.dataset.busy || (call && call.waiting)) continue;
+    settle(card, call && call.deadline_at_ms <= Date.now()
+      ? "no longer waiting: its time ran out"
+      : "already answered (maybe in another tab)");
   }
-  if (answer.body.status.startsWith("suspended")) status("waiting for you");
-  return answer.body;
+  if (state.status.startsWith("suspended")) {
+    status(state.pending.some((call) => call.waiting) ? "waiting for you" : "answered, resuming…");
+  }
+  return state;
 }
 
 function card(call, title) {
@@ -221,6 +395,7 @@ function card(call, title) {
   box.dataset.toolCallId = call.tool_call_id;
   box.dataset.kind = call.kind;
   box.dataset.tool = call.tool_name;
+  box.setAttribute("aria-label", title);
   const heading = document.createElement("h2");
   heading.textContent = title;
   box.appendChild(heading);
@@ -241,33 +416,51 @@ function note(box, text) {
   if (!line) {
     line = document.createElement("p");
     line.className = "note";
+    line.setAttribute("role", "status");
     box.appendChild(line);
   }
   line.textContent = text;
 }
 
+function controls(box, enabled) {
+  for (const element of box.querySelectorAll("button, input, textarea")) {
+    element.disabled = !enabled;
+  }
+}
+
+// A card whose call is answered: it stays, greyed, with what happened, until the next
+// message (the log shows the outcome once the run moves on).
+function settle(box, text) {
+  controls(box, false);
+  note(box, text);
+  box.classList.add("done");
+}
+
 // A client tool: the demo's ask_user is a question with a text field; any other tool gets a
 // JSON result to fill in.
 function clientCard(call) {
-  const box = card(call, "The agent asks: " + call.tool_name);
+  const box = card(call, "The agent asks (" + call.tool_name + ")");
   let read;
-  if (call.tool_name === "ask_user" && typeof call.input.question === "string") {
-    const question = document.createElement("p");
-    question.textContent = call.input.question;
+  const input = call.input || {};
+  if (call.tool_name === "ask_user" && typeof input.question === "string") {
+    const question = document.createElement("label");
+    question.className = "question";
+    question.textContent = input.question;
     const field = document.createElement("input");
     field.type = "text";
     field.name = "answer";
-    field.setAttribute("aria-label", "Your answer");
-    box.append(question, field);
+    field.autocomplete = "off";
+    question.appendChild(field);
+    box.append(question);
     read = () => ({ answer: field.value });
   } else {
-    const input = document.createElement("pre");
-    input.textContent = JSON.stringify(call.input, null, 2);
+    const shown = document.createElement("pre");
+    shown.textContent = JSON.stringify(input, null, 2);
     const field = document.createElement("textarea");
     field.name = "result";
     field.value = "{}";
-    field.setAttribute("aria-label", "Result (JSON)");
-    box.append(input, field);
+    field.setAttribute("aria-label", "Result of " + call.tool_name + " (JSON)");
+    box.append(shown, field);
     read = () => JSON.parse(field.value);
   }
   const send = button("Submit", "submit", true);
@@ -280,34 +473,39 @@ function clientCard(call) {
       note(box, "not JSON: " + error.message);
       return;
     }
-    answer(box, { session_id: saved.id, tool_call_id: call.tool_call_id, result });
+    answer(box, { session_id: saved.session_id, tool_call_id: call.tool_call_id, result });
   });
-  decline.addEventListener("click", () =>
-    answer(box, { session_id: saved.id, tool_call_id: call.tool_call_id, error: "declined by the user" }));
+  decline.addEventListener("click", () => answer(box, {
+    session_id: saved.session_id, tool_call_id: call.tool_call_id, error: "declined by the user",
+  }));
   box.addEventListener("submit", (event) => {
     event.preventDefault();
-    send.click();
+    if (!send.disabled) send.click();
   });
-  box.append(send, " ", decline);
+  const actions = document.createElement("div");
+  actions.className = "actions";
+  actions.append(send, decline);
+  box.append(actions);
   return box;
 }
 
 // An approval gate: the tool and its input, approve or deny with a reason.
 function approvalCard(call) {
   const box = card(call, "Approve " + call.tool_name + "?");
-  const input = document.createElement("pre");
-  input.textContent = JSON.stringify(call.input, null, 2);
+  const shown = document.createElement("pre");
+  shown.textContent = JSON.stringify(call.input, null, 2);
   const reason = document.createElement("input");
   reason.type = "text";
   reason.name = "reason";
+  reason.autocomplete = "off";
   reason.placeholder = "reason (optional)";
-  reason.setAttribute("aria-label", "Reason");
+  reason.setAttribute("aria-label", "Reason (optional)");
   const decide = (approved) => {
     const envelope = {
-      kind: "approval-response", session_id: saved.id, tool_call_id: call.tool_call_id,
+      kind: "approval-response", session_id: saved.session_id, tool_call_id: call.tool_call_id,
       approval_id: call.approval_id, approved,
     };
-    if (reason.value) envelope.reason = reason.value;
+    if (reason.value.trim()) envelope.reason = reason.value.trim();
     answer(box, envelope);
   };
   const approve = button("Approve", "approve", true);
@@ -315,42 +513,53 @@ function approvalCard(call) {
   approve.addEventListener("click", () => decide(true));
   deny.addEventListener("click", () => decide(false));
   box.addEventListener("submit", (event) => event.preventDefault());
-  box.append(input, reason, " ", approve, " ", deny);
+  const actions = document.createElement("div");
+  actions.className = "actions";
+  actions.append(reason, approve, deny);
+  box.append(shown, actions);
   return box;
 }
 
+// Submits an answer; once it is accepted and nothing else waits, resumes the run.
 async function answer(box, envelope) {
-  for (const element of box.querySelectorAll("button")) element.disabled = true;
+  box.dataset.busy = "1";
+  controls(box, false);
   const reply = await call("POST", "/submit-tool-result", envelope);
+  delete box.dataset.busy;
   if (reply.ok) {
-    note(box, "sent");
+    settle(box, "sent");
   } else if (reply.body.code === "already_completed") {
     // Another tab (or a retry) answered first; the first answer wins.
-    note(box, "already answered (maybe in another tab)");
+    settle(box, "already answered (maybe in another tab)");
   } else {
     const details = (reply.body.errors || []).join("; ");
     note(box, reply.body.code + ": " + reply.body.message + (details ? " — " + details : ""));
-    for (const element of box.querySelectorAll("button")) element.disabled = false;
+    controls(box, true);
     return;
   }
-  box.classList.add("done");
-  box.dataset.keep = "1"; // keep the note in view a moment after the run moves on
-  setTimeout(() => box.remove(), 4000);
   await resumeIfNothingWaits();
 }
 
-// Resumes once every call has its answer (a resume with calls still waiting does nothing).
+// Resumes once every call has its answer (a run resumed with calls still waiting would
+// only suspend again). One check at a time; an answer that comes in during one is looked at
+// by a second.
 async function resumeIfNothingWaits() {
-  if (resuming) return;
+  if (resuming) {
+    resumeAgain = true;
+    return;
+  }
   resuming = true;
   try {
-    const state = await refreshPending();
-    if (!state || !state.status.startsWith("suspended")) return;
-    if (state.pending.some((call) => call.waiting)) return;
-    const reply = await call("POST", "/resume", { session_id: saved.id });
-    if (!reply.ok && reply.body.code !== "already_running") {
-      status("resume: " + reply.body.message);
-    }
+    do {
+      resumeAgain = false;
+      const state = await refreshPending();
+      if (!state || !allAnswered(state)) continue;
+      const reply = await call("POST", "/resume", { session_id: state.session_id });
+      // Another tab resumed first, or the run went on by itself (a deadline): not a problem.
+      const benign = reply.body.code === "already_running" || reply.body.code === "not_resumable";
+      // A resume while the server is away fails: the stream's reconnect checks again (onopen).
+      if (!reply.ok && !benign) status("resume: " + reply.body.message);
+    } while (resumeAgain);
   } finally {
     resuming = false;
   }
@@ -363,51 +572,67 @@ async function send(event) {
   const text = $("#message").value.trim();
   if (!text) return;
   const body = { agent: AGENT, message: text };
-  if (saved.id) body.session_id = saved.id;
+  // A following message is a new turn of the same session, authorized by its token.
+  if (saved.session_id) body.session_id = saved.session_id;
   $("#send").disabled = true;
   try {
     const reply = await call("POST", "/start", body);
     if (!reply.ok) {
-      status(reply.body.code + ": " + reply.body.message);
+      const hint = reply.status === 401 || reply.status === 403 || reply.status === 404
+        ? " — start a new conversation" : "";
+      status(reply.body.code + ": " + reply.body.message + hint);
       return;
     }
     $("#message").value = "";
-    const fresh = saved.id !== reply.body.session_id;
-    saved.id = reply.body.session_id;
+    const fresh = saved.session_id !== reply.body.session_id;
+    saved.session_id = reply.body.session_id;
     saved.token = reply.body.token || saved.token;
     saved.sent = Object.assign(fresh ? {} : saved.sent || {}, { [reply.body.from_seq]: text });
-    save();
-    showSession();
     if (fresh) {
+      saved.lastSeq = -1;
       lastSeq = -1;
       $("#log").textContent = "";
-      connect(0);
-    } else if (!source) {
-      connect(lastSeq + 1);
     }
+    save();
+    // On a stream already open, the run's first chunk may have come before this answer.
+    fillSent();
+    showSession();
+    // The answered cards of earlier turns go.
+    for (const done of $("#pending").querySelectorAll(".card.done")) done.remove();
+    if (fresh || !source) connect(lastSeq + 1);
   } finally {
     $("#send").disabled = false;
   }
 }
 
 function showSession() {
-  $("#session").textContent = saved.id ? "session " + saved.id : "no conversation yet";
+  $("#session").textContent = saved.session_id ? "session " + saved.session_id : "no conversation yet";
 }
 
-function reset() {
-  if (source) source.close();
-  source = null;
-  saved = {};
-  save();
+// Shows the conversation `state` holds (or none): the log rebuilt from its first chunk,
+// then followed live, and the calls that wait.
+function open(state) {
+  closeStream();
+  if (retryTimer) clearTimeout(retryTimer);
+  retryTimer = null;
+  retryMs = 500;
+  saved = state;
   lastSeq = -1;
   $("#log").textContent = "";
   $("#pending").textContent = "";
   showSession();
   status("");
+  if (saved.session_id && saved.token) {
+    connect(0);
+  } else {
+    streamState("closed");
+  }
 }
 
 $("#compose").addEventListener("submit", send);
-$("#new").addEventListener("click", reset);
-showSession();
-// A reload rebuilds the log from the session's first chunk, then follows it live.
-if (saved.id && saved.token) connect(0);
+$("#new").addEventListener("click", () => {
+  open({});
+  save();
+  $("#message").focus();
+});
+open(saved);

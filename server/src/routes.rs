@@ -123,10 +123,16 @@ pub(crate) async fn submit(
             let from = started.from_seq;
             let resumed = Started::new(started, None);
             if query.stream {
+                let running = resumed.status == dormant::Status::Running;
                 let first = sse::first_event(
                     "accepted",
                     &json!({ "code": "accepted", "resumed": resumed }),
                 )?;
+                // A resume that found calls still waiting ran nothing: there is no run to
+                // stream, and the stream says so at once rather than wait for one.
+                if !running {
+                    return Ok(sse::settled_at_once(first).into_response());
+                }
                 return Ok(
                     sse::events(&state, &id, from, Until::Settled, Some(first)).into_response()
                 );

@@ -196,3 +196,11 @@ pub(crate) fn first_event(name: &str, answer: &impl serde::Serialize) -> Result<
     })?;
     Ok(Event::default().event(name).data(data))
 }
+
+/// A stream of `first` and the `end` (`settled`): the answer of a request that started no run.
+pub(crate) fn settled_at_once(first: Event) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+    let end = Event::default()
+        .event("end")
+        .data(json!({ "reason": "settled" }).to_string());
+    Sse::new(futures::stream::iter([Ok(first), Ok(end)]))
+}

@@ -1,15 +1,25 @@
-//! The page in a real browser (Debian's headless Chromium through chromedriver): a person
-//! sends a message, answers the client tool in the page, sees the approval card; the server
-//! restarts in the middle; after a reload the card is back; another tab answers first, and the
-//! page says so; the run completes with both results in the log.
+//! The page in a real browser (Debian's headless Chromium through chromedriver), in two
+//! windows of one profile, as a person with two tabs open:
+//!
+//! 1. window A sends a message, answers the client tool in its form (an empty answer first,
+//!    refused by the tool's output schema, with the reason shown), sees the approval card;
+//!    window B opens the same conversation (from localStorage) and shows the card too;
+//! 2. the server restarts (SIGTERM, then the same port and store); A is reloaded and shows the
+//!    card again; B is not, and its stream reconnects by itself;
+//! 3. A approves: the run completes with both results; B's card says it was answered
+//!    elsewhere and B's log shows the end, live;
+//! 4. B sends a second message (a new turn of the same session, with its token); another
+//!    client answers the client tool first, A's submit is told "already answered" and A
+//!    resumes the run; B denies the approval with a reason; both logs show it.
 //!
 //! Without chromium and chromedriver the test says it was skipped and how to install them,
-//! and passes, unless `DORMANT_REQUIRE_BROWSER` is set (CI sets it).
+//! and passes, unless `DORMANT_REQUIRE_BROWSER` is set to anything but `0` (CI sets it to 1).
 
 mod common;
 #[path = "browser/webdriver.rs"]
 mod webdriver;
 
+use std::io::Write;
 use std::path::Path;
 
 use anyhow::Context;
@@ -24,32 +34,50 @@ const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_person_answers_a_client_tool_and_an_approval_across_a_restart() -> anyhow::Result<()> {
     if !Path::new(CHROMIUM).exists() || !Path::new(CHROMEDRIVER).exists() {
-        eprintln!(
-            "SKIPPED: the browser test needs {CHROMIUM} and {CHROMEDRIVER}: apt-get install chromium chromium-driver"
+        // Straight to the stderr stream, not eprintln!: the test harness captures (and hides)
+        // what a passing test prints, and a skip must not pass unnoticed.
+        let _ = writeln!(
+            std::io::stderr(),
+            "\n\n*** SKIPPED: the browser test needs {CHROMIUM} and {CHROMEDRIVER}: \
+             apt-get install chromium chromium-driver ***\n\n"
         );
         anyhow::ensure!(
-            std::env::var_os("DORMANT_REQUIRE_BROWSER").is_none(),
-            "DORMANT_REQUIRE_BROWSER is set and Chromium is missing"
+            std::env::var("DORMANT_REQUIRE_BROWSER")
+                .map_or(true, |value| value.is_empty() || value == "0"),
+            "DORMANT_REQUIRE_BROWSER is set and Chromium or chromedriver is missing \
+             (apt-get install chromium chromium-driver)"
         );
         return Ok(());
     }
     let dir = tempfile::tempdir()?;
     let store = dir.path().join("store");
     let server = Binary::start(&store, "127.0.0.1:0", &[])?;
+    // The restart binds this same port: the page's origin (and its localStorage) stays.
     let listen = format!("127.0.0.1:{}", server.port()?);
     let page = format!("{}/", server.base);
     let driver = Driver::start(CHROMEDRIVER).await?;
     let browser = Browser::open(&driver, CHROMIUM, &dir.path().join("profile")).await?;
+    let a = browser.window().await?;
 
+    // 1. A: a message, the client tool answered in its form, the approval card.
     browser.goto(&page).await?;
     browser.type_into("#message", "weather in Porto").await?;
     browser.click("#send").await?;
-    // The client tool appears as a form; the person answers it in the page.
-    let ask = r#"form[data-tool="ask_user"]"#;
+    let ask = r#"form[data-tool-call-id="ask_user-1"]"#;
     browser
         .wait_for(&format!("{ask} input[name=answer]"))
         .await?;
+    browser.wait_for_text(ask, "What title").await?;
     browser.wait_for_text("#log", "→ lookup_weather").await?;
+    // An empty answer does not match the tool's output schema: the page shows why and lets
+    // the person try again.
+    browser
+        .click(&format!(r#"{ask} button[data-action="submit"]"#))
+        .await?;
+    browser.wait_for_text(ask, "invalid_result").await?;
+    browser
+        .wait_for_text(ask, "shorter than 1 character")
+        .await?;
     browser
         .type_into(&format!("{ask} input[name=answer]"), "Porto in the sun")
         .await?;
@@ -57,20 +85,75 @@ async fn a_person_answers_a_client_tool_and_an_approval_across_a_restart() -> an
         .click(&format!(r#"{ask} button[data-action="submit"]"#))
         .await?;
     // The page resumes by itself; the run stops at the approval gate.
-    let approval = r#"form[data-kind="approval"][data-tool="publish"]"#;
+    let approval = r#"form[data-kind="approval"][data-tool-call-id="publish-1"]"#;
     browser.wait_for(approval).await?;
     browser.wait_for_text(approval, "Porto in the sun").await?;
 
-    // The server restarts in the middle; the page is reloaded and shows the card again.
-    server.terminate()?;
+    // B: the same page in a second window picks the conversation up from localStorage.
+    let b = browser.new_window().await?;
+    browser.switch_to(&b).await?;
+    browser.goto(&page).await?;
+    browser.wait_for(approval).await?;
+    browser
+        .wait_for_text("#log", "you: weather in Porto")
+        .await?;
+
+    // 2. The server restarts gracefully on the same port and store.
+    let stopped = server.terminate()?;
+    anyhow::ensure!(stopped.success(), "the server exited with {stopped}");
     let server = Binary::start(&store, &listen, &[])?;
+    anyhow::ensure!(server.base == page.trim_end_matches('/'), "{}", server.base);
+
+    // A is reloaded: the log is rebuilt from the first chunk, the card is back.
+    browser.switch_to(&a).await?;
     browser.refresh().await?;
     browser.wait_for(approval).await?;
     browser
         .wait_for_text("#log", "← ask_user: {\"answer\":\"Porto in the sun\"}")
         .await?;
+    browser
+        .wait_for(r#"#connection[data-state="open"]"#)
+        .await?;
 
-    // Another tab approves first (its answer is the page's own session and token).
+    // 3. A approves; the run completes with both results.
+    browser
+        .click(&format!(r#"{approval} button[data-action="approve"]"#))
+        .await?;
+    browser
+        .wait_for_text("#log", "Published \"Porto in the sun\"")
+        .await?;
+    browser.wait_for_text("#log", "run completed").await?;
+    let log = browser.text("#log").await?;
+    for shown in [
+        "you: weather in Porto",
+        "← ask_user: {\"answer\":\"Porto in the sun\"}",
+        "✓ approved publish",
+    ] {
+        anyhow::ensure!(log.contains(shown), "A's log lacks {shown:?}:\n{log}");
+    }
+
+    // B was not reloaded: its stream came back by itself, and its card says why it is gone.
+    browser.switch_to(&b).await?;
+    browser
+        .wait_for_text("#log", "Published \"Porto in the sun\"")
+        .await?;
+    browser
+        .wait_for_text(approval, "already answered (maybe in another tab)")
+        .await?;
+
+    // 4. B sends a second message: a new turn of the same session.
+    browser.type_into("#message", "weather in Faro").await?;
+    browser.click("#send").await?;
+    let ask = r#"form[data-tool-call-id="ask_user-2"]"#;
+    browser.wait_for(ask).await?;
+    browser.wait_for_text(ask, "sunny in Faro").await?;
+    browser.switch_to(&a).await?;
+    browser.wait_for(ask).await?;
+    browser
+        .wait_for_text("#log", "you: weather in Faro")
+        .await?;
+
+    // Another client (a tab since closed, say) answers first, without resuming.
     let saved = browser
         .script(
             "return JSON.parse(localStorage.getItem('dormant-page'));",
@@ -78,39 +161,54 @@ async fn a_person_answers_a_client_tool_and_an_approval_across_a_restart() -> an
         )
         .await?;
     let (id, token) = (
-        saved["id"].as_str().context("no session saved")?,
+        saved["session_id"].as_str().context("no session saved")?,
         saved["token"].as_str().context("no token saved")?,
     );
-    let status = reqwest::Client::new()
-        .get(format!("{}/status?session_id={id}", server.base))
-        .bearer_auth(token)
-        .send()
-        .await?;
-    let (_, status) = answer(status).await?;
-    let gate = common::pending(&status, "approval")?;
-    let envelope = json!({ "kind": "approval-response", "session_id": id,
-        "tool_call_id": gate["tool_call_id"], "approval_id": gate["approval_id"], "approved": true });
-    let other_tab = reqwest::Client::new()
+    anyhow::ensure!(saved["lastSeq"].as_u64().is_some(), "no lastSeq: {saved}");
+    let other = reqwest::Client::new()
         .post(format!("{}/submit-tool-result", server.base))
         .bearer_auth(token)
-        .json(&envelope)
+        .json(&json!({ "session_id": id, "tool_call_id": "ask_user-2",
+            "result": { "answer": "Faro first" } }))
         .send()
         .await?;
-    assert_eq!(other_tab.status(), reqwest::StatusCode::OK);
+    let (code, body) = answer(other).await?;
+    anyhow::ensure!(code == reqwest::StatusCode::OK, "{code}: {body}");
 
-    // This tab's approval is the second: the page says so, and the run goes on to its end.
+    // A's answer comes second: the page says so, and resumes the run (nothing else waits).
     browser
-        .click(&format!(r#"{approval} button[data-action="approve"]"#))
+        .type_into(&format!("{ask} input[name=answer]"), "Faro second")
         .await?;
-    browser.wait_for_text(approval, "already answered").await?;
     browser
-        .wait_for_text("#log", "Published \"Porto in the sun\"")
+        .click(&format!(r#"{ask} button[data-action="submit"]"#))
         .await?;
-    browser.wait_for_text("#log", "run completed").await?;
-    let log = browser.text("#log").await?;
-    assert!(log.contains("you: weather in Porto"), "{log}");
-    assert!(log.contains("✓ approved publish"), "{log}");
+    browser
+        .wait_for_text(ask, "already answered (maybe in another tab)")
+        .await?;
+    let approval = r#"form[data-kind="approval"][data-tool-call-id="publish-2"]"#;
+    browser.wait_for_text(approval, "Faro first").await?;
+
+    // B denies it, with a reason; both windows show the run's end.
+    browser.switch_to(&b).await?;
+    browser.wait_for(approval).await?;
+    browser
+        .type_into(&format!("{approval} input[name=reason]"), "not today")
+        .await?;
+    browser
+        .click(&format!(r#"{approval} button[data-action="deny"]"#))
+        .await?;
+    browser
+        .wait_for_text("#log", "✗ denied publish (not today)")
+        .await?;
+    browser.wait_for_text("#log", "Not published").await?;
+    browser.switch_to(&a).await?;
+    browser.wait_for_text("#log", "Not published").await?;
+    browser
+        .wait_for_text(approval, "already answered (maybe in another tab)")
+        .await?;
+
     browser.close().await?;
+    drop(driver);
     drop(server);
     Ok(())
 }

@@ -370,3 +370,73 @@ async fn start_and_the_last_answer_can_answer_with_the_runs_stream() -> anyhow::
     server.stop().await?.shutdown().await?;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamed_resume_that_finds_calls_still_waiting_ends_at_once() -> anyhow::Result<()> {
+    use dormant::{AgentDefinition, ModelReply, Runtime, ScriptedLlm, ToolCall, ToolDefinition};
+    let llm = ScriptedLlm::new().script(
+        "pair",
+        vec![
+            ModelReply::tool_calls(vec![
+                ToolCall::new("a", "ask", json!({})),
+                ToolCall::new("b", "ask", json!({})),
+            ]),
+            ModelReply::text("both answered"),
+        ],
+    );
+    let runtime = Runtime::builder()
+        .store(std::sync::Arc::new(dormant::SledStore::temporary()?))
+        .llm(std::sync::Arc::new(llm))
+        .agent(
+            AgentDefinition::builder("pair")
+                .tool(ToolDefinition::client("ask"))
+                .build()?,
+        )
+        .build()?;
+    let server = common::serve(
+        runtime,
+        dormant_server::Auth::allow_unauthenticated(),
+        ServerConfig::default(),
+    )
+    .await?;
+    let response = server
+        .post(
+            "/start?stream=true",
+            None,
+            &json!({ "agent": "pair", "message": "two questions" }),
+        )
+        .await?;
+    let events = common::read_events(response, usize::MAX).await?;
+    let (id, token) = (
+        text(&events[0].data, "session_id")?,
+        text(&events[0].data, "token")?,
+    );
+    let first = json!({ "session_id": id, "tool_call_id": "a", "result": "one" });
+    let response = server
+        .post(
+            "/submit-tool-result?resume=true&stream=true",
+            Some(&token),
+            &first,
+        )
+        .await?;
+    // "b" still waits: nothing ran, and the stream ends at once instead of waiting for a run.
+    let events = common::read_events(response, usize::MAX).await?;
+    let names: Vec<&str> = events.iter().map(|event| event.name.as_str()).collect();
+    assert_eq!(names, ["accepted", "end"]);
+    assert_eq!(events[0].data["resumed"]["status"], "suspended_client_tool");
+    let second = json!({ "session_id": id, "tool_call_id": "b", "result": "two" });
+    let response = server
+        .post(
+            "/submit-tool-result?resume=true&stream=true",
+            Some(&token),
+            &second,
+        )
+        .await?;
+    let events = common::read_events(response, usize::MAX).await?;
+    assert!(
+        events.iter().any(|event| event.name == "run_end"),
+        "{events:?}"
+    );
+    server.stop().await?.shutdown().await?;
+    Ok(())
+}

@@ -1,7 +1,9 @@
 //! Just enough of the W3C WebDriver protocol (plain HTTP and JSON) to drive Debian's
-//! Chromium through chromedriver: open a page, find, click, type, run a script, wait for a
-//! condition. reqwest is already here for the other tests; a WebDriver crate would bring a
-//! second HTTP stack for these few calls.
+//! Chromium through chromedriver: open a page and a second window, find, click, type, run a
+//! script, wait for a condition. reqwest is already here for the other tests, and these are
+//! a dozen JSON calls; fantoccini (with default-features = false) would add 15 crates to the
+//! build, among them mozilla's `webdriver` types with `icu_segmenter` and its data, `time`
+//! and `cookie`, on a machine where build time is the scarce thing.
 
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
@@ -121,6 +123,44 @@ impl Browser {
     pub(crate) async fn goto(&self, url: &str) -> anyhow::Result<()> {
         self.command(reqwest::Method::POST, "/url", json!({ "url": url }))
             .await?;
+        Ok(())
+    }
+
+    /// Opens a new window (same profile, so the same localStorage) and returns its handle;
+    /// commands still go to the current one until [`Browser::switch_to`].
+    pub(crate) async fn new_window(&self) -> anyhow::Result<String> {
+        let opened = self
+            .command(
+                reqwest::Method::POST,
+                "/window/new",
+                json!({ "type": "window" }),
+            )
+            .await?;
+        opened["handle"]
+            .as_str()
+            .map(str::to_string)
+            .with_context(|| format!("no window handle in {opened}"))
+    }
+
+    /// The current window's handle.
+    pub(crate) async fn window(&self) -> anyhow::Result<String> {
+        let handle = self
+            .command(reqwest::Method::GET, "/window", Value::Null)
+            .await?;
+        handle
+            .as_str()
+            .map(str::to_string)
+            .with_context(|| format!("no window handle in {handle}"))
+    }
+
+    /// Sends the next commands to the window `handle`.
+    pub(crate) async fn switch_to(&self, handle: &str) -> anyhow::Result<()> {
+        self.command(
+            reqwest::Method::POST,
+            "/window",
+            json!({ "handle": handle }),
+        )
+        .await?;
         Ok(())
     }
 
