@@ -1,6 +1,7 @@
 // The page of dormant-server: send a message, watch the run live, answer client tools and
 // approvals. Plain JavaScript, no build step (the server's CSP allows only this script).
-// What it remembers is in localStorage ({session_id, token, lastSeq, sent}), so a reload, a
+// What it remembers is in localStorage ({session_id, token, lastSeq, sent: each message by the
+// sequence number its run starts at, since: when the conversation began}), so a reload, a
 // second tab or a server restart picks the same conversation up again.
 "use strict";
 
@@ -24,9 +25,19 @@ let statusShown = 0; // ...and the latest one whose answer the cards show
 // ---- what the page remembers ----------------------------------------------------------------
 
 function load() {
+  let text = null;
+  try {
+    text = localStorage.getItem(STORE_KEY);
+  } catch (_) {
+    text = null; // storage refused (a privacy setting): nothing remembered
+  }
+  return parse(text);
+}
+
+function parse(text) {
   let value = {};
   try {
-    value = JSON.parse(localStorage.getItem(STORE_KEY)) || {};
+    value = JSON.parse(text) || {};
   } catch (_) {
     value = {};
   }
@@ -57,14 +68,18 @@ function save(followOnly) {
 // new one, or none after "New conversation"), as a reload would.
 window.addEventListener("storage", (event) => {
   if (event.key !== STORE_KEY) return;
-  const other = load();
+  // What that tab wrote, not what storage holds now: this tab may have written since (its
+  // last chunk seen), over the other's message.
+  const other = parse(event.newValue);
   if (other.session_id && other.session_id === saved.session_id) {
     saved.sent = Object.assign({}, saved.sent, other.sent);
     if (other.token) saved.token = other.token;
     fillSent();
     return;
   }
-  open(other);
+  // The newest conversation wins: a tab still writing the last chunk it saw of an older one
+  // (storage reaches other tabs a moment late) must not pull this one back.
+  if ((other.since || 0) > (saved.since || 0)) open(other);
 });
 
 // Shows the messages whose text was not known when their run started.
@@ -589,6 +604,7 @@ async function send(event) {
     saved.token = reply.body.token || saved.token;
     saved.sent = Object.assign(fresh ? {} : saved.sent || {}, { [reply.body.from_seq]: text });
     if (fresh) {
+      saved.since = Date.now();
       saved.lastSeq = -1;
       lastSeq = -1;
       $("#log").textContent = "";
@@ -631,7 +647,7 @@ function open(state) {
 
 $("#compose").addEventListener("submit", send);
 $("#new").addEventListener("click", () => {
-  open({});
+  open({ since: Date.now() });
   save();
   $("#message").focus();
 });
