@@ -21,6 +21,9 @@ use crate::metrics::StreamGuard;
 use crate::server::AppState;
 use crate::wire::{StreamQuery, Until};
 
+/// How long a client waits before it reconnects a lost stream (the `retry` field).
+const RECONNECT_AFTER: Duration = Duration::from_secs(1);
+
 type Chunks = Pin<Box<dyn Stream<Item = Result<Chunk, Error>> + Send>>;
 
 pub(crate) async fn stream(
@@ -78,7 +81,10 @@ pub(crate) fn events(
         let event = follower.next().await?;
         Some((Ok(event), follower))
     });
-    let first = futures::stream::iter(first.map(Ok));
+    // `retry` first: a browser that loses the stream reconnects after a second (its own
+    // default is about three), with Last-Event-ID.
+    let retry = Event::default().retry(RECONNECT_AFTER);
+    let first = futures::stream::iter(std::iter::once(retry).chain(first).map(Ok));
     Sse::new(first.chain(events)).keep_alive(KeepAlive::new().interval(state.config.sse_keep_alive))
 }
 

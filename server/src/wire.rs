@@ -1,6 +1,6 @@
 //! The JSON bodies of the routes (snake_case, unknown fields refused).
 
-use dormant::{PendingCall, PendingKind, RunId, RunStarted, SessionRecord, Status};
+use dormant::{Answer, PendingCall, PendingKind, RunId, RunStarted, SessionRecord, Status};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -121,6 +121,8 @@ pub(crate) struct StatusAnswer {
     pub(crate) message_count: u64,
     /// The next chunk's sequence number.
     pub(crate) chunk_count: u64,
+    /// The server's clock (ms), to compare deadlines with.
+    pub(crate) now_ms: u64,
     pub(crate) pending: Vec<PendingAnswer>,
 }
 
@@ -135,6 +137,7 @@ impl StatusAnswer {
             aborted: record.aborted,
             message_count: record.message_count,
             chunk_count: record.chunk_count,
+            now_ms,
             pending: pending
                 .into_iter()
                 .map(|call| PendingAnswer::new(call, now_ms))
@@ -157,6 +160,8 @@ pub(crate) struct PendingAnswer {
     pub(crate) deadline_at_ms: u64,
     /// Still waiting for an answer (not answered, not expired).
     pub(crate) waiting: bool,
+    /// Answered (by anyone), waiting for a resume to act on it.
+    pub(crate) answered: bool,
 }
 
 impl PendingAnswer {
@@ -164,6 +169,10 @@ impl PendingAnswer {
         Self {
             approval_id: (call.kind == PendingKind::Approval).then(|| call.approval_id()),
             waiting: call.is_waiting(now_ms),
+            answered: call
+                .answer
+                .as_ref()
+                .is_some_and(|answer| !matches!(answer, Answer::TimedOut)),
             tool_call_id: call.tool_call_id,
             tool_name: call.tool_name,
             kind: call.kind,
