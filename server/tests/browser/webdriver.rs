@@ -5,9 +5,10 @@
 //! build, among them mozilla's `webdriver` types with `icu_segmenter` and its data, `time`
 //! and `cookie`, on a machine where build time is the scarce thing.
 
+use std::io::{BufRead, BufReader};
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::Context;
 use serde_json::{json, Value};
@@ -27,27 +28,36 @@ impl Driver {
             .port();
         // Its own process group: chromedriver starts Chromium, which a failed test must not
         // leave running; dropping the driver kills the whole group.
-        let child = Command::new(binary)
+        let mut child = Command::new(binary)
             .arg(format!("--port={port}"))
             .process_group(0)
-            .stdout(Stdio::null())
+            .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
             .with_context(|| format!("cannot run {binary}"))?;
+        let stdout = child.stdout.take().context("no stdout")?;
         let driver = Self {
             child,
             url: format!("http://127.0.0.1:{port}"),
         };
-        let http = reqwest::Client::new();
-        // Ready once /status says so (it starts in well under a second).
-        wait_until(Duration::from_secs(20), "chromedriver to start", || async {
-            let ready = http.get(format!("{}/status", driver.url)).send().await;
-            match ready {
-                Ok(response) => Ok(response.json::<Value>().await?["value"]["ready"] == true),
-                Err(_) => Ok(false),
+        // Ready when it says so on stdout. The reader drains the rest, so chromedriver never
+        // blocks on a full pipe; at its end it drops the sender, which tells a waiter that
+        // chromedriver exited before it was ready.
+        let (ready, started) = tokio::sync::oneshot::channel();
+        std::thread::spawn(move || {
+            let mut ready = Some(ready);
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if line.contains("started successfully") {
+                    if let Some(ready) = ready.take() {
+                        let _ = ready.send(());
+                    }
+                }
             }
-        })
-        .await?;
+        });
+        started
+            .await
+            .context("chromedriver exited before it was ready")?;
         Ok(driver)
     }
 }
@@ -95,10 +105,19 @@ impl Browser {
         let id = created["value"]["sessionId"]
             .as_str()
             .with_context(|| format!("no browser session: {created}"))?;
-        Ok(Self {
+        let browser = Self {
             base: format!("{}/session/{id}", driver.url),
             http,
-        })
+        };
+        let limit = u64::try_from(WAIT_LIMIT.as_millis()).unwrap_or(u64::MAX);
+        browser
+            .command(
+                reqwest::Method::POST,
+                "/timeouts",
+                json!({ "script": limit }),
+            )
+            .await?;
+        Ok(browser)
     }
 
     async fn command(
@@ -218,29 +237,32 @@ impl Browser {
 
     /// Waits until `css` matches an element (the page renders as events arrive).
     pub(crate) async fn wait_for(&self, css: &str) -> anyhow::Result<()> {
-        let script = "return document.querySelector(arguments[0]) !== null;";
-        wait_until(Duration::from_secs(20), css, || async {
-            Ok(self.script(script, json!([css])).await? == true)
-        })
-        .await
+        self.wait_in_page(css, None).await
     }
 
     /// Waits until the text of `css` contains `text`.
     pub(crate) async fn wait_for_text(&self, css: &str, text: &str) -> anyhow::Result<()> {
-        let script =
-            "const e = document.querySelector(arguments[0]); return e ? e.textContent : '';";
-        let waited = wait_until(
-            Duration::from_secs(20),
-            &format!("{css} to show {text:?}"),
-            || async {
-                let shown = self.script(script, json!([css])).await?;
-                Ok(shown.as_str().is_some_and(|shown| shown.contains(text)))
-            },
-        )
-        .await;
+        self.wait_in_page(css, Some(text)).await
+    }
+
+    /// Waits in the page itself: a MutationObserver answers as soon as the DOM holds `css`
+    /// (with `text` in it, if given), so nothing polls. The session's script timeout bounds
+    /// the wait; on failure the error says what the page showed.
+    async fn wait_in_page(&self, css: &str, text: Option<&str>) -> anyhow::Result<()> {
+        let waited = self
+            .command(
+                reqwest::Method::POST,
+                "/execute/async",
+                json!({ "script": WAIT_IN_PAGE, "args": [css, text] }),
+            )
+            .await;
         if let Err(error) = waited {
             let shown = self.text("body").await.unwrap_or_default();
-            return Err(error.context(format!("the page shows:\n{shown}")));
+            let what = match text {
+                Some(text) => format!("{css} to show {text:?}"),
+                None => css.to_string(),
+            };
+            return Err(error.context(format!("waiting for {what}; the page shows:\n{shown}")));
         }
         Ok(())
     }
@@ -262,26 +284,20 @@ impl Browser {
     }
 }
 
-/// Polls `condition` until it holds, up to `limit`: the page and the processes act on their
-/// own time, and this waits for what they do, not for a fixed time.
-pub(crate) async fn wait_until<F, Fut>(
-    limit: Duration,
-    what: &str,
-    mut condition: F,
-) -> anyhow::Result<()>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = anyhow::Result<bool>>,
-{
-    let deadline = Instant::now() + limit;
-    loop {
-        if condition().await? {
-            return Ok(());
-        }
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "gave up waiting for {what} after {limit:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
+/// The script of [`Browser::wait_in_page`]: resolves (calls WebDriver's callback, the last
+/// argument) once the condition holds, checking at once and then at every DOM change.
+const WAIT_IN_PAGE: &str = r#"
+const [css, text, done] = arguments;
+const holds = () => {
+  const element = document.querySelector(css);
+  return element !== null && (text === null || element.textContent.includes(text));
+};
+if (holds()) { done(true); return; }
+const observer = new MutationObserver(() => {
+  if (holds()) { observer.disconnect(); done(true); }
+});
+observer.observe(document, { subtree: true, childList: true, characterData: true, attributes: true });
+"#;
+
+/// How long [`Browser::wait_in_page`] waits before the page's script times out.
+const WAIT_LIMIT: Duration = Duration::from_secs(20);
