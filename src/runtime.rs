@@ -143,16 +143,13 @@ impl Runtime {
     ) -> Result<RunOutcome, Error> {
         self.ensure_open()?;
         let agent = self.agent(agent)?;
-        let (reply, answer) = oneshot::channel();
-        self.inner.host.send(
-            id.clone(),
-            SessionMsg::Execute {
-                agent,
-                message: message.into(),
-                reply: Reply::Settled(reply),
-            },
-        );
-        answer.await.map_err(|_| self.lost_reply(id))?
+        let message = message.into();
+        self.ask(id, |reply| SessionMsg::Execute {
+            agent,
+            message,
+            reply: Reply::Settled(reply),
+        })
+        .await
     }
 
     /// Like [`Runtime::execute_on`], but returns as soon as the new turn is durably started
@@ -192,16 +189,13 @@ impl Runtime {
     ) -> Result<RunStarted, Error> {
         self.ensure_open()?;
         let agent = self.agent(agent)?;
-        let (reply, answer) = oneshot::channel();
-        self.inner.host.send(
-            id.clone(),
-            SessionMsg::Execute {
-                agent,
-                message: message.into(),
-                reply: Reply::Started(reply),
-            },
-        );
-        answer.await.map_err(|_| self.lost_reply(id))?
+        let message = message.into();
+        self.ask(id, |reply| SessionMsg::Execute {
+            agent,
+            message,
+            reply: Reply::Started(reply),
+        })
+        .await
     }
 
     /// Submits an answer for a pending client-tool or approval call. The answer always names
@@ -290,14 +284,10 @@ impl Runtime {
     /// whose last run completed or failed, a store failure.
     pub async fn resume(&self, id: &SessionId) -> Result<RunOutcome, Error> {
         self.session(id).await?;
-        let (reply, answer) = oneshot::channel();
-        self.inner.host.send(
-            id.clone(),
-            SessionMsg::Resume {
-                reply: Some(Reply::Settled(reply)),
-            },
-        );
-        answer.await.map_err(|_| self.lost_reply(id))?
+        self.ask(id, |reply| SessionMsg::Resume {
+            reply: Some(Reply::Settled(reply)),
+        })
+        .await
     }
 
     /// Like [`Runtime::resume`], but returns as soon as the resume is durably applied instead
@@ -308,14 +298,10 @@ impl Runtime {
     /// As [`Runtime::resume`].
     pub async fn start_resume(&self, id: &SessionId) -> Result<RunStarted, Error> {
         self.session(id).await?;
-        let (reply, answer) = oneshot::channel();
-        self.inner.host.send(
-            id.clone(),
-            SessionMsg::Resume {
-                reply: Some(Reply::Started(reply)),
-            },
-        );
-        answer.await.map_err(|_| self.lost_reply(id))?
+        self.ask(id, |reply| SessionMsg::Resume {
+            reply: Some(Reply::Started(reply)),
+        })
+        .await
     }
 
     /// Interrupts a session durably: a suspended run ends `interrupted` at once (its pending
@@ -648,6 +634,18 @@ impl Runtime {
 
     /// The reply port was dropped: the actor crashed while handling the call, or the host
     /// refused it (the refusal is answered through `reject`, so this is the crash).
+    /// Sends the session `id` the message `request` builds around a reply channel, and
+    /// waits for the reply.
+    async fn ask<T>(
+        &self,
+        id: &SessionId,
+        request: impl FnOnce(oneshot::Sender<Result<T, Error>>) -> SessionMsg,
+    ) -> Result<T, Error> {
+        let (reply, answer) = oneshot::channel();
+        self.inner.host.send(id.clone(), request(reply));
+        answer.await.map_err(|_| self.lost_reply(id))?
+    }
+
     fn lost_reply(&self, id: &SessionId) -> Error {
         match self.inner.host.failure(id) {
             Some(error) => host_error(error),

@@ -163,11 +163,7 @@ pub(crate) async fn interrupt(
     headers: HeaderMap,
     JsonBody(body): JsonBody<SessionRequest>,
 ) -> Result<Json<Value>, ApiError> {
-    let id = session_id(&body.session_id)?;
-    state.auth.session(&state.key, &headers, None, &id).await?;
-    state.runtime.interrupt(&id).await?;
-    let status = state.runtime.status(&id).await?;
-    Ok(Json(json!({ "session_id": id, "status": status })))
+    stop(&state, &headers, &body, false).await
 }
 
 /// `POST /abort`: terminal; returns once the whole tree has stopped.
@@ -176,13 +172,28 @@ pub(crate) async fn abort(
     headers: HeaderMap,
     JsonBody(body): JsonBody<SessionRequest>,
 ) -> Result<Json<Value>, ApiError> {
+    stop(&state, &headers, &body, true).await
+}
+
+async fn stop(
+    state: &AppState,
+    headers: &HeaderMap,
+    body: &SessionRequest,
+    abort: bool,
+) -> Result<Json<Value>, ApiError> {
     let id = session_id(&body.session_id)?;
-    state.auth.session(&state.key, &headers, None, &id).await?;
-    state.runtime.abort(&id).await?;
+    state.auth.session(&state.key, headers, None, &id).await?;
+    if abort {
+        state.runtime.abort(&id).await?;
+    } else {
+        state.runtime.interrupt(&id).await?;
+    }
     let status = state.runtime.status(&id).await?;
-    Ok(Json(
-        json!({ "session_id": id, "status": status, "aborted": true }),
-    ))
+    let mut answer = json!({ "session_id": id, "status": status });
+    if let (true, Some(fields)) = (abort, answer.as_object_mut()) {
+        fields.insert("aborted".into(), Value::Bool(true));
+    }
+    Ok(Json(answer))
 }
 
 /// `GET /status`: the run's status and the calls it waits on.
