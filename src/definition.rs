@@ -229,6 +229,7 @@ pub struct AgentDefinition {
     by_name: HashMap<String, usize>,
     persistent: Vec<PersistentAgent>,
     specs: Arc<[ToolSpec]>,
+    model: Arc<crate::llm::ModelSettings>,
 }
 
 impl AgentDefinition {
@@ -242,6 +243,7 @@ impl AgentDefinition {
             output_schema: None,
             tools: Vec::new(),
             persistent: Vec::new(),
+            model: crate::llm::ModelSettings::default(),
         }
     }
 
@@ -285,6 +287,11 @@ impl AgentDefinition {
         &self.persistent
     }
 
+    /// The model settings every request of this agent carries.
+    pub fn model_settings(&self) -> Arc<crate::llm::ModelSettings> {
+        Arc::clone(&self.model)
+    }
+
     pub(crate) fn tool(&self, name: &str) -> Option<&Tool> {
         self.by_name
             .get(name)
@@ -307,9 +314,26 @@ pub struct AgentBuilder {
     output_schema: Option<Value>,
     tools: Vec<ToolDefinition>,
     persistent: Vec<PersistentAgent>,
+    model: crate::llm::ModelSettings,
 }
 
 impl AgentBuilder {
+    /// Sets the model settings (model name, temperature, output limit, provider extras) that
+    /// every request of this agent carries.
+    ///
+    /// ```
+    /// use dormant::{AgentDefinition, ModelSettings};
+    /// let agent = AgentDefinition::builder("assistant")
+    ///     .model(ModelSettings::model("gpt-4o-mini").temperature(0.2))
+    ///     .build()?;
+    /// assert_eq!(agent.model_settings().temperature, Some(0.2));
+    /// # Ok::<(), dormant::DefinitionError>(())
+    /// ```
+    pub fn model(mut self, settings: crate::llm::ModelSettings) -> Self {
+        self.model = settings;
+        self
+    }
+
     /// Sets the system prompt.
     pub fn system_prompt(mut self, prompt: impl Into<String>) -> Self {
         self.system_prompt = prompt.into();
@@ -453,6 +477,7 @@ impl AgentBuilder {
             by_name,
             persistent: self.persistent,
             specs: specs.into(),
+            model: Arc::new(self.model),
         })
     }
 }

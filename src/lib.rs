@@ -82,10 +82,12 @@ mod scheduler;
 pub mod schema;
 pub mod session;
 mod shared;
+pub mod skills;
 pub mod store;
 pub mod stream;
 pub mod submit;
 pub mod tool_error;
+pub mod usage;
 #[cfg(test)]
 mod wait;
 
@@ -108,7 +110,9 @@ pub use error::Error;
 pub use futures::future::BoxFuture;
 pub use hooks::{HookEvent, Hooks};
 pub use ids::{RunId, SessionId};
-pub use llm::{LlmAdapter, LlmError, ModelReply, ModelRequest, ScriptedLlm};
+pub use llm::{
+    DeltaSink, LlmAdapter, LlmError, ModelReply, ModelRequest, ModelSettings, ScriptedLlm,
+};
 pub use message::{Message, ToolCall, ToolOutcome};
 pub use metrics::{ClientToolStats, Latency};
 pub use runtime::{Runtime, RuntimeBuilder, RuntimeStats, WeakRuntime};
@@ -119,6 +123,7 @@ pub use session::{
     RunError, RunOutcome, RunRecord, RunStarted, SessionRecord, Status,
 };
 pub use store::{MemoryStore, SledStore, Store};
-pub use stream::{Chunk, ChunkKind};
+pub use stream::{Chunk, ChunkKind, Delta, DeltaKind, StreamEvent};
 pub use submit::{Submit, SubmitAnswer, SubmitOutcome};
 pub use tool_error::ToolErrorCode;
+pub use usage::{RunUsage, Usage, UsageEntry};

@@ -1,7 +1,9 @@
 //! The model behind an agent: one call per step, messages and tool specs in, text and tool
 //! calls out.
 
+mod delta;
 mod scripted;
+mod settings;
 
 use std::sync::Arc;
 
@@ -11,7 +13,11 @@ use crate::definition::ToolSpec;
 use crate::ids::SessionId;
 use crate::message::{Message, ToolCall};
 
+pub use delta::DeltaSink;
 pub use scripted::ScriptedLlm;
+pub use settings::ModelSettings;
+
+use crate::usage::Usage;
 
 /// What a model call sees.
 #[derive(Clone, Debug)]
@@ -26,6 +32,11 @@ pub struct ModelRequest {
     pub messages: Arc<Vec<Message>>,
     /// The tools the model may call.
     pub tools: Arc<[ToolSpec]>,
+    /// The agent's model settings.
+    pub settings: Arc<ModelSettings>,
+    /// Where a streaming adapter sends the reply's pieces as they arrive; an adapter that
+    /// does not stream ignores it.
+    pub deltas: DeltaSink,
 }
 
 impl ModelRequest {
@@ -46,6 +57,8 @@ pub struct ModelReply {
     pub text: Option<String>,
     /// Tool calls, in order.
     pub tool_calls: Vec<ToolCall>,
+    /// Tokens used, if the provider said.
+    pub usage: Option<Usage>,
 }
 
 impl ModelReply {
@@ -53,16 +66,23 @@ impl ModelReply {
     pub fn text(text: impl Into<String>) -> Self {
         Self {
             text: Some(text.into()),
-            tool_calls: Vec::new(),
+            ..Self::default()
         }
     }
 
     /// A reply with only tool calls.
     pub fn tool_calls(calls: Vec<ToolCall>) -> Self {
         Self {
-            text: None,
             tool_calls: calls,
+            ..Self::default()
         }
+    }
+
+    /// The same reply, with the tokens it used.
+    #[must_use]
+    pub fn with_usage(mut self, usage: Usage) -> Self {
+        self.usage = Some(usage);
+        self
     }
 }
 
@@ -82,7 +102,17 @@ pub enum LlmError {
         /// The script's length.
         len: usize,
     },
-    /// The provider failed.
+    /// The provider refused the call for its rate limit, and kept refusing it through every
+    /// retry the adapter made.
+    #[error("rate_limited: {0}")]
+    RateLimited(String),
+    /// The conversation no longer fits the model's context window.
+    #[error("context_length_exceeded: {0}")]
+    ContextLengthExceeded(String),
+    /// The provider refused the credentials.
+    #[error("auth: {0}")]
+    Auth(String),
+    /// The provider failed (or the adapter did).
     #[error("model_error: {0}")]
     Provider(String),
 }

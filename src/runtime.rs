@@ -481,6 +481,18 @@ impl Runtime {
         Ok(runs)
     }
 
+    /// One run record of the session, by its turn number (the current run's is
+    /// `session(id).run_count`); `None` if the session has no such run.
+    ///
+    /// # Errors
+    /// As [`Runtime::session`].
+    pub async fn run(&self, id: &SessionId, turn: u32) -> Result<Option<RunRecord>, Error> {
+        self.ensure_open()?;
+        let run = self.read(schema::load_run(self.store(), id, turn).await)?;
+        self.require_session_if(run.is_none(), id).await?;
+        Ok(run)
+    }
+
     /// The session's stored stream chunks from sequence number `from` on.
     ///
     /// # Errors
@@ -513,6 +525,43 @@ impl Runtime {
             Arc::clone(&self.inner.shared),
             id.clone(),
             from,
+        ))
+    }
+
+    /// [`Runtime::follow`], with the live [`Delta`](crate::Delta)s of model calls in between
+    /// the chunks: text and tool-call fragments as a streaming model produces them. Deltas are
+    /// never stored, so a follower that starts late (or falls behind) does not get them; the
+    /// step's assembled reply arrives as its stored `text` and `tool_start` chunks either way.
+    ///
+    /// ```
+    /// # async fn run(runtime: dormant::Runtime, id: dormant::SessionId) {
+    /// use dormant::StreamEvent;
+    /// use futures::StreamExt;
+    ///
+    /// let mut events = std::pin::pin!(runtime.follow_live(&id, 0));
+    /// while let Some(Ok(event)) = events.next().await {
+    ///     match event {
+    ///         StreamEvent::Delta(delta) => println!("… {:?}", delta.kind),
+    ///         StreamEvent::Chunk(chunk) => println!("#{} {}", chunk.seq, chunk.kind.type_name()),
+    ///     }
+    /// }
+    /// # }
+    /// ```
+    pub fn follow_live(
+        &self,
+        id: &SessionId,
+        from: u64,
+    ) -> impl Stream<Item = Result<crate::StreamEvent, Error>> + Send + 'static {
+        if self.inner.is_closing() {
+            return futures::future::Either::Left(futures::stream::once(async {
+                Err(Error::ShutDown)
+            }));
+        }
+        futures::future::Either::Right(follow::follow_events(
+            Arc::clone(&self.inner.shared),
+            id.clone(),
+            from,
+            true,
         ))
     }
 

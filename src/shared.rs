@@ -15,7 +15,7 @@ use crate::metrics::Metrics;
 use crate::schema;
 use crate::session::Policy;
 use crate::store::Store;
-use crate::stream::Chunk;
+use crate::stream::StreamEvent;
 
 /// What the session actors, the scheduler and the runtime's calls share: the store, the
 /// model, the clock, the hooks, the agents, the live streams, the metrics.
@@ -27,8 +27,9 @@ pub(crate) struct Shared {
     pub(crate) policy: Arc<Policy>,
     pub(crate) tombstone_retention_ms: u64,
     pub(crate) agents: DashMap<String, Arc<AgentDefinition>>,
-    /// Live followers of a session's stream; chunks are published after their commit.
-    pub(crate) streams: DashMap<SessionId, broadcast::Sender<Chunk>>,
+    /// Live followers of a session's stream: chunks are published after their commit, a
+    /// model call's deltas as they arrive.
+    pub(crate) streams: DashMap<SessionId, broadcast::Sender<StreamEvent>>,
     pub(crate) metrics: Metrics,
     /// How long recovery waits for one child before writing it off as interrupted.
     pub(crate) child_inspection_timeout: std::time::Duration,

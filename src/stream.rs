@@ -151,3 +151,56 @@ impl ChunkKind {
         matches!(self, ChunkKind::Forwarded { .. })
     }
 }
+
+/// A piece of a model reply as the provider streams it. Deltas are live only: they reach
+/// whoever follows the session at that moment ([`Runtime::follow_live`](crate::Runtime::follow_live))
+/// and are never stored; the step's assembled reply is committed as its `text` and
+/// `tool_start` chunks when the step ends, as with a model that does not stream. A follower
+/// that falls behind may miss deltas, never chunks.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Delta {
+    /// The run whose model call produced it.
+    pub run_id: RunId,
+    /// The step (model call) within the run.
+    pub step: u32,
+    /// Its position among the step's deltas, from 0: a gap means a delta was missed.
+    pub index: u32,
+    /// What arrived.
+    #[serde(flatten)]
+    pub kind: DeltaKind,
+}
+
+/// What a [`Delta`] carries.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum DeltaKind {
+    /// More of the reply's text.
+    TextDelta {
+        /// The new text.
+        text: String,
+    },
+    /// More of one tool call: its id and name come first (once), its arguments in fragments.
+    ToolCallDelta {
+        /// Which call of the reply (0-based, in the provider's order).
+        position: u32,
+        /// The call's id, when this fragment carries it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        id: Option<String>,
+        /// The tool's name, when this fragment carries it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        name: Option<String>,
+        /// A fragment of the arguments' JSON text.
+        arguments: String,
+    },
+}
+
+/// What [`Runtime::follow_live`](crate::Runtime::follow_live) yields: the stored chunks, in
+/// order, with the live deltas of model calls in between.
+#[derive(Clone, Debug, PartialEq)]
+pub enum StreamEvent {
+    /// A stored chunk.
+    Chunk(Chunk),
+    /// A live delta of a model call in progress.
+    Delta(Delta),
+}

@@ -205,8 +205,9 @@ pub(crate) async fn status(
     let id = authorized(&state, &headers, &query).await?;
     let record = state.runtime.session(&id).await?;
     let pending = state.runtime.pending(&id).await?;
+    let run = state.runtime.run(&id, record.run_count).await?;
     let now = state.runtime.now_ms();
-    Ok(Json(StatusAnswer::new(record, pending, now)))
+    Ok(Json(StatusAnswer::new(record, run, pending, now)))
 }
 
 /// `GET /runs`: every run record of the session, in order.

@@ -2,6 +2,9 @@
 //! is its sequence number and whose name is its type; a reconnecting client sends
 //! `Last-Event-ID` and gets what follows, with no gap and no repeat. The stream ends with an
 //! `end` event (no id) saying why: the run settled, the server shuts down, or it was idle.
+//! Between chunks, a streaming model's pieces arrive as `delta` events without an id: they
+//! are live only (never stored, so never replayed), and the step's stored `text` chunk
+//! carries the whole reply either way.
 
 use std::convert::Infallible;
 use std::pin::Pin;
@@ -10,7 +13,7 @@ use std::time::Duration;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
-use dormant::{Chunk, ChunkKind, Error};
+use dormant::{Chunk, ChunkKind, Delta, Error, StreamEvent};
 use futures::{Stream, StreamExt};
 use serde_json::json;
 use tokio::sync::watch;
@@ -24,7 +27,7 @@ use crate::wire::{StreamQuery, Until};
 /// How long a client waits before it reconnects a lost stream (the `retry` field).
 const RECONNECT_AFTER: Duration = Duration::from_secs(1);
 
-type Chunks = Pin<Box<dyn Stream<Item = Result<Chunk, Error>> + Send>>;
+type Chunks = Pin<Box<dyn Stream<Item = Result<StreamEvent, Error>> + Send>>;
 
 pub(crate) async fn stream(
     State(state): State<AppState>,
@@ -67,7 +70,7 @@ pub(crate) fn events(
 ) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
     tracing::debug!(session = %id, from, "server.stream_opened");
     let follower = Follower {
-        chunks: Box::pin(state.runtime.follow(id, from)),
+        chunks: Box::pin(state.runtime.follow_live(id, from)),
         closing: state.closing.clone(),
         until,
         idle: state.config.sse_idle_timeout,
@@ -143,7 +146,8 @@ impl Follower {
                     ),
                 )
             }
-            Some(Ok(chunk)) => {
+            Some(Ok(StreamEvent::Delta(delta))) => Some(delta_event(&delta)),
+            Some(Ok(StreamEvent::Chunk(chunk))) => {
                 let idle = self.idle;
                 self.idle_timer
                     .as_mut()
@@ -188,6 +192,12 @@ fn event(chunk: &Chunk) -> Event {
         .id(chunk.seq.to_string())
         .event(chunk.kind.type_name())
         .data(data)
+}
+
+fn delta_event(delta: &Delta) -> Event {
+    let data = serde_json::to_string(delta)
+        .unwrap_or_else(|error| json!({ "error": error.to_string() }).to_string());
+    Event::default().event("delta").data(data)
 }
 
 /// The event that opens a stream answering a request: the JSON the request would have

@@ -1,6 +1,8 @@
 //! The JSON bodies of the routes (snake_case, unknown fields refused).
 
-use dormant::{Answer, PendingCall, PendingKind, RunId, RunStarted, SessionRecord, Status};
+use dormant::{
+    Answer, PendingCall, PendingKind, RunId, RunRecord, RunStarted, RunUsage, SessionRecord, Status,
+};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -124,11 +126,20 @@ pub(crate) struct StatusAnswer {
     /// The server's clock (ms), to compare deadlines with.
     pub(crate) now_ms: u64,
     pub(crate) pending: Vec<PendingAnswer>,
+    /// The current (or last) run's tokens and tool outcomes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) usage: Option<RunUsage>,
 }
 
 impl StatusAnswer {
-    pub(crate) fn new(record: SessionRecord, pending: Vec<PendingCall>, now_ms: u64) -> Self {
+    pub(crate) fn new(
+        record: SessionRecord,
+        run: Option<RunRecord>,
+        pending: Vec<PendingCall>,
+        now_ms: u64,
+    ) -> Self {
         Self {
+            usage: run.map(|run| run.usage),
             session_id: record.id.to_string(),
             agent: record.agent,
             status: record.status,

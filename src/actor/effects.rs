@@ -11,6 +11,7 @@ use crate::ids::SessionId;
 use crate::scheduler::SchedulerMsg;
 use crate::schema;
 use crate::session::{Effect, Input, Observation, Transition};
+use crate::stream::{Delta, StreamEvent};
 use tracing::Instrument;
 
 impl SessionActor {
@@ -77,8 +78,9 @@ impl SessionActor {
             Effect::CallModel {
                 run_id,
                 step,
-                request,
+                mut request,
             } => {
+                request.deltas = delta_sink(&self.shared, ctx.key(), run_id, step);
                 let llm = Arc::clone(&self.shared.llm);
                 let mailbox = ctx.mailbox();
                 let span = run_span(ctx.key(), run_id, step);
@@ -246,7 +248,7 @@ impl SessionActor {
         let followed = match self.shared.streams.get(id) {
             Some(sender) => {
                 for chunk in &commit.chunks {
-                    let _ = sender.send(chunk.clone());
+                    let _ = sender.send(StreamEvent::Chunk(chunk.clone()));
                 }
                 sender.receiver_count() > 0
             }
@@ -258,6 +260,33 @@ impl SessionActor {
                 .remove_if(id, |_, sender| sender.receiver_count() == 0);
         }
     }
+}
+
+/// The sink of one model call's deltas: each goes to the session's live followers, if it has
+/// any at that moment (a map lookup otherwise).
+fn delta_sink(
+    shared: &Arc<crate::shared::Shared>,
+    session: &crate::ids::SessionId,
+    run_id: crate::ids::RunId,
+    step: u32,
+) -> crate::llm::DeltaSink {
+    let shared = Arc::downgrade(shared);
+    let session = session.clone();
+    crate::llm::DeltaSink::new(move |index, kind| {
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        let Some(sender) = shared.streams.get(&session).map(|entry| entry.clone()) else {
+            return;
+        };
+        let delta = Delta {
+            run_id,
+            step,
+            index,
+            kind,
+        };
+        let _ = sender.send(StreamEvent::Delta(delta));
+    })
 }
 
 /// The span of a run's work in flight (a model call, a step's tools): a subscriber follows

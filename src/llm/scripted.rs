@@ -21,12 +21,21 @@ use crate::ids::SessionId;
 pub struct ScriptedLlm {
     by_agent: RwLock<HashMap<String, Vec<ModelReply>>>,
     by_session: RwLock<HashMap<SessionId, Vec<ModelReply>>>,
+    streaming: bool,
 }
 
 impl ScriptedLlm {
     /// A model with no scripts: every call fails with [`LlmError::ScriptExhausted`].
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Streams each reply before answering with it, as a provider would: its text word by
+    /// word, then each tool call's arguments in one fragment (see [`DeltaSink`](super::DeltaSink)).
+    #[must_use]
+    pub fn streaming(mut self) -> Self {
+        self.streaming = true;
+        self
     }
 
     /// Sets the script of every session of `agent`.
@@ -72,6 +81,34 @@ impl ScriptedLlm {
 impl LlmAdapter for ScriptedLlm {
     fn complete(&self, request: ModelRequest) -> BoxFuture<'static, Result<ModelReply, LlmError>> {
         let reply = self.reply(&request);
+        if self.streaming {
+            if let Ok(reply) = &reply {
+                stream(reply, &request.deltas);
+            }
+        }
         Box::pin(async move { reply })
+    }
+}
+
+/// Sends `reply` to `deltas` in pieces: each word of its text with the space before it, then
+/// each tool call whole.
+fn stream(reply: &ModelReply, deltas: &super::DeltaSink) {
+    if let Some(text) = &reply.text {
+        let mut start = 0;
+        for (index, _) in text.match_indices(' ') {
+            if index > start {
+                deltas.text(&text[start..index]);
+                start = index;
+            }
+        }
+        deltas.text(&text[start..]);
+    }
+    for (position, call) in (0u32..).zip(&reply.tool_calls) {
+        deltas.tool_call(
+            position,
+            Some(call.id.clone()),
+            Some(call.name.clone()),
+            call.input.to_string(),
+        );
     }
 }

@@ -10,7 +10,7 @@ use crate::error::Error;
 use crate::ids::SessionId;
 use crate::schema;
 use crate::shared::Shared;
-use crate::stream::Chunk;
+use crate::stream::{Chunk, StreamEvent};
 
 /// How many live chunks a slow follower may fall behind before it re-reads from the store.
 /// Small on purpose: the channel allocates all of it up front, per followed session.
@@ -21,7 +21,8 @@ struct Follower {
     session: SessionId,
     next: u64,
     buffered: VecDeque<Chunk>,
-    live: broadcast::Receiver<Chunk>,
+    live: broadcast::Receiver<StreamEvent>,
+    with_deltas: bool,
     started: bool,
     failed: bool,
 }
@@ -31,6 +32,24 @@ pub(super) fn follow(
     session: SessionId,
     from: u64,
 ) -> impl Stream<Item = Result<Chunk, Error>> + Send + 'static {
+    use futures::StreamExt;
+    follow_events(shared, session, from, false).filter_map(|event| async move {
+        match event {
+            Ok(StreamEvent::Chunk(chunk)) => Some(Ok(chunk)),
+            Ok(StreamEvent::Delta(_)) => None,
+            Err(error) => Some(Err(error)),
+        }
+    })
+}
+
+/// The stored chunks from `from` on, then the live ones, with the live deltas of model calls
+/// in between when `with_deltas`.
+pub(super) fn follow_events(
+    shared: Arc<Shared>,
+    session: SessionId,
+    from: u64,
+    with_deltas: bool,
+) -> impl Stream<Item = Result<StreamEvent, Error>> + Send + 'static {
     // Subscribe before reading the store: a chunk committed in between is then in both, and
     // the sequence numbers drop the copy.
     let live = shared
@@ -44,6 +63,7 @@ pub(super) fn follow(
         next: from,
         buffered: VecDeque::new(),
         live,
+        with_deltas,
         started: false,
         failed: false,
     };
@@ -62,14 +82,19 @@ pub(super) fn follow(
             while let Some(chunk) = follower.buffered.pop_front() {
                 if chunk.seq >= follower.next {
                     follower.next = chunk.seq + 1;
-                    return Some((Ok(chunk), follower));
+                    return Some((Ok(StreamEvent::Chunk(chunk)), follower));
                 }
             }
             match follower.live.recv().await {
-                Ok(chunk) if chunk.seq < follower.next => continue,
-                Ok(chunk) if chunk.seq == follower.next => {
+                // Deltas are live only: they come after every chunk delivered so far.
+                Ok(StreamEvent::Delta(delta)) if follower.with_deltas => {
+                    return Some((Ok(StreamEvent::Delta(delta)), follower));
+                }
+                Ok(StreamEvent::Delta(_)) => continue,
+                Ok(StreamEvent::Chunk(chunk)) if chunk.seq < follower.next => continue,
+                Ok(StreamEvent::Chunk(chunk)) if chunk.seq == follower.next => {
                     follower.next += 1;
-                    return Some((Ok(chunk), follower));
+                    return Some((Ok(StreamEvent::Chunk(chunk)), follower));
                 }
                 // A gap (chunks published before we subscribed) or a lag: the store has them.
                 Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {

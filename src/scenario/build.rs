@@ -114,6 +114,7 @@ pub(crate) fn script(entries: &[ScriptEntry]) -> Vec<ModelReply> {
             ModelReply {
                 text: entry.text.clone(),
                 tool_calls,
+                usage: entry.usage,
             }
         })
         .collect()
@@ -153,6 +154,7 @@ mod tests {
                 text: Some("thinking".into()),
                 tool_calls: None,
                 finish: None,
+                usage: None,
             },
             ScriptEntry {
                 text: None,
@@ -162,6 +164,7 @@ mod tests {
                     input: json!({}),
                 }]),
                 finish: Some(json!({ "score": 1 })),
+                usage: None,
             },
         ];
         let replies = script(&entries);

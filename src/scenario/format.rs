@@ -122,6 +122,9 @@ pub(crate) struct ScriptEntry {
     pub(crate) tool_calls: Option<Vec<ToolCallSpec>>,
     #[serde(default, deserialize_with = "present")]
     pub(crate) finish: Option<Value>,
+    /// The tokens the reply reports (an addition to the format).
+    #[serde(default)]
+    pub(crate) usage: Option<crate::usage::Usage>,
 }
 
 /// A tool call in a script entry.

@@ -46,6 +46,7 @@ fn run(turn: u32, steps: u32) -> RunRecord {
         text: None,
         output: None,
         error: None,
+        usage: Default::default(),
     }
 }
 

@@ -315,6 +315,7 @@ impl Session {
             text: None,
             output: None,
             error: None,
+            usage: Default::default(),
         });
         self.staged.run_changed = true;
         self.stage_chunk(run_id, now, ChunkKind::RunStart { turn });

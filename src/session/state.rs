@@ -54,6 +54,12 @@ pub enum ErrorCode {
     MaxSteps,
     /// The model provider failed.
     ModelError,
+    /// The model provider kept refusing the call for its rate limit.
+    RateLimited,
+    /// The conversation no longer fits the model's context window.
+    ContextLengthExceeded,
+    /// The model provider refused the credentials.
+    Auth,
     /// The process died while the run was in progress.
     Crashed,
     /// The session was aborted.
@@ -71,6 +77,9 @@ impl ErrorCode {
             ErrorCode::ScriptExhausted => "script_exhausted",
             ErrorCode::MaxSteps => "max_steps",
             ErrorCode::ModelError => "model_error",
+            ErrorCode::RateLimited => "rate_limited",
+            ErrorCode::ContextLengthExceeded => "context_length_exceeded",
+            ErrorCode::Auth => "auth",
             ErrorCode::Crashed => "crashed",
             ErrorCode::Aborted => "aborted",
             ErrorCode::Interrupted => "interrupted",
@@ -164,6 +173,9 @@ pub struct RunRecord {
     pub output: Option<Value>,
     /// Why it failed or was interrupted.
     pub error: Option<RunError>,
+    /// Tokens and tool outcomes, per step and summed.
+    #[serde(default)]
+    pub usage: crate::usage::RunUsage,
 }
 
 /// Whether a pending call waits for a client's result or a person's approval.

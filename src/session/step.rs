@@ -116,6 +116,8 @@ impl Session {
                 system_prompt: self.agent.system_prompt().to_string(),
                 messages: Arc::clone(messages),
                 tools: self.agent.tool_specs(),
+                settings: self.agent.model_settings(),
+                deltas: crate::llm::DeltaSink::discard(),
             },
         });
     }
@@ -134,11 +136,23 @@ impl Session {
         }
         self.phase = Phase::Idle;
         let mut effects = Vec::new();
-        let reply = match reply.and_then(|reply| self.bounded_reply(reply)) {
+        let reply = reply.and_then(|reply| self.bounded_reply(reply));
+        if let Some(run) = &mut self.run {
+            let (usage, success) = match &reply {
+                Ok(reply) => (reply.usage, true),
+                Err(_) => (None, false),
+            };
+            run.usage.record_model(step, usage, success);
+            self.staged.run_changed = true;
+        }
+        let reply = match reply {
             Ok(reply) => reply,
             Err(error) => {
                 let code = match error {
                     LlmError::ScriptExhausted { .. } => ErrorCode::ScriptExhausted,
+                    LlmError::RateLimited(_) => ErrorCode::RateLimited,
+                    LlmError::ContextLengthExceeded(_) => ErrorCode::ContextLengthExceeded,
+                    LlmError::Auth(_) => ErrorCode::Auth,
                     LlmError::Provider(_) => ErrorCode::ModelError,
                 };
                 let error = RunError {
@@ -519,6 +533,13 @@ impl Session {
         } = outcome;
         for (key, value) in &changes {
             self.record.custom_state.insert(key.clone(), value.clone());
+        }
+        if let Some(run) = &mut self.run {
+            // Written with this commit: a timeout recorded while the run is suspended is the
+            // last write its run record gets (a resume starts a new run).
+            run.usage
+                .record_tool(&call.id, &call.name, !outcome.is_error());
+            self.staged.run_changed = true;
         }
         let message = Message::Tool {
             tool_call_id: call.id.clone(),
