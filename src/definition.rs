@@ -9,6 +9,8 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
+use crate::skills::{SkillProvider, RESERVED_TOOL_NAMES};
+
 pub(crate) use companion::CompanionTool;
 pub use companion::{CompanionMode, PersistentAgent};
 pub use tool::{
@@ -62,6 +64,32 @@ pub enum DefinitionError {
         agent: String,
         /// The name used twice.
         tool: String,
+    },
+    /// A user tool is named `load_skill` or `read_skill_file`, the tools of skills.
+    #[error("agent {agent}: the tool name {tool} is reserved for skills")]
+    ReservedToolName {
+        /// The agent.
+        agent: String,
+        /// The tool.
+        tool: String,
+    },
+    /// A skill named in `preload_skills` is not a valid skill name, or the agent has no skills.
+    #[error("agent {agent}: cannot preload skill {name:?}: {reason}")]
+    InvalidPreloadSkill {
+        /// The agent.
+        agent: String,
+        /// The name given.
+        name: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A skill given in code is invalid (its name, description or a file's path).
+    #[error("agent {agent}: invalid skill: {reason}")]
+    InvalidSkill {
+        /// The agent.
+        agent: String,
+        /// What is wrong, with the skill error's code first.
+        reason: String,
     },
     /// A client tool requires approval: the client already is the person in the loop.
     #[error("agent {agent}: client tool {tool} may not also require approval")]
@@ -230,6 +258,8 @@ pub struct AgentDefinition {
     persistent: Vec<PersistentAgent>,
     specs: Arc<[ToolSpec]>,
     model: Arc<crate::llm::ModelSettings>,
+    skills: Option<Arc<dyn SkillProvider>>,
+    preload_skills: Vec<String>,
 }
 
 impl AgentDefinition {
@@ -244,6 +274,8 @@ impl AgentDefinition {
             tools: Vec::new(),
             persistent: Vec::new(),
             model: crate::llm::ModelSettings::default(),
+            skills: None,
+            preload_skills: Vec::new(),
         }
     }
 
@@ -287,6 +319,16 @@ impl AgentDefinition {
         &self.persistent
     }
 
+    /// The agent's skills, if it has any (a sub-agent never inherits its parent's).
+    pub fn skills(&self) -> Option<&Arc<dyn SkillProvider>> {
+        self.skills.as_ref()
+    }
+
+    /// The skills whose bodies go into the system prompt on every step.
+    pub fn preload_skills(&self) -> &[String] {
+        &self.preload_skills
+    }
+
     /// The model settings every request of this agent carries.
     pub fn model_settings(&self) -> Arc<crate::llm::ModelSettings> {
         Arc::clone(&self.model)
@@ -315,6 +357,8 @@ pub struct AgentBuilder {
     tools: Vec<ToolDefinition>,
     persistent: Vec<PersistentAgent>,
     model: crate::llm::ModelSettings,
+    skills: Option<Arc<dyn SkillProvider>>,
+    preload_skills: Vec<String>,
 }
 
 impl AgentBuilder {
@@ -337,6 +381,50 @@ impl AgentBuilder {
     /// Sets the system prompt.
     pub fn system_prompt(mut self, prompt: impl Into<String>) -> Self {
         self.system_prompt = prompt.into();
+        self
+    }
+
+    /// Gives the agent skills: their catalog (name and description) is appended to the
+    /// system prompt of every step, and the agent gains the tools `load_skill` (a skill's
+    /// instructions) and `read_skill_file` (one of its files, or some lines of it). Sub-agents
+    /// do not inherit them.
+    ///
+    /// ```
+    /// use dormant::skills::{InCodeSkills, SkillDefinition};
+    /// use dormant::AgentDefinition;
+    ///
+    /// let skills = InCodeSkills::new([SkillDefinition::new(
+    ///     "deploy-runbook",
+    ///     "How to deploy the service. Use before any deploy.",
+    ///     "1. Check the pipeline is green. 2. …",
+    /// )])?;
+    /// let agent = AgentDefinition::builder("ops")
+    ///     .skills(skills)
+    ///     .preload_skills(["deploy-runbook"])
+    ///     .build()?;
+    /// let names: Vec<String> = agent.tool_specs().iter().map(|spec| spec.name.clone()).collect();
+    /// assert!(names.contains(&"load_skill".to_string()));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// From a folder of `<name>/SKILL.md` directories: `.skills(FsSkills::new(["./skills"]))`.
+    pub fn skills(mut self, provider: impl SkillProvider) -> Self {
+        self.skills = Some(Arc::new(provider));
+        self
+    }
+
+    /// [`AgentBuilder::skills`] with a provider already shared.
+    pub fn skills_shared(mut self, provider: Arc<dyn SkillProvider>) -> Self {
+        self.skills = Some(provider);
+        self
+    }
+
+    /// Puts these skills' bodies into the system prompt on every step (an `Active Skills`
+    /// section after the catalog), so the model needs no `load_skill` call for them. A name
+    /// the provider does not know is skipped with a warning when the prompt is built.
+    pub fn preload_skills<S: Into<String>>(mut self, names: impl IntoIterator<Item = S>) -> Self {
+        self.preload_skills
+            .extend(names.into_iter().map(Into::into));
         self
     }
 
@@ -399,9 +487,33 @@ impl AgentBuilder {
         if self.max_steps == 0 {
             return Err(DefinitionError::ZeroMaxSteps { agent });
         }
-        let mut tools = Vec::with_capacity(self.tools.len());
-        let mut by_name = HashMap::with_capacity(self.tools.len());
-        for def in self.tools {
+        for def in &self.tools {
+            if RESERVED_TOOL_NAMES.contains(&def.name.as_str()) {
+                return Err(DefinitionError::ReservedToolName {
+                    agent,
+                    tool: def.name.clone(),
+                });
+            }
+        }
+        for name in &self.preload_skills {
+            let reason = match (&self.skills, crate::skills::validate_skill_name(name)) {
+                (None, _) => "the agent has no skills".to_string(),
+                (Some(_), Err(error)) => error.to_string(),
+                (Some(_), Ok(())) => continue,
+            };
+            return Err(DefinitionError::InvalidPreloadSkill {
+                agent,
+                name: name.clone(),
+                reason,
+            });
+        }
+        let mut user_tools = self.tools;
+        if let Some(provider) = &self.skills {
+            user_tools.extend(crate::skills::skill_tools(provider));
+        }
+        let mut tools = Vec::with_capacity(user_tools.len());
+        let mut by_name = HashMap::with_capacity(user_tools.len());
+        for def in user_tools {
             check_tool(&agent, &def)?;
             if by_name.insert(def.name.clone(), tools.len()).is_some() {
                 return Err(DefinitionError::DuplicateTool {
@@ -478,6 +590,8 @@ impl AgentBuilder {
             persistent: self.persistent,
             specs: specs.into(),
             model: Arc::new(self.model),
+            skills: self.skills,
+            preload_skills: self.preload_skills,
         })
     }
 }

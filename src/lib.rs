@@ -113,6 +113,8 @@ pub use ids::{RunId, SessionId};
 pub use llm::{
     DeltaSink, LlmAdapter, LlmError, ModelReply, ModelRequest, ModelSettings, ScriptedLlm,
 };
+#[cfg(feature = "openai")]
+pub use llm::{OpenAiAdapter, OpenAiBuilder, OpenAiConfigError};
 pub use message::{Message, ToolCall, ToolOutcome};
 pub use metrics::{ClientToolStats, Latency};
 pub use runtime::{Runtime, RuntimeBuilder, RuntimeStats, WeakRuntime};

@@ -2,6 +2,8 @@
 //! calls out.
 
 mod delta;
+#[cfg(feature = "openai")]
+mod openai;
 mod scripted;
 mod settings;
 
@@ -14,6 +16,8 @@ use crate::ids::SessionId;
 use crate::message::{Message, ToolCall};
 
 pub use delta::DeltaSink;
+#[cfg(feature = "openai")]
+pub use openai::{OpenAiAdapter, OpenAiBuilder, OpenAiConfigError};
 pub use scripted::ScriptedLlm;
 pub use settings::ModelSettings;
 

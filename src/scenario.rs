@@ -65,6 +65,7 @@ mod error;
 mod expect;
 mod format;
 mod parse;
+mod prompts;
 mod report;
 mod run;
 mod step;

@@ -19,6 +19,7 @@
 //! - `name.rs`: [`validate_skill_name`] and [`RESERVED_TOOL_NAMES`]; `path.rs`: the lexical
 //!   guard on resource paths; `range.rs`: [`ReadRange`].
 //! - `catalog.rs`: [`catalog_fragment`], the prompt section.
+//! - `tools.rs`: the `load_skill` and `read_skill_file` tools an agent with skills gains.
 //! - `error.rs`: [`Error`], whose messages start with a stable code.
 //!
 //! # Example
@@ -48,13 +49,18 @@ mod fs;
 mod in_code;
 mod name;
 mod path;
+mod prompt;
 mod provider;
 mod range;
+mod tools;
 
 pub use catalog::catalog_fragment;
 pub use error::Error;
 pub use fs::FsSkills;
 pub use in_code::{InCodeSkills, SkillDefinition};
 pub use name::{validate_skill_name, RESERVED_TOOL_NAMES};
+pub(crate) use prompt::PromptSkills;
 pub use provider::{Skill, SkillMetadata, SkillProvider};
 pub use range::ReadRange;
+pub(crate) use tools::skill_tools;
+pub use tools::{LOAD_SKILL, READ_SKILL_FILE};

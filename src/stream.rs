@@ -79,6 +79,14 @@ pub enum ChunkKind {
         /// Why, if the person said.
         reason: Option<String>,
     },
+    /// A `load_skill` call returned a skill's instructions (informational: a client may show
+    /// it, and need not).
+    SkillLoaded {
+        /// The `load_skill` call.
+        tool_call_id: String,
+        /// The skill.
+        name: String,
+    },
     /// A sub-agent started.
     SubagentStart {
         /// The child session.
@@ -135,6 +143,7 @@ impl ChunkKind {
             ChunkKind::ToolEnd { .. } => "tool_end",
             ChunkKind::ToolApprovalRequest { .. } => "tool_approval_request",
             ChunkKind::ToolApprovalResponse { .. } => "tool_approval_response",
+            ChunkKind::SkillLoaded { .. } => "skill_loaded",
             ChunkKind::SubagentStart { .. } => "subagent_start",
             ChunkKind::SubagentEnd { .. } => "subagent_end",
             // A forwarded chunk reads as what it reports: the parent's stream shows the child's

@@ -79,6 +79,7 @@ impl SessionActor {
                 run_id,
                 step,
                 mut request,
+                skills,
             } => {
                 request.deltas = delta_sink(&self.shared, ctx.key(), run_id, step);
                 let llm = Arc::clone(&self.shared.llm);
@@ -86,6 +87,9 @@ impl SessionActor {
                 let span = run_span(ctx.key(), run_id, step);
                 state.work.spawn(
                     async move {
+                        if let Some(skills) = skills {
+                            skills.extend_prompt(&mut request).await;
+                        }
                         let reply = crate::llm::complete_caught(llm.as_ref(), request).await;
                         send_back(
                             &mailbox,

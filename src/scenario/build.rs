@@ -13,6 +13,7 @@ use crate::definition::{
 };
 use crate::llm::ModelReply;
 use crate::message::ToolCall;
+use crate::skills::{InCodeSkills, SkillDefinition};
 
 /// How many times each server tool's handler ran, by tool name, over the whole scenario
 /// (restarts included).
@@ -50,6 +51,24 @@ pub(crate) fn agent(
     }
     for persistent in &spec.persistent_agents {
         builder = builder.persistent_agent(persistent.agent.as_str(), persistent.mode);
+    }
+    if !spec.skills.is_empty() {
+        let definitions = spec.skills.iter().map(|skill| {
+            let mut definition = SkillDefinition::new(&skill.name, &skill.description, &skill.body);
+            for (path, text) in &skill.resources {
+                definition = definition.resource(path, text);
+            }
+            definition
+        });
+        let skills =
+            InCodeSkills::new(definitions).map_err(|error| DefinitionError::InvalidSkill {
+                agent: spec.name.clone(),
+                reason: error.to_string(),
+            })?;
+        builder = builder.skills(skills);
+    }
+    if !spec.preload_skills.is_empty() {
+        builder = builder.preload_skills(spec.preload_skills.iter().cloned());
     }
     builder.build()
 }
@@ -128,6 +147,9 @@ pub(crate) fn definition_error_code(error: &DefinitionError) -> &'static str {
         DefinitionError::EmptyToolName { .. } => "empty_tool_name",
         DefinitionError::ReservedPrefix { .. } => "reserved_prefix",
         DefinitionError::ReservedFinishName { .. } => "reserved_finish_name",
+        DefinitionError::ReservedToolName { .. } => "reserved_tool_name",
+        DefinitionError::InvalidPreloadSkill { .. } => "invalid_preload_skill",
+        DefinitionError::InvalidSkill { .. } => "invalid_skill",
         DefinitionError::DuplicateTool { .. } => "duplicate_tool",
         DefinitionError::ClientWithApproval { .. } => "client_with_approval",
         DefinitionError::ClientWithFinish { .. } => "client_with_finish",

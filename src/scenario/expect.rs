@@ -4,7 +4,7 @@
 use serde_json::Value;
 
 use super::build::definition_error_code;
-use super::format::ToolResultSpec;
+use super::format::{ToolResultSpec, UsageSpec};
 use super::step::Step;
 use super::tree;
 use super::world::World;
@@ -14,6 +14,7 @@ use crate::message::{Message, ToolOutcome};
 use crate::runtime::Runtime;
 use crate::session::{RunOutcome, RunRecord};
 use crate::submit::SubmitOutcome;
+use crate::usage::{RunUsage, UsageEntry};
 
 /// What an op returned.
 #[derive(Debug)]
@@ -162,6 +163,41 @@ pub(crate) async fn check(world: &World, step: &Step, observed: &Observed) -> Ve
             }
         }
     }
+    if let (Some(expected), Some(view)) = (&expect.usage, view) {
+        match view.runs().await {
+            Ok(runs) => {
+                let usage = runs.last().map(|run| run.usage.clone()).unwrap_or_default();
+                check_usage(expected, &usage, &mut out);
+            }
+            Err(error) => out.push("usage", "a run", describe(&error)),
+        }
+    }
+    if let Some(view) = view {
+        let prompt = world.prompts.last_prompt(view.session);
+        let quote = |text: &str| Value::String(text.to_string()).to_string();
+        let shown = || prompt.as_deref().map_or("no model call".into(), quote);
+        if let Some(expected) = &expect.prompt_contains {
+            let text = prompt.as_deref().unwrap_or_default();
+            let mut from = 0;
+            for part in expected {
+                match text[from..].find(part.as_str()) {
+                    Some(at) => from += at + part.len(),
+                    None => {
+                        out.push("prompt to contain, in order,", quote(part), shown());
+                        break;
+                    }
+                }
+            }
+        }
+        for part in expect.prompt_excludes.iter().flatten() {
+            if prompt
+                .as_deref()
+                .is_some_and(|text| text.contains(part.as_str()))
+            {
+                out.push("prompt without", quote(part), shown());
+            }
+        }
+    }
     if let (Some(expected), Some(view)) = (&expect.hooks, view) {
         let expected: Vec<&str> = expected.iter().map(|hook| hook.as_str()).collect();
         let key = "hooks of the last run in order";
@@ -176,6 +212,73 @@ pub(crate) async fn check(world: &World, step: &Step, observed: &Observed) -> Ve
         }
     }
     out.0
+}
+
+/// Each key of `expected` against the run's usage.
+fn check_usage(expected: &UsageSpec, got: &RunUsage, out: &mut Mismatches) {
+    let pairs = [
+        (
+            "input_tokens",
+            expected.input_tokens,
+            got.tokens.input_tokens,
+        ),
+        (
+            "output_tokens",
+            expected.output_tokens,
+            got.tokens.output_tokens,
+        ),
+        (
+            "cached_input_tokens",
+            expected.cached_input_tokens,
+            got.tokens.cached_input_tokens.unwrap_or(0),
+        ),
+        (
+            "model_calls",
+            expected.model_calls.map(u64::from),
+            got.model_calls.into(),
+        ),
+        (
+            "tool_calls",
+            expected.tool_calls.map(u64::from),
+            got.tool_calls.into(),
+        ),
+        (
+            "tool_errors",
+            expected.tool_errors.map(u64::from),
+            got.tool_errors.into(),
+        ),
+    ];
+    for (key, want, have) in pairs {
+        if let Some(want) = want {
+            if want != have {
+                out.push(&format!("usage.{key}"), want, have);
+            }
+        }
+    }
+    if let Some(expected) = &expected.failed_tools {
+        let mut expected: Vec<&str> = expected.iter().map(String::as_str).collect();
+        expected.sort_unstable();
+        let mut failed: Vec<&str> = got
+            .entries
+            .iter()
+            .filter_map(|entry| match entry {
+                UsageEntry::Tool {
+                    tool_call_id,
+                    success: false,
+                    ..
+                } => Some(tool_call_id.as_str()),
+                _ => None,
+            })
+            .collect();
+        failed.sort_unstable();
+        if failed != expected {
+            out.push(
+                "usage.failed_tools",
+                show_list(&expected),
+                show_list(&failed),
+            );
+        }
+    }
 }
 
 /// The mismatches of one step.

@@ -59,6 +59,26 @@ pub(crate) struct AgentSpec {
     /// `docs/scenario-format.md`): it gains the `companion__*` tools.
     #[serde(default)]
     pub(crate) persistent_agents: Vec<PersistentSpec>,
+    /// In-code skills (an addition to the format): the agent gains the catalog in its
+    /// prompt and the `load_skill` and `read_skill_file` tools.
+    #[serde(default)]
+    pub(crate) skills: Vec<SkillSpec>,
+    /// Skills whose bodies go into the system prompt (an addition to the format).
+    #[serde(default)]
+    pub(crate) preload_skills: Vec<String>,
+}
+
+/// An in-code skill.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct SkillSpec {
+    pub(crate) name: String,
+    pub(crate) description: String,
+    #[serde(default)]
+    pub(crate) body: String,
+    /// Path inside the skill (`references/…`, `scripts/…`, `assets/…`) → text.
+    #[serde(default)]
+    pub(crate) resources: BTreeMap<String, String>,
 }
 
 /// A persistent sub-agent of an agent.
@@ -282,6 +302,37 @@ pub(crate) struct Expect {
     /// addition to the format).
     #[serde(default)]
     pub(crate) companions: Option<BTreeMap<String, String>>,
+    /// The last run's usage: each key given must match (an addition to the format).
+    #[serde(default)]
+    pub(crate) usage: Option<UsageSpec>,
+    /// Texts that must appear, in this order, in the system prompt of the session's last
+    /// model call (an addition to the format).
+    #[serde(default)]
+    pub(crate) prompt_contains: Option<Vec<String>>,
+    /// Texts that must not appear in that prompt (an addition to the format).
+    #[serde(default)]
+    pub(crate) prompt_excludes: Option<Vec<String>>,
+}
+
+/// What a run used, as a step may expect it; a key left out is not checked.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct UsageSpec {
+    #[serde(default)]
+    pub(crate) input_tokens: Option<u64>,
+    #[serde(default)]
+    pub(crate) output_tokens: Option<u64>,
+    #[serde(default)]
+    pub(crate) cached_input_tokens: Option<u64>,
+    #[serde(default)]
+    pub(crate) model_calls: Option<u32>,
+    #[serde(default)]
+    pub(crate) tool_calls: Option<u32>,
+    #[serde(default)]
+    pub(crate) tool_errors: Option<u32>,
+    /// Tool call ids whose usage entry says `success: false`, exactly.
+    #[serde(default)]
+    pub(crate) failed_tools: Option<Vec<String>>,
 }
 
 /// The outcome of a submit.
@@ -331,6 +382,7 @@ pub(crate) enum EventName {
     ToolEnd,
     ToolApprovalRequest,
     ToolApprovalResponse,
+    SkillLoaded,
     SubagentStart,
     SubagentEnd,
     RunSuspended,
@@ -348,6 +400,7 @@ impl EventName {
             EventName::ToolEnd => "tool_end",
             EventName::ToolApprovalRequest => "tool_approval_request",
             EventName::ToolApprovalResponse => "tool_approval_response",
+            EventName::SkillLoaded => "skill_loaded",
             EventName::SubagentStart => "subagent_start",
             EventName::SubagentEnd => "subagent_end",
             EventName::RunSuspended => "run_suspended",

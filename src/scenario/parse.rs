@@ -332,6 +332,9 @@ impl Parser {
             ("events", expect.events.is_some()),
             ("hooks", expect.hooks.is_some()),
             ("companions", expect.companions.is_some()),
+            ("usage", expect.usage.is_some()),
+            ("prompt_contains", expect.prompt_contains.is_some()),
+            ("prompt_excludes", expect.prompt_excludes.is_some()),
         ];
         if op.session().is_none() {
             if let Some((key, _)) = about_session.iter().find(|(_, given)| *given) {

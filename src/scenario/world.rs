@@ -11,6 +11,7 @@ use super::build::{self, Invocations};
 use super::error::Error;
 use super::format::{AgentSpec, ConfigSpec};
 use super::parse::Scenario;
+use super::prompts::PromptLog;
 use crate::clock::{Clock, ManualClock};
 use crate::definition::AgentDefinition;
 use crate::hooks::{HookEvent, Hooks};
@@ -62,6 +63,8 @@ pub(crate) struct World {
     clock: ManualClock,
     config: ConfigSpec,
     llm: Arc<ScriptedLlm>,
+    /// The model the runtime calls: `llm`, remembering the prompts.
+    pub(crate) prompts: Arc<PromptLog>,
     pub(crate) hooks: Arc<HookLog>,
     pub(crate) invocations: Arc<Invocations>,
     /// The agents registered so far (the file's, then those `define` added), to rebuild the
@@ -80,6 +83,7 @@ impl World {
                 file: file.clone(),
                 source,
             })?;
+        let llm = Arc::new(ScriptedLlm::new());
         let mut world = Self {
             file,
             runtime: None,
@@ -87,7 +91,8 @@ impl World {
             dir,
             clock: ManualClock::new(0),
             config: scenario.config.clone(),
-            llm: Arc::new(ScriptedLlm::new()),
+            llm: Arc::clone(&llm),
+            prompts: Arc::new(PromptLog::new(llm)),
             hooks: Arc::default(),
             invocations: Arc::default(),
             agents: scenario.agents.clone(),
@@ -188,7 +193,7 @@ impl World {
         let store = Arc::new(FaultyStore::new(sled));
         let mut builder = Runtime::builder()
             .store(Arc::clone(&store) as Arc<dyn Store>)
-            .llm(Arc::clone(&self.llm) as Arc<_>)
+            .llm(Arc::clone(&self.prompts) as Arc<_>)
             .clock(Arc::new(self.clock.clone()))
             .hooks(Arc::clone(&self.hooks) as Arc<_>);
         // The runner moves the clock and fires deadlines itself (`advance_clock`, and a sweep

@@ -119,6 +119,13 @@ impl Session {
                 settings: self.agent.model_settings(),
                 deltas: crate::llm::DeltaSink::discard(),
             },
+            skills: self
+                .agent
+                .skills()
+                .map(|provider| crate::skills::PromptSkills {
+                    provider: Arc::clone(provider),
+                    preload: self.agent.preload_skills().to_vec(),
+                }),
         });
     }
 
@@ -559,6 +566,10 @@ impl Session {
                 outcome: outcome.clone(),
             },
         );
+        if let Some(name) = loaded_skill(&call, &outcome) {
+            let tool_call_id = call.id.clone();
+            self.stage_chunk(run_id, now, ChunkKind::SkillLoaded { tool_call_id, name });
+        }
         effects.push(Effect::Hook(HookEvent::OnStateChange {
             session: self.record.id.clone(),
             run_id,
@@ -623,6 +634,14 @@ fn bounded_result(
         call.name
     ));
     (error.into(), Map::new())
+}
+
+/// The skill a successful `load_skill` call loaded.
+fn loaded_skill(call: &ToolCall, outcome: &ToolOutcome) -> Option<String> {
+    if call.name != crate::skills::LOAD_SKILL || outcome.is_error() {
+        return None;
+    }
+    call.input.get("name")?.as_str().map(str::to_string)
 }
 
 /// Evaluates an approval rule; a predicate that errs or panics requires approval (fail closed).

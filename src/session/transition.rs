@@ -21,6 +21,9 @@ pub(crate) enum Effect {
         run_id: RunId,
         step: u32,
         request: ModelRequest,
+        /// The agent's skills and the names to preload: the catalog is read (IO) where the
+        /// model is called, not in the core.
+        skills: Option<crate::skills::PromptSkills>,
     },
     /// Run server tools: `parallel` at once, then `sequential` in order, stopping at the first
     /// that finishes the run; feed the outcomes back as `Input::ToolsFinished`.
