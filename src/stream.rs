@@ -174,6 +174,9 @@ pub struct Delta {
     pub step: u32,
     /// Its position among the step's deltas, from 0: a gap means a delta was missed.
     pub index: u32,
+    /// The sequence number of the first chunk after the model call: a follower shows the
+    /// delta only when it has delivered every chunk before it and none of the step's own.
+    pub after_seq: u64,
     /// What arrived.
     #[serde(flatten)]
     pub kind: DeltaKind,

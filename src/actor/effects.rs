@@ -81,7 +81,13 @@ impl SessionActor {
                 mut request,
                 skills,
             } => {
-                request.deltas = delta_sink(&self.shared, ctx.key(), run_id, step);
+                // Effects run once their commit is durable: the chunks before the reply are
+                // exactly those the session has recorded now.
+                let after_seq = match &state.loaded {
+                    Loaded::Present(session) => session.record().chunk_count,
+                    Loaded::Absent | Loaded::Unreadable => 0,
+                };
+                request.deltas = delta_sink(&self.shared, ctx.key(), run_id, step, after_seq);
                 let llm = Arc::clone(&self.shared.llm);
                 let mailbox = ctx.mailbox();
                 let span = run_span(ctx.key(), run_id, step);
@@ -273,6 +279,7 @@ fn delta_sink(
     session: &crate::ids::SessionId,
     run_id: crate::ids::RunId,
     step: u32,
+    after_seq: u64,
 ) -> crate::llm::DeltaSink {
     let shared = Arc::downgrade(shared);
     let session = session.clone();
@@ -287,6 +294,7 @@ fn delta_sink(
             run_id,
             step,
             index,
+            after_seq,
             kind,
         };
         let _ = sender.send(StreamEvent::Delta(delta));

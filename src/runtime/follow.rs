@@ -86,8 +86,12 @@ pub(super) fn follow_events(
                 }
             }
             match follower.live.recv().await {
-                // Deltas are live only: they come after every chunk delivered so far.
-                Ok(StreamEvent::Delta(delta)) if follower.with_deltas => {
+                // Deltas are live only, and shown in place: after the chunks committed before
+                // the model call, before the step's own. A follower that is elsewhere (it read
+                // the step's reply from the store already) drops them.
+                Ok(StreamEvent::Delta(delta))
+                    if follower.with_deltas && delta.after_seq == follower.next =>
+                {
                     return Some((Ok(StreamEvent::Delta(delta)), follower));
                 }
                 Ok(StreamEvent::Delta(_)) => continue,
