@@ -47,6 +47,7 @@ pub(crate) fn skill_tools(provider: &Arc<dyn SkillProvider>) -> [ToolDefinition;
                 })?;
             let mut text = skill.body;
             if !skill.resources.is_empty() {
+                text.truncate(text.trim_end().len());
                 text.push_str("\n\nFiles of this skill (read one with read_skill_file):\n");
                 for path in &skill.resources {
                     text.push_str("- ");

@@ -1,0 +1,144 @@
+//! Skills from a folder, through a real runtime: the catalog in the prompt the model sees,
+//! `load_skill` and `read_skill_file` answering from disk, and `skill_loaded` in the stream.
+
+mod common;
+
+use std::sync::Arc;
+
+use dormant::skills::FsSkills;
+use dormant::{
+    AgentDefinition, BoxFuture, ChunkKind, LlmAdapter, LlmError, ManualClock, Message, ModelReply,
+    ModelRequest, Runtime, ScriptedLlm, SessionId, ToolCall, ToolOutcome,
+};
+use parking_lot::Mutex;
+use serde_json::json;
+
+/// The scripted model, keeping every system prompt it was shown.
+struct Prompts {
+    scripted: ScriptedLlm,
+    seen: Mutex<Vec<String>>,
+}
+
+impl LlmAdapter for Prompts {
+    fn complete(&self, request: ModelRequest) -> BoxFuture<'static, Result<ModelReply, LlmError>> {
+        self.seen.lock().push(request.system_prompt.clone());
+        self.scripted.complete(request)
+    }
+}
+
+fn write(path: &std::path::Path, text: &str) -> anyhow::Result<()> {
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    std::fs::write(path, text)?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn an_agent_reads_its_skills_from_a_folder() -> anyhow::Result<()> {
+    let root = tempfile::tempdir()?;
+    write(
+        &root.path().join("deploy-runbook/SKILL.md"),
+        "---\nname: deploy-runbook\ndescription: >\n  How to deploy the service.\n  Use before any deploy.\nlicense: MIT\n---\n\n# Deploy\nRun the checks in references/checks.md.\n",
+    )?;
+    write(
+        &root.path().join("deploy-runbook/references/checks.md"),
+        "1. pipeline green\n2. no open incident\n3. tag the release\n",
+    )?;
+    write(
+        &root.path().join("broken/SKILL.md"),
+        "no front matter here\n",
+    )?;
+
+    let scripted = ScriptedLlm::new().script(
+        "ops",
+        vec![
+            ModelReply::tool_calls(vec![ToolCall::new(
+                "l1",
+                "load_skill",
+                json!({ "name": "deploy-runbook" }),
+            )]),
+            ModelReply::tool_calls(vec![ToolCall::new(
+                "r1",
+                "read_skill_file",
+                json!({ "name": "deploy-runbook", "path": "references/checks.md", "start_line": 2, "end_line": 2 }),
+            )]),
+            ModelReply::text("deployed"),
+        ],
+    );
+    let model = Arc::new(Prompts {
+        scripted,
+        seen: Mutex::default(),
+    });
+    let agent = AgentDefinition::builder("ops")
+        .system_prompt("You run deploys.")
+        .skills(FsSkills::new([root.path()]))
+        .build()?;
+    let runtime = Runtime::builder()
+        .store(common::temp_store()?)
+        .llm(Arc::clone(&model) as Arc<dyn LlmAdapter>)
+        .clock(Arc::new(ManualClock::new(0)))
+        .background_deadlines(false)
+        .agent(agent)
+        .build()?;
+    let id: SessionId = "s1".parse()?;
+    let outcome = runtime.execute_on(&id, "ops", "ship it").await?;
+    assert_eq!(outcome.text.as_deref(), Some("deployed"));
+
+    let prompts = model.seen.lock().clone();
+    assert_eq!(prompts.len(), 3);
+    assert!(
+        prompts[0].starts_with("You run deploys.\n\n## Skills\n"),
+        "{}",
+        prompts[0]
+    );
+    assert!(prompts[0].contains(
+        "<skill name=\"deploy-runbook\">How to deploy the service. Use before any deploy.</skill>"
+    ));
+    assert!(
+        !prompts[0].contains("broken"),
+        "a broken skill is skipped: {}",
+        prompts[0]
+    );
+    assert!(
+        prompts.iter().all(|prompt| prompt == &prompts[0]),
+        "byte-stable across steps"
+    );
+
+    let results: Vec<(String, ToolOutcome)> = runtime
+        .messages(&id)
+        .await?
+        .into_iter()
+        .filter_map(|message| match message {
+            Message::Tool {
+                tool_call_id,
+                outcome,
+                ..
+            } => Some((tool_call_id, outcome)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        results,
+        vec![
+            (
+                "l1".to_string(),
+                ToolOutcome::Result(json!(
+                    "# Deploy\nRun the checks in references/checks.md.\n\nFiles of this skill (read one with read_skill_file):\n- references/checks.md\n"
+                ))
+            ),
+            ("r1".to_string(), ToolOutcome::Result(json!("2. no open incident"))),
+        ]
+    );
+    let loaded: Vec<String> = runtime
+        .chunks(&id, 0)
+        .await?
+        .into_iter()
+        .filter_map(|chunk| match chunk.kind {
+            ChunkKind::SkillLoaded { name, .. } => Some(name),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(loaded, ["deploy-runbook"]);
+    Ok(())
+}
