@@ -14,6 +14,7 @@ let source = null; // the EventSource
 let retryMs = 500; // the backoff of our own reconnects
 let retryTimer = null;
 let lastSeq = -1; // the last chunk shown
+let typing = null; // the line of the reply a streaming model is writing, if any
 let resuming = false; // a resume check is under way...
 let resumeAgain = false; // ...and another answer came in meanwhile: check again after it
 let refreshing = false; // a /status refresh is under way...
@@ -202,6 +203,9 @@ function render(chunk, prefix) {
     case "subagent_start":
       entry("tool", who + "sub-agent " + kind.session_id + " started");
       break;
+    case "skill_loaded":
+      entry("tool", who + "skill loaded: " + kind.name);
+      break;
     case "subagent_end":
       entry("tool", who + "sub-agent " + kind.session_id + " ended");
       break;
@@ -227,7 +231,7 @@ function render(chunk, prefix) {
 const CHUNK_TYPES = [
   "run_start", "text", "tool_start", "tool_end", "tool_approval_request",
   "tool_approval_response", "subagent_start", "subagent_end", "run_suspended",
-  "run_interrupted", "run_end",
+  "run_interrupted", "run_end", "skill_loaded",
 ];
 
 // Chunks after which the calls waiting for the person may have changed.
@@ -239,6 +243,11 @@ const CHANGES_PENDING = new Set([
 function closeStream() {
   if (source) source.close();
   source = null;
+  // A reconnect replays from the last chunk: half a reply would otherwise stay on screen.
+  if (typing) {
+    typing.remove();
+    typing = null;
+  }
 }
 
 function connect(from) {
@@ -259,6 +268,7 @@ function connect(from) {
     refreshSoon(true);
   };
   for (const type of CHUNK_TYPES) stream.addEventListener(type, onChunk);
+  stream.addEventListener("delta", onDelta);
   stream.addEventListener("end", (event) => {
     // The server ended the stream (shutting down, or idle): come back from where we are.
     let reason = "?";
@@ -312,10 +322,26 @@ function reconnectLater() {
   }, wait);
 }
 
+// The reply a streaming model is writing (`typing`): one line that grows with each text
+// delta. Deltas are never stored (a reload does not replay them); the step's `text` chunk
+// that follows carries the whole reply, and replaces the line.
+function onDelta(event) {
+  if (event.target !== source) return;
+  const delta = JSON.parse(event.data);
+  if (delta.type !== "text_delta") return;
+  if (!typing) typing = entry("text typing", "");
+  typing.textContent += delta.text;
+  typing.scrollIntoView({ block: "nearest" });
+}
+
 function onChunk(event) {
   if (event.target !== source) return;
   const chunk = JSON.parse(event.data);
   if (chunk.seq <= lastSeq) return; // already shown
+  if (typing) {
+    typing.remove();
+    typing = null;
+  }
   lastSeq = chunk.seq;
   saved.lastSeq = lastSeq;
   save(true);

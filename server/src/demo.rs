@@ -99,6 +99,16 @@ pub struct DemoModel;
 impl LlmAdapter for DemoModel {
     fn complete(&self, request: ModelRequest) -> BoxFuture<'static, Result<ModelReply, LlmError>> {
         let reply = next_step(&request.messages);
+        // Streamed word by word, as a real model's reply: the page shows it growing.
+        if let Some(text) = &reply.text {
+            for (index, word) in text.split(' ').enumerate() {
+                request.deltas.text(if index == 0 {
+                    word.to_string()
+                } else {
+                    format!(" {word}")
+                });
+            }
+        }
         Box::pin(async move { Ok(reply) })
     }
 }

@@ -246,7 +246,8 @@ async fn a_new_turn_of_a_session_takes_its_token_and_the_stream_can_stay_open() 
     let (code, second) = answer(server.post("/start", Some(&session.token), &again).await?).await?;
     assert_eq!(code, StatusCode::ACCEPTED);
     assert_eq!(second["token"], session.token.as_str());
-    // Two turns: run_start, text, run_end each, in one stream that did not end between them.
+    // Two turns: run_start, text, run_end each, in one stream that did not end between them
+    // (with the demo model's deltas before each text, when the stream was there to see them).
     let events = common::read_events(stream, 6).await?;
     let names: Vec<&str> = events.iter().map(|event| event.name.as_str()).collect();
     assert_eq!(

@@ -180,27 +180,55 @@ pub struct Event {
     pub data: Value,
 }
 
-/// Reads up to `limit` events of an SSE response (all of them until it ends by default).
+/// Reads up to `limit` events of an SSE response (all of them until it ends by default),
+/// leaving out the live-only `delta` events: whether a stream sees a step's deltas depends on
+/// whether it was caught up when the model wrote (tests/deltas.rs reads them on purpose).
 pub async fn read_events(response: Response, limit: usize) -> anyhow::Result<Vec<Event>> {
-    let mut body = response.bytes_stream();
-    let mut buffer = String::new();
+    let mut reader = EventReader::new(response);
     let mut events = Vec::new();
     while events.len() < limit {
-        let Some(bytes) = body.next().await else {
-            break;
-        };
-        buffer.push_str(std::str::from_utf8(&bytes?)?);
-        while let Some(end) = buffer.find("\n\n") {
-            let block: String = buffer.drain(..end + 2).collect();
-            if let Some(event) = parse_event(&block)? {
-                events.push(event);
-                if events.len() == limit {
-                    break;
-                }
-            }
+        match reader.next().await? {
+            Some(event) if event.name == "delta" => {}
+            Some(event) => events.push(event),
+            None => break,
         }
     }
     Ok(events)
+}
+
+/// Reads an SSE response one event at a time.
+pub struct EventReader {
+    body: std::pin::Pin<Box<dyn futures::Stream<Item = reqwest::Result<Vec<u8>>> + Send>>,
+    buffer: String,
+}
+
+impl EventReader {
+    pub fn new(response: Response) -> Self {
+        Self {
+            body: Box::pin(
+                response
+                    .bytes_stream()
+                    .map(|bytes| bytes.map(|bytes| bytes.to_vec())),
+            ),
+            buffer: String::new(),
+        }
+    }
+
+    /// The next event (keep-alives and the `retry` field skipped); `None` at the end.
+    pub async fn next(&mut self) -> anyhow::Result<Option<Event>> {
+        loop {
+            while let Some(end) = self.buffer.find("\n\n") {
+                let block: String = self.buffer.drain(..end + 2).collect();
+                if let Some(event) = parse_event(&block)? {
+                    return Ok(Some(event));
+                }
+            }
+            let Some(bytes) = self.body.next().await else {
+                return Ok(None);
+            };
+            self.buffer.push_str(std::str::from_utf8(&bytes?)?);
+        }
+    }
 }
 
 fn parse_event(block: &str) -> anyhow::Result<Option<Event>> {
