@@ -1,0 +1,205 @@
+//! One model call: attempts, retried while nothing of the reply has reached anyone.
+
+use std::time::{Duration, SystemTime};
+
+use reqwest::header::{ACCEPT, CONTENT_TYPE};
+use reqwest::{Response, StatusCode};
+
+use super::config::Config;
+use super::error::{self, describe};
+use super::stream::{Assembler, Progress};
+use super::{request, response, retry, sse::SseParser};
+use crate::llm::{DeltaSink, LlmError, ModelReply, ModelRequest};
+
+/// The most of an error body read; the rest is not worth waiting for.
+const MAX_ERROR_BODY: usize = 64 * 1024;
+
+/// Why an attempt failed.
+enum Failure {
+    /// Another attempt may succeed: nothing of this one reached a follower.
+    Transient {
+        error: LlmError,
+        status: Option<StatusCode>,
+        retry_after: Option<Duration>,
+    },
+    /// Final: the provider refused the request itself, or part of the reply was sent.
+    Final(LlmError),
+}
+
+impl Failure {
+    fn transient(error: LlmError) -> Self {
+        Failure::Transient {
+            error,
+            status: None,
+            retry_after: None,
+        }
+    }
+}
+
+/// Answers `request`, retrying transient failures with backoff. Dropping the future drops
+/// the HTTP request in flight (its connection closes), which is how a run cancels a call.
+pub(crate) async fn complete(
+    config: &Config,
+    request: ModelRequest,
+) -> Result<ModelReply, LlmError> {
+    let body = request::body(&request, config.model.as_deref(), config.stream)?;
+    let body = serde_json::to_vec(&body)
+        .map_err(|error| LlmError::Provider(format!("request body: {error}")))?;
+    let mut retry = 0;
+    loop {
+        match attempt(config, body.clone(), &request.deltas).await {
+            Ok(reply) => return Ok(reply),
+            Err(Failure::Transient {
+                error,
+                status,
+                retry_after,
+            }) if retry < config.max_retries => {
+                let wait = config.backoff.delay(retry, retry_after);
+                retry += 1;
+                tracing::warn!(
+                    session = %request.session_id,
+                    status = status.map(|status| status.as_u16()),
+                    attempt = retry,
+                    wait_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
+                    %error,
+                    "openai.retry"
+                );
+                tokio::time::sleep(wait).await;
+            }
+            Err(Failure::Transient { error, .. }) => return Err(after(error, retry + 1)),
+            Err(Failure::Final(error)) => return Err(error),
+        }
+    }
+}
+
+/// `error` saying how many attempts were made, when there were several.
+fn after(error: LlmError, attempts: u32) -> LlmError {
+    if attempts < 2 {
+        return error;
+    }
+    let suffix = format!(" (after {attempts} attempts)");
+    match error {
+        LlmError::RateLimited(message) => LlmError::RateLimited(message + &suffix),
+        LlmError::Provider(message) => LlmError::Provider(message + &suffix),
+        other => other,
+    }
+}
+
+async fn attempt(
+    config: &Config,
+    body: Vec<u8>,
+    deltas: &DeltaSink,
+) -> Result<ModelReply, Failure> {
+    let mut post = config
+        .client
+        .post(&config.endpoint)
+        .headers(config.headers.clone())
+        .timeout(config.timeout)
+        .body(body);
+    if config.stream {
+        post = post.header(ACCEPT, "text/event-stream");
+    }
+    let response = post.send().await.map_err(|error| {
+        Failure::transient(LlmError::Provider(format!(
+            "request failed: {}",
+            describe(error)
+        )))
+    })?;
+    let status = response.status();
+    if !status.is_success() {
+        // Read at the edge: the parsing itself takes `now` so that it is testable.
+        let retry_after = retry::retry_after(response.headers(), SystemTime::now());
+        let error = error::from_status(status, &error_body(response).await);
+        return Err(if retry::is_retryable(status) {
+            Failure::Transient {
+                error,
+                status: Some(status),
+                retry_after,
+            }
+        } else {
+            Failure::Final(error)
+        });
+    }
+    if config.stream && !is_json(&response) {
+        read_stream(response, deltas).await
+    } else {
+        // A server that ignores `stream: true` answers with one JSON body; read it as such.
+        let body = response.bytes().await.map_err(|error| {
+            Failure::transient(LlmError::Provider(format!(
+                "reading the response: {}",
+                describe(error)
+            )))
+        })?;
+        response::parse(&body).map_err(Failure::Final)
+    }
+}
+
+fn is_json(response: &Response) -> bool {
+    response
+        .headers()
+        .get(CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .is_some_and(|value| value.contains("json"))
+}
+
+/// Reads the event stream to `[DONE]` (or its end after a finish reason), sending each
+/// piece to `deltas` as it comes.
+async fn read_stream(mut response: Response, deltas: &DeltaSink) -> Result<ModelReply, Failure> {
+    let mut parser = SseParser::new();
+    let mut assembler = Assembler::new();
+    let mut events = Vec::new();
+    let malformed = |error: super::sse::SseError| {
+        Failure::Final(LlmError::Provider(format!("malformed chunk: {error}")))
+    };
+    loop {
+        let bytes = match response.chunk().await {
+            Ok(Some(bytes)) => bytes,
+            Ok(None) => break,
+            Err(error) => {
+                let error = LlmError::Provider(format!("stream ended early: {}", describe(error)));
+                return Err(cut(error, &assembler));
+            }
+        };
+        parser.push(&bytes, &mut events).map_err(malformed)?;
+        for data in events.drain(..) {
+            if assembler.apply(&data, deltas).map_err(Failure::Final)? == Progress::Done {
+                return Ok(assembler.reply());
+            }
+        }
+    }
+    if let Some(data) = parser.finish().map_err(malformed)? {
+        if assembler.apply(&data, deltas).map_err(Failure::Final)? == Progress::Done {
+            return Ok(assembler.reply());
+        }
+    }
+    let started = assembler.started();
+    assembler.end().map_err(|error| {
+        if started {
+            Failure::Final(error)
+        } else {
+            Failure::transient(error)
+        }
+    })
+}
+
+/// A stream cut by the network: retried only if no piece of the reply went out yet.
+fn cut(error: LlmError, assembler: &Assembler) -> Failure {
+    if assembler.started() {
+        Failure::Final(error)
+    } else {
+        Failure::transient(error)
+    }
+}
+
+/// The start of an error response's body (lossy UTF-8; empty if it cannot be read).
+async fn error_body(mut response: Response) -> String {
+    let mut body = Vec::new();
+    while body.len() < MAX_ERROR_BODY {
+        match response.chunk().await {
+            Ok(Some(bytes)) => body.extend_from_slice(&bytes),
+            Ok(None) | Err(_) => break,
+        }
+    }
+    body.truncate(MAX_ERROR_BODY);
+    String::from_utf8_lossy(&body).into_owned()
+}
