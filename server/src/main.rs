@@ -49,8 +49,10 @@ struct Serve {
     /// kept beside it, in DIR.token-key, so tokens survive a restart.
     #[arg(long)]
     store: Option<PathBuf>,
-    /// Serve the demo agent (`demo`): a keyword-driven model with a server tool, a client
-    /// tool the browser answers and an approval-gated tool. Needs no API key.
+    /// Serve the demo agent (`demo`): a server tool, a client tool the browser answers and an
+    /// approval-gated tool, on a keyword-driven model that needs no API key, or on a real one
+    /// when OPENAI_BASE_URL or OPENAI_API_KEY is set (with OPENAI_MODEL): any
+    /// OpenAI-compatible server (OpenAI, vLLM, llama.cpp, Ollama, OpenRouter).
     #[arg(long)]
     demo: bool,
     /// Let anyone start sessions (each session is still reached only with its token). Say so
@@ -125,6 +127,30 @@ fn main() -> std::process::ExitCode {
     }
 }
 
+/// The demo agent on a real model when `OPENAI_BASE_URL` or `OPENAI_API_KEY` is set (with
+/// `OPENAI_MODEL`): any OpenAI-compatible server. Otherwise the keyword-driven demo model.
+#[cfg(feature = "openai")]
+fn real_model(builder: dormant::RuntimeBuilder) -> Result<dormant::RuntimeBuilder, String> {
+    let wanted = ["OPENAI_BASE_URL", "OPENAI_API_KEY"]
+        .iter()
+        .any(|name| std::env::var_os(name).is_some());
+    if !wanted {
+        return Ok(builder);
+    }
+    let adapter = dormant::OpenAiAdapter::from_env()
+        .map_err(|error| format!("OPENAI_* environment: {error}"))?;
+    tracing::info!(?adapter, "server.real_model");
+    Ok(builder.llm(Arc::new(adapter)))
+}
+
+#[cfg(not(feature = "openai"))]
+fn real_model(builder: dormant::RuntimeBuilder) -> Result<dormant::RuntimeBuilder, String> {
+    if std::env::var_os("OPENAI_BASE_URL").is_some() {
+        tracing::warn!("OPENAI_BASE_URL is set, but this build has no `openai` feature: serving the keyword-driven demo model");
+    }
+    Ok(builder)
+}
+
 async fn serve(args: Serve) -> Result<(), String> {
     let store_dir = args
         .store
@@ -154,8 +180,8 @@ async fn serve(args: Serve) -> Result<(), String> {
     if let Some(max) = args.max_resident {
         builder = builder.max_resident(max);
     }
-    let runtime = dormant_server::demo::configure(builder)
-        .map_err(|error| error.to_string())?
+    let builder = dormant_server::demo::configure(builder).map_err(|error| error.to_string())?;
+    let runtime = real_model(builder)?
         .build()
         .map_err(|error| error.to_string())?;
     let config = ServerConfig::default()
