@@ -41,6 +41,11 @@ async fn a_run_goes_through_a_client_tool_and_an_approval_over_http() -> anyhow:
     assert_eq!(ask["waiting"], true);
     assert!(ask["deadline_at_ms"].as_u64().is_some());
     let call = text(ask, "tool_call_id")?;
+    // The run's usage: two model calls (the demo model reports no tokens), the weather
+    // lookup's result; the client call has none yet.
+    assert_eq!(status["usage"]["model_calls"], 2, "{status}");
+    assert_eq!(status["usage"]["tool_calls"], 1, "{status}");
+    assert_eq!(status["usage"]["tokens"]["input_tokens"], 0, "{status}");
 
     // Each refusal of a submit has its status and stable code, and changes nothing.
     let wrong =
