@@ -28,6 +28,8 @@ mod driver;
 mod fanout;
 mod halt;
 mod http;
+#[cfg(feature = "openai")]
+mod model;
 mod plan;
 mod report;
 mod tools;
@@ -75,6 +77,13 @@ struct Args {
     /// --http-rounds and --sse-streams.
     #[arg(long, value_name = "URL", num_args = 0..=1, default_missing_value = "")]
     http: Option<String>,
+    /// Real-model mode: the sessions run on an OpenAI-compatible server named by
+    /// OPENAI_BASE_URL, OPENAI_API_KEY and OPENAI_MODEL (build with `--features openai`).
+    /// Each session's run is driven wherever the model takes it (every waiting call answered,
+    /// then resumed); the end check is what holds for any model: every accepted answer is
+    /// recorded exactly once. Uses --sessions, --concurrency, --store, --durability.
+    #[arg(long)]
+    openai: bool,
     /// HTTP mode: rounds of both passes, alternating which goes first.
     #[arg(long, default_value_t = 1)]
     http_rounds: usize,
@@ -197,6 +206,9 @@ fn main() -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
+    if args.openai {
+        return real_model(args, &runtime);
+    }
     let simulated = match (args.fanout, args.http.clone()) {
         (Some(fanout), _) => runtime.block_on(fanout::simulate(args, fanout)),
         (None, Some(url)) => {
@@ -225,6 +237,20 @@ fn main() -> anyhow::Result<()> {
         std::process::exit(1);
     }
     Ok(())
+}
+
+#[cfg(feature = "openai")]
+fn real_model(args: Args, runtime: &tokio::runtime::Runtime) -> anyhow::Result<()> {
+    let problems = runtime.block_on(model::simulate(args))?;
+    anyhow::ensure!(problems == 0, "verification failed: {problems} problems");
+    Ok(())
+}
+
+#[cfg(not(feature = "openai"))]
+fn real_model(_args: Args, _runtime: &tokio::runtime::Runtime) -> anyhow::Result<()> {
+    anyhow::bail!(
+        "--openai needs the adapter: cargo run --release --features openai --example simulate -- --openai"
+    )
 }
 
 /// Runs the simulation and prints the report; returns how many problems verification found.
