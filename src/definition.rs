@@ -260,6 +260,8 @@ pub struct AgentDefinition {
     model: Arc<crate::llm::ModelSettings>,
     skills: Option<Arc<dyn SkillProvider>>,
     preload_skills: Vec<String>,
+    /// The last skills section built for this agent: a step whose provider fails uses it.
+    skill_section: crate::skills::LastSection,
 }
 
 impl AgentDefinition {
@@ -327,6 +329,10 @@ impl AgentDefinition {
     /// The skills whose bodies go into the system prompt on every step.
     pub fn preload_skills(&self) -> &[String] {
         &self.preload_skills
+    }
+
+    pub(crate) fn skill_section(&self) -> &crate::skills::LastSection {
+        &self.skill_section
     }
 
     /// The model settings every request of this agent carries.
@@ -592,6 +598,7 @@ impl AgentBuilder {
             model: Arc::new(self.model),
             skills: self.skills,
             preload_skills: self.preload_skills,
+            skill_section: Default::default(),
         })
     }
 }

@@ -13,7 +13,11 @@
 //! - [`session`]: the session core, a pure state machine (inputs in, a commit and effects out);
 //!   `actor.rs` is the session actor that executes its transitions on the
 //!   [`dormant_actors`] host.
-//! - [`llm`]: the [`LlmAdapter`] trait and [`ScriptedLlm`], a deterministic model.
+//! - [`llm`]: the [`LlmAdapter`] trait, [`ModelSettings`], the [`DeltaSink`] a streaming
+//!   adapter writes to, [`ScriptedLlm`] (a deterministic model) and, with the `openai`
+//!   feature, `OpenAiAdapter`; [`usage`]: the tokens and tool outcomes a run records.
+//! - [`skills`]: skills with progressive disclosure (a catalog in the prompt, `load_skill`,
+//!   `read_skill_file`), from code or from `SKILL.md` folders.
 //! - [`store`]: the [`Store`] trait, [`SledStore`] (group commit, power-loss safe by default)
 //!   and [`MemoryStore`] for unit tests; `schema.rs` is the stored layout.
 //! - [`stream`], [`hooks`], [`clock`]: what a run reports, and the injected clock.
@@ -23,6 +27,9 @@
 //! - `test-util` (off by default): test tooling, so that a user's build does not compile it:
 //!   the conformance scenario runner `dormant::scenario` (the format is
 //!   `docs/scenario-format.md`) and the fault-injecting `store::FaultyStore`.
+//! - `openai` (off by default): `OpenAiAdapter`, a model on any OpenAI-compatible
+//!   chat-completions server (reqwest with rustls). Off so that a build with its own adapter
+//!   compiles no HTTP client.
 //! - `system-allocator`: only for this crate's `hitl` bench and simulator, which run on
 //!   mimalloc unless it is set. The library itself never sets an allocator.
 //!

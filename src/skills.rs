@@ -59,7 +59,7 @@ pub use error::Error;
 pub use fs::FsSkills;
 pub use in_code::{InCodeSkills, SkillDefinition};
 pub use name::{validate_skill_name, RESERVED_TOOL_NAMES};
-pub(crate) use prompt::PromptSkills;
+pub(crate) use prompt::{LastSection, PromptSkills};
 pub use provider::{Skill, SkillMetadata, SkillProvider};
 pub use range::ReadRange;
 pub(crate) use tools::skill_tools;

@@ -33,11 +33,12 @@ impl Usage {
 
     /// Adds `other` to this (cached tokens stay unknown only while both are).
     pub fn add(&mut self, other: &Usage) {
-        self.input_tokens += other.input_tokens;
-        self.output_tokens += other.output_tokens;
+        // Saturating: the counts come from a provider, and a wild one must not panic a step.
+        self.input_tokens = self.input_tokens.saturating_add(other.input_tokens);
+        self.output_tokens = self.output_tokens.saturating_add(other.output_tokens);
         self.cached_input_tokens = match (self.cached_input_tokens, other.cached_input_tokens) {
             (None, None) => None,
-            (a, b) => Some(a.unwrap_or(0) + b.unwrap_or(0)),
+            (a, b) => Some(a.unwrap_or(0).saturating_add(b.unwrap_or(0))),
         };
     }
 }

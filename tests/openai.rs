@@ -31,6 +31,8 @@ const RATE_LIMITED: &str = include_str!("openai/rate_limited.json");
 const UNAUTHORIZED: &str = include_str!("openai/unauthorized.json");
 const CONTEXT_LENGTH: &str = include_str!("openai/context_length.json");
 const SERVER_ERROR: &str = include_str!("openai/server_error.json");
+const STREAM_NULLS: &str = include_str!("openai/stream_nulls.sse");
+const STREAM_ERROR_FIRST: &str = include_str!("openai/stream_error_first.sse");
 
 /// An adapter for `mock` with instant retries.
 fn adapter(mock: &Mock) -> OpenAiBuilder {
@@ -513,5 +515,45 @@ async fn a_client_tool_call_survives_a_restart_and_the_result_reaches_the_model(
                     "content": r#"{"confirmed":true}"# }),
         ]
     );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_server_that_writes_every_optional_field_as_null_is_read() -> anyhow::Result<()> {
+    let (_mock, runtime, outcome) = run_once(vec![Reply::Sse(STREAM_NULLS)], |b| b).await?;
+    assert_eq!(outcome.status, Status::Completed, "{:?}", outcome.error);
+    assert_eq!(outcome.text.as_deref(), Some("We have 3 teas."));
+    let runs = runtime.runs(&"s1".parse()?).await?;
+    assert_eq!(runs[0].usage.tokens.input_tokens, 30);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_retry_after_longer_than_the_backoff_allows_fails_at_once() -> anyhow::Result<()> {
+    let rate_limited = Reply::json(429, RATE_LIMITED).header("retry-after", "3600");
+    let (mock, _runtime, outcome) = run_once(vec![rate_limited], |b| {
+        b.backoff(Duration::ZERO, Duration::from_secs(20))
+    })
+    .await?;
+    assert_eq!(error_code(&outcome), Some(ErrorCode::RateLimited));
+    let message = outcome.error.map(|e| e.message).unwrap_or_default();
+    assert!(message.contains("Retry-After asks for 3600 s"), "{message}");
+    assert_eq!(
+        mock.requests().len(),
+        1,
+        "no retry sooner than the provider asked"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn an_error_event_before_any_delta_is_retried_like_its_status() -> anyhow::Result<()> {
+    let (mock, _runtime, outcome) = run_once(
+        vec![Reply::Sse(STREAM_ERROR_FIRST), Reply::Sse(STREAM_TEXT)],
+        |b| b,
+    )
+    .await?;
+    assert_eq!(outcome.status, Status::Completed, "{:?}", outcome.error);
+    assert_eq!(mock.requests().len(), 2);
     Ok(())
 }

@@ -142,3 +142,77 @@ async fn an_agent_reads_its_skills_from_a_folder() -> anyhow::Result<()> {
     assert_eq!(loaded, ["deploy-runbook"]);
     Ok(())
 }
+
+/// Panics on every call.
+struct Panicking;
+
+impl dormant::skills::SkillProvider for Panicking {
+    fn list(
+        &self,
+    ) -> BoxFuture<'static, Result<Vec<dormant::skills::SkillMetadata>, dormant::skills::Error>>
+    {
+        panic!("the skills backend is gone")
+    }
+
+    fn get(
+        &self,
+        _name: &str,
+    ) -> BoxFuture<'static, Result<Option<dormant::skills::Skill>, dormant::skills::Error>> {
+        panic!("the skills backend is gone")
+    }
+
+    fn read_resource(
+        &self,
+        _name: &str,
+        _path: &str,
+        _range: Option<dormant::skills::ReadRange>,
+    ) -> BoxFuture<'static, Result<Option<String>, dormant::skills::Error>> {
+        panic!("the skills backend is gone")
+    }
+}
+
+#[tokio::test]
+async fn a_provider_that_panics_leaves_the_prompt_without_skills_and_the_run_goes_on(
+) -> anyhow::Result<()> {
+    let scripted = ScriptedLlm::new().script(
+        "ops",
+        vec![
+            ModelReply::tool_calls(vec![ToolCall::new(
+                "l1",
+                "load_skill",
+                json!({ "name": "anything" }),
+            )]),
+            ModelReply::text("carried on"),
+        ],
+    );
+    let model = Arc::new(Prompts {
+        scripted,
+        seen: Mutex::default(),
+    });
+    let agent = AgentDefinition::builder("ops")
+        .system_prompt("You run deploys.")
+        .skills(Panicking)
+        .build()?;
+    let runtime = Runtime::builder()
+        .store(common::temp_store()?)
+        .llm(Arc::clone(&model) as Arc<dyn LlmAdapter>)
+        .clock(Arc::new(ManualClock::new(0)))
+        .background_deadlines(false)
+        .agent(agent)
+        .build()?;
+    let id: SessionId = "s1".parse()?;
+    let outcome = runtime.execute_on(&id, "ops", "ship it").await?;
+    assert_eq!(outcome.text.as_deref(), Some("carried on"));
+    assert!(model
+        .seen
+        .lock()
+        .iter()
+        .all(|prompt| prompt == "You run deploys."));
+    // The tool's panic is the tool's error, as any tool's.
+    let messages = runtime.messages(&id).await?;
+    let failed = messages.iter().any(|message| {
+        matches!(message, Message::Tool { tool_call_id, outcome: ToolOutcome::Error(_), .. } if tool_call_id == "l1")
+    });
+    assert!(failed, "{messages:?}");
+    Ok(())
+}

@@ -137,9 +137,15 @@ fn real_model(builder: dormant::RuntimeBuilder) -> Result<dormant::RuntimeBuilde
     if !wanted {
         return Ok(builder);
     }
+    // Checked here, not at the first run: the demo agent names no model of its own.
+    let model = std::env::var("OPENAI_MODEL")
+        .ok()
+        .filter(|model| !model.is_empty())
+        .ok_or("OPENAI_BASE_URL or OPENAI_API_KEY is set: OPENAI_MODEL must name the model to serve the demo agent on (unset both to serve the keyword-driven demo model)")?;
     let adapter = dormant::OpenAiAdapter::from_env()
         .map_err(|error| format!("OPENAI_* environment: {error}"))?;
-    tracing::info!(?adapter, "server.real_model");
+    // The model only: the base URL may carry credentials.
+    tracing::warn!(%model, "the demo agent runs on a real model (OPENAI_* is set): each run costs what the provider charges");
     Ok(builder.llm(Arc::new(adapter)))
 }
 

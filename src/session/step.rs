@@ -125,6 +125,7 @@ impl Session {
                 .map(|provider| crate::skills::PromptSkills {
                     provider: Arc::clone(provider),
                     preload: self.agent.preload_skills().to_vec(),
+                    last: Arc::clone(self.agent.skill_section()),
                 }),
         });
     }

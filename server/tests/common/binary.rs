@@ -27,6 +27,10 @@ impl Binary {
             .arg(store)
             .args(extra)
             .env("RUST_LOG", "warn")
+            // The keyword-driven demo model, whatever the shell running the tests has set.
+            .env_remove("OPENAI_BASE_URL")
+            .env_remove("OPENAI_API_KEY")
+            .env_remove("OPENAI_MODEL")
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()?;

@@ -54,7 +54,12 @@ pub(crate) async fn complete(
                 status,
                 retry_after,
             }) if retry < config.max_retries => {
-                let wait = config.backoff.delay(retry, retry_after);
+                let Some(wait) = config.backoff.delay(retry, retry_after) else {
+                    // The provider asks for a longer wait than the backoff allows: retrying
+                    // sooner would be refused again and use up the retries.
+                    let asked = retry_after.map_or(0, |wait| wait.as_secs());
+                    return Err(after(with_note(error, asked), retry + 1));
+                };
                 retry += 1;
                 tracing::warn!(
                     session = %request.session_id,
@@ -69,6 +74,16 @@ pub(crate) async fn complete(
             Err(Failure::Transient { error, .. }) => return Err(after(error, retry + 1)),
             Err(Failure::Final(error)) => return Err(error),
         }
+    }
+}
+
+/// `error` saying how long the provider asked to wait.
+fn with_note(error: LlmError, seconds: u64) -> LlmError {
+    let note = format!(" (Retry-After asks for {seconds} s, more than the backoff's longest wait)");
+    match error {
+        LlmError::RateLimited(message) => LlmError::RateLimited(message + &note),
+        LlmError::Provider(message) => LlmError::Provider(message + &note),
+        other => other,
     }
 }
 
@@ -94,7 +109,6 @@ async fn attempt(
         .client
         .post(&config.endpoint)
         .headers(config.headers.clone())
-        .timeout(config.timeout)
         .body(body);
     if config.stream {
         post = post.header(ACCEPT, "text/event-stream");
@@ -162,14 +176,18 @@ async fn read_stream(mut response: Response, deltas: &DeltaSink) -> Result<Model
         };
         parser.push(&bytes, &mut events).map_err(malformed)?;
         for data in events.drain(..) {
-            if assembler.apply(&data, deltas).map_err(Failure::Final)? == Progress::Done {
-                return Ok(assembler.reply());
+            match assembler.apply(&data, deltas) {
+                Ok(Progress::Done) => return Ok(assembler.reply()),
+                Ok(Progress::Reading) => {}
+                Err(error) => return Err(stream_error(error, &assembler)),
             }
         }
     }
     if let Some(data) = parser.finish().map_err(malformed)? {
-        if assembler.apply(&data, deltas).map_err(Failure::Final)? == Progress::Done {
-            return Ok(assembler.reply());
+        match assembler.apply(&data, deltas) {
+            Ok(Progress::Done) => return Ok(assembler.reply()),
+            Ok(Progress::Reading) => {}
+            Err(error) => return Err(stream_error(error, &assembler)),
         }
     }
     let started = assembler.started();
@@ -180,6 +198,23 @@ async fn read_stream(mut response: Response, deltas: &DeltaSink) -> Result<Model
             Failure::transient(error)
         }
     })
+}
+
+/// An error the stream itself reported: an error event before any piece of the reply
+/// (OpenRouter passes an upstream 429 or 502 on this way) is retried like the same status;
+/// a malformed chunk, or anything after the first piece, is final.
+fn stream_error(error: LlmError, assembler: &Assembler) -> Failure {
+    let transient = !assembler.started()
+        && match &error {
+            LlmError::RateLimited(_) => true,
+            LlmError::Provider(message) => !message.starts_with("malformed chunk"),
+            _ => false,
+        };
+    if transient {
+        Failure::transient(error)
+    } else {
+        Failure::Final(error)
+    }
 }
 
 /// A stream cut by the network: retried only if no piece of the reply went out yet.

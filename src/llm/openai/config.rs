@@ -105,7 +105,9 @@ impl OpenAiBuilder {
         self
     }
 
-    /// The most one attempt may take, reading the whole reply included (default 120 s).
+    /// The longest the provider may stay silent (default 120 s): to connect and answer, and
+    /// between two pieces of a streamed reply. A long generation that keeps streaming is never
+    /// cut; one that stalls is (and retried, if none of it had arrived).
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
@@ -186,9 +188,11 @@ impl OpenAiBuilder {
             value.set_sensitive(true);
             headers.insert(AUTHORIZATION, value);
         }
-        // No client-wide timeout: each attempt sets its own, so that `timeout` bounds one
-        // attempt and the backoff between attempts is not counted against it.
+        // A silence limit, not a total one: a reasoning model or a local server writing a long
+        // reply streams for minutes, and must not be cut while it makes progress.
         let client = reqwest::Client::builder()
+            .connect_timeout(self.timeout)
+            .read_timeout(self.timeout)
             .build()
             .map_err(|error| OpenAiConfigError::Client(error.to_string()))?;
         Ok(OpenAiAdapter {

@@ -101,6 +101,20 @@ pub(crate) fn in_stream(error: &ErrorBody) -> LlmError {
     if error.is_context_length() {
         return LlmError::ContextLengthExceeded(error.message());
     }
+    let status = error.code.as_ref().and_then(|code| match code {
+        serde_json::Value::Number(number) => number.as_u64(),
+        serde_json::Value::String(text) => text.parse().ok(),
+        _ => None,
+    });
+    match status {
+        Some(429) => {
+            return LlmError::RateLimited(format!("provider error in stream: {}", error.message()))
+        }
+        Some(401 | 403) => {
+            return LlmError::Auth(format!("provider error in stream: {}", error.message()))
+        }
+        _ => {}
+    }
     LlmError::Provider(format!("provider error in stream: {}", error.message()))
 }
 

@@ -1,7 +1,7 @@
 //! A non-streamed chat-completions body as a [`ModelReply`], and the pieces a streamed reply
 //! shares with it: usage, and a tool call's arguments text as JSON.
 
-use serde::Deserialize;
+use serde::{Deserialize, Deserializer};
 use serde_json::Value;
 
 use super::error::{self, ErrorBody};
@@ -9,12 +9,22 @@ use crate::llm::{LlmError, ModelReply};
 use crate::message::ToolCall;
 use crate::usage::Usage;
 
+/// `null` read as the type's default, as a missing field is: compatible servers (LiteLLM and
+/// other proxies) write every optional field, as `null` when it has no value.
+pub(crate) fn null_default<'de, D, T>(deserializer: D) -> Result<T, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Default + Deserialize<'de>,
+{
+    Ok(Option::<T>::deserialize(deserializer)?.unwrap_or_default())
+}
+
 /// `usage`, as OpenAI reports it.
 #[derive(Debug, Deserialize)]
 pub(crate) struct WireUsage {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_default")]
     prompt_tokens: u64,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_default")]
     completion_tokens: u64,
     #[serde(default)]
     prompt_tokens_details: Option<PromptDetails>,
@@ -38,7 +48,7 @@ impl From<WireUsage> for Usage {
 
 #[derive(Debug, Deserialize)]
 struct Completion {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_default")]
     choices: Vec<Choice>,
     #[serde(default)]
     usage: Option<WireUsage>,
@@ -55,7 +65,7 @@ struct Choice {
 struct WireMessage {
     #[serde(default)]
     content: Option<Value>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_default")]
     tool_calls: Vec<WireToolCall>,
 }
 
@@ -68,7 +78,7 @@ struct WireToolCall {
 
 #[derive(Debug, Deserialize)]
 struct WireFunction {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_default")]
     name: String,
     #[serde(default)]
     arguments: Option<Value>,
@@ -125,8 +135,8 @@ pub(crate) fn content_text(content: &Value) -> Option<String> {
     Some(text).filter(|text| !text.is_empty())
 }
 
-/// A tool call from the model's wire form. Its id defaults to `call_{index}` for servers
-/// that send none. Empty arguments are `{}`; arguments that are not JSON are kept as their
+/// A tool call from the model's wire form. A server that sends no id gets
+/// `call_{unique}_{index}`. Empty arguments are `{}`; arguments that are not JSON are kept as their
 /// raw text in a JSON string, so that the runtime's input schema check answers the model
 /// with `invalid_input` (it may then correct itself) instead of the run failing.
 pub(crate) fn tool_call(
@@ -135,9 +145,12 @@ pub(crate) fn tool_call(
     name: String,
     arguments: &str,
 ) -> ToolCall {
+    // A server that sends no id gets one unique to the call: a client's answer is routed by
+    // the call's id, so `call_0` at every step would let a late answer to step 1's call be
+    // taken for step 3's.
     let id = id
         .filter(|id| !id.is_empty())
-        .unwrap_or_else(|| format!("call_{index}"));
+        .unwrap_or_else(|| format!("call_{}_{index}", uuid::Uuid::now_v7().simple()));
     let input = if arguments.trim().is_empty() {
         Value::Object(serde_json::Map::new())
     } else {
@@ -170,14 +183,22 @@ mod tests {
         });
         let reply = parse(body.to_string().as_bytes())?;
         assert_eq!(reply.text.as_deref(), Some("Checking."));
+        let [a, b, c] = &reply.tool_calls[..] else {
+            panic!("three calls: {:?}", reply.tool_calls);
+        };
         assert_eq!(
-            reply.tool_calls,
-            vec![
-                ToolCall::new("call_a", "lookup", json!({ "item": "tea" })),
-                ToolCall::new("call_1", "now", json!({})),
-                ToolCall::new("call_c", "lookup", json!("{\"item\":")),
-            ]
+            a,
+            &ToolCall::new("call_a", "lookup", json!({ "item": "tea" }))
         );
+        assert!(
+            b.id.starts_with("call_") && b.id.ends_with("_1"),
+            "{}",
+            b.id
+        );
+        assert_eq!((b.name.as_str(), &b.input), ("now", &json!({})));
+        assert_eq!(c, &ToolCall::new("call_c", "lookup", json!("{\"item\":")));
+        let again = parse(body.to_string().as_bytes())?;
+        assert_ne!(again.tool_calls[1].id, b.id, "a made-up id is never reused");
         assert_eq!(reply.usage, Some(Usage::new(20, 7).cached(16)));
         Ok(())
     }

@@ -19,10 +19,11 @@ impl Backoff {
     }
 
     /// The wait before retry `retry` (from 0). A provider's `Retry-After` wins over the
-    /// jittered backoff, capped at `max` so that a provider cannot park a run for an hour.
-    pub(crate) fn delay(&self, retry: u32, retry_after: Option<Duration>) -> Duration {
+    /// jittered backoff; one longer than `max` gives `None` (do not retry: a provider cannot
+    /// park a run for an hour, and retrying sooner than it asked would be refused again).
+    pub(crate) fn delay(&self, retry: u32, retry_after: Option<Duration>) -> Option<Duration> {
         if let Some(wait) = retry_after {
-            return wait.min(self.max);
+            return (wait <= self.max).then_some(wait);
         }
         let ceiling = self
             .base
@@ -31,7 +32,7 @@ impl Backoff {
         let nanos = u64::try_from(ceiling.as_nanos()).unwrap_or(u64::MAX);
         // fastrand rather than the clock's low bits: clients that failed together read
         // nearly the same time, and full jitter exists to spread exactly those apart.
-        Duration::from_nanos(fastrand::u64(..=nanos))
+        Some(Duration::from_nanos(fastrand::u64(..=nanos)))
     }
 }
 
@@ -160,12 +161,15 @@ mod tests {
             let ceiling = Duration::from_millis(100)
                 .saturating_mul(1u32.checked_shl(retry).unwrap_or(u32::MAX))
                 .min(Duration::from_secs(1));
-            assert!(backoff.delay(retry, None) <= ceiling);
+            assert!(backoff
+                .delay(retry, None)
+                .is_some_and(|wait| wait <= ceiling));
         }
-        let capped = backoff.delay(0, Some(Duration::from_secs(3600)));
-        assert_eq!(capped, Duration::from_secs(1));
+        assert_eq!(backoff.delay(0, Some(Duration::from_secs(3600))), None);
+        let asked = backoff.delay(0, Some(Duration::from_millis(700)));
+        assert_eq!(asked, Some(Duration::from_millis(700)));
         let instant = Backoff::new(Duration::ZERO, Duration::ZERO);
-        assert_eq!(instant.delay(5, None), Duration::ZERO);
+        assert_eq!(instant.delay(5, None), Some(Duration::ZERO));
     }
 
     #[test]

@@ -5,14 +5,14 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::error::{self, ErrorBody};
-use super::response::{content_text, tool_call, WireUsage};
+use super::response::{content_text, null_default, tool_call, WireUsage};
 use crate::llm::{DeltaSink, LlmError, ModelReply};
 use crate::usage::Usage;
 
 /// One `chat.completion.chunk`.
 #[derive(Debug, Deserialize)]
 struct Chunk {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_default")]
     choices: Vec<ChunkChoice>,
     #[serde(default)]
     usage: Option<WireUsage>,
@@ -22,6 +22,8 @@ struct Chunk {
 
 #[derive(Debug, Deserialize)]
 struct ChunkChoice {
+    #[serde(default, deserialize_with = "null_default")]
+    index: u64,
     #[serde(default)]
     delta: Option<ChunkDelta>,
     #[serde(default)]
@@ -32,7 +34,7 @@ struct ChunkChoice {
 struct ChunkDelta {
     #[serde(default)]
     content: Option<Value>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_default")]
     tool_calls: Vec<ToolCallFragment>,
 }
 
@@ -116,8 +118,9 @@ impl Assembler {
         if let Some(usage) = chunk.usage {
             self.usage = Some(usage.into());
         }
-        // `n` is never set, so every chunk carries the one choice (or none: the usage chunk).
-        for choice in chunk.choices {
+        // One reply is read: the first choice (an `n` given through `extra` asks for several;
+        // the others are dropped rather than mixed into it).
+        for choice in chunk.choices.into_iter().filter(|choice| choice.index == 0) {
             if let Some(delta) = choice.delta {
                 if let Some(text) = delta.content.as_ref().and_then(content_text) {
                     self.started = true;
