@@ -557,3 +557,19 @@ async fn an_error_event_before_any_delta_is_retried_like_its_status() -> anyhow:
     assert_eq!(mock.requests().len(), 2);
     Ok(())
 }
+
+#[tokio::test]
+async fn a_reply_past_the_size_limit_is_refused_unread() -> anyhow::Result<()> {
+    // 33 MiB of content: past the adapter's 32 MiB bound on one reply.
+    let content = "a".repeat(33 * 1024 * 1024);
+    let body = format!(
+        r#"{{"id":"x","object":"chat.completion","choices":[{{"index":0,"message":{{"role":"assistant","content":"{content}"}},"finish_reason":"stop"}}]}}"#
+    );
+    let body: &'static str = Box::leak(body.into_boxed_str());
+    let (mock, _runtime, outcome) = run_once(vec![Reply::json(200, body)], |b| b).await?;
+    assert_eq!(error_code(&outcome), Some(ErrorCode::ModelError));
+    let message = outcome.error.map(|e| e.message).unwrap_or_default();
+    assert!(message.contains("larger than 32 MiB"), "{message}");
+    assert_eq!(mock.requests().len(), 1, "not retried");
+    Ok(())
+}

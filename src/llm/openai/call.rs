@@ -14,6 +14,11 @@ use crate::llm::{DeltaSink, LlmError, ModelReply, ModelRequest};
 /// The most of an error body read; the rest is not worth waiting for.
 const MAX_ERROR_BODY: usize = 64 * 1024;
 
+/// The most bytes one reply may take on the wire (JSON or the whole stream): far above any
+/// model's output limit, and a bound on what a broken or hostile server can make the process
+/// hold.
+const MAX_REPLY_BYTES: usize = 32 * 1024 * 1024;
+
 /// Why an attempt failed.
 enum Failure {
     /// Another attempt may succeed: nothing of this one reached a follower.
@@ -138,12 +143,25 @@ async fn attempt(
         read_stream(response, deltas).await
     } else {
         // A server that ignores `stream: true` answers with one JSON body; read it as such.
-        let body = response.bytes().await.map_err(|error| {
-            Failure::transient(LlmError::Provider(format!(
-                "reading the response: {}",
-                describe(error)
-            )))
-        })?;
+        let mut response = response;
+        let mut body = Vec::new();
+        loop {
+            match response.chunk().await {
+                Ok(Some(bytes)) => {
+                    body.extend_from_slice(&bytes);
+                    if body.len() > MAX_REPLY_BYTES {
+                        return Err(Failure::Final(too_large()));
+                    }
+                }
+                Ok(None) => break,
+                Err(error) => {
+                    return Err(Failure::transient(LlmError::Provider(format!(
+                        "reading the response: {}",
+                        describe(error)
+                    ))))
+                }
+            }
+        }
         response::parse(&body).map_err(Failure::Final)
     }
 }
@@ -162,6 +180,7 @@ async fn read_stream(mut response: Response, deltas: &DeltaSink) -> Result<Model
     let mut parser = SseParser::new();
     let mut assembler = Assembler::new();
     let mut events = Vec::new();
+    let mut received = 0usize;
     let malformed = |error: super::sse::SseError| {
         Failure::Final(LlmError::Provider(format!("malformed chunk: {error}")))
     };
@@ -174,6 +193,10 @@ async fn read_stream(mut response: Response, deltas: &DeltaSink) -> Result<Model
                 return Err(cut(error, &assembler));
             }
         };
+        received = received.saturating_add(bytes.len());
+        if received > MAX_REPLY_BYTES {
+            return Err(Failure::Final(too_large()));
+        }
         parser.push(&bytes, &mut events).map_err(malformed)?;
         for data in events.drain(..) {
             match assembler.apply(&data, deltas) {
@@ -215,6 +238,13 @@ fn stream_error(error: LlmError, assembler: &Assembler) -> Failure {
     } else {
         Failure::Final(error)
     }
+}
+
+fn too_large() -> LlmError {
+    LlmError::Provider(format!(
+        "the reply is larger than {} MiB; it was not read further",
+        MAX_REPLY_BYTES / (1024 * 1024)
+    ))
 }
 
 /// A stream cut by the network: retried only if no piece of the reply went out yet.
