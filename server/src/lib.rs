@@ -49,6 +49,7 @@ mod routes;
 mod server;
 mod sse;
 mod token;
+mod tree;
 mod wire;
 
 pub use auth::{Auth, Caller, Denied};

@@ -204,7 +204,7 @@ pub(crate) async fn status(
 ) -> Result<Json<StatusAnswer>, ApiError> {
     let id = authorized(&state, &headers, &query).await?;
     let record = state.runtime.session(&id).await?;
-    let pending = state.runtime.pending(&id).await?;
+    let pending = crate::tree::pending(&state.runtime, &id).await?;
     let run = state.runtime.run(&id, record.run_count).await?;
     let now = state.runtime.now_ms();
     Ok(Json(StatusAnswer::new(record, run, pending, now)))

@@ -135,7 +135,7 @@ impl StatusAnswer {
     pub(crate) fn new(
         record: SessionRecord,
         run: Option<RunRecord>,
-        pending: Vec<PendingCall>,
+        pending: Vec<(dormant::SessionId, PendingCall)>,
         now_ms: u64,
     ) -> Self {
         Self {
@@ -151,7 +151,7 @@ impl StatusAnswer {
             now_ms,
             pending: pending
                 .into_iter()
-                .map(|call| PendingAnswer::new(call, now_ms))
+                .map(|(owner, call)| PendingAnswer::new(owner, call, now_ms))
                 .collect(),
         }
     }
@@ -160,6 +160,9 @@ impl StatusAnswer {
 /// One pending call, as `GET /status` lists it.
 #[derive(Debug, Serialize)]
 pub(crate) struct PendingAnswer {
+    /// The session that made the call: the root, or a sub-agent under it (answered through
+    /// the root all the same).
+    pub(crate) session_id: String,
     pub(crate) tool_call_id: String,
     pub(crate) tool_name: String,
     pub(crate) kind: PendingKind,
@@ -176,8 +179,9 @@ pub(crate) struct PendingAnswer {
 }
 
 impl PendingAnswer {
-    fn new(call: PendingCall, now_ms: u64) -> Self {
+    fn new(owner: dormant::SessionId, call: PendingCall, now_ms: u64) -> Self {
         Self {
+            session_id: owner.to_string(),
             approval_id: (call.kind == PendingKind::Approval).then(|| call.approval_id()),
             waiting: call.is_waiting(now_ms),
             answered: call

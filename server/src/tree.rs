@@ -1,0 +1,42 @@
+//! The calls a session's tree waits on: its own, and those of every sub-agent (and companion)
+//! under it that has not finished. A submit made against the root reaches any of them, so
+//! `GET /status` of the root lists them all, each with the session that owns it.
+
+use std::collections::VecDeque;
+
+use dormant::{CompanionStatus, Error, PendingCall, Runtime, SessionId};
+
+/// Sessions visited at most: a bound on one status request, far above any real tree (the
+/// runtime's `max_depth` bounds how deep it goes, not how wide).
+const MAX_SESSIONS: usize = 10_000;
+
+/// Every pending entry of `root`'s tree, owner first, breadth first.
+pub(crate) async fn pending(
+    runtime: &Runtime,
+    root: &SessionId,
+) -> Result<Vec<(SessionId, PendingCall)>, Error> {
+    let mut out = Vec::new();
+    let mut queue = VecDeque::from([root.clone()]);
+    let mut visited = 0;
+    while let Some(session) = queue.pop_front() {
+        visited += 1;
+        if visited > MAX_SESSIONS {
+            tracing::warn!(%root, "server.status_tree_truncated");
+            break;
+        }
+        for call in runtime.pending(&session).await? {
+            out.push((session.clone(), call));
+        }
+        for child in runtime.children(&session).await? {
+            if !child.state.is_finished() {
+                queue.push_back(child.child);
+            }
+        }
+        for companion in runtime.companions(&session).await? {
+            if matches!(companion.status, CompanionStatus::Suspended { .. }) {
+                queue.push_back(companion.child);
+            }
+        }
+    }
+    Ok(out)
+}
