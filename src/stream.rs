@@ -30,6 +30,10 @@ pub enum ChunkKind {
     RunStart {
         /// Its turn number.
         turn: u32,
+        /// The suspended (or interrupted) run this one resumes; `None` for a run a message
+        /// started.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        resumes: Option<RunId>,
     },
     /// The model said something.
     Text {

@@ -140,6 +140,22 @@ async fn deltas_arrive_between_chunks_and_are_never_stored() -> anyhow::Result<(
         "the call's delta precedes its tool_start: {kinds:?}"
     );
 
+    // The resumed run's run_start names the run it resumes; the first run's names none.
+    let resumes = events.iter().find_map(|event| match event {
+        StreamEvent::Chunk(chunk) => match &chunk.kind {
+            ChunkKind::RunStart { resumes, .. } => Some(*resumes),
+            _ => None,
+        },
+        StreamEvent::Delta(_) => None,
+    });
+    let first_run = runtime.runs(&id).await?[0].run_id;
+    assert_eq!(resumes, Some(Some(first_run)));
+    let first_start = &runtime.chunks(&id, 0).await?[0].kind;
+    assert!(matches!(
+        first_start,
+        ChunkKind::RunStart { resumes: None, .. }
+    ));
+
     // Stored: only chunks, with the sequence numbers the live follower saw.
     let stored = runtime.chunks(&id, resumed_from).await?;
     let live_chunks: Vec<u64> = events

@@ -327,7 +327,10 @@ async fn the_stream_can_be_followed_from_any_sequence() -> anyhow::Result<()> {
     let (first_live, _) = tokio::join!(live.next(), next);
     let first_live = first_live.ok_or_else(|| anyhow::anyhow!("stream ended"))??;
     assert_eq!(first_live.seq, all.len() as u64);
-    assert!(matches!(first_live.kind, ChunkKind::RunStart { turn: 2 }));
+    assert!(matches!(
+        first_live.kind,
+        ChunkKind::RunStart { turn: 2, .. }
+    ));
     Ok(())
 }
 

@@ -174,7 +174,7 @@ function render(chunk, prefix) {
       // A resume starts a run too; only a run started by a message has its text here. The
       // text of a message another tab sent may arrive after its run's first chunk: the line
       // waits, hidden, for the storage event (fillSent).
-      if (prefix) break;
+      if (prefix || kind.resumes) break; // a resume has no message to show
       const sent = (saved.sent || {})[chunk.seq];
       const line = entry("user", sent ? "you: " + sent : "");
       line.dataset.seq = String(chunk.seq);

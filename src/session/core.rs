@@ -318,7 +318,8 @@ impl Session {
             usage: Default::default(),
         });
         self.staged.run_changed = true;
-        self.stage_chunk(run_id, now, ChunkKind::RunStart { turn });
+        let resumes = previous;
+        self.stage_chunk(run_id, now, ChunkKind::RunStart { turn, resumes });
     }
 
     /// Ends (or suspends) the current run with `status`.

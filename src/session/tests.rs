@@ -299,7 +299,7 @@ fn a_new_turn_closes_tool_calls_a_crash_left_without_results() {
         .map(|c| c.chunks.iter().map(|chunk| &chunk.kind).collect())
         .unwrap_or_default();
     assert!(
-        matches!(kinds[..], [ChunkKind::ToolEnd { tool_call_id, .. }, ChunkKind::RunStart { turn: 2 }, ..] if tool_call_id == "c1"),
+        matches!(kinds[..], [ChunkKind::ToolEnd { tool_call_id, .. }, ChunkKind::RunStart { turn: 2, .. }, ..] if tool_call_id == "c1"),
         "{kinds:?}"
     );
 }
