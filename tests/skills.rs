@@ -216,3 +216,90 @@ async fn a_provider_that_panics_leaves_the_prompt_without_skills_and_the_run_goe
     assert!(failed, "{messages:?}");
     Ok(())
 }
+
+/// Lists one skill on its first call and fails on every later one.
+struct FailsAfterFirst {
+    calls: std::sync::atomic::AtomicUsize,
+}
+
+impl dormant::skills::SkillProvider for FailsAfterFirst {
+    fn list(
+        &self,
+    ) -> BoxFuture<'static, Result<Vec<dormant::skills::SkillMetadata>, dormant::skills::Error>>
+    {
+        let first = self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0;
+        Box::pin(async move {
+            if first {
+                Ok(vec![dormant::skills::SkillMetadata::new(
+                    "runbook",
+                    "Operate the service.",
+                )])
+            } else {
+                Err(dormant::skills::Error::TaskFailed {
+                    message: "the disk went away".into(),
+                })
+            }
+        })
+    }
+
+    fn get(
+        &self,
+        _name: &str,
+    ) -> BoxFuture<'static, Result<Option<dormant::skills::Skill>, dormant::skills::Error>> {
+        Box::pin(async { Ok(None) })
+    }
+
+    fn read_resource(
+        &self,
+        _name: &str,
+        _path: &str,
+        _range: Option<dormant::skills::ReadRange>,
+    ) -> BoxFuture<'static, Result<Option<String>, dormant::skills::Error>> {
+        Box::pin(async { Ok(None) })
+    }
+}
+
+#[tokio::test]
+async fn a_provider_that_fails_later_keeps_the_last_good_catalog_in_the_prompt(
+) -> anyhow::Result<()> {
+    let scripted = ScriptedLlm::new().script(
+        "ops",
+        vec![
+            ModelReply::tool_calls(vec![ToolCall::new("n1", "noop", json!({}))]),
+            ModelReply::text("done"),
+        ],
+    );
+    let model = Arc::new(Prompts {
+        scripted,
+        seen: Mutex::default(),
+    });
+    let agent = AgentDefinition::builder("ops")
+        .tool(dormant::ToolDefinition::server("noop", |_, _| async {
+            Ok(json!(null))
+        }))
+        .skills(FailsAfterFirst {
+            calls: Default::default(),
+        })
+        .build()?;
+    let runtime = Runtime::builder()
+        .store(common::temp_store()?)
+        .llm(Arc::clone(&model) as Arc<dyn LlmAdapter>)
+        .clock(Arc::new(ManualClock::new(0)))
+        .background_deadlines(false)
+        .agent(agent)
+        .build()?;
+    let outcome = runtime.execute_on(&"s1".parse()?, "ops", "go").await?;
+    assert_eq!(outcome.text.as_deref(), Some("done"));
+    let prompts = model.seen.lock().clone();
+    assert_eq!(prompts.len(), 2);
+    assert!(
+        prompts[0].contains("<skill name=\"runbook\">"),
+        "{}",
+        prompts[0]
+    );
+    assert_eq!(
+        prompts[1], prompts[0],
+        "the failed listing kept the last good section"
+    );
+    Ok(())
+}
