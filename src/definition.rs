@@ -259,7 +259,8 @@ pub struct AgentDefinition {
     specs: Arc<[ToolSpec]>,
     model: Arc<crate::llm::ModelSettings>,
     skills: Option<Arc<dyn SkillProvider>>,
-    preload_skills: Vec<String>,
+    /// Shared with each model call's prompt builder, not copied per step.
+    preload_skills: Arc<[String]>,
     /// The last skills section built for this agent: a step whose provider fails uses it.
     skill_section: crate::skills::LastSection,
 }
@@ -329,6 +330,10 @@ impl AgentDefinition {
     /// The skills whose bodies go into the system prompt on every step.
     pub fn preload_skills(&self) -> &[String] {
         &self.preload_skills
+    }
+
+    pub(crate) fn preload_skills_shared(&self) -> Arc<[String]> {
+        Arc::clone(&self.preload_skills)
     }
 
     pub(crate) fn skill_section(&self) -> &crate::skills::LastSection {
@@ -597,7 +602,7 @@ impl AgentBuilder {
             specs: specs.into(),
             model: Arc::new(self.model),
             skills: self.skills,
-            preload_skills: self.preload_skills,
+            preload_skills: self.preload_skills.into(),
             skill_section: Default::default(),
         })
     }

@@ -179,7 +179,7 @@ async fn deltas_arrive_between_chunks_and_are_never_stored() -> anyhow::Result<(
 }
 
 #[tokio::test]
-async fn follow_never_yields_deltas() -> anyhow::Result<()> {
+async fn follow_yields_every_chunk_once_from_a_streaming_model() -> anyhow::Result<()> {
     let runtime = streaming_runtime()?;
     let id: SessionId = "s2".parse()?;
     let plain = runtime.follow(&id, 0);

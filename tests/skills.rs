@@ -26,6 +26,25 @@ impl LlmAdapter for Prompts {
     }
 }
 
+/// A runtime whose model replays `script` for the agent `ops`, keeping the prompts it sees.
+fn ops_runtime(
+    agent: AgentDefinition,
+    script: Vec<ModelReply>,
+) -> anyhow::Result<(Arc<Prompts>, Runtime)> {
+    let model = Arc::new(Prompts {
+        scripted: ScriptedLlm::new().script("ops", script),
+        seen: Mutex::default(),
+    });
+    let runtime = Runtime::builder()
+        .store(common::temp_store()?)
+        .llm(Arc::clone(&model) as Arc<dyn LlmAdapter>)
+        .clock(Arc::new(ManualClock::new(0)))
+        .background_deadlines(false)
+        .agent(agent)
+        .build()?;
+    Ok((model, runtime))
+}
+
 fn write(path: &std::path::Path, text: &str) -> anyhow::Result<()> {
     if let Some(parent) = path.parent() {
         std::fs::create_dir_all(parent)?;
@@ -50,37 +69,24 @@ async fn an_agent_reads_its_skills_from_a_folder() -> anyhow::Result<()> {
         "no front matter here\n",
     )?;
 
-    let scripted = ScriptedLlm::new().script(
-        "ops",
-        vec![
-            ModelReply::tool_calls(vec![ToolCall::new(
-                "l1",
-                "load_skill",
-                json!({ "name": "deploy-runbook" }),
-            )]),
-            ModelReply::tool_calls(vec![ToolCall::new(
-                "r1",
-                "read_skill_file",
-                json!({ "name": "deploy-runbook", "path": "references/checks.md", "start_line": 2, "end_line": 2 }),
-            )]),
-            ModelReply::text("deployed"),
-        ],
-    );
-    let model = Arc::new(Prompts {
-        scripted,
-        seen: Mutex::default(),
-    });
     let agent = AgentDefinition::builder("ops")
         .system_prompt("You run deploys.")
         .skills(FsSkills::new([root.path()]))
         .build()?;
-    let runtime = Runtime::builder()
-        .store(common::temp_store()?)
-        .llm(Arc::clone(&model) as Arc<dyn LlmAdapter>)
-        .clock(Arc::new(ManualClock::new(0)))
-        .background_deadlines(false)
-        .agent(agent)
-        .build()?;
+    let script = vec![
+        ModelReply::tool_calls(vec![ToolCall::new(
+            "l1",
+            "load_skill",
+            json!({ "name": "deploy-runbook" }),
+        )]),
+        ModelReply::tool_calls(vec![ToolCall::new(
+            "r1",
+            "read_skill_file",
+            json!({ "name": "deploy-runbook", "path": "references/checks.md", "start_line": 2, "end_line": 2 }),
+        )]),
+        ModelReply::text("deployed"),
+    ];
+    let (model, runtime) = ops_runtime(agent, script)?;
     let id: SessionId = "s1".parse()?;
     let outcome = runtime.execute_on(&id, "ops", "ship it").await?;
     assert_eq!(outcome.text.as_deref(), Some("deployed"));
@@ -174,32 +180,19 @@ impl dormant::skills::SkillProvider for Panicking {
 #[tokio::test]
 async fn a_provider_that_panics_leaves_the_prompt_without_skills_and_the_run_goes_on(
 ) -> anyhow::Result<()> {
-    let scripted = ScriptedLlm::new().script(
-        "ops",
-        vec![
-            ModelReply::tool_calls(vec![ToolCall::new(
-                "l1",
-                "load_skill",
-                json!({ "name": "anything" }),
-            )]),
-            ModelReply::text("carried on"),
-        ],
-    );
-    let model = Arc::new(Prompts {
-        scripted,
-        seen: Mutex::default(),
-    });
     let agent = AgentDefinition::builder("ops")
         .system_prompt("You run deploys.")
         .skills(Panicking)
         .build()?;
-    let runtime = Runtime::builder()
-        .store(common::temp_store()?)
-        .llm(Arc::clone(&model) as Arc<dyn LlmAdapter>)
-        .clock(Arc::new(ManualClock::new(0)))
-        .background_deadlines(false)
-        .agent(agent)
-        .build()?;
+    let script = vec![
+        ModelReply::tool_calls(vec![ToolCall::new(
+            "l1",
+            "load_skill",
+            json!({ "name": "anything" }),
+        )]),
+        ModelReply::text("carried on"),
+    ];
+    let (model, runtime) = ops_runtime(agent, script)?;
     let id: SessionId = "s1".parse()?;
     let outcome = runtime.execute_on(&id, "ops", "ship it").await?;
     assert_eq!(outcome.text.as_deref(), Some("carried on"));
@@ -262,17 +255,6 @@ impl dormant::skills::SkillProvider for FailsAfterFirst {
 #[tokio::test]
 async fn a_provider_that_fails_later_keeps_the_last_good_catalog_in_the_prompt(
 ) -> anyhow::Result<()> {
-    let scripted = ScriptedLlm::new().script(
-        "ops",
-        vec![
-            ModelReply::tool_calls(vec![ToolCall::new("n1", "noop", json!({}))]),
-            ModelReply::text("done"),
-        ],
-    );
-    let model = Arc::new(Prompts {
-        scripted,
-        seen: Mutex::default(),
-    });
     let agent = AgentDefinition::builder("ops")
         .tool(dormant::ToolDefinition::server("noop", |_, _| async {
             Ok(json!(null))
@@ -281,13 +263,11 @@ async fn a_provider_that_fails_later_keeps_the_last_good_catalog_in_the_prompt(
             calls: Default::default(),
         })
         .build()?;
-    let runtime = Runtime::builder()
-        .store(common::temp_store()?)
-        .llm(Arc::clone(&model) as Arc<dyn LlmAdapter>)
-        .clock(Arc::new(ManualClock::new(0)))
-        .background_deadlines(false)
-        .agent(agent)
-        .build()?;
+    let script = vec![
+        ModelReply::tool_calls(vec![ToolCall::new("n1", "noop", json!({}))]),
+        ModelReply::text("done"),
+    ];
+    let (model, runtime) = ops_runtime(agent, script)?;
     let outcome = runtime.execute_on(&"s1".parse()?, "ops", "go").await?;
     assert_eq!(outcome.text.as_deref(), Some("done"));
     let prompts = model.seen.lock().clone();

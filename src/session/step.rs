@@ -124,7 +124,7 @@ impl Session {
                 .skills()
                 .map(|provider| crate::skills::PromptSkills {
                     provider: Arc::clone(provider),
-                    preload: self.agent.preload_skills().to_vec(),
+                    preload: self.agent.preload_skills_shared(),
                     last: Arc::clone(self.agent.skill_section()),
                 }),
         });

@@ -13,7 +13,7 @@ pub(crate) type LastSection = Arc<parking_lot::Mutex<Option<String>>>;
 #[derive(Clone, Debug)]
 pub(crate) struct PromptSkills {
     pub(crate) provider: Arc<dyn SkillProvider>,
-    pub(crate) preload: Vec<String>,
+    pub(crate) preload: Arc<[String]>,
     /// Used when the provider cannot list: the prompt keeps the section it had, rather than
     /// losing it (and its preloaded bodies) for a step.
     pub(crate) last: LastSection,
@@ -65,7 +65,7 @@ impl PromptSkills {
             }
         };
         let mut preloaded = Vec::with_capacity(self.preload.len());
-        for name in &self.preload {
+        for name in self.preload.iter() {
             match self.provider.get(name).await {
                 Ok(Some(skill)) => preloaded.push(skill),
                 Ok(None) => tracing::warn!(%session, skill = %name, "skills.preload_unknown"),

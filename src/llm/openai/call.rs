@@ -63,7 +63,10 @@ pub(crate) async fn complete(
                     // The provider asks for a longer wait than the backoff allows: retrying
                     // sooner would be refused again and use up the retries.
                     let asked = retry_after.map_or(0, |wait| wait.as_secs());
-                    return Err(after(with_note(error, asked), retry + 1));
+                    let note = format!(
+                        " (Retry-After asks for {asked} s, more than the backoff's longest wait)"
+                    );
+                    return Err(after(noted(error, &note), retry + 1));
                 };
                 retry += 1;
                 tracing::warn!(
@@ -82,25 +85,20 @@ pub(crate) async fn complete(
     }
 }
 
-/// `error` saying how long the provider asked to wait.
-fn with_note(error: LlmError, seconds: u64) -> LlmError {
-    let note = format!(" (Retry-After asks for {seconds} s, more than the backoff's longest wait)");
-    match error {
-        LlmError::RateLimited(message) => LlmError::RateLimited(message + &note),
-        LlmError::Provider(message) => LlmError::Provider(message + &note),
-        other => other,
-    }
-}
-
 /// `error` saying how many attempts were made, when there were several.
 fn after(error: LlmError, attempts: u32) -> LlmError {
     if attempts < 2 {
         return error;
     }
-    let suffix = format!(" (after {attempts} attempts)");
+    noted(error, &format!(" (after {attempts} attempts)"))
+}
+
+/// `error` with `note` after its message (the retried kinds: rate limits and provider
+/// failures).
+fn noted(error: LlmError, note: &str) -> LlmError {
     match error {
-        LlmError::RateLimited(message) => LlmError::RateLimited(message + &suffix),
-        LlmError::Provider(message) => LlmError::Provider(message + &suffix),
+        LlmError::RateLimited(message) => LlmError::RateLimited(message + note),
+        LlmError::Provider(message) => LlmError::Provider(message + note),
         other => other,
     }
 }
@@ -143,24 +141,17 @@ async fn attempt(
         read_stream(response, deltas).await
     } else {
         // A server that ignores `stream: true` answers with one JSON body; read it as such.
-        let mut response = response;
         let mut body = Vec::new();
-        loop {
-            match response.chunk().await {
-                Ok(Some(bytes)) => {
-                    body.extend_from_slice(&bytes);
-                    if body.len() > MAX_REPLY_BYTES {
-                        return Err(Failure::Final(too_large()));
-                    }
-                }
-                Ok(None) => break,
-                Err(error) => {
-                    return Err(Failure::transient(LlmError::Provider(format!(
-                        "reading the response: {}",
-                        describe(error)
-                    ))))
-                }
-            }
+        read_up_to(response, MAX_REPLY_BYTES, &mut body)
+            .await
+            .map_err(|error| {
+                Failure::transient(LlmError::Provider(format!(
+                    "reading the response: {}",
+                    describe(error)
+                )))
+            })?;
+        if body.len() > MAX_REPLY_BYTES {
+            return Err(Failure::Final(too_large()));
         }
         response::parse(&body).map_err(Failure::Final)
     }
@@ -190,7 +181,7 @@ async fn read_stream(mut response: Response, deltas: &DeltaSink) -> Result<Model
             Ok(None) => break,
             Err(error) => {
                 let error = LlmError::Provider(format!("stream ended early: {}", describe(error)));
-                return Err(cut(error, &assembler));
+                return Err(cut(error, assembler.started()));
             }
         };
         received = received.saturating_add(bytes.len());
@@ -214,27 +205,20 @@ async fn read_stream(mut response: Response, deltas: &DeltaSink) -> Result<Model
         }
     }
     let started = assembler.started();
-    assembler.end().map_err(|error| {
-        if started {
-            Failure::Final(error)
-        } else {
-            Failure::transient(error)
-        }
-    })
+    assembler.end().map_err(|error| cut(error, started))
 }
 
 /// An error the stream itself reported: an error event before any piece of the reply
 /// (OpenRouter passes an upstream 429 or 502 on this way) is retried like the same status;
 /// a malformed chunk, or anything after the first piece, is final.
 fn stream_error(error: LlmError, assembler: &Assembler) -> Failure {
-    let transient = !assembler.started()
-        && match &error {
-            LlmError::RateLimited(_) => true,
-            LlmError::Provider(message) => !message.starts_with("malformed chunk"),
-            _ => false,
-        };
-    if transient {
-        Failure::transient(error)
+    let retryable = match &error {
+        LlmError::RateLimited(_) => true,
+        LlmError::Provider(message) => !message.starts_with("malformed chunk"),
+        _ => false,
+    };
+    if retryable {
+        cut(error, assembler.started())
     } else {
         Failure::Final(error)
     }
@@ -247,24 +231,36 @@ fn too_large() -> LlmError {
     ))
 }
 
-/// A stream cut by the network: retried only if no piece of the reply went out yet.
-fn cut(error: LlmError, assembler: &Assembler) -> Failure {
-    if assembler.started() {
+/// A stream that failed: retried only if no piece of the reply went out yet (`started`).
+fn cut(error: LlmError, started: bool) -> Failure {
+    if started {
         Failure::Final(error)
     } else {
         Failure::transient(error)
     }
 }
 
-/// The start of an error response's body (lossy UTF-8; empty if it cannot be read).
-async fn error_body(mut response: Response) -> String {
-    let mut body = Vec::new();
-    while body.len() < MAX_ERROR_BODY {
-        match response.chunk().await {
-            Ok(Some(bytes)) => body.extend_from_slice(&bytes),
-            Ok(None) | Err(_) => break,
+/// Reads the body into `body` until it ends or has grown past `limit` (the caller tells which
+/// by its length); on a transport error, `body` keeps what arrived before it.
+async fn read_up_to(
+    mut response: Response,
+    limit: usize,
+    body: &mut Vec<u8>,
+) -> Result<(), reqwest::Error> {
+    while body.len() <= limit {
+        match response.chunk().await? {
+            Some(bytes) => body.extend_from_slice(&bytes),
+            None => break,
         }
     }
+    Ok(())
+}
+
+/// The start of an error response's body (lossy UTF-8; what arrived before a transport
+/// error, if one cut it).
+async fn error_body(response: Response) -> String {
+    let mut body = Vec::new();
+    let _ = read_up_to(response, MAX_ERROR_BODY, &mut body).await;
     body.truncate(MAX_ERROR_BODY);
     String::from_utf8_lossy(&body).into_owned()
 }
