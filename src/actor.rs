@@ -6,6 +6,7 @@
 
 mod children;
 mod effects;
+mod remote;
 mod submit;
 mod work;
 
@@ -57,7 +58,11 @@ impl Reply {
 
 /// The answer to a [`SessionMsg::Stop`]: the children the stopped session asked to stop, each
 /// with whether to abort it.
-pub(crate) type StopReply = oneshot::Sender<Result<Vec<(SessionId, bool)>, Error>>;
+pub(crate) type StopReply = oneshot::Sender<Result<Vec<StopTarget>, Error>>;
+
+/// A child a stopped session asked to stop: whether to abort it, and where it lives if it is
+/// a remote child (the caller walking the tree stops it there).
+pub(crate) type StopTarget = (SessionId, bool, Option<crate::remote::RemoteChild>);
 
 /// Requests a session actor handles. Replies travel in `reply`.
 #[derive(Debug)]
@@ -67,6 +72,8 @@ pub(crate) enum SessionMsg {
         agent: Arc<AgentDefinition>,
         message: String,
         reply: Reply,
+        /// Only if the session does not exist yet (a remote parent's start, replayed or not).
+        new_only: bool,
     },
     /// Continue a suspended or interrupted run; joins a run already in progress.
     Resume { reply: Option<Reply> },
@@ -111,6 +118,14 @@ pub(crate) enum SessionMsg {
         tool_call_id: String,
         report: ChildReport,
     },
+    /// A remote child's driver says where the child stands (sent by the driver's task).
+    RemoteReport {
+        tool_call_id: String,
+        report: crate::remote::DriveReport,
+    },
+    /// An answer for a call under the remote child of `tool_call_id` was accepted at the
+    /// remote (sent by the router's forward).
+    RemoteAnswered { tool_call_id: String },
     /// Background recovery finished inspecting the children recorded as running.
     Reconciled(Vec<(String, ChildState)>),
 }
@@ -445,7 +460,7 @@ impl SessionActor {
         state: &mut SessionState,
         abort: bool,
         walked: bool,
-    ) -> Result<Vec<(SessionId, bool)>, Error> {
+    ) -> Result<Vec<StopTarget>, Error> {
         let now = self.shared.clock.now_ms();
         let Some(session) = self.present(ctx.key(), state).await? else {
             return Err(Error::UnknownSession(ctx.key().clone()));
@@ -463,8 +478,9 @@ impl SessionActor {
             transition.effects.retain(|effect| match effect {
                 Effect::StopChildren { children, abort } => {
                     for child in children {
-                        if !stopped.iter().any(|(known, _)| known == child) {
-                            stopped.push((child.clone(), *abort));
+                        if !stopped.iter().any(|(known, _, _)| known == child) {
+                            let remote = session.children_remote_of(child);
+                            stopped.push((child.clone(), *abort, remote));
                         }
                     }
                     false
@@ -520,7 +536,12 @@ impl SessionActor {
                 agent,
                 message,
                 reply,
+                new_only,
             } => {
+                if new_only && matches!(self.present(ctx.key(), state).await, Ok(Some(_))) {
+                    reply.fail(Error::SessionExists(ctx.key().clone()));
+                    return;
+                }
                 let input = Input::Execute {
                     run_id: RunId::generate(),
                     message,
@@ -574,6 +595,13 @@ impl SessionActor {
                 tool_call_id,
                 report,
             } => self.child_reported(ctx, state, tool_call_id, report).await,
+            SessionMsg::RemoteReport {
+                tool_call_id,
+                report,
+            } => self.remote_reported(ctx, state, tool_call_id, report).await,
+            SessionMsg::RemoteAnswered { tool_call_id } => {
+                self.remote_answered(ctx, state, tool_call_id).await;
+            }
             SessionMsg::Reconciled(results) => {
                 state.reconciling = false;
                 self.feed(ctx, state, Input::Reconciled { results }).await;

@@ -634,7 +634,9 @@ fn check_tool(agent: &str, def: &ToolDefinition) -> Result<(), DefinitionError> 
         ToolKind::Client { .. } if def.finish_with => {
             Err(DefinitionError::ClientWithFinish { agent, tool })
         }
-        ToolKind::SubAgent { .. } if needs_approval || def.finish_with => {
+        ToolKind::SubAgent { .. } | ToolKind::RemoteSubAgent { .. }
+            if needs_approval || def.finish_with =>
+        {
             Err(DefinitionError::SubAgentWithFlags { agent, tool })
         }
         _ => Ok(()),

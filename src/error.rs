@@ -32,6 +32,9 @@ pub enum Error {
         /// Its parent.
         parent: SessionId,
     },
+    /// The session exists already ([`Runtime::start_new`](crate::Runtime::start_new)).
+    #[error("session {0} exists already")]
+    SessionExists(SessionId),
     /// A run of the session is in progress.
     #[error("session {0} is already running")]
     AlreadyRunning(SessionId),
@@ -91,6 +94,11 @@ pub enum Error {
     /// runtime; the runtime's actors run on tokio.
     #[error("a runtime must be built inside a tokio runtime (for example under #[tokio::main])")]
     NoTokioRuntime,
+    /// A call owned by a remote sub-agent could not be forwarded to its server: nothing was
+    /// stored on either side. Retryable when [`RemoteError::is_retryable`](crate::remote::RemoteError::is_retryable)
+    /// says so (the server did not answer): the same submit is accepted once it is back.
+    #[error(transparent)]
+    Remote(crate::remote::RemoteError),
 }
 
 // The wrapped errors are part of the message, so they are not also given as its `source`:
@@ -133,6 +141,7 @@ impl Error {
             Error::AgentMismatch { .. } => "agent_mismatch",
             Error::SubAgentSession { .. } => "sub_agent_session",
             Error::AlreadyRunning(_) => "already_running",
+            Error::SessionExists(_) => "session_exists",
             Error::Aborted(_) => "aborted",
             Error::NotResumable { .. } => "not_resumable",
             Error::InvalidId(_) => "invalid_id",
@@ -146,6 +155,8 @@ impl Error {
             Error::StoreInUse => "store_in_use",
             Error::InvalidConfig { .. } => "invalid_config",
             Error::NoTokioRuntime => "no_tokio_runtime",
+            Error::Remote(error) if error.is_retryable() => "remote_unavailable",
+            Error::Remote(_) => "remote_error",
         }
     }
 }

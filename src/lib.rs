@@ -79,6 +79,7 @@ pub mod llm;
 pub mod message;
 mod metrics;
 mod nesting;
+pub mod remote;
 mod router;
 mod runtime;
 // Test tooling: built only with the `test-util` feature (see Cargo.toml), so that a user's

@@ -5,18 +5,19 @@
 
 use crate::error::Error;
 use crate::ids::SessionId;
+use crate::remote::Owner;
 use crate::schema;
 use crate::shared::Shared;
 use crate::submit::{self, SubmitOutcome};
 
-/// The session that owns call `call` under `root`, or the outcome to answer at once: the root
-/// must be a root (a sub-agent's id is `invalid_request`), and a call that is not pending is
-/// answered from its tombstone.
+/// Who owns call `call` under `root` (a session of this runtime, or a remote child's tree),
+/// or the outcome to answer at once: the root must be a root (a sub-agent's id is
+/// `invalid_request`), and a call that is not pending is answered from its tombstone.
 pub(crate) async fn owner(
     shared: &Shared,
     root: &SessionId,
     call: &str,
-) -> Result<Result<SessionId, SubmitOutcome>, Error> {
+) -> Result<Result<Owner, SubmitOutcome>, Error> {
     let store = shared.store.as_ref();
     let Some(lineage) = schema::load_lineage(store, root).await? else {
         return Ok(Err(SubmitOutcome::UnknownToolCall));
@@ -34,7 +35,7 @@ pub(crate) async fn owner(
     }
     // A root's own calls have no ownership entry: their pending entry is the proof.
     if schema::has_pending(store, root, call).await? {
-        return Ok(Ok(root.clone()));
+        return Ok(Ok(Owner::Local(root.clone())));
     }
     let outcome = settled_outcome(shared, root, call).await?;
     if outcome == SubmitOutcome::UnknownToolCall {

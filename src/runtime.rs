@@ -19,6 +19,7 @@ use crate::ids::SessionId;
 use crate::message::Message;
 use crate::metrics::ClientToolStats;
 use crate::metrics::Latency;
+use crate::remote::Owner;
 use crate::router;
 use crate::scheduler::{SchedulerMsg, SweepReport};
 use crate::schema;
@@ -148,6 +149,7 @@ impl Runtime {
             agent,
             message,
             reply: Reply::Settled(reply),
+            new_only: false,
         })
         .await
     }
@@ -194,6 +196,33 @@ impl Runtime {
             agent,
             message,
             reply: Reply::Started(reply),
+            new_only: false,
+        })
+        .await
+    }
+
+    /// Like [`Runtime::start_on`], but only for a session that does not exist yet: one that
+    /// does answers [`Error::SessionExists`] and nothing runs. Decided by the session's actor,
+    /// so of two racing calls exactly one starts it. What a parent on another server uses to
+    /// start a remote child: a replayed start finds the child instead of giving it a second
+    /// turn.
+    ///
+    /// # Errors
+    /// [`Error::SessionExists`], and as [`Runtime::start_on`].
+    pub async fn start_new(
+        &self,
+        id: &SessionId,
+        agent: &str,
+        message: impl Into<String>,
+    ) -> Result<RunStarted, Error> {
+        self.ensure_open()?;
+        let agent = self.agent(agent)?;
+        let message = message.into();
+        self.ask(id, |reply| SessionMsg::Execute {
+            agent,
+            message,
+            reply: Reply::Started(reply),
+            new_only: true,
         })
         .await
     }
@@ -244,7 +273,16 @@ impl Runtime {
             Err(outcome) => return Ok(outcome),
         };
         let owner = match router::owner(&self.inner.shared, &root, &tool_call_id).await? {
-            Ok(owner) => owner,
+            Ok(Owner::Local(owner)) => owner,
+            Ok(Owner::Remote(owner)) => {
+                return crate::remote::forward(
+                    &self.inner.shared,
+                    &self.inner.host,
+                    *owner,
+                    submission,
+                )
+                .await;
+            }
             Err(outcome) => return Ok(outcome),
         };
         let (reply, answer) = oneshot::channel();
@@ -386,6 +424,26 @@ impl Runtime {
         let mut calls = self.read(schema::load_pending(self.store(), id).await)?;
         calls.sort_by_key(|call| call.position);
         Ok(calls)
+    }
+
+    /// The calls under root `root` that remote sub-agents' trees wait on (their client tools
+    /// and approvals, and those of their own children), each with the local session whose
+    /// call runs the remote child. A submit at `root` answers any of them. What
+    /// [`Runtime::pending`] is to a session's own calls, this is to its remote ones: together
+    /// with the pending calls of its local sub-agents they are everything the root waits on.
+    ///
+    /// # Errors
+    /// As [`Runtime::session`].
+    pub async fn pending_remote(
+        &self,
+        root: &SessionId,
+    ) -> Result<Vec<(SessionId, crate::remote::RemoteCall)>, Error> {
+        self.session(root).await?;
+        let owners = self.read(schema::remote_owned(self.store(), root).await)?;
+        Ok(owners
+            .into_iter()
+            .map(|owner| (owner.via, owner.call))
+            .collect())
     }
 
     /// The session's sub-agent calls that have not become tool results yet: which child runs

@@ -33,6 +33,7 @@ use serde::Serialize;
 
 use crate::ids::SessionId;
 use crate::message::Message;
+use crate::remote::{Owner, RemoteOwner};
 use crate::session::{ChildCall, Companion, PendingCall, RunRecord, SessionRecord};
 use crate::store::{Batch, CommitKind, Store, Tree};
 use crate::stream::Chunk;
@@ -207,6 +208,12 @@ pub(crate) enum IndexWrite {
     PutOwnership { root: SessionId, call: String },
     /// Clear an ownership entry on the root.
     DeleteOwnership { root: SessionId, call: String },
+    /// Record on the root that a remote child's tree owns the call (written by the session
+    /// that holds the remote child).
+    PutRemoteOwnership {
+        root: SessionId,
+        owner: Box<crate::remote::RemoteOwner>,
+    },
     /// Leave a tombstone on the root for a completed call.
     PutTombstone {
         root: SessionId,
@@ -305,6 +312,11 @@ impl Commit {
                 IndexWrite::DeleteOwnership { root, call } => {
                     batch.delete(Tree::Ownership, call_key(root, call));
                 }
+                IndexWrite::PutRemoteOwnership { root, owner } => batch.put(
+                    Tree::Ownership,
+                    call_key(root, &owner.call.tool_call_id),
+                    encode(Tree::Ownership, &Owner::Remote(owner.clone()))?,
+                ),
                 IndexWrite::PutTombstone { root, call, at } => batch.put(
                     Tree::Tombstones,
                     call_key(root, call),
@@ -631,17 +643,33 @@ pub(crate) async fn load_conversation(
         .collect())
 }
 
-/// The session that owns call `call` under `root`, if the call is pending.
+/// Who owns call `call` under `root`, if the call is pending under a sub-agent (local or
+/// remote).
 pub(crate) async fn owner(
     store: &dyn Store,
     root: &SessionId,
     call: &str,
-) -> Result<Option<SessionId>, Error> {
+) -> Result<Option<Owner>, Error> {
     store
         .get(Tree::Ownership, &call_key(root, call))
         .await?
         .map(|bytes| decode(root, Tree::Ownership, &bytes))
         .transpose()
+}
+
+/// The calls under `root` that remote children's trees own, in call id order.
+pub(crate) async fn remote_owned(
+    store: &dyn Store,
+    root: &SessionId,
+) -> Result<Vec<RemoteOwner>, Error> {
+    let owners: Vec<Owner> = load_all(store, root, Tree::Ownership).await?;
+    Ok(owners
+        .into_iter()
+        .filter_map(|owner| match owner {
+            Owner::Remote(remote) => Some(*remote),
+            Owner::Local(_) => None,
+        })
+        .collect())
 }
 
 /// Whether `session` has a pending entry for `call`.

@@ -11,13 +11,14 @@ mod cut;
 mod input;
 mod outcome;
 mod pending;
+mod remote_children;
 mod resume;
 mod state;
 mod step;
 mod suspend;
 mod transition;
 
-pub(crate) use self::child_side::stored_state;
+pub(crate) use self::child_side::{report_of, stored_state};
 pub(crate) use self::children::ChildStart;
 pub(crate) use self::core::{Policy, Session, Stored};
 pub(crate) use self::input::{ChildReport, FinishedCall, Input};

@@ -33,6 +33,10 @@ pub(crate) struct Shared {
     pub(crate) metrics: Metrics,
     /// How long recovery waits for one child before writing it off as interrupted.
     pub(crate) child_inspection_timeout: std::time::Duration,
+    /// How remote sub-agents are reached, if any agent has one.
+    pub(crate) remote: Option<Arc<dyn crate::remote::RemoteAgents>>,
+    /// How a remote that does not answer is retried.
+    pub(crate) remote_policy: crate::remote::RemotePolicy,
 }
 
 impl std::fmt::Debug for Shared {

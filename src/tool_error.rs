@@ -52,6 +52,12 @@ pub enum ToolErrorCode {
     SubAgentInterrupted,
     /// The child of a sub-agent call is not recorded.
     SubAgentLost,
+    /// A remote sub-agent could not be started (its server did not answer, or refused), or
+    /// ended failed.
+    RemoteSubAgentFailed,
+    /// A remote sub-agent's server stopped answering, or no longer knows the child, after it
+    /// was started.
+    RemoteSubAgentLost,
     /// The child's session id belongs to a session of another tree.
     SessionIdTaken,
     /// No agent of that name is defined.
@@ -74,7 +80,7 @@ pub enum ToolErrorCode {
 
 impl ToolErrorCode {
     /// Every code.
-    pub const ALL: [ToolErrorCode; 27] = [
+    pub const ALL: [ToolErrorCode; 29] = [
         ToolErrorCode::UnknownTool,
         ToolErrorCode::InvalidInput,
         ToolErrorCode::InvalidOutput,
@@ -93,6 +99,8 @@ impl ToolErrorCode {
         ToolErrorCode::SubAgentAbandoned,
         ToolErrorCode::SubAgentInterrupted,
         ToolErrorCode::SubAgentLost,
+        ToolErrorCode::RemoteSubAgentFailed,
+        ToolErrorCode::RemoteSubAgentLost,
         ToolErrorCode::SessionIdTaken,
         ToolErrorCode::UnknownAgent,
         ToolErrorCode::UnknownAgentType,
@@ -125,6 +133,8 @@ impl ToolErrorCode {
             ToolErrorCode::SubAgentAbandoned => "sub_agent_abandoned",
             ToolErrorCode::SubAgentInterrupted => "sub_agent_interrupted",
             ToolErrorCode::SubAgentLost => "sub_agent_lost",
+            ToolErrorCode::RemoteSubAgentFailed => "remote_subagent_failed",
+            ToolErrorCode::RemoteSubAgentLost => "remote_subagent_lost",
             ToolErrorCode::SessionIdTaken => "session_id_taken",
             ToolErrorCode::UnknownAgent => "unknown_agent",
             ToolErrorCode::UnknownAgentType => "unknown_agent_type",

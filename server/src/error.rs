@@ -90,12 +90,15 @@ impl From<dormant::Error> for ApiError {
             E::AgentMismatch { .. }
             | E::SubAgentSession { .. }
             | E::AlreadyRunning(_)
+            | E::SessionExists(_)
             | E::Aborted(_)
             | E::NotResumable { .. } => StatusCode::CONFLICT,
             // Retryable: the store may have room again, the session may come back, another
             // node may answer.
             E::Store(store) if store.is_retryable() => StatusCode::SERVICE_UNAVAILABLE,
             E::SessionUnavailable { .. } | E::ShutDown => StatusCode::SERVICE_UNAVAILABLE,
+            E::Remote(remote) if remote.is_retryable() => StatusCode::SERVICE_UNAVAILABLE,
+            E::Remote(_) => StatusCode::BAD_GATEWAY,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
         if status == StatusCode::INTERNAL_SERVER_ERROR {

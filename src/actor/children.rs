@@ -112,8 +112,19 @@ impl SessionActor {
         let Some(host) = ctx.host() else {
             return;
         };
+        let (remote, snapshot): (Vec<_>, Vec<_>) = std::mem::take(&mut state.to_reconcile)
+            .into_iter()
+            .partition(|(call, _)| {
+                matches!(&state.loaded, Loaded::Present(session) if session.remote_child(call).is_some())
+            });
+        // A remote child is asked for its status by a driver, which reports like a child.
+        for (call, _) in remote {
+            self.drive_remote(ctx, state, &call, crate::remote::Drive::Watch);
+        }
+        if snapshot.is_empty() {
+            return;
+        }
         state.reconciling = true;
-        let snapshot = std::mem::take(&mut state.to_reconcile);
         let shared = Arc::clone(&self.shared);
         let mailbox = ctx.mailbox();
         let session = ctx.key().clone();

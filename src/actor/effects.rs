@@ -8,6 +8,7 @@ use super::{send_back, Loaded, SessionActor, SessionMsg, SessionState};
 use crate::dispatch::{run_step, StepContext};
 use crate::error::Error;
 use crate::ids::SessionId;
+use crate::remote::Drive;
 use crate::scheduler::SchedulerMsg;
 use crate::schema;
 use crate::session::{Effect, Input, Observation, Transition};
@@ -141,11 +142,22 @@ impl SessionActor {
                 );
             }
             Effect::StartChild(start) => {
+                let call = start.origin.tool_call_id.clone();
+                let remote = Drive::Start {
+                    message: start.message.clone(),
+                };
+                if self.drive_remote(ctx, state, &call, remote) {
+                    return;
+                }
                 if let Some(host) = ctx.host() {
                     host.send(start.child.clone(), SessionMsg::StartChild(start));
                 }
             }
             Effect::WakeChildren(children) => {
+                let children: Vec<_> = children
+                    .into_iter()
+                    .filter(|(call, _)| !self.drive_remote(ctx, state, call, Drive::Wake))
+                    .collect();
                 if let Some(host) = ctx.host() {
                     for (tool_call_id, child) in children {
                         let parent = ctx.key().clone();
@@ -161,6 +173,12 @@ impl SessionActor {
                 }
             }
             Effect::StopChildren { children, abort } => {
+                let remotes = Self::remote_among(state, &children);
+                let children: Vec<_> = children
+                    .into_iter()
+                    .filter(|child| !remotes.iter().any(|(remote, _)| remote == child))
+                    .collect();
+                self.stop_remotes(remotes, abort);
                 if let Some(host) = ctx.host() {
                     for child in children {
                         // Nobody waits for the answer: the child reports as its run ends, and

@@ -149,6 +149,13 @@ pub enum ToolKind {
         /// The agent the child runs.
         agent: String,
     },
+    /// A sub-agent session of `agent` on another dormant server (see [`crate::remote`]).
+    RemoteSubAgent {
+        /// The base URL of the server that hosts it.
+        endpoint: String,
+        /// The agent the child runs there.
+        agent: String,
+    },
 }
 
 impl fmt::Debug for ToolKind {
@@ -162,6 +169,11 @@ impl fmt::Debug for ToolKind {
             ToolKind::SubAgent { agent } => {
                 f.debug_struct("SubAgent").field("agent", agent).finish()
             }
+            ToolKind::RemoteSubAgent { endpoint, agent } => f
+                .debug_struct("RemoteSubAgent")
+                .field("endpoint", endpoint)
+                .field("agent", agent)
+                .finish(),
         }
     }
 }
@@ -231,6 +243,33 @@ impl ToolDefinition {
         Self::with_kind(
             name,
             ToolKind::SubAgent {
+                agent: agent.into(),
+            },
+        )
+    }
+
+    /// A tool that delegates to a sub-agent session of `agent` on the dormant server at
+    /// `endpoint` (its base URL). The child's client tools and approvals are answered at this
+    /// side's root, as a local child's are; the runtime reaches the server through its
+    /// [`RemoteAgents`](crate::remote::RemoteAgents) transport
+    /// ([`RuntimeBuilder::remote_agents`](crate::RuntimeBuilder::remote_agents)).
+    ///
+    /// ```
+    /// use dormant::ToolDefinition;
+    ///
+    /// let research = ToolDefinition::remote_sub_agent("research", "http://10.0.0.7:8080", "researcher")
+    ///     .description("Delegates a question to the research agent");
+    /// assert_eq!(research.name(), "research");
+    /// ```
+    pub fn remote_sub_agent(
+        name: impl Into<String>,
+        endpoint: impl Into<String>,
+        agent: impl Into<String>,
+    ) -> Self {
+        Self::with_kind(
+            name,
+            ToolKind::RemoteSubAgent {
+                endpoint: endpoint.into().trim_end_matches('/').to_string(),
                 agent: agent.into(),
             },
         )

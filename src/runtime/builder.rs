@@ -37,6 +37,8 @@ pub struct RuntimeBuilder {
     child_inspection_timeout: std::time::Duration,
     max_result_bytes: usize,
     background_deadlines: bool,
+    remote: Option<Arc<dyn crate::remote::RemoteAgents>>,
+    remote_policy: crate::remote::RemotePolicy,
 }
 
 impl Default for RuntimeBuilder {
@@ -53,6 +55,8 @@ impl Default for RuntimeBuilder {
             child_inspection_timeout: crate::actor::DEFAULT_CHILD_INSPECTION_TIMEOUT,
             max_result_bytes: DEFAULT_MAX_RESULT_BYTES,
             background_deadlines: true,
+            remote: None,
+            remote_policy: crate::remote::RemotePolicy::default(),
         }
     }
 }
@@ -156,6 +160,22 @@ impl RuntimeBuilder {
         self
     }
 
+    /// How this runtime reaches the servers its remote sub-agents live on
+    /// ([`ToolDefinition::remote_sub_agent`](crate::ToolDefinition::remote_sub_agent)):
+    /// `dormant_server::HttpRemoteAgents` for dormant servers over HTTP. Without one, a
+    /// remote sub-agent call is the tool error `remote_subagent_failed`.
+    pub fn remote_agents(mut self, transport: Arc<dyn crate::remote::RemoteAgents>) -> Self {
+        self.remote = Some(transport);
+        self
+    }
+
+    /// How a remote that does not answer is retried (default: 5 tries, from 100 ms, doubling)
+    /// before the call becomes a tool error, and how long recovery waits for one.
+    pub fn remote_policy(mut self, policy: crate::remote::RemotePolicy) -> Self {
+        self.remote_policy = policy;
+        self
+    }
+
     /// How deeply a JSON value from outside may nest, counting arrays and objects (default
     /// 128, like serde_json's parser; at most 512): a submitted result deeper than this is
     /// refused with `invalid_request`, a model reply with a tool-call input deeper than this
@@ -235,6 +255,8 @@ impl RuntimeBuilder {
             streams: DashMap::new(),
             metrics: Metrics::default(),
             child_inspection_timeout: self.child_inspection_timeout,
+            remote: self.remote,
+            remote_policy: self.remote_policy,
         });
         // Agents may name each other as sub-agents: the set is checked as a whole.
         if let Err(error) = define_all(&shared, self.agents) {

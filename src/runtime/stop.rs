@@ -17,10 +17,20 @@ impl Runtime {
     pub(super) async fn stop_tree(&self, root: &SessionId, abort: bool) -> Result<(), Error> {
         self.ensure_open()?;
         self.session(root).await?;
-        let mut queue = VecDeque::from([(root.clone(), abort)]);
+        let mut queue = VecDeque::from([(root.clone(), abort, None)]);
         let mut stopped = HashSet::new();
-        while let Some((id, abort)) = queue.pop_front() {
+        let mut unreachable = None;
+        while let Some((id, abort, remote)) = queue.pop_front() {
             if !stopped.insert(id.clone()) {
+                continue;
+            }
+            if let Some(remote) = remote {
+                // The remote walks the child's own tree before it answers.
+                let shared = &self.inner.shared;
+                if let Err(error) = crate::remote::stop_remote(shared, &id, &remote, abort).await {
+                    tracing::warn!(child = %id, endpoint = %remote.endpoint, %error, "remote_subagent.stop_failed");
+                    unreachable.get_or_insert(Error::Remote(error));
+                }
                 continue;
             }
             let (reply, answer) = tokio::sync::oneshot::channel();
@@ -38,6 +48,8 @@ impl Runtime {
                 Err(error) => return Err(error),
             }
         }
-        Ok(())
+        // Every session this side holds is stopped; a remote that could not be told is the
+        // caller's to retry.
+        unreachable.map_or(Ok(()), Err)
     }
 }

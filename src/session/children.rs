@@ -12,6 +12,7 @@ use super::{ChildCall, ChildReport, ChildState, Effect, Transition};
 use crate::definition::ToolKind;
 use crate::ids::{RunId, SessionId};
 use crate::message::{ToolCall, ToolOutcome};
+use crate::remote::RemoteChild;
 use crate::schema::IndexWrite;
 use crate::store::CommitKind;
 use crate::stream::{Chunk, ChunkKind};
@@ -50,16 +51,30 @@ pub(crate) enum ChildKind {
 #[derive(Debug, Default, Clone)]
 pub(crate) struct ChildCalls {
     by_id: HashMap<String, ChildCall>,
+    /// Every remote child recorded since this session was loaded, kept after its entry goes:
+    /// a transition that removes an entry may also ask for the child to be stopped, and the
+    /// actor needs to know where it lives when it runs that effect.
+    remotes: HashMap<SessionId, RemoteChild>,
 }
 
 impl ChildCalls {
     pub(crate) fn from_entries(entries: Vec<ChildCall>) -> Self {
+        let remotes = entries
+            .iter()
+            .filter_map(|call| Some((call.child.clone(), call.remote.clone()?)))
+            .collect();
         Self {
             by_id: entries
                 .into_iter()
                 .map(|call| (call.tool_call_id.clone(), call))
                 .collect(),
+            remotes,
         }
+    }
+
+    /// Where remote child `child` lives, if it is one this session recorded.
+    pub(crate) fn remote_of(&self, child: &SessionId) -> Option<&RemoteChild> {
+        self.remotes.get(child)
     }
 
     pub(crate) fn get(&self, id: &str) -> Option<&ChildCall> {
@@ -67,6 +82,9 @@ impl ChildCalls {
     }
 
     pub(super) fn insert(&mut self, entry: ChildCall) {
+        if let Some(remote) = &entry.remote {
+            self.remotes.insert(entry.child.clone(), remote.clone());
+        }
         self.by_id.insert(entry.tool_call_id.clone(), entry);
     }
 
@@ -116,7 +134,7 @@ impl ChildCalls {
     }
 
     /// Every entry, in call order.
-    pub(super) fn entries(&self) -> Vec<ChildCall> {
+    pub(crate) fn entries(&self) -> Vec<ChildCall> {
         self.in_order().into_iter().cloned().collect()
     }
 }
@@ -171,12 +189,15 @@ impl Session {
                     state: ChildState::Running,
                     forwarded: 0,
                     companion: None,
+                    remote: remote_of(&self.agent, &call.name),
                 };
                 self.record_child_call(entry);
             }
         }
         let agent = match self.agent.tool(&call.name).map(|tool| &tool.def.kind) {
-            Some(ToolKind::SubAgent { agent }) => agent.clone(),
+            Some(ToolKind::SubAgent { agent } | ToolKind::RemoteSubAgent { agent, .. }) => {
+                agent.clone()
+            }
             _ => self.agent.name().to_string(),
         };
         effects.push(Effect::StartChild(ChildStart {
@@ -222,6 +243,7 @@ impl Session {
     /// Removes a finished child's entry and returns its outcome, with `subagent_end` on the
     /// stream; the caller records the outcome as the tool result.
     pub(super) fn adopt_child(&mut self, run_id: RunId, call_id: &str, now: u64) -> ToolOutcome {
+        self.unroute_remote_calls(call_id);
         let Some(entry) = self.children.by_id.remove(call_id) else {
             return ToolErrorCode::SubAgentLost
                 .with(format_args!("the child of call {call_id} is not recorded"))
@@ -280,6 +302,7 @@ impl Session {
     /// Forgets a child's entry without recording a result (the run was interrupted: the call
     /// is closed as interrupted when the run continues).
     pub(super) fn drop_child(&mut self, call_id: &str) {
+        self.unroute_remote_calls(call_id);
         if self.children.by_id.remove(call_id).is_some() {
             self.staged
                 .index
@@ -499,6 +522,17 @@ impl Session {
             return Transition::default();
         }
         self.finish_entries(CommitKind::Other, Vec::new())
+    }
+}
+
+/// Where the child of a call of `tool` lives, if on another server.
+fn remote_of(agent: &crate::definition::AgentDefinition, tool: &str) -> Option<RemoteChild> {
+    match agent.tool(tool).map(|tool| &tool.def.kind) {
+        Some(ToolKind::RemoteSubAgent { endpoint, agent }) => Some(RemoteChild {
+            endpoint: endpoint.clone(),
+            agent: agent.clone(),
+        }),
+        _ => None,
     }
 }
 

@@ -469,6 +469,7 @@ impl Session {
             state,
             forwarded: 0,
             companion: Some(companion.name.clone()),
+            remote: None,
         };
         self.record_child_call(entry);
     }

@@ -75,6 +75,13 @@ pub(crate) enum Input {
         report: ChildReport,
         chunks: Vec<Chunk>,
     },
+    /// A remote child's driver reported, with the calls the child's tree waits on.
+    RemoteReported {
+        tool_call_id: String,
+        report: ChildReport,
+        chunks: Vec<Chunk>,
+        calls: Vec<crate::remote::RemoteCall>,
+    },
     /// Background recovery learned how children recorded as running ended.
     Reconciled { results: Vec<(String, ChildState)> },
 }
@@ -162,6 +169,12 @@ impl Session {
                 report,
                 chunks,
             } => Ok(self.child_reported(&tool_call_id, report, chunks, now)),
+            Input::RemoteReported {
+                tool_call_id,
+                report,
+                chunks,
+                calls,
+            } => Ok(self.remote_reported(&tool_call_id, report, chunks, calls, now)),
             Input::Reconciled { results } => Ok(self.reconciled(results)),
         }
     }

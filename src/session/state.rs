@@ -274,6 +274,10 @@ pub struct ChildCall {
     /// stream (its chunks are not copied into the parent's).
     #[serde(default)]
     pub companion: Option<String>,
+    /// For a remote sub-agent call: the server its child lives on (the child's id there is
+    /// `child`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remote: Option<crate::remote::RemoteChild>,
 }
 
 /// What a parent knows of one of its children.

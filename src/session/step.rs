@@ -248,7 +248,9 @@ impl Session {
                 CallSlot::Pending(PendingKind::Approval)
             }
             ToolKind::Server(_) => CallSlot::Dispatched,
-            ToolKind::SubAgent { .. } => self.classify_child(call),
+            ToolKind::SubAgent { .. } | ToolKind::RemoteSubAgent { .. } => {
+                self.classify_child(call)
+            }
         }
     }
 

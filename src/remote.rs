@@ -1,0 +1,229 @@
+//! Remote sub-agents: a sub-agent call whose child runs on another dormant server, reached
+//! through a [`RemoteAgents`] transport (`dormant_server::HttpRemoteAgents` speaks the agent
+//! server's HTTP routes; a test may answer in process).
+//!
+//! The parent treats a remote child as it treats a local one: the child call is recorded
+//! with the remote's endpoint and the child's session id (deterministic: `{parent}-sub-{call}`,
+//! so a replay after a crash finds the same child and never starts a second) in the commit
+//! that dispatches it; the child's stream is copied into the parent's when it reports; its
+//! final text or value becomes the tool result. What is new is that the calls the remote
+//! child waits on (its client tools and approvals, and those of its own children) become
+//! routable from the parent's root: the parent records each on the root with where it lives,
+//! and a submit made at the root is forwarded to the remote, whose answer is returned as is.
+//! See `ARCHITECTURE.md` ("Remote sub-agents") for the protocol and its crash table.
+
+mod driver;
+mod forward;
+mod owner;
+
+use std::fmt;
+use std::time::Duration;
+
+use futures::stream::BoxStream;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::ids::{RunId, SessionId};
+use crate::session::{PendingKind, RunError, Status};
+use crate::stream::Chunk;
+use crate::submit::{Submit, SubmitOutcome};
+
+pub(crate) use driver::{drive, stop_remote, Drive, DriveReport};
+pub(crate) use forward::forward;
+pub(crate) use owner::{Owner, RemoteOwner};
+
+/// Where a remote child lives, recorded in its parent's child entry.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemoteChild {
+    /// The base URL of the dormant server that hosts it.
+    pub endpoint: String,
+    /// The agent it runs there.
+    pub agent: String,
+}
+
+/// A call a remote child's tree waits on, as the remote's status lists it (the JSON of the
+/// agent server's `GET /status` `pending` entries).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RemoteCall {
+    /// The session on the remote that owns the call (the remote child, or one under it).
+    #[serde(rename = "session_id")]
+    pub owner: String,
+    /// The call.
+    pub tool_call_id: String,
+    /// The tool.
+    pub tool_name: String,
+    /// A client tool or an approval.
+    pub kind: PendingKind,
+    /// For an approval: the id its answer must carry.
+    #[serde(default)]
+    pub approval_id: Option<String>,
+    /// The call's input.
+    #[serde(default)]
+    pub input: Value,
+    /// When it became pending (the remote's clock, ms).
+    #[serde(default)]
+    pub requested_at_ms: u64,
+    /// When it times out (the remote's clock, ms).
+    #[serde(default)]
+    pub deadline_at_ms: u64,
+    /// Still waiting for an answer (not answered, not expired).
+    #[serde(default = "yes")]
+    pub waiting: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// How a remote session stands: what its parent needs to report it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RemoteStatus {
+    /// The status of its last (or current) run.
+    pub status: Status,
+    /// That run.
+    pub run_id: Option<RunId>,
+    /// Aborted: it never runs again.
+    pub aborted: bool,
+    /// The next chunk's sequence number.
+    pub chunk_count: u64,
+    /// The run's final text, once it completed.
+    pub text: Option<String>,
+    /// The run's final value (an output schema's), once it completed.
+    pub output: Option<Value>,
+    /// Why the run failed or was interrupted.
+    pub error: Option<RunError>,
+    /// The calls its tree waits on.
+    pub pending: Vec<RemoteCall>,
+}
+
+/// Whether a start created the remote session or found it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RemoteStart {
+    /// Created now, its first run started.
+    Started,
+    /// It existed already (a replay after a crash): re-attach to it.
+    Existed,
+}
+
+/// Why a remote could not be used.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RemoteError {
+    /// No answer: connection refused, reset or timed out. Retryable: nothing was decided.
+    #[error("remote {endpoint} is unreachable: {reason}")]
+    Unreachable {
+        /// The remote's base URL.
+        endpoint: String,
+        /// What failed.
+        reason: String,
+    },
+    /// The remote answered with an error of its own.
+    #[error("remote {endpoint} answered {status} {code}: {message}")]
+    Refused {
+        /// The remote's base URL.
+        endpoint: String,
+        /// The HTTP status (or 0 in process).
+        status: u16,
+        /// The remote's stable error code.
+        code: String,
+        /// Its message.
+        message: String,
+    },
+    /// The remote answered something this side cannot read.
+    #[error("remote {endpoint} answered something unreadable: {reason}")]
+    Protocol {
+        /// The remote's base URL.
+        endpoint: String,
+        /// What was wrong.
+        reason: String,
+    },
+    /// No transport is configured (`RuntimeBuilder::remote_agents`).
+    #[error("no remote transport is configured: RuntimeBuilder::remote_agents")]
+    NoTransport,
+}
+
+impl RemoteError {
+    /// Whether trying again later may succeed (the remote was unreachable, or overloaded).
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            RemoteError::Unreachable { .. } => true,
+            RemoteError::Refused { status, .. } => *status == 503 || *status == 429,
+            RemoteError::Protocol { .. } | RemoteError::NoTransport => false,
+        }
+    }
+
+    /// Whether the remote said the session does not exist.
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, RemoteError::Refused { status: 404, .. })
+    }
+}
+
+/// A stream of a remote session's chunks.
+pub type RemoteChunks = BoxStream<'static, Result<Chunk, RemoteError>>;
+
+/// How a runtime reaches the servers its remote sub-agents live on. Credentials are the
+/// transport's: the parent acts on its children as an operator of the remote (it chooses
+/// their ids, and needs no per-session token).
+#[async_trait::async_trait]
+pub trait RemoteAgents: Send + Sync + fmt::Debug + 'static {
+    /// Creates session `session` of `agent` at `endpoint` with its first message, or finds
+    /// it if it exists (never a second turn: a replayed start re-attaches).
+    async fn start(
+        &self,
+        endpoint: &str,
+        agent: &str,
+        session: &SessionId,
+        message: &str,
+    ) -> Result<RemoteStart, RemoteError>;
+
+    /// How the session stands.
+    async fn status(
+        &self,
+        endpoint: &str,
+        session: &SessionId,
+    ) -> Result<RemoteStatus, RemoteError>;
+
+    /// The session's chunks from sequence number `from` on, staying open for new ones (the
+    /// caller drops the stream when it has what it needs).
+    async fn chunks(
+        &self,
+        endpoint: &str,
+        session: &SessionId,
+        from: u64,
+    ) -> Result<RemoteChunks, RemoteError>;
+
+    /// Resumes the session (a resume cascading down from the parent's root).
+    async fn resume(&self, endpoint: &str, session: &SessionId) -> Result<(), RemoteError>;
+
+    /// Submits an answer at the remote (`submit.session_id` is the remote root).
+    async fn submit(&self, endpoint: &str, submit: &Submit) -> Result<SubmitOutcome, RemoteError>;
+
+    /// Interrupts (or with `abort`, aborts) the session and its tree; returns once stopped.
+    async fn stop(
+        &self,
+        endpoint: &str,
+        session: &SessionId,
+        abort: bool,
+    ) -> Result<(), RemoteError>;
+}
+
+/// How a runtime retries a remote that does not answer, before the call becomes a tool error.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RemotePolicy {
+    /// Tries at most (the first included).
+    pub attempts: u32,
+    /// The wait before the second try; doubled each time.
+    pub backoff: Duration,
+    /// How long recovery waits for a remote child's status before writing it off.
+    pub inspection_timeout: Duration,
+}
+
+impl Default for RemotePolicy {
+    fn default() -> Self {
+        Self {
+            attempts: 5,
+            backoff: Duration::from_millis(100),
+            inspection_timeout: Duration::from_secs(2),
+        }
+    }
+}

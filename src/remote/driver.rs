@@ -1,0 +1,253 @@
+//! Drives one remote child for its parent: starts (or resumes) it, follows its stream until
+//! its run settles, and says where it stands, as a local child's report would. It runs as a
+//! task beside the parent's actor, which it never blocks; the parent's core decides what the
+//! report means, exactly as for a local child.
+
+use std::sync::Arc;
+
+use futures::StreamExt;
+
+use super::{RemoteAgents, RemoteCall, RemoteChild, RemoteError, RemoteStart, RemoteStatus};
+use crate::ids::SessionId;
+use crate::message::ToolOutcome;
+use crate::session::{report_of, ChildReport, RunOutcome, Status};
+use crate::shared::Shared;
+use crate::stream::{Chunk, ChunkKind};
+use crate::tool_error::ToolErrorCode;
+
+/// What the driver does before it follows the child.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Drive {
+    /// Create the child with its first message (or find it, after a crash).
+    Start { message: String },
+    /// Resume it: the parent's resume cascades down.
+    Wake,
+    /// Only learn where it stands (an answer was accepted there, or recovery re-attaches).
+    Watch,
+}
+
+/// Where the remote child stands, for its parent's core.
+#[derive(Debug)]
+pub(crate) struct DriveReport {
+    pub(crate) report: ChildReport,
+    /// Its chunks from the parent's `forwarded` on, to copy into the parent's stream.
+    pub(crate) chunks: Vec<Chunk>,
+    /// The calls its tree waits on (for a suspended child).
+    pub(crate) calls: Vec<RemoteCall>,
+}
+
+/// Drives the remote child `child` of a parent's call; never fails: a remote that cannot be
+/// reached becomes the call's tool error (`remote_subagent_failed` at start,
+/// `remote_subagent_lost` once it ran).
+pub(crate) async fn drive(
+    shared: Arc<Shared>,
+    child: SessionId,
+    remote: RemoteChild,
+    forwarded: u64,
+    how: Drive,
+) -> DriveReport {
+    let Some(transport) = shared.remote.clone() else {
+        return failed(
+            ToolErrorCode::RemoteSubAgentFailed,
+            &RemoteError::NoTransport,
+        );
+    };
+    let driver = Driver {
+        shared: &shared,
+        transport: transport.as_ref(),
+        endpoint: &remote.endpoint,
+        child: &child,
+    };
+    match &how {
+        Drive::Start { message } => {
+            let started = driver
+                .retrying(|| transport.start(&remote.endpoint, &remote.agent, &child, message))
+                .await;
+            match started {
+                Ok(RemoteStart::Started) => {
+                    tracing::info!(%child, endpoint = %remote.endpoint, "remote_subagent.started");
+                }
+                Ok(RemoteStart::Existed) => {
+                    tracing::info!(%child, endpoint = %remote.endpoint, "remote_subagent.reattached");
+                }
+                Err(error) => return failed(ToolErrorCode::RemoteSubAgentFailed, &error),
+            }
+        }
+        Drive::Wake => {
+            let resumed = driver
+                .retrying(|| transport.resume(&remote.endpoint, &child))
+                .await;
+            match resumed {
+                Ok(()) => {}
+                Err(error) if error.is_not_found() => {
+                    return failed(ToolErrorCode::RemoteSubAgentLost, &error)
+                }
+                // Nothing to resume (it completed, or still waits): its status says which.
+                Err(RemoteError::Refused { .. }) => {}
+                Err(error) => return failed(ToolErrorCode::RemoteSubAgentLost, &error),
+            }
+        }
+        Drive::Watch => {}
+    }
+    match driver.follow(forwarded).await {
+        Ok((status, chunks)) => {
+            let (report, calls) = report_of_status(&child, status);
+            DriveReport {
+                report,
+                chunks,
+                calls,
+            }
+        }
+        Err(error) => failed(ToolErrorCode::RemoteSubAgentLost, &error),
+    }
+}
+
+/// Interrupts (or aborts) a remote child, retrying a remote that does not answer.
+pub(crate) async fn stop_remote(
+    shared: &Shared,
+    child: &SessionId,
+    remote: &RemoteChild,
+    abort: bool,
+) -> Result<(), RemoteError> {
+    let transport = shared.remote.clone().ok_or(RemoteError::NoTransport)?;
+    let driver = Driver {
+        shared,
+        transport: transport.as_ref(),
+        endpoint: &remote.endpoint,
+        child,
+    };
+    match driver
+        .retrying(|| transport.stop(&remote.endpoint, child, abort))
+        .await
+    {
+        // Never started there (its start failed): nothing to stop.
+        Err(error) if error.is_not_found() => Ok(()),
+        other => other,
+    }
+}
+
+struct Driver<'a> {
+    shared: &'a Shared,
+    transport: &'a dyn RemoteAgents,
+    endpoint: &'a str,
+    child: &'a SessionId,
+}
+
+impl Driver<'_> {
+    /// Runs `call` until it succeeds, fails for good, or the policy's tries are spent.
+    async fn retrying<T, F, Fut>(&self, mut call: F) -> Result<T, RemoteError>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T, RemoteError>>,
+    {
+        let policy = self.shared.remote_policy;
+        let mut wait = policy.backoff;
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            match call().await {
+                Err(error) if error.is_retryable() && tries < policy.attempts => {
+                    tracing::warn!(child = %self.child, endpoint = self.endpoint, %error, tries, "remote_subagent.retrying");
+                    tokio::time::sleep(wait).await;
+                    wait = wait.saturating_mul(2);
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Follows the child until no run of it is in progress: its status then, and its chunks
+    /// from `from` up to that status.
+    async fn follow(&self, from: u64) -> Result<(RemoteStatus, Vec<Chunk>), RemoteError> {
+        let mut chunks: Vec<Chunk> = Vec::new();
+        let mut next = from;
+        let mut quiet_rounds = 0u32;
+        loop {
+            let status = self
+                .retrying(|| self.transport.status(self.endpoint, self.child))
+                .await?;
+            let running = status.status == Status::Running;
+            if !running && next >= status.chunk_count {
+                return Ok((status, chunks));
+            }
+            let stream = self
+                .retrying(|| self.transport.chunks(self.endpoint, self.child, next))
+                .await?;
+            let before = next;
+            let settled_run = status.run_id.filter(|_| running);
+            let end = status.chunk_count;
+            let mut stream = std::pin::pin!(stream);
+            while let Some(chunk) = stream.next().await {
+                let chunk = chunk?;
+                if chunk.seq < next {
+                    continue;
+                }
+                next = chunk.seq + 1;
+                let settles = settles(&chunk.kind);
+                let run = chunk.run_id;
+                chunks.push(chunk);
+                match settled_run {
+                    Some(current) if settles && run == current => break,
+                    Some(_) => {}
+                    None if next >= end => break,
+                    None => {}
+                }
+            }
+            if next == before {
+                // The stream ended with nothing new (the remote closed it): try again later,
+                // and give up if it never moves.
+                quiet_rounds += 1;
+                if quiet_rounds >= self.shared.remote_policy.attempts {
+                    return Err(RemoteError::Unreachable {
+                        endpoint: self.endpoint.to_string(),
+                        reason: format!("the stream of {} shows nothing new", self.child),
+                    });
+                }
+                tokio::time::sleep(self.shared.remote_policy.backoff).await;
+            } else {
+                quiet_rounds = 0;
+            }
+        }
+    }
+}
+
+/// Whether a chunk ends the child's own run (a forwarded grandchild's never does).
+fn settles(kind: &ChunkKind) -> bool {
+    !kind.is_forwarded()
+        && matches!(
+            kind,
+            ChunkKind::RunEnd { .. }
+                | ChunkKind::RunSuspended { .. }
+                | ChunkKind::RunInterrupted { .. }
+        )
+}
+
+/// What a remote child's status means to its parent, by the rules of a local child's report.
+fn report_of_status(child: &SessionId, status: RemoteStatus) -> (ChildReport, Vec<RemoteCall>) {
+    let calls: Vec<RemoteCall> = status
+        .pending
+        .into_iter()
+        .filter(|call| call.waiting)
+        .collect();
+    let outcome = RunOutcome {
+        session_id: child.clone(),
+        run_id: status.run_id.unwrap_or(crate::ids::RunId::NONE),
+        turn: 0,
+        status: status.status,
+        text: status.text,
+        output: status.output,
+        error: status.error,
+        pending: calls.iter().map(|call| call.tool_call_id.clone()).collect(),
+    };
+    let report = report_of(&outcome, status.aborted).unwrap_or(ChildReport::Crashed);
+    (report, calls)
+}
+
+fn failed(code: ToolErrorCode, error: &RemoteError) -> DriveReport {
+    tracing::warn!(code = code.as_str(), %error, "remote_subagent.failed");
+    DriveReport {
+        report: ChildReport::Finished(ToolOutcome::from(code.with(error))),
+        chunks: Vec::new(),
+        calls: Vec::new(),
+    }
+}

@@ -1,0 +1,62 @@
+//! A submit made at a local root for a call a remote child's tree owns: forwarded to the
+//! remote's root, and its outcome returned as is. Nothing is stored on this side: the remote
+//! makes the answer durable (`accepted` means it did), and the parent learns the rest from
+//! the child's status, as it would from a local child's report.
+
+use dormant_actors::Host;
+
+use super::RemoteOwner;
+use crate::actor::{SessionActor, SessionMsg};
+use crate::error::Error;
+use crate::session::Submission;
+use crate::shared::Shared;
+use crate::submit::{Submit, SubmitAnswer, SubmitOutcome};
+
+/// Forwards `submission` for the call `owner` describes to its remote, and tells the session
+/// holding the remote child that an answer was accepted there (the remote may go on by itself:
+/// the parent follows it).
+pub(crate) async fn forward(
+    shared: &Shared,
+    host: &Host<SessionActor>,
+    owner: RemoteOwner,
+    submission: Submission,
+) -> Result<SubmitOutcome, Error> {
+    let transport = shared
+        .remote
+        .clone()
+        .ok_or(Error::Remote(super::RemoteError::NoTransport))?;
+    let submit = Submit {
+        session_id: owner.remote_root.to_string(),
+        tool_call_id: owner.call.tool_call_id.clone(),
+        answer: match submission {
+            Submission::Result(value) => SubmitAnswer::Result(value),
+            Submission::Error(text) => SubmitAnswer::Error(text),
+            Submission::Approval {
+                approved,
+                approval_id,
+                reason,
+            } => SubmitAnswer::Approval {
+                approval_id,
+                approved,
+                reason,
+            },
+        },
+    };
+    let outcome = transport
+        .submit(&owner.endpoint, &submit)
+        .await
+        .map_err(|error| {
+            tracing::warn!(endpoint = %owner.endpoint, remote_root = %owner.remote_root, tool_call_id = %submit.tool_call_id, %error, "remote_subagent.submit_failed");
+            Error::Remote(error)
+        })?;
+    tracing::debug!(endpoint = %owner.endpoint, tool_call_id = %submit.tool_call_id, outcome = outcome.code(), "remote_subagent.submitted");
+    if outcome == SubmitOutcome::Accepted {
+        host.send(
+            owner.via,
+            SessionMsg::RemoteAnswered {
+                tool_call_id: owner.parent_call,
+            },
+        );
+    }
+    Ok(outcome)
+}
