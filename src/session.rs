@@ -11,7 +11,7 @@ mod cut;
 mod input;
 mod outcome;
 mod pending;
-mod remote_children;
+pub(crate) mod remote_children;
 mod resume;
 mod state;
 mod step;

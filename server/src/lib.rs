@@ -45,6 +45,7 @@ pub mod inspect;
 mod metrics;
 mod ops;
 mod page;
+mod remote;
 mod routes;
 mod server;
 mod sse;
@@ -55,6 +56,7 @@ mod wire;
 pub use auth::{Auth, Caller, Denied};
 pub use config::{ServerConfig, DEFAULT_MAX_BODY_BYTES};
 pub use error::{ApiError, ServerError};
+pub use remote::HttpRemoteAgents;
 pub use server::{Closing, Server};
 pub use token::TokenKey;
 

@@ -55,10 +55,20 @@ pub(crate) async fn start(
             id
         }
     };
-    let started = state
-        .runtime
-        .start_on(&id, &body.agent, body.message)
-        .await?;
+    let started = if body.new_only {
+        if body.session_id.is_none() {
+            return Err(ApiError::invalid("new_only needs a session_id"));
+        }
+        state
+            .runtime
+            .start_new(&id, &body.agent, body.message)
+            .await?
+    } else {
+        state
+            .runtime
+            .start_on(&id, &body.agent, body.message)
+            .await?
+    };
     tracing::info!(session = %id, agent = %body.agent, "server.started");
     let token = state.key.issue(&id);
     let from = started.from_seq;

@@ -4,17 +4,21 @@
 
 use std::collections::VecDeque;
 
-use dormant::{CompanionStatus, Error, PendingCall, Runtime, SessionId};
+use dormant::{CompanionStatus, Error, Runtime, SessionId};
+
+use crate::wire::PendingAnswer;
 
 /// Sessions visited at most: a bound on one status request, far above any real tree (the
 /// runtime's `max_depth` bounds how deep it goes, not how wide).
 const MAX_SESSIONS: usize = 10_000;
 
-/// Every pending entry of `root`'s tree, owner first, breadth first.
+/// Every pending entry of `root`'s tree, owner first, breadth first, and then the calls
+/// remote sub-agents' trees wait on (a root records those itself).
 pub(crate) async fn pending(
     runtime: &Runtime,
     root: &SessionId,
-) -> Result<Vec<(SessionId, PendingCall)>, Error> {
+) -> Result<Vec<PendingAnswer>, Error> {
+    let now = runtime.now_ms();
     let mut out = Vec::new();
     let mut queue = VecDeque::from([root.clone()]);
     let mut visited = 0;
@@ -25,10 +29,11 @@ pub(crate) async fn pending(
             break;
         }
         for call in runtime.pending(&session).await? {
-            out.push((session.clone(), call));
+            out.push(PendingAnswer::new(session.clone(), call, now));
         }
         for child in runtime.children(&session).await? {
-            if !child.state.is_finished() {
+            // A remote child's calls are the root's remote entries, below.
+            if !child.state.is_finished() && child.remote.is_none() {
                 queue.push_back(child.child);
             }
         }
@@ -37,6 +42,9 @@ pub(crate) async fn pending(
                 queue.push_back(companion.child);
             }
         }
+    }
+    for (_, call) in runtime.pending_remote(root).await? {
+        out.push(PendingAnswer::from(call));
     }
     Ok(out)
 }

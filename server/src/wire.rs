@@ -1,7 +1,9 @@
 //! The JSON bodies of the routes (snake_case, unknown fields refused).
 
+use dormant::remote::RemoteCall;
 use dormant::{
-    Answer, PendingCall, PendingKind, RunId, RunRecord, RunStarted, RunUsage, SessionRecord, Status,
+    Answer, PendingCall, PendingKind, RunError, RunId, RunRecord, RunStarted, RunUsage,
+    SessionRecord, Status,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -16,6 +18,11 @@ pub(crate) struct StartRequest {
     /// of a conversation).
     #[serde(default)]
     pub(crate) session_id: Option<String>,
+    /// With `session_id`: only if no session has that id (else 409 `session_exists`, and
+    /// nothing runs). What a parent on another server sends to start a remote child, so a
+    /// start replayed after its crash never gives the child a second turn.
+    #[serde(default)]
+    pub(crate) new_only: bool,
 }
 
 /// `POST /resume`, `/interrupt`, `/abort`.
@@ -129,17 +136,33 @@ pub(crate) struct StatusAnswer {
     /// The current (or last) run's tokens and tool outcomes.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) usage: Option<RunUsage>,
+    /// The run's final text, once it completed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) text: Option<String>,
+    /// The run's final value (an output schema's), once it completed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) output: Option<Value>,
+    /// Why the run failed or was interrupted.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) error: Option<RunError>,
 }
 
 impl StatusAnswer {
     pub(crate) fn new(
         record: SessionRecord,
         run: Option<RunRecord>,
-        pending: Vec<(dormant::SessionId, PendingCall)>,
+        pending: Vec<PendingAnswer>,
         now_ms: u64,
     ) -> Self {
+        let (usage, text, output, error) = match run {
+            Some(run) => (Some(run.usage), run.text, run.output, run.error),
+            None => (None, None, None, None),
+        };
         Self {
-            usage: run.map(|run| run.usage),
+            usage,
+            text,
+            output,
+            error,
             session_id: record.id.to_string(),
             agent: record.agent,
             status: record.status,
@@ -149,10 +172,7 @@ impl StatusAnswer {
             message_count: record.message_count,
             chunk_count: record.chunk_count,
             now_ms,
-            pending: pending
-                .into_iter()
-                .map(|(owner, call)| PendingAnswer::new(owner, call, now_ms))
-                .collect(),
+            pending,
         }
     }
 }
@@ -179,7 +199,7 @@ pub(crate) struct PendingAnswer {
 }
 
 impl PendingAnswer {
-    fn new(owner: dormant::SessionId, call: PendingCall, now_ms: u64) -> Self {
+    pub(crate) fn new(owner: dormant::SessionId, call: PendingCall, now_ms: u64) -> Self {
         Self {
             session_id: owner.to_string(),
             approval_id: (call.kind == PendingKind::Approval).then(|| call.approval_id()),
@@ -194,6 +214,25 @@ impl PendingAnswer {
             input: call.input,
             requested_at_ms: call.requested_at_ms,
             deadline_at_ms: call.deadline_at_ms,
+        }
+    }
+}
+
+impl From<RemoteCall> for PendingAnswer {
+    /// A call a remote sub-agent's tree waits on, as its server listed it (its times are that
+    /// server's clock).
+    fn from(call: RemoteCall) -> Self {
+        Self {
+            session_id: call.owner,
+            tool_call_id: call.tool_call_id,
+            tool_name: call.tool_name,
+            kind: call.kind,
+            approval_id: call.approval_id,
+            input: call.input,
+            requested_at_ms: call.requested_at_ms,
+            deadline_at_ms: call.deadline_at_ms,
+            waiting: call.waiting,
+            answered: !call.waiting,
         }
     }
 }

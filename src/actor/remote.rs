@@ -86,6 +86,8 @@ impl SessionActor {
             report: report.report,
             chunks: report.chunks,
             calls: report.calls,
+            as_of: report.as_of,
+            watch: report.watch,
         };
         self.feed(ctx, state, input).await;
     }

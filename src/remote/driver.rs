@@ -34,6 +34,13 @@ pub(crate) struct DriveReport {
     pub(crate) chunks: Vec<Chunk>,
     /// The calls its tree waits on (for a suspended child).
     pub(crate) calls: Vec<RemoteCall>,
+    /// How far the child's stream went when its status was read: a report older than what
+    /// the parent already copied is stale (two drivers of one child may report out of
+    /// order), and is dropped. `u64::MAX` for a failure, which always counts.
+    pub(crate) as_of: u64,
+    /// From a watch (nobody asked the child to go on): it must not stand for the answer to a
+    /// start or a wake the parent waits for, whose own driver reports.
+    pub(crate) watch: bool,
 }
 
 /// Drives the remote child `child` of a parent's call; never fails: a remote that cannot be
@@ -89,15 +96,23 @@ pub(crate) async fn drive(
         }
         Drive::Watch => {}
     }
+    let watch = how == Drive::Watch;
     match driver.follow(forwarded).await {
         Ok((status, chunks)) => {
+            let as_of = status.chunk_count;
             let (report, calls) = report_of_status(&child, status);
             DriveReport {
                 report,
                 chunks,
                 calls,
+                as_of,
+                watch,
             }
         }
+        Err(error) if watch => DriveReport {
+            watch,
+            ..failed(ToolErrorCode::RemoteSubAgentLost, &error)
+        },
         Err(error) => failed(ToolErrorCode::RemoteSubAgentLost, &error),
     }
 }
@@ -249,5 +264,7 @@ fn failed(code: ToolErrorCode, error: &RemoteError) -> DriveReport {
         report: ChildReport::Finished(ToolOutcome::from(code.with(error))),
         chunks: Vec::new(),
         calls: Vec::new(),
+        as_of: u64::MAX,
+        watch: false,
     }
 }

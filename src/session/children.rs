@@ -420,7 +420,7 @@ impl Session {
     }
 
     /// Whether the step or resume in progress waits for this call's child.
-    fn waits_on(&self, call_id: &str) -> bool {
+    pub(super) fn waits_on(&self, call_id: &str) -> bool {
         match &self.phase {
             Phase::AwaitingTools { calls, slots, .. } => calls
                 .iter()

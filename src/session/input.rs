@@ -81,6 +81,8 @@ pub(crate) enum Input {
         report: ChildReport,
         chunks: Vec<Chunk>,
         calls: Vec<crate::remote::RemoteCall>,
+        as_of: u64,
+        watch: bool,
     },
     /// Background recovery learned how children recorded as running ended.
     Reconciled { results: Vec<(String, ChildState)> },
@@ -174,7 +176,12 @@ impl Session {
                 report,
                 chunks,
                 calls,
-            } => Ok(self.remote_reported(&tool_call_id, report, chunks, calls, now)),
+                as_of,
+                watch,
+            } => {
+                let position = crate::session::remote_children::ReportPosition { as_of, watch };
+                Ok(self.remote_reported(&tool_call_id, report, chunks, calls, position, now))
+            }
             Input::Reconciled { results } => Ok(self.reconciled(results)),
         }
     }

@@ -11,19 +11,35 @@ use crate::remote::{RemoteCall, RemoteChild, RemoteOwner};
 use crate::schema::IndexWrite;
 use crate::stream::Chunk;
 
+/// Where a remote child's report stands among the reports of its drivers.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ReportPosition {
+    /// The child's stream position when its status was read.
+    pub(crate) as_of: u64,
+    /// From a watch, not from the start or wake the parent may wait for.
+    pub(crate) watch: bool,
+}
+
 impl Session {
-    /// A remote child reported where it stands, with the calls its tree waits on.
+    /// A remote child reported where it stands, with the calls its tree waits on, as of the
+    /// child's stream position `as_of`.
     pub(super) fn remote_reported(
         &mut self,
         call_id: &str,
         report: ChildReport,
         chunks: Vec<Chunk>,
         calls: Vec<RemoteCall>,
+        position: ReportPosition,
         now: u64,
     ) -> Transition {
         let Some(entry) = self.children.get(call_id) else {
             return Transition::default();
         };
+        // Read before a report this session already acted on, or a watch while a start or a
+        // wake of the child is in flight (its own report answers what waits).
+        if position.as_of < entry.forwarded || (position.watch && self.waits_on(call_id)) {
+            return Transition::default();
+        }
         if let (Some(remote), false) = (entry.remote.clone(), entry.state.is_finished()) {
             let before = waiting_of(&entry.state);
             let child = entry.child.clone();

@@ -1,0 +1,328 @@
+//! [`HttpRemoteAgents`]: the transport a runtime uses to reach remote sub-agents hosted by
+//! other dormant servers, over their HTTP routes. The parent acts as an operator of the
+//! remote (its credential goes to the remote's authenticate hook): it chooses its children's
+//! ids, so it needs no per-session token, and a start replayed after a crash finds the child
+//! it started (`new_only`) rather than giving it a second turn.
+
+mod sse;
+
+use std::time::Duration;
+
+use dormant::remote::{
+    RemoteAgents, RemoteCall, RemoteChunks, RemoteError, RemoteStart, RemoteStatus,
+};
+use dormant::submit::{Submit, SubmitAnswer, SubmitOutcome};
+use dormant::{RunError, RunId, SessionId, Status};
+use futures::StreamExt;
+use reqwest::{Method, RequestBuilder, Response, StatusCode};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+/// Reaches dormant servers over HTTP, with an operator credential sent as `x-api-key`
+/// (what `dormant-server --api-key-env` checks; a daemon's own authenticate hook reads the
+/// same header).
+///
+/// ```no_run
+/// use std::sync::Arc;
+/// use dormant::{AgentDefinition, Runtime, ToolDefinition};
+/// use dormant_server::HttpRemoteAgents;
+///
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// let parent = AgentDefinition::builder("planner")
+///     .tool(ToolDefinition::remote_sub_agent("research", "http://10.0.0.7:8080", "researcher"))
+///     .build()?;
+/// let runtime = Runtime::builder()
+///     .agent(parent)
+///     .remote_agents(Arc::new(HttpRemoteAgents::new(Some("operator-secret".into()))))
+///     .build()?;
+/// # let _ = runtime; Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct HttpRemoteAgents {
+    client: reqwest::Client,
+    credential: Option<String>,
+}
+
+impl std::fmt::Debug for HttpRemoteAgents {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpRemoteAgents")
+            .field("credential", &self.credential.as_ref().map(|_| "<set>"))
+            .finish()
+    }
+}
+
+impl HttpRemoteAgents {
+    /// A transport that sends `credential` (if any) to every remote. Connecting times out
+    /// after 5 s, and a request other than a stream after 60 s (an interrupt waits for the
+    /// remote's tree to stop).
+    pub fn new(credential: Option<String>) -> Self {
+        let client = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(5))
+            .build()
+            .unwrap_or_default();
+        Self { client, credential }
+    }
+
+    fn request(&self, method: Method, endpoint: &str, path: &str) -> RequestBuilder {
+        let request = self.client.request(method, format!("{endpoint}{path}"));
+        match &self.credential {
+            Some(credential) => request.header("x-api-key", credential),
+            None => request,
+        }
+    }
+
+    async fn send(&self, endpoint: &str, request: RequestBuilder) -> Result<Response, RemoteError> {
+        request
+            .timeout(Duration::from_secs(60))
+            .send()
+            .await
+            .map_err(|error| unreachable(endpoint, &error))
+    }
+
+    async fn post(&self, endpoint: &str, path: &str, body: Value) -> Result<Response, RemoteError> {
+        let request = self.request(Method::POST, endpoint, path).json(&body);
+        self.send(endpoint, request).await
+    }
+}
+
+#[async_trait::async_trait]
+impl RemoteAgents for HttpRemoteAgents {
+    async fn start(
+        &self,
+        endpoint: &str,
+        agent: &str,
+        session: &SessionId,
+        message: &str,
+    ) -> Result<RemoteStart, RemoteError> {
+        let body = json!({
+            "agent": agent, "message": message, "session_id": session, "new_only": true,
+        });
+        let response = self.post(endpoint, "/start", body).await?;
+        match response.status() {
+            status if status.is_success() => Ok(RemoteStart::Started),
+            _ => match refusal(endpoint, response).await {
+                RemoteError::Refused { code, .. } if code == "session_exists" => {
+                    Ok(RemoteStart::Existed)
+                }
+                other => Err(other),
+            },
+        }
+    }
+
+    async fn status(
+        &self,
+        endpoint: &str,
+        session: &SessionId,
+    ) -> Result<RemoteStatus, RemoteError> {
+        let request = self
+            .request(Method::GET, endpoint, "/status")
+            .query(&[("session_id", session.as_str())]);
+        let response = self.send(endpoint, request).await?;
+        if !response.status().is_success() {
+            return Err(refusal(endpoint, response).await);
+        }
+        let body: StatusBody = response
+            .json()
+            .await
+            .map_err(|error| protocol(endpoint, format!("GET /status: {error}")))?;
+        Ok(RemoteStatus {
+            status: body.status,
+            run_id: body.run_id,
+            aborted: body.aborted,
+            chunk_count: body.chunk_count,
+            text: body.text,
+            output: body.output,
+            error: body.error,
+            pending: body.pending,
+        })
+    }
+
+    async fn chunks(
+        &self,
+        endpoint: &str,
+        session: &SessionId,
+        from: u64,
+    ) -> Result<RemoteChunks, RemoteError> {
+        let from = from.to_string();
+        let request = self.request(Method::GET, endpoint, "/sse").query(&[
+            ("session_id", session.as_str()),
+            ("from", from.as_str()),
+            ("until", "closed"),
+        ]);
+        // No overall timeout: the stream lasts as long as the run (the server closes an idle
+        // one, and the driver asks for the status again).
+        let response = request
+            .send()
+            .await
+            .map_err(|error| unreachable(endpoint, &error))?;
+        if !response.status().is_success() {
+            return Err(refusal(endpoint, response).await);
+        }
+        Ok(sse::chunks(endpoint.to_string(), response.bytes_stream()).boxed())
+    }
+
+    async fn resume(&self, endpoint: &str, session: &SessionId) -> Result<(), RemoteError> {
+        let response = self
+            .post(endpoint, "/resume", json!({ "session_id": session }))
+            .await?;
+        if response.status().is_success() {
+            return Ok(());
+        }
+        Err(refusal(endpoint, response).await)
+    }
+
+    async fn submit(&self, endpoint: &str, submit: &Submit) -> Result<SubmitOutcome, RemoteError> {
+        let response = self
+            .post(endpoint, "/submit-tool-result", envelope(submit))
+            .await?;
+        let status = response.status();
+        if status.is_success() {
+            return Ok(SubmitOutcome::Accepted);
+        }
+        let body: Value = response.json().await.unwrap_or_default();
+        let code = body["code"].as_str().unwrap_or("http_error");
+        let message = body["message"].as_str().unwrap_or_default().to_string();
+        let count = |field: &str| {
+            body[field]
+                .as_u64()
+                .and_then(|value| usize::try_from(value).ok())
+                .unwrap_or_default()
+        };
+        // The remote's outcome, as is: the router answers it at the root.
+        Ok(match (status, code) {
+            (StatusCode::CONFLICT, "already_completed") => SubmitOutcome::AlreadyCompleted,
+            (StatusCode::NOT_FOUND, "unknown_tool_call") => SubmitOutcome::UnknownToolCall,
+            (StatusCode::BAD_REQUEST, "invalid_request") => {
+                SubmitOutcome::InvalidRequest { reason: message }
+            }
+            (StatusCode::UNPROCESSABLE_ENTITY, "invalid_result") => SubmitOutcome::InvalidResult {
+                reason: message,
+                errors: body["errors"]
+                    .as_array()
+                    .map(|errors| {
+                        errors
+                            .iter()
+                            .filter_map(Value::as_str)
+                            .map(str::to_string)
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+            },
+            (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large") => {
+                SubmitOutcome::PayloadTooLarge {
+                    size: count("size"),
+                    limit: count("limit"),
+                }
+            }
+            _ => {
+                return Err(RemoteError::Refused {
+                    endpoint: endpoint.to_string(),
+                    status: status.as_u16(),
+                    code: code.to_string(),
+                    message,
+                })
+            }
+        })
+    }
+
+    async fn stop(
+        &self,
+        endpoint: &str,
+        session: &SessionId,
+        abort: bool,
+    ) -> Result<(), RemoteError> {
+        let path = if abort { "/abort" } else { "/interrupt" };
+        let response = self
+            .post(endpoint, path, json!({ "session_id": session }))
+            .await?;
+        if response.status().is_success() {
+            return Ok(());
+        }
+        Err(refusal(endpoint, response).await)
+    }
+}
+
+/// `GET /status`, as far as a parent reads it.
+#[derive(Debug, Deserialize)]
+struct StatusBody {
+    status: Status,
+    run_id: Option<RunId>,
+    #[serde(default)]
+    aborted: bool,
+    chunk_count: u64,
+    #[serde(default)]
+    text: Option<String>,
+    #[serde(default)]
+    output: Option<Value>,
+    #[serde(default)]
+    error: Option<RunError>,
+    #[serde(default)]
+    pending: Vec<RemoteCall>,
+}
+
+/// The JSON envelope of `POST /submit-tool-result` (what `Submit::from_json` reads).
+fn envelope(submit: &Submit) -> Value {
+    let mut body = json!({
+        "session_id": submit.session_id,
+        "tool_call_id": submit.tool_call_id,
+    });
+    let fields = match &submit.answer {
+        SubmitAnswer::Result(value) => json!({ "result": value }),
+        SubmitAnswer::Error(text) => json!({ "error": text }),
+        SubmitAnswer::Approval {
+            approval_id,
+            approved,
+            reason,
+        } => {
+            let mut fields = json!({
+                "kind": "approval-response", "approval_id": approval_id, "approved": approved,
+            });
+            if let (Some(reason), Some(map)) = (reason, fields.as_object_mut()) {
+                map.insert("reason".into(), json!(reason));
+            }
+            fields
+        }
+        _ => json!({}),
+    };
+    if let (Some(body), Value::Object(fields)) = (body.as_object_mut(), fields) {
+        body.extend(fields);
+    }
+    body
+}
+
+/// The remote's error answer (`{code, message, …}`) as a typed refusal.
+async fn refusal(endpoint: &str, response: Response) -> RemoteError {
+    let status = response.status().as_u16();
+    let body: Value = response.json().await.unwrap_or_default();
+    RemoteError::Refused {
+        endpoint: endpoint.to_string(),
+        status,
+        code: body["code"].as_str().unwrap_or("http_error").to_string(),
+        message: match body["errors"].as_array() {
+            Some(errors) if !errors.is_empty() => format!(
+                "{}: {}",
+                body["message"].as_str().unwrap_or_default(),
+                errors
+                    .iter()
+                    .filter_map(Value::as_str)
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            ),
+            _ => body["message"].as_str().unwrap_or_default().to_string(),
+        },
+    }
+}
+
+fn unreachable(endpoint: &str, error: &reqwest::Error) -> RemoteError {
+    RemoteError::Unreachable {
+        endpoint: endpoint.to_string(),
+        reason: error.to_string(),
+    }
+}
+
+fn protocol(endpoint: &str, reason: String) -> RemoteError {
+    RemoteError::Protocol {
+        endpoint: endpoint.to_string(),
+        reason,
+    }
+}

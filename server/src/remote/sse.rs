@@ -1,0 +1,121 @@
+//! Reads a dormant server's `GET /sse` as the chunks it carries: each event with an id is a
+//! chunk (its JSON in `data`); `delta` events (no id) are live pieces a parent does not copy;
+//! `end` closes the stream and `error` carries the server's typed error.
+
+use bytes::Bytes;
+use dormant::remote::RemoteError;
+use dormant::Chunk;
+use futures::{Stream, StreamExt};
+
+/// One event, as far as it is read.
+#[derive(Debug, Default)]
+struct Event {
+    id: Option<String>,
+    name: Option<String>,
+    data: String,
+}
+
+/// The chunks of an SSE body, until `end`.
+pub(crate) fn chunks(
+    endpoint: String,
+    body: impl Stream<Item = Result<Bytes, reqwest::Error>> + Send + 'static,
+) -> impl Stream<Item = Result<Chunk, RemoteError>> + Send + 'static {
+    let state = Reader {
+        endpoint,
+        body: Box::pin(body),
+        buffer: Vec::new(),
+        event: Event::default(),
+        done: false,
+    };
+    futures::stream::unfold(state, |mut reader| async move {
+        let item = reader.next_chunk().await?;
+        Some((item, reader))
+    })
+}
+
+struct Reader {
+    endpoint: String,
+    body: std::pin::Pin<Box<dyn Stream<Item = Result<Bytes, reqwest::Error>> + Send>>,
+    buffer: Vec<u8>,
+    event: Event,
+    done: bool,
+}
+
+impl Reader {
+    async fn next_chunk(&mut self) -> Option<Result<Chunk, RemoteError>> {
+        loop {
+            if self.done {
+                return None;
+            }
+            while let Some(end) = self.buffer.iter().position(|byte| *byte == b'\n') {
+                let line: Vec<u8> = self.buffer.drain(..=end).collect();
+                let line = String::from_utf8_lossy(&line);
+                let line = line.trim_end_matches(['\n', '\r']);
+                if line.is_empty() {
+                    let event = std::mem::take(&mut self.event);
+                    if let Some(item) = self.dispatch(event) {
+                        return Some(item);
+                    }
+                    if self.done {
+                        return None;
+                    }
+                    continue;
+                }
+                let (field, value) = line.split_once(':').unwrap_or((line, ""));
+                let value = value.strip_prefix(' ').unwrap_or(value);
+                match field {
+                    "id" => self.event.id = Some(value.to_string()),
+                    "event" => self.event.name = Some(value.to_string()),
+                    "data" => {
+                        if !self.event.data.is_empty() {
+                            self.event.data.push('\n');
+                        }
+                        self.event.data.push_str(value);
+                    }
+                    _ => {}
+                }
+            }
+            match self.body.next().await {
+                Some(Ok(bytes)) => self.buffer.extend_from_slice(&bytes),
+                Some(Err(error)) => {
+                    self.done = true;
+                    return Some(Err(RemoteError::Unreachable {
+                        endpoint: self.endpoint.clone(),
+                        reason: format!("the stream broke: {error}"),
+                    }));
+                }
+                None => {
+                    self.done = true;
+                    return None;
+                }
+            }
+        }
+    }
+
+    /// What one complete event means: a chunk, an error, the end, or nothing to pass on.
+    fn dispatch(&mut self, event: Event) -> Option<Result<Chunk, RemoteError>> {
+        match event.name.as_deref() {
+            Some("end") => {
+                self.done = true;
+                None
+            }
+            Some("error") => {
+                self.done = true;
+                let body: serde_json::Value = serde_json::from_str(&event.data).unwrap_or_default();
+                Some(Err(RemoteError::Refused {
+                    endpoint: self.endpoint.clone(),
+                    status: 200,
+                    code: body["code"].as_str().unwrap_or("stream_error").to_string(),
+                    message: body["message"].as_str().unwrap_or_default().to_string(),
+                }))
+            }
+            _ if event.id.is_none() || event.data.is_empty() => None,
+            _ => Some(serde_json::from_str::<Chunk>(&event.data).map_err(|error| {
+                RemoteError::Protocol {
+                    endpoint: self.endpoint.clone(),
+                    reason: format!("a chunk that is not one: {error}"),
+                }
+            })),
+        }
+    }
+}

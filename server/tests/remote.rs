@@ -1,0 +1,226 @@
+//! Remote sub-agents over HTTP, in one process: a parent runtime whose agent delegates to an
+//! agent served by a second runtime on a loopback port. The remote child's client tool and
+//! approval are answered at the parent's ROOT, forwarded across the boundary; the resume of
+//! the root cascades to the remote; the root completes with the child's result.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{serve, TestServer};
+use dormant::remote::RemotePolicy;
+use dormant::submit::{Submit, SubmitOutcome};
+use dormant::{
+    AgentDefinition, Approval, Error, ModelReply, PendingKind, Runtime, ScriptedLlm, SledStore,
+    Status, ToolCall, ToolDefinition, ToolError, ToolOutcome,
+};
+use dormant_server::{Auth, Caller, Denied, HttpRemoteAgents, ServerConfig};
+use serde_json::json;
+
+const KEY: &str = "operator-key-for-tests";
+
+/// The remote's authenticate hook: the parent's key makes an operator that may choose ids.
+fn operator_auth() -> Auth {
+    Auth::hook(|headers| {
+        let ok = headers.get("x-api-key").and_then(|v| v.to_str().ok()) == Some(KEY);
+        Box::pin(async move {
+            if ok {
+                Ok(Caller::new("parent").choosing_session_ids().operator())
+            } else {
+                Err(Denied("x-api-key".into()))
+            }
+        })
+    })
+}
+
+/// The remote: agent `helper` asks the user (a client tool), then publishes behind an
+/// approval, then answers.
+async fn remote_server() -> anyhow::Result<TestServer> {
+    let helper = AgentDefinition::builder("helper")
+        .tool(ToolDefinition::client("ask").output_schema(json!({
+            "type": "object", "required": ["answer"],
+            "properties": { "answer": { "type": "string" } }
+        })))
+        .tool(
+            ToolDefinition::server("publish", |input, _ctx| async move {
+                Ok::<_, ToolError>(json!({ "published": input["title"] }))
+            })
+            .require_approval(Approval::Always),
+        )
+        .build()?;
+    let llm = ScriptedLlm::new().script(
+        "helper",
+        vec![
+            ModelReply::tool_calls(vec![ToolCall::new("q1", "ask", json!({ "q": "title?" }))]),
+            ModelReply::tool_calls(vec![ToolCall::new(
+                "p1",
+                "publish",
+                json!({ "title": "hello" }),
+            )]),
+            ModelReply::text("helper done"),
+        ],
+    );
+    let runtime = Runtime::builder()
+        .store(Arc::new(SledStore::temporary()?))
+        .llm(Arc::new(llm))
+        .agent(helper)
+        .background_deadlines(false)
+        .build()?;
+    serve(runtime, operator_auth(), ServerConfig::default()).await
+}
+
+fn fast_policy() -> RemotePolicy {
+    RemotePolicy {
+        attempts: 3,
+        backoff: Duration::from_millis(20),
+        inspection_timeout: Duration::from_secs(2),
+    }
+}
+
+/// The parent: agent `lead` delegates to `helper` at `endpoint`.
+fn parent_runtime(endpoint: &str) -> anyhow::Result<Runtime> {
+    let lead = AgentDefinition::builder("lead")
+        .tool(ToolDefinition::remote_sub_agent(
+            "delegate", endpoint, "helper",
+        ))
+        .build()?;
+    let llm = ScriptedLlm::new().script(
+        "lead",
+        vec![
+            ModelReply::tool_calls(vec![ToolCall::new(
+                "d1",
+                "delegate",
+                json!({ "message": "ask the user" }),
+            )]),
+            ModelReply::text("lead done"),
+        ],
+    );
+    Ok(Runtime::builder()
+        .store(Arc::new(SledStore::temporary()?))
+        .llm(Arc::new(llm))
+        .agent(lead)
+        .remote_agents(Arc::new(HttpRemoteAgents::new(Some(KEY.into()))))
+        .remote_policy(fast_policy())
+        .background_deadlines(false)
+        .build()?)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remote_childs_client_tool_and_approval_are_answered_at_the_root() -> anyhow::Result<()> {
+    let remote = remote_server().await?;
+    let parent = parent_runtime(&remote.base)?;
+    let root = "root-1".parse()?;
+
+    let run = parent.execute_on(&root, "lead", "go").await?;
+    assert_eq!(run.status, Status::SuspendedAwaitingChildren, "{run:?}");
+    assert_eq!(run.pending, vec!["q1".to_string()]);
+
+    // The root lists the remote call, with where it lives.
+    let remote_calls = parent.pending_remote(&root).await?;
+    assert_eq!(remote_calls.len(), 1);
+    let (via, call) = &remote_calls[0];
+    assert_eq!(via, &root);
+    assert_eq!(call.tool_call_id, "q1");
+    assert_eq!(call.kind, PendingKind::Client);
+    assert_eq!(call.owner, "root-1-sub-d1");
+
+    // A result that breaks the remote tool's schema: the remote's errors, as is.
+    let wrong = parent
+        .submit_tool_result(Submit::result("root-1", "q1", json!({ "nope": 1 })))
+        .await?;
+    assert!(
+        matches!(&wrong, SubmitOutcome::InvalidResult { errors, .. } if !errors.is_empty()),
+        "{wrong:?}"
+    );
+    let accepted = parent
+        .submit_tool_result(Submit::result("root-1", "q1", json!({ "answer": "hello" })))
+        .await?;
+    assert_eq!(accepted, SubmitOutcome::Accepted);
+    let again = parent
+        .submit_tool_result(Submit::result("root-1", "q1", json!({ "answer": "again" })))
+        .await?;
+    assert_eq!(again, SubmitOutcome::AlreadyCompleted);
+
+    // The resume cascades to the remote child, which then waits on an approval.
+    let run = parent.resume(&root).await?;
+    assert_eq!(run.status, Status::SuspendedAwaitingChildren, "{run:?}");
+    let remote_calls = parent.pending_remote(&root).await?;
+    assert_eq!(remote_calls.len(), 1, "{remote_calls:?}");
+    let approval = &remote_calls[0].1;
+    assert_eq!(approval.kind, PendingKind::Approval);
+    let approval_id = approval.approval_id.clone().unwrap_or_default();
+    // q1 is gone from the root: a duplicate answers from the tombstone here.
+    let late = parent
+        .submit_tool_result(Submit::result("root-1", "q1", json!({ "answer": "late" })))
+        .await?;
+    assert_eq!(late, SubmitOutcome::AlreadyCompleted);
+
+    let approved = parent
+        .submit_tool_result(Submit::approval("root-1", "p1", approval_id, true, None))
+        .await?;
+    assert_eq!(approved, SubmitOutcome::Accepted);
+    let run = parent.resume(&root).await?;
+    assert_eq!(run.status, Status::Completed, "{run:?}");
+    assert_eq!(run.text.as_deref(), Some("lead done"));
+    assert!(parent.pending_remote(&root).await?.is_empty());
+
+    // The child's text is the tool result, and its stream was copied into the root's.
+    let messages = parent.messages(&root).await?;
+    let outcome = messages.iter().find_map(|message| match message {
+        dormant::Message::Tool { outcome, .. } => Some(outcome.clone()),
+        _ => None,
+    });
+    assert_eq!(outcome, Some(ToolOutcome::Result(json!("helper done"))));
+    let child = remote.runtime.session(&"root-1-sub-d1".parse()?).await?;
+    assert_eq!(child.status, Status::Completed);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_remote_is_a_tool_error_at_start_and_a_retryable_error_at_submit(
+) -> anyhow::Result<()> {
+    // Nothing listens on this port (bound, then dropped).
+    let endpoint = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+        format!("http://{}", listener.local_addr()?)
+    };
+    let parent = parent_runtime(&endpoint)?;
+    let root = "root-2".parse()?;
+    let run = parent.execute_on(&root, "lead", "go").await?;
+    assert_eq!(run.status, Status::Completed, "{run:?}");
+    let messages = parent.messages(&root).await?;
+    let failed = messages.iter().any(|message| {
+        matches!(message, dormant::Message::Tool { outcome: ToolOutcome::Error(text), .. }
+            if text.starts_with("remote_subagent_failed"))
+    });
+    assert!(failed, "{messages:?}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_submit_while_the_remote_is_down_is_retryable_and_stores_nothing() -> anyhow::Result<()> {
+    let remote = remote_server().await?;
+    let parent = parent_runtime(&remote.base)?;
+    let root = "root-3".parse()?;
+    let run = parent.execute_on(&root, "lead", "go").await?;
+    assert_eq!(run.status, Status::SuspendedAwaitingChildren);
+
+    // The remote goes away (its listener closes): the submit is a typed, retryable error.
+    let remote_runtime = remote.runtime.clone();
+    remote.closing.close();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let answer = Submit::result("root-3", "q1", json!({ "answer": "hello" }));
+    let down = parent.submit_tool_result(answer.clone()).await;
+    match down {
+        Err(Error::Remote(error)) => assert!(error.is_retryable(), "{error}"),
+        other => panic!("expected a retryable remote error, got {other:?}"),
+    }
+    let pending = remote_runtime.pending(&"root-3-sub-d1".parse()?).await?;
+    assert!(pending[0].answer.is_none(), "nothing was stored");
+
+    // The same remote runtime served again, on a new port: the parent still names the old
+    // endpoint, so this only shows the remote kept the call pending. (The process test moves
+    // nothing: the remote restarts on its port.)
+    Ok(())
+}
