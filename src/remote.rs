@@ -94,6 +94,9 @@ pub struct RemoteStatus {
     pub error: Option<RunError>,
     /// The calls its tree waits on.
     pub pending: Vec<RemoteCall>,
+    /// No run of it was in progress when the status was read (a resume still waking its
+    /// own children shows the suspended status, but has not answered yet).
+    pub settled: bool,
 }
 
 /// Whether a start created the remote session or found it.
@@ -176,7 +179,8 @@ pub trait RemoteAgents: Send + Sync + fmt::Debug + 'static {
         message: &str,
     ) -> Result<RemoteStart, RemoteError>;
 
-    /// How the session stands.
+    /// How the session stands, once no run of it is in progress, or after a short wait
+    /// (then [`RemoteStatus::settled`] is `false`).
     async fn status(
         &self,
         endpoint: &str,

@@ -6,7 +6,11 @@
 //! 3. `publish` (a server tool behind an approval gate, not safe to retry) with that title;
 //! 4. a closing text that says what happened.
 //!
-//! A message that starts with `echo ` is answered with its text and nothing else.
+//! A message that starts with `echo ` is answered with its text and nothing else. With a
+//! remote server configured ([`configure_delegating`]), a message that starts with
+//! `delegate ` hands the rest to the demo agent of that server (a remote sub-agent, whose
+//! client tool and approval are answered here, at this side's root), and says what it
+//! answered.
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]
@@ -39,12 +43,38 @@ pub fn configure(builder: RuntimeBuilder) -> Result<RuntimeBuilder, DefinitionEr
     Ok(builder.llm(Arc::new(DemoModel)).agent(agent()?))
 }
 
+/// Adds the demo agent with a `delegate` tool: a remote sub-agent running the demo agent of
+/// the dormant server at `endpoint` (the runtime needs a remote transport:
+/// [`HttpRemoteAgents`](crate::HttpRemoteAgents)).
+///
+/// # Errors
+/// Never in practice: the definition is fixed and valid.
+pub fn configure_delegating(
+    builder: RuntimeBuilder,
+    endpoint: &str,
+) -> Result<RuntimeBuilder, DefinitionError> {
+    let agent = tools(AgentDefinition::builder(AGENT))
+        .tool(
+            ToolDefinition::remote_sub_agent(DELEGATE, endpoint, AGENT)
+                .description("Hands a task to the demo agent of another server."),
+        )
+        .build()?;
+    Ok(builder.llm(Arc::new(DemoModel)).agent(agent))
+}
+
+/// The remote sub-agent tool of [`configure_delegating`].
+pub const DELEGATE: &str = "delegate";
+
 /// The demo agent: its three tools.
 ///
 /// # Errors
 /// Never in practice: the definition is fixed and valid.
 pub fn agent() -> Result<AgentDefinition, DefinitionError> {
-    AgentDefinition::builder(AGENT)
+    tools(AgentDefinition::builder(AGENT)).build()
+}
+
+fn tools(builder: dormant::AgentBuilder) -> dormant::AgentBuilder {
+    builder
         .system_prompt("You look up the weather, ask the user for a title, and publish a post.")
         .tool(
             ToolDefinition::server("lookup_weather", |input, _ctx| async move {
@@ -88,7 +118,6 @@ pub fn agent() -> Result<AgentDefinition, DefinitionError> {
             }))
             .require_approval(Approval::Always),
         )
-        .build()
 }
 
 /// The demo's model: reads the conversation since the last user message and takes the next
@@ -140,6 +169,18 @@ fn next_step(messages: &[Message]) -> ModelReply {
     let call = |tool: &str, input: Value| {
         ModelReply::tool_calls(vec![ToolCall::new(format!("{tool}-{turn}"), tool, input)])
     };
+    if let Some(task) = text.strip_prefix("delegate ") {
+        return match result_of(DELEGATE) {
+            None => call(DELEGATE, json!({ "message": task })),
+            Some(ToolOutcome::Result(answer)) => ModelReply::text(format!(
+                "The remote agent answered: {}",
+                answer.as_str().unwrap_or_default()
+            )),
+            Some(ToolOutcome::Error(error)) => {
+                ModelReply::text(format!("The remote agent failed: {error}"))
+            }
+        };
+    }
     let Some(weather) = result_of("lookup_weather") else {
         return call("lookup_weather", json!({ "city": city(text) }));
     };

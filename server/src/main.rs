@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use dormant::{Runtime, SledStore};
-use dormant_server::{Auth, Caller, Denied, Server, ServerConfig, TokenKey};
+use dormant_server::{Auth, Caller, Denied, HttpRemoteAgents, Server, ServerConfig, TokenKey};
 
 /// Serves dormant sessions over HTTP and SSE, with a page at `/` where a person answers
 /// client tools and approvals. `dormant-server inspect --store DIR` reports a stopped store.
@@ -82,6 +82,15 @@ struct Serve {
     /// The most session actors kept in memory; idle ones past it are evicted.
     #[arg(long)]
     max_resident: Option<usize>,
+    /// The base URL of another dormant server: the demo agent gains a `delegate` tool that
+    /// hands a message starting with `delegate ` to that server's demo agent (a remote
+    /// sub-agent; its client tool and approval are answered here, at the root).
+    #[arg(long, value_name = "URL")]
+    delegate_to: Option<String>,
+    /// The environment variable that holds the API key this server sends (`x-api-key`) to
+    /// the servers its remote sub-agents live on (their --api-key-env).
+    #[arg(long, value_name = "NAME")]
+    remote_key_env: Option<String>,
 }
 
 fn dormant_server_default_body() -> usize {
@@ -186,7 +195,19 @@ async fn serve(args: Serve) -> Result<(), String> {
     if let Some(max) = args.max_resident {
         builder = builder.max_resident(max);
     }
-    let builder = dormant_server::demo::configure(builder).map_err(|error| error.to_string())?;
+    let remote_key = match &args.remote_key_env {
+        Some(name) => Some(
+            std::env::var(name)
+                .map_err(|_| format!("--remote-key-env {name}: the variable is not set"))?,
+        ),
+        None => None,
+    };
+    let builder = builder.remote_agents(Arc::new(HttpRemoteAgents::new(remote_key)));
+    let builder = match &args.delegate_to {
+        Some(endpoint) => dormant_server::demo::configure_delegating(builder, endpoint),
+        None => dormant_server::demo::configure(builder),
+    }
+    .map_err(|error| error.to_string())?;
     let runtime = real_model(builder)?
         .build()
         .map_err(|error| error.to_string())?;

@@ -116,7 +116,7 @@ impl RemoteAgents for HttpRemoteAgents {
     ) -> Result<RemoteStatus, RemoteError> {
         let request = self
             .request(Method::GET, endpoint, "/status")
-            .query(&[("session_id", session.as_str())]);
+            .query(&[("session_id", session.as_str()), ("settle_ms", "5000")]);
         let response = self.send(endpoint, request).await?;
         if !response.status().is_success() {
             return Err(refusal(endpoint, response).await);
@@ -134,6 +134,7 @@ impl RemoteAgents for HttpRemoteAgents {
             output: body.output,
             error: body.error,
             pending: body.pending,
+            settled: body.settled.unwrap_or(true),
         })
     }
 
@@ -258,6 +259,8 @@ struct StatusBody {
     error: Option<RunError>,
     #[serde(default)]
     pending: Vec<RemoteCall>,
+    #[serde(default)]
+    settled: Option<bool>,
 }
 
 /// The JSON envelope of `POST /submit-tool-result` (what `Submit::from_json` reads).

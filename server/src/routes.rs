@@ -1,6 +1,8 @@
 //! The routes that act on sessions. Each checks who may act, calls the runtime once, and
 //! answers JSON; errors go through `error.rs`.
 
+use std::time::Duration;
+
 use axum::extract::{Request, State};
 use axum::http::header::AUTHORIZATION;
 use axum::http::{HeaderMap, StatusCode};
@@ -206,6 +208,9 @@ async fn stop(
     Ok(Json(answer))
 }
 
+/// The longest `GET /status?settle_ms=` waits.
+const MAX_SETTLE_WAIT: Duration = Duration::from_secs(10);
+
 /// `GET /status`: the run's status and the calls it waits on.
 pub(crate) async fn status(
     State(state): State<AppState>,
@@ -213,11 +218,21 @@ pub(crate) async fn status(
     Params(query): Params<SessionQuery>,
 ) -> Result<Json<StatusAnswer>, ApiError> {
     let id = authorized(&state, &headers, &query).await?;
+    let settled = match query.settle_ms {
+        Some(ms) => {
+            let wait = Duration::from_millis(ms).min(MAX_SETTLE_WAIT);
+            let waited = tokio::time::timeout(wait, state.runtime.wait_settled(&id)).await;
+            Some(waited.is_ok())
+        }
+        None => None,
+    };
     let record = state.runtime.session(&id).await?;
     let pending = crate::tree::pending(&state.runtime, &id).await?;
     let run = state.runtime.run(&id, record.run_count).await?;
     let now = state.runtime.now_ms();
-    Ok(Json(StatusAnswer::new(record, run, pending, now)))
+    let mut answer = StatusAnswer::new(record, run, pending, now);
+    answer.settled = settled;
+    Ok(Json(answer))
 }
 
 /// `GET /runs`: every run record of the session, in order.

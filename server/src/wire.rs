@@ -39,6 +39,12 @@ pub(crate) struct SessionQuery {
     pub(crate) session_id: String,
     #[serde(default)]
     pub(crate) token: Option<String>,
+    /// `GET /status` only: first wait up to this long (ms, at most 10 s) for no run of the
+    /// session to be in progress, and say whether it settled. A resume that is still waking
+    /// the session's children has the suspended status until it goes on: a parent on another
+    /// server must not read that as the child's answer.
+    #[serde(default)]
+    pub(crate) settle_ms: Option<u64>,
 }
 
 /// `POST /submit-tool-result`'s query.
@@ -145,6 +151,9 @@ pub(crate) struct StatusAnswer {
     /// Why the run failed or was interrupted.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) error: Option<RunError>,
+    /// With `settle_ms`: whether no run of the session was in progress when it answered.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) settled: Option<bool>,
 }
 
 impl StatusAnswer {
@@ -163,6 +172,7 @@ impl StatusAnswer {
             text,
             output,
             error,
+            settled: None,
             session_id: record.id.to_string(),
             agent: record.agent,
             status: record.status,

@@ -34,7 +34,9 @@ impl SessionActor {
         let parent = ctx.key().clone();
         let tool_call_id = call.to_string();
         tokio::spawn(async move {
-            let report = drive(shared, child, remote, forwarded, how).await;
+            let Some(report) = drive(shared, child, remote, forwarded, how).await else {
+                return;
+            };
             host.send(
                 parent,
                 SessionMsg::RemoteReport {

@@ -45,19 +45,20 @@ pub(crate) struct DriveReport {
 
 /// Drives the remote child `child` of a parent's call; never fails: a remote that cannot be
 /// reached becomes the call's tool error (`remote_subagent_failed` at start,
-/// `remote_subagent_lost` once it ran).
+/// `remote_subagent_lost` once it ran). `None` only for a watch of a child the remote does
+/// not know (its start never happened).
 pub(crate) async fn drive(
     shared: Arc<Shared>,
     child: SessionId,
     remote: RemoteChild,
     forwarded: u64,
     how: Drive,
-) -> DriveReport {
+) -> Option<DriveReport> {
     let Some(transport) = shared.remote.clone() else {
-        return failed(
+        return Some(failed(
             ToolErrorCode::RemoteSubAgentFailed,
             &RemoteError::NoTransport,
-        );
+        ));
     };
     let driver = Driver {
         shared: &shared,
@@ -77,7 +78,7 @@ pub(crate) async fn drive(
                 Ok(RemoteStart::Existed) => {
                     tracing::info!(%child, endpoint = %remote.endpoint, "remote_subagent.reattached");
                 }
-                Err(error) => return failed(ToolErrorCode::RemoteSubAgentFailed, &error),
+                Err(error) => return Some(failed(ToolErrorCode::RemoteSubAgentFailed, &error)),
             }
         }
         Drive::Wake => {
@@ -87,11 +88,11 @@ pub(crate) async fn drive(
             match resumed {
                 Ok(()) => {}
                 Err(error) if error.is_not_found() => {
-                    return failed(ToolErrorCode::RemoteSubAgentLost, &error)
+                    return Some(failed(ToolErrorCode::RemoteSubAgentLost, &error))
                 }
                 // Nothing to resume (it completed, or still waits): its status says which.
                 Err(RemoteError::Refused { .. }) => {}
-                Err(error) => return failed(ToolErrorCode::RemoteSubAgentLost, &error),
+                Err(error) => return Some(failed(ToolErrorCode::RemoteSubAgentLost, &error)),
             }
         }
         Drive::Watch => {}
@@ -101,19 +102,22 @@ pub(crate) async fn drive(
         Ok((status, chunks)) => {
             let as_of = status.chunk_count;
             let (report, calls) = report_of_status(&child, status);
-            DriveReport {
+            Some(DriveReport {
                 report,
                 chunks,
                 calls,
                 as_of,
                 watch,
-            }
+            })
         }
-        Err(error) if watch => DriveReport {
+        // Never started (the parent crashed before its start): nothing to say; the replayed
+        // call starts it when the parent goes on.
+        Err(error) if watch && error.is_not_found() => None,
+        Err(error) if watch => Some(DriveReport {
             watch,
             ..failed(ToolErrorCode::RemoteSubAgentLost, &error)
-        },
-        Err(error) => failed(ToolErrorCode::RemoteSubAgentLost, &error),
+        }),
+        Err(error) => Some(failed(ToolErrorCode::RemoteSubAgentLost, &error)),
     }
 }
 
@@ -182,6 +186,10 @@ impl Driver<'_> {
                 .retrying(|| self.transport.status(self.endpoint, self.child))
                 .await?;
             let running = status.status == Status::Running;
+            if !running && !status.settled {
+                // Still waking its own children: ask again (the status waits a while itself).
+                continue;
+            }
             if !running && next >= status.chunk_count {
                 return Ok((status, chunks));
             }

@@ -16,6 +16,16 @@ impl Binary {
     /// Starts the demo server on `listen` (e.g. `127.0.0.1:0`) and the store in `store`, and
     /// waits for the line that says where it listens.
     pub fn start(store: &Path, listen: &str, extra: &[&str]) -> anyhow::Result<Self> {
+        Self::start_with_env(store, listen, extra, &[])
+    }
+
+    /// As [`Binary::start`], with these environment variables set.
+    pub fn start_with_env(
+        store: &Path,
+        listen: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> anyhow::Result<Self> {
         let mut child = Command::new(env!("CARGO_BIN_EXE_dormant-server"))
             .args([
                 "--listen",
@@ -31,6 +41,7 @@ impl Binary {
             .env_remove("OPENAI_BASE_URL")
             .env_remove("OPENAI_API_KEY")
             .env_remove("OPENAI_MODEL")
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()?;

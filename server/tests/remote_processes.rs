@@ -1,0 +1,266 @@
+//! Remote sub-agents across real processes: a parent `dormant-server` whose demo agent
+//! delegates to the demo agent of a second `dormant-server` (`--delegate-to`), each with its
+//! own sled store, on loopback. Both are SIGKILLed at the waiting points (the child suspended;
+//! an answer accepted at the remote; a resume in flight) and restarted on their stores and
+//! ports; every acknowledged answer is applied exactly once, and the approval-gated tool,
+//! which is not safe to retry, runs once.
+
+mod common;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use common::binary::Binary;
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+
+const KEY_VAR: &str = "DORMANT_TEST_REMOTE_KEY";
+const KEY: &str = "a-remote-key-of-at-least-16-chars";
+
+fn remote(store: &Path, listen: &str) -> anyhow::Result<Binary> {
+    Binary::start_with_env(
+        store,
+        listen,
+        &["--api-key-env", KEY_VAR],
+        &[(KEY_VAR, KEY)],
+    )
+}
+
+fn parent(store: &Path, listen: &str, remote: &str) -> anyhow::Result<Binary> {
+    Binary::start_with_env(
+        store,
+        listen,
+        &["--delegate-to", remote, "--remote-key-env", KEY_VAR],
+        &[(KEY_VAR, KEY)],
+    )
+}
+
+struct Client {
+    http: reqwest::Client,
+}
+
+impl Client {
+    async fn post(
+        &self,
+        base: &str,
+        path: &str,
+        token: Option<&str>,
+        body: Value,
+    ) -> anyhow::Result<(StatusCode, Value)> {
+        let mut request = self.http.post(format!("{base}{path}")).json(&body);
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        let response = request.send().await?;
+        let status = response.status();
+        Ok((status, response.json().await.unwrap_or_default()))
+    }
+
+    async fn status(&self, base: &str, session: &str, token: &str) -> anyhow::Result<Value> {
+        let response = self
+            .http
+            .get(format!("{base}/status"))
+            .query(&[("session_id", session)])
+            .bearer_auth(token)
+            .send()
+            .await?;
+        Ok(response.json().await?)
+    }
+
+    /// Polls the root's status until `done` holds (the child processes run on their own
+    /// clocks: there is no event to wait on from here), for at most 20 s.
+    async fn until(
+        &self,
+        base: &str,
+        session: &str,
+        token: &str,
+        what: &str,
+        done: impl Fn(&Value) -> bool,
+    ) -> anyhow::Result<Value> {
+        let started = Instant::now();
+        loop {
+            let status = self.status(base, session, token).await?;
+            if done(&status) {
+                return Ok(status);
+            }
+            anyhow::ensure!(
+                started.elapsed() < Duration::from_secs(20),
+                "waited 20 s for {what}; last status {status}"
+            );
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+}
+
+fn pending_named<'a>(status: &'a Value, tool: &str) -> Option<&'a Value> {
+    status["pending"]
+        .as_array()?
+        .iter()
+        .find(|call| call["tool_name"] == tool && call["waiting"] == true)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_parents_and_remotes_apply_every_acknowledged_answer_once() -> anyhow::Result<()> {
+    let dirs = (tempfile::tempdir()?, tempfile::tempdir()?);
+    let (parent_store, remote_store) = (dirs.0.path().join("parent"), dirs.1.path().join("remote"));
+    let client = Client {
+        http: reqwest::Client::new(),
+    };
+
+    let far = remote(&remote_store, "127.0.0.1:0")?;
+    let far_listen = format!("127.0.0.1:{}", far.port()?);
+    let near = parent(&parent_store, "127.0.0.1:0", &far.base)?;
+    let near_listen = format!("127.0.0.1:{}", near.port()?);
+    let base = near.base.clone();
+
+    let (code, started) = client
+        .post(
+            &base,
+            "/start",
+            None,
+            json!({ "agent": "demo", "message": "delegate weather in Porto" }),
+        )
+        .await?;
+    assert_eq!(code, StatusCode::ACCEPTED, "{started}");
+    let root = started["session_id"]
+        .as_str()
+        .context("session_id")?
+        .to_string();
+    let token = started["token"].as_str().context("token")?.to_string();
+    let child = format!("{root}-sub-delegate-1");
+
+    // The remote child asks the user: the root lists the call, owned by the remote child.
+    let status = client
+        .until(&base, &root, &token, "the remote ask_user", |s| {
+            pending_named(s, "ask_user").is_some()
+        })
+        .await?;
+    assert_eq!(status["status"], "suspended_awaiting_children", "{status}");
+    let ask = pending_named(&status, "ask_user")
+        .context("ask_user")?
+        .clone();
+    assert_eq!(ask["session_id"], child.as_str());
+    let call = ask["tool_call_id"].as_str().context("call")?.to_string();
+
+    // Kill the parent while the child waits; restart it on its store and port.
+    near.kill()?;
+    let near = parent(&parent_store, &near_listen, &far.base)?;
+    let status = client.status(&base, &root, &token).await?;
+    assert!(
+        pending_named(&status, "ask_user").is_some(),
+        "after the restart: {status}"
+    );
+
+    // The remote down: a submit at the root is retryable and stores nothing.
+    far.kill()?;
+    let answer =
+        json!({ "session_id": root, "tool_call_id": call, "result": { "answer": "Sunny days" } });
+    let (code, body) = client
+        .post(&base, "/submit-tool-result", Some(&token), answer.clone())
+        .await?;
+    assert_eq!(code, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(body["code"], "remote_unavailable");
+
+    // Back: the same submit is accepted, then SIGKILL the remote right after it acknowledged.
+    let far = remote(&remote_store, &far_listen)?;
+    let (code, body) = client
+        .post(&base, "/submit-tool-result", Some(&token), answer.clone())
+        .await?;
+    assert_eq!(code, StatusCode::OK, "{body}");
+    far.kill()?;
+    let far = remote(&remote_store, &far_listen)?;
+    let (code, body) = client
+        .post(&base, "/submit-tool-result", Some(&token), answer)
+        .await?;
+    assert_eq!(
+        code,
+        StatusCode::CONFLICT,
+        "a duplicate after the restart: {body}"
+    );
+
+    // A resume in flight, and the parent killed: the restarted parent resumes again.
+    let (code, body) = client
+        .post(
+            &base,
+            "/resume",
+            Some(&token),
+            json!({ "session_id": root }),
+        )
+        .await?;
+    assert_eq!(code, StatusCode::ACCEPTED, "{body}");
+    near.kill()?;
+    let near = parent(&parent_store, &near_listen, &far.base)?;
+    let status = client.status(&base, &root, &token).await?;
+    if pending_named(&status, "publish").is_none() {
+        let (code, body) = client
+            .post(
+                &base,
+                "/resume",
+                Some(&token),
+                json!({ "session_id": root }),
+            )
+            .await?;
+        assert_eq!(code, StatusCode::ACCEPTED, "{body}");
+    }
+    let status = client
+        .until(&base, &root, &token, "the remote approval", |s| {
+            pending_named(s, "publish").is_some()
+        })
+        .await?;
+    let publish = pending_named(&status, "publish")
+        .context("publish")?
+        .clone();
+    assert_eq!(publish["kind"], "approval");
+
+    let approval = json!({
+        "kind": "approval-response", "session_id": root,
+        "tool_call_id": publish["tool_call_id"], "approval_id": publish["approval_id"], "approved": true,
+    });
+    let (code, body) = client
+        .post(&base, "/submit-tool-result", Some(&token), approval)
+        .await?;
+    assert_eq!(code, StatusCode::OK, "{body}");
+    let (code, body) = client
+        .post(
+            &base,
+            "/resume",
+            Some(&token),
+            json!({ "session_id": root }),
+        )
+        .await?;
+    assert_eq!(code, StatusCode::ACCEPTED, "{body}");
+    let status = client
+        .until(&base, &root, &token, "the root to complete", |s| {
+            s["status"] == "completed"
+        })
+        .await?;
+    let text = status["text"].as_str().unwrap_or_default();
+    assert!(text.contains("Published \"Sunny days\""), "{status}");
+
+    // At the remote: the answer applied once, the tool that is not safe to retry ran once.
+    let messages: Value = client
+        .http
+        .get(format!("{}/messages", far.base))
+        .query(&[("session_id", child.as_str())])
+        .header("x-api-key", KEY)
+        .send()
+        .await?
+        .json()
+        .await?;
+    let results = |tool: &str| {
+        messages["messages"]
+            .as_array()
+            .map(|all| {
+                all.iter()
+                    .filter(|m| m["role"] == "tool" && m["tool_name"] == tool)
+                    .count()
+            })
+            .unwrap_or_default()
+    };
+    assert_eq!(results("ask_user"), 1, "{messages}");
+    assert_eq!(results("publish"), 1, "{messages}");
+    drop(near);
+    drop(far);
+    Ok(())
+}
