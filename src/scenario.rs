@@ -66,6 +66,7 @@ mod expect;
 mod format;
 mod parse;
 mod prompts;
+mod remote;
 mod report;
 mod run;
 mod step;
@@ -77,6 +78,7 @@ use std::path::{Path, PathBuf};
 
 pub use error::Error;
 pub use parse::Scenario;
+pub use remote::{RemoteHost, Served};
 pub use report::{FileReport, StepFailure, Summary};
 
 /// Runs `scenario` on a fresh runtime and reports each failing step.
@@ -86,7 +88,18 @@ pub use report::{FileReport, StepFailure, Summary};
 /// ([`Error::TempDir`], [`Error::Runtime`]). A failing step is not an error: it is in the
 /// report.
 pub async fn run(scenario: &Scenario) -> Result<FileReport, Error> {
-    run::run(scenario).await
+    run::run(scenario, None).await
+}
+
+/// As [`run()`], with `host` serving the file's agents marked `"remote": true` over HTTP.
+///
+/// # Errors
+/// As [`run()`], and [`Error::Remote`] if the remote runtime cannot be served.
+pub async fn run_with(
+    scenario: &Scenario,
+    host: std::sync::Arc<dyn RemoteHost>,
+) -> Result<FileReport, Error> {
+    run::run(scenario, Some(host)).await
 }
 
 /// Reads, parses and runs the file at `path`.
@@ -101,12 +114,31 @@ pub async fn run_file(path: impl AsRef<Path>) -> Result<FileReport, Error> {
 /// Runs each path in order: a file as is, a directory as every `*.json` file in it, sorted by
 /// name. A file that cannot be read, parsed or set up counts as failed, with its error.
 pub async fn run_paths<P: AsRef<Path>>(paths: &[P]) -> Summary {
+    run_paths_on(paths, None).await
+}
+
+/// As [`run_paths`], with `host` serving the agents marked `"remote": true`.
+pub async fn run_paths_with<P: AsRef<Path>>(
+    paths: &[P],
+    host: std::sync::Arc<dyn RemoteHost>,
+) -> Summary {
+    run_paths_on(paths, Some(host)).await
+}
+
+async fn run_paths_on<P: AsRef<Path>>(
+    paths: &[P],
+    host: Option<std::sync::Arc<dyn RemoteHost>>,
+) -> Summary {
     let mut summary = Summary::default();
     for path in paths {
         match files(path.as_ref()) {
             Ok(files) => {
                 for file in files {
-                    summary.push(run_file(&file).await);
+                    let report = match Scenario::load(&file) {
+                        Ok(scenario) => run::run(&scenario, host.clone()).await,
+                        Err(error) => Err(error),
+                    };
+                    summary.push(report);
                 }
             }
             Err(error) => summary.push(Err(error)),

@@ -264,3 +264,120 @@ async fn killed_parents_and_remotes_apply_every_acknowledged_answer_once() -> an
     drop(far);
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_processes_two_hops_answered_at_the_root_after_the_middle_is_killed(
+) -> anyhow::Result<()> {
+    let dirs = (
+        tempfile::tempdir()?,
+        tempfile::tempdir()?,
+        tempfile::tempdir()?,
+    );
+    let client = Client {
+        http: reqwest::Client::new(),
+    };
+    let far = remote(&dirs.0.path().join("far"), "127.0.0.1:0")?;
+    // The middle both accepts the parent's key and sends it on.
+    let middle_store = dirs.1.path().join("middle");
+    let middle_args = |listen: &str| {
+        Binary::start_with_env(
+            &middle_store,
+            listen,
+            &[
+                "--api-key-env",
+                KEY_VAR,
+                "--delegate-to",
+                &far.base,
+                "--remote-key-env",
+                KEY_VAR,
+            ],
+            &[(KEY_VAR, KEY)],
+        )
+    };
+    let middle = middle_args("127.0.0.1:0")?;
+    let middle_listen = format!("127.0.0.1:{}", middle.port()?);
+    let near = parent(&dirs.2.path().join("near"), "127.0.0.1:0", &middle.base)?;
+    let base = near.base.clone();
+
+    let (code, started) = client
+        .post(
+            &base,
+            "/start",
+            None,
+            json!({ "agent": "demo", "message": "delegate delegate weather in Faro" }),
+        )
+        .await?;
+    assert_eq!(code, StatusCode::ACCEPTED, "{started}");
+    let root = started["session_id"]
+        .as_str()
+        .context("session_id")?
+        .to_string();
+    let token = started["token"].as_str().context("token")?.to_string();
+    let status = client
+        .until(&base, &root, &token, "the ask_user two hops down", |s| {
+            pending_named(s, "ask_user").is_some()
+        })
+        .await?;
+    let ask = pending_named(&status, "ask_user")
+        .context("ask_user")?
+        .clone();
+    assert_eq!(
+        ask["session_id"],
+        format!("{root}-sub-delegate-1-sub-delegate-1").as_str()
+    );
+
+    // The middle dies and comes back: the answer still finds its way two hops down.
+    middle.kill()?;
+    let middle = middle_args(&middle_listen)?;
+    let answer = json!({ "session_id": root, "tool_call_id": ask["tool_call_id"], "result": { "answer": "Two hops" } });
+    let (code, body) = client
+        .post(&base, "/submit-tool-result", Some(&token), answer)
+        .await?;
+    assert_eq!(code, StatusCode::OK, "{body}");
+    let (code, body) = client
+        .post(
+            &base,
+            "/resume",
+            Some(&token),
+            json!({ "session_id": root }),
+        )
+        .await?;
+    assert_eq!(code, StatusCode::ACCEPTED, "{body}");
+    let status = client
+        .until(&base, &root, &token, "the approval two hops down", |s| {
+            pending_named(s, "publish").is_some()
+        })
+        .await?;
+    let publish = pending_named(&status, "publish")
+        .context("publish")?
+        .clone();
+    let approval = json!({
+        "kind": "approval-response", "session_id": root, "tool_call_id": publish["tool_call_id"],
+        "approval_id": publish["approval_id"], "approved": false, "reason": "not today",
+    });
+    let (code, body) = client
+        .post(&base, "/submit-tool-result", Some(&token), approval)
+        .await?;
+    assert_eq!(code, StatusCode::OK, "{body}");
+    let (code, body) = client
+        .post(
+            &base,
+            "/resume",
+            Some(&token),
+            json!({ "session_id": root }),
+        )
+        .await?;
+    assert_eq!(code, StatusCode::ACCEPTED, "{body}");
+    let status = client
+        .until(&base, &root, &token, "the root to complete", |s| {
+            s["status"] == "completed"
+        })
+        .await?;
+    let text = status["text"].as_str().unwrap_or_default();
+    assert!(
+        text.contains("Not published"),
+        "the denial travelled up two hops: {status}"
+    );
+    drop((near, middle, far));
+    Ok(())
+}

@@ -31,10 +31,27 @@ impl Invocations {
     }
 }
 
+/// The agents that live on the remote runtime, and where it is served.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct RemoteAgentsAt {
+    pub(crate) names: Vec<String>,
+    pub(crate) endpoint: String,
+}
+
 /// Builds the agent; the runtime's own checks refuse it as they would any definition.
 pub(crate) fn agent(
     spec: &AgentSpec,
     invocations: &Arc<Invocations>,
+) -> Result<AgentDefinition, DefinitionError> {
+    agent_beside(spec, invocations, &RemoteAgentsAt::default())
+}
+
+/// As [`agent`], with a `sub_agent` tool naming one of `remote`'s agents made a remote
+/// sub-agent tool.
+pub(crate) fn agent_beside(
+    spec: &AgentSpec,
+    invocations: &Arc<Invocations>,
+    remote: &RemoteAgentsAt,
 ) -> Result<AgentDefinition, DefinitionError> {
     let mut builder = AgentDefinition::builder(spec.name.as_str());
     if let Some(steps) = spec.max_steps {
@@ -47,7 +64,7 @@ pub(crate) fn agent(
         builder = builder.output_schema(schema.clone());
     }
     for tool in &spec.tools {
-        builder = builder.tool(self::tool(tool, invocations));
+        builder = builder.tool(self::tool(tool, invocations, remote));
     }
     for persistent in &spec.persistent_agents {
         builder = builder.persistent_agent(persistent.agent.as_str(), persistent.mode);
@@ -73,7 +90,11 @@ pub(crate) fn agent(
     builder.build()
 }
 
-fn tool(spec: &ToolSpec, invocations: &Arc<Invocations>) -> ToolDefinition {
+fn tool(
+    spec: &ToolSpec,
+    invocations: &Arc<Invocations>,
+    remote: &RemoteAgentsAt,
+) -> ToolDefinition {
     let mut tool = match spec.kind {
         ToolKindSpec::Server => {
             let name = spec.name.clone();
@@ -98,10 +119,14 @@ fn tool(spec: &ToolSpec, invocations: &Arc<Invocations>) -> ToolDefinition {
             }
             tool
         }
-        ToolKindSpec::SubAgent => ToolDefinition::sub_agent(
-            spec.name.as_str(),
-            spec.agent.as_deref().unwrap_or_default(),
-        ),
+        ToolKindSpec::SubAgent => {
+            let agent = spec.agent.as_deref().unwrap_or_default();
+            if remote.names.iter().any(|name| name == agent) {
+                ToolDefinition::remote_sub_agent(spec.name.as_str(), &remote.endpoint, agent)
+            } else {
+                ToolDefinition::sub_agent(spec.name.as_str(), agent)
+            }
+        }
     };
     if spec.require_approval {
         tool = tool.require_approval(Approval::Always);

@@ -59,6 +59,15 @@ pub(crate) async fn build(step: &SubmitStep, runtime: &Runtime) -> Value {
 /// The approval id of call `call` in the tree of `session`: from its pending entry while it
 /// has one, else from the last `tool_approval_request` chunk that announced it.
 async fn approval_id_of(runtime: &Runtime, session: &SessionId, call: &str) -> Option<String> {
+    // A call a remote child's tree waits on: the root records it with its approval id.
+    if let Ok(remote) = runtime.pending_remote(session).await {
+        if let Some((_, found)) = remote
+            .into_iter()
+            .find(|(_, found)| found.tool_call_id == call)
+        {
+            return found.approval_id;
+        }
+    }
     let members = tree::sessions(runtime, session).await.ok()?;
     for member in &members {
         let pending = runtime.pending(member).await.ok().unwrap_or_default();

@@ -56,6 +56,15 @@ pub enum Error {
         /// The directory.
         file: PathBuf,
     },
+    /// The file marks agents `remote`, and the runner was given no [`RemoteHost`](super::RemoteHost)
+    /// to serve them (`dormant-server`'s tests run those files), or it could not serve them.
+    #[error("{}: remote agents: {reason}", .file.display())]
+    Remote {
+        /// The file.
+        file: PathBuf,
+        /// Why.
+        reason: String,
+    },
     /// The store or the runtime could not be opened for the file.
     #[error("{}: cannot open the runtime: {source}", .file.display())]
     Runtime {
@@ -76,6 +85,7 @@ impl Error {
             | Error::Agent { file, .. }
             | Error::TempDir { file, .. }
             | Error::NoScenarios { file }
+            | Error::Remote { file, .. }
             | Error::Runtime { file, .. } => file,
         }
     }

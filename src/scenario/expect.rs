@@ -47,8 +47,15 @@ pub(crate) async fn check(world: &World, step: &Step, observed: &Observed) -> Ve
     let expect = &step.expect;
     let mut out = Mismatches::default();
     // `parse.rs` refuses expectations about a session on a step that names none.
+    let runtime = match step.op.session() {
+        Some(session) => world.runtime_for(session).await.ok(),
+        None => None,
+    };
     let view = step.op.session().map(|session| View {
-        runtime: world.runtime().ok(),
+        runtime,
+        remote: world
+            .remote_runtime()
+            .filter(|remote| runtime.is_some_and(|runtime| !std::ptr::eq(runtime, *remote))),
         session,
         observed,
         now: world.now(),
@@ -337,6 +344,9 @@ async fn error_codes(
 /// store.
 struct View<'a> {
     runtime: Option<&'a Runtime>,
+    /// The remote runtime, when `runtime` is the local one: the trees of remote children
+    /// are part of the session's tree.
+    remote: Option<&'a Runtime>,
     session: &'a SessionId,
     observed: &'a Observed,
     /// The manual clock's time: a call past its deadline no longer waits.
@@ -379,7 +389,15 @@ impl View<'_> {
 
     /// The ids of the tree's calls that still await an answer, sorted.
     async fn pending(&self) -> Result<Vec<String>, Error> {
-        tree::waiting_calls(self.runtime()?, self.session, self.now).await
+        let runtime = self.runtime()?;
+        let mut calls = tree::waiting_calls(runtime, self.session, self.now).await?;
+        if let Some(remote) = self.remote {
+            for child in tree::remote_children(runtime, remote, self.session).await? {
+                calls.extend(tree::waiting_calls(remote, &child, self.now).await?);
+            }
+            calls.sort();
+        }
+        Ok(calls)
     }
 
     async fn companions(&self) -> Result<Vec<crate::session::Companion>, Error> {
@@ -413,6 +431,15 @@ impl View<'_> {
                 return Ok(Some(outcome));
             }
         }
+        if let Some(remote) = self.remote {
+            for child in tree::remote_children(runtime, remote, self.session).await? {
+                for member in tree::sessions(remote, &child).await? {
+                    if let Some(outcome) = outcome_in(remote, &member, id).await? {
+                        return Ok(Some(outcome));
+                    }
+                }
+            }
+        }
         Ok(None)
     }
 }
@@ -439,7 +466,7 @@ async fn outcome_in(
 
 /// The run records of `session`, if the world has a runtime.
 async fn runs_of(world: &World, session: &SessionId) -> Result<Vec<RunRecord>, Error> {
-    world.runtime()?.runs(session).await
+    world.runtime_for(session).await?.runs(session).await
 }
 
 fn matches(wanted: &ToolResultSpec, outcome: &ToolOutcome) -> bool {

@@ -66,6 +66,10 @@ pub(crate) struct AgentSpec {
     /// Skills whose bodies go into the system prompt (an addition to the format).
     #[serde(default)]
     pub(crate) preload_skills: Vec<String>,
+    /// Lives on the second runtime, served over HTTP (an addition to the format): a
+    /// `sub_agent` tool naming it is a remote sub-agent.
+    #[serde(default)]
+    pub(crate) remote: bool,
 }
 
 /// An in-code skill.

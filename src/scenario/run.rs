@@ -3,6 +3,7 @@
 //! shutdown) that does not settle within [`SETTLE_TIMEOUT`] fails instead of hanging the run.
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::envelope;
@@ -10,6 +11,7 @@ use super::error::Error;
 use super::expect::{self, Observed};
 use super::format::CommitSpec;
 use super::parse::Scenario;
+use super::remote::RemoteHost;
 use super::report::{FileReport, StepFailure};
 use super::step::{EvictTarget, Op};
 use super::world::World;
@@ -23,9 +25,13 @@ pub(crate) const SETTLE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Why the rest of a file cannot run.
 struct Stop(String);
 
-/// Runs every step of `scenario` on a fresh runtime.
-pub(crate) async fn run(scenario: &Scenario) -> Result<FileReport, Error> {
-    let mut world = World::open(scenario)?;
+/// Runs every step of `scenario` on a fresh runtime (and a second one, served by `host`, for
+/// its remote agents).
+pub(crate) async fn run(
+    scenario: &Scenario,
+    host: Option<Arc<dyn RemoteHost>>,
+) -> Result<FileReport, Error> {
+    let mut world = World::open(scenario, host).await?;
     let mut failures = Vec::new();
     let mut steps = scenario.steps.iter().enumerate();
     while let Some((index, step)) = steps.next() {
@@ -97,14 +103,22 @@ async fn perform(world: &mut World, op: &Op) -> Result<Observed, Stop> {
             session,
             message,
         } => {
-            let outcome = match world.runtime() {
+            let outcome = match world.runtime_of_agent(agent) {
                 Ok(runtime) => runtime.execute_on(session, agent, message.as_str()).await,
                 Err(error) => Err(error),
             };
             Ok(Observed::Run(outcome))
         }
         Op::Submit { submit, .. } => {
-            let outcome = match world.runtime() {
+            let session = submit
+                .session
+                .as_deref()
+                .and_then(|session| session.parse::<SessionId>().ok());
+            let runtime = match &session {
+                Some(session) => world.runtime_for(session).await,
+                None => world.runtime(),
+            };
+            let outcome = match runtime {
                 Ok(runtime) => {
                     let envelope = envelope::build(submit, runtime).await;
                     runtime.submit_json(&envelope).await
@@ -114,21 +128,21 @@ async fn perform(world: &mut World, op: &Op) -> Result<Observed, Stop> {
             Ok(Observed::Submit(outcome))
         }
         Op::Resume(session) => {
-            let outcome = match world.runtime() {
+            let outcome = match world.runtime_for(session).await {
                 Ok(runtime) => runtime.resume(session).await,
                 Err(error) => Err(error),
             };
             Ok(Observed::Run(outcome))
         }
         Op::Interrupt(session) => {
-            let done = match world.runtime() {
+            let done = match world.runtime_for(session).await {
                 Ok(runtime) => runtime.interrupt(session).await,
                 Err(error) => Err(error),
             };
             Ok(Observed::Done(done))
         }
         Op::Abort(session) => {
-            let done = match world.runtime() {
+            let done = match world.runtime_for(session).await {
                 Ok(runtime) => runtime.abort(session).await,
                 Err(error) => Err(error),
             };
@@ -136,17 +150,21 @@ async fn perform(world: &mut World, op: &Op) -> Result<Observed, Stop> {
         }
         Op::AdvanceClock { ms } => {
             world.advance_clock(*ms);
-            let done = match world.runtime() {
-                Ok(runtime) => runtime.sweep_deadlines().await.map(|_| ()),
-                Err(error) => Err(error),
-            };
+            let mut done = world.runtime().map(|_| ());
+            for runtime in world.runtimes() {
+                if let Err(error) = runtime.sweep_deadlines().await {
+                    done = Err(error);
+                }
+            }
             Ok(Observed::Done(done))
         }
         Op::Evict(target) => {
-            let runtime = world.runtime().map_err(|error| Stop(error.to_string()))?;
-            match target {
-                EvictTarget::Session(session) => runtime.evict(session).await,
-                EvictTarget::All => runtime.evict_all().await,
+            world.runtime().map_err(|error| Stop(error.to_string()))?;
+            for runtime in world.runtimes() {
+                match target {
+                    EvictTarget::Session(session) => runtime.evict(session).await,
+                    EvictTarget::All => runtime.evict_all().await,
+                }
             }
             Ok(Observed::Done(Ok(())))
         }
@@ -182,9 +200,17 @@ async fn settle(world: &World, op: &Op) -> Result<(), crate::Error> {
         return Ok(());
     }
     // After a failed restart there is nothing left to settle; the next op says so.
-    let Ok(runtime) = world.runtime() else {
+    if world.runtime().is_err() {
         return Ok(());
-    };
+    }
+    // The remote first: a remote child settles before the parent that waits on it.
+    for runtime in world.runtimes().into_iter().rev() {
+        settle_runtime(runtime).await?;
+    }
+    Ok(())
+}
+
+async fn settle_runtime(runtime: &crate::Runtime) -> Result<(), crate::Error> {
     runtime.sweep_deadlines().await?;
     // A pass can start sessions a later pass must see (a parent's automatic resume may start
     // companions): go on until a pass finds no session the previous one did not wait for.

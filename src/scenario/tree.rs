@@ -46,3 +46,27 @@ pub(crate) async fn waiting_calls(
     }
     Ok(calls.into_iter().collect())
 }
+
+/// The remote children of `session`'s tree: the roots on `remote` started by a sub-agent call
+/// of one of its members (ids are concatenations: `{member}-sub-{call}`), found by id rather
+/// than by the members' child entries, which go once a child's result is adopted.
+///
+/// # Errors
+/// As [`sessions`].
+pub(crate) async fn remote_children(
+    runtime: &Runtime,
+    remote: &Runtime,
+    session: &SessionId,
+) -> Result<Vec<SessionId>, Error> {
+    let members = sessions(runtime, session).await?;
+    let mut children = Vec::new();
+    for candidate in remote.session_ids().await? {
+        let started_here = members
+            .iter()
+            .any(|member| candidate.as_str().starts_with(&format!("{member}-sub-")));
+        if started_here && remote.session(&candidate).await?.root == candidate {
+            children.push(candidate);
+        }
+    }
+    Ok(children)
+}

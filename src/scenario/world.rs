@@ -7,15 +7,15 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use super::build::{self, Invocations};
+use super::build::{self, Invocations, RemoteAgentsAt};
 use super::error::Error;
 use super::format::{AgentSpec, ConfigSpec};
 use super::parse::Scenario;
 use super::prompts::PromptLog;
+use super::remote::{RemoteHost, Served};
 use crate::clock::{Clock, ManualClock};
-use crate::definition::AgentDefinition;
 use crate::hooks::{HookEvent, Hooks};
-use crate::ids::RunId;
+use crate::ids::{RunId, SessionId};
 use crate::llm::ScriptedLlm;
 use crate::runtime::Runtime;
 use crate::store::{CommitKind, Fault, FaultyStore, SledStore, Store};
@@ -70,11 +70,36 @@ pub(crate) struct World {
     /// The agents registered so far (the file's, then those `define` added), to rebuild the
     /// runtime with on `restart`.
     agents: Vec<AgentSpec>,
+    /// The second runtime, served over HTTP, of the agents marked `remote`.
+    remote: Option<RemoteSide>,
+}
+
+/// The runtime of the remote agents and how it is served.
+struct RemoteSide {
+    host: Arc<dyn RemoteHost>,
+    // Declared before `dir`, as above.
+    runtime: Option<Runtime>,
+    served: Option<Served>,
+    dir: tempfile::TempDir,
+    port: u16,
+    endpoint: String,
+}
+
+impl std::fmt::Debug for RemoteSide {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RemoteSide")
+            .field("endpoint", &self.endpoint)
+            .finish()
+    }
 }
 
 impl World {
-    /// Opens a fresh store and a runtime with the file's agents.
-    pub(crate) fn open(scenario: &Scenario) -> Result<Self, Error> {
+    /// Opens a fresh store and a runtime with the file's agents, and with a second one served
+    /// by `host` for the agents marked `remote`.
+    pub(crate) async fn open(
+        scenario: &Scenario,
+        host: Option<Arc<dyn RemoteHost>>,
+    ) -> Result<Self, Error> {
         let file = scenario.file().to_path_buf();
         let dir = tempfile::Builder::new()
             .prefix("dormant-scenario-")
@@ -96,7 +121,31 @@ impl World {
             hooks: Arc::default(),
             invocations: Arc::default(),
             agents: scenario.agents.clone(),
+            remote: None,
         };
+        if world.agents.iter().any(|agent| agent.remote) {
+            let Some(host) = host else {
+                return Err(Error::Remote {
+                    file: world.file,
+                    reason: "this file needs a remote host to serve them over HTTP: run it with dormant::scenario::run_with (dormant-server's tests do)".into(),
+                });
+            };
+            let dir = tempfile::Builder::new()
+                .prefix("dormant-scenario-remote-")
+                .tempdir()
+                .map_err(|source| Error::TempDir {
+                    file: world.file.clone(),
+                    source,
+                })?;
+            world.remote = Some(RemoteSide {
+                host,
+                runtime: None,
+                served: None,
+                dir,
+                port: 0,
+                endpoint: String::new(),
+            });
+        }
         for (index, agent) in world.agents.iter().enumerate() {
             build::agent(agent, &world.invocations).map_err(|source| Error::Agent {
                 file: world.file.clone(),
@@ -106,6 +155,12 @@ impl World {
             world
                 .llm
                 .set_agent_script(agent.name.as_str(), build::script(&agent.script));
+        }
+        if let Err(reason) = world.start_remote().await {
+            return Err(Error::Remote {
+                file: world.file,
+                reason,
+            });
         }
         match world.start() {
             Ok((runtime, store)) => {
@@ -134,6 +189,41 @@ impl World {
         self.runtime.as_ref().ok_or(crate::Error::ShutDown)
     }
 
+    /// The remote runtime, if the file has remote agents.
+    pub(crate) fn remote_runtime(&self) -> Option<&Runtime> {
+        self.remote
+            .as_ref()
+            .and_then(|remote| remote.runtime.as_ref())
+    }
+
+    /// Every runtime of the world: the local one first.
+    pub(crate) fn runtimes(&self) -> Vec<&Runtime> {
+        self.runtime.iter().chain(self.remote_runtime()).collect()
+    }
+
+    /// The runtime that holds `session`: the local one, unless only the remote knows it.
+    pub(crate) async fn runtime_for(&self, session: &SessionId) -> Result<&Runtime, crate::Error> {
+        let local = self.runtime()?;
+        if let Some(remote) = self.remote_runtime() {
+            if local.session(session).await.is_err() && remote.session(session).await.is_ok() {
+                return Ok(remote);
+            }
+        }
+        Ok(local)
+    }
+
+    /// The runtime that defines agent `agent`.
+    pub(crate) fn runtime_of_agent(&self, agent: &str) -> Result<&Runtime, crate::Error> {
+        let remote = self
+            .agents
+            .iter()
+            .any(|spec| spec.name == agent && spec.remote);
+        match (remote, self.remote_runtime()) {
+            (true, Some(runtime)) => Ok(runtime),
+            _ => self.runtime(),
+        }
+    }
+
     /// The manual clock's time (ms).
     pub(crate) fn now(&self) -> u64 {
         self.clock.now_ms()
@@ -155,8 +245,11 @@ impl World {
 
     /// Registers one more agent; a refusal is the runtime's own error.
     pub(crate) fn define(&mut self, spec: &AgentSpec) -> Result<(), crate::Error> {
-        let agent = build::agent(spec, &self.invocations)?;
-        self.runtime()?.define(agent)?;
+        let agent = build::agent_beside(spec, &self.invocations, &self.remote_agents())?;
+        match (spec.remote, self.remote_runtime()) {
+            (true, Some(remote)) => remote.define(agent)?,
+            _ => self.runtime()?.define(agent)?,
+        }
         // Only now: a refused duplicate must not replace the registered agent's script.
         self.llm
             .set_agent_script(spec.name.as_str(), build::script(&spec.script));
@@ -172,6 +265,13 @@ impl World {
         if let Some(runtime) = self.runtime.take() {
             runtime.shutdown().await?;
         }
+        self.stop_remote().await?;
+        self.start_remote()
+            .await
+            .map_err(|reason| crate::Error::InvalidConfig {
+                setting: "remote",
+                reason,
+            })?;
         let (runtime, store) = self.start()?;
         self.runtime = Some(runtime);
         self.store = Some(store);
@@ -185,14 +285,84 @@ impl World {
                 tracing::warn!(file = %self.file.display(), %error, "scenario.shutdown_failed");
             }
         }
+        if let Err(error) = self.stop_remote().await {
+            tracing::warn!(file = %self.file.display(), %error, "scenario.shutdown_failed");
+        }
+    }
+
+    /// The remote agents' names and where they are served (none without a remote side).
+    fn remote_agents(&self) -> RemoteAgentsAt {
+        match &self.remote {
+            Some(remote) => RemoteAgentsAt {
+                names: self
+                    .agents
+                    .iter()
+                    .filter(|spec| spec.remote)
+                    .map(|spec| spec.name.clone())
+                    .collect(),
+                endpoint: remote.endpoint.clone(),
+            },
+            None => RemoteAgentsAt::default(),
+        }
+    }
+
+    /// Starts the remote runtime on its own store and serves it: on a free port the first
+    /// time, then on the same one (its children's entries name it).
+    async fn start_remote(&mut self) -> Result<(), String> {
+        let Some(remote) = &self.remote else {
+            return Ok(());
+        };
+        let sled: Arc<dyn Store> =
+            Arc::new(SledStore::open(remote.dir.path()).map_err(|error| error.to_string())?);
+        let mut builder = self.configured(Runtime::builder().store(sled));
+        for spec in self.agents.iter().filter(|spec| spec.remote) {
+            let agent = build::agent(spec, &self.invocations).map_err(|error| error.to_string())?;
+            builder = builder.agent(agent);
+        }
+        let runtime = builder.build().map_err(|error| error.to_string())?;
+        let served = remote.host.serve(runtime.clone(), remote.port).await?;
+        if let Some(remote) = &mut self.remote {
+            remote.port = served.port;
+            remote.endpoint = served.endpoint.clone();
+            remote.runtime = Some(runtime);
+            remote.served = Some(served);
+        }
+        Ok(())
+    }
+
+    async fn stop_remote(&mut self) -> Result<(), crate::Error> {
+        let Some(remote) = &mut self.remote else {
+            return Ok(());
+        };
+        if let Some(served) = remote.served.take() {
+            (served.stop)().await;
+        }
+        if let Some(runtime) = remote.runtime.take() {
+            runtime.shutdown().await?;
+        }
+        Ok(())
     }
 
     /// A runtime over a freshly opened store, wrapped in a [`FaultyStore`] with no fault.
     fn start(&self) -> Result<(Runtime, Arc<FaultyStore>), crate::Error> {
         let sled: Arc<dyn Store> = Arc::new(SledStore::open(self.dir.path())?);
         let store = Arc::new(FaultyStore::new(sled));
-        let mut builder = Runtime::builder()
-            .store(Arc::clone(&store) as Arc<dyn Store>)
+        let mut builder =
+            self.configured(Runtime::builder().store(Arc::clone(&store) as Arc<dyn Store>));
+        if let Some(remote) = &self.remote {
+            builder = builder.remote_agents(remote.host.transport());
+        }
+        let remote_agents = self.remote_agents();
+        for spec in self.agents.iter().filter(|spec| !spec.remote) {
+            let agent = build::agent_beside(spec, &self.invocations, &remote_agents)?;
+            builder = builder.agent(agent);
+        }
+        Ok((builder.build()?, store))
+    }
+
+    /// The file's clock, model, hooks and config on `builder`.
+    fn configured(&self, builder: crate::RuntimeBuilder) -> crate::RuntimeBuilder {
+        let mut builder = builder
             .llm(Arc::clone(&self.prompts) as Arc<_>)
             .clock(Arc::new(self.clock.clone()))
             .hooks(Arc::clone(&self.hooks) as Arc<_>);
@@ -218,10 +388,6 @@ impl World {
         if let Some(max) = self.config.max_resident {
             builder = builder.max_resident(max);
         }
-        for spec in &self.agents {
-            let agent: AgentDefinition = build::agent(spec, &self.invocations)?;
-            builder = builder.agent(agent);
-        }
-        Ok((builder.build()?, store))
+        builder
     }
 }
