@@ -97,6 +97,9 @@ pub struct RemoteStatus {
     /// No run of it was in progress when the status was read (a resume still waking its
     /// own children shows the suspended status, but has not answered yet).
     pub settled: bool,
+    /// Its stored chunks from the sequence number asked for (a transport may answer fewer
+    /// than `chunk_count` holds, or none: the caller reads the rest from [`RemoteAgents::chunks`]).
+    pub chunks: Vec<Chunk>,
 }
 
 /// Whether a start created the remote session or found it.
@@ -180,11 +183,12 @@ pub trait RemoteAgents: Send + Sync + fmt::Debug + 'static {
     ) -> Result<RemoteStart, RemoteError>;
 
     /// How the session stands, once no run of it is in progress, or after a short wait
-    /// (then [`RemoteStatus::settled`] is `false`).
+    /// (then [`RemoteStatus::settled`] is `false`), with its chunks from `chunks_from` on.
     async fn status(
         &self,
         endpoint: &str,
         session: &SessionId,
+        chunks_from: u64,
     ) -> Result<RemoteStatus, RemoteError>;
 
     /// The session's chunks from sequence number `from` on, staying open for new ones (the

@@ -18,8 +18,7 @@ use std::time::{Duration, Instant};
 
 use dormant::submit::{Submit, SubmitOutcome};
 use dormant::{
-    AgentDefinition, ModelReply, Runtime, ScriptedLlm, SledStore, Status, ToolCall,
-    ToolDefinition,
+    AgentDefinition, ModelReply, Runtime, ScriptedLlm, SledStore, Status, ToolCall, ToolDefinition,
 };
 use dormant_server::{Auth, Caller, Denied, HttpRemoteAgents, Server};
 use hdrhistogram::Histogram;
@@ -103,7 +102,10 @@ async fn cycle(runtime: Runtime, root: String) -> Result<Duration, String> {
     if outcome != SubmitOutcome::Accepted {
         return Err(format!("{root}: submit {outcome:?}"));
     }
-    let run = runtime.resume(&id).await.map_err(|error| error.to_string())?;
+    let run = runtime
+        .resume(&id)
+        .await
+        .map_err(|error| error.to_string())?;
     if run.status != Status::Completed {
         return Err(format!("{root}: resume {run:?}"));
     }
@@ -133,7 +135,11 @@ async fn round(
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = args()?;
-    let dirs = (tempfile::tempdir()?, tempfile::tempdir()?, tempfile::tempdir()?);
+    let dirs = (
+        tempfile::tempdir()?,
+        tempfile::tempdir()?,
+        tempfile::tempdir()?,
+    );
 
     // The remote: `helper` served on a loopback port.
     let remote = Runtime::builder()
@@ -193,7 +199,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             } else {
                 (&remote_parent, "remote")
             };
-            walls[which] += round(runtime, label, index, args.trees, &mut histograms[which]).await?;
+            walls[which] +=
+                round(runtime, label, index, args.trees, &mut histograms[which]).await?;
         }
     }
     println!(

@@ -113,10 +113,14 @@ impl RemoteAgents for HttpRemoteAgents {
         &self,
         endpoint: &str,
         session: &SessionId,
+        chunks_from: u64,
     ) -> Result<RemoteStatus, RemoteError> {
-        let request = self
-            .request(Method::GET, endpoint, "/status")
-            .query(&[("session_id", session.as_str()), ("settle_ms", "5000")]);
+        let from = chunks_from.to_string();
+        let request = self.request(Method::GET, endpoint, "/status").query(&[
+            ("session_id", session.as_str()),
+            ("settle_ms", "5000"),
+            ("chunks_from", from.as_str()),
+        ]);
         let response = self.send(endpoint, request).await?;
         if !response.status().is_success() {
             return Err(refusal(endpoint, response).await);
@@ -135,6 +139,7 @@ impl RemoteAgents for HttpRemoteAgents {
             error: body.error,
             pending: body.pending,
             settled: body.settled.unwrap_or(true),
+            chunks: body.chunks.unwrap_or_default(),
         })
     }
 
@@ -261,6 +266,8 @@ struct StatusBody {
     pending: Vec<RemoteCall>,
     #[serde(default)]
     settled: Option<bool>,
+    #[serde(default)]
+    chunks: Option<Vec<dormant::Chunk>>,
 }
 
 /// The JSON envelope of `POST /submit-tool-result` (what `Submit::from_json` reads).

@@ -232,6 +232,12 @@ pub(crate) async fn status(
     let now = state.runtime.now_ms();
     let mut answer = StatusAnswer::new(record, run, pending, now);
     answer.settled = settled;
+    if let Some(from) = query.chunks_from {
+        // Read after the record: every chunk the status counts is in the answer.
+        let mut chunks = state.runtime.chunks(&id, from).await?;
+        chunks.truncate(crate::wire::MAX_STATUS_CHUNKS);
+        answer.chunks = Some(chunks);
+    }
     Ok(Json(answer))
 }
 

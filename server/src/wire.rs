@@ -1,6 +1,7 @@
 //! The JSON bodies of the routes (snake_case, unknown fields refused).
 
 use dormant::remote::RemoteCall;
+use dormant::Chunk;
 use dormant::{
     Answer, PendingCall, PendingKind, RunError, RunId, RunRecord, RunStarted, RunUsage,
     SessionRecord, Status,
@@ -45,7 +46,16 @@ pub(crate) struct SessionQuery {
     /// server must not read that as the child's answer.
     #[serde(default)]
     pub(crate) settle_ms: Option<u64>,
+    /// `GET /status` only: also answer the session's stored chunks from this sequence number
+    /// on (at most [`MAX_STATUS_CHUNKS`]), read after the status: what a parent on another
+    /// server copies into its own stream, without opening a stream for it.
+    #[serde(default)]
+    pub(crate) chunks_from: Option<u64>,
 }
+
+/// The most chunks one `GET /status?chunks_from=` answers; the caller asks again from the
+/// next one.
+pub(crate) const MAX_STATUS_CHUNKS: usize = 1_000;
 
 /// `POST /submit-tool-result`'s query.
 #[derive(Debug, Default, Deserialize)]
@@ -154,6 +164,9 @@ pub(crate) struct StatusAnswer {
     /// With `settle_ms`: whether no run of the session was in progress when it answered.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) settled: Option<bool>,
+    /// With `chunks_from`: the stored chunks from there on, in order.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) chunks: Option<Vec<Chunk>>,
 }
 
 impl StatusAnswer {
@@ -173,6 +186,7 @@ impl StatusAnswer {
             output,
             error,
             settled: None,
+            chunks: None,
             session_id: record.id.to_string(),
             agent: record.agent,
             status: record.status,

@@ -182,9 +182,16 @@ impl Driver<'_> {
         let mut next = from;
         let mut quiet_rounds = 0u32;
         loop {
-            let status = self
-                .retrying(|| self.transport.status(self.endpoint, self.child))
+            let mut status = self
+                .retrying(|| self.transport.status(self.endpoint, self.child, next))
                 .await?;
+            // The chunks the status carries (read after it): no stream needed for those.
+            for chunk in std::mem::take(&mut status.chunks) {
+                if chunk.seq >= next {
+                    next = chunk.seq + 1;
+                    chunks.push(chunk);
+                }
+            }
             let running = status.status == Status::Running;
             if !running && !status.settled {
                 // Still waking its own children: ask again (the status waits a while itself).
