@@ -381,3 +381,184 @@ async fn three_processes_two_hops_answered_at_the_root_after_the_middle_is_kille
     drop((near, middle, far));
     Ok(())
 }
+
+/// Where a process is SIGKILLed in [`kill_at`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Point {
+    /// The remote child waits on its client tool.
+    ChildSuspended,
+    /// The remote acknowledged the answer forwarded from the root.
+    AnswerAccepted,
+    /// The root's resume was acknowledged; its cascade is on its way.
+    ResumeInFlight,
+}
+
+/// One walk through the delegated demo with `who` (the parent, or the remote) SIGKILLed at
+/// `point` and restarted on its store and port. Ends with the remote's messages.
+async fn kill_at(kill_parent: bool, point: Point) -> anyhow::Result<Value> {
+    let dirs = (tempfile::tempdir()?, tempfile::tempdir()?);
+    let (parent_store, remote_store) = (dirs.0.path().join("parent"), dirs.1.path().join("remote"));
+    let client = Client {
+        http: reqwest::Client::new(),
+    };
+    let mut far = remote(&remote_store, "127.0.0.1:0")?;
+    let far_listen = format!("127.0.0.1:{}", far.port()?);
+    let far_base = far.base.clone();
+    let mut near = parent(&parent_store, "127.0.0.1:0", &far_base)?;
+    let near_listen = format!("127.0.0.1:{}", near.port()?);
+    let base = near.base.clone();
+    // SIGKILL one of the two and start it again where it was.
+    let crash = |near: Binary, far: Binary| -> anyhow::Result<(Binary, Binary)> {
+        if kill_parent {
+            near.kill()?;
+            Ok((parent(&parent_store, &near_listen, &far_base)?, far))
+        } else {
+            far.kill()?;
+            Ok((near, remote(&remote_store, &far_listen)?))
+        }
+    };
+
+    let (_, started) = client
+        .post(
+            &base,
+            "/start",
+            None,
+            json!({ "agent": "demo", "message": "delegate weather in Porto" }),
+        )
+        .await?;
+    let root = started["session_id"]
+        .as_str()
+        .context("session_id")?
+        .to_string();
+    let token = started["token"].as_str().context("token")?.to_string();
+    let status = client
+        .until(&base, &root, &token, "ask_user", |s| {
+            pending_named(s, "ask_user").is_some()
+        })
+        .await?;
+    let call = pending_named(&status, "ask_user").context("ask_user")?["tool_call_id"].clone();
+    if point == Point::ChildSuspended {
+        (near, far) = crash(near, far)?;
+    }
+    let answer =
+        json!({ "session_id": root, "tool_call_id": call, "result": { "answer": "Once" } });
+    let (code, body) = client
+        .post(&base, "/submit-tool-result", Some(&token), answer.clone())
+        .await?;
+    assert_eq!(code, StatusCode::OK, "{point:?}: {body}");
+    if point == Point::AnswerAccepted {
+        (near, far) = crash(near, far)?;
+    }
+    let (code, body) = client
+        .post(&base, "/submit-tool-result", Some(&token), answer)
+        .await?;
+    assert_eq!(code, StatusCode::CONFLICT, "{point:?}: a duplicate: {body}");
+    let (code, body) = client
+        .post(
+            &base,
+            "/resume",
+            Some(&token),
+            json!({ "session_id": root }),
+        )
+        .await?;
+    assert_eq!(code, StatusCode::ACCEPTED, "{point:?}: {body}");
+    if point == Point::ResumeInFlight {
+        (near, far) = crash(near, far)?;
+    }
+    // A crash may have cut the run: resume again until the approval is asked for.
+    let started = Instant::now();
+    let publish = loop {
+        let status = client.status(&base, &root, &token).await?;
+        if let Some(publish) = pending_named(&status, "publish") {
+            break publish.clone();
+        }
+        anyhow::ensure!(
+            started.elapsed() < Duration::from_secs(20),
+            "{point:?}: stuck at {status}"
+        );
+        if status["status"] != "running" && pending_named(&status, "ask_user").is_none() {
+            let _ = client
+                .post(
+                    &base,
+                    "/resume",
+                    Some(&token),
+                    json!({ "session_id": root }),
+                )
+                .await?;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    };
+    let approval = json!({
+        "kind": "approval-response", "session_id": root, "tool_call_id": publish["tool_call_id"],
+        "approval_id": publish["approval_id"], "approved": true,
+    });
+    let (code, body) = client
+        .post(&base, "/submit-tool-result", Some(&token), approval)
+        .await?;
+    assert_eq!(code, StatusCode::OK, "{point:?}: {body}");
+    let (code, body) = client
+        .post(
+            &base,
+            "/resume",
+            Some(&token),
+            json!({ "session_id": root }),
+        )
+        .await?;
+    assert_eq!(code, StatusCode::ACCEPTED, "{point:?}: {body}");
+    let status = client
+        .until(&base, &root, &token, "completion", |s| {
+            s["status"] == "completed"
+        })
+        .await?;
+    assert!(
+        status["text"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("Published \"Once\""),
+        "{point:?}: {status}"
+    );
+    let child = format!("{root}-sub-delegate-1");
+    let messages: Value = client
+        .http
+        .get(format!("{}/messages", far.base))
+        .query(&[("session_id", child.as_str())])
+        .header("x-api-key", KEY)
+        .send()
+        .await?
+        .json()
+        .await?;
+    drop((near, far));
+    Ok(messages)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kill_of_either_process_at_each_waiting_point_applies_each_answer_once(
+) -> anyhow::Result<()> {
+    for kill_parent in [true, false] {
+        for point in [
+            Point::ChildSuspended,
+            Point::AnswerAccepted,
+            Point::ResumeInFlight,
+        ] {
+            let messages = kill_at(kill_parent, point).await?;
+            let count = |tool: &str| {
+                messages["messages"]
+                    .as_array()
+                    .map(|all| {
+                        all.iter()
+                            .filter(|m| m["role"] == "tool" && m["tool_name"] == tool)
+                            .count()
+                    })
+                    .unwrap_or_default()
+            };
+            let who = if kill_parent { "parent" } else { "remote" };
+            assert_eq!(
+                count("ask_user"),
+                1,
+                "{who} killed at {point:?}: {messages}"
+            );
+            assert_eq!(count("publish"), 1, "{who} killed at {point:?}: {messages}");
+        }
+    }
+    Ok(())
+}
