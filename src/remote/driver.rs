@@ -269,8 +269,23 @@ fn report_of_status(child: &SessionId, status: RemoteStatus) -> (ChildReport, Ve
         error: status.error,
         pending: calls.iter().map(|call| call.tool_call_id.clone()).collect(),
     };
-    let report = report_of(&outcome, status.aborted).unwrap_or(ChildReport::Crashed);
+    let report = match report_of(&outcome, status.aborted) {
+        // A remote child that ended failed is the remote kind of failure.
+        Some(ChildReport::Finished(ToolOutcome::Error(text))) => {
+            ChildReport::Finished(ToolOutcome::Error(remote_failure(text)))
+        }
+        Some(report) => report,
+        None => ChildReport::Crashed,
+    };
     (report, calls)
+}
+
+/// `sub_agent_failed: …` as `remote_subagent_failed: …` (any other text as it is).
+fn remote_failure(text: String) -> String {
+    match text.strip_prefix(ToolErrorCode::SubAgentFailed.as_str()) {
+        Some(rest) => format!("{}{rest}", ToolErrorCode::RemoteSubAgentFailed.as_str()),
+        None => text,
+    }
 }
 
 fn failed(code: ToolErrorCode, error: &RemoteError) -> DriveReport {
@@ -281,5 +296,51 @@ fn failed(code: ToolErrorCode, error: &RemoteError) -> DriveReport {
         calls: Vec::new(),
         as_of: u64::MAX,
         watch: false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::session::{ErrorCode, RunError};
+
+    fn status(status: Status, error: Option<RunError>) -> RemoteStatus {
+        RemoteStatus {
+            status,
+            run_id: None,
+            aborted: false,
+            chunk_count: 3,
+            text: Some("done".into()),
+            output: None,
+            error,
+            pending: Vec::new(),
+            settled: true,
+            chunks: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_remote_child_reports_as_a_local_one_with_remote_failure_codes() -> Result<(), String> {
+        let child: SessionId = "p-sub-d1".parse().map_err(|error| format!("{error}"))?;
+        let (report, _) = report_of_status(&child, status(Status::Completed, None));
+        assert_eq!(
+            report,
+            ChildReport::Finished(ToolOutcome::Result("done".into()))
+        );
+        let failure = RunError {
+            code: ErrorCode::ModelError,
+            message: "boom".into(),
+        };
+        let (report, _) = report_of_status(&child, status(Status::Failed, Some(failure)));
+        let ChildReport::Finished(ToolOutcome::Error(text)) = report else {
+            return Err(format!("{report:?}"));
+        };
+        assert_eq!(
+            ToolErrorCode::of(&text),
+            Some(ToolErrorCode::RemoteSubAgentFailed),
+            "{text}"
+        );
+        assert!(text.contains("model_error: boom"), "{text}");
+        Ok(())
     }
 }
