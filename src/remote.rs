@@ -216,14 +216,14 @@ pub trait RemoteAgents: Send + Sync + fmt::Debug + 'static {
 }
 
 /// How a runtime retries a remote that does not answer, before the call becomes a tool error.
+/// Recovery after a crash asks each remote child for its status in the background with the
+/// same tries; one that does not answer is left for the next resume, which re-attaches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RemotePolicy {
     /// Tries at most (the first included).
     pub attempts: u32,
     /// The wait before the second try; doubled each time.
     pub backoff: Duration,
-    /// How long recovery waits for a remote child's status before writing it off.
-    pub inspection_timeout: Duration,
 }
 
 impl Default for RemotePolicy {
@@ -231,7 +231,6 @@ impl Default for RemotePolicy {
         Self {
             attempts: 5,
             backoff: Duration::from_millis(100),
-            inspection_timeout: Duration::from_secs(2),
         }
     }
 }

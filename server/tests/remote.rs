@@ -74,7 +74,6 @@ fn fast_policy() -> RemotePolicy {
     RemotePolicy {
         attempts: 3,
         backoff: Duration::from_millis(20),
-        inspection_timeout: Duration::from_secs(2),
     }
 }
 

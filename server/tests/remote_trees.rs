@@ -42,7 +42,6 @@ fn builder(store: Arc<dyn Store>, llm: ScriptedLlm) -> RuntimeBuilder {
         .remote_policy(RemotePolicy {
             attempts: 3,
             backoff: Duration::from_millis(20),
-            inspection_timeout: Duration::from_secs(2),
         })
         .background_deadlines(false)
 }

@@ -45,8 +45,8 @@ pub(crate) struct DriveReport {
 
 /// Drives the remote child `child` of a parent's call; never fails: a remote that cannot be
 /// reached becomes the call's tool error (`remote_subagent_failed` at start,
-/// `remote_subagent_lost` once it ran). `None` only for a watch of a child the remote does
-/// not know (its start never happened).
+/// `remote_subagent_lost` once it ran). `None` only for a watch that could not learn anything
+/// (the remote does not know the child, or does not answer).
 pub(crate) async fn drive(
     shared: Arc<Shared>,
     child: SessionId,
@@ -110,13 +110,13 @@ pub(crate) async fn drive(
                 watch,
             })
         }
-        // Never started (the parent crashed before its start): nothing to say; the replayed
-        // call starts it when the parent goes on.
-        Err(error) if watch && error.is_not_found() => None,
-        Err(error) if watch => Some(DriveReport {
-            watch,
-            ..failed(ToolErrorCode::RemoteSubAgentLost, &error)
-        }),
+        // A watch only informs: a child never started (the parent crashed before its start:
+        // the replayed call starts it), or a remote out of reach for now, is left for the
+        // next resume to wake, which learns where the child stands or writes it off.
+        Err(error) if watch => {
+            tracing::info!(%child, endpoint = %remote.endpoint, %error, "remote_subagent.watch_failed");
+            None
+        }
         Err(error) => Some(failed(ToolErrorCode::RemoteSubAgentLost, &error)),
     }
 }

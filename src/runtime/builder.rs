@@ -170,7 +170,7 @@ impl RuntimeBuilder {
     }
 
     /// How a remote that does not answer is retried (default: 5 tries, from 100 ms, doubling)
-    /// before the call becomes a tool error, and how long recovery waits for one.
+    /// before the call becomes a tool error.
     pub fn remote_policy(mut self, policy: crate::remote::RemotePolicy) -> Self {
         self.remote_policy = policy;
         self

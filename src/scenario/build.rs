@@ -31,11 +31,11 @@ impl Invocations {
     }
 }
 
-/// The agents that live on the remote runtime, and where it is served.
+/// The agents that live on other runtimes than the one being built, each with the endpoint
+/// of the server that hosts it.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct RemoteAgentsAt {
-    pub(crate) names: Vec<String>,
-    pub(crate) endpoint: String,
+    pub(crate) endpoints: BTreeMap<String, String>,
 }
 
 /// Builds the agent; the runtime's own checks refuse it as they would any definition.
@@ -121,10 +121,11 @@ fn tool(
         }
         ToolKindSpec::SubAgent => {
             let agent = spec.agent.as_deref().unwrap_or_default();
-            if remote.names.iter().any(|name| name == agent) {
-                ToolDefinition::remote_sub_agent(spec.name.as_str(), &remote.endpoint, agent)
-            } else {
-                ToolDefinition::sub_agent(spec.name.as_str(), agent)
+            match remote.endpoints.get(agent) {
+                Some(endpoint) => {
+                    ToolDefinition::remote_sub_agent(spec.name.as_str(), endpoint, agent)
+                }
+                None => ToolDefinition::sub_agent(spec.name.as_str(), agent),
             }
         }
     };

@@ -53,9 +53,9 @@ pub(crate) async fn check(world: &World, step: &Step, observed: &Observed) -> Ve
     };
     let view = step.op.session().map(|session| View {
         runtime,
-        remote: world
-            .remote_runtime()
-            .filter(|remote| runtime.is_some_and(|runtime| !std::ptr::eq(runtime, *remote))),
+        others: runtime
+            .map(|runtime| world.others(runtime))
+            .unwrap_or_default(),
         session,
         observed,
         now: world.now(),
@@ -344,9 +344,9 @@ async fn error_codes(
 /// store.
 struct View<'a> {
     runtime: Option<&'a Runtime>,
-    /// The remote runtime, when `runtime` is the local one: the trees of remote children
-    /// are part of the session's tree.
-    remote: Option<&'a Runtime>,
+    /// The other runtimes: the trees of remote children there are part of the session's
+    /// tree.
+    others: Vec<&'a Runtime>,
     session: &'a SessionId,
     observed: &'a Observed,
     /// The manual clock's time: a call past its deadline no longer waits.
@@ -391,12 +391,12 @@ impl View<'_> {
     async fn pending(&self) -> Result<Vec<String>, Error> {
         let runtime = self.runtime()?;
         let mut calls = tree::waiting_calls(runtime, self.session, self.now).await?;
-        if let Some(remote) = self.remote {
+        for remote in &self.others {
             for child in tree::remote_children(runtime, remote, self.session).await? {
                 calls.extend(tree::waiting_calls(remote, &child, self.now).await?);
             }
-            calls.sort();
         }
+        calls.sort();
         Ok(calls)
     }
 
@@ -431,7 +431,7 @@ impl View<'_> {
                 return Ok(Some(outcome));
             }
         }
-        if let Some(remote) = self.remote {
+        for remote in &self.others {
             for child in tree::remote_children(runtime, remote, self.session).await? {
                 for member in tree::sessions(remote, &child).await? {
                     if let Some(outcome) = outcome_in(remote, &member, id).await? {

@@ -66,10 +66,29 @@ pub(crate) struct AgentSpec {
     /// Skills whose bodies go into the system prompt (an addition to the format).
     #[serde(default)]
     pub(crate) preload_skills: Vec<String>,
-    /// Lives on the second runtime, served over HTTP (an addition to the format): a
-    /// `sub_agent` tool naming it is a remote sub-agent.
-    #[serde(default)]
-    pub(crate) remote: bool,
+    /// Lives on another runtime, served over HTTP (an addition to the format): `true` for
+    /// the one remote runtime, or a name, one runtime per name. A `sub_agent` tool naming it
+    /// from another runtime is a remote sub-agent.
+    #[serde(default, deserialize_with = "remote_side")]
+    pub(crate) remote: Option<String>,
+}
+
+/// The runtime `"remote": true` stands for.
+pub(crate) const DEFAULT_REMOTE: &str = "remote";
+
+/// `"remote"`: `false` (here), `true` (the default remote runtime) or a runtime's name.
+fn remote_side<'de, D>(deserializer: D) -> Result<Option<String>, D::Error>
+where
+    D: Deserializer<'de>,
+{
+    match Value::deserialize(deserializer)? {
+        Value::Bool(false) | Value::Null => Ok(None),
+        Value::Bool(true) => Ok(Some(DEFAULT_REMOTE.to_string())),
+        Value::String(name) if !name.is_empty() => Ok(Some(name)),
+        other => Err(serde::de::Error::custom(format!(
+            "remote must be true, false or a runtime's name, not {other}"
+        ))),
+    }
 }
 
 /// An in-code skill.

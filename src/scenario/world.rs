@@ -70,25 +70,35 @@ pub(crate) struct World {
     /// The agents registered so far (the file's, then those `define` added), to rebuild the
     /// runtime with on `restart`.
     agents: Vec<AgentSpec>,
-    /// The second runtime, served over HTTP, of the agents marked `remote`.
-    remote: Option<RemoteSide>,
+    /// The other runtimes, one per name the agents marked `remote` give, each served over
+    /// HTTP by `host`.
+    remotes: Vec<RemoteSide>,
+    host: Option<Arc<dyn RemoteHost>>,
 }
 
-/// The runtime of the remote agents and how it is served.
+/// A runtime of remote agents and how it is served.
 struct RemoteSide {
-    host: Arc<dyn RemoteHost>,
+    name: String,
     // Declared before `dir`, as above.
     runtime: Option<Runtime>,
     served: Option<Served>,
     dir: tempfile::TempDir,
+    /// Reserved before any runtime starts (agents of one side name the others' endpoints),
+    /// and kept across restarts.
     port: u16,
-    endpoint: String,
+}
+
+impl RemoteSide {
+    fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
 }
 
 impl std::fmt::Debug for RemoteSide {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RemoteSide")
-            .field("endpoint", &self.endpoint)
+            .field("name", &self.name)
+            .field("port", &self.port)
             .finish()
     }
 }
@@ -121,15 +131,26 @@ impl World {
             hooks: Arc::default(),
             invocations: Arc::default(),
             agents: scenario.agents.clone(),
-            remote: None,
+            remotes: Vec::new(),
+            host: None,
         };
-        if world.agents.iter().any(|agent| agent.remote) {
-            let Some(host) = host else {
+        let mut names: Vec<String> = world
+            .agents
+            .iter()
+            .filter_map(|agent| agent.remote.clone())
+            .collect();
+        names.sort();
+        names.dedup();
+        if !names.is_empty() {
+            if host.is_none() {
                 return Err(Error::Remote {
                     file: world.file,
                     reason: "this file needs a remote host to serve them over HTTP: run it with dormant::scenario::run_with (dormant-server's tests do)".into(),
                 });
-            };
+            }
+            world.host = host;
+        }
+        for name in names {
             let dir = tempfile::Builder::new()
                 .prefix("dormant-scenario-remote-")
                 .tempdir()
@@ -137,13 +158,16 @@ impl World {
                     file: world.file.clone(),
                     source,
                 })?;
-            world.remote = Some(RemoteSide {
-                host,
+            let port = free_port().map_err(|reason| Error::Remote {
+                file: world.file.clone(),
+                reason,
+            })?;
+            world.remotes.push(RemoteSide {
+                name,
                 runtime: None,
                 served: None,
                 dir,
-                port: 0,
-                endpoint: String::new(),
+                port,
             });
         }
         for (index, agent) in world.agents.iter().enumerate() {
@@ -156,7 +180,7 @@ impl World {
                 .llm
                 .set_agent_script(agent.name.as_str(), build::script(&agent.script));
         }
-        if let Err(reason) = world.start_remote().await {
+        if let Err(reason) = world.start_remotes().await {
             return Err(Error::Remote {
                 file: world.file,
                 reason,
@@ -189,24 +213,33 @@ impl World {
         self.runtime.as_ref().ok_or(crate::Error::ShutDown)
     }
 
-    /// The remote runtime, if the file has remote agents.
-    pub(crate) fn remote_runtime(&self) -> Option<&Runtime> {
-        self.remote
-            .as_ref()
-            .and_then(|remote| remote.runtime.as_ref())
-    }
-
-    /// Every runtime of the world: the local one first.
+    /// Every runtime of the world: the local one first, then the remote ones.
     pub(crate) fn runtimes(&self) -> Vec<&Runtime> {
-        self.runtime.iter().chain(self.remote_runtime()).collect()
+        self.runtime
+            .iter()
+            .chain(self.remotes.iter().filter_map(|side| side.runtime.as_ref()))
+            .collect()
     }
 
-    /// The runtime that holds `session`: the local one, unless only the remote knows it.
+    /// The runtimes other than `runtime`: where the remote children of its sessions live.
+    pub(crate) fn others(&self, runtime: &Runtime) -> Vec<&Runtime> {
+        self.runtimes()
+            .into_iter()
+            .filter(|other| !std::ptr::eq(*other, runtime))
+            .collect()
+    }
+
+    /// The runtime that holds `session`: the local one, unless only another one knows it.
     pub(crate) async fn runtime_for(&self, session: &SessionId) -> Result<&Runtime, crate::Error> {
         let local = self.runtime()?;
-        if let Some(remote) = self.remote_runtime() {
-            if local.session(session).await.is_err() && remote.session(session).await.is_ok() {
-                return Ok(remote);
+        if local.session(session).await.is_ok() {
+            return Ok(local);
+        }
+        for side in &self.remotes {
+            if let Some(runtime) = &side.runtime {
+                if runtime.session(session).await.is_ok() {
+                    return Ok(runtime);
+                }
             }
         }
         Ok(local)
@@ -214,14 +247,23 @@ impl World {
 
     /// The runtime that defines agent `agent`.
     pub(crate) fn runtime_of_agent(&self, agent: &str) -> Result<&Runtime, crate::Error> {
-        let remote = self
+        let side = self
             .agents
             .iter()
-            .any(|spec| spec.name == agent && spec.remote);
-        match (remote, self.remote_runtime()) {
-            (true, Some(runtime)) => Ok(runtime),
-            _ => self.runtime(),
+            .find(|spec| spec.name == agent)
+            .and_then(|spec| spec.remote.as_deref());
+        match side.and_then(|name| self.side(name)) {
+            Some(runtime) => Ok(runtime),
+            None => self.runtime(),
         }
+    }
+
+    /// The running runtime of remote side `name`.
+    fn side(&self, name: &str) -> Option<&Runtime> {
+        self.remotes
+            .iter()
+            .find(|side| side.name == name)
+            .and_then(|side| side.runtime.as_ref())
     }
 
     /// The manual clock's time (ms).
@@ -245,10 +287,14 @@ impl World {
 
     /// Registers one more agent; a refusal is the runtime's own error.
     pub(crate) fn define(&mut self, spec: &AgentSpec) -> Result<(), crate::Error> {
-        let agent = build::agent_beside(spec, &self.invocations, &self.remote_agents())?;
-        match (spec.remote, self.remote_runtime()) {
-            (true, Some(remote)) => remote.define(agent)?,
-            _ => self.runtime()?.define(agent)?,
+        let agent = build::agent_beside(
+            spec,
+            &self.invocations,
+            &self.remote_agents(spec.remote.as_deref()),
+        )?;
+        match spec.remote.as_deref().and_then(|name| self.side(name)) {
+            Some(remote) => remote.define(agent)?,
+            None => self.runtime()?.define(agent)?,
         }
         // Only now: a refused duplicate must not replace the registered agent's script.
         self.llm
@@ -265,8 +311,8 @@ impl World {
         if let Some(runtime) = self.runtime.take() {
             runtime.shutdown().await?;
         }
-        self.stop_remote().await?;
-        self.start_remote()
+        self.stop_remotes().await?;
+        self.start_remotes()
             .await
             .map_err(|reason| crate::Error::InvalidConfig {
                 setting: "remote",
@@ -285,60 +331,67 @@ impl World {
                 tracing::warn!(file = %self.file.display(), %error, "scenario.shutdown_failed");
             }
         }
-        if let Err(error) = self.stop_remote().await {
+        if let Err(error) = self.stop_remotes().await {
             tracing::warn!(file = %self.file.display(), %error, "scenario.shutdown_failed");
         }
     }
 
-    /// The remote agents' names and where they are served (none without a remote side).
-    fn remote_agents(&self) -> RemoteAgentsAt {
-        match &self.remote {
-            Some(remote) => RemoteAgentsAt {
-                names: self
-                    .agents
-                    .iter()
-                    .filter(|spec| spec.remote)
-                    .map(|spec| spec.name.clone())
-                    .collect(),
-                endpoint: remote.endpoint.clone(),
-            },
-            None => RemoteAgentsAt::default(),
-        }
+    /// Where the agents of the other runtimes than `side` (`None`: the local one) are served.
+    fn remote_agents(&self, side: Option<&str>) -> RemoteAgentsAt {
+        let endpoints = self
+            .agents
+            .iter()
+            .filter_map(|spec| {
+                let name = spec.remote.as_deref()?;
+                if Some(name) == side {
+                    return None;
+                }
+                let remote = self.remotes.iter().find(|remote| remote.name == name)?;
+                Some((spec.name.clone(), remote.endpoint()))
+            })
+            .collect();
+        RemoteAgentsAt { endpoints }
     }
 
-    /// Starts the remote runtime on its own store and serves it: on a free port the first
-    /// time, then on the same one (its children's entries name it).
-    async fn start_remote(&mut self) -> Result<(), String> {
-        let Some(remote) = &self.remote else {
+    /// Starts each remote runtime on its own store and serves it on its reserved port.
+    async fn start_remotes(&mut self) -> Result<(), String> {
+        let Some(host) = self.host.clone() else {
             return Ok(());
         };
-        let sled: Arc<dyn Store> =
-            Arc::new(SledStore::open(remote.dir.path()).map_err(|error| error.to_string())?);
-        let mut builder = self.configured(Runtime::builder().store(sled));
-        for spec in self.agents.iter().filter(|spec| spec.remote) {
-            let agent = build::agent(spec, &self.invocations).map_err(|error| error.to_string())?;
-            builder = builder.agent(agent);
-        }
-        let runtime = builder.build().map_err(|error| error.to_string())?;
-        let served = remote.host.serve(runtime.clone(), remote.port).await?;
-        if let Some(remote) = &mut self.remote {
-            remote.port = served.port;
-            remote.endpoint = served.endpoint.clone();
-            remote.runtime = Some(runtime);
-            remote.served = Some(served);
+        for index in 0..self.remotes.len() {
+            let side = &self.remotes[index];
+            let sled: Arc<dyn Store> =
+                Arc::new(SledStore::open(side.dir.path()).map_err(|error| error.to_string())?);
+            let mut builder = self
+                .configured(Runtime::builder().store(sled))
+                .remote_agents(host.transport());
+            let beside = self.remote_agents(Some(&side.name));
+            for spec in self
+                .agents
+                .iter()
+                .filter(|spec| spec.remote.as_deref() == Some(side.name.as_str()))
+            {
+                let agent = build::agent_beside(spec, &self.invocations, &beside)
+                    .map_err(|error| error.to_string())?;
+                builder = builder.agent(agent);
+            }
+            let runtime = builder.build().map_err(|error| error.to_string())?;
+            let served = host.serve(runtime.clone(), side.port).await?;
+            let side = &mut self.remotes[index];
+            side.runtime = Some(runtime);
+            side.served = Some(served);
         }
         Ok(())
     }
 
-    async fn stop_remote(&mut self) -> Result<(), crate::Error> {
-        let Some(remote) = &mut self.remote else {
-            return Ok(());
-        };
-        if let Some(served) = remote.served.take() {
-            (served.stop)().await;
-        }
-        if let Some(runtime) = remote.runtime.take() {
-            runtime.shutdown().await?;
+    async fn stop_remotes(&mut self) -> Result<(), crate::Error> {
+        for side in &mut self.remotes {
+            if let Some(served) = side.served.take() {
+                (served.stop)().await;
+            }
+            if let Some(runtime) = side.runtime.take() {
+                runtime.shutdown().await?;
+            }
         }
         Ok(())
     }
@@ -349,11 +402,11 @@ impl World {
         let store = Arc::new(FaultyStore::new(sled));
         let mut builder =
             self.configured(Runtime::builder().store(Arc::clone(&store) as Arc<dyn Store>));
-        if let Some(remote) = &self.remote {
-            builder = builder.remote_agents(remote.host.transport());
+        if let Some(host) = &self.host {
+            builder = builder.remote_agents(host.transport());
         }
-        let remote_agents = self.remote_agents();
-        for spec in self.agents.iter().filter(|spec| !spec.remote) {
+        let remote_agents = self.remote_agents(None);
+        for spec in self.agents.iter().filter(|spec| spec.remote.is_none()) {
             let agent = build::agent_beside(spec, &self.invocations, &remote_agents)?;
             builder = builder.agent(agent);
         }
@@ -390,4 +443,15 @@ impl World {
         }
         builder
     }
+}
+
+/// A loopback port free now, for a remote runtime to be served on (reserved before any
+/// runtime starts, because agents name each other's endpoints).
+fn free_port() -> Result<u16, String> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")
+        .map_err(|error| format!("cannot find a free loopback port: {error}"))?;
+    listener
+        .local_addr()
+        .map(|address| address.port())
+        .map_err(|error| error.to_string())
 }
