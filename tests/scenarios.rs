@@ -249,3 +249,23 @@ async fn a_directory_without_scenario_files_fails_instead_of_passing_empty() -> 
     );
     Ok(())
 }
+
+#[tokio::test]
+async fn a_file_with_remote_agents_needs_a_host_and_says_so() -> anyhow::Result<()> {
+    let scenario = Scenario::from_json(
+        "remote.json",
+        r#"{ "agents": [ { "name": "far", "remote": true, "script": [ { "text": "hi" } ] },
+                         { "name": "a", "tools": [ { "name": "d", "kind": "sub_agent", "agent": "far" } ],
+                           "script": [ { "text": "hi" } ] } ],
+             "steps": [ { "op": "execute", "agent": "a", "session": "s1", "message": "m" } ] }"#,
+    )?;
+    let error = scenario::run(&scenario).await.err().map(|error| error.to_string());
+    let error = error.unwrap_or_default();
+    assert!(error.contains("remote agents") && error.contains("run_with"), "{error}");
+    let bad = Scenario::from_json(
+        "bad.json",
+        r#"{ "agents": [ { "name": "far", "remote": 3 } ], "steps": [] }"#,
+    );
+    assert!(bad.is_err(), "remote must be a bool or a name");
+    Ok(())
+}
