@@ -100,9 +100,9 @@ pub mod usage;
 mod wait;
 
 // The README's Rust blocks are compiled (and run, unless `no_run`) as doctests, so they stay
-// true. One uses the `openai` adapter, which `cargo test --workspace` turns on (the server
-// crate's default feature).
-#[cfg(all(doctest, feature = "openai"))]
+// true. They use the `openai` adapter and the PostgreSQL store, which `cargo test --workspace`
+// turns on (the server crate's default features).
+#[cfg(all(doctest, feature = "openai", feature = "postgres"))]
 #[doc = include_str!("../README.md")]
 mod readme {}
 
@@ -134,6 +134,8 @@ pub use session::{
     Answer, ChildCall, ChildState, Companion, CompanionStatus, ErrorCode, PendingCall, PendingKind,
     RunError, RunOutcome, RunRecord, RunStarted, SessionRecord, Status,
 };
+#[cfg(feature = "postgres")]
+pub use store::PgStore;
 pub use store::{MemoryStore, SledStore, Store};
 pub use stream::{Chunk, ChunkKind, Delta, DeltaKind, StreamEvent};
 pub use submit::{Submit, SubmitAnswer, SubmitOutcome};

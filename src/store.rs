@@ -9,6 +9,8 @@
 #[cfg(feature = "test-util")]
 mod faulty;
 mod memory;
+#[cfg(feature = "postgres")]
+mod postgres;
 mod sled;
 
 use std::fmt::Debug;
@@ -17,6 +19,8 @@ use std::path::{Path, PathBuf};
 #[cfg(feature = "test-util")]
 pub use self::faulty::{Fault, FaultyStore, InjectedFault};
 pub use self::memory::MemoryStore;
+#[cfg(feature = "postgres")]
+pub use self::postgres::PgStore;
 pub use self::sled::{Durability, SledError, SledStore, SledStoreBuilder};
 
 /// The named key spaces of the store. [`SledStore`] keeps them all in one sled tree, each as a

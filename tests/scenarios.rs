@@ -259,9 +259,15 @@ async fn a_file_with_remote_agents_needs_a_host_and_says_so() -> anyhow::Result<
                            "script": [ { "text": "hi" } ] } ],
              "steps": [ { "op": "execute", "agent": "a", "session": "s1", "message": "m" } ] }"#,
     )?;
-    let error = scenario::run(&scenario).await.err().map(|error| error.to_string());
+    let error = scenario::run(&scenario)
+        .await
+        .err()
+        .map(|error| error.to_string());
     let error = error.unwrap_or_default();
-    assert!(error.contains("remote agents") && error.contains("run_with"), "{error}");
+    assert!(
+        error.contains("remote agents") && error.contains("run_with"),
+        "{error}"
+    );
     let bad = Scenario::from_json(
         "bad.json",
         r#"{ "agents": [ { "name": "far", "remote": 3 } ], "steps": [] }"#,

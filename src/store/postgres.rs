@@ -1,0 +1,249 @@
+//! [`PgStore`]: the [`Store`] on PostgreSQL, for several dormant nodes sharing one database
+//! (feature `postgres`).
+//!
+//! One table holds every tree, `dormant_kv (tree, key, value)` with the primary key
+//! `(tree, key)`, so a tree's range and prefix reads are index range scans in key order
+//! (`bytea` compares byte by byte, as sled does). Versioned migrations run when a store opens
+//! (`postgres/migrate.rs`). A commit is one transaction, and commits that arrive while one is
+//! in flight share the next transaction and its WAL flush (`postgres/group.rs`), as the sled
+//! store's commits share a flush. `synchronous_commit` stays on: a commit is acknowledged once
+//! PostgreSQL has flushed it.
+//!
+//! ```no_run
+//! # async fn open() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::sync::Arc;
+//! use dormant::{PgStore, Runtime};
+//!
+//! let store = PgStore::connect("postgres://dormant@127.0.0.1:5432/dormant").await?;
+//! let runtime = Runtime::builder().store(Arc::new(store)).build()?;
+//! # let _ = runtime; Ok(()) }
+//! ```
+
+mod group;
+mod migrate;
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use tokio::sync::{mpsc, oneshot};
+use tokio_postgres::NoTls;
+
+use super::{prefix_end, Batch, Entry, Error, Store, Tree};
+
+/// How many connections a store keeps: one for the committer, the rest for reads.
+const POOL_SIZE: usize = 8;
+
+/// The PostgreSQL store. Cloning is not needed: share it in an `Arc`.
+pub struct PgStore {
+    pool: Pool,
+    commits: mpsc::UnboundedSender<group::Msg>,
+    closed: AtomicBool,
+    committer: parking_lot::Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl fmt::Debug for PgStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PgStore")
+            .field("closed", &self.closed.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+impl PgStore {
+    /// Connects to the database at `url` (`postgres://user:password@host:port/database`, or
+    /// the key-value form `host=… user=…`), runs the migrations it lacks, and starts the
+    /// committer. Must be called inside a tokio runtime.
+    ///
+    /// # Errors
+    /// A malformed URL, a database that cannot be reached, or a migration that failed.
+    pub async fn connect(url: &str) -> Result<Self, Error> {
+        let config: tokio_postgres::Config = url.parse().map_err(Error::backend)?;
+        let manager = Manager::from_config(
+            config,
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(POOL_SIZE)
+            .build()
+            .map_err(Error::backend)?;
+        let mut client = pool.get().await.map_err(Error::backend)?;
+        migrate::run(&mut client).await?;
+        drop(client);
+        let (commits, queue) = mpsc::unbounded_channel();
+        let committer = tokio::spawn(group::run(pool.clone(), queue));
+        Ok(Self {
+            pool,
+            commits,
+            closed: AtomicBool::new(false),
+            committer: parking_lot::Mutex::new(Some(committer)),
+        })
+    }
+
+    async fn client(&self) -> Result<deadpool_postgres::Object, Error> {
+        if self.is_closed() {
+            return Err(Error::Closed);
+        }
+        self.pool.get().await.map_err(Error::backend)
+    }
+
+    /// Rows of `sql` (tree, key bounds, limit as its parameters) as entries.
+    async fn entries(
+        &self,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<Vec<Entry>, Error> {
+        let client = self.client().await?;
+        let statement = client.prepare_cached(sql).await.map_err(Error::backend)?;
+        let rows = client
+            .query(&statement, params)
+            .await
+            .map_err(Error::backend)?;
+        rows.into_iter()
+            .map(|row| {
+                Ok((
+                    row.try_get(0).map_err(Error::backend)?,
+                    row.try_get(1).map_err(Error::backend)?,
+                ))
+            })
+            .collect()
+    }
+}
+
+/// The `tree` column's value.
+fn tree_id(tree: Tree) -> i16 {
+    tree as i16
+}
+
+/// A row limit as PostgreSQL's `bigint`.
+fn limit(limit: usize) -> i64 {
+    i64::try_from(limit).unwrap_or(i64::MAX)
+}
+
+#[async_trait::async_trait]
+impl Store for PgStore {
+    async fn commit(&self, batch: Batch) -> Result<(), Error> {
+        if self.is_closed() {
+            return Err(Error::Closed);
+        }
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let (reply, answer) = oneshot::channel();
+        self.commits
+            .send(group::Msg::Commit(group::Pending { batch, reply }))
+            .map_err(|_| Error::Closed)?;
+        answer.await.map_err(|_| Error::Closed)?
+    }
+
+    async fn get(&self, tree: Tree, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
+        let client = self.client().await?;
+        let statement = client
+            .prepare_cached("SELECT value FROM dormant_kv WHERE tree = $1 AND key = $2")
+            .await
+            .map_err(Error::backend)?;
+        let row = client
+            .query_opt(&statement, &[&tree_id(tree), &key])
+            .await
+            .map_err(Error::backend)?;
+        row.map(|row| row.try_get(0).map_err(Error::backend))
+            .transpose()
+    }
+
+    async fn scan_prefix(&self, tree: Tree, prefix: &[u8]) -> Result<Vec<Entry>, Error> {
+        let tree = tree_id(tree);
+        match prefix_end(prefix) {
+            Some(end) => {
+                self.entries(
+                    "SELECT key, value FROM dormant_kv WHERE tree = $1 AND key >= $2 AND key < $3 ORDER BY key",
+                    &[&tree, &prefix, &end],
+                )
+                .await
+            }
+            None => {
+                self.entries(
+                    "SELECT key, value FROM dormant_kv WHERE tree = $1 AND key >= $2 ORDER BY key",
+                    &[&tree, &prefix],
+                )
+                .await
+            }
+        }
+    }
+
+    async fn scan_prefix_rev(
+        &self,
+        tree: Tree,
+        prefix: &[u8],
+        limit_to: usize,
+    ) -> Result<Vec<Entry>, Error> {
+        let tree = tree_id(tree);
+        let limit = limit(limit_to);
+        match prefix_end(prefix) {
+            Some(end) => {
+                self.entries(
+                    "SELECT key, value FROM dormant_kv WHERE tree = $1 AND key >= $2 AND key < $3 ORDER BY key DESC LIMIT $4",
+                    &[&tree, &prefix, &end, &limit],
+                )
+                .await
+            }
+            None => {
+                self.entries(
+                    "SELECT key, value FROM dormant_kv WHERE tree = $1 AND key >= $2 ORDER BY key DESC LIMIT $3",
+                    &[&tree, &prefix, &limit],
+                )
+                .await
+            }
+        }
+    }
+
+    async fn scan_range(
+        &self,
+        tree: Tree,
+        from: &[u8],
+        to: &[u8],
+        limit_to: usize,
+    ) -> Result<Vec<Entry>, Error> {
+        self.entries(
+            "SELECT key, value FROM dormant_kv WHERE tree = $1 AND key >= $2 AND key < $3 ORDER BY key LIMIT $4",
+            &[&tree_id(tree), &from, &to, &limit(limit_to)],
+        )
+        .await
+    }
+
+    async fn flush(&self) -> Result<(), Error> {
+        // Every acknowledged commit is flushed already (synchronous_commit).
+        Ok(())
+    }
+
+    async fn close(&self) -> Result<(), Error> {
+        self.closed.store(true, Ordering::SeqCst);
+        let committer = self.committer.lock().take();
+        if let Some(committer) = committer {
+            // Commits queued before the close are made (or fail) before it returns.
+            let (done, closed) = oneshot::channel();
+            if self.commits.send(group::Msg::Close(done)).is_ok() {
+                let _ = closed.await;
+            }
+            let _ = committer.await;
+        }
+        self.pool.close();
+        Ok(())
+    }
+
+    fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::SeqCst)
+    }
+
+    async fn size_on_disk(&self) -> Result<u64, Error> {
+        let client = self.client().await?;
+        let row = client
+            .query_one("SELECT pg_total_relation_size('dormant_kv')::bigint", &[])
+            .await
+            .map_err(Error::backend)?;
+        let size: i64 = row.try_get(0).map_err(Error::backend)?;
+        Ok(u64::try_from(size).unwrap_or_default())
+    }
+}

@@ -1,0 +1,186 @@
+//! `PgStore` against a real PostgreSQL (a throwaway cluster per test, `postgres/cluster.rs`):
+//! the store contract the runtime relies on, commits grouped under load, migrations, and a
+//! session that suspends on one runtime and completes on another over the same database.
+#![cfg(feature = "postgres")]
+
+#[path = "postgres/cluster.rs"]
+mod cluster;
+
+use std::sync::Arc;
+
+use dormant::store::{Batch, CommitKind, Store, Tree};
+use dormant::submit::{Submit, SubmitOutcome};
+use dormant::{
+    AgentDefinition, ModelReply, PgStore, Runtime, ScriptedLlm, Status, ToolCall, ToolDefinition,
+};
+use serde_json::json;
+
+fn batch(ops: &[(&[u8], Option<&[u8]>)]) -> Batch {
+    let mut batch = Batch::new(CommitKind::Other);
+    for (key, value) in ops {
+        match value {
+            Some(value) => batch.put(Tree::Pending, key.to_vec(), value.to_vec()),
+            None => batch.delete(Tree::Pending, key.to_vec()),
+        }
+    }
+    batch
+}
+
+fn keys(entries: &[(Vec<u8>, Vec<u8>)]) -> Vec<Vec<u8>> {
+    entries.iter().map(|(key, _)| key.clone()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_store_contract_holds_on_postgres() -> anyhow::Result<()> {
+    let Some(cluster) = cluster::Cluster::start()? else {
+        return Ok(());
+    };
+    let store = PgStore::connect(&cluster.url()).await?;
+    store
+        .commit(batch(&[
+            (b"a/1", Some(b"one")),
+            (b"a/2", Some(b"two")),
+            (b"a/\xff", Some(b"high")),
+            (b"b/1", Some(b"other")),
+            (b"\xff\xff", Some(b"top")),
+            (b"gone", Some(b"x")),
+            (b"gone", None),
+            (b"twice", Some(b"first")),
+            (b"twice", Some(b"last")),
+        ]))
+        .await?;
+    assert_eq!(
+        store.get(Tree::Pending, b"a/1").await?,
+        Some(b"one".to_vec())
+    );
+    assert_eq!(
+        store.get(Tree::Pending, b"gone").await?,
+        None,
+        "the later delete wins"
+    );
+    assert_eq!(
+        store.get(Tree::Pending, b"twice").await?,
+        Some(b"last".to_vec())
+    );
+    assert_eq!(store.get(Tree::Log, b"a/1").await?, None, "trees are apart");
+
+    let prefix = store.scan_prefix(Tree::Pending, b"a/").await?;
+    assert_eq!(
+        keys(&prefix),
+        [b"a/1".to_vec(), b"a/2".to_vec(), b"a/\xff".to_vec()]
+    );
+    let top = store.scan_prefix(Tree::Pending, b"\xff").await?;
+    assert_eq!(
+        keys(&top),
+        [b"\xff\xff".to_vec()],
+        "a prefix of 0xff bytes has no end key"
+    );
+    let last = store.scan_prefix_rev(Tree::Pending, b"a/", 2).await?;
+    assert_eq!(keys(&last), [b"a/\xff".to_vec(), b"a/2".to_vec()]);
+    let range = store.scan_range(Tree::Pending, b"a/2", b"b/2", 10).await?;
+    assert_eq!(
+        keys(&range),
+        [b"a/2".to_vec(), b"a/\xff".to_vec(), b"b/1".to_vec()]
+    );
+    let limited = store.scan_range(Tree::Pending, b"", b"z", 2).await?;
+    assert_eq!(limited.len(), 2);
+
+    // Many commits at once: grouped into few transactions, each acknowledged and visible.
+    let store = Arc::new(store);
+    let writers = (0..200u32).map(|index| {
+        let store = Arc::clone(&store);
+        tokio::spawn(async move {
+            let key = format!("load/{index:04}");
+            store.commit(batch(&[(key.as_bytes(), Some(b"v"))])).await
+        })
+    });
+    for written in futures::future::join_all(writers).await {
+        written??;
+    }
+    assert_eq!(store.scan_prefix(Tree::Pending, b"load/").await?.len(), 200);
+    assert!(store.size_on_disk().await? > 0);
+    store.close().await?;
+    assert!(store.is_closed());
+    assert!(store.commit(batch(&[(b"late", Some(b"x"))])).await.is_err());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrations_run_once_and_a_newer_database_is_refused() -> anyhow::Result<()> {
+    let Some(cluster) = cluster::Cluster::start()? else {
+        return Ok(());
+    };
+    let first = PgStore::connect(&cluster.url()).await?;
+    first.commit(batch(&[(b"kept", Some(b"yes"))])).await?;
+    // Two nodes opening the same database: the second finds it migrated, and the data.
+    let second = PgStore::connect(&cluster.url()).await?;
+    assert_eq!(
+        second.get(Tree::Pending, b"kept").await?,
+        Some(b"yes".to_vec())
+    );
+    second.close().await?;
+
+    let (client, connection) =
+        tokio_postgres::connect(&cluster.url(), tokio_postgres::NoTls).await?;
+    tokio::spawn(connection);
+    client
+        .execute("INSERT INTO dormant_migrations (version) VALUES (99)", &[])
+        .await?;
+    let refused = PgStore::connect(&cluster.url()).await;
+    let message = refused
+        .err()
+        .map(|error| error.to_string())
+        .unwrap_or_default();
+    assert!(message.contains("migration 99"), "{message}");
+    first.close().await?;
+    Ok(())
+}
+
+fn runtime(store: Arc<PgStore>) -> anyhow::Result<Runtime> {
+    let agent = AgentDefinition::builder("editor")
+        .tool(ToolDefinition::client("edit"))
+        .build()?;
+    let llm = ScriptedLlm::new().script(
+        "editor",
+        vec![
+            ModelReply::tool_calls(vec![ToolCall::new("e1", "edit", json!({}))]),
+            ModelReply::text("edited"),
+        ],
+    );
+    Ok(Runtime::builder()
+        .store(store)
+        .llm(Arc::new(llm))
+        .agent(agent)
+        .background_deadlines(false)
+        .build()?)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_suspended_on_one_runtime_completes_on_another_over_the_same_database(
+) -> anyhow::Result<()> {
+    let Some(cluster) = cluster::Cluster::start()? else {
+        return Ok(());
+    };
+    let first = runtime(Arc::new(PgStore::connect(&cluster.url()).await?))?;
+    let id = "s1".parse()?;
+    let run = first.execute_on(&id, "editor", "edit it").await?;
+    assert_eq!(run.status, Status::SuspendedClientTool);
+    first.shutdown().await?;
+
+    let second = runtime(Arc::new(PgStore::connect(&cluster.url()).await?))?;
+    assert_eq!(second.pending(&id).await?.len(), 1);
+    let answer = Submit::result("s1", "e1", json!({ "ok": true }));
+    assert_eq!(
+        second.submit_tool_result(answer.clone()).await?,
+        SubmitOutcome::Accepted
+    );
+    assert_eq!(
+        second.submit_tool_result(answer).await?,
+        SubmitOutcome::AlreadyCompleted
+    );
+    let run = second.resume(&id).await?;
+    assert_eq!(run.status, Status::Completed);
+    assert_eq!(run.text.as_deref(), Some("edited"));
+    second.shutdown().await?;
+    Ok(())
+}
