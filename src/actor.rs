@@ -176,6 +176,9 @@ impl VirtualActor for SessionActor {
     type Error = Error;
 
     async fn activate(&self, id: &SessionId) -> Result<SessionState, Error> {
+        // On a store several nodes share, this process must own the session before it reads
+        // it (a lease): another live owner makes the activation fail, and the message with it.
+        self.shared.store.acquire(id.as_str()).await?;
         let loaded = match self.load_recovered(id).await {
             Ok(loaded) => loaded,
             Err(error) => {
@@ -245,6 +248,10 @@ impl VirtualActor for SessionActor {
 
     fn passivated(&self, id: &SessionId) {
         tracing::debug!(session = %id, "session.evicted");
+        // Its state is durable: another node may own it from now on.
+        let store = Arc::clone(&self.shared.store);
+        let session = id.to_string();
+        tokio::spawn(async move { store.release_session(&session).await });
     }
 
     fn reject(&self, host: &Host<Self>, msg: SessionMsg, error: dormant_actors::Error) {
@@ -347,6 +354,8 @@ impl SessionActor {
         state: &'s mut SessionState,
     ) -> Result<Option<&'s mut Session>, Error> {
         if matches!(state.loaded, Loaded::Unreadable) {
+            // Read again only as its owner: a lost lease made it unreadable, say.
+            self.shared.store.acquire(id.as_str()).await?;
             state.loaded = self.load_recovered(id).await?;
         }
         Ok(match &mut state.loaded {

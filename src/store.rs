@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 pub use self::faulty::{Fault, FaultyStore, InjectedFault};
 pub use self::memory::MemoryStore;
 #[cfg(feature = "postgres")]
-pub use self::postgres::PgStore;
+pub use self::postgres::{PgStore, PgStoreBuilder, DEFAULT_LEASE_TTL};
 pub use self::sled::{Durability, SledError, SledStore, SledStoreBuilder};
 
 /// The named key spaces of the store. [`SledStore`] keeps them all in one sled tree, each as a
@@ -133,6 +133,7 @@ pub enum Op {
 pub struct Batch {
     kind: CommitKind,
     ops: Vec<Op>,
+    session: Option<String>,
 }
 
 impl Batch {
@@ -141,7 +142,22 @@ impl Batch {
         Self {
             kind,
             ops: Vec::new(),
+            session: None,
         }
+    }
+
+    /// Marks the batch as a commit of `session`: a store shared by several nodes writes it
+    /// only while this process holds the session's lease ([`Store::acquire`]), in the same
+    /// transaction as it checks that (fencing).
+    #[must_use]
+    pub fn for_session(mut self, session: impl Into<String>) -> Self {
+        self.session = Some(session.into());
+        self
+    }
+
+    /// The session the batch is a commit of, if it is one.
+    pub fn session(&self) -> Option<&str> {
+        self.session.as_deref()
     }
 
     /// Adds a put.
@@ -238,6 +254,24 @@ pub enum Error {
     /// The store was closed, or its flusher thread is gone.
     #[error("store is closed")]
     Closed,
+    /// This process no longer owns the session it wrote for: its lease on a shared store
+    /// expired (a pause, a partition) and another node may have taken it over. Nothing of the
+    /// commit was written. Not retryable here: the session lives on where its lease is.
+    #[error(
+        "the lease on session {session} is lost: another node may own it now; nothing was written"
+    )]
+    LeaseLost {
+        /// The session.
+        session: String,
+    },
+    /// Another live node owns the session (its lease has not expired).
+    #[error("session {session} is owned by node {owner} (its lease has not expired)")]
+    LeaseHeld {
+        /// The session.
+        session: String,
+        /// The node that holds its lease.
+        owner: String,
+    },
 }
 
 impl Error {
@@ -366,6 +400,19 @@ pub trait Store: Send + Sync + Debug + 'static {
     /// # Errors
     /// A backend failure.
     async fn size_on_disk(&self) -> Result<u64, Error>;
+
+    /// Makes this process the owner of `session` before its actor loads it. A store only this
+    /// process uses has nothing to take (the default); one that several nodes share takes
+    /// the session's lease, or takes over an expired one.
+    ///
+    /// # Errors
+    /// [`Error::LeaseHeld`] while another live node owns the session, or a backend failure.
+    async fn acquire(&self, _session: &str) -> Result<(), Error> {
+        Ok(())
+    }
+
+    /// Gives up the ownership [`Store::acquire`] took (the session's actor stopped).
+    async fn release_session(&self, _session: &str) {}
 }
 
 #[cfg(test)]

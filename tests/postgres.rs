@@ -184,3 +184,121 @@ async fn a_session_suspended_on_one_runtime_completes_on_another_over_the_same_d
     second.shutdown().await?;
     Ok(())
 }
+
+/// An editor whose client tool is followed by a server tool that is not safe to retry and
+/// counts its runs in `applied`.
+fn counting_runtime(
+    store: Arc<PgStore>,
+    applied: Arc<std::sync::atomic::AtomicUsize>,
+) -> anyhow::Result<Runtime> {
+    let agent = AgentDefinition::builder("editor")
+        .tool(ToolDefinition::client("edit"))
+        .tool(ToolDefinition::server("apply", move |_input, _ctx| {
+            let applied = Arc::clone(&applied);
+            async move {
+                applied.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                Ok::<_, dormant::ToolError>(json!({ "applied": true }))
+            }
+        }))
+        .build()?;
+    let llm = ScriptedLlm::new().script(
+        "editor",
+        vec![
+            ModelReply::tool_calls(vec![ToolCall::new("e1", "edit", json!({}))]),
+            ModelReply::tool_calls(vec![ToolCall::new("a1", "apply", json!({}))]),
+            ModelReply::text("applied"),
+            ModelReply::text("a second turn"),
+        ],
+    );
+    Ok(Runtime::builder()
+        .store(store)
+        .llm(Arc::new(llm))
+        .agent(agent)
+        .background_deadlines(false)
+        .build()?)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_lost_its_lease_cannot_write_and_the_new_owner_serves_the_session(
+) -> anyhow::Result<()> {
+    let Some(cluster) = cluster::Cluster::start()? else {
+        return Ok(());
+    };
+    let applied = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let store_a = Arc::new(PgStore::builder(cluster.url()).node("a").connect().await?);
+    let store_b = Arc::new(PgStore::builder(cluster.url()).node("b").connect().await?);
+    let a = counting_runtime(Arc::clone(&store_a), Arc::clone(&applied))?;
+    let b = counting_runtime(Arc::clone(&store_b), Arc::clone(&applied))?;
+    let id = "s1".parse()?;
+    let run = a.execute_on(&id, "editor", "edit it").await?;
+    assert_eq!(run.status, Status::SuspendedClientTool);
+
+    // A owns s1 and is alive: B may not take it.
+    let answer = Submit::result("s1", "e1", json!({ "ok": true }));
+    let refused = b.submit_tool_result(answer.clone()).await;
+    let message = refused
+        .err()
+        .map(|error| error.to_string())
+        .unwrap_or_default();
+    assert!(message.contains("owned by node a"), "{message}");
+
+    // A is paused past its lease (its expiry, by the database's clock, is moved to the past):
+    // B takes s1 over and serves it.
+    let (sql, connection) = tokio_postgres::connect(&cluster.url(), tokio_postgres::NoTls).await?;
+    tokio::spawn(connection);
+    sql.execute(
+        "UPDATE dormant_leases SET expires_at = now() - interval '1 second' WHERE session = 's1'",
+        &[],
+    )
+    .await?;
+    assert_eq!(b.submit_tool_result(answer).await?, SubmitOutcome::Accepted);
+    let run = b.resume(&id).await?;
+    assert_eq!(run.status, Status::Completed, "{run:?}");
+    let row = sql
+        .query_one(
+            "SELECT owner, epoch FROM dormant_leases WHERE session = 's1'",
+            &[],
+        )
+        .await?;
+    assert_eq!(row.get::<_, String>(0), "b");
+    assert_eq!(row.get::<_, i64>(1), 2, "a takeover raises the epoch");
+    let messages = b.messages(&id).await?.len();
+
+    // A comes back with s1 still in memory: every write it attempts is refused, and nothing
+    // of it is visible.
+    let fenced = a.execute_on(&id, "editor", "edit again").await;
+    let message = fenced
+        .err()
+        .map(|error| error.to_string())
+        .unwrap_or_default();
+    assert!(message.contains("lease on session s1 is lost"), "{message}");
+    let again = a.execute_on(&id, "editor", "edit again").await;
+    let message = again
+        .err()
+        .map(|error| error.to_string())
+        .unwrap_or_default();
+    assert!(message.contains("owned by node b"), "{message}");
+    assert_eq!(
+        b.messages(&id).await?.len(),
+        messages,
+        "nothing of A's is visible"
+    );
+    assert_eq!(b.status(&id).await?, Status::Completed);
+    assert_eq!(
+        applied.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "no tool ran twice"
+    );
+
+    // Closing a node gives its leases up: the other takes over at once.
+    b.shutdown().await?;
+    let c = counting_runtime(
+        Arc::new(PgStore::builder(cluster.url()).node("c").connect().await?),
+        Arc::clone(&applied),
+    )?;
+    let run = c.execute_on(&id, "editor", "a second turn").await?;
+    assert_eq!(run.status, Status::Completed);
+    c.shutdown().await?;
+    a.shutdown().await?;
+    Ok(())
+}

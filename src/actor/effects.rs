@@ -27,6 +27,7 @@ impl SessionActor {
         if let Some(commit) = transition.commit {
             if let Err(error) = self.shared.commit(&commit).await {
                 tracing::error!(session = %ctx.key(), %error, "session.commit_failed");
+                let fenced = matches!(&error, Error::Store(crate::store::Error::LeaseLost { .. }));
                 let reason = error.to_string();
                 let unavailable = || Error::SessionUnavailable {
                     session: ctx.key().clone(),
@@ -39,6 +40,18 @@ impl SessionActor {
                     let _ = waiter.send(Err(typed.take().unwrap_or_else(unavailable)));
                 }
                 state.settle_waiters.clear();
+                if fenced {
+                    // Another node owns the session now: this actor stops, having acknowledged
+                    // nothing of the commit (its parent is not told: the session lives on
+                    // there); its next activation asks for the lease again.
+                    tracing::warn!(session = %ctx.key(), "session.lease_lost");
+                    state.work.cancel();
+                    state.loaded = Loaded::Unreadable;
+                    if let Some(host) = ctx.host() {
+                        host.evict(ctx.key());
+                    }
+                    return Err(typed.unwrap_or_else(unavailable));
+                }
                 // A child's parent waits for it: it learns of the failure as the tool's error.
                 if let Loaded::Present(session) = &mut state.loaded {
                     let now = self.shared.clock.now_ms();

@@ -173,6 +173,14 @@ impl Store for FaultyStore {
         }
     }
 
+    async fn acquire(&self, session: &str) -> Result<(), Error> {
+        self.inner.acquire(session).await
+    }
+
+    async fn release_session(&self, session: &str) {
+        self.inner.release_session(session).await;
+    }
+
     fn is_closed(&self) -> bool {
         self.inner.is_closed()
     }

@@ -9,6 +9,10 @@
 //! store's commits share a flush. `synchronous_commit` stays on: a commit is acknowledged once
 //! PostgreSQL has flushed it.
 //!
+//! Several nodes may share the database: each session has one owner at a time, by lease
+//! (`postgres/lease.rs`), and a commit of a session whose lease this node lost is refused in
+//! its own transaction ([`Error::LeaseLost`]), so a paused or cut-off node cannot write.
+//!
 //! ```no_run
 //! # async fn open() -> Result<(), Box<dyn std::error::Error>> {
 //! use std::sync::Arc;
@@ -20,10 +24,13 @@
 //! ```
 
 mod group;
+mod lease;
 mod migrate;
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use tokio::sync::{mpsc, oneshot};
@@ -34,17 +41,59 @@ use super::{prefix_end, Batch, Entry, Error, Store, Tree};
 /// How many connections a store keeps: one for the committer, the rest for reads.
 const POOL_SIZE: usize = 8;
 
+/// How long a lease lasts unless renewed, by default.
+pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(10);
+
 /// The PostgreSQL store. Cloning is not needed: share it in an `Arc`.
 pub struct PgStore {
     pool: Pool,
     commits: mpsc::UnboundedSender<group::Msg>,
     closed: AtomicBool,
     committer: parking_lot::Mutex<Option<tokio::task::JoinHandle<()>>>,
+    leases: Arc<lease::Leases>,
+    renewer: tokio::task::JoinHandle<()>,
+}
+
+/// Opens a [`PgStore`] with a node name and lease time of your own.
+#[derive(Clone, Debug)]
+#[must_use]
+pub struct PgStoreBuilder {
+    url: String,
+    node: Option<String>,
+    lease_ttl: Duration,
+}
+
+impl PgStoreBuilder {
+    /// This node's name among those sharing the database (default: a fresh UUID, so each
+    /// process is a node of its own).
+    pub fn node(mut self, name: impl Into<String>) -> Self {
+        self.node = Some(name.into());
+        self
+    }
+
+    /// How long a session's lease lasts unless renewed (default 10 s; renewed every third of
+    /// it). A node paused longer than this loses its sessions to the others.
+    pub fn lease_ttl(mut self, ttl: Duration) -> Self {
+        self.lease_ttl = ttl.max(Duration::from_millis(30));
+        self
+    }
+
+    /// Connects, migrates, and starts the committer and the lease renewal.
+    ///
+    /// # Errors
+    /// As [`PgStore::connect`].
+    pub async fn connect(self) -> Result<PgStore, Error> {
+        let node = self
+            .node
+            .unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
+        PgStore::open(&self.url, node, self.lease_ttl).await
+    }
 }
 
 impl fmt::Debug for PgStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PgStore")
+            .field("node", &self.leases.node)
             .field("closed", &self.closed.load(Ordering::Relaxed))
             .finish()
     }
@@ -58,6 +107,24 @@ impl PgStore {
     /// # Errors
     /// A malformed URL, a database that cannot be reached, or a migration that failed.
     pub async fn connect(url: &str) -> Result<Self, Error> {
+        Self::builder(url).connect().await
+    }
+
+    /// A store on `url` with options: [`PgStoreBuilder::node`], [`PgStoreBuilder::lease_ttl`].
+    pub fn builder(url: impl Into<String>) -> PgStoreBuilder {
+        PgStoreBuilder {
+            url: url.into(),
+            node: None,
+            lease_ttl: DEFAULT_LEASE_TTL,
+        }
+    }
+
+    /// This node's name in the lease table.
+    pub fn node(&self) -> &str {
+        &self.leases.node
+    }
+
+    async fn open(url: &str, node: String, ttl: Duration) -> Result<Self, Error> {
         let config: tokio_postgres::Config = url.parse().map_err(Error::backend)?;
         let manager = Manager::from_config(
             config,
@@ -73,13 +140,21 @@ impl PgStore {
         let mut client = pool.get().await.map_err(Error::backend)?;
         migrate::run(&mut client).await?;
         drop(client);
+        let leases = Arc::new(lease::Leases {
+            node,
+            ttl,
+            held: dashmap::DashMap::new(),
+        });
         let (commits, queue) = mpsc::unbounded_channel();
-        let committer = tokio::spawn(group::run(pool.clone(), queue));
+        let committer = tokio::spawn(group::run(pool.clone(), Arc::clone(&leases), queue));
+        let renewer = tokio::spawn(lease::renew_forever(pool.clone(), Arc::clone(&leases)));
         Ok(Self {
             pool,
             commits,
             closed: AtomicBool::new(false),
             committer: parking_lot::Mutex::new(Some(committer)),
+            leases,
+            renewer,
         })
     }
 
@@ -229,12 +304,28 @@ impl Store for PgStore {
             }
             let _ = committer.await;
         }
+        self.renewer.abort();
+        // Other nodes may take the sessions over at once, rather than after their leases expire.
+        self.leases.release_all(&self.pool).await;
         self.pool.close();
         Ok(())
     }
 
     fn is_closed(&self) -> bool {
         self.closed.load(Ordering::SeqCst)
+    }
+
+    async fn acquire(&self, session: &str) -> Result<(), Error> {
+        if self.is_closed() {
+            return Err(Error::Closed);
+        }
+        self.leases.acquire(&self.pool, session).await
+    }
+
+    async fn release_session(&self, session: &str) {
+        if !self.is_closed() {
+            self.leases.release(&self.pool, session).await;
+        }
     }
 
     async fn size_on_disk(&self) -> Result<u64, Error> {

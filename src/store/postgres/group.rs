@@ -3,13 +3,18 @@
 //! flush for all of them. Within a group, the writes to one key are folded in arrival order
 //! (the last wins), so the transaction leaves each key as applying the batches one after the
 //! other would; all of a group's batches are acknowledged together, once it committed, or
-//! all get its error.
+//! all get its error. A batch of a session is written only if this node still holds the
+//! session's lease with the epoch it took, checked in the same transaction with the lease row
+//! locked (a takeover waits for the transaction): the others of the group get
+//! [`Error::LeaseLost`] and nothing of theirs is written.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
 
 use deadpool_postgres::Pool;
 use tokio::sync::{mpsc, oneshot};
 
+use super::lease::Leases;
 use super::tree_id;
 use crate::store::{Batch, Error, Op};
 
@@ -29,7 +34,7 @@ pub(super) enum Msg {
     Close(oneshot::Sender<()>),
 }
 
-pub(super) async fn run(pool: Pool, mut queue: mpsc::UnboundedReceiver<Msg>) {
+pub(super) async fn run(pool: Pool, leases: Arc<Leases>, mut queue: mpsc::UnboundedReceiver<Msg>) {
     let mut closing = None;
     while closing.is_none() {
         let Some(first) = queue.recv().await else {
@@ -50,13 +55,18 @@ pub(super) async fn run(pool: Pool, mut queue: mpsc::UnboundedReceiver<Msg>) {
         if group.is_empty() {
             continue;
         }
-        let result = commit_group(&pool, &group).await;
+        let result = commit_group(&pool, &leases, &group).await;
         if let Err(error) = &result {
             tracing::error!(%error, batches = group.len(), "store.postgres_commit_failed");
         }
         for pending in group {
             let answer = match &result {
-                Ok(()) => Ok(()),
+                Ok(fenced) => match pending.batch.session() {
+                    Some(session) if fenced.contains(session) => Err(Error::LeaseLost {
+                        session: session.to_string(),
+                    }),
+                    _ => Ok(()),
+                },
                 Err(error) => Err(Error::backend(error.to_string())),
             };
             let _ = pending.reply.send(answer);
@@ -70,9 +80,15 @@ pub(super) async fn run(pool: Pool, mut queue: mpsc::UnboundedReceiver<Msg>) {
 /// The final value of each key the group writes (`None`: deleted), in key order.
 type Folded = BTreeMap<(i16, Vec<u8>), Option<Vec<u8>>>;
 
-fn fold(group: &[Pending]) -> Folded {
+fn fold(group: &[Pending], fenced: &HashSet<String>) -> Folded {
     let mut folded = Folded::new();
-    for pending in group {
+    let allowed = group.iter().filter(|pending| {
+        !pending
+            .batch
+            .session()
+            .is_some_and(|session| fenced.contains(session))
+    });
+    for pending in allowed {
         for op in pending.batch.ops() {
             match op {
                 Op::Put { tree, key, value } => {
@@ -87,9 +103,18 @@ fn fold(group: &[Pending]) -> Folded {
     folded
 }
 
-/// One transaction: every put in one statement, every delete in another.
-async fn commit_group(pool: &Pool, group: &[Pending]) -> Result<(), Error> {
-    let folded = fold(group);
+/// One transaction: the leases of the group's sessions checked (and locked), then every put
+/// of the batches that may write in one statement, every delete in another. The sessions
+/// whose batches were refused for want of their lease.
+async fn commit_group(
+    pool: &Pool,
+    leases: &Leases,
+    group: &[Pending],
+) -> Result<HashSet<String>, Error> {
+    let mut client = pool.get().await.map_err(Error::backend)?;
+    let transaction = client.transaction().await.map_err(Error::backend)?;
+    let fenced = fence(&transaction, leases, group).await?;
+    let folded = fold(group, &fenced);
     let (mut put_trees, mut put_keys, mut put_values) = (Vec::new(), Vec::new(), Vec::new());
     let (mut delete_trees, mut delete_keys) = (Vec::new(), Vec::new());
     for ((tree, key), value) in folded {
@@ -105,8 +130,6 @@ async fn commit_group(pool: &Pool, group: &[Pending]) -> Result<(), Error> {
             }
         }
     }
-    let mut client = pool.get().await.map_err(Error::backend)?;
-    let transaction = client.transaction().await.map_err(Error::backend)?;
     if !put_keys.is_empty() {
         let statement = transaction
             .prepare_cached(
@@ -134,5 +157,57 @@ async fn commit_group(pool: &Pool, group: &[Pending]) -> Result<(), Error> {
             .await
             .map_err(Error::backend)?;
     }
-    transaction.commit().await.map_err(Error::backend)
+    transaction.commit().await.map_err(Error::backend)?;
+    Ok(fenced)
+}
+
+/// The sessions of the group this node may not write for: it does not hold their lease, or
+/// the database says it lost it (expired by the database's clock, or taken over). The lease
+/// rows of the others stay locked until the transaction ends.
+async fn fence(
+    transaction: &deadpool_postgres::Transaction<'_>,
+    leases: &Leases,
+    group: &[Pending],
+) -> Result<HashSet<String>, Error> {
+    let mut fenced = HashSet::new();
+    let (mut sessions, mut epochs) = (Vec::new(), Vec::new());
+    for session in group.iter().filter_map(|pending| pending.batch.session()) {
+        if sessions.iter().any(|known| known == session) || fenced.contains(session) {
+            continue;
+        }
+        match leases.held.get(session) {
+            Some(epoch) => {
+                sessions.push(session.to_string());
+                epochs.push(*epoch);
+            }
+            None => {
+                fenced.insert(session.to_string());
+            }
+        }
+    }
+    if sessions.is_empty() {
+        return Ok(fenced);
+    }
+    let statement = transaction
+        .prepare_cached(
+            "SELECT l.session FROM dormant_leases l              JOIN unnest($1::text[], $2::int8[]) AS h(session, epoch)              ON l.session = h.session AND l.epoch = h.epoch              WHERE l.owner = $3 AND l.expires_at > now()              FOR SHARE OF l",
+        )
+        .await
+        .map_err(Error::backend)?;
+    let rows = transaction
+        .query(&statement, &[&sessions, &epochs, &leases.node])
+        .await
+        .map_err(Error::backend)?;
+    let valid: HashSet<String> = rows
+        .into_iter()
+        .filter_map(|row| row.try_get::<_, String>(0).ok())
+        .collect();
+    for (session, epoch) in sessions.into_iter().zip(epochs) {
+        if !valid.contains(&session) {
+            tracing::warn!(%session, epoch, node = %leases.node, "store.commit_fenced");
+            leases.held.remove_if(&session, |_, held| *held == epoch);
+            fenced.insert(session);
+        }
+    }
+    Ok(fenced)
 }

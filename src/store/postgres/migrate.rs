@@ -12,13 +12,20 @@ const LOCK: i64 = 0x0064_6f72_6d61_6e74;
 
 /// The migrations, in order; a migration's version is its position from 1. Never edit one
 /// that shipped: add another.
-const MIGRATIONS: [&str; 1] = [
+const MIGRATIONS: [&str; 2] = [
     // 1: every tree in one table, ordered by (tree, key).
     "CREATE TABLE dormant_kv (
          tree smallint NOT NULL,
          key bytea NOT NULL,
          value bytea NOT NULL,
          PRIMARY KEY (tree, key)
+     )",
+    // 2: one owner per session: its lease, with an epoch that only grows.
+    "CREATE TABLE dormant_leases (
+         session text PRIMARY KEY,
+         owner text NOT NULL,
+         epoch bigint NOT NULL,
+         expires_at timestamptz NOT NULL
      )",
 ];
 

@@ -28,6 +28,13 @@ fn duplicate(error: &Error) -> Error {
         },
         Error::Locked { path } => Error::Locked { path: path.clone() },
         Error::Closed => Error::Closed,
+        Error::LeaseLost { session } => Error::LeaseLost {
+            session: session.clone(),
+        },
+        Error::LeaseHeld { session, owner } => Error::LeaseHeld {
+            session: session.clone(),
+            owner: owner.clone(),
+        },
     }
 }
 
