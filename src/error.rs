@@ -146,6 +146,8 @@ impl Error {
             Error::NotResumable { .. } => "not_resumable",
             Error::InvalidId(_) => "invalid_id",
             Error::InvalidDefinition(_) => "invalid_definition",
+            Error::Store(store::Error::LeaseLost { .. }) => "lease_lost",
+            Error::Store(store::Error::LeaseHeld { .. }) => "lease_held",
             Error::Store(_) => "store_error",
             Error::Schema(schema::Error::UnsupportedVersion { .. }) => "unsupported_version",
             Error::Schema(_) => "corrupt_snapshot",

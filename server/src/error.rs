@@ -96,6 +96,10 @@ impl From<dormant::Error> for ApiError {
             // Retryable: the store may have room again, the session may come back, another
             // node may answer.
             E::Store(store) if store.is_retryable() => StatusCode::SERVICE_UNAVAILABLE,
+            // Another node owns the session (PostgreSQL store): nothing was written here.
+            E::Store(
+                dormant::store::Error::LeaseLost { .. } | dormant::store::Error::LeaseHeld { .. },
+            ) => StatusCode::SERVICE_UNAVAILABLE,
             E::SessionUnavailable { .. } | E::ShutDown => StatusCode::SERVICE_UNAVAILABLE,
             E::Remote(remote) if remote.is_retryable() => StatusCode::SERVICE_UNAVAILABLE,
             E::Remote(_) => StatusCode::BAD_GATEWAY,

@@ -6,7 +6,7 @@
 //! ```
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -45,10 +45,25 @@ struct Serve {
     /// and terminates TLS.
     #[arg(long, default_value = "127.0.0.1:8080")]
     listen: SocketAddr,
-    /// The sled store directory (created if missing). The key that signs session tokens is
-    /// kept beside it, in DIR.token-key, so tokens survive a restart.
+    /// The store: a sled directory (created if missing), or a PostgreSQL URL
+    /// (`postgres://user@host:port/db`) that several nodes share, each session owned by one
+    /// of them at a time. The key that signs session tokens is kept beside a sled store, in
+    /// DIR.token-key, so tokens survive a restart; nodes on PostgreSQL share one
+    /// (--token-key-file).
     #[arg(long)]
     store: Option<PathBuf>,
+    /// The file that holds the key signing session tokens (created if missing). Every node
+    /// sharing a PostgreSQL store must use the same key, so that any node accepts a token.
+    #[arg(long, value_name = "FILE")]
+    token_key_file: Option<PathBuf>,
+    /// This node's name among the nodes sharing a PostgreSQL store (default: its --listen
+    /// address).
+    #[arg(long, value_name = "NAME")]
+    node_name: Option<String>,
+    /// How long a node's lease on a session lasts unless renewed, in milliseconds (PostgreSQL
+    /// store). A node paused longer than this loses its sessions to the others.
+    #[arg(long, default_value_t = 10_000)]
+    lease_ttl_ms: u64,
     /// Serve the demo agent (`demo`): a server tool, a client tool the browser answers and an
     /// approval-gated tool, on a keyword-driven model that needs no API key, or on a real one
     /// when OPENAI_BASE_URL or OPENAI_API_KEY is set (with OPENAI_MODEL): any
@@ -167,9 +182,9 @@ fn real_model(builder: dormant::RuntimeBuilder) -> Result<dormant::RuntimeBuilde
 }
 
 async fn serve(args: Serve) -> Result<(), String> {
-    let store_dir = args
-        .store
-        .ok_or("--store DIR is required: the sled store the sessions live in")?;
+    let store_dir = args.store.clone().ok_or(
+        "--store DIR is required: the sled store the sessions live in (or a postgres:// URL)",
+    )?;
     if !args.demo {
         return Err("no agents to serve: run with --demo (a daemon with its own agents mounts dormant_server::router instead)".into());
     }
@@ -181,16 +196,11 @@ async fn serve(args: Serve) -> Result<(), String> {
         }
         (None, false) => Auth::default(),
     };
-    let store = SledStore::open(&store_dir).map_err(|error| error.to_string())?;
-    let key_path = {
-        let mut name = store_dir.clone().into_os_string();
-        name.push(".token-key");
-        PathBuf::from(name)
-    };
+    let (store, key_path) = open_store(&store_dir, &args).await?;
     let key = TokenKey::load_or_create(&key_path)
         .map_err(|error| format!("token key {}: {error}", key_path.display()))?;
     let mut builder = Runtime::builder()
-        .store(Arc::new(store))
+        .store(store)
         .client_tool_timeout_ms(args.client_tool_timeout_ms);
     if let Some(max) = args.max_resident {
         builder = builder.max_resident(max);
@@ -239,7 +249,13 @@ async fn serve(args: Serve) -> Result<(), String> {
     });
     // The line a script (or a test) waits for before it connects.
     println!("dormant-server listening on http://{address}");
-    tracing::info!(%address, store = %store_dir.display(), "server.listening");
+    // A URL may carry a password: name only the kind of store.
+    let store_label = if store_dir.to_string_lossy().contains("://") {
+        "postgresql".to_string()
+    } else {
+        store_dir.display().to_string()
+    };
+    tracing::info!(%address, store = %store_label, "server.listening");
     let served = axum::serve(listener, app)
         .with_graceful_shutdown(async move {
             shutdown_signal().await;
@@ -253,6 +269,54 @@ async fn serve(args: Serve) -> Result<(), String> {
     stopped.map_err(|error| error.to_string())?;
     tracing::info!("server.stopped");
     Ok(())
+}
+
+/// The store `--store` names, and where the token key is kept.
+async fn open_store(
+    store: &Path,
+    args: &Serve,
+) -> Result<(Arc<dyn dormant::Store>, PathBuf), String> {
+    let text = store.to_string_lossy();
+    if text.starts_with("postgres://") || text.starts_with("postgresql://") {
+        return open_postgres(&text, args).await;
+    }
+    let sled = SledStore::open(store).map_err(|error| error.to_string())?;
+    let key_path = args.token_key_file.clone().unwrap_or_else(|| {
+        let mut name = store.as_os_str().to_os_string();
+        name.push(".token-key");
+        PathBuf::from(name)
+    });
+    Ok((Arc::new(sled), key_path))
+}
+
+#[cfg(feature = "postgres")]
+async fn open_postgres(
+    url: &str,
+    args: &Serve,
+) -> Result<(Arc<dyn dormant::Store>, PathBuf), String> {
+    let key_path = args.token_key_file.clone().ok_or(
+        "--store postgres://… needs --token-key-file FILE: every node sharing the database must sign session tokens with the same key",
+    )?;
+    let node = args
+        .node_name
+        .clone()
+        .unwrap_or_else(|| args.listen.to_string());
+    let store = dormant::PgStore::builder(url)
+        .node(node.clone())
+        .lease_ttl(Duration::from_millis(args.lease_ttl_ms))
+        .connect()
+        .await
+        .map_err(|error| format!("PostgreSQL store: {error}"))?;
+    tracing::info!(%node, "server.postgres_store");
+    Ok((Arc::new(store), key_path))
+}
+
+#[cfg(not(feature = "postgres"))]
+async fn open_postgres(
+    _url: &str,
+    _args: &Serve,
+) -> Result<(Arc<dyn dormant::Store>, PathBuf), String> {
+    Err("this build has no `postgres` feature: --store takes a sled directory".into())
 }
 
 /// An API key from the environment: `x-api-key` equal to it makes an operator.

@@ -81,6 +81,12 @@ impl Cluster {
         Ok(Some(cluster))
     }
 
+    /// `127.0.0.1:PORT/postgres`, for a `postgres://user@…` URL.
+    #[allow(dead_code)]
+    pub(crate) fn address(&self) -> String {
+        format!("127.0.0.1:{}/postgres", self.port)
+    }
+
     /// The URL of database `postgres` as user `postgres` (trusted on loopback).
     pub(crate) fn url(&self) -> String {
         format!(

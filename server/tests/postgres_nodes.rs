@@ -1,0 +1,193 @@
+//! Two `dormant-server` processes sharing one PostgreSQL database (a throwaway cluster), each
+//! session owned by one node at a time. The fencing test of issue 18: node A holds a session;
+//! A is paused (SIGSTOP) past its lease; node B takes the session over and serves a submit and
+//! the resumes; A is continued, and every write it attempts is refused and invisible; the
+//! approval-gated tool, which is not safe to retry, runs once.
+
+#[path = "../../tests/postgres/cluster.rs"]
+mod cluster;
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use common::binary::Binary;
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+
+fn node(url: &str, key: &Path, name: &str) -> anyhow::Result<Binary> {
+    let key = key.to_string_lossy().into_owned();
+    Binary::start_with_env(
+        Path::new(url),
+        "127.0.0.1:0",
+        &["--token-key-file", &key, "--node-name", name],
+        &[],
+    )
+}
+
+fn signal(binary: &Binary, which: &str) -> anyhow::Result<()> {
+    let status = Command::new("kill")
+        .args([which, &binary.child.id().to_string()])
+        .status()?;
+    anyhow::ensure!(status.success(), "kill {which} failed");
+    Ok(())
+}
+
+async fn post(
+    base: &str,
+    path: &str,
+    token: &str,
+    body: Value,
+) -> anyhow::Result<(StatusCode, Value)> {
+    let response = reqwest::Client::new()
+        .post(format!("{base}{path}"))
+        .bearer_auth(token)
+        .json(&body)
+        .send()
+        .await?;
+    let status = response.status();
+    Ok((status, response.json().await.unwrap_or_default()))
+}
+
+async fn get(base: &str, path: &str, session: &str, token: &str) -> anyhow::Result<Value> {
+    Ok(reqwest::Client::new()
+        .get(format!("{base}{path}"))
+        .query(&[("session_id", session)])
+        .bearer_auth(token)
+        .send()
+        .await?
+        .json()
+        .await?)
+}
+
+/// Polls `GET /status` on `base` until `done` holds (the run goes on in another process), for
+/// at most 20 s.
+async fn until(
+    base: &str,
+    session: &str,
+    token: &str,
+    done: impl Fn(&Value) -> bool,
+) -> anyhow::Result<Value> {
+    let started = Instant::now();
+    loop {
+        let status = get(base, "/status", session, token).await?;
+        if done(&status) {
+            return Ok(status);
+        }
+        anyhow::ensure!(
+            started.elapsed() < Duration::from_secs(20),
+            "stuck at {status}"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+fn waiting<'a>(status: &'a Value, tool: &str) -> Option<&'a Value> {
+    status["pending"]
+        .as_array()?
+        .iter()
+        .find(|call| call["tool_name"] == tool && call["waiting"] == true)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_node_loses_its_session_to_another_and_cannot_write_after() -> anyhow::Result<()> {
+    let Some(cluster) = cluster::Cluster::start()? else {
+        return Ok(());
+    };
+    let url = format!("postgres://postgres@{}", cluster.address());
+    let dir = tempfile::tempdir()?;
+    let key = dir.path().join("token-key");
+    let a = node(&url, &key, "a")?;
+    let b = node(&url, &key, "b")?;
+
+    // The session starts on A, which takes its lease, and waits on ask_user.
+    let started: Value = reqwest::Client::new()
+        .post(format!("{}/start", a.base))
+        .json(&json!({ "agent": "demo", "message": "weather in Porto" }))
+        .send()
+        .await?
+        .json()
+        .await?;
+    let id = started["session_id"]
+        .as_str()
+        .context("session_id")?
+        .to_string();
+    let token = started["token"].as_str().context("token")?.to_string();
+    let status = until(&a.base, &id, &token, |s| waiting(s, "ask_user").is_some()).await?;
+    let ask = waiting(&status, "ask_user").context("ask_user")?.clone();
+
+    // B refuses while A is alive and holds the lease.
+    let answer = json!({ "session_id": id, "tool_call_id": ask["tool_call_id"], "result": { "answer": "Fenced" } });
+    let (code, body) = post(&b.base, "/submit-tool-result", &token, answer.clone()).await?;
+    assert_eq!(code, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+
+    // A pauses past its lease (its expiry, by the database's clock, moved to the past): B
+    // takes the session over and serves it to the end.
+    signal(&a, "-STOP")?;
+    let (sql, connection) = tokio_postgres::connect(&cluster.url(), tokio_postgres::NoTls).await?;
+    tokio::spawn(connection);
+    sql.execute(
+        "UPDATE dormant_leases SET expires_at = now() - interval '1 second' WHERE session = $1",
+        &[&id],
+    )
+    .await?;
+    let (code, body) = post(&b.base, "/submit-tool-result", &token, answer).await?;
+    assert_eq!(code, StatusCode::OK, "{body}");
+    let (code, body) = post(&b.base, "/resume", &token, json!({ "session_id": id })).await?;
+    assert_eq!(code, StatusCode::ACCEPTED, "{body}");
+    let status = until(&b.base, &id, &token, |s| waiting(s, "publish").is_some()).await?;
+    let publish = waiting(&status, "publish").context("publish")?.clone();
+    let approval = json!({
+        "kind": "approval-response", "session_id": id, "tool_call_id": publish["tool_call_id"],
+        "approval_id": publish["approval_id"], "approved": true,
+    });
+    let (code, body) = post(&b.base, "/submit-tool-result", &token, approval).await?;
+    assert_eq!(code, StatusCode::OK, "{body}");
+    let (code, body) = post(&b.base, "/resume", &token, json!({ "session_id": id })).await?;
+    assert_eq!(code, StatusCode::ACCEPTED, "{body}");
+    until(&b.base, &id, &token, |s| s["status"] == "completed").await?;
+    let before = get(&b.base, "/messages", &id, &token).await?;
+
+    // A continues, with the session still in memory: every write it attempts is refused.
+    signal(&a, "-CONT")?;
+    for attempt in 0..3 {
+        let (code, body) = post(
+            &a.base,
+            "/start",
+            &token,
+            json!({ "agent": "demo", "message": "echo from a paused node", "session_id": id }),
+        )
+        .await?;
+        assert_eq!(
+            code,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "attempt {attempt}: {body}"
+        );
+    }
+    let after = get(&b.base, "/messages", &id, &token).await?;
+    assert_eq!(before, after, "nothing of A's writes is visible");
+    let published = after["messages"]
+        .as_array()
+        .map(|all| {
+            all.iter()
+                .filter(|m| m["role"] == "tool" && m["tool_name"] == "publish")
+                .count()
+        })
+        .unwrap_or_default();
+    assert_eq!(
+        published, 1,
+        "the tool that is not safe to retry ran once: {after}"
+    );
+    let owner = sql
+        .query_one(
+            "SELECT owner, epoch FROM dormant_leases WHERE session = $1",
+            &[&id],
+        )
+        .await?;
+    assert_eq!(owner.get::<_, String>(0), "b");
+    assert!(owner.get::<_, i64>(1) >= 2);
+    drop((a, b));
+    Ok(())
+}
