@@ -47,6 +47,11 @@ impl SessionId {
         &self.0
     }
 
+    /// The id's shared text (a reference count, no copy).
+    pub(crate) fn shared(&self) -> Arc<str> {
+        Arc::clone(&self.0)
+    }
+
     /// The id of the ephemeral sub-agent that tool call `tool_call_id` of this session starts.
     pub fn ephemeral_child(&self, tool_call_id: &str) -> Self {
         Self(Arc::from(format!("{}-sub-{tool_call_id}", self.0)))

@@ -133,7 +133,7 @@ pub enum Op {
 pub struct Batch {
     kind: CommitKind,
     ops: Vec<Op>,
-    session: Option<String>,
+    session: Option<std::sync::Arc<str>>,
 }
 
 impl Batch {
@@ -150,7 +150,7 @@ impl Batch {
     /// only while this process holds the session's lease ([`Store::acquire`]), in the same
     /// transaction as it checks that (fencing).
     #[must_use]
-    pub fn for_session(mut self, session: impl Into<String>) -> Self {
+    pub fn for_session(mut self, session: impl Into<std::sync::Arc<str>>) -> Self {
         self.session = Some(session.into());
         self
     }

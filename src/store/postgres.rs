@@ -188,6 +188,13 @@ impl PgStore {
     }
 }
 
+impl Drop for PgStore {
+    fn drop(&mut self) {
+        // The committer ends when its queue's sender (this store's) goes; the renewal would not.
+        self.renewer.abort();
+    }
+}
+
 /// The `tree` column's value.
 fn tree_id(tree: Tree) -> i16 {
     tree as i16
