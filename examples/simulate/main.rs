@@ -24,6 +24,7 @@
 
 #[path = "../../benches/support/allocator.rs"]
 mod allocator;
+mod backend;
 mod driver;
 mod fanout;
 mod halt;
@@ -152,6 +153,10 @@ struct Args {
     /// A store error stops the run at once and exits non-zero with it.
     #[arg(long)]
     store: Option<PathBuf>,
+    /// Run on a PostgreSQL store at URL instead of sled (default mode only; build with
+    /// `--features postgres`). The report adds its transactions and the server's WAL flushes.
+    #[arg(long, value_name = "URL")]
+    postgres: Option<String>,
     /// What an acknowledged commit survives.
     #[arg(long, value_enum, default_value_t = DurabilityArg::PowerLoss)]
     durability: DurabilityArg,
@@ -206,6 +211,10 @@ fn main() -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
+    anyhow::ensure!(
+        args.postgres.is_none() || (args.fanout.is_none() && args.http.is_none() && !args.openai),
+        "--postgres runs the default mode only (not --fanout, --http or --openai)"
+    );
     if args.openai {
         return real_model(args, &runtime);
     }
@@ -255,7 +264,7 @@ fn real_model(_args: Args, _runtime: &tokio::runtime::Runtime) -> anyhow::Result
 
 /// Runs the simulation and prints the report; returns how many problems verification found.
 async fn simulate(args: Args) -> anyhow::Result<usize> {
-    let (temp, path, store) = open_store(&args)?;
+    let backend = backend::Backend::open(&args).await?;
 
     let plan = Plan::new(&args);
     // The ids come first: the tools count only the calls of this run's sessions (the store
@@ -268,7 +277,7 @@ async fn simulate(args: Args) -> anyhow::Result<usize> {
     let max_steps = u32::try_from(plan.max_steps()).context("--steps is too large")?;
     let mut llm = ScriptedLlm::new();
     let mut builder = Runtime::builder()
-        .store(Arc::clone(&store) as Arc<dyn dormant::Store>)
+        .store(backend.store())
         .client_tool_timeout_ms(args.client_timeout_ms)
         .auto_resume(args.auto_resume);
     for (variant, name) in AGENTS.iter().enumerate() {
@@ -308,22 +317,22 @@ async fn simulate(args: Args) -> anyhow::Result<usize> {
     let mut problems = measured.errors.clone();
     problems.extend(verdict.problems);
     let verify_elapsed = verify_start.elapsed();
+    // A database's totals are read while the store is open; sled's files once it is closed.
+    let postgres = backend.postgres_totals().await?;
 
     runtime
         .shutdown()
         .await
         .map_err(|error| halt::fatal("shutting the runtime down", error))?;
-    // The store is closed (and flushed) now: measure its files.
-    let store_bytes = dir_size(&path)?;
-    let flushes = store.flush_count();
+    let (store_bytes, flushes) = match (&postgres, backend.sled_totals()?) {
+        (Some(totals), _) => (totals.bytes, totals.transactions),
+        (None, Some(totals)) => totals,
+        (None, None) => (0, 0),
+    };
 
     let report = Report {
         args: &args,
-        store_path: if temp.is_some() {
-            None
-        } else {
-            Some(path.clone())
-        },
+        store_path: backend.kept_path(&args),
         measured: &measured,
         stats,
         client,
@@ -340,10 +349,16 @@ async fn simulate(args: Args) -> anyhow::Result<usize> {
         println!("{}", serde_json::to_string(&report.json())?);
     } else {
         report.print();
+        if let Some(totals) = &postgres {
+            // With synchronous_commit each transaction is one WAL flush ("flushes" above).
+            println!(
+                "postgres:            {} transactions, {} WAL flushes by the server in the run",
+                totals.transactions, totals.wal_syncs
+            );
+        }
     }
     drop(runtime);
-    drop(store);
-    drop(temp);
+    drop(backend);
     Ok(problems.len())
 }
 

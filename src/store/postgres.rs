@@ -52,6 +52,8 @@ pub struct PgStore {
     committer: parking_lot::Mutex<Option<tokio::task::JoinHandle<()>>>,
     leases: Arc<lease::Leases>,
     renewer: tokio::task::JoinHandle<()>,
+    /// Transactions the committer made (each one WAL flush, for a group of commits).
+    transactions: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// Opens a [`PgStore`] with a node name and lease time of your own.
@@ -124,8 +126,29 @@ impl PgStore {
         &self.leases.node
     }
 
+    /// The transactions this store's committer made so far: each one WAL flush for a group of
+    /// commits (commits divided by it is the group size).
+    pub fn transaction_count(&self) -> u64 {
+        self.transactions.load(Ordering::Relaxed)
+    }
+
+    /// The WAL flushes (`fsync`s) the whole database server made so far
+    /// (`pg_stat_wal.wal_sync`, PostgreSQL 14 and later): compare two readings.
+    ///
+    /// # Errors
+    /// A closed store, or a backend failure.
+    pub async fn wal_syncs(&self) -> Result<u64, Error> {
+        let client = self.client().await?;
+        let row = client
+            .query_one("SELECT wal_sync FROM pg_stat_wal", &[])
+            .await
+            .map_err(db)?;
+        let syncs: i64 = row.try_get(0).map_err(db)?;
+        Ok(u64::try_from(syncs).unwrap_or_default())
+    }
+
     async fn open(url: &str, node: String, ttl: Duration) -> Result<Self, Error> {
-        let config: tokio_postgres::Config = url.parse().map_err(Error::backend)?;
+        let config: tokio_postgres::Config = url.parse().map_err(db)?;
         let manager = Manager::from_config(
             config,
             NoTls,
@@ -146,7 +169,13 @@ impl PgStore {
             held: dashmap::DashMap::new(),
         });
         let (commits, queue) = mpsc::unbounded_channel();
-        let committer = tokio::spawn(group::run(pool.clone(), Arc::clone(&leases), queue));
+        let transactions = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let committer = tokio::spawn(group::run(
+            pool.clone(),
+            Arc::clone(&leases),
+            Arc::clone(&transactions),
+            queue,
+        ));
         let renewer = tokio::spawn(lease::renew_forever(pool.clone(), Arc::clone(&leases)));
         Ok(Self {
             pool,
@@ -155,6 +184,7 @@ impl PgStore {
             committer: parking_lot::Mutex::new(Some(committer)),
             leases,
             renewer,
+            transactions,
         })
     }
 
@@ -172,18 +202,10 @@ impl PgStore {
         params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
     ) -> Result<Vec<Entry>, Error> {
         let client = self.client().await?;
-        let statement = client.prepare_cached(sql).await.map_err(Error::backend)?;
-        let rows = client
-            .query(&statement, params)
-            .await
-            .map_err(Error::backend)?;
+        let statement = client.prepare_cached(sql).await.map_err(db)?;
+        let rows = client.query(&statement, params).await.map_err(db)?;
         rows.into_iter()
-            .map(|row| {
-                Ok((
-                    row.try_get(0).map_err(Error::backend)?,
-                    row.try_get(1).map_err(Error::backend)?,
-                ))
-            })
+            .map(|row| Ok((row.try_get(0).map_err(db)?, row.try_get(1).map_err(db)?)))
             .collect()
     }
 }
@@ -192,6 +214,26 @@ impl Drop for PgStore {
     fn drop(&mut self) {
         // The committer ends when its queue's sender (this store's) goes; the renewal would not.
         self.renewer.abort();
+    }
+}
+
+/// A database error with what PostgreSQL said (its Display alone is "db error"): severity,
+/// SQLSTATE code, message and detail.
+pub(super) fn db(error: tokio_postgres::Error) -> Error {
+    match error.as_db_error() {
+        Some(db) => {
+            let detail = db
+                .detail()
+                .map(|detail| format!(" ({detail})"))
+                .unwrap_or_default();
+            Error::backend(format!(
+                "PostgreSQL {} {}: {}{detail}",
+                db.severity(),
+                db.code().code(),
+                db.message()
+            ))
+        }
+        None => Error::backend(error),
     }
 }
 
@@ -226,13 +268,12 @@ impl Store for PgStore {
         let statement = client
             .prepare_cached("SELECT value FROM dormant_kv WHERE tree = $1 AND key = $2")
             .await
-            .map_err(Error::backend)?;
+            .map_err(db)?;
         let row = client
             .query_opt(&statement, &[&tree_id(tree), &key])
             .await
-            .map_err(Error::backend)?;
-        row.map(|row| row.try_get(0).map_err(Error::backend))
-            .transpose()
+            .map_err(db)?;
+        row.map(|row| row.try_get(0).map_err(db)).transpose()
     }
 
     async fn scan_prefix(&self, tree: Tree, prefix: &[u8]) -> Result<Vec<Entry>, Error> {
@@ -340,8 +381,8 @@ impl Store for PgStore {
         let row = client
             .query_one("SELECT pg_total_relation_size('dormant_kv')::bigint", &[])
             .await
-            .map_err(Error::backend)?;
-        let size: i64 = row.try_get(0).map_err(Error::backend)?;
+            .map_err(db)?;
+        let size: i64 = row.try_get(0).map_err(db)?;
         Ok(u64::try_from(size).unwrap_or_default())
     }
 }

@@ -9,11 +9,13 @@
 //! [`Error::LeaseLost`] and nothing of theirs is written.
 
 use std::collections::{BTreeMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use deadpool_postgres::Pool;
 use tokio::sync::{mpsc, oneshot};
 
+use super::db;
 use super::lease::Leases;
 use super::tree_id;
 use crate::store::{Batch, Error, Op};
@@ -34,7 +36,12 @@ pub(super) enum Msg {
     Close(oneshot::Sender<()>),
 }
 
-pub(super) async fn run(pool: Pool, leases: Arc<Leases>, mut queue: mpsc::UnboundedReceiver<Msg>) {
+pub(super) async fn run(
+    pool: Pool,
+    leases: Arc<Leases>,
+    transactions: Arc<AtomicU64>,
+    mut queue: mpsc::UnboundedReceiver<Msg>,
+) {
     let mut closing = None;
     while closing.is_none() {
         let Some(first) = queue.recv().await else {
@@ -55,7 +62,21 @@ pub(super) async fn run(pool: Pool, leases: Arc<Leases>, mut queue: mpsc::Unboun
         if group.is_empty() {
             continue;
         }
-        let result = commit_group(&pool, &leases, &group).await;
+        let mut result = commit_group(&pool, &leases, &group).await;
+        // A deadlock with a lease renewal or takeover is resolved by PostgreSQL aborting one
+        // side (both lock lease rows in session order, so it is rare): try the group again.
+        for _ in 0..2 {
+            match &result {
+                Err(error) if is_retryable(error) => {
+                    tracing::info!(%error, "store.postgres_commit_retried");
+                    result = commit_group(&pool, &leases, &group).await;
+                }
+                _ => break,
+            }
+        }
+        if result.is_ok() {
+            transactions.fetch_add(1, Ordering::Relaxed);
+        }
         if let Err(error) = &result {
             tracing::error!(%error, batches = group.len(), "store.postgres_commit_failed");
         }
@@ -75,6 +96,13 @@ pub(super) async fn run(pool: Pool, leases: Arc<Leases>, mut queue: mpsc::Unboun
     if let Some(done) = closing {
         let _ = done.send(());
     }
+}
+
+/// Whether PostgreSQL aborted the transaction for a conflict another try may not meet:
+/// a deadlock (40P01) or a serialization failure (40001).
+fn is_retryable(error: &Error) -> bool {
+    let text = error.to_string();
+    text.contains(" 40P01:") || text.contains(" 40001:")
 }
 
 /// The final value of each key the group writes (`None`: deleted), in key order.
@@ -112,7 +140,7 @@ async fn commit_group(
     group: &[Pending],
 ) -> Result<HashSet<String>, Error> {
     let mut client = pool.get().await.map_err(Error::backend)?;
-    let transaction = client.transaction().await.map_err(Error::backend)?;
+    let transaction = client.transaction().await.map_err(db)?;
     let fenced = fence(&transaction, leases, group).await?;
     let folded = fold(group, &fenced);
     let (mut put_trees, mut put_keys, mut put_values) = (Vec::new(), Vec::new(), Vec::new());
@@ -138,11 +166,11 @@ async fn commit_group(
                  ON CONFLICT (tree, key) DO UPDATE SET value = excluded.value",
             )
             .await
-            .map_err(Error::backend)?;
+            .map_err(db)?;
         transaction
             .execute(&statement, &[&put_trees, &put_keys, &put_values])
             .await
-            .map_err(Error::backend)?;
+            .map_err(db)?;
     }
     if !delete_keys.is_empty() {
         let statement = transaction
@@ -151,13 +179,13 @@ async fn commit_group(
                  WHERE dormant_kv.tree = gone.tree AND dormant_kv.key = gone.key",
             )
             .await
-            .map_err(Error::backend)?;
+            .map_err(db)?;
         transaction
             .execute(&statement, &[&delete_trees, &delete_keys])
             .await
-            .map_err(Error::backend)?;
+            .map_err(db)?;
     }
-    transaction.commit().await.map_err(Error::backend)?;
+    transaction.commit().await.map_err(db)?;
     Ok(fenced)
 }
 
@@ -190,14 +218,20 @@ async fn fence(
     }
     let statement = transaction
         .prepare_cached(
-            "SELECT l.session FROM dormant_leases l              JOIN unnest($1::text[], $2::int8[]) AS h(session, epoch)              ON l.session = h.session AND l.epoch = h.epoch              WHERE l.owner = $3 AND l.expires_at > now()              FOR SHARE OF l",
+            // In session order, as a lease renewal locks them: the two never wait on each
+            // other in a cycle.
+            "SELECT l.session FROM dormant_leases l \
+             JOIN unnest($1::text[], $2::int8[]) AS h(session, epoch) \
+             ON l.session = h.session AND l.epoch = h.epoch \
+             WHERE l.owner = $3 AND l.expires_at > now() \
+             ORDER BY l.session FOR SHARE OF l",
         )
         .await
-        .map_err(Error::backend)?;
+        .map_err(db)?;
     let rows = transaction
         .query(&statement, &[&sessions, &epochs, &leases.node])
         .await
-        .map_err(Error::backend)?;
+        .map_err(db)?;
     let valid: HashSet<String> = rows
         .into_iter()
         .filter_map(|row| row.try_get::<_, String>(0).ok())

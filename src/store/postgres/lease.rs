@@ -12,6 +12,7 @@ use std::time::Duration;
 use dashmap::DashMap;
 use deadpool_postgres::Pool;
 
+use super::db;
 use crate::store::Error;
 
 /// What a node knows of its leases.
@@ -47,14 +48,14 @@ impl Leases {
                  RETURNING epoch",
             )
             .await
-            .map_err(Error::backend)?;
+            .map_err(db)?;
         let taken = client
             .query_opt(&statement, &[&session, &self.node, &self.ttl_ms()])
             .await
-            .map_err(Error::backend)?;
+            .map_err(db)?;
         match taken {
             Some(row) => {
-                let epoch: i64 = row.try_get(0).map_err(Error::backend)?;
+                let epoch: i64 = row.try_get(0).map_err(db)?;
                 tracing::debug!(session, epoch, node = %self.node, "store.lease_taken");
                 self.held.insert(session.to_string(), epoch);
                 Ok(())
@@ -66,7 +67,7 @@ impl Leases {
                         &[&session],
                     )
                     .await
-                    .map_err(Error::backend)?
+                    .map_err(db)?
                     .and_then(|row| row.try_get::<_, String>(0).ok())
                     .unwrap_or_default();
                 Err(Error::LeaseHeld {
@@ -92,7 +93,7 @@ impl Leases {
                     &[&session, &self.node, &epoch],
                 )
                 .await
-                .map_err(Error::backend)
+                .map_err(db)
         };
         if let Err(error) = released.await {
             // It expires by itself.
@@ -122,21 +123,27 @@ impl Leases {
         let client = pool.get().await.map_err(Error::backend)?;
         let statement = client
             .prepare_cached(
-                "UPDATE dormant_leases AS l SET expires_at = now() + $4::int8 * interval '1 millisecond' \
-                 FROM unnest($1::text[], $2::int8[]) AS h(session, epoch) \
-                 WHERE l.session = h.session AND l.epoch = h.epoch AND l.owner = $3 \
-                 AND l.expires_at > now() \
-                 RETURNING l.session",
+                // The rows are locked in session order, as a commit's fence locks them, so the
+                // two never wait on each other in a cycle.
+                "WITH mine AS ( \
+                     SELECT l.session FROM dormant_leases l \
+                     JOIN unnest($1::text[], $2::int8[]) AS h(session, epoch) \
+                     ON l.session = h.session AND l.epoch = h.epoch \
+                     WHERE l.owner = $3 AND l.expires_at > now() \
+                     ORDER BY l.session FOR UPDATE OF l) \
+                 UPDATE dormant_leases SET expires_at = now() + $4::int8 * interval '1 millisecond' \
+                 WHERE session IN (SELECT session FROM mine) \
+                 RETURNING session",
             )
             .await
-            .map_err(Error::backend)?;
+            .map_err(db)?;
         let rows = client
             .query(
                 &statement,
                 &[&sessions, &epochs, &self.node, &self.ttl_ms()],
             )
             .await
-            .map_err(Error::backend)?;
+            .map_err(db)?;
         let renewed: std::collections::HashSet<String> = rows
             .into_iter()
             .filter_map(|row| row.try_get::<_, String>(0).ok())

@@ -5,6 +5,7 @@
 
 use deadpool_postgres::Object;
 
+use super::db;
 use crate::store::Error;
 
 /// The advisory lock key migrations hold (any constant; "dormant" in ASCII).
@@ -30,11 +31,11 @@ const MIGRATIONS: [&str; 2] = [
 ];
 
 pub(super) async fn run(client: &mut Object) -> Result<(), Error> {
-    let transaction = client.transaction().await.map_err(Error::backend)?;
+    let transaction = client.transaction().await.map_err(db)?;
     transaction
         .execute("SELECT pg_advisory_xact_lock($1)", &[&LOCK])
         .await
-        .map_err(Error::backend)?;
+        .map_err(db)?;
     transaction
         .execute(
             "CREATE TABLE IF NOT EXISTS dormant_migrations (
@@ -44,15 +45,15 @@ pub(super) async fn run(client: &mut Object) -> Result<(), Error> {
             &[],
         )
         .await
-        .map_err(Error::backend)?;
+        .map_err(db)?;
     let row = transaction
         .query_one(
             "SELECT coalesce(max(version), 0) FROM dormant_migrations",
             &[],
         )
         .await
-        .map_err(Error::backend)?;
-    let applied: i32 = row.try_get(0).map_err(Error::backend)?;
+        .map_err(db)?;
+    let applied: i32 = row.try_get(0).map_err(db)?;
     let known = i32::try_from(MIGRATIONS.len()).unwrap_or(i32::MAX);
     if applied > known {
         return Err(Error::backend(format!(
@@ -65,18 +66,15 @@ pub(super) async fn run(client: &mut Object) -> Result<(), Error> {
         .skip(usize::try_from(applied).unwrap_or(0))
     {
         let version = i32::try_from(index + 1).unwrap_or(i32::MAX);
-        transaction
-            .batch_execute(sql)
-            .await
-            .map_err(Error::backend)?;
+        transaction.batch_execute(sql).await.map_err(db)?;
         transaction
             .execute(
                 "INSERT INTO dormant_migrations (version) VALUES ($1)",
                 &[&version],
             )
             .await
-            .map_err(Error::backend)?;
+            .map_err(db)?;
         tracing::info!(version, "store.postgres_migrated");
     }
-    transaction.commit().await.map_err(Error::backend)
+    transaction.commit().await.map_err(db)
 }

@@ -1,0 +1,102 @@
+//! The store the default mode runs on: the sled store (`--store DIR`, or a temporary
+//! directory), or with `--postgres URL` a PostgreSQL database (`--features postgres`).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use dormant::SledStore;
+
+use crate::Args;
+
+/// The store of one run.
+pub(crate) enum Backend {
+    Sled {
+        /// Removed at exit when the run made it.
+        _temp: Option<tempfile::TempDir>,
+        path: PathBuf,
+        store: Arc<SledStore>,
+    },
+    #[cfg(feature = "postgres")]
+    Postgres {
+        store: Arc<dormant::PgStore>,
+        /// The server's WAL flushes when the run began.
+        wal_before: u64,
+    },
+}
+
+/// What a PostgreSQL run measures of its store, read before the store closes.
+pub(crate) struct PgTotals {
+    pub(crate) bytes: u64,
+    pub(crate) transactions: u64,
+    pub(crate) wal_syncs: u64,
+}
+
+impl Backend {
+    pub(crate) async fn open(args: &Args) -> anyhow::Result<Self> {
+        match &args.postgres {
+            None => {
+                let (temp, path, store) = crate::open_store(args)?;
+                Ok(Self::Sled {
+                    _temp: temp,
+                    path,
+                    store,
+                })
+            }
+            Some(url) => Self::postgres(url).await,
+        }
+    }
+
+    #[cfg(feature = "postgres")]
+    async fn postgres(url: &str) -> anyhow::Result<Self> {
+        let store = Arc::new(dormant::PgStore::connect(url).await?);
+        let wal_before = store.wal_syncs().await?;
+        Ok(Self::Postgres { store, wal_before })
+    }
+
+    #[cfg(not(feature = "postgres"))]
+    async fn postgres(_url: &str) -> anyhow::Result<Self> {
+        anyhow::bail!(
+            "--postgres needs the PostgreSQL store: cargo run --release --features postgres --example simulate -- --postgres URL"
+        )
+    }
+
+    pub(crate) fn store(&self) -> Arc<dyn dormant::Store> {
+        match self {
+            Self::Sled { store, .. } => Arc::clone(store) as Arc<dyn dormant::Store>,
+            #[cfg(feature = "postgres")]
+            Self::Postgres { store, .. } => Arc::clone(store) as Arc<dyn dormant::Store>,
+        }
+    }
+
+    /// A PostgreSQL run's totals (`None` for sled, measured once its store is closed).
+    pub(crate) async fn postgres_totals(&self) -> anyhow::Result<Option<PgTotals>> {
+        match self {
+            Self::Sled { .. } => Ok(None),
+            #[cfg(feature = "postgres")]
+            Self::Postgres { store, wal_before } => Ok(Some(PgTotals {
+                bytes: dormant::Store::size_on_disk(store.as_ref()).await?,
+                transactions: store.transaction_count(),
+                wal_syncs: store.wal_syncs().await?.saturating_sub(*wal_before),
+            })),
+        }
+    }
+
+    /// The bytes on disk and the flushes of a sled run, once its store is closed.
+    pub(crate) fn sled_totals(&self) -> anyhow::Result<Option<(u64, u64)>> {
+        match self {
+            Self::Sled { path, store, .. } => {
+                Ok(Some((crate::dir_size(path)?, store.flush_count())))
+            }
+            #[cfg(feature = "postgres")]
+            Self::Postgres { .. } => Ok(None),
+        }
+    }
+
+    /// The sled directory a run kept (`--store DIR`), for the report.
+    pub(crate) fn kept_path(&self, args: &Args) -> Option<PathBuf> {
+        match self {
+            Self::Sled { path, .. } if args.store.is_some() => Some(path.clone()),
+            _ => None,
+        }
+    }
+}
