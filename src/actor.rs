@@ -249,6 +249,9 @@ impl VirtualActor for SessionActor {
     fn passivated(&self, id: &SessionId) {
         tracing::debug!(session = %id, "session.evicted");
         // Its state is durable: another node may own it from now on.
+        if !self.shared.store.holds_leases() {
+            return;
+        }
         let store = Arc::clone(&self.shared.store);
         let session = id.to_string();
         tokio::spawn(async move { store.release_session(&session).await });

@@ -189,16 +189,7 @@ impl Runtime {
         agent: &str,
         message: impl Into<String>,
     ) -> Result<RunStarted, Error> {
-        self.ensure_open()?;
-        let agent = self.agent(agent)?;
-        let message = message.into();
-        self.ask(id, |reply| SessionMsg::Execute {
-            agent,
-            message,
-            reply: Reply::Started(reply),
-            new_only: false,
-        })
-        .await
+        self.start(id, agent, message.into(), false).await
     }
 
     /// Like [`Runtime::start_on`], but only for a session that does not exist yet: one that
@@ -215,14 +206,25 @@ impl Runtime {
         agent: &str,
         message: impl Into<String>,
     ) -> Result<RunStarted, Error> {
+        self.start(id, agent, message.into(), true).await
+    }
+
+    /// A new turn of `id`, answered once its first commit is durable (`new_only`: only if
+    /// the session does not exist).
+    async fn start(
+        &self,
+        id: &SessionId,
+        agent: &str,
+        message: String,
+        new_only: bool,
+    ) -> Result<RunStarted, Error> {
         self.ensure_open()?;
         let agent = self.agent(agent)?;
-        let message = message.into();
         self.ask(id, |reply| SessionMsg::Execute {
             agent,
             message,
             reply: Reply::Started(reply),
-            new_only: true,
+            new_only,
         })
         .await
     }

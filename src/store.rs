@@ -413,6 +413,13 @@ pub trait Store: Send + Sync + Debug + 'static {
 
     /// Gives up the ownership [`Store::acquire`] took (the session's actor stopped).
     async fn release_session(&self, _session: &str) {}
+
+    /// Whether [`Store::acquire`] takes anything that [`Store::release_session`] must give
+    /// back (a shared store's leases): a store only this process uses answers `false`, and
+    /// the runtime then skips the release.
+    fn holds_leases(&self) -> bool {
+        false
+    }
 }
 
 #[cfg(test)]

@@ -20,7 +20,7 @@ use dormant::submit::{Submit, SubmitOutcome};
 use dormant::{
     AgentDefinition, ModelReply, Runtime, ScriptedLlm, SledStore, Status, ToolCall, ToolDefinition,
 };
-use dormant_server::{Auth, Caller, Denied, HttpRemoteAgents, Server};
+use dormant_server::{Auth, HttpRemoteAgents, Server};
 use hdrhistogram::Histogram;
 use serde_json::json;
 
@@ -147,16 +147,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .llm(Arc::new(llm()))
         .agent(helper()?)
         .build()?;
-    let auth = Auth::hook(|headers| {
-        let ok = headers.get("x-api-key").and_then(|v| v.to_str().ok()) == Some(KEY);
-        Box::pin(async move {
-            if ok {
-                Ok(Caller::new("parent").choosing_session_ids().operator())
-            } else {
-                Err(Denied("x-api-key".into()))
-            }
-        })
-    });
+    let auth = Auth::api_key(KEY);
     let server = Server::new(remote.clone(), auth);
     let closing = server.closing();
     let app = server.router()?;

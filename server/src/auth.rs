@@ -105,6 +105,32 @@ impl Auth {
         }
     }
 
+    /// Lets in, as an operator that may choose session ids, a request whose `x-api-key` is
+    /// `key` (compared in constant time); refuses every other. What `dormant-server
+    /// --api-key-env` does, and what [`HttpRemoteAgents`](crate::HttpRemoteAgents) sends.
+    ///
+    /// ```
+    /// let auth = dormant_server::Auth::api_key("a-key-of-at-least-16-characters");
+    /// # let _ = auth;
+    /// ```
+    pub fn api_key(key: impl Into<String>) -> Self {
+        let key: Arc<str> = key.into().into();
+        Self::hook(move |headers| {
+            let given = headers
+                .get("x-api-key")
+                .map(|value| value.as_bytes().to_vec());
+            let key = Arc::clone(&key);
+            Box::pin(async move {
+                match given {
+                    Some(given) if constant_time_eq(&given, key.as_bytes()) => {
+                        Ok(Caller::new("api-key").choosing_session_ids().operator())
+                    }
+                    _ => Err(Denied("send the API key in x-api-key".into())),
+                }
+            })
+        })
+    }
+
     /// Lets anyone start sessions (with server-issued ids); each session is still reached
     /// only with its token. For loopback demos and tests: say so explicitly.
     pub fn allow_unauthenticated() -> Self {
@@ -186,4 +212,9 @@ fn bearer_token(headers: &HeaderMap) -> Option<&str> {
     let value = headers.get(AUTHORIZATION)?.to_str().ok()?;
     let token = value.strip_prefix("Bearer ")?.trim();
     is_token(token).then_some(token)
+}
+
+/// Whether two byte strings are equal, in a time that depends only on their lengths.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use dormant::{Runtime, SledStore};
-use dormant_server::{Auth, Caller, Denied, HttpRemoteAgents, Server, ServerConfig, TokenKey};
+use dormant_server::{Auth, HttpRemoteAgents, Server, ServerConfig, TokenKey};
 
 /// Serves dormant sessions over HTTP and SSE, with a page at `/` where a person answers
 /// client tools and approvals. `dormant-server inspect --store DIR` reports a stopped store.
@@ -328,25 +328,7 @@ fn api_key_auth(name: &str) -> Result<Auth, String> {
             "--api-key-env {name}: the key must be at least 16 characters"
         ));
     }
-    let key: Arc<str> = key.into();
-    Ok(Auth::hook(move |headers| {
-        let given = headers
-            .get("x-api-key")
-            .map(|value| value.as_bytes().to_vec());
-        let key = Arc::clone(&key);
-        Box::pin(async move {
-            match given {
-                Some(given) if constant_time_eq(&given, key.as_bytes()) => {
-                    Ok(Caller::new("api-key").choosing_session_ids().operator())
-                }
-                _ => Err(Denied("send the API key in x-api-key".into())),
-            }
-        })
-    }))
-}
-
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    Ok(Auth::api_key(key))
 }
 
 async fn shutdown_signal() {

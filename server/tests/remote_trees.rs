@@ -15,22 +15,13 @@ use dormant::{
     AgentDefinition, ManualClock, Message, ModelReply, Runtime, RuntimeBuilder, ScriptedLlm,
     SessionId, SledStore, Status, Store, ToolCall, ToolDefinition, ToolOutcome,
 };
-use dormant_server::{Auth, Caller, Denied, HttpRemoteAgents, ServerConfig};
+use dormant_server::{Auth, HttpRemoteAgents, ServerConfig};
 use serde_json::json;
 
 const KEY: &str = "operator-key-for-tests";
 
 fn operator_auth() -> Auth {
-    Auth::hook(|headers| {
-        let ok = headers.get("x-api-key").and_then(|v| v.to_str().ok()) == Some(KEY);
-        Box::pin(async move {
-            if ok {
-                Ok(Caller::new("parent").choosing_session_ids().operator())
-            } else {
-                Err(Denied("x-api-key".into()))
-            }
-        })
-    })
+    Auth::api_key(KEY)
 }
 
 /// A runtime builder on `store` that can reach remotes with the operator key.

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use dormant::remote::RemoteAgents;
 use dormant::scenario::{self, RemoteHost, Served};
 use dormant::{BoxFuture, Runtime};
-use dormant_server::{Auth, Caller, Denied, HttpRemoteAgents, Server};
+use dormant_server::{Auth, HttpRemoteAgents, Server};
 
 const KEY: &str = "scenario-remote-operator-key";
 
@@ -22,16 +22,7 @@ struct HttpHost {
 impl RemoteHost for HttpHost {
     fn serve(&self, runtime: Runtime, port: u16) -> BoxFuture<'static, Result<Served, String>> {
         Box::pin(async move {
-            let auth = Auth::hook(|headers| {
-                let ok = headers.get("x-api-key").and_then(|v| v.to_str().ok()) == Some(KEY);
-                Box::pin(async move {
-                    if ok {
-                        Ok(Caller::new("parent").choosing_session_ids().operator())
-                    } else {
-                        Err(Denied("x-api-key".into()))
-                    }
-                })
-            });
+            let auth = Auth::api_key(KEY);
             let server = Server::new(runtime, auth);
             let closing = server.closing();
             let app = server.router().map_err(|error| error.to_string())?;

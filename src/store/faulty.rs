@@ -181,6 +181,10 @@ impl Store for FaultyStore {
         self.inner.release_session(session).await;
     }
 
+    fn holds_leases(&self) -> bool {
+        self.inner.holds_leases()
+    }
+
     fn is_closed(&self) -> bool {
         self.inner.is_closed()
     }

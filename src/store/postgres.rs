@@ -370,6 +370,10 @@ impl Store for PgStore {
         self.leases.acquire(&self.pool, session).await
     }
 
+    fn holds_leases(&self) -> bool {
+        true
+    }
+
     async fn release_session(&self, session: &str) {
         if !self.is_closed() {
             self.leases.release(&self.pool, session).await;
