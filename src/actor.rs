@@ -87,7 +87,9 @@ pub(crate) enum SessionMsg {
     /// A deadline passed (sent by the scheduler); answered once the timeout is recorded.
     Timeout {
         tool_call_id: String,
-        reply: oneshot::Sender<()>,
+        /// Whether this node applied it as the session's owner (or the session has no such
+        /// call): `false` leaves the deadline for the owner.
+        reply: oneshot::Sender<bool>,
     },
     /// A durable interrupt, or with `abort` a terminal abort. With a `reply`, the caller walks
     /// the tree: the children this session stops are not told here but handed back, for the
@@ -176,9 +178,7 @@ impl VirtualActor for SessionActor {
     type Error = Error;
 
     async fn activate(&self, id: &SessionId) -> Result<SessionState, Error> {
-        // On a store several nodes share, this process must own the session before it reads
-        // it (a lease): another live owner makes the activation fail, and the message with it.
-        self.shared.store.acquire(id.as_str()).await?;
+        self.take_lease(id).await?;
         let loaded = match self.load_recovered(id).await {
             Ok(loaded) => loaded,
             Err(error) => {
@@ -249,12 +249,7 @@ impl VirtualActor for SessionActor {
     fn passivated(&self, id: &SessionId) {
         tracing::debug!(session = %id, "session.evicted");
         // Its state is durable: another node may own it from now on.
-        if !self.shared.store.holds_leases() {
-            return;
-        }
-        let store = Arc::clone(&self.shared.store);
-        let session = id.to_string();
-        tokio::spawn(async move { store.release_session(&session).await });
+        self.shared.store.release_session(id.as_str());
     }
 
     fn reject(&self, host: &Host<Self>, msg: SessionMsg, error: dormant_actors::Error) {
@@ -287,6 +282,15 @@ impl VirtualActor for SessionActor {
             _ => {}
         }
     }
+}
+
+/// Whether an input was handled by the session's owner: applied, or refused by the session's
+/// rules (a deadline of a call it no longer has, say); not when the store could not be read
+/// or written (another node owns the session, say).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Handled {
+    Yes,
+    No,
 }
 
 /// The typed error for a message the host could not deliver.
@@ -350,6 +354,24 @@ impl SessionActor {
         Ok(loaded)
     }
 
+    /// On a store several nodes share, makes this process the owner of the session's tree
+    /// (its root's lease) before it reads the session: another live owner makes the
+    /// activation fail, and the message with it. A tree has one owner, so a parent and its
+    /// children always talk in process.
+    async fn take_lease(&self, id: &SessionId) -> Result<(), Error> {
+        let store = self.shared.store.as_ref();
+        if !store.holds_leases() {
+            return Ok(());
+        }
+        // A session's place in its tree never changes once written: read before the lease.
+        // A session not written yet is a new root, or a child its start moves to its root.
+        let root = schema::load_lineage(store, id)
+            .await?
+            .map_or_else(|| id.clone(), |lineage| lineage.root);
+        store.acquire(id.as_str(), root.as_str()).await?;
+        Ok(())
+    }
+
     /// The loaded session, re-reading an unreadable one; `None` if it does not exist.
     async fn present<'s>(
         &self,
@@ -358,7 +380,7 @@ impl SessionActor {
     ) -> Result<Option<&'s mut Session>, Error> {
         if matches!(state.loaded, Loaded::Unreadable) {
             // Read again only as its owner: a lost lease made it unreadable, say.
-            self.shared.store.acquire(id.as_str()).await?;
+            self.take_lease(id).await?;
             state.loaded = self.load_recovered(id).await?;
         }
         Ok(match &mut state.loaded {
@@ -442,14 +464,14 @@ impl SessionActor {
         ctx: &ActorContext<Self>,
         state: &mut SessionState,
         input: Input,
-    ) {
+    ) -> Handled {
         let now = self.shared.clock.now_ms();
         let session = match self.present(ctx.key(), state).await {
             Ok(Some(session)) => session,
-            Ok(None) => return,
+            Ok(None) => return Handled::Yes,
             Err(error) => {
                 tracing::warn!(session = %ctx.key(), %error, "session.input_unreadable");
-                return;
+                return Handled::No;
             }
         };
         let applied = match self.prepare(session, &input).await {
@@ -457,10 +479,18 @@ impl SessionActor {
             Err(error) => Err(error),
         };
         match applied {
-            Ok(transition) => {
-                let _ = self.perform(ctx, state, transition).await;
+            Ok(transition) => match self.perform(ctx, state, transition).await {
+                Ok(_) => Handled::Yes,
+                Err(_) => Handled::No,
+            },
+            Err(error @ Error::Store(_)) => {
+                tracing::warn!(session = %ctx.key(), %error, "session.input_unreadable");
+                Handled::No
             }
-            Err(error) => tracing::warn!(session = %ctx.key(), %error, "session.input_refused"),
+            Err(error) => {
+                tracing::warn!(session = %ctx.key(), %error, "session.input_refused");
+                Handled::Yes
+            }
         }
     }
 
@@ -584,8 +614,8 @@ impl SessionActor {
                 tool_call_id,
                 reply,
             } => {
-                self.feed(ctx, state, Input::Timeout { tool_call_id }).await;
-                let _ = reply.send(());
+                let handled = self.feed(ctx, state, Input::Timeout { tool_call_id }).await;
+                let _ = reply.send(handled == Handled::Yes);
             }
             SessionMsg::Stop { abort, reply } => {
                 let walked = reply.is_some();
@@ -595,7 +625,9 @@ impl SessionActor {
                 }
             }
             SessionMsg::WaitSettled { reply } => self.when_settled(state, reply),
-            SessionMsg::Feed(input) => self.feed(ctx, state, input).await,
+            SessionMsg::Feed(input) => {
+                self.feed(ctx, state, input).await;
+            }
             SessionMsg::StartChild(start) => self.start_child(ctx, state, start).await,
             SessionMsg::Wake { .. } => {
                 let input = Input::Wake {

@@ -30,6 +30,11 @@ const REAP_STRETCHES: usize = 4;
 /// goes round all of them within their retention as long as calls complete at under 16,384 a
 /// second on average.
 const REAP_INTERVAL_MS: u64 = 1_000;
+/// The lease of the one node that reaps tombstones. A control character keeps it apart from
+/// every session id (ids may not hold one).
+const REAPER_LEASE: &str = "\u{1}reaper";
+/// How long the background timer waits before it looks again at deadlines another node owns.
+const DEFERRED_RETRY_MS: u64 = 1_000;
 /// The longest the background timer sleeps before it looks at the clock again.
 const MAX_SLEEP: Duration = Duration::from_secs(60);
 
@@ -38,6 +43,9 @@ const MAX_SLEEP: Duration = Duration::from_secs(60);
 pub struct SweepReport {
     /// Expired calls whose owners were told to record a timeout.
     pub fired: usize,
+    /// Expired calls left for another node: their session's tree is owned there (a store
+    /// several nodes share), and that node fires them; this one tries again later.
+    pub deferred: usize,
     /// Tombstones removed because their retention ended.
     pub reaped: usize,
 }
@@ -141,6 +149,13 @@ impl DeadlineScheduler {
                         tracing::error!(%error, "deadline.sweep_failed");
                     }
                     self.rearm(&mut timer).await;
+                    if matches!(&report, Ok(report) if report.deferred > 0) {
+                        // Deadlines another node owns stay due in the index: look again
+                        // later rather than at once (the owner fires them meanwhile, or its
+                        // lease expires and this node takes the session over).
+                        let later = self.shared.clock.now_ms().saturating_add(DEFERRED_RETRY_MS);
+                        timer.wake_at = timer.wake_at.map(|at| at.max(later));
+                    }
                     if let Some(reply) = reply {
                         let _ = reply.send(report);
                     }
@@ -173,6 +188,7 @@ impl DeadlineScheduler {
         let mut report = SweepReport::default();
         let mut seen = HashSet::new();
         let mut touched: HashSet<SessionId> = HashSet::new();
+        let mut undelivered = HashSet::new();
         loop {
             let expired = schema::expired_calls(store, now, SWEEP_BATCH).await?;
             let fresh: Vec<_> = expired
@@ -182,8 +198,15 @@ impl DeadlineScheduler {
                 .collect();
             if fresh.is_empty() {
                 // Entries that survived their owner's timeout are stale (the owner has no such
-                // call): clear them so they are not fired forever.
-                self.clear_stale(&expired).await?;
+                // call): clear them so they are not fired forever. Not those of sessions this
+                // node could not handle (another node owns them): their owner fires them.
+                let stale: Vec<_> = expired
+                    .into_iter()
+                    .filter(|call| {
+                        !undelivered.contains(&(call.session.clone(), call.tool_call_id.clone()))
+                    })
+                    .collect();
+                self.clear_stale(&stale).await?;
                 break;
             }
             let mut recorded = Vec::with_capacity(fresh.len());
@@ -199,14 +222,18 @@ impl DeadlineScheduler {
                 touched.insert(call.session.clone());
                 recorded.push(done);
             }
-            for done in recorded {
-                let _ = done.await;
+            for (call, done) in fresh.iter().zip(recorded) {
+                if done.await == Ok(true) {
+                    report.fired += 1;
+                } else {
+                    undelivered.insert((call.session.clone(), call.tool_call_id.clone()));
+                }
             }
-            report.fired += fresh.len();
             if expired.len() < SWEEP_BATCH && fresh.len() == expired.len() {
                 break;
             }
         }
+        report.deferred = undelivered.len();
         if settle {
             for session in touched {
                 let (reply, settled) = oneshot::channel();
@@ -215,7 +242,7 @@ impl DeadlineScheduler {
                 let _ = settled.await;
             }
         }
-        if reaper.due(settle, now) {
+        if reaper.due(settle, now) && self.leads_reaping().await {
             report.reaped = self.reap(reaper, now).await?;
         }
         if report.fired > 0 {
@@ -226,6 +253,19 @@ impl DeadlineScheduler {
             );
         }
         Ok(report)
+    }
+
+    /// Whether this node reaps: on a store several nodes share, only the one that holds the
+    /// reaper's lease does (it keeps it while it lives; another takes it over once it
+    /// expires), so tombstones are reaped once across the nodes. Always, on a store of its own.
+    async fn leads_reaping(&self) -> bool {
+        match self.shared.store.acquire(REAPER_LEASE, REAPER_LEASE).await {
+            Ok(()) => true,
+            Err(error) => {
+                tracing::trace!(%error, "deadline.reaping_left_to_another_node");
+                false
+            }
+        }
     }
 
     /// Reads up to [`REAP_STRETCHES`] stretches of tombstones from where the reaper stopped,

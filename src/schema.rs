@@ -233,6 +233,9 @@ pub(crate) enum IndexWrite {
 pub(crate) struct Commit {
     pub(crate) kind: CommitKind,
     pub(crate) session: SessionId,
+    /// The root of the session's tree: on a store several nodes share, the commit is written
+    /// only while this node holds the tree's lease.
+    pub(crate) tree: SessionId,
     /// The new snapshot; `None` for commits that touch only per-call entries (a submit), so
     /// they never race the session's own writes.
     pub(crate) record: Option<SessionRecord>,
@@ -248,7 +251,7 @@ impl Commit {
     /// Encodes the commit as one store batch.
     pub(crate) fn encode(&self) -> Result<Batch, Error> {
         let id = &self.session;
-        let mut batch = Batch::new(self.kind).for_session(id.shared());
+        let mut batch = Batch::new(self.kind).for_session(self.tree.shared());
         match &self.record {
             Some(record) => {
                 // Every commit's log entry carries the whole record; the session's first

@@ -401,18 +401,24 @@ pub trait Store: Send + Sync + Debug + 'static {
     /// A backend failure.
     async fn size_on_disk(&self) -> Result<u64, Error>;
 
-    /// Makes this process the owner of `session` before its actor loads it. A store only this
-    /// process uses has nothing to take (the default); one that several nodes share takes
-    /// the session's lease, or takes over an expired one.
+    /// Makes this process the owner of `session` before its actor loads it, through the
+    /// lease named `lease`. The runtime names its tree's root: a tree of sessions has one
+    /// owner, so a parent and its sub-agents always live on one node and talk in process.
+    /// Sessions that hold one lease share it; it is given up when the last of them is
+    /// released. A store only this process uses has nothing to take (the default); one that
+    /// several nodes share takes the lease, or takes over an expired one. Calling it again
+    /// with another `lease` moves the session to that lease.
     ///
     /// # Errors
-    /// [`Error::LeaseHeld`] while another live node owns the session, or a backend failure.
-    async fn acquire(&self, _session: &str) -> Result<(), Error> {
+    /// [`Error::LeaseHeld`] while another live node owns the lease, or a backend failure.
+    async fn acquire(&self, _session: &str, _lease: &str) -> Result<(), Error> {
         Ok(())
     }
 
-    /// Gives up the ownership [`Store::acquire`] took (the session's actor stopped).
-    async fn release_session(&self, _session: &str) {}
+    /// Gives up the ownership [`Store::acquire`] took for `session` (its actor stopped), at
+    /// once; its lease goes with the last session that held it (a shared store tells the
+    /// database in the background).
+    fn release_session(&self, _session: &str) {}
 
     /// Whether [`Store::acquire`] takes anything that [`Store::release_session`] must give
     /// back (a shared store's leases): a store only this process uses answers `false`, and

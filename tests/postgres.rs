@@ -11,7 +11,8 @@ use std::sync::Arc;
 use dormant::store::{Batch, CommitKind, Store, Tree};
 use dormant::submit::{Submit, SubmitOutcome};
 use dormant::{
-    AgentDefinition, ModelReply, PgStore, Runtime, ScriptedLlm, Status, ToolCall, ToolDefinition,
+    AgentDefinition, ManualClock, ModelReply, PgStore, Runtime, ScriptedLlm, SessionId, Status,
+    ToolCall, ToolDefinition,
 };
 use serde_json::json;
 
@@ -300,5 +301,125 @@ async fn a_node_that_lost_its_lease_cannot_write_and_the_new_owner_serves_the_se
     assert_eq!(run.status, Status::Completed);
     c.shutdown().await?;
     a.shutdown().await?;
+    Ok(())
+}
+
+/// A lead whose sub-agent asks the client for an edit that times out after one second.
+fn tree_runtime(store: Arc<PgStore>, clock: ManualClock) -> anyhow::Result<Runtime> {
+    let lead = AgentDefinition::builder("lead")
+        .tool(ToolDefinition::sub_agent("ask", "helper"))
+        .build()?;
+    let helper = AgentDefinition::builder("helper")
+        .tool(ToolDefinition::client("edit").timeout_ms(1_000))
+        .build()?;
+    let llm = ScriptedLlm::new()
+        .script(
+            "lead",
+            vec![
+                ModelReply::tool_calls(vec![ToolCall::new(
+                    "c1",
+                    "ask",
+                    json!({ "message": "edit it" }),
+                )]),
+                ModelReply::text("the lead is done"),
+            ],
+        )
+        .script(
+            "helper",
+            vec![
+                ModelReply::tool_calls(vec![ToolCall::new("e1", "edit", json!({}))]),
+                ModelReply::text("the edit timed out"),
+            ],
+        );
+    Ok(Runtime::builder()
+        .store(store)
+        .clock(Arc::new(clock))
+        .llm(Arc::new(llm))
+        .agent(lead)
+        .agent(helper)
+        .background_deadlines(false)
+        .build()?)
+}
+
+/// A tree of sessions has one owner: its root's lease, which its sub-agents hold with it, so
+/// a parent and its children always live on one node. A deadline of a tree another node
+/// owns is left to that node (not fired, not cleared as stale), and fires on another node
+/// once the owner is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tree_has_one_owner_and_its_deadlines_wait_for_it() -> anyhow::Result<()> {
+    let Some(cluster) = cluster::Cluster::start()? else {
+        return Ok(());
+    };
+    let clock = ManualClock::new(0);
+    let store_a = Arc::new(PgStore::builder(cluster.url()).node("a").connect().await?);
+    let store_b = Arc::new(PgStore::builder(cluster.url()).node("b").connect().await?);
+    let a = tree_runtime(store_a, clock.clone())?;
+    let b = tree_runtime(store_b, clock.clone())?;
+    let root: SessionId = "root".parse()?;
+    let run = a.execute_on(&root, "lead", "go").await?;
+    assert_eq!(run.status, Status::SuspendedAwaitingChildren);
+    let child = root.ephemeral_child("c1");
+
+    let (sql, connection) = tokio_postgres::connect(&cluster.url(), tokio_postgres::NoTls).await?;
+    tokio::spawn(connection);
+    let leases: Vec<(String, String)> = sql
+        .query(
+            "SELECT session, owner FROM dormant_leases WHERE expires_at > now() ORDER BY session",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect();
+    assert_eq!(
+        leases,
+        vec![("root".to_string(), "a".to_string())],
+        "the child holds its root's lease, not one of its own"
+    );
+
+    // B cannot write to the tree while A owns it: an answer for the child's call is refused.
+    let answer = Submit::result("root", "e1", json!({ "ok": true }));
+    let refused = b
+        .submit_tool_result(answer)
+        .await
+        .err()
+        .map(|e| e.to_string());
+    assert!(
+        refused
+            .as_deref()
+            .unwrap_or_default()
+            .contains("owned by node a"),
+        "{refused:?}"
+    );
+
+    // The client tool's deadline passes. B's sweep leaves it to A, and does not clear it.
+    clock.advance(1_500);
+    let swept = b.sweep_deadlines().await?;
+    assert_eq!((swept.fired, swept.deferred), (0, 1), "{swept:?}");
+    let swept = b.sweep_deadlines().await?;
+    assert_eq!(
+        (swept.fired, swept.deferred),
+        (0, 1),
+        "still due: {swept:?}"
+    );
+
+    // A is gone (its leases released as it closes): B fires the deadline, taking the tree, and
+    // the resume at the root goes on through the child.
+    a.shutdown().await?;
+    let swept = b.sweep_deadlines().await?;
+    assert_eq!((swept.fired, swept.deferred), (1, 0), "{swept:?}");
+    let run = b.resume(&root).await?;
+    assert_eq!(run.status, Status::Completed, "{run:?}");
+    assert_eq!(run.text.as_deref(), Some("the lead is done"));
+    assert_eq!(b.status(&child).await?, Status::Completed);
+    let owner: String = sql
+        .query_one(
+            "SELECT owner FROM dormant_leases WHERE session = 'root'",
+            &[],
+        )
+        .await?
+        .get(0);
+    assert_eq!(owner, "b");
+    b.shutdown().await?;
     Ok(())
 }

@@ -36,11 +36,23 @@ impl SessionActor {
             Ok(None) => match self.shared.agents.get(&start.agent) {
                 Some(agent) => {
                     let agent = Arc::clone(agent.value());
-                    let policy = Arc::clone(&self.shared.policy);
-                    let origin = start.origin.clone();
-                    let session = Session::create_child(id.clone(), agent, policy, now, origin);
-                    state.loaded = Loaded::Present(Box::new(session));
-                    None
+                    // A new child holds its tree's lease, which this node holds for its
+                    // parent: the two always live on one node.
+                    let root = start.origin.root.as_str();
+                    match self.shared.store.acquire(id.as_str(), root).await {
+                        Ok(()) => {
+                            let policy = Arc::clone(&self.shared.policy);
+                            let origin = start.origin.clone();
+                            let session =
+                                Session::create_child(id.clone(), agent, policy, now, origin);
+                            state.loaded = Loaded::Present(Box::new(session));
+                            None
+                        }
+                        Err(error) => Some(
+                            ToolErrorCode::SubAgentUnavailable
+                                .with(format_args!("child {id} cannot be owned here: {error}")),
+                        ),
+                    }
                 }
                 None => Some(
                     ToolErrorCode::UnknownAgent

@@ -118,6 +118,7 @@ impl Writer {
         let commit = Commit {
             kind: CommitKind::Other,
             session: self.record.id.clone(),
+            tree: self.record.root.clone(),
             record: Some(self.record.clone()),
             log_seq,
             messages,

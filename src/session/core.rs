@@ -427,6 +427,7 @@ impl Session {
             commit: Some(Commit {
                 kind,
                 session: self.record.id.clone(),
+                tree: self.record.root.clone(),
                 record: None,
                 log_seq: self.record.log_count,
                 messages: Vec::new(),
@@ -461,6 +462,7 @@ impl Session {
             commit: Some(Commit {
                 kind,
                 session: self.record.id.clone(),
+                tree: self.record.root.clone(),
                 record: Some(self.record.clone()),
                 log_seq,
                 messages: staged.messages,

@@ -173,12 +173,12 @@ impl Store for FaultyStore {
         }
     }
 
-    async fn acquire(&self, session: &str) -> Result<(), Error> {
-        self.inner.acquire(session).await
+    async fn acquire(&self, session: &str, lease: &str) -> Result<(), Error> {
+        self.inner.acquire(session, lease).await
     }
 
-    async fn release_session(&self, session: &str) {
-        self.inner.release_session(session).await;
+    fn release_session(&self, session: &str) {
+        self.inner.release_session(session);
     }
 
     fn holds_leases(&self) -> bool {

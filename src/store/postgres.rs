@@ -41,12 +41,17 @@ use super::{prefix_end, Batch, Entry, Error, Store, Tree};
 /// How many connections a store keeps: one for the committer, the rest for reads.
 const POOL_SIZE: usize = 8;
 
+/// How many connections lease takes and releases share.
+const LEASE_POOL_SIZE: usize = 4;
+
 /// How long a lease lasts unless renewed, by default.
 pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(10);
 
 /// The PostgreSQL store. Cloning is not needed: share it in an `Arc`.
 pub struct PgStore {
     pool: Pool,
+    /// Connections for lease changes, which commit without waiting for their WAL flush.
+    lease_pool: Pool,
     commits: mpsc::UnboundedSender<group::Msg>,
     closed: AtomicBool,
     committer: parking_lot::Mutex<Option<tokio::task::JoinHandle<()>>>,
@@ -149,25 +154,23 @@ impl PgStore {
 
     async fn open(url: &str, node: String, ttl: Duration) -> Result<Self, Error> {
         let config: tokio_postgres::Config = url.parse().map_err(db)?;
-        let manager = Manager::from_config(
-            config,
-            NoTls,
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
-        let pool = Pool::builder(manager)
-            .max_size(POOL_SIZE)
-            .build()
-            .map_err(Error::backend)?;
+        let pool = connections(config.clone(), POOL_SIZE)?;
         let mut client = pool.get().await.map_err(Error::backend)?;
         migrate::run(&mut client).await?;
         drop(client);
-        let leases = Arc::new(lease::Leases {
-            node,
-            ttl,
-            held: dashmap::DashMap::new(),
-        });
+        // Lease takes, renewals and releases do not wait for their WAL flush: a lease change
+        // lost in a database crash is safe, since every commit's fence reads the lease row in
+        // its own flushed transaction, whose flush makes every earlier change durable first
+        // (one WAL). A take lost with the crash leaves the node without the lease, and its
+        // commits fenced; a release or renewal lost lets the lease expire at its old time.
+        let mut lease_config = config;
+        let options = match lease_config.get_options() {
+            Some(options) => format!("{options} -c synchronous_commit=off"),
+            None => "-c synchronous_commit=off".to_string(),
+        };
+        lease_config.options(&options);
+        let lease_pool = connections(lease_config, LEASE_POOL_SIZE)?;
+        let leases = Arc::new(lease::Leases::new(node, ttl));
         let (commits, queue) = mpsc::unbounded_channel();
         let transactions = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let committer = tokio::spawn(group::run(
@@ -176,9 +179,13 @@ impl PgStore {
             Arc::clone(&transactions),
             queue,
         ));
-        let renewer = tokio::spawn(lease::renew_forever(pool.clone(), Arc::clone(&leases)));
+        let renewer = tokio::spawn(lease::renew_forever(
+            lease_pool.clone(),
+            Arc::clone(&leases),
+        ));
         Ok(Self {
             pool,
+            lease_pool,
             commits,
             closed: AtomicBool::new(false),
             committer: parking_lot::Mutex::new(Some(committer)),
@@ -208,6 +215,21 @@ impl PgStore {
             .map(|row| Ok((row.try_get(0).map_err(db)?, row.try_get(1).map_err(db)?)))
             .collect()
     }
+}
+
+/// A pool of connections to the database `config` names.
+fn connections(config: tokio_postgres::Config, size: usize) -> Result<Pool, Error> {
+    let manager = Manager::from_config(
+        config,
+        NoTls,
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    Pool::builder(manager)
+        .max_size(size)
+        .build()
+        .map_err(Error::backend)
 }
 
 impl Drop for PgStore {
@@ -354,8 +376,9 @@ impl Store for PgStore {
         }
         self.renewer.abort();
         // Other nodes may take the sessions over at once, rather than after their leases expire.
-        self.leases.release_all(&self.pool).await;
+        self.leases.release_all(&self.lease_pool).await;
         self.pool.close();
+        self.lease_pool.close();
         Ok(())
     }
 
@@ -363,20 +386,20 @@ impl Store for PgStore {
         self.closed.load(Ordering::SeqCst)
     }
 
-    async fn acquire(&self, session: &str) -> Result<(), Error> {
+    async fn acquire(&self, session: &str, lease: &str) -> Result<(), Error> {
         if self.is_closed() {
             return Err(Error::Closed);
         }
-        self.leases.acquire(&self.pool, session).await
+        self.leases.acquire(&self.lease_pool, session, lease).await
     }
 
     fn holds_leases(&self) -> bool {
         true
     }
 
-    async fn release_session(&self, session: &str) {
+    fn release_session(&self, session: &str) {
         if !self.is_closed() {
-            self.leases.release(&self.pool, session).await;
+            self.leases.release(&self.lease_pool, session);
         }
     }
 

@@ -203,10 +203,10 @@ async fn fence(
         if sessions.iter().any(|known| known == session) || fenced.contains(session) {
             continue;
         }
-        match leases.held.get(session) {
+        match leases.epoch(session) {
             Some(epoch) => {
                 sessions.push(session.to_string());
-                epochs.push(*epoch);
+                epochs.push(epoch);
             }
             None => {
                 fenced.insert(session.to_string());
@@ -239,7 +239,7 @@ async fn fence(
     for (session, epoch) in sessions.into_iter().zip(epochs) {
         if !valid.contains(&session) {
             tracing::warn!(%session, epoch, node = %leases.node, "store.commit_fenced");
-            leases.held.remove_if(&session, |_, held| *held == epoch);
+            leases.forget(&session, epoch);
             fenced.insert(session);
         }
     }

@@ -6,6 +6,7 @@
 //! with the lease row locked, that this node still holds the lease with the epoch it took:
 //! a node that lost it (paused past its expiry, cut off, slow) cannot write (fencing).
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,21 +23,114 @@ pub(super) struct Leases {
     pub(super) node: String,
     /// How long a lease lasts after it is taken or renewed.
     pub(super) ttl: Duration,
-    /// The sessions this node holds, with the epoch it took each at.
-    pub(super) held: DashMap<String, i64>,
+    /// The leases this node holds, by name.
+    pub(super) held: DashMap<String, Held>,
+    /// The lease each session holds here.
+    by_session: DashMap<String, String>,
+    /// One take of a lease at a time: two sessions of one tree activating together share
+    /// one take instead of raising the epoch under each other.
+    taking: DashMap<String, Arc<tokio::sync::Mutex<()>>>,
+}
+
+/// A lease the last of its sessions left, with the epoch to give it up at.
+type Left = Option<(String, i64)>;
+
+/// One lease this node holds.
+#[derive(Debug)]
+pub(super) struct Held {
+    /// The epoch this node took it at (every commit's fence checks it).
+    pub(super) epoch: i64,
+    /// The sessions resident here that hold it: it is given up with the last.
+    sessions: HashSet<String>,
 }
 
 impl Leases {
+    pub(super) fn new(node: String, ttl: Duration) -> Self {
+        Self {
+            node,
+            ttl,
+            held: DashMap::new(),
+            by_session: DashMap::new(),
+            taking: DashMap::new(),
+        }
+    }
+
     fn ttl_ms(&self) -> i64 {
         i64::try_from(self.ttl.as_millis()).unwrap_or(i64::MAX)
     }
 
-    /// Takes the lease of `session`, or takes over an expired one; refuses one another node
-    /// holds.
-    pub(super) async fn acquire(&self, pool: &Pool, session: &str) -> Result<(), Error> {
-        if self.held.contains_key(session) {
-            return Ok(());
+    /// The epoch this node holds `lease` at, if it holds it.
+    pub(super) fn epoch(&self, lease: &str) -> Option<i64> {
+        self.held.get(lease).map(|held| held.epoch)
+    }
+
+    /// Forgets `lease` if this node still believes it holds it at `epoch` (the database says
+    /// it lost it): the sessions that held it find out at their next commit.
+    pub(super) fn forget(&self, lease: &str, epoch: i64) {
+        self.held.remove_if(lease, |_, held| held.epoch == epoch);
+    }
+
+    /// Makes `session` hold `lease`: joins it if this node holds it, else takes it (or takes
+    /// over an expired one); refuses one another node holds.
+    pub(super) async fn acquire(
+        &self,
+        pool: &Pool,
+        session: &str,
+        lease: &str,
+    ) -> Result<(), Error> {
+        let joined = match self.join(session, lease) {
+            Some(joined) => joined,
+            None => self.take_and_join(pool, session, lease).await?,
+        };
+        if let Some((left, epoch)) = joined {
+            give_up(pool, &self.node, &left, epoch).await;
         }
+        Ok(())
+    }
+
+    /// Takes `lease` (one take of a lease at a time) and joins it.
+    async fn take_and_join(&self, pool: &Pool, session: &str, lease: &str) -> Result<Left, Error> {
+        let gate = Arc::clone(self.taking.entry(lease.to_string()).or_default().value());
+        let joined = {
+            let _one_take = gate.lock().await;
+            match self.join(session, lease) {
+                Some(joined) => Ok(joined),
+                None => self.take(pool, lease).await.map(|epoch| {
+                    self.held.insert(
+                        lease.to_string(),
+                        Held {
+                            epoch,
+                            sessions: HashSet::new(),
+                        },
+                    );
+                    self.join(session, lease).flatten()
+                }),
+            }
+        };
+        drop(gate);
+        self.taking
+            .remove_if(lease, |_, gate| Arc::strong_count(gate) == 1);
+        joined
+    }
+
+    /// Adds `session` to `lease` if this node holds it (`None` if not), leaving the lease it
+    /// held before (a new child moves from a lease of its own name to its tree's).
+    fn join(&self, session: &str, lease: &str) -> Option<Left> {
+        let mut held = self.held.get_mut(lease)?;
+        held.sessions.insert(session.to_string());
+        drop(held);
+        let before = self
+            .by_session
+            .insert(session.to_string(), lease.to_string());
+        Some(
+            before
+                .filter(|before| before != lease)
+                .and_then(|before| self.leave(session, before)),
+        )
+    }
+
+    /// Takes `lease` in the database: the new epoch.
+    async fn take(&self, pool: &Pool, lease: &str) -> Result<i64, Error> {
         let client = pool.get().await.map_err(Error::backend)?;
         let statement = client
             .prepare_cached(
@@ -50,62 +144,67 @@ impl Leases {
             .await
             .map_err(db)?;
         let taken = client
-            .query_opt(&statement, &[&session, &self.node, &self.ttl_ms()])
+            .query_opt(&statement, &[&lease, &self.node, &self.ttl_ms()])
             .await
             .map_err(db)?;
-        match taken {
-            Some(row) => {
-                let epoch: i64 = row.try_get(0).map_err(db)?;
-                tracing::debug!(session, epoch, node = %self.node, "store.lease_taken");
-                self.held.insert(session.to_string(), epoch);
-                Ok(())
-            }
-            None => {
-                let owner = client
-                    .query_opt(
-                        "SELECT owner FROM dormant_leases WHERE session = $1",
-                        &[&session],
-                    )
-                    .await
-                    .map_err(db)?
-                    .and_then(|row| row.try_get::<_, String>(0).ok())
-                    .unwrap_or_default();
-                Err(Error::LeaseHeld {
-                    session: session.to_string(),
-                    owner,
-                })
-            }
+        if let Some(row) = taken {
+            let epoch: i64 = row.try_get(0).map_err(db)?;
+            tracing::debug!(lease, epoch, node = %self.node, "store.lease_taken");
+            return Ok(epoch);
+        }
+        let owner = client
+            .query_opt(
+                "SELECT owner FROM dormant_leases WHERE session = $1",
+                &[&lease],
+            )
+            .await
+            .map_err(db)?
+            .and_then(|row| row.try_get::<_, String>(0).ok())
+            .unwrap_or_default();
+        Err(Error::LeaseHeld {
+            session: lease.to_string(),
+            owner,
+        })
+    }
+
+    /// `session` no longer holds its lease here, from now on; the lease is given up with its
+    /// last session.
+    pub(super) fn release(&self, pool: &Pool, session: &str) {
+        let Some((_, lease)) = self.by_session.remove(session) else {
+            return;
+        };
+        let Some((lease, epoch)) = self.leave(session, lease) else {
+            return;
+        };
+        // In the background (it expires by itself if that fails).
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let (pool, node) = (pool.clone(), self.node.clone());
+            runtime.spawn(async move { give_up(&pool, &node, &lease, epoch).await });
         }
     }
 
-    /// Gives the lease of `session` up (it expires now; the epoch stays, so the next owner's
-    /// is higher).
-    pub(super) async fn release(&self, pool: &Pool, session: &str) {
-        let Some((_, epoch)) = self.held.remove(session) else {
-            return;
-        };
-        let released = async {
-            let client = pool.get().await.map_err(Error::backend)?;
-            client
-                .execute(
-                    "UPDATE dormant_leases SET expires_at = now() - interval '1 millisecond' \
-                     WHERE session = $1 AND owner = $2 AND epoch = $3",
-                    &[&session, &self.node, &epoch],
-                )
-                .await
-                .map_err(db)
-        };
-        if let Err(error) = released.await {
-            // It expires by itself.
-            tracing::warn!(session, %error, "store.lease_release_failed");
-        }
+    /// Takes `session` off `lease`: the lease to give up, with its epoch, if it was the last.
+    fn leave(&self, session: &str, lease: String) -> Left {
+        let mut epoch = None;
+        self.held.remove_if_mut(&lease, |_, held| {
+            held.sessions.remove(session);
+            epoch = Some(held.epoch);
+            held.sessions.is_empty()
+        })?;
+        epoch.map(|epoch| (lease, epoch))
     }
 
     /// Gives every lease up (the store closes).
     pub(super) async fn release_all(&self, pool: &Pool) {
-        let sessions: Vec<String> = self.held.iter().map(|entry| entry.key().clone()).collect();
-        for session in sessions {
-            self.release(pool, &session).await;
+        let leases: Vec<(String, i64)> = self
+            .held
+            .iter()
+            .map(|held| (held.key().clone(), held.epoch))
+            .collect();
+        self.held.clear();
+        self.by_session.clear();
+        for (lease, epoch) in leases {
+            give_up(pool, &self.node, &lease, epoch).await;
         }
     }
 
@@ -115,7 +214,7 @@ impl Leases {
         let (sessions, epochs): (Vec<String>, Vec<i64>) = self
             .held
             .iter()
-            .map(|entry| (entry.key().clone(), *entry.value()))
+            .map(|entry| (entry.key().clone(), entry.epoch))
             .unzip();
         if sessions.is_empty() {
             return Ok(());
@@ -151,10 +250,30 @@ impl Leases {
         for (session, epoch) in sessions.into_iter().zip(epochs) {
             if !renewed.contains(&session) {
                 tracing::warn!(%session, epoch, node = %self.node, "store.lease_lost");
-                self.held.remove_if(&session, |_, held| *held == epoch);
+                self.forget(&session, epoch);
             }
         }
         Ok(())
+    }
+}
+
+/// Gives `lease` up in the database (it expires now; the epoch stays, so the next owner's is
+/// higher). A lease taken again since is not touched.
+async fn give_up(pool: &Pool, node: &str, lease: &str, epoch: i64) {
+    let released = async {
+        let client = pool.get().await.map_err(Error::backend)?;
+        client
+            .execute(
+                "UPDATE dormant_leases SET expires_at = now() - interval '1 millisecond' \
+                 WHERE session = $1 AND owner = $2 AND epoch = $3",
+                &[&lease, &node, &epoch],
+            )
+            .await
+            .map_err(db)
+    };
+    if let Err(error) = released.await {
+        // It expires by itself.
+        tracing::warn!(lease, %error, "store.lease_release_failed");
     }
 }
 
