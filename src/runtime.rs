@@ -625,6 +625,27 @@ impl Runtime {
         ))
     }
 
+    /// The other node that owns the session's tree, on a store several nodes share: where a
+    /// request for it must go (its address, if it advertised one). `None` when this process
+    /// may serve it: on a store of its own always, on a shared one when no other live node
+    /// holds the tree's lease.
+    ///
+    /// # Errors
+    /// A store failure.
+    pub async fn owner_of(
+        &self,
+        id: &SessionId,
+    ) -> Result<Option<crate::store::LeaseOwner>, Error> {
+        let store = self.inner.shared.store.as_ref();
+        if !store.holds_leases() {
+            return Ok(None);
+        }
+        let root = crate::schema::load_lineage(store, id)
+            .await?
+            .map_or_else(|| id.clone(), |lineage| lineage.root);
+        Ok(store.lease_owner(root.as_str()).await?)
+    }
+
     /// The time by the runtime's clock (ms), the clock every deadline and timestamp it
     /// records is read from.
     pub fn now_ms(&self) -> u64 {

@@ -420,12 +420,32 @@ pub trait Store: Send + Sync + Debug + 'static {
     /// database in the background).
     fn release_session(&self, _session: &str) {}
 
+    /// The live node that holds `lease`, if it is not this process (a shared store's lease
+    /// another node holds and renews), with the address it advertised for forwarded
+    /// requests. `None` on a store only this process uses (the default).
+    ///
+    /// # Errors
+    /// A backend failure.
+    async fn lease_owner(&self, _lease: &str) -> Result<Option<LeaseOwner>, Error> {
+        Ok(None)
+    }
+
     /// Whether [`Store::acquire`] takes anything that [`Store::release_session`] must give
     /// back (a shared store's leases): a store only this process uses answers `false`, and
     /// the runtime then skips the release.
     fn holds_leases(&self) -> bool {
         false
     }
+}
+
+/// Another node that owns a tree of sessions ([`Store::lease_owner`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaseOwner {
+    /// Its name.
+    pub node: String,
+    /// Where it takes requests (`http://host:port`), if it advertised an address and its
+    /// heartbeat is recent.
+    pub address: Option<String>,
 }
 
 #[cfg(test)]

@@ -33,6 +33,8 @@ pub struct ApiError {
     code: &'static str,
     message: String,
     extra: Option<Value>,
+    /// Another node owns this session's tree: the answer is sent on there (`forward.rs`).
+    elsewhere: Option<dormant::SessionId>,
 }
 
 impl ApiError {
@@ -42,6 +44,7 @@ impl ApiError {
             code,
             message: message.into(),
             extra: None,
+            elsewhere: None,
         }
     }
 
@@ -76,7 +79,13 @@ impl IntoResponse for ApiError {
         if let (Some(Value::Object(extra)), Some(fields)) = (self.extra, body.as_object_mut()) {
             fields.extend(extra);
         }
-        (self.status, Json(body)).into_response()
+        let mut response = (self.status, Json(body)).into_response();
+        if let Some(session) = self.elsewhere {
+            response
+                .extensions_mut()
+                .insert(crate::forward::OwnedElsewhere(session));
+        }
+        response
     }
 }
 
@@ -108,7 +117,17 @@ impl From<dormant::Error> for ApiError {
         if status == StatusCode::INTERNAL_SERVER_ERROR {
             tracing::error!(%error, code = error.code(), "server.runtime_error");
         }
-        ApiError::new(status, error.code(), error.to_string())
+        let elsewhere = match &error {
+            E::SessionUnavailable { session, .. } => Some(session.clone()),
+            E::Store(
+                dormant::store::Error::LeaseLost { session }
+                | dormant::store::Error::LeaseHeld { session, .. },
+            ) => session.parse().ok(),
+            _ => None,
+        };
+        let mut answer = ApiError::new(status, error.code(), error.to_string());
+        answer.elsewhere = elsewhere;
+        answer
     }
 }
 

@@ -64,6 +64,10 @@ struct Serve {
     /// store). A node paused longer than this loses its sessions to the others.
     #[arg(long, default_value_t = 10_000)]
     lease_ttl_ms: u64,
+    /// The URL other nodes sharing a PostgreSQL store forward this node's sessions' requests
+    /// to (default: http:// and the address it listens on).
+    #[arg(long, value_name = "URL")]
+    advertise: Option<String>,
     /// Serve the demo agent (`demo`): a server tool, a client tool the browser answers and an
     /// approval-gated tool, on a keyword-driven model that needs no API key, or on a real one
     /// when OPENAI_BASE_URL or OPENAI_API_KEY is set (with OPENAI_MODEL): any
@@ -196,7 +200,16 @@ async fn serve(args: Serve) -> Result<(), String> {
         }
         (None, false) => Auth::default(),
     };
-    let (store, key_path) = open_store(&store_dir, &args).await?;
+    // Bound before the store opens: a node on a shared store advertises its address.
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .map_err(|error| format!("cannot listen on {}: {error}", args.listen))?;
+    let address = listener.local_addr().map_err(|error| error.to_string())?;
+    let advertised = args
+        .advertise
+        .clone()
+        .unwrap_or_else(|| format!("http://{address}"));
+    let (store, key_path) = open_store(&store_dir, &args, advertised).await?;
     let key = TokenKey::load_or_create(&key_path)
         .map_err(|error| format!("token key {}: {error}", key_path.display()))?;
     let mut builder = Runtime::builder()
@@ -237,10 +250,6 @@ async fn serve(args: Serve) -> Result<(), String> {
             return Err(error.to_string());
         }
     };
-    let listener = tokio::net::TcpListener::bind(args.listen)
-        .await
-        .map_err(|error| format!("cannot listen on {}: {error}", args.listen))?;
-    let address = listener.local_addr().map_err(|error| error.to_string())?;
     // An SSE event is a small write: send it at once, not after Nagle's wait for an ACK.
     let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
         if let Err(error) = tcp.set_nodelay(true) {
@@ -275,10 +284,11 @@ async fn serve(args: Serve) -> Result<(), String> {
 async fn open_store(
     store: &Path,
     args: &Serve,
+    advertised: String,
 ) -> Result<(Arc<dyn dormant::Store>, PathBuf), String> {
     let text = store.to_string_lossy();
     if text.starts_with("postgres://") || text.starts_with("postgresql://") {
-        return open_postgres(&text, args).await;
+        return open_postgres(&text, args, advertised).await;
     }
     let sled = SledStore::open(store).map_err(|error| error.to_string())?;
     let key_path = args.token_key_file.clone().unwrap_or_else(|| {
@@ -293,6 +303,7 @@ async fn open_store(
 async fn open_postgres(
     url: &str,
     args: &Serve,
+    advertised: String,
 ) -> Result<(Arc<dyn dormant::Store>, PathBuf), String> {
     let key_path = args.token_key_file.clone().ok_or(
         "--store postgres://… needs --token-key-file FILE: every node sharing the database must sign session tokens with the same key",
@@ -304,6 +315,7 @@ async fn open_postgres(
     let store = dormant::PgStore::builder(url)
         .node(node.clone())
         .lease_ttl(Duration::from_millis(args.lease_ttl_ms))
+        .advertise(advertised)
         .connect()
         .await
         .map_err(|error| format!("PostgreSQL store: {error}"))?;
@@ -315,6 +327,7 @@ async fn open_postgres(
 async fn open_postgres(
     _url: &str,
     _args: &Serve,
+    _advertised: String,
 ) -> Result<(Arc<dyn dormant::Store>, PathBuf), String> {
     Err("this build has no `postgres` feature: --store takes a sled directory".into())
 }

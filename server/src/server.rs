@@ -29,6 +29,8 @@ pub(crate) struct AppState {
     pub(crate) config: Arc<ServerConfig>,
     pub(crate) closing: watch::Receiver<bool>,
     pub(crate) metrics: Arc<HttpMetrics>,
+    /// Sends requests on to the node that owns their session (`forward.rs`).
+    pub(crate) peers: reqwest::Client,
 }
 
 /// Tells a server's streams that it is shutting down: each sends a last `end` event
@@ -142,6 +144,7 @@ impl Server {
             config: Arc::new(self.config),
             closing: self.closing.0.subscribe(),
             metrics: Arc::new(HttpMetrics::default()),
+            peers: crate::forward::client(),
         };
         let mut router = Router::new()
             .route("/start", post(routes::start))
@@ -162,6 +165,10 @@ impl Server {
         }
         let router = router
             .fallback(not_found)
+            .layer(middleware::from_fn_with_state(
+                state.clone(),
+                crate::forward::to_owner,
+            ))
             .layer(middleware::from_fn_with_state(
                 state.clone(),
                 body::require_length,

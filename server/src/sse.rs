@@ -51,6 +51,14 @@ pub(crate) async fn stream(
     }
     // Refuses unknown sessions (follow would wait for one to appear).
     state.runtime.status(&id).await?;
+    // The live chunks are sent by the node that runs the session: follow it there.
+    if let Some(owner) = state.runtime.owner_of(&id).await? {
+        return Err(dormant::Error::SessionUnavailable {
+            session: id,
+            reason: format!("its tree is owned by node {}", owner.node),
+        }
+        .into());
+    }
     let from = match last_event_id(&headers)? {
         Some(last) => last.saturating_add(1),
         None => query.from.unwrap_or(0),

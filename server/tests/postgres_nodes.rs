@@ -2,7 +2,8 @@
 //! session owned by one node at a time. The fencing test of issue 18: node A holds a session;
 //! A is paused (SIGSTOP) past its lease; node B takes the session over and serves a submit and
 //! the resumes; A is continued, and every write it attempts is refused and invisible; the
-//! approval-gated tool, which is not safe to retry, runs once.
+//! approval-gated tool, which is not safe to retry, runs once. And any node answers any
+//! request: one for a session another live node owns is sent on to it.
 
 #[path = "../../tests/postgres/cluster.rs"]
 mod cluster;
@@ -118,10 +119,17 @@ async fn a_paused_node_loses_its_session_to_another_and_cannot_write_after() -> 
     let status = until(&a.base, &id, &token, |s| waiting(s, "ask_user").is_some()).await?;
     let ask = waiting(&status, "ask_user").context("ask_user")?.clone();
 
-    // B refuses while A is alive and holds the lease.
+    // B itself cannot write while A is alive and holds the lease (a request B may not send on
+    // to A, as one forwarded to it already).
     let answer = json!({ "session_id": id, "tool_call_id": ask["tool_call_id"], "result": { "answer": "Fenced" } });
-    let (code, body) = post(&b.base, "/submit-tool-result", &token, answer.clone()).await?;
-    assert_eq!(code, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    let refused = reqwest::Client::new()
+        .post(format!("{}/submit-tool-result", b.base))
+        .bearer_auth(&token)
+        .header(dormant_server::FORWARDED, "1")
+        .json(&answer)
+        .send()
+        .await?;
+    assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
 
     // A pauses past its lease (its expiry, by the database's clock, moved to the past): B
     // takes the session over and serves it to the end.
@@ -150,16 +158,21 @@ async fn a_paused_node_loses_its_session_to_another_and_cannot_write_after() -> 
     until(&b.base, &id, &token, |s| s["status"] == "completed").await?;
     let before = get(&b.base, "/messages", &id, &token).await?;
 
-    // A continues, with the session still in memory: every write it attempts is refused.
+    // A continues, with the session still in memory: every write it attempts itself is
+    // refused (requests marked as forwarded already, which A may not send on to B).
     signal(&a, "-CONT")?;
     for attempt in 0..3 {
-        let (code, body) = post(
-            &a.base,
-            "/start",
-            &token,
-            json!({ "agent": "demo", "message": "echo from a paused node", "session_id": id }),
-        )
-        .await?;
+        let refused = reqwest::Client::new()
+            .post(format!("{}/start", a.base))
+            .bearer_auth(&token)
+            .header(dormant_server::FORWARDED, "1")
+            .json(
+                &json!({ "agent": "demo", "message": "echo from a paused node", "session_id": id }),
+            )
+            .send()
+            .await?;
+        let code = refused.status();
+        let body = refused.text().await?;
         assert_eq!(
             code,
             StatusCode::SERVICE_UNAVAILABLE,
@@ -188,6 +201,85 @@ async fn a_paused_node_loses_its_session_to_another_and_cannot_write_after() -> 
         .await?;
     assert_eq!(owner.get::<_, String>(0), "b");
     assert!(owner.get::<_, i64>(1) >= 2);
+    drop((a, b));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn any_node_answers_a_request_for_a_session_another_node_owns() -> anyhow::Result<()> {
+    let Some(cluster) = cluster::Cluster::start()? else {
+        return Ok(());
+    };
+    let url = format!("postgres://postgres@{}", cluster.address());
+    let dir = tempfile::tempdir()?;
+    let key = dir.path().join("token-key");
+    let a = node(&url, &key, "a")?;
+    let b = node(&url, &key, "b")?;
+
+    // The session starts on A, which owns it while it waits on ask_user.
+    let started: Value = reqwest::Client::new()
+        .post(format!("{}/start", a.base))
+        .json(&json!({ "agent": "demo", "message": "weather in Porto" }))
+        .send()
+        .await?
+        .json()
+        .await?;
+    let id = started["session_id"]
+        .as_str()
+        .context("session_id")?
+        .to_string();
+    let token = started["token"].as_str().context("token")?.to_string();
+    let status = until(&a.base, &id, &token, |s| waiting(s, "ask_user").is_some()).await?;
+    let ask = waiting(&status, "ask_user").context("ask_user")?.clone();
+
+    // Its stream, asked of B, comes from A.
+    let stream = reqwest::Client::new()
+        .get(format!("{}/sse", b.base))
+        .query(&[("session_id", id.as_str())])
+        .bearer_auth(&token)
+        .timeout(Duration::from_secs(20))
+        .send()
+        .await?;
+    assert_eq!(stream.status(), StatusCode::OK);
+    let events = stream.text().await?;
+    assert!(events.contains("ask_user"), "{events}");
+
+    // Everything else asked of B is answered by A, which keeps the session.
+    let answer = json!({ "session_id": id, "tool_call_id": ask["tool_call_id"], "result": { "answer": "Porto" } });
+    let (code, body) = post(&b.base, "/submit-tool-result", &token, answer.clone()).await?;
+    assert_eq!(code, StatusCode::OK, "{body}");
+    let (code, body) = post(&b.base, "/submit-tool-result", &token, answer).await?;
+    assert_eq!(code, StatusCode::CONFLICT, "a duplicate, through B: {body}");
+    assert_eq!(body["code"], "already_completed");
+    let (code, body) = post(&b.base, "/resume", &token, json!({ "session_id": id })).await?;
+    assert_eq!(code, StatusCode::ACCEPTED, "{body}");
+    let status = until(&b.base, &id, &token, |s| waiting(s, "publish").is_some()).await?;
+    let publish = waiting(&status, "publish").context("publish")?.clone();
+    let approval = json!({
+        "kind": "approval-response", "session_id": id, "tool_call_id": publish["tool_call_id"],
+        "approval_id": publish["approval_id"], "approved": true,
+    });
+    let (code, body) = post(&b.base, "/submit-tool-result", &token, approval).await?;
+    assert_eq!(code, StatusCode::OK, "{body}");
+    let (code, body) = post(&b.base, "/resume", &token, json!({ "session_id": id })).await?;
+    assert_eq!(code, StatusCode::ACCEPTED, "{body}");
+    until(&b.base, &id, &token, |s| s["status"] == "completed").await?;
+
+    let (sql, connection) = tokio_postgres::connect(&cluster.url(), tokio_postgres::NoTls).await?;
+    tokio::spawn(connection);
+    let owner: String = sql
+        .query_one(
+            "SELECT owner FROM dormant_leases WHERE session = $1",
+            &[&id],
+        )
+        .await?
+        .get(0);
+    assert_eq!(owner, "a", "A kept the session: B sent every request on");
+    let nodes: i64 = sql
+        .query_one("SELECT count(*) FROM dormant_nodes", &[])
+        .await?
+        .get(0);
+    assert_eq!(nodes, 2, "both nodes advertise their address");
     drop((a, b));
     Ok(())
 }

@@ -181,6 +181,10 @@ impl Store for FaultyStore {
         self.inner.release_session(session);
     }
 
+    async fn lease_owner(&self, lease: &str) -> Result<Option<super::LeaseOwner>, Error> {
+        self.inner.lease_owner(lease).await
+    }
+
     fn holds_leases(&self) -> bool {
         self.inner.holds_leases()
     }

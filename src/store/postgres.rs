@@ -68,6 +68,7 @@ pub struct PgStoreBuilder {
     url: String,
     node: Option<String>,
     lease_ttl: Duration,
+    address: Option<String>,
 }
 
 impl PgStoreBuilder {
@@ -85,6 +86,15 @@ impl PgStoreBuilder {
         self
     }
 
+    /// The address other nodes forward this node's sessions' requests to
+    /// (`http://host:port`, the agent server's): recorded in the membership table, with a
+    /// heartbeat at each lease renewal, and answered by [`Store::lease_owner`] on other nodes.
+    /// Without one this node's sessions can only be reached here.
+    pub fn advertise(mut self, address: impl Into<String>) -> Self {
+        self.address = Some(address.into());
+        self
+    }
+
     /// Connects, migrates, and starts the committer and the lease renewal.
     ///
     /// # Errors
@@ -93,7 +103,7 @@ impl PgStoreBuilder {
         let node = self
             .node
             .unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
-        PgStore::open(&self.url, node, self.lease_ttl).await
+        PgStore::open(&self.url, node, self.lease_ttl, self.address).await
     }
 }
 
@@ -123,6 +133,7 @@ impl PgStore {
             url: url.into(),
             node: None,
             lease_ttl: DEFAULT_LEASE_TTL,
+            address: None,
         }
     }
 
@@ -152,7 +163,12 @@ impl PgStore {
         Ok(u64::try_from(syncs).unwrap_or_default())
     }
 
-    async fn open(url: &str, node: String, ttl: Duration) -> Result<Self, Error> {
+    async fn open(
+        url: &str,
+        node: String,
+        ttl: Duration,
+        address: Option<String>,
+    ) -> Result<Self, Error> {
         let config: tokio_postgres::Config = url.parse().map_err(db)?;
         let pool = connections(config.clone(), POOL_SIZE)?;
         let mut client = pool.get().await.map_err(Error::backend)?;
@@ -170,7 +186,8 @@ impl PgStore {
         };
         lease_config.options(&options);
         let lease_pool = connections(lease_config, LEASE_POOL_SIZE)?;
-        let leases = Arc::new(lease::Leases::new(node, ttl));
+        let leases = Arc::new(lease::Leases::new(node, ttl, address));
+        leases.heartbeat(&lease_pool).await?;
         let (commits, queue) = mpsc::unbounded_channel();
         let transactions = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let committer = tokio::spawn(group::run(
@@ -377,6 +394,7 @@ impl Store for PgStore {
         self.renewer.abort();
         // Other nodes may take the sessions over at once, rather than after their leases expire.
         self.leases.release_all(&self.lease_pool).await;
+        self.leases.leave_membership(&self.lease_pool).await;
         self.pool.close();
         self.lease_pool.close();
         Ok(())
@@ -395,6 +413,13 @@ impl Store for PgStore {
 
     fn holds_leases(&self) -> bool {
         true
+    }
+
+    async fn lease_owner(&self, lease: &str) -> Result<Option<super::LeaseOwner>, Error> {
+        if self.is_closed() {
+            return Err(Error::Closed);
+        }
+        self.leases.owner(&self.lease_pool, lease).await
     }
 
     fn release_session(&self, session: &str) {

@@ -14,15 +14,17 @@ use dashmap::DashMap;
 use deadpool_postgres::Pool;
 
 use super::db;
-use crate::store::Error;
+use crate::store::{Error, LeaseOwner};
 
 /// What a node knows of its leases.
 #[derive(Debug)]
 pub(super) struct Leases {
     /// This node's name in the `owner` column.
     pub(super) node: String,
-    /// How long a lease lasts after it is taken or renewed.
+    /// How long a lease lasts after it is taken or renewed (and a heartbeat counts).
     pub(super) ttl: Duration,
+    /// Where other nodes forward requests for this node's sessions.
+    address: Option<String>,
     /// The leases this node holds, by name.
     pub(super) held: DashMap<String, Held>,
     /// The lease each session holds here.
@@ -45,10 +47,11 @@ pub(super) struct Held {
 }
 
 impl Leases {
-    pub(super) fn new(node: String, ttl: Duration) -> Self {
+    pub(super) fn new(node: String, ttl: Duration, address: Option<String>) -> Self {
         Self {
             node,
             ttl,
+            address,
             held: DashMap::new(),
             by_session: DashMap::new(),
             taking: DashMap::new(),
@@ -208,6 +211,69 @@ impl Leases {
         }
     }
 
+    /// Records this node's address and that it is alive now (a node that advertised none is
+    /// not in the membership table: nobody forwards to it).
+    pub(super) async fn heartbeat(&self, pool: &Pool) -> Result<(), Error> {
+        let Some(address) = &self.address else {
+            return Ok(());
+        };
+        let client = pool.get().await.map_err(Error::backend)?;
+        client
+            .execute(
+                "INSERT INTO dormant_nodes (node, address, heartbeat_at) VALUES ($1, $2, now()) \
+                 ON CONFLICT (node) DO UPDATE \
+                 SET address = excluded.address, heartbeat_at = excluded.heartbeat_at",
+                &[&self.node, address],
+            )
+            .await
+            .map_err(db)?;
+        Ok(())
+    }
+
+    /// Takes this node out of the membership table (it closes).
+    pub(super) async fn leave_membership(&self, pool: &Pool) {
+        let left = async {
+            let client = pool.get().await.map_err(Error::backend)?;
+            client
+                .execute("DELETE FROM dormant_nodes WHERE node = $1", &[&self.node])
+                .await
+                .map_err(db)
+        };
+        if let Err(error) = left.await {
+            tracing::warn!(%error, node = %self.node, "store.membership_leave_failed");
+        }
+    }
+
+    /// The live node other than this one that holds `lease`, with its address if its
+    /// heartbeat is more recent than a lease's time to live.
+    pub(super) async fn owner(
+        &self,
+        pool: &Pool,
+        lease: &str,
+    ) -> Result<Option<LeaseOwner>, Error> {
+        let client = pool.get().await.map_err(Error::backend)?;
+        let statement = client
+            .prepare_cached(
+                "SELECT l.owner, n.address FROM dormant_leases l \
+                 LEFT JOIN dormant_nodes n ON n.node = l.owner \
+                     AND n.heartbeat_at > now() - $3::int8 * interval '1 millisecond' \
+                 WHERE l.session = $1 AND l.owner <> $2 AND l.expires_at > now()",
+            )
+            .await
+            .map_err(db)?;
+        let row = client
+            .query_opt(&statement, &[&lease, &self.node, &self.ttl_ms()])
+            .await
+            .map_err(db)?;
+        row.map(|row| {
+            Ok(LeaseOwner {
+                node: row.try_get(0).map_err(db)?,
+                address: row.try_get(1).map_err(db)?,
+            })
+        })
+        .transpose()
+    }
+
     /// Renews every lease this node holds; forgets the ones it no longer holds (expired, or
     /// taken over), whose commits then fail.
     pub(super) async fn renew(&self, pool: &Pool) -> Result<(), Error> {
@@ -284,6 +350,9 @@ pub(super) async fn renew_forever(pool: Pool, leases: Arc<Leases>) {
         tokio::time::sleep(period).await;
         if let Err(error) = leases.renew(&pool).await {
             tracing::warn!(%error, node = %leases.node, "store.lease_renewal_failed");
+        }
+        if let Err(error) = leases.heartbeat(&pool).await {
+            tracing::warn!(%error, node = %leases.node, "store.heartbeat_failed");
         }
     }
 }

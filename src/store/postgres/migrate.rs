@@ -13,7 +13,7 @@ const LOCK: i64 = 0x0064_6f72_6d61_6e74;
 
 /// The migrations, in order; a migration's version is its position from 1. Never edit one
 /// that shipped: add another.
-const MIGRATIONS: [&str; 2] = [
+const MIGRATIONS: [&str; 3] = [
     // 1: every tree in one table, ordered by (tree, key).
     "CREATE TABLE dormant_kv (
          tree smallint NOT NULL,
@@ -27,6 +27,12 @@ const MIGRATIONS: [&str; 2] = [
          owner text NOT NULL,
          epoch bigint NOT NULL,
          expires_at timestamptz NOT NULL
+     )",
+    // 3: the nodes, with the address others forward requests to and their last heartbeat.
+    "CREATE TABLE dormant_nodes (
+         node text PRIMARY KEY,
+         address text NOT NULL,
+         heartbeat_at timestamptz NOT NULL
      )",
 ];
 
