@@ -40,24 +40,40 @@ const DEMO: &str = "demo";
 
 /// What one pass measured.
 #[derive(Debug)]
-struct Pass {
-    sessions: usize,
-    cycles: u64,
-    elapsed: Duration,
-    submit_us: Histogram<u64>,
-    lag_ms: Histogram<u64>,
-    errors: Vec<String>,
+pub(crate) struct Pass {
+    pub(crate) sessions: usize,
+    pub(crate) cycles: u64,
+    pub(crate) elapsed: Duration,
+    pub(crate) submit_us: Histogram<u64>,
+    pub(crate) lag_ms: Histogram<u64>,
+    pub(crate) errors: Vec<String>,
 }
 
 impl Pass {
-    fn cycles_per_second(&self) -> f64 {
+    /// One line of the text report.
+    pub(crate) fn line(&self, name: &str) -> String {
+        let quantile = |histogram: &Histogram<u64>, q: f64| histogram.value_at_quantile(q);
+        format!(
+            "{name:<11} {:>6} sessions, {:>6} cycles in {:>6.2} s = {:>8.0} cycles/s; submit p50 {:>6} µs, p99 {:>6} µs; stream lag p50 {} ms, p99 {} ms",
+            self.sessions,
+            self.cycles,
+            self.elapsed.as_secs_f64(),
+            self.cycles_per_second(),
+            quantile(&self.submit_us, 0.5),
+            quantile(&self.submit_us, 0.99),
+            quantile(&self.lag_ms, 0.5),
+            quantile(&self.lag_ms, 0.99),
+        )
+    }
+
+    pub(crate) fn cycles_per_second(&self) -> f64 {
         self.cycles as f64 / self.elapsed.as_secs_f64().max(f64::EPSILON)
     }
 }
 
 /// Latencies the sessions of a pass record, shared by its tasks.
 #[derive(Debug)]
-struct Recorder {
+pub(crate) struct Recorder {
     submit_us: Mutex<Histogram<u64>>,
     lag_ms: Mutex<Histogram<u64>>,
 }
@@ -94,49 +110,14 @@ fn now_ms() -> u64 {
 /// Runs the HTTP mode; returns how many problems it found.
 pub(crate) async fn simulate(args: Args, target: Option<String>) -> anyhow::Result<usize> {
     let (_temp, _path, store) = crate::open_store(&args)?;
-    let agent = AgentDefinition::builder(AGENT)
-        .tool(ToolDefinition::client("ask_user").output_schema(json!({
-            "type": "object", "required": ["answer"],
-            "properties": { "answer": { "type": "string" } }
-        })))
-        .build()?;
-    let llm = ScriptedLlm::new().script(
-        AGENT,
-        vec![
-            ModelReply::tool_calls(vec![ToolCall::new("ask_user-1", "ask_user", json!({}))]),
-            ModelReply::text("done"),
-        ],
-    );
-    let mut builder = Runtime::builder()
-        .store(store as Arc<dyn dormant::Store>)
-        .llm(Arc::new(llm))
-        .agent(agent)
-        .client_tool_timeout_ms(10 * 60 * 1000);
-    if args.max_resident > 0 {
-        builder = builder.max_resident(args.max_resident);
-    }
-    let runtime = builder.build()?;
+    let runtime = cycle_runtime(store, &args)?;
     let (base, agent, served) = match target {
         Some(url) => (loopback(&url)?, DEMO, None),
         None => {
-            let server = Server::new(runtime.clone(), Auth::allow_unauthenticated())
-                .config(ServerConfig::default().page(false));
-            let closing = server.closing();
-            let app = server.router()?;
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
             let base = format!("http://{}", listener.local_addr()?);
-            // Small writes (an SSE event, a JSON answer) go out at once, not after Nagle's
-            // wait for the peer's delayed ACK.
-            let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-                let _ = tcp.set_nodelay(true);
-            });
-            let wait = closing.clone();
-            let task = tokio::spawn(async move {
-                axum::serve(listener, app)
-                    .with_graceful_shutdown(async move { wait.closed().await })
-                    .await
-            });
-            (base, AGENT, Some((closing, task)))
+            let server = Server::new(runtime.clone(), Auth::allow_unauthenticated());
+            (base, AGENT, Some(serve(server, listener)?))
         }
     };
     let http = reqwest::Client::builder()
@@ -161,9 +142,8 @@ pub(crate) async fn simulate(args: Args, target: Option<String>) -> anyhow::Resu
     } else {
         None
     };
-    if let Some((closing, task)) = served {
-        closing.close();
-        task.await??;
+    if let Some(served) = served {
+        served.stop().await?;
     }
     runtime.shutdown().await?;
 
@@ -177,6 +157,68 @@ pub(crate) async fn simulate(args: Args, target: Option<String>) -> anyhow::Resu
     }
     print(&args, &in_process, &over_http, streams);
     Ok(problems.len())
+}
+
+/// The runtime of a self-served run: the agent [`AGENT`] on `store`.
+pub(crate) fn cycle_runtime(
+    store: Arc<dyn dormant::Store>,
+    args: &Args,
+) -> anyhow::Result<Runtime> {
+    let agent = AgentDefinition::builder(AGENT)
+        .tool(ToolDefinition::client("ask_user").output_schema(json!({
+            "type": "object", "required": ["answer"],
+            "properties": { "answer": { "type": "string" } }
+        })))
+        .build()?;
+    let llm = ScriptedLlm::new().script(
+        AGENT,
+        vec![
+            ModelReply::tool_calls(vec![ToolCall::new("ask_user-1", "ask_user", json!({}))]),
+            ModelReply::text("done"),
+        ],
+    );
+    let mut builder = Runtime::builder()
+        .store(store)
+        .llm(Arc::new(llm))
+        .agent(agent)
+        .client_tool_timeout_ms(10 * 60 * 1000);
+    if args.max_resident > 0 {
+        builder = builder.max_resident(args.max_resident);
+    }
+    Ok(builder.build()?)
+}
+
+/// A router this process serves on `listener` until [`Served::stop`].
+pub(crate) struct Served {
+    closing: dormant_server::Closing,
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+impl Served {
+    pub(crate) async fn stop(self) -> anyhow::Result<()> {
+        self.closing.close();
+        self.task.await??;
+        Ok(())
+    }
+}
+
+/// Serves `server` (without its page) on `listener`.
+pub(crate) fn serve(server: Server, listener: tokio::net::TcpListener) -> anyhow::Result<Served> {
+    let server = server.config(ServerConfig::default().page(false));
+    let closing = server.closing();
+    let app = server.router()?;
+    // Small writes (an SSE event, a JSON answer) go out at once, not after Nagle's wait for
+    // the peer's delayed ACK.
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
+    let wait = closing.clone();
+    let task = tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move { wait.closed().await })
+            .await
+    });
+    Ok(Served { closing, task })
 }
 
 /// Refuses a target off this machine.
@@ -213,7 +255,11 @@ async fn run_in_process(runtime: &Runtime, args: &Args) -> anyhow::Result<Pass> 
 
 /// Runs `--sessions` cycles, `--concurrency` at a time, and times them; returns what each
 /// finished cycle gave back, to check after the clock stopped.
-async fn run_pass<T, F, Fut>(args: &Args, name: &str, cycle: F) -> anyhow::Result<(Pass, Vec<T>)>
+pub(crate) async fn run_pass<T, F, Fut>(
+    args: &Args,
+    name: &str,
+    cycle: F,
+) -> anyhow::Result<(Pass, Vec<T>)>
 where
     F: Fn(Arc<Recorder>) -> Fut,
     Fut: std::future::Future<Output = anyhow::Result<(T, u64)>>,
@@ -310,12 +356,16 @@ fn one_answer(messages: &[Value]) -> bool {
 }
 
 #[derive(Debug)]
-struct HttpClient {
+pub(crate) struct HttpClient {
     http: reqwest::Client,
     base: String,
 }
 
 impl HttpClient {
+    pub(crate) fn new(http: reqwest::Client, base: String) -> Self {
+        Self { http, base }
+    }
+
     async fn post(&self, path: &str, token: Option<&str>, body: &Value) -> anyhow::Result<Value> {
         let mut request = self.http.post(format!("{}{path}", self.base)).json(body);
         if let Some(token) = token {
@@ -367,11 +417,20 @@ async fn run_http(
     agent: &'static str,
     args: &Args,
 ) -> anyhow::Result<Pass> {
-    let (mut pass, sessions) = run_pass(args, "over HTTP", |recorder| {
+    let (pass, sessions) = run_pass(args, "over HTTP", |recorder| {
         let client = Arc::clone(client);
-        async move { cycle_over_http(&client, agent, &recorder).await }
+        async move { cycle_over_http(&client, &client, agent, &recorder).await }
     })
     .await?;
+    check_answers(client, pass, sessions).await
+}
+
+/// Adds to the pass's errors each session that does not have exactly one answer.
+pub(crate) async fn check_answers(
+    client: &HttpClient,
+    mut pass: Pass,
+    sessions: Vec<(String, String)>,
+) -> anyhow::Result<Pass> {
     for (id, token) in sessions {
         let messages = client
             .get(&format!("/messages?session_id={id}"), &token)
@@ -393,8 +452,11 @@ async fn run_http(
 /// suspension resumes the run and streams it in the same request
 /// (`?resume=true&stream=true`). Each stream is read to its end, so its connection goes back
 /// to the pool: two requests a cycle.
-async fn cycle_over_http(
+///
+/// The start goes to `client`, the answers to `answers` (another node of a cluster, say).
+pub(crate) async fn cycle_over_http(
     client: &HttpClient,
+    answers: &HttpClient,
     agent: &str,
     recorder: &Recorder,
 ) -> anyhow::Result<((String, String), u64)> {
@@ -453,7 +515,7 @@ async fn cycle_over_http(
             };
             let sent = Instant::now();
             if index < last {
-                let answer = client
+                let answer = answers
                     .post("/submit-tool-result", Some(&token), &envelope)
                     .await?;
                 recorder.submit(sent.elapsed());
@@ -461,7 +523,7 @@ async fn cycle_over_http(
                 continue;
             }
             let path = "/submit-tool-result?resume=true&stream=true";
-            events = client.stream(path, Some(&token), &envelope).await?;
+            events = answers.stream(path, Some(&token), &envelope).await?;
             let answer = events.next().await?.context("no accepted event")?;
             recorder.submit(sent.elapsed());
             anyhow::ensure!(answer["code"] == "accepted", "{id}: {answer}");
@@ -553,20 +615,6 @@ async fn stream_memory(
 }
 
 fn print(args: &Args, in_process: &[Pass], over_http: &[Pass], streams: Option<(usize, u64)>) {
-    let line = |name: &str, pass: &Pass| {
-        let quantile = |histogram: &Histogram<u64>, q: f64| histogram.value_at_quantile(q);
-        format!(
-            "{name:<11} {:>6} sessions, {:>6} cycles in {:>6.2} s = {:>8.0} cycles/s; submit p50 {:>6} µs, p99 {:>6} µs; stream lag p50 {} ms, p99 {} ms",
-            pass.sessions,
-            pass.cycles,
-            pass.elapsed.as_secs_f64(),
-            pass.cycles_per_second(),
-            quantile(&pass.submit_us, 0.5),
-            quantile(&pass.submit_us, 0.99),
-            quantile(&pass.lag_ms, 0.5),
-            quantile(&pass.lag_ms, 0.99),
-        )
-    };
     let mean = |passes: &[Pass]| {
         passes.iter().map(Pass::cycles_per_second).sum::<f64>() / passes.len().max(1) as f64
     };
@@ -595,8 +643,8 @@ fn print(args: &Args, in_process: &[Pass], over_http: &[Pass], streams: Option<(
     println!("suspension cycles, {} at a time:", args.concurrency);
     for (round, (local, remote)) in in_process.iter().zip(over_http).enumerate() {
         println!("round {}:", round + 1);
-        println!("  {}", line("in process", local));
-        println!("  {}", line("over HTTP", remote));
+        println!("  {}", local.line("in process"));
+        println!("  {}", remote.line("over HTTP"));
     }
     println!(
         "HTTP / in process: {:.2} (mean cycles/s {:.0} / {:.0})",

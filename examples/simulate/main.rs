@@ -31,6 +31,8 @@ mod halt;
 mod http;
 #[cfg(feature = "openai")]
 mod model;
+#[cfg(feature = "postgres")]
+mod nodes;
 mod plan;
 mod report;
 mod tools;
@@ -157,6 +159,16 @@ struct Args {
     /// `--features postgres`). The report adds its transactions and the server's WAL flushes.
     #[arg(long, value_name = "URL")]
     postgres: Option<String>,
+    /// With --postgres: N nodes (each a runtime with its own PgStore and a dormant-server
+    /// router on a loopback port) share the database; the HTTP mode's cycles are spread over
+    /// them, beside the same cycles on one sled node in the same run. Uses --sessions,
+    /// --concurrency, --max-resident, --http-rounds, --cross-node, --json.
+    #[arg(long, value_name = "N", requires = "postgres")]
+    nodes: Option<usize>,
+    /// With --nodes: send each session's answers to a node that does not own it, which
+    /// forwards them to the owner.
+    #[arg(long, requires = "nodes")]
+    cross_node: bool,
     /// What an acknowledged commit survives.
     #[arg(long, value_enum, default_value_t = DurabilityArg::PowerLoss)]
     durability: DurabilityArg,
@@ -183,6 +195,31 @@ impl From<DurabilityArg> for Durability {
             DurabilityArg::PowerLoss => Durability::PowerLoss,
         }
     }
+}
+
+/// The `--nodes` mode (PostgreSQL nodes against one sled node, over HTTP).
+#[cfg(feature = "postgres")]
+fn nodes(
+    args: Args,
+    url: String,
+    count: usize,
+    runtime: &tokio::runtime::Runtime,
+) -> anyhow::Result<()> {
+    let problems = runtime.block_on(nodes::simulate(args, url, count))?;
+    anyhow::ensure!(problems == 0, "{problems} problems");
+    Ok(())
+}
+
+#[cfg(not(feature = "postgres"))]
+fn nodes(
+    _args: Args,
+    _url: String,
+    _count: usize,
+    _runtime: &tokio::runtime::Runtime,
+) -> anyhow::Result<()> {
+    anyhow::bail!(
+        "--nodes needs the PostgreSQL store: cargo run --release --features postgres --example simulate -- --postgres URL --nodes N"
+    )
 }
 
 fn main() -> anyhow::Result<()> {
@@ -213,10 +250,13 @@ fn main() -> anyhow::Result<()> {
         .build()?;
     anyhow::ensure!(
         args.postgres.is_none() || (args.fanout.is_none() && args.http.is_none() && !args.openai),
-        "--postgres runs the default mode only (not --fanout, --http or --openai)"
+        "--postgres runs the default mode or --nodes (not --fanout, --http or --openai)"
     );
     if args.openai {
         return real_model(args, &runtime);
+    }
+    if let (Some(count), Some(url)) = (args.nodes, args.postgres.clone()) {
+        return nodes(args, url, count, &runtime);
     }
     let simulated = match (args.fanout, args.http.clone()) {
         (Some(fanout), _) => runtime.block_on(fanout::simulate(args, fanout)),
