@@ -35,6 +35,8 @@ const REAP_INTERVAL_MS: u64 = 1_000;
 const REAPER_LEASE: &str = "\u{1}reaper";
 /// How long the background timer waits before it looks again at deadlines another node owns.
 const DEFERRED_RETRY_MS: u64 = 1_000;
+/// How often the background timer looks at a deadline index other nodes share.
+const SHARED_INDEX_POLL: Duration = Duration::from_secs(1);
 /// The longest the background timer sleeps before it looks at the clock again.
 const MAX_SLEEP: Duration = Duration::from_secs(60);
 
@@ -128,7 +130,12 @@ impl DeadlineScheduler {
         let mut timer = Timer::default();
         self.rearm(&mut timer).await;
         loop {
-            let sleep = timer.wake_at.map(|at| self.delay_until(at));
+            let mut sleep = timer.wake_at.map(|at| self.delay_until(at));
+            if self.background && self.shared.store.holds_leases() {
+                // Other nodes arm deadlines in the shared index without telling this one:
+                // look at it at least this often, so those of a node that died still fire.
+                sleep = Some(sleep.map_or(SHARED_INDEX_POLL, |delay| delay.min(SHARED_INDEX_POLL)));
+            }
             let msg = tokio::select! {
                 msg = requests.recv() => match msg {
                     Some(msg) => msg,
