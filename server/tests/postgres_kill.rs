@@ -78,7 +78,8 @@ impl Nodes {
                 "--client-tool-timeout-ms",
                 &timeout,
             ],
-            &[],
+            // Every forwarded request logs a refused activation at warn: too many to read.
+            &[("RUST_LOG", "error")],
         )
     }
 
