@@ -378,6 +378,14 @@ impl SessionActor {
         id: &SessionId,
         state: &'s mut SessionState,
     ) -> Result<Option<&'s mut Session>, Error> {
+        // Loaded under a lease this node lost (and maybe took again) since: another node may
+        // have written the session meanwhile, so what is in memory is read again.
+        if matches!(state.loaded, Loaded::Present(_))
+            && !self.shared.store.holds_current(id.as_str())
+        {
+            tracing::warn!(session = %id, "session.stale_after_lease_lost");
+            state.loaded = Loaded::Unreadable;
+        }
         if matches!(state.loaded, Loaded::Unreadable) {
             // Read again only as its owner: a lost lease made it unreadable, say.
             self.take_lease(id).await?;

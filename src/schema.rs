@@ -251,7 +251,9 @@ impl Commit {
     /// Encodes the commit as one store batch.
     pub(crate) fn encode(&self) -> Result<Batch, Error> {
         let id = &self.session;
-        let mut batch = Batch::new(self.kind).for_session(self.tree.shared());
+        let mut batch = Batch::new(self.kind)
+            .for_session(self.tree.shared())
+            .written_by(id.shared());
         match &self.record {
             Some(record) => {
                 // Every commit's log entry carries the whole record; the session's first

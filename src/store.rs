@@ -134,6 +134,7 @@ pub struct Batch {
     kind: CommitKind,
     ops: Vec<Op>,
     session: Option<std::sync::Arc<str>>,
+    writer: Option<std::sync::Arc<str>>,
 }
 
 impl Batch {
@@ -143,6 +144,7 @@ impl Batch {
             kind,
             ops: Vec::new(),
             session: None,
+            writer: None,
         }
     }
 
@@ -155,9 +157,25 @@ impl Batch {
         self
     }
 
-    /// The session the batch is a commit of, if it is one.
+    /// The session the batch is a commit of, if it is one (the lease that fences it).
     pub fn session(&self) -> Option<&str> {
         self.session.as_deref()
+    }
+
+    /// Names the session whose actor wrote the batch, when it is not the one whose lease
+    /// fences it (a sub-agent writes under its tree's lease): a shared store checks the
+    /// lease at the epoch that session took it at, so an actor whose node lost the lease and
+    /// took it again later, its memory stale, cannot write.
+    #[must_use]
+    pub fn written_by(mut self, session: impl Into<std::sync::Arc<str>>) -> Self {
+        self.writer = Some(session.into());
+        self
+    }
+
+    /// The session whose actor wrote the batch: [`Batch::written_by`], else
+    /// [`Batch::session`].
+    pub fn writer(&self) -> Option<&str> {
+        self.writer.as_deref().or(self.session.as_deref())
     }
 
     /// Adds a put.
@@ -419,6 +437,15 @@ pub trait Store: Send + Sync + Debug + 'static {
     /// once; its lease goes with the last session that held it (a shared store tells the
     /// database in the background).
     fn release_session(&self, _session: &str) {}
+
+    /// Whether what this process loaded of `session` under its lease is still current: it
+    /// still holds the lease at the epoch the session took it at. `false` after the lease was
+    /// lost, or lost and taken again since (another node may have written meanwhile): the
+    /// runtime then reads the session again as its owner before it acts on it. In memory, no
+    /// round trip. Always `true` on a store only this process uses (the default).
+    fn holds_current(&self, _session: &str) -> bool {
+        true
+    }
 
     /// The live node that holds `lease`, if it is not this process (a shared store's lease
     /// another node holds and renews), with the address it advertised for forwarded

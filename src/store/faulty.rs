@@ -185,6 +185,10 @@ impl Store for FaultyStore {
         self.inner.lease_owner(lease).await
     }
 
+    fn holds_current(&self, session: &str) -> bool {
+        self.inner.holds_current(session)
+    }
+
     fn holds_leases(&self) -> bool {
         self.inner.holds_leases()
     }

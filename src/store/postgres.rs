@@ -415,6 +415,10 @@ impl Store for PgStore {
         true
     }
 
+    fn holds_current(&self, session: &str) -> bool {
+        self.leases.holds_current(session)
+    }
+
     async fn lease_owner(&self, lease: &str) -> Result<Option<super::LeaseOwner>, Error> {
         if self.is_closed() {
             return Err(Error::Closed);

@@ -80,12 +80,14 @@ pub(super) async fn run(
         if let Err(error) = &result {
             tracing::error!(%error, batches = group.len(), "store.postgres_commit_failed");
         }
-        for pending in group {
+        for (index, pending) in group.into_iter().enumerate() {
             let answer = match &result {
                 Ok(fenced) => match pending.batch.session() {
-                    Some(session) if fenced.contains(session) => Err(Error::LeaseLost {
-                        session: session.to_string(),
-                    }),
+                    Some(session) if fenced.get(index).copied().unwrap_or(false) => {
+                        Err(Error::LeaseLost {
+                            session: session.to_string(),
+                        })
+                    }
                     _ => Ok(()),
                 },
                 Err(error) => Err(Error::backend(error.to_string())),
@@ -108,14 +110,13 @@ fn is_retryable(error: &Error) -> bool {
 /// The final value of each key the group writes (`None`: deleted), in key order.
 type Folded = BTreeMap<(i16, Vec<u8>), Option<Vec<u8>>>;
 
-fn fold(group: &[Pending], fenced: &HashSet<String>) -> Folded {
+fn fold(group: &[Pending], fenced: &[bool]) -> Folded {
     let mut folded = Folded::new();
-    let allowed = group.iter().filter(|pending| {
-        !pending
-            .batch
-            .session()
-            .is_some_and(|session| fenced.contains(session))
-    });
+    let allowed = group
+        .iter()
+        .zip(fenced)
+        .filter(|(_, fenced)| !**fenced)
+        .map(|(pending, _)| pending);
     for pending in allowed {
         for op in pending.batch.ops() {
             match op {
@@ -132,13 +133,9 @@ fn fold(group: &[Pending], fenced: &HashSet<String>) -> Folded {
 }
 
 /// One transaction: the leases of the group's sessions checked (and locked), then every put
-/// of the batches that may write in one statement, every delete in another. The sessions
-/// whose batches were refused for want of their lease.
-async fn commit_group(
-    pool: &Pool,
-    leases: &Leases,
-    group: &[Pending],
-) -> Result<HashSet<String>, Error> {
+/// of the batches that may write in one statement, every delete in another. Which batches
+/// (by position) were refused for want of their lease.
+async fn commit_group(pool: &Pool, leases: &Leases, group: &[Pending]) -> Result<Vec<bool>, Error> {
     let mut client = pool.get().await.map_err(Error::backend)?;
     let transaction = client.transaction().await.map_err(db)?;
     let fenced = fence(&transaction, leases, group).await?;
@@ -189,59 +186,69 @@ async fn commit_group(
     Ok(fenced)
 }
 
-/// The sessions of the group this node may not write for: it does not hold their lease, or
-/// the database says it lost it (expired by the database's clock, or taken over). The lease
-/// rows of the others stay locked until the transaction ends.
+/// Which batches of the group this node may not write (by position): their writer does not
+/// hold the lease, or holds it at an older epoch than the node took it at since (its memory
+/// is stale), or the database says the node lost it (expired by the database's clock, or
+/// taken over). The lease rows of the others stay locked until the transaction ends.
 async fn fence(
     transaction: &deadpool_postgres::Transaction<'_>,
     leases: &Leases,
     group: &[Pending],
-) -> Result<HashSet<String>, Error> {
-    let mut fenced = HashSet::new();
-    let (mut sessions, mut epochs) = (Vec::new(), Vec::new());
-    for session in group.iter().filter_map(|pending| pending.batch.session()) {
-        if sessions.iter().any(|known| known == session) || fenced.contains(session) {
-            continue;
-        }
-        match leases.epoch(session) {
-            Some(epoch) => {
-                sessions.push(session.to_string());
-                epochs.push(epoch);
-            }
-            None => {
-                fenced.insert(session.to_string());
-            }
-        }
-    }
-    if sessions.is_empty() {
-        return Ok(fenced);
-    }
-    let statement = transaction
-        .prepare_cached(
-            // In session order, as a lease renewal locks them: the two never wait on each
-            // other in a cycle.
-            "SELECT l.session FROM dormant_leases l \
-             JOIN unnest($1::text[], $2::int8[]) AS h(session, epoch) \
-             ON l.session = h.session AND l.epoch = h.epoch \
-             WHERE l.owner = $3 AND l.expires_at > now() \
-             ORDER BY l.session FOR SHARE OF l",
-        )
-        .await
-        .map_err(db)?;
-    let rows = transaction
-        .query(&statement, &[&sessions, &epochs, &leases.node])
-        .await
-        .map_err(db)?;
-    let valid: HashSet<String> = rows
-        .into_iter()
-        .filter_map(|row| row.try_get::<_, String>(0).ok())
+) -> Result<Vec<bool>, Error> {
+    // Each batch's (lease, epoch), read once.
+    let claims: Vec<Option<(String, Option<i64>)>> = group
+        .iter()
+        .map(|pending| {
+            let lease = pending.batch.session()?;
+            let writer = pending.batch.writer().unwrap_or(lease);
+            Some((lease.to_string(), leases.fence_epoch(writer, lease)))
+        })
         .collect();
-    for (session, epoch) in sessions.into_iter().zip(epochs) {
-        if !valid.contains(&session) {
-            tracing::warn!(%session, epoch, node = %leases.node, "store.commit_fenced");
-            leases.forget(&session, epoch);
-            fenced.insert(session);
+    let mut pairs: Vec<(String, i64)> = claims
+        .iter()
+        .flatten()
+        .filter_map(|(lease, epoch)| epoch.map(|epoch| (lease.clone(), epoch)))
+        .collect();
+    pairs.sort();
+    pairs.dedup();
+    let mut valid = HashSet::new();
+    if !pairs.is_empty() {
+        let (sessions, epochs): (Vec<String>, Vec<i64>) = pairs.iter().cloned().unzip();
+        let statement = transaction
+            .prepare_cached(
+                // In session order, as a lease renewal locks them: the two never wait on each
+                // other in a cycle.
+                "SELECT l.session, l.epoch FROM dormant_leases l \
+                 JOIN unnest($1::text[], $2::int8[]) AS h(session, epoch) \
+                 ON l.session = h.session AND l.epoch = h.epoch \
+                 WHERE l.owner = $3 AND l.expires_at > now() \
+                 ORDER BY l.session FOR SHARE OF l",
+            )
+            .await
+            .map_err(db)?;
+        let rows = transaction
+            .query(&statement, &[&sessions, &epochs, &leases.node])
+            .await
+            .map_err(db)?;
+        for row in rows {
+            valid.insert((
+                row.try_get::<_, String>(0).map_err(db)?,
+                row.try_get::<_, i64>(1).map_err(db)?,
+            ));
+        }
+        for pair in &pairs {
+            if !valid.contains(pair) {
+                tracing::warn!(session = %pair.0, epoch = pair.1, node = %leases.node, "store.commit_fenced");
+                leases.forget(&pair.0, pair.1);
+            }
         }
     }
-    Ok(fenced)
+    Ok(claims
+        .into_iter()
+        .map(|claim| match claim {
+            None => false,
+            Some((lease, Some(epoch))) => !valid.contains(&(lease, epoch)),
+            Some((_, None)) => true,
+        })
+        .collect())
 }

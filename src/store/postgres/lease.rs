@@ -27,8 +27,8 @@ pub(super) struct Leases {
     address: Option<String>,
     /// The leases this node holds, by name.
     pub(super) held: DashMap<String, Held>,
-    /// The lease each session holds here.
-    by_session: DashMap<String, String>,
+    /// The lease each session holds here, with the epoch it joined it at.
+    by_session: DashMap<String, (String, i64)>,
     /// One take of a lease at a time: two sessions of one tree activating together share
     /// one take instead of raising the epoch under each other.
     taking: DashMap<String, Arc<tokio::sync::Mutex<()>>>,
@@ -65,6 +65,26 @@ impl Leases {
     /// The epoch this node holds `lease` at, if it holds it.
     pub(super) fn epoch(&self, lease: &str) -> Option<i64> {
         self.held.get(lease).map(|held| held.epoch)
+    }
+
+    /// The epoch a commit `writer` makes under `lease` is fenced at: the epoch the writer
+    /// joined the lease at, which is older than the node's if the node lost the lease and took
+    /// it again since (the writer's memory is then stale, and its commit refused); the node's,
+    /// for a writer that never joined. `None`: the node does not hold the lease.
+    pub(super) fn fence_epoch(&self, writer: &str, lease: &str) -> Option<i64> {
+        if let Some(joined) = self.by_session.get(writer) {
+            if joined.0 == lease {
+                return Some(joined.1);
+            }
+        }
+        self.epoch(lease)
+    }
+
+    /// Whether `session` holds its lease at the epoch this node holds it at now.
+    pub(super) fn holds_current(&self, session: &str) -> bool {
+        self.by_session
+            .get(session)
+            .is_some_and(|joined| self.epoch(&joined.0) == Some(joined.1))
     }
 
     /// Forgets `lease` if this node still believes it holds it at `epoch` (the database says
@@ -121,14 +141,15 @@ impl Leases {
     fn join(&self, session: &str, lease: &str) -> Option<Left> {
         let mut held = self.held.get_mut(lease)?;
         held.sessions.insert(session.to_string());
+        let epoch = held.epoch;
         drop(held);
         let before = self
             .by_session
-            .insert(session.to_string(), lease.to_string());
+            .insert(session.to_string(), (lease.to_string(), epoch));
         Some(
             before
-                .filter(|before| before != lease)
-                .and_then(|before| self.leave(session, before)),
+                .filter(|before| before.0 != lease || before.1 != epoch)
+                .and_then(|(before, at)| self.leave(session, before, at)),
         )
     }
 
@@ -173,10 +194,10 @@ impl Leases {
     /// `session` no longer holds its lease here, from now on; the lease is given up with its
     /// last session.
     pub(super) fn release(&self, pool: &Pool, session: &str) {
-        let Some((_, lease)) = self.by_session.remove(session) else {
+        let Some((_, (lease, at))) = self.by_session.remove(session) else {
             return;
         };
-        let Some((lease, epoch)) = self.leave(session, lease) else {
+        let Some((lease, epoch)) = self.leave(session, lease, at) else {
             return;
         };
         // In the background (it expires by itself if that fails).
@@ -186,15 +207,16 @@ impl Leases {
         }
     }
 
-    /// Takes `session` off `lease`: the lease to give up, with its epoch, if it was the last.
-    fn leave(&self, session: &str, lease: String) -> Left {
-        let mut epoch = None;
+    /// Takes `session` off `lease`, which it joined at epoch `at` (nothing if the node holds
+    /// it at another epoch since): the lease to give up, with its epoch, if it was the last.
+    fn leave(&self, session: &str, lease: String, at: i64) -> Left {
         self.held.remove_if_mut(&lease, |_, held| {
-            held.sessions.remove(session);
-            epoch = Some(held.epoch);
-            held.sessions.is_empty()
+            held.epoch == at && {
+                held.sessions.remove(session);
+                held.sessions.is_empty()
+            }
         })?;
-        epoch.map(|epoch| (lease, epoch))
+        Some((lease, at))
     }
 
     /// Gives every lease up (the store closes).
