@@ -368,9 +368,19 @@ async fn give_up(pool: &Pool, node: &str, lease: &str, epoch: i64) {
 /// Renews the node's leases every third of their time to live, until the store closes.
 pub(super) async fn renew_forever(pool: Pool, leases: Arc<Leases>) {
     let period = leases.ttl / 3;
+    let mut took = Duration::ZERO;
     loop {
-        tokio::time::sleep(period).await;
-        if let Err(error) = leases.renew(&pool).await {
+        // A renewal of many leases takes a while (BENCHMARKS.md: about 70 µs a lease): the
+        // next one starts a period after the last one started, so no lease waits longer
+        // than a period plus one renewal.
+        tokio::time::sleep(period.saturating_sub(took)).await;
+        let started = std::time::Instant::now();
+        let renewed = leases.renew(&pool).await;
+        took = started.elapsed();
+        if took > period {
+            tracing::warn!(took_ms = took.as_millis(), held = leases.held.len(), node = %leases.node, "store.lease_renewal_slow");
+        }
+        if let Err(error) = renewed {
             tracing::warn!(%error, node = %leases.node, "store.lease_renewal_failed");
         }
         if let Err(error) = leases.heartbeat(&pool).await {
