@@ -365,9 +365,7 @@ impl SessionActor {
         }
         // A session's place in its tree never changes once written: read before the lease.
         // A session not written yet is a new root, or a child its start moves to its root.
-        let root = schema::load_lineage(store, id)
-            .await?
-            .map_or_else(|| id.clone(), |lineage| lineage.root);
+        let root = schema::tree_root(store, id).await?;
         store.acquire(id.as_str(), root.as_str()).await?;
         Ok(())
     }

@@ -640,9 +640,7 @@ impl Runtime {
         if !store.holds_leases() {
             return Ok(None);
         }
-        let root = crate::schema::load_lineage(store, id)
-            .await?
-            .map_or_else(|| id.clone(), |lineage| lineage.root);
+        let root = crate::schema::tree_root(store, id).await?;
         Ok(store.lease_owner(root.as_str()).await?)
     }
 

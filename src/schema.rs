@@ -379,6 +379,14 @@ pub(crate) async fn load_lineage(
         .transpose()
 }
 
+/// The root of `session`'s tree (the name of the lease that owns it): itself for a root or a
+/// session not written yet.
+pub(crate) async fn tree_root(store: &dyn Store, session: &SessionId) -> Result<SessionId, Error> {
+    Ok(load_lineage(store, session)
+        .await?
+        .map_or_else(|| session.clone(), |lineage| lineage.root))
+}
+
 async fn load_all<T: DeserializeOwned>(
     store: &dyn Store,
     session: &SessionId,

@@ -92,6 +92,26 @@ fn waiting<'a>(status: &'a Value, tool: &str) -> Option<&'a Value> {
         .find(|call| call["tool_name"] == tool && call["waiting"] == true)
 }
 
+/// Starts a demo session on the node at `base` and waits until it asks the user: its id,
+/// token and the waiting `ask_user` call.
+async fn start_waiting(base: &str) -> anyhow::Result<(String, String, Value)> {
+    let started: Value = reqwest::Client::new()
+        .post(format!("{base}/start"))
+        .json(&json!({ "agent": "demo", "message": "weather in Porto" }))
+        .send()
+        .await?
+        .json()
+        .await?;
+    let id = started["session_id"]
+        .as_str()
+        .context("session_id")?
+        .to_string();
+    let token = started["token"].as_str().context("token")?.to_string();
+    let status = until(base, &id, &token, |s| waiting(s, "ask_user").is_some()).await?;
+    let ask = waiting(&status, "ask_user").context("ask_user")?.clone();
+    Ok((id, token, ask))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_node_loses_its_session_to_another_and_cannot_write_after() -> anyhow::Result<()> {
     let Some(cluster) = cluster::Cluster::start()? else {
@@ -104,20 +124,7 @@ async fn a_paused_node_loses_its_session_to_another_and_cannot_write_after() -> 
     let b = node(&url, &key, "b")?;
 
     // The session starts on A, which takes its lease, and waits on ask_user.
-    let started: Value = reqwest::Client::new()
-        .post(format!("{}/start", a.base))
-        .json(&json!({ "agent": "demo", "message": "weather in Porto" }))
-        .send()
-        .await?
-        .json()
-        .await?;
-    let id = started["session_id"]
-        .as_str()
-        .context("session_id")?
-        .to_string();
-    let token = started["token"].as_str().context("token")?.to_string();
-    let status = until(&a.base, &id, &token, |s| waiting(s, "ask_user").is_some()).await?;
-    let ask = waiting(&status, "ask_user").context("ask_user")?.clone();
+    let (id, token, ask) = start_waiting(&a.base).await?;
 
     // B itself cannot write while A is alive and holds the lease (a request B may not send on
     // to A, as one forwarded to it already).
@@ -217,20 +224,7 @@ async fn any_node_answers_a_request_for_a_session_another_node_owns() -> anyhow:
     let b = node(&url, &key, "b")?;
 
     // The session starts on A, which owns it while it waits on ask_user.
-    let started: Value = reqwest::Client::new()
-        .post(format!("{}/start", a.base))
-        .json(&json!({ "agent": "demo", "message": "weather in Porto" }))
-        .send()
-        .await?
-        .json()
-        .await?;
-    let id = started["session_id"]
-        .as_str()
-        .context("session_id")?
-        .to_string();
-    let token = started["token"].as_str().context("token")?.to_string();
-    let status = until(&a.base, &id, &token, |s| waiting(s, "ask_user").is_some()).await?;
-    let ask = waiting(&status, "ask_user").context("ask_user")?.clone();
+    let (id, token, ask) = start_waiting(&a.base).await?;
 
     // Its stream, asked of B, comes from A.
     let stream = reqwest::Client::new()
