@@ -177,6 +177,11 @@ impl VirtualActor for SessionActor {
     type State = SessionState;
     type Error = Error;
 
+    /// Another node owns the session's tree: the request is answered (and forwarded) as such.
+    fn is_refusal(&self, error: &Error) -> bool {
+        matches!(error, Error::Store(crate::store::Error::LeaseHeld { .. }))
+    }
+
     async fn activate(&self, id: &SessionId) -> Result<SessionState, Error> {
         self.take_lease(id).await?;
         let loaded = match self.load_recovered(id).await {

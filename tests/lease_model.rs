@@ -1,10 +1,12 @@
 //! A model-based property test of the lease and deadline protocol (issue 18): three runtimes
 //! ("nodes") share one in-memory fake of a shared store, whose lease table follows PgStore's
-//! rules (a take or takeover raises the epoch; an expired lease, by the fake database's
-//! clock, may be taken over; a commit is written only while its node holds its tree's lease
-//! at the epoch it took, checked atomically with the write). Random sequences of operations
+//! rules (a take or takeover raises the epoch; a lease is held while it is not given up and
+//! its owner's liveness, renewed by the node as a whole, has not expired by the fake
+//! database's clock; a lease whose owner is not live may be taken over; a commit is written
+//! only while its node holds its tree's lease at the epoch it took, checked atomically with
+//! the write). Random sequences of operations
 //! start sessions, submit answers and resume at any node, fire deadlines, move the clock,
-//! pause nodes (a paused node stops renewing, so its leases expire while its memory stays),
+//! pause nodes (a paused node stops renewing, so its liveness expires while its memory stays),
 //! let them continue, and evict. Then every node continues and every session is driven to its
 //! end through its owner.
 //!
@@ -37,7 +39,23 @@ const HANG: std::time::Duration = std::time::Duration::from_secs(3);
 struct Row {
     owner: usize,
     epoch: i64,
+    /// `u64::MAX` from its take until it is given up.
     expires_at: u64,
+}
+
+/// The lease table and the nodes' liveness, behind one lock.
+#[derive(Default)]
+struct Table {
+    rows: HashMap<String, Row>,
+    /// Until when each node is live (its row in `dormant_nodes`).
+    live_until: HashMap<usize, u64>,
+}
+
+impl Table {
+    /// Whether `row` is held: not given up, and its owner live.
+    fn held(&self, row: &Row, now: u64) -> bool {
+        row.expires_at > now && self.live_until.get(&row.owner).is_some_and(|t| *t > now)
+    }
 }
 
 /// The fake database: the data (a memory store) and the lease table, behind one lock, so a
@@ -45,7 +63,7 @@ struct Row {
 struct FakeDb {
     data: MemoryStore,
     clock: ManualClock,
-    leases: tokio::sync::Mutex<HashMap<String, Row>>,
+    leases: tokio::sync::Mutex<Table>,
     /// The highest epoch a commit was written at, per lease.
     written: parking_lot::Mutex<HashMap<String, i64>>,
     /// A violation seen by the fake itself.
@@ -71,24 +89,26 @@ struct FakeNode {
     index: usize,
     db: Arc<FakeDb>,
     held: parking_lot::Mutex<Held>,
+    /// Until when this node is live by its own reckoning (its last renewal's).
+    live_until: parking_lot::Mutex<u64>,
 }
 
 impl FakeNode {
-    /// Renews this node's leases; forgets those it no longer holds.
+    /// Keeps this node live; if its liveness had expired, forgets every lease it held.
     async fn renew(&self) {
         let now = self.db.now();
         let mut table = self.db.leases.lock().await;
-        let mut held = self.held.lock();
-        held.leases
-            .retain(|lease, (epoch, _)| match table.get_mut(lease) {
-                Some(row)
-                    if row.owner == self.index && row.epoch == *epoch && row.expires_at > now =>
-                {
-                    row.expires_at = now + TTL_MS;
-                    true
-                }
-                _ => false,
-            });
+        let live = table.live_until.entry(self.index).or_default();
+        if *live <= now {
+            self.held.lock().leases.clear();
+        }
+        *live = now + TTL_MS;
+        *self.live_until.lock() = now + TTL_MS;
+    }
+
+    /// Whether this node may have stopped being live, by its own reckoning.
+    fn lapsed(&self) -> bool {
+        self.db.now() >= *self.live_until.lock()
     }
 
     fn leave(&self, held: &mut Held, session: &str, lease: &str, at: i64) -> Option<i64> {
@@ -126,8 +146,8 @@ impl Store for FakeNode {
                 }
             };
             let now = self.db.now();
-            let valid = matches!((table.get(lease), epoch),
-                (Some(row), Some(epoch)) if row.owner == self.index && row.epoch == epoch && row.expires_at > now);
+            let valid = matches!((table.rows.get(lease), epoch),
+                (Some(row), Some(epoch)) if row.owner == self.index && row.epoch == epoch && table.held(row, now));
             if !valid {
                 if let Some(epoch) = epoch {
                     let mut held = self.held.lock();
@@ -191,12 +211,15 @@ impl Store for FakeNode {
     }
 
     async fn acquire(&self, session: &str, lease: &str) -> Result<(), StoreError> {
+        if self.lapsed() {
+            self.renew().await;
+        }
         let mut table = self.db.leases.lock().await;
         let now = self.db.now();
         let mut held = self.held.lock();
         if !held.leases.contains_key(lease) {
-            let epoch = match table.get(lease) {
-                Some(row) if row.owner != self.index && row.expires_at > now => {
+            let epoch = match table.rows.get(lease) {
+                Some(row) if row.owner != self.index && table.held(row, now) => {
                     return Err(StoreError::LeaseHeld {
                         session: lease.to_string(),
                         owner: format!("node-{}", row.owner),
@@ -205,7 +228,7 @@ impl Store for FakeNode {
                 Some(row) => row.epoch + 1,
                 None => 1,
             };
-            if let Some(row) = table.get(lease) {
+            if let Some(row) = table.rows.get(lease) {
                 if epoch <= row.epoch {
                     self.db
                         .violations
@@ -213,12 +236,12 @@ impl Store for FakeNode {
                         .push(format!("{lease}: epoch {epoch} after {}", row.epoch));
                 }
             }
-            table.insert(
+            table.rows.insert(
                 lease.to_string(),
                 Row {
                     owner: self.index,
                     epoch,
-                    expires_at: now + TTL_MS,
+                    expires_at: u64::MAX,
                 },
             );
             held.leases
@@ -258,6 +281,9 @@ impl Store for FakeNode {
     }
 
     fn holds_current(&self, session: &str) -> bool {
+        if self.lapsed() {
+            return false;
+        }
         let held = self.held.lock();
         held.sessions
             .get(session)
@@ -268,8 +294,9 @@ impl Store for FakeNode {
         let table = self.db.leases.lock().await;
         let now = self.db.now();
         Ok(table
+            .rows
             .get(lease)
-            .filter(|row| row.owner != self.index && row.expires_at > now)
+            .filter(|row| row.owner != self.index && table.held(row, now))
             .map(|row| LeaseOwner {
                 node: format!("node-{}", row.owner),
                 address: None,
@@ -291,8 +318,8 @@ async fn bounded<T>(
         .map_err(|_| TestCaseError::fail(format!("{what} never returned")))
 }
 
-fn release_row(table: &mut HashMap<String, Row>, lease: &str, owner: usize, epoch: i64, now: u64) {
-    if let Some(row) = table.get_mut(lease) {
+fn release_row(table: &mut Table, lease: &str, owner: usize, epoch: i64, now: u64) {
+    if let Some(row) = table.rows.get_mut(lease) {
         if row.owner == owner && row.epoch == epoch {
             row.expires_at = now.saturating_sub(1);
         }
@@ -409,7 +436,11 @@ impl Cluster {
         let db = Arc::new(FakeDb {
             data: MemoryStore::new(),
             clock: clock.clone(),
-            leases: tokio::sync::Mutex::new(HashMap::new()),
+            leases: tokio::sync::Mutex::new(Table {
+                rows: HashMap::new(),
+                // Every node joins live, as PgStore's open registers it.
+                live_until: (0..NODES).map(|node| (node, 1_000 + TTL_MS)).collect(),
+            }),
             written: parking_lot::Mutex::new(HashMap::new()),
             violations: parking_lot::Mutex::new(Vec::new()),
         });
@@ -420,6 +451,7 @@ impl Cluster {
                     index,
                     db: Arc::clone(&db),
                     held: parking_lot::Mutex::new(Held::default()),
+                    live_until: parking_lot::Mutex::new(1_000 + TTL_MS),
                 })
             })
             .collect();

@@ -105,6 +105,8 @@ impl<A: VirtualActor> Mailbox<A> {
 pub(crate) struct Cell<A: VirtualActor> {
     pub(crate) behaviour: Arc<A>,
     pub(crate) host: Weak<Inner<A>>,
+    /// Set when the activation failed with an expected refusal ([`VirtualActor::is_refusal`]).
+    pub(crate) refused: Arc<std::sync::atomic::AtomicBool>,
 }
 
 pub(crate) struct CellArgs<A: VirtualActor> {
@@ -129,7 +131,16 @@ impl<A: VirtualActor> Actor for Cell<A> {
         myself: ActorRef<Self::Msg>,
         args: CellArgs<A>,
     ) -> Result<CellState<A>, ActorProcessingErr> {
-        let state = Box::pin(self.behaviour.activate(&args.key)).await?;
+        let state = match Box::pin(self.behaviour.activate(&args.key)).await {
+            Ok(state) => state,
+            Err(error) => {
+                if self.behaviour.is_refusal(&error) {
+                    self.refused
+                        .store(true, std::sync::atomic::Ordering::Relaxed);
+                }
+                return Err(error.into());
+            }
+        };
         Ok(CellState {
             ctx: ActorContext {
                 key: args.key,

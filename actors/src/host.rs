@@ -389,9 +389,11 @@ impl<A: VirtualActor> Inner<A> {
     }
 
     async fn activate(self: Arc<Self>, key: A::Key, generation: u64) {
+        let refused = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let cell = Cell {
             behaviour: Arc::clone(&self.behaviour),
             host: Arc::downgrade(&self),
+            refused: Arc::clone(&refused),
         };
         let spawned = Actor::spawn(None, cell, CellArgs { key: key.clone() }).await;
         match spawned {
@@ -410,7 +412,11 @@ impl<A: VirtualActor> Inner<A> {
             }
             Err(error) => {
                 self.activation_failures.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(%key, %error, "actor.activation_failed");
+                if refused.load(Ordering::Relaxed) {
+                    tracing::debug!(%key, %error, "actor.activation_refused");
+                } else {
+                    tracing::warn!(%key, %error, "actor.activation_failed");
+                }
                 let queue = match self
                     .slots
                     .remove_if(&key, |_, slot| slot.generation == generation)

@@ -101,6 +101,13 @@ pub trait VirtualActor: Sized + Send + Sync + Debug + 'static {
         state: &mut Self::State,
     ) -> impl Future<Output = ()> + Send;
 
+    /// Whether an activation error is an expected refusal (the key is served elsewhere, say)
+    /// rather than a fault: logged at debug instead of warn. The messages waiting for the
+    /// actor are rejected either way.
+    fn is_refusal(&self, _error: &Self::Error) -> bool {
+        false
+    }
+
     /// Whether the actor may stop now. An actor with work in flight (a run waiting on a model
     /// call, say) answers `false`, and an eviction request is dropped until it is idle again.
     fn can_passivate(&self, _state: &Self::State) -> bool {

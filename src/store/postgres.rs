@@ -79,16 +79,17 @@ impl PgStoreBuilder {
         self
     }
 
-    /// How long a session's lease lasts unless renewed (default 10 s; renewed every third of
-    /// it). A node paused longer than this loses its sessions to the others.
+    /// How long this node stays live unless it renews (default 10 s; renewed every third of
+    /// it), and with it every lease it holds. A node paused longer than this loses its
+    /// sessions to the others.
     pub fn lease_ttl(mut self, ttl: Duration) -> Self {
         self.lease_ttl = ttl.max(Duration::from_millis(30));
         self
     }
 
     /// The address other nodes forward this node's sessions' requests to
-    /// (`http://host:port`, the agent server's): recorded in the membership table, with a
-    /// heartbeat at each lease renewal, and answered by [`Store::lease_owner`] on other nodes.
+    /// (`http://host:port`, the agent server's): recorded in the membership table, renewed
+    /// with the node's liveness, and answered by [`Store::lease_owner`] on other nodes.
     /// Without one this node's sessions can only be reached here.
     pub fn advertise(mut self, address: impl Into<String>) -> Self {
         self.address = Some(address.into());
@@ -142,9 +143,10 @@ impl PgStore {
         &self.leases.node
     }
 
-    /// Renews every lease this node holds now (the background renewal does it every third of
-    /// the lease's time to live) and returns how many it holds after: for measuring what
-    /// renewal costs, and for an operator who paused the renewal's task.
+    /// Keeps this node live now, and with it every lease it holds (the background renewal
+    /// does it every third of the lease's time to live), and returns how many leases it holds
+    /// after: for measuring what renewal costs, and for an operator who paused the renewal's
+    /// task.
     ///
     /// # Errors
     /// A closed store, or a backend failure.
@@ -201,7 +203,7 @@ impl PgStore {
         lease_config.options(&options);
         let lease_pool = connections(lease_config, LEASE_POOL_SIZE)?;
         let leases = Arc::new(lease::Leases::new(node, ttl, address));
-        leases.heartbeat(&lease_pool).await?;
+        leases.register(&lease_pool).await?;
         let (commits, queue) = mpsc::unbounded_channel();
         let transactions = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let committer = tokio::spawn(group::run(
@@ -406,9 +408,8 @@ impl Store for PgStore {
             let _ = committer.await;
         }
         self.renewer.abort();
-        // Other nodes may take the sessions over at once, rather than after their leases expire.
-        self.leases.release_all(&self.lease_pool).await;
-        self.leases.leave_membership(&self.lease_pool).await;
+        // Other nodes may take the sessions over at once, rather than after the node's row expires.
+        self.leases.leave_cluster(&self.lease_pool).await;
         self.pool.close();
         self.lease_pool.close();
         Ok(())

@@ -63,8 +63,9 @@ pub(super) async fn run(
             continue;
         }
         let mut result = commit_group(&pool, &leases, &group).await;
-        // A deadlock with a lease renewal or takeover is resolved by PostgreSQL aborting one
-        // side (both lock lease rows in session order, so it is rare): try the group again.
+        // A deadlock with a lease take or takeover is resolved by PostgreSQL aborting one
+        // side (rare: a take locks one lease row, a commit locks its rows in order): try the
+        // group again.
         for _ in 0..2 {
             match &result {
                 Err(error) if is_retryable(error) => {
@@ -188,8 +189,8 @@ async fn commit_group(pool: &Pool, leases: &Leases, group: &[Pending]) -> Result
 
 /// Which batches of the group this node may not write (by position): their writer does not
 /// hold the lease, or holds it at an older epoch than the node took it at since (its memory
-/// is stale), or the database says the node lost it (expired by the database's clock, or
-/// taken over). The lease rows of the others stay locked until the transaction ends.
+/// is stale), or the database says the node lost it (taken over, or this node's liveness
+/// expired by the database's clock). The lease rows of the others stay locked until the transaction ends.
 async fn fence(
     transaction: &deadpool_postgres::Transaction<'_>,
     leases: &Leases,
@@ -216,11 +217,12 @@ async fn fence(
         let (sessions, epochs): (Vec<String>, Vec<i64>) = pairs.iter().cloned().unzip();
         let statement = transaction
             .prepare_cached(
-                // In session order, as a lease renewal locks them: the two never wait on each
-                // other in a cycle.
+                // In session order, so two commits never wait on each other in a cycle.
+                // A lease is held while it is not given up and its owner (this node) is live.
                 "SELECT l.session, l.epoch FROM dormant_leases l \
                  JOIN unnest($1::text[], $2::int8[]) AS h(session, epoch) \
                  ON l.session = h.session AND l.epoch = h.epoch \
+                 JOIN dormant_nodes n ON n.node = l.owner AND n.expires_at > now() \
                  WHERE l.owner = $3 AND l.expires_at > now() \
                  ORDER BY l.session FOR SHARE OF l",
             )

@@ -1,14 +1,17 @@
-//! Leases: one owner per session among the nodes that share a database. A node takes a
-//! session's lease when the session's actor activates (or takes over one that expired, by
-//! the database's clock), renews every lease it holds well before it expires, and gives it
-//! up when the actor stops. Every take or takeover raises the session's epoch, so the epochs
-//! of one session only grow. Every commit of a session checks, in its own transaction and
-//! with the lease row locked, that this node still holds the lease with the epoch it took:
-//! a node that lost it (paused past its expiry, cut off, slow) cannot write (fencing).
+//! Leases: one owner per session tree among the nodes that share a database. A node takes a
+//! tree's lease when one of its sessions activates (or takes over one whose owner is no longer
+//! live, by the database's clock), and gives it up when the last of them stops. A lease is
+//! held while it is not given up and its owner is live: a node renews one row of its own in
+//! `dormant_nodes` well before it expires, not each lease (so renewal costs the same at ten
+//! trees as at a million), and a node that stops renewing — dead, paused, cut off — loses all
+//! its leases at once. Every take or takeover raises the lease's epoch, so the epochs of one
+//! tree only grow. Every commit checks, in its own transaction and with the lease row locked,
+//! that this node still holds the lease with the epoch it took and is live: a node that lost
+//! it cannot write (fencing).
 
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
 use deadpool_postgres::Pool;
@@ -21,7 +24,7 @@ use crate::store::{Error, LeaseOwner};
 pub(super) struct Leases {
     /// This node's name in the `owner` column.
     pub(super) node: String,
-    /// How long a lease lasts after it is taken or renewed (and a heartbeat counts).
+    /// How long this node stays live after it renews (and with it, its leases).
     pub(super) ttl: Duration,
     /// Where other nodes forward requests for this node's sessions.
     address: Option<String>,
@@ -32,6 +35,11 @@ pub(super) struct Leases {
     /// One take of a lease at a time: two sessions of one tree activating together share
     /// one take instead of raising the epoch under each other.
     taking: DashMap<String, Arc<tokio::sync::Mutex<()>>>,
+    /// When this node stops being live by its own reckoning: a time to live after its last
+    /// renewal started (the database's reckoning is later, so this errs early).
+    live_until: parking_lot::Mutex<Option<Instant>>,
+    /// One renewal at a time.
+    renewing: tokio::sync::Mutex<()>,
 }
 
 /// A lease the last of its sessions left, with the epoch to give it up at.
@@ -55,7 +63,17 @@ impl Leases {
             held: DashMap::new(),
             by_session: DashMap::new(),
             taking: DashMap::new(),
+            live_until: parking_lot::Mutex::new(None),
+            renewing: tokio::sync::Mutex::new(()),
         }
+    }
+
+    /// Whether this node may have stopped being live (it was paused, or its renewals failed,
+    /// for a time to live): other nodes may own any of its leases.
+    fn lapsed(&self) -> bool {
+        self.live_until
+            .lock()
+            .is_none_or(|until| Instant::now() >= until)
     }
 
     fn ttl_ms(&self) -> i64 {
@@ -80,11 +98,14 @@ impl Leases {
         self.epoch(lease)
     }
 
-    /// Whether `session` holds its lease at the epoch this node holds it at now.
+    /// Whether `session` holds its lease at the epoch this node holds it at now, and the
+    /// node is live.
     pub(super) fn holds_current(&self, session: &str) -> bool {
-        self.by_session
-            .get(session)
-            .is_some_and(|joined| self.epoch(&joined.0) == Some(joined.1))
+        !self.lapsed()
+            && self
+                .by_session
+                .get(session)
+                .is_some_and(|joined| self.epoch(&joined.0) == Some(joined.1))
     }
 
     /// Forgets `lease` if this node still believes it holds it at `epoch` (the database says
@@ -94,13 +115,17 @@ impl Leases {
     }
 
     /// Makes `session` hold `lease`: joins it if this node holds it, else takes it (or takes
-    /// over an expired one); refuses one another node holds.
+    /// over one whose owner is not live); refuses one another live node holds. A node that
+    /// may have stopped being live renews first, and forgets its leases if it had.
     pub(super) async fn acquire(
         &self,
         pool: &Pool,
         session: &str,
         lease: &str,
     ) -> Result<(), Error> {
+        if self.lapsed() {
+            self.renew(pool).await?;
+        }
         let joined = match self.join(session, lease) {
             Some(joined) => joined,
             None => self.take_and_join(pool, session, lease).await?,
@@ -158,17 +183,19 @@ impl Leases {
         let client = pool.get().await.map_err(Error::backend)?;
         let statement = client
             .prepare_cached(
+                // Taken until given up; held while its owner's row is live.
                 "INSERT INTO dormant_leases AS l (session, owner, epoch, expires_at) \
-                 VALUES ($1, $2, 1, now() + $3::int8 * interval '1 millisecond') \
+                 VALUES ($1, $2, 1, 'infinity') \
                  ON CONFLICT (session) DO UPDATE \
                  SET owner = excluded.owner, epoch = l.epoch + 1, expires_at = excluded.expires_at \
-                 WHERE l.owner = excluded.owner OR l.expires_at < now() \
+                 WHERE l.owner = excluded.owner OR l.expires_at < now() OR NOT EXISTS ( \
+                     SELECT 1 FROM dormant_nodes n WHERE n.node = l.owner AND n.expires_at > now()) \
                  RETURNING epoch",
             )
             .await
             .map_err(db)?;
         let taken = client
-            .query_opt(&statement, &[&lease, &self.node, &self.ttl_ms()])
+            .query_opt(&statement, &[&lease, &self.node])
             .await
             .map_err(db)?;
         if let Some(row) = taken {
@@ -219,41 +246,11 @@ impl Leases {
         Some((lease, at))
     }
 
-    /// Gives every lease up (the store closes).
-    pub(super) async fn release_all(&self, pool: &Pool) {
-        let leases: Vec<(String, i64)> = self
-            .held
-            .iter()
-            .map(|held| (held.key().clone(), held.epoch))
-            .collect();
+    /// Gives every lease up at once (the store closes): this node's row goes, so each of its
+    /// leases may be taken over now rather than after the row expires.
+    pub(super) async fn leave_cluster(&self, pool: &Pool) {
         self.held.clear();
         self.by_session.clear();
-        for (lease, epoch) in leases {
-            give_up(pool, &self.node, &lease, epoch).await;
-        }
-    }
-
-    /// Records this node's address and that it is alive now (a node that advertised none is
-    /// not in the membership table: nobody forwards to it).
-    pub(super) async fn heartbeat(&self, pool: &Pool) -> Result<(), Error> {
-        let Some(address) = &self.address else {
-            return Ok(());
-        };
-        let client = pool.get().await.map_err(Error::backend)?;
-        client
-            .execute(
-                "INSERT INTO dormant_nodes (node, address, heartbeat_at) VALUES ($1, $2, now()) \
-                 ON CONFLICT (node) DO UPDATE \
-                 SET address = excluded.address, heartbeat_at = excluded.heartbeat_at",
-                &[&self.node, address],
-            )
-            .await
-            .map_err(db)?;
-        Ok(())
-    }
-
-    /// Takes this node out of the membership table (it closes).
-    pub(super) async fn leave_membership(&self, pool: &Pool) {
         let left = async {
             let client = pool.get().await.map_err(Error::backend)?;
             client
@@ -262,12 +259,35 @@ impl Leases {
                 .map_err(db)
         };
         if let Err(error) = left.await {
+            // Its leases lapse when the row expires.
             tracing::warn!(%error, node = %self.node, "store.membership_leave_failed");
         }
     }
 
-    /// The live node other than this one that holds `lease`, with its address if its
-    /// heartbeat is more recent than a lease's time to live.
+    /// Makes this node live for a time to live from now, with its address (the node joins,
+    /// or joins again after its row expired).
+    pub(super) async fn register(&self, pool: &Pool) -> Result<(), Error> {
+        let started = Instant::now();
+        let client = pool.get().await.map_err(Error::backend)?;
+        let statement = client
+            .prepare_cached(
+                "INSERT INTO dormant_nodes (node, address, heartbeat_at, expires_at) \
+                 VALUES ($1, $2, now(), now() + $3::int8 * interval '1 millisecond') \
+                 ON CONFLICT (node) DO UPDATE SET address = excluded.address, \
+                 heartbeat_at = excluded.heartbeat_at, expires_at = excluded.expires_at",
+            )
+            .await
+            .map_err(db)?;
+        client
+            .execute(&statement, &[&self.node, &self.address, &self.ttl_ms()])
+            .await
+            .map_err(db)?;
+        *self.live_until.lock() = Some(started + self.ttl);
+        Ok(())
+    }
+
+    /// The live node other than this one that holds `lease`, with its address if it
+    /// advertised one.
     pub(super) async fn owner(
         &self,
         pool: &Pool,
@@ -277,14 +297,13 @@ impl Leases {
         let statement = client
             .prepare_cached(
                 "SELECT l.owner, n.address FROM dormant_leases l \
-                 LEFT JOIN dormant_nodes n ON n.node = l.owner \
-                     AND n.heartbeat_at > now() - $3::int8 * interval '1 millisecond' \
+                 JOIN dormant_nodes n ON n.node = l.owner AND n.expires_at > now() \
                  WHERE l.session = $1 AND l.owner <> $2 AND l.expires_at > now()",
             )
             .await
             .map_err(db)?;
         let row = client
-            .query_opt(&statement, &[&lease, &self.node, &self.ttl_ms()])
+            .query_opt(&statement, &[&lease, &self.node])
             .await
             .map_err(db)?;
         row.map(|row| {
@@ -296,51 +315,33 @@ impl Leases {
         .transpose()
     }
 
-    /// Renews every lease this node holds; forgets the ones it no longer holds (expired, or
-    /// taken over), whose commits then fail.
+    /// Keeps this node live, and with it every lease it holds: one row, however many. If the
+    /// row had expired (the node was paused or cut off for longer than a time to live), other
+    /// nodes may have taken any of its leases: it forgets them all, so each of its actors
+    /// reads its session again before acting, and joins again.
     pub(super) async fn renew(&self, pool: &Pool) -> Result<(), Error> {
-        let (sessions, epochs): (Vec<String>, Vec<i64>) = self
-            .held
-            .iter()
-            .map(|entry| (entry.key().clone(), entry.epoch))
-            .unzip();
-        if sessions.is_empty() {
-            return Ok(());
-        }
+        let _one_renewal = self.renewing.lock().await;
+        let started = Instant::now();
         let client = pool.get().await.map_err(Error::backend)?;
         let statement = client
             .prepare_cached(
-                // The rows are locked in session order, as a commit's fence locks them, so the
-                // two never wait on each other in a cycle.
-                "WITH mine AS ( \
-                     SELECT l.session FROM dormant_leases l \
-                     JOIN unnest($1::text[], $2::int8[]) AS h(session, epoch) \
-                     ON l.session = h.session AND l.epoch = h.epoch \
-                     WHERE l.owner = $3 AND l.expires_at > now() \
-                     ORDER BY l.session FOR UPDATE OF l) \
-                 UPDATE dormant_leases SET expires_at = now() + $4::int8 * interval '1 millisecond' \
-                 WHERE session IN (SELECT session FROM mine) \
-                 RETURNING session",
+                "UPDATE dormant_nodes \
+                 SET heartbeat_at = now(), expires_at = now() + $2::int8 * interval '1 millisecond' \
+                 WHERE node = $1 AND expires_at > now()",
             )
             .await
             .map_err(db)?;
-        let rows = client
-            .query(
-                &statement,
-                &[&sessions, &epochs, &self.node, &self.ttl_ms()],
-            )
+        let renewed = client
+            .execute(&statement, &[&self.node, &self.ttl_ms()])
             .await
             .map_err(db)?;
-        let renewed: std::collections::HashSet<String> = rows
-            .into_iter()
-            .filter_map(|row| row.try_get::<_, String>(0).ok())
-            .collect();
-        for (session, epoch) in sessions.into_iter().zip(epochs) {
-            if !renewed.contains(&session) {
-                tracing::warn!(%session, epoch, node = %self.node, "store.lease_lost");
-                self.forget(&session, epoch);
-            }
+        drop(client);
+        if renewed == 0 {
+            tracing::warn!(node = %self.node, held = self.held.len(), "store.liveness_lapsed");
+            self.held.clear();
+            return self.register(pool).await;
         }
+        *self.live_until.lock() = Some(started + self.ttl);
         Ok(())
     }
 }
@@ -365,14 +366,13 @@ async fn give_up(pool: &Pool, node: &str, lease: &str, epoch: i64) {
     }
 }
 
-/// Renews the node's leases every third of their time to live, until the store closes.
+/// Keeps the node live every third of a time to live, until the store closes.
 pub(super) async fn renew_forever(pool: Pool, leases: Arc<Leases>) {
     let period = leases.ttl / 3;
     let mut took = Duration::ZERO;
     loop {
-        // A renewal of many leases takes a while (BENCHMARKS.md: about 70 µs a lease): the
-        // next one starts a period after the last one started, so no lease waits longer
-        // than a period plus one renewal.
+        // The next renewal starts a period after the last one started, so a slow database
+        // does not stretch the time between two.
         tokio::time::sleep(period.saturating_sub(took)).await;
         let started = std::time::Instant::now();
         let renewed = leases.renew(&pool).await;
@@ -382,9 +382,6 @@ pub(super) async fn renew_forever(pool: Pool, leases: Arc<Leases>) {
         }
         if let Err(error) = renewed {
             tracing::warn!(%error, node = %leases.node, "store.lease_renewal_failed");
-        }
-        if let Err(error) = leases.heartbeat(&pool).await {
-            tracing::warn!(%error, node = %leases.node, "store.heartbeat_failed");
         }
     }
 }

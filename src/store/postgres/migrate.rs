@@ -13,7 +13,7 @@ const LOCK: i64 = 0x0064_6f72_6d61_6e74;
 
 /// The migrations, in order; a migration's version is its position from 1. Never edit one
 /// that shipped: add another.
-const MIGRATIONS: [&str; 3] = [
+const MIGRATIONS: [&str; 4] = [
     // 1: every tree in one table, ordered by (tree, key).
     "CREATE TABLE dormant_kv (
          tree smallint NOT NULL,
@@ -34,6 +34,11 @@ const MIGRATIONS: [&str; 3] = [
          address text NOT NULL,
          heartbeat_at timestamptz NOT NULL
      )",
+    // 4: node liveness: a node renews its own row, not each of its leases; a lease is held
+    // while it is not given up (`expires_at` in the future, 'infinity' once taken) and its
+    // owner's row is live. Every node has a row, with an address or without.
+    "ALTER TABLE dormant_nodes ALTER COLUMN address DROP NOT NULL;
+     ALTER TABLE dormant_nodes ADD COLUMN expires_at timestamptz NOT NULL DEFAULT '-infinity'",
 ];
 
 pub(super) async fn run(client: &mut Object) -> Result<(), Error> {
