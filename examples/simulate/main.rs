@@ -159,12 +159,18 @@ struct Args {
     /// `--features postgres`). The report adds its transactions and the server's WAL flushes.
     #[arg(long, value_name = "URL")]
     postgres: Option<String>,
-    /// With --postgres: N nodes (each a runtime with its own PgStore and a dormant-server
-    /// router on a loopback port) share the database; the HTTP mode's cycles are spread over
-    /// them, beside the same cycles on one sled node in the same run. Uses --sessions,
-    /// --concurrency, --max-resident, --http-rounds, --cross-node, --json.
+    /// With --postgres: N node processes (each this program with a runtime, its own PgStore
+    /// and a dormant-server router on a loopback port) share the database; the HTTP mode's
+    /// cycles are spread over them, beside the same cycles on one sled node in the same run.
+    /// Uses --sessions, --concurrency, --max-resident, --http-rounds, --cross-node, --json.
     #[arg(long, value_name = "N", requires = "postgres")]
     nodes: Option<usize>,
+    /// Internal to --nodes: serve as node INDEX until standard input closes.
+    #[arg(long, value_name = "INDEX", hide = true, requires = "postgres")]
+    serve_node: Option<usize>,
+    /// Internal to --nodes: the token key file the nodes share.
+    #[arg(long, value_name = "PATH", hide = true)]
+    token_key_file: Option<PathBuf>,
     /// With --nodes: send each session's answers to a node that does not own it, which
     /// forwards them to the owner.
     #[arg(long, requires = "nodes")]
@@ -205,6 +211,9 @@ fn nodes(
     count: usize,
     runtime: &tokio::runtime::Runtime,
 ) -> anyhow::Result<()> {
+    if let Some(index) = args.serve_node {
+        return runtime.block_on(nodes::serve_node(args, url, index));
+    }
     let problems = runtime.block_on(nodes::simulate(args, url, count))?;
     anyhow::ensure!(problems == 0, "{problems} problems");
     Ok(())

@@ -2,14 +2,19 @@
 //! one PostgreSQL database, beside the same cycles on one node on a sled store, in the same
 //! run (`--http-rounds` rounds, alternating which goes first).
 //!
-//! Each node is a runtime with a `PgStore` of its own (node name `sim-I`: its own
-//! connections, committer and leases) and a `dormant-server` router on a loopback port it
-//! advertises to the others; the nodes share the database and this process, nothing else.
-//! Session K starts on node K mod N, which owns it from then on. Its answers go to that node,
-//! or with `--cross-node` to the next one, which sends each on to the owner (every answer
-//! then crosses two nodes). The report adds, for the PostgreSQL pass, the transactions the
-//! nodes' committers made and the WAL flushes the database server made, per cycle.
+//! Each node is a process of its own: this program started again with `--serve-node I`,
+//! a runtime with a `PgStore` (node name `sim-I`) and a `dormant-server` router on a loopback
+//! port it advertises to the others and prints on its first line of output; it serves until
+//! its standard input closes (this process ended, whichever way). The nodes share the
+//! database and a token key file, nothing else. Session K starts on node K mod N, which owns
+//! it from then on. Its answers go to that node, or with `--cross-node` to the next one,
+//! which sends each on to the owner (every answer then crosses two nodes). The report adds,
+//! for the PostgreSQL pass, the transactions the database committed (reads, lease changes
+//! and commits) and the WAL flushes it made, per cycle.
 
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -17,14 +22,12 @@ use dormant::PgStore;
 use dormant_server::{Auth, Server, TokenKey};
 use serde_json::json;
 
-use crate::http::{self, HttpClient, Pass, Served};
+use crate::http::{self, HttpClient, Pass};
 use crate::Args;
 
-/// One node of the cluster.
+/// One node of the cluster: its process, and a client to it.
 struct Node {
-    store: Arc<PgStore>,
-    runtime: dormant::Runtime,
-    served: Served,
+    process: Child,
     client: Arc<HttpClient>,
 }
 
@@ -42,30 +45,16 @@ pub(crate) async fn simulate(args: Args, url: String, count: usize) -> anyhow::R
         .pool_max_idle_per_host(args.concurrency)
         .build()?;
     // Every node signs and checks session tokens with one key, so any node takes any token.
-    let key = TokenKey::random()?;
+    let keys = tempfile::tempdir()?;
+    let key_file = keys.path().join("token.key");
+    TokenKey::load_or_create(&key_file)?;
     let mut nodes = Vec::with_capacity(count);
     for index in 0..count {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let base = format!("http://{}", listener.local_addr()?);
-        let store = Arc::new(
-            PgStore::builder(&url)
-                .node(format!("sim-{index}"))
-                .advertise(base.clone())
-                .connect()
-                .await?,
-        );
-        let runtime = http::cycle_runtime(Arc::clone(&store) as Arc<dyn dormant::Store>, &args)?;
-        let server =
-            Server::new(runtime.clone(), Auth::allow_unauthenticated()).token_key(key.clone());
-        let served = http::serve(server, listener)?;
+        let (process, base) = start_node(index, &key_file)?;
         let client = Arc::new(HttpClient::new(http.clone(), base));
-        nodes.push(Node {
-            store,
-            runtime,
-            served,
-            client,
-        });
+        nodes.push(Node { process, client });
     }
+    let database = Database::connect(&url).await?;
     let (_temp, _path, sled) = crate::open_store(&args)?;
     let single = http::cycle_runtime(sled, &args)?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
@@ -84,12 +73,12 @@ pub(crate) async fn simulate(args: Args, url: String, count: usize) -> anyhow::R
     for round in 0..args.http_rounds.max(1) {
         for postgres_first in [round % 2 == 0, round % 2 == 1] {
             if postgres_first {
-                let before = cost(&nodes).await?;
+                let before = database.cost().await?;
                 on_postgres.push(run_cluster(&nodes, &args).await?);
-                let after = cost(&nodes).await?;
+                let after = database.cost().await?;
                 costs.push(DbCost {
-                    transactions: after.transactions - before.transactions,
-                    wal_flushes: after.wal_flushes - before.wal_flushes,
+                    transactions: after.transactions.saturating_sub(before.transactions),
+                    wal_flushes: after.wal_flushes.saturating_sub(before.wal_flushes),
                 });
             } else {
                 let client = Arc::clone(&single_client);
@@ -103,10 +92,8 @@ pub(crate) async fn simulate(args: Args, url: String, count: usize) -> anyhow::R
         }
     }
 
-    for node in nodes {
-        node.served.stop().await?;
-        node.runtime.shutdown().await?;
-        drop(node.store);
+    for mut node in nodes {
+        stop_node(&mut node.process)?;
     }
     single_served.stop().await?;
     single.shutdown().await?;
@@ -121,6 +108,98 @@ pub(crate) async fn simulate(args: Args, url: String, count: usize) -> anyhow::R
     }
     print(&args, count, &on_postgres, &on_sled, &costs);
     Ok(problems.len())
+}
+
+/// Starts node `index` as a process of its own (this program with `--serve-node`): the
+/// process, and the address it serves at.
+fn start_node(index: usize, key_file: &Path) -> anyhow::Result<(Child, String)> {
+    let mut process = Command::new(std::env::current_exe()?)
+        .args(std::env::args_os().skip(1))
+        .arg("--serve-node")
+        .arg(index.to_string())
+        .arg("--token-key-file")
+        .arg(key_file)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()?;
+    let mut line = String::new();
+    if let Some(stdout) = process.stdout.take() {
+        BufReader::new(stdout).read_line(&mut line)?;
+    }
+    match line.trim().strip_prefix("listening ") {
+        Some(base) => Ok((process, base.to_string())),
+        None => {
+            let _ = process.kill();
+            let status = process.wait()?;
+            anyhow::bail!("node {index} did not start ({status}): {line:?}")
+        }
+    }
+}
+
+/// Closes a node's standard input (it shuts down) and waits for it.
+fn stop_node(process: &mut Child) -> anyhow::Result<()> {
+    drop(process.stdin.take());
+    let status = process.wait()?;
+    anyhow::ensure!(status.success(), "a node ended with {status}");
+    Ok(())
+}
+
+/// `--serve-node INDEX`: one node of the cluster, until standard input closes.
+pub(crate) async fn serve_node(args: Args, url: String, index: usize) -> anyhow::Result<()> {
+    let key_file = args
+        .token_key_file
+        .clone()
+        .ok_or_else(|| anyhow::anyhow!("--serve-node needs --token-key-file"))?;
+    let key = TokenKey::load_or_create(&key_file)?;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let base = format!("http://{}", listener.local_addr()?);
+    let store = Arc::new(
+        PgStore::builder(&url)
+            .node(format!("sim-{index}"))
+            .advertise(base.clone())
+            .connect()
+            .await?,
+    );
+    let runtime = http::cycle_runtime(Arc::clone(&store) as Arc<dyn dormant::Store>, &args)?;
+    let server = Server::new(runtime.clone(), Auth::allow_unauthenticated()).token_key(key);
+    let served = http::serve(server, listener)?;
+    println!("listening {base}");
+    // Standard input closes when the simulator ends it, or when the simulator is gone.
+    tokio::task::spawn_blocking(|| std::io::copy(&mut std::io::stdin(), &mut std::io::sink()))
+        .await??;
+    served.stop().await?;
+    runtime.shutdown().await?;
+    Ok(())
+}
+
+/// A connection of the simulator's own to the database, to read what the passes cost.
+struct Database(tokio_postgres::Client);
+
+impl Database {
+    async fn connect(url: &str) -> anyhow::Result<Self> {
+        let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
+        tokio::spawn(connection);
+        Ok(Self(client))
+    }
+
+    /// The transactions the database committed and the WAL flushes it made so far.
+    async fn cost(&self) -> anyhow::Result<DbCost> {
+        // A busy backend reports its statistics about every second: a pass of many seconds
+        // hides that lag.
+        let row = self
+            .0
+            .query_one(
+                "SELECT (SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()), \
+                 (SELECT wal_sync FROM pg_stat_wal)",
+                &[],
+            )
+            .await?;
+        let read = |value: i64| u64::try_from(value).unwrap_or_default();
+        Ok(DbCost {
+            transactions: read(row.try_get(0)?),
+            wal_flushes: read(row.try_get(1)?),
+        })
+    }
 }
 
 /// One pass over the cluster: session K starts on node K mod N; its answers go to its owner,
@@ -141,21 +220,6 @@ async fn run_cluster(nodes: &[Node], args: &Args) -> anyhow::Result<Pass> {
     let mut pass = http::check_answers(&nodes[nodes.len() - 1].client, pass, sessions).await?;
     pass.errors.extend(errors);
     Ok(pass)
-}
-
-async fn cost(nodes: &[Node]) -> anyhow::Result<DbCost> {
-    let transactions = nodes
-        .iter()
-        .map(|node| node.store.transaction_count())
-        .sum();
-    let wal_flushes = match nodes.first() {
-        Some(node) => node.store.wal_syncs().await?,
-        None => 0,
-    };
-    Ok(DbCost {
-        transactions,
-        wal_flushes,
-    })
 }
 
 fn print(args: &Args, count: usize, on_postgres: &[Pass], on_sled: &[Pass], costs: &[DbCost]) {
@@ -194,7 +258,7 @@ fn print(args: &Args, count: usize, on_postgres: &[Pass], on_sled: &[Pass], cost
         "answers to the owner"
     };
     println!(
-        "suspension cycles over HTTP, {} at a time, {count} PostgreSQL nodes ({routing}) against one sled node:",
+        "suspension cycles over HTTP, {} at a time, {count} PostgreSQL node processes ({routing}) against one sled node:",
         args.concurrency
     );
     for (round, (postgres, sled)) in on_postgres.iter().zip(on_sled).enumerate() {
@@ -203,7 +267,7 @@ fn print(args: &Args, count: usize, on_postgres: &[Pass], on_sled: &[Pass], cost
         println!("  {}", sled.line("1 sled node"));
     }
     println!(
-        "PostgreSQL / sled: {ratio:.2} (mean cycles/s {:.0} / {:.0}); per cycle on PostgreSQL: {transactions:.2} committer transactions, {wal_flushes:.2} WAL flushes",
+        "PostgreSQL / sled: {ratio:.2} (mean cycles/s {:.0} / {:.0}); per cycle on PostgreSQL: {transactions:.2} database transactions (reads included), {wal_flushes:.2} WAL flushes",
         mean(on_postgres),
         mean(on_sled)
     );
