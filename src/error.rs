@@ -99,6 +99,10 @@ pub enum Error {
     /// says so (the server did not answer): the same submit is accepted once it is back.
     #[error(transparent)]
     Remote(crate::remote::RemoteError),
+    /// A call from a peer ([`Runtime::serve_peer`](crate::Runtime::serve_peer)) did not carry
+    /// this node's key, or this node takes no calls from peers (its store is its own).
+    #[error("refused: not a peer of this node (a wrong key, or a store only this node uses)")]
+    PeerRefused,
 }
 
 // The wrapped errors are part of the message, so they are not also given as its `source`:
@@ -159,6 +163,7 @@ impl Error {
             Error::NoTokioRuntime => "no_tokio_runtime",
             Error::Remote(error) if error.is_retryable() => "remote_unavailable",
             Error::Remote(_) => "remote_error",
+            Error::PeerRefused => "peer_refused",
         }
     }
 }

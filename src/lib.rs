@@ -79,6 +79,7 @@ pub mod llm;
 pub mod message;
 mod metrics;
 mod nesting;
+pub mod peer;
 pub mod remote;
 mod router;
 mod runtime;

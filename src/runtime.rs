@@ -4,6 +4,7 @@ mod builder;
 mod claim;
 mod follow;
 mod inner;
+mod peer;
 mod stop;
 
 use std::sync::Arc;
@@ -19,6 +20,7 @@ use crate::ids::SessionId;
 use crate::message::Message;
 use crate::metrics::ClientToolStats;
 use crate::metrics::Latency;
+use crate::peer::PeerCall;
 use crate::remote::Owner;
 use crate::router;
 use crate::scheduler::{SchedulerMsg, SweepReport};
@@ -142,9 +144,26 @@ impl Runtime {
         agent: &str,
         message: impl Into<String>,
     ) -> Result<RunOutcome, Error> {
+        let message = message.into();
+        let copy = self.inner.shared.peers.is_some().then(|| message.clone());
+        let here = self.execute_here(id, agent, message).await;
+        self.or_owner(id, here, Some(agent), || PeerCall::Execute {
+            session: id.clone(),
+            agent: agent.to_string(),
+            message: copy.unwrap_or_default(),
+        })
+        .await
+    }
+
+    /// [`Runtime::execute_on`] on this node.
+    async fn execute_here(
+        &self,
+        id: &SessionId,
+        agent: &str,
+        message: String,
+    ) -> Result<RunOutcome, Error> {
         self.ensure_open()?;
         let agent = self.agent(agent)?;
-        let message = message.into();
         self.ask(id, |reply| SessionMsg::Execute {
             agent,
             message,
@@ -218,6 +237,25 @@ impl Runtime {
         message: String,
         new_only: bool,
     ) -> Result<RunStarted, Error> {
+        let copy = self.inner.shared.peers.is_some().then(|| message.clone());
+        let here = self.start_here(id, agent, message, new_only).await;
+        self.or_owner(id, here, Some(agent), || PeerCall::Start {
+            session: id.clone(),
+            agent: agent.to_string(),
+            message: copy.unwrap_or_default(),
+            new_only,
+        })
+        .await
+    }
+
+    /// [`Runtime::start`] on this node.
+    async fn start_here(
+        &self,
+        id: &SessionId,
+        agent: &str,
+        message: String,
+        new_only: bool,
+    ) -> Result<RunStarted, Error> {
         self.ensure_open()?;
         let agent = self.agent(agent)?;
         self.ask(id, |reply| SessionMsg::Execute {
@@ -261,6 +299,22 @@ impl Runtime {
     /// Only a store failure (or a shut-down runtime); every expected outcome, bad input
     /// included, is a [`SubmitOutcome`].
     pub async fn submit_tool_result(&self, submit: Submit) -> Result<SubmitOutcome, Error> {
+        let root = submit.session_id.parse::<SessionId>().ok();
+        let envelope = self.inner.shared.peers.is_some().then(|| submit.to_json());
+        let here = self.submit_here(submit).await;
+        match root {
+            Some(root) => {
+                self.or_owner(&root, here, None, || PeerCall::Submit {
+                    envelope: envelope.unwrap_or_default(),
+                })
+                .await
+            }
+            None => here,
+        }
+    }
+
+    /// [`Runtime::submit_tool_result`] on this node.
+    async fn submit_here(&self, submit: Submit) -> Result<SubmitOutcome, Error> {
         self.ensure_open()?;
         let limits = Limits {
             max_json_depth: self.inner.shared.policy.max_json_depth,
@@ -323,6 +377,16 @@ impl Runtime {
     /// [`Error::UnknownSession`], [`Error::Aborted`], [`Error::NotResumable`] for a session
     /// whose last run completed or failed, a store failure.
     pub async fn resume(&self, id: &SessionId) -> Result<RunOutcome, Error> {
+        let here = self.resume_here(id).await;
+        self.or_owner(id, here, None, || PeerCall::Resume {
+            session: id.clone(),
+            wait: true,
+        })
+        .await
+    }
+
+    /// [`Runtime::resume`] on this node.
+    async fn resume_here(&self, id: &SessionId) -> Result<RunOutcome, Error> {
         self.session(id).await?;
         self.ask(id, |reply| SessionMsg::Resume {
             reply: Some(Reply::Settled(reply)),
@@ -337,6 +401,16 @@ impl Runtime {
     /// # Errors
     /// As [`Runtime::resume`].
     pub async fn start_resume(&self, id: &SessionId) -> Result<RunStarted, Error> {
+        let here = self.start_resume_here(id).await;
+        self.or_owner(id, here, None, || PeerCall::Resume {
+            session: id.clone(),
+            wait: false,
+        })
+        .await
+    }
+
+    /// [`Runtime::start_resume`] on this node.
+    async fn start_resume_here(&self, id: &SessionId) -> Result<RunStarted, Error> {
         self.session(id).await?;
         self.ask(id, |reply| SessionMsg::Resume {
             reply: Some(Reply::Started(reply)),
@@ -356,7 +430,7 @@ impl Runtime {
     /// # Errors
     /// [`Error::UnknownSession`], a store failure.
     pub async fn interrupt(&self, id: &SessionId) -> Result<(), Error> {
-        self.stop_tree(id, false).await
+        self.stop(id, false).await
     }
 
     /// Aborts a session: terminal. A running, suspended or interrupted run fails (a running
@@ -369,7 +443,7 @@ impl Runtime {
     /// # Errors
     /// [`Error::UnknownSession`], a store failure.
     pub async fn abort(&self, id: &SessionId) -> Result<(), Error> {
-        self.stop_tree(id, true).await
+        self.stop(id, true).await
     }
 
     /// Waits until no run of the session is in progress (an automatic resume, say). A session

@@ -37,6 +37,8 @@ pub(crate) struct Shared {
     pub(crate) remote: Option<Arc<dyn crate::remote::RemoteAgents>>,
     /// How a remote that does not answer is retried.
     pub(crate) remote_policy: crate::remote::RemotePolicy,
+    /// How calls for sessions another node owns reach it, if they may.
+    pub(crate) peers: Option<Arc<dyn crate::peer::Peers>>,
 }
 
 impl std::fmt::Debug for Shared {

@@ -457,6 +457,13 @@ pub trait Store: Send + Sync + Debug + 'static {
         Ok(None)
     }
 
+    /// This node's key for calls from its peers ([`crate::peer`]), kept where the others read
+    /// it with [`Store::lease_owner`]. `None` on a store only this process uses (the default):
+    /// nobody calls it as a peer.
+    fn peer_key(&self) -> Option<crate::peer::PeerKey> {
+        None
+    }
+
     /// Whether [`Store::acquire`] takes anything that [`Store::release_session`] must give
     /// back (a shared store's leases): a store only this process uses answers `false`, and
     /// the runtime then skips the release.
@@ -470,9 +477,10 @@ pub trait Store: Send + Sync + Debug + 'static {
 pub struct LeaseOwner {
     /// Its name.
     pub node: String,
-    /// Where it takes requests (`http://host:port`), if it advertised an address and its
-    /// heartbeat is recent.
+    /// Where it takes requests (`http://host:port`), if it advertised an address.
     pub address: Option<String>,
+    /// The key its peers call it with ([`crate::peer`]), if it has one.
+    pub key: Option<crate::peer::PeerKey>,
 }
 
 #[cfg(test)]

@@ -103,6 +103,44 @@ impl Submit {
         }
     }
 
+    /// The JSON envelope a client sends (`POST /submit-tool-result`), which
+    /// [`Submit::from_json`] reads back as this submit.
+    ///
+    /// ```
+    /// use dormant::submit::Submit;
+    /// let answer = Submit::approval("s1", "tc-1", "run-1::tc-1", false, Some("not now".into()));
+    /// assert_eq!(Submit::from_json(&answer.to_json()), Ok(answer));
+    /// ```
+    pub fn to_json(&self) -> Value {
+        let mut body = Map::new();
+        body.insert("session_id".into(), Value::from(self.session_id.clone()));
+        body.insert(
+            "tool_call_id".into(),
+            Value::from(self.tool_call_id.clone()),
+        );
+        match &self.answer {
+            SubmitAnswer::Result(value) => {
+                body.insert("result".into(), value.clone());
+            }
+            SubmitAnswer::Error(text) => {
+                body.insert("error".into(), Value::from(text.clone()));
+            }
+            SubmitAnswer::Approval {
+                approval_id,
+                approved,
+                reason,
+            } => {
+                body.insert("kind".into(), Value::from("approval-response"));
+                body.insert("approval_id".into(), Value::from(approval_id.clone()));
+                body.insert("approved".into(), Value::from(*approved));
+                if let Some(reason) = reason {
+                    body.insert("reason".into(), Value::from(reason.clone()));
+                }
+            }
+        }
+        Value::Object(body)
+    }
+
     /// Reads the JSON envelope a client sends (snake_case):
     /// `{ "kind": "client-tool-result", "session_id", "tool_call_id", "result" | "error" }` or
     /// `{ "kind": "approval-response", "session_id", "tool_call_id", "approval_id", "approved",
@@ -292,7 +330,8 @@ pub(crate) fn settled(completed_at: Option<u64>, now: u64, retention_ms: u64) ->
 }
 
 /// How the runtime answered a submit.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum SubmitOutcome {
     /// Stored durably; the answer will be applied exactly once.

@@ -300,6 +300,7 @@ impl Store for FakeNode {
             .map(|row| LeaseOwner {
                 node: format!("node-{}", row.owner),
                 address: None,
+                key: None,
             }))
     }
 

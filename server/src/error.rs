@@ -112,6 +112,7 @@ impl From<dormant::Error> for ApiError {
             E::SessionUnavailable { .. } | E::ShutDown => StatusCode::SERVICE_UNAVAILABLE,
             E::Remote(remote) if remote.is_retryable() => StatusCode::SERVICE_UNAVAILABLE,
             E::Remote(_) => StatusCode::BAD_GATEWAY,
+            E::PeerRefused => StatusCode::FORBIDDEN,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
         if status == StatusCode::INTERNAL_SERVER_ERROR {

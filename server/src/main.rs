@@ -225,7 +225,11 @@ async fn serve(args: Serve) -> Result<(), String> {
         ),
         None => None,
     };
-    let builder = builder.remote_agents(Arc::new(HttpRemoteAgents::new(remote_key)));
+    let builder = builder
+        .remote_agents(Arc::new(HttpRemoteAgents::new(remote_key)))
+        // On a shared store, an in-process call for a session another node owns (the demo's
+        // and the server's own) is sent to that node.
+        .peers(Arc::new(dormant_server::HttpPeers::new()));
     let builder = match &args.delegate_to {
         Some(endpoint) => dormant_server::demo::configure_delegating(builder, endpoint),
         None => dormant_server::demo::configure(builder),

@@ -13,7 +13,7 @@ use hdrhistogram::Histogram;
 use parking_lot::Mutex;
 
 /// The routes, by name, for the counters (a path outside them counts as `other`).
-const ROUTES: [&str; 13] = [
+const ROUTES: [&str; 14] = [
     "/start",
     "/resume",
     "/submit-tool-result",
@@ -27,6 +27,7 @@ const ROUTES: [&str; 13] = [
     "/metrics",
     "/",
     "/page.js",
+    "/peer",
 ];
 
 pub(crate) fn route_of(path: &str) -> &'static str {

@@ -11,7 +11,7 @@ use std::time::Duration;
 use dormant::remote::{
     RemoteAgents, RemoteCall, RemoteChunks, RemoteError, RemoteStart, RemoteStatus,
 };
-use dormant::submit::{Submit, SubmitAnswer, SubmitOutcome};
+use dormant::submit::{Submit, SubmitOutcome};
 use dormant::{RunError, RunId, SessionId, Status};
 use futures::StreamExt;
 use reqwest::{Method, RequestBuilder, Response, StatusCode};
@@ -179,7 +179,7 @@ impl RemoteAgents for HttpRemoteAgents {
 
     async fn submit(&self, endpoint: &str, submit: &Submit) -> Result<SubmitOutcome, RemoteError> {
         let response = self
-            .post(endpoint, "/submit-tool-result", envelope(submit))
+            .post(endpoint, "/submit-tool-result", submit.to_json())
             .await?;
         let status = response.status();
         if status.is_success() {
@@ -270,38 +270,8 @@ struct StatusBody {
     chunks: Option<Vec<dormant::Chunk>>,
 }
 
-/// The JSON envelope of `POST /submit-tool-result` (what `Submit::from_json` reads).
-fn envelope(submit: &Submit) -> Value {
-    let mut body = json!({
-        "session_id": submit.session_id,
-        "tool_call_id": submit.tool_call_id,
-    });
-    let fields = match &submit.answer {
-        SubmitAnswer::Result(value) => json!({ "result": value }),
-        SubmitAnswer::Error(text) => json!({ "error": text }),
-        SubmitAnswer::Approval {
-            approval_id,
-            approved,
-            reason,
-        } => {
-            let mut fields = json!({
-                "kind": "approval-response", "approval_id": approval_id, "approved": approved,
-            });
-            if let (Some(reason), Some(map)) = (reason, fields.as_object_mut()) {
-                map.insert("reason".into(), json!(reason));
-            }
-            fields
-        }
-        _ => json!({}),
-    };
-    if let (Some(body), Value::Object(fields)) = (body.as_object_mut(), fields) {
-        body.extend(fields);
-    }
-    body
-}
-
 /// The remote's error answer (`{code, message, …}`) as a typed refusal.
-async fn refusal(endpoint: &str, response: Response) -> RemoteError {
+pub(crate) async fn refusal(endpoint: &str, response: Response) -> RemoteError {
     let status = response.status().as_u16();
     let body: Value = response.json().await.unwrap_or_default();
     RemoteError::Refused {
@@ -323,7 +293,7 @@ async fn refusal(endpoint: &str, response: Response) -> RemoteError {
     }
 }
 
-fn unreachable(endpoint: &str, error: &reqwest::Error) -> RemoteError {
+pub(crate) fn unreachable(endpoint: &str, error: &reqwest::Error) -> RemoteError {
     RemoteError::Unreachable {
         endpoint: endpoint.to_string(),
         reason: error.to_string(),

@@ -39,6 +39,7 @@ pub struct RuntimeBuilder {
     background_deadlines: bool,
     remote: Option<Arc<dyn crate::remote::RemoteAgents>>,
     remote_policy: crate::remote::RemotePolicy,
+    peers: Option<Arc<dyn crate::peer::Peers>>,
 }
 
 impl Default for RuntimeBuilder {
@@ -57,6 +58,7 @@ impl Default for RuntimeBuilder {
             background_deadlines: true,
             remote: None,
             remote_policy: crate::remote::RemotePolicy::default(),
+            peers: None,
         }
     }
 }
@@ -169,6 +171,15 @@ impl RuntimeBuilder {
         self
     }
 
+    /// How a call of this runtime reaches the node that owns its session, on a store several
+    /// nodes share ([`crate::peer`]): `dormant_server::HttpPeers` over HTTP. Without one, a
+    /// call for a session another live node owns answers [`Error::SessionUnavailable`] and
+    /// [`Runtime::owner_of`] names the owner.
+    pub fn peers(mut self, transport: Arc<dyn crate::peer::Peers>) -> Self {
+        self.peers = Some(transport);
+        self
+    }
+
     /// How a remote that does not answer is retried (default: 5 tries, from 100 ms, doubling)
     /// before the call becomes a tool error.
     pub fn remote_policy(mut self, policy: crate::remote::RemotePolicy) -> Self {
@@ -257,6 +268,7 @@ impl RuntimeBuilder {
             child_inspection_timeout: self.child_inspection_timeout,
             remote: self.remote,
             remote_policy: self.remote_policy,
+            peers: self.peers,
         });
         // Agents may name each other as sub-agents: the set is checked as a whole.
         if let Err(error) = define_all(&shared, self.agents) {

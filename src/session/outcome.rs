@@ -6,7 +6,7 @@ use super::{RunError, Status};
 use crate::ids::{RunId, SessionId};
 
 /// How a run ended (or where it suspended).
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct RunOutcome {
     /// The session.
     pub session_id: SessionId,
@@ -30,7 +30,7 @@ pub struct RunOutcome {
 /// What a caller learns when a run has started, without waiting for it to end
 /// ([`Runtime::start_on`](crate::Runtime::start_on), [`Runtime::start_resume`](crate::Runtime::start_resume)):
 /// the request's first commit is durable, and the run goes on in the runtime.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct RunStarted {
     /// The session.
     pub session_id: SessionId,

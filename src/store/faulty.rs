@@ -189,6 +189,10 @@ impl Store for FaultyStore {
         self.inner.holds_current(session)
     }
 
+    fn peer_key(&self) -> Option<crate::peer::PeerKey> {
+        self.inner.peer_key()
+    }
+
     fn holds_leases(&self) -> bool {
         self.inner.holds_leases()
     }

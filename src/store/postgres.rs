@@ -441,6 +441,10 @@ impl Store for PgStore {
         self.leases.owner(&self.lease_pool, lease).await
     }
 
+    fn peer_key(&self) -> Option<crate::peer::PeerKey> {
+        Some(self.leases.key.clone())
+    }
+
     fn release_session(&self, session: &str) {
         if !self.is_closed() {
             self.leases.release(&self.lease_pool, session);

@@ -17,6 +17,7 @@ use dashmap::DashMap;
 use deadpool_postgres::Pool;
 
 use super::db;
+use crate::peer::PeerKey;
 use crate::store::{Error, LeaseOwner};
 
 /// What a node knows of its leases.
@@ -28,6 +29,8 @@ pub(super) struct Leases {
     pub(super) ttl: Duration,
     /// Where other nodes forward requests for this node's sessions.
     address: Option<String>,
+    /// The key other nodes call this one with.
+    pub(super) key: PeerKey,
     /// The leases this node holds, by name.
     pub(super) held: DashMap<String, Held>,
     /// The lease each session holds here, with the epoch it joined it at.
@@ -60,6 +63,7 @@ impl Leases {
             node,
             ttl,
             address,
+            key: PeerKey::random(),
             held: DashMap::new(),
             by_session: DashMap::new(),
             taking: DashMap::new(),
@@ -271,15 +275,24 @@ impl Leases {
         let client = pool.get().await.map_err(Error::backend)?;
         let statement = client
             .prepare_cached(
-                "INSERT INTO dormant_nodes (node, address, heartbeat_at, expires_at) \
-                 VALUES ($1, $2, now(), now() + $3::int8 * interval '1 millisecond') \
+                "INSERT INTO dormant_nodes (node, address, heartbeat_at, expires_at, peer_key) \
+                 VALUES ($1, $2, now(), now() + $3::int8 * interval '1 millisecond', $4) \
                  ON CONFLICT (node) DO UPDATE SET address = excluded.address, \
-                 heartbeat_at = excluded.heartbeat_at, expires_at = excluded.expires_at",
+                 heartbeat_at = excluded.heartbeat_at, expires_at = excluded.expires_at, \
+                 peer_key = excluded.peer_key",
             )
             .await
             .map_err(db)?;
         client
-            .execute(&statement, &[&self.node, &self.address, &self.ttl_ms()])
+            .execute(
+                &statement,
+                &[
+                    &self.node,
+                    &self.address,
+                    &self.ttl_ms(),
+                    &self.key.as_str(),
+                ],
+            )
             .await
             .map_err(db)?;
         *self.live_until.lock() = Some(started + self.ttl);
@@ -296,7 +309,7 @@ impl Leases {
         let client = pool.get().await.map_err(Error::backend)?;
         let statement = client
             .prepare_cached(
-                "SELECT l.owner, n.address FROM dormant_leases l \
+                "SELECT l.owner, n.address, n.peer_key FROM dormant_leases l \
                  JOIN dormant_nodes n ON n.node = l.owner AND n.expires_at > now() \
                  WHERE l.session = $1 AND l.owner <> $2 AND l.expires_at > now()",
             )
@@ -310,6 +323,10 @@ impl Leases {
             Ok(LeaseOwner {
                 node: row.try_get(0).map_err(db)?,
                 address: row.try_get(1).map_err(db)?,
+                key: row
+                    .try_get::<_, Option<String>>(2)
+                    .map_err(db)?
+                    .map(PeerKey::new),
             })
         })
         .transpose()

@@ -36,9 +36,11 @@ const MIGRATIONS: [&str; 4] = [
      )",
     // 4: node liveness: a node renews its own row, not each of its leases; a lease is held
     // while it is not given up (`expires_at` in the future, 'infinity' once taken) and its
-    // owner's row is live. Every node has a row, with an address or without.
+    // owner's row is live. Every node has a row, with an address or without, and the key its
+    // peers call it with.
     "ALTER TABLE dormant_nodes ALTER COLUMN address DROP NOT NULL;
-     ALTER TABLE dormant_nodes ADD COLUMN expires_at timestamptz NOT NULL DEFAULT '-infinity'",
+     ALTER TABLE dormant_nodes ADD COLUMN expires_at timestamptz NOT NULL DEFAULT '-infinity';
+     ALTER TABLE dormant_nodes ADD COLUMN peer_key text",
 ];
 
 pub(super) async fn run(client: &mut Object) -> Result<(), Error> {

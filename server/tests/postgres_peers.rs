@@ -1,0 +1,137 @@
+//! The in-process API on any node (issue 18): two runtimes share one PostgreSQL database
+//! (a throwaway cluster), each with a `dormant-server` router on loopback and the HTTP peer
+//! transport. A session suspends on node A; node B's `Runtime` calls for it (submit, resume,
+//! abort) are served by A and answered on B as A answered them, errors included, and a call
+//! to `/peer` without A's key is refused.
+
+#![cfg(feature = "postgres")]
+
+#[path = "../../tests/postgres/cluster.rs"]
+mod cluster;
+
+use std::sync::Arc;
+
+use dormant::submit::{Submit, SubmitOutcome};
+use dormant::{
+    AgentDefinition, Error, ModelReply, PgStore, Runtime, ScriptedLlm, SessionId, Status, ToolCall,
+    ToolDefinition,
+};
+use dormant_server::{Auth, HttpPeers, Server, PEER_KEY};
+use serde_json::json;
+
+/// One node: a runtime on the shared database, served on a loopback port it advertises.
+struct Node {
+    runtime: Runtime,
+    base: String,
+    served: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+async fn node(url: &str, name: &str) -> anyhow::Result<Node> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let base = format!("http://{}", listener.local_addr()?);
+    let store = PgStore::builder(url)
+        .node(name)
+        .advertise(base.clone())
+        .connect()
+        .await?;
+    let llm = ScriptedLlm::new().script(
+        "editor",
+        vec![
+            ModelReply::tool_calls(vec![ToolCall::new("tc-1", "edit", json!({ "file": "a" }))]),
+            ModelReply::text("done"),
+        ],
+    );
+    let runtime = Runtime::builder()
+        .store(Arc::new(store))
+        .llm(Arc::new(llm))
+        .agent(
+            AgentDefinition::builder("editor")
+                .tool(ToolDefinition::client("edit"))
+                .build()?,
+        )
+        .peers(Arc::new(HttpPeers::new()))
+        .build()?;
+    let router = Server::new(runtime.clone(), Auth::allow_unauthenticated()).router()?;
+    let served = tokio::spawn(async move { axum::serve(listener, router).await });
+    Ok(Node {
+        runtime,
+        base,
+        served,
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runtime_call_for_a_session_another_node_owns_is_served_by_the_owner(
+) -> anyhow::Result<()> {
+    let Some(cluster) = cluster::Cluster::start()? else {
+        return Ok(());
+    };
+    let url = cluster.url();
+    let (a, b) = (node(&url, "a").await?, node(&url, "b").await?);
+    let id: SessionId = "s1".parse()?;
+
+    let suspended = a.runtime.execute_on(&id, "editor", "edit it").await?;
+    assert_eq!(suspended.status, Status::SuspendedClientTool);
+    let owner = b.runtime.owner_of(&id).await?;
+    assert_eq!(owner.map(|owner| owner.node).as_deref(), Some("a"));
+
+    // B's calls are A's: the answer is accepted once, and the run completes on A.
+    let answer = || Submit::result("s1", "tc-1", json!({ "ok": true }));
+    assert_eq!(
+        b.runtime.submit_tool_result(answer()).await?,
+        SubmitOutcome::Accepted
+    );
+    assert_eq!(
+        b.runtime.submit_tool_result(answer()).await?,
+        SubmitOutcome::AlreadyCompleted
+    );
+    let resumed = b.runtime.resume(&id).await?;
+    assert_eq!(resumed.status, Status::Completed);
+    assert_eq!(resumed.text.as_deref(), Some("done"));
+    assert!(
+        a.runtime.is_resident(&id) && !b.runtime.is_resident(&id),
+        "the session ran on A only"
+    );
+
+    // A's refusals come back as the same errors.
+    match b.runtime.resume(&id).await {
+        Err(Error::NotResumable { session, status }) => {
+            assert_eq!((session, status), (id.clone(), Status::Completed));
+        }
+        other => panic!("a second resume answered {other:?}"),
+    }
+    b.runtime.abort(&id).await?;
+    assert!(matches!(
+        b.runtime.resume(&id).await,
+        Err(Error::Aborted(session)) if session == id
+    ));
+    assert!(matches!(
+        a.runtime.start_on(&id, "editor", "again").await,
+        Err(Error::Aborted(_))
+    ));
+
+    // Only a peer may call: the key is A's, from the shared database.
+    let call = json!({ "call": "resume", "session": "s1", "wait": false });
+    let refused = reqwest::Client::new()
+        .post(format!("{}/peer", a.base))
+        .header(PEER_KEY, "not-the-key")
+        .json(&call)
+        .send()
+        .await?;
+    assert_eq!(refused.status(), reqwest::StatusCode::FORBIDDEN);
+    let body: serde_json::Value = refused.json().await?;
+    assert_eq!(body["code"], "peer_refused");
+    let malformed = reqwest::Client::new()
+        .post(format!("{}/peer", a.base))
+        .header(PEER_KEY, "not-the-key")
+        .json(&json!({ "call": "launch" }))
+        .send()
+        .await?;
+    assert_eq!(malformed.status(), reqwest::StatusCode::BAD_REQUEST);
+
+    for node in [a, b] {
+        node.runtime.shutdown().await?;
+        node.served.abort();
+    }
+    Ok(())
+}
