@@ -246,6 +246,25 @@ pub trait Peers: Send + Sync + fmt::Debug + 'static {
     async fn call(&self, owner: &LeaseOwner, call: &PeerCall) -> Result<PeerAnswer, RemoteError>;
 }
 
+tokio::task_local! {
+    /// Set while the calls of a task may not be sent on (see [`here_only`]).
+    static HERE_ONLY: ();
+}
+
+/// Runs `calls` with every [`Runtime`](crate::Runtime) call they make served on this node
+/// only, never sent to another: for a request another node already sent here (the agent
+/// server wraps each request marked `x-dormant-forwarded` in it), so a request crosses at
+/// most one more node and two nodes that disagree for a moment answer an error rather than
+/// pass it between them.
+pub async fn here_only<F: std::future::Future>(calls: F) -> F::Output {
+    HERE_ONLY.scope((), calls).await
+}
+
+/// Whether calls made now may be sent to another node.
+pub(crate) fn may_forward() -> bool {
+    HERE_ONLY.try_with(|()| ()).is_err()
+}
+
 /// Whether `error` means the session's tree is owned by another node (the activation could
 /// not take its lease, or this node lost it).
 pub(crate) fn owned_elsewhere(error: &Error) -> bool {

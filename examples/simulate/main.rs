@@ -152,7 +152,8 @@ struct Args {
     /// Store directory (default: a fresh temporary directory, removed at exit). Sessions get
     /// new ids, so an existing store can be reused: the end check looks at this run's
     /// sessions only (an earlier process's expired deadlines fire at boot but are not counted).
-    /// A store error stops the run at once and exits non-zero with it.
+    /// A store error stops the run at once and exits non-zero with it. A `postgres://` URL
+    /// here is `--postgres URL`.
     #[arg(long)]
     store: Option<PathBuf>,
     /// Run on a PostgreSQL store at URL instead of sled (default mode only; build with
@@ -163,10 +164,10 @@ struct Args {
     /// and a dormant-server router on a loopback port) share the database; the HTTP mode's
     /// cycles are spread over them, beside the same cycles on one sled node in the same run.
     /// Uses --sessions, --concurrency, --max-resident, --http-rounds, --cross-node, --json.
-    #[arg(long, value_name = "N", requires = "postgres")]
+    #[arg(long, value_name = "N")]
     nodes: Option<usize>,
     /// Internal to --nodes: serve as node INDEX until standard input closes.
-    #[arg(long, value_name = "INDEX", hide = true, requires = "postgres")]
+    #[arg(long, value_name = "INDEX", hide = true)]
     serve_node: Option<usize>,
     /// Internal to --nodes: the token key file the nodes share.
     #[arg(long, value_name = "PATH", hide = true)]
@@ -232,7 +233,22 @@ fn nodes(
 }
 
 fn main() -> anyhow::Result<()> {
-    let args = Args::parse();
+    let mut args = Args::parse();
+    // `--store postgres://…` names the PostgreSQL store, as the server's `--store` does.
+    if let Some(url) = args.store.as_ref().and_then(|store| store.to_str()) {
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            anyhow::ensure!(
+                args.postgres.is_none(),
+                "give the PostgreSQL URL once: --store or --postgres"
+            );
+            args.postgres = Some(url.to_string());
+            args.store = None;
+        }
+    }
+    anyhow::ensure!(
+        args.nodes.is_none() || args.postgres.is_some(),
+        "--nodes needs a PostgreSQL store: --postgres URL (or --store postgres://…)"
+    );
     if args.fanout.is_none() {
         anyhow::ensure!(args.sessions > 0, "--sessions must be at least 1");
         anyhow::ensure!(args.turns > 0, "--turns must be at least 1");

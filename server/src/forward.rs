@@ -42,7 +42,8 @@ pub(crate) async fn to_owner(
     next: Next,
 ) -> Response {
     if request.headers().contains_key(FORWARDED) {
-        return next.run(request).await;
+        // Sent here by another node: served here, in process too, and never sent on again.
+        return dormant::peer::here_only(next.run(request)).await;
     }
     let (parts, body) = request.into_parts();
     // The body is kept to be sent on; its length was checked against the cap already.

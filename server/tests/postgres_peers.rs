@@ -1,8 +1,8 @@
 //! The in-process API on any node (issue 18): two runtimes share one PostgreSQL database
 //! (a throwaway cluster), each with a `dormant-server` router on loopback and the HTTP peer
 //! transport. A session suspends on node A; node B's `Runtime` calls for it (submit, resume,
-//! abort) are served by A and answered on B as A answered them, errors included, and a call
-//! to `/peer` without A's key is refused.
+//! abort) are served by A and answered on B as A answered them, errors included, unless made
+//! where calls may not be sent on; and a call to `/peer` without A's key is refused.
 
 #![cfg(feature = "postgres")]
 
@@ -75,8 +75,14 @@ async fn a_runtime_call_for_a_session_another_node_owns_is_served_by_the_owner(
     let owner = b.runtime.owner_of(&id).await?;
     assert_eq!(owner.map(|owner| owner.node).as_deref(), Some("a"));
 
-    // B's calls are A's: the answer is accepted once, and the run completes on A.
+    // B's calls are A's: the answer is accepted once, and the run completes on A. Calls that
+    // may not be sent on (a request another node sent here) answer that A owns it.
     let answer = || Submit::result("s1", "tc-1", json!({ "ok": true }));
+    let here = dormant::peer::here_only(b.runtime.submit_tool_result(answer())).await;
+    assert!(
+        matches!(here, Err(Error::SessionUnavailable { .. })),
+        "{here:?}"
+    );
     assert_eq!(
         b.runtime.submit_tool_result(answer()).await?,
         SubmitOutcome::Accepted

@@ -5,7 +5,7 @@
 use super::Runtime;
 use crate::error::Error;
 use crate::ids::SessionId;
-use crate::peer::{owned_elsewhere, PeerAnswer, PeerCall, PeerFailure};
+use crate::peer::{may_forward, owned_elsewhere, PeerAnswer, PeerCall, PeerFailure};
 use crate::remote::RemoteError;
 use crate::session::{RunOutcome, RunStarted};
 use crate::submit::{Submit, SubmitOutcome};
@@ -66,7 +66,7 @@ impl Runtime {
         let Some(peers) = self.inner.shared.peers.as_ref() else {
             return Err(error);
         };
-        if !owned_elsewhere(&error) {
+        if !owned_elsewhere(&error) || !may_forward() {
             return Err(error);
         }
         let owner = match self.owner_of(id).await {
