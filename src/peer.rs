@@ -252,10 +252,10 @@ tokio::task_local! {
 }
 
 /// Runs `calls` with every [`Runtime`](crate::Runtime) call they make served on this node
-/// only, never sent to another: for a request another node already sent here (the agent
-/// server wraps each request marked `x-dormant-forwarded` in it), so a request crosses at
-/// most one more node and two nodes that disagree for a moment answer an error rather than
-/// pass it between them.
+/// only, never sent to another. The agent server runs each request in it: it sends a whole
+/// request on to the owner itself (one hop for the request, not one per call it makes), and
+/// one another node sent it is never sent on again, so two nodes that disagree for a moment
+/// answer an error rather than pass it between them.
 pub async fn here_only<F: std::future::Future>(calls: F) -> F::Output {
     HERE_ONLY.scope((), calls).await
 }

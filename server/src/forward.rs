@@ -41,8 +41,10 @@ pub(crate) async fn to_owner(
     request: Request,
     next: Next,
 ) -> Response {
+    // A request's runtime calls are served here, never sent on one by one: this layer sends
+    // the whole request on instead (one hop, not one per call), and a request another node
+    // sent here is never sent on again.
     if request.headers().contains_key(FORWARDED) {
-        // Sent here by another node: served here, in process too, and never sent on again.
         return dormant::peer::here_only(next.run(request)).await;
     }
     let (parts, body) = request.into_parts();
@@ -63,9 +65,9 @@ pub(crate) async fn to_owner(
         parts.uri.clone(),
         parts.headers.clone(),
     );
-    let response = next
-        .run(Request::from_parts(parts, Body::from(body.clone())))
-        .await;
+    let response =
+        dormant::peer::here_only(next.run(Request::from_parts(parts, Body::from(body.clone()))))
+            .await;
     let Some(OwnedElsewhere(session)) = response.extensions().get::<OwnedElsewhere>().cloned()
     else {
         return response;
