@@ -2,7 +2,8 @@
 //! (a throwaway cluster), each with a `dormant-server` router on loopback and the HTTP peer
 //! transport. A session suspends on node A; node B's `Runtime` calls for it (submit, resume,
 //! abort) are served by A and answered on B as A answered them, errors included, unless made
-//! where calls may not be sent on; and a call to `/peer` without A's key is refused.
+//! where calls may not be sent on; B follows the run A makes; and a call to `/peer` without
+//! A's key is refused.
 
 #![cfg(feature = "postgres")]
 
@@ -12,12 +13,18 @@ mod cluster;
 use std::sync::Arc;
 
 use dormant::submit::{Submit, SubmitOutcome};
+use dormant::ChunkKind;
 use dormant::{
     AgentDefinition, Error, ModelReply, PgStore, Runtime, ScriptedLlm, SessionId, Status, ToolCall,
     ToolDefinition,
 };
 use dormant_server::{Auth, HttpPeers, Server, PEER_KEY};
+use futures::StreamExt;
 use serde_json::json;
+
+/// Longer than a follower on a node that does not run the session waits between two reads of
+/// the store; a stream that says nothing for this long is stuck.
+const FOLLOW_BOUND: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// One node: a runtime on the shared database, served on a loopback port it advertises.
 struct Node {
@@ -91,9 +98,28 @@ async fn a_runtime_call_for_a_session_another_node_owns_is_served_by_the_owner(
         b.runtime.submit_tool_result(answer()).await?,
         SubmitOutcome::AlreadyCompleted
     );
-    let resumed = b.runtime.resume(&id).await?;
-    assert_eq!(resumed.status, Status::Completed);
-    assert_eq!(resumed.text.as_deref(), Some("done"));
+    // B follows the session, and then the run A makes: its chunks reach B from the shared
+    // store (B's live channel never carries them).
+    let mut stream = Box::pin(b.runtime.follow(&id, 0));
+    while let Some(chunk) = tokio::time::timeout(FOLLOW_BOUND, stream.next()).await? {
+        if let ChunkKind::RunSuspended { .. } = chunk?.kind {
+            break;
+        }
+    }
+    b.runtime.start_resume(&id).await?;
+    let mut ended = None;
+    while let Some(chunk) = tokio::time::timeout(FOLLOW_BOUND, stream.next()).await? {
+        if let ChunkKind::RunEnd { status, .. } = chunk?.kind {
+            ended = Some(status);
+            break;
+        }
+    }
+    assert_eq!(ended, Some(Status::Completed));
+    let runs = b.runtime.runs(&id).await?;
+    assert_eq!(
+        runs.last().and_then(|run| run.text.as_deref()),
+        Some("done")
+    );
     assert!(
         a.runtime.is_resident(&id) && !b.runtime.is_resident(&id),
         "the session ran on A only"

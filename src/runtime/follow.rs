@@ -1,7 +1,10 @@
-//! Following a session's stream: stored chunks, then live ones, without gaps or repeats.
+//! Following a session's stream: stored chunks, then live ones, without gaps or repeats. A
+//! session another node runs is followed from the store: read a quarter second after the last
+//! new chunk, then less and less often while nothing comes, down to every 4 s.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::Stream;
 use tokio::sync::broadcast;
@@ -16,6 +19,14 @@ use crate::stream::{Chunk, StreamEvent};
 /// Small on purpose: the channel allocates all of it up front, per followed session.
 const LIVE_BUFFER: usize = 64;
 
+/// How soon a follower of a session another node runs first reads its new chunks from the
+/// store; it waits twice as long after each read that found none, up to
+/// [`READ_ELSEWHERE_AT_MOST`], and again this soon after one that found some.
+const READ_ELSEWHERE_FIRST: Duration = Duration::from_millis(250);
+
+/// The longest a follower of a session another node runs waits between two reads.
+const READ_ELSEWHERE_AT_MOST: Duration = Duration::from_secs(4);
+
 struct Follower {
     shared: Arc<Shared>,
     session: SessionId,
@@ -25,6 +36,9 @@ struct Follower {
     with_deltas: bool,
     started: bool,
     failed: bool,
+    /// How long to wait for a live chunk before reading the store, when the session runs
+    /// elsewhere.
+    read_every: Duration,
 }
 
 pub(super) fn follow(
@@ -66,6 +80,7 @@ pub(super) fn follow_events(
         with_deltas,
         started: false,
         failed: false,
+        read_every: READ_ELSEWHERE_FIRST,
     };
     futures::stream::unfold(follower, |mut follower| async move {
         if follower.failed {
@@ -85,7 +100,28 @@ pub(super) fn follow_events(
                     return Some((Ok(StreamEvent::Chunk(chunk)), follower));
                 }
             }
-            match follower.live.recv().await {
+            let received = if follower.fed_elsewhere() {
+                // The session runs on another node (a store several nodes share): its live
+                // chunks are sent there, so read them from the store now and then.
+                match tokio::time::timeout(follower.read_every, follower.live.recv()).await {
+                    Ok(received) => received,
+                    Err(_) => {
+                        if let Err(error) = follower.refill().await {
+                            follower.failed = true;
+                            return Some((Err(error), follower));
+                        }
+                        follower.read_every = if follower.buffered.is_empty() {
+                            (follower.read_every * 2).min(READ_ELSEWHERE_AT_MOST)
+                        } else {
+                            READ_ELSEWHERE_FIRST
+                        };
+                        continue;
+                    }
+                }
+            } else {
+                follower.live.recv().await
+            };
+            match received {
                 // Deltas are live only, and shown in place: after the chunks committed before
                 // the model call, before the step's own. A follower that is elsewhere (it read
                 // the step's reply from the store already) drops them.
@@ -124,6 +160,13 @@ impl Drop for Follower {
 }
 
 impl Follower {
+    /// Whether the session's live chunks are sent on another node: the store is shared and
+    /// this node does not hold the session now (in memory, no round trip).
+    fn fed_elsewhere(&self) -> bool {
+        let store = self.shared.store.as_ref();
+        store.holds_leases() && !store.holds_current(self.session.as_str())
+    }
+
     async fn refill(&mut self) -> Result<(), Error> {
         let stored =
             schema::load_chunks(self.shared.store.as_ref(), &self.session, self.next).await?;
