@@ -227,8 +227,8 @@ async fn serve(args: Serve) -> Result<(), String> {
     };
     let builder = builder
         .remote_agents(Arc::new(HttpRemoteAgents::new(remote_key)))
-        // On a shared store, an in-process call for a session another node owns (the demo's
-        // and the server's own) is sent to that node.
+        // On a shared store, a runtime call for a session another node owns is sent to that
+        // node (the routes send whole requests on instead).
         .peers(Arc::new(dormant_server::HttpPeers::new()));
     let builder = match &args.delegate_to {
         Some(endpoint) => dormant_server::demo::configure_delegating(builder, endpoint),
