@@ -118,22 +118,6 @@ pub enum PeerCall {
     },
 }
 
-impl PeerCall {
-    /// The session whose tree's owner serves the call (for a submit, its root as named).
-    pub fn session(&self) -> Option<SessionId> {
-        match self {
-            PeerCall::Execute { session, .. }
-            | PeerCall::Start { session, .. }
-            | PeerCall::Resume { session, .. }
-            | PeerCall::Stop { session, .. } => Some(session.clone()),
-            PeerCall::Submit { envelope } => envelope
-                .get("session_id")
-                .and_then(Value::as_str)
-                .and_then(|id| id.parse().ok()),
-        }
-    }
-}
-
 /// The owner's answer to a [`PeerCall`].
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "answer", rename_all = "snake_case")]

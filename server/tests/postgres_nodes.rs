@@ -28,6 +28,31 @@ fn node(url: &str, key: &Path, name: &str) -> anyhow::Result<Binary> {
     )
 }
 
+/// Nodes A and B on a throwaway cluster, sharing a token key (fields drop in order: the
+/// nodes before the database).
+struct Pair {
+    a: Binary,
+    b: Binary,
+    _dir: tempfile::TempDir,
+    cluster: cluster::Cluster,
+}
+
+/// Two nodes, or `None` (after saying why) where PostgreSQL is not installed.
+fn two_nodes() -> anyhow::Result<Option<Pair>> {
+    let Some(cluster) = cluster::Cluster::start()? else {
+        return Ok(None);
+    };
+    let url = format!("postgres://postgres@{}", cluster.address());
+    let dir = tempfile::tempdir()?;
+    let key = dir.path().join("token-key");
+    Ok(Some(Pair {
+        a: node(&url, &key, "a")?,
+        b: node(&url, &key, "b")?,
+        _dir: dir,
+        cluster,
+    }))
+}
+
 fn signal(binary: &Binary, which: &str) -> anyhow::Result<()> {
     let status = Command::new("kill")
         .args([which, &binary.child.id().to_string()])
@@ -114,14 +139,9 @@ async fn start_waiting(base: &str) -> anyhow::Result<(String, String, Value)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_node_loses_its_session_to_another_and_cannot_write_after() -> anyhow::Result<()> {
-    let Some(cluster) = cluster::Cluster::start()? else {
+    let Some(Pair { a, b, cluster, .. }) = two_nodes()? else {
         return Ok(());
     };
-    let url = format!("postgres://postgres@{}", cluster.address());
-    let dir = tempfile::tempdir()?;
-    let key = dir.path().join("token-key");
-    let a = node(&url, &key, "a")?;
-    let b = node(&url, &key, "b")?;
 
     // The session starts on A, which takes its lease, and waits on ask_user.
     let (id, token, ask) = start_waiting(&a.base).await?;
@@ -214,14 +234,9 @@ async fn a_paused_node_loses_its_session_to_another_and_cannot_write_after() -> 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn any_node_answers_a_request_for_a_session_another_node_owns() -> anyhow::Result<()> {
-    let Some(cluster) = cluster::Cluster::start()? else {
+    let Some(Pair { a, b, cluster, .. }) = two_nodes()? else {
         return Ok(());
     };
-    let url = format!("postgres://postgres@{}", cluster.address());
-    let dir = tempfile::tempdir()?;
-    let key = dir.path().join("token-key");
-    let a = node(&url, &key, "a")?;
-    let b = node(&url, &key, "b")?;
 
     // The session starts on A, which owns it while it waits on ask_user.
     let (id, token, ask) = start_waiting(&a.base).await?;
