@@ -699,6 +699,13 @@ impl Runtime {
         ))
     }
 
+    /// Whether other nodes may share this runtime's store (it holds leases, as PostgreSQL
+    /// does): only then can another node own a session, and a front such as the agent server
+    /// need look for that owner. `false` on a store only this process uses (sled, memory).
+    pub fn store_is_shared(&self) -> bool {
+        self.inner.shared.store.holds_leases()
+    }
+
     /// The other node that owns the session's tree, on a store several nodes share: where a
     /// request for it must go (its address, if it advertised one). `None` when this process
     /// may serve it: on a store of its own always, on a shared one when no other live node

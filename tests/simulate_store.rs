@@ -1,6 +1,7 @@
 //! The simulator (`examples/simulate`) on a store it did not start fresh: one that holds an
 //! earlier process's sessions (it must check only its own), and one whose disk fills mid-run
-//! (it must stop at once with the store error).
+//! (it must stop at once with the store error). And its `--http` mode, whose HTTP client is
+//! its own.
 //!
 //! These tests run the example binary, which `cargo test` builds next to the test binaries
 //! (`target/debug/examples/simulate`). With `cargo test --test simulate_store` alone, build it
@@ -207,6 +208,32 @@ async fn simulate_on_existing_store(agent: &str, args: &[&str]) -> anyhow::Resul
         "the run fired the earlier process's deadline (else this test proves nothing)"
     );
     Ok(report)
+}
+
+/// `--http`: the simulator's own HTTP client (requests written by hand, chunked SSE answers
+/// read back) drives a server the simulator serves. Every session goes round its cycle once
+/// in each pass, the end check finds each answer applied once, and the idle streams open.
+#[test]
+fn the_http_mode_runs_every_cycle_once_over_http() -> anyhow::Result<()> {
+    let report = run_simulator(&[
+        "--http",
+        "--sessions",
+        "40",
+        "--concurrency",
+        "8",
+        "--http-rounds",
+        "1",
+        "--sse-streams",
+        "10",
+    ])?;
+    for pass in ["http", "in_process"] {
+        let passes = report[pass].as_array().context("a pass is missing")?;
+        assert_eq!(passes.len(), 1, "{report:#}");
+        assert_eq!(passes[0]["cycles"], json!(40), "{pass}: {report:#}");
+        assert_eq!(passes[0]["errors"], json!(0), "{pass}: {report:#}");
+    }
+    assert_eq!(report["sse_streams"]["open"], json!(10), "{report:#}");
+    Ok(())
 }
 
 /// The arguments of a small run whose clients leave some calls unanswered.

@@ -30,6 +30,7 @@ use hdrhistogram::Histogram;
 use parking_lot::Mutex;
 use serde_json::{json, Value};
 
+use crate::http_client::{Events, HttpClient};
 use crate::report::Memory;
 use crate::Args;
 
@@ -120,10 +121,7 @@ pub(crate) async fn simulate(args: Args, target: Option<String>) -> anyhow::Resu
             (base, AGENT, Some(serve(server, listener)?))
         }
     };
-    let http = reqwest::Client::builder()
-        .pool_max_idle_per_host(args.concurrency)
-        .build()?;
-    let client = Arc::new(HttpClient { http, base });
+    let client = Arc::new(HttpClient::new(&base)?);
 
     let mut in_process = Vec::new();
     let mut over_http = Vec::new();
@@ -355,63 +353,6 @@ fn one_answer(messages: &[Value]) -> bool {
         == 1
 }
 
-#[derive(Debug)]
-pub(crate) struct HttpClient {
-    http: reqwest::Client,
-    base: String,
-}
-
-impl HttpClient {
-    pub(crate) fn new(http: reqwest::Client, base: String) -> Self {
-        Self { http, base }
-    }
-
-    async fn post(&self, path: &str, token: Option<&str>, body: &Value) -> anyhow::Result<Value> {
-        let mut request = self.http.post(format!("{}{path}", self.base)).json(body);
-        if let Some(token) = token {
-            request = request.bearer_auth(token);
-        }
-        let response = request.send().await?;
-        let status = response.status();
-        let body: Value = response.json().await?;
-        anyhow::ensure!(status.is_success(), "{path} answered {status}: {body}");
-        Ok(body)
-    }
-
-    /// POSTs JSON and reads the answer as a stream of events.
-    async fn stream(
-        &self,
-        path: &str,
-        token: Option<&str>,
-        body: &Value,
-    ) -> anyhow::Result<Events> {
-        let mut request = self.http.post(format!("{}{path}", self.base)).json(body);
-        if let Some(token) = token {
-            request = request.bearer_auth(token);
-        }
-        let response = request.send().await?;
-        let status = response.status();
-        if !status.is_success() {
-            let body = response.text().await?;
-            anyhow::bail!("{path} answered {status}: {body}");
-        }
-        Ok(Events::new(response))
-    }
-
-    async fn get(&self, path: &str, token: &str) -> anyhow::Result<Value> {
-        let response = self
-            .http
-            .get(format!("{}{path}", self.base))
-            .bearer_auth(token)
-            .send()
-            .await?;
-        let status = response.status();
-        let body: Value = response.json().await?;
-        anyhow::ensure!(status.is_success(), "{path} answered {status}: {body}");
-        Ok(body)
-    }
-}
-
 async fn run_http(
     client: &Arc<HttpClient>,
     agent: &'static str,
@@ -463,39 +404,26 @@ pub(crate) async fn cycle_over_http(
     let body = json!({ "agent": agent, "message": "weather in Porto" });
     let mut events = client.stream("/start?stream=true", None, &body).await?;
     let started = events.next().await?.context("no started event")?;
-    let id = started["session_id"]
-        .as_str()
-        .context("no session_id")?
-        .to_string();
-    let token = started["token"].as_str().context("no token")?.to_string();
+    let id = started.session_id.context("no session_id")?;
+    let token = started.token.context("no token")?;
     let mut cycles = 0;
     loop {
         let mut approvals = std::collections::HashMap::new();
         let mut waiting = None;
         while let Some(event) = events.next().await? {
-            if let Some(at) = event["at_ms"].as_u64() {
+            if let Some(at) = event.at_ms {
                 recorder.lag(at);
             }
-            let kind = &event["kind"];
-            match kind["type"].as_str() {
-                Some("tool_approval_request") => {
-                    if let (Some(call), Some(approval)) =
-                        (kind["tool_call_id"].as_str(), kind["approval_id"].as_str())
-                    {
-                        approvals.insert(call.to_string(), approval.to_string());
+            let Some(kind) = event.kind else { continue };
+            match kind.name.as_str() {
+                "tool_approval_request" => {
+                    if let (Some(call), Some(approval)) = (kind.tool_call_id, kind.approval_id) {
+                        approvals.insert(call, approval);
                     }
                 }
-                Some("run_suspended") => {
-                    let calls: Vec<String> = kind["tool_call_ids"]
-                        .as_array()
-                        .into_iter()
-                        .flatten()
-                        .filter_map(|call| call.as_str().map(str::to_string))
-                        .collect();
-                    waiting = Some(calls);
-                }
-                Some("run_end") => {
-                    let status = kind["status"].as_str().unwrap_or("?");
+                "run_suspended" => waiting = Some(kind.tool_call_ids),
+                "run_end" => {
+                    let status = kind.status.unwrap_or_default();
                     anyhow::ensure!(status == "completed", "{id} ended {status}");
                     while events.next().await?.is_some() {}
                     return Ok(((id, token), cycles));
@@ -526,42 +454,10 @@ pub(crate) async fn cycle_over_http(
             events = answers.stream(path, Some(&token), &envelope).await?;
             let answer = events.next().await?.context("no accepted event")?;
             recorder.submit(sent.elapsed());
-            anyhow::ensure!(answer["code"] == "accepted", "{id}: {answer}");
+            let code = answer.code.unwrap_or_default();
+            anyhow::ensure!(code == "accepted", "{id}: answered {code}");
         }
         cycles += 1;
-    }
-}
-
-/// The events of an SSE response, one JSON `data` at a time (the `end` event included, as
-/// `{ "reason": … }`).
-struct Events {
-    body: reqwest::Response,
-    buffer: Vec<u8>,
-}
-
-impl Events {
-    fn new(body: reqwest::Response) -> Self {
-        Self {
-            body,
-            buffer: Vec::new(),
-        }
-    }
-
-    async fn next(&mut self) -> anyhow::Result<Option<Value>> {
-        loop {
-            if let Some(end) = self.buffer.windows(2).position(|pair| pair == b"\n\n") {
-                let block: Vec<u8> = self.buffer.drain(..end + 2).collect();
-                let block = std::str::from_utf8(&block)?;
-                if let Some(data) = block.lines().find_map(|line| line.strip_prefix("data: ")) {
-                    return Ok(Some(serde_json::from_str(data)?));
-                }
-                continue; // a keep-alive comment
-            }
-            match self.body.chunk().await? {
-                Some(bytes) => self.buffer.extend_from_slice(&bytes),
-                None => return Ok(None),
-            }
-        }
     }
 }
 
@@ -589,25 +485,23 @@ async fn stream_memory(
     }
     // Every session settles (suspends) before the streams open, so they stay idle.
     for (id, token) in &sessions {
-        let url = format!("{}/sse?session_id={id}&token={token}", client.base);
-        let mut events = Events::new(client.http.get(url).send().await?);
+        let path = format!("/sse?session_id={id}");
+        let answer = client.send("GET", &path, Some(token), None).await?;
+        let mut events = Events::new(answer);
         while events.next().await?.is_some() {}
     }
     let before = Memory::read()?.rss();
     let mut open = Vec::with_capacity(count);
     for (id, token) in &sessions {
         // From past the end: the stream waits for what comes next, idle.
-        let url = format!(
-            "{}/sse?session_id={id}&token={token}&until=closed&from=1000000",
-            client.base
-        );
-        let response = client.http.get(url).send().await?;
+        let path = format!("/sse?session_id={id}&until=closed&from=1000000");
+        let answer = client.send("GET", &path, Some(token), None).await?;
         anyhow::ensure!(
-            response.status().is_success(),
+            (200..300).contains(&answer.status),
             "sse answered {}",
-            response.status()
+            answer.status
         );
-        open.push(response);
+        open.push(answer);
     }
     let after = Memory::read()?.rss();
     drop(open);

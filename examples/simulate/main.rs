@@ -29,6 +29,7 @@ mod driver;
 mod fanout;
 mod halt;
 mod http;
+mod http_client;
 #[cfg(feature = "openai")]
 mod model;
 #[cfg(feature = "postgres")]

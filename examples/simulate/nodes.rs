@@ -22,7 +22,8 @@ use dormant::PgStore;
 use dormant_server::{Auth, Server, TokenKey};
 use serde_json::json;
 
-use crate::http::{self, HttpClient, Pass};
+use crate::http::{self, Pass};
+use crate::http_client::HttpClient;
 use crate::Args;
 
 /// One node of the cluster: its process, and a client to it.
@@ -41,9 +42,6 @@ struct DbCost {
 /// Runs the mode; returns how many problems it found.
 pub(crate) async fn simulate(args: Args, url: String, count: usize) -> anyhow::Result<usize> {
     anyhow::ensure!(count > 0, "--nodes must be at least 1");
-    let http = reqwest::Client::builder()
-        .pool_max_idle_per_host(args.concurrency)
-        .build()?;
     // Every node signs and checks session tokens with one key, so any node takes any token.
     let keys = tempfile::tempdir()?;
     let key_file = keys.path().join("token.key");
@@ -51,17 +49,17 @@ pub(crate) async fn simulate(args: Args, url: String, count: usize) -> anyhow::R
     let mut nodes = Vec::with_capacity(count);
     for index in 0..count {
         let (process, base) = start_node(index, &key_file)?;
-        let client = Arc::new(HttpClient::new(http.clone(), base));
+        let client = Arc::new(HttpClient::new(&base)?);
         nodes.push(Node { process, client });
     }
     let database = Database::connect(&url).await?;
     let (_temp, _path, sled) = crate::open_store(&args)?;
     let single = http::cycle_runtime(sled, &args)?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let single_client = Arc::new(HttpClient::new(
-        http.clone(),
-        format!("http://{}", listener.local_addr()?),
-    ));
+    let single_client = Arc::new(HttpClient::new(&format!(
+        "http://{}",
+        listener.local_addr()?
+    ))?);
     let single_served = http::serve(
         Server::new(single.clone(), Auth::allow_unauthenticated()),
         listener,

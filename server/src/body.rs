@@ -1,11 +1,9 @@
 //! What comes in: a body needs a `Content-Length` within the cap (checked before a byte of it
 //! is read), JSON content, and JSON no deeper than the limit.
 
-use axum::extract::{FromRequest, Request, State};
+use axum::extract::{FromRequest, Request};
 use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE, TRANSFER_ENCODING};
 use axum::http::{Method, StatusCode};
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::Value;
@@ -13,18 +11,14 @@ use serde_json::Value;
 use crate::error::ApiError;
 use crate::server::AppState;
 
-/// Middleware: a request with a body (any method but GET, HEAD, OPTIONS) must say its length
-/// (411 otherwise, chunked bodies included) and stay within the cap (413, before reading).
-pub(crate) async fn require_length(
-    State(state): State<AppState>,
-    request: Request,
-    next: Next,
-) -> Response {
+/// A request with a body (any method but GET, HEAD, OPTIONS) must say its length (411
+/// otherwise, chunked bodies included) and stay within the cap (413, before reading).
+pub(crate) fn check_length(request: &Request, limit: usize) -> Result<(), ApiError> {
     if matches!(
         *request.method(),
         Method::GET | Method::HEAD | Method::OPTIONS
     ) {
-        return next.run(request).await;
+        return Ok(());
     }
     let headers = request.headers();
     let declared = headers
@@ -36,24 +30,21 @@ pub(crate) async fn require_length(
                 .ok()
                 .and_then(|text| text.parse::<u64>().ok())
         });
-    let limit = state.config.max_body_bytes;
     match declared {
         // A chunked body says no length up front: it is refused as one with none.
-        None => ApiError::new(
+        None => Err(ApiError::new(
             StatusCode::LENGTH_REQUIRED,
             "length_required",
             "a request body needs a Content-Length header (chunked bodies are not accepted)",
-        )
-        .into_response(),
-        Some(None) => ApiError::invalid("Content-Length is not a number").into_response(),
-        Some(Some(length)) if length > limit as u64 => ApiError::new(
+        )),
+        Some(None) => Err(ApiError::invalid("Content-Length is not a number")),
+        Some(Some(length)) if length > limit as u64 => Err(ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             "payload_too_large",
             format!("the body is {length} bytes; the limit is {limit}"),
         )
-        .with(serde_json::json!({ "size": length, "limit": limit }))
-        .into_response(),
-        Some(Some(_)) => next.run(request).await,
+        .with(serde_json::json!({ "size": length, "limit": limit }))),
+        Some(Some(_)) => Ok(()),
     }
 }
 

@@ -11,7 +11,7 @@ use axum::Router;
 use dormant::Runtime;
 use tokio::sync::watch;
 use tower_http::cors::{AllowOrigin, CorsLayer};
-use tower_http::trace::TraceLayer;
+use tracing::Instrument as _;
 
 use crate::auth::Auth;
 use crate::config::ServerConfig;
@@ -164,27 +164,18 @@ impl Server {
                 .route("/", get(page::index))
                 .route("/page.js", get(page::script));
         }
-        let router = router
-            .fallback(not_found)
-            .layer(middleware::from_fn_with_state(
+        let router = router.fallback(not_found);
+        // Another node can own a session only on a shared store: on one of this process's
+        // own, no request is ever sent on, and none pays for keeping its body to send.
+        let router = if state.runtime.store_is_shared() {
+            router.layer(middleware::from_fn_with_state(
                 state.clone(),
                 crate::forward::to_owner,
             ))
-            .layer(middleware::from_fn_with_state(
-                state.clone(),
-                body::require_length,
-            ))
-            .layer(middleware::from_fn_with_state(state.clone(), timed))
-            // A span per request, with the path only: a query may carry a session token.
-            .layer(TraceLayer::new_for_http().make_span_with(
-                |request: &axum::extract::Request| {
-                    tracing::info_span!(
-                        "request",
-                        method = %request.method(),
-                        path = %request.uri().path()
-                    )
-                },
-            ));
+        } else {
+            router
+        };
+        let router = router.layer(middleware::from_fn_with_state(state.clone(), front));
         let router = match cors {
             Some(cors) => router.layer(cors),
             None => router,
@@ -193,21 +184,49 @@ impl Server {
     }
 }
 
-/// Bounds how long a request takes to be answered (408), and counts it.
-async fn timed(
+/// What every request goes through first, in one layer (each layer costs a boxed future and
+/// a clone of the routes per request): a span with its method and path (not its query, which
+/// may carry a session token), the body's declared length ([`body::check_length`]), a bound on
+/// how long it takes to be answered (408), and the metrics.
+async fn front(
     axum::extract::State(state): axum::extract::State<AppState>,
     request: axum::extract::Request,
     next: Next,
 ) -> Response {
-    let route = crate::metrics::route_of(request.uri().path());
-    let started = std::time::Instant::now();
+    let span = tracing::info_span!(
+        "request",
+        method = %request.method(),
+        path = %request.uri().path()
+    );
+    async move {
+        let route = crate::metrics::route_of(request.uri().path());
+        let started = std::time::Instant::now();
+        let response = match body::check_length(&request, state.config.max_body_bytes) {
+            Err(refused) => refused.into_response(),
+            Ok(()) => answer_in_time(&state, request, next).await,
+        };
+        let elapsed = started.elapsed();
+        tracing::debug!(
+            status = response.status().as_u16(),
+            latency_us = elapsed.as_micros() as u64,
+            "server.answered"
+        );
+        state.metrics.request(route, response.status(), elapsed);
+        response
+    }
+    .instrument(span)
+    .await
+}
+
+/// The answer, or 408 once the request took longer than the configured timeout.
+async fn answer_in_time(state: &AppState, request: axum::extract::Request, next: Next) -> Response {
     // A peer's call may wait for a run to settle, as the in-process call it stands for does.
     let limit = if request.uri().path() == crate::peers::PEER_ROUTE {
         std::time::Duration::MAX
     } else {
         state.config.request_timeout
     };
-    let response = match tokio::time::timeout(limit, next.run(request)).await {
+    match tokio::time::timeout(limit, next.run(request)).await {
         Ok(response) => response,
         Err(_) => ApiError::new(
             StatusCode::REQUEST_TIMEOUT,
@@ -218,11 +237,7 @@ async fn timed(
             ),
         )
         .into_response(),
-    };
-    state
-        .metrics
-        .request(route, response.status(), started.elapsed());
-    response
+    }
 }
 
 async fn not_found() -> ApiError {

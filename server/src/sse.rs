@@ -7,6 +7,7 @@
 //! carries the whole reply either way.
 
 use std::convert::Infallible;
+use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
@@ -79,10 +80,11 @@ pub(crate) fn events(
     tracing::debug!(session = %id, from, "server.stream_opened");
     let follower = Follower {
         chunks: Box::pin(state.runtime.follow_live(id, from)),
-        closing: state.closing.clone(),
+        shutdown: shutdown(state.closing.clone()),
         until,
         idle: state.config.sse_idle_timeout,
         idle_timer: Box::pin(tokio::time::sleep(state.config.sse_idle_timeout)),
+        last_chunk: tokio::time::Instant::now(),
         settled: false,
         done: false,
         _open: state.metrics.stream_opened(),
@@ -94,8 +96,9 @@ pub(crate) fn events(
     });
     // `retry` first: a browser that loses the stream reconnects after a second (its own
     // default is about three), with Last-Event-ID.
-    let retry = Event::default().retry(RECONNECT_AFTER);
-    let first = futures::stream::iter(std::iter::once(retry).chain(first).map(Ok));
+    // It rides on the request's answer where there is one: one event less to frame and send.
+    let first = first.unwrap_or_default().retry(RECONNECT_AFTER);
+    let first = futures::stream::iter(std::iter::once(Ok(first)));
     Sse::new(first.chain(events)).keep_alive(KeepAlive::new().interval(state.config.sse_keep_alive))
 }
 
@@ -112,13 +115,25 @@ fn last_event_id(headers: &HeaderMap) -> Result<Option<u64>, ApiError> {
         .ok_or_else(|| ApiError::invalid("Last-Event-ID must be a chunk's sequence number"))
 }
 
+/// Done once `closing` says the server shuts down (or its sender is gone).
+fn shutdown(mut closing: watch::Receiver<bool>) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+    Box::pin(async move {
+        let _ = closing.wait_for(|closing| *closing).await;
+    })
+}
+
 struct Follower {
     chunks: Chunks,
-    closing: watch::Receiver<bool>,
+    /// Done once the server shuts down. Made once per stream: a wait on the shared channel
+    /// made anew for each event would take its lock twice an event, across every stream.
+    shutdown: Pin<Box<dyn Future<Output = ()> + Send>>,
     until: Until,
     idle: Duration,
-    /// One timer for the stream's life, pushed back at each chunk (not a new one per wait).
+    /// One timer for the stream's life. A chunk does not push it back (that would take the
+    /// timer wheel's lock for every event): when it fires, it is set again for `idle` after
+    /// the last chunk, if that is still to come.
     idle_timer: Pin<Box<tokio::time::Sleep>>,
+    last_chunk: tokio::time::Instant,
     /// The run settled: the next event is the `end`.
     settled: bool,
     done: bool,
@@ -134,14 +149,19 @@ impl Follower {
         if self.settled {
             return Some(self.end("settled"));
         }
-        let next = tokio::select! {
-            chunk = self.chunks.next() => Ok(chunk),
-            _ = self.closing.wait_for(|closing| *closing) => Err("shutdown"),
-            () = self.idle_timer.as_mut() => Err("idle"),
-        };
-        let next = match next {
-            Ok(next) => next,
-            Err(reason) => return Some(self.end(reason)),
+        let next = loop {
+            let next = tokio::select! {
+                // In this order: a chunk that is ready goes out before an end that is too.
+                biased;
+                chunk = self.chunks.next() => Ok(chunk),
+                () = self.shutdown.as_mut() => Err("shutdown"),
+                () = self.idle_timer.as_mut() => Err("idle"),
+            };
+            match next {
+                Ok(next) => break next,
+                Err("idle") if self.rearmed_for_a_recent_chunk() => {}
+                Err(reason) => return Some(self.end(reason)),
+            }
         };
         match next {
             None | Some(Err(Error::ShutDown)) => Some(self.end("shutdown")),
@@ -156,10 +176,7 @@ impl Follower {
             }
             Some(Ok(StreamEvent::Delta(delta))) => Some(delta_event(&delta)),
             Some(Ok(StreamEvent::Chunk(chunk))) => {
-                let idle = self.idle;
-                self.idle_timer
-                    .as_mut()
-                    .reset(tokio::time::Instant::now() + idle);
+                self.last_chunk = tokio::time::Instant::now();
                 let now = self.state.runtime.now_ms();
                 self.state
                     .metrics
@@ -173,12 +190,36 @@ impl Follower {
         }
     }
 
+    /// When the idle timer fires: if a chunk came less than `idle` ago, sets it again for
+    /// `idle` after that chunk and says so; the stream was idle for all of `idle` otherwise.
+    fn rearmed_for_a_recent_chunk(&mut self) -> bool {
+        let now = tokio::time::Instant::now();
+        match idle_again_at(self.last_chunk, self.idle, now) {
+            Some(due) => {
+                self.idle_timer.as_mut().reset(due);
+                true
+            }
+            None => false,
+        }
+    }
+
     fn end(&mut self, reason: &str) -> Event {
         self.done = true;
         Event::default()
             .event("end")
             .data(json!({ "reason": reason }).to_string())
     }
+}
+
+/// When an idle timer that fired at `now` must fire again: `idle` after the last chunk, if
+/// that is still to come.
+fn idle_again_at(
+    last_chunk: tokio::time::Instant,
+    idle: Duration,
+    now: tokio::time::Instant,
+) -> Option<tokio::time::Instant> {
+    let due = last_chunk + idle;
+    (due > now).then_some(due)
 }
 
 /// Whether the root's run stops here: it ended, suspended or was interrupted (a forwarded
@@ -194,18 +235,27 @@ fn settles(kind: &ChunkKind) -> bool {
 }
 
 fn event(chunk: &Chunk) -> Event {
-    let data = serde_json::to_string(chunk)
-        .unwrap_or_else(|error| json!({ "error": error.to_string() }).to_string());
-    Event::default()
-        .id(chunk.seq.to_string())
-        .event(chunk.kind.type_name())
-        .data(data)
+    let named = || {
+        Event::default()
+            .id(chunk.seq.to_string())
+            .event(chunk.kind.type_name())
+    };
+    // Serialized straight into the event, with no string between.
+    named()
+        .json_data(chunk)
+        .unwrap_or_else(|error| named().data(serialize_error(&error)))
 }
 
 fn delta_event(delta: &Delta) -> Event {
-    let data = serde_json::to_string(delta)
-        .unwrap_or_else(|error| json!({ "error": error.to_string() }).to_string());
-    Event::default().event("delta").data(data)
+    let named = || Event::default().event("delta");
+    named()
+        .json_data(delta)
+        .unwrap_or_else(|error| named().data(serialize_error(&error)))
+}
+
+/// What dormant streams always serializes; should it ever fail, the client is told so.
+fn serialize_error(error: &axum::Error) -> String {
+    json!({ "error": error.to_string() }).to_string()
 }
 
 /// The event that opens a stream answering a request: the JSON the request would have
@@ -227,4 +277,26 @@ pub(crate) fn settled_at_once(first: Event) -> Sse<impl Stream<Item = Result<Eve
         .event("end")
         .data(json!({ "reason": "settled" }).to_string());
     Sse::new(futures::stream::iter([Ok(first), Ok(end)]))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tokio::time::Instant;
+
+    use super::idle_again_at;
+
+    #[test]
+    fn the_idle_timer_waits_for_idle_after_the_last_chunk() {
+        let idle = Duration::from_secs(60);
+        let opened = Instant::now();
+        // Fired a minute after the stream opened, with a chunk 10 s before: 50 s more.
+        let chunk = opened + Duration::from_secs(50);
+        let fired = opened + idle;
+        assert_eq!(idle_again_at(chunk, idle, fired), Some(chunk + idle));
+        // No chunk since the stream opened (or none for a whole minute): idle now.
+        assert_eq!(idle_again_at(opened, idle, fired), None);
+        assert_eq!(idle_again_at(chunk, idle, chunk + idle), None);
+    }
 }

@@ -117,7 +117,14 @@ pub(crate) fn is_token(text: &str) -> bool {
 }
 
 fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    // One allocation, not one `format!` per byte: a token is issued on every start.
+    let mut text = String::with_capacity(bytes.len() * 2);
+    for byte in bytes {
+        text.push(char::from(DIGITS[usize::from(byte >> 4)]));
+        text.push(char::from(DIGITS[usize::from(byte & 0x0f)]));
+    }
+    text
 }
 
 fn unhex(text: &str) -> Option<Vec<u8>> {
@@ -133,6 +140,13 @@ fn unhex(text: &str) -> Option<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hex_and_unhex_are_each_others_inverse() {
+        let bytes = [0x00, 0x0f, 0xab, 0xff];
+        assert_eq!(hex(&bytes), "000fabff");
+        assert_eq!(unhex("000fabff"), Some(bytes.to_vec()));
+    }
 
     #[test]
     fn a_token_names_its_session_and_only_this_key_signed_it(

@@ -263,12 +263,32 @@ impl From<RemoteCall> for PendingAnswer {
 
 /// Percent-encodes a query value (session ids may hold any printable character).
 pub(crate) fn encode(text: &str) -> String {
-    text.bytes()
-        .map(|byte| match byte {
+    const DIGITS: &[u8; 16] = b"0123456789ABCDEF";
+    // One allocation, not one per byte: every start and resume answer carries one.
+    let mut encoded = String::with_capacity(text.len());
+    for byte in text.bytes() {
+        match byte {
             b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (byte as char).to_string()
+                encoded.push(char::from(byte));
             }
-            _ => format!("%{byte:02X}"),
-        })
-        .collect()
+            _ => {
+                encoded.push('%');
+                encoded.push(char::from(DIGITS[usize::from(byte >> 4)]));
+                encoded.push(char::from(DIGITS[usize::from(byte & 0x0f)]));
+            }
+        }
+    }
+    encoded
+}
+
+#[cfg(test)]
+mod tests {
+    use super::encode;
+
+    #[test]
+    fn encode_keeps_unreserved_bytes_and_escapes_the_rest() {
+        assert_eq!(encode("aZ09-_.~"), "aZ09-_.~");
+        assert_eq!(encode("a b&c=d/é"), "a%20b%26c%3Dd%2F%C3%A9");
+        assert_eq!(encode(""), "");
+    }
 }
