@@ -4,11 +4,11 @@
 //! A cycle is one session: start it, follow its stream until it suspends, answer every call
 //! it waits on (a client tool's result, an approval), resume it, and follow it to its end; a
 //! session that suspends again goes round again. In process the cycle calls
-//! `Runtime::start_on`, `follow`, `pending`, `submit_tool_result` and `start_resume`; over
-//! HTTP it calls `POST /start`, `GET /sse`, `GET /status`, `POST /submit-tool-result` and
-//! `POST /resume` of a `dormant-server` router this process serves on 127.0.0.1 (or of the
-//! server at URL, which must be on loopback and serve the demo agent: load tests stay on the
-//! machine). Both passes run the same number of sessions with the same concurrency, one after
+//! `Runtime::start_on`, `follow`, `submit_tool_result` and `start_resume`; over HTTP it calls
+//! `POST /start?stream=true` and `POST /submit-tool-result?resume=true&stream=true` (whose
+//! answers are the run's stream) of a `dormant-server` router this process serves on
+//! 127.0.0.1 (or of the server at URL, which must be on loopback and serve the demo agent:
+//! load tests stay on the machine), with the client of `http_client.rs`. Both passes run the same number of sessions with the same concurrency, one after
 //! the other, in alternating order over `--http-rounds`.
 //!
 //! `--sse-streams N` then opens N streams on suspended sessions and reports how much the
@@ -401,7 +401,10 @@ pub(crate) async fn cycle_over_http(
     agent: &str,
     recorder: &Recorder,
 ) -> anyhow::Result<((String, String), u64)> {
-    let body = json!({ "agent": agent, "message": "weather in Porto" });
+    let body = StartBody {
+        agent,
+        message: "weather in Porto",
+    };
     let mut events = client.stream("/start?stream=true", None, &body).await?;
     let started = events.next().await?.context("no started event")?;
     let id = started.session_id.context("no session_id")?;
@@ -434,13 +437,8 @@ pub(crate) async fn cycle_over_http(
         let waiting = waiting.context("the stream ended before the run settled")?;
         let last = waiting.len().saturating_sub(1);
         for (index, call) in waiting.into_iter().enumerate() {
-            let envelope = match approvals.remove(&call) {
-                Some(approval) => json!({ "kind": "approval-response", "session_id": id,
-                    "tool_call_id": call, "approval_id": approval, "approved": true }),
-                None => {
-                    json!({ "session_id": id, "tool_call_id": call, "result": { "answer": "yes" } })
-                }
-            };
+            let approval = approvals.remove(&call);
+            let envelope = Envelope::new(&id, &call, approval.as_deref());
             let sent = Instant::now();
             if index < last {
                 let answer = answers
@@ -458,6 +456,46 @@ pub(crate) async fn cycle_over_http(
             anyhow::ensure!(code == "accepted", "{id}: answered {code}");
         }
         cycles += 1;
+    }
+}
+
+/// The body of `POST /start`.
+#[derive(serde::Serialize)]
+struct StartBody<'a> {
+    agent: &'a str,
+    message: &'a str,
+}
+
+/// The body of `POST /submit-tool-result`: `yes` to a client tool, or an approval.
+#[derive(serde::Serialize)]
+struct Envelope<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    kind: Option<&'static str>,
+    session_id: &'a str,
+    tool_call_id: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    approval_id: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    approved: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    result: Option<Yes>,
+}
+
+#[derive(serde::Serialize)]
+struct Yes {
+    answer: &'static str,
+}
+
+impl<'a> Envelope<'a> {
+    fn new(session: &'a str, call: &'a str, approval: Option<&'a str>) -> Self {
+        Self {
+            kind: approval.map(|_| "approval-response"),
+            session_id: session,
+            tool_call_id: call,
+            approval_id: approval,
+            approved: approval.map(|_| true),
+            result: approval.is_none().then_some(Yes { answer: "yes" }),
+        }
     }
 }
 
@@ -486,7 +524,7 @@ async fn stream_memory(
     // Every session settles (suspends) before the streams open, so they stay idle.
     for (id, token) in &sessions {
         let path = format!("/sse?session_id={id}");
-        let answer = client.send("GET", &path, Some(token), None).await?;
+        let answer = client.send("GET", &path, Some(token), &[]).await?;
         let mut events = Events::new(answer);
         while events.next().await?.is_some() {}
     }
@@ -495,7 +533,7 @@ async fn stream_memory(
     for (id, token) in &sessions {
         // From past the end: the stream waits for what comes next, idle.
         let path = format!("/sse?session_id={id}&until=closed&from=1000000");
-        let answer = client.send("GET", &path, Some(token), None).await?;
+        let answer = client.send("GET", &path, Some(token), &[]).await?;
         anyhow::ensure!(
             (200..300).contains(&answer.status),
             "sse answered {}",

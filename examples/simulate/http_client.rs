@@ -13,7 +13,7 @@ use std::net::SocketAddr;
 
 use anyhow::Context as _;
 use parking_lot::Mutex;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -58,19 +58,15 @@ impl HttpClient {
         })
     }
 
-    /// Sends a request (`body` as JSON) and returns the answer once its head is read; its
+    /// Sends a request (with `body`, JSON, unless it is a GET) and returns the answer once its head is read; its
     /// body is read through [`Answer`].
     pub(crate) async fn send(
         &self,
         method: &str,
         path: &str,
         token: Option<&str>,
-        body: Option<&Value>,
+        body: &[u8],
     ) -> anyhow::Result<Answer<'_>> {
-        let body = match body {
-            Some(body) => serde_json::to_vec(body)?,
-            None => Vec::new(),
-        };
         let mut request = Vec::with_capacity(256 + body.len());
         request.extend_from_slice(
             format!("{method} {path} HTTP/1.1\r\nhost: {}\r\n", self.host).as_bytes(),
@@ -88,7 +84,7 @@ impl HttpClient {
             );
         }
         request.extend_from_slice(b"\r\n");
-        request.extend_from_slice(&body);
+        request.extend_from_slice(body);
 
         // Taken out first: the lock is not held across the connect below.
         let kept = self.idle.lock().pop();
@@ -131,9 +127,9 @@ impl HttpClient {
         &self,
         path: &str,
         token: Option<&str>,
-        body: &Value,
+        body: &impl Serialize,
     ) -> anyhow::Result<Value> {
-        self.send("POST", path, token, Some(body))
+        self.send("POST", path, token, &serde_json::to_vec(body)?)
             .await?
             .json(path)
             .await
@@ -141,7 +137,7 @@ impl HttpClient {
 
     /// GETs a JSON answer; an answer that is not 2xx is an error.
     pub(crate) async fn get(&self, path: &str, token: &str) -> anyhow::Result<Value> {
-        self.send("GET", path, Some(token), None)
+        self.send("GET", path, Some(token), &[])
             .await?
             .json(path)
             .await
@@ -152,9 +148,11 @@ impl HttpClient {
         &self,
         path: &str,
         token: Option<&str>,
-        body: &Value,
+        body: &impl Serialize,
     ) -> anyhow::Result<Events<'_>> {
-        let answer = self.send("POST", path, token, Some(body)).await?;
+        let answer = self
+            .send("POST", path, token, &serde_json::to_vec(body)?)
+            .await?;
         if !(200..300).contains(&answer.status) {
             let status = answer.status;
             let text = answer.bytes().await?;

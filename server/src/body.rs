@@ -3,7 +3,7 @@
 
 use axum::extract::{FromRequest, Request};
 use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE, TRANSFER_ENCODING};
-use axum::http::{Method, StatusCode};
+use axum::http::{HeaderMap, Method, StatusCode};
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::Value;
@@ -57,7 +57,8 @@ impl<T: DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
     type Rejection = ApiError;
 
     async fn from_request(request: Request, state: &AppState) -> Result<Self, ApiError> {
-        let value = json_value(request, state).await?;
+        let (parts, body) = request.into_parts();
+        let value = json_value(&parts.headers, body, state).await?;
         // serde reads a struct from an array too; a request is an object with named fields.
         if !value.is_object() {
             return Err(ApiError::invalid("the body must be a JSON object"));
@@ -69,9 +70,12 @@ impl<T: DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
 }
 
 /// The body as a JSON value, checked as [`JsonBody`] says.
-pub(crate) async fn json_value(request: Request, state: &AppState) -> Result<Value, ApiError> {
-    let is_json = request
-        .headers()
+pub(crate) async fn json_value(
+    headers: &HeaderMap,
+    body: axum::body::Body,
+    state: &AppState,
+) -> Result<Value, ApiError> {
+    let is_json = headers
         .get(CONTENT_TYPE)
         .and_then(|value| value.to_str().ok())
         .and_then(|value| value.split(';').next())
@@ -84,15 +88,13 @@ pub(crate) async fn json_value(request: Request, state: &AppState) -> Result<Val
         ));
     }
     let limit = state.config.max_body_bytes;
-    let bytes = axum::body::to_bytes(request.into_body(), limit)
-        .await
-        .map_err(|error| {
-            ApiError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "payload_too_large",
-                format!("the body could not be read within {limit} bytes: {error}"),
-            )
-        })?;
+    let bytes = axum::body::to_bytes(body, limit).await.map_err(|error| {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payload_too_large",
+            format!("the body could not be read within {limit} bytes: {error}"),
+        )
+    })?;
     // One level more than a value may nest: the envelope's object around a submitted result.
     parse(&bytes, state.config.max_json_depth + 1)
 }

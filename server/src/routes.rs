@@ -17,8 +17,8 @@ use crate::error::{submit_answer, ApiError};
 use crate::server::AppState;
 use crate::sse;
 use crate::wire::{
-    SessionQuery, SessionRequest, StartRequest, Started, StatusAnswer, StreamOption, SubmitQuery,
-    Until,
+    AcceptedAndResumed, SessionQuery, SessionRequest, StartRequest, Started, StatusAnswer,
+    StreamOption, SubmitQuery, Until,
 };
 
 fn session_id(text: &str) -> Result<SessionId, ApiError> {
@@ -118,8 +118,9 @@ pub(crate) async fn submit(
             "stream=true streams the resumed run: add resume=true",
         ));
     }
-    let headers = request.headers().clone();
-    let envelope = json_value(request, &state).await?;
+    let (parts, body) = request.into_parts();
+    let headers = parts.headers;
+    let envelope = json_value(&headers, body, &state).await?;
     let submit = Submit::from_json(&envelope).map_err(ApiError::invalid)?;
     let id = session_id(&submit.session_id)?;
     state.auth.session(&state.key, &headers, None, &id).await?;
@@ -136,10 +137,7 @@ pub(crate) async fn submit(
             let resumed = Started::new(started, None);
             if query.stream {
                 let running = resumed.status == dormant::Status::Running;
-                let first = sse::first_event(
-                    "accepted",
-                    &json!({ "code": "accepted", "resumed": resumed }),
-                )?;
+                let first = sse::first_event("accepted", &AcceptedAndResumed::new(resumed))?;
                 // A resume that found calls still waiting ran nothing: there is no run to
                 // stream, and the stream says so at once rather than wait for one.
                 if !running {

@@ -134,6 +134,23 @@ impl Started {
     }
 }
 
+/// The first event of `POST /submit-tool-result?resume=true&stream=true`: the answer was
+/// accepted and the run resumed.
+#[derive(Debug, Serialize)]
+pub(crate) struct AcceptedAndResumed {
+    code: &'static str,
+    resumed: Started,
+}
+
+impl AcceptedAndResumed {
+    pub(crate) fn new(resumed: Started) -> Self {
+        Self {
+            code: "accepted",
+            resumed,
+        }
+    }
+}
+
 /// The answer of `GET /status`.
 #[derive(Debug, Serialize)]
 pub(crate) struct StatusAnswer {

@@ -298,6 +298,8 @@ async fn start_and_the_last_answer_can_answer_with_the_runs_stream() -> anyhow::
         ]
     );
     assert_eq!(events[0].id, None);
+    // The reconnect delay rides on the answer: no event of its own.
+    assert_eq!(events[0].retry, Some(1000));
     let session = common::Session {
         id: text(&events[0].data, "session_id")?,
         token: text(&events[0].data, "token")?,

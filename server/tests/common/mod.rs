@@ -178,6 +178,8 @@ pub struct Event {
     pub id: Option<u64>,
     pub name: String,
     pub data: Value,
+    /// The `retry` field, if the event carries one.
+    pub retry: Option<u64>,
 }
 
 /// Reads up to `limit` events of an SSE response (all of them until it ends by default),
@@ -214,7 +216,7 @@ impl EventReader {
         }
     }
 
-    /// The next event (keep-alives and the `retry` field skipped); `None` at the end.
+    /// The next event (keep-alives and a `retry` field alone skipped); `None` at the end.
     pub async fn next(&mut self) -> anyhow::Result<Option<Event>> {
         loop {
             while let Some(end) = self.buffer.find("\n\n") {
@@ -232,9 +234,11 @@ impl EventReader {
 }
 
 fn parse_event(block: &str) -> anyhow::Result<Option<Event>> {
-    let (mut id, mut name, mut data) = (None, None, String::new());
+    let (mut id, mut name, mut data, mut retry) = (None, None, String::new(), None);
     for line in block.lines() {
-        if let Some(value) = line.strip_prefix("id:") {
+        if let Some(value) = line.strip_prefix("retry:") {
+            retry = Some(value.trim().parse()?);
+        } else if let Some(value) = line.strip_prefix("id:") {
             id = Some(value.trim().parse()?);
         } else if let Some(value) = line.strip_prefix("event:") {
             name = Some(value.trim().to_string());
@@ -248,6 +252,7 @@ fn parse_event(block: &str) -> anyhow::Result<Option<Event>> {
         id,
         name,
         data: serde_json::from_str(&data).with_context(|| format!("event data {data:?}"))?,
+        retry,
     }))
 }
 
