@@ -192,6 +192,12 @@ impl Connection {
         Ok(())
     }
 
+    /// Moves the first `count` bytes of `buffer` to the end of `into`.
+    fn take_into(&mut self, count: usize, into: &mut Vec<u8>) {
+        into.extend_from_slice(&self.buffer[..count]);
+        self.buffer.drain(..count);
+    }
+
     async fn read_more(&mut self) -> anyhow::Result<()> {
         self.buffer.reserve(4096);
         let read = self.tcp.read_buf(&mut self.buffer).await?;
@@ -261,26 +267,29 @@ pub(crate) struct Answer<'a> {
 }
 
 impl Answer<'_> {
-    /// The next piece of the body, or `None` at its end (the connection is then given back).
-    async fn chunk(&mut self) -> anyhow::Result<Option<Vec<u8>>> {
+    /// Appends the next piece of the body to `into`; `false` at its end (the connection is
+    /// then given back).
+    async fn read_into(&mut self, into: &mut Vec<u8>) -> anyhow::Result<bool> {
         let Some(connection) = self.connection.as_mut() else {
-            return Ok(None);
+            return Ok(false);
         };
-        let piece = match &mut self.framing {
-            Framing::Length(0) | Framing::Chunked(Chunked::Done) => None,
+        let more = match &mut self.framing {
+            Framing::Length(0) | Framing::Chunked(Chunked::Done) => false,
             Framing::Length(left) => {
                 if connection.buffer.is_empty() {
                     connection.read_more().await?;
                 }
                 let take = connection.buffer.len().min(*left);
                 *left -= take;
-                Some(connection.buffer.drain(..take).collect())
+                connection.take_into(take, into);
+                true
             }
             Framing::UntilClose => {
                 if connection.buffer.is_empty() && connection.read_more().await.is_err() {
-                    None
+                    false
                 } else {
-                    Some(std::mem::take(&mut connection.buffer))
+                    into.append(&mut connection.buffer);
+                    true
                 }
             }
             Framing::Chunked(state) => loop {
@@ -306,7 +315,7 @@ impl Answer<'_> {
                             connection.fill(2).await?;
                             connection.buffer.drain(..2);
                             *state = Chunked::Done;
-                            break None;
+                            break false;
                         }
                         *state = Chunked::Data(size);
                     }
@@ -321,28 +330,27 @@ impl Answer<'_> {
                         }
                         let take = connection.buffer.len().min(*left);
                         *left -= take;
-                        break Some(connection.buffer.drain(..take).collect());
+                        connection.take_into(take, into);
+                        break true;
                     }
-                    Chunked::Done => break None,
+                    Chunked::Done => break false,
                 }
             },
         };
-        if piece.is_none() {
+        if !more {
             if let Some(connection) = self.connection.take() {
                 if self.keep && connection.buffer.is_empty() {
                     self.client.idle.lock().push(connection);
                 }
             }
         }
-        Ok(piece)
+        Ok(more)
     }
 
     /// The whole body.
     async fn bytes(mut self) -> anyhow::Result<Vec<u8>> {
         let mut all = Vec::new();
-        while let Some(piece) = self.chunk().await? {
-            all.extend_from_slice(&piece);
-        }
+        while self.read_into(&mut all).await? {}
         Ok(all)
     }
 
@@ -418,9 +426,8 @@ impl<'a> Events<'a> {
                 }
             }
             self.scanned = self.buffer.len().saturating_sub(1);
-            match self.answer.chunk().await? {
-                Some(piece) => self.buffer.extend_from_slice(&piece),
-                None => return Ok(None),
+            if !self.answer.read_into(&mut self.buffer).await? {
+                return Ok(None);
             }
         }
     }
