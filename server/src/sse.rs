@@ -94,9 +94,9 @@ pub(crate) fn events(
         let event = follower.next().await?;
         Some((Ok(event), follower))
     });
-    // `retry` first: a browser that loses the stream reconnects after a second (its own
-    // default is about three), with Last-Event-ID.
-    // It rides on the request's answer where there is one: one event less to frame and send.
+    // `retry` on the first event: a browser that loses the stream reconnects after a second
+    // (its own default is about three), with Last-Event-ID. It rides on the request's answer
+    // where there is one, rather than on an event of its own: one event less to frame and send.
     let first = first.unwrap_or_default().retry(RECONNECT_AFTER);
     let first = futures::stream::iter(std::iter::once(Ok(first)));
     Sse::new(first.chain(events)).keep_alive(KeepAlive::new().interval(state.config.sse_keep_alive))
