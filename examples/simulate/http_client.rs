@@ -58,8 +58,8 @@ impl HttpClient {
         })
     }
 
-    /// Sends a request (with `body`, JSON, unless it is a GET) and returns the answer once its head is read; its
-    /// body is read through [`Answer`].
+    /// Sends a request (with `body`, JSON, unless it is a GET) and returns the answer once
+    /// its head is read; its body is read through [`Answer`].
     pub(crate) async fn send(
         &self,
         method: &str,
