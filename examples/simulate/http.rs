@@ -8,8 +8,9 @@
 //! `POST /start?stream=true` and `POST /submit-tool-result?resume=true&stream=true` (whose
 //! answers are the run's stream) of a `dormant-server` router this process serves on
 //! 127.0.0.1 (or of the server at URL, which must be on loopback and serve the demo agent:
-//! load tests stay on the machine), with the client of `http_client.rs`. Both passes run the same number of sessions with the same concurrency, one after
-//! the other, in alternating order over `--http-rounds`.
+//! load tests stay on the machine), with the client of `http_client.rs`. Both passes run
+//! the same number of sessions with the same concurrency, one after the other, in
+//! alternating order over `--http-rounds`.
 //!
 //! `--sse-streams N` then opens N streams on suspended sessions and reports how much the
 //! process's RSS grew per open stream. Server and client share this process, so the figure
