@@ -39,6 +39,8 @@ use crate::Args;
 const AGENT: &str = "cycle";
 /// The agent of a server given by URL: the demo (a client call and an approval).
 const DEMO: &str = "demo";
+/// What each session is started with (the demo agent calls its client tool for it).
+const MESSAGE: &str = "weather in Porto";
 
 /// What one pass measured.
 #[derive(Debug)]
@@ -404,7 +406,7 @@ pub(crate) async fn cycle_over_http(
 ) -> anyhow::Result<((String, String), u64)> {
     let body = StartBody {
         agent,
-        message: "weather in Porto",
+        message: MESSAGE,
     };
     let mut events = client.stream("/start?stream=true", None, &body).await?;
     let started = events.next().await?.context("no started event")?;
@@ -512,7 +514,10 @@ async fn stream_memory(
             .post(
                 "/start",
                 None,
-                &json!({ "agent": agent, "message": "weather in Porto" }),
+                &StartBody {
+                    agent,
+                    message: MESSAGE,
+                },
             )
             .await?;
         let id = started["session_id"]
