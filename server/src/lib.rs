@@ -51,6 +51,7 @@ mod remote;
 mod routes;
 mod server;
 mod sse;
+mod sse_body;
 mod token;
 mod tree;
 mod wire;

@@ -76,8 +76,8 @@ pub(crate) async fn start(
     let from = started.from_seq;
     let answer = Started::new(started, Some(token));
     if query.stream {
-        let first = sse::first_event("started", &answer)?;
-        return Ok(sse::events(&state, &id, from, Until::Settled, Some(first)).into_response());
+        let first = sse::first_event("started", &answer);
+        return Ok(sse::events(&state, &id, from, Until::Settled, Some(first)));
     }
     Ok((StatusCode::ACCEPTED, Json(answer)).into_response())
 }
@@ -137,15 +137,13 @@ pub(crate) async fn submit(
             let resumed = Started::new(started, None);
             if query.stream {
                 let running = resumed.status == dormant::Status::Running;
-                let first = sse::first_event("accepted", &AcceptedAndResumed::new(resumed))?;
+                let first = sse::first_event("accepted", &AcceptedAndResumed::new(resumed));
                 // A resume that found calls still waiting ran nothing: there is no run to
                 // stream, and the stream says so at once rather than wait for one.
                 if !running {
-                    return Ok(sse::settled_at_once(first).into_response());
+                    return Ok(sse::settled_at_once(first));
                 }
-                return Ok(
-                    sse::events(&state, &id, from, Until::Settled, Some(first)).into_response()
-                );
+                return Ok(sse::events(&state, &id, from, Until::Settled, Some(first)));
             }
             if let Some(fields) = answer.as_object_mut() {
                 fields.insert(

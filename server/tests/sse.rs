@@ -104,6 +104,39 @@ async fn a_stream_ends_with_the_reason_and_unknown_sessions_are_refused() -> any
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_stream_is_kept_alive_until_its_idle_end() -> anyhow::Result<()> {
+    // A keep-alive is due every 20 ms of silence; the stream ends after 500 ms without a
+    // chunk, keep-alives or not.
+    let config = ServerConfig::default()
+        .sse_keep_alive(Duration::from_millis(20))
+        .sse_idle_timeout(Duration::from_millis(500));
+    let server = demo_server(config).await?;
+    let session = server.start("weather in Porto").await?;
+    server.events(&session, "").await?;
+    let path = format!(
+        "/sse?session_id={}&token={}&until=closed&from=5",
+        session.id, session.token
+    );
+    let body = server.get(&path, None).await?.text().await?;
+    let (before_end, end) = body
+        .rsplit_once("event: end\n")
+        .ok_or_else(|| anyhow::anyhow!("no end event in {body:?}"))?;
+    assert_eq!(end, "data: {\"reason\":\"idle\"}\n\n", "{body:?}");
+    assert!(before_end.starts_with("retry: 1000\n\n"), "{body:?}");
+    // Only keep-alive comments came between the opening and the end.
+    let between = &before_end["retry: 1000\n\n".len()..];
+    assert!(!between.is_empty(), "no keep-alive in {body:?}");
+    assert!(
+        between
+            .split_terminator("\n\n")
+            .all(|comment| comment == ":"),
+        "{body:?}"
+    );
+    server.stop().await?.shutdown().await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_are_in_the_prometheus_text_format() -> anyhow::Result<()> {
     let server = demo_server(ServerConfig::default()).await?;
     let session = server.start("weather in Porto").await?;

@@ -1,0 +1,344 @@
+//! The body of an SSE answer: a session's stream written as events, straight into the
+//! frames hyper sends.
+//!
+//! Every event that is ready when hyper asks for the next frame goes into that one frame: a
+//! chunk that settles the run and the `end` after it, or the chunks one commit published
+//! together, are one piece of the chunked answer and one write, not one each. Nothing waits
+//! for more to come (only what is ready is taken), so batching adds no latency. Keep-alive
+//! comments and the idle end share one timer per stream, set again only when it fires: a
+//! timer pushed back at each event takes the timer wheel's lock each time.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::io::Write as _;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::body::{Body, Bytes, HttpBody};
+use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE};
+use axum::response::{IntoResponse, Response};
+use bytes::{BufMut, BytesMut};
+use dormant::{ChunkKind, Error, StreamEvent};
+use futures::Stream;
+use http_body::Frame;
+use serde::Serialize;
+use tokio::time::{Instant, Sleep};
+
+use crate::error::ApiError;
+use crate::metrics::StreamGuard;
+use crate::server::AppState;
+use crate::wire::Until;
+
+/// The most bytes of events one frame takes: a follower catching up on many stored chunks
+/// sends them in pieces of about this size.
+const FRAME_BYTES: usize = 32 * 1024;
+
+/// What a keep-alive sends: an SSE comment, which clients skip.
+const KEEP_ALIVE: &[u8] = b":\n\n";
+
+pub(crate) type Chunks = Pin<Box<dyn Stream<Item = Result<StreamEvent, Error>> + Send>>;
+type Shutdown = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// A session's stream as the body of an SSE answer, until it settles (or for good, with
+/// [`Until::Closed`]), the server shuts down, or no chunk came for the idle timeout.
+pub(crate) struct EventBody {
+    /// Sent before anything else: the answer of the request that opened the stream.
+    first: Option<Bytes>,
+    chunks: Chunks,
+    /// Done once the server shuts down. Made once per stream: a wait on the shared channel
+    /// made anew for each event would take its lock twice an event, across every stream.
+    shutdown: Shutdown,
+    until: Until,
+    timer: Pin<Box<Sleep>>,
+    times: Times,
+    done: bool,
+    state: AppState,
+    _open: StreamGuard,
+}
+
+/// When a stream last sent something and last sent a chunk, and how long each may wait.
+#[derive(Debug, Clone, Copy)]
+struct Times {
+    keep_alive: Duration,
+    idle: Duration,
+    last_sent: Instant,
+    last_chunk: Instant,
+}
+
+/// What the stream's timer says when it fires at some moment.
+#[derive(Debug, PartialEq, Eq)]
+enum Due {
+    /// No chunk for the whole idle timeout: the stream ends.
+    Idle,
+    /// Nothing sent for the keep-alive interval: a comment goes out.
+    KeepAlive,
+    /// Neither yet: fire again then.
+    Later(Instant),
+}
+
+impl Times {
+    fn due(&self, now: Instant) -> Due {
+        let idle_at = self.last_chunk + self.idle;
+        let keep_alive_at = self.last_sent + self.keep_alive;
+        if now >= idle_at {
+            Due::Idle
+        } else if now >= keep_alive_at {
+            Due::KeepAlive
+        } else {
+            Due::Later(idle_at.min(keep_alive_at))
+        }
+    }
+}
+
+impl EventBody {
+    pub(crate) fn new(
+        state: &AppState,
+        chunks: Chunks,
+        shutdown: Shutdown,
+        until: Until,
+        first: Bytes,
+    ) -> Self {
+        let now = Instant::now();
+        let times = Times {
+            keep_alive: state.config.sse_keep_alive,
+            idle: state.config.sse_idle_timeout,
+            last_sent: now,
+            last_chunk: now,
+        };
+        let first_due = now + times.keep_alive.min(times.idle);
+        Self {
+            first: Some(first),
+            chunks,
+            shutdown,
+            until,
+            timer: Box::pin(tokio::time::sleep_until(first_due)),
+            times,
+            done: false,
+            _open: state.metrics.stream_opened(),
+            state: state.clone(),
+        }
+    }
+
+    /// Writes what the follower gave into `frame`.
+    fn write_next(&mut self, next: Option<Result<StreamEvent, Error>>, frame: &mut BytesMut) {
+        match next {
+            None | Some(Err(Error::ShutDown)) => self.end("shutdown", frame),
+            Some(Err(error)) => {
+                self.done = true;
+                let error = ApiError::from(error);
+                let data = ErrorData {
+                    code: error.code(),
+                    message: error.message(),
+                };
+                write_event(frame, None, "error", &data);
+            }
+            Some(Ok(StreamEvent::Delta(delta))) => write_event(frame, None, "delta", &delta),
+            Some(Ok(StreamEvent::Chunk(chunk))) => {
+                self.times.last_chunk = Instant::now();
+                let now_ms = self.state.runtime.now_ms();
+                self.state
+                    .metrics
+                    .sse_lag(Duration::from_millis(now_ms.saturating_sub(chunk.at_ms)));
+                write_event(frame, Some(chunk.seq), chunk.kind.type_name(), &chunk);
+                if self.until == Until::Settled && settles(&chunk.kind) {
+                    self.end("settled", frame);
+                }
+            }
+        }
+    }
+
+    fn end(&mut self, reason: &'static str, frame: &mut BytesMut) {
+        self.done = true;
+        write_end(frame, reason);
+    }
+
+    /// Polls the timer until it waits: ends an idle stream, or writes a keep-alive.
+    fn poll_timer(&mut self, cx: &mut Context<'_>, frame: &mut BytesMut) {
+        while self.timer.as_mut().poll(cx).is_ready() {
+            let now = Instant::now();
+            match self.times.due(now) {
+                Due::Idle => return self.end("idle", frame),
+                Due::KeepAlive => {
+                    frame.put_slice(KEEP_ALIVE);
+                    self.times.last_sent = now;
+                }
+                Due::Later(at) => self.timer.as_mut().reset(at),
+            }
+        }
+    }
+}
+
+impl HttpBody for EventBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        let this = self.get_mut();
+        if this.done {
+            return Poll::Ready(None);
+        }
+        let mut frame = BytesMut::new();
+        if let Some(first) = this.first.take() {
+            frame.extend_from_slice(&first);
+        }
+        // In this order: chunks that are ready go out before an end that is ready too.
+        let mut waiting = false;
+        while !this.done && frame.len() < FRAME_BYTES {
+            match this.chunks.as_mut().poll_next(cx) {
+                Poll::Ready(next) => this.write_next(next, &mut frame),
+                Poll::Pending => {
+                    waiting = true;
+                    break;
+                }
+            }
+        }
+        if waiting && this.shutdown.as_mut().poll(cx).is_ready() {
+            this.end("shutdown", &mut frame);
+        }
+        if !frame.is_empty() {
+            this.times.last_sent = Instant::now();
+        }
+        if !this.done {
+            this.poll_timer(cx, &mut frame);
+        }
+        if frame.is_empty() {
+            return Poll::Pending;
+        }
+        Poll::Ready(Some(Ok(Frame::data(frame.freeze()))))
+    }
+}
+
+#[derive(Serialize)]
+struct EndData {
+    reason: &'static str,
+}
+
+#[derive(Serialize)]
+struct ErrorData<'a> {
+    code: &'a str,
+    message: &'a str,
+}
+
+/// Whether the root's run stops here: it ended, suspended or was interrupted (a forwarded
+/// child's chunk never does).
+fn settles(kind: &ChunkKind) -> bool {
+    !kind.is_forwarded()
+        && matches!(
+            kind,
+            ChunkKind::RunEnd { .. }
+                | ChunkKind::RunSuspended { .. }
+                | ChunkKind::RunInterrupted { .. }
+        )
+}
+
+/// Appends one event: `id` (a chunk's sequence number; none for events that are no chunk),
+/// its name and its data as one line of JSON (compact JSON has no raw line break: those in
+/// strings are escaped).
+pub(crate) fn write_event(
+    frame: &mut BytesMut,
+    id: Option<u64>,
+    name: &str,
+    data: &impl Serialize,
+) {
+    // Writes into a BytesMut cannot fail.
+    if let Some(id) = id {
+        let _ = writeln!((&mut *frame).writer(), "id: {id}");
+    }
+    frame.put_slice(b"event: ");
+    frame.put_slice(name.as_bytes());
+    frame.put_slice(b"\ndata: ");
+    let mark = frame.len();
+    if let Err(error) = serde_json::to_writer((&mut *frame).writer(), data) {
+        // What dormant streams always serializes; should it ever fail, the client is told.
+        frame.truncate(mark);
+        let _ = serde_json::to_writer(
+            (&mut *frame).writer(),
+            &ErrorData {
+                code: "internal",
+                message: &error.to_string(),
+            },
+        );
+    }
+    frame.put_slice(b"\n\n");
+}
+
+/// Appends the `end` event, which says why the stream ends.
+pub(crate) fn write_end(frame: &mut BytesMut, reason: &'static str) {
+    write_event(frame, None, "end", &EndData { reason });
+}
+
+/// An SSE answer with `body`.
+pub(crate) fn response(body: impl Into<Body>) -> Response {
+    (
+        [
+            (CONTENT_TYPE, "text/event-stream"),
+            (CACHE_CONTROL, "no-cache"),
+        ],
+        body.into(),
+    )
+        .into_response()
+}
+
+impl From<EventBody> for Body {
+    fn from(body: EventBody) -> Self {
+        Body::new(body)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use bytes::BytesMut;
+    use tokio::time::Instant;
+
+    use super::{write_event, Due, Times};
+
+    #[test]
+    fn the_timer_keeps_alive_then_ends_an_idle_stream() {
+        let opened = Instant::now();
+        let second = Duration::from_secs(1);
+        let times = Times {
+            keep_alive: 15 * second,
+            idle: 60 * second,
+            last_sent: opened + 10 * second,
+            last_chunk: opened + 10 * second,
+        };
+        // Nothing due before the keep-alive interval after the last thing sent.
+        assert_eq!(
+            times.due(opened + 20 * second),
+            Due::Later(opened + 25 * second)
+        );
+        assert_eq!(times.due(opened + 25 * second), Due::KeepAlive);
+        // Keep-alives do not count as chunks: the idle end comes a minute after the last.
+        let kept_alive = Times {
+            last_sent: opened + 55 * second,
+            ..times
+        };
+        assert_eq!(
+            kept_alive.due(opened + 65 * second),
+            Due::Later(opened + 70 * second)
+        );
+        assert_eq!(kept_alive.due(opened + 70 * second), Due::Idle);
+    }
+
+    #[test]
+    fn an_event_is_its_id_name_and_one_line_of_data() {
+        let mut frame = BytesMut::new();
+        write_event(&mut frame, Some(7), "text", &"two\nlines");
+        write_event(
+            &mut frame,
+            None,
+            "end",
+            &serde_json::json!({ "reason": "settled" }),
+        );
+        assert_eq!(
+            &frame[..],
+            b"id: 7\nevent: text\ndata: \"two\\nlines\"\n\nevent: end\ndata: {\"reason\":\"settled\"}\n\n"
+        );
+    }
+}
