@@ -5,7 +5,7 @@ use axum::extract::{FromRequest, Request};
 use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE, TRANSFER_ENCODING};
 use axum::http::{HeaderMap, Method, StatusCode};
 use serde::de::DeserializeOwned;
-use serde::Deserialize;
+use serde_json::error::Category;
 use serde_json::Value;
 
 use crate::error::ApiError;
@@ -58,14 +58,32 @@ impl<T: DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
 
     async fn from_request(request: Request, state: &AppState) -> Result<Self, ApiError> {
         let (parts, body) = request.into_parts();
-        let value = json_value(&parts.headers, body, state).await?;
+        Self::read(&parts.headers, body, state).await
+    }
+}
+
+impl<T: DeserializeOwned> JsonBody<T> {
+    /// Reads the body of a request whose `headers` its handler keeps (as an extractor of
+    /// the headers would copy them).
+    pub(crate) async fn read(
+        headers: &HeaderMap,
+        body: axum::body::Body,
+        state: &AppState,
+    ) -> Result<Self, ApiError> {
+        let bytes = json_bytes(headers, body, state).await?;
         // serde reads a struct from an array too; a request is an object with named fields.
-        if !value.is_object() {
+        if bytes.iter().find(|byte| !byte.is_ascii_whitespace()) != Some(&b'{') {
             return Err(ApiError::invalid("the body must be a JSON object"));
         }
-        serde_json::from_value(value)
+        // Straight into `T`, with no `Value` built first.
+        from_checked(&bytes)
             .map(JsonBody)
-            .map_err(|error| ApiError::invalid(format!("malformed request: {error}")))
+            .map_err(|error| match error.classify() {
+                Category::Data => ApiError::invalid(format!("malformed request: {error}")),
+                Category::Io | Category::Syntax | Category::Eof => {
+                    ApiError::invalid(format!("the body is not valid JSON: {error}"))
+                }
+            })
     }
 }
 
@@ -75,6 +93,19 @@ pub(crate) async fn json_value(
     body: axum::body::Body,
     state: &AppState,
 ) -> Result<Value, ApiError> {
+    let bytes = json_bytes(headers, body, state).await?;
+    from_checked(&bytes)
+        .map_err(|error| ApiError::invalid(format!("the body is not valid JSON: {error}")))
+}
+
+/// The bytes of a JSON body: JSON content, within the cap, nested no deeper than the depth
+/// limit (measured on the bytes, before anything is built: a deep document costs no
+/// recursion at all).
+async fn json_bytes(
+    headers: &HeaderMap,
+    body: axum::body::Body,
+    state: &AppState,
+) -> Result<axum::body::Bytes, ApiError> {
     let is_json = headers
         .get(CONTENT_TYPE)
         .and_then(|value| value.to_str().ok())
@@ -96,24 +127,23 @@ pub(crate) async fn json_value(
         )
     })?;
     // One level more than a value may nest: the envelope's object around a submitted result.
-    parse(&bytes, state.config.max_json_depth + 1)
-}
-
-/// Parses JSON no deeper than `max_depth` arrays and objects, measured on the bytes before
-/// anything is built (so a deep document costs no recursion at all).
-pub(crate) fn parse(bytes: &[u8], max_depth: usize) -> Result<Value, ApiError> {
-    if let Some(depth) = too_deep(bytes, max_depth) {
+    let max_depth = state.config.max_json_depth + 1;
+    if let Some(depth) = too_deep(&bytes, max_depth) {
         return Err(ApiError::invalid(format!(
             "the body nests deeper than {max_depth} arrays and objects (at least {depth})"
         )));
     }
-    // The depth is bounded above, so serde_json's own limit (127 levels, one short of the
-    // runtime's default 128) can go: a result the runtime takes in process is taken here too.
+    Ok(bytes)
+}
+
+/// `T` from JSON whose depth [`json_bytes`] bounded: serde_json's own limit (127 levels, one
+/// short of the runtime's default 128) is off, so a result the runtime takes in process is
+/// taken here too.
+fn from_checked<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, serde_json::Error> {
     let mut parser = serde_json::Deserializer::from_slice(bytes);
     parser.disable_recursion_limit();
-    let value = Value::deserialize(&mut parser)
-        .and_then(|value| parser.end().map(|()| value))
-        .map_err(|error| ApiError::invalid(format!("the body is not valid JSON: {error}")))?;
+    let value = T::deserialize(&mut parser)?;
+    parser.end()?;
     Ok(value)
 }
 
@@ -152,12 +182,15 @@ mod tests {
     #[test]
     fn depth_is_counted_outside_strings_only() {
         let deep = format!("{}{}", "[".repeat(129), "]".repeat(129));
-        assert!(parse(deep.as_bytes(), 128).is_err());
+        assert_eq!(too_deep(deep.as_bytes(), 128), Some(129));
         let ok = format!("{}{}", "[".repeat(128), "]".repeat(128));
-        assert!(parse(ok.as_bytes(), 128).is_ok());
+        assert_eq!(too_deep(ok.as_bytes(), 128), None);
+        // Past serde_json's own limit of 127 levels: parsed all the same.
+        assert!(from_checked::<Value>(ok.as_bytes()).is_ok());
         let quoted = format!("{{\"a\": \"{}\\\"{}\"}}", "[".repeat(500), "{".repeat(500));
-        assert!(parse(quoted.as_bytes(), 2).is_ok());
-        assert!(parse(b"{\"a\": [1, 2", 128).is_err());
+        assert_eq!(too_deep(quoted.as_bytes(), 2), None);
+        assert!(from_checked::<Value>(quoted.as_bytes()).is_ok());
+        assert!(from_checked::<Value>(b"{\"a\": [1, 2").is_err());
     }
 }
 

@@ -32,9 +32,11 @@ fn session_id(text: &str) -> Result<SessionId, ApiError> {
 pub(crate) async fn start(
     State(state): State<AppState>,
     Params(query): Params<StreamOption>,
-    headers: HeaderMap,
-    JsonBody(body): JsonBody<StartRequest>,
+    request: Request,
 ) -> Result<Response, ApiError> {
+    let (parts, body) = request.into_parts();
+    let headers = parts.headers;
+    let JsonBody(body) = JsonBody::<StartRequest>::read(&headers, body, &state).await?;
     let id = match &body.session_id {
         None => {
             state.auth.caller(&headers).await?;

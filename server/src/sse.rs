@@ -9,7 +9,6 @@
 use std::future::Future;
 use std::pin::Pin;
 
-use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
@@ -74,14 +73,14 @@ pub(crate) fn events(
     id: &dormant::SessionId,
     from: u64,
     until: Until,
-    first: Option<Bytes>,
+    first: Option<BytesMut>,
 ) -> Response {
     tracing::debug!(session = %id, from, "server.stream_opened");
     let chunks = Box::pin(state.runtime.follow_live(id, from));
     let shutdown = shutdown(state.closing.clone());
     // `retry` rides on the request's answer where there is one, rather than on an event of
     // its own: one event less to frame and send.
-    let first = first.unwrap_or_else(|| Bytes::from_static(RETRY_ALONE));
+    let first = first.unwrap_or_else(|| opening(RETRY_ALONE));
     crate::sse_body::response(EventBody::new(state, chunks, shutdown, until, first))
 }
 
@@ -108,16 +107,21 @@ fn shutdown(mut closing: watch::Receiver<bool>) -> Pin<Box<dyn Future<Output = (
 /// The event that opens a stream answering a request: the JSON the request would have
 /// answered without `stream=true`, named `name`, without an id (it is no chunk), and the
 /// stream's `retry`.
-pub(crate) fn first_event(name: &str, answer: &impl serde::Serialize) -> Bytes {
-    let mut frame = BytesMut::with_capacity(512);
-    frame.put_slice(RETRY);
+pub(crate) fn first_event(name: &str, answer: &impl serde::Serialize) -> BytesMut {
+    let mut frame = opening(RETRY);
     write_event(&mut frame, None, name, answer);
-    frame.freeze()
+    frame
+}
+
+/// A stream's first frame, starting with `retry`, with room for the events that go with it.
+fn opening(retry: &[u8]) -> BytesMut {
+    let mut frame = BytesMut::with_capacity(crate::sse_body::FRAME_START_BYTES);
+    frame.put_slice(retry);
+    frame
 }
 
 /// A stream of `first` and the `end` (`settled`): the answer of a request that started no run.
-pub(crate) fn settled_at_once(first: Bytes) -> Response {
-    let mut frame = BytesMut::from(&first[..]);
-    write_end(&mut frame, "settled");
-    crate::sse_body::response(frame.freeze())
+pub(crate) fn settled_at_once(mut first: BytesMut) -> Response {
+    write_end(&mut first, "settled");
+    crate::sse_body::response(first.freeze())
 }

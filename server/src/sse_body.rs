@@ -34,6 +34,10 @@ use crate::wire::Until;
 /// sends them in pieces of about this size.
 const FRAME_BYTES: usize = 32 * 1024;
 
+/// Room made for a frame up front: a few events, the size of a run's usual batch, without
+/// growing the buffer event by event.
+pub(crate) const FRAME_START_BYTES: usize = 2 * 1024;
+
 /// What a keep-alive sends: an SSE comment, which clients skip.
 const KEEP_ALIVE: &[u8] = b":\n\n";
 
@@ -44,7 +48,7 @@ type Shutdown = Pin<Box<dyn Future<Output = ()> + Send>>;
 /// [`Until::Closed`]), the server shuts down, or no chunk came for the idle timeout.
 pub(crate) struct EventBody {
     /// Sent before anything else: the answer of the request that opened the stream.
-    first: Option<Bytes>,
+    first: Option<BytesMut>,
     chunks: Chunks,
     /// Done once the server shuts down. Made once per stream: a wait on the shared channel
     /// made anew for each event would take its lock twice an event, across every stream.
@@ -97,7 +101,7 @@ impl EventBody {
         chunks: Chunks,
         shutdown: Shutdown,
         until: Until,
-        first: Bytes,
+        first: BytesMut,
     ) -> Self {
         let now = Instant::now();
         let times = Times {
@@ -181,10 +185,11 @@ impl HttpBody for EventBody {
         if this.done {
             return Poll::Ready(None);
         }
-        let mut frame = BytesMut::new();
-        if let Some(first) = this.first.take() {
-            frame.extend_from_slice(&first);
-        }
+        let mut frame = match this.first.take() {
+            // The opening already has its buffer (with room to spare): the events go after it.
+            Some(first) => first,
+            None => BytesMut::with_capacity(FRAME_START_BYTES),
+        };
         // In this order: chunks that are ready go out before an end that is ready too.
         let mut waiting = false;
         while !this.done && frame.len() < FRAME_BYTES {
