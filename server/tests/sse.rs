@@ -105,11 +105,11 @@ async fn a_stream_ends_with_the_reason_and_unknown_sessions_are_refused() -> any
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_stream_is_kept_alive_until_its_idle_end() -> anyhow::Result<()> {
-    // A keep-alive is due every 20 ms of silence; the stream ends after 500 ms without a
-    // chunk, keep-alives or not.
+    // A keep-alive is due every 20 ms of silence; the stream ends after 1.5 s without a
+    // chunk, keep-alives or not (long enough that a busy machine still sends one first).
     let config = ServerConfig::default()
         .sse_keep_alive(Duration::from_millis(20))
-        .sse_idle_timeout(Duration::from_millis(500));
+        .sse_idle_timeout(Duration::from_millis(1_500));
     let server = demo_server(config).await?;
     let session = server.start("weather in Porto").await?;
     server.events(&session, "").await?;
