@@ -163,6 +163,18 @@ impl ChunkKind {
     pub fn is_forwarded(&self) -> bool {
         matches!(self, ChunkKind::Forwarded { .. })
     }
+
+    /// Whether the stream's own run stops here: it ended, suspended or was interrupted. A
+    /// forwarded child's chunk never does. Where a follower that waits for the run to settle
+    /// stops reading.
+    pub fn settles_run(&self) -> bool {
+        matches!(
+            self,
+            ChunkKind::RunEnd { .. }
+                | ChunkKind::RunSuspended { .. }
+                | ChunkKind::RunInterrupted { .. }
+        )
+    }
 }
 
 /// A piece of a model reply as the provider streams it. Deltas are live only: they reach

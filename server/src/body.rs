@@ -76,14 +76,17 @@ impl<T: DeserializeOwned> JsonBody<T> {
             return Err(ApiError::invalid("the body must be a JSON object"));
         }
         // Straight into `T`, with no `Value` built first.
-        from_checked(&bytes)
-            .map(JsonBody)
-            .map_err(|error| match error.classify() {
-                Category::Data => ApiError::invalid(format!("malformed request: {error}")),
-                Category::Io | Category::Syntax | Category::Eof => {
-                    ApiError::invalid(format!("the body is not valid JSON: {error}"))
-                }
-            })
+        from_checked(&bytes).map(JsonBody).map_err(refused)
+    }
+}
+
+/// Why a body was refused: not JSON at all, or JSON of the wrong shape.
+fn refused(error: serde_json::Error) -> ApiError {
+    match error.classify() {
+        Category::Data => ApiError::invalid(format!("malformed request: {error}")),
+        Category::Io | Category::Syntax | Category::Eof => {
+            ApiError::invalid(format!("the body is not valid JSON: {error}"))
+        }
     }
 }
 
@@ -94,8 +97,8 @@ pub(crate) async fn json_value(
     state: &AppState,
 ) -> Result<Value, ApiError> {
     let bytes = json_bytes(headers, body, state).await?;
-    from_checked(&bytes)
-        .map_err(|error| ApiError::invalid(format!("the body is not valid JSON: {error}")))
+    // Any JSON is a `Value`: only "not valid JSON" can come of it.
+    from_checked(&bytes).map_err(refused)
 }
 
 /// The bytes of a JSON body: JSON content, within the cap, nested no deeper than the depth

@@ -19,7 +19,7 @@ use axum::body::{Body, Bytes, HttpBody};
 use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE};
 use axum::response::{IntoResponse, Response};
 use bytes::{BufMut, BytesMut};
-use dormant::{ChunkKind, Error, StreamEvent};
+use dormant::{Error, StreamEvent};
 use futures::Stream;
 use http_body::Frame;
 use serde::Serialize;
@@ -145,7 +145,7 @@ impl EventBody {
                     .metrics
                     .sse_lag(Duration::from_millis(now_ms.saturating_sub(chunk.at_ms)));
                 write_event(frame, Some(chunk.seq), chunk.kind.type_name(), &chunk);
-                if self.until == Until::Settled && settles(&chunk.kind) {
+                if self.until == Until::Settled && chunk.kind.settles_run() {
                     self.end("settled", frame);
                 }
             }
@@ -226,18 +226,6 @@ struct EndData {
 struct ErrorData<'a> {
     code: &'a str,
     message: &'a str,
-}
-
-/// Whether the root's run stops here: it ended, suspended or was interrupted (a forwarded
-/// child's chunk never does).
-fn settles(kind: &ChunkKind) -> bool {
-    !kind.is_forwarded()
-        && matches!(
-            kind,
-            ChunkKind::RunEnd { .. }
-                | ChunkKind::RunSuspended { .. }
-                | ChunkKind::RunInterrupted { .. }
-        )
 }
 
 /// Appends one event: `id` (a chunk's sequence number; none for events that are no chunk),

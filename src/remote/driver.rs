@@ -12,7 +12,7 @@ use crate::ids::SessionId;
 use crate::message::ToolOutcome;
 use crate::session::{report_of, ChildReport, RunOutcome, Status};
 use crate::shared::Shared;
-use crate::stream::{Chunk, ChunkKind};
+use crate::stream::Chunk;
 use crate::tool_error::ToolErrorCode;
 
 /// What the driver does before it follows the child.
@@ -213,7 +213,7 @@ impl Driver<'_> {
                     continue;
                 }
                 next = chunk.seq + 1;
-                let settles = settles(&chunk.kind);
+                let settles = chunk.kind.settles_run();
                 let run = chunk.run_id;
                 chunks.push(chunk);
                 match settled_run {
@@ -239,17 +239,6 @@ impl Driver<'_> {
             }
         }
     }
-}
-
-/// Whether a chunk ends the child's own run (a forwarded grandchild's never does).
-fn settles(kind: &ChunkKind) -> bool {
-    !kind.is_forwarded()
-        && matches!(
-            kind,
-            ChunkKind::RunEnd { .. }
-                | ChunkKind::RunSuspended { .. }
-                | ChunkKind::RunInterrupted { .. }
-        )
 }
 
 /// What a remote child's status means to its parent, by the rules of a local child's report.
