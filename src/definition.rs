@@ -180,6 +180,20 @@ impl fmt::Debug for Schema {
     }
 }
 
+/// The most schema errors reported for one value.
+pub(crate) const SCHEMA_ERRORS: usize = 16;
+
+/// The longest schema error line, in characters.
+pub(crate) const SCHEMA_ERROR_CHARS: usize = 300;
+
+/// `line` cut to [`SCHEMA_ERROR_CHARS`], marked with `…` where it was cut.
+fn shortened(line: String) -> String {
+    match line.char_indices().nth(SCHEMA_ERROR_CHARS) {
+        Some((at, _)) => format!("{}…", &line[..at]),
+        None => line,
+    }
+}
+
 impl Schema {
     fn compile(source: &Value) -> Result<Self, String> {
         let validator = jsonschema::validator_for(source).map_err(|error| error.to_string())?;
@@ -189,16 +203,26 @@ impl Schema {
         })
     }
 
-    /// Every way `value` fails the schema, as `path: message` lines; empty when valid.
+    /// How `value` fails the schema, as `path: message` lines; empty when valid. The
+    /// messages quote the failing value, which may be as large as the submitted answer: at
+    /// most [`SCHEMA_ERRORS`] lines of at most [`SCHEMA_ERROR_CHARS`] characters each go back
+    /// to the caller (or the model), and a last line says how many more there were.
     pub(crate) fn errors(&self, value: &Value) -> Vec<String> {
-        self.validator
-            .iter_errors(value)
+        let mut errors = self.validator.iter_errors(value);
+        let mut lines: Vec<String> = errors
+            .by_ref()
+            .take(SCHEMA_ERRORS)
             .map(|error| {
                 let path = error.instance_path().to_string();
                 let path = if path.is_empty() { "/".into() } else { path };
-                format!("{path}: {error}")
+                shortened(format!("{path}: {error}"))
             })
-            .collect()
+            .collect();
+        let more = errors.count();
+        if more > 0 {
+            lines.push(format!("… and {more} more"));
+        }
+        lines
     }
 
     /// The schema as written.
@@ -640,5 +664,30 @@ fn check_tool(agent: &str, def: &ToolDefinition) -> Result<(), DefinitionError> 
             Err(DefinitionError::SubAgentWithFlags { agent, tool })
         }
         _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::{Schema, SCHEMA_ERRORS, SCHEMA_ERROR_CHARS};
+
+    #[test]
+    fn schema_errors_are_bounded_in_number_and_length() -> Result<(), String> {
+        let schema = Schema::compile(&json!({ "type": "array", "items": { "type": "integer" } }))?;
+        let long = "y".repeat(100_000);
+        let errors = schema.errors(&json!([long]));
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(errors[0].starts_with("/0: "), "{}", errors[0]);
+        assert_eq!(errors[0].chars().count(), SCHEMA_ERROR_CHARS + 1);
+        assert!(errors[0].ends_with('…'));
+
+        let many: Vec<String> = (0..40).map(|n| n.to_string()).collect();
+        let errors = schema.errors(&json!(many));
+        assert_eq!(errors.len(), SCHEMA_ERRORS + 1);
+        assert_eq!(errors.last().map(String::as_str), Some("… and 24 more"));
+        assert!(schema.errors(&json!([1, 2])).is_empty());
+        Ok(())
     }
 }

@@ -21,6 +21,15 @@ pub struct Latency {
     pub p999_us: u64,
     /// Largest.
     pub max_us: u64,
+    /// All samples added up (from the histogram's buckets, so within its 3 significant
+    /// digits): with `count`, a Prometheus summary's `_sum`, and the mean.
+    pub sum_us: u64,
+}
+
+/// The sum of a histogram's samples, as its mean tells it.
+pub(crate) fn sum_of(histogram: &Histogram<u64>) -> u64 {
+    // Saturating float-to-int conversion: a sum past u64::MAX µs is past any real run.
+    (histogram.mean() * histogram.len() as f64).round() as u64
 }
 
 /// A thread-safe histogram of durations (1 µs to 1 hour, 3 significant digits).
@@ -53,6 +62,7 @@ impl LatencyHistogram {
                 p99_us: histogram.value_at_quantile(0.99),
                 p999_us: histogram.value_at_quantile(0.999),
                 max_us: histogram.max(),
+                sum_us: sum_of(histogram),
             },
             None => Latency::default(),
         }

@@ -199,10 +199,19 @@ impl Auth {
                 ));
             }
         }
+        // A credential that is no session token, and that the hook (if any) did not take
+        // for an operator's, is not a missing token: saying so would ask for what was sent.
+        if headers.contains_key(AUTHORIZATION) {
+            return Err(ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "invalid_token",
+                format!("the Authorization header holds no session token this server issued; session {session} needs its own: Authorization: Bearer <token>, or ?token= on a GET"),
+            ));
+        }
         Err(ApiError::new(
             StatusCode::UNAUTHORIZED,
             "missing_token",
-            format!("session {session} needs its token: Authorization: Bearer <token>, or ?token= on /sse"),
+            format!("session {session} needs its token: Authorization: Bearer <token>, or ?token= on a GET"),
         ))
     }
 }

@@ -13,7 +13,7 @@ use serde_json::{json, Value};
 pub enum ServerError {
     /// Neither an authenticate hook nor [`Auth::allow_unauthenticated`](crate::Auth::allow_unauthenticated)
     /// was configured: a server is fail-closed.
-    #[error("no authentication configured: give an authenticate hook (Auth::hook) or allow unauthenticated access explicitly (Auth::allow_unauthenticated, --allow-unauthenticated)")]
+    #[error("no authentication configured: give an authenticate hook (Auth::hook, Auth::api_key) or allow unauthenticated access explicitly (Auth::allow_unauthenticated, --allow-unauthenticated)")]
     AuthNotConfigured,
     /// A [`ServerConfig`](crate::ServerConfig) setting is out of range.
     #[error("invalid server setting {setting}: {reason}")]
@@ -145,7 +145,7 @@ pub(crate) fn submit_answer(outcome: SubmitOutcome) -> Result<Value, ApiError> {
         ),
         SubmitOutcome::UnknownToolCall => (
             StatusCode::NOT_FOUND,
-            "no pending call has this id under that session".to_string(),
+            "no call waits under this tool_call_id in that session: it was never made there, or an abort dropped it".to_string(),
             None,
         ),
         SubmitOutcome::InvalidRequest { reason } => (StatusCode::BAD_REQUEST, reason, None),

@@ -12,6 +12,13 @@ use dormant::{Message, PendingKind, Runtime, SledStore, ToolOutcome};
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum InspectError {
+    /// `--store` names a database, not a directory: inspect reads sled stores. (The URL is
+    /// not repeated: it may hold a password.)
+    #[error("inspect reads a sled store's directory, not a database URL: a PostgreSQL store is shared by running nodes; ask one (GET /status)")]
+    NotADirectory,
+    /// No store is there: nothing was created.
+    #[error("no dormant store in {}: inspect reads the directory a server's --store names, and creates nothing", .0.display())]
+    NoStore(std::path::PathBuf),
     /// The store could not be opened (another process may hold it).
     #[error("cannot open the store: {0}")]
     Open(#[from] dormant::store::Error),
@@ -33,6 +40,14 @@ pub async fn inspect(
     out: &mut impl Write,
     messages: usize,
 ) -> Result<(), InspectError> {
+    if dir.to_string_lossy().contains("://") {
+        return Err(InspectError::NotADirectory);
+    }
+    // Opening a sled store creates it: a mistyped path would report an empty store, and
+    // leave one behind.
+    if !dir.join("db").is_file() {
+        return Err(InspectError::NoStore(dir.to_path_buf()));
+    }
     let store = SledStore::open(dir)?;
     // No agents, and no background deadlines: nothing the runtime does on its own writes.
     let runtime = Runtime::builder()
@@ -84,7 +99,16 @@ async fn report(runtime: &Runtime, out: &mut impl Write, last: usize) -> Result<
         for run in runtime.runs(&id).await? {
             let error = run
                 .error
-                .map(|error| format!(", {}: {}", error.code.as_str(), error.message))
+                .map(|error| {
+                    let code = error.code.as_str();
+                    // Most messages open with their code already ("aborted: …").
+                    let message = error
+                        .message
+                        .strip_prefix(code)
+                        .filter(|rest| rest.starts_with(':'))
+                        .map_or_else(|| format!(": {}", error.message), str::to_string);
+                    format!(", {code}{message}")
+                })
                 .unwrap_or_default();
             writeln!(
                 out,

@@ -123,6 +123,8 @@ fn main() -> std::process::ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
+        // Colours only for a person's terminal, not into a log file.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -198,7 +200,8 @@ async fn serve(args: Serve) -> Result<(), String> {
             tracing::warn!("--allow-unauthenticated: anyone who reaches {} may start sessions (each session still needs its token)", args.listen);
             Auth::allow_unauthenticated()
         }
-        (None, false) => Auth::default(),
+        // Refused before anything is opened or written (the store, its token key).
+        (None, false) => return Err("no authentication configured: pass --api-key-env NAME (callers send that variable's key in x-api-key), or --allow-unauthenticated for a loopback demo".into()),
     };
     // Bound before the store opens: a node on a shared store advertises its address.
     let listener = tokio::net::TcpListener::bind(args.listen)

@@ -75,6 +75,8 @@ fn summary(histogram: &Histogram<u64>) -> Latency {
         p99_us: histogram.value_at_quantile(0.99),
         p999_us: histogram.value_at_quantile(0.999),
         max_us: histogram.max(),
+        // As its mean tells it (saturating: past u64::MAX µs is past any real run).
+        sum_us: (histogram.mean() * histogram.len() as f64).round() as u64,
     }
 }
 
@@ -245,6 +247,7 @@ fn summary_lines(out: &mut String, name: &str, help: &str, series: &[(&str, Late
         } else {
             format!("{{{labels}}}")
         };
+        let _ = writeln!(out, "{name}_sum{braces} {}", seconds(latency.sum_us));
         let _ = writeln!(out, "{name}_count{braces} {}", latency.count);
     }
 }

@@ -16,9 +16,10 @@ use crate::body::{json_value, JsonBody, Params};
 use crate::error::{submit_answer, ApiError};
 use crate::server::AppState;
 use crate::sse;
+use crate::sse_body::Ends;
 use crate::wire::{
     AcceptedAndResumed, SessionQuery, SessionRequest, StartRequest, Started, StatusAnswer,
-    StreamOption, SubmitQuery, Until,
+    StreamOption, SubmitQuery,
 };
 
 fn session_id(text: &str) -> Result<SessionId, ApiError> {
@@ -79,7 +80,7 @@ pub(crate) async fn start(
     let answer = Started::new(started, Some(token));
     if query.stream {
         let first = sse::first_event("started", &answer);
-        return Ok(sse::events(&state, &id, from, Until::Settled, Some(first)));
+        return Ok(sse::events(&state, &id, from, Ends::AtSettle, Some(first)));
     }
     Ok((StatusCode::ACCEPTED, Json(answer)).into_response())
 }
@@ -145,7 +146,7 @@ pub(crate) async fn submit(
                 if !running {
                     return Ok(sse::settled_at_once(first));
                 }
-                return Ok(sse::events(&state, &id, from, Until::Settled, Some(first)));
+                return Ok(sse::events(&state, &id, from, Ends::AtSettle, Some(first)));
             }
             if let Some(fields) = answer.as_object_mut() {
                 fields.insert(

@@ -178,7 +178,9 @@ impl Server {
                 .route("/", get(page::index))
                 .route("/page.js", get(page::script));
         }
-        let router = router.fallback(not_found);
+        let router = router
+            .fallback(not_found)
+            .method_not_allowed_fallback(method_not_allowed);
         // Another node can own a session only on a shared store: on one of this process's
         // own, no request is ever sent on, and none pays for keeping its body to send.
         let router = if state.runtime.store_is_shared() {
@@ -256,6 +258,17 @@ async fn answer_in_time(state: &AppState, request: axum::extract::Request, next:
 
 async fn not_found() -> ApiError {
     ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route")
+}
+
+async fn method_not_allowed(method: Method, uri: axum::http::Uri) -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        format!(
+            "{method} is not a method of {} (each route takes GET or POST alone)",
+            uri.path()
+        ),
+    )
 }
 
 fn cors(origins: &[String]) -> Result<Option<CorsLayer>, ServerError> {

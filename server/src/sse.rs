@@ -18,7 +18,7 @@ use tokio::sync::watch;
 use crate::body::Params;
 use crate::error::ApiError;
 use crate::server::AppState;
-use crate::sse_body::{write_end, write_event, EventBody};
+use crate::sse_body::{write_end, write_event, Ends, EventBody};
 use crate::wire::{StreamQuery, Until};
 
 /// Opens every stream: a browser that loses it reconnects after a second (its own default
@@ -49,7 +49,7 @@ pub(crate) async fn stream(
         ));
     }
     // Refuses unknown sessions (follow would wait for one to appear).
-    state.runtime.status(&id).await?;
+    let session = state.runtime.session(&id).await?;
     // The live chunks are sent by the node that runs the session: follow it there.
     if let Some(owner) = state.runtime.owner_of(&id).await? {
         return Err(dormant::Error::SessionUnavailable {
@@ -62,7 +62,16 @@ pub(crate) async fn stream(
         Some(last) => last.saturating_add(1),
         None => query.from.unwrap_or(0),
     };
-    Ok(events(&state, &id, from, query.until, None))
+    let ends = match query.until {
+        Until::Closed => Ends::Never,
+        Until::Settled if session.status == dormant::Status::Running => Ends::AtSettle,
+        // The run has settled already: what follows `from` up to now is all there is to show.
+        Until::Settled => Ends::Before(session.chunk_count),
+    };
+    if matches!(ends, Ends::Before(bound) if from >= bound) {
+        return Ok(settled_at_once(opening(RETRY)));
+    }
+    Ok(events(&state, &id, from, ends, None))
 }
 
 /// The stream of `id` from `from` as an SSE response, after `first` if given (the answer of
@@ -72,7 +81,7 @@ pub(crate) fn events(
     state: &AppState,
     id: &dormant::SessionId,
     from: u64,
-    until: Until,
+    ends: Ends,
     first: Option<BytesMut>,
 ) -> Response {
     tracing::debug!(session = %id, from, "server.stream_opened");
@@ -81,7 +90,7 @@ pub(crate) fn events(
     // `retry` rides on the request's answer where there is one, rather than on an event of
     // its own: one event less to frame and send.
     let first = first.unwrap_or_else(|| opening(RETRY_ALONE));
-    crate::sse_body::response(EventBody::new(state, chunks, shutdown, until, first))
+    crate::sse_body::response(EventBody::new(state, chunks, shutdown, ends, first))
 }
 
 /// `Last-Event-ID`: the last sequence number the client saw.

@@ -28,7 +28,6 @@ use tokio::time::{Instant, Sleep};
 use crate::error::ApiError;
 use crate::metrics::StreamGuard;
 use crate::server::AppState;
-use crate::wire::Until;
 
 /// The most bytes of events one frame takes: a follower catching up on many stored chunks
 /// sends them in pieces of about this size.
@@ -44,8 +43,23 @@ const KEEP_ALIVE: &[u8] = b":\n\n";
 pub(crate) type Chunks = Pin<Box<dyn Stream<Item = Result<StreamEvent, Error>> + Send>>;
 type Shutdown = Pin<Box<dyn Future<Output = ()> + Send>>;
 
-/// A session's stream as the body of an SSE answer, until it settles (or for good, with
-/// [`Until::Closed`]), the server shuts down, or no chunk came for the idle timeout.
+/// When a stream ends of itself, besides the server's shutdown and the idle end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ends {
+    /// With the `end` after the chunk that settles the run (it ends, suspends or is
+    /// interrupted): the stream of a run in progress.
+    AtSettle,
+    /// After the chunk before `seq`, or before at the chunk that settles the run: the stream
+    /// of a session whose run had settled when the stream opened, and whose chunks from `seq`
+    /// on belong to a run started since. It shows what the client has not seen of the past
+    /// and ends; waiting for the settle would wait for a run nobody may start.
+    Before(u64),
+    /// Never: the stream stays open for the next turn (`until=closed`).
+    Never,
+}
+
+/// A session's stream as the body of an SSE answer, until it [`Ends`], the server shuts
+/// down, or no chunk came for the idle timeout.
 pub(crate) struct EventBody {
     /// Sent before anything else: the answer of the request that opened the stream.
     first: Option<BytesMut>,
@@ -53,7 +67,7 @@ pub(crate) struct EventBody {
     /// Done once the server shuts down. Made once per stream: a wait on the shared channel
     /// made anew for each event would take its lock twice an event, across every stream.
     shutdown: Shutdown,
-    until: Until,
+    ends: Ends,
     timer: Pin<Box<Sleep>>,
     times: Times,
     done: bool,
@@ -100,7 +114,7 @@ impl EventBody {
         state: &AppState,
         chunks: Chunks,
         shutdown: Shutdown,
-        until: Until,
+        ends: Ends,
         first: BytesMut,
     ) -> Self {
         let now = Instant::now();
@@ -115,7 +129,7 @@ impl EventBody {
             first: Some(first),
             chunks,
             shutdown,
-            until,
+            ends,
             timer: Box::pin(tokio::time::sleep_until(first_due)),
             times,
             done: false,
@@ -137,15 +151,27 @@ impl EventBody {
                 };
                 write_event(frame, None, "error", &data);
             }
+            // Live pieces of a run started after the stream's own had settled.
+            Some(Ok(StreamEvent::Delta(_))) if matches!(self.ends, Ends::Before(_)) => {
+                self.end("settled", frame);
+            }
             Some(Ok(StreamEvent::Delta(delta))) => write_event(frame, None, "delta", &delta),
             Some(Ok(StreamEvent::Chunk(chunk))) => {
+                if matches!(self.ends, Ends::Before(bound) if chunk.seq >= bound) {
+                    return self.end("settled", frame);
+                }
                 self.times.last_chunk = Instant::now();
                 let now_ms = self.state.runtime.now_ms();
                 self.state
                     .metrics
                     .sse_lag(Duration::from_millis(now_ms.saturating_sub(chunk.at_ms)));
                 write_event(frame, Some(chunk.seq), chunk.kind.type_name(), &chunk);
-                if self.until == Until::Settled && chunk.kind.settles_run() {
+                let settled = match self.ends {
+                    Ends::AtSettle => chunk.kind.settles_run(),
+                    Ends::Before(bound) => chunk.kind.settles_run() || chunk.seq + 1 >= bound,
+                    Ends::Never => false,
+                };
+                if settled {
                     self.end("settled", frame);
                 }
             }

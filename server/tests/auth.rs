@@ -58,6 +58,21 @@ async fn a_token_opens_its_own_session_only() -> anyhow::Result<()> {
             "{path}"
         );
     }
+    // A credential that is no session token is not a missing one: 401 invalid_token.
+    for credential in ["Bearer hello", "Basic dXNlcjpwYXNz"] {
+        let response = server
+            .http
+            .get(server.url(&format!("/status?session_id={}", a.id)))
+            .header("authorization", credential)
+            .send()
+            .await?;
+        let (code, body) = answer(response).await?;
+        assert_eq!(
+            (code, body["code"].as_str()),
+            (StatusCode::UNAUTHORIZED, Some("invalid_token")),
+            "{credential}: {body}"
+        );
+    }
     // B's token on A: 403, in the header or the query.
     for path in reads {
         let (code, body) = answer(

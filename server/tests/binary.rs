@@ -1,6 +1,7 @@
-//! The binary: it refuses to start without authentication, documents its flags, keeps
-//! tokens and sessions across a graceful restart, and never loses or doubles an
-//! acknowledged answer when it is killed while a submit is in flight.
+//! The binary: it refuses to start without authentication (creating nothing), documents its
+//! flags, inspects only stores that exist, keeps tokens and sessions across a graceful
+//! restart, and never loses or doubles an acknowledged answer when it is killed while a
+//! submit is in flight.
 
 mod common;
 
@@ -24,6 +25,10 @@ fn without_authentication_it_refuses_to_start_and_help_documents_every_flag() ->
     let stderr = String::from_utf8(output.stderr)?;
     assert!(stderr.contains("no authentication configured"), "{stderr}");
     assert!(stderr.contains("--allow-unauthenticated"), "{stderr}");
+    assert!(stderr.contains("--api-key-env"), "{stderr}");
+    // Refused before anything was opened or written.
+    let left: Vec<_> = std::fs::read_dir(dir.path())?.collect();
+    assert!(left.is_empty(), "{left:?}");
 
     let help = Command::new(env!("CARGO_BIN_EXE_dormant-server"))
         .arg("--help")
@@ -41,6 +46,12 @@ fn without_authentication_it_refuses_to_start_and_help_documents_every_flag() ->
         "--cors-origin",
         "--client-tool-timeout-ms",
         "--max-resident",
+        "--token-key-file",
+        "--node-name",
+        "--lease-ttl-ms",
+        "--advertise",
+        "--delegate-to",
+        "--remote-key-env",
         "inspect",
     ] {
         assert!(
@@ -48,6 +59,28 @@ fn without_authentication_it_refuses_to_start_and_help_documents_every_flag() ->
             "--help does not mention {flag}:\n{help}"
         );
     }
+    Ok(())
+}
+
+/// inspect only reads: where no store is (a typo, a database URL), it says so and creates none.
+#[test]
+fn inspect_creates_no_store_where_none_is() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    for store in [
+        dir.path().join("typo"),
+        "postgres://u@127.0.0.1:1/db".into(),
+    ] {
+        let output = Command::new(env!("CARGO_BIN_EXE_dormant-server"))
+            .current_dir(dir.path())
+            .args(["inspect", "--store"])
+            .arg(&store)
+            .output()?;
+        let stderr = String::from_utf8(output.stderr)?;
+        assert!(!output.status.success(), "{store:?}: {stderr}");
+        assert!(stderr.contains("inspect reads"), "{stderr}");
+    }
+    let left: Vec<_> = std::fs::read_dir(dir.path())?.collect();
+    assert!(left.is_empty(), "{left:?}");
     Ok(())
 }
 

@@ -37,6 +37,44 @@ async fn bodies_are_refused_before_they_are_read_and_nothing_is_stored() -> anyh
         (StatusCode::LENGTH_REQUIRED, Some("length_required"))
     );
 
+    // Only a route that reads a body asks for its length: the others answer as they would,
+    // in JSON, without reading it.
+    for (method, path, status, code) in [
+        ("POST", "/nope", StatusCode::NOT_FOUND, "not_found"),
+        (
+            "POST",
+            "/healthz",
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+        ),
+        (
+            "PUT",
+            "/start",
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+        ),
+        (
+            "GET",
+            "/start",
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+        ),
+    ] {
+        let chunks = futures::stream::iter([Ok::<_, std::io::Error>("{}")]);
+        let response = server
+            .http
+            .request(method.parse()?, server.url(path))
+            .body(reqwest::Body::wrap_stream(chunks))
+            .send()
+            .await?;
+        let (got, body) = answer(response).await?;
+        assert_eq!(
+            (got, body["code"].as_str()),
+            (status, Some(code)),
+            "{method} {path}"
+        );
+    }
+
     // Past the cap: 413, with the sizes.
     let long = json!({ "agent": "demo", "message": "x".repeat(2000) });
     let (code, body) = answer(server.post("/start", None, &long).await?).await?;

@@ -1,6 +1,6 @@
 //! The stream: resumable from any event id with no gap and no repeat, from `?from=` or
-//! `Last-Event-ID` (which wins); ended by the run settling, by shutdown, or by idleness;
-//! unknown sessions refused. Plus `/healthz` and `/metrics`.
+//! `Last-Event-ID` (which wins); ended by the run settling (at once when it had settled
+//! before the stream opened), by shutdown, or by idleness; unknown sessions refused. Plus `/healthz` and `/metrics`.
 
 mod common;
 
@@ -103,6 +103,63 @@ async fn a_stream_ends_with_the_reason_and_unknown_sessions_are_refused() -> any
     Ok(())
 }
 
+/// A stream opened after the run settled shows what the client has not seen and ends: it
+/// does not wait for a run nobody may start (before, it stayed open until its idle end).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_of_a_settled_run_ends_once_caught_up() -> anyhow::Result<()> {
+    // Should the stream wait after all, it ends as idle and the reasons below differ.
+    let config = ServerConfig::default().sse_idle_timeout(Duration::from_secs(3));
+    let server = demo_server(config).await?;
+    let session = server.start("weather in Porto").await?;
+    let first_run = server.events(&session, "").await?;
+    let total = server.runtime.chunks(&session.id.parse()?, 0).await?.len() as u64;
+    let settle = first_run
+        .iter()
+        .rev()
+        .find_map(|event| event.id)
+        .ok_or_else(|| anyhow::anyhow!("no chunk in {first_run:?}"))?;
+    assert_eq!(
+        first_run.last().map(|event| event.name.as_str()),
+        Some("end")
+    );
+    let settled = json!({ "reason": "settled" });
+
+    // Caught up already, by `from` or by Last-Event-ID: the end alone, at once.
+    let events = server.events(&session, &format!("&from={total}")).await?;
+    let ends: Vec<_> = events.iter().map(|event| (event.id, &event.data)).collect();
+    assert_eq!(ends, [(None, &settled)]);
+    let path = format!("/sse?session_id={}&token={}", session.id, session.token);
+    let response = server
+        .http
+        .get(server.url(&path))
+        .header("last-event-id", settle.to_string())
+        .send()
+        .await?;
+    let events = read_events(response, usize::MAX).await?;
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(events[0].data, settled);
+
+    // Behind: the chunks it missed, then the end.
+    let events = server.events(&session, &format!("&from={settle}")).await?;
+    let ids: Vec<_> = events.iter().map(|event| event.id).collect();
+    assert_eq!(ids, [Some(settle), None]);
+    assert_eq!(events[1].data, settled);
+
+    // The stream a resume points to, when the run still waits and the resume ran nothing.
+    let (code, resumed) = server.resume(&session).await?;
+    assert_eq!(code, StatusCode::ACCEPTED, "{resumed}");
+    assert_eq!(resumed["status"], "suspended_client_tool");
+    let link = text(&resumed, "stream")?;
+    let response = server
+        .get(&format!("{link}&token={}", session.token), None)
+        .await?;
+    let events = read_events(response, usize::MAX).await?;
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(events[0].data, settled);
+    server.stop().await?.shutdown().await?;
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_stream_is_kept_alive_until_its_idle_end() -> anyhow::Result<()> {
     // A keep-alive is due every 20 ms of silence; the stream ends after 1.5 s without a
@@ -159,6 +216,18 @@ async fn metrics_are_in_the_prometheus_text_format() -> anyhow::Result<()> {
         assert!(
             text.lines().any(|got| got == line),
             "no line {line:?} in\n{text}"
+        );
+    }
+    // Every summary has its sum beside its count.
+    for summary in text
+        .lines()
+        .filter_map(|line| line.strip_prefix("# TYPE ")?.strip_suffix(" summary"))
+    {
+        assert!(
+            text.lines()
+                .any(|line| line.starts_with(&format!("{summary}_sum"))),
+            "no {summary}_sum in
+{text}"
         );
     }
     // Every sample line is `name{labels} value` with a number for the value.
