@@ -27,7 +27,7 @@ pub struct Latency {
 }
 
 /// The sum of a histogram's samples, as its mean tells it.
-pub(crate) fn sum_of(histogram: &Histogram<u64>) -> u64 {
+fn sum_of(histogram: &Histogram<u64>) -> u64 {
     // Saturating float-to-int conversion: a sum past u64::MAX µs is past any real run.
     (histogram.mean() * histogram.len() as f64).round() as u64
 }

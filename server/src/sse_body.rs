@@ -49,10 +49,10 @@ pub(crate) enum Ends {
     /// With the `end` after the chunk that settles the run (it ends, suspends or is
     /// interrupted): the stream of a run in progress.
     AtSettle,
-    /// After the chunk before `seq`, or before at the chunk that settles the run: the stream
-    /// of a session whose run had settled when the stream opened, and whose chunks from `seq`
-    /// on belong to a run started since. It shows what the client has not seen of the past
-    /// and ends; waiting for the settle would wait for a run nobody may start.
+    /// After the last chunk before `seq`, or at a chunk that settles the run if one comes
+    /// first: the stream of a session whose run had settled when the stream opened, and whose
+    /// chunks from `seq` on belong to a run started since. It shows what the client has not
+    /// seen yet and ends; waiting for a settle would wait for a run nobody may start.
     Before(u64),
     /// Never: the stream stays open for the next turn (`until=closed`).
     Never,
