@@ -699,6 +699,13 @@ impl Runtime {
         ))
     }
 
+    /// Whether a suspended session resumes on its own once every call it waits on is
+    /// answered or timed out ([`RuntimeBuilder::auto_resume`](crate::RuntimeBuilder::auto_resume)):
+    /// when not, nothing runs a suspended session again but an explicit `resume`.
+    pub fn auto_resumes(&self) -> bool {
+        self.inner.shared.policy.auto_resume
+    }
+
     /// Whether other nodes may share this runtime's store (it holds leases, as PostgreSQL
     /// does): only then can another node own a session, and a front such as the agent server
     /// need look for that owner. `false` on a store only this process uses (sled, memory).

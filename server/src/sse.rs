@@ -64,14 +64,30 @@ pub(crate) async fn stream(
     };
     let ends = match query.until {
         Until::Closed => Ends::Never,
-        Until::Settled if session.status == dormant::Status::Running => Ends::AtSettle,
-        // The run has settled already: what follows `from` up to now is all there is to show.
-        Until::Settled => Ends::Before(session.chunk_count),
+        Until::Settled if at_rest(&state.runtime, session.status) => {
+            // Settled, and no run starts without a request: what follows `from` up to now
+            // is all there is to show.
+            Ends::Before(session.chunk_count)
+        }
+        Until::Settled => Ends::AtSettle,
     };
     if matches!(ends, Ends::Before(bound) if from >= bound) {
         return Ok(settled_at_once(opening(RETRY)));
     }
     Ok(events(&state, &id, from, ends, None))
+}
+
+/// Whether a session in `status` stays as it is until a client asks for a run (a start, a
+/// resume): then a stream that waited for its next settle could wait forever. A run in
+/// progress is not at rest, nor a parent waiting for its sub-agents (their ends continue
+/// it), nor a suspended session the runtime resumes on its own once its calls are answered.
+fn at_rest(runtime: &dormant::Runtime, status: dormant::Status) -> bool {
+    use dormant::Status;
+    match status {
+        Status::Completed | Status::Failed | Status::Interrupted => true,
+        Status::SuspendedClientTool => !runtime.auto_resumes(),
+        Status::Running | Status::SuspendedAwaitingChildren => false,
+    }
 }
 
 /// The stream of `id` from `from` as an SSE response, after `first` if given (the answer of

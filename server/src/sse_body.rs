@@ -50,9 +50,10 @@ pub(crate) enum Ends {
     /// interrupted): the stream of a run in progress.
     AtSettle,
     /// After the last chunk before `seq`, or at a chunk that settles the run if one comes
-    /// first: the stream of a session whose run had settled when the stream opened, and whose
-    /// chunks from `seq` on belong to a run started since. It shows what the client has not
-    /// seen yet and ends; waiting for a settle would wait for a run nobody may start.
+    /// first: the stream of a session at rest when the stream opened (settled, and no run
+    /// starts without a request), whose chunks from `seq` on belong to a run started since.
+    /// It shows what the client has not seen yet and ends; waiting for a settle would wait
+    /// for a run nobody may start.
     Before(u64),
     /// Never: the stream stays open for the next turn (`until=closed`).
     Never,
