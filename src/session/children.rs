@@ -161,6 +161,16 @@ impl Session {
                 call.name
             )));
         }
+        // The child's id is made of the call's id, which the model chose: one that is no
+        // valid session id (a control character, too long) would be stored and never read
+        // back.
+        let child = self.record.id.ephemeral_child(&call.id);
+        if let Err(error) = child.as_str().parse::<SessionId>() {
+            return CallSlot::failed(ToolErrorCode::InvalidInput.with(format_args!(
+                "sub-agent call {:?} cannot name a child session: {error}",
+                call.id
+            )));
+        }
         CallSlot::Child
     }
 
