@@ -120,10 +120,11 @@ pub(crate) enum SessionMsg {
         tool_call_id: String,
         report: ChildReport,
     },
-    /// A remote child's driver says where the child stands (sent by the driver's task).
+    /// A remote child's driver finished, saying where the child stands (`None`: a watch that
+    /// learned nothing). Sent by the driver's task, once per driver.
     RemoteReport {
         tool_call_id: String,
-        report: crate::remote::DriveReport,
+        report: Option<crate::remote::DriveReport>,
     },
     /// An answer for a call under the remote child of `tool_call_id` was accepted at the
     /// remote (sent by the router's forward).
@@ -164,6 +165,9 @@ pub(crate) struct SessionState {
     to_reconcile: Vec<(String, SessionId)>,
     /// The background reconciliation is in flight.
     reconciling: bool,
+    /// Drivers of remote children started by this actor that have not reported yet: work in
+    /// progress, as a local child's run is (a settled session has none).
+    remote_drivers: usize,
     /// An automatic resume was sent to this session and has not been handled yet.
     resume_queued: bool,
     /// The model call or tools in flight, cancelled by an interrupt or abort (and when the
@@ -205,6 +209,7 @@ impl VirtualActor for SessionActor {
             inflight: submit::InFlightSubmits::default(),
             to_reconcile,
             reconciling: false,
+            remote_drivers: 0,
             resume_queued: false,
             work: work::InFlight::default(),
         })
@@ -221,6 +226,7 @@ impl VirtualActor for SessionActor {
             && state.settle_waiters.is_empty()
             && state.inflight.is_empty()
             && !state.reconciling
+            && state.remote_drivers == 0
             && state.to_reconcile.is_empty()
             && !matches!(&state.loaded, Loaded::Present(session) if session.is_busy())
     }
@@ -551,10 +557,11 @@ impl SessionActor {
     }
 
     /// Answers those waiting for the session to settle if nothing is in progress: no run, no
-    /// queued automatic resume, no reconciliation.
+    /// queued automatic resume, no reconciliation, no remote child's driver at work.
     pub(super) fn answer_settle_waiters_if_idle(&self, state: &mut SessionState) {
         let busy = state.reconciling
             || state.resume_queued
+            || state.remote_drivers > 0
             || matches!(&state.loaded, Loaded::Present(session) if session.is_busy());
         if !busy {
             for waiter in state.settle_waiters.drain(..) {

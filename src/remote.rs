@@ -41,6 +41,24 @@ pub struct RemoteChild {
     pub agent: String,
 }
 
+/// When a parent looks at a remote child that waits on calls, with nobody asking it to: a
+/// deadline that passes on the remote settles the child there (a timeout, then maybe an
+/// automatic resume), and the parent learns of it by looking then. The look is an entry of the
+/// parent's deadline index, so it survives a restart like any deadline.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemoteLook {
+    /// The earliest deadline of the calls the child waits on (the remote's clock, ms).
+    pub due_ms: u64,
+    /// When the parent looks (its own clock, ms): at `due_ms`, and while the child still
+    /// waits past it, again after a backoff (the two clocks may differ).
+    pub at_ms: u64,
+}
+
+/// The least wait before a parent looks at a remote child again.
+pub(crate) const REMOTE_LOOK_MIN_MS: u64 = 1_000;
+/// The longest wait between two looks at a remote child that still waits past its deadline.
+pub(crate) const REMOTE_LOOK_MAX_MS: u64 = 60_000;
+
 /// A call a remote child's tree waits on, as the remote's status lists it (the JSON of the
 /// agent server's `GET /status` `pending` entries).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -69,10 +87,25 @@ pub struct RemoteCall {
     /// Still waiting for an answer (not answered, not expired).
     #[serde(default = "yes")]
     pub waiting: bool,
+    /// Answered, waiting for a resume to act on the answer.
+    #[serde(default)]
+    pub answered: bool,
+    /// Its deadline passed and the remote recorded the timeout.
+    #[serde(default)]
+    pub timed_out: bool,
 }
 
 fn yes() -> bool {
     true
+}
+
+impl RemoteCall {
+    /// When the remote will settle this call by itself (its clock), if it has not yet: the
+    /// deadline of a call still waiting, or of one whose deadline passed but whose timeout
+    /// the remote has not recorded yet (its scheduler is about to).
+    pub(crate) fn settles_by_itself_at(&self) -> Option<u64> {
+        (self.waiting || !(self.answered || self.timed_out)).then_some(self.deadline_at_ms)
+    }
 }
 
 /// How a remote session stands: what its parent needs to report it.

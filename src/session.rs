@@ -38,4 +38,6 @@ mod tests_children;
 #[cfg(test)]
 mod tests_companions;
 #[cfg(test)]
+mod tests_remote;
+#[cfg(test)]
 mod tests_replay;

@@ -237,6 +237,8 @@ pub(crate) struct PendingAnswer {
     pub(crate) waiting: bool,
     /// Answered (by anyone), waiting for a resume to act on it.
     pub(crate) answered: bool,
+    /// Its deadline passed and the timeout is recorded.
+    pub(crate) timed_out: bool,
 }
 
 impl PendingAnswer {
@@ -249,6 +251,7 @@ impl PendingAnswer {
                 .answer
                 .as_ref()
                 .is_some_and(|answer| !matches!(answer, Answer::TimedOut)),
+            timed_out: matches!(call.answer, Some(Answer::TimedOut)),
             tool_call_id: call.tool_call_id,
             tool_name: call.tool_name,
             kind: call.kind,
@@ -273,7 +276,8 @@ impl From<RemoteCall> for PendingAnswer {
             requested_at_ms: call.requested_at_ms,
             deadline_at_ms: call.deadline_at_ms,
             waiting: call.waiting,
-            answered: !call.waiting,
+            answered: call.answered,
+            timed_out: call.timed_out,
         }
     }
 }

@@ -185,6 +185,9 @@ impl SessionActor {
                     }
                 }
             }
+            Effect::WatchRemote(call) => {
+                self.drive_remote(ctx, state, &call, Drive::Watch);
+            }
             Effect::StopChildren { children, abort } => {
                 let remotes = Self::remote_among(state, &children);
                 let children: Vec<_> = children

@@ -17,7 +17,7 @@ impl SessionActor {
     pub(super) fn drive_remote(
         &self,
         ctx: &ActorContext<Self>,
-        state: &SessionState,
+        state: &mut SessionState,
         call: &str,
         how: Drive,
     ) -> bool {
@@ -33,10 +33,11 @@ impl SessionActor {
         let shared = Arc::clone(&self.shared);
         let parent = ctx.key().clone();
         let tool_call_id = call.to_string();
+        // Work in progress until it reports: the session is not settled meanwhile (a caller
+        // waiting for the tree to settle waits for the remote too), nor evicted.
+        state.remote_drivers += 1;
         tokio::spawn(async move {
-            let Some(report) = drive(shared, child, remote, forwarded, how).await else {
-                return;
-            };
+            let report = drive(shared, child, remote, forwarded, how).await;
             host.send(
                 parent,
                 SessionMsg::RemoteReport {
@@ -72,14 +73,30 @@ impl SessionActor {
         }
     }
 
-    /// A remote child's driver reported.
+    /// A remote child's driver finished (with a report, unless a watch learned nothing).
     pub(super) async fn remote_reported(
         &self,
         ctx: &ActorContext<Self>,
         state: &mut SessionState,
         tool_call_id: String,
-        report: crate::remote::DriveReport,
+        report: Option<crate::remote::DriveReport>,
     ) {
+        state.remote_drivers = state.remote_drivers.saturating_sub(1);
+        self.feed_remote_report(ctx, state, tool_call_id, report)
+            .await;
+        self.answer_settle_waiters_if_idle(state);
+    }
+
+    async fn feed_remote_report(
+        &self,
+        ctx: &ActorContext<Self>,
+        state: &mut SessionState,
+        tool_call_id: String,
+        report: Option<crate::remote::DriveReport>,
+    ) {
+        let Some(report) = report else {
+            return;
+        };
         if !matches!(self.present(ctx.key(), state).await, Ok(Some(_))) {
             return;
         }

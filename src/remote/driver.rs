@@ -32,7 +32,7 @@ pub(crate) struct DriveReport {
     pub(crate) report: ChildReport,
     /// Its chunks from the parent's `forwarded` on, to copy into the parent's stream.
     pub(crate) chunks: Vec<Chunk>,
-    /// The calls its tree waits on (for a suspended child).
+    /// The calls its tree lists (for a suspended child): waiting, answered or expired.
     pub(crate) calls: Vec<RemoteCall>,
     /// How far the child's stream went when its status was read: a report older than what
     /// the parent already copied is stale (two drivers of one child may report out of
@@ -242,12 +242,10 @@ impl Driver<'_> {
 }
 
 /// What a remote child's status means to its parent, by the rules of a local child's report.
+/// The calls are every call the remote listed (those still waiting are routed at the root;
+/// the others tell the parent when to look at the child again).
 fn report_of_status(child: &SessionId, status: RemoteStatus) -> (ChildReport, Vec<RemoteCall>) {
-    let calls: Vec<RemoteCall> = status
-        .pending
-        .into_iter()
-        .filter(|call| call.waiting)
-        .collect();
+    let calls = status.pending;
     let outcome = RunOutcome {
         session_id: child.clone(),
         run_id: status.run_id.unwrap_or(crate::ids::RunId::NONE),
@@ -256,7 +254,11 @@ fn report_of_status(child: &SessionId, status: RemoteStatus) -> (ChildReport, Ve
         text: status.text,
         output: status.output,
         error: status.error,
-        pending: calls.iter().map(|call| call.tool_call_id.clone()).collect(),
+        pending: calls
+            .iter()
+            .filter(|call| call.waiting)
+            .map(|call| call.tool_call_id.clone())
+            .collect(),
     };
     let report = match report_of(&outcome, status.aborted) {
         // A remote child that ended failed is the remote kind of failure.

@@ -151,7 +151,9 @@ async fn perform(world: &mut World, op: &Op) -> Result<Observed, Stop> {
         Op::AdvanceClock { ms } => {
             world.advance_clock(*ms);
             let mut done = world.runtime().map(|_| ());
-            for runtime in world.runtimes() {
+            // The remotes first, as in `settle`: a deadline there settles a remote child,
+            // which its parent here then finds settled when it looks.
+            for runtime in world.runtimes().into_iter().rev() {
                 if let Err(error) = runtime.sweep_deadlines().await {
                     done = Err(error);
                 }

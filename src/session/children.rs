@@ -81,6 +81,10 @@ impl ChildCalls {
         self.by_id.get(id)
     }
 
+    pub(super) fn get_mut(&mut self, id: &str) -> Option<&mut ChildCall> {
+        self.by_id.get_mut(id)
+    }
+
     pub(super) fn insert(&mut self, entry: ChildCall) {
         if let Some(remote) = &entry.remote {
             self.remotes.insert(entry.child.clone(), remote.clone());
@@ -200,6 +204,7 @@ impl Session {
                     forwarded: 0,
                     companion: None,
                     remote: remote_of(&self.agent, &call.name),
+                    remote_look: None,
                 };
                 self.record_child_call(entry);
             }

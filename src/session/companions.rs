@@ -470,6 +470,7 @@ impl Session {
             forwarded: 0,
             companion: Some(companion.name.clone()),
             remote: None,
+            remote_look: None,
         };
         self.record_child_call(entry);
     }

@@ -5,10 +5,13 @@
 //! waits on are cleared, with a tombstone (a duplicate answers `already_completed` here).
 
 use super::core::Session;
-use super::{ChildReport, ChildState, Transition};
+use super::{ChildReport, ChildState, Effect, Transition};
 use crate::ids::SessionId;
-use crate::remote::{RemoteCall, RemoteChild, RemoteOwner};
+use crate::remote::{
+    RemoteCall, RemoteChild, RemoteLook, RemoteOwner, REMOTE_LOOK_MAX_MS, REMOTE_LOOK_MIN_MS,
+};
 use crate::schema::IndexWrite;
+use crate::store::CommitKind;
 use crate::stream::Chunk;
 
 /// Where a remote child's report stands among the reports of its drivers.
@@ -52,8 +55,9 @@ impl Session {
         self.child_reported(call_id, report, chunks, now)
     }
 
-    /// Records on the root each call in `after` as owned through this session's call
-    /// `call_id`, and clears (with a tombstone) each call of `before` that is not in `after`.
+    /// Records on the root each call of `after` still waiting as owned through this session's
+    /// call `call_id`, and clears (with a tombstone) each call of `before` that is not; arms
+    /// the next look at the child for when the remote settles one of them by itself.
     fn route_remote_calls(
         &mut self,
         call_id: &str,
@@ -63,6 +67,18 @@ impl Session {
         after: Vec<RemoteCall>,
         now: u64,
     ) {
+        // Look at the child by itself when the first of its calls falls due: a timeout there
+        // settles it with nobody asking here.
+        let due = after
+            .iter()
+            .filter_map(RemoteCall::settles_by_itself_at)
+            .min();
+        let after: Vec<RemoteCall> = after.into_iter().filter(|call| call.waiting).collect();
+        let look = due.map(|due_ms| RemoteLook {
+            due_ms,
+            at_ms: next_look(due_ms, now),
+        });
+        self.set_remote_look(call_id, look);
         let root = self.record.root.clone();
         for gone in before
             .iter()
@@ -93,6 +109,59 @@ impl Session {
         }
     }
 
+    /// A look at a remote child fell due (its entry in the deadline index fired): ask the
+    /// child where it stands, and look again after a backoff in case it still waits past its
+    /// deadline then (the remote's clock may be behind, its scheduler late). A stale entry
+    /// (the look moved, the child no longer waits) does nothing.
+    pub(super) fn remote_look_due(&mut self, call_id: &str, now: u64) -> Transition {
+        let Some(entry) = self.children.get(call_id) else {
+            return Transition::default();
+        };
+        let (Some(_), Some(look), ChildState::Suspended { .. }) =
+            (&entry.remote, entry.remote_look, &entry.state)
+        else {
+            return Transition::default();
+        };
+        if now < look.at_ms {
+            return Transition::default();
+        }
+        let again = RemoteLook {
+            due_ms: look.due_ms,
+            at_ms: next_look(look.due_ms, now).max(now.saturating_add(REMOTE_LOOK_MIN_MS)),
+        };
+        self.set_remote_look(call_id, Some(again));
+        if let Some(entry) = self.children.get(call_id).cloned() {
+            self.staged.index.push(IndexWrite::PutChild(entry));
+        }
+        self.finish_entries(
+            CommitKind::Other,
+            vec![Effect::WatchRemote(call_id.to_string())],
+        )
+    }
+
+    /// Moves the look at the remote child of `call_id` (its deadline entry with it).
+    fn set_remote_look(&mut self, call_id: &str, look: Option<RemoteLook>) {
+        let Some(entry) = self.children.get_mut(call_id) else {
+            return;
+        };
+        if entry.remote_look == look {
+            return;
+        }
+        let before = std::mem::replace(&mut entry.remote_look, look);
+        if let Some(before) = before {
+            self.staged.index.push(IndexWrite::DeleteDeadline {
+                at: before.at_ms,
+                call: call_id.to_string(),
+            });
+        }
+        if let Some(look) = look {
+            self.staged.index.push(IndexWrite::PutDeadline {
+                at: look.at_ms,
+                call: call_id.to_string(),
+            });
+        }
+    }
+
     /// Clears the root's entries of the calls a remote child's entry still waits on, without
     /// tombstones (its wait was abandoned: an interrupt, an abort): a late submit answers
     /// `unknown_tool_call`, as for a local child's dropped calls.
@@ -103,8 +172,10 @@ impl Session {
         if entry.remote.is_none() {
             return;
         }
+        let waiting = waiting_of(&entry.state);
+        self.set_remote_look(call_id, None);
         let root = self.record.root.clone();
-        for call in waiting_of(&entry.state) {
+        for call in waiting {
             self.staged.index.push(IndexWrite::DeleteOwnership {
                 root: root.clone(),
                 call,
@@ -139,6 +210,17 @@ impl Session {
             .filter_map(|child| Some((child.clone(), self.children.remote_of(child)?.clone())))
             .collect()
     }
+}
+
+/// When to look at a remote child whose first call falls due at `due` (the remote's clock):
+/// then, or if that has passed, after a wait that grows with how late it is (a second at
+/// least, a minute at most), so a remote whose clock is behind is not asked every second.
+fn next_look(due: u64, now: u64) -> u64 {
+    if due > now {
+        return due;
+    }
+    let late = now - due;
+    now.saturating_add(late.clamp(REMOTE_LOOK_MIN_MS, REMOTE_LOOK_MAX_MS))
 }
 
 fn waiting_of(state: &ChildState) -> Vec<String> {

@@ -278,6 +278,9 @@ pub struct ChildCall {
     /// `child`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub remote: Option<crate::remote::RemoteChild>,
+    /// For a remote child that waits on calls: when this session looks at it again by itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remote_look: Option<crate::remote::RemoteLook>,
 }
 
 /// What a parent knows of one of its children.

@@ -264,7 +264,8 @@ impl Session {
     /// resume records nothing more for it.
     pub(super) fn timeout(&mut self, call_id: &str, now: u64) -> Transition {
         let Some(entry) = self.pending.get(call_id).cloned() else {
-            return Transition::default();
+            // Not a call of this session: a look at a remote child that fell due, if any.
+            return self.remote_look_due(call_id, now);
         };
         if entry.answer.is_some() || now < entry.deadline_at_ms {
             return Transition::default();

@@ -41,6 +41,8 @@ pub(crate) enum Effect {
     /// Wake suspended children (a resume cascading down the tree): each reports back.
     /// Pairs of (the sub-agent call, its child).
     WakeChildren(Vec<(String, SessionId)>),
+    /// Ask the remote child of this call where it stands (its report comes back as a watch's).
+    WatchRemote(String),
     /// Interrupt (or abort) children the run will no longer wait for.
     StopChildren {
         children: Vec<SessionId>,

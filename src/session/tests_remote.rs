@@ -1,0 +1,245 @@
+//! The core's rules for remote children, checked without actors, stores, networks or time:
+//! when a parent looks at a remote child by itself.
+
+use std::sync::Arc;
+
+use serde_json::json;
+
+use super::*;
+use crate::definition::{AgentDefinition, ToolDefinition};
+use crate::ids::{RunId, SessionId};
+use crate::llm::ModelReply;
+use crate::message::{ToolCall, ToolOutcome};
+use crate::remote::RemoteCall;
+use crate::schema::IndexWrite;
+
+fn lead() -> Arc<AgentDefinition> {
+    let built = AgentDefinition::builder("lead")
+        .tool(ToolDefinition::remote_sub_agent(
+            "far",
+            "http://remote.invalid",
+            "worker",
+        ))
+        .build();
+    Arc::new(built.unwrap_or_else(|error| panic!("valid definition: {error}")))
+}
+
+/// A lead whose first step delegated `d1` to a remote child.
+fn delegating(policy: Policy) -> Session {
+    let id: SessionId = "p".parse().unwrap_or_else(|_| SessionId::generate());
+    let mut session = Session::create(id, lead(), Arc::new(policy), 0);
+    let run_id = RunId::generate();
+    let execute = Input::Execute {
+        run_id,
+        message: "go".into(),
+        agent: "lead".into(),
+    };
+    assert!(session.apply(execute, 1).is_ok());
+    let reply = ModelReply::tool_calls(vec![ToolCall::new(
+        "d1",
+        "far",
+        json!({ "message": "do it" }),
+    )]);
+    let replied = Input::ModelReplied {
+        run_id,
+        step: 1,
+        reply: Ok(reply),
+    };
+    assert!(session.apply(replied, 2).is_ok());
+    session
+}
+
+fn call(id: &str, deadline: u64, waiting: bool, timed_out: bool) -> RemoteCall {
+    RemoteCall {
+        owner: "p-sub-d1".into(),
+        tool_call_id: id.into(),
+        tool_name: "ask".into(),
+        kind: PendingKind::Client,
+        approval_id: None,
+        input: json!({}),
+        requested_at_ms: 0,
+        deadline_at_ms: deadline,
+        waiting,
+        answered: false,
+        timed_out,
+    }
+}
+
+fn reported(
+    session: &mut Session,
+    report: ChildReport,
+    calls: Vec<RemoteCall>,
+    watch: bool,
+    now: u64,
+) -> Transition {
+    let input = Input::RemoteReported {
+        tool_call_id: "d1".into(),
+        report,
+        chunks: Vec::new(),
+        calls,
+        as_of: 3,
+        watch,
+    };
+    session.apply(input, now).unwrap_or_default()
+}
+
+fn timeout(session: &mut Session, call: &str, now: u64) -> Transition {
+    let input = Input::Timeout {
+        tool_call_id: call.into(),
+    };
+    session.apply(input, now).unwrap_or_default()
+}
+
+/// Deadline entries, as (at, call).
+type Entries = Vec<(u64, String)>;
+
+/// The deadline entries a transition puts and deletes.
+fn deadlines(transition: &Transition) -> (Entries, Entries) {
+    let mut put = Vec::new();
+    let mut deleted = Vec::new();
+    for write in transition.commit.iter().flat_map(|commit| &commit.index) {
+        match write {
+            IndexWrite::PutDeadline { at, call } => put.push((*at, call.clone())),
+            IndexWrite::DeleteDeadline { at, call } => deleted.push((*at, call.clone())),
+            _ => {}
+        }
+    }
+    (put, deleted)
+}
+
+fn watches(transition: &Transition) -> Vec<String> {
+    transition
+        .effects
+        .iter()
+        .filter_map(|effect| match effect {
+            Effect::WatchRemote(call) => Some(call.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_suspended_remote_child_is_looked_at_when_its_first_call_falls_due() {
+    let mut session = delegating(Policy::default());
+    let suspended = reported(
+        &mut session,
+        ChildReport::Suspended(vec!["q1".into(), "q2".into()]),
+        vec![
+            call("q1", 9_000, true, false),
+            call("q2", 5_000, true, false),
+        ],
+        false,
+        10,
+    );
+    assert_eq!(deadlines(&suspended).0, vec![(5_000, "d1".to_string())]);
+
+    // Early (a stale entry): nothing.
+    let early = timeout(&mut session, "d1", 4_999);
+    assert!(early.commit.is_none() && early.effects.is_empty());
+
+    // Due: ask the child, and look again a second later in case it is late there.
+    let due = timeout(&mut session, "d1", 5_000);
+    assert_eq!(watches(&due), vec!["d1".to_string()]);
+    assert_eq!(
+        deadlines(&due),
+        (
+            vec![(6_000, "d1".to_string())],
+            vec![(5_000, "d1".to_string())]
+        )
+    );
+}
+
+#[test]
+fn a_call_past_its_deadline_that_the_remote_has_not_timed_out_yet_is_looked_at_again_later() {
+    let mut session = delegating(Policy::default());
+    reported(
+        &mut session,
+        ChildReport::Suspended(vec!["q1".into()]),
+        vec![call("q1", 1_000, true, false)],
+        false,
+        10,
+    );
+    timeout(&mut session, "d1", 1_000);
+    // The look found q1 expired by the remote's clock but its timeout not recorded there yet.
+    let unrecorded = reported(
+        &mut session,
+        ChildReport::Suspended(Vec::new()),
+        vec![call("q1", 1_000, false, false)],
+        true,
+        1_500,
+    );
+    let (put, deleted) = deadlines(&unrecorded);
+    assert_eq!(deleted, vec![(2_000, "d1".to_string())]);
+    assert_eq!(put, vec![(2_500, "d1".to_string())], "a second at least");
+
+    // Recorded now: nothing left to look for.
+    let recorded = reported(
+        &mut session,
+        ChildReport::Suspended(Vec::new()),
+        vec![call("q1", 1_000, false, true)],
+        true,
+        3_000,
+    );
+    let (put, deleted) = deadlines(&recorded);
+    assert!(put.is_empty(), "{put:?}");
+    assert_eq!(deleted, vec![(2_500, "d1".to_string())]);
+    let late = timeout(&mut session, "d1", 3_000);
+    assert!(watches(&late).is_empty());
+}
+
+#[test]
+fn a_remote_whose_clock_is_behind_is_looked_at_less_and_less_often() {
+    let mut session = delegating(Policy::default());
+    reported(
+        &mut session,
+        ChildReport::Suspended(vec!["q1".into()]),
+        vec![call("q1", 1_000, true, false)],
+        false,
+        10,
+    );
+    let mut now = 1_000;
+    let mut waits = Vec::new();
+    for _ in 0..9 {
+        let looked = timeout(&mut session, "d1", now);
+        let next = deadlines(&looked).0.first().map_or(0, |(at, _)| *at);
+        waits.push(next - now);
+        now = next;
+    }
+    assert_eq!(
+        waits,
+        vec![1_000, 1_000, 2_000, 4_000, 8_000, 16_000, 32_000, 60_000, 60_000]
+    );
+}
+
+#[test]
+fn a_remote_child_that_finished_by_itself_resumes_an_auto_resuming_parent() {
+    let policy = Policy {
+        auto_resume: true,
+        ..Policy::default()
+    };
+    let mut session = delegating(policy);
+    reported(
+        &mut session,
+        ChildReport::Suspended(vec!["q1".into()]),
+        vec![call("q1", 1_000, true, false)],
+        false,
+        10,
+    );
+    timeout(&mut session, "d1", 1_000);
+    let finished = reported(
+        &mut session,
+        ChildReport::Finished(ToolOutcome::Result(json!("gave up waiting"))),
+        Vec::new(),
+        true,
+        1_000,
+    );
+    assert!(
+        finished
+            .effects
+            .iter()
+            .any(|effect| matches!(effect, Effect::AutoResume)),
+        "{:?}",
+        finished.effects
+    );
+    assert_eq!(deadlines(&finished).1, vec![(2_000, "d1".to_string())]);
+}
