@@ -74,6 +74,8 @@ pub(crate) enum SessionMsg {
         reply: Reply,
         /// Only if the session does not exist yet (a remote parent's start, replayed or not).
         new_only: bool,
+        /// The parent on another server that starts it as its remote child (with `new_only`).
+        remote_parent: Option<crate::remote::RemoteParent>,
     },
     /// Continue a suspended or interrupted run; joins a run already in progress.
     Resume { reply: Option<Reply> },
@@ -418,12 +420,13 @@ impl SessionActor {
 
     /// A request whose caller waits for a run (an execute, a resume): the caller joins the
     /// session's waiters and is answered when the run ends or suspends (or at once by a
-    /// refusal). `create` is the agent to create the session with if it does not exist.
+    /// refusal). `create` is what to create the session with if it does not exist: its agent,
+    /// and for a remote child its parent on another server.
     async fn request(
         &self,
         ctx: &ActorContext<Self>,
         state: &mut SessionState,
-        create: Option<Arc<AgentDefinition>>,
+        create: Option<Creation>,
         input: Input,
         reply: Option<Reply>,
     ) {
@@ -436,9 +439,18 @@ impl SessionActor {
         };
         match (self.present(id, state).await, create) {
             (Ok(Some(_)), _) => {}
-            (Ok(None), Some(agent)) => {
+            (
+                Ok(None),
+                Some(Creation {
+                    agent,
+                    remote_parent,
+                }),
+            ) => {
                 let policy = Arc::clone(&self.shared.policy);
-                let session = Session::create(id.clone(), agent, policy, now);
+                let mut session = Session::create(id.clone(), agent, policy, now);
+                if let Some(parent) = remote_parent {
+                    session.set_remote_parent(parent);
+                }
                 state.loaded = Loaded::Present(Box::new(session));
             }
             (Ok(None), None) => return answer(reply, Error::UnknownSession(id.clone())),
@@ -571,6 +583,12 @@ impl SessionActor {
     }
 }
 
+/// What a request creates a session with when it does not exist.
+struct Creation {
+    agent: Arc<AgentDefinition>,
+    remote_parent: Option<crate::remote::RemoteParent>,
+}
+
 /// Work the actor started reports back to it; the actor stays resident while it waits (it
 /// refuses passivation), so the mailbox is still there unless the runtime is shutting down.
 fn send_back(mailbox: &Mailbox<SessionActor>, msg: SessionMsg) {
@@ -597,6 +615,7 @@ impl SessionActor {
                 message,
                 reply,
                 new_only,
+                remote_parent,
             } => {
                 if new_only && matches!(self.present(ctx.key(), state).await, Ok(Some(_))) {
                     reply.fail(Error::SessionExists(ctx.key().clone()));
@@ -607,7 +626,11 @@ impl SessionActor {
                     message,
                     agent: agent.name().to_string(),
                 };
-                self.request(ctx, state, Some(agent), input, Some(reply))
+                let create = Creation {
+                    agent,
+                    remote_parent,
+                };
+                self.request(ctx, state, Some(create), input, Some(reply))
                     .await;
             }
             SessionMsg::Resume { reply } => {

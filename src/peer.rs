@@ -93,6 +93,9 @@ pub enum PeerCall {
         message: String,
         /// Only if the session does not exist.
         new_only: bool,
+        /// For a remote child: its parent on another server.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        remote_parent: Option<crate::remote::RemoteParent>,
     },
     /// [`Runtime::submit_tool_result`](crate::Runtime::submit_tool_result), its envelope as
     /// [`Submit::to_json`](crate::Submit::to_json) writes it.

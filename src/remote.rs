@@ -32,6 +32,17 @@ pub(crate) use driver::{drive, stop_remote, Drive, DriveReport};
 pub(crate) use forward::forward;
 pub(crate) use owner::{Owner, RemoteOwner};
 
+/// Whom a remote child belongs to: sent with its start by the parent's server, and recorded
+/// with the child on the remote, which then gives it a local child's rules (its parent starts
+/// its turns; answers for its calls are given at the root, which forwards them).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemoteParent {
+    /// The parent session (on the parent's server).
+    pub parent: SessionId,
+    /// The root of the parent's tree (on the parent's server), where its calls are answered.
+    pub root: SessionId,
+}
+
 /// Where a remote child lives, recorded in its parent's child entry.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RemoteChild {
@@ -205,14 +216,17 @@ pub type RemoteChunks = BoxStream<'static, Result<Chunk, RemoteError>>;
 /// their ids, and needs no per-session token).
 #[async_trait::async_trait]
 pub trait RemoteAgents: Send + Sync + fmt::Debug + 'static {
-    /// Creates session `session` of `agent` at `endpoint` with its first message, or finds
-    /// it if it exists (never a second turn: a replayed start re-attaches).
+    /// Creates session `session` of `agent` at `endpoint` with its first message, as the
+    /// remote child of `parent` (which the remote records: the child keeps a local child's
+    /// rules there), or finds it if it exists (never a second turn: a replayed start
+    /// re-attaches).
     async fn start(
         &self,
         endpoint: &str,
         agent: &str,
         session: &SessionId,
         message: &str,
+        parent: &RemoteParent,
     ) -> Result<RemoteStart, RemoteError>;
 
     /// How the session stands, once no run of it is in progress, or after a short wait

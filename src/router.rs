@@ -12,11 +12,14 @@ use crate::submit::{self, SubmitOutcome};
 
 /// Who owns call `call` under `root` (a session of this runtime, or a remote child's tree),
 /// or the outcome to answer at once: the root must be a root (a sub-agent's id is
-/// `invalid_request`), and a call that is not pending is answered from its tombstone.
+/// `invalid_request`, and so is a remote sub-agent's unless the answer comes `via_root`, its
+/// root on its parent's server), and a call that is not pending is answered from its
+/// tombstone.
 pub(crate) async fn owner(
     shared: &Shared,
     root: &SessionId,
     call: &str,
+    via_root: Option<&SessionId>,
 ) -> Result<Result<Owner, SubmitOutcome>, Error> {
     let store = shared.store.as_ref();
     let Some(lineage) = schema::load_lineage(store, root).await? else {
@@ -29,6 +32,16 @@ pub(crate) async fn owner(
                 lineage.root
             ),
         }));
+    }
+    if let Some(outside) = &lineage.remote_parent {
+        if via_root != Some(&outside.root) {
+            return Ok(Err(SubmitOutcome::InvalidRequest {
+                reason: format!(
+                    "{root} is a remote sub-agent of {} on another server; submit against its root session {} there",
+                    outside.parent, outside.root
+                ),
+            }));
+        }
     }
     if let Some(owner) = schema::owner(store, root, call).await? {
         return Ok(Ok(owner));

@@ -135,8 +135,8 @@ impl Runtime {
     ///
     /// # Errors
     /// [`Error::AlreadyRunning`] while a run is in progress, [`Error::AgentMismatch`] if the
-    /// session runs another agent, [`Error::SubAgentSession`] for a sub-agent's session (its
-    /// parent starts its turns), [`Error::Aborted`], [`Error::UnknownAgent`], a store
+    /// session runs another agent, [`Error::SubAgentSession`] for a sub-agent's session, local
+    /// or the remote child of a parent on another server (its parent starts its turns), [`Error::Aborted`], [`Error::UnknownAgent`], a store
     /// failure.
     pub async fn execute_on(
         &self,
@@ -169,6 +169,7 @@ impl Runtime {
             message,
             reply: Reply::Settled(reply),
             new_only: false,
+            remote_parent: None,
         })
         .await
     }
@@ -208,7 +209,7 @@ impl Runtime {
         agent: &str,
         message: impl Into<String>,
     ) -> Result<RunStarted, Error> {
-        self.start(id, agent, message.into(), false).await
+        self.start(id, agent, message.into(), false, None).await
     }
 
     /// Like [`Runtime::start_on`], but only for a session that does not exist yet: one that
@@ -225,25 +226,50 @@ impl Runtime {
         agent: &str,
         message: impl Into<String>,
     ) -> Result<RunStarted, Error> {
-        self.start(id, agent, message.into(), true).await
+        self.start(id, agent, message.into(), true, None).await
+    }
+
+    /// Like [`Runtime::start_new`], for a session that a parent on another server starts as
+    /// its remote sub-agent: the session records `parent` (its parent and root there) and
+    /// keeps a local child's rules from then on. A new turn from anyone else is refused
+    /// ([`Error::SubAgentSession`]), and a submit naming it is `invalid_request` unless it says
+    /// it comes through that root ([`Submit::via_root`]); its parent's server forwards the
+    /// answers its root is given that way. What `dormant_server::HttpRemoteAgents` asks a
+    /// remote for (`POST /start` with `parent_session_id` and `root_session_id`).
+    ///
+    /// # Errors
+    /// As [`Runtime::start_new`].
+    pub async fn start_remote_child(
+        &self,
+        id: &SessionId,
+        agent: &str,
+        message: impl Into<String>,
+        parent: crate::remote::RemoteParent,
+    ) -> Result<RunStarted, Error> {
+        self.start(id, agent, message.into(), true, Some(parent))
+            .await
     }
 
     /// A new turn of `id`, answered once its first commit is durable (`new_only`: only if
-    /// the session does not exist).
+    /// the session does not exist; `remote_parent`: created as a remote child).
     async fn start(
         &self,
         id: &SessionId,
         agent: &str,
         message: String,
         new_only: bool,
+        remote_parent: Option<crate::remote::RemoteParent>,
     ) -> Result<RunStarted, Error> {
         let copy = self.inner.shared.peers.is_some().then(|| message.clone());
-        let here = self.start_here(id, agent, message, new_only).await;
+        let here = self
+            .start_here(id, agent, message, new_only, remote_parent.clone())
+            .await;
         self.or_owner(id, here, Some(agent), || PeerCall::Start {
             session: id.clone(),
             agent: agent.to_string(),
             message: copy.unwrap_or_default(),
             new_only,
+            remote_parent,
         })
         .await
     }
@@ -255,6 +281,7 @@ impl Runtime {
         agent: &str,
         message: String,
         new_only: bool,
+        remote_parent: Option<crate::remote::RemoteParent>,
     ) -> Result<RunStarted, Error> {
         self.ensure_open()?;
         let agent = self.agent(agent)?;
@@ -263,6 +290,7 @@ impl Runtime {
             message,
             reply: Reply::Started(reply),
             new_only,
+            remote_parent,
         })
         .await
     }
@@ -324,20 +352,17 @@ impl Runtime {
             root,
             tool_call_id,
             submission,
+            via_root,
         } = match submit.check(limits) {
             Ok(checked) => checked,
             Err(outcome) => return Ok(outcome),
         };
-        let owner = match router::owner(&self.inner.shared, &root, &tool_call_id).await? {
+        let shared = &self.inner.shared;
+        let owner = match router::owner(shared, &root, &tool_call_id, via_root.as_ref()).await? {
             Ok(Owner::Local(owner)) => owner,
             Ok(Owner::Remote(owner)) => {
-                return crate::remote::forward(
-                    &self.inner.shared,
-                    &self.inner.host,
-                    *owner,
-                    submission,
-                )
-                .await;
+                return crate::remote::forward(shared, &self.inner.host, &root, *owner, submission)
+                    .await;
             }
             Err(outcome) => return Ok(outcome),
         };

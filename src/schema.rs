@@ -365,6 +365,9 @@ pub(crate) struct Lineage {
     pub(crate) root: SessionId,
     /// Its parent, for a sub-agent.
     pub(crate) parent: Option<SessionId>,
+    /// For a remote sub-agent: its parent and root on the server that started it.
+    #[serde(default)]
+    pub(crate) remote_parent: Option<crate::remote::RemoteParent>,
 }
 
 /// Reads a session's [`Lineage`], if the session exists.

@@ -39,6 +39,12 @@ pub struct Submit {
     pub tool_call_id: String,
     /// The answer.
     pub answer: SubmitAnswer,
+    /// Set by the server of a remote sub-agent's parent when it forwards an answer given at
+    /// its root: that root (on the parent's server). `session_id` then names the remote
+    /// child, which takes answers only this way (see [`Runtime::start_remote_child`]).
+    ///
+    /// [`Runtime::start_remote_child`]: crate::Runtime::start_remote_child
+    pub via_root: Option<String>,
 }
 
 /// What a [`Submit`] answers with.
@@ -68,6 +74,7 @@ impl Submit {
             session_id: session.into(),
             tool_call_id: call.into(),
             answer: SubmitAnswer::Result(result),
+            via_root: None,
         }
     }
 
@@ -81,6 +88,7 @@ impl Submit {
             session_id: session.into(),
             tool_call_id: call.into(),
             answer: SubmitAnswer::Error(error.into()),
+            via_root: None,
         }
     }
 
@@ -100,6 +108,7 @@ impl Submit {
                 approved,
                 reason,
             },
+            via_root: None,
         }
     }
 
@@ -109,11 +118,17 @@ impl Submit {
     /// ```
     /// use dormant::submit::Submit;
     /// let answer = Submit::approval("s1", "tc-1", "run-1::tc-1", false, Some("not now".into()));
-    /// assert_eq!(Submit::from_json(&answer.to_json()), Ok(answer));
+    /// assert_eq!(Submit::from_json(&answer.to_json()), Ok(answer.clone()));
+    /// // A parent's server forwarding it to its remote sub-agent says through which root:
+    /// let forwarded = Submit { via_root: Some("root-1".into()), ..answer };
+    /// assert_eq!(Submit::from_json(&forwarded.to_json()), Ok(forwarded));
     /// ```
     pub fn to_json(&self) -> Value {
         let mut body = Map::new();
         body.insert("session_id".into(), Value::from(self.session_id.clone()));
+        if let Some(root) = &self.via_root {
+            body.insert("via_root".into(), Value::from(root.clone()));
+        }
         body.insert(
             "tool_call_id".into(),
             Value::from(self.tool_call_id.clone()),
@@ -144,7 +159,8 @@ impl Submit {
     /// Reads the JSON envelope a client sends (snake_case):
     /// `{ "kind": "client-tool-result", "session_id", "tool_call_id", "result" | "error" }` or
     /// `{ "kind": "approval-response", "session_id", "tool_call_id", "approval_id", "approved",
-    /// "reason"? }`. `kind` defaults to `client-tool-result`.
+    /// "reason"? }`. `kind` defaults to `client-tool-result`. Either may carry `via_root` (see
+    /// [`Submit::via_root`]).
     ///
     /// # Errors
     /// Why the envelope is malformed: an unknown field, a missing or empty id, both or neither
@@ -160,9 +176,10 @@ impl Submit {
         let fields = envelope
             .as_object()
             .ok_or_else(|| "the envelope must be a JSON object".to_string())?;
-        const KNOWN: [&str; 8] = [
+        const KNOWN: [&str; 9] = [
             "kind",
             "session_id",
+            "via_root",
             "tool_call_id",
             "result",
             "error",
@@ -221,6 +238,7 @@ impl Submit {
             session_id,
             tool_call_id,
             answer,
+            via_root: text(fields, "via_root")?,
         })
     }
 
@@ -261,6 +279,13 @@ impl Submit {
             .session_id
             .parse()
             .map_err(|error| invalid(format!("session_id: {error}")))?;
+        let via_root = match &self.via_root {
+            Some(text) => Some(
+                text.parse::<SessionId>()
+                    .map_err(|error| invalid(format!("via_root: {error}")))?,
+            ),
+            None => None,
+        };
         let submission = match self.answer {
             SubmitAnswer::Result(value) => Submission::Result(value),
             SubmitAnswer::Error(error) => Submission::Error(error),
@@ -278,6 +303,7 @@ impl Submit {
             root,
             tool_call_id: self.tool_call_id,
             submission,
+            via_root,
         })
     }
 
@@ -317,6 +343,8 @@ pub(crate) struct Checked {
     pub(crate) root: SessionId,
     pub(crate) tool_call_id: String,
     pub(crate) submission: Submission,
+    /// The root on a remote parent's server this answer was given at.
+    pub(crate) via_root: Option<SessionId>,
 }
 
 /// The answer for a call that is no longer pending: `already_completed` while the tombstone

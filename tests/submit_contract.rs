@@ -54,6 +54,15 @@ async fn malformed_envelopes_are_refused_and_store_nothing() -> anyhow::Result<(
             "invalid_request",
         ),
         (json!("not an object"), "invalid_request"),
+        // via_root is for a remote sub-agent's parent: a malformed one is refused.
+        (
+            json!({ "session_id": "s1", "tool_call_id": "tc-1", "result": {}, "via_root": "a\nb" }),
+            "invalid_request",
+        ),
+        (
+            json!({ "session_id": "s1", "tool_call_id": "tc-1", "result": {}, "via_root": 7 }),
+            "invalid_request",
+        ),
         (
             json!({ "session_id": "s1\n", "tool_call_id": "tc-1", "result": {} }),
             "invalid_request",

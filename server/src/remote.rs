@@ -9,7 +9,7 @@ mod sse;
 use std::time::Duration;
 
 use dormant::remote::{
-    RemoteAgents, RemoteCall, RemoteChunks, RemoteError, RemoteStart, RemoteStatus,
+    RemoteAgents, RemoteCall, RemoteChunks, RemoteError, RemoteParent, RemoteStart, RemoteStatus,
 };
 use dormant::submit::{Submit, SubmitOutcome};
 use dormant::{RunError, RunId, SessionId, Status};
@@ -93,9 +93,11 @@ impl RemoteAgents for HttpRemoteAgents {
         agent: &str,
         session: &SessionId,
         message: &str,
+        parent: &RemoteParent,
     ) -> Result<RemoteStart, RemoteError> {
         let body = json!({
             "agent": agent, "message": message, "session_id": session, "new_only": true,
+            "parent_session_id": parent.parent, "root_session_id": parent.root,
         });
         let response = self.post(endpoint, "/start", body).await?;
         match response.status() {

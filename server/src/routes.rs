@@ -60,14 +60,29 @@ pub(crate) async fn start(
             id
         }
     };
+    let remote_parent = remote_parent(&body)?;
     let started = if body.new_only {
         if body.session_id.is_none() {
             return Err(ApiError::invalid("new_only needs a session_id"));
         }
-        state
-            .runtime
-            .start_new(&id, &body.agent, body.message)
-            .await?
+        match remote_parent {
+            Some(parent) => {
+                state
+                    .runtime
+                    .start_remote_child(&id, &body.agent, body.message, parent)
+                    .await?
+            }
+            None => {
+                state
+                    .runtime
+                    .start_new(&id, &body.agent, body.message)
+                    .await?
+            }
+        }
+    } else if remote_parent.is_some() {
+        return Err(ApiError::invalid(
+            "parent_session_id and root_session_id start a remote sub-agent: add new_only",
+        ));
     } else {
         state
             .runtime
@@ -83,6 +98,24 @@ pub(crate) async fn start(
         return Ok(sse::events(&state, &id, from, Ends::AtSettle, Some(first)));
     }
     Ok((StatusCode::ACCEPTED, Json(answer)).into_response())
+}
+
+/// The parent on another server a start names, if any (both ids or neither).
+fn remote_parent(body: &StartRequest) -> Result<Option<dormant::remote::RemoteParent>, ApiError> {
+    match (&body.parent_session_id, &body.root_session_id) {
+        (None, None) => Ok(None),
+        (Some(parent), Some(root)) => Ok(Some(dormant::remote::RemoteParent {
+            parent: parent
+                .parse()
+                .map_err(|error| ApiError::invalid(format!("parent_session_id: {error}")))?,
+            root: root
+                .parse()
+                .map_err(|error| ApiError::invalid(format!("root_session_id: {error}")))?,
+        })),
+        _ => Err(ApiError::invalid(
+            "give parent_session_id and root_session_id together",
+        )),
+    }
 }
 
 fn has_session_token(headers: &HeaderMap) -> bool {

@@ -24,6 +24,13 @@ pub(crate) struct StartRequest {
     /// start replayed after its crash never gives the child a second turn.
     #[serde(default)]
     pub(crate) new_only: bool,
+    /// With `new_only`, from a parent on another server starting its remote sub-agent: the
+    /// parent session and the root of its tree there (both or neither). The child records
+    /// them and keeps a local child's rules.
+    #[serde(default)]
+    pub(crate) parent_session_id: Option<String>,
+    #[serde(default)]
+    pub(crate) root_session_id: Option<String>,
 }
 
 /// `POST /resume`, `/interrupt`, `/abort`.

@@ -210,3 +210,76 @@ async fn a_submit_while_the_remote_is_down_is_retryable_and_stores_nothing() -> 
     // real processes (remote_processes.rs).
     Ok(())
 }
+
+/// POSTs `body` to the remote as its operator (the parent's credential).
+async fn as_operator(
+    remote: &TestServer,
+    path: &str,
+    body: serde_json::Value,
+) -> anyhow::Result<(reqwest::StatusCode, serde_json::Value)> {
+    let response = remote
+        .http
+        .post(remote.url(path))
+        .header("x-api-key", KEY)
+        .json(&body)
+        .send()
+        .await?;
+    common::answer(response).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remote_child_takes_answers_only_through_its_root_and_turns_only_from_its_parent(
+) -> anyhow::Result<()> {
+    let remote = remote_server().await?;
+    let parent = parent_runtime(&remote.base)?;
+    let root = "root-4".parse()?;
+    let run = parent.execute_on(&root, "lead", "go").await?;
+    assert_eq!(run.status, Status::SuspendedAwaitingChildren, "{run:?}");
+
+    // The child records whose it is.
+    let child = remote.runtime.session(&"root-4-sub-d1".parse()?).await?;
+    let parent_of = child.remote_parent.clone().map(|p| (p.parent, p.root));
+    assert_eq!(parent_of, Some((root.clone(), root.clone())));
+
+    // Straight at the child, even as the remote's operator: refused, nothing stored.
+    let direct = json!({ "session_id": "root-4-sub-d1", "tool_call_id": "q1",
+                         "result": { "answer": "direct" } });
+    let (code, body) = as_operator(&remote, "/submit-tool-result", direct).await?;
+    assert_eq!(
+        (code.as_u16(), body["code"].as_str()),
+        (400, Some("invalid_request")),
+        "{body}"
+    );
+    let turn = json!({ "agent": "helper", "message": "hijack", "session_id": "root-4-sub-d1" });
+    let (code, body) = as_operator(&remote, "/start", turn).await?;
+    assert_eq!(
+        (code.as_u16(), body["code"].as_str()),
+        (409, Some("sub_agent_session")),
+        "{body}"
+    );
+    // A start that names a parent must name both ids, and be new_only.
+    for bad in [
+        json!({ "agent": "helper", "message": "m", "session_id": "x1", "new_only": true,
+                "parent_session_id": "p" }),
+        json!({ "agent": "helper", "message": "m", "session_id": "x2",
+                "parent_session_id": "p", "root_session_id": "p" }),
+    ] {
+        let (code, body) = as_operator(&remote, "/start", bad).await?;
+        assert_eq!(code.as_u16(), 400, "{body}");
+    }
+    assert!(
+        remote.runtime.pending(&"root-4-sub-d1".parse()?).await?[0]
+            .answer
+            .is_none(),
+        "nothing was stored"
+    );
+
+    // Through the root it is accepted, and the tree goes on.
+    let accepted = parent
+        .submit_tool_result(Submit::result("root-4", "q1", json!({ "answer": "root" })))
+        .await?;
+    assert_eq!(accepted, SubmitOutcome::Accepted);
+    let run = parent.resume(&root).await?;
+    assert_eq!(run.status, Status::SuspendedAwaitingChildren, "{run:?}");
+    Ok(())
+}

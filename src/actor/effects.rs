@@ -158,6 +158,10 @@ impl SessionActor {
                 let call = start.origin.tool_call_id.clone();
                 let remote = Drive::Start {
                     message: start.message.clone(),
+                    parent: crate::remote::RemoteParent {
+                        parent: start.origin.parent.clone(),
+                        root: start.origin.root.clone(),
+                    },
                 };
                 if self.drive_remote(ctx, state, &call, remote) {
                     return;

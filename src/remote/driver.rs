@@ -18,8 +18,12 @@ use crate::tool_error::ToolErrorCode;
 /// What the driver does before it follows the child.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Drive {
-    /// Create the child with its first message (or find it, after a crash).
-    Start { message: String },
+    /// Create the child with its first message, as the child of `parent` (or find it, after
+    /// a crash).
+    Start {
+        message: String,
+        parent: super::RemoteParent,
+    },
     /// Resume it: the parent's resume cascades down.
     Wake,
     /// Only learn where it stands (an answer was accepted there, or recovery re-attaches).
@@ -67,9 +71,11 @@ pub(crate) async fn drive(
         child: &child,
     };
     match &how {
-        Drive::Start { message } => {
+        Drive::Start { message, parent } => {
             let started = driver
-                .retrying(|| transport.start(&remote.endpoint, &remote.agent, &child, message))
+                .retrying(|| {
+                    transport.start(&remote.endpoint, &remote.agent, &child, message, parent)
+                })
                 .await;
             match started {
                 Ok(RemoteStart::Started) => {

@@ -8,6 +8,7 @@ use dormant_actors::Host;
 use super::RemoteOwner;
 use crate::actor::{SessionActor, SessionMsg};
 use crate::error::Error;
+use crate::ids::SessionId;
 use crate::session::Submission;
 use crate::shared::Shared;
 use crate::submit::{Submit, SubmitAnswer, SubmitOutcome};
@@ -18,6 +19,7 @@ use crate::submit::{Submit, SubmitAnswer, SubmitOutcome};
 pub(crate) async fn forward(
     shared: &Shared,
     host: &Host<SessionActor>,
+    root: &SessionId,
     owner: RemoteOwner,
     submission: Submission,
 ) -> Result<SubmitOutcome, Error> {
@@ -41,6 +43,8 @@ pub(crate) async fn forward(
                 reason,
             },
         },
+        // The remote child takes answers only through the root it was started under.
+        via_root: Some(root.to_string()),
     };
     let outcome = transport
         .submit(&owner.endpoint, &submit)

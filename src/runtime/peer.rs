@@ -130,8 +130,9 @@ impl Runtime {
                 agent,
                 message,
                 new_only,
+                remote_parent,
             } => self
-                .start_here(&session, &agent, message, new_only)
+                .start_here(&session, &agent, message, new_only, remote_parent)
                 .await
                 .map(PeerAnswer::Started),
             PeerCall::Submit { envelope } => match Submit::from_json(&envelope) {

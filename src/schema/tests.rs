@@ -11,6 +11,7 @@ use crate::wait::Wait;
 
 fn record(id: &SessionId) -> SessionRecord {
     SessionRecord {
+        remote_parent: None,
         id: id.clone(),
         agent: "a".into(),
         status: Status::Running,

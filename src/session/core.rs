@@ -207,6 +207,7 @@ impl Session {
             depth: 0,
             history_start: 0,
             log_count: 0,
+            remote_parent: None,
         };
         Self {
             record,
@@ -258,6 +259,14 @@ impl Session {
             phase: Phase::Idle,
             staged: Staged::default(),
             deferred_starts: Vec::new(),
+        }
+    }
+
+    /// Makes a session not written yet the remote child of `parent` (a session of another
+    /// server), before its first turn.
+    pub(crate) fn set_remote_parent(&mut self, parent: crate::remote::RemoteParent) {
+        if self.record.run_count == 0 {
+            self.record.remote_parent = Some(parent);
         }
     }
 

@@ -147,6 +147,11 @@ pub struct SessionRecord {
     /// Commits that appended to the session's log (the next log entry's sequence number).
     #[serde(default)]
     pub log_count: u64,
+    /// For a remote sub-agent: its parent and root on the server that started it. It is the
+    /// root of its tree here (its calls are routed here), but a child by the rules: its turns
+    /// are its parent's, and answers for its calls come through that root.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remote_parent: Option<crate::remote::RemoteParent>,
 }
 
 /// One run: an `execute` or a `resume`.

@@ -37,6 +37,14 @@ impl Session {
                 parent: parent.clone(),
             });
         }
+        // A remote child's first turn is the start its parent sent, which created it; any
+        // later one would come from outside, as for a local child.
+        if let (Some(outside), true) = (&self.record.remote_parent, self.record.run_count > 0) {
+            return Err(Error::SubAgentSession {
+                session: self.record.id.clone(),
+                parent: outside.parent.clone(),
+            });
+        }
         if self.agent.name() != agent {
             return Err(Error::AgentMismatch {
                 session: self.record.id.clone(),
