@@ -103,6 +103,8 @@ pub(crate) enum SessionMsg {
     },
     /// Answered when no run is in progress.
     WaitSettled { reply: oneshot::Sender<()> },
+    /// Answered at once: whether the session is settled (nothing of it at work) now.
+    IsSettled { reply: oneshot::Sender<bool> },
     /// A pipelined submit's commit finished (sent by the commit's own task).
     SubmitSettled,
     /// Work the actor started finished: the model answered, or dispatched tools returned
@@ -568,14 +570,10 @@ impl SessionActor {
         self.answer_settle_waiters_if_idle(state);
     }
 
-    /// Answers those waiting for the session to settle if nothing is in progress: no run, no
-    /// queued automatic resume, no reconciliation, no remote child's driver at work.
+    /// Answers those waiting for the session to settle if nothing is in progress (see
+    /// [`is_at_work`]).
     pub(super) fn answer_settle_waiters_if_idle(&self, state: &mut SessionState) {
-        let busy = state.reconciling
-            || state.resume_queued
-            || state.remote_drivers > 0
-            || matches!(&state.loaded, Loaded::Present(session) if session.is_busy());
-        if !busy {
+        if !is_at_work(state) {
             for waiter in state.settle_waiters.drain(..) {
                 let _ = waiter.send(());
             }
@@ -666,6 +664,9 @@ impl SessionActor {
                 }
             }
             SessionMsg::WaitSettled { reply } => self.when_settled(state, reply),
+            SessionMsg::IsSettled { reply } => {
+                let _ = reply.send(!is_at_work(state));
+            }
             SessionMsg::Feed(input) => {
                 self.feed(ctx, state, input).await;
             }
@@ -696,6 +697,15 @@ impl SessionActor {
     }
 }
 
+/// Whether something of the session is in progress: a run (or a resume waking its children),
+/// a queued automatic resume, a reconciliation, a remote child's driver.
+fn is_at_work(state: &SessionState) -> bool {
+    state.reconciling
+        || state.resume_queued
+        || state.remote_drivers > 0
+        || matches!(&state.loaded, Loaded::Present(session) if session.is_busy())
+}
+
 /// Where a run stands right after the request that started it was committed.
 fn started(id: &SessionId, state: &SessionState, from_seq: u64) -> Result<RunStarted, Error> {
     match &state.loaded {
@@ -706,6 +716,7 @@ fn started(id: &SessionId, state: &SessionState, from_seq: u64) -> Result<RunSta
                 run_id: record.current_run,
                 status: record.status,
                 from_seq,
+                settled: !is_at_work(state),
             })
         }
         Loaded::Absent | Loaded::Unreadable => Err(Error::SessionUnavailable {

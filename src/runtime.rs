@@ -491,6 +491,24 @@ impl Runtime {
         let _ = settled.await;
     }
 
+    /// Whether the session is settled now: no run of it in progress, no resume waking its
+    /// sub-agents, no remote sub-agent being followed, no automatic resume queued. What
+    /// [`Runtime::wait_settled`] waits for, without waiting. A session with no actor in this
+    /// process is settled unless it is stored as running (a crash cut its run).
+    pub async fn is_settled(&self, id: &SessionId) -> bool {
+        if self.inner.is_closing() {
+            return true;
+        }
+        if !self.inner.host.is_resident(id) {
+            return !matches!(self.status(id).await, Ok(Status::Running));
+        }
+        let (reply, settled) = oneshot::channel();
+        self.inner
+            .host
+            .send(id.clone(), SessionMsg::IsSettled { reply });
+        settled.await.unwrap_or(true)
+    }
+
     /// Fires every deadline that has passed by the runtime's clock and waits until the
     /// sessions concerned have recorded their timeouts and settled. The background scheduler
     /// does the same on its own; call this after moving a manual clock.

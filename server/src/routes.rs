@@ -95,7 +95,8 @@ pub(crate) async fn start(
     let answer = Started::new(started, Some(token));
     if query.stream {
         let first = sse::first_event("started", &answer);
-        return Ok(sse::events(&state, &id, from, Ends::AtSettle, Some(first)));
+        let ends = Ends::AtSettle { backstop: true };
+        return Ok(sse::events(&state, &id, from, ends, Some(first)));
     }
     Ok((StatusCode::ACCEPTED, Json(answer)).into_response())
 }
@@ -170,16 +171,19 @@ pub(crate) async fn submit(
     match state.runtime.start_resume(&id).await {
         Ok(started) => {
             let from = started.from_seq;
+            let settled = started.settled;
             let resumed = Started::new(started, None);
             if query.stream {
-                let running = resumed.status == dormant::Status::Running;
                 let first = sse::first_event("accepted", &AcceptedAndResumed::new(resumed));
-                // A resume that found calls still waiting ran nothing: there is no run to
-                // stream, and the stream says so at once rather than wait for one.
-                if !running {
+                // A resume that found calls still waiting, and no sub-agent to wake, ran
+                // nothing: there is no run to stream, and the stream says so at once.
+                if settled {
                     return Ok(sse::settled_at_once(first));
                 }
-                return Ok(sse::events(&state, &id, from, Ends::AtSettle, Some(first)));
+                // A run, or sub-agents woken (their runs, copied into this stream when they
+                // report, and this session's own if it goes on), until it all settles.
+                let ends = Ends::AtSettle { backstop: true };
+                return Ok(sse::events(&state, &id, from, ends, Some(first)));
             }
             if let Some(fields) = answer.as_object_mut() {
                 fields.insert(

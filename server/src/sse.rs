@@ -64,12 +64,13 @@ pub(crate) async fn stream(
     };
     let ends = match query.until {
         Until::Closed => Ends::Never,
-        Until::Settled if at_rest(&state.runtime, session.status) => {
+        Until::Settled => match standing(&state.runtime, &id, session.status).await {
             // Settled, and no run starts without a request: what follows `from` up to now
             // is all there is to show.
-            Ends::Before(session.chunk_count)
-        }
-        Until::Settled => Ends::AtSettle,
+            Standing::AtRest => Ends::Before(session.chunk_count),
+            Standing::AtWork => Ends::AtSettle { backstop: true },
+            Standing::ResumesByItself => Ends::AtSettle { backstop: false },
+        },
     };
     if matches!(ends, Ends::Before(bound) if from >= bound) {
         return Ok(settled_at_once(opening(RETRY)));
@@ -77,16 +78,38 @@ pub(crate) async fn stream(
     Ok(events(&state, &id, from, ends, None))
 }
 
-/// Whether a session in `status` stays as it is until a client asks for a run (a start, a
-/// resume): then a stream that waited for its next settle could wait forever. A run in
-/// progress is not at rest, nor a parent waiting for its sub-agents (their ends continue
-/// it), nor a suspended session the runtime resumes on its own once its calls are answered.
-fn at_rest(runtime: &dormant::Runtime, status: dormant::Status) -> bool {
+/// How a session stands for a stream that follows it to its next settle.
+enum Standing {
+    /// Nothing happens to it until a client asks (a start, a resume): a stream that waited
+    /// for its next settle could wait forever.
+    AtRest,
+    /// A run, or a resume waking its sub-agents (here or on other servers), is at work: the
+    /// stream ends when it settles, whether or not a chunk of its own says so (a resume whose
+    /// children still wait writes none).
+    AtWork,
+    /// Suspended, quiet, and the runtime resumes it by itself once its calls are answered or
+    /// expire: the stream waits for that run's settle.
+    ResumesByItself,
+}
+
+async fn standing(
+    runtime: &dormant::Runtime,
+    id: &dormant::SessionId,
+    status: dormant::Status,
+) -> Standing {
     use dormant::Status;
     match status {
-        Status::Completed | Status::Failed | Status::Interrupted => true,
-        Status::SuspendedClientTool => !runtime.auto_resumes(),
-        Status::Running | Status::SuspendedAwaitingChildren => false,
+        Status::Completed | Status::Failed | Status::Interrupted => Standing::AtRest,
+        Status::Running => Standing::AtWork,
+        Status::SuspendedClientTool | Status::SuspendedAwaitingChildren => {
+            if !runtime.is_settled(id).await {
+                Standing::AtWork
+            } else if runtime.auto_resumes() {
+                Standing::ResumesByItself
+            } else {
+                Standing::AtRest
+            }
+        }
     }
 }
 
@@ -106,7 +129,28 @@ pub(crate) fn events(
     // `retry` rides on the request's answer where there is one, rather than on an event of
     // its own: one event less to frame and send.
     let first = first.unwrap_or_else(|| opening(RETRY_ALONE));
-    crate::sse_body::response(EventBody::new(state, chunks, shutdown, ends, first))
+    let settled = match ends {
+        Ends::AtSettle { backstop: true } => Some(settled(state.runtime.clone(), id.clone())),
+        _ => None,
+    };
+    let body = EventBody::new(state, chunks, shutdown, ends, first, from);
+    crate::sse_body::response(body.ending_when_settled(settled))
+}
+
+/// Done once no work of the session is in progress, with the number of chunks it has then
+/// (the stream ends after sending those).
+fn settled(
+    runtime: dormant::Runtime,
+    id: dormant::SessionId,
+) -> Pin<Box<dyn Future<Output = Option<u64>> + Send>> {
+    Box::pin(async move {
+        runtime.wait_settled(&id).await;
+        runtime
+            .session(&id)
+            .await
+            .ok()
+            .map(|record| record.chunk_count)
+    })
 }
 
 /// `Last-Event-ID`: the last sequence number the client saw.

@@ -42,13 +42,16 @@ const KEEP_ALIVE: &[u8] = b":\n\n";
 
 pub(crate) type Chunks = Pin<Box<dyn Stream<Item = Result<StreamEvent, Error>> + Send>>;
 type Shutdown = Pin<Box<dyn Future<Output = ()> + Send>>;
+type Settled = Pin<Box<dyn Future<Output = Option<u64>> + Send>>;
 
 /// When a stream ends of itself, besides the server's shutdown and the idle end.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Ends {
     /// With the `end` after the chunk that settles the run (it ends, suspends or is
-    /// interrupted): the stream of a run in progress.
-    AtSettle,
+    /// interrupted): the stream of a run in progress. With `backstop`, also once the
+    /// session has settled and every chunk it had then was sent: a resume that woke
+    /// sub-agents which still wait writes no chunk of the root's own that settles.
+    AtSettle { backstop: bool },
     /// After the last chunk before `seq`, or at a chunk that settles the run if one comes
     /// first: the stream of a session at rest when the stream opened (settled, and no run
     /// starts without a request), whose chunks from `seq` on belong to a run started since.
@@ -69,6 +72,11 @@ pub(crate) struct EventBody {
     /// made anew for each event would take its lock twice an event, across every stream.
     shutdown: Shutdown,
     ends: Ends,
+    /// For [`Ends::AtSettle`] with a backstop: done once the session settled, with its chunk
+    /// count then.
+    settled: Option<Settled>,
+    /// The sequence number of the next chunk to send.
+    next_seq: u64,
     timer: Pin<Box<Sleep>>,
     times: Times,
     done: bool,
@@ -117,6 +125,7 @@ impl EventBody {
         shutdown: Shutdown,
         ends: Ends,
         first: BytesMut,
+        from: u64,
     ) -> Self {
         let now = Instant::now();
         let times = Times {
@@ -131,11 +140,33 @@ impl EventBody {
             chunks,
             shutdown,
             ends,
+            settled: None,
+            next_seq: from,
             timer: Box::pin(tokio::time::sleep_until(first_due)),
             times,
             done: false,
             _open: state.metrics.stream_opened(),
             state: state.clone(),
+        }
+    }
+
+    /// Ends the stream also once `settled` is done (see [`Ends::AtSettle`]).
+    pub(crate) fn ending_when_settled(mut self, settled: Option<Settled>) -> Self {
+        self.settled = settled;
+        self
+    }
+
+    /// Once the session settled with `bound` chunks: the stream ends after the last of them
+    /// (at once if it was sent already).
+    fn settled_at(&mut self, bound: Option<u64>, frame: &mut BytesMut) {
+        self.settled = None;
+        let Some(bound) = bound else {
+            // The record could not be read: the run's own settle or the idle end ends it.
+            return;
+        };
+        self.ends = Ends::Before(bound);
+        if self.next_seq >= bound {
+            self.end("settled", frame);
         }
     }
 
@@ -162,13 +193,14 @@ impl EventBody {
                     return self.end("settled", frame);
                 }
                 self.times.last_chunk = Instant::now();
+                self.next_seq = chunk.seq + 1;
                 let now_ms = self.state.runtime.now_ms();
                 self.state
                     .metrics
                     .sse_lag(Duration::from_millis(now_ms.saturating_sub(chunk.at_ms)));
                 write_event(frame, Some(chunk.seq), chunk.kind.type_name(), &chunk);
                 let settled = match self.ends {
-                    Ends::AtSettle => chunk.kind.settles_run(),
+                    Ends::AtSettle { .. } => chunk.kind.settles_run(),
                     Ends::Before(bound) => chunk.kind.settles_run() || chunk.seq + 1 >= bound,
                     Ends::Never => false,
                 };
@@ -230,6 +262,19 @@ impl HttpBody for EventBody {
         }
         if waiting && this.shutdown.as_mut().poll(cx).is_ready() {
             this.end("shutdown", &mut frame);
+        }
+        // Only once every chunk that is ready went out: the bound may be past them.
+        if waiting && !this.done {
+            if let Some(bound) =
+                this.settled
+                    .as_mut()
+                    .and_then(|settled| match settled.as_mut().poll(cx) {
+                        Poll::Ready(bound) => Some(bound),
+                        Poll::Pending => None,
+                    })
+            {
+                this.settled_at(bound, &mut frame);
+            }
         }
         if !frame.is_empty() {
             this.times.last_sent = Instant::now();

@@ -119,6 +119,9 @@ pub(crate) struct Started {
     pub(crate) run_id: Option<RunId>,
     pub(crate) status: Status,
     pub(crate) from_seq: u64,
+    /// Nothing the request started is still at work (a resume that found calls still
+    /// waiting and no sub-agent to wake).
+    pub(crate) settled: bool,
     /// Where to follow the run (add the token).
     pub(crate) stream: String,
 }
@@ -137,6 +140,7 @@ impl Started {
             run_id: started.run_id,
             status: started.status,
             from_seq: started.from_seq,
+            settled: started.settled,
         }
     }
 }

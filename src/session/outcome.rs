@@ -44,4 +44,10 @@ pub struct RunStarted {
     /// The sequence number of the first stream chunk this request produced: follow the
     /// stream from here to see the run ([`Runtime::follow`](crate::Runtime::follow)).
     pub from_seq: u64,
+    /// Whether nothing the request started is still at work: `false` while the run goes on,
+    /// and while a resume wakes the session's sub-agents (its status stays suspended until
+    /// they report, and then it may go on); `true` for a resume that found calls still
+    /// waiting and nothing to wake (nothing ran).
+    #[serde(default)]
+    pub settled: bool,
 }
