@@ -354,9 +354,15 @@ function onChunk(event) {
 
 // ---- what waits for the person ------------------------------------------------------------
 
-function cardOf(toolCallId) {
+// A call is named by the session that owns it (the root, or a sub-agent under it) and its id.
+function keyOf(sessionId, toolCallId) {
+  return sessionId + "\n" + toolCallId;
+}
+
+function cardOf(call) {
+  const key = keyOf(call.session_id, call.tool_call_id);
   for (const card of $("#pending").querySelectorAll(".card")) {
-    if (card.dataset.toolCallId === toolCallId) return card;
+    if (keyOf(card.dataset.sessionId, card.dataset.toolCallId) === key) return card;
   }
   return null;
 }
@@ -377,18 +383,20 @@ async function refreshSoon(resume) {
       const wantsResume = refreshResume;
       refreshResume = false;
       const state = await refreshPending();
-      if (wantsResume && state && allAnswered(state)) resumeIfNothingWaits();
+      if (wantsResume && state && nothingWaits(state)) resumeIfNothingWaits();
     } while (refreshAgain);
   } finally {
     refreshing = false;
   }
 }
 
-// The run waits for calls and every one of them has its answer (or is past its deadline):
-// only a resume moves it on.
-function allAnswered(state) {
-  return state.status === "suspended_client_tool" && state.pending.length > 0 &&
-    !state.pending.some((call) => call.waiting);
+// The run is suspended and nothing in its tree waits for the person any more: every call of
+// the session and of its sub-agents (here or on another server) has its answer or is past its
+// deadline, so only a resume moves it on. Whatever the status word: a root waiting on its
+// sub-agents is `suspended_awaiting_children`, and the answered call of a remote sub-agent is
+// not listed at all. A resume while a sub-agent is still at work does no harm.
+function nothingWaits(state) {
+  return state.status.startsWith("suspended") && !state.pending.some((call) => call.waiting);
 }
 
 // Shows a card for each call that waits, and settles the cards of calls that no longer do.
@@ -408,16 +416,17 @@ async function refreshPending() {
   if (asked < statusShown) return state;
   statusShown = asked;
   const box = $("#pending");
-  const listed = new Map(state.pending.map((call) => [call.tool_call_id, call]));
+  const listed = new Map(
+    state.pending.map((call) => [keyOf(call.session_id, call.tool_call_id), call]));
   for (const call of state.pending) {
-    if (call.waiting && !cardOf(call.tool_call_id)) {
+    if (call.waiting && !cardOf(call)) {
       const shown = call.kind === "approval" ? approvalCard(call) : clientCard(call);
       box.appendChild(shown);
       shown.scrollIntoView({ block: "nearest" });
     }
   }
   for (const card of box.querySelectorAll(".card:not(.done)")) {
-    const call = listed.get(card.dataset.toolCallId);
+    const call = listed.get(keyOf(card.dataset.sessionId, card.dataset.toolCallId));
     // A card being answered here is settled by its own answer.
     if (card.dataset.busy || (call && call.waiting)) continue;
     settle(card, call && call.deadline_at_ms <= Date.now()
@@ -433,6 +442,7 @@ async function refreshPending() {
 function card(call, title) {
   const box = document.createElement("form");
   box.className = "card";
+  box.dataset.sessionId = call.session_id;
   box.dataset.toolCallId = call.tool_call_id;
   box.dataset.kind = call.kind;
   box.dataset.tool = call.tool_name;
@@ -594,7 +604,7 @@ async function resumeIfNothingWaits() {
     do {
       resumeAgain = false;
       const state = await refreshPending();
-      if (!state || !allAnswered(state)) continue;
+      if (!state || !nothingWaits(state)) continue;
       const reply = await call("POST", "/resume", { session_id: state.session_id });
       // Another tab resumed first, or the run went on by itself (a deadline): not a problem.
       const benign = reply.body.code === "already_running" || reply.body.code === "not_resumable";
