@@ -13,11 +13,13 @@
 //!    resumes the run; B denies the approval with a reason; both logs show it.
 //!
 //! And in `browser/`: a sub-agent's calls answered in the page, local and on a second server
-//! process (`sub_agents.rs`).
+//! process (`sub_agents.rs`); a message sent over calls that still wait (`abandon.rs`).
 //!
 //! Without chromium and chromedriver each test says it was skipped and how to install them,
 //! and passes, unless `DORMANT_REQUIRE_BROWSER` is set to anything but `0` (CI sets it to 1).
 
+#[path = "browser/abandon.rs"]
+mod abandon;
 mod common;
 #[path = "browser/plan.rs"]
 mod plan;
