@@ -6,7 +6,11 @@
 "use strict";
 
 const AGENT = document.querySelector('meta[name="dormant-agent"]').content;
-const STORE_KEY = "dormant-page";
+// Every route sits beside this script, wherever the server is mounted (a daemon may nest its
+// router under a prefix): paths are resolved against the script's own URL, never the root.
+const BASE = new URL("./", document.currentScript.src);
+// Pages mounted under different prefixes of one origin keep their conversations apart.
+const STORE_KEY = BASE.pathname === "/" ? "dormant-page" : "dormant-page:" + BASE.pathname;
 const $ = (selector) => document.querySelector(selector);
 
 let saved = load();
@@ -135,7 +139,7 @@ function headers(json) {
 async function call(method, path, body) {
   let response;
   try {
-    response = await fetch(path, {
+    response = await fetch(route(path), {
       method,
       headers: headers(body !== undefined),
       body: body === undefined ? undefined : JSON.stringify(body),
@@ -152,8 +156,13 @@ async function call(method, path, body) {
   return { ok: response.ok, status: response.status, body: parsed || {} };
 }
 
+// The URL of a route: `path` is relative ("status?…"), resolved beside the page's script.
+function route(path) {
+  return new URL(path, BASE).href;
+}
+
 function statusPath() {
-  return "/status?session_id=" + encodeURIComponent(saved.session_id);
+  return "status?session_id=" + encodeURIComponent(saved.session_id);
 }
 
 // ---- the log -----------------------------------------------------------------------------
@@ -271,7 +280,7 @@ function connect(from) {
   const query = new URLSearchParams({
     session_id: saved.session_id, token: saved.token, until: "closed", from: String(from),
   });
-  const stream = new EventSource("/sse?" + query);
+  const stream = new EventSource(route("sse?" + query));
   source = stream;
   streamState("connecting");
   stream.onopen = () => {
@@ -642,7 +651,7 @@ function approvalCard(call) {
 async function answer(box, envelope) {
   box.dataset.busy = "1";
   controls(box, false);
-  const reply = await call("POST", "/submit-tool-result", envelope);
+  const reply = await call("POST", "submit-tool-result", envelope);
   delete box.dataset.busy;
   if (reply.ok) {
     settle(box, "sent");
@@ -678,7 +687,7 @@ async function resumeIfNothingWaits() {
       resumeAgain = false;
       const state = await refreshPending();
       if (!state || !nothingWaits(state)) continue;
-      const reply = await call("POST", "/resume", { session_id: state.session_id });
+      const reply = await call("POST", "resume", { session_id: state.session_id });
       // Another tab resumed first, or the run went on by itself (a deadline): not a problem.
       const benign = reply.body.code === "already_running" || reply.body.code === "not_resumable";
       // A resume while the server is away fails: the stream's reconnect checks again (onopen).
@@ -751,7 +760,7 @@ async function post(text, abandoning) {
   // trigger them) must not call them answered.
   const abandoned = abandoning ? [...$("#pending").querySelectorAll(".card:not(.done)")] : [];
   for (const shown of abandoned) shown.dataset.abandoning = "1";
-  const reply = await call("POST", "/start", body);
+  const reply = await call("POST", "start", body);
   for (const shown of abandoned) delete shown.dataset.abandoning;
   if (!reply.ok) {
     const hint = reply.status === 401 || reply.status === 403 || reply.status === 404

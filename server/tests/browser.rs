@@ -13,7 +13,8 @@
 //!    resumes the run; B denies the approval with a reason; both logs show it.
 //!
 //! And in `browser/`: a sub-agent's calls answered in the page, local and on a second server
-//! process (`sub_agents.rs`); a message sent over calls that still wait (`abandon.rs`).
+//! process (`sub_agents.rs`); a message sent over calls that still wait (`abandon.rs`); the
+//! page under a prefix of a daemon's router (`prefix.rs`).
 //!
 //! Without chromium and chromedriver each test says it was skipped and how to install them,
 //! and passes, unless `DORMANT_REQUIRE_BROWSER` is set to anything but `0` (CI sets it to 1).
@@ -23,6 +24,8 @@ mod abandon;
 mod common;
 #[path = "browser/plan.rs"]
 mod plan;
+#[path = "browser/prefix.rs"]
+mod prefix;
 #[path = "browser/setup.rs"]
 mod setup;
 #[path = "browser/sub_agents.rs"]
