@@ -6,7 +6,11 @@
 "use strict";
 
 const AGENT = document.querySelector('meta[name="dormant-agent"]').content;
-const STORE_KEY = "dormant-page";
+// Every route sits beside this script, wherever the server is mounted (a daemon may nest its
+// router under a prefix): paths are resolved against the script's own URL, never the root.
+const BASE = new URL("./", document.currentScript.src);
+// Pages mounted under different prefixes of one origin keep their conversations apart.
+const STORE_KEY = BASE.pathname === "/" ? "dormant-page" : "dormant-page:" + BASE.pathname;
 const $ = (selector) => document.querySelector(selector);
 
 let saved = load();
@@ -14,6 +18,9 @@ let source = null; // the EventSource
 let retryMs = 500; // the backoff of our own reconnects
 let retryTimer = null;
 let lastSeq = -1; // the last chunk shown
+let turnSeq = -1; // the first chunk (run_start) of the last turn a message started
+let rootCallOf = new Map(); // a sub-agent's session → the root's call it works for
+let abandonedAt = new Map(); // a root's call → the chunk that says a new message abandoned it
 let typing = null; // the line of the reply a streaming model is writing, if any
 let resuming = false; // a resume check is under way...
 let resumeAgain = false; // ...and another answer came in meanwhile: check again after it
@@ -83,10 +90,21 @@ window.addEventListener("storage", (event) => {
   if ((other.since || 0) > (saved.since || 0)) open(other);
 });
 
+// The text of the message that started the turn whose run_start is chunk `seq`, the previous
+// turn's being chunk `after`. A message is kept by the first chunk of its turn (`from_seq`),
+// which is its run_start, or before it the results of the calls it abandoned.
+function sentBetween(after, seq) {
+  let found = null;
+  for (const [from, text] of Object.entries(saved.sent || {})) {
+    if (Number(from) > after && Number(from) <= seq) found = text;
+  }
+  return found;
+}
+
 // Shows the messages whose text was not known when their run started.
 function fillSent() {
   for (const line of $("#log").querySelectorAll("li.user[hidden]")) {
-    const sent = (saved.sent || {})[line.dataset.seq];
+    const sent = sentBetween(Number(line.dataset.after), Number(line.dataset.seq));
     if (sent) {
       line.textContent = "you: " + sent;
       line.hidden = false;
@@ -121,7 +139,7 @@ function headers(json) {
 async function call(method, path, body) {
   let response;
   try {
-    response = await fetch(path, {
+    response = await fetch(route(path), {
       method,
       headers: headers(body !== undefined),
       body: body === undefined ? undefined : JSON.stringify(body),
@@ -138,8 +156,13 @@ async function call(method, path, body) {
   return { ok: response.ok, status: response.status, body: parsed || {} };
 }
 
+// The URL of a route: `path` is relative ("status?…"), resolved beside the page's script.
+function route(path) {
+  return new URL(path, BASE).href;
+}
+
 function statusPath() {
-  return "/status?session_id=" + encodeURIComponent(saved.session_id);
+  return "status?session_id=" + encodeURIComponent(saved.session_id);
 }
 
 // ---- the log -----------------------------------------------------------------------------
@@ -175,10 +198,12 @@ function render(chunk, prefix) {
       // text of a message another tab sent may arrive after its run's first chunk: the line
       // waits, hidden, for the storage event (fillSent).
       if (prefix || kind.resumes) break; // a resume has no message to show
-      const sent = (saved.sent || {})[chunk.seq];
+      const sent = sentBetween(turnSeq, chunk.seq);
       const line = entry("user", sent ? "you: " + sent : "");
+      line.dataset.after = String(turnSeq);
       line.dataset.seq = String(chunk.seq);
       line.hidden = !sent;
+      turnSeq = chunk.seq;
       break;
     }
     case "text":
@@ -255,7 +280,7 @@ function connect(from) {
   const query = new URLSearchParams({
     session_id: saved.session_id, token: saved.token, until: "closed", from: String(from),
   });
-  const stream = new EventSource("/sse?" + query);
+  const stream = new EventSource(route("sse?" + query));
   source = stream;
   streamState("connecting");
   stream.onopen = () => {
@@ -345,6 +370,7 @@ function onChunk(event) {
   lastSeq = chunk.seq;
   saved.lastSeq = lastSeq;
   save(true);
+  learn(chunk);
   render(chunk);
   const type = chunk.kind.type;
   if (CHANGES_PENDING.has(type)) refreshSoon(false);
@@ -354,9 +380,15 @@ function onChunk(event) {
 
 // ---- what waits for the person ------------------------------------------------------------
 
-function cardOf(toolCallId) {
+// A call is named by the session that owns it (the root, or a sub-agent under it) and its id.
+function keyOf(sessionId, toolCallId) {
+  return sessionId + "\n" + toolCallId;
+}
+
+function cardOf(call) {
+  const key = keyOf(call.session_id, call.tool_call_id);
   for (const card of $("#pending").querySelectorAll(".card")) {
-    if (card.dataset.toolCallId === toolCallId) return card;
+    if (keyOf(card.dataset.sessionId, card.dataset.toolCallId) === key) return card;
   }
   return null;
 }
@@ -377,18 +409,20 @@ async function refreshSoon(resume) {
       const wantsResume = refreshResume;
       refreshResume = false;
       const state = await refreshPending();
-      if (wantsResume && state && allAnswered(state)) resumeIfNothingWaits();
+      if (wantsResume && state && nothingWaits(state)) resumeIfNothingWaits();
     } while (refreshAgain);
   } finally {
     refreshing = false;
   }
 }
 
-// The run waits for calls and every one of them has its answer (or is past its deadline):
-// only a resume moves it on.
-function allAnswered(state) {
-  return state.status === "suspended_client_tool" && state.pending.length > 0 &&
-    !state.pending.some((call) => call.waiting);
+// The run is suspended and nothing in its tree waits for the person any more: every call of
+// the session and of its sub-agents (here or on another server) has its answer or is past its
+// deadline, so only a resume moves it on. Whatever the status word: a root waiting on its
+// sub-agents is `suspended_awaiting_children`, and the answered call of a remote sub-agent is
+// not listed at all. A resume while a sub-agent is still at work does no harm.
+function nothingWaits(state) {
+  return state.status.startsWith("suspended") && !state.pending.some((call) => call.waiting);
 }
 
 // Shows a card for each call that waits, and settles the cards of calls that no longer do.
@@ -408,21 +442,25 @@ async function refreshPending() {
   if (asked < statusShown) return state;
   statusShown = asked;
   const box = $("#pending");
-  const listed = new Map(state.pending.map((call) => [call.tool_call_id, call]));
+  const listed = new Map(
+    state.pending.map((call) => [keyOf(call.session_id, call.tool_call_id), call]));
   for (const call of state.pending) {
-    if (call.waiting && !cardOf(call.tool_call_id)) {
-      const shown = call.kind === "approval" ? approvalCard(call) : clientCard(call);
-      box.appendChild(shown);
-      shown.scrollIntoView({ block: "nearest" });
+    if (call.waiting && !cardOf(call)) {
+      const fresh = call.kind === "approval" ? approvalCard(call) : clientCard(call);
+      // A new message abandons it in a chunk from here on.
+      fresh.dataset.since = String(state.chunk_count);
+      box.appendChild(fresh);
+      fresh.scrollIntoView({ block: "nearest" });
     }
   }
   for (const card of box.querySelectorAll(".card:not(.done)")) {
-    const call = listed.get(card.dataset.toolCallId);
-    // A card being answered here is settled by its own answer.
-    if (card.dataset.busy || (call && call.waiting)) continue;
-    settle(card, call && call.deadline_at_ms <= Date.now()
-      ? "no longer waiting: its time ran out"
-      : "already answered (maybe in another tab)");
+    const call = listed.get(keyOf(card.dataset.sessionId, card.dataset.toolCallId));
+    // A card being answered here is settled by its own answer, one a message sent here
+    // abandons by that message.
+    if (card.dataset.busy || card.dataset.abandoning || (call && call.waiting)) continue;
+    const why = whyGone(card, call);
+    settle(card, why);
+    if (why.startsWith("already answered")) card.dataset.settled = "elsewhere";
   }
   if (state.status.startsWith("suspended")) {
     status(state.pending.some((call) => call.waiting) ? "waiting for you" : "answered, resuming…");
@@ -430,9 +468,56 @@ async function refreshPending() {
   return state;
 }
 
+// What became of the call of a card that no longer waits (`call`: how the status lists it
+// now, if it does), answered neither here nor by a message sent here.
+function whyGone(card, call) {
+  if (call && !call.answered && call.deadline_at_ms <= Date.now()) {
+    return "no longer waiting: its time ran out";
+  }
+  if (!call && abandonedByMessage(card)) return "abandoned by a new message";
+  return "already answered (maybe in another tab)";
+}
+
+// What the stream says about the calls that wait: which root call each sub-agent works for,
+// and which root calls a new message abandoned (the runtime records `client_tool_abandoned`
+// or `sub_agent_abandoned` as their results; that message may come from another tab).
+function learn(chunk) {
+  const kind = chunk.kind;
+  if (kind.type === "subagent_start") rootCallOf.set(kind.session_id, kind.tool_call_id);
+  if (kind.type === "forwarded") {
+    // Every session that reports through this child works for the same root call.
+    for (let inner = kind; inner; inner = inner.chunk && inner.chunk.kind) {
+      if (inner.type === "forwarded" || inner.type === "subagent_start") {
+        rootCallOf.set(inner.session_id, kind.tool_call_id);
+      }
+    }
+  }
+  const error = kind.type === "tool_end" && kind.outcome && kind.outcome.error;
+  if (typeof error === "string" && /^(client_tool|sub_agent)_abandoned\b/.test(error)) {
+    abandonedAt.set(kind.tool_call_id, chunk.seq);
+    // A status read may have seen the call go first, and called it answered.
+    for (const shown of $("#pending").querySelectorAll(".card")) {
+      const open = !shown.classList.contains("done") || shown.dataset.settled === "elsewhere";
+      if (open && !shown.dataset.busy && !shown.dataset.abandoning && abandonedByMessage(shown)) {
+        settle(shown, "abandoned by a new message");
+      }
+    }
+  }
+}
+
+// Whether a new message abandoned the card's call: its root call (the call itself, or the one
+// that started the sub-agent it belongs to) was, after the card was shown.
+function abandonedByMessage(card) {
+  const root = card.dataset.sessionId === saved.session_id
+    ? card.dataset.toolCallId : rootCallOf.get(card.dataset.sessionId);
+  const at = root === undefined ? undefined : abandonedAt.get(root);
+  return at !== undefined && at >= Number(card.dataset.since);
+}
+
 function card(call, title) {
   const box = document.createElement("form");
   box.className = "card";
+  box.dataset.sessionId = call.session_id;
   box.dataset.toolCallId = call.tool_call_id;
   box.dataset.kind = call.kind;
   box.dataset.tool = call.tool_name;
@@ -472,6 +557,7 @@ function controls(box, enabled) {
 // A card whose call is answered: it stays, greyed, with what happened, until the next
 // message (the log shows the outcome once the run moves on).
 function settle(box, text) {
+  delete box.dataset.settled;
   controls(box, false);
   note(box, text);
   box.classList.add("done");
@@ -565,13 +651,19 @@ function approvalCard(call) {
 async function answer(box, envelope) {
   box.dataset.busy = "1";
   controls(box, false);
-  const reply = await call("POST", "/submit-tool-result", envelope);
+  const reply = await call("POST", "submit-tool-result", envelope);
   delete box.dataset.busy;
   if (reply.ok) {
     settle(box, "sent");
   } else if (reply.body.code === "already_completed") {
-    // Another tab (or a retry) answered first; the first answer wins.
-    settle(box, "already answered (maybe in another tab)");
+    // Another tab (or a retry) answered first, and the first answer wins; or a new message
+    // abandoned the call.
+    if (abandonedByMessage(box)) {
+      settle(box, "abandoned by a new message");
+    } else {
+      settle(box, "already answered (maybe in another tab)");
+      box.dataset.settled = "elsewhere";
+    }
   } else {
     const details = (reply.body.errors || []).join("; ");
     note(box, reply.body.code + ": " + reply.body.message + (details ? " — " + details : ""));
@@ -594,8 +686,8 @@ async function resumeIfNothingWaits() {
     do {
       resumeAgain = false;
       const state = await refreshPending();
-      if (!state || !allAnswered(state)) continue;
-      const reply = await call("POST", "/resume", { session_id: state.session_id });
+      if (!state || !nothingWaits(state)) continue;
+      const reply = await call("POST", "resume", { session_id: state.session_id });
       // Another tab resumed first, or the run went on by itself (a deadline): not a problem.
       const benign = reply.body.code === "already_running" || reply.body.code === "not_resumable";
       // A resume while the server is away fails: the stream's reconnect checks again (onopen).
@@ -612,39 +704,100 @@ async function send(event) {
   event.preventDefault();
   const text = $("#message").value.trim();
   if (!text) return;
-  const body = { agent: AGENT, message: text };
-  // A following message is a new turn of the same session, authorized by its token.
-  if (saved.session_id) body.session_id = saved.session_id;
   $("#send").disabled = true;
   try {
-    const reply = await call("POST", "/start", body);
-    if (!reply.ok) {
-      const hint = reply.status === 401 || reply.status === 403 || reply.status === 404
-        ? " — start a new conversation" : "";
-      status(reply.body.code + ": " + reply.body.message + hint);
+    // A new message abandons the calls that still wait for the person: ask first.
+    const waiting = saved.session_id ? await waitingCount() : 0;
+    if (waiting > 0) {
+      askBeforeSending(waiting);
       return;
     }
-    $("#message").value = "";
-    const fresh = saved.session_id !== reply.body.session_id;
-    saved.session_id = reply.body.session_id;
-    saved.token = reply.body.token || saved.token;
-    saved.sent = Object.assign(fresh ? {} : saved.sent || {}, { [reply.body.from_seq]: text });
-    if (fresh) {
-      saved.since = Date.now();
-      saved.lastSeq = -1;
-      lastSeq = -1;
-      $("#log").textContent = "";
-    }
-    save();
-    // On a stream already open, the run's first chunk may have come before this answer.
-    fillSent();
-    showSession();
-    // The answered cards of earlier turns go.
-    for (const done of $("#pending").querySelectorAll(".card.done")) done.remove();
-    if (fresh || !source) connect(lastSeq + 1);
+    await post(text, false);
   } finally {
     $("#send").disabled = false;
   }
+}
+
+// How many calls of the conversation's tree wait for the person, as the server says now.
+async function waitingCount() {
+  const state = await refreshPending();
+  return state ? state.pending.filter((call) => call.waiting).length : 0;
+}
+
+function askBeforeSending(count) {
+  const calls = count === 1 ? "1 call still waits" : count + " calls still wait";
+  $("#confirm-text").textContent = calls + " for you. A new message abandons " +
+    (count === 1 ? "it" : "them") + ": send anyway?";
+  $("#confirm").hidden = false;
+  $("#send-anyway").focus();
+}
+
+$("#send-anyway").addEventListener("click", async () => {
+  $("#confirm").hidden = true;
+  const text = $("#message").value.trim();
+  if (!text) return;
+  $("#send").disabled = true;
+  try {
+    await post(text, true);
+  } finally {
+    $("#send").disabled = false;
+  }
+});
+
+$("#keep").addEventListener("click", () => {
+  $("#confirm").hidden = true;
+  status("not sent: answer what waits, or send anyway");
+  $("#message").focus();
+});
+
+// Starts a turn with `text` (a new session, or the next turn of this one). `abandoning`: the
+// person chose to send over calls that still wait; their cards say what became of them.
+async function post(text, abandoning) {
+  const body = { agent: AGENT, message: text };
+  // A following message is a new turn of the same session, authorized by its token.
+  if (saved.session_id) body.session_id = saved.session_id;
+  // Marked while the message is on its way: a status read meanwhile (the stream's chunks
+  // trigger them) must not call them answered.
+  const abandoned = abandoning ? [...$("#pending").querySelectorAll(".card:not(.done)")] : [];
+  for (const shown of abandoned) shown.dataset.abandoning = "1";
+  const reply = await call("POST", "start", body);
+  for (const shown of abandoned) delete shown.dataset.abandoning;
+  if (!reply.ok) {
+    const hint = reply.status === 401 || reply.status === 403 || reply.status === 404
+      ? " — start a new conversation" : "";
+    status(reply.body.code + ": " + reply.body.message + hint);
+    return;
+  }
+  $("#message").value = "";
+  $("#confirm").hidden = true;
+  const fresh = saved.session_id !== reply.body.session_id;
+  saved.session_id = reply.body.session_id;
+  saved.token = reply.body.token || saved.token;
+  saved.sent = Object.assign(fresh ? {} : saved.sent || {}, { [reply.body.from_seq]: text });
+  if (fresh) {
+    saved.since = Date.now();
+    saved.lastSeq = -1;
+    clearLog();
+  }
+  save();
+  // On a stream already open, the run's first chunk may have come before this answer.
+  fillSent();
+  showSession();
+  // The answered cards of earlier turns go; the abandoned ones stay a turn, saying so.
+  for (const done of $("#pending").querySelectorAll(".card.done")) done.remove();
+  for (const shown of abandoned) {
+    if (shown.isConnected) settle(shown, "abandoned by your new message");
+  }
+  if (fresh || !source) connect(lastSeq + 1);
+}
+
+// Empties the log, and all the page learned from the chunks it showed.
+function clearLog() {
+  lastSeq = -1;
+  turnSeq = -1;
+  rootCallOf = new Map();
+  abandonedAt = new Map();
+  $("#log").textContent = "";
 }
 
 function showSession() {
@@ -659,9 +812,9 @@ function open(state) {
   retryTimer = null;
   retryMs = 500;
   saved = state;
-  lastSeq = -1;
-  $("#log").textContent = "";
+  clearLog();
   $("#pending").textContent = "";
+  $("#confirm").hidden = true;
   showSession();
   status("");
   if (saved.session_id && saved.token) {

@@ -6,7 +6,10 @@
 //! 3. `publish` (a server tool behind an approval gate, not safe to retry) with that title;
 //! 4. a closing text that says what happened.
 //!
-//! A message that starts with `echo ` is answered with its text and nothing else. With a
+//! A message that starts with `echo ` is answered with its text and nothing else. A message
+//! that starts with `research ` hands the rest to a local sub-agent (the `research` tool: a
+//! child session of the demo agent itself, which runs the plan above, so it asks the person
+//! and waits for an approval; both are answered at the root) and says what it answered. With a
 //! remote server configured ([`configure_delegating`]), a message that starts with
 //! `delegate ` hands the rest to the demo agent of that server (a remote sub-agent, whose
 //! client tool and approval are answered here, at this side's root), and says what it
@@ -21,6 +24,10 @@
 //! let run = runtime.execute(dormant_server::demo::AGENT, "weather in Porto").await?;
 //! assert_eq!(run.status, Status::SuspendedClientTool);
 //! assert_eq!(runtime.pending(&run.session_id).await?[0].tool_name, "ask_user");
+//!
+//! // The same plan in a sub-agent: the root waits on it.
+//! let run = runtime.execute(dormant_server::demo::AGENT, "research weather in Porto").await?;
+//! assert_eq!(run.status, Status::SuspendedAwaitingChildren);
 //! # Ok(()) }
 //! ```
 
@@ -65,7 +72,10 @@ pub fn configure_delegating(
 /// The remote sub-agent tool of [`configure_delegating`].
 pub const DELEGATE: &str = "delegate";
 
-/// The demo agent: its three tools.
+/// The local sub-agent tool: a child session of the demo agent.
+pub const RESEARCH: &str = "research";
+
+/// The demo agent: its three tools and the `research` sub-agent.
 ///
 /// # Errors
 /// Never in practice: the definition is fixed and valid.
@@ -118,6 +128,10 @@ fn tools(builder: dormant::AgentBuilder) -> dormant::AgentBuilder {
             }))
             .require_approval(Approval::Always),
         )
+        .tool(
+            ToolDefinition::sub_agent(RESEARCH, AGENT)
+                .description("Hands a task to a sub-agent (the demo agent) on this server."),
+        )
 }
 
 /// The demo's model: reads the conversation since the last user message and takes the next
@@ -169,16 +183,20 @@ fn next_step(messages: &[Message]) -> ModelReply {
     let call = |tool: &str, input: Value| {
         ModelReply::tool_calls(vec![ToolCall::new(format!("{tool}-{turn}"), tool, input)])
     };
-    if let Some(task) = text.strip_prefix("delegate ") {
-        return match result_of(DELEGATE) {
-            None => call(DELEGATE, json!({ "message": task })),
+    for (prefix, tool, who) in [
+        ("delegate ", DELEGATE, "The remote agent"),
+        ("research ", RESEARCH, "The sub-agent"),
+    ] {
+        let Some(task) = text.strip_prefix(prefix) else {
+            continue;
+        };
+        return match result_of(tool) {
+            None => call(tool, json!({ "message": task })),
             Some(ToolOutcome::Result(answer)) => ModelReply::text(format!(
-                "The remote agent answered: {}",
+                "{who} answered: {}",
                 answer.as_str().unwrap_or_default()
             )),
-            Some(ToolOutcome::Error(error)) => {
-                ModelReply::text(format!("The remote agent failed: {error}"))
-            }
+            Some(ToolOutcome::Error(error)) => ModelReply::text(format!("{who} failed: {error}")),
         };
     }
     let Some(weather) = result_of("lookup_weather") else {

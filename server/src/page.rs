@@ -1,8 +1,12 @@
 //! The page at `/`: plain HTML and JavaScript with no build step (`page/index.html`,
 //! `page/page.js`), compiled into the binary. A strict Content-Security-Policy allows only
 //! its own script and this server.
+//!
+//! Every path the page uses is relative to its own URL, so a daemon may nest the router under
+//! a prefix (`Router::nest("/agents", …)`): the page at `/agents` loads `./agents/page.js`, and
+//! the script resolves each route beside itself.
 
-use axum::extract::State;
+use axum::extract::{OriginalUri, State};
 use axum::http::header;
 use axum::response::{Html, IntoResponse};
 
@@ -13,8 +17,13 @@ const SCRIPT: &str = include_str!("../page/page.js");
 const POLICY: &str = "default-src 'none'; script-src 'self'; connect-src 'self'; style-src 'unsafe-inline'; img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
 
 /// `GET /`: the page, with the agent it starts sessions of.
-pub(crate) async fn index(State(state): State<AppState>) -> impl IntoResponse {
-    let page = INDEX.replace("{{AGENT}}", &escape(&state.config.page_agent));
+pub(crate) async fn index(
+    State(state): State<AppState>,
+    OriginalUri(uri): OriginalUri,
+) -> impl IntoResponse {
+    let page = INDEX
+        .replace("{{AGENT}}", &escape(&state.config.page_agent))
+        .replace("{{BASE}}", &escape(&base(uri.path())));
     (
         [
             (header::CONTENT_SECURITY_POLICY, POLICY),
@@ -37,6 +46,18 @@ pub(crate) async fn script() -> impl IntoResponse {
     )
 }
 
+/// Where the routes are, relative to the page at `path` (the path the browser asked for, with
+/// any prefix the router is nested under): a URL that ends in `/` resolves a relative path
+/// beside itself, one that does not (`/agents`, as `Router::nest("/agents", …)` serves it)
+/// against its parent, so the last segment is named again. Always starts with `./`, so that
+/// a segment with a colon is never read as a URL scheme.
+fn base(path: &str) -> String {
+    match path.rsplit('/').next() {
+        Some(last) if !last.is_empty() => format!("./{last}/"),
+        _ => "./".to_string(),
+    }
+}
+
 /// HTML-escapes a text for an attribute or element.
 fn escape(text: &str) -> String {
     text.replace('&', "&amp;")
@@ -44,4 +65,18 @@ fn escape(text: &str) -> String {
         .replace('>', "&gt;")
         .replace('"', "&quot;")
         .replace('\'', "&#39;")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::base;
+
+    #[test]
+    fn the_routes_are_found_beside_the_page_wherever_it_is_mounted() {
+        assert_eq!(base("/"), "./");
+        assert_eq!(base(""), "./");
+        assert_eq!(base("/agents/"), "./");
+        assert_eq!(base("/agents"), "./agents/");
+        assert_eq!(base("/team/a:b"), "./a:b/");
+    }
 }

@@ -1,4 +1,4 @@
-//! The page in a real browser (Debian's headless Chromium through chromedriver), in two
+//! The page in a real browser (Debian's headless Chromium through chromedriver). Here, in two
 //! windows of one profile, as a person with two tabs open:
 //!
 //! 1. window A sends a message, answers the client tool in its form (an empty answer first,
@@ -12,51 +12,43 @@
 //!    client answers the client tool first, A's submit is told "already answered" and A
 //!    resumes the run; B denies the approval with a reason; both logs show it.
 //!
-//! Without chromium and chromedriver the test says it was skipped and how to install them,
+//! And in `browser/`: a sub-agent's calls answered in the page, local and on a second server
+//! process (`sub_agents.rs`); a message sent over calls that still wait (`abandon.rs`); the
+//! page under a prefix of a daemon's router (`prefix.rs`).
+//!
+//! Without chromium and chromedriver each test says it was skipped and how to install them,
 //! and passes, unless `DORMANT_REQUIRE_BROWSER` is set to anything but `0` (CI sets it to 1).
 
+#[path = "browser/abandon.rs"]
+mod abandon;
 mod common;
+#[path = "browser/plan.rs"]
+mod plan;
+#[path = "browser/prefix.rs"]
+mod prefix;
+#[path = "browser/setup.rs"]
+mod setup;
+#[path = "browser/sub_agents.rs"]
+mod sub_agents;
 #[path = "browser/webdriver.rs"]
 mod webdriver;
-
-use std::io::Write;
-use std::path::Path;
 
 use anyhow::Context;
 use common::answer;
 use common::binary::Binary;
 use serde_json::json;
-use webdriver::{Browser, Driver};
-
-const CHROMIUM: &str = "/usr/bin/chromium";
-const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_person_answers_a_client_tool_and_an_approval_across_a_restart() -> anyhow::Result<()> {
-    if !Path::new(CHROMIUM).exists() || !Path::new(CHROMEDRIVER).exists() {
-        // Straight to the stderr stream, not eprintln!: the test harness captures (and hides)
-        // what a passing test prints, and a skip must not pass unnoticed.
-        let _ = writeln!(
-            std::io::stderr(),
-            "\n\n*** SKIPPED: the browser test needs {CHROMIUM} and {CHROMEDRIVER}: \
-             apt-get install chromium chromium-driver ***\n\n"
-        );
-        anyhow::ensure!(
-            std::env::var("DORMANT_REQUIRE_BROWSER")
-                .map_or(true, |value| value.is_empty() || value == "0"),
-            "DORMANT_REQUIRE_BROWSER is set and Chromium or chromedriver is missing \
-             (apt-get install chromium chromium-driver)"
-        );
+    let Some(opened) = setup::browser().await? else {
         return Ok(());
-    }
-    let dir = tempfile::tempdir()?;
-    let store = dir.path().join("store");
+    };
+    let browser = &opened.browser;
+    let store = opened.dir.path().join("store");
     let server = Binary::start(&store, "127.0.0.1:0", &[])?;
     // The restart binds this same port: the page's origin (and its localStorage) stays.
     let listen = format!("127.0.0.1:{}", server.port()?);
     let page = format!("{}/", server.base);
-    let driver = Driver::start(CHROMEDRIVER).await?;
-    let browser = Browser::open(&driver, CHROMIUM, &dir.path().join("profile")).await?;
     let a = browser.window().await?;
 
     // 1. A: a message, the client tool answered in its form, the approval card.
@@ -207,8 +199,7 @@ async fn a_person_answers_a_client_tool_and_an_approval_across_a_restart() -> an
         .wait_for_text(approval, "already answered (maybe in another tab)")
         .await?;
 
-    browser.close().await?;
-    drop(driver);
+    opened.close().await?;
     drop(server);
     Ok(())
 }

@@ -3,6 +3,7 @@
 
 pub mod binary;
 pub mod gated;
+pub mod nested;
 
 use std::sync::Arc;
 
