@@ -11,6 +11,7 @@ mod submit;
 mod work;
 
 pub(crate) use children::DEFAULT_CHILD_INSPECTION_TIMEOUT;
+pub(crate) use remote::orphan;
 
 use std::sync::Arc;
 
@@ -124,11 +125,11 @@ pub(crate) enum SessionMsg {
         tool_call_id: String,
         report: ChildReport,
     },
-    /// A remote child's driver finished, saying where the child stands (`None`: a watch that
-    /// learned nothing). Sent by the driver's task, once per driver.
+    /// A remote child's driver finished: where the child stands, or that its server did not
+    /// answer. Sent by the driver's task, once per driver.
     RemoteReport {
         tool_call_id: String,
-        report: Option<crate::remote::DriveReport>,
+        driven: crate::remote::Driven,
     },
     /// An answer for a call under the remote child of `tool_call_id` was accepted at the
     /// remote (sent by the router's forward).
@@ -683,8 +684,8 @@ impl SessionActor {
             } => self.child_reported(ctx, state, tool_call_id, report).await,
             SessionMsg::RemoteReport {
                 tool_call_id,
-                report,
-            } => self.remote_reported(ctx, state, tool_call_id, report).await,
+                driven,
+            } => self.remote_reported(ctx, state, tool_call_id, driven).await,
             SessionMsg::RemoteAnswered { tool_call_id } => {
                 self.remote_answered(ctx, state, tool_call_id).await;
             }

@@ -14,6 +14,7 @@
 
 mod driver;
 mod forward;
+mod orphans;
 mod owner;
 
 use std::fmt;
@@ -28,8 +29,9 @@ use crate::session::{PendingKind, RunError, Status};
 use crate::stream::Chunk;
 use crate::submit::{Submit, SubmitOutcome};
 
-pub(crate) use driver::{drive, stop_remote, Drive, DriveReport};
+pub(crate) use driver::{drive, stop_remote, Drive, Driven};
 pub(crate) use forward::forward;
+pub(crate) use orphans::{pass as stop_orphans_once, record as record_orphan, run as stop_orphans};
 pub(crate) use owner::{Owner, RemoteOwner};
 
 /// Whom a remote child belongs to: sent with its start by the parent's server, and recorded
@@ -43,6 +45,22 @@ pub struct RemoteParent {
     pub root: SessionId,
 }
 
+/// A remote child its parent let go (wrote off after the remote stayed unreachable, aborted,
+/// or interrupted) whose server did not answer the stop: kept in the store until the remote
+/// answers a stop (or says it does not know the child), so a tree that gave up on a remote
+/// leaves nothing running there once it is back.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct RemoteOrphan {
+    /// The child, on the remote.
+    pub(crate) child: SessionId,
+    /// The remote's base URL.
+    pub(crate) endpoint: String,
+    /// Abort (else interrupt) it.
+    pub(crate) abort: bool,
+    /// When its parent let it go (clock ms).
+    pub(crate) since_ms: u64,
+}
+
 /// Where a remote child lives, recorded in its parent's child entry.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RemoteChild {
@@ -52,23 +70,39 @@ pub struct RemoteChild {
     pub agent: String,
 }
 
-/// When a parent looks at a remote child that waits on calls, with nobody asking it to: a
-/// deadline that passes on the remote settles the child there (a timeout, then maybe an
-/// automatic resume), and the parent learns of it by looking then. The look is an entry of the
-/// parent's deadline index, so it survives a restart like any deadline.
+/// When a parent looks at a remote child by itself, with nobody asking it to, and why. The
+/// look is an entry of the parent's deadline index, so it survives a restart like any
+/// deadline.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RemoteLook {
-    /// The earliest deadline of the calls the child waits on (the remote's clock, ms).
-    pub due_ms: u64,
-    /// When the parent looks (its own clock, ms): at `due_ms`, and while the child still
-    /// waits past it, again after a backoff (the two clocks may differ).
+    /// When (the parent's clock, ms).
     pub at_ms: u64,
+    /// Why.
+    pub why: LookReason,
 }
 
-/// The least wait before a parent looks at a remote child again.
-pub(crate) const REMOTE_LOOK_MIN_MS: u64 = 1_000;
-/// The longest wait between two looks at a remote child that still waits past its deadline.
-pub(crate) const REMOTE_LOOK_MAX_MS: u64 = 60_000;
+/// Why a parent looks at a remote child by itself.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum LookReason {
+    /// The first of the calls the child waits on falls due at `due_ms` (the remote's clock):
+    /// a timeout there settles the child (and with `auto_resume` it goes on), and the parent
+    /// learns of it by looking then. While the child still waits past it (the two clocks
+    /// differ, the remote's scheduler is late), it looks again after a growing wait.
+    Deadline {
+        /// The remote's clock, ms.
+        due_ms: u64,
+    },
+    /// The remote has not answered since `since_ms` (the parent's clock): try again, and
+    /// with `wake`, resume the child as a resume of the parent asked.
+    Unreachable {
+        /// The parent's clock, ms.
+        since_ms: u64,
+        /// A resume of the parent still has to reach the child.
+        wake: bool,
+    },
+}
 
 /// A call a remote child's tree waits on, as the remote's status lists it (the JSON of the
 /// agent server's `GET /status` `pending` entries).
@@ -262,15 +296,27 @@ pub trait RemoteAgents: Send + Sync + fmt::Debug + 'static {
     ) -> Result<(), RemoteError>;
 }
 
-/// How a runtime retries a remote that does not answer, before the call becomes a tool error.
-/// Recovery after a crash asks each remote child for its status in the background with the
-/// same tries; one that does not answer is left for the next resume, which re-attaches.
+/// How a runtime retries a remote that does not answer.
+///
+/// Each request to a remote is tried `attempts` times, `backoff` apart (doubling). A start
+/// that never gets an answer then makes the call the tool error `remote_subagent_failed`.
+/// A child that exists is not given up so soon: a remote that does not answer while the
+/// parent resumes or follows the child (a restart, a deploy) keeps the tree waiting, and the
+/// parent tries again by itself, at growing intervals of at most `max_retry_wait`, for
+/// `patience`; a resume asked for meanwhile is carried out once the remote is back. Only a
+/// remote unreachable for longer makes the call `remote_subagent_lost` (and the child is
+/// stopped there whenever the remote answers again). Recovery after a crash asks each remote
+/// child for its status in the background with the same tries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RemotePolicy {
-    /// Tries at most (the first included).
+    /// Tries at most per request (the first included).
     pub attempts: u32,
     /// The wait before the second try; doubled each time.
     pub backoff: Duration,
+    /// How long a remote child may stay unreachable before its parent writes it off.
+    pub patience: Duration,
+    /// The longest wait between two tries of an unreachable remote child.
+    pub max_retry_wait: Duration,
 }
 
 impl Default for RemotePolicy {
@@ -278,6 +324,8 @@ impl Default for RemotePolicy {
         Self {
             attempts: 5,
             backoff: Duration::from_millis(100),
+            patience: Duration::from_secs(10 * 60),
+            max_retry_wait: Duration::from_secs(30),
         }
     }
 }

@@ -509,6 +509,23 @@ impl Runtime {
         settled.await.unwrap_or(true)
     }
 
+    /// Tries once to stop, on their servers, the remote sub-agents this runtime's trees let go
+    /// while those servers did not answer (written off after [`RemotePolicy::patience`],
+    /// or aborted or interrupted with their tree), and returns how many are left. A
+    /// background task does this by itself whenever one is recorded and then every
+    /// [`RemotePolicy::max_retry_wait`] while any is left, unless the runtime was built with
+    /// `background_deadlines(false)` (a test driving time by hand calls this instead).
+    ///
+    /// [`RemotePolicy::patience`]: crate::remote::RemotePolicy::patience
+    /// [`RemotePolicy::max_retry_wait`]: crate::remote::RemotePolicy::max_retry_wait
+    ///
+    /// # Errors
+    /// A store failure.
+    pub async fn retry_remote_stops(&self) -> Result<usize, Error> {
+        self.ensure_open()?;
+        crate::remote::stop_orphans_once(&self.inner.shared).await
+    }
+
     /// Fires every deadline that has passed by the runtime's clock and waits until the
     /// sessions concerned have recorded their timeouts and settled. The background scheduler
     /// does the same on its own; call this after moving a manual clock.

@@ -226,6 +226,8 @@ pub(crate) enum IndexWrite {
     DeleteChild(String),
     /// Store a persistent sub-agent of this session.
     PutCompanion(Companion),
+    /// Record a remote child to stop once its server answers.
+    PutOrphan(crate::remote::RemoteOrphan),
 }
 
 /// The writes of one step of a session, before encoding.
@@ -327,6 +329,7 @@ impl Commit {
                     call_key(root, call),
                     encode(Tree::Tombstones, at)?,
                 ),
+                IndexWrite::PutOrphan(orphan) => put_orphan(&mut batch, orphan)?,
             }
         }
         Ok(batch)
@@ -684,6 +687,48 @@ pub(crate) async fn remote_owned(
         .filter_map(|owner| match owner {
             Owner::Remote(remote) => Some(*remote),
             Owner::Local(_) => None,
+        })
+        .collect())
+}
+
+/// Stages the record of a remote child to stop once its server answers.
+pub(crate) fn put_orphan(
+    batch: &mut Batch,
+    orphan: &crate::remote::RemoteOrphan,
+) -> Result<(), Error> {
+    batch.put(
+        Tree::RemoteOrphans,
+        session_key(&orphan.child),
+        encode(Tree::RemoteOrphans, orphan)?,
+    );
+    Ok(())
+}
+
+/// Stages the removal of a remote orphan's record (it was stopped).
+pub(crate) fn delete_orphan(batch: &mut Batch, child: &SessionId) {
+    batch.delete(Tree::RemoteOrphans, session_key(child));
+}
+
+/// Up to `limit` remote children waiting to be stopped. An unreadable record is skipped
+/// (logged): it must not keep the others from being stopped.
+pub(crate) async fn remote_orphans(
+    store: &dyn Store,
+    limit: usize,
+) -> Result<Vec<crate::remote::RemoteOrphan>, Error> {
+    let entries = store
+        .scan_range(Tree::RemoteOrphans, &[], &[0xff; 2], limit)
+        .await?;
+    Ok(entries
+        .into_iter()
+        .filter_map(|(key, bytes)| {
+            let id: SessionId = String::from_utf8(key).ok()?.parse().ok()?;
+            match decode(&id, Tree::RemoteOrphans, &bytes) {
+                Ok(orphan) => Some(orphan),
+                Err(error) => {
+                    tracing::warn!(child = %id, %error, "remote_subagent.orphan_unreadable");
+                    None
+                }
+            }
         })
         .collect())
 }

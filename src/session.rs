@@ -12,6 +12,7 @@ mod input;
 mod outcome;
 mod pending;
 pub(crate) mod remote_children;
+mod remote_looks;
 mod resume;
 mod state;
 mod step;
@@ -20,7 +21,7 @@ mod transition;
 
 pub(crate) use self::child_side::{report_of, stored_state};
 pub(crate) use self::children::ChildStart;
-pub(crate) use self::core::{Policy, Session, Stored};
+pub(crate) use self::core::{duration_ms, Policy, Session, Stored};
 pub(crate) use self::input::{ChildReport, FinishedCall, Input};
 pub use outcome::{RunOutcome, RunStarted};
 pub use state::{

@@ -37,6 +37,8 @@ pub(crate) struct Shared {
     pub(crate) remote: Option<Arc<dyn crate::remote::RemoteAgents>>,
     /// How a remote that does not answer is retried.
     pub(crate) remote_policy: crate::remote::RemotePolicy,
+    /// Told when a remote child to stop is recorded (`remote/orphans.rs`).
+    pub(crate) orphans_recorded: tokio::sync::Notify,
     /// How calls for sessions another node owns reach it, if they may.
     pub(crate) peers: Option<Arc<dyn crate::peer::Peers>>,
 }

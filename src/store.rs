@@ -54,11 +54,14 @@ pub enum Tree {
     Children,
     /// (parent session id, name) → a persistent sub-agent as its parent knows it.
     Companions,
+    /// Remote child session id → a remote sub-agent its parent let go (wrote off, aborted or
+    /// interrupted) whose server did not answer the stop: stopped there once it answers.
+    RemoteOrphans,
 }
 
 impl Tree {
     /// Every tree, in a fixed order (backends open them all at start).
-    pub const ALL: [Tree; 9] = [
+    pub const ALL: [Tree; 10] = [
         Tree::Sessions,
         Tree::Log,
         Tree::Pending,
@@ -68,6 +71,7 @@ impl Tree {
         Tree::TombstoneExpiry,
         Tree::Children,
         Tree::Companions,
+        Tree::RemoteOrphans,
     ];
 
     /// The tree's name (in debug output and documentation).
@@ -82,6 +86,7 @@ impl Tree {
             Tree::TombstoneExpiry => "tombstone_expiry",
             Tree::Children => "children",
             Tree::Companions => "companions",
+            Tree::RemoteOrphans => "remote_orphans",
         }
     }
 }

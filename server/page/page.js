@@ -420,9 +420,15 @@ async function refreshSoon(resume) {
 // the session and of its sub-agents (here or on another server) has its answer or is past its
 // deadline, so only a resume moves it on. Whatever the status word: a root waiting on its
 // sub-agents is `suspended_awaiting_children`, and the answered call of a remote sub-agent is
-// not listed at all. A resume while a sub-agent is still at work does no harm.
+// not listed at all. A resume while a sub-agent is still at work does no harm. A sub-agent
+// whose server does not answer (listed in `unreachable`) is waited for too: its parent tries
+// again by itself, and carries out the resume once that server is back.
 function nothingWaits(state) {
-  return state.status.startsWith("suspended") && !state.pending.some((call) => call.waiting);
+  return (
+    state.status.startsWith("suspended") &&
+    !state.pending.some((call) => call.waiting) &&
+    !(state.unreachable || []).length
+  );
 }
 
 // Shows a card for each call that waits, and settles the cards of calls that no longer do.
@@ -463,7 +469,9 @@ async function refreshPending() {
     if (why.startsWith("already answered")) card.dataset.settled = "elsewhere";
   }
   if (state.status.startsWith("suspended")) {
-    status(state.pending.some((call) => call.waiting) ? "waiting for you" : "answered, resuming…");
+    if (state.pending.some((call) => call.waiting)) status("waiting for you");
+    else if ((state.unreachable || []).length) status("waiting for another server to come back…");
+    else status("answered, resuming…");
   }
   return state;
 }

@@ -110,6 +110,14 @@ struct Serve {
     /// the servers its remote sub-agents live on (their --api-key-env).
     #[arg(long, value_name = "NAME")]
     remote_key_env: Option<String>,
+    /// How long a remote sub-agent's server may stay unreachable (a restart, a deploy) before
+    /// its parent writes the child off as `remote_subagent_lost`, in milliseconds. Meanwhile
+    /// the tree waits, visibly, and the parent tries again by itself.
+    #[arg(long, default_value_t = 10 * 60 * 1000)]
+    remote_patience_ms: u64,
+    /// The longest wait between two tries of an unreachable remote, in milliseconds.
+    #[arg(long, default_value_t = 30 * 1000)]
+    remote_max_retry_wait_ms: u64,
 }
 
 fn dormant_server_default_body() -> usize {
@@ -228,8 +236,14 @@ async fn serve(args: Serve) -> Result<(), String> {
         ),
         None => None,
     };
+    let remote_policy = dormant::remote::RemotePolicy {
+        patience: std::time::Duration::from_millis(args.remote_patience_ms),
+        max_retry_wait: std::time::Duration::from_millis(args.remote_max_retry_wait_ms),
+        ..dormant::remote::RemotePolicy::default()
+    };
     let builder = builder
         .remote_agents(Arc::new(HttpRemoteAgents::new(remote_key)))
+        .remote_policy(remote_policy)
         // On a shared store, a runtime call for a session another node owns is sent to that
         // node (the routes send whole requests on instead).
         .peers(Arc::new(dormant_server::HttpPeers::new()));

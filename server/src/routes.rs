@@ -263,10 +263,11 @@ pub(crate) async fn status(
         None => None,
     };
     let record = state.runtime.session(&id).await?;
-    let pending = crate::tree::pending(&state.runtime, &id).await?;
+    let waits = crate::tree::waits(&state.runtime, &id).await?;
     let run = state.runtime.run(&id, record.run_count).await?;
     let now = state.runtime.now_ms();
-    let mut answer = StatusAnswer::new(record, run, pending, now);
+    let mut answer = StatusAnswer::new(record, run, waits.pending, now);
+    answer.unreachable = waits.unreachable;
     answer.settled = settled;
     if let Some(from) = query.chunks_from {
         // Read after the record: every chunk the status counts is in the answer.

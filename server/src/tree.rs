@@ -6,20 +6,27 @@ use std::collections::VecDeque;
 
 use dormant::{CompanionStatus, Error, Runtime, SessionId};
 
-use crate::wire::PendingAnswer;
+use crate::wire::{PendingAnswer, UnreachableAnswer};
 
 /// Sessions visited at most: a bound on one status request, far above any real tree (the
 /// runtime's `max_depth` bounds how deep it goes, not how wide).
 const MAX_SESSIONS: usize = 10_000;
 
+/// What a tree waits on: calls, and remote sub-agents whose servers do not answer.
+#[derive(Debug, Default)]
+pub(crate) struct Waits {
+    pub(crate) pending: Vec<PendingAnswer>,
+    pub(crate) unreachable: Vec<UnreachableAnswer>,
+}
+
 /// Every pending entry of `root`'s tree, owner first, breadth first, and then the calls
-/// remote sub-agents' trees wait on (a root records those itself).
-pub(crate) async fn pending(
-    runtime: &Runtime,
-    root: &SessionId,
-) -> Result<Vec<PendingAnswer>, Error> {
+/// remote sub-agents' trees wait on (a root records those itself); and the remote sub-agents
+/// of the tree whose servers have not answered lately (their parents try again by
+/// themselves).
+pub(crate) async fn waits(runtime: &Runtime, root: &SessionId) -> Result<Waits, Error> {
     let now = runtime.now_ms();
     let mut out = Vec::new();
+    let mut unreachable = Vec::new();
     let mut queue = VecDeque::from([root.clone()]);
     let mut visited = 0;
     while let Some(session) = queue.pop_front() {
@@ -32,6 +39,9 @@ pub(crate) async fn pending(
             out.push(PendingAnswer::new(session.clone(), call, now));
         }
         for child in runtime.children(&session).await? {
+            if let Some(answer) = UnreachableAnswer::of(&child) {
+                unreachable.push(answer);
+            }
             // A remote child's calls are the root's remote entries, below.
             if !child.state.is_finished() && child.remote.is_none() {
                 queue.push_back(child.child);
@@ -46,5 +56,8 @@ pub(crate) async fn pending(
     for (_, call) in runtime.pending_remote(root).await? {
         out.push(PendingAnswer::from(call));
     }
-    Ok(out)
+    Ok(Waits {
+        pending: out,
+        unreachable,
+    })
 }

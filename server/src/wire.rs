@@ -195,6 +195,39 @@ pub(crate) struct StatusAnswer {
     /// With `chunks_from`: the stored chunks from there on, in order.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) chunks: Option<Vec<Chunk>>,
+    /// Remote sub-agents of the tree whose servers have not answered lately: the tree waits
+    /// on them too, and their parents try again by themselves.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub(crate) unreachable: Vec<UnreachableAnswer>,
+}
+
+/// A remote sub-agent whose server has not answered since `since_ms` (this server's clock).
+#[derive(Debug, Serialize)]
+pub(crate) struct UnreachableAnswer {
+    /// The child, on the remote.
+    pub(crate) session_id: String,
+    pub(crate) endpoint: String,
+    pub(crate) since_ms: u64,
+    /// When its parent tries again (this server's clock).
+    pub(crate) retry_at_ms: u64,
+    /// A resume of the tree is carried out once the remote answers.
+    pub(crate) resume_pending: bool,
+}
+
+impl UnreachableAnswer {
+    pub(crate) fn of(child: &dormant::ChildCall) -> Option<Self> {
+        let look = child.remote_look?;
+        let dormant::remote::LookReason::Unreachable { since_ms, wake } = look.why else {
+            return None;
+        };
+        Some(Self {
+            session_id: child.child.to_string(),
+            endpoint: child.remote.as_ref()?.endpoint.clone(),
+            since_ms,
+            retry_at_ms: look.at_ms,
+            resume_pending: wake,
+        })
+    }
 }
 
 impl StatusAnswer {
@@ -215,6 +248,7 @@ impl StatusAnswer {
             error,
             settled: None,
             chunks: None,
+            unreachable: Vec::new(),
             session_id: record.id.to_string(),
             agent: record.agent,
             status: record.status,

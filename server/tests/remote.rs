@@ -65,6 +65,7 @@ fn fast_policy() -> RemotePolicy {
     RemotePolicy {
         attempts: 3,
         backoff: Duration::from_millis(20),
+        ..RemotePolicy::default()
     }
 }
 

@@ -33,6 +33,7 @@ fn builder(store: Arc<dyn Store>, llm: ScriptedLlm) -> RuntimeBuilder {
         .remote_policy(RemotePolicy {
             attempts: 3,
             backoff: Duration::from_millis(20),
+            ..RemotePolicy::default()
         })
         .background_deadlines(false)
 }

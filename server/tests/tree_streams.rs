@@ -88,6 +88,7 @@ async fn tree(remote: bool) -> anyhow::Result<(TestServer, Option<TestServer>)> 
         .remote_policy(RemotePolicy {
             attempts: 3,
             backoff: Duration::from_millis(20),
+            ..RemotePolicy::default()
         })
         .build()?;
     let server = serve(

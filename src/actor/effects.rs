@@ -189,8 +189,8 @@ impl SessionActor {
                     }
                 }
             }
-            Effect::WatchRemote(call) => {
-                self.drive_remote(ctx, state, &call, Drive::Watch);
+            Effect::DriveRemote { call, how } => {
+                self.drive_remote(ctx, state, &call, how);
             }
             Effect::StopChildren { children, abort } => {
                 let remotes = Self::remote_among(state, &children);

@@ -8,7 +8,7 @@ use dormant_actors::ActorContext;
 
 use super::{Loaded, SessionActor, SessionMsg, SessionState};
 use crate::ids::SessionId;
-use crate::remote::{drive, stop_remote, Drive, RemoteChild};
+use crate::remote::{drive, stop_remote, Drive, Driven, RemoteChild};
 use crate::session::Input;
 
 impl SessionActor {
@@ -37,12 +37,12 @@ impl SessionActor {
         // waiting for the tree to settle waits for the remote too), nor evicted.
         state.remote_drivers += 1;
         tokio::spawn(async move {
-            let report = drive(shared, child, remote, forwarded, how).await;
+            let driven = drive(shared, child, remote, forwarded, how).await;
             host.send(
                 parent,
                 SessionMsg::RemoteReport {
                     tool_call_id,
-                    report,
+                    driven,
                 },
             );
         });
@@ -68,47 +68,42 @@ impl SessionActor {
             tokio::spawn(async move {
                 if let Err(error) = stop_remote(&shared, &child, &remote, abort).await {
                     tracing::warn!(%child, endpoint = %remote.endpoint, %error, "remote_subagent.stop_failed");
+                    orphan(&shared, child, remote, abort).await;
                 }
             });
         }
     }
 
-    /// A remote child's driver finished (with a report, unless a watch learned nothing).
+    /// A remote child's driver finished.
     pub(super) async fn remote_reported(
         &self,
         ctx: &ActorContext<Self>,
         state: &mut SessionState,
         tool_call_id: String,
-        report: Option<crate::remote::DriveReport>,
+        driven: Driven,
     ) {
         state.remote_drivers = state.remote_drivers.saturating_sub(1);
-        self.feed_remote_report(ctx, state, tool_call_id, report)
-            .await;
-        self.answer_settle_waiters_if_idle(state);
-    }
-
-    async fn feed_remote_report(
-        &self,
-        ctx: &ActorContext<Self>,
-        state: &mut SessionState,
-        tool_call_id: String,
-        report: Option<crate::remote::DriveReport>,
-    ) {
-        let Some(report) = report else {
-            return;
+        let input = match driven {
+            Driven::Report(report) => Some(Input::RemoteReported {
+                tool_call_id,
+                report: report.report,
+                chunks: report.chunks,
+                calls: report.calls,
+                as_of: report.as_of,
+                watch: report.watch,
+            }),
+            Driven::Unreachable(error) => Some(Input::RemoteUnreachable {
+                tool_call_id,
+                reason: error.to_string(),
+            }),
+            Driven::Nothing => None,
         };
-        if !matches!(self.present(ctx.key(), state).await, Ok(Some(_))) {
-            return;
+        if let Some(input) = input {
+            if matches!(self.present(ctx.key(), state).await, Ok(Some(_))) {
+                self.feed(ctx, state, input).await;
+            }
         }
-        let input = Input::RemoteReported {
-            tool_call_id,
-            report: report.report,
-            chunks: report.chunks,
-            calls: report.calls,
-            as_of: report.as_of,
-            watch: report.watch,
-        };
-        self.feed(ctx, state, input).await;
+        self.answer_settle_waiters_if_idle(state);
     }
 
     /// An answer for a call under the remote child of `tool_call_id` was accepted at the
@@ -126,5 +121,23 @@ impl SessionActor {
         if unfinished {
             self.drive_remote(ctx, state, &tool_call_id, Drive::Watch);
         }
+    }
+}
+
+/// Records a remote child whose server did not answer its stop, to be stopped once it does.
+pub(crate) async fn orphan(
+    shared: &crate::shared::Shared,
+    child: SessionId,
+    remote: RemoteChild,
+    abort: bool,
+) {
+    let orphan = crate::remote::RemoteOrphan {
+        child,
+        endpoint: remote.endpoint,
+        abort,
+        since_ms: shared.clock.now_ms(),
+    };
+    if let Err(error) = crate::remote::record_orphan(shared, orphan).await {
+        tracing::error!(%error, "remote_subagent.orphan_not_recorded");
     }
 }

@@ -26,8 +26,24 @@ pub(crate) enum Drive {
     },
     /// Resume it: the parent's resume cascades down.
     Wake,
-    /// Only learn where it stands (an answer was accepted there, or recovery re-attaches).
+    /// Follow it to where it stands, for a parent that waits for that (it could not reach
+    /// the child before: a step or a resume waits on it).
+    Follow,
+    /// Only learn where it stands (an answer was accepted there, a deadline passed there, or
+    /// recovery re-attaches): nobody waits for this report.
     Watch,
+}
+
+/// What a driver found.
+#[derive(Debug)]
+pub(crate) enum Driven {
+    /// Where the child stands.
+    Report(DriveReport),
+    /// The remote did not answer (after the policy's tries): for the parent to try again
+    /// later, until its patience runs out.
+    Unreachable(RemoteError),
+    /// A watch that learned nothing.
+    Nothing,
 }
 
 /// Where the remote child stands, for its parent's core.
@@ -47,19 +63,20 @@ pub(crate) struct DriveReport {
     pub(crate) watch: bool,
 }
 
-/// Drives the remote child `child` of a parent's call; never fails: a remote that cannot be
-/// reached becomes the call's tool error (`remote_subagent_failed` at start,
-/// `remote_subagent_lost` once it ran). `None` only for a watch that could not learn anything
-/// (the remote does not know the child, or does not answer).
+/// Drives the remote child `child` of a parent's call; never fails. A start that the remote
+/// never answers is the call's tool error `remote_subagent_failed`; a child the remote no
+/// longer knows, `remote_subagent_lost`; a remote that does not answer later is
+/// [`Driven::Unreachable`], for the parent to try again. A watch that could not learn
+/// anything is [`Driven::Nothing`].
 pub(crate) async fn drive(
     shared: Arc<Shared>,
     child: SessionId,
     remote: RemoteChild,
     forwarded: u64,
     how: Drive,
-) -> Option<DriveReport> {
+) -> Driven {
     let Some(transport) = shared.remote.clone() else {
-        return Some(failed(
+        return Driven::Report(failed(
             ToolErrorCode::RemoteSubAgentFailed,
             &RemoteError::NoTransport,
         ));
@@ -84,7 +101,9 @@ pub(crate) async fn drive(
                 Ok(RemoteStart::Existed) => {
                     tracing::info!(%child, endpoint = %remote.endpoint, "remote_subagent.reattached");
                 }
-                Err(error) => return Some(failed(ToolErrorCode::RemoteSubAgentFailed, &error)),
+                Err(error) => {
+                    return Driven::Report(failed(ToolErrorCode::RemoteSubAgentFailed, &error))
+                }
             }
         }
         Drive::Wake => {
@@ -94,21 +113,24 @@ pub(crate) async fn drive(
             match resumed {
                 Ok(()) => {}
                 Err(error) if error.is_not_found() => {
-                    return Some(failed(ToolErrorCode::RemoteSubAgentLost, &error))
+                    return Driven::Report(failed(ToolErrorCode::RemoteSubAgentLost, &error))
                 }
+                Err(error) if error.is_retryable() => return unreachable(&child, error),
                 // Nothing to resume (it completed, or still waits): its status says which.
                 Err(RemoteError::Refused { .. }) => {}
-                Err(error) => return Some(failed(ToolErrorCode::RemoteSubAgentLost, &error)),
+                Err(error) => {
+                    return Driven::Report(failed(ToolErrorCode::RemoteSubAgentLost, &error))
+                }
             }
         }
-        Drive::Watch => {}
+        Drive::Follow | Drive::Watch => {}
     }
     let watch = how == Drive::Watch;
     match driver.follow(forwarded).await {
         Ok((status, chunks)) => {
             let as_of = status.chunk_count;
             let (report, calls) = report_of_status(&child, status);
-            Some(DriveReport {
+            Driven::Report(DriveReport {
                 report,
                 chunks,
                 calls,
@@ -118,13 +140,19 @@ pub(crate) async fn drive(
         }
         // A watch only informs: a child never started (the parent crashed before its start:
         // the replayed call starts it), or a remote out of reach for now, is left for the
-        // next resume to wake, which learns where the child stands or writes it off.
+        // next resume to wake (or the next look), which learns where the child stands.
         Err(error) if watch => {
             tracing::info!(%child, endpoint = %remote.endpoint, %error, "remote_subagent.watch_failed");
-            None
+            Driven::Nothing
         }
-        Err(error) => Some(failed(ToolErrorCode::RemoteSubAgentLost, &error)),
+        Err(error) if error.is_retryable() => unreachable(&child, error),
+        Err(error) => Driven::Report(failed(ToolErrorCode::RemoteSubAgentLost, &error)),
     }
+}
+
+fn unreachable(child: &SessionId, error: RemoteError) -> Driven {
+    tracing::warn!(%child, %error, "remote_subagent.unreachable");
+    Driven::Unreachable(error)
 }
 
 /// Interrupts (or aborts) a remote child, retrying a remote that does not answer.

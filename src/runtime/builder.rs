@@ -184,6 +184,8 @@ impl RuntimeBuilder {
     /// before the call becomes a tool error.
     pub fn remote_policy(mut self, policy: crate::remote::RemotePolicy) -> Self {
         self.remote_policy = policy;
+        self.policy.remote_patience_ms = crate::session::duration_ms(policy.patience);
+        self.policy.remote_retry_max_ms = crate::session::duration_ms(policy.max_retry_wait);
         self
     }
 
@@ -268,6 +270,7 @@ impl RuntimeBuilder {
             child_inspection_timeout: self.child_inspection_timeout,
             remote: self.remote,
             remote_policy: self.remote_policy,
+            orphans_recorded: tokio::sync::Notify::new(),
             peers: self.peers,
         });
         // Agents may name each other as sub-agents: the set is checked as a whole.
@@ -292,12 +295,18 @@ impl RuntimeBuilder {
             sessions: host.clone(),
             background: self.background_deadlines,
         };
-        let scheduler = tokio.spawn(scheduler.run(requests)).abort_handle();
+        let mut background = vec![tokio.spawn(scheduler.run(requests)).abort_handle()];
+        // Remote children let go while their server did not answer are stopped there once it
+        // answers (a test driving time by hand stops them with `retry_remote_stops`).
+        if self.background_deadlines && shared.remote.is_some() {
+            let orphans = crate::remote::stop_orphans(Arc::clone(&shared));
+            background.push(tokio.spawn(orphans).abort_handle());
+        }
         Ok(Runtime {
             inner: Arc::new(Inner::new(
                 host,
                 deadlines,
-                scheduler,
+                background,
                 shared,
                 self.max_result_bytes,
                 tokio,

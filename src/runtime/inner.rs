@@ -21,8 +21,9 @@ pub(super) struct Inner {
     pub(super) host: Host<SessionActor>,
     /// Where the deadline scheduler takes its requests.
     pub(super) deadlines: Deadlines,
-    /// The scheduler's task, stopped with the runtime.
-    scheduler: tokio::task::AbortHandle,
+    /// The deadline scheduler's task and the other background tasks, stopped with the
+    /// runtime.
+    background: Vec<tokio::task::AbortHandle>,
     pub(super) shared: Arc<Shared>,
     pub(super) max_result_bytes: usize,
     /// Captured at build (which needs a tokio runtime to start actors), so a handle dropped
@@ -39,7 +40,7 @@ impl Inner {
     pub(super) fn new(
         host: Host<SessionActor>,
         deadlines: Deadlines,
-        scheduler: tokio::task::AbortHandle,
+        background: Vec<tokio::task::AbortHandle>,
         shared: Arc<Shared>,
         max_result_bytes: usize,
         tokio: tokio::runtime::Handle,
@@ -48,7 +49,7 @@ impl Inner {
         Self {
             host,
             deadlines,
-            scheduler,
+            background,
             shared,
             max_result_bytes,
             tokio,
@@ -64,9 +65,11 @@ impl Inner {
     }
 
     /// Stops the deadline scheduler (a sweep in progress is dropped: its deadlines stay in the
-    /// durable index for the next start).
+    /// durable index for the next start) and the other background tasks.
     pub(super) fn stop_scheduler(&self) {
-        self.scheduler.abort();
+        for task in &self.background {
+            task.abort();
+        }
     }
 
     /// Whether `shutdown` began.
@@ -107,7 +110,7 @@ impl Drop for Inner {
         self.shared.streams.clear();
         // Then the actors, which can only be stopped asynchronously. If tokio is shutting
         // down, the task is dropped, and so are the actors' own tasks.
-        self.scheduler.abort();
+        self.stop_scheduler();
         let host = self.host.clone();
         // The store stays claimed until the old actors have stopped: a runtime built on it
         // meanwhile would run beside them.

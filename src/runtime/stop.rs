@@ -29,6 +29,8 @@ impl Runtime {
                 let shared = &self.inner.shared;
                 if let Err(error) = crate::remote::stop_remote(shared, &id, &remote, abort).await {
                     tracing::warn!(child = %id, endpoint = %remote.endpoint, %error, "remote_subagent.stop_failed");
+                    // This side let it go: it is stopped there once the remote answers.
+                    crate::actor::orphan(shared, id.clone(), remote, abort).await;
                     unreachable.get_or_insert(Error::Remote(error));
                 }
                 continue;

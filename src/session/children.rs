@@ -447,7 +447,12 @@ impl Session {
     }
 
     /// Every woken child reported: go on if nothing waits any more, else answer the barrier.
-    fn after_waking(&mut self, run_id: RunId, now: u64, effects: Vec<Effect>) -> Transition {
+    pub(super) fn after_waking(
+        &mut self,
+        run_id: RunId,
+        now: u64,
+        effects: Vec<Effect>,
+    ) -> Transition {
         if self.any_waiting(now) {
             let mut effects = effects;
             effects.extend(self.report(now));

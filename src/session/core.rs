@@ -34,6 +34,17 @@ pub(crate) struct Policy {
     /// How deeply a JSON value from outside (a model's tool-call input, a tool's result) may
     /// nest; see `crate::nesting`.
     pub(crate) max_json_depth: usize,
+    /// How long a remote child's server may stay unreachable before the child is written off
+    /// (`RemotePolicy::patience`).
+    pub(crate) remote_patience_ms: u64,
+    /// The longest wait between two tries of an unreachable remote child
+    /// (`RemotePolicy::max_retry_wait`).
+    pub(crate) remote_retry_max_ms: u64,
+}
+
+/// A duration in whole milliseconds (saturating).
+pub(crate) fn duration_ms(duration: std::time::Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// The default [`Policy::max_depth`].
@@ -46,6 +57,8 @@ impl Default for Policy {
             auto_resume: false,
             max_depth: DEFAULT_MAX_DEPTH,
             max_json_depth: crate::submit::DEFAULT_MAX_JSON_DEPTH,
+            remote_patience_ms: duration_ms(crate::remote::RemotePolicy::default().patience),
+            remote_retry_max_ms: duration_ms(crate::remote::RemotePolicy::default().max_retry_wait),
         }
     }
 }

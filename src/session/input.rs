@@ -84,6 +84,11 @@ pub(crate) enum Input {
         as_of: u64,
         watch: bool,
     },
+    /// A remote child's server did not answer its driver (after the policy's tries).
+    RemoteUnreachable {
+        tool_call_id: String,
+        reason: String,
+    },
     /// Background recovery learned how children recorded as running ended.
     Reconciled { results: Vec<(String, ChildState)> },
 }
@@ -182,6 +187,10 @@ impl Session {
                 let position = crate::session::remote_children::ReportPosition { as_of, watch };
                 Ok(self.remote_reported(&tool_call_id, report, chunks, calls, position, now))
             }
+            Input::RemoteUnreachable {
+                tool_call_id,
+                reason,
+            } => Ok(self.remote_unreachable(&tool_call_id, &reason, now)),
             Input::Reconciled { results } => Ok(self.reconciled(results)),
         }
     }

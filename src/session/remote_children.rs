@@ -5,13 +5,10 @@
 //! waits on are cleared, with a tombstone (a duplicate answers `already_completed` here).
 
 use super::core::Session;
-use super::{ChildReport, ChildState, Effect, Transition};
+use super::{ChildReport, ChildState, Transition};
 use crate::ids::SessionId;
-use crate::remote::{
-    RemoteCall, RemoteChild, RemoteLook, RemoteOwner, REMOTE_LOOK_MAX_MS, REMOTE_LOOK_MIN_MS,
-};
+use crate::remote::{RemoteCall, RemoteChild, RemoteOwner};
 use crate::schema::IndexWrite;
-use crate::store::CommitKind;
 use crate::stream::Chunk;
 
 /// Where a remote child's report stands among the reports of its drivers.
@@ -43,6 +40,9 @@ impl Session {
         if position.as_of < entry.forwarded || (position.watch && self.waits_on(call_id)) {
             return Transition::default();
         }
+        // A resume this session owes the child since its server did not answer: carried out
+        // now that it did, if nothing else waits.
+        let owed = self.wake_owed(call_id);
         if let (Some(remote), false) = (entry.remote.clone(), entry.state.is_finished()) {
             let before = waiting_of(&entry.state);
             let child = entry.child.clone();
@@ -52,7 +52,9 @@ impl Session {
             };
             self.route_remote_calls(call_id, &child, &remote, &before, after, now);
         }
-        self.child_reported(call_id, report, chunks, now)
+        let mut transition = self.child_reported(call_id, report, chunks, now);
+        self.resume_if_owed(owed, now, &mut transition);
+        transition
     }
 
     /// Records on the root each call of `after` still waiting as owned through this session's
@@ -74,11 +76,7 @@ impl Session {
             .filter_map(RemoteCall::settles_by_itself_at)
             .min();
         let after: Vec<RemoteCall> = after.into_iter().filter(|call| call.waiting).collect();
-        let look = due.map(|due_ms| RemoteLook {
-            due_ms,
-            at_ms: next_look(due_ms, now),
-        });
-        self.set_remote_look(call_id, look);
+        self.look_at_deadline(call_id, due, now);
         let root = self.record.root.clone();
         for gone in before
             .iter()
@@ -105,59 +103,6 @@ impl Session {
             self.staged.index.push(IndexWrite::PutRemoteOwnership {
                 root: root.clone(),
                 owner: Box::new(owner),
-            });
-        }
-    }
-
-    /// A look at a remote child fell due (its entry in the deadline index fired): ask the
-    /// child where it stands, and look again after a backoff in case it still waits past its
-    /// deadline then (the remote's clock may be behind, its scheduler late). A stale entry
-    /// (the look moved, the child no longer waits) does nothing.
-    pub(super) fn remote_look_due(&mut self, call_id: &str, now: u64) -> Transition {
-        let Some(entry) = self.children.get(call_id) else {
-            return Transition::default();
-        };
-        let (Some(_), Some(look), ChildState::Suspended { .. }) =
-            (&entry.remote, entry.remote_look, &entry.state)
-        else {
-            return Transition::default();
-        };
-        if now < look.at_ms {
-            return Transition::default();
-        }
-        let again = RemoteLook {
-            due_ms: look.due_ms,
-            at_ms: next_look(look.due_ms, now).max(now.saturating_add(REMOTE_LOOK_MIN_MS)),
-        };
-        self.set_remote_look(call_id, Some(again));
-        if let Some(entry) = self.children.get(call_id).cloned() {
-            self.staged.index.push(IndexWrite::PutChild(entry));
-        }
-        self.finish_entries(
-            CommitKind::Other,
-            vec![Effect::WatchRemote(call_id.to_string())],
-        )
-    }
-
-    /// Moves the look at the remote child of `call_id` (its deadline entry with it).
-    fn set_remote_look(&mut self, call_id: &str, look: Option<RemoteLook>) {
-        let Some(entry) = self.children.get_mut(call_id) else {
-            return;
-        };
-        if entry.remote_look == look {
-            return;
-        }
-        let before = std::mem::replace(&mut entry.remote_look, look);
-        if let Some(before) = before {
-            self.staged.index.push(IndexWrite::DeleteDeadline {
-                at: before.at_ms,
-                call: call_id.to_string(),
-            });
-        }
-        if let Some(look) = look {
-            self.staged.index.push(IndexWrite::PutDeadline {
-                at: look.at_ms,
-                call: call_id.to_string(),
             });
         }
     }
@@ -212,18 +157,7 @@ impl Session {
     }
 }
 
-/// When to look at a remote child whose first call falls due at `due` (the remote's clock):
-/// then, or if that has passed, after a wait that grows with how late it is (a second at
-/// least, a minute at most), so a remote whose clock is behind is not asked every second.
-fn next_look(due: u64, now: u64) -> u64 {
-    if due > now {
-        return due;
-    }
-    let late = now - due;
-    now.saturating_add(late.clamp(REMOTE_LOOK_MIN_MS, REMOTE_LOOK_MAX_MS))
-}
-
-fn waiting_of(state: &ChildState) -> Vec<String> {
+pub(super) fn waiting_of(state: &ChildState) -> Vec<String> {
     match state {
         ChildState::Suspended { waiting } => waiting.clone(),
         _ => Vec::new(),

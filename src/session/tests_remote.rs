@@ -112,7 +112,10 @@ fn watches(transition: &Transition) -> Vec<String> {
         .effects
         .iter()
         .filter_map(|effect| match effect {
-            Effect::WatchRemote(call) => Some(call.clone()),
+            Effect::DriveRemote {
+                call,
+                how: crate::remote::Drive::Watch,
+            } => Some(call.clone()),
             _ => None,
         })
         .collect()

@@ -41,8 +41,12 @@ pub(crate) enum Effect {
     /// Wake suspended children (a resume cascading down the tree): each reports back.
     /// Pairs of (the sub-agent call, its child).
     WakeChildren(Vec<(String, SessionId)>),
-    /// Ask the remote child of this call where it stands (its report comes back as a watch's).
-    WatchRemote(String),
+    /// Drive the remote child of this call (its report comes back as `RemoteReported`, or
+    /// `RemoteUnreachable`).
+    DriveRemote {
+        call: String,
+        how: crate::remote::Drive,
+    },
     /// Interrupt (or abort) children the run will no longer wait for.
     StopChildren {
         children: Vec<SessionId>,

@@ -23,6 +23,7 @@ pub(super) fn tag(tree: Tree) -> u8 {
         Tree::TombstoneExpiry => 7,
         Tree::Children => 8,
         Tree::Companions => 9,
+        Tree::RemoteOrphans => 10,
     }
 }
 

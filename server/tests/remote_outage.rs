@@ -1,0 +1,273 @@
+//! A remote sub-agent's server that goes away for a while (a restart, a deploy) does not end
+//! the delegation: a resume of the root meanwhile keeps the tree waiting, the parent tries
+//! again by itself, and once the server is back the resume is carried out. Only a remote
+//! away for longer than the runtime's patience is written off, and its child is aborted there
+//! once it answers again. Time is the parent's manual clock; the remote is served in process
+//! and comes back on the same port with the same store.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{serve, TestServer};
+use dormant::remote::{LookReason, RemotePolicy};
+use dormant::submit::{Submit, SubmitOutcome};
+use dormant::{
+    AgentDefinition, ManualClock, Message, ModelReply, Runtime, ScriptedLlm, SessionId, SledStore,
+    Status, ToolCall, ToolDefinition, ToolOutcome,
+};
+use dormant_server::{Auth, HttpRemoteAgents, Server, ServerConfig};
+use serde_json::json;
+
+const KEY: &str = "operator-key-for-tests";
+const PATIENCE: Duration = Duration::from_secs(600);
+
+/// The remote's runtime: `helper` asks the user, then answers.
+fn helper_runtime() -> anyhow::Result<Runtime> {
+    let helper = AgentDefinition::builder("helper")
+        .tool(ToolDefinition::client("ask"))
+        .build()?;
+    let llm = ScriptedLlm::new().script(
+        "helper",
+        vec![
+            ModelReply::tool_calls(vec![ToolCall::new("q1", "ask", json!({}))]),
+            ModelReply::text("helper done"),
+        ],
+    );
+    Ok(Runtime::builder()
+        .store(Arc::new(SledStore::temporary()?))
+        .llm(Arc::new(llm))
+        .agent(helper)
+        .background_deadlines(false)
+        .build()?)
+}
+
+/// The parent: `lead` delegates to `helper` at `endpoint`; its clock is `clock`.
+fn parent_runtime(endpoint: &str, clock: Arc<ManualClock>) -> anyhow::Result<Runtime> {
+    let lead = AgentDefinition::builder("lead")
+        .tool(ToolDefinition::remote_sub_agent(
+            "delegate", endpoint, "helper",
+        ))
+        .build()?;
+    let llm = ScriptedLlm::new().script(
+        "lead",
+        vec![
+            ModelReply::tool_calls(vec![ToolCall::new(
+                "d1",
+                "delegate",
+                json!({ "message": "ask" }),
+            )]),
+            ModelReply::text("lead done"),
+        ],
+    );
+    Ok(Runtime::builder()
+        .store(Arc::new(SledStore::temporary()?))
+        .llm(Arc::new(llm))
+        .clock(clock)
+        .agent(lead)
+        .remote_agents(Arc::new(HttpRemoteAgents::new(Some(KEY.into()))))
+        .remote_policy(RemotePolicy {
+            attempts: 2,
+            backoff: Duration::from_millis(10),
+            patience: PATIENCE,
+            max_retry_wait: Duration::from_secs(30),
+        })
+        .background_deadlines(false)
+        .build()?)
+}
+
+/// Serves `runtime` again on the address a stopped server had.
+async fn serve_again(runtime: Runtime, base: &str) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    let address = base.trim_start_matches("http://");
+    let listener = tokio::net::TcpListener::bind(address).await?;
+    let app = Server::new(runtime, Auth::api_key(KEY)).router()?;
+    Ok(tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    }))
+}
+
+async fn suspended_tree(
+    remote: &TestServer,
+    clock: Arc<ManualClock>,
+    root: &str,
+) -> anyhow::Result<Runtime> {
+    let parent = parent_runtime(&remote.base, clock)?;
+    let run = parent.execute_on(&root.parse()?, "lead", "go").await?;
+    assert_eq!(run.status, Status::SuspendedAwaitingChildren, "{run:?}");
+    let accepted = parent
+        .submit_tool_result(Submit::result(root, "q1", json!("yes")))
+        .await?;
+    assert_eq!(accepted, SubmitOutcome::Accepted);
+    Ok(parent)
+}
+
+fn result_of(messages: &[Message], call: &str) -> Option<ToolOutcome> {
+    messages.iter().find_map(|message| match message {
+        Message::Tool {
+            tool_call_id,
+            outcome,
+            ..
+        } if tool_call_id == call => Some(outcome.clone()),
+        _ => None,
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resume_during_an_outage_waits_and_is_carried_out_when_the_remote_is_back(
+) -> anyhow::Result<()> {
+    let remote = serve(
+        helper_runtime()?,
+        Auth::api_key(KEY),
+        ServerConfig::default(),
+    )
+    .await?;
+    let clock = Arc::new(ManualClock::new(1_000));
+    let root: SessionId = "out-1".parse()?;
+    let parent = suspended_tree(&remote, Arc::clone(&clock), "out-1").await?;
+
+    // The remote goes away; the resume of the root keeps the tree waiting, visibly.
+    let base = remote.base.clone();
+    let remote_runtime = remote.stop().await?;
+    let run = parent.resume(&root).await?;
+    assert_eq!(run.status, Status::SuspendedAwaitingChildren, "{run:?}");
+    assert_eq!(
+        parent.status(&root).await?,
+        Status::SuspendedAwaitingChildren
+    );
+    let children = parent.children(&root).await?;
+    let look = children[0].remote_look.map(|look| look.why);
+    assert!(
+        matches!(look, Some(LookReason::Unreachable { wake: true, .. })),
+        "{look:?}"
+    );
+    // GET /status of the root says what the tree waits on.
+    let front = serve(parent.clone(), Auth::api_key(KEY), ServerConfig::default()).await?;
+    let status: serde_json::Value = front
+        .http
+        .get(front.url("/status?session_id=out-1"))
+        .header("x-api-key", KEY)
+        .send()
+        .await?
+        .json()
+        .await?;
+    let unreachable = &status["unreachable"][0];
+    assert_eq!(
+        (
+            &unreachable["session_id"],
+            &unreachable["endpoint"],
+            &unreachable["resume_pending"]
+        ),
+        (&json!("out-1-sub-d1"), &json!(base), &json!(true)),
+        "{status}"
+    );
+    front.stop().await?;
+
+    // Still away at the next try: nothing changes, and no tool error is recorded.
+    clock.advance(1_000);
+    parent.sweep_deadlines().await?;
+    assert_eq!(
+        parent.status(&root).await?,
+        Status::SuspendedAwaitingChildren
+    );
+    assert_eq!(result_of(&parent.messages(&root).await?, "d1"), None);
+
+    // Back on its port: the next try resumes the child there, and the root's resume goes on.
+    let served = serve_again(remote_runtime.clone(), &base).await?;
+    clock.advance(30_000);
+    parent.sweep_deadlines().await?;
+    parent.wait_settled(&root).await;
+    assert_eq!(parent.status(&root).await?, Status::Completed);
+    let messages = parent.messages(&root).await?;
+    assert_eq!(
+        result_of(&messages, "d1"),
+        Some(ToolOutcome::Result(json!("helper done")))
+    );
+    let child = remote_runtime.session(&"out-1-sub-d1".parse()?).await?;
+    assert_eq!(child.status, Status::Completed);
+    served.abort();
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remote_away_past_the_patience_is_written_off_and_its_child_aborted_when_it_is_back(
+) -> anyhow::Result<()> {
+    let remote = serve(
+        helper_runtime()?,
+        Auth::api_key(KEY),
+        ServerConfig::default(),
+    )
+    .await?;
+    let clock = Arc::new(ManualClock::new(1_000));
+    let root: SessionId = "out-2".parse()?;
+    let parent = suspended_tree(&remote, Arc::clone(&clock), "out-2").await?;
+    let base = remote.base.clone();
+    let remote_runtime = remote.stop().await?;
+    let run = parent.resume(&root).await?;
+    assert_eq!(run.status, Status::SuspendedAwaitingChildren, "{run:?}");
+
+    // Tries at growing intervals, then past the patience: written off, and the resume that
+    // was asked for goes on with the tool error.
+    let mut tries = 0;
+    while parent.status(&root).await? == Status::SuspendedAwaitingChildren {
+        tries += 1;
+        anyhow::ensure!(tries < 100, "never written off");
+        clock.advance(30_000);
+        parent.sweep_deadlines().await?;
+        parent.wait_settled(&root).await;
+    }
+    assert_eq!(parent.status(&root).await?, Status::Completed);
+    let lost = result_of(&parent.messages(&root).await?, "d1");
+    assert!(
+        matches!(&lost, Some(ToolOutcome::Error(text)) if text.starts_with("remote_subagent_lost")),
+        "{lost:?}"
+    );
+    assert!(tries >= 20, "gave up after {tries} tries of 30 s");
+    assert_eq!(
+        parent.retry_remote_stops().await?,
+        1,
+        "the remote is still away"
+    );
+
+    // Back: the orphan is aborted there, once.
+    let served = serve_again(remote_runtime.clone(), &base).await?;
+    assert_eq!(parent.retry_remote_stops().await?, 0);
+    let child = remote_runtime.session(&"out-2-sub-d1".parse()?).await?;
+    assert!(child.aborted, "{child:?}");
+    assert_eq!(parent.retry_remote_stops().await?, 0);
+    served.abort();
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_root_aborted_while_its_remote_is_away_aborts_the_child_there_once_it_is_back(
+) -> anyhow::Result<()> {
+    let remote = serve(
+        helper_runtime()?,
+        Auth::api_key(KEY),
+        ServerConfig::default(),
+    )
+    .await?;
+    let clock = Arc::new(ManualClock::new(1_000));
+    let root: SessionId = "out-3".parse()?;
+    let parent = suspended_tree(&remote, clock, "out-3").await?;
+    let base = remote.base.clone();
+    let remote_runtime = remote.stop().await?;
+
+    // The abort is durable here at once; the remote could not be told, which the caller
+    // learns, and which the runtime remembers.
+    let aborted = parent.abort(&root).await;
+    assert!(
+        matches!(&aborted, Err(dormant::Error::Remote(error)) if error.is_retryable()),
+        "{aborted:?}"
+    );
+    assert!(parent.session(&root).await?.aborted);
+    assert_eq!(parent.retry_remote_stops().await?, 1);
+
+    let served = serve_again(remote_runtime.clone(), &base).await?;
+    assert_eq!(parent.retry_remote_stops().await?, 0);
+    let child = remote_runtime.session(&"out-3-sub-d1".parse()?).await?;
+    assert!(child.aborted, "{child:?}");
+    served.abort();
+    Ok(())
+}

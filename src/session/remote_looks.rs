@@ -1,0 +1,203 @@
+//! When a parent looks at a remote child by itself, beside `remote_children.rs`: at the
+//! deadline of the first call the child waits on (a timeout there settles the child with
+//! nobody asking here), and while the child's server does not answer (a restart, a deploy),
+//! again and again until it does or the parent's patience runs out. A look is an entry of
+//! the parent's deadline index (its key names the sub-agent call), so it survives a restart.
+
+use super::core::{Phase, Session};
+use super::{ChildReport, ChildState, Effect, Transition};
+use crate::remote::{Drive, LookReason, RemoteLook, RemoteOrphan};
+use crate::schema::IndexWrite;
+use crate::store::CommitKind;
+use crate::tool_error::ToolErrorCode;
+
+/// The least wait before a parent looks at a remote child again.
+const LOOK_MIN_MS: u64 = 1_000;
+/// The longest wait between two looks at a remote child that still waits past its deadline.
+const LOOK_MAX_MS: u64 = 60_000;
+
+impl Session {
+    /// Arms the look for when the remote settles a call of the child by itself: at `due`, the
+    /// earliest deadline among them (the remote's clock), or nothing to look for.
+    pub(super) fn look_at_deadline(&mut self, call_id: &str, due: Option<u64>, now: u64) {
+        let look = due.map(|due_ms| RemoteLook {
+            at_ms: next_deadline_look(due_ms, now),
+            why: LookReason::Deadline { due_ms },
+        });
+        self.set_remote_look(call_id, look);
+    }
+
+    /// A look at a remote child fell due (its entry in the deadline index fired). For a
+    /// deadline: ask the child where it stands. For a remote that did not answer: follow the
+    /// child again (and resume it first if a resume of this session asked for that). Either
+    /// way the look is armed again in case this one learns nothing; a stale entry (the look
+    /// moved, the child no longer waits) does nothing.
+    pub(super) fn remote_look_due(&mut self, call_id: &str, now: u64) -> Transition {
+        let Some(entry) = self.children.get(call_id) else {
+            return Transition::default();
+        };
+        let (Some(_), Some(look)) = (&entry.remote, entry.remote_look) else {
+            return Transition::default();
+        };
+        if now < look.at_ms || entry.state.is_finished() {
+            return Transition::default();
+        }
+        let (again, how) = match look.why {
+            LookReason::Deadline { due_ms } => {
+                if !matches!(entry.state, ChildState::Suspended { .. }) {
+                    return Transition::default();
+                }
+                let at_ms = next_deadline_look(due_ms, now).max(now.saturating_add(LOOK_MIN_MS));
+                (RemoteLook { at_ms, ..look }, Drive::Watch)
+            }
+            LookReason::Unreachable { since_ms, wake } => {
+                let at_ms = now.saturating_add(self.retry_wait(since_ms, now));
+                let how = if wake { Drive::Wake } else { Drive::Follow };
+                (RemoteLook { at_ms, ..look }, how)
+            }
+        };
+        self.set_remote_look(call_id, Some(again));
+        self.put_child_entry(call_id);
+        let call = call_id.to_string();
+        self.finish_entries(CommitKind::Other, vec![Effect::DriveRemote { call, how }])
+    }
+
+    /// A remote child's server did not answer its driver. Within the patience of the
+    /// runtime's `RemotePolicy`, the tree stays as it was (waiting, and visibly so) and this
+    /// session looks again later; a resume that was waking the child goes on without it (its
+    /// caller learns the tree still waits) and is carried out once the remote answers. Past
+    /// the patience, the child is written off as `remote_subagent_lost`, and recorded to be
+    /// stopped there whenever the remote answers again.
+    pub(super) fn remote_unreachable(
+        &mut self,
+        call_id: &str,
+        reason: &str,
+        now: u64,
+    ) -> Transition {
+        let Some(entry) = self.children.get(call_id) else {
+            return Transition::default();
+        };
+        let Some(remote) = entry.remote.clone() else {
+            return Transition::default();
+        };
+        if entry.state.is_finished() {
+            return Transition::default();
+        }
+        let child = entry.child.clone();
+        let waking = matches!(&self.phase, Phase::AwaitingChildren { waking, .. } if waking.iter().any(|id| id == call_id));
+        let (since_ms, owed) = match entry.remote_look.map(|look| look.why) {
+            Some(LookReason::Unreachable { since_ms, wake }) => (since_ms, wake),
+            _ => (now, false),
+        };
+        let wake = owed || waking;
+        let patience = self.policy.remote_patience_ms;
+        if now.saturating_sub(since_ms) >= patience {
+            let outcome = ToolErrorCode::RemoteSubAgentLost.with(format_args!(
+                "{} did not answer for {} ms (the runtime's patience): {reason}",
+                remote.endpoint,
+                now.saturating_sub(since_ms)
+            ));
+            self.unroute_remote_calls(call_id);
+            self.staged.index.push(IndexWrite::PutOrphan(RemoteOrphan {
+                child,
+                endpoint: remote.endpoint,
+                abort: true,
+                since_ms: now,
+            }));
+            let mut transition = self.child_reported(
+                call_id,
+                ChildReport::Finished(outcome.into()),
+                Vec::new(),
+                now,
+            );
+            self.resume_if_owed(wake, now, &mut transition);
+            return transition;
+        }
+        let look = RemoteLook {
+            at_ms: now.saturating_add(self.retry_wait(since_ms, now)),
+            why: LookReason::Unreachable { since_ms, wake },
+        };
+        self.set_remote_look(call_id, Some(look));
+        self.put_child_entry(call_id);
+        if let Phase::AwaitingChildren { waking, run_id } = &mut self.phase {
+            waking.retain(|id| id != call_id);
+            if waking.is_empty() {
+                let run_id = *run_id;
+                self.phase = Phase::Idle;
+                return self.after_waking(run_id, now, Vec::new());
+            }
+        }
+        self.finish_entries(CommitKind::Other, Vec::new())
+    }
+
+    /// A remote child reported after a resume of this session could not reach it: now that
+    /// it answered, that resume is carried out if nothing else waits.
+    pub(super) fn resume_if_owed(&self, owed: bool, now: u64, transition: &mut Transition) {
+        let idle = matches!(self.phase, Phase::Idle);
+        let queued = transition
+            .effects
+            .iter()
+            .any(|effect| matches!(effect, Effect::AutoResume));
+        if owed && idle && !queued && self.is_suspended() && !self.any_waiting(now) {
+            transition.effects.push(Effect::AutoResume);
+        }
+    }
+
+    /// Whether a resume of this session is still to reach the remote child of `call_id`.
+    pub(super) fn wake_owed(&self, call_id: &str) -> bool {
+        self.children.get(call_id).is_some_and(|entry| {
+            matches!(
+                entry.remote_look.map(|look| look.why),
+                Some(LookReason::Unreachable { wake: true, .. })
+            )
+        })
+    }
+
+    /// How long to wait before trying an unreachable remote again: as long as it has been
+    /// unreachable, a second at least and the policy's longest wait at most.
+    fn retry_wait(&self, since_ms: u64, now: u64) -> u64 {
+        let max = self.policy.remote_retry_max_ms.max(LOOK_MIN_MS);
+        now.saturating_sub(since_ms).clamp(LOOK_MIN_MS, max)
+    }
+
+    /// Stages the child entry of `call_id` as it is now.
+    fn put_child_entry(&mut self, call_id: &str) {
+        if let Some(entry) = self.children.get(call_id).cloned() {
+            self.staged.index.push(IndexWrite::PutChild(entry));
+        }
+    }
+
+    /// Moves the look at the remote child of `call_id` (its deadline entry with it).
+    pub(super) fn set_remote_look(&mut self, call_id: &str, look: Option<RemoteLook>) {
+        let Some(entry) = self.children.get_mut(call_id) else {
+            return;
+        };
+        if entry.remote_look == look {
+            return;
+        }
+        let before = std::mem::replace(&mut entry.remote_look, look);
+        if let Some(before) = before {
+            self.staged.index.push(IndexWrite::DeleteDeadline {
+                at: before.at_ms,
+                call: call_id.to_string(),
+            });
+        }
+        if let Some(look) = look {
+            self.staged.index.push(IndexWrite::PutDeadline {
+                at: look.at_ms,
+                call: call_id.to_string(),
+            });
+        }
+    }
+}
+
+/// When to look at a remote child whose first call falls due at `due` (the remote's clock):
+/// then, or if that has passed, after a wait that grows with how late it is (a second at
+/// least, a minute at most), so a remote whose clock is behind is not asked every second.
+fn next_deadline_look(due: u64, now: u64) -> u64 {
+    if due > now {
+        return due;
+    }
+    let late = now - due;
+    now.saturating_add(late.clamp(LOOK_MIN_MS, LOOK_MAX_MS))
+}
