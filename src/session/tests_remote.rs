@@ -246,3 +246,120 @@ fn a_remote_child_that_finished_by_itself_resumes_an_auto_resuming_parent() {
     );
     assert_eq!(deadlines(&finished).1, vec![(2_000, "d1".to_string())]);
 }
+
+fn unreachable(session: &mut Session, now: u64) -> Transition {
+    let input = Input::RemoteUnreachable {
+        tool_call_id: "d1".into(),
+        reason: "connection refused".into(),
+    };
+    session.apply(input, now).unwrap_or_default()
+}
+
+/// A lead whose remote child waits on `q1`, answered (at the remote), and which a resume is
+/// now waking.
+fn waking_an_answered_child(policy: Policy) -> Session {
+    let mut session = delegating(policy);
+    reported(
+        &mut session,
+        ChildReport::Suspended(vec!["q1".into()]),
+        vec![call("q1", 900_000, true, false)],
+        false,
+        10,
+    );
+    let answered = RemoteCall {
+        answered: true,
+        ..call("q1", 900_000, false, false)
+    };
+    reported(
+        &mut session,
+        ChildReport::Suspended(Vec::new()),
+        vec![answered],
+        true,
+        20,
+    );
+    let resume = Input::Resume {
+        run_id: RunId::generate(),
+    };
+    let woken = session.apply(resume, 30).unwrap_or_default();
+    assert!(woken
+        .effects
+        .iter()
+        .any(|effect| matches!(effect, Effect::WakeChildren(_))));
+    session
+}
+
+#[test]
+fn a_resume_that_cannot_reach_its_remote_child_answers_that_the_tree_still_waits_and_tries_again() {
+    let mut session = waking_an_answered_child(Policy::default());
+    let away = unreachable(&mut session, 1_000);
+    let settled = away.effects.iter().find_map(|effect| match effect {
+        Effect::Settle(outcome) => Some(outcome.status),
+        _ => None,
+    });
+    assert_eq!(settled, Some(Status::SuspendedAwaitingChildren));
+    assert!(!session.is_busy());
+    assert_eq!(deadlines(&away).0, vec![(2_000, "d1".to_string())]);
+
+    // The look falls due: the resume that was asked for is tried again.
+    let again = timeout(&mut session, "d1", 2_000);
+    let how = again.effects.iter().find_map(|effect| match effect {
+        Effect::DriveRemote { how, .. } => Some(how.clone()),
+        _ => None,
+    });
+    assert_eq!(how, Some(crate::remote::Drive::Wake));
+    // Away for longer now: the next try waits as long as it has been away.
+    let still = unreachable(&mut session, 5_000);
+    assert_eq!(deadlines(&still).0, vec![(5_000 + 4_000, "d1".to_string())]);
+
+    // Back: the child resumed and finished, and the resume of the lead is carried out.
+    let back = reported(
+        &mut session,
+        ChildReport::Finished(ToolOutcome::Result(json!("done"))),
+        Vec::new(),
+        false,
+        9_000,
+    );
+    assert!(
+        back.effects
+            .iter()
+            .any(|effect| matches!(effect, Effect::AutoResume)),
+        "{:?}",
+        back.effects
+    );
+}
+
+#[test]
+fn a_remote_away_past_the_patience_is_written_off_and_recorded_to_be_stopped() {
+    let policy = Policy {
+        remote_patience_ms: 60_000,
+        ..Policy::default()
+    };
+    let mut session = waking_an_answered_child(policy);
+    unreachable(&mut session, 1_000);
+    let within = unreachable(&mut session, 60_999);
+    assert!(within
+        .commit
+        .iter()
+        .flat_map(|commit| &commit.index)
+        .all(|write| !matches!(write, IndexWrite::PutOrphan(_))));
+    let gone = unreachable(&mut session, 61_000);
+    let writes: Vec<&IndexWrite> = gone.commit.iter().flat_map(|c| &c.index).collect();
+    assert!(
+        writes
+            .iter()
+            .any(|write| matches!(write, IndexWrite::PutOrphan(orphan) if orphan.abort)),
+        "{writes:?}"
+    );
+    let entry = writes.iter().find_map(|write| match write {
+        IndexWrite::PutChild(entry) => Some(entry.state.clone()),
+        _ => None,
+    });
+    assert!(
+        matches!(&entry, Some(ChildState::Finished(ToolOutcome::Error(text))) if text.starts_with("remote_subagent_lost")),
+        "{entry:?}"
+    );
+    assert!(gone
+        .effects
+        .iter()
+        .any(|effect| matches!(effect, Effect::AutoResume)));
+}
