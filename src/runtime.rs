@@ -491,6 +491,61 @@ impl Runtime {
         let _ = settled.await;
     }
 
+    /// Waits until no session of `root`'s tree here has work in progress: [`Runtime::wait_settled`]
+    /// for the root and every sub-agent (and companion) below it that has not finished, until
+    /// one pass finds all of them settled. A child that goes on by itself (an answer accepted
+    /// with `auto_resume`) settles before its parent learns of it, so the root alone may look
+    /// settled while its tree still works; this is what a remote parent waits for before it
+    /// reads a child's status (`GET /status?settle_ms=`).
+    pub async fn wait_tree_settled(&self, root: &SessionId) {
+        loop {
+            self.wait_settled(root).await;
+            let mut quiet = true;
+            for session in self.tree_below(root).await {
+                if !self.is_settled(&session).await {
+                    quiet = false;
+                    self.wait_settled(&session).await;
+                }
+            }
+            if quiet && self.is_settled(root).await {
+                return;
+            }
+        }
+    }
+
+    /// The sessions below `root` whose calls have not finished, breadth first (at most
+    /// 10,000; sessions that cannot be read are left out).
+    async fn tree_below(&self, root: &SessionId) -> Vec<SessionId> {
+        const MAX_SESSIONS: usize = 10_000;
+        let store = self.store();
+        let mut found = Vec::new();
+        let mut queue = std::collections::VecDeque::from([root.clone()]);
+        while let Some(session) = queue.pop_front() {
+            if found.len() >= MAX_SESSIONS {
+                break;
+            }
+            let children = schema::load_children(store, &session)
+                .await
+                .unwrap_or_default();
+            for child in children {
+                if !child.state.is_finished() && child.remote.is_none() {
+                    found.push(child.child.clone());
+                    queue.push_back(child.child);
+                }
+            }
+            let companions = schema::load_companions(store, &session)
+                .await
+                .unwrap_or_default();
+            for companion in companions {
+                if !found.contains(&companion.child) {
+                    found.push(companion.child.clone());
+                    queue.push_back(companion.child);
+                }
+            }
+        }
+        found
+    }
+
     /// Whether the session is settled now: no run of it in progress, no resume waking its
     /// sub-agents, no remote sub-agent being followed, no automatic resume queued. What
     /// [`Runtime::wait_settled`] waits for, without waiting. A session with no actor in this

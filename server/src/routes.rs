@@ -257,7 +257,9 @@ pub(crate) async fn status(
     let settled = match query.settle_ms {
         Some(ms) => {
             let wait = Duration::from_millis(ms).min(MAX_SETTLE_WAIT);
-            let waited = tokio::time::timeout(wait, state.runtime.wait_settled(&id)).await;
+            // The whole tree here: a sub-agent that goes on by itself (an answer accepted
+            // with auto_resume) is at work before its parent learns of it.
+            let waited = tokio::time::timeout(wait, state.runtime.wait_tree_settled(&id)).await;
             Some(waited.is_ok())
         }
         None => None,
