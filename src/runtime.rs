@@ -136,8 +136,8 @@ impl Runtime {
     /// # Errors
     /// [`Error::AlreadyRunning`] while a run is in progress, [`Error::AgentMismatch`] if the
     /// session runs another agent, [`Error::SubAgentSession`] for a sub-agent's session, local
-    /// or the remote child of a parent on another server (its parent starts its turns), [`Error::Aborted`], [`Error::UnknownAgent`], a store
-    /// failure.
+    /// or the remote child of a parent on another server (its parent starts its turns),
+    /// [`Error::Aborted`], [`Error::UnknownAgent`], a store failure.
     pub async fn execute_on(
         &self,
         id: &SessionId,

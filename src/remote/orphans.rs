@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{stop_remote, RemoteOrphan};
+use super::{RemoteError, RemoteOrphan};
 use crate::error::Error;
 use crate::schema;
 use crate::shared::Shared;
@@ -26,21 +26,28 @@ pub(crate) async fn record(shared: &Shared, orphan: RemoteOrphan) -> Result<(), 
     Ok(())
 }
 
-/// Tries to stop every recorded orphan once; forgets those stopped (or unknown to their
-/// server). Returns how many are left.
+/// Tries to stop every recorded orphan once (one request each: a server that is still away
+/// costs one refused connection per orphan); forgets those stopped, or unknown to their
+/// server. Returns how many are left.
 ///
 /// # Errors
 /// A store failure reading or forgetting them.
 pub(crate) async fn pass(shared: &Shared) -> Result<usize, Error> {
+    let Some(transport) = shared.remote.clone() else {
+        return Ok(0);
+    };
     let orphans = schema::remote_orphans(shared.store.as_ref(), PASS_LIMIT).await?;
     let mut left = 0;
     let mut stopped = Batch::new(CommitKind::Other);
     for orphan in orphans {
-        let remote = super::RemoteChild {
-            endpoint: orphan.endpoint.clone(),
-            agent: String::new(),
-        };
-        match stop_remote(shared, &orphan.child, &remote, orphan.abort).await {
+        let outcome = transport
+            .stop(&orphan.endpoint, &orphan.child, orphan.abort)
+            .await;
+        match outcome.or_else(|error| match error {
+            // Never started there, or gone: nothing to stop.
+            error if error.is_not_found() => Ok(()),
+            error => Err::<(), RemoteError>(error),
+        }) {
             Ok(()) => {
                 tracing::info!(child = %orphan.child, endpoint = %orphan.endpoint, "remote_subagent.orphan_stopped");
                 schema::delete_orphan(&mut stopped, &orphan.child);
