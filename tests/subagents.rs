@@ -251,3 +251,63 @@ async fn recovery_reconciles_children_in_the_background_within_its_bound_and_onl
     runtime.shutdown().await?;
     Ok(())
 }
+
+#[test]
+fn a_sub_agent_tool_advertises_the_message_it_requires() -> anyhow::Result<()> {
+    let lead = AgentDefinition::builder("lead")
+        .tool(ToolDefinition::sub_agent("ask", "helper"))
+        .tool(ToolDefinition::remote_sub_agent(
+            "ask_far",
+            "http://127.0.0.1:1",
+            "helper",
+        ))
+        .build()?;
+    let expected = json!({
+        "type": "object",
+        "required": ["message"],
+        "properties": {
+            "message": {
+                "type": "string",
+                "description": "The task for the sub-agent: its first message."
+            }
+        }
+    });
+    for spec in lead.tool_specs().iter() {
+        assert_eq!(spec.input_schema, expected, "{}", spec.name);
+    }
+    assert_eq!(dormant::definition::sub_agent_input_schema(), expected);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_sub_agent_call_without_its_message_is_invalid_input() -> anyhow::Result<()> {
+    let llm = ScriptedLlm::new().script(
+        "lead",
+        vec![
+            ModelReply::tool_calls(vec![ToolCall::new("a1", "ask", json!({ "task": "x" }))]),
+            ModelReply::text("done"),
+        ],
+    );
+    let runtime = Runtime::builder()
+        .llm(Arc::new(llm))
+        .clock(Arc::new(ManualClock::new(0)))
+        .agent(
+            AgentDefinition::builder("lead")
+                .tool(ToolDefinition::sub_agent("ask", "helper"))
+                .build()?,
+        )
+        .agent(AgentDefinition::builder("helper").build()?)
+        .build()?;
+    let parent: SessionId = "p".parse()?;
+    let outcome = runtime.execute_on(&parent, "lead", "go").await?;
+    assert_eq!(outcome.status, Status::Completed);
+    match common::tool_result(&runtime.messages(&parent).await?, "a1") {
+        Some(ToolOutcome::Error(text)) => {
+            assert!(text.starts_with("invalid_input"), "{text}");
+            assert!(text.contains("message"), "{text}");
+        }
+        other => panic!("a1 should be invalid_input, got {other:?}"),
+    }
+    runtime.shutdown().await?;
+    Ok(())
+}
