@@ -3,6 +3,7 @@
 //! session actor only executes transitions, so every rule here is testable without actors,
 //! sled or time.
 
+mod call_ids;
 mod child_side;
 mod children;
 mod companions;
@@ -33,6 +34,8 @@ pub(crate) use transition::{Effect, Observation, Transition};
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_call_ids;
 #[cfg(test)]
 mod tests_children;
 #[cfg(test)]

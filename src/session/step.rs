@@ -153,7 +153,7 @@ impl Session {
             run.usage.record_model(step, usage, success);
             self.staged.run_changed = true;
         }
-        let reply = match reply {
+        let mut reply = match reply {
             Ok(reply) => reply,
             Err(error) => {
                 let code = match error {
@@ -171,6 +171,8 @@ impl Session {
                 return self.finish(CommitKind::RunEnd, now, effects);
             }
         };
+        // Before anything records a call: from here on each call's id is unique.
+        self.assign_call_ids(&mut reply.tool_calls, &mut effects);
         if let Some(text) = &reply.text {
             self.stage_chunk(run_id, now, ChunkKind::Text { text: text.clone() });
             if let Some(run) = &mut self.run {
@@ -189,7 +191,7 @@ impl Session {
             return self.finish(CommitKind::RunEnd, now, effects);
         }
         let mut slots = Vec::with_capacity(calls.len());
-        for (index, call) in calls.iter().enumerate() {
+        for call in &calls {
             self.stage_chunk(
                 run_id,
                 now,
@@ -199,15 +201,7 @@ impl Session {
                     input: call.input.clone(),
                 },
             );
-            let duplicate = calls[..index].iter().any(|earlier| earlier.id == call.id);
-            let slot = if duplicate {
-                CallSlot::failed(ToolErrorCode::DuplicateToolCallId.with(format_args!(
-                    "call id {} is used twice in one reply",
-                    call.id
-                )))
-            } else {
-                self.classify(call)
-            };
+            let slot = self.classify(call);
             // Every call gets the whole hook sequence, even one answered on the spot.
             effects.push(Effect::Hook(HookEvent::BeforeTool {
                 session: self.record.id.clone(),
