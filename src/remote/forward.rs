@@ -12,7 +12,8 @@ use crate::session::Submission;
 use crate::shared::Shared;
 use crate::submit::{Submit, SubmitAnswer, SubmitOutcome};
 
-/// Forwards `submission` for the call `owner` describes to its remote, and tells the session
+/// Forwards `submission` for the call `owner` describes to its remote (naming the session
+/// there that made the call when the submitter did: `owner_session`), and tells the session
 /// holding the remote child that an answer was accepted there (the remote may go on by itself:
 /// the parent follows it).
 pub(crate) async fn forward(
@@ -20,6 +21,7 @@ pub(crate) async fn forward(
     host: &Host<SessionActor>,
     owner: RemoteOwner,
     submission: Submission,
+    owner_session: Option<String>,
 ) -> Result<SubmitOutcome, Error> {
     let transport = shared
         .remote
@@ -41,6 +43,7 @@ pub(crate) async fn forward(
                 reason,
             },
         },
+        owner_session_id: owner_session,
     };
     let outcome = transport
         .submit(&owner.endpoint, &submit)

@@ -71,6 +71,7 @@ impl Session {
             self.staged.index.push(IndexWrite::DeleteOwnership {
                 root: root.clone(),
                 call: gone.clone(),
+                owner: child.clone(),
             });
             self.staged.index.push(IndexWrite::PutTombstone {
                 root: root.clone(),
@@ -108,6 +109,7 @@ impl Session {
             self.staged.index.push(IndexWrite::DeleteOwnership {
                 root: root.clone(),
                 call,
+                owner: entry.child.clone(),
             });
         }
     }

@@ -322,6 +322,7 @@ impl Session {
             self.staged.index.push(IndexWrite::DeleteOwnership {
                 root: self.record.root.clone(),
                 call: call.tool_call_id.clone(),
+                owner: self.record.id.clone(),
             });
         }
     }
