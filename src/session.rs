@@ -20,7 +20,7 @@ mod suspend;
 mod transition;
 
 pub(crate) use self::child_side::{report_of, stored_state};
-pub(crate) use self::children::ChildStart;
+pub(crate) use self::children::{ChildOrigin, ChildStart};
 pub(crate) use self::core::{Policy, Session, Stored};
 pub(crate) use self::input::{ChildReport, FinishedCall, Input};
 pub use outcome::{RunOutcome, RunStarted};
