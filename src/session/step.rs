@@ -432,7 +432,9 @@ impl Session {
                     }
                 )
         });
-        let mut output = None;
+        // A resume that drained the children a finisher's step waited for: the run completes
+        // with the finisher's value.
+        let mut output = self.finishing.take();
         let mut pending = 0u32;
         for (index, ((call, slot), changes)) in
             calls.into_iter().zip(slots).zip(updates).enumerate()
@@ -457,20 +459,17 @@ impl Session {
                         .into(),
                     false,
                 ),
-                // A child that waits on a person: the run suspends on it, unless another call
-                // finished the run, and then the child is no longer needed (a companion
-                // outlives the call: only the wait ends).
-                CallSlot::Child if finisher.is_some() => {
-                    let ephemeral = self
-                        .children
-                        .get(&call.id)
-                        .filter(|entry| entry.companion.is_none());
-                    if let Some(entry) = ephemeral {
-                        effects.push(Effect::StopChildren {
-                            children: vec![entry.child.clone()],
-                            abort: true,
-                        });
-                    }
+                // A child that waits on a person: the run suspends on it, even when another
+                // call finished the run (seed 001: sub-agents always execute, completion waits
+                // for them; the run completes with the finisher's value once they finish). A
+                // companion's wait ends there instead: the companion outlives the call.
+                CallSlot::Child
+                    if finisher.is_some()
+                        && self
+                            .children
+                            .get(&call.id)
+                            .is_some_and(|entry| entry.companion.is_some()) =>
+                {
                     (self.adopt_child(run_id, &call.id, now), false)
                 }
                 CallSlot::Child => {
@@ -490,13 +489,15 @@ impl Session {
             };
             self.record_outcome(run_id, call, outcome, now, effects);
         }
-        if let Some(value) = output {
+        if let (Some(value), true) = (&output, pending > 0) {
+            self.suspend(run_id, Some(value.clone()), now, effects);
+        } else if let Some(value) = output {
             if let Some(run) = &mut self.run {
                 run.output = Some(value);
             }
             self.end_run(Status::Completed, None, now, effects);
         } else if pending > 0 {
-            self.suspend(run_id, now, effects);
+            self.suspend(run_id, None, now, effects);
         } else {
             self.begin_step(run_id, now, effects);
         }
