@@ -14,7 +14,8 @@ use crate::skills::{SkillProvider, RESERVED_TOOL_NAMES};
 pub(crate) use companion::CompanionTool;
 pub use companion::{CompanionMode, PersistentAgent};
 pub use tool::{
-    Approval, ApprovalPredicate, ToolContext, ToolDefinition, ToolError, ToolHandler, ToolKind,
+    sub_agent_input_schema, Approval, ApprovalPredicate, ToolContext, ToolDefinition, ToolError,
+    ToolHandler, ToolKind,
 };
 
 /// The name of the tool that ends a run with a value checked against the agent's output schema.

@@ -26,6 +26,7 @@
 //! it says the session exists and where it sits in its tree (root, parent), which never
 //! change. The current record is read from the newest log entry.
 
+mod ownership;
 mod stored_message;
 
 use serde::de::DeserializeOwned;
@@ -206,8 +207,13 @@ pub(crate) enum IndexWrite {
     /// Record on the root that this session owns the call (only for a call of a sub-agent:
     /// a root's own pending entry stands for its ownership).
     PutOwnership { root: SessionId, call: String },
-    /// Clear an ownership entry on the root.
-    DeleteOwnership { root: SessionId, call: String },
+    /// Clear `owner`'s ownership entry of the call on the root (`owner`: this session, or
+    /// the remote child whose tree owned it).
+    DeleteOwnership {
+        root: SessionId,
+        call: String,
+        owner: SessionId,
+    },
     /// Record on the root that a remote child's tree owns the call (written by the session
     /// that holds the remote child).
     PutRemoteOwnership {
@@ -313,15 +319,15 @@ impl Commit {
                 }
                 IndexWrite::PutOwnership { root, call } => batch.put(
                     Tree::Ownership,
-                    call_key(root, call),
+                    ownership::key(root, call, id),
                     encode(Tree::Ownership, id)?,
                 ),
-                IndexWrite::DeleteOwnership { root, call } => {
-                    batch.delete(Tree::Ownership, call_key(root, call));
+                IndexWrite::DeleteOwnership { root, call, owner } => {
+                    batch.delete(Tree::Ownership, ownership::key(root, call, owner));
                 }
                 IndexWrite::PutRemoteOwnership { root, owner } => batch.put(
                     Tree::Ownership,
-                    call_key(root, &owner.call.tool_call_id),
+                    ownership::key(root, &owner.call.tool_call_id, &owner.remote_root),
                     encode(Tree::Ownership, &Owner::Remote(owner.clone()))?,
                 ),
                 IndexWrite::PutTombstone { root, call, at } => batch.put(
@@ -662,19 +668,7 @@ pub(crate) async fn load_conversation(
         .collect())
 }
 
-/// Who owns call `call` under `root`, if the call is pending under a sub-agent (local or
-/// remote).
-pub(crate) async fn owner(
-    store: &dyn Store,
-    root: &SessionId,
-    call: &str,
-) -> Result<Option<Owner>, Error> {
-    store
-        .get(Tree::Ownership, &call_key(root, call))
-        .await?
-        .map(|bytes| decode(root, Tree::Ownership, &bytes))
-        .transpose()
-}
+pub(crate) use ownership::{legacy_owner, migrate as migrate_ownership, owners};
 
 /// The calls under `root` that remote children's trees own, in call id order.
 pub(crate) async fn remote_owned(
@@ -733,16 +727,17 @@ pub(crate) async fn remote_orphans(
         .collect())
 }
 
-/// Whether `session` has a pending entry for `call`.
-pub(crate) async fn has_pending(
+/// `session`'s pending entry for `call`, if it has one.
+pub(crate) async fn pending_call(
     store: &dyn Store,
     session: &SessionId,
     call: &str,
-) -> Result<bool, Error> {
-    Ok(store
+) -> Result<Option<PendingCall>, Error> {
+    store
         .get(Tree::Pending, &call_key(session, call))
         .await?
-        .is_some())
+        .map(|bytes| decode(session, Tree::Pending, &bytes))
+        .transpose()
 }
 
 /// When call `call` under `root` completed, if a tombstone remains.

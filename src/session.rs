@@ -3,6 +3,7 @@
 //! session actor only executes transitions, so every rule here is testable without actors,
 //! sled or time.
 
+mod call_ids;
 mod child_side;
 mod children;
 mod companions;
@@ -20,7 +21,7 @@ mod suspend;
 mod transition;
 
 pub(crate) use self::child_side::{report_of, stored_state};
-pub(crate) use self::children::ChildStart;
+pub(crate) use self::children::{ChildOrigin, ChildStart};
 pub(crate) use self::core::{duration_ms, Policy, Session, Stored};
 pub(crate) use self::input::{ChildReport, FinishedCall, Input};
 pub use outcome::{RunOutcome, RunStarted};
@@ -34,6 +35,8 @@ pub(crate) use transition::{Effect, Observation, Transition};
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_call_ids;
 #[cfg(test)]
 mod tests_children;
 #[cfg(test)]

@@ -41,8 +41,11 @@ pub enum Tree {
     Pending,
     /// (deadline, session id, tool call id) → nothing; ordered by deadline.
     Deadlines,
-    /// (root session id, tool call id) → owning sub-agent session id (a root's own calls have
-    /// no entry: its pending entry stands for it).
+    /// (root session id, tool call id, owner) → the owning sub-agent session id, or where a
+    /// remote child's tree has the call (a root's own calls have no entry: its pending entry
+    /// stands for it). One entry per owner: several sessions of a tree may wait on one call id.
+    /// Stores written before hold (root session id, tool call id) entries, read and moved by
+    /// the runtime.
     Ownership,
     /// (root session id, tool call id) → completion time.
     Tombstones,

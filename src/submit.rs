@@ -45,6 +45,12 @@ pub struct Submit {
     ///
     /// [`Runtime::start_remote_child`]: crate::Runtime::start_remote_child
     pub via_root: Option<String>,
+    /// The session that made the call, when the submitter knows it (`GET /status` lists each
+    /// pending call with it): needed only when several sessions of the tree wait on calls
+    /// with this id (a child's `tc-1` and its sibling's). Without it, such an answer goes to
+    /// the call its approval id names, else to the one that has waited longest. Still the
+    /// root is the session submitted to.
+    pub owner_session_id: Option<String>,
 }
 
 /// What a [`Submit`] answers with.
@@ -75,6 +81,7 @@ impl Submit {
             tool_call_id: call.into(),
             answer: SubmitAnswer::Result(result),
             via_root: None,
+            owner_session_id: None,
         }
     }
 
@@ -89,6 +96,7 @@ impl Submit {
             tool_call_id: call.into(),
             answer: SubmitAnswer::Error(error.into()),
             via_root: None,
+            owner_session_id: None,
         }
     }
 
@@ -109,7 +117,24 @@ impl Submit {
                 reason,
             },
             via_root: None,
+            owner_session_id: None,
         }
+    }
+
+    /// Names the session that made the call (see [`Submit::owner_session_id`]).
+    ///
+    /// ```
+    /// use dormant::submit::Submit;
+    /// use serde_json::json;
+    ///
+    /// let answer = Submit::result("s1", "tc-1", json!(1)).owned_by("s1-sub-w2");
+    /// assert_eq!(answer.to_json()["owner_session_id"], "s1-sub-w2");
+    /// assert_eq!(Submit::from_json(&answer.to_json()), Ok(answer));
+    /// ```
+    #[must_use]
+    pub fn owned_by(mut self, session: impl Into<String>) -> Self {
+        self.owner_session_id = Some(session.into());
+        self
     }
 
     /// The JSON envelope a client sends (`POST /submit-tool-result`), which
@@ -133,6 +158,9 @@ impl Submit {
             "tool_call_id".into(),
             Value::from(self.tool_call_id.clone()),
         );
+        if let Some(owner) = &self.owner_session_id {
+            body.insert("owner_session_id".into(), Value::from(owner.clone()));
+        }
         match &self.answer {
             SubmitAnswer::Result(value) => {
                 body.insert("result".into(), value.clone());
@@ -159,8 +187,9 @@ impl Submit {
     /// Reads the JSON envelope a client sends (snake_case):
     /// `{ "kind": "client-tool-result", "session_id", "tool_call_id", "result" | "error" }` or
     /// `{ "kind": "approval-response", "session_id", "tool_call_id", "approval_id", "approved",
-    /// "reason"? }`. `kind` defaults to `client-tool-result`. Either may carry `via_root` (see
-    /// [`Submit::via_root`]).
+    /// "reason"? }`. `kind` defaults to `client-tool-result`. Either may carry
+    /// `"owner_session_id"`: the session that made the call (see
+    /// [`Submit::owner_session_id`]), and `"via_root"` (see [`Submit::via_root`]).
     ///
     /// # Errors
     /// Why the envelope is malformed: an unknown field, a missing or empty id, both or neither
@@ -176,11 +205,12 @@ impl Submit {
         let fields = envelope
             .as_object()
             .ok_or_else(|| "the envelope must be a JSON object".to_string())?;
-        const KNOWN: [&str; 9] = [
+        const KNOWN: [&str; 10] = [
             "kind",
             "session_id",
             "via_root",
             "tool_call_id",
+            "owner_session_id",
             "result",
             "error",
             "approval_id",
@@ -192,6 +222,7 @@ impl Submit {
         }
         let session_id = text(fields, "session_id")?.ok_or("session_id is required")?;
         let tool_call_id = text(fields, "tool_call_id")?.ok_or("tool_call_id is required")?;
+        let owner_session_id = text(fields, "owner_session_id")?;
         let error = text(fields, "error")?;
         let result = fields.get("result").cloned();
         let answer = match text(fields, "kind")?.as_deref() {
@@ -239,6 +270,7 @@ impl Submit {
             tool_call_id,
             answer,
             via_root: text(fields, "via_root")?,
+            owner_session_id,
         })
     }
 
@@ -304,6 +336,7 @@ impl Submit {
             tool_call_id: self.tool_call_id,
             submission,
             via_root,
+            owner: self.owner_session_id,
         })
     }
 
@@ -345,6 +378,8 @@ pub(crate) struct Checked {
     pub(crate) submission: Submission,
     /// The root on a remote parent's server this answer was given at.
     pub(crate) via_root: Option<SessionId>,
+    /// The session the submitter says made the call.
+    pub(crate) owner: Option<String>,
 }
 
 /// The answer for a call that is no longer pending: `already_completed` while the tombstone

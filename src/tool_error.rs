@@ -20,7 +20,8 @@ pub enum ToolErrorCode {
     InvalidInput,
     /// The tool's result nests deeper than the runtime's `max_json_depth`.
     InvalidOutput,
-    /// One reply used a call id twice.
+    /// One reply used a call id twice. No longer given: the runtime gives such a call an id
+    /// of its own (see ARCHITECTURE.md, "Call ids"); kept for results recorded before.
     DuplicateToolCallId,
     /// The runtime lost the call's outcome (a bug: never expected).
     ToolNotRun,

@@ -423,3 +423,63 @@ async fn a_tree_has_one_owner_and_its_deadlines_wait_for_it() -> anyhow::Result<
     b.shutdown().await?;
     Ok(())
 }
+
+/// Two children of one root wait on calls that share the id `e1`: each has its own ownership
+/// entry on PostgreSQL too, and each answer at the root finds one of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_children_sharing_a_call_id_are_each_answered_at_the_root() -> anyhow::Result<()> {
+    let Some(cluster) = cluster::Cluster::start()? else {
+        return Ok(());
+    };
+    let lead = AgentDefinition::builder("lead")
+        .tool(ToolDefinition::sub_agent("ask", "helper"))
+        .build()?;
+    let helper = AgentDefinition::builder("helper")
+        .tool(ToolDefinition::client("edit"))
+        .build()?;
+    let llm = ScriptedLlm::new()
+        .script(
+            "lead",
+            vec![
+                ModelReply::tool_calls(vec![
+                    ToolCall::new("c1", "ask", json!({ "message": "one" })),
+                    ToolCall::new("c2", "ask", json!({ "message": "two" })),
+                ]),
+                ModelReply::text("both done"),
+            ],
+        )
+        .script(
+            "helper",
+            vec![
+                ModelReply::tool_calls(vec![ToolCall::new("e1", "edit", json!({}))]),
+                ModelReply::text("edited"),
+            ],
+        );
+    let runtime = Runtime::builder()
+        .store(Arc::new(PgStore::connect(&cluster.url()).await?))
+        .clock(Arc::new(ManualClock::new(0)))
+        .llm(Arc::new(llm))
+        .agent(lead)
+        .agent(helper)
+        .build()?;
+    let root: SessionId = "root".parse()?;
+    let run = runtime.execute_on(&root, "lead", "go").await?;
+    assert_eq!(run.status, Status::SuspendedAwaitingChildren);
+    let answer = |text: &str| Submit::result("root", "e1", json!(text));
+    for (text, outcome) in [
+        ("first", SubmitOutcome::Accepted),
+        ("second", SubmitOutcome::Accepted),
+        ("third", SubmitOutcome::AlreadyCompleted),
+    ] {
+        assert_eq!(
+            runtime.submit_tool_result(answer(text)).await?,
+            outcome,
+            "{text}"
+        );
+    }
+    let run = runtime.resume(&root).await?;
+    assert_eq!(run.status, Status::Completed, "{run:?}");
+    assert_eq!(run.text.as_deref(), Some("both done"));
+    runtime.shutdown().await?;
+    Ok(())
+}

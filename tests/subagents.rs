@@ -32,17 +32,43 @@ fn lead_script() -> Vec<ModelReply> {
     ]
 }
 
-/// A store that panics on every commit that writes a key of one session after its first, so
-/// that session's actor crashes each time it commits once it exists. (Hooks and tools are
-/// caught: a store is the collaborator whose panic reaches the actor.)
+/// A store that panics on every commit that writes a key of one session after its first
+/// `spare` (with `reads`, on every read of its keys too), so that session's actor crashes each
+/// time it commits (or loads). (Hooks, tools and models are caught: a store is the
+/// collaborator whose panic reaches the actor.)
 #[derive(Debug)]
 struct PanicFor {
     inner: Arc<dyn Store>,
     session: SessionId,
     commits: std::sync::atomic::AtomicUsize,
+    spare: usize,
+    reads: bool,
 }
 
 impl PanicFor {
+    fn new(inner: Arc<dyn Store>, session: SessionId, spare: usize, reads: bool) -> Self {
+        Self {
+            inner,
+            session,
+            commits: Default::default(),
+            spare,
+            reads,
+        }
+    }
+
+    fn names(&self, key: &[u8]) -> bool {
+        let id = self.session.as_str().as_bytes();
+        key.windows(id.len()).any(|window| window == id)
+    }
+
+    fn read(&self, key: &[u8]) {
+        assert!(
+            !(self.reads && self.names(key)),
+            "read panics for {}",
+            self.session
+        );
+    }
+
     fn touches(&self, batch: &Batch) -> bool {
         let id = self.session.as_str().as_bytes();
         batch.ops().iter().any(|op| {
@@ -61,14 +87,16 @@ impl Store for PanicFor {
             let earlier = self
                 .commits
                 .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            assert!(earlier == 0, "commit panics for {}", self.session);
+            assert!(earlier < self.spare, "commit panics for {}", self.session);
         }
         self.inner.commit(batch).await
     }
     async fn get(&self, tree: Tree, key: &[u8]) -> Result<Option<Vec<u8>>, store::Error> {
+        self.read(key);
         self.inner.get(tree, key).await
     }
     async fn scan_prefix(&self, tree: Tree, prefix: &[u8]) -> Result<Vec<Entry>, store::Error> {
+        self.read(prefix);
         self.inner.scan_prefix(tree, prefix).await
     }
     async fn scan_prefix_rev(
@@ -77,6 +105,7 @@ impl Store for PanicFor {
         prefix: &[u8],
         limit: usize,
     ) -> Result<Vec<Entry>, store::Error> {
+        self.read(prefix);
         self.inner.scan_prefix_rev(tree, prefix, limit).await
     }
     async fn scan_range(
@@ -107,11 +136,12 @@ async fn a_child_that_keeps_crashing_is_a_tool_error_and_its_sibling_is_unaffect
     let runtime = Runtime::builder()
         .llm(Arc::new(llm))
         .clock(Arc::new(ManualClock::new(0)))
-        .store(Arc::new(PanicFor {
-            inner: Arc::new(MemoryStore::new()),
-            session: parent.ephemeral_child("o1"),
-            commits: Default::default(),
-        }))
+        .store(Arc::new(PanicFor::new(
+            Arc::new(MemoryStore::new()),
+            parent.ephemeral_child("o1"),
+            1,
+            false,
+        )))
         .crash_limit(3, 60_000)
         .agent(lead("crashy")?)
         .agent(AgentDefinition::builder("good").build()?)
@@ -248,6 +278,196 @@ async fn recovery_reconciles_children_in_the_background_within_its_bound_and_onl
     runtime.wait_settled(&parent).await;
     assert_eq!(runtime.stats().reconciled_children, expected);
     resuming.abort();
+    runtime.shutdown().await?;
+    Ok(())
+}
+
+#[test]
+fn a_sub_agent_tool_advertises_the_message_it_requires() -> anyhow::Result<()> {
+    let lead = AgentDefinition::builder("lead")
+        .tool(ToolDefinition::sub_agent("ask", "helper"))
+        .tool(ToolDefinition::remote_sub_agent(
+            "ask_far",
+            "http://127.0.0.1:1",
+            "helper",
+        ))
+        .build()?;
+    let expected = json!({
+        "type": "object",
+        "required": ["message"],
+        "properties": {
+            "message": {
+                "type": "string",
+                "description": "The task for the sub-agent: its first message."
+            }
+        }
+    });
+    for spec in lead.tool_specs().iter() {
+        assert_eq!(spec.input_schema, expected, "{}", spec.name);
+    }
+    assert_eq!(dormant::definition::sub_agent_input_schema(), expected);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_sub_agent_call_without_its_message_is_invalid_input() -> anyhow::Result<()> {
+    let llm = ScriptedLlm::new().script(
+        "lead",
+        vec![
+            ModelReply::tool_calls(vec![ToolCall::new("a1", "ask", json!({ "task": "x" }))]),
+            ModelReply::text("done"),
+        ],
+    );
+    let runtime = Runtime::builder()
+        .llm(Arc::new(llm))
+        .clock(Arc::new(ManualClock::new(0)))
+        .agent(
+            AgentDefinition::builder("lead")
+                .tool(ToolDefinition::sub_agent("ask", "helper"))
+                .build()?,
+        )
+        .agent(AgentDefinition::builder("helper").build()?)
+        .build()?;
+    let parent: SessionId = "p".parse()?;
+    let outcome = runtime.execute_on(&parent, "lead", "go").await?;
+    assert_eq!(outcome.status, Status::Completed);
+    match common::tool_result(&runtime.messages(&parent).await?, "a1") {
+        Some(ToolOutcome::Error(text)) => {
+            assert!(text.starts_with("invalid_input"), "{text}");
+            assert!(text.contains("message"), "{text}");
+        }
+        other => panic!("a1 should be invalid_input, got {other:?}"),
+    }
+    runtime.shutdown().await?;
+    Ok(())
+}
+
+/// Runs the lead over a store that panics for the child `o1` as `store` says, and checks that
+/// the parent records the child's failure as the call's tool error and completes.
+async fn child_that_cannot_come_up(store: PanicFor, why: &str) -> anyhow::Result<()> {
+    let llm = ScriptedLlm::new()
+        .script("lead", lead_script())
+        .script("good", vec![ModelReply::text("fine")])
+        .script("crashy", vec![ModelReply::text("never")]);
+    let parent: SessionId = "p".parse()?;
+    let runtime = Runtime::builder()
+        .llm(Arc::new(llm))
+        .clock(Arc::new(ManualClock::new(0)))
+        .store(Arc::new(store))
+        .crash_limit(3, 60_000)
+        .agent(lead("crashy")?)
+        .agent(AgentDefinition::builder("good").build()?)
+        .agent(AgentDefinition::builder("crashy").build()?)
+        .build()?;
+    // Bounded so that a parent left waiting forever fails the test instead of hanging it.
+    let running = runtime.execute_on(&parent, "lead", "go");
+    let outcome = tokio::time::timeout(std::time::Duration::from_secs(60), running)
+        .await
+        .map_err(|_| anyhow::anyhow!("the parent still waits on its child after 60 s"))??;
+    assert_eq!(outcome.status, Status::Completed);
+    assert_eq!(outcome.text.as_deref(), Some("done"));
+    let messages = runtime.messages(&parent).await?;
+    assert_eq!(
+        common::tool_result(&messages, "g1"),
+        Some(&ToolOutcome::Result(json!("fine")))
+    );
+    match common::tool_result(&messages, "o1") {
+        Some(ToolOutcome::Error(text)) => {
+            assert!(text.starts_with("sub_agent_failed"), "{text}");
+            assert!(text.contains("p-sub-o1"), "{text}");
+            assert!(text.contains(why), "{text}");
+        }
+        other => panic!("o1 should be a tool error, got {other:?}"),
+    }
+    runtime.shutdown().await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_whose_first_commit_panics_is_a_tool_error_not_a_parent_waiting_forever(
+) -> anyhow::Result<()> {
+    let store = PanicFor::new(
+        Arc::new(MemoryStore::new()),
+        "p".parse::<SessionId>()?.ephemeral_child("o1"),
+        0,
+        false,
+    );
+    child_that_cannot_come_up(store, "commit panics for p-sub-o1").await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_whose_activation_panics_is_a_tool_error() -> anyhow::Result<()> {
+    let store = PanicFor::new(
+        Arc::new(MemoryStore::new()),
+        "p".parse::<SessionId>()?.ephemeral_child("o1"),
+        0,
+        true,
+    );
+    child_that_cannot_come_up(store, "read panics for p-sub-o1").await
+}
+
+/// Answers from a script, and arms `fault` on `store` when the lead's first model call is
+/// made: the next commit of that kind is then its child's.
+struct ArmsAfterLead {
+    script: ScriptedLlm,
+    store: Arc<store::FaultyStore>,
+    fault: store::Fault,
+}
+
+impl LlmAdapter for ArmsAfterLead {
+    fn complete(&self, request: ModelRequest) -> BoxFuture<'static, Result<ModelReply, LlmError>> {
+        if request.agent == "lead" && request.messages.len() == 1 {
+            self.store.arm(self.fault);
+        }
+        self.script.complete(request)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_whose_first_commit_fails_is_a_tool_error() -> anyhow::Result<()> {
+    let faulty = Arc::new(store::FaultyStore::new(Arc::new(MemoryStore::new())));
+    let llm = ArmsAfterLead {
+        script: ScriptedLlm::new()
+            .script(
+                "lead",
+                vec![
+                    ModelReply::tool_calls(vec![ToolCall::new(
+                        "g1",
+                        "ask_good",
+                        json!({ "message": "hi" }),
+                    )]),
+                    ModelReply::text("done"),
+                ],
+            )
+            .script("good", vec![ModelReply::text("fine")]),
+        store: Arc::clone(&faulty),
+        fault: store::Fault::NextCommitOf(store::CommitKind::RunStart),
+    };
+    let parent: SessionId = "p".parse()?;
+    let runtime = Runtime::builder()
+        .llm(Arc::new(llm))
+        .clock(Arc::new(ManualClock::new(0)))
+        .store(faulty.clone())
+        .agent(
+            AgentDefinition::builder("lead")
+                .tool(ToolDefinition::sub_agent("ask_good", "good"))
+                .build()?,
+        )
+        .agent(AgentDefinition::builder("good").build()?)
+        .build()?;
+    let running = runtime.execute_on(&parent, "lead", "go");
+    let outcome = tokio::time::timeout(std::time::Duration::from_secs(60), running)
+        .await
+        .map_err(|_| anyhow::anyhow!("the parent still waits on its child after 60 s"))??;
+    assert_eq!(faulty.failed_commits(), 1);
+    assert_eq!(outcome.status, Status::Completed);
+    match common::tool_result(&runtime.messages(&parent).await?, "g1") {
+        Some(ToolOutcome::Error(text)) => {
+            assert!(text.starts_with("sub_agent_failed"), "{text}");
+            assert!(text.contains("injected fault"), "{text}");
+        }
+        other => panic!("g1 should be a tool error, got {other:?}"),
+    }
     runtime.shutdown().await?;
     Ok(())
 }

@@ -74,3 +74,62 @@ async fn what_a_run_logs_carries_its_session_and_run() -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+#[tokio::test]
+async fn a_call_id_the_runtime_replaces_is_logged_escaped() -> anyhow::Result<()> {
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let forged = "x\nERROR forged line";
+    let llm = dormant::ScriptedLlm::new().script(
+        "caller",
+        vec![
+            ModelReply::tool_calls(vec![
+                dormant::ToolCall::new(forged, "ask", serde_json::json!({})),
+                dormant::ToolCall::new(forged, "ask", serde_json::json!({})),
+            ]),
+            ModelReply::text("done"),
+        ],
+    );
+    let runtime = Runtime::builder()
+        .llm(Arc::new(llm))
+        .agent(
+            AgentDefinition::builder("caller")
+                .tool(dormant::ToolDefinition::client("ask"))
+                .build()?,
+        )
+        .build()?;
+    let session = "s-ids".parse()?;
+    runtime.execute_on(&session, "caller", "hi").await?;
+    let mut pending: Vec<String> = runtime
+        .pending(&session)
+        .await?
+        .into_iter()
+        .map(|call| call.tool_call_id)
+        .collect();
+    pending.sort();
+    assert_eq!(pending, ["call-1-1", forged]);
+    runtime.shutdown().await?;
+    let logs = String::from_utf8(
+        captured
+            .0
+            .lock()
+            .map_err(|_| anyhow::anyhow!("poisoned"))?
+            .clone(),
+    )?;
+    let line = logs
+        .lines()
+        .find(|line| line.contains("tool_call.id_assigned"))
+        .ok_or_else(|| anyhow::anyhow!("no id_assigned line in\n{logs}"))?;
+    assert!(line.contains(r"x\nERROR forged line"), "{line}");
+    assert!(line.contains("call-1-1"), "{line}");
+    assert!(
+        !logs.lines().any(|line| line.starts_with("ERROR forged")),
+        "{logs}"
+    );
+    Ok(())
+}

@@ -4,10 +4,12 @@
 //! `session/child_side.rs`). Parent and child only ever send each other one-way messages
 //! through the host, so neither waits on the other and no cycle of sessions can deadlock.
 
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
 use dormant_actors::{ActorContext, Host};
+use futures::FutureExt;
 use tokio::sync::oneshot;
 
 use super::{Loaded, SessionActor, SessionMsg, SessionState};
@@ -69,11 +71,51 @@ impl SessionActor {
             let _ = self.perform(ctx, state, told).await;
             return;
         }
+        let origin = start.origin.clone();
         let input = Input::StartChild {
             run_id: RunId::generate(),
             start,
         };
-        self.feed(ctx, state, input).await;
+        // A panic here (a store that panics in the child's first commit, say) is the host's to
+        // supervise, but the restart finds no child to tell its parent of it if the first
+        // commit never landed, and the start message is gone: so the parent is told here,
+        // before the panic goes on to the host.
+        let fed = AssertUnwindSafe(self.feed(ctx, state, input))
+            .catch_unwind()
+            .await;
+        if let Err(panic) = fed {
+            let reason = crate::dispatch::panic_text(panic.as_ref());
+            self.never_started(ctx, origin, reason).await;
+            std::panic::resume_unwind(panic);
+        }
+    }
+
+    /// A child's start panicked: if the child was never written, its parent records the call
+    /// as `sub_agent_failed` (a child that was written is restarted, and tells its parent
+    /// itself). One that cannot be read back counts as never written: a parent waiting
+    /// forever is worse than a tool error for a child that may exist.
+    async fn never_started(
+        &self,
+        ctx: &ActorContext<Self>,
+        origin: crate::session::ChildOrigin,
+        reason: String,
+    ) {
+        let id = ctx.key();
+        let store = self.shared.store.as_ref();
+        let read = AssertUnwindSafe(schema::load_lineage(store, id))
+            .catch_unwind()
+            .await;
+        if matches!(read, Ok(Ok(Some(_)))) {
+            return;
+        }
+        tracing::error!(session = %id, parent = %origin.parent, %reason, "subagent.start_panicked");
+        let why = ToolErrorCode::SubAgentFailed.with(format_args!(
+            "child {id} crashed before its first commit: {reason}"
+        ));
+        if let Some(host) = ctx.host() {
+            let told = Session::cannot_start(&origin.parent, origin.tool_call_id, why);
+            send_reports(&host, told.effects);
+        }
     }
 
     /// A child reported: its new chunks are read (a report carries none) and fed to the core

@@ -285,6 +285,15 @@ impl SessionActor {
                 metrics.record_abandoned(count);
                 tracing::warn!(session = %id, count, "client_tool.abandoned");
             }
+            Observation::CallIdAssigned {
+                original,
+                assigned,
+                reason,
+            } => {
+                // The model's id is untrusted text: escaped and cut short before it is logged.
+                let original = crate::ids::loggable(&original);
+                tracing::warn!(session = %id, %original, tool_call_id = %assigned, reason, "tool_call.id_assigned");
+            }
         }
     }
 

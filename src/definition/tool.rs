@@ -178,6 +178,28 @@ impl fmt::Debug for ToolKind {
     }
 }
 
+/// The input schema a sub-agent tool ([`ToolDefinition::sub_agent`],
+/// [`ToolDefinition::remote_sub_agent`]) advertises to the model: an object with a required
+/// `message` string, the child's first message. Other fields are allowed (and ignored).
+///
+/// ```
+/// use serde_json::json;
+/// let schema = dormant::definition::sub_agent_input_schema();
+/// assert_eq!(schema["required"], json!(["message"]));
+/// ```
+pub fn sub_agent_input_schema() -> Value {
+    serde_json::json!({
+        "type": "object",
+        "required": ["message"],
+        "properties": {
+            "message": {
+                "type": "string",
+                "description": "The task for the sub-agent: its first message."
+            }
+        }
+    })
+}
+
 /// A tool an agent may call. Checked when the agent is built
 /// ([`AgentDefinition::builder`](crate::AgentDefinition::builder)).
 ///
@@ -239,6 +261,26 @@ impl ToolDefinition {
     }
 
     /// A tool that delegates to a sub-agent session of `agent`.
+    ///
+    /// The model calls it with `{"message": string}`: the message is the child's first user
+    /// message, and the child's final text (or finish value) is the call's result. That is
+    /// the input schema advertised to the model ([`sub_agent_input_schema`]); other fields are
+    /// allowed and ignored. A call without a `message` string is the tool error
+    /// `invalid_input`. [`ToolDefinition::input_schema`] replaces the advertised schema (the
+    /// child still needs its `message`).
+    ///
+    /// ```
+    /// use dormant::{AgentDefinition, ToolDefinition};
+    /// use serde_json::json;
+    ///
+    /// let lead = AgentDefinition::builder("lead")
+    ///     .tool(ToolDefinition::sub_agent("research", "researcher"))
+    ///     .build()?;
+    /// let schema = &lead.tool_specs()[0].input_schema;
+    /// assert_eq!(schema["required"], json!(["message"]));
+    /// assert_eq!(schema["properties"]["message"]["type"], "string");
+    /// # Ok::<(), dormant::DefinitionError>(())
+    /// ```
     pub fn sub_agent(name: impl Into<String>, agent: impl Into<String>) -> Self {
         Self::with_kind(
             name,
@@ -246,13 +288,16 @@ impl ToolDefinition {
                 agent: agent.into(),
             },
         )
+        .input_schema(sub_agent_input_schema())
     }
 
     /// A tool that delegates to a sub-agent session of `agent` on the dormant server at
     /// `endpoint` (its base URL). The child's client tools and approvals are answered at this
     /// side's root, as a local child's are; the runtime reaches the server through its
     /// [`RemoteAgents`](crate::remote::RemoteAgents) transport
-    /// ([`RuntimeBuilder::remote_agents`](crate::RuntimeBuilder::remote_agents)).
+    /// ([`RuntimeBuilder::remote_agents`](crate::RuntimeBuilder::remote_agents)). Its input
+    /// is that of [`ToolDefinition::sub_agent`]: `{"message": string}`, the child's first
+    /// message ([`sub_agent_input_schema`] is advertised to the model).
     ///
     /// ```
     /// use dormant::ToolDefinition;
@@ -273,6 +318,7 @@ impl ToolDefinition {
                 agent: agent.into(),
             },
         )
+        .input_schema(sub_agent_input_schema())
     }
 
     /// Sets the description shown to the model.

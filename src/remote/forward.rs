@@ -13,7 +13,8 @@ use crate::session::Submission;
 use crate::shared::Shared;
 use crate::submit::{Submit, SubmitAnswer, SubmitOutcome};
 
-/// Forwards `submission` for the call `owner` describes to its remote, and tells the session
+/// Forwards `submission` for the call `owner` describes to its remote (naming the session
+/// there that made the call when the submitter did: `owner_session`), and tells the session
 /// holding the remote child that an answer was accepted there (the remote may go on by itself:
 /// the parent follows it).
 pub(crate) async fn forward(
@@ -22,6 +23,7 @@ pub(crate) async fn forward(
     root: &SessionId,
     owner: RemoteOwner,
     submission: Submission,
+    owner_session: Option<String>,
 ) -> Result<SubmitOutcome, Error> {
     let transport = shared
         .remote
@@ -45,6 +47,7 @@ pub(crate) async fn forward(
         },
         // The remote child takes answers only through the root it was started under.
         via_root: Some(root.to_string()),
+        owner_session_id: owner_session,
     };
     let outcome = transport
         .submit(&owner.endpoint, &submit)

@@ -302,6 +302,9 @@ impl RuntimeBuilder {
             let orphans = crate::remote::stop_orphans(Arc::clone(&shared));
             background.push(tokio.spawn(orphans).abort_handle());
         }
+        // Ownership entries of the layout before one entry per owner are moved once, off
+        // every caller's path; the router reads those not moved yet.
+        tokio.spawn(migrate_ownership(Arc::downgrade(&shared.store)));
         Ok(Runtime {
             inner: Arc::new(Inner::new(
                 host,
@@ -313,5 +316,21 @@ impl RuntimeBuilder {
                 claim,
             )),
         })
+    }
+}
+
+/// Moves the ownership entries an earlier version wrote to the current layout (see
+/// `schema/ownership.rs`). Holds the store only while it works: a runtime dropped at once
+/// still releases it.
+async fn migrate_ownership(store: std::sync::Weak<dyn crate::store::Store>) {
+    let Some(store) = store.upgrade() else {
+        return;
+    };
+    match crate::schema::migrate_ownership(store.as_ref()).await {
+        Ok(0) => {}
+        Ok(moved) => tracing::info!(moved, "schema.ownership_migrated"),
+        // The runtime was shut down at once: the next one moves them.
+        Err(crate::schema::Error::Store(crate::store::Error::Closed)) => {}
+        Err(error) => tracing::warn!(%error, "schema.ownership_migration_failed"),
     }
 }

@@ -387,7 +387,8 @@ impl View<'_> {
             .unwrap_or_default())
     }
 
-    /// The ids of the tree's calls that still await an answer, sorted.
+    /// The ids of the tree's calls that still await an answer, sorted, each once (a set: two
+    /// sessions may wait on calls with one id).
     async fn pending(&self) -> Result<Vec<String>, Error> {
         let runtime = self.runtime()?;
         let mut calls = tree::waiting_calls(runtime, self.session, self.now).await?;
@@ -397,6 +398,7 @@ impl View<'_> {
             }
         }
         calls.sort();
+        calls.dedup();
         Ok(calls)
     }
 

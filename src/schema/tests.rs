@@ -512,3 +512,92 @@ fn the_reaper_deletes_a_damaged_tombstone_but_keeps_one_of_a_newer_format() {
         .expect("reads")
         .is_none());
 }
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+/// A commit of `owner` that writes (or, with `delete`, clears) its ownership entry of `call`
+/// under `root`, encoded.
+fn ownership(
+    root: &SessionId,
+    owner: &SessionId,
+    call: &str,
+    delete: bool,
+) -> Result<Batch, Error> {
+    let write = if delete {
+        IndexWrite::DeleteOwnership {
+            root: root.clone(),
+            call: call.into(),
+            owner: owner.clone(),
+        }
+    } else {
+        IndexWrite::PutOwnership {
+            root: root.clone(),
+            call: call.into(),
+        }
+    };
+    Commit {
+        kind: CommitKind::Other,
+        session: owner.clone(),
+        tree: root.clone(),
+        record: None,
+        log_seq: 0,
+        messages: Vec::new(),
+        runs: Vec::new(),
+        chunks: Vec::new(),
+        index: vec![write],
+    }
+    .encode()
+}
+
+fn owner_ids(owners: Vec<Owner>) -> Vec<String> {
+    owners
+        .into_iter()
+        .map(|owner| match owner {
+            Owner::Local(session) => session.to_string(),
+            Owner::Remote(remote) => remote.remote_root.to_string(),
+        })
+        .collect()
+}
+
+#[test]
+fn two_owners_of_one_call_id_each_keep_their_entry() -> TestResult {
+    let store = MemoryStore::new();
+    let root: SessionId = "r".parse()?;
+    let (w1, w2) = (root.ephemeral_child("w1"), root.ephemeral_child("w2"));
+    for owner in [&w2, &w1] {
+        commit_batch(&store, ownership(&root, owner, "tc-1", false)?);
+    }
+    // A call whose id extends the other's is a different call.
+    commit_batch(&store, ownership(&root, &w1, "tc-10", false)?);
+    let read = |call: &str| futures::executor::block_on(owners(&store, &root, call));
+    assert_eq!(owner_ids(read("tc-1")?), ["r-sub-w1", "r-sub-w2"]);
+    assert_eq!(owner_ids(read("tc-10")?), ["r-sub-w1"]);
+    commit_batch(&store, ownership(&root, &w1, "tc-1", true)?);
+    assert_eq!(owner_ids(read("tc-1")?), ["r-sub-w2"]);
+    Ok(())
+}
+
+#[test]
+fn ownership_entries_of_the_earlier_layout_are_read_and_moved() -> TestResult {
+    use futures::executor::block_on;
+    let store = MemoryStore::new();
+    let root: SessionId = "r".parse()?;
+    let child = root.ephemeral_child("w1");
+    // As an earlier version wrote it: root · call → the owner.
+    let value = encode(Tree::Ownership, &child)?;
+    put_raw(&store, Tree::Ownership, call_key(&root, "tc-1"), value);
+    let legacy = block_on(legacy_owner(&store, &root, "tc-1"))?;
+    assert_eq!(legacy, Some(Owner::Local(child.clone())));
+    assert!(block_on(owners(&store, &root, "tc-1"))?.is_empty());
+    assert_eq!(block_on(migrate_ownership(&store))?, 1);
+    assert_eq!(
+        owner_ids(block_on(owners(&store, &root, "tc-1"))?),
+        ["r-sub-w1"]
+    );
+    assert_eq!(block_on(legacy_owner(&store, &root, "tc-1"))?, None);
+    // Nothing is left to move, and the owner's own delete clears the moved entry.
+    assert_eq!(block_on(migrate_ownership(&store))?, 0);
+    commit_batch(&store, ownership(&root, &child, "tc-1", true)?);
+    assert_eq!(store.len(Tree::Ownership), 0);
+    Ok(())
+}

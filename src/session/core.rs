@@ -188,6 +188,9 @@ pub(crate) struct Session {
     /// New turns of this companion that arrived while a run was still stopping (a terminate
     /// and a new spawn in one reply): started again once that run settles.
     pub(super) deferred_starts: Vec<ChildStart>,
+    /// The value a `finish_with` call of the suspended step returned, while the resume that
+    /// drains its children settles: the run then completes with it, without asking the model.
+    pub(super) finishing: Option<Value>,
 }
 
 impl Session {
@@ -234,6 +237,7 @@ impl Session {
             phase: Phase::Idle,
             staged: Staged::default(),
             deferred_starts: Vec::new(),
+            finishing: None,
         }
     }
 
@@ -272,6 +276,7 @@ impl Session {
             phase: Phase::Idle,
             staged: Staged::default(),
             deferred_starts: Vec::new(),
+            finishing: None,
         }
     }
 
@@ -354,6 +359,7 @@ impl Session {
     ) {
         self.phase = Phase::Idle;
         self.record.status = status;
+        self.finishing = None;
         if status == Status::Failed {
             // A failed run drops its own unanswered calls and keeps the answered ones.
             self.drop_pending(now, |call| call.answer.is_none());

@@ -85,6 +85,7 @@ impl Session {
             self.staged.index.push(IndexWrite::DeleteOwnership {
                 root: root.clone(),
                 call: gone.clone(),
+                owner: child.clone(),
             });
             self.staged.index.push(IndexWrite::PutTombstone {
                 root: root.clone(),
@@ -118,12 +119,14 @@ impl Session {
             return;
         }
         let waiting = waiting_of(&entry.state);
+        let child = entry.child.clone();
         self.set_remote_look(call_id, None);
         let root = self.record.root.clone();
         for call in waiting {
             self.staged.index.push(IndexWrite::DeleteOwnership {
                 root: root.clone(),
                 call,
+                owner: child.clone(),
             });
         }
     }

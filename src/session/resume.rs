@@ -98,7 +98,21 @@ impl Session {
             .suspension
             .as_ref()
             .map_or_else(|| self.current_run_id(), |suspension| suspension.run_id);
+        // The suspended step's finisher: this run completes with its value (and the text of
+        // the reply that called it) once the drained children are recorded.
+        let finish = self
+            .record
+            .suspension
+            .as_ref()
+            .and_then(|suspension| suspension.finish.clone());
+        let text = self.run.as_ref().and_then(|run| run.text.clone());
         self.start_run(run_id, Some(previous), now);
+        if finish.is_some() {
+            self.finishing = finish;
+            if let Some(run) = &mut self.run {
+                run.text = text;
+            }
+        }
         let mut effects = vec![self.resumed_hook(run_id, previous)];
         let mut ordered: Vec<(u32, ToolCall, CallSlot)> = self
             .children

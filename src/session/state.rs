@@ -324,6 +324,11 @@ impl ChildState {
 pub struct Suspension {
     /// The suspended run.
     pub run_id: RunId,
+    /// A `finish_with` call of the suspended step succeeded with this value while sub-agents
+    /// of the step still waited: once they finish, the resume records their results and
+    /// completes the run with it, without another model call.
+    #[serde(default)]
+    pub finish: Option<Value>,
 }
 
 /// A persistent sub-agent of a session, as its parent knows it: stored one entry per name.

@@ -161,7 +161,7 @@ impl Session {
             run.usage.record_model(step, usage, success);
             self.staged.run_changed = true;
         }
-        let reply = match reply {
+        let mut reply = match reply {
             Ok(reply) => reply,
             Err(error) => {
                 let code = match error {
@@ -179,6 +179,8 @@ impl Session {
                 return self.finish(CommitKind::RunEnd, now, effects);
             }
         };
+        // Before anything records a call: from here on each call's id is unique.
+        self.assign_call_ids(&mut reply.tool_calls, &mut effects);
         if let Some(text) = &reply.text {
             self.stage_chunk(run_id, now, ChunkKind::Text { text: text.clone() });
             if let Some(run) = &mut self.run {
@@ -197,7 +199,7 @@ impl Session {
             return self.finish(CommitKind::RunEnd, now, effects);
         }
         let mut slots = Vec::with_capacity(calls.len());
-        for (index, call) in calls.iter().enumerate() {
+        for call in &calls {
             self.stage_chunk(
                 run_id,
                 now,
@@ -207,15 +209,7 @@ impl Session {
                     input: call.input.clone(),
                 },
             );
-            let duplicate = calls[..index].iter().any(|earlier| earlier.id == call.id);
-            let slot = if duplicate {
-                CallSlot::failed(ToolErrorCode::DuplicateToolCallId.with(format_args!(
-                    "call id {} is used twice in one reply",
-                    call.id
-                )))
-            } else {
-                self.classify(call)
-            };
+            let slot = self.classify(call);
             // Every call gets the whole hook sequence, even one answered on the spot.
             effects.push(Effect::Hook(HookEvent::BeforeTool {
                 session: self.record.id.clone(),
@@ -446,7 +440,9 @@ impl Session {
                     }
                 )
         });
-        let mut output = None;
+        // A resume that drained the children a finisher's step waited for: the run completes
+        // with the finisher's value.
+        let mut output = self.finishing.take();
         let mut pending = 0u32;
         for (index, ((call, slot), changes)) in
             calls.into_iter().zip(slots).zip(updates).enumerate()
@@ -471,20 +467,17 @@ impl Session {
                         .into(),
                     false,
                 ),
-                // A child that waits on a person: the run suspends on it, unless another call
-                // finished the run, and then the child is no longer needed (a companion
-                // outlives the call: only the wait ends).
-                CallSlot::Child if finisher.is_some() => {
-                    let ephemeral = self
-                        .children
-                        .get(&call.id)
-                        .filter(|entry| entry.companion.is_none());
-                    if let Some(entry) = ephemeral {
-                        effects.push(Effect::StopChildren {
-                            children: vec![entry.child.clone()],
-                            abort: true,
-                        });
-                    }
+                // A child that waits on a person: the run suspends on it, even when another
+                // call finished the run (seed 001: sub-agents always execute, completion waits
+                // for them; the run completes with the finisher's value once they finish). A
+                // companion's wait ends there instead: the companion outlives the call.
+                CallSlot::Child
+                    if finisher.is_some()
+                        && self
+                            .children
+                            .get(&call.id)
+                            .is_some_and(|entry| entry.companion.is_some()) =>
+                {
                     (self.adopt_child(run_id, &call.id, now), false)
                 }
                 CallSlot::Child => {
@@ -504,13 +497,15 @@ impl Session {
             };
             self.record_outcome(run_id, call, outcome, now, effects);
         }
-        if let Some(value) = output {
+        if let (Some(value), true) = (&output, pending > 0) {
+            self.suspend(run_id, Some(value.clone()), now, effects);
+        } else if let Some(value) = output {
             if let Some(run) = &mut self.run {
                 run.output = Some(value);
             }
             self.end_run(Status::Completed, None, now, effects);
         } else if pending > 0 {
-            self.suspend(run_id, now, effects);
+            self.suspend(run_id, None, now, effects);
         } else {
             self.begin_step(run_id, now, effects);
         }

@@ -114,14 +114,21 @@ impl Session {
         self.pending.insert(entry);
     }
 
-    /// Ends the step's run as suspended on its pending calls.
-    pub(super) fn suspend(&mut self, run_id: RunId, now: u64, effects: &mut Vec<Effect>) {
+    /// Ends the step's run as suspended on its pending calls (and children), remembering the
+    /// value of a `finish_with` call of the step that waits for them (`finish`).
+    pub(super) fn suspend(
+        &mut self,
+        run_id: RunId,
+        finish: Option<serde_json::Value>,
+        now: u64,
+        effects: &mut Vec<Effect>,
+    ) {
         effects.push(Effect::Hook(HookEvent::AgentSuspended {
             session: self.record.id.clone(),
             run_id,
             tool_call_ids: self.pending.ids(),
         }));
-        self.record.suspension = Some(Suspension { run_id });
+        self.record.suspension = Some(Suspension { run_id, finish });
         let status = if self.children.any_unfinished() {
             Status::SuspendedAwaitingChildren
         } else {
@@ -323,6 +330,7 @@ impl Session {
             self.staged.index.push(IndexWrite::DeleteOwnership {
                 root: self.record.root.clone(),
                 call: call.tool_call_id.clone(),
+                owner: self.record.id.clone(),
             });
         }
     }

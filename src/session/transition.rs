@@ -108,4 +108,11 @@ pub(crate) enum Observation {
     Aborted { count: usize },
     /// Unanswered calls closed by a new message.
     Abandoned { count: usize },
+    /// A model's call id was empty or already used, so the call got an id of the runtime's
+    /// own (`reason`: `empty` or `repeated`).
+    CallIdAssigned {
+        original: String,
+        assigned: String,
+        reason: &'static str,
+    },
 }
