@@ -608,10 +608,10 @@ function clientCard(call) {
       note(box, "not JSON: " + error.message);
       return;
     }
-    answer(box, { session_id: saved.session_id, tool_call_id: call.tool_call_id, result });
+    answer(box, { ...addressOf(call), result });
   });
   decline.addEventListener("click", () => answer(box, {
-    session_id: saved.session_id, tool_call_id: call.tool_call_id, error: "declined by the user",
+    ...addressOf(call), error: "declined by the user",
   }));
   box.addEventListener("submit", (event) => {
     event.preventDefault();
@@ -622,6 +622,16 @@ function clientCard(call) {
   actions.append(send, decline);
   box.append(actions);
   return box;
+}
+
+// Where an answer for `call` goes: always the root, naming the session that made the call
+// (two sub-agents may both wait on a `tc-1`).
+function addressOf(call) {
+  return {
+    session_id: saved.session_id,
+    tool_call_id: call.tool_call_id,
+    owner_session_id: call.session_id,
+  };
 }
 
 // An approval gate: the tool and its input, approve or deny with a reason.
@@ -637,8 +647,7 @@ function approvalCard(call) {
   reason.setAttribute("aria-label", "Reason (optional)");
   const decide = (approved) => {
     const envelope = {
-      kind: "approval-response", session_id: saved.session_id, tool_call_id: call.tool_call_id,
-      approval_id: call.approval_id, approved,
+      kind: "approval-response", ...addressOf(call), approval_id: call.approval_id, approved,
     };
     if (reason.value.trim()) envelope.reason = reason.value.trim();
     answer(box, envelope);
