@@ -127,13 +127,25 @@ fn hex(bytes: &[u8]) -> String {
     text
 }
 
+/// The bytes of lower-case hex, the one form [`hex`] writes: a token has one spelling, so
+/// an upper-case copy of a token is not a second valid token.
 fn unhex(text: &str) -> Option<Vec<u8>> {
     if text.len() % 2 != 0 || text.len() > 1024 {
         return None;
     }
-    (0..text.len())
-        .step_by(2)
-        .map(|at| u8::from_str_radix(text.get(at..at + 2)?, 16).ok())
+    fn digit(byte: u8) -> Option<u8> {
+        match byte {
+            b'0'..=b'9' => Some(byte - b'0'),
+            b'a'..=b'f' => Some(byte - b'a' + 10),
+            _ => None,
+        }
+    }
+    text.as_bytes()
+        .chunks_exact(2)
+        .map(|pair| match pair {
+            [high, low] => Some((digit(*high)? << 4) | digit(*low)?),
+            _ => None,
+        })
         .collect()
 }
 
@@ -146,6 +158,8 @@ mod tests {
         let bytes = [0x00, 0x0f, 0xab, 0xff];
         assert_eq!(hex(&bytes), "000fabff");
         assert_eq!(unhex("000fabff"), Some(bytes.to_vec()));
+        assert_eq!(unhex("000FABFF"), None);
+        assert_eq!(unhex("0g"), None);
     }
 
     #[test]
