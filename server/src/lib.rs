@@ -30,7 +30,9 @@
 //!     .build()?;
 //! let app = dormant_server::router(runtime, Auth::allow_unauthenticated())?;
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await?;
-//! axum::serve(listener, app).await?;
+//! // Not axum::serve, which (in axum 0.8) bounds neither how long a client may take to send
+//! // its headers nor how many connections are open.
+//! dormant_server::serve(listener, app).await?;
 //! # Ok(()) }
 //! ```
 
@@ -41,6 +43,7 @@ mod body;
 mod config;
 pub mod demo;
 mod error;
+mod fd_limit;
 mod forward;
 pub mod inspect;
 mod metrics;
@@ -49,6 +52,7 @@ mod page;
 mod peers;
 mod remote;
 mod routes;
+mod serve;
 mod server;
 mod sse;
 mod sse_body;
@@ -59,9 +63,11 @@ mod wire;
 pub use auth::{Auth, Caller, Denied};
 pub use config::{ServerConfig, DEFAULT_MAX_BODY_BYTES};
 pub use error::{ApiError, ServerError};
+pub use fd_limit::{raise_fd_limit, FdLimit};
 pub use forward::FORWARDED;
 pub use peers::{HttpPeers, PEER_KEY};
 pub use remote::HttpRemoteAgents;
+pub use serve::{serve, Connections, Serve, DEFAULT_HEADER_READ_TIMEOUT, DEFAULT_MAX_CONNECTIONS};
 pub use server::{Closing, Server};
 pub use token::TokenKey;
 

@@ -88,6 +88,17 @@ struct Serve {
     /// How long a request may take to be answered, in milliseconds (408 past it).
     #[arg(long, default_value_t = 30_000)]
     request_timeout_ms: u64,
+    /// How long a client may take to send a request's line and headers, in milliseconds: past
+    /// it the connection is closed (on an idle keep-alive connection, it bounds the wait for
+    /// the next request too).
+    #[arg(long, default_value_t = dormant_server::DEFAULT_HEADER_READ_TIMEOUT.as_millis() as u64)]
+    header_read_timeout_ms: u64,
+    /// The most connections open at once. Past it new connections wait, unaccepted, until one
+    /// closes, while the open ones are served as before. Lowered to fit the limit on open
+    /// files (which the server raises to its hard limit at start), keeping an eighth of it
+    /// for the store and outgoing calls.
+    #[arg(long, default_value_t = dormant_server::DEFAULT_MAX_CONNECTIONS)]
+    max_connections: usize,
     /// How long a stream may stay without a chunk before the server ends it, in milliseconds.
     #[arg(long, default_value_t = 600_000)]
     sse_idle_timeout_ms: u64,
@@ -203,6 +214,18 @@ async fn serve(args: Serve) -> Result<(), String> {
         // Refused before anything is opened or written (the store, its token key).
         (None, false) => return Err("no authentication configured: pass --api-key-env NAME (callers send that variable's key in x-api-key), or --allow-unauthenticated for a loopback demo".into()),
     };
+    // Before the first connection: a soft limit of 1,024 (or 256) open files under a hard one
+    // of a million would stop the server after a few hundred slow clients.
+    match dormant_server::raise_fd_limit() {
+        Ok(limit) if limit.before != limit.now => {
+            tracing::info!(before = ?limit.before, now = ?limit.now, "server.fd_limit_raised");
+        }
+        Ok(_) => {}
+        Err(error) => tracing::warn!(%error, "server.fd_limit_not_raised"),
+    }
+    if args.header_read_timeout_ms == 0 {
+        return Err("--header-read-timeout-ms must be at least 1".into());
+    }
     // Bound before the store opens: a node on a shared store advertises its address.
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
@@ -272,7 +295,9 @@ async fn serve(args: Serve) -> Result<(), String> {
         store_dir.display().to_string()
     };
     tracing::info!(%address, store = %store_label, "server.listening");
-    let served = axum::serve(listener, app)
+    let served = dormant_server::serve(listener, app)
+        .header_read_timeout(Duration::from_millis(args.header_read_timeout_ms))
+        .max_connections(args.max_connections)
         .with_graceful_shutdown(async move {
             shutdown_signal().await;
             tracing::info!("server.shutting_down");

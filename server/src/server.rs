@@ -84,7 +84,7 @@ impl Closing {
 /// let closing = server.closing();
 /// let app = server.router()?;
 /// let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await?;
-/// axum::serve(listener, app)
+/// dormant_server::serve(listener, app)
 ///     .with_graceful_shutdown(async move {
 ///         let _ = tokio::signal::ctrl_c().await;
 ///         closing.close();

@@ -26,7 +26,39 @@ impl Binary {
         extra: &[&str],
         env: &[(&str, &str)],
     ) -> anyhow::Result<Self> {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_dormant-server"))
+        Self::spawn(
+            Command::new(env!("CARGO_BIN_EXE_dormant-server")),
+            store,
+            listen,
+            extra,
+            env,
+        )
+    }
+
+    /// As [`Binary::start`], started by a shell that first lowers its soft limit on open files
+    /// to `soft` (as a system whose default is 256 would).
+    pub fn start_with_soft_fd_limit(
+        store: &Path,
+        listen: &str,
+        extra: &[&str],
+        soft: u64,
+    ) -> anyhow::Result<Self> {
+        let mut shell = Command::new("sh");
+        shell
+            .arg("-c")
+            .arg(format!("ulimit -Sn {soft} && exec \"$0\" \"$@\""))
+            .arg(env!("CARGO_BIN_EXE_dormant-server"));
+        Self::spawn(shell, store, listen, extra, &[])
+    }
+
+    fn spawn(
+        mut command: Command,
+        store: &Path,
+        listen: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> anyhow::Result<Self> {
+        let mut child = command
             .args([
                 "--listen",
                 listen,
