@@ -96,6 +96,7 @@ pub mod store;
 pub mod stream;
 pub mod submit;
 pub mod tool_error;
+mod untrusted;
 pub mod usage;
 #[cfg(test)]
 mod wait;
@@ -141,4 +142,5 @@ pub use store::{MemoryStore, SledStore, Store};
 pub use stream::{Chunk, ChunkKind, Delta, DeltaKind, StreamEvent};
 pub use submit::{Submit, SubmitAnswer, SubmitOutcome};
 pub use tool_error::ToolErrorCode;
+pub use untrusted::{Untrusted, UNTRUSTED_LOG_BYTES};
 pub use usage::{RunUsage, Usage, UsageEntry};

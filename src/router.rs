@@ -39,7 +39,7 @@ pub(crate) async fn owner(
     }
     let outcome = settled_outcome(shared, root, call).await?;
     if outcome == SubmitOutcome::UnknownToolCall {
-        tracing::warn!(session = %root, tool_call_id = %call, "client_tool.submit_unknown");
+        tracing::warn!(session = %root, tool_call_id = %crate::Untrusted(&call), "client_tool.submit_unknown");
     }
     Ok(Err(outcome))
 }

@@ -116,7 +116,7 @@ impl From<dormant::Error> for ApiError {
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
         if status == StatusCode::INTERNAL_SERVER_ERROR {
-            tracing::error!(%error, code = error.code(), "server.runtime_error");
+            tracing::error!(error = %dormant::Untrusted(&error), code = error.code(), "server.runtime_error");
         }
         let elsewhere = match &error {
             E::SessionUnavailable { session, .. } => Some(session.clone()),

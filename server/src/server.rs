@@ -212,7 +212,7 @@ async fn front(
     let span = tracing::info_span!(
         "request",
         method = %request.method(),
-        path = %request.uri().path()
+        path = %dormant::Untrusted(request.uri().path())
     );
     async move {
         let route = crate::metrics::route_of(request.uri().path());

@@ -114,7 +114,7 @@ pub(crate) async fn drive(
         // the replayed call starts it), or a remote out of reach for now, is left for the
         // next resume to wake, which learns where the child stands or writes it off.
         Err(error) if watch => {
-            tracing::info!(%child, endpoint = %remote.endpoint, %error, "remote_subagent.watch_failed");
+            tracing::info!(%child, endpoint = %remote.endpoint, error = %crate::Untrusted(&error), "remote_subagent.watch_failed");
             None
         }
         Err(error) => Some(failed(ToolErrorCode::RemoteSubAgentLost, &error)),
@@ -166,7 +166,7 @@ impl Driver<'_> {
             tries += 1;
             match call().await {
                 Err(error) if error.is_retryable() && tries < policy.attempts => {
-                    tracing::warn!(child = %self.child, endpoint = self.endpoint, %error, tries, "remote_subagent.retrying");
+                    tracing::warn!(child = %self.child, endpoint = self.endpoint, error = %crate::Untrusted(&error), tries, "remote_subagent.retrying");
                     tokio::time::sleep(wait).await;
                     wait = wait.saturating_mul(2);
                 }
@@ -278,7 +278,7 @@ fn remote_failure(text: String) -> String {
 }
 
 fn failed(code: ToolErrorCode, error: &RemoteError) -> DriveReport {
-    tracing::warn!(code = code.as_str(), %error, "remote_subagent.failed");
+    tracing::warn!(code = code.as_str(), error = %crate::Untrusted(&error), "remote_subagent.failed");
     DriveReport {
         report: ChildReport::Finished(ToolOutcome::from(code.with(error))),
         chunks: Vec::new(),
