@@ -136,9 +136,9 @@ pub use session::{
     Answer, ChildCall, ChildState, Companion, CompanionStatus, ErrorCode, PendingCall, PendingKind,
     RunError, RunOutcome, RunRecord, RunStarted, SessionRecord, Status,
 };
-#[cfg(feature = "postgres")]
-pub use store::PgStore;
 pub use store::{MemoryStore, SledStore, Store};
+#[cfg(feature = "postgres")]
+pub use store::{PgSetting, PgStore};
 pub use stream::{Chunk, ChunkKind, Delta, DeltaKind, StreamEvent};
 pub use submit::{Submit, SubmitAnswer, SubmitOutcome};
 pub use tool_error::ToolErrorCode;

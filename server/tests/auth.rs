@@ -288,3 +288,54 @@ async fn a_peer_call_without_the_key_is_refused_before_its_body_is_read() -> any
     server.stop().await?.shutdown().await?;
     Ok(())
 }
+
+/// A server given a key file signs with the key kept there: a token issued before a restart
+/// (a new router on the same file) opens its session after it. Without the file, each router
+/// has a key of its own, and the token is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_key_file_keeps_tokens_valid_across_a_restart() -> anyhow::Result<()> {
+    use axum::body::Body;
+    use axum::http::Request;
+    use tower::ServiceExt;
+
+    let dir = tempfile::tempdir()?;
+    let key = dir.path().join("sessions.token-key");
+    let runtime = demo_runtime(Arc::new(SledStore::temporary()?))?;
+    let router = |file: bool| {
+        let server = dormant_server::Server::new(runtime.clone(), Auth::allow_unauthenticated());
+        if file {
+            server.token_key_file(&key).router()
+        } else {
+            server.router()
+        }
+    };
+    let body = serde_json::to_vec(&json!({ "agent": "demo", "message": "weather in Porto" }))?;
+    let started = router(true)?
+        .oneshot(
+            Request::post("/start")
+                .header("content-type", "application/json")
+                .header("content-length", body.len())
+                .body(Body::from(body))?,
+        )
+        .await?;
+    assert_eq!(started.status(), StatusCode::ACCEPTED);
+    let started: serde_json::Value =
+        serde_json::from_slice(&axum::body::to_bytes(started.into_body(), usize::MAX).await?)?;
+    let (id, token) = (
+        started["session_id"].as_str().unwrap_or_default(),
+        started["token"].as_str().unwrap_or_default(),
+    );
+    assert!(key.exists(), "the key file was not created");
+    for (file, expected) in [(true, StatusCode::OK), (false, StatusCode::UNAUTHORIZED)] {
+        let status = router(file)?
+            .oneshot(
+                Request::get(format!("/status?session_id={id}"))
+                    .header("authorization", format!("Bearer {token}"))
+                    .body(Body::empty())?,
+            )
+            .await?;
+        assert_eq!(status.status(), expected, "key file: {file}");
+    }
+    runtime.shutdown().await?;
+    Ok(())
+}
