@@ -35,7 +35,8 @@ pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
 /// request headers take to arrive ([`Serve::header_read_timeout`]), and no more connections
 /// at once than [`Serve::max_connections`]. What the `dormant-server` binary serves with; a
 /// daemon that mounts [`router`](crate::router) in its own app serves that app with it in
-/// place of `axum::serve`, which (in axum 0.8) bounds neither.
+/// place of `axum::serve`, which (in axum 0.8) bounds neither. It serves the router as it is,
+/// over HTTP/1.1 without upgrades, and adds no `ConnectInfo` to requests.
 ///
 /// ```no_run
 /// use std::time::Duration;
