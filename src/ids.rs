@@ -105,25 +105,6 @@ impl<'de> Deserialize<'de> for SessionId {
     }
 }
 
-/// How much of an untrusted id a log line shows, in characters.
-const LOGGED_ID_CHARS: usize = 128;
-
-/// An id from outside (a model's call id, say) as a log line may show it: control characters
-/// and quotes escaped, cut after [`LOGGED_ID_CHARS`] characters (with `…` and its length), so
-/// that it can neither forge log lines nor flood the log.
-pub(crate) fn loggable(text: &str) -> String {
-    let mut shown: String = text
-        .chars()
-        .take(LOGGED_ID_CHARS)
-        .flat_map(char::escape_debug)
-        .collect();
-    let total = text.chars().count();
-    if total > LOGGED_ID_CHARS {
-        shown.push_str(&format!("… ({} bytes)", text.len()));
-    }
-    shown
-}
-
 /// The identity of one run (one `execute` or `resume`): a uuid v7.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(transparent)]
@@ -156,20 +137,5 @@ impl FromStr for RunId {
 
     fn from_str(text: &str) -> Result<Self, uuid::Error> {
         text.parse().map(Self)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::loggable;
-
-    #[test]
-    fn a_logged_id_is_escaped_and_cut_short() {
-        assert_eq!(loggable("tc-1"), "tc-1");
-        assert_eq!(loggable("a\nb\u{1b}[31m\""), "a\\nb\\u{1b}[31m\\\"");
-        let long = "x".repeat(1_000_000);
-        let shown = loggable(&long);
-        assert!(shown.len() < 200, "{}", shown.len());
-        assert!(shown.ends_with("… (1000000 bytes)"), "{shown}");
     }
 }

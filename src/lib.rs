@@ -96,6 +96,7 @@ pub mod store;
 pub mod stream;
 pub mod submit;
 pub mod tool_error;
+mod untrusted;
 pub mod usage;
 #[cfg(test)]
 mod wait;
@@ -135,10 +136,11 @@ pub use session::{
     Answer, ChildCall, ChildState, Companion, CompanionStatus, ErrorCode, PendingCall, PendingKind,
     RunError, RunOutcome, RunRecord, RunStarted, SessionRecord, Status,
 };
-#[cfg(feature = "postgres")]
-pub use store::PgStore;
 pub use store::{MemoryStore, SledStore, Store};
+#[cfg(feature = "postgres")]
+pub use store::{PgSetting, PgStore};
 pub use stream::{Chunk, ChunkKind, Delta, DeltaKind, StreamEvent};
 pub use submit::{Submit, SubmitAnswer, SubmitOutcome};
 pub use tool_error::ToolErrorCode;
+pub use untrusted::{Untrusted, UNTRUSTED_LOG_BYTES};
 pub use usage::{RunUsage, Usage, UsageEntry};

@@ -154,7 +154,7 @@ pub(crate) async fn complete_caught(
     let session = request.session_id.clone();
     let panicked = |panic: Box<dyn std::any::Any + Send>| {
         let reason = crate::dispatch::panic_text(panic.as_ref());
-        tracing::error!(%session, %reason, "llm.panicked");
+        tracing::error!(%session, reason = %crate::Untrusted(&reason), "llm.panicked");
         Err(LlmError::Provider(format!(
             "the model adapter panicked: {reason}"
         )))

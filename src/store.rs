@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 pub use self::faulty::{Fault, FaultyStore, InjectedFault};
 pub use self::memory::MemoryStore;
 #[cfg(feature = "postgres")]
-pub use self::postgres::{PgStore, PgStoreBuilder, DEFAULT_LEASE_TTL};
+pub use self::postgres::{PgSetting, PgStore, PgStoreBuilder, DEFAULT_LEASE_TTL};
 pub use self::sled::{Durability, SledError, SledStore, SledStoreBuilder};
 
 /// The named key spaces of the store. [`SledStore`] keeps them all in one sled tree, each as a

@@ -23,6 +23,15 @@ pub enum ServerError {
         /// What is wrong with it.
         reason: String,
     },
+    /// The token key file ([`Server::token_key_file`](crate::Server::token_key_file)) could
+    /// not be read or created.
+    #[error("token key {path}: {source}")]
+    TokenKey {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
 }
 
 /// An error answer: a status code and a JSON body `{ "code", "message", ... }` whose `code`
@@ -116,7 +125,7 @@ impl From<dormant::Error> for ApiError {
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
         if status == StatusCode::INTERNAL_SERVER_ERROR {
-            tracing::error!(%error, code = error.code(), "server.runtime_error");
+            tracing::error!(error = %dormant::Untrusted(&error), code = error.code(), "server.runtime_error");
         }
         let elsewhere = match &error {
             E::SessionUnavailable { session, .. } => Some(session.clone()),

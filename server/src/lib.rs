@@ -28,9 +28,14 @@
 //!     .llm(Arc::new(ScriptedLlm::new().script("greeter", vec![ModelReply::text("hi")])))
 //!     .agent(AgentDefinition::builder("greeter").build()?)
 //!     .build()?;
-//! let app = dormant_server::router(runtime, Auth::allow_unauthenticated())?;
+//! let app = dormant_server::Server::new(runtime, Auth::allow_unauthenticated())
+//!     // Tokens stay valid across restarts while this file is kept (with the store).
+//!     .token_key_file("sessions.token-key")
+//!     .router()?;
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await?;
-//! axum::serve(listener, app).await?;
+//! // Not axum::serve, which (in axum 0.8) bounds neither how long a client may take to send
+//! // its headers nor how many connections are open.
+//! dormant_server::serve(listener, app).await?;
 //! # Ok(()) }
 //! ```
 
@@ -41,6 +46,7 @@ mod body;
 mod config;
 pub mod demo;
 mod error;
+mod fd_limit;
 mod forward;
 pub mod inspect;
 mod metrics;
@@ -49,6 +55,7 @@ mod page;
 mod peers;
 mod remote;
 mod routes;
+mod serve;
 mod server;
 mod sse;
 mod sse_body;
@@ -59,17 +66,21 @@ mod wire;
 pub use auth::{Auth, Caller, Denied};
 pub use config::{ServerConfig, DEFAULT_MAX_BODY_BYTES};
 pub use error::{ApiError, ServerError};
+pub use fd_limit::{raise_fd_limit, FdLimit};
 pub use forward::FORWARDED;
 pub use peers::{HttpPeers, PEER_KEY};
 pub use remote::HttpRemoteAgents;
+pub use serve::{serve, Connections, Serve, DEFAULT_HEADER_READ_TIMEOUT, DEFAULT_MAX_CONNECTIONS};
 pub use server::{Closing, Server};
 pub use token::TokenKey;
 
 use dormant::Runtime;
 
 /// The routes of a dormant server over `runtime`, with the default [`ServerConfig`] and a
-/// token key that lives as long as the process (use [`Server`] to keep tokens valid across
-/// restarts, and to drain streams on shutdown).
+/// token key that lives as long as the process: every token it issues is refused after a
+/// restart. For a daemon that restarts, build with [`Server`] instead and give it
+/// [`Server::token_key_file`] (tokens stay valid while the file is kept), and
+/// [`Server::closing`] to end streams on shutdown.
 ///
 /// # Errors
 /// [`ServerError::AuthNotConfigured`] unless `auth` is a hook or an explicit

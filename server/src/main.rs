@@ -10,9 +10,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+mod startup_key;
+
 use clap::{Args, Parser, Subcommand};
 use dormant::{Runtime, SledStore};
-use dormant_server::{Auth, HttpRemoteAgents, Server, ServerConfig, TokenKey};
+use dormant_server::{Auth, HttpRemoteAgents, Server, ServerConfig};
 
 /// Serves dormant sessions over HTTP and SSE, with a page at `/` where a person answers
 /// client tools and approvals. `dormant-server inspect --store DIR` reports a stopped store.
@@ -52,10 +54,18 @@ struct Serve {
     /// (--token-key-file).
     #[arg(long)]
     store: Option<PathBuf>,
-    /// The file that holds the key signing session tokens (created if missing). Every node
-    /// sharing a PostgreSQL store must use the same key, so that any node accepts a token.
+    /// The file that holds the key signing session tokens, created on a new store's first
+    /// start. Every node sharing a PostgreSQL store must use the same key, so that any node
+    /// accepts a token: a node whose key is not the one recorded in the database (its
+    /// fingerprint, never the key) refuses to start.
     #[arg(long, value_name = "FILE")]
     token_key_file: Option<PathBuf>,
+    /// Start with a new token key where the store already exists and its key file is missing,
+    /// or make this node's key the one every node on a PostgreSQL store must use. Every token
+    /// issued under the old key is refused from then on. Without it the server refuses to
+    /// start in both cases.
+    #[arg(long)]
+    new_token_key: bool,
     /// This node's name among the nodes sharing a PostgreSQL store (default: its --listen
     /// address).
     #[arg(long, value_name = "NAME")]
@@ -88,6 +98,17 @@ struct Serve {
     /// How long a request may take to be answered, in milliseconds (408 past it).
     #[arg(long, default_value_t = 30_000)]
     request_timeout_ms: u64,
+    /// How long a client may take to send a request's line and headers, in milliseconds: past
+    /// it the connection is closed (on an idle keep-alive connection, it bounds the wait for
+    /// the next request too).
+    #[arg(long, default_value_t = dormant_server::DEFAULT_HEADER_READ_TIMEOUT.as_millis() as u64)]
+    header_read_timeout_ms: u64,
+    /// The most connections open at once. Past it new connections wait, unaccepted, until one
+    /// closes, while the open ones are served as before. Lowered to fit the limit on open
+    /// files (which the server raises to its hard limit at start), keeping an eighth of it
+    /// for the store and outgoing calls.
+    #[arg(long, default_value_t = dormant_server::DEFAULT_MAX_CONNECTIONS)]
+    max_connections: usize,
     /// How long a stream may stay without a chunk before the server ends it, in milliseconds.
     #[arg(long, default_value_t = 600_000)]
     sse_idle_timeout_ms: u64,
@@ -211,6 +232,18 @@ async fn serve(args: Serve) -> Result<(), String> {
         // Refused before anything is opened or written (the store, its token key).
         (None, false) => return Err("no authentication configured: pass --api-key-env NAME (callers send that variable's key in x-api-key), or --allow-unauthenticated for a loopback demo".into()),
     };
+    // Before the first connection: a soft limit of 1,024 (or 256) open files under a hard one
+    // of a million would stop the server after a few hundred slow clients.
+    match dormant_server::raise_fd_limit() {
+        Ok(limit) if limit.before != limit.now => {
+            tracing::info!(before = ?limit.before, now = ?limit.now, "server.fd_limit_raised");
+        }
+        Ok(_) => {}
+        Err(error) => tracing::warn!(%error, "server.fd_limit_not_raised"),
+    }
+    if args.header_read_timeout_ms == 0 {
+        return Err("--header-read-timeout-ms must be at least 1".into());
+    }
     // Bound before the store opens: a node on a shared store advertises its address.
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
@@ -220,9 +253,24 @@ async fn serve(args: Serve) -> Result<(), String> {
         .advertise
         .clone()
         .unwrap_or_else(|| format!("http://{address}"));
-    let (store, key_path) = open_store(&store_dir, &args, advertised).await?;
-    let key = TokenKey::load_or_create(&key_path)
-        .map_err(|error| format!("token key {}: {error}", key_path.display()))?;
+    let opened = open_store(&store_dir, &args, advertised).await?;
+    // A URL may carry a password: name only the kind of store.
+    let store_label = if store_dir.to_string_lossy().contains("://") {
+        "postgresql".to_string()
+    } else {
+        store_dir.display().to_string()
+    };
+    let key = startup_key::load(
+        &opened.key_path,
+        &store_label,
+        opened.existed,
+        args.new_token_key,
+    )?;
+    #[cfg(feature = "postgres")]
+    if let Some(shared) = &opened.shared {
+        startup_key::agree(shared, &key, &opened.key_path, args.new_token_key).await?;
+    }
+    let store = opened.store;
     let mut builder = Runtime::builder()
         .store(store)
         .client_tool_timeout_ms(args.client_tool_timeout_ms);
@@ -279,14 +327,10 @@ async fn serve(args: Serve) -> Result<(), String> {
     });
     // The line a script (or a test) waits for before it connects.
     println!("dormant-server listening on http://{address}");
-    // A URL may carry a password: name only the kind of store.
-    let store_label = if store_dir.to_string_lossy().contains("://") {
-        "postgresql".to_string()
-    } else {
-        store_dir.display().to_string()
-    };
     tracing::info!(%address, store = %store_label, "server.listening");
-    let served = axum::serve(listener, app)
+    let served = dormant_server::serve(listener, app)
+        .header_read_timeout(Duration::from_millis(args.header_read_timeout_ms))
+        .max_connections(args.max_connections)
         .with_graceful_shutdown(async move {
             shutdown_signal().await;
             tracing::info!("server.shutting_down");
@@ -301,31 +345,44 @@ async fn serve(args: Serve) -> Result<(), String> {
     Ok(())
 }
 
-/// The store `--store` names, and where the token key is kept.
-async fn open_store(
-    store: &Path,
-    args: &Serve,
-    advertised: String,
-) -> Result<(Arc<dyn dormant::Store>, PathBuf), String> {
+/// The store `--store` names, opened.
+struct Opened {
+    store: Arc<dyn dormant::Store>,
+    /// Where the token key is kept.
+    key_path: PathBuf,
+    /// Whether the store existed before this start (so tokens may have been issued).
+    existed: bool,
+    /// The store, when several nodes share it.
+    #[cfg(feature = "postgres")]
+    shared: Option<Arc<dormant::PgStore>>,
+}
+
+/// Opens the store `--store` names.
+async fn open_store(store: &Path, args: &Serve, advertised: String) -> Result<Opened, String> {
     let text = store.to_string_lossy();
     if text.starts_with("postgres://") || text.starts_with("postgresql://") {
         return open_postgres(&text, args, advertised).await;
     }
+    // Looked at before sled creates it: a directory with something in it is a store that
+    // was used.
+    let existed = std::fs::read_dir(store).is_ok_and(|mut entries| entries.next().is_some());
     let sled = SledStore::open(store).map_err(|error| error.to_string())?;
     let key_path = args.token_key_file.clone().unwrap_or_else(|| {
         let mut name = store.as_os_str().to_os_string();
         name.push(".token-key");
         PathBuf::from(name)
     });
-    Ok((Arc::new(sled), key_path))
+    Ok(Opened {
+        store: Arc::new(sled),
+        key_path,
+        existed,
+        #[cfg(feature = "postgres")]
+        shared: None,
+    })
 }
 
 #[cfg(feature = "postgres")]
-async fn open_postgres(
-    url: &str,
-    args: &Serve,
-    advertised: String,
-) -> Result<(Arc<dyn dormant::Store>, PathBuf), String> {
+async fn open_postgres(url: &str, args: &Serve, advertised: String) -> Result<Opened, String> {
     let key_path = args.token_key_file.clone().ok_or(
         "--store postgres://… needs --token-key-file FILE: every node sharing the database must sign session tokens with the same key",
     )?;
@@ -341,15 +398,18 @@ async fn open_postgres(
         .await
         .map_err(|error| format!("PostgreSQL store: {error}"))?;
     tracing::info!(%node, "server.postgres_store");
-    Ok((Arc::new(store), key_path))
+    let existed = startup_key::existed(&store).await?;
+    let store = Arc::new(store);
+    Ok(Opened {
+        store: Arc::clone(&store) as Arc<dyn dormant::Store>,
+        key_path,
+        existed,
+        shared: Some(store),
+    })
 }
 
 #[cfg(not(feature = "postgres"))]
-async fn open_postgres(
-    _url: &str,
-    _args: &Serve,
-    _advertised: String,
-) -> Result<(Arc<dyn dormant::Store>, PathBuf), String> {
+async fn open_postgres(_url: &str, _args: &Serve, _advertised: String) -> Result<Opened, String> {
     Err("this build has no `postgres` feature: --store takes a sled directory".into())
 }
 

@@ -97,7 +97,8 @@ impl Peers for HttpPeers {
 
 /// `POST /peer`: a call from another node of the cluster, answered 200 with its
 /// [`PeerAnswer`] (a failure of the call included), 403 `peer_refused` without this node's
-/// key, 400 for a body that is no call.
+/// key, 400 for a body that is no call. The key is checked first: a caller without it is
+/// refused whatever it sent, and learns nothing of how its body would have been read.
 pub(crate) async fn serve(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -107,6 +108,9 @@ pub(crate) async fn serve(
         .get(PEER_KEY)
         .and_then(|key| key.to_str().ok())
         .unwrap_or_default();
+    if !state.runtime.accepts_peer_key(key) {
+        return ApiError::from(dormant::Error::PeerRefused).into_response();
+    }
     let call: PeerCall = match serde_json::from_slice(&body) {
         Ok(call) => call,
         Err(error) => {

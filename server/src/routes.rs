@@ -9,7 +9,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use dormant::submit::Submit;
-use dormant::SessionId;
+use dormant::{SessionId, Untrusted};
 use serde_json::{json, Value};
 
 use crate::body::{json_value, JsonBody, Params};
@@ -89,7 +89,7 @@ pub(crate) async fn start(
             .start_on(&id, &body.agent, body.message)
             .await?
     };
-    tracing::info!(session = %id, agent = %body.agent, "server.started");
+    tracing::info!(session = %id, agent = %Untrusted(&body.agent), "server.started");
     let token = state.key.issue(&id);
     let from = started.from_seq;
     let answer = Started::new(started, Some(token));
@@ -163,7 +163,7 @@ pub(crate) async fn submit(
     state.auth.session(&state.key, &headers, None, &id).await?;
     let call = submit.tool_call_id.clone();
     let outcome = state.runtime.submit_tool_result(submit).await?;
-    tracing::info!(session = %id, tool_call_id = %call, outcome = outcome.code(), "server.submit");
+    tracing::info!(session = %id, tool_call_id = %Untrusted(&call), outcome = outcome.code(), "server.submit");
     let mut answer = submit_answer(outcome)?;
     if !query.resume {
         return Ok(Json(answer).into_response());

@@ -1,6 +1,7 @@
 //! Building the router: the state every handler shares, the layers, and the switch that
 //! ends streams when the server shuts down.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use axum::http::{HeaderName, HeaderValue, Method, StatusCode};
@@ -74,17 +75,21 @@ impl Closing {
 /// A server under construction: the runtime, how callers are authenticated, its limits and
 /// the key of its session tokens.
 ///
+/// Give it a key that outlives the process, [`Server::token_key_file`] (as below): without
+/// one, tokens are signed with a random key of this process, and every token a client holds
+/// is refused (401) after a restart.
+///
 /// ```no_run
-/// use std::path::Path;
-/// use dormant_server::{Auth, Server, ServerConfig, TokenKey};
+/// use dormant_server::{Auth, Server, ServerConfig};
 /// # async fn serve(runtime: dormant::Runtime) -> Result<(), Box<dyn std::error::Error>> {
 /// let server = Server::new(runtime.clone(), Auth::allow_unauthenticated())
 ///     .config(ServerConfig::default())
-///     .token_key(TokenKey::load_or_create(Path::new("server.key"))?);
+///     // Kept beside the store: tokens stay valid across restarts.
+///     .token_key_file("sessions.token-key");
 /// let closing = server.closing();
 /// let app = server.router()?;
 /// let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await?;
-/// axum::serve(listener, app)
+/// dormant_server::serve(listener, app)
 ///     .with_graceful_shutdown(async move {
 ///         let _ = tokio::signal::ctrl_c().await;
 ///         closing.close();
@@ -99,17 +104,21 @@ pub struct Server {
     auth: Auth,
     config: ServerConfig,
     key: Option<TokenKey>,
+    key_file: Option<PathBuf>,
     closing: Closing,
 }
 
 impl Server {
-    /// A server over `runtime`, authenticating with `auth`.
+    /// A server over `runtime`, authenticating with `auth`. Give it a durable token key with
+    /// [`Server::token_key_file`] (or [`Server::token_key`]): its default key lives only as
+    /// long as the process, and so do the tokens it signs.
     pub fn new(runtime: Runtime, auth: Auth) -> Self {
         Self {
             runtime,
             auth,
             config: ServerConfig::default(),
             key: None,
+            key_file: None,
             closing: Closing(Arc::new(watch::channel(false).0)),
         }
     }
@@ -121,9 +130,18 @@ impl Server {
     }
 
     /// The key its session tokens are signed with (default: a random key for this process,
-    /// so tokens die with it).
+    /// so tokens die with it). See [`Server::token_key_file`] for one kept in a file.
     pub fn token_key(mut self, key: TokenKey) -> Self {
         self.key = Some(key);
+        self
+    }
+
+    /// Signs session tokens with the key kept in `path`, created there (mode 0600) on the
+    /// first start ([`TokenKey::load_or_create`], when [`Server::router`] is called), so that
+    /// tokens stay valid across restarts. Keep the file with the store: a store whose key is
+    /// lost keeps its sessions, but every token issued for them is refused.
+    pub fn token_key_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.key_file = Some(path.into());
         self
     }
 
@@ -136,18 +154,25 @@ impl Server {
     ///
     /// # Errors
     /// [`ServerError::AuthNotConfigured`] without a hook or an explicit
-    /// [`Auth::allow_unauthenticated`]; [`ServerError::InvalidConfig`]; a failed random key.
+    /// [`Auth::allow_unauthenticated`]; [`ServerError::InvalidConfig`];
+    /// [`ServerError::TokenKey`] for a key file that cannot be read or created; a failed
+    /// random key.
     pub fn router(self) -> Result<Router, ServerError> {
         if !self.auth.is_configured() {
             return Err(ServerError::AuthNotConfigured);
         }
         self.config.check()?;
-        let key = match self.key {
-            Some(key) => key,
-            None => TokenKey::random().map_err(|error| ServerError::InvalidConfig {
-                setting: "token_key",
-                reason: format!("no random key: {error}"),
-            })?,
+        let key = match (self.key, self.key_file) {
+            (Some(key), _) => key,
+            (None, Some(path)) => TokenKey::load_or_create(&path)
+                .map_err(|source| ServerError::TokenKey { path, source })?,
+            (None, None) => {
+                tracing::warn!("server.token_key_ephemeral: session tokens are signed with a key of this process and stop working when it restarts (Server::token_key_file keeps one)");
+                TokenKey::random().map_err(|error| ServerError::InvalidConfig {
+                    setting: "token_key",
+                    reason: format!("no random key: {error}"),
+                })?
+            }
         };
         let cors = cors(&self.config.cors_origins)?;
         let page = self.config.page;
@@ -212,7 +237,7 @@ async fn front(
     let span = tracing::info_span!(
         "request",
         method = %request.method(),
-        path = %request.uri().path()
+        path = %dormant::Untrusted(request.uri().path())
     );
     async move {
         let route = crate::metrics::route_of(request.uri().path());

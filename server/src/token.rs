@@ -49,9 +49,31 @@ impl TokenKey {
     /// Reads the key kept in `path`, or creates one there (readable by the owner only) if the
     /// file does not exist.
     ///
+    /// A missing file is not always a first start: if the store already holds sessions, their
+    /// tokens were signed with a key that is gone, and a new one makes every one of them
+    /// invalid (401). The `dormant-server` binary refuses that unless told to
+    /// (`--new-token-key`): a daemon that can tell a new store from an old one should use
+    /// [`TokenKey::load`] and [`TokenKey::create`] to do the same.
+    ///
     /// # Errors
     /// The file could not be read or written, or does not hold a 32-byte key.
     pub fn load_or_create(path: &Path) -> io::Result<Self> {
+        if let Some(key) = Self::load(path)? {
+            return Ok(key);
+        }
+        match Self::create(path) {
+            // Another process (a node started at the same moment) made it first: use its.
+            Err(error) if error.kind() == io::ErrorKind::AlreadyExists => Self::load(path)?
+                .ok_or_else(|| io::Error::other(format!("{} vanished", path.display()))),
+            created => created,
+        }
+    }
+
+    /// Reads the key kept in `path`; `None` if there is no such file.
+    ///
+    /// # Errors
+    /// The file could not be read, or does not hold a 32-byte key.
+    pub fn load(path: &Path) -> io::Result<Option<Self>> {
         match std::fs::read(path) {
             Ok(bytes) => {
                 let key: [u8; KEY_BYTES] = bytes.try_into().map_err(|bytes: Vec<u8>| {
@@ -64,21 +86,47 @@ impl TokenKey {
                         ),
                     )
                 })?;
-                Ok(Self(key))
+                Ok(Some(Self(key)))
             }
-            Err(error) if error.kind() == io::ErrorKind::NotFound => {
-                let key = Self::random()?;
-                let mut options = std::fs::OpenOptions::new();
-                options.write(true).create_new(true);
-                #[cfg(unix)]
-                std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-                let mut file = options.open(path)?;
-                file.write_all(&key.0)?;
-                file.sync_all()?;
-                Ok(key)
-            }
+            Err(error) if error.kind() == io::ErrorKind::NotFound => Ok(None),
             Err(error) => Err(error),
         }
+    }
+
+    /// Creates a new random key in `path` (readable by the owner only), which must not exist.
+    /// The file appears whole or not at all: it is written beside `path` and linked there, so
+    /// that a node reading it at the same moment never reads half a key.
+    ///
+    /// # Errors
+    /// The file exists ([`io::ErrorKind::AlreadyExists`]), or could not be written.
+    pub fn create(path: &Path) -> io::Result<Self> {
+        let key = Self::random()?;
+        let mut draft = path.as_os_str().to_os_string();
+        draft.push(format!(".{}.new", hex(&Self::random()?.0[..8])));
+        let draft = std::path::PathBuf::from(draft);
+        let written = (|| {
+            let mut options = std::fs::OpenOptions::new();
+            options.write(true).create_new(true);
+            #[cfg(unix)]
+            std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+            let mut file = options.open(&draft)?;
+            file.write_all(&key.0)?;
+            file.sync_all()?;
+            // A link, not a rename: it fails if `path` exists instead of replacing it.
+            std::fs::hard_link(&draft, path)
+        })();
+        let _ = std::fs::remove_file(&draft);
+        written.map(|()| key)
+    }
+
+    /// A name for the key that does not reveal it: 16 hex digits of an HMAC of a fixed text
+    /// under it. Two nodes whose fingerprints differ sign with different keys; the binary
+    /// records it in a shared store to refuse a node started with another key.
+    pub fn fingerprint(&self) -> String {
+        let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(&self.0)
+            .unwrap_or_else(|_| unreachable!("HMAC takes a key of any length"));
+        mac.update(b"dormant-token-key-fingerprint");
+        hex(&mac.finalize().into_bytes()[..8])
     }
 
     /// The token that authorizes `session`.
@@ -127,13 +175,25 @@ fn hex(bytes: &[u8]) -> String {
     text
 }
 
+/// The bytes of lower-case hex, the one form [`hex`] writes: a token has one spelling, so
+/// an upper-case copy of a token is not a second valid token.
 fn unhex(text: &str) -> Option<Vec<u8>> {
     if text.len() % 2 != 0 || text.len() > 1024 {
         return None;
     }
-    (0..text.len())
-        .step_by(2)
-        .map(|at| u8::from_str_radix(text.get(at..at + 2)?, 16).ok())
+    fn digit(byte: u8) -> Option<u8> {
+        match byte {
+            b'0'..=b'9' => Some(byte - b'0'),
+            b'a'..=b'f' => Some(byte - b'a' + 10),
+            _ => None,
+        }
+    }
+    text.as_bytes()
+        .chunks_exact(2)
+        .map(|pair| match pair {
+            [high, low] => Some((digit(*high)? << 4) | digit(*low)?),
+            _ => None,
+        })
         .collect()
 }
 
@@ -146,6 +206,8 @@ mod tests {
         let bytes = [0x00, 0x0f, 0xab, 0xff];
         assert_eq!(hex(&bytes), "000fabff");
         assert_eq!(unhex("000fabff"), Some(bytes.to_vec()));
+        assert_eq!(unhex("000FABFF"), None);
+        assert_eq!(unhex("0g"), None);
     }
 
     #[test]
@@ -181,8 +243,13 @@ mod tests {
         let first = TokenKey::load_or_create(&path)?;
         let again = TokenKey::load_or_create(&path)?;
         assert_eq!(first.0, again.0);
+        assert_eq!(first.fingerprint(), again.fingerprint());
+        assert_eq!(first.fingerprint().len(), 16);
+        assert_ne!(first.fingerprint(), TokenKey::random()?.fingerprint());
+        assert!(TokenKey::create(&path).is_err(), "create never overwrites");
         std::fs::write(&path, b"short")?;
         assert!(TokenKey::load_or_create(&path).is_err());
+        assert!(TokenKey::load(&dir.path().join("missing"))?.is_none());
         Ok(())
     }
 }

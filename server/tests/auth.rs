@@ -219,3 +219,123 @@ async fn the_hook_decides_who_starts_names_and_operates() -> anyhow::Result<()> 
     server.stop().await?.shutdown().await?;
     Ok(())
 }
+
+/// An authentication scheme's name is case-insensitive (`bearer` is `Bearer`), while a token
+/// has one spelling: its hex is lower-case, and an upper-case copy is no token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_scheme_is_read_in_any_case_and_a_token_in_its_one_spelling_only() -> anyhow::Result<()>
+{
+    let server = demo_server(ServerConfig::default()).await?;
+    let session = server.start("weather in Porto").await?;
+    let status = |authorization: String| {
+        server
+            .http
+            .get(server.url(&format!("/status?session_id={}", session.id)))
+            .header("authorization", authorization)
+            .send()
+    };
+    for scheme in ["Bearer", "bearer", "BEARER", "bEaReR"] {
+        let (code, body) = answer(status(format!("{scheme} {}", session.token)).await?).await?;
+        assert_eq!(code, StatusCode::OK, "{scheme}: {body}");
+    }
+    let (head, mac) = session
+        .token
+        .rsplit_once('.')
+        .ok_or_else(|| anyhow::anyhow!("a token has a MAC: {}", session.token))?;
+    let shouted = [
+        format!("{head}.{}", mac.to_ascii_uppercase()),
+        format!(
+            "dst1.{}",
+            session.token["dst1.".len()..].to_ascii_uppercase()
+        ),
+    ];
+    for token in shouted {
+        assert_ne!(token, session.token, "the MAC has letters to change");
+        let (code, body) = answer(status(format!("Bearer {token}")).await?).await?;
+        assert_eq!(
+            (code, body["code"].as_str()),
+            (StatusCode::UNAUTHORIZED, Some("invalid_token")),
+            "{token}: {body}"
+        );
+    }
+    server.stop().await?.shutdown().await?;
+    Ok(())
+}
+
+/// `POST /peer` checks the node's key before it reads the body: a caller without it is
+/// refused (403) whatever it sent, and learns nothing of how its body would have been read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_call_without_the_key_is_refused_before_its_body_is_read() -> anyhow::Result<()> {
+    let server = demo_server(ServerConfig::default()).await?;
+    for key in [None, Some("not-the-key")] {
+        for body in ["garbage", "{}", r#"{"execute":{}}"#] {
+            let mut request = server
+                .http
+                .post(server.url("/peer"))
+                .header("content-type", "application/json")
+                .body(body);
+            if let Some(key) = key {
+                request = request.header(dormant_server::PEER_KEY, key);
+            }
+            let (code, answered) = answer(request.send().await?).await?;
+            assert_eq!(
+                (code, answered["code"].as_str()),
+                (StatusCode::FORBIDDEN, Some("peer_refused")),
+                "{key:?} {body}: {answered}"
+            );
+        }
+    }
+    server.stop().await?.shutdown().await?;
+    Ok(())
+}
+
+/// A server given a key file signs with the key kept there: a token issued before a restart
+/// (a new router on the same file) opens its session after it. Without the file, each router
+/// has a key of its own, and the token is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_key_file_keeps_tokens_valid_across_a_restart() -> anyhow::Result<()> {
+    use axum::body::Body;
+    use axum::http::Request;
+    use tower::ServiceExt;
+
+    let dir = tempfile::tempdir()?;
+    let key = dir.path().join("sessions.token-key");
+    let runtime = demo_runtime(Arc::new(SledStore::temporary()?))?;
+    let router = |file: bool| {
+        let server = dormant_server::Server::new(runtime.clone(), Auth::allow_unauthenticated());
+        if file {
+            server.token_key_file(&key).router()
+        } else {
+            server.router()
+        }
+    };
+    let body = serde_json::to_vec(&json!({ "agent": "demo", "message": "weather in Porto" }))?;
+    let started = router(true)?
+        .oneshot(
+            Request::post("/start")
+                .header("content-type", "application/json")
+                .header("content-length", body.len())
+                .body(Body::from(body))?,
+        )
+        .await?;
+    assert_eq!(started.status(), StatusCode::ACCEPTED);
+    let started: serde_json::Value =
+        serde_json::from_slice(&axum::body::to_bytes(started.into_body(), usize::MAX).await?)?;
+    let (id, token) = (
+        started["session_id"].as_str().unwrap_or_default(),
+        started["token"].as_str().unwrap_or_default(),
+    );
+    assert!(key.exists(), "the key file was not created");
+    for (file, expected) in [(true, StatusCode::OK), (false, StatusCode::UNAUTHORIZED)] {
+        let status = router(file)?
+            .oneshot(
+                Request::get(format!("/status?session_id={id}"))
+                    .header("authorization", format!("Bearer {token}"))
+                    .body(Body::empty())?,
+            )
+            .await?;
+        assert_eq!(status.status(), expected, "key file: {file}");
+    }
+    runtime.shutdown().await?;
+    Ok(())
+}

@@ -153,13 +153,26 @@ async fn a_runtime_call_for_a_session_another_node_owns_is_served_by_the_owner(
     assert_eq!(refused.status(), reqwest::StatusCode::FORBIDDEN);
     let body: serde_json::Value = refused.json().await?;
     assert_eq!(body["code"], "peer_refused");
-    let malformed = reqwest::Client::new()
-        .post(format!("{}/peer", a.base))
-        .header(PEER_KEY, "not-the-key")
-        .json(&json!({ "call": "launch" }))
-        .send()
-        .await?;
-    assert_eq!(malformed.status(), reqwest::StatusCode::BAD_REQUEST);
+    // A body that is no call is refused for what it is only with A's key: the key is
+    // checked first, so a caller without it learns nothing of how its body was read.
+    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await?;
+    tokio::spawn(connection);
+    let key: String = client
+        .query_one("SELECT peer_key FROM dormant_nodes WHERE node = 'a'", &[])
+        .await?
+        .get(0);
+    for (key, status) in [
+        ("not-the-key", reqwest::StatusCode::FORBIDDEN),
+        (key.as_str(), reqwest::StatusCode::BAD_REQUEST),
+    ] {
+        let malformed = reqwest::Client::new()
+            .post(format!("{}/peer", a.base))
+            .header(PEER_KEY, key)
+            .json(&json!({ "call": "launch" }))
+            .send()
+            .await?;
+        assert_eq!(malformed.status(), status);
+    }
 
     for node in [a, b] {
         node.runtime.shutdown().await?;

@@ -141,7 +141,7 @@ impl SessionActor {
         let chunks = match chunks {
             Ok(chunks) => chunks,
             Err(error) => {
-                tracing::warn!(session = %ctx.key(), %child, %error, "subagent.chunks_unreadable");
+                tracing::warn!(session = %ctx.key(), %child, error = %crate::Untrusted(&error), "subagent.chunks_unreadable");
                 Vec::new()
             }
         };

@@ -13,6 +13,7 @@ use crate::scheduler::SchedulerMsg;
 use crate::schema;
 use crate::session::{Effect, Input, Observation, Transition};
 use crate::stream::{Delta, StreamEvent};
+use crate::Untrusted;
 use tracing::Instrument;
 
 impl SessionActor {
@@ -26,7 +27,7 @@ impl SessionActor {
     ) -> Result<(), Error> {
         if let Some(commit) = transition.commit {
             if let Err(error) = self.shared.commit(&commit).await {
-                tracing::error!(session = %ctx.key(), %error, "session.commit_failed");
+                tracing::error!(session = %ctx.key(), error = %Untrusted(&error), "session.commit_failed");
                 let fenced = matches!(&error, Error::Store(crate::store::Error::LeaseLost { .. }));
                 let reason = error.to_string();
                 let unavailable = || Error::SessionUnavailable {
@@ -260,7 +261,7 @@ impl SessionActor {
                 tool_name,
                 deadline_at_ms,
             } => {
-                tracing::debug!(session = %id, tool_call_id, tool_name, deadline_at_ms, "client_tool.suspended");
+                tracing::debug!(session = %id, tool_call_id = %Untrusted(&tool_call_id), tool_name = %Untrusted(&tool_name), deadline_at_ms, "client_tool.suspended");
             }
             Observation::Answered {
                 tool_call_id,
@@ -268,14 +269,14 @@ impl SessionActor {
                 has_error,
             } => {
                 metrics.record_answer(wait_ms);
-                tracing::debug!(session = %id, tool_call_id, wait_ms, has_error, "client_tool.answered");
+                tracing::debug!(session = %id, tool_call_id = %Untrusted(&tool_call_id), wait_ms, has_error, "client_tool.answered");
             }
             Observation::TimedOut {
                 tool_call_id,
                 lag_ms,
             } => {
                 metrics.record_timeout(lag_ms);
-                tracing::warn!(session = %id, tool_call_id, lag_ms, "client_tool.timeout");
+                tracing::warn!(session = %id, tool_call_id = %Untrusted(&tool_call_id), lag_ms, "client_tool.timeout");
             }
             Observation::Aborted { count } => {
                 metrics.record_aborted(count);
@@ -291,7 +292,7 @@ impl SessionActor {
                 reason,
             } => {
                 // The model's id is untrusted text: escaped and cut short before it is logged.
-                let original = crate::ids::loggable(&original);
+                let original = crate::Untrusted(&original);
                 tracing::warn!(session = %id, %original, tool_call_id = %assigned, reason, "tool_call.id_assigned");
             }
         }

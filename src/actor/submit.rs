@@ -21,6 +21,7 @@ use crate::error::Error;
 use crate::ids::SessionId;
 use crate::session::{Effect, Input, Submission, Transition, Verdict};
 use crate::submit::SubmitOutcome;
+use crate::Untrusted;
 
 /// An accepted answer's commit in flight: its task yields the transition's effects once the
 /// commit is durable, or `None` if it failed.
@@ -88,7 +89,7 @@ impl SessionActor {
                 crate::router::settled_outcome(&self.shared, root, &tool_call_id).await
             }
             Some(Verdict::InvalidResult { reason, errors }) => {
-                tracing::warn!(session = %ctx.key(), tool_call_id, %reason, "client_tool.validation_failed");
+                tracing::warn!(session = %ctx.key(), tool_call_id = %Untrusted(&tool_call_id), reason = %Untrusted(&reason), "client_tool.validation_failed");
                 Ok(SubmitOutcome::InvalidResult { reason, errors })
             }
         };
@@ -116,12 +117,12 @@ impl SessionActor {
             };
             let effects = match committed {
                 Ok(()) => {
-                    tracing::debug!(session = %session, tool_call_id = %call, "client_tool.submitted");
+                    tracing::debug!(session = %session, tool_call_id = %Untrusted(&call), "client_tool.submitted");
                     let _ = reply.send(Ok(SubmitOutcome::Accepted));
                     Some(transition.effects)
                 }
                 Err(error) => {
-                    tracing::error!(session = %session, tool_call_id = %call, %error, "client_tool.submit_commit_failed");
+                    tracing::error!(session = %session, tool_call_id = %Untrusted(&call), error = %Untrusted(&error), "client_tool.submit_commit_failed");
                     let _ = reply.send(Err(error));
                     None
                 }

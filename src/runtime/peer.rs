@@ -98,6 +98,15 @@ impl Runtime {
         .await
     }
 
+    /// Whether `key` is this node's [`PeerKey`](crate::peer::PeerKey) (compared in constant
+    /// time; a store without one takes no calls from peers). A transport checks it before it
+    /// reads a call, so that a caller without the key learns nothing of what it sent.
+    pub fn accepts_peer_key(&self, key: &str) -> bool {
+        self.store()
+            .peer_key()
+            .is_some_and(|ours| ours.matches(key))
+    }
+
     /// Serves a call another node sent because this one owns the session's tree
     /// ([`crate::peer`]), here and never further: a session this node does not own (any
     /// more) answers `session_unavailable`, which the caller returns as is. `key` is the
@@ -109,11 +118,7 @@ impl Runtime {
     /// answer, [`PeerAnswer::Failed`].
     pub async fn serve_peer(&self, key: &str, call: PeerCall) -> Result<PeerAnswer, Error> {
         self.ensure_open()?;
-        if !self
-            .store()
-            .peer_key()
-            .is_some_and(|ours| ours.matches(key))
-        {
+        if !self.accepts_peer_key(key) {
             return Err(Error::PeerRefused);
         }
         let answer = match call {

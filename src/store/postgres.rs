@@ -26,6 +26,10 @@
 mod group;
 mod lease;
 mod migrate;
+mod redacted;
+mod settings;
+
+pub use settings::PgSetting;
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -26,7 +26,76 @@ impl Binary {
         extra: &[&str],
         env: &[(&str, &str)],
     ) -> anyhow::Result<Self> {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_dormant-server"))
+        Self::spawn(
+            Command::new(env!("CARGO_BIN_EXE_dormant-server")),
+            store,
+            listen,
+            extra,
+            env,
+            Stdio::inherit(),
+        )
+    }
+
+    /// As [`Binary::start_with_env`], its log (stderr) written to `log`.
+    pub fn start_logging_to(
+        store: &Path,
+        listen: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+        log: &Path,
+    ) -> anyhow::Result<Self> {
+        Self::spawn(
+            Command::new(env!("CARGO_BIN_EXE_dormant-server")),
+            store,
+            listen,
+            extra,
+            env,
+            std::fs::File::create(log)?.into(),
+        )
+    }
+
+    /// The binary as [`Binary::start_with_env`] runs it, for a test that waits for its exit.
+    pub fn command(store: &Path, listen: &str, extra: &[&str]) -> Command {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_dormant-server"));
+        command
+            .args([
+                "--listen",
+                listen,
+                "--demo",
+                "--allow-unauthenticated",
+                "--store",
+            ])
+            .arg(store)
+            .args(extra)
+            .env("RUST_LOG", "warn");
+        command
+    }
+
+    /// As [`Binary::start`], started by a shell that first lowers its soft limit on open files
+    /// to `soft` (as a system whose default is 256 would).
+    pub fn start_with_soft_fd_limit(
+        store: &Path,
+        listen: &str,
+        extra: &[&str],
+        soft: u64,
+    ) -> anyhow::Result<Self> {
+        let mut shell = Command::new("sh");
+        shell
+            .arg("-c")
+            .arg(format!("ulimit -Sn {soft} && exec \"$0\" \"$@\""))
+            .arg(env!("CARGO_BIN_EXE_dormant-server"));
+        Self::spawn(shell, store, listen, extra, &[], Stdio::inherit())
+    }
+
+    fn spawn(
+        mut command: Command,
+        store: &Path,
+        listen: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+        stderr: Stdio,
+    ) -> anyhow::Result<Self> {
+        let mut child = command
             .args([
                 "--listen",
                 listen,
@@ -43,7 +112,7 @@ impl Binary {
             .env_remove("OPENAI_MODEL")
             .envs(env.iter().copied())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(stderr)
             .spawn()?;
         let stdout = child.stdout.take().context("no stdout")?;
         let mut line = String::new();

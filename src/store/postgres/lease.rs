@@ -290,7 +290,8 @@ impl Leases {
                     &self.node,
                     &self.address,
                     &self.ttl_ms(),
-                    &self.key.as_str(),
+                    // tokio-postgres logs a statement's parameters at debug level.
+                    &super::redacted::Redacted(self.key.as_str()),
                 ],
             )
             .await

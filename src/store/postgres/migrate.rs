@@ -13,7 +13,7 @@ const LOCK: i64 = 0x0064_6f72_6d61_6e74;
 
 /// The migrations, in order; a migration's version is its position from 1. Never edit one
 /// that shipped: add another.
-const MIGRATIONS: [&str; 4] = [
+const MIGRATIONS: [&str; 5] = [
     // 1: every tree in one table, ordered by (tree, key).
     "CREATE TABLE dormant_kv (
          tree smallint NOT NULL,
@@ -41,6 +41,14 @@ const MIGRATIONS: [&str; 4] = [
     "ALTER TABLE dormant_nodes ALTER COLUMN address DROP NOT NULL;
      ALTER TABLE dormant_nodes ADD COLUMN expires_at timestamptz NOT NULL DEFAULT '-infinity';
      ALTER TABLE dormant_nodes ADD COLUMN peer_key text",
+    // 5: values every node must agree on (the fingerprint of the token key), each recorded
+    // once, with who recorded it.
+    "CREATE TABLE dormant_settings (
+         name text PRIMARY KEY,
+         value text NOT NULL,
+         note text NOT NULL,
+         set_at timestamptz NOT NULL DEFAULT now()
+     )",
 ];
 
 pub(super) async fn run(client: &mut Object) -> Result<(), Error> {

@@ -1,0 +1,290 @@
+//! Serving a router on a listener with bounds a slow or hostile client cannot get around: a
+//! time limit on reading a request's headers, and a cap on open connections that stays within
+//! the process's limit on open files.
+//!
+//! `axum::serve` (axum 0.8) gives hyper no timer, so hyper's header-read timeout never runs:
+//! a client that sends its headers a byte a second holds its connection, and its file
+//! descriptor, for as long as it likes. Nor does it bound how many connections are open, so
+//! enough such clients use up the process's descriptors and the server stops accepting anyone.
+
+use std::future::{Future, IntoFuture};
+use std::pin::{pin, Pin};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::serve::Listener;
+use axum::Router;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use tokio::sync::{watch, Semaphore};
+
+use crate::fd_limit;
+
+/// How long a client may take to send a request's line and headers (30 s, hyper's own
+/// default): past it the connection is closed. On an idle keep-alive connection it bounds the
+/// wait for the next request too.
+pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The most connections served at once by default. Past the cap new connections are not
+/// accepted: they wait in the listener's backlog until one closes, while the open ones are
+/// served as before. It is lowered further to fit the process's limit on open files.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
+
+/// Serves `app` on `listener`: each connection over HTTP/1.1 with a bound on how long its
+/// request headers take to arrive ([`Serve::header_read_timeout`]), and no more connections
+/// at once than [`Serve::max_connections`]. What the `dormant-server` binary serves with; a
+/// daemon that mounts [`router`](crate::router) in its own app serves that app with it in
+/// place of `axum::serve`, which (in axum 0.8) bounds neither. It serves the router as it is,
+/// over HTTP/1.1 without upgrades, and adds no `ConnectInfo` to requests.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use dormant_server::{Auth, Server};
+/// # async fn run(runtime: dormant::Runtime) -> Result<(), Box<dyn std::error::Error>> {
+/// let server = Server::new(runtime.clone(), Auth::allow_unauthenticated());
+/// let closing = server.closing();
+/// let app = server.router()?;
+/// let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await?;
+/// dormant_server::serve(listener, app)
+///     .header_read_timeout(Duration::from_secs(10))
+///     .max_connections(1024)
+///     .with_graceful_shutdown(async move {
+///         let _ = tokio::signal::ctrl_c().await;
+///         closing.close();
+///     })
+///     .await?;
+/// runtime.shutdown().await?;
+/// # Ok(()) }
+/// ```
+pub fn serve<L: Listener>(listener: L, app: Router) -> Serve<L> {
+    Serve {
+        listener,
+        app,
+        header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT,
+        max_connections: DEFAULT_MAX_CONNECTIONS,
+        connections: Connections::default(),
+        shutdown: Box::pin(std::future::pending()),
+    }
+}
+
+/// A server being set up by [`serve`]; `.await` it to serve until the shutdown signal (or
+/// forever without one).
+#[must_use = "a Serve does nothing until it is awaited"]
+pub struct Serve<L> {
+    listener: L,
+    app: Router,
+    header_read_timeout: Duration,
+    max_connections: usize,
+    connections: Connections,
+    shutdown: Pin<Box<dyn Future<Output = ()> + Send>>,
+}
+
+impl<L> std::fmt::Debug for Serve<L> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Serve")
+            .field("header_read_timeout", &self.header_read_timeout)
+            .field("max_connections", &self.max_connections)
+            .field("connections", &self.connections)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<L: Listener> Serve<L> {
+    /// How long a client may take to send a request's line and headers before its connection
+    /// is closed (default [`DEFAULT_HEADER_READ_TIMEOUT`]). The clock starts when the server
+    /// starts waiting for a request: at the connection's start, and after each answer on a
+    /// keep-alive connection. A request's body is bounded by the router's
+    /// [`request_timeout`](crate::ServerConfig::request_timeout) instead.
+    pub fn header_read_timeout(mut self, timeout: Duration) -> Self {
+        self.header_read_timeout = timeout;
+        self
+    }
+
+    /// The most connections open at once (default [`DEFAULT_MAX_CONNECTIONS`], at least 1).
+    /// Past it, new connections wait in the listener's backlog until one closes. Lowered to
+    /// what the process's limit on open files allows after a reserve for the store, the logs
+    /// and outgoing calls (an eighth of the limit, at least 64).
+    pub fn max_connections(mut self, max: usize) -> Self {
+        self.max_connections = max.max(1);
+        self
+    }
+
+    /// Stops accepting connections once `signal` completes, lets each open one finish the
+    /// request it is answering, and returns when all have closed.
+    pub fn with_graceful_shutdown<F>(mut self, signal: F) -> Self
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        self.shutdown = Box::pin(signal);
+        self
+    }
+
+    /// The count of its open connections, to watch from elsewhere.
+    pub fn connections(&self) -> Connections {
+        self.connections.clone()
+    }
+
+    /// Serves until the shutdown signal, then drains the open connections.
+    async fn run(self) {
+        let Self {
+            mut listener,
+            app,
+            header_read_timeout,
+            max_connections,
+            connections,
+            shutdown,
+        } = self;
+        let cap = fitted_cap(max_connections);
+        connections.0.cap.store(cap, Ordering::Relaxed);
+        let slots = Arc::new(Semaphore::new(cap));
+        // Each connection's task holds a receiver of both channels: `stop` says "shut down
+        // gracefully", and once every receiver of `done` is dropped, every connection ended.
+        let (stop, stopping) = watch::channel(false);
+        let (done, running) = watch::channel(());
+        let mut shutdown = pin!(shutdown);
+        loop {
+            // A slot first, then the connection: past the cap, new connections stay in the
+            // kernel's backlog, unaccepted, and cost this process nothing.
+            let slot = tokio::select! {
+                slot = Arc::clone(&slots).acquire_owned() => slot,
+                () = &mut shutdown => break,
+            };
+            let Ok(slot) = slot else { break };
+            let (io, _peer) = tokio::select! {
+                accepted = listener.accept() => accepted,
+                () = &mut shutdown => break,
+            };
+            connections.opened();
+            let service = TowerToHyperService::new(app.clone());
+            let mut stopping = stopping.clone();
+            let running = running.clone();
+            let connections = connections.clone();
+            tokio::spawn(async move {
+                let mut builder = hyper::server::conn::http1::Builder::new();
+                builder
+                    .timer(TokioTimer::new())
+                    .header_read_timeout(header_read_timeout);
+                let mut connection = pin!(builder.serve_connection(TokioIo::new(io), service));
+                let mut stopped = false;
+                loop {
+                    tokio::select! {
+                        served = connection.as_mut() => {
+                            if let Err(error) = served {
+                                // A header-read timeout, a reset, a malformed request: the
+                                // client's doing, and no event the operator must see.
+                                tracing::trace!(%error, "server.connection_ended");
+                            }
+                            break;
+                        }
+                        _ = stopping.changed(), if !stopped => {
+                            stopped = true;
+                            connection.as_mut().graceful_shutdown();
+                        }
+                    }
+                }
+                connections.closed();
+                drop((slot, running));
+            });
+        }
+        drop(listener);
+        // Every connection winds down: the idle ones close at once, a request in progress is
+        // answered first (a stream is ended by the server's `Closing`).
+        let _ = stop.send(true);
+        drop((stopping, running));
+        done.closed().await;
+    }
+}
+
+impl<L: Listener> IntoFuture for Serve<L> {
+    type Output = std::io::Result<()>;
+    type IntoFuture = Pin<Box<dyn Future<Output = std::io::Result<()>> + Send>>;
+
+    fn into_future(self) -> Self::IntoFuture {
+        Box::pin(async move {
+            self.run().await;
+            Ok(())
+        })
+    }
+}
+
+/// The cap that fits the process's limit on open files (which the binary raised to its
+/// ceiling at start), so that connections alone never take the descriptors the store, the
+/// logs and outgoing calls need.
+fn fitted_cap(wanted: usize) -> usize {
+    let Some(room) = fd_limit::connection_room() else {
+        return wanted;
+    };
+    let room = usize::try_from(room).unwrap_or(usize::MAX).max(1);
+    if room < wanted {
+        tracing::warn!(
+            wanted,
+            cap = room,
+            "server.connection_cap_lowered: the limit on open files leaves room for fewer connections (raise it: ulimit -n)"
+        );
+        room
+    } else {
+        wanted
+    }
+}
+
+/// The connections a [`Serve`] has open, counted as they open and close.
+#[derive(Clone, Debug, Default)]
+pub struct Connections(Arc<Counts>);
+
+#[derive(Debug, Default)]
+struct Counts {
+    open: AtomicUsize,
+    peak: AtomicUsize,
+    accepted: AtomicU64,
+    cap: AtomicUsize,
+    /// Told of every connection that opens or closes ([`Connections::wait_until`]).
+    changed: watch::Sender<()>,
+}
+
+impl Connections {
+    /// How many are open now.
+    pub fn open(&self) -> usize {
+        self.0.open.load(Ordering::Acquire)
+    }
+
+    /// The most that were open at once.
+    pub fn peak(&self) -> usize {
+        self.0.peak.load(Ordering::Acquire)
+    }
+
+    /// How many were accepted in all.
+    pub fn accepted(&self) -> u64 {
+        self.0.accepted.load(Ordering::Acquire)
+    }
+
+    /// The cap in force (0 until the server starts): [`Serve::max_connections`], lowered to
+    /// fit the limit on open files.
+    pub fn cap(&self) -> usize {
+        self.0.cap.load(Ordering::Acquire)
+    }
+
+    /// Returns once `condition` holds of the counts, looking again each time a connection
+    /// opens or closes (to wait for a server to drain, say).
+    pub async fn wait_until(&self, condition: impl Fn(&Self) -> bool) {
+        // Subscribed before the first look: a change between the look and the wait is seen.
+        let mut changed = self.0.changed.subscribe();
+        while !condition(self) {
+            if changed.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+
+    fn opened(&self) {
+        let open = self.0.open.fetch_add(1, Ordering::AcqRel) + 1;
+        self.0.peak.fetch_max(open, Ordering::AcqRel);
+        self.0.accepted.fetch_add(1, Ordering::AcqRel);
+        self.0.changed.send_replace(());
+    }
+
+    fn closed(&self) {
+        self.0.open.fetch_sub(1, Ordering::AcqRel);
+        self.0.changed.send_replace(());
+    }
+}
