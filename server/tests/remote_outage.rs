@@ -10,7 +10,7 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{serve, TestServer};
+use common::serve;
 use dormant::remote::{LookReason, RemotePolicy};
 use dormant::submit::{Submit, SubmitOutcome};
 use dormant::{
@@ -87,19 +87,42 @@ async fn serve_again(runtime: Runtime, base: &str) -> anyhow::Result<tokio::task
     }))
 }
 
-async fn suspended_tree(
-    remote: &TestServer,
+/// A tree whose remote child's call was answered at the root, and whose remote then went
+/// away (its runtime kept, to serve again on the same address).
+struct Outage {
+    parent: Runtime,
     clock: Arc<ManualClock>,
-    root: &str,
-) -> anyhow::Result<Runtime> {
-    let parent = parent_runtime(&remote.base, clock)?;
-    let run = parent.execute_on(&root.parse()?, "lead", "go").await?;
+    root: SessionId,
+    /// Where the remote was served.
+    base: String,
+    remote: Runtime,
+}
+
+async fn answered_then_away(root: &str) -> anyhow::Result<Outage> {
+    let served = serve(
+        helper_runtime()?,
+        Auth::api_key(KEY),
+        ServerConfig::default(),
+    )
+    .await?;
+    let clock = Arc::new(ManualClock::new(1_000));
+    let parent = parent_runtime(&served.base, Arc::clone(&clock))?;
+    let root: SessionId = root.parse()?;
+    let run = parent.execute_on(&root, "lead", "go").await?;
     assert_eq!(run.status, Status::SuspendedAwaitingChildren, "{run:?}");
     let accepted = parent
-        .submit_tool_result(Submit::result(root, "q1", json!("yes")))
+        .submit_tool_result(Submit::result(root.as_str(), "q1", json!("yes")))
         .await?;
     assert_eq!(accepted, SubmitOutcome::Accepted);
-    Ok(parent)
+    let base = served.base.clone();
+    let remote = served.stop().await?;
+    Ok(Outage {
+        parent,
+        clock,
+        root,
+        base,
+        remote,
+    })
 }
 
 fn result_of(messages: &[Message], call: &str) -> Option<ToolOutcome> {
@@ -116,19 +139,14 @@ fn result_of(messages: &[Message], call: &str) -> Option<ToolOutcome> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_resume_during_an_outage_waits_and_is_carried_out_when_the_remote_is_back(
 ) -> anyhow::Result<()> {
-    let remote = serve(
-        helper_runtime()?,
-        Auth::api_key(KEY),
-        ServerConfig::default(),
-    )
-    .await?;
-    let clock = Arc::new(ManualClock::new(1_000));
-    let root: SessionId = "out-1".parse()?;
-    let parent = suspended_tree(&remote, Arc::clone(&clock), "out-1").await?;
-
-    // The remote goes away; the resume of the root keeps the tree waiting, visibly.
-    let base = remote.base.clone();
-    let remote_runtime = remote.stop().await?;
+    // The remote went away; the resume of the root keeps the tree waiting, visibly.
+    let Outage {
+        parent,
+        clock,
+        root,
+        base,
+        remote: remote_runtime,
+    } = answered_then_away("out-1").await?;
     let run = parent.resume(&root).await?;
     assert_eq!(run.status, Status::SuspendedAwaitingChildren, "{run:?}");
     assert_eq!(
@@ -192,17 +210,13 @@ async fn a_resume_during_an_outage_waits_and_is_carried_out_when_the_remote_is_b
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_remote_away_past_the_patience_is_written_off_and_its_child_aborted_when_it_is_back(
 ) -> anyhow::Result<()> {
-    let remote = serve(
-        helper_runtime()?,
-        Auth::api_key(KEY),
-        ServerConfig::default(),
-    )
-    .await?;
-    let clock = Arc::new(ManualClock::new(1_000));
-    let root: SessionId = "out-2".parse()?;
-    let parent = suspended_tree(&remote, Arc::clone(&clock), "out-2").await?;
-    let base = remote.base.clone();
-    let remote_runtime = remote.stop().await?;
+    let Outage {
+        parent,
+        clock,
+        root,
+        base,
+        remote: remote_runtime,
+    } = answered_then_away("out-2").await?;
     let run = parent.resume(&root).await?;
     assert_eq!(run.status, Status::SuspendedAwaitingChildren, "{run:?}");
 
@@ -242,17 +256,13 @@ async fn a_remote_away_past_the_patience_is_written_off_and_its_child_aborted_wh
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_root_aborted_while_its_remote_is_away_aborts_the_child_there_once_it_is_back(
 ) -> anyhow::Result<()> {
-    let remote = serve(
-        helper_runtime()?,
-        Auth::api_key(KEY),
-        ServerConfig::default(),
-    )
-    .await?;
-    let clock = Arc::new(ManualClock::new(1_000));
-    let root: SessionId = "out-3".parse()?;
-    let parent = suspended_tree(&remote, clock, "out-3").await?;
-    let base = remote.base.clone();
-    let remote_runtime = remote.stop().await?;
+    let Outage {
+        parent,
+        root,
+        base,
+        remote: remote_runtime,
+        ..
+    } = answered_then_away("out-3").await?;
 
     // The abort is durable here at once; the remote could not be told, which the caller
     // learns, and which the runtime remembers.
