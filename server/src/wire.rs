@@ -122,7 +122,8 @@ pub(crate) struct Started {
     /// Nothing the request started is still at work (a resume that found calls still
     /// waiting and no sub-agent to wake).
     pub(crate) settled: bool,
-    /// Where to follow the run (add the token).
+    /// Where to follow the run (add the token): relative to the request's URL, so it holds
+    /// for a router nested under a prefix.
     pub(crate) stream: String,
 }
 
@@ -131,7 +132,7 @@ impl Started {
         let session_id = started.session_id.to_string();
         Self {
             stream: format!(
-                "/sse?session_id={}&from={}",
+                "sse?session_id={}&from={}",
                 encode(&session_id),
                 started.from_seq
             ),

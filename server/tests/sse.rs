@@ -149,9 +149,13 @@ async fn a_stream_of_a_settled_run_ends_once_caught_up() -> anyhow::Result<()> {
     let (code, resumed) = server.resume(&session).await?;
     assert_eq!(code, StatusCode::ACCEPTED, "{resumed}");
     assert_eq!(resumed["status"], "suspended_client_tool");
+    // Relative to the request's URL (as a browser resolves it), so it holds under a prefix.
     let link = text(&resumed, "stream")?;
+    let url = reqwest::Url::parse(&server.url("/resume"))?.join(&link)?;
     let response = server
-        .get(&format!("{link}&token={}", session.token), None)
+        .http
+        .get(format!("{url}&token={}", session.token))
+        .send()
         .await?;
     let events = read_events(response, usize::MAX).await?;
     assert_eq!(events.len(), 1, "{events:?}");
