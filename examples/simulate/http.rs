@@ -214,8 +214,10 @@ pub(crate) fn serve(server: Server, listener: tokio::net::TcpListener) -> anyhow
         let _ = tcp.set_nodelay(true);
     });
     let wait = closing.clone();
+    // As the binary serves (header-read bound, connection cap), so the cycles measured are
+    // those a deployment gets.
     let task = tokio::spawn(async move {
-        axum::serve(listener, app)
+        dormant_server::serve(listener, app)
             .with_graceful_shutdown(async move { wait.closed().await })
             .await
     });

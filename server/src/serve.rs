@@ -6,6 +6,13 @@
 //! a client that sends its headers a byte a second holds its connection, and its file
 //! descriptor, for as long as it likes. Nor does it bound how many connections are open, so
 //! enough such clients use up the process's descriptors and the server stops accepting anyone.
+//!
+//! A cap alone would only move the choke point: slow clients that fill it keep everyone else
+//! waiting in the backlog until the timeout cuts them. So at the cap, a new connection is
+//! served in place of the one that has waited longest for a request (still reading its
+//! headers, or idle between two): a client that is sending a request or being answered (a
+//! stream included) is never cut, and a slow client holds its place only until enough others
+//! arrive.
 
 use std::future::{Future, IntoFuture};
 use std::pin::{pin, Pin};
@@ -16,7 +23,6 @@ use std::time::Duration;
 use axum::serve::Listener;
 use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::service::TowerToHyperService;
 use tokio::sync::{watch, Semaphore};
 
 use crate::fd_limit;
@@ -26,9 +32,10 @@ use crate::fd_limit;
 /// wait for the next request too.
 pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// The most connections served at once by default. Past the cap new connections are not
-/// accepted: they wait in the listener's backlog until one closes, while the open ones are
-/// served as before. It is lowered further to fit the process's limit on open files.
+/// The most connections served at once by default. At the cap, a new connection takes the
+/// place of the open one that has waited longest for a request (reading its headers, or idle
+/// between two); when every open one is being answered, new ones wait in the listener's
+/// backlog. It is lowered further to fit the process's limit on open files.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
 
 /// Serves `app` on `listener`: each connection over HTTP/1.1 with a bound on how long its
@@ -102,9 +109,11 @@ impl<L: Listener> Serve<L> {
     }
 
     /// The most connections open at once (default [`DEFAULT_MAX_CONNECTIONS`], at least 1).
-    /// Past it, new connections wait in the listener's backlog until one closes. Lowered to
-    /// what the process's limit on open files allows after a reserve for the store, the logs
-    /// and outgoing calls (an eighth of the limit, at least 64).
+    /// At the cap, the open connection that has waited longest for a request (reading its
+    /// headers, or idle between two) is closed to make room for a new one; while every open
+    /// one is being answered, new ones wait in the listener's backlog. Lowered to what the
+    /// process's limit on open files allows after a reserve for the store, the logs and
+    /// outgoing calls (an eighth of the limit, at least 64).
     pub fn max_connections(mut self, max: usize) -> Self {
         self.max_connections = max.max(1);
         self
@@ -138,28 +147,39 @@ impl<L: Listener> Serve<L> {
         let cap = fitted_cap(max_connections);
         connections.0.cap.store(cap, Ordering::Relaxed);
         let slots = Arc::new(Semaphore::new(cap));
+        let open = Arc::new(OpenConnections::default());
         // Each connection's task holds a receiver of both channels: `stop` says "shut down
         // gracefully", and once every receiver of `done` is dropped, every connection ended.
         let (stop, stopping) = watch::channel(false);
         let (done, running) = watch::channel(());
         let mut shutdown = pin!(shutdown);
         loop {
-            // A slot first, then the connection: past the cap, new connections stay in the
-            // kernel's backlog, unaccepted, and cost this process nothing.
-            let slot = tokio::select! {
-                slot = Arc::clone(&slots).acquire_owned() => slot,
-                () = &mut shutdown => break,
-            };
-            let Ok(slot) = slot else { break };
             let (io, _peer) = tokio::select! {
                 accepted = listener.accept() => accepted,
                 () = &mut shutdown => break,
             };
+            // A slot for it: at the cap, the connection that has waited longest for a request
+            // makes room. While every open one is being answered, this one waits for a slot
+            // (the others behind it in the kernel's backlog, unaccepted, cost this process
+            // nothing).
+            let slot = match Arc::clone(&slots).try_acquire_owned() {
+                Ok(slot) => Ok(slot),
+                Err(_) => {
+                    open.shed_longest_waiting();
+                    tokio::select! {
+                        slot = Arc::clone(&slots).acquire_owned() => slot,
+                        () = &mut shutdown => break,
+                    }
+                }
+            };
+            let Ok(slot) = slot else { break };
             connections.opened();
-            let service = TowerToHyperService::new(app.clone());
+            let (id, activity) = open.add();
+            let service = tracked(app.clone(), Arc::clone(&activity));
             let mut stopping = stopping.clone();
             let running = running.clone();
             let connections = connections.clone();
+            let open = Arc::clone(&open);
             tokio::spawn(async move {
                 let mut builder = hyper::server::conn::http1::Builder::new();
                 builder
@@ -181,8 +201,14 @@ impl<L: Listener> Serve<L> {
                             stopped = true;
                             connection.as_mut().graceful_shutdown();
                         }
+                        // Made room for a new connection: dropping it closes the socket.
+                        () = activity.shed.notified() => {
+                            tracing::debug!("server.connection_shed");
+                            break;
+                        }
                     }
                 }
+                open.remove(id);
                 connections.closed();
                 drop((slot, running));
             });
@@ -205,6 +231,141 @@ impl<L: Listener> IntoFuture for Serve<L> {
             self.run().await;
             Ok(())
         })
+    }
+}
+
+/// The connections being served, with what each is doing: what the accept loop needs to
+/// choose one to close at the cap.
+#[derive(Debug, Default)]
+struct OpenConnections {
+    next: AtomicU64,
+    by_id: parking_lot::Mutex<std::collections::HashMap<u64, Arc<Activity>>>,
+}
+
+impl OpenConnections {
+    fn add(&self) -> (u64, Arc<Activity>) {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        let activity = Arc::new(Activity::default());
+        self.by_id.lock().insert(id, Arc::clone(&activity));
+        (id, activity)
+    }
+
+    fn remove(&self, id: u64) {
+        self.by_id.lock().remove(&id);
+    }
+
+    /// Closes the connection that has waited longest for a request, if one waits (each is
+    /// asked once: one that is closing already is not chosen again).
+    fn shed_longest_waiting(&self) {
+        let by_id = self.by_id.lock();
+        let longest = by_id
+            .values()
+            .filter(|activity| activity.waiting())
+            .min_by_key(|activity| *activity.waiting_since.lock());
+        if let Some(activity) = longest {
+            activity.shedding.store(true, Ordering::Release);
+            activity.shed.notify_one();
+        }
+    }
+}
+
+/// What one connection is doing.
+#[derive(Debug)]
+struct Activity {
+    /// Requests being answered (an answer counts until its body has been sent or dropped).
+    answering: AtomicUsize,
+    /// Since when it has waited for a request: it opened, or its last answer ended.
+    waiting_since: parking_lot::Mutex<std::time::Instant>,
+    /// Asked to close (to make room); it is not chosen again.
+    shedding: std::sync::atomic::AtomicBool,
+    /// Closes it.
+    shed: tokio::sync::Notify,
+}
+
+impl Default for Activity {
+    fn default() -> Self {
+        Self {
+            answering: AtomicUsize::new(0),
+            waiting_since: parking_lot::Mutex::new(std::time::Instant::now()),
+            shedding: std::sync::atomic::AtomicBool::new(false),
+            shed: tokio::sync::Notify::new(),
+        }
+    }
+}
+
+impl Activity {
+    fn waiting(&self) -> bool {
+        self.answering.load(Ordering::Acquire) == 0 && !self.shedding.load(Ordering::Acquire)
+    }
+}
+
+/// Counts a request as being answered from its call until its answer's body is done.
+struct Answering(Arc<Activity>);
+
+impl Answering {
+    fn begin(activity: Arc<Activity>) -> Self {
+        activity.answering.fetch_add(1, Ordering::AcqRel);
+        Self(activity)
+    }
+}
+
+impl Drop for Answering {
+    fn drop(&mut self) {
+        *self.0.waiting_since.lock() = std::time::Instant::now();
+        self.0.answering.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// `app` as one connection's hyper service, counting the requests it answers.
+fn tracked(
+    app: Router,
+    activity: Arc<Activity>,
+) -> impl hyper::service::Service<
+    hyper::Request<hyper::body::Incoming>,
+    Response = axum::response::Response,
+    Error = std::convert::Infallible,
+    Future = impl Future<Output = Result<axum::response::Response, std::convert::Infallible>> + Send,
+> + Clone {
+    hyper::service::service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
+        let answering = Answering::begin(Arc::clone(&activity));
+        let mut app = app.clone();
+        async move {
+            // A Router is always ready (its `poll_ready` does nothing), as `axum::serve`
+            // relies on too.
+            let response = tower_service::Service::call(&mut app, request).await?;
+            Ok(response.map(|body| {
+                axum::body::Body::new(CountedBody {
+                    inner: body,
+                    _answering: answering,
+                })
+            }))
+        }
+    })
+}
+
+/// An answer's body that keeps its request counted as being answered until it is done.
+struct CountedBody {
+    inner: axum::body::Body,
+    _answering: Answering,
+}
+
+impl http_body::Body for CountedBody {
+    type Data = bytes::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
     }
 }
 

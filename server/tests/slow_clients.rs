@@ -1,7 +1,7 @@
 //! Slow and silent clients cannot stop the server: a thousand connections that never finish
 //! their headers leave it answering everyone else, each is closed once it has taken longer
-//! than the header-read timeout, past the connection cap new ones wait instead of being
-//! served at the expense of the open ones, and the binary raises its soft limit on open files
+//! than the header-read timeout, at the connection cap a new connection takes the place of
+//! the one that has waited longest for a request (never of one being answered), and the binary raises its soft limit on open files
 //! so that a few hundred such clients do not use up a 256-file limit. How fast it answers
 //! meanwhile is measured by `cargo run --release -p dormant-server --example slow_clients`
 //! (BENCHMARKS.md), not here.
@@ -108,6 +108,18 @@ fn still_open(stream: &TcpStream) -> bool {
     matches!(stream.try_read(&mut byte), Err(error) if error.kind() == std::io::ErrorKind::WouldBlock)
 }
 
+/// Whether the server still holds the connection open, once what it sent has been read.
+fn open_after_reading(stream: &TcpStream) -> bool {
+    let mut buffer = [0u8; 4096];
+    loop {
+        match stream.try_read(&mut buffer) {
+            Ok(0) => return false,
+            Ok(_) => {}
+            Err(error) => return error.kind() == std::io::ErrorKind::WouldBlock,
+        }
+    }
+}
+
 /// A plain request on a fresh connection, the answer's status.
 async fn ordinary(http: &reqwest::Client, address: SocketAddr) -> anyhow::Result<StatusCode> {
     Ok(http
@@ -172,6 +184,39 @@ async fn a_thousand_slow_clients_leave_the_server_answering_the_others_and_it_se
     served.stop().await
 }
 
+/// More slow clients than the server may hold (a process with a low limit on open files):
+/// each honest client is still answered, in the place of a slow one, and the slow clients
+/// never hold more than the cap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn more_slow_clients_than_the_cap_cannot_keep_the_others_out() -> anyhow::Result<()> {
+    let count = slow_count(400);
+    let cap = 64;
+    let served = serve(Duration::from_secs(3600), cap).await?;
+    let address = served.address;
+    let mut slow = Vec::with_capacity(count);
+    for index in 0..count {
+        slow.push(slow_client(address, index).await?);
+    }
+    let connections = served.connections.clone();
+    until(
+        &connections,
+        "the slow connections to be taken in",
+        |open| open.accepted() >= u64::try_from(count).unwrap_or(u64::MAX),
+    )
+    .await?;
+    let http = fresh_connections()?;
+    for _ in 0..50 {
+        assert_eq!(ordinary(&http, address).await?, StatusCode::OK);
+    }
+    assert!(
+        served.connections.peak() <= cap,
+        "{}",
+        served.connections.peak()
+    );
+    drop(slow);
+    served.stop().await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_takes_longer_than_the_bound_to_send_its_headers_is_cut_off(
 ) -> anyhow::Result<()> {
@@ -229,36 +274,95 @@ async fn a_client_that_takes_longer_than_the_bound_to_send_its_headers_is_cut_of
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn past_the_connection_cap_a_new_connection_waits_until_one_closes() -> anyhow::Result<()> {
+async fn at_the_connection_cap_a_new_connection_takes_the_place_of_the_one_waiting_longest(
+) -> anyhow::Result<()> {
     let served = serve(Duration::from_secs(3600), 2).await?;
     let address = served.address;
-    let first = slow_client(address, 1).await?;
-    let second = slow_client(address, 2).await?;
+    let mut first = slow_client(address, 1).await?;
     let connections = served.connections.clone();
-    until(
-        &connections,
-        "both slow connections to be accepted",
-        |open| open.open() == 2,
-    )
+    until(&connections, "the first slow connection", |open| {
+        open.open() == 1
+    })
+    .await?;
+    let second = slow_client(address, 2).await?;
+    until(&connections, "both slow connections", |open| {
+        open.open() == 2
+    })
     .await?;
 
+    // The cap is reached: an honest client is served at once, in the place of the
+    // connection that has waited longest for its request.
     let mut third = TcpStream::connect(address).await?;
     third
         .write_all(b"GET /healthz HTTP/1.1\r\nHost: third\r\nConnection: close\r\n\r\n")
         .await?;
-    // One of the two goes: only now is the third accepted, and answered.
-    drop(first);
     let mut answer = String::new();
     tokio::time::timeout(Duration::from_secs(60), third.read_to_string(&mut answer)).await??;
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
-    assert_eq!(
-        served.connections.peak(),
-        2,
-        "a third connection was served beside the two"
+    let mut rest = Vec::new();
+    let closed = tokio::time::timeout(Duration::from_secs(60), first.read_to_end(&mut rest)).await;
+    assert!(
+        matches!(closed, Ok(Ok(0)) | Ok(Err(_))),
+        "the oldest: {closed:?}"
     );
-    assert_eq!(served.connections.accepted(), 3);
-    assert!(still_open(&second));
+    assert!(still_open(&second), "the younger slow connection was cut");
+    assert_eq!(served.connections.peak(), 2, "more than the cap were open");
     drop(second);
+    served.stop().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_being_answered_is_never_cut_to_make_room() -> anyhow::Result<()> {
+    let served = serve(Duration::from_secs(3600), 1).await?;
+    let address = served.address;
+    // A session's stream: the connection is answering for as long as it is open.
+    let http = fresh_connections()?;
+    let started: serde_json::Value = http
+        .post(format!("http://{address}/start"))
+        .json(&serde_json::json!({ "agent": "demo", "message": "echo hi" }))
+        .send()
+        .await?
+        .json()
+        .await?;
+    let id = started["session_id"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let token = started["token"].as_str().unwrap_or_default().to_string();
+    let connections = served.connections.clone();
+    until(&connections, "the start's connection to close", |open| {
+        open.open() == 0
+    })
+    .await?;
+    let mut stream = TcpStream::connect(address).await?;
+    let request =
+        format!("GET /sse?session_id={id}&token={token}&until=closed HTTP/1.1\r\nHost: s\r\n\r\n");
+    stream.write_all(request.as_bytes()).await?;
+    let mut head = [0u8; 12];
+    stream.read_exact(&mut head).await?;
+    assert_eq!(&head, b"HTTP/1.1 200");
+
+    // A second connection waits in the backlog: the stream is not cut for it.
+    let mut second = TcpStream::connect(address).await?;
+    second
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: second\r\nConnection: close\r\n\r\n")
+        .await?;
+    let mut byte = [0u8; 1];
+    let waited = tokio::time::timeout(Duration::from_millis(300), second.read(&mut byte)).await;
+    assert!(
+        waited.is_err(),
+        "the second connection was served beside the stream"
+    );
+    assert!(open_after_reading(&stream), "the stream was cut");
+    // The stream ends: the second is served.
+    drop(stream);
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(60), second.read_to_end(&mut answer)).await??;
+    assert!(
+        answer.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&answer)
+    );
     served.stop().await
 }
 
