@@ -62,6 +62,15 @@ impl Shared {
         let started = std::time::Instant::now();
         self.store.commit(batch).await?;
         self.metrics.record_commit(started.elapsed(), &size);
+        // A remote child written off in this commit is stopped there once its server answers:
+        // the task that does it waits for word of one.
+        let orphaned = commit
+            .index
+            .iter()
+            .any(|write| matches!(write, schema::IndexWrite::PutOrphan(_)));
+        if orphaned {
+            self.orphans_recorded.notify_one();
+        }
         Ok(())
     }
 }

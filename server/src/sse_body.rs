@@ -52,10 +52,10 @@ pub(crate) enum Ends {
     /// session has settled and every chunk it had then was sent: a resume that woke
     /// sub-agents which still wait writes no chunk of the root's own that settles.
     AtSettle { backstop: bool },
-    /// After the last chunk before `seq`, or at a chunk that settles the run if one comes
-    /// first: the stream of a session at rest when the stream opened (settled, and no run
-    /// starts without a request), whose chunks from `seq` on belong to a run started since.
-    /// It shows what the client has not seen yet and ends; waiting for a settle would wait
+    /// After the last chunk before `seq`: the stream of a session at rest when the stream
+    /// opened (settled, and no run starts without a request), whose chunks from `seq` on
+    /// belong to a run started since. It shows everything the client has not seen yet (every
+    /// run of it, when replayed from an earlier one) and ends; waiting for a settle would wait
     /// for a run nobody may start.
     Before(u64),
     /// Never: the stream stays open for the next turn (`until=closed`).
@@ -201,7 +201,7 @@ impl EventBody {
                 write_event(frame, Some(chunk.seq), chunk.kind.type_name(), &chunk);
                 let settled = match self.ends {
                     Ends::AtSettle { .. } => chunk.kind.settles_run(),
-                    Ends::Before(bound) => chunk.kind.settles_run() || chunk.seq + 1 >= bound,
+                    Ends::Before(bound) => chunk.seq + 1 >= bound,
                     Ends::Never => false,
                 };
                 if settled {

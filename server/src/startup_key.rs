@@ -21,7 +21,14 @@ pub(crate) fn load(
 ) -> Result<TokenKey, String> {
     let file = path.display();
     match TokenKey::load(path) {
-        Ok(Some(key)) => Ok(key),
+        Ok(Some(key)) => {
+            if new_key {
+                // Said, not ignored: an operator who meant to rotate the key must delete the
+                // file (on PostgreSQL the flag still makes this key the one in force).
+                tracing::warn!(file = %file, "server.token_key_kept: --new-token-key, but the key file exists: its key is kept (delete the file to make a new one)");
+            }
+            Ok(key)
+        }
         Ok(None) if store_existed && !new_key => Err(format!(
             "token key {file} is missing, but the store {store} already exists: the tokens of its sessions were signed with the key that file held. Restore it (or point --token-key-file at it), or pass --new-token-key to start with a new key (every token issued so far is then refused)"
         )),

@@ -281,3 +281,84 @@ async fn a_root_aborted_while_its_remote_is_away_aborts_the_child_there_once_it_
     served.abort();
     Ok(())
 }
+
+/// With the runtime's own background tasks (a real clock): a child written off after the
+/// patience is aborted on its server by itself once the server is back, with no restart and
+/// no call of `retry_remote_stops`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_written_off_child_is_aborted_by_the_background_task_once_its_server_is_back(
+) -> anyhow::Result<()> {
+    use futures::StreamExt;
+
+    let served = serve(
+        helper_runtime()?,
+        Auth::api_key(KEY),
+        ServerConfig::default(),
+    )
+    .await?;
+    let lead = AgentDefinition::builder("lead")
+        .tool(ToolDefinition::remote_sub_agent(
+            "delegate",
+            &served.base,
+            "helper",
+        ))
+        .build()?;
+    let llm = ScriptedLlm::new().script(
+        "lead",
+        vec![
+            ModelReply::tool_calls(vec![ToolCall::new(
+                "d1",
+                "delegate",
+                json!({ "message": "ask" }),
+            )]),
+            ModelReply::text("lead done"),
+        ],
+    );
+    let parent = Runtime::builder()
+        .store(Arc::new(SledStore::temporary()?))
+        .llm(Arc::new(llm))
+        .agent(lead)
+        .remote_agents(Arc::new(HttpRemoteAgents::new(Some(KEY.into()))))
+        .remote_policy(RemotePolicy {
+            attempts: 1,
+            backoff: Duration::from_millis(10),
+            patience: Duration::from_millis(100),
+            max_retry_wait: Duration::from_secs(1),
+        })
+        .build()?;
+    let root: SessionId = "out-4".parse()?;
+    let run = parent.execute_on(&root, "lead", "go").await?;
+    assert_eq!(run.status, Status::SuspendedAwaitingChildren, "{run:?}");
+    let base = served.base.clone();
+    let remote = served.stop().await?;
+    let child: SessionId = "out-4-sub-d1".parse()?;
+    let from = remote.session(&child).await?.chunk_count;
+
+    // Away past the patience (its next look, a second on): written off by the parent's own
+    // scheduler, and recorded to be stopped there.
+    parent.resume(&root).await?;
+    let mut ended = Box::pin(parent.follow(&root, 0));
+    let written_off = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Some(chunk) = ended.next().await {
+            if let dormant::ChunkKind::RunEnd { .. } = chunk?.kind {
+                return Ok::<_, dormant::Error>(());
+            }
+        }
+        Ok(())
+    });
+    written_off.await??;
+    let lost = result_of(&parent.messages(&root).await?, "d1");
+    assert!(
+        matches!(&lost, Some(ToolOutcome::Error(text)) if text.starts_with("remote_subagent_lost")),
+        "{lost:?}"
+    );
+
+    // Back: the background task aborts the child there (its abort ends its run).
+    let again = serve_again(remote.clone(), &base).await?;
+    let mut child_stream = Box::pin(remote.follow(&child, from));
+    let stopped = tokio::time::timeout(Duration::from_secs(30), child_stream.next()).await?;
+    assert!(stopped.is_some());
+    assert!(remote.session(&child).await?.aborted);
+    again.abort();
+    Ok(())
+}

@@ -242,3 +242,45 @@ async fn metrics_are_in_the_prometheus_text_format() -> anyhow::Result<()> {
     server.stop().await?.shutdown().await?;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_at_rest_replayed_from_the_start_shows_every_run() -> anyhow::Result<()> {
+    let server = demo_server(ServerConfig::default()).await?;
+    let session = server.start("weather in Porto").await?;
+    server.events(&session, "").await?;
+    // The client tool, answered and resumed; then the approval, and the run completes.
+    let ask = json!({ "session_id": session.id, "tool_call_id": "ask_user-1",
+                      "result": { "answer": "Porto" } });
+    let (code, body) = server.submit(&session, &ask).await?;
+    assert_eq!(code, StatusCode::OK, "{body}");
+    let (_, resumed) = server.resume(&session).await?;
+    let from = resumed["from_seq"].as_u64().unwrap_or_default();
+    server.events(&session, &format!("&from={from}")).await?;
+    let status = server.status(&session).await?;
+    let approval = pending(&status, "approval")?;
+    let yes = json!({ "kind": "approval-response", "session_id": session.id,
+                      "tool_call_id": approval["tool_call_id"],
+                      "approval_id": approval["approval_id"], "approved": true });
+    let (code, body) = server.submit(&session, &yes).await?;
+    assert_eq!(code, StatusCode::OK, "{body}");
+    let (_, resumed) = server.resume(&session).await?;
+    let from = resumed["from_seq"].as_u64().unwrap_or_default();
+    server.events(&session, &format!("&from={from}")).await?;
+    let done = server.status(&session).await?;
+    assert_eq!(done["status"], "completed", "{done}");
+
+    // Every chunk of the three runs, then the end: not only the first run's.
+    let count = done["chunk_count"].as_u64().unwrap_or_default();
+    let replayed = server.events(&session, "").await?;
+    let ids: Vec<Option<u64>> = replayed.iter().map(|event| event.id).collect();
+    let mut expected: Vec<Option<u64>> = (0..count).map(Some).collect();
+    expected.push(None);
+    assert_eq!(ids, expected);
+    let suspensions = replayed
+        .iter()
+        .filter(|event| event.name == "run_suspended")
+        .count();
+    assert_eq!(suspensions, 2);
+    server.stop().await?.shutdown().await?;
+    Ok(())
+}
