@@ -139,7 +139,9 @@ impl Server {
     /// Signs session tokens with the key kept in `path`, created there (mode 0600) on the
     /// first start ([`TokenKey::load_or_create`], when [`Server::router`] is called), so that
     /// tokens stay valid across restarts. Keep the file with the store: a store whose key is
-    /// lost keeps its sessions, but every token issued for them is refused.
+    /// lost keeps its sessions, but every token issued for them is refused (a key created
+    /// here is logged, `server.token_key_created`; the binary goes further and refuses to
+    /// start without `--new-token-key` when the store already existed).
     pub fn token_key_file(mut self, path: impl Into<PathBuf>) -> Self {
         self.key_file = Some(path.into());
         self
@@ -164,8 +166,22 @@ impl Server {
         self.config.check()?;
         let key = match (self.key, self.key_file) {
             (Some(key), _) => key,
-            (None, Some(path)) => TokenKey::load_or_create(&path)
-                .map_err(|source| ServerError::TokenKey { path, source })?,
+            (None, Some(path)) => {
+                let found = TokenKey::load(&path).map_err(|source| ServerError::TokenKey {
+                    path: path.clone(),
+                    source,
+                })?;
+                match found {
+                    Some(key) => key,
+                    None => {
+                        // Said out loud: on a first start this is expected, but a file lost
+                        // beside a store in use makes every token issued so far invalid.
+                        tracing::warn!(file = %path.display(), "server.token_key_created: no token key in this file: a new one is created; tokens signed with an earlier key are refused");
+                        TokenKey::load_or_create(&path)
+                            .map_err(|source| ServerError::TokenKey { path, source })?
+                    }
+                }
+            }
             (None, None) => {
                 tracing::warn!("server.token_key_ephemeral: session tokens are signed with a key of this process and stop working when it restarts (Server::token_key_file keeps one)");
                 TokenKey::random().map_err(|error| ServerError::InvalidConfig {
