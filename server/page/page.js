@@ -385,6 +385,15 @@ function keyOf(sessionId, toolCallId) {
   return sessionId + "\n" + toolCallId;
 }
 
+// The calls this page saw answered (its own answer accepted, or another's first): the status
+// of a remote sub-agent's call may still say it waits for a moment after its server took the
+// answer (the root learns of it by asking that server), and the page must not wait on it.
+let answeredHere = new Set();
+
+function stillWaits(call) {
+  return call.waiting && !answeredHere.has(keyOf(call.session_id, call.tool_call_id));
+}
+
 function cardOf(call) {
   const key = keyOf(call.session_id, call.tool_call_id);
   for (const card of $("#pending").querySelectorAll(".card")) {
@@ -426,7 +435,7 @@ async function refreshSoon(resume) {
 function nothingWaits(state) {
   return (
     state.status.startsWith("suspended") &&
-    !state.pending.some((call) => call.waiting) &&
+    !state.pending.some(stillWaits) &&
     !(state.unreachable || []).length
   );
 }
@@ -469,7 +478,7 @@ async function refreshPending() {
     if (why.startsWith("already answered")) card.dataset.settled = "elsewhere";
   }
   if (state.status.startsWith("suspended")) {
-    if (state.pending.some((call) => call.waiting)) status("waiting for you");
+    if (state.pending.some(stillWaits)) status("waiting for you");
     else if ((state.unreachable || []).length) status("waiting for another server to come back…");
     else status("answered, resuming…");
   }
@@ -670,6 +679,9 @@ async function answer(box, envelope) {
   controls(box, false);
   const reply = await call("POST", "submit-tool-result", envelope);
   delete box.dataset.busy;
+  if (reply.ok || reply.body.code === "already_completed") {
+    answeredHere.add(keyOf(box.dataset.sessionId, box.dataset.toolCallId));
+  }
   if (reply.ok) {
     settle(box, "sent");
   } else if (reply.body.code === "already_completed") {
@@ -738,7 +750,7 @@ async function send(event) {
 // How many calls of the conversation's tree wait for the person, as the server says now.
 async function waitingCount() {
   const state = await refreshPending();
-  return state ? state.pending.filter((call) => call.waiting).length : 0;
+  return state ? state.pending.filter(stillWaits).length : 0;
 }
 
 function askBeforeSending(count) {
@@ -825,6 +837,7 @@ function showSession() {
 // then followed live, and the calls that wait.
 function open(state) {
   closeStream();
+  answeredHere = new Set();
   if (retryTimer) clearTimeout(retryTimer);
   retryTimer = null;
   retryMs = 500;
