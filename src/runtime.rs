@@ -597,6 +597,12 @@ impl Runtime {
         found
     }
 
+    /// Why the store cannot take commits now, if it says so (a full disk): commits fail with
+    /// a retryable error meanwhile, reads go on. What a health check reports.
+    pub fn store_degraded(&self) -> Option<String> {
+        self.inner.shared.store.degraded()
+    }
+
     /// Whether the session is settled now: no run of it in progress, no resume waking its
     /// sub-agents, no remote sub-agent being followed, no automatic resume queued. What
     /// [`Runtime::wait_settled`] waits for, without waiting. A session with no actor in this

@@ -427,6 +427,13 @@ pub trait Store: Send + Sync + Debug + 'static {
     /// A backend failure.
     async fn size_on_disk(&self) -> Result<u64, Error>;
 
+    /// Why the store cannot take commits now, as far as it knows (the last commit found the
+    /// disk full, say), until one succeeds again; `None` while it can. What a health check
+    /// reports: reads may go on meanwhile.
+    fn degraded(&self) -> Option<String> {
+        None
+    }
+
     /// Makes this process the owner of `session` before its actor loads it, through the
     /// lease named `lease`. The runtime names its tree's root: a tree of sessions has one
     /// owner, so a parent and its sub-agents always live on one node and talk in process.

@@ -18,6 +18,17 @@ pub(crate) async fn healthz(State(state): State<AppState>) -> impl IntoResponse 
         );
     }
     let stats = state.runtime.stats();
+    // Still serving (reads, streams, what needs no commit), but not whole: say so.
+    if let Some(reason) = state.runtime.store_degraded() {
+        return (
+            StatusCode::OK,
+            Json(json!({
+                "status": "degraded",
+                "reason": reason,
+                "resident_sessions": stats.host.resident,
+            })),
+        );
+    }
     (
         StatusCode::OK,
         Json(json!({ "status": "ok", "resident_sessions": stats.host.resident })),

@@ -4,7 +4,9 @@
 //! One job a file: [`open`] configures and opens the store, [`database`] holds the sled
 //! database (and opens it again after a failed write), [`flusher`] is the group-commit thread,
 //! [`syncer`] the `fdatasync`s of [`Durability::PowerLoss`], [`keyspace`] and [`writes`] map
-//! logical trees and batches to sled's keys; this file is the store and its reads.
+//! logical trees and batches to sled's keys, [`values`] keeps every value small enough that
+//! sled never writes a node as a separate file (values past 4 KiB in pieces), [`migrate`]
+//! brings a store written before that to it; this file is the store and its reads.
 
 use std::fmt;
 use std::io;
@@ -20,8 +22,10 @@ mod database;
 mod error;
 mod flusher;
 mod keyspace;
+mod migrate;
 mod open;
 mod syncer;
+mod values;
 mod writes;
 
 use database::{Shared, State};
@@ -239,15 +243,20 @@ impl Store for SledStore {
     // `async` for the trait's sake only: each one is done by its future's first poll.
 
     async fn get(&self, tree: Tree, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
-        self.shared
-            .read(|open| Ok(open.records.get(stored_key(tree, key))?.map(|v| v.to_vec())))
+        self.shared.read(|open| {
+            let key = stored_key(tree, key);
+            match open.records.get(&key)? {
+                Some(head) => Ok(Some(values::decode(&open.records, &key, &head)?)),
+                None => Ok(None),
+            }
+        })
     }
 
     async fn scan_prefix(&self, tree: Tree, prefix: &[u8]) -> Result<Vec<Entry>, Error> {
         self.shared.read(|open| {
             open.records
                 .scan_prefix(stored_key(tree, prefix))
-                .map(logical_entry)
+                .map(|kv| logical_entry(&open.records, kv))
                 .collect()
         })
     }
@@ -263,7 +272,7 @@ impl Store for SledStore {
                 .scan_prefix(stored_key(tree, prefix))
                 .rev()
                 .take(limit)
-                .map(logical_entry)
+                .map(|kv| logical_entry(&open.records, kv))
                 .collect()
         })
     }
@@ -282,7 +291,7 @@ impl Store for SledStore {
             open.records
                 .range(stored_key(tree, from)..stored_key(tree, to))
                 .take(limit)
-                .map(logical_entry)
+                .map(|kv| logical_entry(&open.records, kv))
                 .collect()
         })
     }
@@ -297,7 +306,7 @@ impl Store for SledStore {
         let flushed = self.commit_and_flush(None).await;
         // Waits for an apply or flush in progress, which holds the read side.
         let open = std::mem::replace(&mut *self.shared.state.write(), State::Closed);
-        drop(open);
+        let_go(open);
         flushed
     }
 
@@ -306,7 +315,7 @@ impl Store for SledStore {
     /// acknowledged fail with [`Error::Closed`].
     fn release(&self) {
         let open = std::mem::replace(&mut *self.shared.state.write(), State::Closed);
-        drop(open);
+        let_go(open);
     }
 
     fn is_closed(&self) -> bool {
@@ -315,6 +324,38 @@ impl Store for SledStore {
 
     async fn size_on_disk(&self) -> Result<u64, Error> {
         self.size_on_disk_bytes()
+    }
+
+    fn degraded(&self) -> Option<String> {
+        self.shared
+            .full
+            .load(Ordering::Relaxed)
+            .then(|| "storage_full: the disk is full; commits fail until space is freed".into())
+    }
+}
+
+/// How long closing a store waits for sled to let its database go (it flushes as it drops).
+const LET_GO_BOUND: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Drops a closed store's database on a thread of its own, waiting for it [`LET_GO_BOUND`]
+/// at most: sled flushes as it drops, and a database a full disk wedged could wait on that
+/// flush forever; a shutdown must not (the directory then stays locked until the process
+/// ends, which it may now do).
+fn let_go(state: State) {
+    if !matches!(state, State::Open(_)) {
+        return;
+    }
+    let (done, dropped) = std::sync::mpsc::channel();
+    let spawned = std::thread::Builder::new()
+        .name("dormant-store-close".into())
+        .spawn(move || {
+            drop(state);
+            let _ = done.send(());
+        });
+    if spawned.is_ok() && dropped.recv_timeout(LET_GO_BOUND).is_err() {
+        tracing::error!(
+            "store: sled did not let the database go within {LET_GO_BOUND:?} (a full disk?); closing without it"
+        );
     }
 }
 
@@ -333,10 +374,12 @@ fn directory_size(dir: &Path) -> io::Result<u64> {
     Ok(total)
 }
 
-/// A stored entry as the [`Store`] API shows it: its key without the tree tag.
-fn logical_entry(kv: ::sled::Result<(IVec, IVec)>) -> Result<Entry, Error> {
-    let (key, value) = kv?;
-    Ok((logical_key(&key), value.to_vec()))
+/// A stored entry as the [`Store`] API shows it: its key without the tree tag, its value
+/// whole (read from its pieces if it has any).
+fn logical_entry(records: &::sled::Tree, kv: ::sled::Result<(IVec, IVec)>) -> Result<Entry, Error> {
+    let (key, head) = kv?;
+    let value = values::decode(records, &key, &head)?;
+    Ok((logical_key(&key), value))
 }
 
 #[cfg(test)]

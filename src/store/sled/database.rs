@@ -2,16 +2,20 @@
 //! of batches at a time, and flushed to the [`Durability`] level; the [`SledStore`] reads it and
 //! its flusher thread writes it.
 
+use std::collections::HashMap;
 use std::io;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 
-use parking_lot::{MappedRwLockReadGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use ::sled::IVec;
+use parking_lot::{MappedRwLockReadGuard, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use super::error::{io_error, SledError};
 use super::keyspace::RECORDS;
 use super::open::{open_db, refuse_old_layout, Durability};
 use super::syncer::Syncer;
+use super::values::{owner_of_piece, PIECES_TAG};
 use super::writes::SledWrites;
 #[cfg(doc)]
 use super::SledStore;
@@ -29,14 +33,20 @@ pub(super) struct Open {
     /// Which opening of the database this is (0 first, then one more after each failed
     /// write), so that several commits that failed on the same database replace it once.
     pub(super) generation: u64,
+    /// The values kept in pieces, by stored key, with how many pieces each has (see
+    /// [`values`](super::values)): what a write of one of them must remove.
+    pub(super) pieced: Mutex<HashMap<IVec, u32>>,
 }
 
 /// What the store holds of its database.
 pub(super) enum State {
-    Open(Open),
+    Open(Box<Open>),
     /// A write failed, the database was dropped, and opening it again failed as well (the
     /// disk is still full, say): the next operation tries again.
     Failed,
+    /// A write failed, and the failed database is being let go and opened again by a thread
+    /// of its own, off every caller's path: operations fail at once meanwhile.
+    Reopening,
     /// Taken out by [`Store::close`] or [`Store::release`].
     Closed,
 }
@@ -44,8 +54,8 @@ pub(super) enum State {
 impl State {
     fn open(&self) -> Option<&Open> {
         match self {
-            State::Open(open) => Some(open),
-            State::Failed | State::Closed => None,
+            State::Open(open) => Some(&**open),
+            State::Failed | State::Reopening | State::Closed => None,
         }
     }
 }
@@ -63,6 +73,11 @@ pub(super) struct Shared {
     /// How many times the database was opened: the generation of the next one.
     pub(super) opened: AtomicU64,
     pub(super) flushes: AtomicU64,
+    /// The last failed write found the disk full (and no write succeeded since).
+    pub(super) full: AtomicBool,
+    /// Told when a failed database has been let go (and opened again, or left for the next
+    /// operation to open): what tests wait on.
+    let_go: (Mutex<()>, parking_lot::Condvar),
     /// Makes every flush fail while set (tests of error propagation).
     #[cfg(test)]
     pub(super) fail_flushes: std::sync::atomic::AtomicBool,
@@ -70,6 +85,11 @@ pub(super) struct Shared {
     #[cfg(test)]
     pub(super) applied_batches: AtomicU64,
 }
+
+/// How long an operation waits for a failed database to be let go and opened again before it
+/// fails: long enough for a database to be dropped and opened, short enough that a wedged one
+/// holds nobody up.
+const REOPEN_PATIENCE: std::time::Duration = std::time::Duration::from_millis(250);
 
 /// A group's batches are applied as sled batches of about this many writes, so that one
 /// application (which holds sled's global write lock) stays bounded.
@@ -89,12 +109,14 @@ impl Shared {
             state: RwLock::new(State::Failed),
             opened: AtomicU64::new(0),
             flushes: AtomicU64::new(0),
+            full: AtomicBool::new(false),
+            let_go: (Mutex::new(()), parking_lot::Condvar::new()),
             #[cfg(test)]
             fail_flushes: std::sync::atomic::AtomicBool::new(false),
             #[cfg(test)]
             applied_batches: AtomicU64::new(0),
         };
-        *shared.state.get_mut() = State::Open(shared.open_database()?);
+        *shared.state.get_mut() = State::Open(Box::new(shared.open_database()?));
         Ok(shared)
     }
 
@@ -104,6 +126,8 @@ impl Shared {
             let db = open_db(&self.config, self.path.as_deref())?;
             refuse_old_layout(&db)?;
             let records = db.open_tree(RECORDS)?;
+            super::migrate::migrate(&records)?;
+            let pieced = Mutex::new(pieced_values(&records)?);
             let syncer = match (&self.path, self.durability) {
                 (Some(path), Durability::PowerLoss) => Some(Syncer::open(path).map_err(io_error)?),
                 _ => None,
@@ -113,6 +137,7 @@ impl Shared {
                 records,
                 syncer,
                 generation: self.opened.fetch_add(1, Ordering::Relaxed),
+                pieced,
             })
         };
         open().map_err(|error| self.classify(error))
@@ -139,14 +164,22 @@ impl Shared {
 
     /// The open database, or [`Error::Closed`]. If a failed write left no database, opens it
     /// first (and fails as that does, for example with [`Error::StorageFull`] while the disk
-    /// is still full).
+    /// is still full). While the failed one is being let go ([`State::Reopening`]), waits a
+    /// moment for that ([`REOPEN_PATIENCE`]: a database lets go in milliseconds, unless a full
+    /// disk wedged it), then fails with the failure's kind: nobody waits long on that.
     pub(super) fn open(&self) -> Result<MappedRwLockReadGuard<'_, Open>, Error> {
+        if matches!(*self.state.read(), State::Reopening) {
+            self.wait_let_go_for(REOPEN_PATIENCE);
+        }
         let mut state = self.state.read();
+        if matches!(*state, State::Reopening) {
+            return Err(self.unavailable());
+        }
         if matches!(*state, State::Failed) {
             drop(state);
             let mut write = self.state.write();
             if matches!(*write, State::Failed) {
-                *write = State::Open(self.open_database()?);
+                *write = State::Open(Box::new(self.open_database()?));
             }
             state = RwLockWriteGuard::downgrade(write);
         }
@@ -161,7 +194,10 @@ impl Shared {
     /// error is handled like a failed write: the database is opened again from its files
     /// before the error is returned (else reads would fail until some commit failed too), and
     /// a full disk is [`Error::StorageFull`], which the caller can retry.
-    pub(super) fn read<T>(&self, read: impl FnOnce(&Open) -> Result<T, Error>) -> Result<T, Error> {
+    pub(super) fn read<T>(
+        self: &Arc<Self>,
+        read: impl FnOnce(&Open) -> Result<T, Error>,
+    ) -> Result<T, Error> {
         let failed = {
             let open = self.open()?;
             match read(&open) {
@@ -184,17 +220,39 @@ impl Shared {
     ///
     /// When any of it fails, the database is replaced with one opened again from its files
     /// before this returns (see [`Shared::replace_failed`]); the error is the failure's.
-    pub(super) fn commit(&self, batches: &[SledWrites]) -> Result<(), Error> {
+    pub(super) fn commit(self: &Arc<Self>, batches: &[SledWrites]) -> Result<(), Error> {
         let failed = {
             let open = self.open()?;
             match self.apply_group_and_flush(&open, batches) {
-                Ok(()) => return Ok(()),
+                Ok(()) => {
+                    self.full.store(false, Ordering::Relaxed);
+                    return Ok(());
+                }
                 Err(error) => (error, open.generation),
             }
         };
         let (error, generation) = failed;
+        let error = self.classify(error);
+        self.full.store(
+            matches!(error, Error::StorageFull { .. }),
+            Ordering::Relaxed,
+        );
         self.replace_failed(generation);
-        Err(self.classify(error))
+        Err(error)
+    }
+
+    /// The error of an operation while the database is being opened again.
+    fn unavailable(&self) -> Error {
+        if self.full.load(Ordering::Relaxed) {
+            Error::StorageFull {
+                path: self.path.clone(),
+                kind: io::ErrorKind::StorageFull,
+            }
+        } else {
+            io_error(io::Error::other(
+                "the database is being opened again after a failed write; try again",
+            ))
+        }
     }
 
     /// Drops the database of `generation`, after a write on it failed, and opens it again from
@@ -207,34 +265,94 @@ impl Shared {
     /// not write stays readable in the failed database, although it would vanish after a
     /// restart: the database opened again shows what is on disk, nothing more.
     ///
-    /// This takes the write side of the lock, so it waits for reads in progress, and later
-    /// ones wait until the database is open again. Several commits that failed on the same
-    /// database (without group commit) replace it once.
-    pub(super) fn replace_failed(&self, generation: u64) {
-        let mut state = self.state.write();
-        if !matches!(&*state, State::Open(open) if open.generation == generation) {
-            // Already replaced, closed, or waiting for the next operation to open it.
-            return;
-        }
-        // The failed database must be gone before it is opened again: it holds the
-        // directory's lock. sled does not flush a database that recorded a global error as it
-        // drops.
-        *state = State::Failed;
-        match self.open_database() {
-            Ok(open) => *state = State::Open(open),
-            Err(error) => {
-                tracing::warn!(%error, "store: reopening the database after a failed write failed; the next operation tries again");
+    /// The failed database is taken out under the write side of the lock (which waits for the
+    /// reads in progress) and let go by a thread of its own, which then opens it again (if
+    /// that fails, the disk still full say, the next operation tries): sled flushes a
+    /// database as it drops it, and a database whose log writer failed can wait on that flush
+    /// for a long time, or forever (issue 30). Meanwhile every operation fails at once
+    /// ([`State::Reopening`]) instead of waiting on the lock: no request, and no tokio worker,
+    /// is held up by a full disk. Several commits that failed on the same database (without
+    /// group commit) replace it once.
+    pub(super) fn replace_failed(self: &Arc<Self>, generation: u64) {
+        let failed = {
+            let mut state = self.state.write();
+            if !matches!(&*state, State::Open(open) if open.generation == generation) {
+                // Already replaced, closed, or waiting for the next operation to open it.
+                return;
+            }
+            std::mem::replace(&mut *state, State::Reopening)
+        };
+        let shared = Arc::clone(self);
+        let reopen = std::thread::Builder::new()
+            .name("dormant-store-reopen".into())
+            .spawn(move || {
+                // The failed database must be gone before it is opened again: it holds the
+                // directory's lock.
+                drop(failed);
+                shared.reopen();
+            });
+        if let Err(error) = reopen {
+            // No thread (the process is out of them): the next operation opens it.
+            tracing::error!(%error, "store: no thread to open the database again");
+            let mut state = self.state.write();
+            if matches!(*state, State::Reopening) {
+                *state = State::Failed;
             }
         }
+    }
+
+    /// Opens the database again once the failed one is gone; if that fails (the disk is
+    /// still full, say), the next operation tries again.
+    fn reopen(&self) {
+        let mut state = self.state.write();
+        if matches!(*state, State::Reopening) {
+            *state = match self.open_database() {
+                Ok(open) => {
+                    tracing::info!("store.reopened");
+                    State::Open(Box::new(open))
+                }
+                Err(error) => {
+                    self.full.store(
+                        matches!(error, Error::StorageFull { .. }),
+                        Ordering::Relaxed,
+                    );
+                    tracing::warn!(%error, "store: opening the database again after a failed write failed; the next operation tries again");
+                    State::Failed
+                }
+            };
+        }
+        drop(state);
+        let _told = self.let_go.0.lock();
+        self.let_go.1.notify_all();
+    }
+
+    /// Waits until no failed database is being let go, `patience` at most.
+    fn wait_let_go_for(&self, patience: std::time::Duration) {
+        let until = std::time::Instant::now() + patience;
+        let mut told = self.let_go.0.lock();
+        while matches!(*self.state.read(), State::Reopening) {
+            if self.let_go.1.wait_until(&mut told, until).timed_out() {
+                return;
+            }
+        }
+    }
+
+    /// Waits until no failed database is being let go (tests: what follows a failure then
+    /// finds the database open again, or opens it).
+    #[cfg(test)]
+    pub(super) fn wait_let_go(&self) {
+        self.wait_let_go_for(std::time::Duration::from_secs(60));
     }
 
     /// Applies `batches` as one sled batch: all or nothing, after a crash too. A key written
     /// by several of them ends with the last write, as if they were applied in order.
     fn apply(&self, open: &Open, batches: &[SledWrites]) -> Result<(), Error> {
         let mut sled_batch = ::sled::Batch::default();
+        let mut pieced = open.pieced.lock();
         for writes in batches {
-            writes.add_to(&mut sled_batch);
+            writes.add_to(&mut sled_batch, &mut pieced);
         }
+        drop(pieced);
         open.records.apply_batch(sled_batch)?;
         #[cfg(test)]
         self.applied_batches.fetch_add(1, Ordering::SeqCst);
@@ -273,4 +391,16 @@ impl Shared {
         self.flushes.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
+}
+
+/// The values of `records` kept in pieces, by stored key, with how many pieces each has.
+fn pieced_values(records: &::sled::Tree) -> Result<HashMap<IVec, u32>, Error> {
+    let mut pieced: HashMap<IVec, u32> = HashMap::new();
+    for entry in records.range(vec![PIECES_TAG]..vec![PIECES_TAG + 1]) {
+        let (key, _) = entry?;
+        if let Some(owner) = owner_of_piece(&key) {
+            *pieced.entry(IVec::from(owner)).or_default() += 1;
+        }
+    }
+    Ok(pieced)
 }

@@ -129,7 +129,7 @@ impl Drop for ExitGuard<'_> {
     }
 }
 
-fn run_flusher(shared: &Shared, queue: &Queue) {
+fn run_flusher(shared: &Arc<Shared>, queue: &Queue) {
     let _guard = ExitGuard(queue);
     loop {
         let pending = {

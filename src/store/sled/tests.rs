@@ -216,9 +216,10 @@ async fn every_logical_tree_keeps_its_keys_apart_in_the_one_sled_tree() -> Resul
             vec![(b"k".to_vec(), name)]
         );
     }
-    // Everything lives in the one `records` tree.
+    // Everything lives in the one `records` tree (beside the key that says how values are
+    // kept).
     let open = store.shared.open()?;
-    assert_eq!(open.records.len(), 2 * Tree::ALL.len());
+    assert_eq!(open.records.len(), 2 * Tree::ALL.len() + 1);
     Ok(())
 }
 
@@ -316,17 +317,52 @@ fn a_store_of_an_earlier_layout_is_refused_with_the_tree_it_has() -> Result<(), 
 }
 
 #[tokio::test]
-async fn large_values_stored_as_sled_blobs_survive_a_reopen() -> Result<(), anyhow::Error> {
+async fn large_values_are_kept_in_pieces_sled_writes_no_blob_and_they_survive_a_reopen(
+) -> Result<(), anyhow::Error> {
     let dir = tempfile::tempdir()?;
-    let big = vec![7u8; 1024 * 1024];
+    let big: Vec<u8> = (0..1024 * 1024).map(|i| (i % 251) as u8).collect();
+    let mid: Vec<u8> = vec![3u8; 10_000];
     {
         let store = SledStore::open(dir.path())?;
-        store.commit(batch(&[(Tree::Log, b"big", &big)])).await?;
-        let blobs = std::fs::read_dir(dir.path().join("blobs"))?.count();
-        assert!(blobs > 0, "sled should have written a blob file");
+        store
+            .commit(batch(&[
+                (Tree::Log, b"big", &big),
+                (Tree::Log, b"big2", &big),
+                (Tree::Pending, b"mid", &mid),
+            ]))
+            .await?;
+        // Sled wrote no node as a separate file: nothing in `blobs/`.
+        let blobs = std::fs::read_dir(dir.path().join("blobs")).map_or(0, |dir| dir.count());
+        assert_eq!(blobs, 0, "sled wrote a blob file");
+        assert_eq!(store.get(Tree::Log, b"big").await?, Some(big.clone()));
+        // A value written again smaller, and one deleted, leave no piece behind.
+        store
+            .commit(batch(&[(Tree::Log, b"big2", b"small")]))
+            .await?;
+        let mut gone = Batch::new(CommitKind::Other);
+        gone.delete(Tree::Pending, b"mid".to_vec());
+        store.commit(gone).await?;
+        let open = store.shared.open()?;
+        let pieces = open
+            .records
+            .range(vec![super::values::PIECES_TAG]..vec![super::values::PIECES_TAG + 1])
+            .count();
+        assert_eq!(pieces, 256, "the pieces of `big` alone");
     }
     let store = SledStore::open(dir.path())?;
-    assert_eq!(store.get(Tree::Log, b"big").await?, Some(big));
+    assert_eq!(store.get(Tree::Log, b"big").await?, Some(big.clone()));
+    assert_eq!(
+        store.get(Tree::Log, b"big2").await?,
+        Some(b"small".to_vec())
+    );
+    assert_eq!(store.get(Tree::Pending, b"mid").await?, None);
+    assert_eq!(
+        store.scan_prefix(Tree::Log, b"big").await?,
+        vec![
+            (b"big".to_vec(), big),
+            (b"big2".to_vec(), b"small".to_vec())
+        ]
+    );
     Ok(())
 }
 
@@ -411,7 +447,9 @@ async fn a_failed_flush_fails_every_commit_waiting_on_it() -> Result<(), anyhow:
                 "{err}"
             );
         }
+        store.shared.wait_let_go();
         assert!(store.flush().await.is_err());
+        store.shared.wait_let_go();
         assert_eq!(store.flush_count(), 0);
         assert!(
             store.shared.opened.load(Ordering::SeqCst) > 1,
@@ -436,6 +474,7 @@ fn a_failed_database_is_opened_again_once_however_many_commits_failed_on_it(
         // As if two commits had failed on it.
         store.shared.replace_failed(failed);
         store.shared.replace_failed(failed);
+        store.shared.wait_let_go();
         assert_eq!(store.shared.opened.load(Ordering::SeqCst), 2);
         assert_eq!(store.shared.open()?.generation, failed + 1);
         // Opened from the same directory, a temporary store's too.
@@ -835,9 +874,11 @@ fn fill_and_free_the_disk(mount: &Path, group_commit: bool) -> Result<(), anyhow
         seen_while_full.len()
     );
 
-    // Free the space: the same store commits again.
+    // Free the space: the same store commits again (once the failed database has been let
+    // go, off the committers' path).
     drop(ballast);
     std::fs::remove_file(&ballast_path)?;
+    store.shared.wait_let_go();
     for _ in 0..20 {
         commit(next).with_context(|| format!("commit {next}, once space was freed"))?;
         acked.push(next);
@@ -921,5 +962,56 @@ fn a_full_disk_fails_commits_until_space_is_freed_then_the_same_store_commits_ag
         "the full-disk child failed ({}):\n{stdout}\n{stderr}",
         output.status
     );
+    Ok(())
+}
+
+/// A store written before values had a header (and pieces): opened, every value is brought to
+/// the new form, large ones into pieces, and reads as it was; a migration cut halfway goes on
+/// where it stopped.
+#[test]
+fn a_store_written_before_values_had_headers_is_brought_to_them_when_opened(
+) -> Result<(), anyhow::Error> {
+    let big: Vec<u8> = (0..300_000).map(|i| (i % 253) as u8).collect();
+    for cut in [false, true] {
+        let dir = tempfile::tempdir()?;
+        {
+            let db = ::sled::open(dir.path())?;
+            let records = db.open_tree(super::keyspace::RECORDS)?;
+            for i in 0..3_000u32 {
+                records.insert(
+                    stored_key(Tree::Log, &i.to_be_bytes()),
+                    &i.to_be_bytes()[..],
+                )?;
+            }
+            records.insert(stored_key(Tree::Pending, b"big"), big.as_slice())?;
+            if cut {
+                // As if a migration had rewritten the first 1,024 log entries, then stopped.
+                let mut progress = vec![0xF1];
+                progress.extend_from_slice(b"migrating");
+                let last = stored_key(Tree::Log, &1_023u32.to_be_bytes());
+                records.insert(progress, last)?;
+                for i in 0..1_024u32 {
+                    let mut value = vec![0u8];
+                    value.extend_from_slice(&i.to_be_bytes());
+                    records.insert(stored_key(Tree::Log, &i.to_be_bytes()), value)?;
+                }
+            }
+            db.flush()?;
+        }
+        let store = SledStore::open(dir.path())?;
+        for i in [0u32, 1_023, 1_024, 2_999] {
+            assert_eq!(
+                store.get(Tree::Log, &i.to_be_bytes()).wait()?,
+                Some(i.to_be_bytes().to_vec()),
+                "log entry {i} (cut: {cut})"
+            );
+        }
+        assert_eq!(store.scan_prefix(Tree::Log, b"").wait()?.len(), 3_000);
+        assert_eq!(store.get(Tree::Pending, b"big").wait()?, Some(big.clone()));
+        drop(store);
+        // Opened again: nothing left to do, nothing changed.
+        let store = SledStore::open(dir.path())?;
+        assert_eq!(store.get(Tree::Pending, b"big").wait()?, Some(big.clone()));
+    }
     Ok(())
 }

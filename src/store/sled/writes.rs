@@ -3,21 +3,29 @@
 //! Under group commit one flusher thread applies every commit of the process, and sled runs
 //! one batch at a time (its batches take a process-wide write lock), so the flusher is the
 //! serial part of a commit. Turning a batch's writes into sled keys and values (the tag byte
-//! in front of each key, the copy of each value into sled's `IVec`) needs nothing but the
-//! batch, so the committing thread does it before queueing, in parallel with the others; the
-//! flusher is left with handing ready writes to sled.
+//! in front of each key, the header and pieces of each value: see [`values`](super::values))
+//! needs nothing but the batch, so the committing thread does it before queueing, in parallel
+//! with the others; the flusher is left with handing ready writes to sled, and with removing
+//! the pieces a value no longer needs, which only it knows of.
 
 use ::sled::IVec;
 
 use super::keyspace::stored_key;
+use super::values::{encode, piece_key};
 use crate::store::{Batch, Op};
 
-/// One commit's writes, ready for a `sled::Batch`: a key, and its new value (`None` deletes).
-pub(super) struct SledWrites(Vec<(IVec, Option<IVec>)>);
+/// One key's new value (`None` deletes it), with the pieces of a large one.
+struct Write {
+    key: IVec,
+    head: Option<IVec>,
+    pieces: Vec<(IVec, IVec)>,
+}
+
+/// One commit's writes, ready for a `sled::Batch`.
+pub(super) struct SledWrites(Vec<Write>);
 
 impl SledWrites {
-    /// Converts `batch`, consuming it so that its values move rather than copy where sled
-    /// lets them.
+    /// Converts `batch`.
     pub(super) fn new(batch: Batch) -> Self {
         Self(
             batch
@@ -25,27 +33,56 @@ impl SledWrites {
                 .into_iter()
                 .map(|op| match op {
                     Op::Put { tree, key, value } => {
-                        (IVec::from(stored_key(tree, &key)), Some(IVec::from(value)))
+                        let key = stored_key(tree, &key);
+                        let encoded = encode(&key, &value);
+                        Write {
+                            key: key.into(),
+                            head: Some(encoded.head),
+                            pieces: encoded.pieces,
+                        }
                     }
-                    Op::Delete { tree, key } => (IVec::from(stored_key(tree, &key)), None),
+                    Op::Delete { tree, key } => Write {
+                        key: stored_key(tree, &key).into(),
+                        head: None,
+                        pieces: Vec::new(),
+                    },
                 })
                 .collect(),
         )
     }
 
-    /// How many keys it writes.
+    /// How many keys it writes (pieces included).
     pub(super) fn len(&self) -> usize {
-        self.0.len()
+        self.0.iter().map(|write| 1 + write.pieces.len()).sum()
     }
 
     /// Adds the writes to `batch`, after any already there (a key written twice ends with the
-    /// later write). Cloning an `IVec` copies at most a short inline key; longer values are
-    /// shared.
-    pub(super) fn add_to(&self, batch: &mut ::sled::Batch) {
-        for (key, value) in &self.0 {
-            match value {
-                Some(value) => batch.insert(key.clone(), value.clone()),
-                None => batch.remove(key.clone()),
+    /// later write), with the removal of the pieces each overwritten or deleted value had and
+    /// its new value does not (`pieced` knows, by stored key, how many pieces each value kept
+    /// in pieces has, and is brought up to date). Cloning an `IVec` copies at most a short
+    /// inline key; longer values are shared.
+    pub(super) fn add_to(
+        &self,
+        batch: &mut ::sled::Batch,
+        pieced: &mut std::collections::HashMap<IVec, u32>,
+    ) {
+        for write in &self.0 {
+            let now = u32::try_from(write.pieces.len()).unwrap_or(u32::MAX);
+            let before = pieced.get(&write.key).copied().unwrap_or(0);
+            for stale in now..before {
+                batch.remove(piece_key(&write.key, stale));
+            }
+            for (key, piece) in &write.pieces {
+                batch.insert(key.clone(), piece.clone());
+            }
+            match &write.head {
+                Some(head) => batch.insert(write.key.clone(), head.clone()),
+                None => batch.remove(write.key.clone()),
+            }
+            if now > 0 {
+                pieced.insert(write.key.clone(), now);
+            } else if before > 0 {
+                pieced.remove(&write.key);
             }
         }
     }
