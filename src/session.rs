@@ -42,6 +42,8 @@ mod tests_children;
 #[cfg(test)]
 mod tests_companions;
 #[cfg(test)]
+mod tests_golden;
+#[cfg(test)]
 mod tests_remote;
 #[cfg(test)]
 mod tests_replay;
