@@ -255,8 +255,7 @@ impl VirtualActor for SessionActor {
         tokio::spawn(async move {
             if let Ok(Some(record)) = schema::load_record(shared.store.as_ref(), &id).await {
                 if let (Some(parent), Some(call)) = (record.parent, record.parent_call) {
-                    let transition = Session::cannot_start(&parent, call, why);
-                    send_reports(&host, transition.effects);
+                    send_reports(&host, [Session::cannot_start(&parent, call, why)]);
                 }
             }
         });

@@ -3,6 +3,7 @@
 //! session actor only executes transitions, so every rule here is testable without actors,
 //! sled or time.
 
+mod apply_cx;
 mod call_ids;
 mod child_side;
 mod children;

@@ -68,7 +68,7 @@ impl SessionActor {
         };
         if let Some(why) = refused {
             let told = Session::cannot_start(&start.origin.parent, start.origin.tool_call_id, why);
-            let _ = self.perform(ctx, state, told).await;
+            self.run_effect(ctx, state, told);
             return;
         }
         let origin = start.origin.clone();
@@ -114,7 +114,7 @@ impl SessionActor {
         ));
         if let Some(host) = ctx.host() {
             let told = Session::cannot_start(&origin.parent, origin.tool_call_id, why);
-            send_reports(&host, told.effects);
+            send_reports(&host, [told]);
         }
     }
 
@@ -219,14 +219,11 @@ pub(super) fn unreachable_child(
         "child {child} cannot run: {}",
         super::host_error(error)
     ));
-    send_reports(
-        host,
-        Session::cannot_start(parent, tool_call_id, why).effects,
-    );
+    send_reports(host, [Session::cannot_start(parent, tool_call_id, why)]);
 }
 
 /// Sends the reports among `effects` from a host callback (outside a handler).
-pub(super) fn send_reports(host: &Host<SessionActor>, effects: Vec<Effect>) {
+pub(super) fn send_reports(host: &Host<SessionActor>, effects: impl IntoIterator<Item = Effect>) {
     for effect in effects {
         if let Effect::Report {
             parent,

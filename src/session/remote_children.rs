@@ -4,8 +4,9 @@
 //! root with where they live, so that a submit at the root reaches them; calls it no longer
 //! waits on are cleared, with a tombstone (a duplicate answers `already_completed` here).
 
+use super::apply_cx::ApplyCx;
 use super::core::Session;
-use super::{ChildReport, ChildState, Transition};
+use super::{ChildReport, ChildState};
 use crate::ids::SessionId;
 use crate::remote::{RemoteCall, RemoteChild, RemoteOwner};
 use crate::schema::IndexWrite;
@@ -25,20 +26,20 @@ impl Session {
     /// child's stream position `as_of`.
     pub(super) fn remote_reported(
         &mut self,
+        cx: &mut ApplyCx,
         call_id: &str,
         report: ChildReport,
         chunks: Vec<Chunk>,
         calls: Vec<RemoteCall>,
         position: ReportPosition,
-        now: u64,
-    ) -> Transition {
+    ) {
         let Some(entry) = self.children.get(call_id) else {
-            return Transition::default();
+            return;
         };
         // Read before a report this session already acted on, or a watch while a start or a
         // wake of the child is in flight (its own report answers what waits).
         if position.as_of < entry.forwarded || (position.watch && self.waits_on(call_id)) {
-            return Transition::default();
+            return;
         }
         // A resume this session owes the child since its server did not answer: carried out
         // now that it did, if nothing else waits.
@@ -50,11 +51,10 @@ impl Session {
                 ChildReport::Suspended(_) => calls,
                 _ => Vec::new(),
             };
-            self.route_remote_calls(call_id, &child, &remote, &before, after, now);
+            self.route_remote_calls(cx, call_id, &child, &remote, &before, after);
         }
-        let mut transition = self.child_reported(call_id, report, chunks, now);
-        self.resume_if_owed(owed, now, &mut transition);
-        transition
+        self.child_reported(cx, call_id, report, chunks);
+        self.resume_if_owed(cx, owed);
     }
 
     /// Records on the root each call of `after` still waiting as owned through this session's
@@ -62,12 +62,12 @@ impl Session {
     /// the next look at the child for when the remote settles one of them by itself.
     fn route_remote_calls(
         &mut self,
+        cx: &mut ApplyCx,
         call_id: &str,
         child: &SessionId,
         remote: &RemoteChild,
         before: &[String],
         after: Vec<RemoteCall>,
-        now: u64,
     ) {
         // Look at the child by itself when the first of its calls falls due: a timeout there
         // settles it with nobody asking here.
@@ -76,21 +76,21 @@ impl Session {
             .filter_map(RemoteCall::settles_by_itself_at)
             .min();
         let after: Vec<RemoteCall> = after.into_iter().filter(|call| call.waiting).collect();
-        self.look_at_deadline(call_id, due, now);
+        self.look_at_deadline(cx, call_id, due);
         let root = self.record.root.clone();
         for gone in before
             .iter()
             .filter(|id| !after.iter().any(|call| &call.tool_call_id == *id))
         {
-            self.staged.index.push(IndexWrite::DeleteOwnership {
+            cx.staged.index.push(IndexWrite::DeleteOwnership {
                 root: root.clone(),
                 call: gone.clone(),
                 owner: child.clone(),
             });
-            self.staged.index.push(IndexWrite::PutTombstone {
+            cx.staged.index.push(IndexWrite::PutTombstone {
                 root: root.clone(),
                 call: gone.clone(),
-                at: now,
+                at: cx.now,
             });
         }
         for call in after {
@@ -101,7 +101,7 @@ impl Session {
                 remote_root: child.clone(),
                 call,
             };
-            self.staged.index.push(IndexWrite::PutRemoteOwnership {
+            cx.staged.index.push(IndexWrite::PutRemoteOwnership {
                 root: root.clone(),
                 owner: Box::new(owner),
             });
@@ -111,7 +111,7 @@ impl Session {
     /// Clears the root's entries of the calls a remote child's entry still waits on, without
     /// tombstones (its wait was abandoned: an interrupt, an abort): a late submit answers
     /// `unknown_tool_call`, as for a local child's dropped calls.
-    pub(super) fn unroute_remote_calls(&mut self, call_id: &str) {
+    pub(super) fn unroute_remote_calls(&mut self, cx: &mut ApplyCx, call_id: &str) {
         let Some(entry) = self.children.get(call_id) else {
             return;
         };
@@ -120,10 +120,10 @@ impl Session {
         }
         let waiting = waiting_of(&entry.state);
         let child = entry.child.clone();
-        self.set_remote_look(call_id, None);
+        self.set_remote_look(cx, call_id, None);
         let root = self.record.root.clone();
         for call in waiting {
-            self.staged.index.push(IndexWrite::DeleteOwnership {
+            cx.staged.index.push(IndexWrite::DeleteOwnership {
                 root: root.clone(),
                 call,
                 owner: child.clone(),
