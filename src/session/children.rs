@@ -437,10 +437,9 @@ impl Session {
     /// Whether the step or resume in progress waits for this call's child.
     pub(super) fn waits_on(&self, call_id: &str) -> bool {
         match &self.phase {
-            Phase::AwaitingTools { calls, slots, .. } => calls
-                .iter()
-                .zip(slots)
-                .any(|(call, slot)| call.id == call_id && matches!(slot, CallSlot::Child)),
+            Phase::AwaitingTools { calls, .. } => calls.iter().any(|step_call| {
+                step_call.call.id == call_id && matches!(step_call.slot, CallSlot::Child)
+            }),
             Phase::AwaitingChildren { waking, .. } => waking.iter().any(|id| id == call_id),
             _ => false,
         }

@@ -84,6 +84,27 @@ pub(super) enum CallSlot {
     Companion,
 }
 
+/// One call of a step: the call, what happens to it, and the custom-state keys its handler
+/// set.
+#[derive(Debug)]
+pub(super) struct StepCall {
+    pub(super) call: ToolCall,
+    pub(super) slot: CallSlot,
+    /// Empty until its tool returns.
+    pub(super) changes: Map<String, Value>,
+}
+
+impl StepCall {
+    /// A call whose tool has not changed any state (yet).
+    pub(super) fn new(call: ToolCall, slot: CallSlot) -> Self {
+        Self {
+            call,
+            slot,
+            changes: Map::new(),
+        }
+    }
+}
+
 /// A call's outcome on its way into the conversation.
 #[derive(Debug)]
 pub(super) struct Outcome {
@@ -133,10 +154,8 @@ pub(super) enum Phase {
     AwaitingTools {
         run_id: RunId,
         step: u32,
-        calls: Vec<ToolCall>,
-        slots: Vec<CallSlot>,
-        /// Custom-state keys each call's handler set.
-        updates: Vec<Map<String, Value>>,
+        /// Every call of the step, in call order.
+        calls: Vec<StepCall>,
         /// The server tools of the step have not returned yet.
         tools_running: bool,
     },

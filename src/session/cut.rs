@@ -12,7 +12,7 @@
 use serde_json::Map;
 
 use super::apply_cx::ApplyCx;
-use super::core::{CallSlot, Outcome, Phase, Session};
+use super::core::{CallSlot, Outcome, Phase, Session, StepCall};
 use super::{Answer, Effect, ErrorCode, RunError, Status};
 use crate::definition::FINISH_TOOL;
 use crate::ids::RunId;
@@ -96,11 +96,14 @@ impl Session {
             self.begin_step(cx, run_id);
             return self.finish(cx, CommitKind::RunStart);
         }
-        let slots = cut
-            .iter()
-            .map(|call| self.cut_slot(cx, call, true))
+        let calls = cut
+            .into_iter()
+            .map(|call| {
+                let slot = self.cut_slot(cx, &call, true);
+                StepCall::new(call, slot)
+            })
             .collect();
-        self.dispatch(cx, CommitKind::RunStart, run_id, cut, slots);
+        self.dispatch(cx, CommitKind::RunStart, run_id, calls);
     }
 
     /// How a call of the last reply that has no result goes on: with `retry`, when its run is
@@ -145,18 +148,18 @@ impl Session {
     /// still working is stopped (aborted with `abort`).
     pub(super) fn cut_step(&mut self, cx: &mut ApplyCx, why: &str, abort: bool) {
         cx.push(Effect::CancelWork);
-        let Phase::AwaitingTools {
-            run_id,
-            calls,
-            slots,
-            updates,
-            ..
-        } = std::mem::replace(&mut self.phase, Phase::Idle)
+        let Phase::AwaitingTools { run_id, calls, .. } =
+            std::mem::replace(&mut self.phase, Phase::Idle)
         else {
             return;
         };
         let mut stopped = Vec::new();
-        for ((call, slot), changes) in calls.into_iter().zip(slots).zip(updates) {
+        for StepCall {
+            call,
+            slot,
+            changes,
+        } in calls
+        {
             let (outcome, reported, changes) = match slot {
                 CallSlot::Ready { outcome, reported } => (outcome, reported, changes),
                 CallSlot::Dispatched => (

@@ -4,7 +4,7 @@
 use serde_json::Value;
 
 use super::apply_cx::ApplyCx;
-use super::core::{CallSlot, Outcome, Phase, Session};
+use super::core::{CallSlot, Outcome, Phase, Session, StepCall};
 use super::suspend::{answer_outcome, timeout_outcome};
 use super::{
     Answer, ChildState, Effect, ErrorCode, Observation, PendingCall, PendingKind, RunError, Status,
@@ -110,13 +110,13 @@ impl Session {
             }
         }
         cx.push(self.resumed_hook(run_id, previous));
-        let mut ordered: Vec<(u32, ToolCall, CallSlot)> = self
+        let mut ordered: Vec<(u32, StepCall)> = self
             .children
             .entries()
             .into_iter()
             .map(|entry| {
                 let call = ToolCall::new(entry.tool_call_id, entry.tool_name, Value::Null);
-                (entry.position, call, CallSlot::Child)
+                (entry.position, StepCall::new(call, CallSlot::Child))
             })
             .collect();
         for entry in self.pending.in_order() {
@@ -128,15 +128,12 @@ impl Session {
             }
             self.report_decision(cx, run_id, &entry);
             let slot = self.answered_slot(cx, &entry);
-            ordered.push((entry.position, entry_call(&entry), slot));
+            ordered.push((entry.position, StepCall::new(entry_call(&entry), slot)));
         }
         // Children and own calls interleave in the model's reply: restore call order.
-        ordered.sort_by_key(|(position, ..)| *position);
-        let (calls, slots) = ordered
-            .into_iter()
-            .map(|(_, call, slot)| (call, slot))
-            .unzip();
-        self.dispatch(cx, CommitKind::RunStart, run_id, calls, slots);
+        ordered.sort_by_key(|(position, _)| *position);
+        let calls = ordered.into_iter().map(|(_, call)| call).collect();
+        self.dispatch(cx, CommitKind::RunStart, run_id, calls);
     }
 
     /// What an answered (or expired) entry's call does on resume: an approved tool runs, any

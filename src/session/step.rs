@@ -7,7 +7,7 @@ use std::sync::Arc;
 use serde_json::{Map, Value};
 
 use super::apply_cx::ApplyCx;
-use super::core::{CallSlot, Outcome, Phase, Session};
+use super::core::{CallSlot, Outcome, Phase, Session, StepCall};
 use super::FinishedCall;
 use super::{ChildState, Effect, ErrorCode, PendingKind, RunError, Status};
 use crate::definition::{Approval, ToolKind, FINISH_TOOL};
@@ -198,8 +198,8 @@ impl Session {
             self.end_run(cx, Status::Completed, None);
             return self.finish(cx, CommitKind::RunEnd);
         }
-        let mut slots = Vec::with_capacity(calls.len());
-        for call in &calls {
+        let mut step_calls = Vec::with_capacity(calls.len());
+        for call in calls {
             self.stage_chunk(
                 cx,
                 run_id,
@@ -209,17 +209,17 @@ impl Session {
                     input: call.input.clone(),
                 },
             );
-            let slot = self.classify(call);
+            let slot = self.classify(&call);
             // Every call gets the whole hook sequence, even one answered on the spot.
             cx.push(Effect::Hook(HookEvent::BeforeTool {
                 session: self.record.id.clone(),
                 run_id,
                 call: call.clone(),
             }));
-            slots.push(slot);
+            step_calls.push(StepCall::new(call, slot));
         }
         // With nothing to run between commit #1 and commit #2, one commit carries both.
-        self.dispatch(cx, CommitKind::ToolCalls, run_id, calls, slots);
+        self.dispatch(cx, CommitKind::ToolCalls, run_id, step_calls);
     }
 
     /// Decides how a call is carried out: run by the runtime, made pending, or answered at once
@@ -282,8 +282,6 @@ impl Session {
             run_id: r,
             step: s,
             calls,
-            slots,
-            updates,
             tools_running,
         } = &mut self.phase
         else {
@@ -295,18 +293,19 @@ impl Session {
         }
         *tools_running = false;
         for finished in outcomes {
-            let index = calls.iter().zip(slots.iter()).position(|(call, slot)| {
-                call.id == finished.tool_call_id && matches!(slot, CallSlot::Dispatched)
+            let dispatched = calls.iter_mut().find(|step_call| {
+                step_call.call.id == finished.tool_call_id
+                    && matches!(step_call.slot, CallSlot::Dispatched)
             });
-            if let Some(index) = index {
+            if let Some(step_call) = dispatched {
                 let limit = self.policy.max_json_depth;
                 let (outcome, changes) =
-                    bounded_result(&calls[index], finished.outcome, finished.updates, limit);
-                slots[index] = CallSlot::Ready {
+                    bounded_result(&step_call.call, finished.outcome, finished.updates, limit);
+                step_call.slot = CallSlot::Ready {
                     outcome,
                     reported: false,
                 };
-                updates[index] = changes;
+                step_call.changes = changes;
             }
         }
         self.settle_if_ready(cx);
@@ -319,16 +318,15 @@ impl Session {
         let ready = match &self.phase {
             Phase::AwaitingTools {
                 calls,
-                slots,
                 tools_running,
                 ..
             } => {
                 !*tools_running
-                    && calls.iter().zip(slots).all(|(call, slot)| {
-                        !matches!(slot, CallSlot::Child)
+                    && calls.iter().all(|step_call| {
+                        !matches!(step_call.slot, CallSlot::Child)
                             || self
                                 .children
-                                .get(&call.id)
+                                .get(&step_call.call.id)
                                 .is_none_or(|entry| entry.state != ChildState::Running)
                     })
             }
@@ -338,29 +336,25 @@ impl Session {
             return false;
         }
         let Phase::AwaitingTools {
-            run_id,
-            calls,
-            mut slots,
-            updates,
-            ..
+            run_id, mut calls, ..
         } = std::mem::replace(&mut self.phase, Phase::Idle)
         else {
             return false;
         };
-        for (call, slot) in calls.iter().zip(slots.iter_mut()) {
-            let finished = matches!(slot, CallSlot::Child)
+        for step_call in &mut calls {
+            let finished = matches!(step_call.slot, CallSlot::Child)
                 && self
                     .children
-                    .get(&call.id)
+                    .get(&step_call.call.id)
                     .is_none_or(|entry| entry.state.is_finished());
             if finished {
-                *slot = CallSlot::Ready {
-                    outcome: self.adopt_child(cx, run_id, &call.id),
+                step_call.slot = CallSlot::Ready {
+                    outcome: self.adopt_child(cx, run_id, &step_call.call.id),
                     reported: false,
                 };
             }
         }
-        self.settle_step(cx, run_id, calls, slots, updates);
+        self.settle_step(cx, run_id, calls);
         true
     }
 
@@ -372,24 +366,22 @@ impl Session {
         cx: &mut ApplyCx,
         kind: CommitKind,
         run_id: RunId,
-        calls: Vec<ToolCall>,
-        mut slots: Vec<CallSlot>,
+        mut calls: Vec<StepCall>,
     ) {
         // The step in progress (a resume goes on with the step its run was suspended in).
         let step = self.record.steps_in_run;
         let (sequential, parallel): (Vec<ToolCall>, Vec<ToolCall>) = calls
             .iter()
-            .zip(&slots)
-            .filter(|(_, slot)| matches!(slot, CallSlot::Dispatched))
-            .map(|(call, _)| call.clone())
+            .filter(|step_call| matches!(step_call.slot, CallSlot::Dispatched))
+            .map(|step_call| step_call.call.clone())
             .partition(|call| self.finishes_run(call));
         // Companion calls have their own phase, in call order, before the children start.
-        for (position, (call, slot)) in calls.iter().zip(slots.iter_mut()).enumerate() {
-            match slot {
+        for (position, step_call) in calls.iter_mut().enumerate() {
+            match step_call.slot {
                 CallSlot::Companion => {
-                    *slot = self.companion_call(cx, run_id, call, position);
+                    step_call.slot = self.companion_call(cx, run_id, &step_call.call, position);
                 }
-                CallSlot::Child => self.launch_child(cx, run_id, call, position),
+                CallSlot::Child => self.launch_child(cx, run_id, &step_call.call, position),
                 _ => {}
             }
         }
@@ -404,13 +396,10 @@ impl Session {
                 state: Arc::new(Value::Object(self.record.custom_state.clone())),
             });
         }
-        let updates = vec![Map::new(); calls.len()];
         self.phase = Phase::AwaitingTools {
             run_id,
             step,
             calls,
-            slots,
-            updates,
             tools_running,
         };
         self.settle_if_ready(cx);
@@ -419,18 +408,11 @@ impl Session {
 
     /// Records every call of a step whose outcomes are known (or that became pending), then
     /// ends the run, suspends it, or begins the next step.
-    pub(super) fn settle_step(
-        &mut self,
-        cx: &mut ApplyCx,
-        run_id: RunId,
-        calls: Vec<ToolCall>,
-        slots: Vec<CallSlot>,
-        updates: Vec<Map<String, Value>>,
-    ) {
-        let finisher = calls.iter().zip(&slots).position(|(call, slot)| {
-            self.finishes_run(call)
+    pub(super) fn settle_step(&mut self, cx: &mut ApplyCx, run_id: RunId, calls: Vec<StepCall>) {
+        let finisher = calls.iter().position(|step_call| {
+            self.finishes_run(&step_call.call)
                 && matches!(
-                    slot,
+                    step_call.slot,
                     CallSlot::Ready {
                         outcome: ToolOutcome::Result(_),
                         ..
@@ -441,8 +423,14 @@ impl Session {
         // with the finisher's value.
         let mut output = self.finishing.take();
         let mut pending = 0u32;
-        for (index, ((call, slot), changes)) in
-            calls.into_iter().zip(slots).zip(updates).enumerate()
+        for (
+            index,
+            StepCall {
+                call,
+                slot,
+                changes,
+            },
+        ) in calls.into_iter().enumerate()
         {
             let (outcome, reported) = match slot {
                 CallSlot::Ready { outcome, reported } => (outcome, reported),
