@@ -166,8 +166,8 @@ pub(crate) struct SessionState {
     /// Accepted submits whose commits are in flight (see `submit.rs`).
     inflight: submit::InFlightSubmits,
     /// Children recorded as running when the session was loaded (a crash cut their parent's
-    /// step): reconciled in the background, once.
-    to_reconcile: Vec<(String, SessionId)>,
+    /// step): reconciled in the background, once (inspected here, or watched if remote).
+    to_reconcile: crate::session::ToReconcile,
     /// The background reconciliation is in flight.
     reconciling: bool,
     /// Drivers of remote children started by this actor that have not reported yet: work in
@@ -204,7 +204,7 @@ impl VirtualActor for SessionActor {
             // A snapshot taken before anything runs: children started from now on are never
             // part of it.
             Loaded::Present(session) => session.children_to_reconcile(),
-            _ => Vec::new(),
+            _ => crate::session::ToReconcile::default(),
         };
         tracing::debug!(session = %id, "session.activated");
         Ok(SessionState {
@@ -232,7 +232,8 @@ impl VirtualActor for SessionActor {
             && state.inflight.is_empty()
             && !state.reconciling
             && state.remote_drivers == 0
-            && state.to_reconcile.is_empty()
+            && state.to_reconcile.inspect.is_empty()
+            && state.to_reconcile.watch.is_empty()
             && !matches!(&state.loaded, Loaded::Present(session) if session.is_busy())
     }
 
@@ -550,10 +551,9 @@ impl SessionActor {
         if walked {
             transition.effects.retain(|effect| match effect {
                 Effect::StopChildren { children, abort } => {
-                    for child in children {
-                        if !stopped.iter().any(|(known, _, _)| known == child) {
-                            let remote = session.children_remote_of(child);
-                            stopped.push((child.clone(), *abort, remote));
+                    for at in children {
+                        if !stopped.iter().any(|(known, _, _)| *known == at.child) {
+                            stopped.push((at.child.clone(), *abort, at.remote.clone()));
                         }
                     }
                     false
@@ -686,7 +686,8 @@ impl SessionActor {
                 driven,
             } => self.remote_reported(ctx, state, tool_call_id, driven).await,
             SessionMsg::RemoteAnswered { tool_call_id } => {
-                self.remote_answered(ctx, state, tool_call_id).await;
+                self.feed(ctx, state, Input::RemoteAnswered { tool_call_id })
+                    .await;
             }
             SessionMsg::Reconciled(results) => {
                 state.reconciling = false;

@@ -22,7 +22,7 @@ mod suspend;
 mod transition;
 
 pub(crate) use self::child_side::{report_of, stored_state};
-pub(crate) use self::children::{ChildOrigin, ChildStart};
+pub(crate) use self::children::{ChildOrigin, ChildStart, ToReconcile};
 pub(crate) use self::core::{duration_ms, Policy, Session, Stored};
 pub(crate) use self::input::{ChildReport, FinishedCall, Input};
 pub use outcome::{RunOutcome, RunStarted};
@@ -32,7 +32,7 @@ pub use state::{
 };
 pub use suspend::NOT_APPROVED;
 pub(crate) use suspend::{Submission, Verdict};
-pub(crate) use transition::{Effect, Observation, Transition};
+pub(crate) use transition::{ChildAt, Effect, Observation, RemoteDrive, Transition};
 
 #[cfg(test)]
 mod tests;
@@ -44,6 +44,8 @@ mod tests_children;
 mod tests_companions;
 #[cfg(test)]
 mod tests_golden;
+#[cfg(test)]
+mod tests_reach;
 #[cfg(test)]
 mod tests_remote;
 #[cfg(test)]

@@ -160,20 +160,20 @@ impl SessionActor {
         ctx: &ActorContext<Self>,
         state: &mut SessionState,
     ) {
-        if state.reconciling || state.to_reconcile.is_empty() {
+        let waiting = &state.to_reconcile;
+        if state.reconciling || (waiting.inspect.is_empty() && waiting.watch.is_empty()) {
             return;
         }
         let Some(host) = ctx.host() else {
             return;
         };
-        let (remote, snapshot): (Vec<_>, Vec<_>) = std::mem::take(&mut state.to_reconcile)
-            .into_iter()
-            .partition(|(call, _)| {
-                matches!(&state.loaded, Loaded::Present(session) if session.remote_child(call).is_some())
-            });
+        let crate::session::ToReconcile {
+            inspect: snapshot,
+            watch,
+        } = std::mem::take(&mut state.to_reconcile);
         // A remote child is asked for its status by a driver, which reports like a child.
-        for (call, _) in remote {
-            self.drive_remote(ctx, state, &call, crate::remote::Drive::Watch);
+        for drive in watch {
+            self.drive_remote(ctx, state, drive);
         }
         if snapshot.is_empty() {
             return;

@@ -101,6 +101,14 @@ impl ApplyCx {
     /// told of the earliest deadline it arms.
     pub(super) fn commit(&mut self, commit: Commit) {
         debug_assert!(self.commit.is_none(), "one commit per input");
+        debug_assert!(self
+            .effects
+            .iter()
+            .all(|effect| match (effect, &commit.record) {
+                (Effect::CallModel { after_seq, .. }, Some(record)) =>
+                    *after_seq == record.chunk_count,
+                _ => true,
+            }));
         self.effects.extend(earliest_deadline(&commit.index));
         self.commit = Some(commit);
     }

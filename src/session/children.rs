@@ -9,11 +9,11 @@ use serde_json::Value;
 
 use super::apply_cx::ApplyCx;
 use super::core::{CallSlot, Phase, Session};
-use super::{ChildCall, ChildReport, ChildState, Effect};
+use super::{ChildAt, ChildCall, ChildReport, ChildState, Effect, RemoteDrive};
 use crate::definition::ToolKind;
 use crate::ids::{RunId, SessionId};
 use crate::message::{ToolCall, ToolOutcome};
-use crate::remote::RemoteChild;
+use crate::remote::{Drive, RemoteChild, RemoteParent};
 use crate::schema::IndexWrite;
 use crate::store::CommitKind;
 use crate::stream::{Chunk, ChunkKind};
@@ -46,6 +46,15 @@ pub(crate) enum ChildKind {
     /// A persistent companion: re-attached to if this call started its current turn, else
     /// given a new turn; `fresh` starts it over (it failed or was terminated).
     Companion { fresh: bool },
+}
+
+/// What recovery reconciles of a session just loaded (see [`Session::children_to_reconcile`]).
+#[derive(Debug, Default)]
+pub(crate) struct ToReconcile {
+    /// Children of this process, by the call that waits on each: inspected in the background.
+    pub(crate) inspect: Vec<(String, SessionId)>,
+    /// Remote children: watched.
+    pub(crate) watch: Vec<RemoteDrive>,
 }
 
 /// A parent's sub-agent calls that have not become tool results yet, keyed by call id.
@@ -215,6 +224,17 @@ impl Session {
             }
             _ => self.agent.name().to_string(),
         };
+        let message = child_message(&call.input).unwrap_or_default();
+        let start = Drive::Start {
+            message: message.clone(),
+            parent: RemoteParent {
+                parent: self.record.id.clone(),
+                root: self.record.root.clone(),
+            },
+        };
+        if let Some(drive) = self.remote_drive(&call.id, start) {
+            return cx.push(Effect::DriveRemote(drive));
+        }
         cx.push(Effect::StartChild(ChildStart {
             origin: ChildOrigin {
                 parent: self.record.id.clone(),
@@ -224,7 +244,7 @@ impl Session {
             },
             child,
             agent,
-            message: child_message(&call.input).unwrap_or_default(),
+            message,
             kind: super::children::ChildKind::Ephemeral,
         }));
     }
@@ -300,11 +320,11 @@ impl Session {
         let entries = self.children.entries();
         // A companion outlives the calls that wait on it: abandoning the wait leaves it be (an
         // aborted parent terminates its companions separately); an interrupt reaches it.
-        let stopped: Vec<SessionId> = entries
+        let stopped: Vec<ChildAt> = entries
             .iter()
             .filter(|entry| !entry.state.is_finished())
             .filter(|entry| !abort || entry.companion.is_none())
-            .map(|entry| entry.child.clone())
+            .map(|entry| self.child_at(entry.child.clone()))
             .collect();
         if !stopped.is_empty() {
             cx.push(Effect::StopChildren {
@@ -346,6 +366,7 @@ impl Session {
             }
         };
         let mut woken = Vec::new();
+        let mut crashed = Vec::new();
         for target in targets {
             let live = self.waits_on(&target);
             let Some(entry) = self.children.by_id.get_mut(&target) else {
@@ -355,10 +376,7 @@ impl Session {
             if !entry.state.is_finished() {
                 match &report {
                     ChildReport::Crashed if live && entry.companion.is_none() => {
-                        cx.push(Effect::WakeChildren(vec![(
-                            target.clone(),
-                            entry.child.clone(),
-                        )]));
+                        crashed.push((target.clone(), entry.child.clone()));
                     }
                     ChildReport::Crashed => {}
                     ChildReport::Suspended(waiting) => {
@@ -379,6 +397,10 @@ impl Session {
             }
             let entry = entry.clone();
             cx.staged.index.push(IndexWrite::PutChild(entry));
+        }
+        // A child its actor's crash cut goes on when woken.
+        for cut in crashed {
+            self.wake_children(cx, vec![cut]);
         }
         let mut kind = CommitKind::Other;
         match &mut self.phase {
@@ -479,10 +501,12 @@ impl Session {
     }
 
     /// Children recorded as running when this session was loaded: the set recovery reconciles
-    /// (children started after activation are never part of it).
-    pub(crate) fn children_to_reconcile(&self) -> Vec<(String, SessionId)> {
+    /// (children started after activation are never part of it). Those of this process are
+    /// inspected; a remote one is watched by its driver, which reports like a child.
+    pub(crate) fn children_to_reconcile(&self) -> ToReconcile {
+        let mut reconcile = ToReconcile::default();
         if self.is_busy() {
-            return Vec::new();
+            return reconcile;
         }
         let mut running = self.children.running();
         for (call, child) in self.companions.running() {
@@ -490,7 +514,13 @@ impl Session {
                 running.push((call, child));
             }
         }
-        running
+        for (call, child) in running {
+            match self.remote_drive(&call, Drive::Watch) {
+                Some(drive) => reconcile.watch.push(drive),
+                None => reconcile.inspect.push((call, child)),
+            }
+        }
+        reconcile
     }
 
     /// Where a report naming `call_id` comes from: the child, and from which of its chunks on

@@ -18,7 +18,7 @@ use super::apply_cx::ApplyCx;
 use super::children::{ChildKind, ChildOrigin, ChildStart};
 use super::core::{CallSlot, Session};
 use super::ChildReport;
-use super::{ChildCall, ChildState, Companion, CompanionStatus, Effect, Status};
+use super::{ChildAt, ChildCall, ChildState, Companion, CompanionStatus, Effect, Status};
 use crate::definition::{CompanionMode, CompanionTool};
 use crate::error::Error;
 use crate::ids::{RunId, SessionId};
@@ -157,7 +157,7 @@ impl Session {
         }
         // Sent again when the call is re-run after a crash: aborting twice changes nothing.
         cx.push(Effect::StopChildren {
-            children: vec![companion.child.clone()],
+            children: vec![self.child_at(companion.child.clone())],
             abort: true,
         });
         Ok(json!({ "name": companion.name, "status": "terminated" }))
@@ -174,10 +174,8 @@ impl Session {
     ) -> CallSlot {
         if let Some(entry) = self.children.get(&call.id) {
             // Recorded before a crash: ask the companion where it stands again.
-            cx.push(Effect::WakeChildren(vec![(
-                call.id.clone(),
-                entry.child.clone(),
-            )]));
+            let child = entry.child.clone();
+            self.wake_children(cx, vec![(call.id.clone(), child)]);
             self.wait_again(cx, &call.id);
             return CallSlot::Child;
         }
@@ -216,10 +214,7 @@ impl Session {
         };
         self.wait_on_companion(cx, run_id, call, position, &companion, state);
         // A companion whose report was lost (or that a crash cut) reports again when woken.
-        cx.push(Effect::WakeChildren(vec![(
-            call.id.clone(),
-            companion.child.clone(),
-        )]));
+        self.wake_children(cx, vec![(call.id.clone(), companion.child.clone())]);
         CallSlot::Child
     }
 
@@ -516,10 +511,7 @@ impl Session {
             ChildReport::Crashed => {
                 // Its actor was restarted with the turn cut: waking it goes on with the turn.
                 companion.status = CompanionStatus::Running;
-                cx.push(Effect::WakeChildren(vec![(
-                    call.to_string(),
-                    child.clone(),
-                )]));
+                self.wake_children(cx, vec![(call.to_string(), child.clone())]);
             }
         }
         self.put_companion(cx, companion);
@@ -568,12 +560,12 @@ impl Session {
     /// waiting on a person), whether or not it waits on them: an interrupt stops the whole
     /// tree. They keep their conversations; a new message continues them.
     pub(super) fn stop_working_companions(&self, cx: &mut ApplyCx) {
-        let working: Vec<SessionId> = self
+        let working: Vec<ChildAt> = self
             .companions
             .in_order()
             .into_iter()
             .filter(|companion| companion.status.is_working())
-            .map(|companion| companion.child.clone())
+            .map(|companion| self.child_at(companion.child.clone()))
             .collect();
         if !working.is_empty() {
             cx.push(Effect::StopChildren {
@@ -598,7 +590,7 @@ impl Session {
         cx.push(Effect::StopChildren {
             children: live
                 .iter()
-                .map(|companion| companion.child.clone())
+                .map(|companion| self.child_at(companion.child.clone()))
                 .collect(),
             abort: true,
         });

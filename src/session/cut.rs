@@ -180,7 +180,7 @@ impl Session {
                     if let Some(entry) = self.children.get(&call.id).filter(|_| !finished) {
                         // An aborted parent terminates its companions on its own.
                         if !abort || entry.companion.is_none() {
-                            stopped.push(entry.child.clone());
+                            stopped.push(self.child_at(entry.child.clone()));
                         }
                     }
                     let adopted = self.adopt_child(cx, run_id, &call.id);

@@ -87,6 +87,9 @@ pub(crate) enum Input {
         as_of: u64,
         watch: bool,
     },
+    /// An answer for a call under the remote child of `tool_call_id` was accepted at the
+    /// remote (the root forwarded it there).
+    RemoteAnswered { tool_call_id: String },
     /// A remote child's server did not answer its driver (after the policy's tries).
     RemoteUnreachable {
         tool_call_id: String,
@@ -195,6 +198,7 @@ impl Session {
                 let position = ReportPosition { as_of, watch };
                 self.remote_reported(cx, &tool_call_id, report, chunks, calls, position);
             }
+            Input::RemoteAnswered { tool_call_id } => self.remote_answered(cx, &tool_call_id),
             Input::RemoteUnreachable {
                 tool_call_id,
                 reason,

@@ -2,13 +2,15 @@
 //! local one does (its driver, `remote/driver.rs`, turns the remote's status into the same
 //! report), and in the same commit the calls its tree waits on are recorded on this session's
 //! root with where they live, so that a submit at the root reaches them; calls it no longer
-//! waits on are cleared, with a tombstone (a duplicate answers `already_completed` here).
+//! waits on are cleared, with a tombstone (a duplicate answers `already_completed` here). The
+//! core also decides how each child is reached: a remote child by a driver
+//! ([`Effect::DriveRemote`]), any other in this process, so the actor never asks.
 
 use super::apply_cx::ApplyCx;
 use super::core::Session;
-use super::{ChildReport, ChildState};
+use super::{ChildAt, ChildReport, ChildState, Effect, RemoteDrive};
 use crate::ids::SessionId;
-use crate::remote::{RemoteCall, RemoteChild, RemoteOwner};
+use crate::remote::{Drive, RemoteCall, RemoteChild, RemoteOwner};
 use crate::schema::IndexWrite;
 use crate::stream::Chunk;
 
@@ -131,32 +133,57 @@ impl Session {
         }
     }
 
-    /// The remote child of call `call_id`: its id, where it lives, and how much of its stream
-    /// this session has copied.
-    pub(crate) fn remote_child(&self, call_id: &str) -> Option<(SessionId, RemoteChild, u64)> {
+    /// The drive that does `how` to the child of call `call_id`, if that child is remote.
+    pub(super) fn remote_drive(&self, call_id: &str, how: Drive) -> Option<RemoteDrive> {
         let entry = self.children.get(call_id)?;
-        let remote = entry.remote.clone()?;
-        Some((entry.child.clone(), remote, entry.forwarded))
+        Some(RemoteDrive {
+            call: call_id.to_string(),
+            child: entry.child.clone(),
+            remote: entry.remote.clone()?,
+            forwarded: entry.forwarded,
+            how,
+        })
+    }
+
+    /// Wakes the children of these calls: a remote one through its driver, the others in
+    /// this process.
+    pub(super) fn wake_children(&self, cx: &mut ApplyCx, children: Vec<(String, SessionId)>) {
+        let mut here = Vec::new();
+        for (call, child) in children {
+            match self.remote_drive(&call, Drive::Wake) {
+                Some(drive) => cx.push(Effect::DriveRemote(drive)),
+                None => here.push((call, child)),
+            }
+        }
+        if !here.is_empty() {
+            cx.push(Effect::WakeChildren(here));
+        }
+    }
+
+    /// A child of this session, and where it lives: a remote child is known by where it
+    /// lives even after its entry went (a transition that removes the entry may also stop it).
+    pub(super) fn child_at(&self, child: SessionId) -> ChildAt {
+        let remote = self.children.remote_of(&child).cloned();
+        ChildAt { child, remote }
+    }
+
+    /// An answer for a call under the remote child of `call_id` was accepted at the remote:
+    /// a child that has not finished is watched, to learn where it stands now (it may have
+    /// gone on by itself).
+    pub(super) fn remote_answered(&self, cx: &mut ApplyCx, call_id: &str) {
+        if !self.children_entry_unfinished(call_id) {
+            return;
+        }
+        if let Some(drive) = self.remote_drive(call_id, Drive::Watch) {
+            cx.push(Effect::DriveRemote(drive));
+        }
     }
 
     /// Whether call `call_id` waits on a child that has not finished.
-    pub(crate) fn children_entry_unfinished(&self, call_id: &str) -> bool {
+    fn children_entry_unfinished(&self, call_id: &str) -> bool {
         self.children
             .get(call_id)
             .is_some_and(|entry| !entry.state.is_finished())
-    }
-
-    /// Where remote child `child` of this session lives.
-    pub(crate) fn children_remote_of(&self, child: &SessionId) -> Option<RemoteChild> {
-        self.children.remote_of(child).cloned()
-    }
-
-    /// Where each of `children` lives that is a remote child of this session.
-    pub(crate) fn remote_children(&self, children: &[SessionId]) -> Vec<(SessionId, RemoteChild)> {
-        children
-            .iter()
-            .filter_map(|child| Some((child.clone(), self.children.remote_of(child)?.clone())))
-            .collect()
     }
 }
 

@@ -60,8 +60,8 @@ impl Session {
         };
         self.set_remote_look(cx, call_id, Some(again));
         self.put_child_entry(cx, call_id);
-        let call = call_id.to_string();
-        cx.push(Effect::DriveRemote { call, how });
+        // The entry is a remote child's (checked above): there is a drive.
+        cx.extend(self.remote_drive(call_id, how).map(Effect::DriveRemote));
         self.finish_entries(cx, CommitKind::Other);
     }
 

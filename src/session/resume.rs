@@ -49,7 +49,7 @@ impl Session {
                         waking: asleep.iter().map(|(call, _)| call.clone()).collect(),
                         run_id,
                     };
-                    cx.push(Effect::WakeChildren(asleep));
+                    self.wake_children(cx, asleep);
                     return Ok(());
                 }
                 self.drain(cx, run_id);

@@ -119,6 +119,9 @@ impl Session {
         cx.push(Effect::CallModel {
             run_id,
             step,
+            // Nothing is staged after the model is asked for: these are the chunks the commit
+            // leaves recorded.
+            after_seq: self.record.chunk_count,
             request: ModelRequest {
                 session_id: self.record.id.clone(),
                 agent: self.agent.name().to_string(),

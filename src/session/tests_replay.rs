@@ -200,6 +200,14 @@ fn root_life() -> Vec<Step> {
                 0,
             ),
         ),
+        step(
+            ROOT,
+            4,
+            false,
+            Input::RemoteAnswered {
+                tool_call_id: "x1".into(),
+            },
+        ),
         step(ROOT, 5, true, finished(r1, 1, "l1", json!({ "stock": 3 }))),
         step(
             ROOT,
@@ -358,7 +366,7 @@ pub(super) fn recorded_life() -> Vec<Step> {
 
 /// Every kind of input, by name. [`name_of`] matches exhaustively, so a new kind of input does
 /// not compile until it is named there; name it here too, and replay it above.
-const EVERY_INPUT: [&str; 18] = [
+const EVERY_INPUT: [&str; 19] = [
     "execute",
     "resume",
     "submit",
@@ -375,6 +383,7 @@ const EVERY_INPUT: [&str; 18] = [
     "wake",
     "child_reported",
     "remote_reported",
+    "remote_answered",
     "remote_unreachable",
     "reconciled",
 ];
@@ -397,6 +406,7 @@ fn name_of(input: &Input) -> &'static str {
         Input::Wake { .. } => "wake",
         Input::ChildReported { .. } => "child_reported",
         Input::RemoteReported { .. } => "remote_reported",
+        Input::RemoteAnswered { .. } => "remote_answered",
         Input::RemoteUnreachable { .. } => "remote_unreachable",
         Input::Reconciled { .. } => "reconciled",
     }
