@@ -423,13 +423,13 @@ impl SessionActor {
 
     /// A request whose caller waits for a run (an execute, a resume): the caller joins the
     /// session's waiters and is answered when the run ends or suspends (or at once by a
-    /// refusal). `create` is what to create the session with if it does not exist: its agent,
-    /// and for a remote child its parent on another server.
+    /// refusal). `create` is the agent to create the session with if it does not exist (the
+    /// input says the rest: whether only a new session takes it, a remote parent).
     async fn request(
         &self,
         ctx: &ActorContext<Self>,
         state: &mut SessionState,
-        create: Option<Creation>,
+        create: Option<Arc<AgentDefinition>>,
         input: Input,
         reply: Option<Reply>,
     ) {
@@ -442,18 +442,9 @@ impl SessionActor {
         };
         match (self.present(id, state).await, create) {
             (Ok(Some(_)), _) => {}
-            (
-                Ok(None),
-                Some(Creation {
-                    agent,
-                    remote_parent,
-                }),
-            ) => {
+            (Ok(None), Some(agent)) => {
                 let policy = Arc::clone(&self.shared.policy);
-                let mut session = Session::create(id.clone(), agent, policy, now);
-                if let Some(parent) = remote_parent {
-                    session.set_remote_parent(parent);
-                }
+                let session = Session::create(id.clone(), agent, policy, now);
                 state.loaded = Loaded::Present(Box::new(session));
             }
             (Ok(None), None) => return answer(reply, Error::UnknownSession(id.clone())),
@@ -581,12 +572,6 @@ impl SessionActor {
     }
 }
 
-/// What a request creates a session with when it does not exist.
-struct Creation {
-    agent: Arc<AgentDefinition>,
-    remote_parent: Option<crate::remote::RemoteParent>,
-}
-
 /// Work the actor started reports back to it; the actor stays resident while it waits (it
 /// refuses passivation), so the mailbox is still there unless the runtime is shutting down.
 fn send_back(mailbox: &Mailbox<SessionActor>, msg: SessionMsg) {
@@ -615,20 +600,14 @@ impl SessionActor {
                 new_only,
                 remote_parent,
             } => {
-                if new_only && matches!(self.present(ctx.key(), state).await, Ok(Some(_))) {
-                    reply.fail(Error::SessionExists(ctx.key().clone()));
-                    return;
-                }
                 let input = Input::Execute {
                     run_id: RunId::generate(),
                     message,
                     agent: agent.name().to_string(),
-                };
-                let create = Creation {
-                    agent,
+                    new_only,
                     remote_parent,
                 };
-                self.request(ctx, state, Some(create), input, Some(reply))
+                self.request(ctx, state, Some(agent), input, Some(reply))
                     .await;
             }
             SessionMsg::Resume { reply } => {

@@ -289,14 +289,6 @@ impl Session {
         }
     }
 
-    /// Makes a session not written yet the remote child of `parent` (a session of another
-    /// server), before its first turn.
-    pub(crate) fn set_remote_parent(&mut self, parent: crate::remote::RemoteParent) {
-        if self.record.run_count == 0 {
-            self.record.remote_parent = Some(parent);
-        }
-    }
-
     pub(crate) fn record(&self) -> &SessionRecord {
         &self.record
     }

@@ -13,22 +13,28 @@ use super::apply_cx::ApplyCx;
 use super::children::ChildStart;
 use super::core::Session;
 use super::remote_children::ReportPosition;
+use super::step::Outside;
 use super::{ChildState, Submission, Transition};
 use crate::error::Error;
 use crate::ids::RunId;
 use crate::llm::{LlmError, ModelReply};
 use crate::message::ToolOutcome;
+use crate::remote::RemoteParent;
 use crate::stream::Chunk;
 
 /// An input to the state machine.
 #[derive(Debug)]
 pub(crate) enum Input {
     /// A user message from outside: a new session's first run, or a new turn. `agent` is the
-    /// agent the caller asked for.
+    /// agent the caller asked for; with `new_only`, only a session that does not exist yet
+    /// takes it (a remote parent's start, replayed or not); `remote_parent` makes a new
+    /// session the remote child of a session of another server.
     Execute {
         run_id: RunId,
         message: String,
         agent: String,
+        new_only: bool,
+        remote_parent: Option<RemoteParent>,
     },
     /// Continue a suspended or interrupted run as the run `run_id` (a resume while a run is in
     /// progress joins it).
@@ -103,10 +109,14 @@ impl Input {
     /// Whether handling it may read the conversation (which an idle session keeps on disk
     /// only): the caller loads it first.
     pub(crate) fn needs_conversation(&self) -> bool {
+        // A start only for a new session needs none: a new session has no conversation, and
+        // one that exists refuses it.
         matches!(
             self,
-            Input::Execute { .. }
-                | Input::Resume { .. }
+            Input::Execute {
+                new_only: false,
+                ..
+            } | Input::Resume { .. }
                 | Input::Interrupt
                 | Input::Abort
                 | Input::StartChild { .. }
@@ -157,7 +167,16 @@ impl Session {
                 run_id,
                 message,
                 agent,
-            } => self.execute_from_outside(cx, run_id, message, &agent)?,
+                new_only,
+                remote_parent,
+            } => {
+                let outside = Outside {
+                    agent,
+                    new_only,
+                    remote_parent,
+                };
+                self.execute_from_outside(cx, run_id, message, outside)?;
+            }
             Input::Resume { run_id } => self.resume(cx, run_id)?,
             Input::Submit {
                 tool_call_id,

@@ -17,21 +17,43 @@ use crate::ids::RunId;
 use crate::llm::{LlmError, ModelReply, ModelRequest};
 use crate::message::{Message, ToolCall, ToolOutcome};
 use crate::nesting;
+use crate::remote::RemoteParent;
 use crate::store::CommitKind;
 use crate::stream::ChunkKind;
 use crate::tool_error::ToolErrorCode;
 
+/// Who starts a turn from outside, and on what terms (see [`super::Input::Execute`]).
+pub(super) struct Outside {
+    /// The agent the caller asked for.
+    pub(super) agent: String,
+    /// Only if the session does not exist yet.
+    pub(super) new_only: bool,
+    /// The parent on another server that starts it as its remote child.
+    pub(super) remote_parent: Option<RemoteParent>,
+}
+
 impl Session {
-    /// A user message from outside. Only a session's parent starts a sub-agent's turns (its
-    /// bookkeeping of the child would not see one started from outside), and a session runs
-    /// the agent it was created with.
+    /// A user message from outside. A start only for a new session finds one that exists
+    /// refused; a new remote child records its parent on the other server before its first
+    /// turn. Only a session's parent starts a sub-agent's turns (its bookkeeping of the child
+    /// would not see one started from outside), and a session runs the agent it was created
+    /// with.
     pub(super) fn execute_from_outside(
         &mut self,
         cx: &mut ApplyCx,
         run_id: RunId,
         text: String,
-        agent: &str,
+        outside: Outside,
     ) -> Result<(), Error> {
+        // A session that exists has run: its first commit is its first run's.
+        let exists = self.record.run_count > 0;
+        if outside.new_only && exists {
+            return Err(Error::SessionExists(self.record.id.clone()));
+        }
+        if let (Some(parent), false) = (outside.remote_parent, exists) {
+            self.record.remote_parent = Some(parent);
+        }
+        let agent = outside.agent.as_str();
         if let Some(parent) = &self.record.parent {
             return Err(Error::SubAgentSession {
                 session: self.record.id.clone(),

@@ -27,6 +27,8 @@ fn delegating(calls: &[&str], policy: Policy) -> (Session, RunId, Transition) {
         run_id,
         message: "go".into(),
         agent: "lead".into(),
+        new_only: false,
+        remote_parent: None,
     };
     assert!(session.apply(execute, 1).is_ok());
     let reply = ModelReply::tool_calls(

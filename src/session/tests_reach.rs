@@ -45,6 +45,8 @@ fn delegating() -> Result<(Session, Transition), String> {
         run_id,
         message: "go".into(),
         agent: "lead".into(),
+        new_only: false,
+        remote_parent: None,
     };
     session
         .apply(execute, 1)

@@ -33,6 +33,8 @@ fn delegating(policy: Policy) -> Session {
         run_id,
         message: "go".into(),
         agent: "lead".into(),
+        new_only: false,
+        remote_parent: None,
     };
     assert!(session.apply(execute, 1).is_ok());
     let reply = ModelReply::tool_calls(vec![ToolCall::new(

@@ -78,6 +78,8 @@ fn execute(run_id: RunId, message: &str) -> Input {
         run_id,
         message: message.into(),
         agent: "lead".into(),
+        new_only: false,
+        remote_parent: None,
     }
 }
 
@@ -322,8 +324,8 @@ fn child_life() -> Vec<Step> {
     ]
 }
 
-/// The second root's life: a step with a child, a server tool and a remote child is cut by a
-/// crash; recovery learns the child finished; the remote child's server stays unreachable
+/// The second root's life, a remote child of a session on another server: a step with a
+/// child, a server tool and a remote child is cut by a crash; recovery learns the child finished; the remote child's server stays unreachable
 /// past the patience and is written off; a resume goes on under the at-most-once rule; the
 /// run completes; an abort.
 fn cut_life() -> Vec<Step> {
@@ -338,8 +340,19 @@ fn cut_life() -> Vec<Step> {
         "s2".to_string(),
         ChildState::Finished(ToolOutcome::Result(json!("dug"))),
     )];
+    // Started by a parent on another server, as its remote child.
+    let remote_start = Input::Execute {
+        run_id: r5,
+        message: "dig".into(),
+        agent: "lead".into(),
+        new_only: true,
+        remote_parent: Some(crate::remote::RemoteParent {
+            parent: id("far-lead"),
+            root: id("far-root"),
+        }),
+    };
     vec![
-        step(CUT, 1, true, execute(r5, "dig")),
+        step(CUT, 1, true, remote_start),
         step(CUT, 2, true, replied(r5, 1, calls)),
         step(CUT, 3, true, Input::Recover),
         step(CUT, 4, true, Input::Reconciled { results: found }),
