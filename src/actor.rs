@@ -251,12 +251,14 @@ impl VirtualActor for SessionActor {
         // The parent of a child that keeps crashing records that as the tool's error. The
         // callback is synchronous and the store's reads are not: a task reads the lineage.
         let (shared, host, id) = (Arc::clone(&self.shared), host.clone(), id.clone());
-        let why =
-            crate::ToolErrorCode::SubAgentFailed.with(format_args!("child {id} failed: {error}"));
+        let why = crate::session::ChildUnavailable::Failed {
+            child: id.clone(),
+            error: error.to_string(),
+        };
         tokio::spawn(async move {
             if let Ok(Some(record)) = schema::load_record(shared.store.as_ref(), &id).await {
                 if let (Some(parent), Some(call)) = (record.parent, record.parent_call) {
-                    send_reports(&host, [Session::cannot_start(&parent, call, why)]);
+                    send_reports(&host, [why.report(&parent, call)]);
                 }
             }
         });

@@ -5,6 +5,7 @@
 
 mod apply_cx;
 mod call_ids;
+mod child_failures;
 mod child_side;
 mod children;
 mod companions;
@@ -21,6 +22,7 @@ mod step;
 mod suspend;
 mod transition;
 
+pub(crate) use self::child_failures::{ChildUnavailable, LostChild};
 pub(crate) use self::child_side::{report_of, stored_state};
 pub(crate) use self::children::{ChildOrigin, ChildStart, ToReconcile};
 pub(crate) use self::core::{duration_ms, Policy, Session, Stored};

@@ -4,6 +4,7 @@
 //! `Effect::StartChild`, `Effect::WakeChildren`), so neither waits on the other.
 
 use super::apply_cx::ApplyCx;
+use super::child_failures::{cannot_start, LostChild};
 use super::children::{ChildKind, ChildStart};
 use super::core::Session;
 use super::{
@@ -12,7 +13,7 @@ use super::{
 };
 use crate::ids::{RunId, SessionId};
 use crate::message::ToolOutcome;
-use crate::tool_error::{ToolErrorCode, ToolFailure};
+use crate::tool_error::ToolErrorCode;
 
 impl Session {
     /// This session's parent starts it as the child of a sub-agent call, or gives a companion
@@ -24,7 +25,7 @@ impl Session {
             // Created for this start: its first run.
             if let Err(error) = self.execute(cx, run_id, start.message) {
                 let why = ToolErrorCode::SubAgentFailed.with(error);
-                cx.push(Self::cannot_start(&origin.parent, origin.tool_call_id, why));
+                cx.push(cannot_start(&origin.parent, origin.tool_call_id, why));
             }
             return;
         }
@@ -34,7 +35,7 @@ impl Session {
                 "{} exists and belongs to another parent",
                 self.record.id
             ));
-            return cx.push(Self::cannot_start(&origin.parent, origin.tool_call_id, why));
+            return cx.push(cannot_start(&origin.parent, origin.tool_call_id, why));
         }
         let ChildKind::Companion { fresh } = start.kind else {
             return self.wake(cx, run_id);
@@ -55,22 +56,7 @@ impl Session {
                 "{} cannot take a new turn: {error}",
                 self.record.id
             ));
-            cx.push(Self::cannot_start(&origin.parent, origin.tool_call_id, why));
-        }
-    }
-
-    /// The effect that tells `parent` its call `tool_call_id` cannot run: the child could not
-    /// be started, so the parent records the error as the call's result instead of waiting
-    /// forever.
-    pub(crate) fn cannot_start(
-        parent: &SessionId,
-        tool_call_id: String,
-        why: ToolFailure,
-    ) -> Effect {
-        Effect::Report {
-            parent: parent.clone(),
-            tool_call_id,
-            report: ChildReport::Finished(why.into()),
+            cx.push(cannot_start(&origin.parent, origin.tool_call_id, why));
         }
     }
 
@@ -139,7 +125,7 @@ impl Session {
             return;
         };
         let why = ToolErrorCode::SubAgentFailed.with(reason);
-        cx.push(Self::cannot_start(parent, call.clone(), why));
+        cx.push(cannot_start(parent, call.clone(), why));
     }
 }
 
@@ -184,9 +170,8 @@ pub(crate) fn stored_state(
     stored: Option<(SessionRecord, Option<RunRecord>, Vec<PendingCall>)>,
 ) -> ChildState {
     let Some((record, run, pending)) = stored else {
-        return ChildState::Interrupted {
-            reason: format!("child_missing: no session {child} is stored"),
-        };
+        let child = child.clone();
+        return LostChild::Missing { child }.state();
     };
     let outcome = RunOutcome {
         session_id: child.clone(),
@@ -208,8 +193,9 @@ pub(crate) fn stored_state(
         // parent re-attaches to an ephemeral child.
         Some(ChildReport::Interrupted(reason)) => ChildState::Interrupted { reason },
         Some(ChildReport::Suspended(waiting)) => ChildState::Suspended { waiting },
-        Some(ChildReport::Crashed) | None => ChildState::Interrupted {
-            reason: format!("child_interrupted: child {child} was cut by a crash"),
-        },
+        Some(ChildReport::Crashed) | None => LostChild::Interrupted {
+            child: child.clone(),
+        }
+        .state(),
     }
 }
