@@ -166,8 +166,8 @@ pub(crate) struct SessionState {
     /// Accepted submits whose commits are in flight (see `submit.rs`).
     inflight: submit::InFlightSubmits,
     /// Children recorded as running when the session was loaded (a crash cut their parent's
-    /// step): reconciled in the background, once.
-    to_reconcile: Vec<(String, SessionId)>,
+    /// step): reconciled in the background, once (inspected here, or watched if remote).
+    to_reconcile: crate::session::ToReconcile,
     /// The background reconciliation is in flight.
     reconciling: bool,
     /// Drivers of remote children started by this actor that have not reported yet: work in
@@ -204,7 +204,7 @@ impl VirtualActor for SessionActor {
             // A snapshot taken before anything runs: children started from now on are never
             // part of it.
             Loaded::Present(session) => session.children_to_reconcile(),
-            _ => Vec::new(),
+            _ => crate::session::ToReconcile::default(),
         };
         tracing::debug!(session = %id, "session.activated");
         Ok(SessionState {
@@ -232,7 +232,8 @@ impl VirtualActor for SessionActor {
             && state.inflight.is_empty()
             && !state.reconciling
             && state.remote_drivers == 0
-            && state.to_reconcile.is_empty()
+            && state.to_reconcile.inspect.is_empty()
+            && state.to_reconcile.watch.is_empty()
             && !matches!(&state.loaded, Loaded::Present(session) if session.is_busy())
     }
 
@@ -250,13 +251,14 @@ impl VirtualActor for SessionActor {
         // The parent of a child that keeps crashing records that as the tool's error. The
         // callback is synchronous and the store's reads are not: a task reads the lineage.
         let (shared, host, id) = (Arc::clone(&self.shared), host.clone(), id.clone());
-        let why =
-            crate::ToolErrorCode::SubAgentFailed.with(format_args!("child {id} failed: {error}"));
+        let why = crate::session::ChildUnavailable::Failed {
+            child: id.clone(),
+            error: error.to_string(),
+        };
         tokio::spawn(async move {
             if let Ok(Some(record)) = schema::load_record(shared.store.as_ref(), &id).await {
                 if let (Some(parent), Some(call)) = (record.parent, record.parent_call) {
-                    let transition = Session::cannot_start(&parent, call, why);
-                    send_reports(&host, transition.effects);
+                    send_reports(&host, [why.report(&parent, call)]);
                 }
             }
         });
@@ -423,13 +425,13 @@ impl SessionActor {
 
     /// A request whose caller waits for a run (an execute, a resume): the caller joins the
     /// session's waiters and is answered when the run ends or suspends (or at once by a
-    /// refusal). `create` is what to create the session with if it does not exist: its agent,
-    /// and for a remote child its parent on another server.
+    /// refusal). `create` is the agent to create the session with if it does not exist (the
+    /// input says the rest: whether only a new session takes it, a remote parent).
     async fn request(
         &self,
         ctx: &ActorContext<Self>,
         state: &mut SessionState,
-        create: Option<Creation>,
+        create: Option<Arc<AgentDefinition>>,
         input: Input,
         reply: Option<Reply>,
     ) {
@@ -442,18 +444,9 @@ impl SessionActor {
         };
         match (self.present(id, state).await, create) {
             (Ok(Some(_)), _) => {}
-            (
-                Ok(None),
-                Some(Creation {
-                    agent,
-                    remote_parent,
-                }),
-            ) => {
+            (Ok(None), Some(agent)) => {
                 let policy = Arc::clone(&self.shared.policy);
-                let mut session = Session::create(id.clone(), agent, policy, now);
-                if let Some(parent) = remote_parent {
-                    session.set_remote_parent(parent);
-                }
+                let session = Session::create(id.clone(), agent, policy, now);
                 state.loaded = Loaded::Present(Box::new(session));
             }
             (Ok(None), None) => return answer(reply, Error::UnknownSession(id.clone())),
@@ -551,10 +544,9 @@ impl SessionActor {
         if walked {
             transition.effects.retain(|effect| match effect {
                 Effect::StopChildren { children, abort } => {
-                    for child in children {
-                        if !stopped.iter().any(|(known, _, _)| known == child) {
-                            let remote = session.children_remote_of(child);
-                            stopped.push((child.clone(), *abort, remote));
+                    for at in children {
+                        if !stopped.iter().any(|(known, _, _)| *known == at.child) {
+                            stopped.push((at.child.clone(), *abort, at.remote.clone()));
                         }
                     }
                     false
@@ -580,12 +572,6 @@ impl SessionActor {
             }
         }
     }
-}
-
-/// What a request creates a session with when it does not exist.
-struct Creation {
-    agent: Arc<AgentDefinition>,
-    remote_parent: Option<crate::remote::RemoteParent>,
 }
 
 /// Work the actor started reports back to it; the actor stays resident while it waits (it
@@ -616,20 +602,14 @@ impl SessionActor {
                 new_only,
                 remote_parent,
             } => {
-                if new_only && matches!(self.present(ctx.key(), state).await, Ok(Some(_))) {
-                    reply.fail(Error::SessionExists(ctx.key().clone()));
-                    return;
-                }
                 let input = Input::Execute {
                     run_id: RunId::generate(),
                     message,
                     agent: agent.name().to_string(),
-                };
-                let create = Creation {
-                    agent,
+                    new_only,
                     remote_parent,
                 };
-                self.request(ctx, state, Some(create), input, Some(reply))
+                self.request(ctx, state, Some(agent), input, Some(reply))
                     .await;
             }
             SessionMsg::Resume { reply } => {
@@ -687,7 +667,8 @@ impl SessionActor {
                 driven,
             } => self.remote_reported(ctx, state, tool_call_id, driven).await,
             SessionMsg::RemoteAnswered { tool_call_id } => {
-                self.remote_answered(ctx, state, tool_call_id).await;
+                self.feed(ctx, state, Input::RemoteAnswered { tool_call_id })
+                    .await;
             }
             SessionMsg::Reconciled(results) => {
                 state.reconciling = false;

@@ -3,7 +3,9 @@
 //! session actor only executes transitions, so every rule here is testable without actors,
 //! sled or time.
 
+mod apply_cx;
 mod call_ids;
+mod child_failures;
 mod child_side;
 mod children;
 mod companions;
@@ -20,8 +22,9 @@ mod step;
 mod suspend;
 mod transition;
 
+pub(crate) use self::child_failures::{ChildUnavailable, LostChild};
 pub(crate) use self::child_side::{report_of, stored_state};
-pub(crate) use self::children::{ChildOrigin, ChildStart};
+pub(crate) use self::children::{ChildOrigin, ChildStart, ToReconcile};
 pub(crate) use self::core::{duration_ms, Policy, Session, Stored};
 pub(crate) use self::input::{ChildReport, FinishedCall, Input};
 pub use outcome::{RunOutcome, RunStarted};
@@ -31,7 +34,7 @@ pub use state::{
 };
 pub use suspend::NOT_APPROVED;
 pub(crate) use suspend::{Submission, Verdict};
-pub(crate) use transition::{Effect, Observation, Transition};
+pub(crate) use transition::{ChildAt, Effect, Observation, RemoteDrive, Transition};
 
 #[cfg(test)]
 mod tests;
@@ -41,6 +44,10 @@ mod tests_call_ids;
 mod tests_children;
 #[cfg(test)]
 mod tests_companions;
+#[cfg(test)]
+mod tests_golden;
+#[cfg(test)]
+mod tests_reach;
 #[cfg(test)]
 mod tests_remote;
 #[cfg(test)]

@@ -80,3 +80,38 @@ async fn start_on_answers_once_started_and_start_resume_finds_a_barrier() -> any
     runtime.shutdown().await?;
     Ok(())
 }
+
+#[tokio::test]
+async fn start_new_starts_a_session_once_and_a_replay_of_it_is_refused_and_runs_nothing(
+) -> anyhow::Result<()> {
+    let script = vec![dormant::ModelReply::text("hello")];
+    let runtime = editor_runtime(
+        temp_store()?,
+        ManualClock::new(0),
+        script,
+        Arc::default(),
+        |b| b,
+    )?;
+    let id: SessionId = "s1".parse()?;
+    let started = runtime.start_new(&id, "editor", "hi").await?;
+    assert_eq!(settles(&runtime, &id, started.from_seq).await?, "run_end");
+    runtime.wait_settled(&id).await;
+    let before = runtime.session(&id).await?;
+    // Replayed (a parent that crashed after its start): refused, and no second turn.
+    let again = runtime.start_new(&id, "editor", "hi").await;
+    assert!(matches!(again, Err(Error::SessionExists(_))), "{again:?}");
+    let after = runtime.session(&id).await?;
+    assert_eq!(
+        (after.run_count, after.chunk_count),
+        (before.run_count, before.chunk_count)
+    );
+    // Read back by a new activation, it is refused as well.
+    runtime.evict(&id).await;
+    let evicted = runtime.start_new(&id, "editor", "hi").await;
+    assert!(
+        matches!(evicted, Err(Error::SessionExists(_))),
+        "{evicted:?}"
+    );
+    runtime.shutdown().await?;
+    Ok(())
+}

@@ -16,10 +16,11 @@ use super::{Loaded, SessionActor, SessionMsg, SessionState};
 use crate::error::Error;
 use crate::ids::{RunId, SessionId};
 use crate::schema;
-use crate::session::{ChildReport, ChildStart, ChildState, Effect, Input, Session};
+use crate::session::{
+    ChildReport, ChildStart, ChildState, ChildUnavailable, Effect, Input, LostChild, Session,
+};
 use crate::shared::Shared;
 use crate::store::Store;
-use crate::tool_error::ToolErrorCode;
 
 impl SessionActor {
     /// Starts the child of a sub-agent call, or gives a companion a new turn, or re-attaches
@@ -50,25 +51,24 @@ impl SessionActor {
                             state.loaded = Loaded::Present(Box::new(session));
                             None
                         }
-                        Err(error) => Some(
-                            ToolErrorCode::SubAgentUnavailable
-                                .with(format_args!("child {id} cannot be owned here: {error}")),
-                        ),
+                        Err(error) => Some(ChildUnavailable::NotOwnedHere {
+                            child: id.clone(),
+                            error: error.to_string(),
+                        }),
                     }
                 }
-                None => Some(
-                    ToolErrorCode::UnknownAgent
-                        .with(format_args!("no agent named {} is defined", start.agent)),
-                ),
+                None => Some(ChildUnavailable::UnknownAgent {
+                    agent: start.agent.clone(),
+                }),
             },
-            Err(error) => Some(
-                ToolErrorCode::SubAgentUnavailable
-                    .with(format_args!("child {id} cannot be read: {error}")),
-            ),
+            Err(error) => Some(ChildUnavailable::Unreadable {
+                child: id.clone(),
+                error: error.to_string(),
+            }),
         };
         if let Some(why) = refused {
-            let told = Session::cannot_start(&start.origin.parent, start.origin.tool_call_id, why);
-            let _ = self.perform(ctx, state, told).await;
+            let told = why.report(&start.origin.parent, start.origin.tool_call_id);
+            self.run_effect(ctx, state, told);
             return;
         }
         let origin = start.origin.clone();
@@ -109,12 +109,12 @@ impl SessionActor {
             return;
         }
         tracing::error!(session = %id, parent = %origin.parent, %reason, "subagent.start_panicked");
-        let why = ToolErrorCode::SubAgentFailed.with(format_args!(
-            "child {id} crashed before its first commit: {reason}"
-        ));
+        let why = ChildUnavailable::CrashedBeforeFirstCommit {
+            child: id.clone(),
+            panic: reason,
+        };
         if let Some(host) = ctx.host() {
-            let told = Session::cannot_start(&origin.parent, origin.tool_call_id, why);
-            send_reports(&host, told.effects);
+            send_reports(&host, [why.report(&origin.parent, origin.tool_call_id)]);
         }
     }
 
@@ -160,20 +160,20 @@ impl SessionActor {
         ctx: &ActorContext<Self>,
         state: &mut SessionState,
     ) {
-        if state.reconciling || state.to_reconcile.is_empty() {
+        let waiting = &state.to_reconcile;
+        if state.reconciling || (waiting.inspect.is_empty() && waiting.watch.is_empty()) {
             return;
         }
         let Some(host) = ctx.host() else {
             return;
         };
-        let (remote, snapshot): (Vec<_>, Vec<_>) = std::mem::take(&mut state.to_reconcile)
-            .into_iter()
-            .partition(|(call, _)| {
-                matches!(&state.loaded, Loaded::Present(session) if session.remote_child(call).is_some())
-            });
+        let crate::session::ToReconcile {
+            inspect: snapshot,
+            watch,
+        } = std::mem::take(&mut state.to_reconcile);
         // A remote child is asked for its status by a driver, which reports like a child.
-        for (call, _) in remote {
-            self.drive_remote(ctx, state, &call, crate::remote::Drive::Watch);
+        for drive in watch {
+            self.drive_remote(ctx, state, drive);
         }
         if snapshot.is_empty() {
             return;
@@ -189,11 +189,9 @@ impl SessionActor {
                 let shared = Arc::clone(&shared);
                 async move {
                     let inspected = tokio::time::timeout(bound, inspect(&host, &shared, &child));
-                    let state = inspected.await.unwrap_or_else(|_| ChildState::Interrupted {
-                        reason: format!(
-                            "inspection_timed_out: child {child} did not answer within {} ms",
-                            bound.as_millis()
-                        ),
+                    let state = inspected.await.unwrap_or_else(|_| {
+                        let after_ms = bound.as_millis();
+                        LostChild::InspectionTimedOut { child, after_ms }.state()
                     });
                     (call, state)
                 }
@@ -215,18 +213,15 @@ pub(super) fn unreachable_child(
     child: &SessionId,
     error: dormant_actors::Error,
 ) {
-    let why = ToolErrorCode::SubAgentFailed.with(format_args!(
-        "child {child} cannot run: {}",
-        super::host_error(error)
-    ));
-    send_reports(
-        host,
-        Session::cannot_start(parent, tool_call_id, why).effects,
-    );
+    let why = ChildUnavailable::CannotRun {
+        child: child.clone(),
+        error: super::host_error(error).to_string(),
+    };
+    send_reports(host, [why.report(parent, tool_call_id)]);
 }
 
 /// Sends the reports among `effects` from a host callback (outside a handler).
-pub(super) fn send_reports(host: &Host<SessionActor>, effects: Vec<Effect>) {
+pub(super) fn send_reports(host: &Host<SessionActor>, effects: impl IntoIterator<Item = Effect>) {
     for effect in effects {
         if let Effect::Report {
             parent,
@@ -253,9 +248,10 @@ async fn inspect(host: &Host<SessionActor>, shared: &Shared, child: &SessionId) 
     let _ = settled.await;
     match read_child(shared.store.as_ref(), child).await {
         Ok(stored) => crate::session::stored_state(child, stored),
-        Err(error) => ChildState::Interrupted {
-            reason: format!("child_unreadable: {error}"),
-        },
+        Err(error) => LostChild::Unreadable {
+            error: error.to_string(),
+        }
+        .state(),
     }
 }
 

@@ -8,10 +8,9 @@ use super::{send_back, Loaded, SessionActor, SessionMsg, SessionState};
 use crate::dispatch::{run_step, StepContext};
 use crate::error::Error;
 use crate::ids::SessionId;
-use crate::remote::Drive;
 use crate::scheduler::SchedulerMsg;
 use crate::schema;
-use crate::session::{Effect, Input, Observation, Transition};
+use crate::session::{ChildAt, Effect, Input, Observation, Transition};
 use crate::stream::{Delta, StreamEvent};
 use crate::Untrusted;
 use tracing::Instrument;
@@ -93,15 +92,10 @@ impl SessionActor {
             Effect::CallModel {
                 run_id,
                 step,
+                after_seq,
                 mut request,
                 skills,
             } => {
-                // Effects run once their commit is durable: the chunks before the reply are
-                // exactly those the session has recorded now.
-                let after_seq = match &state.loaded {
-                    Loaded::Present(session) => session.record().chunk_count,
-                    Loaded::Absent | Loaded::Unreadable => 0,
-                };
                 request.deltas = delta_sink(&self.shared, ctx.key(), run_id, step, after_seq);
                 let llm = Arc::clone(&self.shared.llm);
                 let mailbox = ctx.mailbox();
@@ -156,26 +150,11 @@ impl SessionActor {
                 );
             }
             Effect::StartChild(start) => {
-                let call = start.origin.tool_call_id.clone();
-                let remote = Drive::Start {
-                    message: start.message.clone(),
-                    parent: crate::remote::RemoteParent {
-                        parent: start.origin.parent.clone(),
-                        root: start.origin.root.clone(),
-                    },
-                };
-                if self.drive_remote(ctx, state, &call, remote) {
-                    return;
-                }
                 if let Some(host) = ctx.host() {
                     host.send(start.child.clone(), SessionMsg::StartChild(start));
                 }
             }
             Effect::WakeChildren(children) => {
-                let children: Vec<_> = children
-                    .into_iter()
-                    .filter(|(call, _)| !self.drive_remote(ctx, state, call, Drive::Wake))
-                    .collect();
                 if let Some(host) = ctx.host() {
                     for (tool_call_id, child) in children {
                         let parent = ctx.key().clone();
@@ -190,18 +169,19 @@ impl SessionActor {
                     }
                 }
             }
-            Effect::DriveRemote { call, how } => {
-                self.drive_remote(ctx, state, &call, how);
-            }
+            Effect::DriveRemote(drive) => self.drive_remote(ctx, state, drive),
             Effect::StopChildren { children, abort } => {
-                let remotes = Self::remote_among(state, &children);
-                let children: Vec<_> = children
-                    .into_iter()
-                    .filter(|child| !remotes.iter().any(|(remote, _)| remote == child))
-                    .collect();
+                let mut here = Vec::new();
+                let mut remotes = Vec::new();
+                for ChildAt { child, remote } in children {
+                    match remote {
+                        Some(remote) => remotes.push((child, remote)),
+                        None => here.push(child),
+                    }
+                }
                 self.stop_remotes(remotes, abort);
                 if let Some(host) = ctx.host() {
-                    for child in children {
+                    for child in here {
                         // Nobody waits for the answer: the child reports as its run ends, and
                         // stops its own children.
                         host.send(child, SessionMsg::Stop { abort, reply: None });

@@ -1,63 +1,52 @@
 //! The session actor's side of remote sub-agents: each start, wake or watch of a remote child
 //! runs as a driver task beside the actor (`remote/driver.rs`), whose report comes back as a
-//! message and is fed to the core like a local child's. The actor never waits on a remote.
+//! message and is fed to the core like a local child's. The core decides which children are
+//! remote and hands over all a driver needs ([`RemoteDrive`]); the actor never waits on a
+//! remote.
 
 use std::sync::Arc;
 
 use dormant_actors::ActorContext;
 
-use super::{Loaded, SessionActor, SessionMsg, SessionState};
+use super::{SessionActor, SessionMsg, SessionState};
 use crate::ids::SessionId;
-use crate::remote::{drive, stop_remote, Drive, Driven, RemoteChild};
-use crate::session::Input;
+use crate::remote::{drive, stop_remote, Driven, RemoteChild};
+use crate::session::{Input, RemoteDrive};
 
 impl SessionActor {
-    /// Drives the remote child of call `call`, if the call's child is remote; `false` for a
-    /// local child (the caller sends it the message instead).
+    /// Runs a drive of a remote child as a task beside the actor; its report comes back as a
+    /// message.
     pub(super) fn drive_remote(
         &self,
         ctx: &ActorContext<Self>,
         state: &mut SessionState,
-        call: &str,
-        how: Drive,
-    ) -> bool {
-        let Loaded::Present(session) = &state.loaded else {
-            return false;
-        };
-        let Some((child, remote, forwarded)) = session.remote_child(call) else {
-            return false;
-        };
+        remote: RemoteDrive,
+    ) {
         let Some(host) = ctx.host() else {
-            return true;
+            return;
         };
         let shared = Arc::clone(&self.shared);
         let parent = ctx.key().clone();
-        let tool_call_id = call.to_string();
         // Work in progress until it reports: the session is not settled meanwhile (a caller
         // waiting for the tree to settle waits for the remote too), nor evicted.
         state.remote_drivers += 1;
         tokio::spawn(async move {
+            let RemoteDrive {
+                call,
+                child,
+                remote,
+                forwarded,
+                how,
+            } = remote;
             let driven = drive(shared, child, remote, forwarded, how).await;
             host.send(
                 parent,
                 SessionMsg::RemoteReport {
-                    tool_call_id,
+                    tool_call_id: call,
                     driven,
                 },
             );
         });
-        true
-    }
-
-    /// The remote children among `children`, by id, with where they live.
-    pub(super) fn remote_among(
-        state: &SessionState,
-        children: &[SessionId],
-    ) -> Vec<(SessionId, RemoteChild)> {
-        let Loaded::Present(session) = &state.loaded else {
-            return Vec::new();
-        };
-        session.remote_children(children)
     }
 
     /// Stops remote children in the background (a parent stopping the children its run no
@@ -104,23 +93,6 @@ impl SessionActor {
             }
         }
         self.answer_settle_waiters_if_idle(state);
-    }
-
-    /// An answer for a call under the remote child of `tool_call_id` was accepted at the
-    /// remote: learn where the child stands now (it may have gone on by itself).
-    pub(super) async fn remote_answered(
-        &self,
-        ctx: &ActorContext<Self>,
-        state: &mut SessionState,
-        tool_call_id: String,
-    ) {
-        let unfinished = match self.present(ctx.key(), state).await {
-            Ok(Some(session)) => session.children_entry_unfinished(&tool_call_id),
-            Ok(None) | Err(_) => false,
-        };
-        if unfinished {
-            self.drive_remote(ctx, state, &tool_call_id, Drive::Watch);
-        }
     }
 }
 

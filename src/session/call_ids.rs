@@ -24,6 +24,7 @@
 
 use std::collections::HashSet;
 
+use super::apply_cx::ApplyCx;
 use super::core::Session;
 use super::{Effect, Observation};
 use crate::message::{Message, ToolCall};
@@ -32,7 +33,7 @@ impl Session {
     /// Gives each call of `calls` whose id is empty, or is used by an earlier call of the same
     /// reply, an id of the runtime's own (see the module's documentation), and reports each
     /// change as an observation (the actor logs it).
-    pub(super) fn assign_call_ids(&self, calls: &mut [ToolCall], effects: &mut Vec<Effect>) {
+    pub(super) fn assign_call_ids(&self, cx: &mut ApplyCx, calls: &mut [ToolCall]) {
         // An assigned id must be new to the conversation too (a later reply could not tell it
         // from an earlier call's otherwise).
         let conversation: HashSet<String> = self
@@ -70,7 +71,7 @@ impl Session {
                     assigned = format!("{base}-{n}");
                 }
                 let original = std::mem::replace(&mut call.id, assigned.clone());
-                effects.push(Effect::Observe(Observation::CallIdAssigned {
+                cx.push(Effect::Observe(Observation::CallIdAssigned {
                     original,
                     assigned,
                     reason,

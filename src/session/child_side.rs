@@ -3,32 +3,31 @@
 //! side. Parent and child only ever send each other one-way messages (`Effect::Report`,
 //! `Effect::StartChild`, `Effect::WakeChildren`), so neither waits on the other.
 
+use super::apply_cx::ApplyCx;
+use super::child_failures::{cannot_start, LostChild};
 use super::children::{ChildKind, ChildStart};
 use super::core::Session;
 use super::{
     ChildReport, ChildState, Effect, ErrorCode, PendingCall, RunOutcome, RunRecord, SessionRecord,
-    Status, Transition,
+    Status,
 };
 use crate::ids::{RunId, SessionId};
 use crate::message::ToolOutcome;
-use crate::tool_error::{ToolErrorCode, ToolFailure};
+use crate::tool_error::ToolErrorCode;
 
 impl Session {
     /// This session's parent starts it as the child of a sub-agent call, or gives a companion
     /// a new turn, or re-attaches to either after a crash (the call was replayed): a child
     /// that exists is never started twice for one call.
-    pub(super) fn start_child(&mut self, run_id: RunId, start: ChildStart, now: u64) -> Transition {
+    pub(super) fn start_child(&mut self, cx: &mut ApplyCx, run_id: RunId, start: ChildStart) {
         let origin = start.origin.clone();
         if self.record.log_count == 0 {
             // Created for this start: its first run.
-            return match self.execute(run_id, start.message, now) {
-                Ok(transition) => transition,
-                Err(error) => Self::cannot_start(
-                    &start.origin.parent,
-                    start.origin.tool_call_id,
-                    ToolErrorCode::SubAgentFailed.with(error),
-                ),
-            };
+            if let Err(error) = self.execute(cx, run_id, start.message) {
+                let why = ToolErrorCode::SubAgentFailed.with(error);
+                cx.push(cannot_start(&origin.parent, origin.tool_call_id, why));
+            }
+            return;
         }
         if self.record.parent.as_ref() != Some(&origin.parent) {
             // Ids are concatenations: refuse to take over a session of another tree.
@@ -36,64 +35,37 @@ impl Session {
                 "{} exists and belongs to another parent",
                 self.record.id
             ));
-            return Self::cannot_start(&origin.parent, origin.tool_call_id, why);
+            return cx.push(cannot_start(&origin.parent, origin.tool_call_id, why));
         }
         let ChildKind::Companion { fresh } = start.kind else {
-            return self.wake(run_id, now);
+            return self.wake(cx, run_id);
         };
         if self.record.parent_call.as_ref() == Some(&origin.tool_call_id) {
             // This call started the companion's current turn already (a replay).
-            return self.wake(run_id, now);
+            return self.wake(cx, run_id);
         }
         if self.is_busy() {
             // Its run is still stopping (terminated and spawned again in one reply): the new
             // turn starts once that run settles.
             self.deferred_starts.push(start);
-            return Transition::default();
+            return;
         }
-        match self.consult(
-            run_id,
-            start.message,
-            origin.tool_call_id.clone(),
-            fresh,
-            now,
-        ) {
-            Ok(transition) => transition,
-            Err(error) => {
-                let why = ToolErrorCode::CompanionBusy.with(format_args!(
-                    "{} cannot take a new turn: {error}",
-                    self.record.id
-                ));
-                Self::cannot_start(&origin.parent, origin.tool_call_id, why)
-            }
-        }
-    }
-
-    /// The transition that tells `parent` its call `tool_call_id` cannot run: the child could
-    /// not be started, so the parent records the error as the call's result instead of
-    /// waiting forever.
-    pub(crate) fn cannot_start(
-        parent: &SessionId,
-        tool_call_id: String,
-        why: ToolFailure,
-    ) -> Transition {
-        Transition {
-            commit: None,
-            effects: vec![Effect::Report {
-                parent: parent.clone(),
-                tool_call_id,
-                report: ChildReport::Finished(why.into()),
-            }],
-            verdict: None,
+        let call = origin.tool_call_id.clone();
+        if let Err(error) = self.consult(cx, run_id, start.message, call, fresh) {
+            let why = ToolErrorCode::CompanionBusy.with(format_args!(
+                "{} cannot take a new turn: {error}",
+                self.record.id
+            ));
+            cx.push(cannot_start(&origin.parent, origin.tool_call_id, why));
         }
     }
 
     /// The parent goes on (a resume cascading down, or a re-attach): a suspended or
     /// interrupted session resumes as the run `run_id` (or reports what it still waits on);
     /// any other reports where it stands. A run in progress reports when it settles.
-    pub(super) fn wake(&mut self, run_id: RunId, now: u64) -> Transition {
+    pub(super) fn wake(&mut self, cx: &mut ApplyCx, run_id: RunId) {
         if self.is_busy() {
-            return Transition::default();
+            return;
         }
         let resumable = matches!(
             self.record.status,
@@ -103,18 +75,17 @@ impl Session {
                 | Status::Running
         ) && !self.record.aborted;
         if resumable {
-            if let Ok(transition) = self.resume(run_id, now) {
-                if transition.commit.is_some() || self.is_busy() {
-                    return transition;
-                }
+            // A resume that only answers the barrier (calls still wait) is not taken: this
+            // session reports where it stands instead.
+            let mark = cx.mark();
+            let resumed = self.resume(cx, run_id).is_ok();
+            if resumed && (cx.has_commit() || self.is_busy()) {
+                return;
             }
+            cx.rewind(mark);
         }
         self.release_messages();
-        Transition {
-            commit: None,
-            effects: self.report(now).into_iter().collect(),
-            verdict: None,
-        }
+        cx.extend(self.report(cx.now));
     }
 
     /// What this session tells its parent about where its last run stands (`None` for a root,
@@ -135,38 +106,26 @@ impl Session {
     /// Read back after its actor panicked: a parent whose step waits on this child learns
     /// that the run was cut, and wakes it to go on (the at-most-once rules decide what runs
     /// again; if it keeps crashing, the host fails it).
-    pub(super) fn restarted(&self, now: u64) -> Transition {
-        let effects = self
-            .report(now)
-            .filter(|report| {
-                matches!(
-                    report,
-                    Effect::Report {
-                        report: ChildReport::Crashed,
-                        ..
-                    }
-                )
-            })
-            .into_iter()
-            .collect();
-        Transition {
-            commit: None,
-            effects,
-            verdict: None,
-        }
+    pub(super) fn restarted(&self, cx: &mut ApplyCx) {
+        cx.extend(self.report(cx.now).filter(|report| {
+            matches!(
+                report,
+                Effect::Report {
+                    report: ChildReport::Crashed,
+                    ..
+                }
+            )
+        }));
     }
 
     /// A commit of this session failed: a parent that waits on it records that as the tool's
     /// error (the session itself is read back and its run closed as cut).
-    pub(super) fn commit_failed(&self, reason: &str) -> Transition {
+    pub(super) fn commit_failed(&self, cx: &mut ApplyCx, reason: &str) {
         let (Some(parent), Some(call)) = (&self.record.parent, &self.record.parent_call) else {
-            return Transition::default();
+            return;
         };
-        Self::cannot_start(
-            parent,
-            call.clone(),
-            ToolErrorCode::SubAgentFailed.with(reason),
-        )
+        let why = ToolErrorCode::SubAgentFailed.with(reason);
+        cx.push(cannot_start(parent, call.clone(), why));
     }
 }
 
@@ -211,9 +170,8 @@ pub(crate) fn stored_state(
     stored: Option<(SessionRecord, Option<RunRecord>, Vec<PendingCall>)>,
 ) -> ChildState {
     let Some((record, run, pending)) = stored else {
-        return ChildState::Interrupted {
-            reason: format!("child_missing: no session {child} is stored"),
-        };
+        let child = child.clone();
+        return LostChild::Missing { child }.state();
     };
     let outcome = RunOutcome {
         session_id: child.clone(),
@@ -235,8 +193,9 @@ pub(crate) fn stored_state(
         // parent re-attaches to an ephemeral child.
         Some(ChildReport::Interrupted(reason)) => ChildState::Interrupted { reason },
         Some(ChildReport::Suspended(waiting)) => ChildState::Suspended { waiting },
-        Some(ChildReport::Crashed) | None => ChildState::Interrupted {
-            reason: format!("child_interrupted: child {child} was cut by a crash"),
-        },
+        Some(ChildReport::Crashed) | None => LostChild::Interrupted {
+            child: child.clone(),
+        }
+        .state(),
     }
 }

@@ -7,12 +7,13 @@ use std::collections::HashMap;
 
 use serde_json::Value;
 
+use super::apply_cx::ApplyCx;
 use super::core::{CallSlot, Phase, Session};
-use super::{ChildCall, ChildReport, ChildState, Effect, Transition};
+use super::{ChildAt, ChildCall, ChildReport, ChildState, Effect, RemoteDrive};
 use crate::definition::ToolKind;
 use crate::ids::{RunId, SessionId};
 use crate::message::{ToolCall, ToolOutcome};
-use crate::remote::RemoteChild;
+use crate::remote::{Drive, RemoteChild, RemoteParent};
 use crate::schema::IndexWrite;
 use crate::store::CommitKind;
 use crate::stream::{Chunk, ChunkKind};
@@ -45,6 +46,15 @@ pub(crate) enum ChildKind {
     /// A persistent companion: re-attached to if this call started its current turn, else
     /// given a new turn; `fresh` starts it over (it failed or was terminated).
     Companion { fresh: bool },
+}
+
+/// What recovery reconciles of a session just loaded (see [`Session::children_to_reconcile`]).
+#[derive(Debug, Default)]
+pub(crate) struct ToReconcile {
+    /// Children of this process, by the call that waits on each: inspected in the background.
+    pub(crate) inspect: Vec<(String, SessionId)>,
+    /// Remote children: watched.
+    pub(crate) watch: Vec<RemoteDrive>,
 }
 
 /// A parent's sub-agent calls that have not become tool results yet, keyed by call id.
@@ -182,16 +192,15 @@ impl Session {
     /// exists, to re-attach to it.
     pub(super) fn launch_child(
         &mut self,
+        cx: &mut ApplyCx,
         run_id: RunId,
         call: &ToolCall,
         position: usize,
-        now: u64,
-        effects: &mut Vec<Effect>,
     ) {
         let child = self.record.id.ephemeral_child(&call.id);
         match self.children.by_id.get(&call.id) {
             Some(entry) if entry.state.is_finished() => return,
-            Some(_) => self.wait_again(&call.id),
+            Some(_) => self.wait_again(cx, &call.id),
             None => {
                 let entry = ChildCall {
                     tool_call_id: call.id.clone(),
@@ -199,14 +208,14 @@ impl Session {
                     child: child.clone(),
                     run_id,
                     position: u32::try_from(position).unwrap_or(u32::MAX),
-                    started_at_ms: now,
+                    started_at_ms: cx.now,
                     state: ChildState::Running,
                     forwarded: 0,
                     companion: None,
                     remote: remote_of(&self.agent, &call.name),
                     remote_look: None,
                 };
-                self.record_child_call(entry);
+                self.record_child_call(cx, entry);
             }
         }
         let agent = match self.agent.tool(&call.name).map(|tool| &tool.def.kind) {
@@ -215,7 +224,18 @@ impl Session {
             }
             _ => self.agent.name().to_string(),
         };
-        effects.push(Effect::StartChild(ChildStart {
+        let message = child_message(&call.input).unwrap_or_default();
+        let start = Drive::Start {
+            message: message.clone(),
+            parent: RemoteParent {
+                parent: self.record.id.clone(),
+                root: self.record.root.clone(),
+            },
+        };
+        if let Some(drive) = self.remote_drive(&call.id, start) {
+            return cx.push(Effect::DriveRemote(drive));
+        }
+        cx.push(Effect::StartChild(ChildStart {
             origin: ChildOrigin {
                 parent: self.record.id.clone(),
                 root: self.record.root.clone(),
@@ -224,52 +244,57 @@ impl Session {
             },
             child,
             agent,
-            message: child_message(&call.input).unwrap_or_default(),
+            message,
             kind: super::children::ChildKind::Ephemeral,
         }));
     }
 
     /// Records a new call that waits on a child: its entry, and `subagent_start` on the stream.
-    pub(super) fn record_child_call(&mut self, entry: ChildCall) {
+    pub(super) fn record_child_call(&mut self, cx: &mut ApplyCx, entry: ChildCall) {
         self.stage_chunk(
+            cx,
             entry.run_id,
-            entry.started_at_ms,
             ChunkKind::SubagentStart {
                 session_id: entry.child.to_string(),
                 tool_call_id: entry.tool_call_id.clone(),
             },
         );
-        self.staged.index.push(IndexWrite::PutChild(entry.clone()));
+        cx.staged.index.push(IndexWrite::PutChild(entry.clone()));
         self.children.insert(entry);
     }
 
     /// A call recorded before a crash waits on its child again (the child is re-attached to,
     /// and reports where it stands); a known result stays.
-    pub(super) fn wait_again(&mut self, call_id: &str) {
+    pub(super) fn wait_again(&mut self, cx: &mut ApplyCx, call_id: &str) {
         if let Some(entry) = self.children.by_id.get_mut(call_id) {
             if !entry.state.is_finished() {
                 entry.state = ChildState::Running;
                 let entry = entry.clone();
-                self.staged.index.push(IndexWrite::PutChild(entry));
+                cx.staged.index.push(IndexWrite::PutChild(entry));
             }
         }
     }
 
     /// Removes a finished child's entry and returns its outcome, with `subagent_end` on the
     /// stream; the caller records the outcome as the tool result.
-    pub(super) fn adopt_child(&mut self, run_id: RunId, call_id: &str, now: u64) -> ToolOutcome {
-        self.unroute_remote_calls(call_id);
+    pub(super) fn adopt_child(
+        &mut self,
+        cx: &mut ApplyCx,
+        run_id: RunId,
+        call_id: &str,
+    ) -> ToolOutcome {
+        self.unroute_remote_calls(cx, call_id);
         let Some(entry) = self.children.by_id.remove(call_id) else {
             return ToolErrorCode::SubAgentLost
                 .with(format_args!("the child of call {call_id} is not recorded"))
                 .into();
         };
-        self.staged
+        cx.staged
             .index
             .push(IndexWrite::DeleteChild(entry.tool_call_id.clone()));
         self.stage_chunk(
+            cx,
             run_id,
-            now,
             ChunkKind::SubagentEnd {
                 session_id: entry.child.to_string(),
                 tool_call_id: entry.tool_call_id.clone(),
@@ -291,22 +316,18 @@ impl Session {
 
     /// Stops every child that has not finished and hands back every entry, in call order, for
     /// the caller to record or drop (each still in `children` until adopted or dropped).
-    pub(super) fn release_children(
-        &mut self,
-        abort: bool,
-        effects: &mut Vec<Effect>,
-    ) -> Vec<ChildCall> {
+    pub(super) fn release_children(&self, cx: &mut ApplyCx, abort: bool) -> Vec<ChildCall> {
         let entries = self.children.entries();
         // A companion outlives the calls that wait on it: abandoning the wait leaves it be (an
         // aborted parent terminates its companions separately); an interrupt reaches it.
-        let stopped: Vec<SessionId> = entries
+        let stopped: Vec<ChildAt> = entries
             .iter()
             .filter(|entry| !entry.state.is_finished())
             .filter(|entry| !abort || entry.companion.is_none())
-            .map(|entry| entry.child.clone())
+            .map(|entry| self.child_at(entry.child.clone()))
             .collect();
         if !stopped.is_empty() {
-            effects.push(Effect::StopChildren {
+            cx.push(Effect::StopChildren {
                 children: stopped,
                 abort,
             });
@@ -316,10 +337,10 @@ impl Session {
 
     /// Forgets a child's entry without recording a result (the run was interrupted: the call
     /// is closed as interrupted when the run continues).
-    pub(super) fn drop_child(&mut self, call_id: &str) {
-        self.unroute_remote_calls(call_id);
+    pub(super) fn drop_child(&mut self, cx: &mut ApplyCx, call_id: &str) {
+        self.unroute_remote_calls(cx, call_id);
         if self.children.by_id.remove(call_id).is_some() {
-            self.staged
+            cx.staged
                 .index
                 .push(IndexWrite::DeleteChild(call_id.to_string()));
         }
@@ -330,22 +351,22 @@ impl Session {
     /// from a companion reaches its record and every call that waits on it.
     pub(super) fn child_reported(
         &mut self,
+        cx: &mut ApplyCx,
         call_id: &str,
         report: ChildReport,
         chunks: Vec<Chunk>,
-        now: u64,
-    ) -> Transition {
-        let mut effects = Vec::new();
-        let targets = match self.companion_reported(call_id, &report, &mut effects) {
+    ) {
+        let targets = match self.companion_reported(cx, call_id, &report) {
             Some(companion) => self.children.calls_on(&companion),
             // A report for a call already recorded (a duplicate, or a child woken twice).
-            None if self.children.get(call_id).is_none() => return Transition::default(),
+            None if self.children.get(call_id).is_none() => return,
             None => {
-                self.forward_chunks(call_id, chunks, now);
+                self.forward_chunks(cx, call_id, chunks);
                 vec![call_id.to_string()]
             }
         };
         let mut woken = Vec::new();
+        let mut crashed = Vec::new();
         for target in targets {
             let live = self.waits_on(&target);
             let Some(entry) = self.children.by_id.get_mut(&target) else {
@@ -355,10 +376,7 @@ impl Session {
             if !entry.state.is_finished() {
                 match &report {
                     ChildReport::Crashed if live && entry.companion.is_none() => {
-                        effects.push(Effect::WakeChildren(vec![(
-                            target.clone(),
-                            entry.child.clone(),
-                        )]));
+                        crashed.push((target.clone(), entry.child.clone()));
                     }
                     ChildReport::Crashed => {}
                     ChildReport::Suspended(waiting) => {
@@ -378,12 +396,16 @@ impl Session {
                 woken.push(target);
             }
             let entry = entry.clone();
-            self.staged.index.push(IndexWrite::PutChild(entry));
+            cx.staged.index.push(IndexWrite::PutChild(entry));
+        }
+        // A child its actor's crash cut goes on when woken.
+        for cut in crashed {
+            self.wake_children(cx, vec![cut]);
         }
         let mut kind = CommitKind::Other;
         match &mut self.phase {
             Phase::AwaitingTools { .. } => {
-                if self.settle_if_ready(now, &mut effects) {
+                if self.settle_if_ready(cx) {
                     // The step's results: commit #2, whoever finished last.
                     kind = CommitKind::ToolResults;
                 }
@@ -393,21 +415,21 @@ impl Session {
                 if waking.is_empty() {
                     let run_id = *run_id;
                     self.phase = Phase::Idle;
-                    return self.after_waking(run_id, now, effects);
+                    return self.after_waking(cx, run_id);
                 }
             }
             Phase::Idle | Phase::AwaitingModel { .. } => {
-                if self.policy.auto_resume && self.is_suspended() && !self.any_waiting(now) {
-                    effects.push(Effect::AutoResume);
+                if self.policy.auto_resume && self.is_suspended() && !self.any_waiting(cx.now) {
+                    cx.push(Effect::AutoResume);
                 }
             }
         }
-        self.finish(kind, now, effects)
+        self.finish(cx, kind);
     }
 
     /// Copies a child's chunks not yet forwarded into this stream, between the call's
     /// `subagent_start` and `subagent_end`.
-    fn forward_chunks(&mut self, call_id: &str, chunks: Vec<Chunk>, now: u64) {
+    fn forward_chunks(&mut self, cx: &mut ApplyCx, call_id: &str, chunks: Vec<Chunk>) {
         let Some(entry) = self.children.by_id.get(call_id) else {
             return;
         };
@@ -420,8 +442,8 @@ impl Session {
             }
             forwarded = chunk.seq + 1;
             self.stage_chunk(
+                cx,
                 run_id,
-                now,
                 ChunkKind::Forwarded {
                     session_id: child.to_string(),
                     tool_call_id: call_id.to_string(),
@@ -437,33 +459,22 @@ impl Session {
     /// Whether the step or resume in progress waits for this call's child.
     pub(super) fn waits_on(&self, call_id: &str) -> bool {
         match &self.phase {
-            Phase::AwaitingTools { calls, slots, .. } => calls
-                .iter()
-                .zip(slots)
-                .any(|(call, slot)| call.id == call_id && matches!(slot, CallSlot::Child)),
+            Phase::AwaitingTools { calls, .. } => calls.iter().any(|step_call| {
+                step_call.call.id == call_id && matches!(step_call.slot, CallSlot::Child)
+            }),
             Phase::AwaitingChildren { waking, .. } => waking.iter().any(|id| id == call_id),
             _ => false,
         }
     }
 
     /// Every woken child reported: go on if nothing waits any more, else answer the barrier.
-    pub(super) fn after_waking(
-        &mut self,
-        run_id: RunId,
-        now: u64,
-        effects: Vec<Effect>,
-    ) -> Transition {
-        if self.any_waiting(now) {
-            let mut effects = effects;
-            effects.extend(self.report(now));
-            effects.push(Effect::Settle(self.outcome(now)));
-            return self.finish(CommitKind::Other, now, effects);
+    pub(super) fn after_waking(&mut self, cx: &mut ApplyCx, run_id: RunId) {
+        if self.any_waiting(cx.now) {
+            cx.extend(self.report(cx.now));
+            cx.push(Effect::Settle(self.outcome(cx.now)));
+            return self.finish(cx, CommitKind::Other);
         }
-        let mut transition = self.drain(run_id, now);
-        let mut all = effects;
-        all.append(&mut transition.effects);
-        transition.effects = all;
-        transition
+        self.drain(cx, run_id);
     }
 
     pub(super) fn is_suspended(&self) -> bool {
@@ -490,10 +501,12 @@ impl Session {
     }
 
     /// Children recorded as running when this session was loaded: the set recovery reconciles
-    /// (children started after activation are never part of it).
-    pub(crate) fn children_to_reconcile(&self) -> Vec<(String, SessionId)> {
+    /// (children started after activation are never part of it). Those of this process are
+    /// inspected; a remote one is watched by its driver, which reports like a child.
+    pub(crate) fn children_to_reconcile(&self) -> ToReconcile {
+        let mut reconcile = ToReconcile::default();
         if self.is_busy() {
-            return Vec::new();
+            return reconcile;
         }
         let mut running = self.children.running();
         for (call, child) in self.companions.running() {
@@ -501,7 +514,13 @@ impl Session {
                 running.push((call, child));
             }
         }
-        running
+        for (call, child) in running {
+            match self.remote_drive(&call, Drive::Watch) {
+                Some(drive) => reconcile.watch.push(drive),
+                None => reconcile.inspect.push((call, child)),
+            }
+        }
+        reconcile
     }
 
     /// Where a report naming `call_id` comes from: the child, and from which of its chunks on
@@ -519,29 +538,28 @@ impl Session {
 
     /// Writes the terminal outcomes background recovery found, for entries still marked running
     /// that no step or resume waits on.
-    pub(super) fn reconciled(&mut self, results: Vec<(String, ChildState)>) -> Transition {
+    pub(super) fn reconciled(&mut self, cx: &mut ApplyCx, results: Vec<(String, ChildState)>) {
         let mut changed = false;
         for (call_id, state) in results {
             // A step or resume that waits on the child learns its outcome from its report.
             if self.waits_on(&call_id) {
                 continue;
             }
-            if self.companion_reconciled(&call_id, &state) {
+            if self.companion_reconciled(cx, &call_id, &state) {
                 changed = true;
             }
             if let Some(entry) = self.children.by_id.get_mut(&call_id) {
                 if entry.state == ChildState::Running {
                     entry.state = state;
                     let entry = entry.clone();
-                    self.staged.index.push(IndexWrite::PutChild(entry));
+                    cx.staged.index.push(IndexWrite::PutChild(entry));
                     changed = true;
                 }
             }
         }
-        if !changed {
-            return Transition::default();
+        if changed {
+            self.finish_entries(cx, CommitKind::Other);
         }
-        self.finish_entries(CommitKind::Other, Vec::new())
     }
 }
 

@@ -14,10 +14,11 @@ use std::sync::Arc;
 
 use serde_json::{json, Value};
 
+use super::apply_cx::ApplyCx;
 use super::children::{ChildKind, ChildOrigin, ChildStart};
 use super::core::{CallSlot, Session};
 use super::ChildReport;
-use super::{ChildCall, ChildState, Companion, CompanionStatus, Effect, Status, Transition};
+use super::{ChildAt, ChildCall, ChildState, Companion, CompanionStatus, Effect, Status};
 use crate::definition::{CompanionMode, CompanionTool};
 use crate::error::Error;
 use crate::ids::{RunId, SessionId};
@@ -86,11 +87,10 @@ impl Session {
     /// that waits on the companion) an entry of the sub-agent calls.
     pub(super) fn companion_call(
         &mut self,
+        cx: &mut ApplyCx,
         run_id: RunId,
         call: &ToolCall,
         position: usize,
-        now: u64,
-        effects: &mut Vec<Effect>,
     ) -> CallSlot {
         let Some(tool) = CompanionTool::parse(&call.name, self.agent.persistent_agents()) else {
             return CallSlot::failed(
@@ -102,12 +102,10 @@ impl Session {
             CompanionTool::Status => self
                 .named_companion(&call.input)
                 .map(|companion| companion_json(companion, true)),
-            CompanionTool::Terminate => self.terminate_companion(&call.input, effects),
-            CompanionTool::Wait => {
-                return self.wait_for_companion(run_id, call, position, now, effects)
-            }
+            CompanionTool::Terminate => self.terminate_companion(cx, &call.input),
+            CompanionTool::Wait => return self.wait_for_companion(cx, run_id, call, position),
             CompanionTool::Spawn | CompanionTool::Send => {
-                return self.companion_turn(tool, run_id, call, position, now, effects)
+                return self.companion_turn(cx, tool, run_id, call, position)
             }
         };
         match answer {
@@ -148,18 +146,18 @@ impl Session {
 
     fn terminate_companion(
         &mut self,
+        cx: &mut ApplyCx,
         input: &Value,
-        effects: &mut Vec<Effect>,
     ) -> Result<Value, ToolFailure> {
         let companion = self.named_companion(input)?.clone();
         if companion.status != CompanionStatus::Terminated {
             let mut terminated = companion.clone();
             terminated.status = CompanionStatus::Terminated;
-            self.put_companion(terminated);
+            self.put_companion(cx, terminated);
         }
         // Sent again when the call is re-run after a crash: aborting twice changes nothing.
-        effects.push(Effect::StopChildren {
-            children: vec![companion.child.clone()],
+        cx.push(Effect::StopChildren {
+            children: vec![self.child_at(companion.child.clone())],
             abort: true,
         });
         Ok(json!({ "name": companion.name, "status": "terminated" }))
@@ -169,19 +167,16 @@ impl Session {
     /// waited for like a sub-agent (and suspends the parent while it waits on a person).
     fn wait_for_companion(
         &mut self,
+        cx: &mut ApplyCx,
         run_id: RunId,
         call: &ToolCall,
         position: usize,
-        now: u64,
-        effects: &mut Vec<Effect>,
     ) -> CallSlot {
         if let Some(entry) = self.children.get(&call.id) {
             // Recorded before a crash: ask the companion where it stands again.
-            effects.push(Effect::WakeChildren(vec![(
-                call.id.clone(),
-                entry.child.clone(),
-            )]));
-            self.wait_again(&call.id);
+            let child = entry.child.clone();
+            self.wake_children(cx, vec![(call.id.clone(), child)]);
+            self.wait_again(cx, &call.id);
             return CallSlot::Child;
         }
         let companion = match self.named_companion(&call.input) {
@@ -217,12 +212,9 @@ impl Session {
                 )))
             }
         };
-        self.wait_on_companion(run_id, call, position, &companion, state, now);
+        self.wait_on_companion(cx, run_id, call, position, &companion, state);
         // A companion whose report was lost (or that a crash cut) reports again when woken.
-        effects.push(Effect::WakeChildren(vec![(
-            call.id.clone(),
-            companion.child.clone(),
-        )]));
+        self.wake_children(cx, vec![(call.id.clone(), companion.child.clone())]);
         CallSlot::Child
     }
 
@@ -230,12 +222,11 @@ impl Session {
     /// it failed or was terminated), answered at once or waited for, by its mode.
     fn companion_turn(
         &mut self,
+        cx: &mut ApplyCx,
         tool: CompanionTool,
         run_id: RunId,
         call: &ToolCall,
         position: usize,
-        now: u64,
-        effects: &mut Vec<Effect>,
     ) -> CallSlot {
         let turn = match self.read_turn(tool, call) {
             Ok(turn) => turn,
@@ -266,7 +257,7 @@ impl Session {
                     CompanionStatus::Running | CompanionStatus::Suspended { .. } => {}
                     CompanionStatus::Interrupted => {
                         companion.status = CompanionStatus::Running;
-                        self.put_companion(companion);
+                        self.put_companion(cx, companion);
                     }
                     CompanionStatus::Completed
                     | CompanionStatus::Failed
@@ -275,22 +266,25 @@ impl Session {
             }
         } else {
             let previous = existing.as_ref().filter(|_| !fresh);
-            self.put_companion(Companion {
-                name: turn.name.clone(),
-                agent: turn.agent.clone(),
-                mode: turn.mode,
-                child: child.clone(),
-                status: CompanionStatus::Running,
-                result: None,
-                turn_call: call.id.clone(),
-                turns: previous.map_or(1, |companion| companion.turns + 1),
-                spawned_at_ms: previous.map_or(now, |companion| companion.spawned_at_ms),
-            });
+            self.put_companion(
+                cx,
+                Companion {
+                    name: turn.name.clone(),
+                    agent: turn.agent.clone(),
+                    mode: turn.mode,
+                    child: child.clone(),
+                    status: CompanionStatus::Running,
+                    result: None,
+                    turn_call: call.id.clone(),
+                    turns: previous.map_or(1, |companion| companion.turns + 1),
+                    spawned_at_ms: previous.map_or(cx.now, |companion| companion.spawned_at_ms),
+                },
+            );
         }
         // Sent again when the call is re-run after a crash: the child re-attaches to the
         // turn this call started instead of starting another.
         if restart {
-            effects.push(Effect::StartChild(ChildStart {
+            cx.push(Effect::StartChild(ChildStart {
                 origin: ChildOrigin {
                     parent: self.record.id.clone(),
                     root: self.record.root.clone(),
@@ -330,17 +324,17 @@ impl Session {
             }
             CompanionMode::Blocking => {
                 if self.children.get(&call.id).is_some() {
-                    self.wait_again(&call.id);
+                    self.wait_again(cx, &call.id);
                 } else {
                     let companion = self.companions.by_name.get(&turn.name).cloned();
                     if let Some(companion) = companion {
                         self.wait_on_companion(
+                            cx,
                             run_id,
                             call,
                             position,
                             &companion,
                             ChildState::Running,
-                            now,
                         );
                     }
                 }
@@ -452,12 +446,12 @@ impl Session {
     /// Records a call that waits for `companion` as a sub-agent call entry.
     fn wait_on_companion(
         &mut self,
+        cx: &mut ApplyCx,
         run_id: RunId,
         call: &ToolCall,
         position: usize,
         companion: &Companion,
         state: ChildState,
-        now: u64,
     ) {
         let entry = ChildCall {
             tool_call_id: call.id.clone(),
@@ -465,18 +459,18 @@ impl Session {
             child: companion.child.clone(),
             run_id,
             position: u32::try_from(position).unwrap_or(u32::MAX),
-            started_at_ms: now,
+            started_at_ms: cx.now,
             state,
             forwarded: 0,
             companion: Some(companion.name.clone()),
             remote: None,
             remote_look: None,
         };
-        self.record_child_call(entry);
+        self.record_child_call(cx, entry);
     }
 
-    fn put_companion(&mut self, companion: Companion) {
-        self.staged
+    fn put_companion(&mut self, cx: &mut ApplyCx, companion: Companion) {
+        cx.staged
             .index
             .push(IndexWrite::PutCompanion(companion.clone()));
         self.companions
@@ -488,9 +482,9 @@ impl Session {
     /// stands. Returns the companion's session, or `None` if `call` started no current turn.
     pub(super) fn companion_reported(
         &mut self,
+        cx: &mut ApplyCx,
         call: &str,
         report: &ChildReport,
-        effects: &mut Vec<Effect>,
     ) -> Option<SessionId> {
         let mut companion = self.companions.by_turn_call(call)?.clone();
         let child = companion.child.clone();
@@ -517,19 +511,21 @@ impl Session {
             ChildReport::Crashed => {
                 // Its actor was restarted with the turn cut: waking it goes on with the turn.
                 companion.status = CompanionStatus::Running;
-                effects.push(Effect::WakeChildren(vec![(
-                    call.to_string(),
-                    child.clone(),
-                )]));
+                self.wake_children(cx, vec![(call.to_string(), child.clone())]);
             }
         }
-        self.put_companion(companion);
+        self.put_companion(cx, companion);
         Some(child)
     }
 
     /// Records what recovery learned of a companion still recorded as running, if `call`
     /// started its current turn. Returns whether its record changed.
-    pub(super) fn companion_reconciled(&mut self, call: &str, state: &ChildState) -> bool {
+    pub(super) fn companion_reconciled(
+        &mut self,
+        cx: &mut ApplyCx,
+        call: &str,
+        state: &ChildState,
+    ) -> bool {
         let Some(companion) = self.companions.by_turn_call(call) else {
             return false;
         };
@@ -556,23 +552,23 @@ impl Session {
                 companion.result = Some(ToolErrorCode::CompanionInterrupted.with(reason).into());
             }
         }
-        self.put_companion(companion);
+        self.put_companion(cx, companion);
         true
     }
 
     /// An interrupted parent interrupts its companions that are still working (running, or
     /// waiting on a person), whether or not it waits on them: an interrupt stops the whole
     /// tree. They keep their conversations; a new message continues them.
-    pub(super) fn stop_working_companions(&self, effects: &mut Vec<Effect>) {
-        let working: Vec<SessionId> = self
+    pub(super) fn stop_working_companions(&self, cx: &mut ApplyCx) {
+        let working: Vec<ChildAt> = self
             .companions
             .in_order()
             .into_iter()
             .filter(|companion| companion.status.is_working())
-            .map(|companion| companion.child.clone())
+            .map(|companion| self.child_at(companion.child.clone()))
             .collect();
         if !working.is_empty() {
-            effects.push(Effect::StopChildren {
+            cx.push(Effect::StopChildren {
                 children: working,
                 abort: false,
             });
@@ -580,7 +576,7 @@ impl Session {
     }
 
     /// An aborted parent terminates its companions too.
-    pub(super) fn terminate_companions(&mut self, effects: &mut Vec<Effect>) {
+    pub(super) fn terminate_companions(&mut self, cx: &mut ApplyCx) {
         let live: Vec<Companion> = self
             .companions
             .in_order()
@@ -591,16 +587,16 @@ impl Session {
         if live.is_empty() {
             return;
         }
-        effects.push(Effect::StopChildren {
+        cx.push(Effect::StopChildren {
             children: live
                 .iter()
-                .map(|companion| companion.child.clone())
+                .map(|companion| self.child_at(companion.child.clone()))
                 .collect(),
             abort: true,
         });
         for mut companion in live {
             companion.status = CompanionStatus::Terminated;
-            self.put_companion(companion);
+            self.put_companion(cx, companion);
         }
     }
 
@@ -609,39 +605,35 @@ impl Session {
     /// this session was aborted (terminated) or its last turn failed.
     pub(super) fn consult(
         &mut self,
+        cx: &mut ApplyCx,
         run_id: RunId,
         message: String,
         call: String,
         fresh: bool,
-        now: u64,
-    ) -> Result<Transition, Error> {
+    ) -> Result<(), Error> {
         if self.record.status == Status::Running {
             return Err(Error::AlreadyRunning(self.record.id.clone()));
         }
-        let mut effects = Vec::new();
         if fresh || self.record.aborted || self.record.status == Status::Failed {
-            self.start_fresh(now, &mut effects);
+            self.start_fresh(cx);
         }
         self.record.parent_call = Some(call);
-        let mut transition = self.execute(run_id, message, now)?;
-        effects.append(&mut transition.effects);
-        transition.effects = effects;
-        Ok(transition)
+        self.execute(cx, run_id, message)
     }
 
     /// Starts over: the conversation the model sees, the custom state, waiting calls and
     /// children are dropped (the stored messages stay, behind `history_start`).
-    fn start_fresh(&mut self, now: u64, effects: &mut Vec<Effect>) {
+    fn start_fresh(&mut self, cx: &mut ApplyCx) {
         self.record.aborted = false;
         self.record.interrupt_requested = false;
         self.record.custom_state.clear();
         self.record.history_start = self.record.message_count;
         self.messages = Some(Arc::default());
-        self.drop_pending(now, |_| true);
-        for entry in self.release_children(true, effects) {
-            self.drop_child(&entry.tool_call_id);
+        self.drop_pending(cx, |_| true);
+        for entry in self.release_children(cx, true) {
+            self.drop_child(cx, &entry.tool_call_id);
         }
-        self.terminate_companions(effects);
+        self.terminate_companions(cx);
         self.record.status = Status::Completed;
     }
 }

@@ -1,22 +1,24 @@
-//! The session state machine: its state, the writes it stages, and how runs end. The
-//! transitions live beside it: `step.rs` (the agent loop), `suspend.rs` (pending calls,
-//! submits, timeouts), `resume.rs` (resume, interrupt, abort, abandoning calls).
+//! The session state machine: its state, how runs start and end, and how the writes an apply
+//! staged (in its context, `apply_cx.rs`) become its commit. The transitions live beside it:
+//! `step.rs` (the agent loop), `suspend.rs` (pending calls, submits, timeouts), `resume.rs`
+//! (resume, interrupt, abort, abandoning calls).
 
 use std::sync::Arc;
 
 use serde_json::{Map, Value};
 
+use super::apply_cx::ApplyCx;
 use super::children::{ChildCalls, ChildOrigin, ChildStart};
 use super::companions::Companions;
 use super::pending::PendingCalls;
 use super::{
     ChildCall, Companion, Effect, PendingCall, PendingKind, RunError, RunOutcome, RunRecord,
-    SessionRecord, Status, Transition,
+    SessionRecord, Status,
 };
 use crate::definition::AgentDefinition;
 use crate::ids::{RunId, SessionId};
 use crate::message::{Message, ToolCall, ToolOutcome};
-use crate::schema::{Commit, IndexWrite};
+use crate::schema::Commit;
 use crate::store::CommitKind;
 use crate::stream::{Chunk, ChunkKind};
 use crate::tool_error::ToolFailure;
@@ -82,6 +84,27 @@ pub(super) enum CallSlot {
     Companion,
 }
 
+/// One call of a step: the call, what happens to it, and the custom-state keys its handler
+/// set.
+#[derive(Debug)]
+pub(super) struct StepCall {
+    pub(super) call: ToolCall,
+    pub(super) slot: CallSlot,
+    /// Empty until its tool returns.
+    pub(super) changes: Map<String, Value>,
+}
+
+impl StepCall {
+    /// A call whose tool has not changed any state (yet).
+    pub(super) fn new(call: ToolCall, slot: CallSlot) -> Self {
+        Self {
+            call,
+            slot,
+            changes: Map::new(),
+        }
+    }
+}
+
 /// A call's outcome on its way into the conversation.
 #[derive(Debug)]
 pub(super) struct Outcome {
@@ -131,10 +154,8 @@ pub(super) enum Phase {
     AwaitingTools {
         run_id: RunId,
         step: u32,
-        calls: Vec<ToolCall>,
-        slots: Vec<CallSlot>,
-        /// Custom-state keys each call's handler set.
-        updates: Vec<Map<String, Value>>,
+        /// Every call of the step, in call order.
+        calls: Vec<StepCall>,
         /// The server tools of the step have not returned yet.
         tools_running: bool,
     },
@@ -157,15 +178,6 @@ pub(crate) struct Stored {
     pub(crate) companions: Vec<Companion>,
 }
 
-/// Writes gathered while applying one input; they become the transition's commit.
-#[derive(Debug, Default)]
-pub(super) struct Staged {
-    pub(super) messages: Vec<(u64, Message)>,
-    pub(super) chunks: Vec<Chunk>,
-    pub(super) index: Vec<IndexWrite>,
-    pub(super) run_changed: bool,
-}
-
 /// A session in memory: its durable record, its current run, its pending calls, and its
 /// conversation while a run is in progress.
 #[derive(Debug)]
@@ -184,7 +196,6 @@ pub(crate) struct Session {
     /// the model call in flight; `Arc::make_mut` copies only if that call still holds it.
     pub(super) messages: Option<Arc<Vec<Message>>>,
     pub(super) phase: Phase,
-    pub(super) staged: Staged,
     /// New turns of this companion that arrived while a run was still stopping (a terminate
     /// and a new spawn in one reply): started again once that run settles.
     pub(super) deferred_starts: Vec<ChildStart>,
@@ -235,7 +246,6 @@ impl Session {
             companions: Companions::default(),
             messages: Some(Arc::new(Vec::new())),
             phase: Phase::Idle,
-            staged: Staged::default(),
             deferred_starts: Vec::new(),
             finishing: None,
         }
@@ -274,17 +284,8 @@ impl Session {
             companions: Companions::from_entries(stored.companions),
             messages: None,
             phase: Phase::Idle,
-            staged: Staged::default(),
             deferred_starts: Vec::new(),
             finishing: None,
-        }
-    }
-
-    /// Makes a session not written yet the remote child of `parent` (a session of another
-    /// server), before its first turn.
-    pub(crate) fn set_remote_parent(&mut self, parent: crate::remote::RemoteParent) {
-        if self.record.run_count == 0 {
-            self.record.remote_parent = Some(parent);
         }
     }
 
@@ -325,7 +326,8 @@ impl Session {
     }
 
     /// Starts a run record (an execute, or a resume of `previous`).
-    pub(super) fn start_run(&mut self, run_id: RunId, previous: Option<RunId>, now: u64) {
+    pub(super) fn start_run(&mut self, cx: &mut ApplyCx, run_id: RunId, previous: Option<RunId>) {
+        let now = cx.now;
         let turn = self.record.run_count + 1;
         self.record.run_count = turn;
         self.record.current_run = Some(run_id);
@@ -344,25 +346,20 @@ impl Session {
             error: None,
             usage: Default::default(),
         });
-        self.staged.run_changed = true;
+        cx.staged.run_changed = true;
         let resumes = previous;
-        self.stage_chunk(run_id, now, ChunkKind::RunStart { turn, resumes });
+        self.stage_chunk(cx, run_id, ChunkKind::RunStart { turn, resumes });
     }
 
     /// Ends (or suspends) the current run with `status`.
-    pub(super) fn end_run(
-        &mut self,
-        status: Status,
-        error: Option<RunError>,
-        now: u64,
-        effects: &mut Vec<Effect>,
-    ) {
+    pub(super) fn end_run(&mut self, cx: &mut ApplyCx, status: Status, error: Option<RunError>) {
+        let now = cx.now;
         self.phase = Phase::Idle;
         self.record.status = status;
         self.finishing = None;
         if status == Status::Failed {
             // A failed run drops its own unanswered calls and keeps the answered ones.
-            self.drop_pending(now, |call| call.answer.is_none());
+            self.drop_pending(cx, |call| call.answer.is_none());
         }
         let Some(run) = &mut self.run else {
             return;
@@ -370,7 +367,7 @@ impl Session {
         run.status = status;
         run.ended_at_ms = Some(now);
         run.error = error.clone();
-        self.staged.run_changed = true;
+        cx.staged.run_changed = true;
         let run_id = run.run_id;
         let kind = match status {
             Status::Interrupted => ChunkKind::RunInterrupted { error },
@@ -382,14 +379,12 @@ impl Session {
             }
             _ => ChunkKind::RunEnd { status, error },
         };
-        self.stage_chunk(run_id, now, kind);
+        self.stage_chunk(cx, run_id, kind);
         // The parent hears first, so whoever learns that this run settled finds the parent's
         // reaction already queued; then the companion turns that waited for this run to stop.
-        if let Some(report) = self.report(now) {
-            effects.push(report);
-        }
-        effects.extend(self.deferred_starts.drain(..).map(Effect::StartAgain));
-        effects.push(Effect::Settle(self.outcome(now)));
+        cx.extend(self.report(now));
+        cx.extend(self.deferred_starts.drain(..).map(Effect::StartAgain));
+        cx.push(Effect::Settle(self.outcome(now)));
     }
 
     /// The current run's outcome at `now`.
@@ -419,100 +414,68 @@ impl Session {
         self.run.as_ref().map_or(RunId::NONE, |run| run.run_id)
     }
 
-    pub(super) fn stage_message(&mut self, message: Message) {
+    pub(super) fn stage_message(&mut self, cx: &mut ApplyCx, message: Message) {
         let seq = self.record.message_count;
         self.record.message_count += 1;
         if let Some(messages) = &mut self.messages {
             Arc::make_mut(messages).push(message.clone());
         }
-        self.staged.messages.push((seq, message));
+        cx.staged.messages.push((seq, message));
     }
 
-    pub(super) fn stage_chunk(&mut self, run_id: RunId, now: u64, kind: ChunkKind) {
+    pub(super) fn stage_chunk(&mut self, cx: &mut ApplyCx, run_id: RunId, kind: ChunkKind) {
         let seq = self.record.chunk_count;
         self.record.chunk_count += 1;
-        self.staged.chunks.push(Chunk {
+        cx.staged.chunks.push(Chunk {
             seq,
             run_id,
-            at_ms: now,
+            at_ms: cx.now,
             kind,
         });
     }
 
-    /// A commit of per-call entries only (no snapshot, messages or chunks): it shares no key
-    /// with any other write of the session, so it may land in any order relative to them.
-    pub(super) fn finish_entries(
-        &mut self,
-        kind: CommitKind,
-        mut effects: Vec<Effect>,
-    ) -> Transition {
-        let staged = std::mem::take(&mut self.staged);
-        effects.extend(earliest_deadline(&staged.index));
+    /// Makes the commit of per-call entries only (no snapshot, messages or chunks): it shares
+    /// no key with any other write of the session, so it may land in any order relative to
+    /// them.
+    pub(super) fn finish_entries(&mut self, cx: &mut ApplyCx, kind: CommitKind) {
+        let staged = std::mem::take(&mut cx.staged);
         debug_assert!(
             staged.messages.is_empty() && staged.chunks.is_empty() && !staged.run_changed
         );
-        Transition {
-            commit: Some(Commit {
-                kind,
-                session: self.record.id.clone(),
-                tree: self.record.root.clone(),
-                record: None,
-                log_seq: self.record.log_count,
-                messages: Vec::new(),
-                runs: Vec::new(),
-                chunks: Vec::new(),
-                index: staged.index,
-            }),
-            effects,
-            verdict: None,
-        }
+        cx.commit(Commit {
+            kind,
+            session: self.record.id.clone(),
+            tree: self.record.root.clone(),
+            record: None,
+            log_seq: self.record.log_count,
+            messages: Vec::new(),
+            runs: Vec::new(),
+            chunks: Vec::new(),
+            index: staged.index,
+        });
     }
 
-    /// Turns what was staged into the transition's commit.
-    pub(super) fn finish(
-        &mut self,
-        kind: CommitKind,
-        now: u64,
-        effects: Vec<Effect>,
-    ) -> Transition {
-        self.record.updated_at_ms = now;
-        let staged = std::mem::take(&mut self.staged);
+    /// Makes what was staged the apply's commit, with the record as it is now.
+    pub(super) fn finish(&mut self, cx: &mut ApplyCx, kind: CommitKind) {
+        self.record.updated_at_ms = cx.now;
+        let staged = std::mem::take(&mut cx.staged);
         let runs = match (&self.run, staged.run_changed) {
             (Some(run), true) => vec![run.clone()],
             _ => Vec::new(),
         };
-        let mut effects = effects;
-        effects.extend(earliest_deadline(&staged.index));
         // Every commit with a snapshot appends a log entry: the entry carries the record.
         let log_seq = self.record.log_count;
         self.record.log_count += 1;
-        Transition {
-            commit: Some(Commit {
-                kind,
-                session: self.record.id.clone(),
-                tree: self.record.root.clone(),
-                record: Some(self.record.clone()),
-                log_seq,
-                messages: staged.messages,
-                runs,
-                chunks: staged.chunks,
-                index: staged.index,
-            }),
-            effects,
-            verdict: None,
-        }
+        cx.commit(Commit {
+            kind,
+            session: self.record.id.clone(),
+            tree: self.record.root.clone(),
+            record: Some(self.record.clone()),
+            log_seq,
+            messages: staged.messages,
+            runs,
+            chunks: staged.chunks,
+            index: staged.index,
+        });
     }
-}
-
-/// The scheduler is told of the earliest deadline a commit arms (once it is durable), so that
-/// it can wake earlier than it planned.
-fn earliest_deadline(index: &[IndexWrite]) -> Option<Effect> {
-    index
-        .iter()
-        .filter_map(|write| match write {
-            IndexWrite::PutDeadline { at, .. } => Some(*at),
-            _ => None,
-        })
-        .min()
-        .map(|at| Effect::ArmDeadline { at })
 }

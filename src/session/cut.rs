@@ -11,8 +11,9 @@
 
 use serde_json::Map;
 
-use super::core::{CallSlot, Outcome, Phase, Session};
-use super::{Answer, Effect, ErrorCode, RunError, Status, Transition};
+use super::apply_cx::ApplyCx;
+use super::core::{CallSlot, Outcome, Phase, Session, StepCall};
+use super::{Answer, Effect, ErrorCode, RunError, Status};
 use crate::definition::FINISH_TOOL;
 use crate::ids::RunId;
 use crate::message::{Message, ToolCall};
@@ -74,14 +75,13 @@ impl Session {
     /// again here (a new message, an abort): a dispatched call that is not `safe_to_retry`
     /// gets `tool_durability_error`, an accepted answer is recorded, anything else is closed
     /// as interrupted.
-    pub(super) fn close_dangling_calls(&mut self, now: u64, effects: &mut Vec<Effect>) {
+    pub(super) fn close_dangling_calls(&mut self, cx: &mut ApplyCx) {
         let run_id = self.current_run_id();
         for call in self.dangling_calls() {
             // Without `retry`, every call's slot is `Ready`.
-            if let CallSlot::Ready { outcome, reported } = self.cut_slot(&call, false, now, effects)
-            {
+            if let CallSlot::Ready { outcome, reported } = self.cut_slot(cx, &call, false) {
                 let outcome = Outcome::reported(outcome, reported);
-                self.record_outcome(run_id, call, outcome, now, effects);
+                self.record_outcome(cx, run_id, call, outcome);
             }
         }
     }
@@ -90,41 +90,33 @@ impl Session {
     /// `safe_to_retry` call runs again, any other dispatched call gets
     /// `tool_durability_error`, a call never dispatched becomes pending, a child is
     /// re-attached to), then the loop goes on.
-    pub(super) fn retry_cut_calls(
-        &mut self,
-        run_id: RunId,
-        now: u64,
-        mut effects: Vec<Effect>,
-    ) -> Transition {
+    pub(super) fn retry_cut_calls(&mut self, cx: &mut ApplyCx, run_id: RunId) {
         let cut = self.dangling_calls();
         if cut.is_empty() {
-            self.begin_step(run_id, now, &mut effects);
-            return self.finish(CommitKind::RunStart, now, effects);
+            self.begin_step(cx, run_id);
+            return self.finish(cx, CommitKind::RunStart);
         }
-        let slots = cut
-            .iter()
-            .map(|call| self.cut_slot(call, true, now, &mut effects))
+        let calls = cut
+            .into_iter()
+            .map(|call| {
+                let slot = self.cut_slot(cx, &call, true);
+                StepCall::new(call, slot)
+            })
             .collect();
-        self.dispatch(CommitKind::RunStart, run_id, cut, slots, now, effects)
+        self.dispatch(cx, CommitKind::RunStart, run_id, calls);
     }
 
     /// How a call of the last reply that has no result goes on: with `retry`, when its run is
     /// resumed after a crash; without, when the session moves on without it (everything is
     /// then `Ready`).
-    fn cut_slot(
-        &mut self,
-        call: &ToolCall,
-        retry: bool,
-        now: u64,
-        effects: &mut Vec<Effect>,
-    ) -> CallSlot {
+    fn cut_slot(&mut self, cx: &mut ApplyCx, call: &ToolCall, retry: bool) -> CallSlot {
         if let Some(entry) = self.pending.get(&call.id).cloned() {
             return match &entry.answer {
                 // The resume that drained the approval dispatched the tool.
                 Some(Answer::Approved) => self.dispatched_slot(call, retry),
-                None if entry.is_waiting(now) && retry => CallSlot::Pending(entry.kind),
-                None if entry.is_waiting(now) => cut_before_result(),
-                _ => self.answered_slot(&entry, now, effects),
+                None if entry.is_waiting(cx.now) && retry => CallSlot::Pending(entry.kind),
+                None if entry.is_waiting(cx.now) => cut_before_result(),
+                _ => self.answered_slot(cx, &entry),
             };
         }
         match self.classify(call) {
@@ -154,20 +146,20 @@ impl Session {
     /// outcome now, so nothing the cancelled work would have produced is applied later. A tool
     /// that was running may or may not have taken effect, and its result says so; a child
     /// still working is stopped (aborted with `abort`).
-    pub(super) fn cut_step(&mut self, why: &str, abort: bool, now: u64, effects: &mut Vec<Effect>) {
-        effects.push(Effect::CancelWork);
-        let Phase::AwaitingTools {
-            run_id,
-            calls,
-            slots,
-            updates,
-            ..
-        } = std::mem::replace(&mut self.phase, Phase::Idle)
+    pub(super) fn cut_step(&mut self, cx: &mut ApplyCx, why: &str, abort: bool) {
+        cx.push(Effect::CancelWork);
+        let Phase::AwaitingTools { run_id, calls, .. } =
+            std::mem::replace(&mut self.phase, Phase::Idle)
         else {
             return;
         };
         let mut stopped = Vec::new();
-        for ((call, slot), changes) in calls.into_iter().zip(slots).zip(updates) {
+        for StepCall {
+            call,
+            slot,
+            changes,
+        } in calls
+        {
             let (outcome, reported, changes) = match slot {
                 CallSlot::Ready { outcome, reported } => (outcome, reported, changes),
                 CallSlot::Dispatched => (
@@ -188,10 +180,10 @@ impl Session {
                     if let Some(entry) = self.children.get(&call.id).filter(|_| !finished) {
                         // An aborted parent terminates its companions on its own.
                         if !abort || entry.companion.is_none() {
-                            stopped.push(entry.child.clone());
+                            stopped.push(self.child_at(entry.child.clone()));
                         }
                     }
-                    let adopted = self.adopt_child(run_id, &call.id, now);
+                    let adopted = self.adopt_child(cx, run_id, &call.id);
                     let outcome = if finished {
                         adopted
                     } else {
@@ -214,10 +206,10 @@ impl Session {
                 reported,
                 changes,
             };
-            self.record_outcome(run_id, call, outcome, now, effects);
+            self.record_outcome(cx, run_id, call, outcome);
         }
         if !stopped.is_empty() {
-            effects.push(Effect::StopChildren {
+            cx.push(Effect::StopChildren {
                 children: stopped,
                 abort,
             });
@@ -226,23 +218,21 @@ impl Session {
 
     /// A session found `Running` on activation was cut by a crash (no live actor ran it): its
     /// run is closed as interrupted, and a later `resume` or message goes on from there.
-    pub(super) fn recover_after_crash(&mut self, now: u64) -> Transition {
+    pub(super) fn recover_after_crash(&mut self, cx: &mut ApplyCx) {
         if self.record.status != Status::Running {
-            return Transition::default();
+            return;
         }
-        let mut effects = Vec::new();
         self.end_run(
+            cx,
             Status::Interrupted,
             Some(RunError {
                 code: ErrorCode::Crashed,
                 message: "the process stopped while this run was in progress".into(),
             }),
-            now,
-            &mut effects,
         );
         // Nobody waits for a run of a previous process, and a parent learns of it by its own
         // recovery (or when it wakes this child).
-        effects.retain(|effect| !matches!(effect, Effect::Settle(_) | Effect::Report { .. }));
-        self.finish(CommitKind::RunEnd, now, effects)
+        cx.retain(|effect| !matches!(effect, Effect::Settle(_) | Effect::Report { .. }));
+        self.finish(cx, CommitKind::RunEnd);
     }
 }

@@ -4,28 +4,37 @@
 //! [`Transition`]: the writes to make durable, then the effects, as data.
 //!
 //! Nothing here reads a clock, generates an id or touches a store: `now` and every run id
-//! come in with the input, so the same inputs give the same commits, byte for byte.
+//! come in with the input (`now` is kept in the apply's context, `apply_cx.rs`, for every
+//! handler to read), so the same inputs give the same commits, byte for byte.
 
 use serde_json::{Map, Value};
 
+use super::apply_cx::ApplyCx;
 use super::children::ChildStart;
 use super::core::Session;
+use super::remote_children::ReportPosition;
+use super::step::Outside;
 use super::{ChildState, Submission, Transition};
 use crate::error::Error;
 use crate::ids::RunId;
 use crate::llm::{LlmError, ModelReply};
 use crate::message::ToolOutcome;
+use crate::remote::RemoteParent;
 use crate::stream::Chunk;
 
 /// An input to the state machine.
 #[derive(Debug)]
 pub(crate) enum Input {
     /// A user message from outside: a new session's first run, or a new turn. `agent` is the
-    /// agent the caller asked for.
+    /// agent the caller asked for; with `new_only`, only a session that does not exist yet
+    /// takes it (a remote parent's start, replayed or not); `remote_parent` makes a new
+    /// session the remote child of a session of another server.
     Execute {
         run_id: RunId,
         message: String,
         agent: String,
+        new_only: bool,
+        remote_parent: Option<RemoteParent>,
     },
     /// Continue a suspended or interrupted run as the run `run_id` (a resume while a run is in
     /// progress joins it).
@@ -84,6 +93,9 @@ pub(crate) enum Input {
         as_of: u64,
         watch: bool,
     },
+    /// An answer for a call under the remote child of `tool_call_id` was accepted at the
+    /// remote (the root forwarded it there).
+    RemoteAnswered { tool_call_id: String },
     /// A remote child's server did not answer its driver (after the policy's tries).
     RemoteUnreachable {
         tool_call_id: String,
@@ -97,10 +109,14 @@ impl Input {
     /// Whether handling it may read the conversation (which an idle session keeps on disk
     /// only): the caller loads it first.
     pub(crate) fn needs_conversation(&self) -> bool {
+        // A start only for a new session needs none: a new session has no conversation, and
+        // one that exists refuses it.
         matches!(
             self,
-            Input::Execute { .. }
-                | Input::Resume { .. }
+            Input::Execute {
+                new_only: false,
+                ..
+            } | Input::Resume { .. }
                 | Input::Interrupt
                 | Input::Abort
                 | Input::StartChild { .. }
@@ -132,50 +148,64 @@ pub(crate) struct FinishedCall {
 }
 
 impl Session {
-    /// Applies one input at time `now`: the only way a session's state changes.
+    /// Applies one input at time `now`: the only way a session's state changes. Each handler
+    /// writes what it stages and asks for into one [`ApplyCx`], which becomes the transition.
     ///
     /// # Errors
     /// A refusal that changes nothing and that the caller is answered with (a second
     /// `Execute` while running, an aborted session, a resume with nothing to resume, …).
     pub(crate) fn apply(&mut self, input: Input, now: u64) -> Result<Transition, Error> {
+        let mut cx = ApplyCx::new(now);
+        self.handle(&mut cx, input)?;
+        Ok(cx.into_transition())
+    }
+
+    /// Hands `input` to its handler.
+    fn handle(&mut self, cx: &mut ApplyCx, input: Input) -> Result<(), Error> {
         match input {
             Input::Execute {
                 run_id,
                 message,
                 agent,
-            } => self.execute_from_outside(run_id, message, &agent, now),
-            Input::Resume { run_id } => self.resume(run_id, now),
+                new_only,
+                remote_parent,
+            } => {
+                let outside = Outside {
+                    agent,
+                    new_only,
+                    remote_parent,
+                };
+                self.execute_from_outside(cx, run_id, message, outside)?;
+            }
+            Input::Resume { run_id } => self.resume(cx, run_id)?,
             Input::Submit {
                 tool_call_id,
                 submission,
-            } => Ok(self.submit(&tool_call_id, submission, now)),
-            Input::AnswerLost { tool_call_id } => {
-                self.revert_answer(&tool_call_id);
-                Ok(Transition::default())
-            }
-            Input::Timeout { tool_call_id } => Ok(self.timeout(&tool_call_id, now)),
-            Input::Interrupt => Ok(self.interrupt(now)),
-            Input::Abort => Ok(self.abort(now)),
-            Input::Recover => Ok(self.recover_after_crash(now)),
-            Input::Restarted => Ok(self.restarted(now)),
-            Input::CommitFailed { reason } => Ok(self.commit_failed(&reason)),
+            } => self.submit(cx, &tool_call_id, submission),
+            Input::AnswerLost { tool_call_id } => self.revert_answer(&tool_call_id),
+            Input::Timeout { tool_call_id } => self.timeout(cx, &tool_call_id),
+            Input::Interrupt => self.interrupt(cx),
+            Input::Abort => self.abort(cx),
+            Input::Recover => self.recover_after_crash(cx),
+            Input::Restarted => self.restarted(cx),
+            Input::CommitFailed { reason } => self.commit_failed(cx, &reason),
             Input::ModelReplied {
                 run_id,
                 step,
                 reply,
-            } => Ok(self.model_replied(run_id, step, reply, now)),
+            } => self.model_replied(cx, run_id, step, reply),
             Input::ToolsFinished {
                 run_id,
                 step,
                 outcomes,
-            } => Ok(self.tools_finished(run_id, step, outcomes, now)),
-            Input::StartChild { run_id, start } => Ok(self.start_child(run_id, start, now)),
-            Input::Wake { run_id } => Ok(self.wake(run_id, now)),
+            } => self.tools_finished(cx, run_id, step, outcomes),
+            Input::StartChild { run_id, start } => self.start_child(cx, run_id, start),
+            Input::Wake { run_id } => self.wake(cx, run_id),
             Input::ChildReported {
                 tool_call_id,
                 report,
                 chunks,
-            } => Ok(self.child_reported(&tool_call_id, report, chunks, now)),
+            } => self.child_reported(cx, &tool_call_id, report, chunks),
             Input::RemoteReported {
                 tool_call_id,
                 report,
@@ -184,14 +214,16 @@ impl Session {
                 as_of,
                 watch,
             } => {
-                let position = crate::session::remote_children::ReportPosition { as_of, watch };
-                Ok(self.remote_reported(&tool_call_id, report, chunks, calls, position, now))
+                let position = ReportPosition { as_of, watch };
+                self.remote_reported(cx, &tool_call_id, report, chunks, calls, position);
             }
+            Input::RemoteAnswered { tool_call_id } => self.remote_answered(cx, &tool_call_id),
             Input::RemoteUnreachable {
                 tool_call_id,
                 reason,
-            } => Ok(self.remote_unreachable(&tool_call_id, &reason, now)),
-            Input::Reconciled { results } => Ok(self.reconciled(results)),
+            } => self.remote_unreachable(cx, &tool_call_id, &reason),
+            Input::Reconciled { results } => self.reconciled(cx, results),
         }
+        Ok(())
     }
 }

@@ -2,12 +2,15 @@
 //! local one does (its driver, `remote/driver.rs`, turns the remote's status into the same
 //! report), and in the same commit the calls its tree waits on are recorded on this session's
 //! root with where they live, so that a submit at the root reaches them; calls it no longer
-//! waits on are cleared, with a tombstone (a duplicate answers `already_completed` here).
+//! waits on are cleared, with a tombstone (a duplicate answers `already_completed` here). The
+//! core also decides how each child is reached: a remote child by a driver
+//! ([`Effect::DriveRemote`]), any other in this process, so the actor never asks.
 
+use super::apply_cx::ApplyCx;
 use super::core::Session;
-use super::{ChildReport, ChildState, Transition};
+use super::{ChildAt, ChildReport, ChildState, Effect, RemoteDrive};
 use crate::ids::SessionId;
-use crate::remote::{RemoteCall, RemoteChild, RemoteOwner};
+use crate::remote::{Drive, RemoteCall, RemoteChild, RemoteOwner};
 use crate::schema::IndexWrite;
 use crate::stream::Chunk;
 
@@ -25,20 +28,20 @@ impl Session {
     /// child's stream position `as_of`.
     pub(super) fn remote_reported(
         &mut self,
+        cx: &mut ApplyCx,
         call_id: &str,
         report: ChildReport,
         chunks: Vec<Chunk>,
         calls: Vec<RemoteCall>,
         position: ReportPosition,
-        now: u64,
-    ) -> Transition {
+    ) {
         let Some(entry) = self.children.get(call_id) else {
-            return Transition::default();
+            return;
         };
         // Read before a report this session already acted on, or a watch while a start or a
         // wake of the child is in flight (its own report answers what waits).
         if position.as_of < entry.forwarded || (position.watch && self.waits_on(call_id)) {
-            return Transition::default();
+            return;
         }
         // A resume this session owes the child since its server did not answer: carried out
         // now that it did, if nothing else waits.
@@ -50,11 +53,10 @@ impl Session {
                 ChildReport::Suspended(_) => calls,
                 _ => Vec::new(),
             };
-            self.route_remote_calls(call_id, &child, &remote, &before, after, now);
+            self.route_remote_calls(cx, call_id, &child, &remote, &before, after);
         }
-        let mut transition = self.child_reported(call_id, report, chunks, now);
-        self.resume_if_owed(owed, now, &mut transition);
-        transition
+        self.child_reported(cx, call_id, report, chunks);
+        self.resume_if_owed(cx, owed);
     }
 
     /// Records on the root each call of `after` still waiting as owned through this session's
@@ -62,12 +64,12 @@ impl Session {
     /// the next look at the child for when the remote settles one of them by itself.
     fn route_remote_calls(
         &mut self,
+        cx: &mut ApplyCx,
         call_id: &str,
         child: &SessionId,
         remote: &RemoteChild,
         before: &[String],
         after: Vec<RemoteCall>,
-        now: u64,
     ) {
         // Look at the child by itself when the first of its calls falls due: a timeout there
         // settles it with nobody asking here.
@@ -76,21 +78,21 @@ impl Session {
             .filter_map(RemoteCall::settles_by_itself_at)
             .min();
         let after: Vec<RemoteCall> = after.into_iter().filter(|call| call.waiting).collect();
-        self.look_at_deadline(call_id, due, now);
+        self.look_at_deadline(cx, call_id, due);
         let root = self.record.root.clone();
         for gone in before
             .iter()
             .filter(|id| !after.iter().any(|call| &call.tool_call_id == *id))
         {
-            self.staged.index.push(IndexWrite::DeleteOwnership {
+            cx.staged.index.push(IndexWrite::DeleteOwnership {
                 root: root.clone(),
                 call: gone.clone(),
                 owner: child.clone(),
             });
-            self.staged.index.push(IndexWrite::PutTombstone {
+            cx.staged.index.push(IndexWrite::PutTombstone {
                 root: root.clone(),
                 call: gone.clone(),
-                at: now,
+                at: cx.now,
             });
         }
         for call in after {
@@ -101,7 +103,7 @@ impl Session {
                 remote_root: child.clone(),
                 call,
             };
-            self.staged.index.push(IndexWrite::PutRemoteOwnership {
+            cx.staged.index.push(IndexWrite::PutRemoteOwnership {
                 root: root.clone(),
                 owner: Box::new(owner),
             });
@@ -111,7 +113,7 @@ impl Session {
     /// Clears the root's entries of the calls a remote child's entry still waits on, without
     /// tombstones (its wait was abandoned: an interrupt, an abort): a late submit answers
     /// `unknown_tool_call`, as for a local child's dropped calls.
-    pub(super) fn unroute_remote_calls(&mut self, call_id: &str) {
+    pub(super) fn unroute_remote_calls(&mut self, cx: &mut ApplyCx, call_id: &str) {
         let Some(entry) = self.children.get(call_id) else {
             return;
         };
@@ -120,10 +122,10 @@ impl Session {
         }
         let waiting = waiting_of(&entry.state);
         let child = entry.child.clone();
-        self.set_remote_look(call_id, None);
+        self.set_remote_look(cx, call_id, None);
         let root = self.record.root.clone();
         for call in waiting {
-            self.staged.index.push(IndexWrite::DeleteOwnership {
+            cx.staged.index.push(IndexWrite::DeleteOwnership {
                 root: root.clone(),
                 call,
                 owner: child.clone(),
@@ -131,32 +133,57 @@ impl Session {
         }
     }
 
-    /// The remote child of call `call_id`: its id, where it lives, and how much of its stream
-    /// this session has copied.
-    pub(crate) fn remote_child(&self, call_id: &str) -> Option<(SessionId, RemoteChild, u64)> {
+    /// The drive that does `how` to the child of call `call_id`, if that child is remote.
+    pub(super) fn remote_drive(&self, call_id: &str, how: Drive) -> Option<RemoteDrive> {
         let entry = self.children.get(call_id)?;
-        let remote = entry.remote.clone()?;
-        Some((entry.child.clone(), remote, entry.forwarded))
+        Some(RemoteDrive {
+            call: call_id.to_string(),
+            child: entry.child.clone(),
+            remote: entry.remote.clone()?,
+            forwarded: entry.forwarded,
+            how,
+        })
+    }
+
+    /// Wakes the children of these calls: a remote one through its driver, the others in
+    /// this process.
+    pub(super) fn wake_children(&self, cx: &mut ApplyCx, children: Vec<(String, SessionId)>) {
+        let mut here = Vec::new();
+        for (call, child) in children {
+            match self.remote_drive(&call, Drive::Wake) {
+                Some(drive) => cx.push(Effect::DriveRemote(drive)),
+                None => here.push((call, child)),
+            }
+        }
+        if !here.is_empty() {
+            cx.push(Effect::WakeChildren(here));
+        }
+    }
+
+    /// A child of this session, and where it lives: a remote child is known by where it
+    /// lives even after its entry went (a transition that removes the entry may also stop it).
+    pub(super) fn child_at(&self, child: SessionId) -> ChildAt {
+        let remote = self.children.remote_of(&child).cloned();
+        ChildAt { child, remote }
+    }
+
+    /// An answer for a call under the remote child of `call_id` was accepted at the remote:
+    /// a child that has not finished is watched, to learn where it stands now (it may have
+    /// gone on by itself).
+    pub(super) fn remote_answered(&self, cx: &mut ApplyCx, call_id: &str) {
+        if !self.children_entry_unfinished(call_id) {
+            return;
+        }
+        if let Some(drive) = self.remote_drive(call_id, Drive::Watch) {
+            cx.push(Effect::DriveRemote(drive));
+        }
     }
 
     /// Whether call `call_id` waits on a child that has not finished.
-    pub(crate) fn children_entry_unfinished(&self, call_id: &str) -> bool {
+    fn children_entry_unfinished(&self, call_id: &str) -> bool {
         self.children
             .get(call_id)
             .is_some_and(|entry| !entry.state.is_finished())
-    }
-
-    /// Where remote child `child` of this session lives.
-    pub(crate) fn children_remote_of(&self, child: &SessionId) -> Option<RemoteChild> {
-        self.children.remote_of(child).cloned()
-    }
-
-    /// Where each of `children` lives that is a remote child of this session.
-    pub(crate) fn remote_children(&self, children: &[SessionId]) -> Vec<(SessionId, RemoteChild)> {
-        children
-            .iter()
-            .filter_map(|child| Some((child.clone(), self.children.remote_of(child)?.clone())))
-            .collect()
     }
 }
 

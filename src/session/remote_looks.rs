@@ -4,8 +4,9 @@
 //! again and again until it does or the parent's patience runs out. A look is an entry of
 //! the parent's deadline index (its key names the sub-agent call), so it survives a restart.
 
+use super::apply_cx::ApplyCx;
 use super::core::{Phase, Session};
-use super::{ChildReport, ChildState, Effect, Transition};
+use super::{ChildReport, ChildState, Effect};
 use crate::remote::{Drive, LookReason, RemoteLook, RemoteOrphan};
 use crate::schema::IndexWrite;
 use crate::store::CommitKind;
@@ -19,12 +20,12 @@ const LOOK_MAX_MS: u64 = 60_000;
 impl Session {
     /// Arms the look for when the remote settles a call of the child by itself: at `due`, the
     /// earliest deadline among them (the remote's clock), or nothing to look for.
-    pub(super) fn look_at_deadline(&mut self, call_id: &str, due: Option<u64>, now: u64) {
+    pub(super) fn look_at_deadline(&mut self, cx: &mut ApplyCx, call_id: &str, due: Option<u64>) {
         let look = due.map(|due_ms| RemoteLook {
-            at_ms: next_deadline_look(due_ms, now),
+            at_ms: next_deadline_look(due_ms, cx.now),
             why: LookReason::Deadline { due_ms },
         });
-        self.set_remote_look(call_id, look);
+        self.set_remote_look(cx, call_id, look);
     }
 
     /// A look at a remote child fell due (its entry in the deadline index fired). For a
@@ -32,20 +33,21 @@ impl Session {
     /// child again (and resume it first if a resume of this session asked for that). Either
     /// way the look is armed again in case this one learns nothing; a stale entry (the look
     /// moved, the child no longer waits) does nothing.
-    pub(super) fn remote_look_due(&mut self, call_id: &str, now: u64) -> Transition {
+    pub(super) fn remote_look_due(&mut self, cx: &mut ApplyCx, call_id: &str) {
+        let now = cx.now;
         let Some(entry) = self.children.get(call_id) else {
-            return Transition::default();
+            return;
         };
         let (Some(_), Some(look)) = (&entry.remote, entry.remote_look) else {
-            return Transition::default();
+            return;
         };
         if now < look.at_ms || entry.state.is_finished() {
-            return Transition::default();
+            return;
         }
         let (again, how) = match look.why {
             LookReason::Deadline { due_ms } => {
                 if !matches!(entry.state, ChildState::Suspended { .. }) {
-                    return Transition::default();
+                    return;
                 }
                 let at_ms = next_deadline_look(due_ms, now).max(now.saturating_add(LOOK_MIN_MS));
                 (RemoteLook { at_ms, ..look }, Drive::Watch)
@@ -56,10 +58,11 @@ impl Session {
                 (RemoteLook { at_ms, ..look }, how)
             }
         };
-        self.set_remote_look(call_id, Some(again));
-        self.put_child_entry(call_id);
-        let call = call_id.to_string();
-        self.finish_entries(CommitKind::Other, vec![Effect::DriveRemote { call, how }])
+        self.set_remote_look(cx, call_id, Some(again));
+        self.put_child_entry(cx, call_id);
+        // The entry is a remote child's (checked above): there is a drive.
+        cx.extend(self.remote_drive(call_id, how).map(Effect::DriveRemote));
+        self.finish_entries(cx, CommitKind::Other);
     }
 
     /// A remote child's server did not answer its driver. Within the patience of the
@@ -68,20 +71,16 @@ impl Session {
     /// caller learns the tree still waits) and is carried out once the remote answers. Past
     /// the patience, the child is written off as `remote_subagent_lost`, and recorded to be
     /// stopped there whenever the remote answers again.
-    pub(super) fn remote_unreachable(
-        &mut self,
-        call_id: &str,
-        reason: &str,
-        now: u64,
-    ) -> Transition {
+    pub(super) fn remote_unreachable(&mut self, cx: &mut ApplyCx, call_id: &str, reason: &str) {
+        let now = cx.now;
         let Some(entry) = self.children.get(call_id) else {
-            return Transition::default();
+            return;
         };
         let Some(remote) = entry.remote.clone() else {
-            return Transition::default();
+            return;
         };
         if entry.state.is_finished() {
-            return Transition::default();
+            return;
         }
         let child = entry.child.clone();
         let waking = matches!(&self.phase, Phase::AwaitingChildren { waking, .. } if waking.iter().any(|id| id == call_id));
@@ -97,49 +96,44 @@ impl Session {
                 remote.endpoint,
                 now.saturating_sub(since_ms)
             ));
-            self.unroute_remote_calls(call_id);
-            self.staged.index.push(IndexWrite::PutOrphan(RemoteOrphan {
+            self.unroute_remote_calls(cx, call_id);
+            cx.staged.index.push(IndexWrite::PutOrphan(RemoteOrphan {
                 child,
                 endpoint: remote.endpoint,
                 abort: true,
                 since_ms: now,
             }));
-            let mut transition = self.child_reported(
-                call_id,
-                ChildReport::Finished(outcome.into()),
-                Vec::new(),
-                now,
-            );
-            self.resume_if_owed(wake, now, &mut transition);
-            return transition;
+            let lost = ChildReport::Finished(outcome.into());
+            self.child_reported(cx, call_id, lost, Vec::new());
+            return self.resume_if_owed(cx, wake);
         }
         let look = RemoteLook {
             at_ms: now.saturating_add(self.retry_wait(since_ms, now)),
             why: LookReason::Unreachable { since_ms, wake },
         };
-        self.set_remote_look(call_id, Some(look));
-        self.put_child_entry(call_id);
+        self.set_remote_look(cx, call_id, Some(look));
+        self.put_child_entry(cx, call_id);
         if let Phase::AwaitingChildren { waking, run_id } = &mut self.phase {
             waking.retain(|id| id != call_id);
             if waking.is_empty() {
                 let run_id = *run_id;
                 self.phase = Phase::Idle;
-                return self.after_waking(run_id, now, Vec::new());
+                return self.after_waking(cx, run_id);
             }
         }
-        self.finish_entries(CommitKind::Other, Vec::new())
+        self.finish_entries(cx, CommitKind::Other);
     }
 
     /// A remote child reported after a resume of this session could not reach it: now that
     /// it answered, that resume is carried out if nothing else waits.
-    pub(super) fn resume_if_owed(&self, owed: bool, now: u64, transition: &mut Transition) {
+    pub(super) fn resume_if_owed(&self, cx: &mut ApplyCx, owed: bool) {
         let idle = matches!(self.phase, Phase::Idle);
-        let queued = transition
-            .effects
+        let queued = cx
+            .effects()
             .iter()
             .any(|effect| matches!(effect, Effect::AutoResume));
-        if owed && idle && !queued && self.is_suspended() && !self.any_waiting(now) {
-            transition.effects.push(Effect::AutoResume);
+        if owed && idle && !queued && self.is_suspended() && !self.any_waiting(cx.now) {
+            cx.push(Effect::AutoResume);
         }
     }
 
@@ -161,14 +155,19 @@ impl Session {
     }
 
     /// Stages the child entry of `call_id` as it is now.
-    fn put_child_entry(&mut self, call_id: &str) {
+    fn put_child_entry(&self, cx: &mut ApplyCx, call_id: &str) {
         if let Some(entry) = self.children.get(call_id).cloned() {
-            self.staged.index.push(IndexWrite::PutChild(entry));
+            cx.staged.index.push(IndexWrite::PutChild(entry));
         }
     }
 
     /// Moves the look at the remote child of `call_id` (its deadline entry with it).
-    pub(super) fn set_remote_look(&mut self, call_id: &str, look: Option<RemoteLook>) {
+    pub(super) fn set_remote_look(
+        &mut self,
+        cx: &mut ApplyCx,
+        call_id: &str,
+        look: Option<RemoteLook>,
+    ) {
         let Some(entry) = self.children.get_mut(call_id) else {
             return;
         };
@@ -177,13 +176,13 @@ impl Session {
         }
         let before = std::mem::replace(&mut entry.remote_look, look);
         if let Some(before) = before {
-            self.staged.index.push(IndexWrite::DeleteDeadline {
+            cx.staged.index.push(IndexWrite::DeleteDeadline {
                 at: before.at_ms,
                 call: call_id.to_string(),
             });
         }
         if let Some(look) = look {
-            self.staged.index.push(IndexWrite::PutDeadline {
+            cx.staged.index.push(IndexWrite::PutDeadline {
                 at: look.at_ms,
                 call: call_id.to_string(),
             });

@@ -3,11 +3,11 @@
 
 use serde_json::Value;
 
-use super::core::{CallSlot, Outcome, Phase, Session};
+use super::apply_cx::ApplyCx;
+use super::core::{CallSlot, Outcome, Phase, Session, StepCall};
 use super::suspend::{answer_outcome, timeout_outcome};
 use super::{
     Answer, ChildState, Effect, ErrorCode, Observation, PendingCall, PendingKind, RunError, Status,
-    Transition,
 };
 use crate::error::Error;
 use crate::hooks::HookEvent;
@@ -27,22 +27,19 @@ impl Session {
     /// # Errors
     /// [`Error::Aborted`] for an aborted session, [`Error::NotResumable`] for a session whose
     /// last run completed or failed.
-    pub(super) fn resume(&mut self, run_id: RunId, now: u64) -> Result<Transition, Error> {
+    pub(super) fn resume(&mut self, cx: &mut ApplyCx, run_id: RunId) -> Result<(), Error> {
         if self.record.aborted {
             return Err(Error::Aborted(self.record.id.clone()));
         }
         if self.is_busy() {
-            return Ok(Transition::default());
+            return Ok(());
         }
         match self.record.status {
             Status::Running => Err(Error::AlreadyRunning(self.record.id.clone())),
             Status::SuspendedClientTool | Status::SuspendedAwaitingChildren => {
-                if self.pending.any_waiting(now) {
-                    return Ok(Transition {
-                        commit: None,
-                        effects: vec![Effect::Settle(self.outcome(now))],
-                        verdict: None,
-                    });
+                if self.pending.any_waiting(cx.now) {
+                    cx.push(Effect::Settle(self.outcome(cx.now)));
+                    return Ok(());
                 }
                 let asleep = self.children_to_wake();
                 if !asleep.is_empty() {
@@ -52,13 +49,11 @@ impl Session {
                         waking: asleep.iter().map(|(call, _)| call.clone()).collect(),
                         run_id,
                     };
-                    return Ok(Transition {
-                        commit: None,
-                        effects: vec![Effect::WakeChildren(asleep)],
-                        verdict: None,
-                    });
+                    self.wake_children(cx, asleep);
+                    return Ok(());
                 }
-                Ok(self.drain(run_id, now))
+                self.drain(cx, run_id);
+                Ok(())
             }
             Status::Interrupted => {
                 let previous = self.current_run_id();
@@ -67,15 +62,16 @@ impl Session {
                     .as_ref()
                     .and_then(|run| run.error.as_ref())
                     .is_some_and(|error| error.code == ErrorCode::Crashed);
-                let mut effects = Vec::new();
-                self.start_run(run_id, Some(previous), now);
-                effects.push(self.resumed_hook(run_id, previous));
+                self.start_run(cx, run_id, Some(previous));
+                cx.push(self.resumed_hook(run_id, previous));
                 if crashed {
-                    return Ok(self.retry_cut_calls(run_id, now, effects));
+                    self.retry_cut_calls(cx, run_id);
+                    return Ok(());
                 }
-                self.close_dangling_calls(now, &mut effects);
-                self.begin_step(run_id, now, &mut effects);
-                Ok(self.finish(CommitKind::RunStart, now, effects))
+                self.close_dangling_calls(cx);
+                self.begin_step(cx, run_id);
+                self.finish(cx, CommitKind::RunStart);
+                Ok(())
             }
             status @ (Status::Completed | Status::Failed) => Err(Error::NotResumable {
                 session: self.record.id.clone(),
@@ -92,7 +88,7 @@ impl Session {
     /// then it is the commit of that tool's result. So a crash in between finds the approval
     /// still recorded (the tool was dispatched: the at-most-once rule decides, never a second
     /// approval) and the other answers still there (an accepted answer is never lost).
-    pub(super) fn drain(&mut self, run_id: RunId, now: u64) -> Transition {
+    pub(super) fn drain(&mut self, cx: &mut ApplyCx, run_id: RunId) {
         let previous = self
             .record
             .suspension
@@ -106,51 +102,43 @@ impl Session {
             .as_ref()
             .and_then(|suspension| suspension.finish.clone());
         let text = self.run.as_ref().and_then(|run| run.text.clone());
-        self.start_run(run_id, Some(previous), now);
+        self.start_run(cx, run_id, Some(previous));
         if finish.is_some() {
             self.finishing = finish;
             if let Some(run) = &mut self.run {
                 run.text = text;
             }
         }
-        let mut effects = vec![self.resumed_hook(run_id, previous)];
-        let mut ordered: Vec<(u32, ToolCall, CallSlot)> = self
+        cx.push(self.resumed_hook(run_id, previous));
+        let mut ordered: Vec<(u32, StepCall)> = self
             .children
             .entries()
             .into_iter()
             .map(|entry| {
                 let call = ToolCall::new(entry.tool_call_id, entry.tool_name, Value::Null);
-                (entry.position, call, CallSlot::Child)
+                (entry.position, StepCall::new(call, CallSlot::Child))
             })
             .collect();
         for entry in self.pending.in_order() {
             if self.recorded(&entry) {
                 // A timeout, whose result was recorded when it expired.
                 self.pending.remove(&entry.tool_call_id);
-                self.complete(&entry, now);
+                self.complete(cx, &entry);
                 continue;
             }
-            self.report_decision(run_id, &entry, now);
-            let slot = self.answered_slot(&entry, now, &mut effects);
-            ordered.push((entry.position, entry_call(&entry), slot));
+            self.report_decision(cx, run_id, &entry);
+            let slot = self.answered_slot(cx, &entry);
+            ordered.push((entry.position, StepCall::new(entry_call(&entry), slot)));
         }
         // Children and own calls interleave in the model's reply: restore call order.
-        ordered.sort_by_key(|(position, ..)| *position);
-        let (calls, slots) = ordered
-            .into_iter()
-            .map(|(_, call, slot)| (call, slot))
-            .unzip();
-        self.dispatch(CommitKind::RunStart, run_id, calls, slots, now, effects)
+        ordered.sort_by_key(|(position, _)| *position);
+        let calls = ordered.into_iter().map(|(_, call)| call).collect();
+        self.dispatch(cx, CommitKind::RunStart, run_id, calls);
     }
 
     /// What an answered (or expired) entry's call does on resume: an approved tool runs, any
     /// other answer is the call's result.
-    pub(super) fn answered_slot(
-        &self,
-        entry: &PendingCall,
-        now: u64,
-        effects: &mut Vec<Effect>,
-    ) -> CallSlot {
+    pub(super) fn answered_slot(&self, cx: &mut ApplyCx, entry: &PendingCall) -> CallSlot {
         match (&entry.answer, answer_outcome(entry)) {
             (Some(Answer::Approved), _) => CallSlot::Dispatched,
             // Written by an earlier version, which reported a timeout's outcome on the stream
@@ -165,9 +153,9 @@ impl Session {
             },
             // Expired but not yet swept: the deadline is authoritative.
             _ => {
-                effects.push(Effect::Observe(Observation::TimedOut {
+                cx.push(Effect::Observe(Observation::TimedOut {
                     tool_call_id: entry.tool_call_id.clone(),
-                    lag_ms: now.saturating_sub(entry.deadline_at_ms),
+                    lag_ms: cx.now.saturating_sub(entry.deadline_at_ms),
                 }));
                 CallSlot::Ready {
                     outcome: timeout_outcome(entry),
@@ -185,7 +173,7 @@ impl Session {
 
     /// Puts a person's decision on an approval call on the stream, in the commit that acts on
     /// it (before an approved tool runs), so it can be seen after any crash.
-    fn report_decision(&mut self, run_id: RunId, entry: &PendingCall, now: u64) {
+    fn report_decision(&mut self, cx: &mut ApplyCx, run_id: RunId, entry: &PendingCall) {
         let (approved, reason) = match &entry.answer {
             Some(Answer::Approved) => (true, None),
             Some(Answer::Denied { reason }) => (false, reason.clone()),
@@ -195,8 +183,8 @@ impl Session {
             return;
         }
         self.stage_chunk(
+            cx,
             run_id,
-            now,
             ChunkKind::ToolApprovalResponse {
                 tool_call_id: entry.tool_call_id.clone(),
                 tool_name: entry.tool_name.clone(),
@@ -209,12 +197,12 @@ impl Session {
 
     /// Removes a finished call's entry and ownership and leaves a tombstone on the root, so a
     /// duplicate submit answers `already_completed` for the retention period.
-    pub(super) fn complete(&mut self, entry: &PendingCall, now: u64) {
-        self.unindex(entry);
-        self.staged.index.push(IndexWrite::PutTombstone {
+    pub(super) fn complete(&self, cx: &mut ApplyCx, entry: &PendingCall) {
+        self.unindex(cx, entry);
+        cx.staged.index.push(IndexWrite::PutTombstone {
             root: self.record.root.clone(),
             call: entry.tool_call_id.clone(),
-            at: now,
+            at: cx.now,
         });
     }
 
@@ -228,13 +216,12 @@ impl Session {
 
     /// A new message over pending calls closes each one: answers are kept, unanswered calls get
     /// `client_tool_abandoned`, and all are tombstoned.
-    pub(super) fn abandon_pending(&mut self, now: u64, effects: &mut Vec<Effect>) {
+    pub(super) fn abandon_pending(&mut self, cx: &mut ApplyCx) {
         if self.pending.is_empty() && self.children.is_empty() {
             return;
         }
         let abandoned = self.close_pending(
-            now,
-            effects,
+            cx,
             ToolErrorCode::ClientToolAbandoned
                 .with("approved, but a new message arrived before the tool ran"),
             Some(
@@ -243,7 +230,7 @@ impl Session {
             ),
         );
         if abandoned > 0 {
-            effects.push(Effect::Observe(Observation::Abandoned { count: abandoned }));
+            cx.push(Effect::Observe(Observation::Abandoned { count: abandoned }));
         }
         self.record.suspension = None;
     }
@@ -258,8 +245,7 @@ impl Session {
     /// at-most-once rule.
     fn close_pending(
         &mut self,
-        now: u64,
-        effects: &mut Vec<Effect>,
+        cx: &mut ApplyCx,
         approved: ToolFailure,
         unanswered: Option<ToolFailure>,
     ) -> usize {
@@ -268,40 +254,40 @@ impl Session {
         // Children the run will not wait for are stopped (aborted when abandoned or aborted);
         // those that finished are recorded like answered calls.
         let abort_children = unanswered.is_some() || self.record.aborted;
-        for entry in self.release_children(abort_children, effects) {
+        for entry in self.release_children(cx, abort_children) {
             let outcome = match (&entry.state, &unanswered) {
-                (ChildState::Finished(_), _) => self.adopt_child(run_id, &entry.tool_call_id, now),
+                (ChildState::Finished(_), _) => self.adopt_child(cx, run_id, &entry.tool_call_id),
                 (_, Some(_)) => {
                     count += 1;
-                    self.adopt_child(run_id, &entry.tool_call_id, now);
+                    self.adopt_child(cx, run_id, &entry.tool_call_id);
                     ToolErrorCode::SubAgentAbandoned
                         .with("a new message arrived before the child finished")
                         .into()
                 }
                 (_, None) => {
                     count += 1;
-                    self.drop_child(&entry.tool_call_id);
+                    self.drop_child(cx, &entry.tool_call_id);
                     continue;
                 }
             };
             let call = ToolCall::new(entry.tool_call_id, entry.tool_name, Value::Null);
-            self.record_outcome(run_id, call, Outcome::of(outcome), now, effects);
+            self.record_outcome(cx, run_id, call, Outcome::of(outcome));
         }
         let suspended = self.is_suspended();
         for entry in self.pending.in_order() {
             if self.recorded(&entry) {
                 self.pending.remove(&entry.tool_call_id);
-                self.complete(&entry, now);
+                self.complete(cx, &entry);
                 continue;
             }
             let (outcome, reported) = match (&entry.answer, answer_outcome(&entry)) {
                 (Some(Answer::Approved), _) if !suspended => continue,
                 (Some(Answer::Approved), _) => {
-                    self.report_decision(run_id, &entry, now);
+                    self.report_decision(cx, run_id, &entry);
                     (approved.clone().into(), false)
                 }
                 (Some(answer), Some(outcome)) => {
-                    self.report_decision(run_id, &entry, now);
+                    self.report_decision(cx, run_id, &entry);
                     (outcome, *answer == Answer::TimedOut)
                 }
                 _ => {
@@ -310,7 +296,7 @@ impl Session {
                         Some(error) => (error.clone().into(), false),
                         None => {
                             self.pending.remove(&entry.tool_call_id);
-                            self.unindex(&entry);
+                            self.unindex(cx, &entry);
                             continue;
                         }
                     }
@@ -318,7 +304,7 @@ impl Session {
             };
             let call = entry_call(&entry);
             let outcome = Outcome::reported(outcome, reported);
-            self.record_outcome(run_id, call, outcome, now, effects);
+            self.record_outcome(cx, run_id, call, outcome);
         }
         count
     }
@@ -329,40 +315,38 @@ impl Session {
     /// at once too: its model call and tools in flight are cancelled and each call of its step
     /// gets its outcome (see [`Session::cut_step`]). The children it stopped and its working
     /// companions are interrupted; they keep their conversations.
-    pub(super) fn interrupt(&mut self, now: u64) -> Transition {
-        let mut effects = Vec::new();
+    pub(super) fn interrupt(&mut self, cx: &mut ApplyCx) {
         match self.record.status {
             Status::SuspendedClientTool | Status::SuspendedAwaitingChildren => {
                 // A resume that was waking the children is called off.
                 self.phase = Phase::Idle;
                 let count = self.close_pending(
-                    now,
-                    &mut effects,
+                    cx,
                     ToolErrorCode::Interrupted
                         .with("approved, but the run was interrupted before the tool ran"),
                     None,
                 );
-                effects.push(Effect::Observe(Observation::Aborted { count }));
+                cx.push(Effect::Observe(Observation::Aborted { count }));
                 self.record.suspension = None;
-                self.stop_working_companions(&mut effects);
+                self.stop_working_companions(cx);
                 let error = RunError {
                     code: ErrorCode::Interrupted,
                     message: "interrupted by request while waiting".into(),
                 };
-                self.end_run(Status::Interrupted, Some(error), now, &mut effects);
-                self.finish(CommitKind::Other, now, effects)
+                self.end_run(cx, Status::Interrupted, Some(error));
+                self.finish(cx, CommitKind::Other);
             }
             Status::Running => {
-                self.cut_step("the run was interrupted", false, now, &mut effects);
-                self.stop_working_companions(&mut effects);
+                self.cut_step(cx, "the run was interrupted", false);
+                self.stop_working_companions(cx);
                 let error = RunError {
                     code: ErrorCode::Interrupted,
                     message: "interrupted by request".into(),
                 };
-                self.end_run(Status::Interrupted, Some(error), now, &mut effects);
-                self.finish(CommitKind::RunEnd, now, effects)
+                self.end_run(cx, Status::Interrupted, Some(error));
+                self.finish(cx, CommitKind::RunEnd);
             }
-            _ => Transition::default(),
+            _ => {}
         }
     }
 
@@ -371,31 +355,29 @@ impl Session {
     /// recorded), its children are aborted, its companions terminated, and the session never
     /// runs again. A session whose last run already completed or failed keeps that run as it
     /// was.
-    pub(super) fn abort(&mut self, now: u64) -> Transition {
+    pub(super) fn abort(&mut self, cx: &mut ApplyCx) {
         if self.record.aborted {
-            return Transition::default();
+            return;
         }
         self.record.aborted = true;
-        let mut effects = Vec::new();
         if self.record.status == Status::Running {
-            self.cut_step("the session was aborted", true, now, &mut effects);
+            self.cut_step(cx, "the session was aborted", true);
         }
         self.phase = Phase::Idle;
         let count = self.close_pending(
-            now,
-            &mut effects,
+            cx,
             ToolErrorCode::Aborted
                 .with("approved, but the session was aborted before the tool ran"),
             None,
         );
         if count > 0 {
-            effects.push(Effect::Observe(Observation::Aborted { count }));
+            cx.push(Effect::Observe(Observation::Aborted { count }));
         }
         if self.record.status == Status::Interrupted {
             // Calls a crash cut, an approved tool among them: nothing may stay dispatched.
-            self.close_dangling_calls(now, &mut effects);
+            self.close_dangling_calls(cx);
         }
-        self.terminate_companions(&mut effects);
+        self.terminate_companions(cx);
         self.record.suspension = None;
         match self.record.status {
             // A run that stopped or could go on ends here.
@@ -407,13 +389,13 @@ impl Session {
                     code: ErrorCode::Aborted,
                     message: "aborted: the session was aborted".into(),
                 };
-                self.end_run(Status::Failed, Some(error), now, &mut effects);
+                self.end_run(cx, Status::Failed, Some(error));
             }
             // A run that already ended keeps its record and its one `run_end`: the abort only
             // refuses what would come next.
             Status::Completed | Status::Failed => {}
         }
-        self.finish(CommitKind::Other, now, effects)
+        self.finish(cx, CommitKind::Other);
     }
 }
 

@@ -6,9 +6,10 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value};
 
-use super::core::{CallSlot, Outcome, Phase, Session};
+use super::apply_cx::ApplyCx;
+use super::core::{CallSlot, Outcome, Phase, Session, StepCall};
 use super::FinishedCall;
-use super::{ChildState, Effect, ErrorCode, PendingKind, RunError, Status, Transition};
+use super::{ChildState, Effect, ErrorCode, PendingKind, RunError, Status};
 use crate::definition::{Approval, ToolKind, FINISH_TOOL};
 use crate::error::Error;
 use crate::hooks::HookEvent;
@@ -16,21 +17,43 @@ use crate::ids::RunId;
 use crate::llm::{LlmError, ModelReply, ModelRequest};
 use crate::message::{Message, ToolCall, ToolOutcome};
 use crate::nesting;
+use crate::remote::RemoteParent;
 use crate::store::CommitKind;
 use crate::stream::ChunkKind;
 use crate::tool_error::ToolErrorCode;
 
+/// Who starts a turn from outside, and on what terms (see [`super::Input::Execute`]).
+pub(super) struct Outside {
+    /// The agent the caller asked for.
+    pub(super) agent: String,
+    /// Only if the session does not exist yet.
+    pub(super) new_only: bool,
+    /// The parent on another server that starts it as its remote child.
+    pub(super) remote_parent: Option<RemoteParent>,
+}
+
 impl Session {
-    /// A user message from outside. Only a session's parent starts a sub-agent's turns (its
-    /// bookkeeping of the child would not see one started from outside), and a session runs
-    /// the agent it was created with.
+    /// A user message from outside. A start only for a new session finds one that exists
+    /// refused; a new remote child records its parent on the other server before its first
+    /// turn. Only a session's parent starts a sub-agent's turns (its bookkeeping of the child
+    /// would not see one started from outside), and a session runs the agent it was created
+    /// with.
     pub(super) fn execute_from_outside(
         &mut self,
+        cx: &mut ApplyCx,
         run_id: RunId,
         text: String,
-        agent: &str,
-        now: u64,
-    ) -> Result<Transition, Error> {
+        outside: Outside,
+    ) -> Result<(), Error> {
+        // A session that exists has run: its first commit is its first run's.
+        let exists = self.record.run_count > 0;
+        if outside.new_only && exists {
+            return Err(Error::SessionExists(self.record.id.clone()));
+        }
+        if let (Some(parent), false) = (outside.remote_parent, exists) {
+            self.record.remote_parent = Some(parent);
+        }
+        let agent = outside.agent.as_str();
         if let Some(parent) = &self.record.parent {
             return Err(Error::SubAgentSession {
                 session: self.record.id.clone(),
@@ -52,42 +75,42 @@ impl Session {
                 requested: agent.to_string(),
             });
         }
-        self.execute(run_id, text, now)
+        self.execute(cx, run_id, text)
     }
 
     pub(super) fn execute(
         &mut self,
+        cx: &mut ApplyCx,
         run_id: RunId,
         text: String,
-        now: u64,
-    ) -> Result<Transition, Error> {
+    ) -> Result<(), Error> {
         if self.record.aborted {
             return Err(Error::Aborted(self.record.id.clone()));
         }
         if self.record.status == Status::Running {
             return Err(Error::AlreadyRunning(self.record.id.clone()));
         }
-        let mut effects = Vec::new();
-        self.abandon_pending(now, &mut effects);
-        self.close_dangling_calls(now, &mut effects);
+        self.abandon_pending(cx);
+        self.close_dangling_calls(cx);
         self.record.steps_in_run = 0;
         self.record.interrupt_requested = false;
-        self.start_run(run_id, None, now);
+        self.start_run(cx, run_id, None);
         let message = Message::User { text };
-        self.stage_message(message.clone());
-        effects.push(self.on_message(run_id, message));
-        self.begin_step(run_id, now, &mut effects);
-        Ok(self.finish(CommitKind::RunStart, now, effects))
+        self.stage_message(cx, message.clone());
+        cx.push(self.on_message(run_id, message));
+        self.begin_step(cx, run_id);
+        self.finish(cx, CommitKind::RunStart);
+        Ok(())
     }
 
     /// The top of a step: honour an interrupt or abort, enforce the step limit, ask the model.
-    pub(super) fn begin_step(&mut self, run_id: RunId, now: u64, effects: &mut Vec<Effect>) {
+    pub(super) fn begin_step(&mut self, cx: &mut ApplyCx, run_id: RunId) {
         if self.record.aborted {
             let error = RunError {
                 code: ErrorCode::Aborted,
                 message: "aborted: the session was aborted".into(),
             };
-            self.end_run(Status::Failed, Some(error), now, effects);
+            self.end_run(cx, Status::Failed, Some(error));
             return;
         }
         if self.record.interrupt_requested {
@@ -96,7 +119,7 @@ impl Session {
                 code: ErrorCode::Interrupted,
                 message: "interrupted by request".into(),
             };
-            self.end_run(Status::Interrupted, Some(error), now, effects);
+            self.end_run(cx, Status::Interrupted, Some(error));
             return;
         }
         let max_steps = self.agent.max_steps();
@@ -105,7 +128,7 @@ impl Session {
                 code: ErrorCode::MaxSteps,
                 message: format!("max_steps: the run used all {max_steps} of its steps"),
             };
-            self.end_run(Status::Failed, Some(error), now, effects);
+            self.end_run(cx, Status::Failed, Some(error));
             return;
         }
         self.record.steps_in_run += 1;
@@ -115,9 +138,12 @@ impl Session {
         }
         self.phase = Phase::AwaitingModel { run_id, step };
         let messages = self.messages.get_or_insert_with(Arc::default);
-        effects.push(Effect::CallModel {
+        cx.push(Effect::CallModel {
             run_id,
             step,
+            // Nothing is staged after the model is asked for: these are the chunks the commit
+            // leaves recorded.
+            after_seq: self.record.chunk_count,
             request: ModelRequest {
                 session_id: self.record.id.clone(),
                 agent: self.agent.name().to_string(),
@@ -140,18 +166,17 @@ impl Session {
 
     pub(super) fn model_replied(
         &mut self,
+        cx: &mut ApplyCx,
         run_id: RunId,
         step: u32,
         reply: Result<ModelReply, LlmError>,
-        now: u64,
-    ) -> Transition {
+    ) {
         if !matches!(self.phase, Phase::AwaitingModel { run_id: r, step: s } if r == run_id && s == step)
         {
             // A late answer for a run that has since ended (or a previous incarnation's).
-            return Transition::default();
+            return;
         }
         self.phase = Phase::Idle;
-        let mut effects = Vec::new();
         let reply = reply.and_then(|reply| self.bounded_reply(reply));
         if let Some(run) = &mut self.run {
             let (usage, success) = match &reply {
@@ -159,7 +184,7 @@ impl Session {
                 Err(_) => (None, false),
             };
             run.usage.record_model(step, usage, success);
-            self.staged.run_changed = true;
+            cx.staged.run_changed = true;
         }
         let mut reply = match reply {
             Ok(reply) => reply,
@@ -175,14 +200,14 @@ impl Session {
                     code,
                     message: error.to_string(),
                 };
-                self.end_run(Status::Failed, Some(error), now, &mut effects);
-                return self.finish(CommitKind::RunEnd, now, effects);
+                self.end_run(cx, Status::Failed, Some(error));
+                return self.finish(cx, CommitKind::RunEnd);
             }
         };
         // Before anything records a call: from here on each call's id is unique.
-        self.assign_call_ids(&mut reply.tool_calls, &mut effects);
+        self.assign_call_ids(cx, &mut reply.tool_calls);
         if let Some(text) = &reply.text {
-            self.stage_chunk(run_id, now, ChunkKind::Text { text: text.clone() });
+            self.stage_chunk(cx, run_id, ChunkKind::Text { text: text.clone() });
             if let Some(run) = &mut self.run {
                 run.text = Some(text.clone());
             }
@@ -191,35 +216,35 @@ impl Session {
             text: reply.text,
             tool_calls: reply.tool_calls.clone(),
         };
-        self.stage_message(message.clone());
-        effects.push(self.on_message(run_id, message));
+        self.stage_message(cx, message.clone());
+        cx.push(self.on_message(run_id, message));
         let calls = reply.tool_calls;
         if calls.is_empty() {
-            self.end_run(Status::Completed, None, now, &mut effects);
-            return self.finish(CommitKind::RunEnd, now, effects);
+            self.end_run(cx, Status::Completed, None);
+            return self.finish(cx, CommitKind::RunEnd);
         }
-        let mut slots = Vec::with_capacity(calls.len());
-        for call in &calls {
+        let mut step_calls = Vec::with_capacity(calls.len());
+        for call in calls {
             self.stage_chunk(
+                cx,
                 run_id,
-                now,
                 ChunkKind::ToolStart {
                     tool_call_id: call.id.clone(),
                     tool_name: call.name.clone(),
                     input: call.input.clone(),
                 },
             );
-            let slot = self.classify(call);
+            let slot = self.classify(&call);
             // Every call gets the whole hook sequence, even one answered on the spot.
-            effects.push(Effect::Hook(HookEvent::BeforeTool {
+            cx.push(Effect::Hook(HookEvent::BeforeTool {
                 session: self.record.id.clone(),
                 run_id,
                 call: call.clone(),
             }));
-            slots.push(slot);
+            step_calls.push(StepCall::new(call, slot));
         }
         // With nothing to run between commit #1 and commit #2, one commit carries both.
-        self.dispatch(CommitKind::ToolCalls, run_id, calls, slots, now, effects)
+        self.dispatch(cx, CommitKind::ToolCalls, run_id, step_calls);
     }
 
     /// Decides how a call is carried out: run by the runtime, made pending, or answered at once
@@ -273,63 +298,60 @@ impl Session {
 
     pub(super) fn tools_finished(
         &mut self,
+        cx: &mut ApplyCx,
         run_id: RunId,
         step: u32,
         outcomes: Vec<FinishedCall>,
-        now: u64,
-    ) -> Transition {
+    ) {
         let Phase::AwaitingTools {
             run_id: r,
             step: s,
             calls,
-            slots,
-            updates,
             tools_running,
         } = &mut self.phase
         else {
-            return Transition::default();
+            return;
         };
         if *r != run_id || *s != step || !*tools_running {
             // A late answer for a step that has since ended (or a previous incarnation's).
-            return Transition::default();
+            return;
         }
         *tools_running = false;
         for finished in outcomes {
-            let index = calls.iter().zip(slots.iter()).position(|(call, slot)| {
-                call.id == finished.tool_call_id && matches!(slot, CallSlot::Dispatched)
+            let dispatched = calls.iter_mut().find(|step_call| {
+                step_call.call.id == finished.tool_call_id
+                    && matches!(step_call.slot, CallSlot::Dispatched)
             });
-            if let Some(index) = index {
+            if let Some(step_call) = dispatched {
                 let limit = self.policy.max_json_depth;
                 let (outcome, changes) =
-                    bounded_result(&calls[index], finished.outcome, finished.updates, limit);
-                slots[index] = CallSlot::Ready {
+                    bounded_result(&step_call.call, finished.outcome, finished.updates, limit);
+                step_call.slot = CallSlot::Ready {
                     outcome,
                     reported: false,
                 };
-                updates[index] = changes;
+                step_call.changes = changes;
             }
         }
-        let mut effects = Vec::new();
-        self.settle_if_ready(now, &mut effects);
-        self.finish(CommitKind::ToolResults, now, effects)
+        self.settle_if_ready(cx);
+        self.finish(cx, CommitKind::ToolResults);
     }
 
     /// Settles the step in progress once its server tools have returned and each of its
     /// children has finished or suspended. Returns whether it settled.
-    pub(super) fn settle_if_ready(&mut self, now: u64, effects: &mut Vec<Effect>) -> bool {
+    pub(super) fn settle_if_ready(&mut self, cx: &mut ApplyCx) -> bool {
         let ready = match &self.phase {
             Phase::AwaitingTools {
                 calls,
-                slots,
                 tools_running,
                 ..
             } => {
                 !*tools_running
-                    && calls.iter().zip(slots).all(|(call, slot)| {
-                        !matches!(slot, CallSlot::Child)
+                    && calls.iter().all(|step_call| {
+                        !matches!(step_call.slot, CallSlot::Child)
                             || self
                                 .children
-                                .get(&call.id)
+                                .get(&step_call.call.id)
                                 .is_none_or(|entry| entry.state != ChildState::Running)
                     })
             }
@@ -339,29 +361,25 @@ impl Session {
             return false;
         }
         let Phase::AwaitingTools {
-            run_id,
-            calls,
-            mut slots,
-            updates,
-            ..
+            run_id, mut calls, ..
         } = std::mem::replace(&mut self.phase, Phase::Idle)
         else {
             return false;
         };
-        for (call, slot) in calls.iter().zip(slots.iter_mut()) {
-            let finished = matches!(slot, CallSlot::Child)
+        for step_call in &mut calls {
+            let finished = matches!(step_call.slot, CallSlot::Child)
                 && self
                     .children
-                    .get(&call.id)
+                    .get(&step_call.call.id)
                     .is_none_or(|entry| entry.state.is_finished());
             if finished {
-                *slot = CallSlot::Ready {
-                    outcome: self.adopt_child(run_id, &call.id, now),
+                step_call.slot = CallSlot::Ready {
+                    outcome: self.adopt_child(cx, run_id, &step_call.call.id),
                     reported: false,
                 };
             }
         }
-        self.settle_step(run_id, calls, slots, updates, now, effects);
+        self.settle_step(cx, run_id, calls);
         true
     }
 
@@ -370,34 +388,31 @@ impl Session {
     /// client calls, approvals and refusals), the step settles in this same commit.
     pub(super) fn dispatch(
         &mut self,
+        cx: &mut ApplyCx,
         kind: CommitKind,
         run_id: RunId,
-        calls: Vec<ToolCall>,
-        mut slots: Vec<CallSlot>,
-        now: u64,
-        mut effects: Vec<Effect>,
-    ) -> Transition {
+        mut calls: Vec<StepCall>,
+    ) {
         // The step in progress (a resume goes on with the step its run was suspended in).
         let step = self.record.steps_in_run;
         let (sequential, parallel): (Vec<ToolCall>, Vec<ToolCall>) = calls
             .iter()
-            .zip(&slots)
-            .filter(|(_, slot)| matches!(slot, CallSlot::Dispatched))
-            .map(|(call, _)| call.clone())
+            .filter(|step_call| matches!(step_call.slot, CallSlot::Dispatched))
+            .map(|step_call| step_call.call.clone())
             .partition(|call| self.finishes_run(call));
         // Companion calls have their own phase, in call order, before the children start.
-        for (position, (call, slot)) in calls.iter().zip(slots.iter_mut()).enumerate() {
-            match slot {
+        for (position, step_call) in calls.iter_mut().enumerate() {
+            match step_call.slot {
                 CallSlot::Companion => {
-                    *slot = self.companion_call(run_id, call, position, now, &mut effects);
+                    step_call.slot = self.companion_call(cx, run_id, &step_call.call, position);
                 }
-                CallSlot::Child => self.launch_child(run_id, call, position, now, &mut effects),
+                CallSlot::Child => self.launch_child(cx, run_id, &step_call.call, position),
                 _ => {}
             }
         }
         let tools_running = !(parallel.is_empty() && sequential.is_empty());
         if tools_running {
-            effects.push(Effect::RunTools {
+            cx.push(Effect::RunTools {
                 agent: Arc::clone(&self.agent),
                 run_id,
                 step,
@@ -406,34 +421,23 @@ impl Session {
                 state: Arc::new(Value::Object(self.record.custom_state.clone())),
             });
         }
-        let updates = vec![Map::new(); calls.len()];
         self.phase = Phase::AwaitingTools {
             run_id,
             step,
             calls,
-            slots,
-            updates,
             tools_running,
         };
-        self.settle_if_ready(now, &mut effects);
-        self.finish(kind, now, effects)
+        self.settle_if_ready(cx);
+        self.finish(cx, kind);
     }
 
     /// Records every call of a step whose outcomes are known (or that became pending), then
     /// ends the run, suspends it, or begins the next step.
-    pub(super) fn settle_step(
-        &mut self,
-        run_id: RunId,
-        calls: Vec<ToolCall>,
-        slots: Vec<CallSlot>,
-        updates: Vec<Map<String, Value>>,
-        now: u64,
-        effects: &mut Vec<Effect>,
-    ) {
-        let finisher = calls.iter().zip(&slots).position(|(call, slot)| {
-            self.finishes_run(call)
+    pub(super) fn settle_step(&mut self, cx: &mut ApplyCx, run_id: RunId, calls: Vec<StepCall>) {
+        let finisher = calls.iter().position(|step_call| {
+            self.finishes_run(&step_call.call)
                 && matches!(
-                    slot,
+                    step_call.slot,
                     CallSlot::Ready {
                         outcome: ToolOutcome::Result(_),
                         ..
@@ -444,8 +448,14 @@ impl Session {
         // with the finisher's value.
         let mut output = self.finishing.take();
         let mut pending = 0u32;
-        for (index, ((call, slot), changes)) in
-            calls.into_iter().zip(slots).zip(updates).enumerate()
+        for (
+            index,
+            StepCall {
+                call,
+                slot,
+                changes,
+            },
+        ) in calls.into_iter().enumerate()
         {
             let (outcome, reported) = match slot {
                 CallSlot::Ready { outcome, reported } => (outcome, reported),
@@ -457,7 +467,7 @@ impl Session {
                 ),
                 CallSlot::Pending(kind) => {
                     let position = u32::try_from(index).unwrap_or(u32::MAX);
-                    self.make_pending(run_id, call, kind, position, now, effects);
+                    self.make_pending(cx, run_id, call, kind, position);
                     pending += 1;
                     continue;
                 }
@@ -478,7 +488,7 @@ impl Session {
                             .get(&call.id)
                             .is_some_and(|entry| entry.companion.is_some()) =>
                 {
-                    (self.adopt_child(run_id, &call.id, now), false)
+                    (self.adopt_child(cx, run_id, &call.id), false)
                 }
                 CallSlot::Child => {
                     pending += 1;
@@ -495,19 +505,19 @@ impl Session {
                 reported,
                 changes,
             };
-            self.record_outcome(run_id, call, outcome, now, effects);
+            self.record_outcome(cx, run_id, call, outcome);
         }
         if let (Some(value), true) = (&output, pending > 0) {
-            self.suspend(run_id, Some(value.clone()), now, effects);
+            self.suspend(cx, run_id, Some(value.clone()));
         } else if let Some(value) = output {
             if let Some(run) = &mut self.run {
                 run.output = Some(value);
             }
-            self.end_run(Status::Completed, None, now, effects);
+            self.end_run(cx, Status::Completed, None);
         } else if pending > 0 {
-            self.suspend(run_id, None, now, effects);
+            self.suspend(cx, run_id, None);
         } else {
-            self.begin_step(run_id, now, effects);
+            self.begin_step(cx, run_id);
         }
     }
 
@@ -516,16 +526,15 @@ impl Session {
     /// stays until its result is recorded so that a crash in between finds it.
     pub(super) fn record_outcome(
         &mut self,
+        cx: &mut ApplyCx,
         run_id: RunId,
         call: ToolCall,
         outcome: Outcome,
-        now: u64,
-        effects: &mut Vec<Effect>,
     ) {
         let entry = self.pending.remove(&call.id);
-        self.record_result(run_id, call, outcome, now, effects);
+        self.record_result(cx, run_id, call, outcome);
         if let Some(entry) = entry {
-            self.complete(&entry, now);
+            self.complete(cx, &entry);
         }
     }
 
@@ -533,11 +542,10 @@ impl Session {
     /// was reported already, its `tool_end` chunk and the hooks in their documented order.
     pub(super) fn record_result(
         &mut self,
+        cx: &mut ApplyCx,
         run_id: RunId,
         call: ToolCall,
         outcome: Outcome,
-        now: u64,
-        effects: &mut Vec<Effect>,
     ) {
         let Outcome {
             value: outcome,
@@ -552,20 +560,20 @@ impl Session {
             // last write its run record gets (a resume starts a new run).
             run.usage
                 .record_tool(&call.id, &call.name, !outcome.is_error());
-            self.staged.run_changed = true;
+            cx.staged.run_changed = true;
         }
         let message = Message::Tool {
             tool_call_id: call.id.clone(),
             tool_name: call.name.clone(),
             outcome: outcome.clone(),
         };
-        self.stage_message(message.clone());
+        self.stage_message(cx, message.clone());
         if reported {
             return;
         }
         self.stage_chunk(
+            cx,
             run_id,
-            now,
             ChunkKind::ToolEnd {
                 tool_call_id: call.id.clone(),
                 tool_name: call.name.clone(),
@@ -574,16 +582,16 @@ impl Session {
         );
         if let Some(name) = loaded_skill(&call, &outcome) {
             let tool_call_id = call.id.clone();
-            self.stage_chunk(run_id, now, ChunkKind::SkillLoaded { tool_call_id, name });
+            self.stage_chunk(cx, run_id, ChunkKind::SkillLoaded { tool_call_id, name });
         }
-        effects.push(Effect::Hook(HookEvent::OnStateChange {
+        cx.push(Effect::Hook(HookEvent::OnStateChange {
             session: self.record.id.clone(),
             run_id,
             tool_call_id: call.id.clone(),
             updates: changes,
         }));
-        effects.push(self.on_message(run_id, message));
-        effects.push(Effect::Hook(HookEvent::AfterTool {
+        cx.push(self.on_message(run_id, message));
+        cx.push(Effect::Hook(HookEvent::AfterTool {
             session: self.record.id.clone(),
             run_id,
             tool_call_id: call.id,

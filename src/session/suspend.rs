@@ -3,10 +3,9 @@
 
 use serde_json::Value;
 
+use super::apply_cx::ApplyCx;
 use super::core::{Outcome, Session};
-use super::{
-    Answer, Effect, Observation, PendingCall, PendingKind, Status, Suspension, Transition,
-};
+use super::{Answer, Effect, Observation, PendingCall, PendingKind, Status, Suspension};
 use crate::definition::ToolKind;
 use crate::hooks::HookEvent;
 use crate::ids::RunId;
@@ -53,13 +52,13 @@ impl Session {
     /// staged for commit #2.
     pub(super) fn make_pending(
         &mut self,
+        cx: &mut ApplyCx,
         run_id: RunId,
         call: ToolCall,
         kind: PendingKind,
         position: u32,
-        now: u64,
-        effects: &mut Vec<Effect>,
     ) {
+        let now = cx.now;
         let tool_timeout = match self.agent.tool(&call.name).map(|tool| &tool.def.kind) {
             Some(ToolKind::Client { timeout_ms }) => *timeout_ms,
             _ => None,
@@ -81,8 +80,8 @@ impl Session {
         };
         if kind == PendingKind::Approval {
             self.stage_chunk(
+                cx,
                 run_id,
-                now,
                 ChunkKind::ToolApprovalRequest {
                     tool_call_id: entry.tool_call_id.clone(),
                     tool_name: entry.tool_name.clone(),
@@ -91,22 +90,20 @@ impl Session {
                 },
             );
         }
-        self.staged.index.push(IndexWrite::PutDeadline {
+        cx.staged.index.push(IndexWrite::PutDeadline {
             at: entry.deadline_at_ms,
             call: entry.tool_call_id.clone(),
         });
         // A root owns its own calls without an entry: the router finds them in its pending
         // entries, which saves a write on suspension and another on completion.
         if !self.owns_as_root() {
-            self.staged.index.push(IndexWrite::PutOwnership {
+            cx.staged.index.push(IndexWrite::PutOwnership {
                 root: self.record.root.clone(),
                 call: entry.tool_call_id.clone(),
             });
         }
-        self.staged
-            .index
-            .push(IndexWrite::PutPending(entry.clone()));
-        effects.push(Effect::Observe(Observation::Suspended {
+        cx.staged.index.push(IndexWrite::PutPending(entry.clone()));
+        cx.push(Effect::Observe(Observation::Suspended {
             tool_call_id: entry.tool_call_id.clone(),
             tool_name: entry.tool_name.clone(),
             deadline_at_ms: entry.deadline_at_ms,
@@ -118,12 +115,11 @@ impl Session {
     /// value of a `finish_with` call of the step that waits for them (`finish`).
     pub(super) fn suspend(
         &mut self,
+        cx: &mut ApplyCx,
         run_id: RunId,
         finish: Option<serde_json::Value>,
-        now: u64,
-        effects: &mut Vec<Effect>,
     ) {
-        effects.push(Effect::Hook(HookEvent::AgentSuspended {
+        cx.push(Effect::Hook(HookEvent::AgentSuspended {
             session: self.record.id.clone(),
             run_id,
             tool_call_ids: self.pending.ids(),
@@ -134,49 +130,44 @@ impl Session {
         } else {
             Status::SuspendedClientTool
         };
-        self.end_run(status, None, now, effects);
+        self.end_run(cx, status, None);
     }
 
     /// Applies a submitted answer to pending call `call_id`: the transition's verdict says
     /// what the session decided. The first accepted answer wins; an accepted answer's commit
     /// writes only the call's own entries.
-    pub(super) fn submit(&mut self, call_id: &str, submission: Submission, now: u64) -> Transition {
-        let decided = |verdict: Verdict, transition: Transition| Transition {
-            verdict: Some(verdict),
-            ..transition
-        };
+    pub(super) fn submit(&mut self, cx: &mut ApplyCx, call_id: &str, submission: Submission) {
+        let now = cx.now;
         let Some(entry) = self.pending.get(call_id) else {
-            return decided(Verdict::NotPending, Transition::default());
+            return cx.decide(Verdict::NotPending);
         };
         if entry.answer.is_some() {
-            return decided(Verdict::AlreadyCompleted, Transition::default());
+            return cx.decide(Verdict::AlreadyCompleted);
         }
         if now >= entry.deadline_at_ms {
             // The deadline is authoritative: record the timeout now if the scheduler has not.
-            let transition = self.timeout(call_id, now);
-            return decided(Verdict::AlreadyCompleted, transition);
+            self.timeout(cx, call_id);
+            return cx.decide(Verdict::AlreadyCompleted);
         }
         let answer = match self.check_submission(entry, submission) {
             Ok(answer) => answer,
-            Err(verdict) => return decided(verdict, Transition::default()),
+            Err(verdict) => return cx.decide(verdict),
         };
         let wait_ms = now.saturating_sub(entry.requested_at_ms);
         let has_error = matches!(answer, Answer::Error(_) | Answer::Denied { .. });
-        let mut effects = vec![Effect::Observe(Observation::Answered {
+        cx.push(Effect::Observe(Observation::Answered {
             tool_call_id: call_id.to_string(),
             wait_ms,
             has_error,
-        })];
+        }));
         // The outcome is reported on the stream when the resume records it: a submit writes
         // only its own entry, so concurrent submits to one session never wait on each other.
-        self.record_answer(call_id, answer, now);
+        self.record_answer(cx, call_id, answer);
         if self.policy.auto_resume && !self.any_waiting(now) {
-            effects.push(Effect::AutoResume);
+            cx.push(Effect::AutoResume);
         }
-        decided(
-            Verdict::Accepted,
-            self.finish_entries(CommitKind::Other, effects),
-        )
+        self.finish_entries(cx, CommitKind::Other);
+        cx.decide(Verdict::Accepted);
     }
 
     /// Checks a submission against its call: kind binding, approval id, output schema.
@@ -245,18 +236,18 @@ impl Session {
     }
 
     /// Stores the answer in the entry and removes its deadline.
-    fn record_answer(&mut self, call_id: &str, answer: Answer, now: u64) {
+    fn record_answer(&mut self, cx: &mut ApplyCx, call_id: &str, answer: Answer) {
         let Some(entry) = self.pending.get_mut(call_id) else {
             return;
         };
         entry.answer = Some(answer);
-        entry.answered_at_ms = Some(now);
+        entry.answered_at_ms = Some(cx.now);
         let entry = entry.clone();
-        self.staged.index.push(IndexWrite::DeleteDeadline {
+        cx.staged.index.push(IndexWrite::DeleteDeadline {
             at: entry.deadline_at_ms,
             call: entry.tool_call_id.clone(),
         });
-        self.staged.index.push(IndexWrite::PutPending(entry));
+        cx.staged.index.push(IndexWrite::PutPending(entry));
     }
 
     /// Records that call `call_id` expired without an answer. Does nothing if it was answered
@@ -269,30 +260,31 @@ impl Session {
     /// The entry stays, answered `TimedOut`, until the resume clears it (so a duplicate
     /// answers `already_completed` and the tombstone's retention counts from the resume); the
     /// resume records nothing more for it.
-    pub(super) fn timeout(&mut self, call_id: &str, now: u64) -> Transition {
+    pub(super) fn timeout(&mut self, cx: &mut ApplyCx, call_id: &str) {
+        let now = cx.now;
         let Some(entry) = self.pending.get(call_id).cloned() else {
             // Not a call of this session: a look at a remote child that fell due, if any.
-            return self.remote_look_due(call_id, now);
+            return self.remote_look_due(cx, call_id);
         };
         if entry.answer.is_some() || now < entry.deadline_at_ms {
-            return Transition::default();
+            return;
         }
-        self.record_answer(call_id, Answer::TimedOut, now);
-        let mut effects = vec![Effect::Observe(Observation::TimedOut {
+        self.record_answer(cx, call_id, Answer::TimedOut);
+        cx.push(Effect::Observe(Observation::TimedOut {
             tool_call_id: entry.tool_call_id.clone(),
             lag_ms: now.saturating_sub(entry.deadline_at_ms),
-        })];
+        }));
         let call = ToolCall::new(
             entry.tool_call_id.clone(),
             entry.tool_name.clone(),
             entry.input.clone(),
         );
         let outcome = timeout_outcome(&entry);
-        self.record_result(entry.run_id, call, Outcome::of(outcome), now, &mut effects);
+        self.record_result(cx, entry.run_id, call, Outcome::of(outcome));
         if self.policy.auto_resume && !self.any_waiting(now) {
-            effects.push(Effect::AutoResume);
+            cx.push(Effect::AutoResume);
         }
-        self.finish(CommitKind::Other, now, effects)
+        self.finish(cx, CommitKind::Other);
     }
 
     /// Forgets an answer whose commit failed: the call waits again (its deadline entry was
@@ -306,28 +298,35 @@ impl Session {
 
     /// Removes the calls that match `which` (entries, deadlines, ownership), without tombstones:
     /// a late submit for them answers `unknown_tool_call`. Returns how many were unanswered.
-    pub(super) fn drop_pending(&mut self, now: u64, which: impl Fn(&PendingCall) -> bool) -> usize {
+    pub(super) fn drop_pending(
+        &mut self,
+        cx: &mut ApplyCx,
+        which: impl Fn(&PendingCall) -> bool,
+    ) -> usize {
         let dropped = self.pending.take_where(which);
-        let unanswered = dropped.iter().filter(|call| call.is_waiting(now)).count();
+        let unanswered = dropped
+            .iter()
+            .filter(|call| call.is_waiting(cx.now))
+            .count();
         for call in dropped {
-            self.unindex(&call);
+            self.unindex(cx, &call);
         }
         unanswered
     }
 
     /// Stages the removal of a call's entry, deadline (if still armed) and ownership.
-    pub(super) fn unindex(&mut self, call: &PendingCall) {
+    pub(super) fn unindex(&self, cx: &mut ApplyCx, call: &PendingCall) {
         if call.answer.is_none() {
-            self.staged.index.push(IndexWrite::DeleteDeadline {
+            cx.staged.index.push(IndexWrite::DeleteDeadline {
                 at: call.deadline_at_ms,
                 call: call.tool_call_id.clone(),
             });
         }
-        self.staged
+        cx.staged
             .index
             .push(IndexWrite::DeletePending(call.tool_call_id.clone()));
         if !self.owns_as_root() {
-            self.staged.index.push(IndexWrite::DeleteOwnership {
+            cx.staged.index.push(IndexWrite::DeleteOwnership {
                 root: self.record.root.clone(),
                 call: call.tool_call_id.clone(),
                 owner: self.record.id.clone(),

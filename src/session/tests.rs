@@ -35,6 +35,8 @@ fn started(max_steps: u32) -> (Session, RunId) {
             run_id,
             message: "go".into(),
             agent: "a".into(),
+            new_only: false,
+            remote_parent: None,
         },
         1,
     );
@@ -56,6 +58,8 @@ fn execute_commits_the_run_before_asking_the_model() {
                 run_id,
                 message: "go".into(),
                 agent: "a".into(),
+                new_only: false,
+                remote_parent: None,
             },
             7,
         )
@@ -75,6 +79,8 @@ fn execute_commits_the_run_before_asking_the_model() {
             run_id,
             message: "twice".into(),
             agent: "a".into(),
+            new_only: false,
+            remote_parent: None,
         },
         8,
     );
@@ -279,6 +285,8 @@ fn a_new_turn_closes_tool_calls_a_crash_left_without_results() {
                 run_id: RunId::generate(),
                 message: "again".into(),
                 agent: "a".into(),
+                new_only: false,
+                remote_parent: None,
             },
             4,
         )
@@ -302,4 +310,76 @@ fn a_new_turn_closes_tool_calls_a_crash_left_without_results() {
         matches!(kinds[..], [ChunkKind::ToolEnd { tool_call_id, .. }, ChunkKind::RunStart { turn: 2, .. }, ..] if tool_call_id == "c1"),
         "{kinds:?}"
     );
+}
+
+fn execute(new_only: bool, remote_parent: Option<crate::remote::RemoteParent>) -> Input {
+    Input::Execute {
+        run_id: RunId::generate(),
+        message: "go".into(),
+        agent: "a".into(),
+        new_only,
+        remote_parent,
+    }
+}
+
+#[test]
+fn a_start_only_for_a_new_session_starts_one_and_is_refused_by_one_that_exists(
+) -> Result<(), crate::Error> {
+    let mut session = Session::create(SessionId::generate(), agent(5), policy(), 0);
+    // A new session: nothing to read first, and it starts.
+    let first = execute(true, None);
+    assert!(!first.needs_conversation());
+    let started = session.apply(first, 1)?;
+    assert!(started.commit.is_some());
+    let reply = Input::ModelReplied {
+        run_id: session.current_run_id(),
+        step: 1,
+        reply: Ok(ModelReply::text("done")),
+    };
+    session.apply(reply, 2)?;
+    assert_eq!(session.record.status, Status::Completed);
+    // It exists now: the same start (a replay of it) is refused and changes nothing.
+    let count = session.record.log_count;
+    let again = session.apply(execute(true, None), 3);
+    assert!(
+        matches!(again, Err(crate::Error::SessionExists(_))),
+        "{again:?}"
+    );
+    assert_eq!(session.record.log_count, count);
+    // Any other new turn goes on.
+    assert!(session.apply(execute(false, None), 4)?.commit.is_some());
+    Ok(())
+}
+
+#[test]
+fn a_remote_parent_is_recorded_by_a_new_session_and_never_taken_over_later(
+) -> Result<(), crate::Error> {
+    let parent = |name: &str| -> Result<crate::remote::RemoteParent, crate::Error> {
+        Ok(crate::remote::RemoteParent {
+            parent: name.parse()?,
+            root: name.parse()?,
+        })
+    };
+    let mut session = Session::create(SessionId::generate(), agent(5), policy(), 0);
+    let started = session.apply(execute(true, Some(parent("far-lead")?)), 1)?;
+    let recorded = started
+        .commit
+        .and_then(|commit| commit.record)
+        .and_then(|record| record.remote_parent);
+    assert_eq!(recorded, Some(parent("far-lead")?));
+    // A later turn naming another parent changes nothing (and is refused: only its parent
+    // starts a remote child's turns).
+    let reply = Input::ModelReplied {
+        run_id: session.current_run_id(),
+        step: 1,
+        reply: Ok(ModelReply::text("done")),
+    };
+    session.apply(reply, 2)?;
+    let other = session.apply(execute(false, Some(parent("intruder")?)), 3);
+    assert!(
+        matches!(other, Err(crate::Error::SubAgentSession { .. })),
+        "{other:?}"
+    );
+    assert_eq!(session.record.remote_parent, Some(parent("far-lead")?));
+    Ok(())
 }

@@ -27,6 +27,8 @@ fn started(id: &str) -> (Session, RunId) {
         run_id,
         message: "go".into(),
         agent: "a".into(),
+        new_only: false,
+        remote_parent: None,
     };
     assert!(session.apply(execute, 1).is_ok());
     (session, run_id)

@@ -27,6 +27,8 @@ fn delegating(calls: &[&str], policy: Policy) -> (Session, RunId, Transition) {
         run_id,
         message: "go".into(),
         agent: "lead".into(),
+        new_only: false,
+        remote_parent: None,
     };
     assert!(session.apply(execute, 1).is_ok());
     let reply = ModelReply::tool_calls(
@@ -184,4 +186,128 @@ fn a_sub_agent_call_beyond_max_depth_is_a_tool_error() {
         matches!(recorded, Some(ToolOutcome::Error(text)) if text.starts_with("max_depth_exceeded"))
     );
     assert!(session.is_busy(), "the run goes on to its next step");
+}
+
+#[test]
+fn each_way_a_child_cannot_run_reaches_its_parent_as_a_tool_error_with_its_stable_code(
+) -> Result<(), String> {
+    let id = |text: &str| text.parse::<SessionId>().map_err(|error| error.to_string());
+    let child = id("p-sub-c1")?;
+    let parent = id("p")?;
+    let error = || "the disk is full".to_string();
+    let cases = [
+        (
+            ChildUnavailable::UnknownAgent {
+                agent: "ghost".into(),
+            },
+            "unknown_agent: no agent named ghost is defined",
+        ),
+        (
+            ChildUnavailable::NotOwnedHere {
+                child: child.clone(),
+                error: error(),
+            },
+            "sub_agent_unavailable: child p-sub-c1 cannot be owned here: the disk is full",
+        ),
+        (
+            ChildUnavailable::Unreadable {
+                child: child.clone(),
+                error: error(),
+            },
+            "sub_agent_unavailable: child p-sub-c1 cannot be read: the disk is full",
+        ),
+        (
+            ChildUnavailable::CrashedBeforeFirstCommit {
+                child: child.clone(),
+                panic: "boom".into(),
+            },
+            "sub_agent_failed: child p-sub-c1 crashed before its first commit: boom",
+        ),
+        (
+            ChildUnavailable::CannotRun {
+                child: child.clone(),
+                error: error(),
+            },
+            "sub_agent_failed: child p-sub-c1 cannot run: the disk is full",
+        ),
+        (
+            ChildUnavailable::Failed {
+                child,
+                error: error(),
+            },
+            "sub_agent_failed: child p-sub-c1 failed: the disk is full",
+        ),
+    ];
+    for (why, text) in cases {
+        let Effect::Report {
+            parent: to,
+            tool_call_id,
+            report,
+        } = why.report(&parent, "c1".into())
+        else {
+            return Err(format!("{why:?} is no report"));
+        };
+        let error = ToolOutcome::Error(text.into());
+        assert_eq!(
+            error.code().map(|code| code.as_str()),
+            text.split(':').next()
+        );
+        assert_eq!(
+            (to, tool_call_id, report),
+            (
+                parent.clone(),
+                "c1".to_string(),
+                ChildReport::Finished(error)
+            )
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn a_child_whose_end_recovery_cannot_learn_is_recorded_with_a_reason_that_begins_with_its_code(
+) -> Result<(), crate::Error> {
+    let child: SessionId = "p-sub-c1".parse()?;
+    let cases = [
+        (
+            LostChild::InspectionTimedOut {
+                child: child.clone(),
+                after_ms: 2_000,
+            },
+            "inspection_timed_out: child p-sub-c1 did not answer within 2000 ms",
+        ),
+        (
+            LostChild::Missing {
+                child: child.clone(),
+            },
+            "child_missing: no session p-sub-c1 is stored",
+        ),
+        (
+            LostChild::Interrupted {
+                child: child.clone(),
+            },
+            "child_interrupted: child p-sub-c1 was cut by a crash",
+        ),
+        (
+            LostChild::Unreadable {
+                error: "corrupt".into(),
+            },
+            "child_unreadable: corrupt",
+        ),
+    ];
+    for (lost, reason) in cases {
+        assert!(reason.starts_with(lost.code()));
+        assert_eq!(
+            lost.state(),
+            ChildState::Interrupted {
+                reason: reason.into()
+            }
+        );
+    }
+    // What the store holds of a child decides which: none at all is a missing child.
+    assert_eq!(
+        stored_state(&child, None),
+        LostChild::Missing { child }.state()
+    );
+    Ok(())
 }

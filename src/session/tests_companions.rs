@@ -55,6 +55,8 @@ fn spawned(mode: CompanionMode) -> (Session, RunId, Transition) {
         run_id,
         message: "go".into(),
         agent: "lead".into(),
+        new_only: false,
+        remote_parent: None,
     };
     assert!(session.apply(execute, 1).is_ok());
     let transition = reply(&mut session, run_id, 1, vec![spawn("c1", "first")]);

@@ -33,6 +33,8 @@ fn delegating(policy: Policy) -> Session {
         run_id,
         message: "go".into(),
         agent: "lead".into(),
+        new_only: false,
+        remote_parent: None,
     };
     assert!(session.apply(execute, 1).is_ok());
     let reply = ModelReply::tool_calls(vec![ToolCall::new(
@@ -112,10 +114,11 @@ fn watches(transition: &Transition) -> Vec<String> {
         .effects
         .iter()
         .filter_map(|effect| match effect {
-            Effect::DriveRemote {
+            Effect::DriveRemote(RemoteDrive {
                 call,
                 how: crate::remote::Drive::Watch,
-            } => Some(call.clone()),
+                ..
+            }) => Some(call.clone()),
             _ => None,
         })
         .collect()
@@ -281,10 +284,14 @@ fn waking_an_answered_child(policy: Policy) -> Session {
         run_id: RunId::generate(),
     };
     let woken = session.apply(resume, 30).unwrap_or_default();
-    assert!(woken
-        .effects
-        .iter()
-        .any(|effect| matches!(effect, Effect::WakeChildren(_))));
+    // The core wakes a remote child through its driver.
+    assert!(woken.effects.iter().any(|effect| matches!(
+        effect,
+        Effect::DriveRemote(RemoteDrive {
+            how: crate::remote::Drive::Wake,
+            ..
+        })
+    )));
     session
 }
 
@@ -303,7 +310,7 @@ fn a_resume_that_cannot_reach_its_remote_child_answers_that_the_tree_still_waits
     // The look falls due: the resume that was asked for is tried again.
     let again = timeout(&mut session, "d1", 2_000);
     let how = again.effects.iter().find_map(|effect| match effect {
-        Effect::DriveRemote { how, .. } => Some(how.clone()),
+        Effect::DriveRemote(drive) => Some(drive.how.clone()),
         _ => None,
     });
     assert_eq!(how, Some(crate::remote::Drive::Wake));

@@ -11,6 +11,7 @@ use crate::hooks::HookEvent;
 use crate::ids::{RunId, SessionId};
 use crate::llm::ModelRequest;
 use crate::message::ToolCall;
+use crate::remote::{Drive, RemoteChild};
 use crate::schema::Commit;
 
 /// Something the session actor must do after the commit is durable.
@@ -20,6 +21,9 @@ pub(crate) enum Effect {
     CallModel {
         run_id: RunId,
         step: u32,
+        /// The chunks the session has recorded once this transition's commit is durable: the
+        /// model's deltas come after them (see [`crate::stream::Delta::after_seq`]).
+        after_seq: u64,
         request: ModelRequest,
         /// The agent's skills and the names to preload: the catalog is read (IO) where the
         /// model is called, not in the core.
@@ -36,22 +40,18 @@ pub(crate) enum Effect {
         sequential: Vec<ToolCall>,
         state: Arc<Value>,
     },
-    /// Start a child session for a sub-agent call, or re-attach to the one that exists.
+    /// Start a child session of this process for a sub-agent call, or re-attach to the one
+    /// that exists. (A remote child is started by [`Effect::DriveRemote`].)
     StartChild(ChildStart),
-    /// Wake suspended children (a resume cascading down the tree): each reports back.
-    /// Pairs of (the sub-agent call, its child).
+    /// Wake suspended children of this process (a resume cascading down the tree): each
+    /// reports back. Pairs of (the sub-agent call, its child). (A remote child is woken by
+    /// [`Effect::DriveRemote`].)
     WakeChildren(Vec<(String, SessionId)>),
-    /// Drive the remote child of this call (its report comes back as `RemoteReported`, or
-    /// `RemoteUnreachable`).
-    DriveRemote {
-        call: String,
-        how: crate::remote::Drive,
-    },
-    /// Interrupt (or abort) children the run will no longer wait for.
-    StopChildren {
-        children: Vec<SessionId>,
-        abort: bool,
-    },
+    /// Drive the remote child of a sub-agent call: start, wake, follow or watch it (its report
+    /// comes back as `RemoteReported`, or `RemoteUnreachable`).
+    DriveRemote(RemoteDrive),
+    /// Interrupt (or abort) children the run will no longer wait for, each where it lives.
+    StopChildren { children: Vec<ChildAt>, abort: bool },
     /// Cancel the model call and the tools in flight (their futures are dropped; whatever they
     /// would have answered is ignored): an interrupt or abort ended the run they belong to.
     CancelWork,
@@ -75,6 +75,29 @@ pub(crate) enum Effect {
     ArmDeadline { at: u64 },
     /// The run ended or suspended: answer whoever waits for it.
     Settle(RunOutcome),
+}
+
+/// A remote child to drive, with all the actor needs to do it.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct RemoteDrive {
+    /// The sub-agent call the child runs: its report names it.
+    pub(crate) call: String,
+    /// The child's id, here and on its server.
+    pub(crate) child: SessionId,
+    /// Where it lives.
+    pub(crate) remote: RemoteChild,
+    /// Its stream chunks this session has copied already: the driver reads the rest.
+    pub(crate) forwarded: u64,
+    /// What to do.
+    pub(crate) how: Drive,
+}
+
+/// A child session, and where it lives if on another server.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct ChildAt {
+    pub(crate) child: SessionId,
+    /// `None` for a child of this process.
+    pub(crate) remote: Option<RemoteChild>,
 }
 
 /// The result of applying one input: the writes to make durable first, then the effects.
