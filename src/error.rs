@@ -152,6 +152,8 @@ impl Error {
             Error::InvalidDefinition(_) => "invalid_definition",
             Error::Store(store::Error::LeaseLost { .. }) => "lease_lost",
             Error::Store(store::Error::LeaseHeld { .. }) => "lease_held",
+            Error::Store(store::Error::Damaged { .. }) => "store_damaged",
+            Error::Store(store::Error::ReadOnly { .. }) => "store_read_only",
             Error::Store(_) => "store_error",
             Error::Schema(schema::Error::UnsupportedVersion { .. }) => "unsupported_version",
             Error::Schema(_) => "corrupt_snapshot",

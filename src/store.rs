@@ -5,6 +5,7 @@
 //! and durably, and to read keys and prefixes back. [`SledStore`] is the embedded default;
 //! [`MemoryStore`] is for unit tests.
 
+mod damage;
 // Test tooling, like `crate::scenario`: only with the `test-util` feature.
 #[cfg(feature = "test-util")]
 mod faulty;
@@ -16,6 +17,7 @@ mod sled;
 use std::fmt::Debug;
 use std::path::{Path, PathBuf};
 
+pub use self::damage::Damage;
 #[cfg(feature = "test-util")]
 pub use self::faulty::{Fault, FaultyStore, InjectedFault};
 pub use self::memory::MemoryStore;
@@ -297,6 +299,22 @@ pub enum Error {
         session: String,
         /// The node that holds its lease.
         owner: String,
+    },
+    /// The store's files hold less than it acknowledged (see [`Damage`]): it refuses to open
+    /// rather than serve what is left as if it were all. Not retryable: opening it to salvage
+    /// ([`SledStoreBuilder::salvage`]) shows what is left, read-only.
+    #[error("{} is damaged: {damage}; it refuses to open (open it to salvage, read-only, to see what is left)", location(.path.as_deref()))]
+    Damaged {
+        /// The store directory (`None` for a temporary store).
+        path: Option<PathBuf>,
+        /// What it lost.
+        damage: Damage,
+    },
+    /// The store was opened read-only, to salvage what a damage left: it takes no commit.
+    #[error("{} was opened read-only to salvage what is left of it: it takes no commit", location(.path.as_deref()))]
+    ReadOnly {
+        /// The store directory (`None` for a temporary store).
+        path: Option<PathBuf>,
     },
 }
 

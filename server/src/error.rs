@@ -118,6 +118,8 @@ impl From<dormant::Error> for ApiError {
             E::Store(
                 dormant::store::Error::LeaseLost { .. } | dormant::store::Error::LeaseHeld { .. },
             ) => StatusCode::SERVICE_UNAVAILABLE,
+            // A store opened to salvage what a damage left: it reads, and writes nothing.
+            E::Store(dormant::store::Error::ReadOnly { .. }) => StatusCode::SERVICE_UNAVAILABLE,
             E::SessionUnavailable { .. } | E::ShutDown => StatusCode::SERVICE_UNAVAILABLE,
             E::Remote(remote) if remote.is_retryable() => StatusCode::SERVICE_UNAVAILABLE,
             E::Remote(_) => StatusCode::BAD_GATEWAY,

@@ -1,6 +1,10 @@
 //! `dormant-server inspect --store DIR`: what a stopped store holds, for a person: every
 //! session with its status, the calls it waits on (kind, approval id, deadline), its runs
 //! and its last messages. It only reads: no deadline fires, no run is recovered.
+//!
+//! A damaged store (one that recovers less than it acknowledged) is refused, as the server
+//! refuses it; `--salvage` opens what is left read-only, reports it under the damage, and
+//! still exits non-zero.
 
 use std::io::Write;
 use std::path::Path;
@@ -19,9 +23,15 @@ pub enum InspectError {
     /// No store is there: nothing was created.
     #[error("no dormant store in {}: inspect reads the directory a server's --store names, and creates nothing", .0.display())]
     NoStore(std::path::PathBuf),
+    /// The store is damaged: it recovers less than it acknowledged. Nothing was reported.
+    #[error("cannot open the store: {0} (`inspect --salvage` reports what is left)")]
+    Damaged(#[source] dormant::store::Error),
+    /// The store was opened to salvage it and reported; what it lost is this.
+    #[error("the store is damaged: {0}; the report above is what is left of it")]
+    Salvaged(dormant::store::Damage),
     /// The store could not be opened (another process may hold it).
     #[error("cannot open the store: {0}")]
-    Open(#[from] dormant::store::Error),
+    Open(#[source] dormant::store::Error),
     /// A read failed.
     #[error(transparent)]
     Runtime(#[from] dormant::Error),
@@ -30,15 +40,43 @@ pub enum InspectError {
     Write(#[from] std::io::Error),
 }
 
-/// Writes the report of the store in `dir` to `out`, with each session's last `messages`
-/// messages.
+impl From<dormant::store::Error> for InspectError {
+    fn from(error: dormant::store::Error) -> Self {
+        match error {
+            error @ dormant::store::Error::Damaged { .. } => InspectError::Damaged(error),
+            error => InspectError::Open(error),
+        }
+    }
+}
+
+/// How to inspect.
+#[derive(Clone, Copy, Debug)]
+pub struct Options {
+    /// How many of each session's last messages to show.
+    pub messages: usize,
+    /// Open a damaged store read-only and report what is left (then fail with
+    /// [`InspectError::Salvaged`]) instead of refusing it.
+    pub salvage: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            messages: 5,
+            salvage: false,
+        }
+    }
+}
+
+/// Writes the report of the store in `dir` to `out`.
 ///
 /// # Errors
-/// See [`InspectError`].
+/// See [`InspectError`]: a damaged store is [`InspectError::Damaged`], or, salvaged,
+/// [`InspectError::Salvaged`] after its report.
 pub async fn inspect(
     dir: &Path,
     out: &mut impl Write,
-    messages: usize,
+    options: Options,
 ) -> Result<(), InspectError> {
     if dir.to_string_lossy().contains("://") {
         return Err(InspectError::NotADirectory);
@@ -48,15 +86,27 @@ pub async fn inspect(
     if !dir.join("db").is_file() {
         return Err(InspectError::NoStore(dir.to_path_buf()));
     }
-    let store = SledStore::open(dir)?;
+    let mut builder = SledStore::builder(dir);
+    if options.salvage {
+        builder = builder.salvage();
+    }
+    let store = builder.open()?;
+    let damage = store.damage();
+    if let Some(damage) = &damage {
+        writeln!(out, "DAMAGED: {damage}\nWhat is left, read-only:\n")?;
+    }
     // No agents, and no background deadlines: nothing the runtime does on its own writes.
     let runtime = Runtime::builder()
         .store(Arc::new(store))
         .background_deadlines(false)
         .build()?;
-    let result = report(&runtime, out, messages).await;
+    let result = report(&runtime, out, options.messages).await;
     runtime.shutdown().await?;
-    result
+    result?;
+    match damage {
+        Some(damage) => Err(InspectError::Salvaged(damage)),
+        None => Ok(()),
+    }
 }
 
 async fn report(runtime: &Runtime, out: &mut impl Write, last: usize) -> Result<(), InspectError> {

@@ -38,6 +38,10 @@ enum Command {
         /// How many of each session's last messages to show.
         #[arg(long, default_value_t = 5)]
         messages: usize,
+        /// Open a damaged store read-only and report what is left of it (the exit status
+        /// stays non-zero), instead of refusing it.
+        #[arg(long)]
+        salvage: bool,
     },
 }
 
@@ -168,9 +172,14 @@ fn main() -> std::process::ExitCode {
     };
     let result = runtime.block_on(async move {
         match cli.command {
-            Some(Command::Inspect { store, messages }) => {
+            Some(Command::Inspect {
+                store,
+                messages,
+                salvage,
+            }) => {
                 let mut out = std::io::stdout().lock();
-                dormant_server::inspect::inspect(&store, &mut out, messages)
+                let options = dormant_server::inspect::Options { messages, salvage };
+                dormant_server::inspect::inspect(&store, &mut out, options)
                     .await
                     .map_err(|error| error.to_string())
             }

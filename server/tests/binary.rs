@@ -1,7 +1,7 @@
 //! The binary: it refuses to start without authentication (creating nothing), documents its
 //! flags, inspects only stores that exist, keeps tokens and sessions across a graceful
-//! restart, and never loses or doubles an acknowledged answer when it is killed while a
-//! submit is in flight.
+//! restart, never loses or doubles an acknowledged answer when it is killed while a
+//! submit is in flight, and inspects a damaged store only to salvage it, failing either way.
 
 mod common;
 
@@ -189,6 +189,58 @@ async fn a_graceful_restart_keeps_sessions_tokens_and_pending_calls() -> anyhow:
         "{report}"
     );
     Ok(())
+}
+
+/// A store whose mark of acknowledged commits is unreadable cannot tell what it lost: inspect
+/// refuses it and exits non-zero; `--salvage` reports what is left under the damage, still
+/// non-zero, and leaves the damage as it found it: inspect refuses the store again after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_refuses_a_damaged_store_and_salvage_reports_what_is_left() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let store = dir.path().join("store");
+    let runtime = common::demo_runtime(std::sync::Arc::new(dormant::SledStore::open(&store)?))?;
+    let id: dormant::SessionId = "damaged-1".parse()?;
+    runtime.execute_on(&id, "demo", "hello").await?;
+    runtime.shutdown().await?;
+    let mark = store.join("acknowledged");
+    assert!(
+        mark.is_file(),
+        "the store keeps its mark beside sled's files"
+    );
+    std::fs::write(&mark, [0xEE; 32])?;
+    let refuses = || -> anyhow::Result<()> {
+        let refused = Command::new(env!("CARGO_BIN_EXE_dormant-server"))
+            .args(["inspect", "--store"])
+            .arg(&store)
+            .output()?;
+        let stderr = String::from_utf8(refused.stderr)?;
+        assert!(!refused.status.success(), "{stderr}");
+        assert!(stderr.contains("damaged"), "{stderr}");
+        assert!(stderr.contains("inspect --salvage"), "{stderr}");
+        assert!(
+            refused.stdout.is_empty(),
+            "nothing is reported of a refused store"
+        );
+        Ok(())
+    };
+    refuses()?;
+
+    let salvaged = Command::new(env!("CARGO_BIN_EXE_dormant-server"))
+        .args(["inspect", "--salvage", "--store"])
+        .arg(&store)
+        .output()?;
+    let report = String::from_utf8(salvaged.stdout)?;
+    let stderr = String::from_utf8(salvaged.stderr)?;
+    assert!(
+        !salvaged.status.success(),
+        "salvaged is still damaged: {report}"
+    );
+    assert!(report.starts_with("DAMAGED: "), "{report}");
+    assert!(report.contains("1 session(s)"), "{report}");
+    assert!(report.contains("session damaged-1: agent demo"), "{report}");
+    assert!(stderr.contains("what is left"), "{stderr}");
+    assert_eq!(std::fs::read(&mark)?, [0xEE; 32], "salvage writes no mark");
+    refuses()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

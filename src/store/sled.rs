@@ -6,7 +6,8 @@
 //! [`syncer`] the `fdatasync`s of [`Durability::PowerLoss`], [`keyspace`] and [`writes`] map
 //! logical trees and batches to sled's keys, [`values`] keeps every value small enough that
 //! sled never writes a node as a separate file (values past 4 KiB in pieces), [`migrate`]
-//! brings a store written before that to it; this file is the store and its reads.
+//! brings a store written before that to it, [`check`] and [`mark`] tell a store that lost
+//! part of its log from a whole one; this file is the store and its reads.
 
 use std::fmt;
 use std::io;
@@ -16,12 +17,14 @@ use std::sync::Arc;
 
 use ::sled::IVec;
 
-use super::{Batch, Entry, Error, Store, Tree};
+use super::{Batch, Damage, Entry, Error, Store, Tree};
 
+mod check;
 mod database;
 mod error;
 mod flusher;
 mod keyspace;
+mod mark;
 mod migrate;
 mod open;
 mod syncer;
@@ -101,6 +104,20 @@ use writes::SledWrites;
 /// take for corruption at every later open; the store removes it and opens again. A temporary
 /// store is opened again the same way: its directory stays until the store is dropped.
 ///
+/// # Damage is told, not served
+///
+/// sled stops replaying its log at the first bad checksum, as it would at the torn tail of a
+/// crash, and skips the rest of a damaged segment: a flipped byte can lose acknowledged
+/// commits without a word. So every sled batch also writes a record of the store's contents
+/// (a batch number, and how many entries there are with the sum of their checksums), and
+/// after each flush the number of the last durable batch goes to a file outside the log,
+/// `acknowledged` (with an `fdatasync` at [`Durability::PowerLoss`], one per group). Opening
+/// checks both: a store that recovered an earlier batch than it acknowledged, or whose entries
+/// are not those recorded, refuses to open with [`Error::Damaged`], which says which; so does
+/// one whose files sled cannot read. [`SledStoreBuilder::salvage`] opens what is left,
+/// read-only. The check scans the whole store once per opening (not again when it is opened
+/// after a failed write). The directory is the owner's alone (`0700`, files `0600`).
+///
 /// # Examples
 ///
 /// ```
@@ -162,6 +179,17 @@ impl SledStore {
     /// The configured durability level.
     pub fn durability(&self) -> Durability {
         self.durability
+    }
+
+    /// What the store lost, when it was opened to [salvage](SledStoreBuilder::salvage) and is
+    /// damaged; `None` otherwise.
+    pub fn damage(&self) -> Option<Damage> {
+        self.shared.damage.lock().clone()
+    }
+
+    /// Whether the store was opened read-only, to [salvage](SledStoreBuilder::salvage) it.
+    pub fn is_read_only(&self) -> bool {
+        self.shared.is_salvage()
     }
 
     /// Whether group commit is on.

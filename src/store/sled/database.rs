@@ -11,17 +11,19 @@ use std::sync::Arc;
 use ::sled::IVec;
 use parking_lot::{MappedRwLockReadGuard, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
+use super::check::{verify, Check, Depth};
 use super::error::{io_error, SledError};
 use super::keyspace::RECORDS;
+use super::mark::{self, Mark};
 use super::open::{open_db, refuse_old_layout, Durability};
 use super::syncer::Syncer;
 use super::values::{owner_of_piece, PIECES_TAG};
 use super::writes::SledWrites;
 #[cfg(doc)]
 use super::SledStore;
-use crate::store::Error;
 #[cfg(doc)]
 use crate::store::Store;
+use crate::store::{Damage, Error};
 
 /// An open database.
 pub(super) struct Open {
@@ -36,6 +38,12 @@ pub(super) struct Open {
     /// The values kept in pieces, by stored key, with how many pieces each has (see
     /// [`values`](super::values)): what a write of one of them must remove.
     pub(super) pieced: Mutex<HashMap<IVec, u32>>,
+    /// The record of what the database holds after the last batch applied (see
+    /// [`check`](super::check)); its lock is held while a batch is applied, so that the old
+    /// values it reads are those the batch replaces.
+    check: Mutex<Check>,
+    /// `None` for a temporary store and one opened to salvage (which writes nothing).
+    mark: Option<Mark>,
 }
 
 /// What the store holds of its database.
@@ -69,6 +77,10 @@ pub(super) struct Shared {
     /// `None` for a temporary store.
     path: Option<PathBuf>,
     durability: Durability,
+    /// Opened to salvage what a damage left: read-only, whatever it found.
+    salvage: bool,
+    /// What the opening found lost, when opened to salvage.
+    pub(super) damage: Mutex<Option<Damage>>,
     pub(super) state: RwLock<State>,
     /// How many times the database was opened: the generation of the next one.
     pub(super) opened: AtomicU64,
@@ -101,11 +113,14 @@ impl Shared {
         config: ::sled::Config,
         path: Option<PathBuf>,
         durability: Durability,
+        salvage: bool,
     ) -> Result<Self, Error> {
         let mut shared = Self {
             config,
             path,
             durability,
+            salvage,
+            damage: Mutex::new(None),
             state: RwLock::new(State::Failed),
             opened: AtomicU64::new(0),
             flushes: AtomicU64::new(0),
@@ -128,6 +143,8 @@ impl Shared {
             let records = db.open_tree(RECORDS)?;
             super::migrate::migrate(&records)?;
             let pieced = Mutex::new(pieced_values(&records)?);
+            let generation = self.opened.fetch_add(1, Ordering::Relaxed);
+            let (check, mark) = self.verify(&records, generation)?;
             let syncer = match (&self.path, self.durability) {
                 (Some(path), Durability::PowerLoss) => Some(Syncer::open(path).map_err(io_error)?),
                 _ => None,
@@ -136,11 +153,94 @@ impl Shared {
                 db,
                 records,
                 syncer,
-                generation: self.opened.fetch_add(1, Ordering::Relaxed),
+                generation,
                 pieced,
+                check: Mutex::new(check),
+                mark,
             })
         };
-        open().map_err(|error| self.classify(error))
+        open().map_err(|error| {
+            self.unreadable(error)
+                .unwrap_or_else(|error| self.classify(error))
+        })
+    }
+
+    /// [`Error::Damaged`] for sled's own report of a bad checksum (a page it cannot read);
+    /// any other error back.
+    fn unreadable(&self, error: Error) -> Result<Error, Error> {
+        match error.downcast_ref::<SledError>() {
+            Some(SledError::Sled(corruption @ ::sled::Error::Corruption { .. })) => {
+                Ok(Error::Damaged {
+                    path: self.path.clone(),
+                    damage: Damage::Unreadable {
+                        reason: format!("sled: {corruption}"),
+                    },
+                })
+            }
+            _ => Err(error),
+        }
+    }
+
+    /// Checks what the database recovered against its record and its mark (see
+    /// [`check`](super::check)): every entry when the store is opened, the number only when
+    /// it is opened again after a failed write. Refuses a damaged store with
+    /// [`Error::Damaged`], unless opened to salvage it; returns the record to go on from and
+    /// the open mark.
+    fn verify(
+        &self,
+        records: &::sled::Tree,
+        generation: u64,
+    ) -> Result<(Check, Option<Mark>), Error> {
+        let acknowledged = match &self.path {
+            Some(path) => mark::read(path).map_err(io_error)?,
+            None => Ok(None),
+        };
+        let depth = if generation == 0 {
+            Depth::Full
+        } else {
+            Depth::Tail
+        };
+        let verified = match verify(
+            records,
+            acknowledged.clone().ok().flatten().unwrap_or(0),
+            depth,
+            self.salvage,
+        ) {
+            Ok(verified) => verified,
+            // To salvage, a page sled cannot read is one more thing lost: reading it fails.
+            Err(error) if self.salvage => match self.unreadable(error) {
+                Ok(Error::Damaged { damage, .. }) => super::check::Verified {
+                    check: Check::default(),
+                    damage: Some(damage),
+                },
+                Ok(error) | Err(error) => return Err(error),
+            },
+            Err(error) => return Err(error),
+        };
+        let damage = acknowledged.err().or(verified.damage);
+        if let Some(damage) = damage {
+            if !self.salvage {
+                tracing::error!(path = ?self.path, %damage, "store.damaged");
+                return Err(Error::Damaged {
+                    path: self.path.clone(),
+                    damage,
+                });
+            }
+            tracing::warn!(path = ?self.path, %damage, "store.salvaging: opened read-only");
+            *self.damage.lock() = Some(damage);
+        }
+        let mark = match &self.path {
+            Some(path) if !self.salvage => Some(
+                Mark::open(
+                    path,
+                    verified.check.seq,
+                    self.durability == Durability::PowerLoss,
+                )
+                .map_err(io_error)?,
+            ),
+            _ => None,
+        };
+        Ok((verified.check, mark))
     }
 
     /// Turns a full disk or an exhausted quota, however sled or the file system reported it,
@@ -221,6 +321,11 @@ impl Shared {
     /// When any of it fails, the database is replaced with one opened again from its files
     /// before this returns (see [`Shared::replace_failed`]); the error is the failure's.
     pub(super) fn commit(self: &Arc<Self>, batches: &[SledWrites]) -> Result<(), Error> {
+        if self.salvage && !batches.is_empty() {
+            return Err(Error::ReadOnly {
+                path: self.path.clone(),
+            });
+        }
         let failed = {
             let open = self.open()?;
             match self.apply_group_and_flush(&open, batches) {
@@ -239,6 +344,11 @@ impl Shared {
         );
         self.replace_failed(generation);
         Err(error)
+    }
+
+    /// Whether the store was opened to salvage what is left of it (read-only).
+    pub(super) fn is_salvage(&self) -> bool {
+        self.salvage
     }
 
     /// The error of an operation while the database is being opened again.
@@ -344,16 +454,24 @@ impl Shared {
         self.wait_let_go_for(std::time::Duration::from_secs(60));
     }
 
-    /// Applies `batches` as one sled batch: all or nothing, after a crash too. A key written
-    /// by several of them ends with the last write, as if they were applied in order.
+    /// Applies `batches` as one sled batch, with the record of what the database holds after
+    /// it: all or nothing, after a crash too. A key written by several of them ends with the
+    /// last write, as if they were applied in order.
     fn apply(&self, open: &Open, batches: &[SledWrites]) -> Result<(), Error> {
         let mut sled_batch = ::sled::Batch::default();
+        let mut touched = Vec::new();
+        // Held until the batch is applied: without group commit, committers apply batches
+        // from several threads, and each must read the values its batch replaces.
+        let mut check = open.check.lock();
         let mut pieced = open.pieced.lock();
         for writes in batches {
-            writes.add_to(&mut sled_batch, &mut pieced);
+            writes.add_to(&mut sled_batch, &mut pieced, &mut touched);
         }
         drop(pieced);
+        let next = check.after(&touched, &open.records)?;
+        sled_batch.insert(Check::key(), &next.encode()[..]);
         open.records.apply_batch(sled_batch)?;
+        *check = next;
         #[cfg(test)]
         self.applied_batches.fetch_add(1, Ordering::SeqCst);
         Ok(())
@@ -375,7 +493,17 @@ impl Shared {
         if start < batches.len() {
             self.apply(open, &batches[start..])?;
         }
-        self.flush_durable(open)
+        // Every batch applied so far, by this thread or another, is made durable by the flush.
+        let covered = open.check.lock().seq;
+        self.flush_durable(open)?;
+        if let Some(mark) = &open.mark {
+            // The batches are durable either way: a mark left behind only narrows what the
+            // next opening can tell, so the commits are not failed for it.
+            if let Err(error) = mark.advance(covered) {
+                tracing::warn!(%error, "store: the mark of acknowledged commits could not be advanced");
+            }
+        }
+        Ok(())
     }
 
     /// One physical flush: sled's `flush()`, then the `fdatasync`s of the durability level.

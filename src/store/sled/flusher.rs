@@ -35,6 +35,11 @@ fn duplicate(error: &Error) -> Error {
             session: session.clone(),
             owner: owner.clone(),
         },
+        Error::Damaged { path, damage } => Error::Damaged {
+            path: path.clone(),
+            damage: damage.clone(),
+        },
+        Error::ReadOnly { path } => Error::ReadOnly { path: path.clone() },
     }
 }
 

@@ -27,6 +27,17 @@ pub(super) fn tag(tree: Tree) -> u8 {
     }
 }
 
+/// The tag byte of the store's own bookkeeping keys (the values' layout, the record of what
+/// the store holds): apart from every logical tree's tag and the pieces'.
+pub(super) const META_TAG: u8 = 0xF1;
+
+/// The stored key of the bookkeeping entry `name`.
+pub(super) fn meta_key(name: &[u8]) -> Vec<u8> {
+    let mut key = vec![META_TAG];
+    key.extend_from_slice(name);
+    key
+}
+
 /// The stored form of `key` in `tree`.
 pub(super) fn stored_key(tree: Tree, key: &[u8]) -> Vec<u8> {
     let mut stored = Vec::with_capacity(key.len() + 1);

@@ -6,22 +6,14 @@
 
 use ::sled::IVec;
 
+use super::keyspace::meta_key;
 use super::values::{encode, PIECES_TAG};
 use crate::store::Error;
 
-/// The tag byte of the store's own bookkeeping keys (apart from every logical tree's tag and
-/// the pieces').
-const META_TAG: u8 = 0xF1;
 /// The values' layout, once every value has its header.
 const LAYOUT: &[u8] = b"values-2";
 /// Keys rewritten per sled batch.
 const STRETCH: usize = 1024;
-
-fn meta_key(name: &[u8]) -> Vec<u8> {
-    let mut key = vec![META_TAG];
-    key.extend_from_slice(name);
-    key
-}
 
 /// Brings `records` to the current layout of values, if it is not there yet; returns how
 /// many values were rewritten.

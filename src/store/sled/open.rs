@@ -11,8 +11,9 @@ use super::database::Shared;
 use super::error::{io_error, SledError};
 use super::flusher::GroupFlusher;
 use super::keyspace::RECORDS;
+use super::mark;
 use super::SledStore;
-use crate::store::Error;
+use crate::store::{Damage, Error};
 
 /// How much of a crash an acknowledged commit survives.
 ///
@@ -70,6 +71,7 @@ pub struct SledStoreBuilder {
     durability: Durability,
     group_commit: bool,
     cache_capacity: Option<u64>,
+    salvage: bool,
 }
 
 impl SledStoreBuilder {
@@ -80,6 +82,7 @@ impl SledStoreBuilder {
             durability: Durability::default(),
             group_commit: true,
             cache_capacity: None,
+            salvage: false,
         }
     }
 
@@ -91,6 +94,7 @@ impl SledStoreBuilder {
             durability: Durability::default(),
             group_commit: true,
             cache_capacity: None,
+            salvage: false,
         }
     }
 
@@ -116,23 +120,67 @@ impl SledStoreBuilder {
         self
     }
 
-    /// Opens (or creates) the store.
+    /// Opens the store to salvage what is left of it: read-only, and even if it is damaged
+    /// (a store that holds less than it acknowledged otherwise refuses to open with
+    /// [`Error::Damaged`]). [`SledStore::damage`] says what was lost; every commit fails
+    /// with [`Error::ReadOnly`]. What sled itself cannot read stays refused.
+    ///
+    /// The store keeps its mark as it found it, so it stays refused when opened normally
+    /// again. sled, though, rewrites parts of its own files whenever it opens them (it does
+    /// so on the refused open too): to keep the damaged bytes as they were, for a tool that
+    /// reads deeper, copy the directory before opening it at all.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use dormant::store::{Error, SledStore};
+    ///
+    /// match SledStore::open("/var/lib/my-agent/store") {
+    ///     Err(Error::Damaged { damage, .. }) => {
+    ///         eprintln!("damaged: {damage}; reading what is left");
+    ///         let left = SledStore::builder("/var/lib/my-agent/store").salvage().open()?;
+    ///         assert!(left.damage().is_some());
+    ///     }
+    ///     other => drop(other?),
+    /// }
+    /// # Ok::<(), Error>(())
+    /// ```
+    pub fn salvage(mut self) -> Self {
+        self.salvage = true;
+        self
+    }
+
+    /// Opens (or creates) the store, and checks that it holds all it acknowledged (a scan of
+    /// the whole store: see [`SledStore`]). A new store's directory is made the owner's alone
+    /// (`0700`, and its files `0600`), and an existing one's is narrowed to that.
     ///
     /// # Errors
     /// [`Error::Locked`] when another process (or another open store of this process) still
     /// holds the directory after half a second; [`Error::StorageFull`] when the disk is full;
-    /// otherwise sled cannot open the directory, or, at [`Durability::PowerLoss`], the data
-    /// file or directories cannot be opened or synced.
+    /// [`Error::Damaged`] when the store holds less than it acknowledged or sled cannot read
+    /// its files; otherwise sled cannot open the directory, or, at [`Durability::PowerLoss`],
+    /// the data file or directories cannot be opened or synced.
     pub fn open(self) -> Result<SledStore, Error> {
         let mut config = ::sled::Config::new();
         match &self.path {
-            Some(path) => config = config.path(path),
+            Some(path) => {
+                owner_only_directory(path).map_err(io_error)?;
+                config = config.path(path);
+            }
             None => config = config.temporary(true),
         }
         if let Some(bytes) = self.cache_capacity {
             config = config.cache_capacity(bytes);
         }
-        let shared = Arc::new(Shared::start(config, self.path.clone(), self.durability)?);
+        let shared = Arc::new(Shared::start(
+            config,
+            self.path.clone(),
+            self.durability,
+            self.salvage,
+        )?);
+        if let Some(path) = &self.path {
+            owner_only_files(path).map_err(io_error)?;
+        }
         let group = if self.group_commit {
             Some(GroupFlusher::start(Arc::clone(&shared))?)
         } else {
@@ -170,11 +218,18 @@ pub(super) fn open_db(config: &::sled::Config, path: Option<&Path>) -> Result<::
         match config.open() {
             // Once only: if it fails again, the corruption is real. `get_path` is the directory
             // sled opens, a temporary store's too.
-            Err(error @ ::sled::Error::Corruption { .. }) if !cleared_snapshots => {
-                cleared_snapshots = true;
-                if remove_unfinished_snapshots(&config.get_path()).map_err(io_error)? == 0 {
-                    return Err(error.into());
+            Err(error @ ::sled::Error::Corruption { .. }) => {
+                if cleared_snapshots
+                    || remove_unfinished_snapshots(&config.get_path()).map_err(io_error)? == 0
+                {
+                    return Err(Error::Damaged {
+                        path: path.map(Path::to_owned),
+                        damage: Damage::Unreadable {
+                            reason: format!("sled: {error}"),
+                        },
+                    });
                 }
+                cleared_snapshots = true;
             }
             // sled reports the lock as `ErrorKind::Other`: only its message tells it apart.
             Err(::sled::Error::Io(e)) if e.to_string().contains("could not acquire lock") => {
@@ -194,6 +249,73 @@ pub(super) fn open_db(config: &::sled::Config, path: Option<&Path>) -> Result<::
             opened => return Ok(opened?),
         }
     }
+}
+
+/// Creates the store directory `dir` for its owner alone (`0700`): sessions hold what people
+/// typed. An existing directory is narrowed to that if it is a store already, or empty; one
+/// that holds other things is left as it is (with a warning): it is not the store's to change.
+fn owner_only_directory(dir: &Path) -> io::Result<()> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)?;
+        let mode = std::fs::metadata(dir)?.permissions().mode();
+        if mode & 0o077 == 0 {
+            return Ok(());
+        }
+        let ours = dir.join("db").is_file() || std::fs::read_dir(dir)?.next().is_none();
+        if ours {
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode & 0o700))?;
+            tracing::info!(dir = %dir.display(), "store: directory narrowed to its owner (0700)");
+        } else {
+            tracing::warn!(dir = %dir.display(), "store: the directory holds other files and others may read it; a directory of its own would be the owner's alone");
+        }
+    }
+    #[cfg(not(unix))]
+    std::fs::create_dir_all(dir)?;
+    Ok(())
+}
+
+/// Makes the files kept in the store directory `dir` (sled's `db`, `conf`, `snap.*` and
+/// `blobs/`, and the mark, `acknowledged`) its owner's alone (`0600`, `0700` for `blobs/`): sled creates them as the process's umask
+/// has it. It writes new snapshot files only while it opens a database, and no large-value
+/// file (values are kept in pieces), so after an opening none is left behind.
+fn owner_only_files(dir: &Path) -> io::Result<()> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let narrow = |path: &Path, wanted: u32| -> io::Result<()> {
+            let mode = match std::fs::metadata(path) {
+                Ok(meta) => meta.permissions().mode(),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+                Err(e) => return Err(e),
+            };
+            if mode & 0o777 & !wanted != 0 {
+                std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode & wanted))?;
+            }
+            Ok(())
+        };
+        for entry in std::fs::read_dir(dir)? {
+            let name = entry?.file_name();
+            let name = name.to_string_lossy();
+            if name == "db" || name == "conf" || name == mark::FILE || name.starts_with("snap.") {
+                narrow(&dir.join(&*name), 0o600)?;
+            }
+        }
+        let blobs = dir.join("blobs");
+        if blobs.is_dir() {
+            narrow(&blobs, 0o700)?;
+            for entry in std::fs::read_dir(&blobs)? {
+                narrow(&entry?.path(), 0o600)?;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = dir;
+    Ok(())
 }
 
 /// Removes the snapshot files sled began and never finished from the database directory `dir`;

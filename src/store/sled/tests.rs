@@ -216,10 +216,10 @@ async fn every_logical_tree_keeps_its_keys_apart_in_the_one_sled_tree() -> Resul
             vec![(b"k".to_vec(), name)]
         );
     }
-    // Everything lives in the one `records` tree (beside the key that says how values are
-    // kept).
+    // Everything lives in the one `records` tree (beside the keys that say how values are
+    // kept and what the store holds).
     let open = store.shared.open()?;
-    assert_eq!(open.records.len(), 2 * Tree::ALL.len() + 1);
+    assert_eq!(open.records.len(), 2 * Tree::ALL.len() + 2);
     Ok(())
 }
 
@@ -1013,5 +1013,72 @@ fn a_store_written_before_values_had_headers_is_brought_to_them_when_opened(
         let store = SledStore::open(dir.path())?;
         assert_eq!(store.get(Tree::Pending, b"big").wait()?, Some(big.clone()));
     }
+    Ok(())
+}
+
+/// Every path under `dir` (itself included) whose mode lets anyone but its owner in.
+#[cfg(unix)]
+fn open_to_others(dir: &std::path::Path) -> std::io::Result<Vec<(std::path::PathBuf, u32)>> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut open = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(path) = todo.pop() {
+        let meta = std::fs::metadata(&path)?;
+        if meta.permissions().mode() & 0o077 != 0 {
+            open.push((path.clone(), meta.permissions().mode() & 0o777));
+        }
+        if meta.is_dir() {
+            for entry in std::fs::read_dir(&path)? {
+                todo.push(entry?.path());
+            }
+        }
+    }
+    Ok(open)
+}
+
+/// Sessions hold what people typed: a new store is its owner's alone whatever the umask, and
+/// one made before that rule (0755 and 0644) is narrowed when opened; a directory that holds
+/// other things is not the store's to change.
+#[cfg(unix)]
+#[tokio::test]
+async fn the_store_directory_and_its_files_are_the_owners_alone() -> Result<(), anyhow::Error> {
+    use std::os::unix::fs::PermissionsExt;
+    let root = tempfile::tempdir()?;
+    let dir = root.path().join("store");
+    let store = SledStore::open(&dir)?;
+    store
+        .commit(batch(&[(Tree::Sessions, b"s1", &[7; 20_000])]))
+        .await?;
+    store.close().await?;
+    assert_eq!(open_to_others(&dir)?, vec![]);
+
+    // A store written under an older rule, or copied with a wide umask.
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755))?;
+    for entry in std::fs::read_dir(&dir)? {
+        let path = entry?.path();
+        if path.is_file() {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644))?;
+        }
+    }
+    assert!(!open_to_others(&dir)?.is_empty());
+    let store = SledStore::open(&dir)?;
+    store.close().await?;
+    assert_eq!(open_to_others(&dir)?, vec![]);
+
+    // A shared directory with other files in it keeps its mode; the store's files are narrowed.
+    let shared = root.path().join("shared");
+    std::fs::create_dir(&shared)?;
+    std::fs::write(shared.join("notes.txt"), b"not the store's")?;
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o755))?;
+    let store = SledStore::open(&shared)?;
+    store.close().await?;
+    assert_eq!(
+        std::fs::metadata(&shared)?.permissions().mode() & 0o777,
+        0o755
+    );
+    assert_eq!(
+        std::fs::metadata(shared.join("db"))?.permissions().mode() & 0o077,
+        0
+    );
     Ok(())
 }

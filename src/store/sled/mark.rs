@@ -1,0 +1,213 @@
+//! The mark: the number of the last sled batch the store acknowledged, kept in a file of its
+//! own beside sled's (`acknowledged` in the store directory), outside the log it vouches for.
+//!
+//! sled recovering a shorter log than it wrote looks, from inside, like a crash before the
+//! last commits: only a record kept elsewhere tells the two apart. The flusher advances the
+//! mark after each flush that made new batches durable and before their committers hear of
+//! it, with an `fdatasync` at [`Durability::PowerLoss`] (one per group, shared by its
+//! commits); so the mark never names a batch the log may not hold, and every acknowledged
+//! batch is at or below it.
+//!
+//! The file has two slots, written in turn, each `DMK1 seq:u64 crc32:u32` (big-endian): a
+//! write torn in the middle, or a flipped byte, leaves the other slot, one batch behind.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::path::Path;
+
+use parking_lot::Mutex;
+
+#[cfg(doc)]
+use super::open::Durability;
+use crate::store::Damage;
+
+/// The mark's file name in the store directory.
+pub(super) const FILE: &str = "acknowledged";
+
+const MAGIC: &[u8; 4] = b"DMK1";
+const SLOT: usize = 16;
+
+fn encode(seq: u64) -> [u8; SLOT] {
+    let mut slot = [0; SLOT];
+    slot[..4].copy_from_slice(MAGIC);
+    slot[4..12].copy_from_slice(&seq.to_be_bytes());
+    let crc = crc32fast::hash(&slot[..12]);
+    slot[12..].copy_from_slice(&crc.to_be_bytes());
+    slot
+}
+
+fn decode(slot: &[u8]) -> Option<u64> {
+    let crc = u32::from_be_bytes(slot.get(12..16)?.try_into().ok()?);
+    if slot.get(..4)? != MAGIC || crc32fast::hash(slot.get(..12)?) != crc {
+        return None;
+    }
+    Some(u64::from_be_bytes(slot.get(4..12)?.try_into().ok()?))
+}
+
+/// What the mark's file says: the higher of its valid slots, and which slot that is.
+fn read_slots(bytes: &[u8]) -> Option<(u64, usize)> {
+    (0..2)
+        .filter_map(|slot| Some((decode(bytes.get(slot * SLOT..(slot + 1) * SLOT)?)?, slot)))
+        .max()
+}
+
+/// The last batch the store in `dir` acknowledged: `None` when it has no mark (a new store, or
+/// one written before marks were kept).
+///
+/// # Errors
+/// [`Damage::Unreadable`] when the file is there and neither of its slots can be read.
+pub(super) fn read(dir: &Path) -> io::Result<Result<Option<u64>, Damage>> {
+    let bytes = match std::fs::read(dir.join(FILE)) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Ok(None)),
+        Err(e) => return Err(e),
+    };
+    Ok(match read_slots(&bytes) {
+        Some((seq, _)) => Ok(Some(seq)),
+        None => Err(Damage::Unreadable {
+            reason: format!("its mark of acknowledged commits, {FILE}, is unreadable"),
+        }),
+    })
+}
+
+/// The open mark file.
+pub(super) struct Mark {
+    file: File,
+    sync: bool,
+    state: Mutex<Slots>,
+}
+
+struct Slots {
+    /// The number the file holds.
+    written: u64,
+    /// The slot the next write goes to (not the one that holds `written`).
+    next: usize,
+}
+
+impl Mark {
+    /// Opens the mark of the store in `dir`, creating it (owner-only) at `seq`, what the store
+    /// recovered, if it has none; `sync` makes every advance durable (`fdatasync`).
+    pub(super) fn open(dir: &Path, seq: u64, sync: bool) -> io::Result<Self> {
+        let path = dir.join(FILE);
+        let mut options = OpenOptions::new();
+        options.read(true).write(true).create(true);
+        #[cfg(unix)]
+        std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+        let file = options.open(&path)?;
+        let bytes = std::fs::read(&path)?;
+        let mark = Self {
+            file,
+            sync,
+            state: Mutex::new(Slots {
+                written: 0,
+                next: 0,
+            }),
+        };
+        match read_slots(&bytes) {
+            Some((written, slot)) => {
+                *mark.state.lock() = Slots {
+                    written,
+                    next: 1 - slot,
+                };
+            }
+            None => {
+                // New (or unreadable, which opening to salvage accepted): both slots at `seq`.
+                write_at(&mark.file, 0, &[encode(seq), encode(seq)].concat())?;
+                mark.file.sync_all()?;
+                if let Some(parent) = path.parent() {
+                    sync_dir(parent)?;
+                }
+                *mark.state.lock() = Slots {
+                    written: seq,
+                    next: 0,
+                };
+            }
+        }
+        Ok(mark)
+    }
+
+    /// Records that every batch up to `seq` is durable, if that is more than it says.
+    pub(super) fn advance(&self, seq: u64) -> io::Result<()> {
+        let mut state = self.state.lock();
+        if seq <= state.written {
+            return Ok(());
+        }
+        write_at(&self.file, (state.next * SLOT) as u64, &encode(seq))?;
+        if self.sync {
+            self.file.sync_data()?;
+        }
+        state.written = seq;
+        state.next = 1 - state.next;
+        Ok(())
+    }
+}
+
+fn write_at(mut file: &File, offset: u64, bytes: &[u8]) -> io::Result<()> {
+    use std::io::{Seek, SeekFrom, Write};
+    // The mark's lock (or its opening) keeps every other write out meanwhile.
+    file.seek(SeekFrom::Start(offset))?;
+    file.write_all(bytes)
+}
+
+fn sync_dir(dir: &Path) -> io::Result<()> {
+    #[cfg(unix)]
+    {
+        File::open(dir)?.sync_all()
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = dir;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_mark_advances_in_turns_and_survives_one_bad_slot() -> io::Result<()> {
+        let dir = tempfile::tempdir()?;
+        assert_eq!(read(dir.path())?, Ok(None));
+        let mark = Mark::open(dir.path(), 4, false)?;
+        assert_eq!(read(dir.path())?, Ok(Some(4)));
+        mark.advance(5)?;
+        mark.advance(5)?;
+        mark.advance(3)?;
+        mark.advance(6)?;
+        assert_eq!(read(dir.path())?, Ok(Some(6)));
+        drop(mark);
+
+        // A flipped byte in the newer slot leaves the older one.
+        let path = dir.path().join(FILE);
+        let mut bytes = std::fs::read(&path)?;
+        let newer = read_slots(&bytes).map(|(_, slot)| slot).unwrap_or(0);
+        bytes[newer * SLOT + 6] ^= 0xFF;
+        std::fs::write(&path, &bytes)?;
+        assert_eq!(read(dir.path())?, Ok(Some(5)));
+        // Reopened, it goes on from there, writing over the bad slot first.
+        let mark = Mark::open(dir.path(), 0, false)?;
+        mark.advance(7)?;
+        assert_eq!(read(dir.path())?, Ok(Some(7)));
+        let bytes = std::fs::read(&path)?;
+        assert_eq!(decode(&bytes[..SLOT]).max(decode(&bytes[SLOT..])), Some(7));
+        assert!(decode(&bytes[..SLOT]).is_some() && decode(&bytes[SLOT..]).is_some());
+
+        std::fs::write(&path, [0u8; 2 * SLOT])?;
+        assert!(matches!(read(dir.path())?, Err(Damage::Unreadable { .. })));
+        Ok(())
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn the_mark_is_the_owners_alone() -> io::Result<()> {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir()?;
+        Mark::open(dir.path(), 0, true)?;
+        let mode = std::fs::metadata(dir.path().join(FILE))?
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+        Ok(())
+    }
+}
