@@ -111,7 +111,9 @@ use writes::SledWrites;
 /// commits without a word. So every sled batch also writes a record of the store's contents
 /// (a batch number, and how many entries there are with the sum of their checksums), and
 /// after each flush the number of the last durable batch goes to a file outside the log,
-/// `acknowledged` (with an `fdatasync` at [`Durability::PowerLoss`], one per group). Opening
+/// `acknowledged` (with an `fdatasync` at [`Durability::PowerLoss`], one per group; at
+/// [`Durability::ProcessCrash`], whose last commits a power cut may lose, the mark lags up to
+/// a second behind, after an `fdatasync` of the data, and catches up on `close`). Opening
 /// checks both: a store that recovered an earlier batch than it acknowledged, or whose entries
 /// are not those recorded, refuses to open with [`Error::Damaged`], which says which; so does
 /// one whose files sled cannot read. [`SledStoreBuilder::salvage`] opens what is left,
@@ -332,6 +334,9 @@ impl Store for SledStore {
     /// handles on this store remain: they answer [`Error::Closed`] from then on.
     async fn close(&self) -> Result<(), Error> {
         let flushed = self.commit_and_flush(None).await;
+        if flushed.is_ok() {
+            self.shared.mark_everything_flushed();
+        }
         // Waits for an apply or flush in progress, which holds the read side.
         let open = std::mem::replace(&mut *self.shared.state.write(), State::Closed);
         let_go(open);

@@ -14,6 +14,7 @@
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
@@ -23,6 +24,10 @@ use crate::store::Damage;
 
 /// The mark's file name in the store directory.
 pub(super) const FILE: &str = "acknowledged";
+
+/// How far the mark may lag at [`Durability::ProcessCrash`], where it moves only after an
+/// `fdatasync` of its own, so at most once per this long.
+pub(super) const LAG: Duration = Duration::from_secs(1);
 
 const MAGIC: &[u8; 4] = b"DMK1";
 const SLOT: usize = 16;
@@ -82,6 +87,8 @@ struct Slots {
     written: u64,
     /// The slot the next write goes to (not the one that holds `written`).
     next: usize,
+    /// When it was last written (`None`: not since it was opened).
+    at: Option<Instant>,
 }
 
 impl Mark {
@@ -101,6 +108,7 @@ impl Mark {
             state: Mutex::new(Slots {
                 written: 0,
                 next: 0,
+                at: None,
             }),
         };
         match read_slots(&bytes) {
@@ -108,6 +116,7 @@ impl Mark {
                 *mark.state.lock() = Slots {
                     written,
                     next: 1 - slot,
+                    at: None,
                 };
             }
             None => {
@@ -120,6 +129,7 @@ impl Mark {
                 *mark.state.lock() = Slots {
                     written: seq,
                     next: 0,
+                    at: None,
                 };
             }
         }
@@ -138,7 +148,13 @@ impl Mark {
         }
         state.written = seq;
         state.next = 1 - state.next;
+        state.at = Some(Instant::now());
         Ok(())
+    }
+
+    /// Whether a lagging mark is due to move: not written for [`LAG`].
+    pub(super) fn due(&self) -> bool {
+        self.state.lock().at.is_none_or(|at| at.elapsed() >= LAG)
     }
 }
 
