@@ -7,6 +7,7 @@
 mod children;
 mod effects;
 mod remote;
+pub(crate) mod reports;
 mod submit;
 mod work;
 
@@ -26,8 +27,7 @@ use crate::error::Error;
 use crate::ids::{RunId, SessionId};
 use crate::schema;
 use crate::session::{
-    ChildReport, ChildStart, ChildState, Effect, Input, RunOutcome, RunStarted, Session, Stored,
-    Submission,
+    ChildStart, ChildState, Effect, Input, RunOutcome, RunStarted, Session, Stored, Submission,
 };
 use crate::shared::Shared;
 use crate::submit::SubmitOutcome;
@@ -120,10 +120,11 @@ pub(crate) enum SessionMsg {
         /// The session woken (named in the parent's error if it cannot be reached).
         child: SessionId,
     },
-    /// A child of this session reports (sent by the child).
-    ChildReport {
-        tool_call_id: String,
-        report: ChildReport,
+    /// Children of this session queued reports for it (`actor/reports.rs`): sent by the
+    /// child whose report found the queue empty.
+    ReportsWaiting {
+        /// This session (named so that a nudge the host cannot deliver lets its queue go).
+        parent: SessionId,
     },
     /// A remote child's driver finished: where the child stands, or that its server did not
     /// answer. Sent by the driver's task, once per driver.
@@ -242,7 +243,7 @@ impl VirtualActor for SessionActor {
         if let Loaded::Present(session) = &mut state.loaded {
             let now = self.shared.clock.now_ms();
             if let Ok(transition) = session.apply(Input::Restarted, now) {
-                send_reports(host, transition.effects);
+                send_reports(host, &self.shared, transition.effects);
             }
         }
     }
@@ -258,7 +259,7 @@ impl VirtualActor for SessionActor {
         tokio::spawn(async move {
             if let Ok(Some(record)) = schema::load_record(shared.store.as_ref(), &id).await {
                 if let (Some(parent), Some(call)) = (record.parent, record.parent_call) {
-                    send_reports(&host, [why.report(&parent, call)]);
+                    send_reports(&host, &shared, [why.report(&parent, call)]);
                 }
             }
         });
@@ -286,6 +287,7 @@ impl VirtualActor for SessionActor {
             // The parent must learn that its child cannot run, or it would wait forever.
             SessionMsg::StartChild(start) => unreachable_child(
                 host,
+                &self.shared,
                 &start.origin.parent,
                 start.origin.tool_call_id,
                 &start.child,
@@ -295,7 +297,9 @@ impl VirtualActor for SessionActor {
                 parent,
                 tool_call_id,
                 child,
-            } => unreachable_child(host, &parent, tool_call_id, &child, error),
+            } => unreachable_child(host, &self.shared, &parent, tool_call_id, &child, error),
+            // The parent cannot hear them: its queue goes, or no later report would nudge it.
+            SessionMsg::ReportsWaiting { parent } => self.shared.reports.drop_all(&parent),
             // Dropping the reply tells a waiting sweep or settle call that nothing will happen.
             _ => {}
         }
@@ -658,10 +662,7 @@ impl SessionActor {
                 };
                 self.feed(ctx, state, input).await;
             }
-            SessionMsg::ChildReport {
-                tool_call_id,
-                report,
-            } => self.child_reported(ctx, state, tool_call_id, report).await,
+            SessionMsg::ReportsWaiting { .. } => self.reports_waiting(ctx, state).await,
             SessionMsg::RemoteReport {
                 tool_call_id,
                 driven,

@@ -41,6 +41,8 @@ pub(crate) struct Shared {
     pub(crate) orphans_recorded: tokio::sync::Notify,
     /// How calls for sessions another node owns reach it, if they may.
     pub(crate) peers: Option<Arc<dyn crate::peer::Peers>>,
+    /// Children's reports on their way to their parents, heard in groups.
+    pub(crate) reports: crate::actor::reports::Reports,
 }
 
 impl std::fmt::Debug for Shared {

@@ -17,7 +17,8 @@ use crate::error::Error;
 use crate::ids::{RunId, SessionId};
 use crate::schema;
 use crate::session::{
-    ChildReport, ChildStart, ChildState, ChildUnavailable, Effect, Input, LostChild, Session,
+    ChildReport, ChildStart, ChildState, ChildUnavailable, Effect, Input, LostChild, ReportedChild,
+    Session,
 };
 use crate::shared::Shared;
 use crate::store::Store;
@@ -114,43 +115,56 @@ impl SessionActor {
             panic: reason,
         };
         if let Some(host) = ctx.host() {
-            send_reports(&host, [why.report(&origin.parent, origin.tool_call_id)]);
+            send_reports(
+                &host,
+                &self.shared,
+                [why.report(&origin.parent, origin.tool_call_id)],
+            );
         }
     }
 
-    /// A child reported: its new chunks are read (a report carries none) and fed to the core
-    /// with the report.
-    pub(super) async fn child_reported(
-        &self,
-        ctx: &ActorContext<Self>,
-        state: &mut SessionState,
-        tool_call_id: String,
-        report: ChildReport,
-    ) {
+    /// Children queued reports for this session: up to a commit's worth is taken, each
+    /// one's new chunks read (a report carries none), and all fed to the core as one input.
+    /// A queue left longer than that nudges this session again, through the host.
+    pub(super) async fn reports_waiting(&self, ctx: &ActorContext<Self>, state: &mut SessionState) {
+        let (taken, more) = self.shared.reports.take(ctx.key());
+        if more {
+            if let Some(host) = ctx.host() {
+                let parent = ctx.key().clone();
+                host.send(parent.clone(), SessionMsg::ReportsWaiting { parent });
+            }
+        }
+        if taken.is_empty() {
+            return;
+        }
         let session = match self.present(ctx.key(), state).await {
             Ok(Some(session)) => session,
             Ok(None) | Err(_) => return,
         };
-        let Some((child, forwarded)) = session.report_source(&tool_call_id) else {
-            return;
-        };
-        let chunks = match forwarded {
-            None => Ok(Vec::new()),
-            Some(from) => schema::load_chunks(self.shared.store.as_ref(), &child, from).await,
-        };
-        let chunks = match chunks {
-            Ok(chunks) => chunks,
-            Err(error) => {
+        let mut reports = Vec::with_capacity(taken.len());
+        for (tool_call_id, report) in taken {
+            let Some((child, forwarded)) = session.report_source(&tool_call_id) else {
+                continue;
+            };
+            let chunks = match forwarded {
+                None => Ok(Vec::new()),
+                Some(from) => schema::load_chunks(self.shared.store.as_ref(), &child, from).await,
+            };
+            let chunks = chunks.unwrap_or_else(|error| {
                 tracing::warn!(session = %ctx.key(), %child, error = %crate::Untrusted(&error), "subagent.chunks_unreadable");
                 Vec::new()
-            }
-        };
-        let input = Input::ChildReported {
-            tool_call_id,
-            report,
-            chunks,
-        };
-        self.feed(ctx, state, input).await;
+            });
+            reports.push(ReportedChild {
+                tool_call_id,
+                report,
+                chunks,
+            });
+        }
+        if reports.is_empty() {
+            return;
+        }
+        self.feed(ctx, state, Input::ChildrenReported { reports })
+            .await;
     }
 
     /// Starts reconciling the children a crash left marked as running, once per activation,
@@ -208,6 +222,7 @@ impl SessionActor {
 /// parent records that as the tool's error instead of waiting forever.
 pub(super) fn unreachable_child(
     host: &Host<SessionActor>,
+    shared: &Shared,
     parent: &SessionId,
     tool_call_id: String,
     child: &SessionId,
@@ -217,11 +232,15 @@ pub(super) fn unreachable_child(
         child: child.clone(),
         error: super::host_error(error).to_string(),
     };
-    send_reports(host, [why.report(parent, tool_call_id)]);
+    send_reports(host, shared, [why.report(parent, tool_call_id)]);
 }
 
 /// Sends the reports among `effects` from a host callback (outside a handler).
-pub(super) fn send_reports(host: &Host<SessionActor>, effects: impl IntoIterator<Item = Effect>) {
+pub(super) fn send_reports(
+    host: &Host<SessionActor>,
+    shared: &Shared,
+    effects: impl IntoIterator<Item = Effect>,
+) {
     for effect in effects {
         if let Effect::Report {
             parent,
@@ -229,14 +248,22 @@ pub(super) fn send_reports(host: &Host<SessionActor>, effects: impl IntoIterator
             report,
         } = effect
         {
-            host.send(
-                parent,
-                SessionMsg::ChildReport {
-                    tool_call_id,
-                    report,
-                },
-            );
+            report_to(host, shared, parent, tool_call_id, report);
         }
+    }
+}
+
+/// Queues a child's report for its `parent`, and nudges the parent if nothing else will (see
+/// `actor/reports.rs`).
+pub(super) fn report_to(
+    host: &Host<SessionActor>,
+    shared: &Shared,
+    parent: SessionId,
+    tool_call_id: String,
+    report: ChildReport,
+) {
+    if shared.reports.push(parent.clone(), (tool_call_id, report)) {
+        host.send(parent.clone(), SessionMsg::ReportsWaiting { parent });
     }
 }
 

@@ -207,11 +207,7 @@ impl SessionActor {
                 report,
             } => {
                 if let Some(host) = ctx.host() {
-                    let msg = SessionMsg::ChildReport {
-                        tool_call_id,
-                        report,
-                    };
-                    host.send(parent, msg);
+                    super::children::report_to(&host, &self.shared, parent, tool_call_id, report);
                 }
             }
             Effect::StartAgain(start) => {

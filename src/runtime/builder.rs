@@ -271,6 +271,7 @@ impl RuntimeBuilder {
             remote: self.remote,
             remote_policy: self.remote_policy,
             orphans_recorded: tokio::sync::Notify::new(),
+            reports: crate::actor::reports::Reports::default(),
             peers: self.peers,
         });
         // Agents may name each other as sub-agents: the set is checked as a whole.

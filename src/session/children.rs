@@ -9,6 +9,7 @@ use serde_json::Value;
 
 use super::apply_cx::ApplyCx;
 use super::core::{CallSlot, Phase, Session};
+use super::input::ReportedChild;
 use super::{ChildAt, ChildCall, ChildReport, ChildState, Effect, RemoteDrive};
 use crate::definition::ToolKind;
 use crate::ids::{RunId, SessionId};
@@ -346,9 +347,7 @@ impl Session {
         }
     }
 
-    /// A child reported: its new chunks are copied into this stream, the entries of the calls
-    /// that wait on it updated, and a step or a resume that waited for it goes on. A report
-    /// from a companion reaches its record and every call that waits on it.
+    /// A child reported (see [`children_reported`](Self::children_reported)).
     pub(super) fn child_reported(
         &mut self,
         cx: &mut ApplyCx,
@@ -356,16 +355,52 @@ impl Session {
         report: ChildReport,
         chunks: Vec<Chunk>,
     ) {
+        let reported = ReportedChild {
+            tool_call_id: call_id.to_string(),
+            report,
+            chunks,
+        };
+        self.children_reported(cx, vec![reported]);
+    }
+
+    /// Children reported, in this order: each one's new chunks are copied into this stream
+    /// and the entries of the calls that wait on it updated; then a step or a resume that
+    /// waited for them goes on, and it is all one commit (a parent with many children hears
+    /// from them in groups: `actor/reports.rs`). A report from a companion reaches its record
+    /// and every call that waits on it.
+    pub(super) fn children_reported(&mut self, cx: &mut ApplyCx, reports: Vec<ReportedChild>) {
+        let mut woken = Vec::new();
+        let mut recorded = false;
+        for reported in reports {
+            recorded |= self.record_report(cx, reported, &mut woken);
+        }
+        if recorded {
+            self.after_reports(cx, &woken);
+        }
+    }
+
+    /// Records one child's report; adds the calls it settles to `woken`. False when it was
+    /// for no call this session knows (a duplicate, or a child woken twice): nothing changed.
+    fn record_report(
+        &mut self,
+        cx: &mut ApplyCx,
+        reported: ReportedChild,
+        woken: &mut Vec<String>,
+    ) -> bool {
+        let ReportedChild {
+            tool_call_id: call_id,
+            report,
+            chunks,
+        } = reported;
+        let call_id = call_id.as_str();
         let targets = match self.companion_reported(cx, call_id, &report) {
             Some(companion) => self.children.calls_on(&companion),
-            // A report for a call already recorded (a duplicate, or a child woken twice).
-            None if self.children.get(call_id).is_none() => return,
+            None if self.children.get(call_id).is_none() => return false,
             None => {
                 self.forward_chunks(cx, call_id, chunks);
                 vec![call_id.to_string()]
             }
         };
-        let mut woken = Vec::new();
         let mut crashed = Vec::new();
         for target in targets {
             let live = self.waits_on(&target);
@@ -402,6 +437,12 @@ impl Session {
         for cut in crashed {
             self.wake_children(cx, vec![cut]);
         }
+        true
+    }
+
+    /// After the reports of [`children_reported`](Self::children_reported): a step or a
+    /// resume that waited for the `woken` calls goes on; then the commit.
+    fn after_reports(&mut self, cx: &mut ApplyCx, woken: &[String]) {
         let mut kind = CommitKind::Other;
         match &mut self.phase {
             Phase::AwaitingTools { .. } => {
@@ -411,7 +452,10 @@ impl Session {
                 }
             }
             Phase::AwaitingChildren { waking, run_id } => {
-                waking.retain(|id| !woken.contains(id));
+                // A set: a fan-in brings hundreds of reports at once.
+                let woken: std::collections::HashSet<&str> =
+                    woken.iter().map(String::as_str).collect();
+                waking.retain(|id| !woken.contains(id.as_str()));
                 if waking.is_empty() {
                     let run_id = *run_id;
                     self.phase = Phase::Idle;

@@ -78,12 +78,9 @@ pub(crate) enum Input {
     /// The parent goes on (a resume cascading down, a re-attach): resume if possible, as the
     /// run `run_id`, and report where this session stands.
     Wake { run_id: RunId },
-    /// A child reported where it stands; `chunks` are its stream chunks not yet forwarded.
-    ChildReported {
-        tool_call_id: String,
-        report: ChildReport,
-        chunks: Vec<Chunk>,
-    },
+    /// Children reported where they stand (in the order they did; one or many, heard
+    /// together): recorded in one commit.
+    ChildrenReported { reports: Vec<ReportedChild> },
     /// A remote child's driver reported, with the calls the child's tree waits on.
     RemoteReported {
         tool_call_id: String,
@@ -123,6 +120,15 @@ impl Input {
                 | Input::Wake { .. }
         )
     }
+}
+
+/// One child's report, as the parent applies it: the call, the report, and the child's
+/// stream chunks not yet forwarded.
+#[derive(Debug, Clone)]
+pub(crate) struct ReportedChild {
+    pub(crate) tool_call_id: String,
+    pub(crate) report: ChildReport,
+    pub(crate) chunks: Vec<Chunk>,
 }
 
 /// What a child tells its parent when its run settles (or when the parent wakes it).
@@ -201,11 +207,7 @@ impl Session {
             } => self.tools_finished(cx, run_id, step, outcomes),
             Input::StartChild { run_id, start } => self.start_child(cx, run_id, start),
             Input::Wake { run_id } => self.wake(cx, run_id),
-            Input::ChildReported {
-                tool_call_id,
-                report,
-                chunks,
-            } => self.child_reported(cx, &tool_call_id, report, chunks),
+            Input::ChildrenReported { reports } => self.children_reported(cx, reports),
             Input::RemoteReported {
                 tool_call_id,
                 report,

@@ -47,10 +47,12 @@ fn delegating(calls: &[&str], policy: Policy) -> (Session, RunId, Transition) {
 }
 
 fn report(session: &mut Session, call: &str, report: ChildReport, now: u64) -> Transition {
-    let input = Input::ChildReported {
-        tool_call_id: call.into(),
-        report,
-        chunks: Vec::new(),
+    let input = Input::ChildrenReported {
+        reports: vec![ReportedChild {
+            tool_call_id: call.into(),
+            report,
+            chunks: Vec::new(),
+        }],
     };
     session.apply(input, now).unwrap_or_default()
 }
@@ -105,6 +107,48 @@ fn the_step_settles_when_the_last_child_reports_and_a_waiting_child_suspends_the
     );
     assert_eq!(session.record.status, Status::SuspendedAwaitingChildren);
     assert_eq!(session.outcome(4).pending, vec!["q1".to_string()]);
+}
+
+/// A fan-in heard in one input: every report recorded, the step settled once, one commit,
+/// whatever order the reports came in; a report for no known call changes nothing.
+#[test]
+fn reports_heard_together_are_one_commit_that_settles_the_step_once() {
+    let calls = ["c1", "c2", "c3"];
+    let (mut session, _, _) = delegating(&calls, Policy::default());
+    let reported = |call: &str, report: ChildReport| ReportedChild {
+        tool_call_id: call.into(),
+        report,
+        chunks: Vec::new(),
+    };
+    let reports = vec![
+        reported("c3", ChildReport::Suspended(vec!["q3".into()])),
+        reported("nobody", ChildReport::Crashed),
+        reported("c1", ChildReport::Finished(ToolOutcome::Result(json!("a")))),
+        reported("c2", ChildReport::Suspended(vec!["q2".into()])),
+    ];
+    let heard = session
+        .apply(Input::ChildrenReported { reports }, 3)
+        .unwrap_or_default();
+    let commit = heard.commit.as_ref();
+    assert_eq!(commit.map(|c| c.kind), Some(CommitKind::ToolResults));
+    let entries = commit.map_or(0, |c| {
+        c.index
+            .iter()
+            .filter(|write| matches!(write, crate::schema::IndexWrite::PutChild(_)))
+            .count()
+    });
+    assert_eq!(entries, 3, "one entry written per child that reported");
+    assert_eq!(session.record.status, Status::SuspendedAwaitingChildren);
+    let mut pending = session.outcome(3).pending;
+    pending.sort();
+    assert_eq!(pending, vec!["q2".to_string(), "q3".to_string()]);
+
+    // Only reports for no known call: nothing changes, nothing is committed.
+    let nobody = vec![reported("nobody", ChildReport::Crashed)];
+    let ignored = session
+        .apply(Input::ChildrenReported { reports: nobody }, 4)
+        .unwrap_or_default();
+    assert!(ignored.commit.is_none() && ignored.effects.is_empty());
 }
 
 #[test]

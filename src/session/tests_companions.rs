@@ -30,10 +30,12 @@ fn reply(session: &mut Session, run_id: RunId, step: u32, calls: Vec<ToolCall>) 
 }
 
 fn report(session: &mut Session, call: &str, outcome: ChildReport) -> Transition {
-    let input = Input::ChildReported {
-        tool_call_id: call.into(),
-        report: outcome,
-        chunks: Vec::new(),
+    let input = Input::ChildrenReported {
+        reports: vec![ReportedChild {
+            tool_call_id: call.into(),
+            report: outcome,
+            chunks: Vec::new(),
+        }],
     };
     session.apply(input, 50).unwrap_or_default()
 }

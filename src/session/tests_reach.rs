@@ -117,10 +117,12 @@ fn a_resume_wakes_a_remote_child_by_its_driver_and_a_child_here_by_a_message() -
     let (mut session, _) = delegating()?;
     let waiting = |call: &str| ChildReport::Suspended(vec![format!("q-{call}")]);
     for call in ["n1", "f1"] {
-        let input = Input::ChildReported {
-            tool_call_id: call.into(),
-            report: waiting(call),
-            chunks: Vec::new(),
+        let input = Input::ChildrenReported {
+            reports: vec![ReportedChild {
+                tool_call_id: call.into(),
+                report: waiting(call),
+                chunks: Vec::new(),
+            }],
         };
         apply(&mut session, input, 3)?;
     }
@@ -234,10 +236,12 @@ fn recovery_inspects_children_here_and_watches_remote_ones() -> Result<(), Strin
 fn a_model_call_streams_its_deltas_after_the_chunks_its_commit_records() -> Result<(), String> {
     let (mut session, _) = delegating()?;
     for call in ["n1", "f1"] {
-        let input = Input::ChildReported {
-            tool_call_id: call.into(),
-            report: ChildReport::Finished(ToolOutcome::Result(json!(call))),
-            chunks: Vec::new(),
+        let input = Input::ChildrenReported {
+            reports: vec![ReportedChild {
+                tool_call_id: call.into(),
+                report: ChildReport::Finished(ToolOutcome::Result(json!(call))),
+                chunks: Vec::new(),
+            }],
         };
         let reported = apply(&mut session, input, 3)?;
         let after = reported.effects.iter().find_map(|effect| match effect {

@@ -104,10 +104,12 @@ fn finished(run_id: RunId, step: u32, call: &str, value: serde_json::Value) -> I
 }
 
 fn reported(call: &str, report: ChildReport) -> Input {
-    Input::ChildReported {
-        tool_call_id: call.into(),
-        report,
-        chunks: Vec::new(),
+    Input::ChildrenReported {
+        reports: vec![ReportedChild {
+            tool_call_id: call.into(),
+            report,
+            chunks: Vec::new(),
+        }],
     }
 }
 
@@ -185,11 +187,25 @@ fn root_life() -> Vec<Step> {
     vec![
         step(ROOT, 1, true, execute(r1, "go")),
         step(ROOT, 2, true, replied(r1, 1, first)),
+        // Heard with a report for no call it knows, which changes nothing.
         step(
             ROOT,
             3,
             true,
-            reported("s1", ChildReport::Suspended(vec!["q1".into()])),
+            Input::ChildrenReported {
+                reports: vec![
+                    ReportedChild {
+                        tool_call_id: "s1".into(),
+                        report: ChildReport::Suspended(vec!["q1".into()]),
+                        chunks: Vec::new(),
+                    },
+                    ReportedChild {
+                        tool_call_id: "nobody".into(),
+                        report: done("lost"),
+                        chunks: Vec::new(),
+                    },
+                ],
+            },
         ),
         step(
             ROOT,
@@ -394,7 +410,7 @@ const EVERY_INPUT: [&str; 19] = [
     "tools_finished",
     "start_child",
     "wake",
-    "child_reported",
+    "children_reported",
     "remote_reported",
     "remote_answered",
     "remote_unreachable",
@@ -417,7 +433,7 @@ fn name_of(input: &Input) -> &'static str {
         Input::ToolsFinished { .. } => "tools_finished",
         Input::StartChild { .. } => "start_child",
         Input::Wake { .. } => "wake",
-        Input::ChildReported { .. } => "child_reported",
+        Input::ChildrenReported { .. } => "children_reported",
         Input::RemoteReported { .. } => "remote_reported",
         Input::RemoteAnswered { .. } => "remote_answered",
         Input::RemoteUnreachable { .. } => "remote_unreachable",
