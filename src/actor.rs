@@ -186,7 +186,8 @@ impl VirtualActor for SessionActor {
     type State = SessionState;
     type Error = Error;
 
-    /// Another node owns the session's tree: the request is answered (and forwarded) as such.
+    /// Another node took the session's tree between the call's route and this activation: an
+    /// answer (the call is routed once more), not a fault.
     fn is_refusal(&self, error: &Error) -> bool {
         matches!(error, Error::Store(crate::store::Error::LeaseHeld { .. }))
     }

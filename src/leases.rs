@@ -9,7 +9,6 @@
 //! when the tree's last session stops here.
 
 use std::fmt;
-use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
 use serde::{Deserialize, Serialize};
@@ -155,32 +154,32 @@ impl Leases for SingleNode {
 /// again: long enough for the calls of one request (a submit and its resume, the stream that
 /// follows), short enough that a tree that moved is found again soon. A call sent to an owner
 /// that no longer holds the tree is refused there, and routed again after a fresh look.
-const OWNER_FRESH: Duration = Duration::from_secs(1);
+const OWNER_FRESH_MS: u64 = 1_000;
 
 /// How many owners are remembered at most before the memory starts over.
 const OWNERS_KEPT: usize = 100_000;
 
-/// The owners of other nodes' trees this node looked up lately, by lease.
+/// The owners of other nodes' trees this node looked up lately, by lease, with when (the
+/// runtime's clock, in ms: a test moves it by hand).
 #[derive(Debug, Default)]
 pub(crate) struct Owners {
-    seen: DashMap<String, (LeaseOwner, Instant)>,
+    seen: DashMap<String, (LeaseOwner, u64)>,
 }
 
 impl Owners {
-    /// The owner of `lease` looked up less than [`OWNER_FRESH`] ago.
-    pub(crate) fn fresh(&self, lease: &str) -> Option<LeaseOwner> {
+    /// The owner of `lease` looked up less than [`OWNER_FRESH_MS`] before `now_ms`.
+    pub(crate) fn fresh(&self, lease: &str, now_ms: u64) -> Option<LeaseOwner> {
         let seen = self.seen.get(lease)?;
         let (owner, at) = seen.value();
-        (at.elapsed() < OWNER_FRESH).then(|| owner.clone())
+        (now_ms.saturating_sub(*at) < OWNER_FRESH_MS).then(|| owner.clone())
     }
 
-    /// Remembers that `owner` holds `lease` now.
-    pub(crate) fn remember(&self, lease: &str, owner: &LeaseOwner) {
+    /// Remembers that `owner` holds `lease` at `now_ms`.
+    pub(crate) fn remember(&self, lease: &str, owner: &LeaseOwner, now_ms: u64) {
         if self.seen.len() >= OWNERS_KEPT {
             self.seen.clear();
         }
-        self.seen
-            .insert(lease.to_string(), (owner.clone(), Instant::now()));
+        self.seen.insert(lease.to_string(), (owner.clone(), now_ms));
     }
 
     /// Forgets the owner of `lease`: a call sent there was refused, or not answered.

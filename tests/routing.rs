@@ -11,7 +11,9 @@ use dormant::leases::{LeaseOwner, Leases, PeerKey};
 use dormant::peer::{PeerAnswer, PeerCall, PeerFailure, Peers};
 use dormant::remote::RemoteError;
 use dormant::store::Error as StoreError;
-use dormant::{AgentDefinition, Error, MemoryStore, ModelReply, Runtime, ScriptedLlm, SessionId};
+use dormant::{
+    AgentDefinition, Error, ManualClock, MemoryStore, ModelReply, Runtime, ScriptedLlm, SessionId,
+};
 
 /// The lease table as another node holds every tree: each take is refused, and the owner is
 /// known once `known_after` lookups have been made (before that, nobody seems to hold it:
@@ -380,17 +382,26 @@ impl Peers for AThenC {
     }
 }
 
-#[tokio::test]
-async fn an_owner_remembered_from_a_moment_ago_that_refused_the_call_is_looked_up_again(
-) -> anyhow::Result<()> {
+/// Node B on a store that holds `s1`, with the lease table `Moved` and the nodes `AThenC`, on
+/// a clock moved by hand.
+async fn node_b_moved(clock: &ManualClock) -> anyhow::Result<(Runtime, Arc<Moved>, Arc<AThenC>)> {
     let leases = Arc::new(Moved::default());
     let nodes = Arc::new(AThenC::default());
     let b = Runtime::builder()
         .store(store_with_s1().await?)
         .leases(Arc::clone(&leases) as Arc<dyn Leases>)
         .peers(Arc::clone(&nodes) as Arc<dyn Peers>)
+        .clock(Arc::new(clock.clone()))
         .agent(greeter()?)
         .build()?;
+    Ok((b, leases, nodes))
+}
+
+#[tokio::test]
+async fn an_owner_remembered_from_a_moment_ago_that_refused_the_call_is_looked_up_again(
+) -> anyhow::Result<()> {
+    let clock = ManualClock::new(0);
+    let (b, leases, nodes) = node_b_moved(&clock).await?;
     let id: SessionId = "s1".parse()?;
 
     // Looked up now, A answers (its run is in progress), and B remembers it for a moment.
@@ -399,12 +410,36 @@ async fn an_owner_remembered_from_a_moment_ago_that_refused_the_call_is_looked_u
     // The tree moved to C meanwhile: A, remembered, refuses, and B looks again and sends the
     // call to C. (A refusal by an owner looked up for the call itself is its answer: two
     // nodes disagree for a moment, and a retry finds the owner.)
+    clock.advance(999);
     let second = b.execute_on(&id, "greeter", "hi").await;
     assert!(
         matches!(&second, Err(Error::AlreadyRunning(session)) if *session == id),
         "{second:?}"
     );
     assert_eq!(*nodes.called.lock(), ["a", "a", "c"]);
+    assert_eq!(leases.lookups.load(Ordering::SeqCst), 2);
+    b.shutdown().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn an_owner_looked_up_a_second_ago_or_more_is_looked_up_again_before_the_call_is_sent(
+) -> anyhow::Result<()> {
+    let clock = ManualClock::new(0);
+    let (b, leases, nodes) = node_b_moved(&clock).await?;
+    let id: SessionId = "s1".parse()?;
+
+    let first = b.execute_on(&id, "greeter", "hi").await;
+    assert!(matches!(&first, Err(Error::AlreadyRunning(_))), "{first:?}");
+    // A second later, what B remembered is stale: it looks again, finds C, and sends the call
+    // there only.
+    clock.advance(1_000);
+    let second = b.execute_on(&id, "greeter", "hi").await;
+    assert!(
+        matches!(&second, Err(Error::AlreadyRunning(session)) if *session == id),
+        "{second:?}"
+    );
+    assert_eq!(*nodes.called.lock(), ["a", "c"]);
     assert_eq!(leases.lookups.load(Ordering::SeqCst), 2);
     b.shutdown().await?;
     Ok(())

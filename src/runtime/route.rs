@@ -66,7 +66,7 @@ pub(crate) async fn route(
         return Ok(Route::Here);
     }
     if !look_again {
-        if let Some(owner) = shared.owners.fresh(root.as_str()) {
+        if let Some(owner) = shared.owners.fresh(root.as_str(), shared.clock.now_ms()) {
             return Ok(Route::Owner(Owned {
                 owner,
                 root,
@@ -76,7 +76,9 @@ pub(crate) async fn route(
     }
     Ok(match shared.leases.owner(root.as_str()).await? {
         Some(owner) => {
-            shared.owners.remember(root.as_str(), &owner);
+            shared
+                .owners
+                .remember(root.as_str(), &owner, shared.clock.now_ms());
             Route::Owner(Owned {
                 owner,
                 root,
