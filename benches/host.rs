@@ -25,7 +25,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use criterion::Criterion;
-use dormant_actors::{ActorContext, Error, Host, HostConfig, VirtualActor};
+use dormant_actors::{ActorContext, Host, HostConfig, HostError, VirtualActor};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tokio::sync::oneshot;
 
@@ -59,7 +59,7 @@ impl VirtualActor for Echo {
         let _ = msg.reply.send(*count);
     }
 
-    fn reject(&self, _host: &Host<Self>, msg: Ping, _error: Error) {
+    fn reject(&self, _host: &Host<Self>, msg: Ping, _error: HostError<Self>) {
         drop(msg);
     }
 }

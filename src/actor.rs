@@ -187,7 +187,8 @@ impl VirtualActor for SessionActor {
     type State = SessionState;
     type Error = Error;
 
-    /// Another node owns the session's tree: the request is answered (and forwarded) as such.
+    /// Another node took the session's tree between the call's route and this activation: an
+    /// answer (the call is routed once more), not a fault.
     fn is_refusal(&self, error: &Error) -> bool {
         matches!(error, Error::Store(crate::store::Error::LeaseHeld { .. }))
     }
@@ -248,7 +249,7 @@ impl VirtualActor for SessionActor {
         }
     }
 
-    fn failed(&self, host: &Host<Self>, id: &SessionId, error: &dormant_actors::Error) {
+    fn failed(&self, host: &Host<Self>, id: &SessionId, error: &HostError) {
         // The parent of a child that keeps crashing records that as the tool's error. The
         // callback is synchronous and the store's reads are not: a task reads the lineage.
         let (shared, host, id) = (Arc::clone(&self.shared), host.clone(), id.clone());
@@ -268,10 +269,10 @@ impl VirtualActor for SessionActor {
     fn passivated(&self, id: &SessionId) {
         tracing::debug!(session = %id, "session.evicted");
         // Its state is durable: another node may own it from now on.
-        self.shared.store.release_session(id.as_str());
+        self.shared.leases.release_session(id.as_str());
     }
 
-    fn reject(&self, host: &Host<Self>, msg: SessionMsg, error: dormant_actors::Error) {
+    fn reject(&self, host: &Host<Self>, msg: SessionMsg, error: HostError) {
         match msg {
             SessionMsg::Execute { reply, .. } | SessionMsg::Resume { reply: Some(reply) } => {
                 reply.fail(host_error(error));
@@ -315,18 +316,36 @@ pub(crate) enum Handled {
     No,
 }
 
-/// The typed error for a message the host could not deliver.
-pub(crate) fn host_error(error: dormant_actors::Error) -> Error {
+/// What the host answers a session's message with when it cannot deliver it.
+pub(crate) type HostError = dormant_actors::HostError<SessionActor>;
+
+/// The typed error for a message the host could not deliver. An activation refused because
+/// another live node holds the tree's lease is that store error, as the actor typed it (a
+/// call routed here routes again on it); any other failure makes the session unavailable.
+pub(crate) fn host_error(error: HostError) -> Error {
+    use dormant_actors::Error as Host;
     match error {
-        dormant_actors::Error::ShutDown => Error::ShutDown,
-        dormant_actors::Error::ActivationFailed { key, reason }
-        | dormant_actors::Error::Failed {
+        Host::ShutDown => Error::ShutDown,
+        Host::ActivationFailed { key, error } => match error.as_ref() {
+            Error::Store(crate::store::Error::LeaseHeld { session, owner }) => {
+                Error::Store(crate::store::Error::LeaseHeld {
+                    session: session.clone(),
+                    owner: owner.clone(),
+                })
+            }
+            other => Error::SessionUnavailable {
+                session: key,
+                reason: other.to_string(),
+            },
+        },
+        Host::ActivationPanicked { key, panic: reason }
+        | Host::Failed {
             key,
             last_panic: reason,
             ..
-        } => match key.parse() {
-            Ok(session) => Error::SessionUnavailable { session, reason },
-            Err(_) => Error::ShutDown,
+        } => Error::SessionUnavailable {
+            session: key,
+            reason,
         },
     }
 }
@@ -381,14 +400,15 @@ impl SessionActor {
     /// activation fail, and the message with it. A tree has one owner, so a parent and its
     /// children always talk in process.
     async fn take_lease(&self, id: &SessionId) -> Result<(), Error> {
-        let store = self.shared.store.as_ref();
-        if !store.holds_leases() {
+        let leases = self.shared.leases.as_ref();
+        if !leases.is_shared() {
             return Ok(());
         }
-        // A session's place in its tree never changes once written: read before the lease.
-        // A session not written yet is a new root, or a child its start moves to its root.
-        let root = schema::tree_root(store, id).await?;
-        store.acquire(id.as_str(), root.as_str()).await?;
+        // A session's place in its tree never changes once written: read before the lease
+        // (remembered from the call's routing, usually). A session not written yet is a new
+        // root, or a child its start moves to its root.
+        let root = self.shared.root_of(id).await?;
+        leases.acquire(id.as_str(), root.as_str()).await?;
         Ok(())
     }
 
@@ -401,7 +421,7 @@ impl SessionActor {
         // Loaded under a lease this node lost (and maybe took again) since: another node may
         // have written the session meanwhile, so what is in memory is read again.
         if matches!(state.loaded, Loaded::Present(_))
-            && !self.shared.store.holds_current(id.as_str())
+            && !self.shared.leases.holds_current(id.as_str())
         {
             tracing::warn!(session = %id, "session.stale_after_lease_lost");
             state.loaded = Loaded::Unreadable;

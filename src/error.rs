@@ -99,6 +99,22 @@ pub enum Error {
     /// says so (the server did not answer): the same submit is accepted once it is back.
     #[error(transparent)]
     Remote(crate::remote::RemoteError),
+    /// The session's tree is owned by another node of the cluster, which did not answer the
+    /// call sent to it ([`crate::peer`]): it may be restarting, or dead until its lease lapses.
+    /// Nothing was written here; retryable.
+    #[error(
+        "session {session} is owned by node {node} at {endpoint}, which did not answer: {reason}"
+    )]
+    OwnerUnreachable {
+        /// The session.
+        session: SessionId,
+        /// The node that owns its tree.
+        node: String,
+        /// Where it was called.
+        endpoint: String,
+        /// What failed.
+        reason: String,
+    },
     /// A call from a peer ([`Runtime::serve_peer`](crate::Runtime::serve_peer)) did not carry
     /// this node's key, or this node takes no calls from peers (its store is its own).
     #[error("refused: not a peer of this node (a wrong key, or a store only this node uses)")]
@@ -165,6 +181,7 @@ impl Error {
             Error::NoTokioRuntime => "no_tokio_runtime",
             Error::Remote(error) if error.is_retryable() => "remote_unavailable",
             Error::Remote(_) => "remote_error",
+            Error::OwnerUnreachable { .. } => "owner_unreachable",
             Error::PeerRefused => "peer_refused",
         }
     }

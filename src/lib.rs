@@ -75,6 +75,8 @@ mod dispatch;
 mod error;
 pub mod hooks;
 pub mod ids;
+pub mod leases;
+mod lineage;
 pub mod llm;
 pub mod message;
 mod metrics;

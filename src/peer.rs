@@ -1,72 +1,34 @@
-//! Peers: the in-process API answers for sessions another node owns. On a store several
-//! nodes share ([`PgStore`](crate::PgStore)), a [`Runtime`](crate::Runtime) call for a
-//! session whose tree another live node owns is refused here (the activation cannot take the
-//! tree's lease); with a [`Peers`] transport configured
-//! ([`RuntimeBuilder::peers`](crate::RuntimeBuilder::peers)), the call is sent to that owner
-//! instead, as a [`PeerCall`], and its [`PeerAnswer`] returned as the call's own. The owner
-//! serves it with [`Runtime::serve_peer`](crate::Runtime::serve_peer), here and never further,
-//! so two nodes that disagree for a moment answer an error rather than pass a call between
-//! them. `dormant_server::HttpPeers` speaks it over HTTP (`POST /peer`).
+//! Peers: any node answers for any session. On a store several nodes share
+//! ([`PgStore`](crate::PgStore)), each tree of sessions is owned by one live node at a time
+//! (its lease, [`crate::leases`]). Every [`Runtime`](crate::Runtime) call that acts on a
+//! session is routed once, before anything is activated: by the tree's lease, to this node
+//! (the call runs here) or to the owner, where a [`Peers`] transport
+//! ([`RuntimeBuilder::peers`](crate::RuntimeBuilder::peers)) sends it as a [`PeerCall`] and
+//! the owner's [`PeerAnswer`] is the call's own. The owner serves it with
+//! [`Runtime::serve_peer`](crate::Runtime::serve_peer), here and never further, so two nodes
+//! that disagree for a moment answer an error rather than pass a call between them. A call
+//! routed here that finds another node took the tree meanwhile (its activation is refused
+//! with the store's `LeaseHeld`) is routed once more. A session's stream is followed where
+//! it runs ([`Peers::follow`]). `dormant_server::HttpPeers` speaks it over HTTP
+//! (`POST /peer`).
 //!
 //! A peer proves it is one with the owner's [`PeerKey`]: a random key each node makes when its
 //! store opens, kept beside its address in the store and read from there with the owner
-//! ([`Store::lease_owner`](crate::Store::lease_owner)). Whoever can read the store can call
-//! the nodes as a peer; whoever can write it could do anything anyway.
+//! ([`Leases::owner`](crate::leases::Leases::owner)). Whoever can read the store can call the
+//! nodes as a peer; whoever can write it could do anything anyway.
 
 use std::fmt;
 
+use futures::stream::BoxStream;
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
 use crate::error::Error;
 use crate::ids::SessionId;
+pub use crate::leases::{LeaseOwner, PeerKey};
 use crate::remote::RemoteError;
 use crate::session::{RunOutcome, RunStarted, Status};
-use crate::store::LeaseOwner;
-use crate::submit::SubmitOutcome;
-
-/// A node's key for calls from its peers. Its `Debug` does not show it.
-#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct PeerKey(String);
-
-impl PeerKey {
-    /// A fresh random key (244 random bits).
-    pub fn random() -> Self {
-        Self(format!(
-            "{}{}",
-            uuid::Uuid::new_v4().simple(),
-            uuid::Uuid::new_v4().simple()
-        ))
-    }
-
-    /// A key as stored.
-    pub fn new(key: impl Into<String>) -> Self {
-        Self(key.into())
-    }
-
-    /// The key, to send with a call.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-
-    /// Whether `presented` is this key, in time that does not depend on where they differ.
-    pub fn matches(&self, presented: &str) -> bool {
-        let (ours, theirs) = (self.0.as_bytes(), presented.as_bytes());
-        ours.len() == theirs.len()
-            && ours
-                .iter()
-                .zip(theirs)
-                .fold(0u8, |differ, (a, b)| differ | (a ^ b))
-                == 0
-    }
-}
-
-impl fmt::Debug for PeerKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("PeerKey(..)")
-    }
-}
+use crate::stream::{Chunk, Delta};
+use crate::submit::{Submit, SubmitOutcome};
 
 /// A call of the in-process API, sent to the node that owns the session's tree.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -97,11 +59,19 @@ pub enum PeerCall {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         remote_parent: Option<crate::remote::RemoteParent>,
     },
-    /// [`Runtime::submit_tool_result`](crate::Runtime::submit_tool_result), its envelope as
-    /// [`Submit::to_json`](crate::Submit::to_json) writes it.
+    /// [`Runtime::submit_tool_result`](crate::Runtime::submit_tool_result), sent as its
+    /// envelope ([`Submit::to_json`], read back with [`Submit::from_json`]).
     Submit {
-        /// The envelope.
-        envelope: Value,
+        /// The answer.
+        #[serde(rename = "envelope", with = "envelope")]
+        submit: Submit,
+    },
+    /// [`Runtime::submit_and_resume`](crate::Runtime::submit_and_resume): a submit, and once
+    /// it is accepted a resume of its session, in one call.
+    SubmitAndResume {
+        /// The answer.
+        #[serde(rename = "envelope", with = "envelope")]
+        submit: Submit,
     },
     /// [`Runtime::resume`](crate::Runtime::resume) (`wait`) or
     /// [`Runtime::start_resume`](crate::Runtime::start_resume).
@@ -119,6 +89,62 @@ pub enum PeerCall {
         /// Abort rather than interrupt.
         abort: bool,
     },
+    /// [`Runtime::wait_settled`](crate::Runtime::wait_settled) (`tree`:
+    /// [`Runtime::wait_tree_settled`](crate::Runtime::wait_tree_settled)): answered once the
+    /// session (its tree) is settled on the owner.
+    WaitSettled {
+        /// The session.
+        session: SessionId,
+        /// Its whole tree.
+        tree: bool,
+    },
+    /// [`Runtime::is_settled`](crate::Runtime::is_settled): answered at once.
+    IsSettled {
+        /// The session.
+        session: SessionId,
+    },
+}
+
+impl PeerCall {
+    /// The session whose tree's owner serves the call (`None`: a submit that names no valid
+    /// session, which is answered wherever it is made).
+    pub fn session(&self) -> Option<SessionId> {
+        match self {
+            PeerCall::Execute { session, .. }
+            | PeerCall::Start { session, .. }
+            | PeerCall::Resume { session, .. }
+            | PeerCall::Stop { session, .. }
+            | PeerCall::WaitSettled { session, .. }
+            | PeerCall::IsSettled { session } => Some(session.clone()),
+            PeerCall::Submit { submit } | PeerCall::SubmitAndResume { submit } => {
+                submit.session_id.parse().ok()
+            }
+        }
+    }
+
+    /// The agent the call names (to give an `agent_mismatch` back whole).
+    pub fn agent(&self) -> Option<&str> {
+        match self {
+            PeerCall::Execute { agent, .. } | PeerCall::Start { agent, .. } => Some(agent),
+            _ => None,
+        }
+    }
+}
+
+/// A [`Submit`] on the wire: its JSON envelope, as a client sends it.
+mod envelope {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    use crate::submit::Submit;
+
+    pub(super) fn serialize<S: Serializer>(submit: &Submit, to: S) -> Result<S::Ok, S::Error> {
+        submit.to_json().serialize(to)
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(from: D) -> Result<Submit, D::Error> {
+        let envelope = serde_json::Value::deserialize(from)?;
+        Submit::from_json(&envelope).map_err(serde::de::Error::custom)
+    }
 }
 
 /// The owner's answer to a [`PeerCall`].
@@ -132,10 +158,30 @@ pub enum PeerAnswer {
     Started(RunStarted),
     /// A submit's outcome.
     Submitted(SubmitOutcome),
+    /// A submit's outcome and, for one accepted, how its resume went.
+    SubmittedAndResumed(SubmitResumed),
     /// A stop is done.
     Stopped,
+    /// Whether the session is settled (for a wait: it is now).
+    Settled {
+        /// Settled.
+        settled: bool,
+    },
     /// The call failed on the owner.
     Failed(PeerFailure),
+}
+
+/// What [`Runtime::submit_and_resume`](crate::Runtime::submit_and_resume) answers: the
+/// submit's outcome and, for an accepted answer, its session's resume.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SubmitResumed {
+    /// The submit's outcome.
+    pub outcome: SubmitOutcome,
+    /// The resume, tried only once the answer was accepted: started (or found calls still
+    /// waiting), or refused, as the node that ran it said
+    /// ([`PeerFailure::into_error`] gives the error back).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resumed: Option<Result<RunStarted, PeerFailure>>,
 }
 
 /// A call that failed on its owner: the error's stable code and message, with what this side
@@ -209,7 +255,7 @@ impl PeerFailure {
     fn refusal(self, endpoint: &str) -> Error {
         // A shut-down or busy owner is worth another try; anything else is its answer.
         let status = match self.code.as_str() {
-            "shut_down" | "store_error" | "remote_unavailable" => 503,
+            "shut_down" | "store_error" | "remote_unavailable" | "owner_unreachable" => 503,
             _ => 500,
         };
         Error::Remote(RemoteError::Refused {
@@ -221,6 +267,23 @@ impl PeerFailure {
     }
 }
 
+/// One event of a session's stream, as the node that runs it sends it to a peer that follows
+/// it ([`Peers::follow`]).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum PeerEvent {
+    /// A stored chunk.
+    Chunk(Chunk),
+    /// A live delta of a model call.
+    Delta(Delta),
+    /// The stream failed on the owner; nothing follows.
+    Failed(PeerFailure),
+}
+
+/// A session's stream from the node that runs it.
+pub type PeerEvents = BoxStream<'static, Result<PeerEvent, RemoteError>>;
+
 /// How a runtime sends a call to the node that owns a session's tree
 /// ([`RuntimeBuilder::peers`](crate::RuntimeBuilder::peers)).
 #[async_trait::async_trait]
@@ -231,51 +294,29 @@ pub trait Peers: Send + Sync + fmt::Debug + 'static {
     /// The owner could not be reached ([`RemoteError::Unreachable`], retryable), refused the
     /// call (a wrong key), or answered something unreadable.
     async fn call(&self, owner: &LeaseOwner, call: &PeerCall) -> Result<PeerAnswer, RemoteError>;
-}
 
-tokio::task_local! {
-    /// Set while the calls of a task may not be sent on (see [`here_only`]).
-    static HERE_ONLY: ();
-}
-
-/// Runs `calls` with every [`Runtime`](crate::Runtime) call they make served on this node
-/// only, never sent to another. The agent server runs each request in it: it sends a whole
-/// request on to the owner itself (one hop for the request, not one per call it makes), and
-/// one another node sent it is never sent on again, so two nodes that disagree for a moment
-/// answer an error rather than pass it between them.
-pub async fn here_only<F: std::future::Future>(calls: F) -> F::Output {
-    HERE_ONLY.scope((), calls).await
-}
-
-/// Whether calls made now may be sent to another node.
-pub(crate) fn may_forward() -> bool {
-    HERE_ONLY.try_with(|()| ()).is_err()
-}
-
-/// Whether `error` means the session's tree is owned by another node (the activation could
-/// not take its lease, or this node lost it).
-pub(crate) fn owned_elsewhere(error: &Error) -> bool {
-    matches!(
-        error,
-        Error::SessionUnavailable { .. }
-            | Error::Store(
-                crate::store::Error::LeaseHeld { .. } | crate::store::Error::LeaseLost { .. }
-            )
-    )
+    /// Follows `session`'s stream on `owner` from sequence number `from`: its stored chunks,
+    /// then the live ones and the deltas between them, as
+    /// [`Runtime::follow_live`](crate::Runtime::follow_live) gives them there (the owner
+    /// serves it with [`Runtime::serve_peer_follow`](crate::Runtime::serve_peer_follow)).
+    /// `None`: this transport does not follow, and the session is followed here, from the
+    /// store (the default).
+    ///
+    /// # Errors
+    /// As [`Peers::call`].
+    async fn follow(
+        &self,
+        _owner: &LeaseOwner,
+        _session: &SessionId,
+        _from: u64,
+    ) -> Result<Option<PeerEvents>, RemoteError> {
+        Ok(None)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_key_matches_itself_only() {
-        let key = PeerKey::random();
-        assert!(key.matches(key.as_str()));
-        assert!(!key.matches(PeerKey::random().as_str()));
-        assert!(!key.matches(""));
-        assert_eq!(format!("{key:?}"), "PeerKey(..)");
-    }
 
     #[test]
     fn a_failure_comes_back_as_the_same_error() {
@@ -301,5 +342,46 @@ mod tests {
             assert_eq!(back.to_string(), error.to_string());
             assert_eq!(back.code(), error.code());
         }
+    }
+
+    /// Every call, answer and event reads back as it was sent; a submit travels as the
+    /// envelope a client sends (the wire form of the calls before routing).
+    #[test]
+    fn calls_answers_and_events_cross_the_wire_unchanged() -> Result<(), serde_json::Error> {
+        let session: SessionId = "s1".parse().unwrap_or_else(|_| unreachable!());
+        let submit = Submit::result("s1", "tc-1", serde_json::json!({ "ok": true }));
+        let calls = [
+            PeerCall::Submit {
+                submit: submit.clone(),
+            },
+            PeerCall::WaitSettled {
+                session: session.clone(),
+                tree: true,
+            },
+            PeerCall::IsSettled {
+                session: session.clone(),
+            },
+        ];
+        for call in calls {
+            let wire = serde_json::to_value(&call)?;
+            assert_eq!(serde_json::from_value::<PeerCall>(wire)?, call);
+        }
+        let wire = serde_json::to_value(PeerCall::Submit {
+            submit: submit.clone(),
+        })?;
+        assert_eq!(wire["call"], "submit");
+        assert_eq!(wire["envelope"], submit.to_json());
+        for answer in [
+            PeerAnswer::Settled { settled: false },
+            PeerAnswer::Stopped,
+            PeerAnswer::Failed(PeerFailure::of(&Error::ShutDown)),
+        ] {
+            let wire = serde_json::to_value(&answer)?;
+            assert_eq!(serde_json::from_value::<PeerAnswer>(wire)?, answer);
+        }
+        let event = PeerEvent::Failed(PeerFailure::of(&Error::Crashed(session)));
+        let wire = serde_json::to_vec(&event)?;
+        assert_eq!(serde_json::from_slice::<PeerEvent>(&wire)?, event);
+        Ok(())
     }
 }

@@ -1,11 +1,13 @@
 //! The public entry point: a [`Runtime`] hosts sessions on a store and runs their agents.
 
 mod builder;
+mod call;
 mod claim;
 mod follow;
 mod inner;
-mod peer;
+mod route;
 mod stop;
+mod submit;
 
 use std::sync::Arc;
 
@@ -13,16 +15,14 @@ use dormant_actors::HostStats;
 use futures::Stream;
 use tokio::sync::oneshot;
 
-use crate::actor::{host_error, Reply, SessionMsg};
+use crate::actor::{host_error, SessionMsg};
 use crate::definition::{AgentDefinition, DefinitionError, ToolKind};
 use crate::error::Error;
 use crate::ids::SessionId;
 use crate::message::Message;
 use crate::metrics::ClientToolStats;
 use crate::metrics::Latency;
-use crate::peer::PeerCall;
-use crate::remote::Owner;
-use crate::router;
+use crate::peer::{PeerCall, SubmitResumed};
 use crate::scheduler::{SchedulerMsg, SweepReport};
 use crate::schema;
 use crate::schema::ExpiredCall;
@@ -30,7 +30,7 @@ use crate::session::{ChildCall, Companion, PendingCall};
 use crate::session::{RunOutcome, RunRecord, RunStarted, SessionRecord, Status};
 use crate::shared::Shared;
 use crate::stream::Chunk;
-use crate::submit::{Checked, Limits, Submit, SubmitOutcome};
+use crate::submit::{Submit, SubmitOutcome};
 
 pub use builder::RuntimeBuilder;
 use inner::Inner;
@@ -144,32 +144,10 @@ impl Runtime {
         agent: &str,
         message: impl Into<String>,
     ) -> Result<RunOutcome, Error> {
-        let message = message.into();
-        let copy = self.inner.shared.peers.is_some().then(|| message.clone());
-        let here = self.execute_here(id, agent, message).await;
-        self.or_owner(id, here, Some(agent), || PeerCall::Execute {
+        self.routed(PeerCall::Execute {
             session: id.clone(),
             agent: agent.to_string(),
-            message: copy.unwrap_or_default(),
-        })
-        .await
-    }
-
-    /// [`Runtime::execute_on`] on this node.
-    async fn execute_here(
-        &self,
-        id: &SessionId,
-        agent: &str,
-        message: String,
-    ) -> Result<RunOutcome, Error> {
-        self.ensure_open()?;
-        let agent = self.agent(agent)?;
-        self.ask(id, |reply| SessionMsg::Execute {
-            agent,
-            message,
-            reply: Reply::Settled(reply),
-            new_only: false,
-            remote_parent: None,
+            message: message.into(),
         })
         .await
     }
@@ -260,35 +238,10 @@ impl Runtime {
         new_only: bool,
         remote_parent: Option<crate::remote::RemoteParent>,
     ) -> Result<RunStarted, Error> {
-        let copy = self.inner.shared.peers.is_some().then(|| message.clone());
-        let here = self
-            .start_here(id, agent, message, new_only, remote_parent.clone())
-            .await;
-        self.or_owner(id, here, Some(agent), || PeerCall::Start {
+        self.routed(PeerCall::Start {
             session: id.clone(),
             agent: agent.to_string(),
-            message: copy.unwrap_or_default(),
-            new_only,
-            remote_parent,
-        })
-        .await
-    }
-
-    /// [`Runtime::start`] on this node.
-    async fn start_here(
-        &self,
-        id: &SessionId,
-        agent: &str,
-        message: String,
-        new_only: bool,
-        remote_parent: Option<crate::remote::RemoteParent>,
-    ) -> Result<RunStarted, Error> {
-        self.ensure_open()?;
-        let agent = self.agent(agent)?;
-        self.ask(id, |reply| SessionMsg::Execute {
-            agent,
             message,
-            reply: Reply::Started(reply),
             new_only,
             remote_parent,
         })
@@ -327,107 +280,19 @@ impl Runtime {
     /// Only a store failure (or a shut-down runtime); every expected outcome, bad input
     /// included, is a [`SubmitOutcome`].
     pub async fn submit_tool_result(&self, submit: Submit) -> Result<SubmitOutcome, Error> {
-        let root = submit.session_id.parse::<SessionId>().ok();
-        let envelope = self.inner.shared.peers.is_some().then(|| submit.to_json());
-        let here = self.submit_here(submit).await;
-        match root {
-            Some(root) => {
-                self.or_owner(&root, here, None, || PeerCall::Submit {
-                    envelope: envelope.unwrap_or_default(),
-                })
-                .await
-            }
-            None => here,
-        }
+        self.routed(PeerCall::Submit { submit }).await
     }
 
-    /// [`Runtime::submit_tool_result`] on this node.
-    async fn submit_here(&self, submit: Submit) -> Result<SubmitOutcome, Error> {
-        self.ensure_open()?;
-        let limits = Limits {
-            max_json_depth: self.inner.shared.policy.max_json_depth,
-            max_result_bytes: self.inner.max_result_bytes,
-        };
-        let Checked {
-            root,
-            tool_call_id,
-            submission,
-            via_root,
-            owner: named,
-        } = match submit.check(limits) {
-            Ok(checked) => checked,
-            Err(outcome) => return Ok(outcome),
-        };
-        let hint = router::Hint::of(&submission, named.as_deref());
-        let shared = &self.inner.shared;
-        let via = via_root.as_ref();
-        let owners = match router::owners(shared, &root, &tool_call_id, hint, via).await? {
-            Ok(owners) => owners,
-            Err(outcome) => return Ok(outcome),
-        };
-        // Offered in the router's order while an owner says it has its answer already (see
-        // `router.rs`); one owner is the usual case, and the answer is then not copied.
-        let last = owners.len().saturating_sub(1);
-        let mut outcome = SubmitOutcome::AlreadyCompleted;
-        let mut submission = Some(submission);
-        for (index, owner) in owners.into_iter().enumerate() {
-            let offered = if index == last {
-                submission.take()
-            } else {
-                submission.clone()
-            };
-            let Some(offered) = offered else {
-                break;
-            };
-            outcome = self
-                .submit_to(owner, &root, &tool_call_id, offered, named.as_deref())
-                .await?;
-            if outcome != SubmitOutcome::AlreadyCompleted {
-                break;
-            }
-        }
-        Ok(outcome)
-    }
-
-    /// Hands a submit to one owner of its call: a session here, or a remote child's tree.
-    async fn submit_to(
-        &self,
-        owner: Owner,
-        root: &SessionId,
-        tool_call_id: &str,
-        submission: crate::session::Submission,
-        named: Option<&str>,
-    ) -> Result<SubmitOutcome, Error> {
-        let owner = match owner {
-            Owner::Local(owner) => owner,
-            Owner::Remote(owner) => {
-                // The remote chooses among its own sessions by the name only if it is one of
-                // them (a submitter may name the remote child by its id here).
-                let named = named
-                    .filter(|name| *name == owner.call.owner)
-                    .map(str::to_string);
-                return crate::remote::forward(
-                    &self.inner.shared,
-                    &self.inner.host,
-                    root,
-                    *owner,
-                    submission,
-                    named,
-                )
-                .await;
-            }
-        };
-        let (reply, answer) = oneshot::channel();
-        self.inner.host.send(
-            owner.clone(),
-            SessionMsg::Submit {
-                root: root.clone(),
-                tool_call_id: tool_call_id.to_string(),
-                submission,
-                reply,
-            },
-        );
-        answer.await.map_err(|_| self.lost_reply(&owner))?
+    /// [`Runtime::submit_tool_result`], and once the answer is accepted,
+    /// [`Runtime::start_resume`] of the session it names, in one call: one hop to the node
+    /// that owns the session's tree, not two (what `POST /submit-tool-result?resume=true`
+    /// does). The resume is tried only for an accepted answer; its failure does not undo the
+    /// answer, and is in it.
+    ///
+    /// # Errors
+    /// As [`Runtime::submit_tool_result`].
+    pub async fn submit_and_resume(&self, submit: Submit) -> Result<SubmitResumed, Error> {
+        self.routed(PeerCall::SubmitAndResume { submit }).await
     }
 
     /// Submits a JSON envelope as a client sends it (see [`Submit::from_json`]); a malformed
@@ -453,19 +318,9 @@ impl Runtime {
     /// [`Error::UnknownSession`], [`Error::Aborted`], [`Error::NotResumable`] for a session
     /// whose last run completed or failed, a store failure.
     pub async fn resume(&self, id: &SessionId) -> Result<RunOutcome, Error> {
-        let here = self.resume_here(id).await;
-        self.or_owner(id, here, None, || PeerCall::Resume {
+        self.routed(PeerCall::Resume {
             session: id.clone(),
             wait: true,
-        })
-        .await
-    }
-
-    /// [`Runtime::resume`] on this node.
-    async fn resume_here(&self, id: &SessionId) -> Result<RunOutcome, Error> {
-        self.session(id).await?;
-        self.ask(id, |reply| SessionMsg::Resume {
-            reply: Some(Reply::Settled(reply)),
         })
         .await
     }
@@ -477,19 +332,9 @@ impl Runtime {
     /// # Errors
     /// As [`Runtime::resume`].
     pub async fn start_resume(&self, id: &SessionId) -> Result<RunStarted, Error> {
-        let here = self.start_resume_here(id).await;
-        self.or_owner(id, here, None, || PeerCall::Resume {
+        self.routed(PeerCall::Resume {
             session: id.clone(),
             wait: false,
-        })
-        .await
-    }
-
-    /// [`Runtime::start_resume`] on this node.
-    async fn start_resume_here(&self, id: &SessionId) -> Result<RunStarted, Error> {
-        self.session(id).await?;
-        self.ask(id, |reply| SessionMsg::Resume {
-            reply: Some(Reply::Started(reply)),
         })
         .await
     }
@@ -506,7 +351,11 @@ impl Runtime {
     /// # Errors
     /// [`Error::UnknownSession`], a store failure.
     pub async fn interrupt(&self, id: &SessionId) -> Result<(), Error> {
-        self.stop(id, false).await
+        self.routed(PeerCall::Stop {
+            session: id.clone(),
+            abort: false,
+        })
+        .await
     }
 
     /// Aborts a session: terminal. A running, suspended or interrupted run fails (a running
@@ -519,13 +368,27 @@ impl Runtime {
     /// # Errors
     /// [`Error::UnknownSession`], a store failure.
     pub async fn abort(&self, id: &SessionId) -> Result<(), Error> {
-        self.stop(id, true).await
+        self.routed(PeerCall::Stop {
+            session: id.clone(),
+            abort: true,
+        })
+        .await
     }
 
     /// Waits until no run of the session is in progress (an automatic resume, say). A session
     /// stored as running that has no actor in this process (its run was cut by a crash) is
     /// activated, which records that run as interrupted.
     pub async fn wait_settled(&self, id: &SessionId) {
+        let waited = self.routed::<bool>(PeerCall::WaitSettled {
+            session: id.clone(),
+            tree: false,
+        });
+        // A runtime shut down, or an owner that went away, has nothing left to wait for.
+        let _ = waited.await;
+    }
+
+    /// [`Runtime::wait_settled`] on this node.
+    async fn wait_settled_here(&self, id: &SessionId) {
         if self.inner.is_closing() {
             return;
         }
@@ -549,16 +412,25 @@ impl Runtime {
     /// settled while its tree still works; this is what a remote parent waits for before it
     /// reads a child's status (`GET /status?settle_ms=`).
     pub async fn wait_tree_settled(&self, root: &SessionId) {
+        let waited = self.routed::<bool>(PeerCall::WaitSettled {
+            session: root.clone(),
+            tree: true,
+        });
+        let _ = waited.await;
+    }
+
+    /// [`Runtime::wait_tree_settled`] on this node.
+    async fn wait_tree_settled_here(&self, root: &SessionId) {
         loop {
-            self.wait_settled(root).await;
+            self.wait_settled_here(root).await;
             let mut quiet = true;
             for session in self.tree_below(root).await {
-                if !self.is_settled(&session).await {
+                if !self.is_settled_here(&session).await {
                     quiet = false;
-                    self.wait_settled(&session).await;
+                    self.wait_settled_here(&session).await;
                 }
             }
-            if quiet && self.is_settled(root).await {
+            if quiet && self.is_settled_here(root).await {
                 return;
             }
         }
@@ -608,6 +480,15 @@ impl Runtime {
     /// [`Runtime::wait_settled`] waits for, without waiting. A session with no actor in this
     /// process is settled unless it is stored as running (a crash cut its run).
     pub async fn is_settled(&self, id: &SessionId) -> bool {
+        let settled = self.routed::<bool>(PeerCall::IsSettled {
+            session: id.clone(),
+        });
+        // A runtime shut down has nothing at work.
+        settled.await.unwrap_or(true)
+    }
+
+    /// [`Runtime::is_settled`] on this node.
+    async fn is_settled_here(&self, id: &SessionId) -> bool {
         if self.inner.is_closing() {
             return true;
         }
@@ -863,7 +744,7 @@ impl Runtime {
                 Err(Error::ShutDown)
             }));
         }
-        futures::future::Either::Right(follow::follow_events(
+        futures::future::Either::Right(follow::follow_routed(
             Arc::clone(&self.inner.shared),
             id.clone(),
             from,
@@ -882,7 +763,7 @@ impl Runtime {
     /// does): only then can another node own a session, and a front such as the agent server
     /// need look for that owner. `false` on a store only this process uses (sled, memory).
     pub fn store_is_shared(&self) -> bool {
-        self.inner.shared.store.holds_leases()
+        self.inner.shared.leases.is_shared()
     }
 
     /// The other node that owns the session's tree, on a store several nodes share: where a
@@ -895,13 +776,13 @@ impl Runtime {
     pub async fn owner_of(
         &self,
         id: &SessionId,
-    ) -> Result<Option<crate::store::LeaseOwner>, Error> {
-        let store = self.inner.shared.store.as_ref();
-        if !store.holds_leases() {
+    ) -> Result<Option<crate::leases::LeaseOwner>, Error> {
+        let shared = &self.inner.shared;
+        if !shared.leases.is_shared() {
             return Ok(None);
         }
-        let root = crate::schema::tree_root(store, id).await?;
-        Ok(store.lease_owner(root.as_str()).await?)
+        let root = crate::schema::tree_root(shared.store.as_ref(), id).await?;
+        Ok(shared.leases.owner(root.as_str()).await?)
     }
 
     /// The time by the runtime's clock (ms), the clock every deadline and timestamp it
@@ -1022,18 +903,6 @@ impl Runtime {
 
     /// The reply port was dropped: the actor crashed while handling the call, or the host
     /// refused it (the refusal is answered through `reject`, so this is the crash).
-    /// Sends the session `id` the message `request` builds around a reply channel, and
-    /// waits for the reply.
-    async fn ask<T>(
-        &self,
-        id: &SessionId,
-        request: impl FnOnce(oneshot::Sender<Result<T, Error>>) -> SessionMsg,
-    ) -> Result<T, Error> {
-        let (reply, answer) = oneshot::channel();
-        self.inner.host.send(id.clone(), request(reply));
-        answer.await.map_err(|_| self.lost_reply(id))?
-    }
-
     fn lost_reply(&self, id: &SessionId) -> Error {
         match self.inner.host.failure(id) {
             Some(error) => host_error(error),

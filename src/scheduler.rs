@@ -131,7 +131,7 @@ impl DeadlineScheduler {
         self.rearm(&mut timer).await;
         loop {
             let mut sleep = timer.wake_at.map(|at| self.delay_until(at));
-            if self.background && self.shared.store.holds_leases() {
+            if self.background && self.shared.leases.is_shared() {
                 // Other nodes arm deadlines in the shared index without telling this one:
                 // look at it at least this often, so those of a node that died still fire.
                 sleep = Some(sleep.map_or(SHARED_INDEX_POLL, |delay| delay.min(SHARED_INDEX_POLL)));
@@ -266,7 +266,7 @@ impl DeadlineScheduler {
     /// reaper's lease does (it keeps it while it lives; another takes it over once it
     /// expires), so tombstones are reaped once across the nodes. Always, on a store of its own.
     async fn leads_reaping(&self) -> bool {
-        match self.shared.store.acquire(REAPER_LEASE, REAPER_LEASE).await {
+        match self.shared.leases.acquire(REAPER_LEASE, REAPER_LEASE).await {
             Ok(()) => true,
             Err(error) => {
                 tracing::trace!(%error, "deadline.reaping_left_to_another_node");

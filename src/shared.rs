@@ -21,6 +21,13 @@ use crate::stream::StreamEvent;
 /// model, the clock, the hooks, the agents, the live streams, the metrics.
 pub(crate) struct Shared {
     pub(crate) store: Arc<dyn Store>,
+    /// Who owns which tree, when other nodes share the store.
+    pub(crate) leases: Arc<dyn crate::leases::Leases>,
+    /// The roots of sessions read so far (a session's never changes): what a call is routed
+    /// by, and the lease its actor takes.
+    pub(crate) roots: crate::lineage::Roots,
+    /// The owners of other nodes' trees looked up lately.
+    pub(crate) owners: crate::leases::Owners,
     pub(crate) llm: Arc<dyn LlmAdapter>,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) hooks: Arc<dyn Hooks>,
@@ -56,6 +63,11 @@ impl std::fmt::Debug for Shared {
 }
 
 impl Shared {
+    /// The root of `session`'s tree, remembered once read.
+    pub(crate) async fn root_of(&self, session: &SessionId) -> Result<SessionId, Error> {
+        Ok(self.roots.of(self.store.as_ref(), session).await?)
+    }
+
     /// Makes a session's commit durable, and counts it. The one way a session's writes reach
     /// the store (a step, a submit beside the mailbox, a recovery).
     pub(crate) async fn commit(&self, commit: &schema::Commit) -> Result<(), Error> {

@@ -159,8 +159,9 @@ impl Batch {
     }
 
     /// Marks the batch as a commit of `session`: a store shared by several nodes writes it
-    /// only while this process holds the session's lease ([`Store::acquire`]), in the same
-    /// transaction as it checks that (fencing).
+    /// only while this process holds the session's lease
+    /// ([`Leases::acquire`](crate::leases::Leases::acquire)), in the same transaction as it
+    /// checks that (fencing).
     #[must_use]
     pub fn for_session(mut self, session: impl Into<std::sync::Arc<str>>) -> Self {
         self.session = Some(session.into());
@@ -439,6 +440,15 @@ pub trait Store: Send + Sync + Debug + 'static {
         false
     }
 
+    /// Whether other processes write this store too (a database several nodes share), so
+    /// that a commit is written only under the lease of its tree, which the store keeps
+    /// beside its data: such a store is given to a runtime with its leases
+    /// ([`RuntimeBuilder::shared_store`](crate::RuntimeBuilder::shared_store)). The default
+    /// is `false`: a store this process uses alone.
+    fn is_shared(&self) -> bool {
+        false
+    }
+
     /// Bytes the store occupies on disk (0 for memory).
     ///
     /// # Errors
@@ -451,69 +461,6 @@ pub trait Store: Send + Sync + Debug + 'static {
     fn degraded(&self) -> Option<String> {
         None
     }
-
-    /// Makes this process the owner of `session` before its actor loads it, through the
-    /// lease named `lease`. The runtime names its tree's root: a tree of sessions has one
-    /// owner, so a parent and its sub-agents always live on one node and talk in process.
-    /// Sessions that hold one lease share it; it is given up when the last of them is
-    /// released. A store only this process uses has nothing to take (the default); one that
-    /// several nodes share takes the lease, or takes over an expired one. Calling it again
-    /// with another `lease` moves the session to that lease.
-    ///
-    /// # Errors
-    /// [`Error::LeaseHeld`] while another live node owns the lease, or a backend failure.
-    async fn acquire(&self, _session: &str, _lease: &str) -> Result<(), Error> {
-        Ok(())
-    }
-
-    /// Gives up the ownership [`Store::acquire`] took for `session` (its actor stopped), at
-    /// once; its lease goes with the last session that held it (a shared store tells the
-    /// database in the background).
-    fn release_session(&self, _session: &str) {}
-
-    /// Whether what this process loaded of `session` under its lease is still current: it
-    /// still holds the lease at the epoch the session took it at. `false` after the lease was
-    /// lost, or lost and taken again since (another node may have written meanwhile): the
-    /// runtime then reads the session again as its owner before it acts on it. In memory, no
-    /// round trip. Always `true` on a store only this process uses (the default).
-    fn holds_current(&self, _session: &str) -> bool {
-        true
-    }
-
-    /// The live node that holds `lease`, if it is not this process (a shared store's lease
-    /// another node holds and renews), with the address it advertised for forwarded
-    /// requests. `None` on a store only this process uses (the default).
-    ///
-    /// # Errors
-    /// A backend failure.
-    async fn lease_owner(&self, _lease: &str) -> Result<Option<LeaseOwner>, Error> {
-        Ok(None)
-    }
-
-    /// This node's key for calls from its peers ([`crate::peer`]), kept where the others read
-    /// it with [`Store::lease_owner`]. `None` on a store only this process uses (the default):
-    /// nobody calls it as a peer.
-    fn peer_key(&self) -> Option<crate::peer::PeerKey> {
-        None
-    }
-
-    /// Whether [`Store::acquire`] takes anything that [`Store::release_session`] must give
-    /// back (a shared store's leases): a store only this process uses answers `false`, and
-    /// the runtime then skips the release.
-    fn holds_leases(&self) -> bool {
-        false
-    }
-}
-
-/// Another node that owns a tree of sessions ([`Store::lease_owner`]).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LeaseOwner {
-    /// Its name.
-    pub node: String,
-    /// Where it takes requests (`http://host:port`), if it advertised an address.
-    pub address: Option<String>,
-    /// The key its peers call it with ([`crate::peer`]), if it has one.
-    pub key: Option<crate::peer::PeerKey>,
 }
 
 #[cfg(test)]

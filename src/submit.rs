@@ -279,33 +279,9 @@ impl Submit {
     /// is read or stored; what fails is answered at once.
     pub(crate) fn check(self, limits: Limits) -> Result<Checked, SubmitOutcome> {
         let invalid = |reason: String| SubmitOutcome::InvalidRequest { reason };
-        if self.tool_call_id.is_empty() || self.session_id.is_empty() {
-            return Err(invalid(
-                "session_id and tool_call_id may not be empty".into(),
-            ));
-        }
-        if matches!(&self.answer, SubmitAnswer::Approval { approval_id, .. } if approval_id.is_empty())
-        {
-            return Err(invalid("approval_id may not be empty".into()));
-        }
-        // Measured before anything serializes, clones or validates it (see `crate::nesting`).
-        if let SubmitAnswer::Result(value) = &self.answer {
-            if nesting::exceeds(value, limits.max_json_depth) {
-                if let SubmitAnswer::Result(value) = self.answer {
-                    nesting::dismantle(value);
-                }
-                return Err(invalid(format!(
-                    "the result nests deeper than {} arrays and objects (the runtime's max_json_depth)",
-                    limits.max_json_depth
-                )));
-            }
-        }
-        let size = self.payload_len();
-        if size > limits.max_result_bytes {
-            return Err(SubmitOutcome::PayloadTooLarge {
-                size,
-                limit: limits.max_result_bytes,
-            });
+        if let Some(refused) = self.refusal(limits) {
+            self.discard();
+            return Err(refused);
         }
         let root: SessionId = self
             .session_id
@@ -338,6 +314,46 @@ impl Submit {
             via_root,
             owner: self.owner_session_id,
         })
+    }
+
+    /// Why the submit is refused before anything reads it further: an empty id, a result that
+    /// nests too deep, a payload over the size limit. What a node checks before it sends a
+    /// submit on to the owner of its tree (which checks it again), so that what it sends is
+    /// always an envelope the owner can read.
+    pub(crate) fn refusal(&self, limits: Limits) -> Option<SubmitOutcome> {
+        let invalid = |reason: String| Some(SubmitOutcome::InvalidRequest { reason });
+        if self.tool_call_id.is_empty() || self.session_id.is_empty() {
+            return invalid("session_id and tool_call_id may not be empty".into());
+        }
+        if matches!(&self.answer, SubmitAnswer::Approval { approval_id, .. } if approval_id.is_empty())
+        {
+            return invalid("approval_id may not be empty".into());
+        }
+        // Measured before anything serializes, clones or validates it (see `crate::nesting`).
+        if let SubmitAnswer::Result(value) = &self.answer {
+            if nesting::exceeds(value, limits.max_json_depth) {
+                return invalid(format!(
+                    "the result nests deeper than {} arrays and objects (the runtime's max_json_depth)",
+                    limits.max_json_depth
+                ));
+            }
+        }
+        let size = self.payload_len();
+        if size > limits.max_result_bytes {
+            return Some(SubmitOutcome::PayloadTooLarge {
+                size,
+                limit: limits.max_result_bytes,
+            });
+        }
+        None
+    }
+
+    /// Drops a refused submit without recursing into its result (which may nest deeper than
+    /// the stack allows serde_json's own drop to go).
+    pub(crate) fn discard(self) {
+        if let SubmitAnswer::Result(value) = self.answer {
+            nesting::dismantle(value);
+        }
     }
 
     /// Bytes of the answer's payload, as checked against the size limit.

@@ -18,7 +18,8 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use dormant::store::{Batch, Entry, Error as StoreError, LeaseOwner, MemoryStore, Store, Tree};
+use dormant::leases::{LeaseOwner, Leases, PeerKey};
+use dormant::store::{Batch, Entry, Error as StoreError, MemoryStore, Store, Tree};
 use dormant::submit::{Submit, SubmitOutcome};
 use dormant::{
     AgentDefinition, ManualClock, Message, ModelReply, Runtime, ScriptedLlm, SessionId, Status,
@@ -210,6 +211,17 @@ impl Store for FakeNode {
         Ok(0)
     }
 
+    fn is_shared(&self) -> bool {
+        true
+    }
+}
+
+#[async_trait::async_trait]
+impl Leases for FakeNode {
+    fn is_shared(&self) -> bool {
+        true
+    }
+
     async fn acquire(&self, session: &str, lease: &str) -> Result<(), StoreError> {
         if self.lapsed() {
             self.renew().await;
@@ -290,7 +302,11 @@ impl Store for FakeNode {
             .is_some_and(|(lease, at)| held.leases.get(lease).is_some_and(|(epoch, _)| epoch == at))
     }
 
-    async fn lease_owner(&self, lease: &str) -> Result<Option<LeaseOwner>, StoreError> {
+    fn holds(&self, lease: &str) -> bool {
+        !self.lapsed() && self.held.lock().leases.contains_key(lease)
+    }
+
+    async fn owner(&self, lease: &str) -> Result<Option<LeaseOwner>, StoreError> {
         let table = self.db.leases.lock().await;
         let now = self.db.now();
         Ok(table
@@ -304,8 +320,8 @@ impl Store for FakeNode {
             }))
     }
 
-    fn holds_leases(&self) -> bool {
-        true
+    fn peer_key(&self) -> Option<PeerKey> {
+        None
     }
 }
 
@@ -366,7 +382,7 @@ fn node_runtime(store: Arc<FakeNode>, clock: ManualClock, applied: Arc<Applied>)
             ],
         );
     Runtime::builder()
-        .store(store as Arc<dyn Store>)
+        .shared_store(store)
         .clock(Arc::new(clock))
         .llm(Arc::new(llm))
         .agent(lead)

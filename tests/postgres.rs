@@ -149,7 +149,7 @@ fn runtime(store: Arc<PgStore>) -> anyhow::Result<Runtime> {
         ],
     );
     Ok(Runtime::builder()
-        .store(store)
+        .shared_store(store)
         .llm(Arc::new(llm))
         .agent(agent)
         .background_deadlines(false)
@@ -212,7 +212,7 @@ fn counting_runtime(
         ],
     );
     Ok(Runtime::builder()
-        .store(store)
+        .shared_store(store)
         .llm(Arc::new(llm))
         .agent(agent)
         .background_deadlines(false)
@@ -332,7 +332,7 @@ fn tree_runtime(store: Arc<PgStore>, clock: ManualClock) -> anyhow::Result<Runti
             ],
         );
     Ok(Runtime::builder()
-        .store(store)
+        .shared_store(store)
         .clock(Arc::new(clock))
         .llm(Arc::new(llm))
         .agent(lead)
@@ -456,7 +456,7 @@ async fn two_children_sharing_a_call_id_are_each_answered_at_the_root() -> anyho
             ],
         );
     let runtime = Runtime::builder()
-        .store(Arc::new(PgStore::connect(&cluster.url()).await?))
+        .shared_store(Arc::new(PgStore::connect(&cluster.url()).await?))
         .clock(Arc::new(ManualClock::new(0)))
         .llm(Arc::new(llm))
         .agent(lead)

@@ -12,7 +12,7 @@ use std::sync::{Arc, Weak};
 use futures::FutureExt;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 
-use crate::error::Error;
+use crate::error::{Error, HostError};
 use crate::host::{Host, Inner};
 use crate::VirtualActor;
 
@@ -105,8 +105,9 @@ impl<A: VirtualActor> Mailbox<A> {
 pub(crate) struct Cell<A: VirtualActor> {
     pub(crate) behaviour: Arc<A>,
     pub(crate) host: Weak<Inner<A>>,
-    /// Set when the activation failed with an expected refusal ([`VirtualActor::is_refusal`]).
-    pub(crate) refused: Arc<std::sync::atomic::AtomicBool>,
+    /// The error the behaviour's activation answered, kept typed for the host: ractor hands
+    /// back only a boxed error from a failed start.
+    pub(crate) activation_error: Arc<parking_lot::Mutex<Option<A::Error>>>,
 }
 
 pub(crate) struct CellArgs<A: VirtualActor> {
@@ -118,7 +119,7 @@ pub(crate) struct CellState<A: VirtualActor> {
     state: Option<A::State>,
     /// Clock times of recent panics, oldest first.
     crashes: VecDeque<u64>,
-    failed: Option<Error>,
+    failed: Option<HostError<A>>,
 }
 
 impl<A: VirtualActor> Actor for Cell<A> {
@@ -134,11 +135,10 @@ impl<A: VirtualActor> Actor for Cell<A> {
         let state = match Box::pin(self.behaviour.activate(&args.key)).await {
             Ok(state) => state,
             Err(error) => {
-                if self.behaviour.is_refusal(&error) {
-                    self.refused
-                        .store(true, std::sync::atomic::Ordering::Relaxed);
-                }
-                return Err(error.into());
+                // ractor wants an error of its own: the host reads the typed one from here.
+                let shown = error.to_string();
+                *self.activation_error.lock() = Some(error);
+                return Err(shown.into());
             }
         };
         Ok(CellState {
@@ -184,12 +184,11 @@ impl<A: VirtualActor> Cell<A> {
         }
         let Some(state) = cell.state.as_mut() else {
             // Only a failed cell has no state, and that case returned above.
-            let key = cell.ctx.key.to_string();
             self.reject(
                 msg,
-                Error::ActivationFailed {
-                    key,
-                    reason: "no state loaded".into(),
+                Error::ActivationPanicked {
+                    key: cell.ctx.key.clone(),
+                    panic: "no state loaded".into(),
                 },
             );
             return;
@@ -241,7 +240,7 @@ impl<A: VirtualActor> Cell<A> {
         cell.state = None;
         if crashes >= config.max_crashes {
             let error = Error::Failed {
-                key: cell.ctx.key.to_string(),
+                key: cell.ctx.key.clone(),
                 crashes,
                 window_ms: config.crash_window_ms,
                 last_panic: panic,
@@ -263,16 +262,24 @@ impl<A: VirtualActor> Cell<A> {
                 self.behaviour.restarted(&handle, &cell.ctx.key, &mut state);
                 cell.state = Some(state);
             }
-            Ok(Err(error)) => self.fail_reload(&host, cell, error.to_string()),
-            Err(panic) => self.fail_reload(&host, cell, panic_message(panic.as_ref())),
+            Ok(Err(error)) => {
+                let error = Error::ActivationFailed {
+                    key: cell.ctx.key.clone(),
+                    error: Arc::new(error),
+                };
+                self.fail_reload(&host, cell, error);
+            }
+            Err(panic) => {
+                let error = Error::ActivationPanicked {
+                    key: cell.ctx.key.clone(),
+                    panic: panic_message(panic.as_ref()),
+                };
+                self.fail_reload(&host, cell, error);
+            }
         }
     }
 
-    fn fail_reload(&self, host: &Arc<Inner<A>>, cell: &mut CellState<A>, reason: String) {
-        let error = Error::ActivationFailed {
-            key: cell.ctx.key.to_string(),
-            reason,
-        };
+    fn fail_reload(&self, host: &Arc<Inner<A>>, cell: &mut CellState<A>, error: HostError<A>) {
         host.mark_failed(cell.ctx.key.clone(), error.clone());
         let handle = Host::from_inner(Arc::clone(host));
         self.behaviour.failed(&handle, &cell.ctx.key, &error);
@@ -281,7 +288,7 @@ impl<A: VirtualActor> Cell<A> {
 
     /// Hands an undeliverable message back to the behaviour (dropped with the host: nothing
     /// is left to answer through).
-    fn reject(&self, msg: A::Msg, error: Error) {
+    fn reject(&self, msg: A::Msg, error: HostError<A>) {
         if let Some(host) = self.host.upgrade() {
             self.behaviour.reject(&Host::from_inner(host), msg, error);
         }

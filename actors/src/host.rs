@@ -13,7 +13,7 @@ use tokio::sync::Notify;
 
 use crate::cell::{send_user, Cell, CellArgs, Envelope};
 use crate::clock::{Clock, SystemClock};
-use crate::error::Error;
+use crate::error::{Error, HostError};
 use crate::slot::{Phase, Slot};
 use crate::VirtualActor;
 
@@ -115,7 +115,7 @@ pub(crate) struct Inner<A: VirtualActor> {
     config: HostConfig,
     clock: Arc<dyn Clock>,
     slots: DashMap<A::Key, Slot<A>>,
-    failed: DashMap<A::Key, Error>,
+    failed: DashMap<A::Key, HostError<A>>,
     /// Keys in `failed`, so the hot path skips that lookup while nothing has failed.
     failed_count: AtomicUsize,
     next_generation: AtomicU64,
@@ -234,7 +234,7 @@ impl<A: VirtualActor> Host<A> {
     }
 
     /// The error a failed key answers with, if it is marked failed.
-    pub fn failure(&self, key: &A::Key) -> Option<Error> {
+    pub fn failure(&self, key: &A::Key) -> Option<HostError<A>> {
         self.inner
             .failed
             .get(key)
@@ -300,7 +300,7 @@ impl<A: VirtualActor> Inner<A> {
         self.crashes.fetch_add(1, Ordering::Relaxed);
     }
 
-    pub(crate) fn mark_failed(&self, key: A::Key, error: Error) {
+    pub(crate) fn mark_failed(&self, key: A::Key, error: HostError<A>) {
         if self.failed.insert(key, error).is_none() {
             self.failed_count.fetch_add(1, Ordering::Release);
         }
@@ -389,11 +389,11 @@ impl<A: VirtualActor> Inner<A> {
     }
 
     async fn activate(self: Arc<Self>, key: A::Key, generation: u64) {
-        let refused = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let activation_error = Arc::new(parking_lot::Mutex::new(None));
         let cell = Cell {
             behaviour: Arc::clone(&self.behaviour),
             host: Arc::downgrade(&self),
-            refused: Arc::clone(&refused),
+            activation_error: Arc::clone(&activation_error),
         };
         let spawned = Actor::spawn(None, cell, CellArgs { key: key.clone() }).await;
         match spawned {
@@ -410,9 +410,23 @@ impl<A: VirtualActor> Inner<A> {
                 });
                 self.go_live(&key, generation, actor);
             }
-            Err(error) => {
+            Err(spawn) => {
                 self.activation_failures.fetch_add(1, Ordering::Relaxed);
-                if refused.load(Ordering::Relaxed) {
+                // The behaviour's own error if it answered one; else its activation panicked.
+                let error = match activation_error.lock().take() {
+                    Some(error) => Error::ActivationFailed {
+                        key: key.clone(),
+                        error: Arc::new(error),
+                    },
+                    None => Error::ActivationPanicked {
+                        key: key.clone(),
+                        panic: spawn.to_string(),
+                    },
+                };
+                let refused = error
+                    .activation_error()
+                    .is_some_and(|error| self.behaviour.is_refusal(error));
+                if refused {
                     tracing::debug!(%key, %error, "actor.activation_refused");
                 } else {
                     tracing::warn!(%key, %error, "actor.activation_failed");
@@ -429,16 +443,9 @@ impl<A: VirtualActor> Inner<A> {
                 };
                 self.resident.fetch_sub(1, Ordering::Relaxed);
                 self.stopped.notify_waiters();
-                let reason = error.to_string();
                 for msg in queue {
-                    self.behaviour.reject(
-                        &Host::from_inner(Arc::clone(&self)),
-                        msg,
-                        Error::ActivationFailed {
-                            key: key.to_string(),
-                            reason: reason.clone(),
-                        },
-                    );
+                    self.behaviour
+                        .reject(&Host::from_inner(Arc::clone(&self)), msg, error.clone());
                 }
             }
         }

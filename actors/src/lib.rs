@@ -24,7 +24,7 @@
 //! # Example
 //!
 //! ```
-//! use dormant_actors::{ActorContext, Error, Host, HostConfig, VirtualActor};
+//! use dormant_actors::{ActorContext, Host, HostConfig, HostError, VirtualActor};
 //! use tokio::sync::oneshot;
 //!
 //! #[derive(Debug)]
@@ -45,7 +45,7 @@
 //!         let _ = reply.send(*total);
 //!     }
 //!
-//!     fn reject(&self, _host: &Host<Self>, _msg: CounterMsg, _error: Error) {}
+//!     fn reject(&self, _host: &Host<Self>, _msg: CounterMsg, _error: HostError<Self>) {}
 //! }
 //!
 //! # #[tokio::main(flavor = "current_thread")]
@@ -70,7 +70,7 @@ use std::hash::Hash;
 
 pub use cell::{ActorContext, Mailbox};
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use error::Error;
+pub use error::{Error, HostError};
 pub use host::{Host, HostConfig, HostStats, WeakHost};
 
 /// The behaviour of one kind of keyed, durable actor.
@@ -120,7 +120,7 @@ pub trait VirtualActor: Sized + Send + Sync + Debug + 'static {
 
     /// Answers a message that cannot be handled, so the sender learns why. `host` is the host
     /// the message was sent through, to tell other actors.
-    fn reject(&self, host: &Host<Self>, msg: Self::Msg, error: Error);
+    fn reject(&self, host: &Host<Self>, msg: Self::Msg, error: HostError<Self>);
 
     /// Called once the actor of `key` was restarted after a panic (its state reloaded through
     /// [`activate`](Self::activate)), so the behaviour can tell whoever depended on the work the
@@ -129,5 +129,5 @@ pub trait VirtualActor: Sized + Send + Sync + Debug + 'static {
 
     /// Called when `key` is marked failed (it kept crashing, or its state could not be
     /// reloaded): from now on every message for it is rejected with `error`.
-    fn failed(&self, _host: &Host<Self>, _key: &Self::Key, _error: &Error) {}
+    fn failed(&self, _host: &Host<Self>, _key: &Self::Key, _error: &HostError<Self>) {}
 }

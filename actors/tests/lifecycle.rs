@@ -109,9 +109,11 @@ async fn failed_activation_answers_a_typed_error_and_can_be_retried() -> anyhow:
     let second = apply(&host, "bad", 2);
     for answer in [first.await?, second.await?] {
         match answer {
-            Err(Error::ActivationFailed { key, reason }) => {
+            // The behaviour's own error, as it typed it: no text to read it back from.
+            Err(Error::ActivationFailed { key, error }) => {
                 assert_eq!(key, "bad");
-                assert!(reason.contains("snapshot is corrupt"), "{reason}");
+                assert_eq!(error.kind(), std::io::ErrorKind::Other);
+                assert_eq!(error.to_string(), "snapshot is corrupt");
             }
             other => anyhow::bail!("expected an activation failure, got {other:?}"),
         }
@@ -132,7 +134,7 @@ async fn shutdown_stops_everything_and_rejects_later_messages() -> anyhow::Resul
     .await??;
     host.shutdown().await;
     assert_eq!(host.stats().resident, 0);
-    assert_eq!(apply(&host, "a", 2).await?, Err(Error::ShutDown));
+    assert!(matches!(apply(&host, "a", 2).await?, Err(Error::ShutDown)));
     Ok(())
 }
 

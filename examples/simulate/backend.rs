@@ -68,6 +68,17 @@ impl Backend {
         }
     }
 
+    /// Who owns which tree: the PostgreSQL store's leases (`None` for sled, alone on it).
+    pub(crate) fn leases(&self) -> Option<Arc<dyn dormant::leases::Leases>> {
+        match self {
+            Self::Sled { .. } => None,
+            #[cfg(feature = "postgres")]
+            Self::Postgres { store, .. } => {
+                Some(Arc::clone(store) as Arc<dyn dormant::leases::Leases>)
+            }
+        }
+    }
+
     /// A PostgreSQL run's totals (`None` for sled, measured once its store is closed).
     pub(crate) async fn postgres_totals(&self) -> anyhow::Result<Option<PgTotals>> {
         match self {

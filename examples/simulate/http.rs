@@ -114,7 +114,7 @@ fn now_ms() -> u64 {
 /// Runs the HTTP mode; returns how many problems it found.
 pub(crate) async fn simulate(args: Args, target: Option<String>) -> anyhow::Result<usize> {
     let (_temp, _path, store) = crate::open_store(&args)?;
-    let runtime = cycle_runtime(store, &args)?;
+    let runtime = cycle_runtime(store, None, &args)?;
     let (base, agent, served) = match target {
         Some(url) => (loopback(&url)?, DEMO, None),
         None => {
@@ -160,9 +160,12 @@ pub(crate) async fn simulate(args: Args, target: Option<String>) -> anyhow::Resu
     Ok(problems.len())
 }
 
-/// The runtime of a self-served run: the agent [`AGENT`] on `store`.
+/// The runtime of a self-served run: the agent [`AGENT`] on `store`, which is one of several
+/// nodes' when `leases` says who owns what (its calls for another node's sessions are then
+/// sent there over HTTP).
 pub(crate) fn cycle_runtime(
     store: Arc<dyn dormant::Store>,
+    leases: Option<Arc<dyn dormant::leases::Leases>>,
     args: &Args,
 ) -> anyhow::Result<Runtime> {
     let agent = AgentDefinition::builder(AGENT)
@@ -185,6 +188,11 @@ pub(crate) fn cycle_runtime(
         .client_tool_timeout_ms(10 * 60 * 1000);
     if args.max_resident > 0 {
         builder = builder.max_resident(args.max_resident);
+    }
+    if let Some(leases) = leases {
+        builder = builder
+            .leases(leases)
+            .peers(Arc::new(dormant_server::HttpPeers::new()));
     }
     Ok(builder.build()?)
 }

@@ -346,6 +346,9 @@ async fn simulate(args: Args) -> anyhow::Result<usize> {
         .store(backend.store())
         .client_tool_timeout_ms(args.client_timeout_ms)
         .auto_resume(args.auto_resume);
+    if let Some(leases) = backend.leases() {
+        builder = builder.leases(leases);
+    }
     for (variant, name) in AGENTS.iter().enumerate() {
         llm = llm.script(*name, plan.script(variant));
         builder = builder.agent(

@@ -54,7 +54,7 @@ pub(crate) async fn simulate(args: Args, url: String, count: usize) -> anyhow::R
     }
     let database = Database::connect(&url).await?;
     let (_temp, _path, sled) = crate::open_store(&args)?;
-    let single = http::cycle_runtime(sled, &args)?;
+    let single = http::cycle_runtime(sled, None, &args)?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let single_client = Arc::new(HttpClient::new(&format!(
         "http://{}",
@@ -158,7 +158,11 @@ pub(crate) async fn serve_node(args: Args, url: String, index: usize) -> anyhow:
             .connect()
             .await?,
     );
-    let runtime = http::cycle_runtime(Arc::clone(&store) as Arc<dyn dormant::Store>, &args)?;
+    let runtime = http::cycle_runtime(
+        Arc::clone(&store) as Arc<dyn dormant::Store>,
+        Some(Arc::clone(&store) as Arc<dyn dormant::leases::Leases>),
+        &args,
+    )?;
     let server = Server::new(runtime.clone(), Auth::allow_unauthenticated()).token_key(key);
     let served = http::serve(server, listener)?;
     println!("listening {base}");

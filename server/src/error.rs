@@ -42,8 +42,6 @@ pub struct ApiError {
     code: &'static str,
     message: String,
     extra: Option<Value>,
-    /// Another node owns this session's tree: the answer is sent on there (`forward.rs`).
-    elsewhere: Option<dormant::SessionId>,
 }
 
 impl ApiError {
@@ -53,7 +51,6 @@ impl ApiError {
             code,
             message: message.into(),
             extra: None,
-            elsewhere: None,
         }
     }
 
@@ -88,13 +85,7 @@ impl IntoResponse for ApiError {
         if let (Some(Value::Object(extra)), Some(fields)) = (self.extra, body.as_object_mut()) {
             fields.extend(extra);
         }
-        let mut response = (self.status, Json(body)).into_response();
-        if let Some(session) = self.elsewhere {
-            response
-                .extensions_mut()
-                .insert(crate::forward::OwnedElsewhere(session));
-        }
-        response
+        (self.status, Json(body)).into_response()
     }
 }
 
@@ -120,7 +111,9 @@ impl From<dormant::Error> for ApiError {
             ) => StatusCode::SERVICE_UNAVAILABLE,
             // A store opened to salvage what a damage left: it reads, and writes nothing.
             E::Store(dormant::store::Error::ReadOnly { .. }) => StatusCode::SERVICE_UNAVAILABLE,
-            E::SessionUnavailable { .. } | E::ShutDown => StatusCode::SERVICE_UNAVAILABLE,
+            E::SessionUnavailable { .. } | E::ShutDown | E::OwnerUnreachable { .. } => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             E::Remote(remote) if remote.is_retryable() => StatusCode::SERVICE_UNAVAILABLE,
             E::Remote(_) => StatusCode::BAD_GATEWAY,
             E::PeerRefused => StatusCode::FORBIDDEN,
@@ -129,17 +122,7 @@ impl From<dormant::Error> for ApiError {
         if status == StatusCode::INTERNAL_SERVER_ERROR {
             tracing::error!(error = %dormant::Untrusted(&error), code = error.code(), "server.runtime_error");
         }
-        let elsewhere = match &error {
-            E::SessionUnavailable { session, .. } => Some(session.clone()),
-            E::Store(
-                dormant::store::Error::LeaseLost { session }
-                | dormant::store::Error::LeaseHeld { session, .. },
-            ) => session.parse().ok(),
-            _ => None,
-        };
-        let mut answer = ApiError::new(status, error.code(), error.to_string());
-        answer.elsewhere = elsewhere;
-        answer
+        ApiError::new(status, error.code(), error.to_string())
     }
 }
 

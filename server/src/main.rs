@@ -279,10 +279,14 @@ async fn serve(args: Serve) -> Result<(), String> {
     if let Some(shared) = &opened.shared {
         startup_key::agree(shared, &key, &opened.key_path, args.new_token_key).await?;
     }
-    let store = opened.store;
     let mut builder = Runtime::builder()
-        .store(store)
+        .store(opened.store)
         .client_tool_timeout_ms(args.client_tool_timeout_ms);
+    // A store several nodes share keeps their leases: who owns which tree.
+    #[cfg(feature = "postgres")]
+    if let Some(shared) = &opened.shared {
+        builder = builder.leases(Arc::clone(shared) as Arc<dyn dormant::leases::Leases>);
+    }
     if let Some(max) = args.max_resident {
         builder = builder.max_resident(max);
     }
@@ -301,8 +305,7 @@ async fn serve(args: Serve) -> Result<(), String> {
     let builder = builder
         .remote_agents(Arc::new(HttpRemoteAgents::new(remote_key)))
         .remote_policy(remote_policy)
-        // On a shared store, a runtime call for a session another node owns is sent to that
-        // node (the routes send whole requests on instead).
+        // On a shared store, a call for a session another node owns is sent to that node.
         .peers(Arc::new(dormant_server::HttpPeers::new()));
     let builder = match &args.delegate_to {
         Some(endpoint) => dormant_server::demo::configure_delegating(builder, endpoint),

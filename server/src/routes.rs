@@ -162,13 +162,19 @@ pub(crate) async fn submit(
     let id = session_id(&submit.session_id)?;
     state.auth.session(&state.key, &headers, None, &id).await?;
     let call = submit.tool_call_id.clone();
-    let outcome = state.runtime.submit_tool_result(submit).await?;
+    // With the resume, one call of the runtime: one hop to the node that owns the session.
+    let (outcome, resumed) = if query.resume {
+        let answer = state.runtime.submit_and_resume(submit).await?;
+        (answer.outcome, answer.resumed)
+    } else {
+        (state.runtime.submit_tool_result(submit).await?, None)
+    };
     tracing::info!(session = %id, tool_call_id = %Untrusted(&call), outcome = outcome.code(), "server.submit");
     let mut answer = submit_answer(outcome)?;
-    if !query.resume {
+    let Some(resumed) = resumed else {
         return Ok(Json(answer).into_response());
-    }
-    match state.runtime.start_resume(&id).await {
+    };
+    match resumed {
         Ok(started) => {
             let from = started.from_seq;
             let settled = started.settled;
@@ -192,12 +198,11 @@ pub(crate) async fn submit(
                 );
             }
         }
-        Err(error) => {
-            let error = ApiError::from(error);
+        Err(failure) => {
             if let Some(fields) = answer.as_object_mut() {
                 fields.insert(
                     "resume_error".into(),
-                    json!({ "code": error.code(), "message": error.message() }),
+                    json!({ "code": failure.code, "message": failure.message }),
                 );
             }
         }

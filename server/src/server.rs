@@ -44,8 +44,6 @@ pub(crate) struct Shared {
     pub(crate) config: Arc<ServerConfig>,
     pub(crate) closing: watch::Receiver<bool>,
     pub(crate) metrics: Arc<HttpMetrics>,
-    /// Sends requests on to the node that owns their session (`forward.rs`).
-    pub(crate) peers: reqwest::Client,
 }
 
 /// Tells a server's streams that it is shutting down: each sends a last `end` event
@@ -199,7 +197,6 @@ impl Server {
             config: Arc::new(self.config),
             closing: self.closing.0.subscribe(),
             metrics: Arc::new(HttpMetrics::default()),
-            peers: crate::forward::client(),
         }));
         let mut router = Router::new()
             .route("/start", post(routes::start))
@@ -213,7 +210,8 @@ impl Server {
             .route("/sse", get(sse::stream))
             .route("/healthz", get(ops::healthz))
             .route("/metrics", get(ops::metrics))
-            .route(crate::peers::PEER_ROUTE, post(crate::peers::serve));
+            .route(crate::peers::PEER_ROUTE, post(crate::peers::serve))
+            .route(crate::peers::FOLLOW_ROUTE, post(crate::peers::follow));
         if page {
             router = router
                 .route("/", get(page::index))
@@ -222,16 +220,6 @@ impl Server {
         let router = router
             .fallback(not_found)
             .method_not_allowed_fallback(method_not_allowed);
-        // Another node can own a session only on a shared store: on one of this process's
-        // own, no request is ever sent on, and none pays for keeping its body to send.
-        let router = if state.runtime.store_is_shared() {
-            router.layer(middleware::from_fn_with_state(
-                state.clone(),
-                crate::forward::to_owner,
-            ))
-        } else {
-            router
-        };
         let router = router.layer(middleware::from_fn_with_state(state.clone(), front));
         let router = match cors {
             Some(cors) => router.layer(cors),

@@ -48,16 +48,9 @@ pub(crate) async fn stream(
             "the server is shutting down; reconnect with Last-Event-ID",
         ));
     }
-    // Refuses unknown sessions (follow would wait for one to appear).
+    // Refuses unknown sessions (follow would wait for one to appear). The runtime follows
+    // the session where it runs.
     let session = state.runtime.session(&id).await?;
-    // The live chunks are sent by the node that runs the session: follow it there.
-    if let Some(owner) = state.runtime.owner_of(&id).await? {
-        return Err(dormant::Error::SessionUnavailable {
-            session: id,
-            reason: format!("its tree is owned by node {}", owner.node),
-        }
-        .into());
-    }
     let from = match last_event_id(&headers)? {
         Some(last) => last.saturating_add(1),
         None => query.from.unwrap_or(0),

@@ -78,7 +78,7 @@ impl Nodes {
                 "--client-tool-timeout-ms",
                 &timeout,
             ],
-            // Every forwarded request logs a refused activation at warn: too many to read.
+            // A node's requests for the sessions of a killed node log at warn: too many to read.
             &[("RUST_LOG", "error")],
         )
     }

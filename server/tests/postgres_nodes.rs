@@ -88,6 +88,38 @@ async fn get(base: &str, path: &str, session: &str, token: &str) -> anyhow::Resu
         .await?)
 }
 
+/// Sends `call` to the node at `base` as a call another node routed there (`POST /peer`, with
+/// the node's key from the shared database): the node serves it itself, never further.
+async fn peer_call(
+    sql: &tokio_postgres::Client,
+    base: &str,
+    node: &str,
+    call: Value,
+) -> anyhow::Result<Value> {
+    let key: String = sql
+        .query_one(
+            "SELECT peer_key FROM dormant_nodes WHERE node = $1",
+            &[&node],
+        )
+        .await?
+        .get(0);
+    let answer = reqwest::Client::new()
+        .post(format!("{base}/peer"))
+        .header(dormant_server::PEER_KEY, key)
+        .json(&call)
+        .send()
+        .await?;
+    anyhow::ensure!(answer.status() == StatusCode::OK, "{}", answer.status());
+    Ok(answer.json().await?)
+}
+
+/// Whether a node's answer to a call it served itself says another node owns the session.
+fn owned_elsewhere(answer: &Value) -> bool {
+    answer["answer"] == "failed"
+        && ["session_unavailable", "lease_held", "lease_lost"]
+            .contains(&answer["code"].as_str().unwrap_or_default())
+}
+
 /// Polls `GET /status` on `base` until `done` holds (the run goes on in another process), for
 /// at most 20 s.
 async fn until(
@@ -146,23 +178,18 @@ async fn a_paused_node_loses_its_session_to_another_and_cannot_write_after() -> 
     // The session starts on A, which takes its lease, and waits on ask_user.
     let (id, token, ask) = start_waiting(&a.base).await?;
 
-    // B itself cannot write while A is alive and holds the lease (a request B may not send on
-    // to A, as one forwarded to it already).
+    // B itself cannot write while A is alive and holds the lease (a call served on B, as one
+    // another node routed there, which B never sends further).
+    let (sql, connection) = tokio_postgres::connect(&cluster.url(), tokio_postgres::NoTls).await?;
+    tokio::spawn(connection);
     let answer = json!({ "session_id": id, "tool_call_id": ask["tool_call_id"], "result": { "answer": "Fenced" } });
-    let refused = reqwest::Client::new()
-        .post(format!("{}/submit-tool-result", b.base))
-        .bearer_auth(&token)
-        .header(dormant_server::FORWARDED, "1")
-        .json(&answer)
-        .send()
-        .await?;
-    assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let call = json!({ "call": "submit", "envelope": answer });
+    let refused = peer_call(&sql, &b.base, "b", call).await?;
+    assert!(owned_elsewhere(&refused), "{refused}");
 
     // A pauses past its lease (its expiry, by the database's clock, moved to the past): B
     // takes the session over and serves it to the end.
     signal(&a, "-STOP")?;
-    let (sql, connection) = tokio_postgres::connect(&cluster.url(), tokio_postgres::NoTls).await?;
-    tokio::spawn(connection);
     sql.execute(
         "UPDATE dormant_leases SET expires_at = now() - interval '1 second' WHERE session = $1",
         &[&id],
@@ -186,25 +213,16 @@ async fn a_paused_node_loses_its_session_to_another_and_cannot_write_after() -> 
     let before = get(&b.base, "/messages", &id, &token).await?;
 
     // A continues, with the session still in memory: every write it attempts itself is
-    // refused (requests marked as forwarded already, which A may not send on to B).
+    // refused (calls served on A, as ones another node routed there, which A never sends on
+    // to B).
     signal(&a, "-CONT")?;
     for attempt in 0..3 {
-        let refused = reqwest::Client::new()
-            .post(format!("{}/start", a.base))
-            .bearer_auth(&token)
-            .header(dormant_server::FORWARDED, "1")
-            .json(
-                &json!({ "agent": "demo", "message": "echo from a paused node", "session_id": id }),
-            )
-            .send()
-            .await?;
-        let code = refused.status();
-        let body = refused.text().await?;
-        assert_eq!(
-            code,
-            StatusCode::SERVICE_UNAVAILABLE,
-            "attempt {attempt}: {body}"
-        );
+        let call = json!({
+            "call": "start", "session": id, "agent": "demo",
+            "message": "echo from a paused node", "new_only": false,
+        });
+        let refused = peer_call(&sql, &a.base, "a", call).await?;
+        assert!(owned_elsewhere(&refused), "attempt {attempt}: {refused}");
     }
     let after = get(&b.base, "/messages", &id, &token).await?;
     assert_eq!(before, after, "nothing of A's writes is visible");

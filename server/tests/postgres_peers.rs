@@ -1,9 +1,10 @@
 //! The in-process API on any node (issue 18): two runtimes share one PostgreSQL database
 //! (a throwaway cluster), each with a `dormant-server` router on loopback and the HTTP peer
 //! transport. A session suspends on node A; node B's `Runtime` calls for it (submit, resume,
-//! abort) are served by A and answered on B as A answered them, errors included, unless made
-//! where calls may not be sent on; B follows the run A makes; and a call to `/peer` without
-//! A's key is refused.
+//! abort) are served by A and answered on B as A answered them, errors included, unless served
+//! on B as a call routed there (`Runtime::serve_peer`); B follows the run A makes; and a call
+//! to `/peer` without A's key is refused. And a call B routes to A costs B one or two reads of
+//! the database (the session's root the first time, then the lease), never an activation.
 
 #![cfg(feature = "postgres")]
 
@@ -12,6 +13,7 @@ mod cluster;
 
 use std::sync::Arc;
 
+use dormant::peer::{PeerAnswer, PeerCall};
 use dormant::submit::{Submit, SubmitOutcome};
 use dormant::ChunkKind;
 use dormant::{
@@ -49,7 +51,7 @@ async fn node(url: &str, name: &str) -> anyhow::Result<Node> {
         ],
     );
     let runtime = Runtime::builder()
-        .store(Arc::new(store))
+        .shared_store(Arc::new(store))
         .llm(Arc::new(llm))
         .agent(
             AgentDefinition::builder("editor")
@@ -57,6 +59,9 @@ async fn node(url: &str, name: &str) -> anyhow::Result<Node> {
                 .build()?,
         )
         .peers(Arc::new(HttpPeers::new()))
+        // Nothing here waits on a deadline: without the scheduler's looks at the index, a
+        // node's statements are its calls'.
+        .background_deadlines(false)
         .build()?;
     let router = Server::new(runtime.clone(), Auth::allow_unauthenticated()).router()?;
     let served = tokio::spawn(async move { axum::serve(listener, router).await });
@@ -82,10 +87,28 @@ async fn a_runtime_call_for_a_session_another_node_owns_is_served_by_the_owner(
     let owner = b.runtime.owner_of(&id).await?;
     assert_eq!(owner.map(|owner| owner.node).as_deref(), Some("a"));
 
-    // B's calls are A's: the answer is accepted once, and the run completes on A. Calls that
-    // may not be sent on (a request another node sent here) answer that A owns it.
+    // B's calls are A's: the answer is accepted once, and the run completes on A. A call
+    // served on B itself (as one another node routed to B) answers that A owns it.
+    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await?;
+    tokio::spawn(connection);
+    let key_of = |node: &'static str| {
+        let client = &client;
+        async move {
+            let row = client
+                .query_one(
+                    "SELECT peer_key FROM dormant_nodes WHERE node = $1",
+                    &[&node],
+                )
+                .await?;
+            anyhow::Ok(row.get::<_, String>(0))
+        }
+    };
     let answer = || Submit::result("s1", "tc-1", json!({ "ok": true }));
-    let here = dormant::peer::here_only(b.runtime.submit_tool_result(answer())).await;
+    let call = PeerCall::Submit { submit: answer() };
+    let here = match b.runtime.serve_peer(&key_of("b").await?, call).await? {
+        PeerAnswer::Failed(failure) => Err(failure.into_error(&id, None, "b")),
+        other => Ok(other),
+    };
     assert!(
         matches!(here, Err(Error::SessionUnavailable { .. })),
         "{here:?}"
@@ -155,12 +178,7 @@ async fn a_runtime_call_for_a_session_another_node_owns_is_served_by_the_owner(
     assert_eq!(body["code"], "peer_refused");
     // A body that is no call is refused for what it is only with A's key: the key is
     // checked first, so a caller without it learns nothing of how its body was read.
-    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await?;
-    tokio::spawn(connection);
-    let key: String = client
-        .query_one("SELECT peer_key FROM dormant_nodes WHERE node = 'a'", &[])
-        .await?
-        .get(0);
+    let key = key_of("a").await?;
     for (key, status) in [
         ("not-the-key", reqwest::StatusCode::FORBIDDEN),
         (key.as_str(), reqwest::StatusCode::BAD_REQUEST),
@@ -173,6 +191,62 @@ async fn a_runtime_call_for_a_session_another_node_owns_is_served_by_the_owner(
             .await?;
         assert_eq!(malformed.status(), status);
     }
+
+    for node in [a, b] {
+        node.runtime.shutdown().await?;
+        node.served.abort();
+    }
+    Ok(())
+}
+
+/// The statements logged since `from` (the cluster logs those of connections made with
+/// `log_statement=all`), without the node's liveness renewals, which come on their own time.
+fn statements_since(log: &std::path::Path, from: usize) -> anyhow::Result<Vec<String>> {
+    let text = std::fs::read_to_string(log)?;
+    Ok(text
+        .lines()
+        .skip(from)
+        .filter(|line| line.contains("LOG:  execute") || line.contains("LOG:  statement:"))
+        .filter(|line| !line.contains("UPDATE dormant_nodes"))
+        .map(str::to_string)
+        .collect())
+}
+
+fn log_lines(log: &std::path::Path) -> anyhow::Result<usize> {
+    Ok(std::fs::read_to_string(log)?.lines().count())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_routed_to_the_owner_costs_this_node_two_database_reads_at_most(
+) -> anyhow::Result<()> {
+    let Some(cluster) = cluster::Cluster::start()? else {
+        return Ok(());
+    };
+    let url = cluster.url();
+    // Only B's connections log their statements.
+    let logged = format!("{url} options='-c log_statement=all'");
+    let (a, b) = (node(&url, "a").await?, node(&logged, "b").await?);
+    let id: SessionId = "s1".parse()?;
+    let suspended = a.runtime.execute_on(&id, "editor", "edit it").await?;
+    assert_eq!(suspended.status, Status::SuspendedClientTool);
+    let log = cluster.log();
+
+    // The first call B makes for the session reads its root and the lease; the next, at most
+    // the lease (not even that within a second: B remembers the owner as long). Nothing is
+    // activated on B.
+    let from = log_lines(&log)?;
+    let answer = Submit::result("s1", "tc-1", json!({ "ok": true }));
+    assert_eq!(
+        b.runtime.submit_tool_result(answer).await?,
+        SubmitOutcome::Accepted
+    );
+    let first = statements_since(&log, from)?;
+    assert_eq!(first.len(), 2, "{first:#?}");
+    let from = log_lines(&log)?;
+    b.runtime.start_resume(&id).await?;
+    let next = statements_since(&log, from)?;
+    assert!(next.len() <= 1, "{next:#?}");
+    assert!(!b.runtime.is_resident(&id));
 
     for node in [a, b] {
         node.runtime.shutdown().await?;

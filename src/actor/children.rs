@@ -43,7 +43,7 @@ impl SessionActor {
                     // A new child holds its tree's lease, which this node holds for its
                     // parent: the two always live on one node.
                     let root = start.origin.root.as_str();
-                    match self.shared.store.acquire(id.as_str(), root).await {
+                    match self.shared.leases.acquire(id.as_str(), root).await {
                         Ok(()) => {
                             let policy = Arc::clone(&self.shared.policy);
                             let origin = start.origin.clone();
@@ -226,7 +226,7 @@ pub(super) fn unreachable_child(
     parent: &SessionId,
     tool_call_id: String,
     child: &SessionId,
-    error: dormant_actors::Error,
+    error: super::HostError,
 ) {
     let why = ChildUnavailable::CannotRun {
         child: child.clone(),

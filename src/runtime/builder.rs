@@ -12,6 +12,7 @@ use crate::actor::SessionActor;
 use crate::definition::AgentDefinition;
 use crate::error::Error;
 use crate::hooks::{Hooks, NoHooks};
+use crate::leases::{Leases, SingleNode};
 use crate::llm::{LlmAdapter, ScriptedLlm};
 use crate::metrics::Metrics;
 use crate::nesting::{MAX_JSON_DEPTH_LIMIT, MAX_TREE_DEPTH};
@@ -27,6 +28,7 @@ use crate::submit::{DEFAULT_MAX_RESULT_BYTES, DEFAULT_TOMBSTONE_RETENTION_MS};
 #[must_use]
 pub struct RuntimeBuilder {
     store: Option<Arc<dyn Store>>,
+    leases: Option<Arc<dyn Leases>>,
     llm: Option<Arc<dyn LlmAdapter>>,
     clock: Arc<dyn Clock>,
     hooks: Arc<dyn Hooks>,
@@ -46,6 +48,7 @@ impl Default for RuntimeBuilder {
     fn default() -> Self {
         Self {
             store: None,
+            leases: None,
             llm: None,
             clock: Arc::new(SystemClock),
             hooks: Arc::new(NoHooks),
@@ -75,9 +78,27 @@ impl std::fmt::Debug for RuntimeBuilder {
 }
 
 impl RuntimeBuilder {
-    /// Sets the store (default: a temporary sled database).
+    /// Sets the store (default: a temporary sled database), which this process uses alone: a
+    /// store several nodes share is given with [`RuntimeBuilder::shared_store`].
     pub fn store(mut self, store: Arc<dyn Store>) -> Self {
         self.store = Some(store);
+        self
+    }
+
+    /// Sets a store several nodes share that keeps their leases too, such as
+    /// [`PgStore`](crate::PgStore): [`RuntimeBuilder::store`] and [`RuntimeBuilder::leases`]
+    /// with the one store. Its commits are fenced by its leases, so it needs both.
+    pub fn shared_store<S: Store + Leases>(self, store: Arc<S>) -> Self {
+        self.store(Arc::clone(&store) as Arc<dyn Store>)
+            .leases(store)
+    }
+
+    /// Sets who owns which tree of sessions among the nodes that share the store (default:
+    /// [`SingleNode`], this process owns them all). With a lease table shared by several
+    /// nodes, a call for a tree another live node owns is routed there
+    /// ([`RuntimeBuilder::peers`]).
+    pub fn leases(mut self, leases: Arc<dyn Leases>) -> Self {
+        self.leases = Some(leases);
         self
     }
 
@@ -172,9 +193,9 @@ impl RuntimeBuilder {
     }
 
     /// How a call of this runtime reaches the node that owns its session, on a store several
-    /// nodes share ([`crate::peer`]): `dormant_server::HttpPeers` over HTTP. Without one, a
-    /// call for a session another live node owns answers [`Error::SessionUnavailable`] and
-    /// [`Runtime::owner_of`] names the owner.
+    /// nodes share ([`crate::peer`]): `dormant_server::HttpPeers` over HTTP. Without one, every
+    /// call is served here, and one for a session another live node owns answers
+    /// [`Error::SessionUnavailable`] ([`Runtime::owner_of`] names the owner).
     pub fn peers(mut self, transport: Arc<dyn crate::peer::Peers>) -> Self {
         self.peers = Some(transport);
         self
@@ -239,7 +260,7 @@ impl RuntimeBuilder {
     ///
     /// # Errors
     /// [`Error::NoTokioRuntime`] outside a tokio runtime (the runtime starts actors),
-    /// [`Error::InvalidConfig`] for a limit out of range,
+    /// [`Error::InvalidConfig`] for a limit out of range or a shared store without its leases,
     /// [`Error::StoreInUse`] if another runtime of this process uses the store (one store has
     /// one runtime), [`Error::ShutDown`] if a shutdown closed the store, an invalid agent set
     /// (a duplicate name, a sub-agent tool naming an unknown agent), or the default temporary
@@ -257,8 +278,20 @@ impl RuntimeBuilder {
         if store.is_closed() {
             return Err(Error::ShutDown);
         }
+        let leases = self.leases.unwrap_or_else(|| Arc::new(SingleNode));
+        // Every commit to a shared store is fenced by its lease: without the leases, none
+        // would be written.
+        if store.is_shared() && !leases.is_shared() {
+            return Err(Error::InvalidConfig {
+                setting: "leases",
+                reason: "this store is shared by several nodes and fences every commit by the lease of its tree: give it with RuntimeBuilder::shared_store (or its leases with RuntimeBuilder::leases)".into(),
+            });
+        }
         let shared = Arc::new(Shared {
             store,
+            leases,
+            roots: crate::lineage::Roots::default(),
+            owners: crate::leases::Owners::default(),
             llm: self.llm.unwrap_or_else(|| Arc::new(ScriptedLlm::new())),
             clock: Arc::clone(&self.clock),
             hooks: self.hooks,

@@ -1,6 +1,8 @@
 //! Following a session's stream: stored chunks, then live ones, without gaps or repeats. A
-//! session another node runs is followed from the store: read a quarter second after the last
-//! new chunk, then less and less often while nothing comes, down to every 4 s.
+//! session another node runs is followed where it runs, through the peers transport (its
+//! live chunks and deltas are sent there); without one, or once the owner's stream ends (it
+//! went away), from the store: read a quarter second after the last new chunk, then less and
+//! less often while nothing comes, down to every 4 s.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -9,8 +11,12 @@ use std::time::Duration;
 use futures::Stream;
 use tokio::sync::broadcast;
 
+use futures::StreamExt;
+
+use super::route::{self, Route};
 use crate::error::Error;
 use crate::ids::SessionId;
+use crate::peer::{PeerEvent, PeerEvents, PeerFailure};
 use crate::schema;
 use crate::shared::Shared;
 use crate::stream::{Chunk, StreamEvent};
@@ -46,13 +52,147 @@ pub(super) fn follow(
     session: SessionId,
     from: u64,
 ) -> impl Stream<Item = Result<Chunk, Error>> + Send + 'static {
-    use futures::StreamExt;
-    follow_events(shared, session, from, false).filter_map(|event| async move {
+    follow_routed(shared, session, from, false).filter_map(|event| async move {
         match event {
             Ok(StreamEvent::Chunk(chunk)) => Some(Ok(chunk)),
             Ok(StreamEvent::Delta(_)) => None,
             Err(error) => Some(Err(error)),
         }
+    })
+}
+
+/// The session's stream where it runs: from the node that owns its tree, if another does and
+/// its transport follows; else here.
+pub(super) fn follow_routed(
+    shared: Arc<Shared>,
+    session: SessionId,
+    from: u64,
+    with_deltas: bool,
+) -> impl Stream<Item = Result<StreamEvent, Error>> + Send + 'static {
+    futures::stream::once(async move {
+        let owner = match route::route(&shared, &session, false).await {
+            Ok(Route::Owner(owned)) => Some(owned.owner),
+            // Here, or the route could not be read: the store says what there is.
+            Ok(Route::Here) | Err(_) => None,
+        };
+        let events = match (owner, shared.peers.as_ref()) {
+            (Some(owner), Some(peers)) => match peers.follow(&owner, &session, from).await {
+                Ok(events) => events.map(|events| (events, owner.address.unwrap_or_default())),
+                Err(error) => {
+                    tracing::debug!(%session, %error, "runtime.follow_owner_unreachable");
+                    None
+                }
+            },
+            _ => None,
+        };
+        match events {
+            Some((events, endpoint)) => {
+                let owner = Owner {
+                    events,
+                    endpoint,
+                    next: from,
+                    with_deltas,
+                };
+                futures::future::Either::Left(from_owner(shared, session, owner))
+            }
+            None => {
+                futures::future::Either::Right(follow_events(shared, session, from, with_deltas))
+            }
+        }
+    })
+    .flatten()
+}
+
+/// A stream followed on the node that runs the session.
+struct Owner {
+    events: PeerEvents,
+    endpoint: String,
+    /// The next chunk to give.
+    next: u64,
+    with_deltas: bool,
+}
+
+/// What a follower of the owner's stream does next.
+enum FromOwner {
+    /// Reads the owner's stream.
+    Owner(Owner),
+    /// The owner's stream ended (it went away): followed here from where it stopped.
+    Here(std::pin::Pin<Box<dyn Stream<Item = Result<StreamEvent, Error>> + Send>>),
+    /// The owner said its stream failed: nothing follows.
+    Done,
+}
+
+/// The owner's stream of `session`, then (if it ends before the follower does: the owner
+/// went away or shut down) the stream here, from the next chunk on.
+fn from_owner(
+    shared: Arc<Shared>,
+    session: SessionId,
+    owner: Owner,
+) -> impl Stream<Item = Result<StreamEvent, Error>> + Send + 'static {
+    futures::stream::unfold(FromOwner::Owner(owner), move |mut state| {
+        let (shared, session) = (Arc::clone(&shared), session.clone());
+        async move {
+            loop {
+                match state {
+                    FromOwner::Done => return None,
+                    FromOwner::Here(mut here) => {
+                        let next = here.next().await?;
+                        return Some((next, FromOwner::Here(here)));
+                    }
+                    FromOwner::Owner(mut owner) => match owner.events.next().await {
+                        Some(Ok(PeerEvent::Chunk(chunk))) => {
+                            if chunk.seq < owner.next {
+                                state = FromOwner::Owner(owner);
+                                continue;
+                            }
+                            owner.next = chunk.seq + 1;
+                            return Some((Ok(StreamEvent::Chunk(chunk)), FromOwner::Owner(owner)));
+                        }
+                        Some(Ok(PeerEvent::Delta(delta))) if owner.with_deltas => {
+                            return Some((Ok(StreamEvent::Delta(delta)), FromOwner::Owner(owner)));
+                        }
+                        Some(Ok(PeerEvent::Failed(failure))) if failure.code != "shut_down" => {
+                            let error = failure.into_error(&session, None, &owner.endpoint);
+                            return Some((Err(error), FromOwner::Done));
+                        }
+                        // A delta nobody asked for: the next event.
+                        Some(Ok(PeerEvent::Delta(_))) => state = FromOwner::Owner(owner),
+                        // The owner went away, or shuts down: the store has the rest.
+                        Some(Ok(_) | Err(_)) | None => {
+                            tracing::debug!(%session, endpoint = %owner.endpoint, "runtime.follow_owner_ended");
+                            let here = follow_events(
+                                Arc::clone(&shared),
+                                session.clone(),
+                                owner.next,
+                                owner.with_deltas,
+                            );
+                            state = FromOwner::Here(Box::pin(here));
+                        }
+                    },
+                }
+            }
+        }
+    })
+}
+
+/// The owner's side of a peer's follow: the stream here as [`PeerEvent`]s, ending after the
+/// first failure (sent as [`PeerEvent::Failed`]).
+pub(super) fn serve_follow(
+    shared: Arc<Shared>,
+    session: SessionId,
+    from: u64,
+) -> impl Stream<Item = PeerEvent> + Send + 'static {
+    follow_events(shared, session, from, true).scan(false, |failed, event| {
+        let event = match event {
+            _ if *failed => None,
+            Ok(StreamEvent::Chunk(chunk)) => Some(PeerEvent::Chunk(chunk)),
+            Ok(StreamEvent::Delta(delta)) => Some(PeerEvent::Delta(delta)),
+            Err(error) => {
+                *failed = true;
+                Some(PeerEvent::Failed(PeerFailure::of(&error)))
+            }
+        };
+        futures::future::ready(event)
     })
 }
 
@@ -163,8 +303,8 @@ impl Follower {
     /// Whether the session's live chunks are sent on another node: the store is shared and
     /// this node does not hold the session now (in memory, no round trip).
     fn fed_elsewhere(&self) -> bool {
-        let store = self.shared.store.as_ref();
-        store.holds_leases() && !store.holds_current(self.session.as_str())
+        let leases = self.shared.leases.as_ref();
+        leases.is_shared() && !leases.holds_current(self.session.as_str())
     }
 
     async fn refill(&mut self) -> Result<(), Error> {

@@ -173,32 +173,12 @@ impl Store for FaultyStore {
         }
     }
 
-    async fn acquire(&self, session: &str, lease: &str) -> Result<(), Error> {
-        self.inner.acquire(session, lease).await
-    }
-
-    fn release_session(&self, session: &str) {
-        self.inner.release_session(session);
-    }
-
-    async fn lease_owner(&self, lease: &str) -> Result<Option<super::LeaseOwner>, Error> {
-        self.inner.lease_owner(lease).await
-    }
-
-    fn holds_current(&self, session: &str) -> bool {
-        self.inner.holds_current(session)
-    }
-
-    fn peer_key(&self) -> Option<crate::peer::PeerKey> {
-        self.inner.peer_key()
-    }
-
-    fn holds_leases(&self) -> bool {
-        self.inner.holds_leases()
-    }
-
     fn is_closed(&self) -> bool {
         self.inner.is_closed()
+    }
+
+    fn is_shared(&self) -> bool {
+        self.inner.is_shared()
     }
 
     async fn size_on_disk(&self) -> Result<u64, Error> {

@@ -19,7 +19,7 @@
 //! use dormant::{PgStore, Runtime};
 //!
 //! let store = PgStore::connect("postgres://dormant@127.0.0.1:5432/dormant").await?;
-//! let runtime = Runtime::builder().store(Arc::new(store)).build()?;
+//! let runtime = Runtime::builder().shared_store(Arc::new(store)).build()?;
 //! # let _ = runtime; Ok(()) }
 //! ```
 
@@ -41,6 +41,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_postgres::NoTls;
 
 use super::{prefix_end, Batch, Entry, Error, Store, Tree};
+use crate::leases::{LeaseOwner, Leases, PeerKey};
 
 /// How many connections a store keeps: one for the committer, the rest for reads.
 const POOL_SIZE: usize = 8;
@@ -93,7 +94,7 @@ impl PgStoreBuilder {
 
     /// The address other nodes forward this node's sessions' requests to
     /// (`http://host:port`, the agent server's): recorded in the membership table, renewed
-    /// with the node's liveness, and answered by [`Store::lease_owner`] on other nodes.
+    /// with the node's liveness, and answered by [`Leases::owner`] on other nodes.
     /// Without one this node's sessions can only be reached here.
     pub fn advertise(mut self, address: impl Into<String>) -> Self {
         self.address = Some(address.into());
@@ -423,36 +424,8 @@ impl Store for PgStore {
         self.closed.load(Ordering::SeqCst)
     }
 
-    async fn acquire(&self, session: &str, lease: &str) -> Result<(), Error> {
-        if self.is_closed() {
-            return Err(Error::Closed);
-        }
-        self.leases.acquire(&self.lease_pool, session, lease).await
-    }
-
-    fn holds_leases(&self) -> bool {
+    fn is_shared(&self) -> bool {
         true
-    }
-
-    fn holds_current(&self, session: &str) -> bool {
-        self.leases.holds_current(session)
-    }
-
-    async fn lease_owner(&self, lease: &str) -> Result<Option<super::LeaseOwner>, Error> {
-        if self.is_closed() {
-            return Err(Error::Closed);
-        }
-        self.leases.owner(&self.lease_pool, lease).await
-    }
-
-    fn peer_key(&self) -> Option<crate::peer::PeerKey> {
-        Some(self.leases.key.clone())
-    }
-
-    fn release_session(&self, session: &str) {
-        if !self.is_closed() {
-            self.leases.release(&self.lease_pool, session);
-        }
     }
 
     async fn size_on_disk(&self) -> Result<u64, Error> {
@@ -463,5 +436,46 @@ impl Store for PgStore {
             .map_err(db)?;
         let size: i64 = row.try_get(0).map_err(db)?;
         Ok(u64::try_from(size).unwrap_or_default())
+    }
+}
+
+/// The lease table beside the data: a tree's lease taken, held and given back in the
+/// database, every commit fenced by it (`postgres/lease.rs`).
+#[async_trait::async_trait]
+impl Leases for PgStore {
+    fn is_shared(&self) -> bool {
+        true
+    }
+
+    async fn acquire(&self, session: &str, lease: &str) -> Result<(), Error> {
+        if self.is_closed() {
+            return Err(Error::Closed);
+        }
+        self.leases.acquire(&self.lease_pool, session, lease).await
+    }
+
+    fn release_session(&self, session: &str) {
+        if !self.is_closed() {
+            self.leases.release(&self.lease_pool, session);
+        }
+    }
+
+    fn holds_current(&self, session: &str) -> bool {
+        self.leases.holds_current(session)
+    }
+
+    fn holds(&self, lease: &str) -> bool {
+        self.leases.holds(lease)
+    }
+
+    async fn owner(&self, lease: &str) -> Result<Option<LeaseOwner>, Error> {
+        if self.is_closed() {
+            return Err(Error::Closed);
+        }
+        self.leases.owner(&self.lease_pool, lease).await
+    }
+
+    fn peer_key(&self) -> Option<PeerKey> {
+        Some(self.leases.key.clone())
     }
 }

@@ -87,6 +87,12 @@ impl Cluster {
         format!("127.0.0.1:{}/postgres", self.port)
     }
 
+    /// The server's log.
+    #[allow(dead_code)]
+    pub(crate) fn log(&self) -> PathBuf {
+        self.dir.path().join("server.log")
+    }
+
     /// The URL of database `postgres` as user `postgres` (trusted on loopback).
     pub(crate) fn url(&self) -> String {
         format!(

@@ -6,9 +6,12 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use dormant_actors::{ActorContext, Error, Host, VirtualActor};
+use dormant_actors::{ActorContext, Host, HostError, VirtualActor};
 use parking_lot::Mutex;
 use tokio::sync::oneshot;
+
+/// What the host answers a counter's message with when it cannot deliver it.
+pub type Error = HostError<Counter>;
 
 /// What a counter actor is asked to do.
 #[derive(Debug)]

@@ -17,8 +17,8 @@ use dashmap::DashMap;
 use deadpool_postgres::Pool;
 
 use super::db;
-use crate::peer::PeerKey;
-use crate::store::{Error, LeaseOwner};
+use crate::leases::{LeaseOwner, PeerKey};
+use crate::store::Error;
 
 /// What a node knows of its leases.
 #[derive(Debug)]
@@ -110,6 +110,11 @@ impl Leases {
                 .by_session
                 .get(session)
                 .is_some_and(|joined| self.epoch(&joined.0) == Some(joined.1))
+    }
+
+    /// Whether this node holds `lease` and is live, by its own reckoning.
+    pub(super) fn holds(&self, lease: &str) -> bool {
+        !self.lapsed() && self.held.contains_key(lease)
     }
 
     /// Forgets `lease` if this node still believes it holds it at `epoch` (the database says
