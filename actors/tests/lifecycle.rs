@@ -185,3 +185,30 @@ async fn an_actor_busy_past_the_limit_is_evicted_once_it_goes_idle() -> anyhow::
     assert!(host.is_resident(&"b".to_string()), "b is still busy");
     Ok(())
 }
+
+/// A fan-out of busy actors past the limit: a scan for actors to evict stops none of them, so
+/// the table is not scanned again at every activation, only once per tenth of the limit.
+#[tokio::test]
+async fn busy_actors_past_the_limit_are_not_scanned_for_at_every_activation() -> anyhow::Result<()>
+{
+    let config = HostConfig {
+        max_resident: Some(100),
+        ..HostConfig::default()
+    };
+    let host = Host::new(Counter::default(), config);
+    for key in 0..1_000 {
+        ask(&host, &format!("k{key}"), |reply| CounterMsg::SetBusy {
+            busy: true,
+            reply,
+        })
+        .await??;
+    }
+    let stats = host.stats();
+    assert_eq!(
+        stats.resident, 1_000,
+        "every actor is busy: none is evicted"
+    );
+    // 900 activations over the limit: one scan per 10 of them (before: one each).
+    assert!((1..=100).contains(&stats.eviction_scans), "{stats:?}");
+    Ok(())
+}
