@@ -197,11 +197,16 @@ pub(crate) struct Session {
 }
 
 impl Session {
-    /// Asks the model until it suspends or ends the turn.
-    fn run(&mut self, now: u64) {
+    /// A run starts: calls an interrupt dropped get their `interrupted` result.
+    fn close_dangling(&mut self) {
         for id in std::mem::take(&mut self.dangling) {
             self.results.insert(id, Expect::Code("interrupted"));
         }
+    }
+
+    /// Asks the model until it suspends or ends the turn.
+    fn run(&mut self, now: u64) {
+        self.close_dangling();
         let calls = reply(self.replies);
         self.replies += 1;
         if calls.is_empty() {
@@ -260,6 +265,24 @@ impl Session {
             self.settle_all(now, Close::Abandon);
         }
         self.run(now);
+    }
+
+    /// A new message whose run could not store the model's reply: the turn began (pending
+    /// calls closed), then the run ended `interrupted`; the reply is asked again on resume.
+    pub(crate) fn fault_mid_execute(&mut self, now: u64) {
+        if self.status == Some(Status::SuspendedClientTool) {
+            self.settle_all(now, Close::Abandon);
+        }
+        self.close_dangling();
+        self.status = Some(Status::Interrupted);
+    }
+
+    /// A resume that drained its answers (and ran approved tools), then could not store the
+    /// model's reply.
+    pub(crate) fn fault_mid_resume(&mut self, now: u64) {
+        self.settle_all(now, Close::Drain);
+        self.close_dangling();
+        self.status = Some(Status::Interrupted);
     }
 
     /// A resume.

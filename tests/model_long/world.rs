@@ -6,7 +6,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use dormant::store::{Durability, Fault, FaultyStore, InjectedFault};
+use dormant::store::{CommitKind, Durability, Fault, FaultyStore, InjectedFault};
 use dormant::submit::{Submit, SubmitOutcome};
 use dormant::{
     AgentDefinition, Approval, Clock, Error, LlmAdapter, LlmError, ManualClock, MemoryStore,
@@ -251,11 +251,21 @@ impl World {
 
     /// One random operation on a random session, then the comparison.
     async fn step(&mut self) -> anyhow::Result<()> {
-        let slot = self.rng.index(self.slots.len());
+        let mut slot = self.rng.index(self.slots.len());
         let sled = self.config.backend == Backend::Sled;
-        // submit, resume, execute, interrupt, evict, advance, restart, fault
-        let weights = [40, 16, 6, 3, 5, 7, if sled { 1 } else { 2 }, 4];
-        let touched_all = match self.rng.weighted(&weights) {
+        // submit, resume, execute, interrupt, evict, advance, restart, fault, fault mid-run
+        let weights = [40, 16, 6, 3, 5, 7, if sled { 1 } else { 2 }, 3, 2];
+        let op = self.rng.weighted(&weights);
+        if op == 0 && !self.rng.one_in(5) {
+            // Mostly a session with calls to answer: an unknown call is one sort among seven.
+            let with_calls: Vec<usize> = (0..self.slots.len())
+                .filter(|index| !self.slots[*index].model.pending.is_empty())
+                .collect();
+            if !with_calls.is_empty() {
+                slot = with_calls[self.rng.index(with_calls.len())];
+            }
+        }
+        let touched_all = match op {
             0 => {
                 self.submit(slot).await?;
                 false
@@ -286,8 +296,12 @@ impl World {
                 self.restart().await?;
                 true
             }
-            _ => {
+            7 => {
                 self.fault(slot).await?;
+                false
+            }
+            _ => {
+                self.fault_mid_run(slot).await?;
                 false
             }
         };
@@ -656,6 +670,61 @@ impl World {
                 let state = self.compare(slot).await;
                 anyhow::bail!(
                     "{name} with its commit failed answered {other:?} (then: {state:?}; model {:?})",
+                    self.slots[slot].model
+                )
+            }
+        }
+    }
+
+    /// A run whose model reply cannot be stored: the commit that starts the run (a resume's
+    /// drain, a new message) lands, the one of the reply (commit #1 of its step) fails. The
+    /// run must end `interrupted` with everything before the failed commit kept, and go on
+    /// with the same reply on the next resume.
+    async fn fault_mid_run(&mut self, slot: usize) -> anyhow::Result<()> {
+        let id = self.slots[slot].id.clone();
+        let now = self.clock.now_ms();
+        let model = &self.slots[slot].model;
+        let drains = model.status == Some(Status::SuspendedClientTool)
+            && model
+                .pending
+                .values()
+                .all(|call| call.view(now) != View::Waiting);
+        // The reply is a final text (no commit #1 to fail): an ordinary operation.
+        if reply(model.replies).is_empty() {
+            return if drains {
+                self.resume(slot).await
+            } else {
+                self.execute(slot).await
+            };
+        }
+        self.faulty.arm(Fault::NextCommitOf(CommitKind::ToolCalls));
+        let (name, result) = if drains {
+            self.note(format!("fault mid-run: resume {id}"));
+            ("fault_mid_resume", self.runtime.resume(&id).await)
+        } else {
+            self.note(format!("fault mid-run: execute {id}"));
+            (
+                "fault_mid_execute",
+                self.runtime.execute_on(&id, "agent", "go").await,
+            )
+        };
+        self.faulty.clear();
+        self.count(name);
+        // The cut run is stored as running until the session is activated again, which
+        // records it as interrupted (a crash's code).
+        self.runtime.wait_settled(&id).await;
+        let model = &mut self.slots[slot].model;
+        if drains {
+            model.fault_mid_resume(now);
+        } else {
+            model.fault_mid_execute(now);
+        }
+        match result {
+            Err(Error::Store(error)) if error.downcast_ref::<InjectedFault>().is_some() => Ok(()),
+            other => {
+                let state = self.compare(slot).await;
+                anyhow::bail!(
+                    "{name} with its reply's commit failed answered {other:?} (then: {state:?}; model {:?})",
                     self.slots[slot].model
                 )
             }
