@@ -76,13 +76,13 @@ fn run_reported(config: Config) -> anyhow::Result<()> {
 
 #[test]
 fn random_runs_on_memory_match_the_model() -> anyhow::Result<()> {
-    run_reported(config(Backend::Memory, 3_000, Plant::from_env()?)?)
+    run_reported(config(Backend::Memory, 10_000, Plant::from_env()?)?)
 }
 
 #[test]
 fn random_runs_on_sled_with_real_reopens_match_the_model() -> anyhow::Result<()> {
     // A tenth of the memory run's count: sled's reopen on each restart is what costs.
-    let mut config = config(Backend::Sled, 600, Plant::from_env()?)?;
+    let mut config = config(Backend::Sled, 2_000, Plant::from_env()?)?;
     if std::env::var("DORMANT_MODEL_OPS").is_ok() {
         config.ops = config.ops.div_ceil(10).max(1);
     }
