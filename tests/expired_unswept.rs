@@ -65,3 +65,32 @@ async fn a_new_message_after_the_deadline_records_the_timeout_not_abandoned() ->
     runtime.shutdown().await?;
     Ok(())
 }
+
+#[tokio::test]
+async fn an_abort_after_the_deadline_records_the_timeout_not_a_drop() -> anyhow::Result<()> {
+    let clock = ManualClock::new(0);
+    let script = calls_then_text(&[("tc-1", "edit")], "done");
+    let runtime = editor_runtime(
+        temp_store()?,
+        clock.clone(),
+        script,
+        Default::default(),
+        |b| b,
+    )?;
+    let id: SessionId = "s1".parse()?;
+    runtime.execute_on(&id, "editor", "go").await?;
+    clock.advance(30_000);
+    runtime.abort(&id).await?;
+    assert_eq!(runtime.status(&id).await?, Status::Failed);
+    let late = Submit::result("s1", "tc-1", json!({ "applied": 1 }));
+    assert_eq!(
+        runtime.submit_tool_result(late).await?,
+        SubmitOutcome::AlreadyCompleted
+    );
+    let messages = runtime.messages(&id).await?;
+    let outcome = tool_result(&messages, "tc-1")
+        .ok_or_else(|| anyhow::anyhow!("tc-1 has no result after the abort"))?;
+    assert_eq!(outcome.code(), Some(ToolErrorCode::ClientToolTimeout));
+    runtime.shutdown().await?;
+    Ok(())
+}
