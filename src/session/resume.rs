@@ -290,6 +290,16 @@ impl Session {
                     self.report_decision(cx, run_id, &entry);
                     (outcome, *answer == Answer::TimedOut)
                 }
+                // Expired but not yet swept: the deadline is authoritative, as on resume. The
+                // call timed out (its result recorded, tombstoned), whether the sweep came
+                // before this or not; it is neither abandoned nor dropped.
+                (None, _) if cx.now >= entry.deadline_at_ms => {
+                    cx.push(Effect::Observe(Observation::TimedOut {
+                        tool_call_id: entry.tool_call_id.clone(),
+                        lag_ms: cx.now.saturating_sub(entry.deadline_at_ms),
+                    }));
+                    (timeout_outcome(&entry), false)
+                }
                 _ => {
                     count += 1;
                     match &unanswered {
