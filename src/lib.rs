@@ -97,6 +97,8 @@ pub mod skills;
 pub mod store;
 pub mod stream;
 pub mod submit;
+#[cfg(feature = "test-util")]
+pub mod testkit;
 pub mod tool_error;
 mod untrusted;
 pub mod usage;
