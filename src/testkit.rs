@@ -1,9 +1,16 @@
-//! Test tooling for stores and agents: the store contract suite every backend passes
-//! ([`store_contract`]). Only with the `test-util` feature.
+//! Test tooling for stores and agents, one copy for every test of the workspace. Only with
+//! the `test-util` feature.
 //!
 //! - `contract.rs`: [`store_contract`], the checks of what the runtime relies on from a
-//!   [`Store`](crate::store::Store), run on any backend.
+//!   [`Store`](crate::store::Store), run on every backend (memory, sled, PostgreSQL).
+//! - The delegating store, [`DelegatingStore`], lives beside the stores
+//!   (`store/delegating.rs`, re-exported here): a wrapper whose [`Delegate`] counts, holds up
+//!   or fails each call; [`FaultyStore`] is one.
+//! - `postgres.rs`: [`PgCluster`], a throwaway PostgreSQL server for a test.
 
 mod contract;
+mod postgres;
 
 pub use self::contract::{store_contract, ContractError, Reopen, CHECKS};
+pub use self::postgres::{ClusterError, PgCluster};
+pub use crate::store::{Call, Delegate, DelegatingStore, Fault, FaultyStore, Forward};

@@ -1,10 +1,7 @@
-//! `PgStore` against a real PostgreSQL (a throwaway cluster per test, `postgres/cluster.rs`):
+//! `PgStore` against a real PostgreSQL (a throwaway cluster per test, `dormant::testkit::PgCluster`):
 //! the store contract the runtime relies on, commits grouped under load, migrations, and a
 //! session that suspends on one runtime and completes on another over the same database.
 #![cfg(feature = "postgres")]
-
-#[path = "postgres/cluster.rs"]
-mod cluster;
 
 use std::sync::Arc;
 
@@ -33,7 +30,7 @@ fn keys(entries: &[(Vec<u8>, Vec<u8>)]) -> Vec<Vec<u8>> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_store_contract_holds_on_postgres() -> anyhow::Result<()> {
-    let Some(cluster) = cluster::Cluster::start()? else {
+    let Some(cluster) = dormant::testkit::PgCluster::start()? else {
         return Ok(());
     };
     let store = PgStore::connect(&cluster.url()).await?;
@@ -108,7 +105,7 @@ async fn the_store_contract_holds_on_postgres() -> anyhow::Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrations_run_once_and_a_newer_database_is_refused() -> anyhow::Result<()> {
-    let Some(cluster) = cluster::Cluster::start()? else {
+    let Some(cluster) = dormant::testkit::PgCluster::start()? else {
         return Ok(());
     };
     let first = PgStore::connect(&cluster.url()).await?;
@@ -159,7 +156,7 @@ fn runtime(store: Arc<PgStore>) -> anyhow::Result<Runtime> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_suspended_on_one_runtime_completes_on_another_over_the_same_database(
 ) -> anyhow::Result<()> {
-    let Some(cluster) = cluster::Cluster::start()? else {
+    let Some(cluster) = dormant::testkit::PgCluster::start()? else {
         return Ok(());
     };
     let first = runtime(Arc::new(PgStore::connect(&cluster.url()).await?))?;
@@ -222,7 +219,7 @@ fn counting_runtime(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_that_lost_its_lease_cannot_write_and_the_new_owner_serves_the_session(
 ) -> anyhow::Result<()> {
-    let Some(cluster) = cluster::Cluster::start()? else {
+    let Some(cluster) = dormant::testkit::PgCluster::start()? else {
         return Ok(());
     };
     let applied = Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -347,7 +344,7 @@ fn tree_runtime(store: Arc<PgStore>, clock: ManualClock) -> anyhow::Result<Runti
 /// once the owner is gone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tree_has_one_owner_and_its_deadlines_wait_for_it() -> anyhow::Result<()> {
-    let Some(cluster) = cluster::Cluster::start()? else {
+    let Some(cluster) = dormant::testkit::PgCluster::start()? else {
         return Ok(());
     };
     let clock = ManualClock::new(0);
@@ -428,7 +425,7 @@ async fn a_tree_has_one_owner_and_its_deadlines_wait_for_it() -> anyhow::Result<
 /// entry on PostgreSQL too, and each answer at the root finds one of them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_children_sharing_a_call_id_are_each_answered_at_the_root() -> anyhow::Result<()> {
-    let Some(cluster) = cluster::Cluster::start()? else {
+    let Some(cluster) = dormant::testkit::PgCluster::start()? else {
         return Ok(());
     };
     let lead = AgentDefinition::builder("lead")
