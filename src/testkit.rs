@@ -7,10 +7,13 @@
 //!   (`store/delegating.rs`, re-exported here): a wrapper whose [`Delegate`] counts, holds up
 //!   or fails each call; [`FaultyStore`] is one.
 //! - `postgres.rs`: [`PgCluster`], a throwaway PostgreSQL server for a test.
+//! - `logs.rs`: [`CapturedLogs`], what a test's code logs (its spans and fields), as text.
 
 mod contract;
+mod logs;
 mod postgres;
 
 pub use self::contract::{store_contract, ContractError, Reopen, CHECKS};
+pub use self::logs::CapturedLogs;
 pub use self::postgres::{ClusterError, PgCluster};
 pub use crate::store::{Call, Delegate, DelegatingStore, Fault, FaultyStore, Forward};
