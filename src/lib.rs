@@ -26,7 +26,9 @@
 //!
 //! - `test-util` (off by default): test tooling, so that a user's build does not compile it:
 //!   the conformance scenario runner `dormant::scenario` (the format is
-//!   `docs/scenario-format.md`) and the fault-injecting `store::FaultyStore`.
+//!   `docs/scenario-format.md`), and `dormant::testkit`: the store contract suite, the
+//!   delegating store (`store::DelegatingStore`; `store::FaultyStore` injects faults), a
+//!   throwaway PostgreSQL cluster and a log capture.
 //! - `openai` (off by default): `OpenAiAdapter`, a model on any OpenAI-compatible
 //!   chat-completions server (reqwest with rustls). Off so that a build with its own adapter
 //!   compiles no HTTP client.
@@ -97,6 +99,8 @@ pub mod skills;
 pub mod store;
 pub mod stream;
 pub mod submit;
+#[cfg(feature = "test-util")]
+pub mod testkit;
 pub mod tool_error;
 mod untrusted;
 pub mod usage;

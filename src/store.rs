@@ -8,6 +8,8 @@
 mod damage;
 // Test tooling, like `crate::scenario`: only with the `test-util` feature.
 #[cfg(feature = "test-util")]
+mod delegating;
+#[cfg(feature = "test-util")]
 mod faulty;
 mod memory;
 #[cfg(feature = "postgres")]
@@ -19,7 +21,9 @@ use std::path::{Path, PathBuf};
 
 pub use self::damage::Damage;
 #[cfg(feature = "test-util")]
-pub use self::faulty::{Fault, FaultyStore, InjectedFault};
+pub use self::delegating::{Call, Delegate, DelegatingStore, Forward};
+#[cfg(feature = "test-util")]
+pub use self::faulty::{Fault, Faults, FaultyStore, InjectedFault};
 pub use self::memory::MemoryStore;
 #[cfg(feature = "postgres")]
 pub use self::postgres::{PgSetting, PgStore, PgStoreBuilder, DEFAULT_LEASE_TTL};

@@ -254,11 +254,9 @@ async fn auto_resume_continues_as_soon_as_every_call_is_answered() -> anyhow::Re
     Ok(())
 }
 
-/// Passes everything through to a [`MemoryStore`] and counts the scans of the log tree, where
-/// a session's conversation is read back from.
-#[derive(Debug)]
+/// Counts the scans of the log tree, where a session's conversation is read back from.
+#[derive(Debug, Default)]
 struct LogScans {
-    inner: dormant::store::MemoryStore,
     scans: std::sync::atomic::AtomicUsize,
 }
 
@@ -269,59 +267,26 @@ impl LogScans {
 }
 
 #[async_trait::async_trait]
-impl dormant::store::Store for LogScans {
-    async fn commit(&self, batch: dormant::store::Batch) -> Result<(), dormant::store::Error> {
-        self.inner.commit(batch).await
-    }
-    async fn get(
-        &self,
-        tree: dormant::store::Tree,
-        key: &[u8],
-    ) -> Result<Option<Vec<u8>>, dormant::store::Error> {
-        self.inner.get(tree, key).await
-    }
-    async fn scan_prefix(
-        &self,
-        tree: dormant::store::Tree,
-        prefix: &[u8],
-    ) -> Result<Vec<dormant::store::Entry>, dormant::store::Error> {
-        if tree == dormant::store::Tree::Log {
+impl dormant::store::Delegate for LogScans {
+    async fn before(&self, call: dormant::store::Call<'_>) -> Result<(), dormant::store::Error> {
+        if let dormant::store::Call::ScanPrefix {
+            tree: dormant::store::Tree::Log,
+            ..
+        } = call
+        {
             self.scans.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         }
-        self.inner.scan_prefix(tree, prefix).await
-    }
-    async fn scan_prefix_rev(
-        &self,
-        tree: dormant::store::Tree,
-        prefix: &[u8],
-        limit: usize,
-    ) -> Result<Vec<dormant::store::Entry>, dormant::store::Error> {
-        self.inner.scan_prefix_rev(tree, prefix, limit).await
-    }
-    async fn scan_range(
-        &self,
-        tree: dormant::store::Tree,
-        from: &[u8],
-        to: &[u8],
-        limit: usize,
-    ) -> Result<Vec<dormant::store::Entry>, dormant::store::Error> {
-        self.inner.scan_range(tree, from, to, limit).await
-    }
-    async fn flush(&self) -> Result<(), dormant::store::Error> {
-        self.inner.flush().await
-    }
-    async fn size_on_disk(&self) -> Result<u64, dormant::store::Error> {
-        self.inner.size_on_disk().await
+        Ok(())
     }
 }
 
 #[tokio::test]
 async fn a_resident_suspended_session_resumes_without_reading_its_conversation_back(
 ) -> anyhow::Result<()> {
-    let store = Arc::new(LogScans {
-        inner: dormant::store::MemoryStore::new(),
-        scans: Default::default(),
-    });
+    let store = Arc::new(dormant::store::DelegatingStore::wrap(
+        Arc::new(dormant::store::MemoryStore::new()),
+        LogScans::default(),
+    ));
     let script = calls_then_text(&[("tc-1", "edit")], "All done.");
     let runtime = editor_runtime(
         store.clone(),
@@ -339,11 +304,11 @@ async fn a_resident_suspended_session_resumes_without_reading_its_conversation_b
         runtime.submit_tool_result(answer("resident")).await?,
         SubmitOutcome::Accepted
     );
-    let before = store.count();
+    let before = store.delegate().count();
     let done = runtime.resume(&resident).await?;
     assert_eq!(done.status, Status::Completed);
     assert_eq!(
-        store.count(),
+        store.delegate().count(),
         before,
         "the resume read the conversation back"
     );
@@ -356,10 +321,10 @@ async fn a_resident_suspended_session_resumes_without_reading_its_conversation_b
         runtime.submit_tool_result(answer("evicted")).await?,
         SubmitOutcome::Accepted
     );
-    let before = store.count();
+    let before = store.delegate().count();
     let done = runtime.resume(&evicted).await?;
     assert_eq!(done.status, Status::Completed);
-    assert!(store.count() > before);
+    assert!(store.delegate().count() > before);
     assert_eq!(
         runtime.messages(&evicted).await?,
         runtime.messages(&resident).await?

@@ -1,15 +1,13 @@
-//! `PgStore` against a real PostgreSQL (a throwaway cluster per test, `postgres/cluster.rs`):
-//! the store contract the runtime relies on, commits grouped under load, migrations, and a
+//! `PgStore` against a real PostgreSQL (a throwaway cluster per test, `dormant::testkit::PgCluster`):
+//! the store contract the runtime relies on (`dormant::testkit::store_contract`), commits grouped under load, migrations, and a
 //! session that suspends on one runtime and completes on another over the same database.
 #![cfg(feature = "postgres")]
-
-#[path = "postgres/cluster.rs"]
-mod cluster;
 
 use std::sync::Arc;
 
 use dormant::store::{Batch, CommitKind, Store, Tree};
 use dormant::submit::{Submit, SubmitOutcome};
+use dormant::testkit::{store_contract, Reopen};
 use dormant::{
     AgentDefinition, ManualClock, ModelReply, PgStore, Runtime, ScriptedLlm, SessionId, Status,
     ToolCall, ToolDefinition,
@@ -27,67 +25,20 @@ fn batch(ops: &[(&[u8], Option<&[u8]>)]) -> Batch {
     batch
 }
 
-fn keys(entries: &[(Vec<u8>, Vec<u8>)]) -> Vec<Vec<u8>> {
-    entries.iter().map(|(key, _)| key.clone()).collect()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_store_contract_holds_on_postgres() -> anyhow::Result<()> {
-    let Some(cluster) = cluster::Cluster::start()? else {
+    let Some(cluster) = dormant::testkit::PgCluster::start()? else {
         return Ok(());
     };
-    let store = PgStore::connect(&cluster.url()).await?;
-    store
-        .commit(batch(&[
-            (b"a/1", Some(b"one")),
-            (b"a/2", Some(b"two")),
-            (b"a/\xff", Some(b"high")),
-            (b"b/1", Some(b"other")),
-            (b"\xff\xff", Some(b"top")),
-            (b"gone", Some(b"x")),
-            (b"gone", None),
-            (b"twice", Some(b"first")),
-            (b"twice", Some(b"last")),
-        ]))
-        .await?;
-    assert_eq!(
-        store.get(Tree::Pending, b"a/1").await?,
-        Some(b"one".to_vec())
-    );
-    assert_eq!(
-        store.get(Tree::Pending, b"gone").await?,
-        None,
-        "the later delete wins"
-    );
-    assert_eq!(
-        store.get(Tree::Pending, b"twice").await?,
-        Some(b"last".to_vec())
-    );
-    assert_eq!(store.get(Tree::Log, b"a/1").await?, None, "trees are apart");
-
-    let prefix = store.scan_prefix(Tree::Pending, b"a/").await?;
-    assert_eq!(
-        keys(&prefix),
-        [b"a/1".to_vec(), b"a/2".to_vec(), b"a/\xff".to_vec()]
-    );
-    let top = store.scan_prefix(Tree::Pending, b"\xff").await?;
-    assert_eq!(
-        keys(&top),
-        [b"\xff\xff".to_vec()],
-        "a prefix of 0xff bytes has no end key"
-    );
-    let last = store.scan_prefix_rev(Tree::Pending, b"a/", 2).await?;
-    assert_eq!(keys(&last), [b"a/\xff".to_vec(), b"a/2".to_vec()]);
-    let range = store.scan_range(Tree::Pending, b"a/2", b"b/2", 10).await?;
-    assert_eq!(
-        keys(&range),
-        [b"a/2".to_vec(), b"a/\xff".to_vec(), b"b/1".to_vec()]
-    );
-    let limited = store.scan_range(Tree::Pending, b"", b"z", 2).await?;
-    assert_eq!(limited.len(), 2);
+    let url = cluster.url();
+    store_contract(Reopen::Same, || {
+        let url = url.clone();
+        async move { Ok(Arc::new(PgStore::connect(&url).await?) as Arc<dyn Store>) }
+    })
+    .await?;
 
     // Many commits at once: grouped into few transactions, each acknowledged and visible.
-    let store = Arc::new(store);
+    let store = Arc::new(PgStore::connect(&url).await?);
     let writers = (0..200u32).map(|index| {
         let store = Arc::clone(&store);
         tokio::spawn(async move {
@@ -108,7 +59,7 @@ async fn the_store_contract_holds_on_postgres() -> anyhow::Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrations_run_once_and_a_newer_database_is_refused() -> anyhow::Result<()> {
-    let Some(cluster) = cluster::Cluster::start()? else {
+    let Some(cluster) = dormant::testkit::PgCluster::start()? else {
         return Ok(());
     };
     let first = PgStore::connect(&cluster.url()).await?;
@@ -159,7 +110,7 @@ fn runtime(store: Arc<PgStore>) -> anyhow::Result<Runtime> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_suspended_on_one_runtime_completes_on_another_over_the_same_database(
 ) -> anyhow::Result<()> {
-    let Some(cluster) = cluster::Cluster::start()? else {
+    let Some(cluster) = dormant::testkit::PgCluster::start()? else {
         return Ok(());
     };
     let first = runtime(Arc::new(PgStore::connect(&cluster.url()).await?))?;
@@ -222,7 +173,7 @@ fn counting_runtime(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_that_lost_its_lease_cannot_write_and_the_new_owner_serves_the_session(
 ) -> anyhow::Result<()> {
-    let Some(cluster) = cluster::Cluster::start()? else {
+    let Some(cluster) = dormant::testkit::PgCluster::start()? else {
         return Ok(());
     };
     let applied = Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -347,7 +298,7 @@ fn tree_runtime(store: Arc<PgStore>, clock: ManualClock) -> anyhow::Result<Runti
 /// once the owner is gone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tree_has_one_owner_and_its_deadlines_wait_for_it() -> anyhow::Result<()> {
-    let Some(cluster) = cluster::Cluster::start()? else {
+    let Some(cluster) = dormant::testkit::PgCluster::start()? else {
         return Ok(());
     };
     let clock = ManualClock::new(0);
@@ -428,7 +379,7 @@ async fn a_tree_has_one_owner_and_its_deadlines_wait_for_it() -> anyhow::Result<
 /// entry on PostgreSQL too, and each answer at the root finds one of them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_children_sharing_a_call_id_are_each_answered_at_the_root() -> anyhow::Result<()> {
-    let Some(cluster) = cluster::Cluster::start()? else {
+    let Some(cluster) = dormant::testkit::PgCluster::start()? else {
         return Ok(());
     };
     let lead = AgentDefinition::builder("lead")

@@ -5,7 +5,7 @@ mod common;
 
 use std::sync::Arc;
 
-use dormant::store::{self, Batch, Entry, Op, Store, Tree};
+use dormant::store::{self, Batch, Call, Delegate, DelegatingStore, Op, Store};
 use dormant::{
     AgentDefinition, ChildState, LlmAdapter, LlmError, ManualClock, MemoryStore, ModelReply,
     ModelRequest, Runtime, ScriptedLlm, SessionId, SledStore, Status, ToolCall, ToolDefinition,
@@ -33,12 +33,11 @@ fn lead_script() -> Vec<ModelReply> {
 }
 
 /// A store that panics on every commit that writes a key of one session after its first
-/// `spare` (with `reads`, on every read of its keys too), so that session's actor crashes each
-/// time it commits (or loads). (Hooks, tools and models are caught: a store is the
-/// collaborator whose panic reaches the actor.)
+/// `spare` (with `reads`, on every read of its keys but a range scan, too), so that session's
+/// actor crashes each time it commits (or loads). (Hooks, tools and models are caught: a store
+/// is the collaborator whose panic reaches the actor.)
 #[derive(Debug)]
 struct PanicFor {
-    inner: Arc<dyn Store>,
     session: SessionId,
     commits: std::sync::atomic::AtomicUsize,
     spare: usize,
@@ -46,14 +45,19 @@ struct PanicFor {
 }
 
 impl PanicFor {
-    fn new(inner: Arc<dyn Store>, session: SessionId, spare: usize, reads: bool) -> Self {
-        Self {
-            inner,
+    fn new(
+        inner: Arc<dyn Store>,
+        session: SessionId,
+        spare: usize,
+        reads: bool,
+    ) -> DelegatingStore<Self> {
+        let panics = Self {
             session,
             commits: Default::default(),
             spare,
             reads,
-        }
+        };
+        DelegatingStore::wrap(inner, panics)
     }
 
     fn names(&self, key: &[u8]) -> bool {
@@ -70,58 +74,32 @@ impl PanicFor {
     }
 
     fn touches(&self, batch: &Batch) -> bool {
-        let id = self.session.as_str().as_bytes();
         batch.ops().iter().any(|op| {
             let key = match op {
                 Op::Put { key, .. } | Op::Delete { key, .. } => key,
             };
-            key.windows(id.len()).any(|window| window == id)
+            self.names(key)
         })
     }
 }
 
 #[async_trait::async_trait]
-impl Store for PanicFor {
-    async fn commit(&self, batch: Batch) -> Result<(), store::Error> {
-        if self.touches(&batch) {
-            let earlier = self
-                .commits
-                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            assert!(earlier < self.spare, "commit panics for {}", self.session);
+impl Delegate for PanicFor {
+    async fn before(&self, call: Call<'_>) -> Result<(), store::Error> {
+        match call {
+            Call::Commit(batch) if self.touches(batch) => {
+                let earlier = self
+                    .commits
+                    .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                assert!(earlier < self.spare, "commit panics for {}", self.session);
+            }
+            Call::Get { key, .. } => self.read(key),
+            Call::ScanPrefix { prefix, .. } | Call::ScanPrefixRev { prefix, .. } => {
+                self.read(prefix)
+            }
+            _ => {}
         }
-        self.inner.commit(batch).await
-    }
-    async fn get(&self, tree: Tree, key: &[u8]) -> Result<Option<Vec<u8>>, store::Error> {
-        self.read(key);
-        self.inner.get(tree, key).await
-    }
-    async fn scan_prefix(&self, tree: Tree, prefix: &[u8]) -> Result<Vec<Entry>, store::Error> {
-        self.read(prefix);
-        self.inner.scan_prefix(tree, prefix).await
-    }
-    async fn scan_prefix_rev(
-        &self,
-        tree: Tree,
-        prefix: &[u8],
-        limit: usize,
-    ) -> Result<Vec<Entry>, store::Error> {
-        self.read(prefix);
-        self.inner.scan_prefix_rev(tree, prefix, limit).await
-    }
-    async fn scan_range(
-        &self,
-        tree: Tree,
-        from: &[u8],
-        to: &[u8],
-        limit: usize,
-    ) -> Result<Vec<Entry>, store::Error> {
-        self.inner.scan_range(tree, from, to, limit).await
-    }
-    async fn flush(&self) -> Result<(), store::Error> {
-        self.inner.flush().await
-    }
-    async fn size_on_disk(&self) -> Result<u64, store::Error> {
-        self.inner.size_on_disk().await
+        Ok(())
     }
 }
 
@@ -344,7 +322,10 @@ async fn a_sub_agent_call_without_its_message_is_invalid_input() -> anyhow::Resu
 
 /// Runs the lead over a store that panics for the child `o1` as `store` says, and checks that
 /// the parent records the child's failure as the call's tool error and completes.
-async fn child_that_cannot_come_up(store: PanicFor, why: &str) -> anyhow::Result<()> {
+async fn child_that_cannot_come_up(
+    store: DelegatingStore<PanicFor>,
+    why: &str,
+) -> anyhow::Result<()> {
     let llm = ScriptedLlm::new()
         .script("lead", lead_script())
         .script("good", vec![ModelReply::text("fine")])

@@ -1,8 +1,7 @@
 //! A subscriber can follow one session: what the actor logs is inside a `session` span, and
 //! what a model adapter or a tool logs is inside a `run` span with the session, run and step.
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use dormant::{
     AgentDefinition, BoxFuture, LlmAdapter, LlmError, ModelReply, ModelRequest, Runtime,
@@ -21,31 +20,9 @@ impl LlmAdapter for Talkative {
     }
 }
 
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        if let Ok(mut buffer) = self.0.lock() {
-            buffer.extend_from_slice(bytes);
-        }
-        Ok(bytes.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 #[tokio::test]
 async fn what_a_run_logs_carries_its_session_and_run() -> anyhow::Result<()> {
-    let captured = Captured::default();
-    let writer = captured.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let (captured, _guard) = dormant::testkit::CapturedLogs::start(tracing::Level::INFO);
     let runtime = Runtime::builder()
         .llm(Arc::new(Talkative))
         .agent(AgentDefinition::builder("greeter").build()?)
@@ -54,13 +31,7 @@ async fn what_a_run_logs_carries_its_session_and_run() -> anyhow::Result<()> {
         .execute_on(&"s-traced".parse()?, "greeter", "hi")
         .await?;
     runtime.shutdown().await?;
-    let logs = String::from_utf8(
-        captured
-            .0
-            .lock()
-            .map_err(|_| anyhow::anyhow!("poisoned"))?
-            .clone(),
-    )?;
+    let logs = captured.text()?;
     let line = logs
         .lines()
         .find(|line| line.contains("adapter.called"))
@@ -77,13 +48,7 @@ async fn what_a_run_logs_carries_its_session_and_run() -> anyhow::Result<()> {
 
 #[tokio::test]
 async fn a_call_id_the_runtime_replaces_is_logged_escaped() -> anyhow::Result<()> {
-    let captured = Captured::default();
-    let writer = captured.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let (captured, _guard) = dormant::testkit::CapturedLogs::start(tracing::Level::INFO);
     let forged = "x\nERROR forged line";
     let llm = dormant::ScriptedLlm::new().script(
         "caller",
@@ -114,13 +79,7 @@ async fn a_call_id_the_runtime_replaces_is_logged_escaped() -> anyhow::Result<()
     pending.sort();
     assert_eq!(pending, ["call-1-1", forged]);
     runtime.shutdown().await?;
-    let logs = String::from_utf8(
-        captured
-            .0
-            .lock()
-            .map_err(|_| anyhow::anyhow!("poisoned"))?
-            .clone(),
-    )?;
+    let logs = captured.text()?;
     let line = logs
         .lines()
         .find(|line| line.contains("tool_call.id_assigned"))

@@ -19,19 +19,19 @@
 //! Without chromium and chromedriver each test says it was skipped and how to install them,
 //! and passes, unless `DORMANT_REQUIRE_BROWSER` is set to anything but `0` (CI sets it to 1).
 
-#[path = "browser/abandon.rs"]
-mod abandon;
 mod common;
-#[path = "browser/plan.rs"]
-mod plan;
-#[path = "browser/prefix.rs"]
-mod prefix;
-#[path = "browser/setup.rs"]
-mod setup;
-#[path = "browser/sub_agents.rs"]
-mod sub_agents;
-#[path = "browser/webdriver.rs"]
-mod webdriver;
+// An inline module of the crate root finds its files in `browser/`, as `#[path]` would say:
+// the tests there share `common` with this crate's other tests.
+mod browser {
+    mod abandon;
+    pub(crate) mod plan;
+    mod prefix;
+    pub(crate) mod setup;
+    mod sub_agents;
+    pub(crate) mod webdriver;
+}
+
+use browser::{plan, setup, webdriver};
 
 use anyhow::Context;
 use common::answer;

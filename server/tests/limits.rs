@@ -8,7 +8,7 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::gated::GatedStore;
+use common::gated::gated_store;
 use common::{answer, demo_runtime, demo_server, pending, serve, text};
 use dormant::Runtime;
 use dormant_server::{Auth, ServerConfig};
@@ -230,7 +230,7 @@ async fn a_deep_or_large_result_is_refused_by_the_submit_contract() -> anyhow::R
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_the_store_holds_up_is_answered_408_and_a_retry_finds_it_durable(
 ) -> anyhow::Result<()> {
-    let store = GatedStore::new();
+    let store = gated_store();
     let runtime = demo_runtime(store.clone())?;
     let config = ServerConfig::default().request_timeout(Duration::from_millis(300));
     let server = serve(runtime, Auth::allow_unauthenticated(), config).await?;
@@ -242,13 +242,13 @@ async fn a_request_the_store_holds_up_is_answered_408_and_a_retry_finds_it_durab
     )?;
     let envelope =
         json!({ "session_id": session.id, "tool_call_id": call, "result": { "answer": "slow" } });
-    store.hold();
+    store.delegate().hold();
     let (code, body) = server.submit(&session, &envelope).await?;
     assert_eq!(
         (code, body["code"].as_str()),
         (StatusCode::REQUEST_TIMEOUT, Some("request_timeout"))
     );
-    store.open();
+    store.delegate().open();
     // The timed-out submit went on and was made durable: the retry says so.
     let (code, body) = server.submit(&session, &envelope).await?;
     assert_eq!(

@@ -4,8 +4,7 @@
 
 mod common;
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
@@ -14,23 +13,6 @@ use dormant::SledStore;
 use dormant_server::{Auth, Server};
 use serde_json::{json, Value};
 use tower::ServiceExt;
-
-/// Where the subscriber writes: a buffer the test reads afterwards.
-#[derive(Clone, Default)]
-struct Logs(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Logs {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        if let Ok(mut buffer) = self.0.lock() {
-            buffer.extend_from_slice(bytes);
-        }
-        Ok(bytes.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
 
 async fn post(app: &axum::Router, path: &str, body: &Value) -> anyhow::Result<(StatusCode, Value)> {
     let bytes = serde_json::to_vec(body)?;
@@ -52,14 +34,7 @@ async fn post(app: &axum::Router, path: &str, body: &Value) -> anyhow::Result<(S
 #[tokio::test]
 async fn a_megabyte_tool_call_id_full_of_newlines_and_escape_codes_is_logged_on_one_short_line(
 ) -> anyhow::Result<()> {
-    let logs = Logs::default();
-    let writer = logs.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .with_max_level(tracing::Level::TRACE)
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let (logs, _guard) = dormant::testkit::CapturedLogs::start(tracing::Level::TRACE);
     let runtime = demo_runtime(Arc::new(SledStore::temporary()?))?;
     let app = Server::new(runtime.clone(), Auth::allow_unauthenticated()).router()?;
     let (status, started) = post(
@@ -99,12 +74,7 @@ async fn a_megabyte_tool_call_id_full_of_newlines_and_escape_codes_is_logged_on_
     assert_eq!(response.status(), StatusCode::NOT_FOUND);
     runtime.shutdown().await?;
 
-    let logs = String::from_utf8(
-        logs.0
-            .lock()
-            .map_err(|_| anyhow::anyhow!("the log buffer's lock is poisoned"))?
-            .clone(),
-    )?;
+    let logs = logs.text()?;
     assert!(
         logs.contains("server.submit"),
         "the submit was logged:\n{logs}"

@@ -10,8 +10,6 @@
 //! gated tool is in each session at most once; and the client-tool deadlines of sessions
 //! nobody answers fire although their owner was killed.
 
-#[path = "../../tests/postgres/cluster.rs"]
-mod cluster;
 mod common;
 
 use std::collections::HashMap;
@@ -309,7 +307,7 @@ fn tool_messages(messages: &Value) -> HashMap<String, Vec<Value>> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_nodes_lose_one_at_a_time_and_every_answer_is_applied_once() -> anyhow::Result<()> {
-    let Some(cluster) = cluster::Cluster::start()? else {
+    let Some(cluster) = dormant::testkit::PgCluster::start()? else {
         return Ok(());
     };
     let dir = tempfile::tempdir()?;

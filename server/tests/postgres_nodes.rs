@@ -5,8 +5,6 @@
 //! approval-gated tool, which is not safe to retry, runs once. And any node answers any
 //! request: one for a session another live node owns is sent on to it.
 
-#[path = "../../tests/postgres/cluster.rs"]
-mod cluster;
 mod common;
 
 use std::path::Path;
@@ -34,12 +32,12 @@ struct Pair {
     a: Binary,
     b: Binary,
     _dir: tempfile::TempDir,
-    cluster: cluster::Cluster,
+    cluster: dormant::testkit::PgCluster,
 }
 
 /// Two nodes, or `None` (after saying why) where PostgreSQL is not installed.
 fn two_nodes() -> anyhow::Result<Option<Pair>> {
-    let Some(cluster) = cluster::Cluster::start()? else {
+    let Some(cluster) = dormant::testkit::PgCluster::start()? else {
         return Ok(None);
     };
     let url = format!("postgres://postgres@{}", cluster.address());

@@ -8,9 +8,6 @@
 
 #![cfg(feature = "postgres")]
 
-#[path = "../../tests/postgres/cluster.rs"]
-mod cluster;
-
 use std::sync::Arc;
 
 use dormant::peer::{PeerAnswer, PeerCall};
@@ -75,7 +72,7 @@ async fn node(url: &str, name: &str) -> anyhow::Result<Node> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_runtime_call_for_a_session_another_node_owns_is_served_by_the_owner(
 ) -> anyhow::Result<()> {
-    let Some(cluster) = cluster::Cluster::start()? else {
+    let Some(cluster) = dormant::testkit::PgCluster::start()? else {
         return Ok(());
     };
     let url = cluster.url();
@@ -219,7 +216,7 @@ fn log_lines(log: &std::path::Path) -> anyhow::Result<usize> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_routed_to_the_owner_costs_this_node_two_database_reads_at_most(
 ) -> anyhow::Result<()> {
-    let Some(cluster) = cluster::Cluster::start()? else {
+    let Some(cluster) = dormant::testkit::PgCluster::start()? else {
         return Ok(());
     };
     let url = cluster.url();

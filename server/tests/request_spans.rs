@@ -4,8 +4,7 @@
 
 mod common;
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
@@ -14,33 +13,9 @@ use dormant::SledStore;
 use dormant_server::{Auth, Server};
 use tower::ServiceExt;
 
-/// Where the subscriber writes: a buffer the test reads afterwards.
-#[derive(Clone, Default)]
-struct Logs(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Logs {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        if let Ok(mut buffer) = self.0.lock() {
-            buffer.extend_from_slice(bytes);
-        }
-        Ok(bytes.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 #[tokio::test]
 async fn a_request_is_logged_in_a_span_with_its_path_and_without_its_query() -> anyhow::Result<()> {
-    let logs = Logs::default();
-    let writer = logs.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .with_max_level(tracing::Level::DEBUG)
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let (logs, _guard) = dormant::testkit::CapturedLogs::start(tracing::Level::DEBUG);
     let runtime = demo_runtime(Arc::new(SledStore::temporary()?))?;
     let app = Server::new(runtime.clone(), Auth::allow_unauthenticated()).router()?;
     let response = app
@@ -51,12 +26,7 @@ async fn a_request_is_logged_in_a_span_with_its_path_and_without_its_query() -> 
     assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
     runtime.shutdown().await?;
 
-    let logs = String::from_utf8(
-        logs.0
-            .lock()
-            .map_err(|_| anyhow::anyhow!("the log buffer's lock is poisoned"))?
-            .clone(),
-    )?;
+    let logs = logs.text()?;
     let answered = logs
         .lines()
         .find(|line| line.contains("server.answered"))

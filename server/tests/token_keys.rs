@@ -3,9 +3,6 @@
 //! with different keys are refused at start with both named, and no secret (a node's peer
 //! key, the token key, a token) reaches the log, even at trace level.
 
-#[allow(dead_code)]
-#[path = "../../tests/postgres/cluster.rs"]
-mod cluster;
 mod common;
 
 use std::io::{BufRead, BufReader};
@@ -67,7 +64,7 @@ fn a_missing_key_file_of_an_existing_store_is_not_replaced_unless_asked() -> any
 
 #[test]
 fn nodes_of_one_database_with_different_token_keys_are_refused_at_start() -> anyhow::Result<()> {
-    let Some(cluster) = cluster::Cluster::start()? else {
+    let Some(cluster) = dormant::testkit::PgCluster::start()? else {
         return Ok(());
     };
     let url = format!("postgres://postgres@{}", cluster.address());
@@ -128,7 +125,7 @@ fn nodes_of_one_database_with_different_token_keys_are_refused_at_start() -> any
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_secret_reaches_the_log_at_trace_level() -> anyhow::Result<()> {
-    let Some(cluster) = cluster::Cluster::start()? else {
+    let Some(cluster) = dormant::testkit::PgCluster::start()? else {
         return Ok(());
     };
     let url = format!("postgres://postgres@{}", cluster.address());

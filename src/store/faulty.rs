@@ -1,12 +1,12 @@
 //! A store wrapper that fails chosen commits, to exercise every error path and crash window
 //! ("cold code is buggy code").
 
-use std::fmt;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use super::{Batch, CommitKind, Entry, Error, Store, Tree};
+use super::delegating::{Call, Delegate, DelegatingStore};
+use super::{CommitKind, Error, Store};
 
 /// Which commits a [`FaultyStore`] fails.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -38,8 +38,15 @@ struct State {
     failed: u64,
 }
 
+/// The [`Delegate`] of a [`FaultyStore`]: the armed fault and what it failed.
+#[derive(Debug, Default)]
+pub struct Faults {
+    state: Mutex<State>,
+}
+
 /// Wraps a store and fails the commits a [`Fault`] names; reads always pass through. Test
-/// tooling: only with the `test-util` feature.
+/// tooling: only with the `test-util` feature. It is a [`DelegatingStore`] whose delegate,
+/// [`Faults`], decides each commit.
 ///
 /// ```
 /// use std::sync::Arc;
@@ -54,46 +61,33 @@ struct State {
 /// assert!(store.commit(batch).await.is_ok());
 /// # });
 /// ```
-pub struct FaultyStore {
-    inner: Arc<dyn Store>,
-    state: Mutex<State>,
-}
+pub type FaultyStore = DelegatingStore<Faults>;
 
-impl fmt::Debug for FaultyStore {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("FaultyStore")
-            .field("inner", &self.inner)
-            .field("state", &*self.state.lock())
-            .finish()
-    }
-}
-
-impl FaultyStore {
+impl DelegatingStore<Faults> {
     /// Wraps `inner`, with no fault armed.
     pub fn new(inner: Arc<dyn Store>) -> Self {
-        Self {
-            inner,
-            state: Mutex::default(),
-        }
+        DelegatingStore::wrap(inner, Faults::default())
     }
 
     /// Arms a fault (replacing any armed one).
     pub fn arm(&self, fault: Fault) {
-        self.state.lock().armed = Some(fault);
+        self.delegate().state.lock().armed = Some(fault);
     }
 
     /// Disarms every fault and revives a store a `CrashBefore` fault killed.
     pub fn clear(&self) {
-        let mut state = self.state.lock();
+        let mut state = self.delegate().state.lock();
         state.armed = None;
         state.dead = false;
     }
 
     /// How many commits were failed.
     pub fn failed_commits(&self) -> u64 {
-        self.state.lock().failed
+        self.delegate().state.lock().failed
     }
+}
 
+impl Faults {
     /// Whether this commit must fail; updates the fault's state.
     fn trips(&self, kind: CommitKind) -> bool {
         let mut state = self.state.lock();
@@ -122,66 +116,21 @@ impl FaultyStore {
 }
 
 #[async_trait::async_trait]
-impl Store for FaultyStore {
-    async fn commit(&self, batch: Batch) -> Result<(), Error> {
-        if self.trips(batch.kind()) {
-            return Err(Error::backend(InjectedFault { kind: batch.kind() }));
+impl Delegate for Faults {
+    async fn before(&self, call: Call<'_>) -> Result<(), Error> {
+        match call {
+            Call::Commit(batch) if self.trips(batch.kind()) => {
+                Err(Error::backend(InjectedFault { kind: batch.kind() }))
+            }
+            _ => Ok(()),
         }
-        self.inner.commit(batch).await
-    }
-
-    async fn get(&self, tree: Tree, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
-        self.inner.get(tree, key).await
-    }
-
-    async fn scan_prefix(&self, tree: Tree, prefix: &[u8]) -> Result<Vec<Entry>, Error> {
-        self.inner.scan_prefix(tree, prefix).await
-    }
-
-    async fn scan_prefix_rev(
-        &self,
-        tree: Tree,
-        prefix: &[u8],
-        limit: usize,
-    ) -> Result<Vec<Entry>, Error> {
-        self.inner.scan_prefix_rev(tree, prefix, limit).await
-    }
-
-    async fn scan_range(
-        &self,
-        tree: Tree,
-        from: &[u8],
-        to: &[u8],
-        limit: usize,
-    ) -> Result<Vec<Entry>, Error> {
-        self.inner.scan_range(tree, from, to, limit).await
-    }
-
-    async fn flush(&self) -> Result<(), Error> {
-        self.inner.flush().await
-    }
-
-    async fn close(&self) -> Result<(), Error> {
-        self.inner.close().await
     }
 
     /// Only a store nobody else holds: tests keep the inner store to restart on it after a
     /// simulated crash.
-    fn release(&self) {
-        if Arc::strong_count(&self.inner) == 1 {
-            self.inner.release();
+    fn release(&self, inner: &Arc<dyn Store>) {
+        if Arc::strong_count(inner) == 1 {
+            inner.release();
         }
-    }
-
-    fn is_closed(&self) -> bool {
-        self.inner.is_closed()
-    }
-
-    fn is_shared(&self) -> bool {
-        self.inner.is_shared()
-    }
-
-    async fn size_on_disk(&self) -> Result<u64, Error> {
-        self.inner.size_on_disk().await
     }
 }

@@ -397,6 +397,11 @@ impl Store for PgStore {
     }
 
     async fn flush(&self) -> Result<(), Error> {
+        // A closed store answers every call so (the trait's contract), though it has nothing
+        // left to flush.
+        if self.is_closed() {
+            return Err(Error::Closed);
+        }
         // Every acknowledged commit is flushed already (synchronous_commit).
         Ok(())
     }

@@ -1,4 +1,4 @@
-//! The child's side of `tests/full_disk.rs`: one runtime on a `SledStore` in a small tmpfs,
+//! The child's side of `tests/full_disk/main.rs`: one runtime on a `SledStore` in a small tmpfs,
 //! sessions driven through execute → suspend → submit → resume while the disk fills, stays
 //! full for a while, and is freed; then what the runtime shows is compared with a fresh open
 //! of the store. Every line it reports starts with [`MARK`]; the parent checks them.

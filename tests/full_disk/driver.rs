@@ -1,4 +1,4 @@
-//! How the child of `tests/full_disk.rs` moves its sessions along: one move per session and
+//! How the child of `tests/full_disk/main.rs` moves its sessions along: one move per session and
 //! round (create it, answer its next waiting call, or resume it), every failure checked to be
 //! the typed, retryable `StorageFull` of the store, and reported.
 

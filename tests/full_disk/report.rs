@@ -1,4 +1,4 @@
-//! The parent's side of `tests/full_disk.rs`: runs the child in a mount namespace with a small
+//! The parent's side of `tests/full_disk/main.rs`: runs the child in a mount namespace with a small
 //! tmpfs and reads what it reports.
 
 use std::collections::BTreeMap;

@@ -4,22 +4,29 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use dormant::store::{Batch, Entry, Error, Tree};
-use dormant::{MemoryStore, Store};
+use dormant::store::{Call, Delegate, DelegatingStore, Error};
+use dormant::MemoryStore;
 use tokio::sync::Notify;
 
+/// Holds commits back while closed; every other call passes.
 #[derive(Debug, Default)]
-pub struct GatedStore {
-    inner: MemoryStore,
+pub struct Gate {
     closed: AtomicBool,
     opened: Notify,
 }
 
-impl GatedStore {
-    pub fn new() -> Arc<Self> {
-        Arc::new(Self::default())
-    }
+/// A [`MemoryStore`] behind a [`Gate`].
+pub type GatedStore = DelegatingStore<Gate>;
 
+/// A new store with its gate open.
+pub fn gated_store() -> Arc<GatedStore> {
+    Arc::new(DelegatingStore::wrap(
+        Arc::new(MemoryStore::new()),
+        Gate::default(),
+    ))
+}
+
+impl Gate {
     /// Commits wait from now on, until `open`.
     pub fn hold(&self) {
         self.closed.store(true, Ordering::SeqCst);
@@ -33,50 +40,17 @@ impl GatedStore {
 }
 
 #[async_trait]
-impl Store for GatedStore {
-    async fn commit(&self, batch: Batch) -> Result<(), Error> {
+impl Delegate for Gate {
+    async fn before(&self, call: Call<'_>) -> Result<(), Error> {
+        if !matches!(call, Call::Commit(_)) {
+            return Ok(());
+        }
         loop {
             let opened = self.opened.notified();
             if !self.closed.load(Ordering::SeqCst) {
-                break;
+                return Ok(());
             }
             opened.await;
         }
-        self.inner.commit(batch).await
-    }
-
-    async fn get(&self, tree: Tree, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
-        self.inner.get(tree, key).await
-    }
-
-    async fn scan_prefix(&self, tree: Tree, prefix: &[u8]) -> Result<Vec<Entry>, Error> {
-        self.inner.scan_prefix(tree, prefix).await
-    }
-
-    async fn scan_prefix_rev(
-        &self,
-        tree: Tree,
-        prefix: &[u8],
-        limit: usize,
-    ) -> Result<Vec<Entry>, Error> {
-        self.inner.scan_prefix_rev(tree, prefix, limit).await
-    }
-
-    async fn scan_range(
-        &self,
-        tree: Tree,
-        from: &[u8],
-        to: &[u8],
-        limit: usize,
-    ) -> Result<Vec<Entry>, Error> {
-        self.inner.scan_range(tree, from, to, limit).await
-    }
-
-    async fn flush(&self) -> Result<(), Error> {
-        self.inner.flush().await
-    }
-
-    async fn size_on_disk(&self) -> Result<u64, Error> {
-        self.inner.size_on_disk().await
     }
 }

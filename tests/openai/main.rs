@@ -4,7 +4,6 @@
 
 #![cfg(feature = "openai")]
 
-#[path = "openai/mock.rs"]
 mod mock;
 
 use std::sync::Arc;
@@ -20,19 +19,19 @@ use futures::StreamExt;
 use mock::{Mock, Reply};
 use serde_json::{json, Value};
 
-const TEXT_JSON: &str = include_str!("openai/text.json");
-const STREAM_TEXT: &str = include_str!("openai/stream_text.sse");
-const STREAM_TOOL_CALL: &str = include_str!("openai/stream_tool_call.sse");
-const STREAM_PARALLEL: &str = include_str!("openai/stream_parallel_tool_calls.sse");
-const STREAM_CLIENT_TOOL: &str = include_str!("openai/stream_client_tool_call.sse");
-const STREAM_CUT: &str = include_str!("openai/stream_cut.sse");
-const STREAM_MALFORMED: &str = include_str!("openai/stream_malformed.sse");
-const RATE_LIMITED: &str = include_str!("openai/rate_limited.json");
-const UNAUTHORIZED: &str = include_str!("openai/unauthorized.json");
-const CONTEXT_LENGTH: &str = include_str!("openai/context_length.json");
-const SERVER_ERROR: &str = include_str!("openai/server_error.json");
-const STREAM_NULLS: &str = include_str!("openai/stream_nulls.sse");
-const STREAM_ERROR_FIRST: &str = include_str!("openai/stream_error_first.sse");
+const TEXT_JSON: &str = include_str!("text.json");
+const STREAM_TEXT: &str = include_str!("stream_text.sse");
+const STREAM_TOOL_CALL: &str = include_str!("stream_tool_call.sse");
+const STREAM_PARALLEL: &str = include_str!("stream_parallel_tool_calls.sse");
+const STREAM_CLIENT_TOOL: &str = include_str!("stream_client_tool_call.sse");
+const STREAM_CUT: &str = include_str!("stream_cut.sse");
+const STREAM_MALFORMED: &str = include_str!("stream_malformed.sse");
+const RATE_LIMITED: &str = include_str!("rate_limited.json");
+const UNAUTHORIZED: &str = include_str!("unauthorized.json");
+const CONTEXT_LENGTH: &str = include_str!("context_length.json");
+const SERVER_ERROR: &str = include_str!("server_error.json");
+const STREAM_NULLS: &str = include_str!("stream_nulls.sse");
+const STREAM_ERROR_FIRST: &str = include_str!("stream_error_first.sse");
 
 /// An adapter for `mock` with instant retries.
 fn adapter(mock: &Mock) -> OpenAiBuilder {

@@ -12,11 +12,8 @@
 //! mount namespace. It reports every deploy, submit and store failure on stdout (see
 //! `full_disk/child.rs` and `full_disk/driver.rs`); the parent checks the report.
 
-#[path = "full_disk/child.rs"]
 mod child;
-#[path = "full_disk/driver.rs"]
 mod driver;
-#[path = "full_disk/report.rs"]
 mod report;
 
 use std::collections::BTreeMap;

@@ -6,42 +6,91 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use anyhow::{bail, Context};
+/// Why a [`PgCluster`] did not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ClusterError {
+    /// PostgreSQL is not installed, and `DORMANT_REQUIRE_POSTGRES` says it must be.
+    #[error("PostgreSQL is not installed (no initdb on PATH or in /usr/lib/postgresql/*/bin), and DORMANT_REQUIRE_POSTGRES is set; install Debian's package: apt-get install postgresql")]
+    NotInstalled,
+    /// Making its directory, finding a port or running a tool failed.
+    #[error("{what}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// The failure.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A PostgreSQL tool exited with an error.
+    #[error("{command} failed: {status}\n{stderr}")]
+    Tool {
+        /// The command line.
+        command: String,
+        /// How it exited.
+        status: std::process::ExitStatus,
+        /// What it wrote to stderr.
+        stderr: String,
+    },
+}
 
-pub(crate) struct Cluster {
+/// A running PostgreSQL server of its own, in a temporary directory; stopped (immediately,
+/// without a checkpoint) and removed when dropped.
+///
+/// ```no_run
+/// # fn main() -> Result<(), dormant::testkit::ClusterError> {
+/// let Some(cluster) = dormant::testkit::PgCluster::start()? else {
+///     return Ok(()); // PostgreSQL is not installed: skipped, loudly.
+/// };
+/// let url = cluster.url(); // for PgStore::connect
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct PgCluster {
     dir: tempfile::TempDir,
     bin: PathBuf,
     port: u16,
     as_postgres: bool,
 }
 
-impl Cluster {
-    /// A running cluster, or `None` (after saying why) where PostgreSQL is not installed.
-    pub(crate) fn start() -> anyhow::Result<Option<Self>> {
+impl PgCluster {
+    /// A running cluster, or `None` (after saying why on stderr) where PostgreSQL is not
+    /// installed.
+    ///
+    /// # Errors
+    /// [`ClusterError::NotInstalled`] where it is not installed and `DORMANT_REQUIRE_POSTGRES`
+    /// is set; else a tool that failed.
+    pub fn start() -> Result<Option<Self>, ClusterError> {
         let Some(bin) = bin_dir() else {
-            let message = "SKIPPED: PostgreSQL is not installed (no initdb on PATH or in \
-                           /usr/lib/postgresql/*/bin). Install Debian's package: \
-                           apt-get install postgresql";
             if std::env::var_os("DORMANT_REQUIRE_POSTGRES").is_some() {
-                bail!("{message} (DORMANT_REQUIRE_POSTGRES is set)");
+                return Err(ClusterError::NotInstalled);
             }
-            eprintln!("\n*** {message} ***\n");
+            eprintln!(
+                "\n*** SKIPPED: PostgreSQL is not installed (no initdb on PATH or in \
+                 /usr/lib/postgresql/*/bin). Install Debian's package: apt-get install \
+                 postgresql ***\n"
+            );
             return Ok(None);
         };
         // initdb refuses to run as root: run the server as the postgres user then.
         let as_postgres = Command::new("id")
             .arg("-u")
-            .output()?
+            .output()
+            .map_err(io("running id -u"))?
             .stdout
             .starts_with(b"0\n");
-        let dir = tempfile::Builder::new().prefix("dormant-pg-").tempdir()?;
+        let dir = tempfile::Builder::new()
+            .prefix("dormant-pg-")
+            .tempdir()
+            .map_err(io("making the cluster's directory"))?;
         if as_postgres {
             run(Command::new("chown")
                 .args(["-R", "postgres"])
                 .arg(dir.path()))?;
         }
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?
-            .local_addr()?
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|listener| listener.local_addr())
+            .map_err(io("finding a free port"))?
             .port();
         let cluster = Self {
             dir,
@@ -69,7 +118,7 @@ impl Cluster {
             cluster.port,
             cluster.dir.path().display()
         );
-        let log = cluster.dir.path().join("server.log");
+        let log = cluster.log();
         cluster.pg("pg_ctl", |command| {
             command
                 .args(["-w", "-D"])
@@ -82,19 +131,17 @@ impl Cluster {
     }
 
     /// `127.0.0.1:PORT/postgres`, for a `postgres://user@…` URL.
-    #[allow(dead_code)]
-    pub(crate) fn address(&self) -> String {
+    pub fn address(&self) -> String {
         format!("127.0.0.1:{}/postgres", self.port)
     }
 
     /// The server's log.
-    #[allow(dead_code)]
-    pub(crate) fn log(&self) -> PathBuf {
+    pub fn log(&self) -> PathBuf {
         self.dir.path().join("server.log")
     }
 
     /// The URL of database `postgres` as user `postgres` (trusted on loopback).
-    pub(crate) fn url(&self) -> String {
+    pub fn url(&self) -> String {
         format!(
             "host=127.0.0.1 port={} user=postgres dbname=postgres",
             self.port
@@ -106,7 +153,7 @@ impl Cluster {
     }
 
     /// Runs PostgreSQL's `tool`, as the postgres user when this process is root.
-    fn pg(&self, tool: &str, args: impl FnOnce(&mut Command)) -> anyhow::Result<()> {
+    fn pg(&self, tool: &str, args: impl FnOnce(&mut Command)) -> Result<(), ClusterError> {
         let program = self.bin.join(tool);
         let mut command = if self.as_postgres {
             let mut command = Command::new("runuser");
@@ -116,13 +163,14 @@ impl Cluster {
             Command::new(&program)
         };
         args(&mut command);
-        run(&mut command).with_context(|| format!("{tool} failed"))
+        run(&mut command)
     }
 }
 
-impl Drop for Cluster {
+impl Drop for PgCluster {
     fn drop(&mut self) {
         let data = self.data();
+        // Best effort: a server that is already gone needs no stop.
         let _ = self.pg("pg_ctl", |command| {
             command
                 .args(["-D"])
@@ -132,14 +180,26 @@ impl Drop for Cluster {
     }
 }
 
-fn run(command: &mut Command) -> anyhow::Result<()> {
-    let output = command.output().with_context(|| format!("{command:?}"))?;
+/// An I/O failure while doing `what`.
+fn io(what: &str) -> impl FnOnce(std::io::Error) -> ClusterError + '_ {
+    move |source| ClusterError::Io {
+        what: what.to_owned(),
+        source,
+    }
+}
+
+fn run(command: &mut Command) -> Result<(), ClusterError> {
+    let shown = format!("{command:?}");
+    let output = command.output().map_err(|source| ClusterError::Io {
+        what: format!("running {shown}"),
+        source,
+    })?;
     if !output.status.success() {
-        bail!(
-            "{command:?}: {}\n{}",
-            output.status,
-            String::from_utf8_lossy(&output.stderr)
-        );
+        return Err(ClusterError::Tool {
+            command: shown,
+            status: output.status,
+            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        });
     }
     Ok(())
 }

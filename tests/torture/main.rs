@@ -25,23 +25,14 @@
 //!
 //! The children are this test binary, re-run with `--ignored --exact torture_child`.
 
-#[path = "torture/check.rs"]
 mod check;
-#[path = "torture/child.rs"]
 mod child;
-#[path = "torture/client.rs"]
 mod client;
-#[path = "torture/journal.rs"]
 mod journal;
-#[path = "torture/parent.rs"]
 mod parent;
-#[path = "torture/report.rs"]
 mod report;
-#[path = "torture/rng.rs"]
 mod rng;
-#[path = "torture/verify.rs"]
 mod verify;
-#[path = "torture/workload.rs"]
 mod workload;
 
 use parent::Options;
