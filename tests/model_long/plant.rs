@@ -2,11 +2,10 @@
 //! but drops one of its writes. The model must report the divergence, which is how the test's
 //! power is itself tested (`DORMANT_MODEL_PLANT=lost-answer` or `kept-deadline`).
 
-use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use dormant::store::{Batch, Entry, Error, Op, Tree};
+use dormant::store::{Batch, Delegate, DelegatingStore, Error, Op, Tree};
 use dormant::Store;
 
 /// Which bug the store plants.
@@ -121,87 +120,21 @@ impl Trigger {
     }
 }
 
-/// Delegates every call to `inner`, rewriting commits as its [`Trigger`] says.
-pub(crate) struct PlantStore {
-    inner: Arc<dyn Store>,
-    trigger: Arc<Trigger>,
-}
-
-impl fmt::Debug for PlantStore {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PlantStore")
-            .field("trigger", &self.trigger)
-            .finish()
-    }
-}
-
-impl PlantStore {
-    /// Wraps `inner`.
-    pub(crate) fn new(inner: Arc<dyn Store>, trigger: Arc<Trigger>) -> Self {
-        Self { inner, trigger }
-    }
-}
+/// Rewrites each commit as its [`Trigger`] says, on its way through a [`DelegatingStore`].
+#[derive(Debug)]
+pub(crate) struct Planting(Arc<Trigger>);
 
 #[async_trait::async_trait]
-impl Store for PlantStore {
-    async fn commit(&self, batch: Batch) -> Result<(), Error> {
-        self.inner.commit(self.trigger.rewrite(batch)).await
+impl Delegate for Planting {
+    async fn commit(&self, inner: &dyn Store, batch: Batch) -> Result<(), Error> {
+        inner.commit(self.0.rewrite(batch)).await
     }
+}
 
-    async fn get(&self, tree: Tree, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
-        self.inner.get(tree, key).await
-    }
-
-    async fn scan_prefix(&self, tree: Tree, prefix: &[u8]) -> Result<Vec<Entry>, Error> {
-        self.inner.scan_prefix(tree, prefix).await
-    }
-
-    async fn scan_prefix_rev(
-        &self,
-        tree: Tree,
-        prefix: &[u8],
-        limit: usize,
-    ) -> Result<Vec<Entry>, Error> {
-        self.inner.scan_prefix_rev(tree, prefix, limit).await
-    }
-
-    async fn scan_range(
-        &self,
-        tree: Tree,
-        from: &[u8],
-        to: &[u8],
-        limit: usize,
-    ) -> Result<Vec<Entry>, Error> {
-        self.inner.scan_range(tree, from, to, limit).await
-    }
-
-    async fn flush(&self) -> Result<(), Error> {
-        self.inner.flush().await
-    }
-
-    async fn close(&self) -> Result<(), Error> {
-        self.inner.close().await
-    }
-
-    fn release(&self) {
-        if Arc::strong_count(&self.inner) == 1 {
-            self.inner.release();
-        }
-    }
-
-    fn is_closed(&self) -> bool {
-        self.inner.is_closed()
-    }
-
-    async fn size_on_disk(&self) -> Result<u64, Error> {
-        self.inner.size_on_disk().await
-    }
-
-    fn degraded(&self) -> Option<String> {
-        self.inner.degraded()
-    }
-
-    fn is_shared(&self) -> bool {
-        self.inner.is_shared()
-    }
+/// `inner`, with the bug `trigger` plants.
+pub(crate) fn plant_store(
+    inner: Arc<dyn Store>,
+    trigger: Arc<Trigger>,
+) -> DelegatingStore<Planting> {
+    DelegatingStore::wrap(inner, Planting(trigger))
 }

@@ -17,7 +17,7 @@ use futures::future::BoxFuture;
 use parking_lot::Mutex;
 use serde_json::{json, Value};
 
-use crate::plant::{Plant, PlantStore, Trigger};
+use crate::plant::{plant_store, Plant, Trigger};
 use crate::reference::{
     reply, Answer, Kind, ResumeCode, Session, SubmitCode, View, RETIRE_AFTER, SCRIPT_LEN,
     TIMEOUT_MS,
@@ -146,7 +146,7 @@ impl World {
         };
         // The plant fires at its third chance: after the model has seen the store work.
         let trigger = Trigger::new(config.plant, 3);
-        let faulty = Arc::new(FaultyStore::new(Arc::new(PlantStore::new(
+        let faulty = Arc::new(FaultyStore::new(Arc::new(plant_store(
             Arc::clone(&base),
             Arc::clone(&trigger),
         ))));
@@ -612,7 +612,7 @@ impl World {
         if let Some(dir) = &self.dir {
             self.base = open_sled(&dir.path().join("store"))?;
         }
-        self.faulty = Arc::new(FaultyStore::new(Arc::new(PlantStore::new(
+        self.faulty = Arc::new(FaultyStore::new(Arc::new(plant_store(
             Arc::clone(&self.base),
             Arc::clone(&self.trigger),
         ))));
