@@ -13,11 +13,9 @@ use std::sync::Arc;
 
 use dormant::submit::{Submit, SubmitOutcome};
 use dormant::{
-    AgentDefinition, Clock, LlmAdapter, LlmError, ManualClock, MemoryStore, Message, ModelReply,
-    ModelRequest, Runtime, ScriptedLlm, SessionId, Status, Store, ToolCall, ToolDefinition,
-    ToolOutcome,
+    AgentDefinition, Clock, ManualClock, MemoryStore, Message, ModelReply, Runtime, ScriptedLlm,
+    SessionId, Status, Store, ToolCall, ToolDefinition, ToolOutcome,
 };
-use futures::future::BoxFuture;
 use parking_lot::Mutex;
 use proptest::prelude::*;
 use serde_json::{json, Value};
@@ -45,38 +43,6 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::Restart),
         1 => (0..25_000u64).prop_map(|ms| Op::Advance { ms }),
     ]
-}
-
-/// Checks every request before a scripted model answers it.
-#[derive(Debug)]
-struct CheckedLlm {
-    inner: ScriptedLlm,
-    violations: Arc<Mutex<Vec<String>>>,
-}
-
-impl LlmAdapter for CheckedLlm {
-    fn complete(&self, request: ModelRequest) -> BoxFuture<'static, Result<ModelReply, LlmError>> {
-        let mut results: HashMap<&str, usize> = HashMap::new();
-        for message in request.messages.iter() {
-            if let Message::Tool { tool_call_id, .. } = message {
-                *results.entry(tool_call_id.as_str()).or_default() += 1;
-            }
-        }
-        for message in request.messages.iter() {
-            if let Message::Assistant { tool_calls, .. } = message {
-                for call in tool_calls {
-                    let count = results.get(call.id.as_str()).copied().unwrap_or(0);
-                    if count != 1 {
-                        self.violations.lock().push(format!(
-                            "call {} reached the model with {count} results",
-                            call.id
-                        ));
-                    }
-                }
-            }
-        }
-        self.inner.complete(request)
-    }
 }
 
 const TIMEOUT_MS: u64 = 10_000;
@@ -115,7 +81,7 @@ impl World {
             .client_tool_timeout_ms(TIMEOUT_MS)
             .max_steps(100)
             .build()?;
-        let llm = CheckedLlm {
+        let llm = common::CheckedLlm {
             inner: ScriptedLlm::new().script("agent", script()),
             violations,
         };

@@ -10,14 +10,17 @@
 //! store drop one write of an acknowledged commit; the planted tests below check that the
 //! model reports it.
 
-#[path = "model_long/plant.rs"]
-mod plant;
-#[path = "model_long/reference.rs"]
-mod reference;
-#[path = "model_long/rng.rs"]
-mod rng;
-#[path = "model_long/world.rs"]
-mod world;
+mod common;
+// An inline module of the crate root finds its files in `model_long/`; the files share
+// `common` with this crate's other tests.
+mod model_long {
+    pub(crate) mod plant;
+    pub(crate) mod reference;
+    pub(crate) mod rng;
+    pub(crate) mod world;
+}
+
+use model_long::{plant, reference, rng, world};
 
 use plant::Plant;
 use world::{Backend, Config, World};

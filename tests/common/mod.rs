@@ -5,10 +5,13 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use std::collections::HashMap;
+
 use dormant::{
-    AgentDefinition, HookEvent, Hooks, ManualClock, ModelReply, Runtime, ScriptedLlm, SledStore,
-    Store, ToolCall, ToolDefinition, ToolError,
+    AgentDefinition, HookEvent, Hooks, LlmAdapter, LlmError, ManualClock, Message, ModelReply,
+    ModelRequest, Runtime, ScriptedLlm, SledStore, Store, ToolCall, ToolDefinition, ToolError,
 };
+use futures::future::BoxFuture;
 use parking_lot::Mutex;
 use serde_json::{json, Value};
 
@@ -184,4 +187,37 @@ pub fn spawn_child(
         .take()
         .ok_or_else(|| anyhow::anyhow!("the child has no stdout"))?;
     Ok((child, std::io::BufReader::new(stdout).lines()))
+}
+
+/// A scripted model that checks every request before it answers: a tool call that reaches the
+/// model without exactly one result is written to `violations`.
+#[derive(Debug)]
+pub struct CheckedLlm {
+    pub inner: ScriptedLlm,
+    pub violations: Arc<Mutex<Vec<String>>>,
+}
+
+impl LlmAdapter for CheckedLlm {
+    fn complete(&self, request: ModelRequest) -> BoxFuture<'static, Result<ModelReply, LlmError>> {
+        let mut results: HashMap<&str, usize> = HashMap::new();
+        for message in request.messages.iter() {
+            if let Message::Tool { tool_call_id, .. } = message {
+                *results.entry(tool_call_id.as_str()).or_default() += 1;
+            }
+        }
+        for message in request.messages.iter() {
+            if let Message::Assistant { tool_calls, .. } = message {
+                for call in tool_calls {
+                    let count = results.get(call.id.as_str()).copied().unwrap_or(0);
+                    if count != 1 {
+                        self.violations.lock().push(format!(
+                            "call {} reached the model with {count} results",
+                            call.id
+                        ));
+                    }
+                }
+            }
+        }
+        self.inner.complete(request)
+    }
 }

@@ -9,11 +9,10 @@ use std::sync::Arc;
 use dormant::store::{CommitKind, Durability, Fault, FaultyStore, InjectedFault};
 use dormant::submit::{Submit, SubmitOutcome};
 use dormant::{
-    AgentDefinition, Approval, Clock, Error, LlmAdapter, LlmError, ManualClock, MemoryStore,
-    Message, ModelReply, ModelRequest, PendingKind, Runtime, ScriptedLlm, SessionId, SledStore,
-    Status, Store, ToolCall, ToolDefinition, ToolError,
+    AgentDefinition, Approval, Clock, Error, ManualClock, MemoryStore, Message, ModelReply,
+    PendingKind, Runtime, ScriptedLlm, SessionId, SledStore, Status, Store, ToolCall,
+    ToolDefinition, ToolError,
 };
-use futures::future::BoxFuture;
 use parking_lot::Mutex;
 use serde_json::{json, Value};
 
@@ -48,39 +47,6 @@ pub(crate) struct Report {
     pub(crate) ops: u64,
     pub(crate) retired: u64,
     pub(crate) counts: HashMap<&'static str, u64>,
-}
-
-/// Checks every request before the scripted model answers it: no tool call reaches the model
-/// without exactly one result.
-#[derive(Debug)]
-struct CheckedLlm {
-    inner: ScriptedLlm,
-    violations: Arc<Mutex<Vec<String>>>,
-}
-
-impl LlmAdapter for CheckedLlm {
-    fn complete(&self, request: ModelRequest) -> BoxFuture<'static, Result<ModelReply, LlmError>> {
-        let mut results: HashMap<&str, usize> = HashMap::new();
-        for message in request.messages.iter() {
-            if let Message::Tool { tool_call_id, .. } = message {
-                *results.entry(tool_call_id.as_str()).or_default() += 1;
-            }
-        }
-        for message in request.messages.iter() {
-            if let Message::Assistant { tool_calls, .. } = message {
-                for call in tool_calls {
-                    let count = results.get(call.id.as_str()).copied().unwrap_or(0);
-                    if count != 1 {
-                        self.violations.lock().push(format!(
-                            "call {} reached the model with {count} results",
-                            call.id
-                        ));
-                    }
-                }
-            }
-        }
-        self.inner.complete(request)
-    }
 }
 
 /// The script every session follows: [`reply`] as model replies.
@@ -914,7 +880,7 @@ fn build_runtime(
         .client_tool_timeout_ms(TIMEOUT_MS)
         .max_steps(100)
         .build()?;
-    let llm = CheckedLlm {
+    let llm = crate::common::CheckedLlm {
         inner: ScriptedLlm::new().script("agent", script()),
         violations: Arc::clone(violations),
     };
