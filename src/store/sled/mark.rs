@@ -10,6 +10,8 @@
 //!
 //! The file has two slots, written in turn, each `DMK1 seq:u64 crc32:u32` (big-endian): a
 //! write torn in the middle, or a flipped byte, leaves the other slot, one batch behind.
+//!
+//! [`Durability::PowerLoss`]: crate::store::Durability::PowerLoss
 
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -18,8 +20,6 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-#[cfg(doc)]
-use super::open::Durability;
 use crate::store::Damage;
 
 /// The mark's file name in the store directory.
@@ -27,6 +27,8 @@ pub(super) const FILE: &str = "acknowledged";
 
 /// How far the mark may lag at [`Durability::ProcessCrash`], where it moves only after an
 /// `fdatasync` of its own, so at most once per this long.
+///
+/// [`Durability::ProcessCrash`]: crate::store::Durability::ProcessCrash
 pub(super) const LAG: Duration = Duration::from_secs(1);
 
 const MAGIC: &[u8; 4] = b"DMK1";

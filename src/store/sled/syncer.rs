@@ -1,5 +1,7 @@
 //! The `fdatasync`s of [`Durability::PowerLoss`]: sled's data file, the large-value files sled
 //! never syncs itself, and the directory entries.
+//!
+//! [`Durability::PowerLoss`]: crate::store::Durability::PowerLoss
 
 use std::collections::HashSet;
 use std::ffi::OsString;
@@ -9,10 +11,8 @@ use std::path::{Path, PathBuf};
 
 use parking_lot::Mutex;
 
-#[cfg(doc)]
-use super::open::Durability;
-
-/// The `fdatasync` half of [`Durability::PowerLoss`].
+/// The `fdatasync` half of [`Durability::PowerLoss`](crate::store::Durability::PowerLoss), at
+/// every flush, and before the mark moves at `ProcessCrash`.
 pub(super) struct Syncer {
     /// A second handle on sled's data file `<dir>/db` (sled's own handle is private).
     data: File,
