@@ -327,7 +327,10 @@ pub(crate) async fn simulate(args: Args, sessions: usize) -> anyhow::Result<usiz
     let rss_before = Memory::read()?;
     let created = create_all(&runtime, &prefix, sessions, args.concurrency, !args.json).await?;
     let rss_created = Memory::read()?;
-    let resident_created = runtime.stats().host.resident;
+    let created_stats = runtime.stats().host;
+    let resident_created = created_stats.resident;
+    // RSS per resident session means something only if every session stayed resident.
+    let all_resident = created_stats.passivations == 0 && resident_created == sessions;
 
     let evict_began = Instant::now();
     runtime.evict_all().await;
@@ -394,7 +397,7 @@ pub(crate) async fn simulate(args: Args, sessions: usize) -> anyhow::Result<usiz
         "rss_after_bytes": rss_after.rss(),
         "rss_peak_bytes": rss_after.hwm(),
         "rss_growth_per_session_bytes": per(growth, n),
-        "rss_growth_per_resident_bytes": per(growth, count(resident_created)),
+        "rss_growth_per_resident_bytes": all_resident.then(|| per(growth, n)),
         "rss_released_per_evicted_bytes": per(released, evicted),
         "verify_s": verify_elapsed.as_secs_f64(),
         "verified": problems.is_empty(),
@@ -459,9 +462,13 @@ fn print(report: &Value, problems: &[String]) {
         mib("rss_peak_bytes")
     );
     println!(
-        "rss per session:     {:.0} bytes growth per session created, {:.0} per resident one; {:.0} released per evicted one",
+        "rss per session:     {:.0} bytes of growth per session created ({}); {:.0} released per evicted one",
         f("rss_growth_per_session_bytes"),
-        f("rss_growth_per_resident_bytes"),
+        if report["rss_growth_per_resident_bytes"].is_null() {
+            "some were evicted as they were created"
+        } else {
+            "all resident: the actor, its state, the store's cache"
+        },
         f("rss_released_per_evicted_bytes")
     );
     println!(
