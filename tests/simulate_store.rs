@@ -1,7 +1,7 @@
 //! The simulator (`examples/simulate`) on a store it did not start fresh: one that holds an
 //! earlier process's sessions (it must check only its own), and one whose disk fills mid-run
 //! (it must stop at once with the store error). And its `--http` mode, whose HTTP client is
-//! its own.
+//! its own, and its size mode (`--dormant N --sample M`) at a small N.
 //!
 //! These tests run the example binary, which `cargo test` builds next to the test binaries
 //! (`target/debug/examples/simulate`). With `cargo test --test simulate_store` alone, build it
@@ -233,6 +233,47 @@ fn the_http_mode_runs_every_cycle_once_over_http() -> anyhow::Result<()> {
         assert_eq!(passes[0]["errors"], json!(0), "{pass}: {report:#}");
     }
     assert_eq!(report["sse_streams"]["open"], json!(10), "{report:#}");
+    Ok(())
+}
+
+/// `--dormant`: every session suspends, all are evicted (the resident limit during the
+/// creation, then `evict_all`), and the sample is answered cold, each with its answer once.
+#[test]
+fn the_dormant_mode_answers_a_sample_of_evicted_sessions_cold() -> anyhow::Result<()> {
+    let report = run_simulator(&[
+        "--dormant",
+        "300",
+        "--sample",
+        "25",
+        "--max-resident",
+        "40",
+        "--concurrency",
+        "16",
+    ])?;
+    assert_eq!(report["mode"], json!("dormant"), "{report:#}");
+    assert_eq!(report["verified"], json!(true), "{report:#}");
+    assert_eq!(
+        report["create_latency_us"]["count"],
+        json!(300),
+        "{report:#}"
+    );
+    assert_eq!(report["resident_after_evict"], json!(0), "{report:#}");
+    assert_eq!(report["warm_sampled"], json!(0), "{report:#}");
+    assert_eq!(
+        report["cold_answer_latency_us"]["count"],
+        json!(25),
+        "{report:#}"
+    );
+    assert!(
+        report["passivations"].as_u64() >= Some(300),
+        "every session was evicted at least once: {report:#}"
+    );
+    assert!(
+        report["store_bytes_per_session"]
+            .as_f64()
+            .is_some_and(|bytes| bytes > 0.0),
+        "{report:#}"
+    );
     Ok(())
 }
 

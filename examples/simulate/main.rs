@@ -21,6 +21,10 @@
 //! root delegates to CHILDREN children that each suspend on a client tool, the client answers
 //! every child's call against the root, and `resume(root)` cascades into the children and
 //! completes the tree (see `fanout.rs`).
+//!
+//! `--dormant N --sample M` measures size instead: N sessions each suspended on a client tool
+//! and then evicted, so they are only in the store; then M of them, picked at random, answered
+//! cold (see `size.rs`). It reports the time, the store's bytes per session and the RSS.
 
 #[path = "../../benches/support/allocator.rs"]
 mod allocator;
@@ -36,6 +40,7 @@ mod model;
 mod nodes;
 mod plan;
 mod report;
+mod size;
 mod tools;
 mod verify;
 
@@ -73,6 +78,22 @@ struct Args {
     /// --auto-resume and --client-timeout-ms (no call times out in this mode).
     #[arg(long, value_name = "ROOTSxCHILDREN")]
     fanout: Option<fanout::Fanout>,
+    /// Size mode: N sessions each started and suspended on the client tool `confirm`
+    /// (--concurrency in flight; --max-resident evicting idle ones as they go), then every one
+    /// still resident evicted, then --sample of them, picked with --seed, answered cold one
+    /// after another (a submit that rehydrates the session, then the resume that completes
+    /// it). Reports sessions/s of the creation, store bytes per session, RSS before, after the
+    /// creation, after the eviction and at the end (and the peak), the resident count after
+    /// the eviction, and the cold answers' latency p50/p99; checks every sampled session
+    /// completed with its answer exactly once. With --max-resident 0 (or ≥ N) nothing is
+    /// evicted during the creation, so the RSS growth per resident session is what a
+    /// suspended session costs in memory. Uses --concurrency, --max-resident, --seed,
+    /// --store, --durability, --no-group-commit, --json; no call times out in this mode.
+    #[arg(long, value_name = "N", conflicts_with_all = ["fanout", "http", "openai"])]
+    dormant: Option<usize>,
+    /// With --dormant: how many of the dormant sessions to answer cold.
+    #[arg(long, value_name = "M", default_value_t = 1_000)]
+    sample: usize,
     /// HTTP mode: suspension cycles over HTTP and SSE (start, the stream to the client call,
     /// submit, resume, the stream to the end) through a dormant-server this process serves on
     /// 127.0.0.1, or through the server at URL (loopback only, serving the demo agent), side
@@ -250,7 +271,9 @@ fn main() -> anyhow::Result<()> {
         args.nodes.is_none() || args.postgres.is_some(),
         "--nodes needs a PostgreSQL store: --postgres URL (or --store postgres://…)"
     );
-    if args.fanout.is_none() {
+    if let Some(sessions) = args.dormant {
+        anyhow::ensure!(sessions > 0, "--dormant must be at least 1");
+    } else if args.fanout.is_none() {
         anyhow::ensure!(args.sessions > 0, "--sessions must be at least 1");
         anyhow::ensure!(args.turns > 0, "--turns must be at least 1");
     }
@@ -275,8 +298,12 @@ fn main() -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     anyhow::ensure!(
-        args.postgres.is_none() || (args.fanout.is_none() && args.http.is_none() && !args.openai),
-        "--postgres runs the default mode or --nodes (not --fanout, --http or --openai)"
+        args.postgres.is_none()
+            || (args.fanout.is_none()
+                && args.http.is_none()
+                && args.dormant.is_none()
+                && !args.openai),
+        "--postgres runs the default mode or --nodes (not --fanout, --dormant, --http or --openai)"
     );
     if args.openai {
         return real_model(args, &runtime);
@@ -284,13 +311,14 @@ fn main() -> anyhow::Result<()> {
     if let (Some(count), Some(url)) = (args.nodes, args.postgres.clone()) {
         return nodes(args, url, count, &runtime);
     }
-    let simulated = match (args.fanout, args.http.clone()) {
-        (Some(fanout), _) => runtime.block_on(fanout::simulate(args, fanout)),
-        (None, Some(url)) => {
+    let simulated = match (args.dormant, args.fanout, args.http.clone()) {
+        (Some(sessions), _, _) => runtime.block_on(size::simulate(args, sessions)),
+        (None, Some(fanout), _) => runtime.block_on(fanout::simulate(args, fanout)),
+        (None, None, Some(url)) => {
             let target = Some(url).filter(|url| !url.is_empty());
             runtime.block_on(http::simulate(args, target))
         }
-        (None, None) => runtime.block_on(simulate(args)),
+        (None, None, None) => runtime.block_on(simulate(args)),
     };
     let problems = match simulated {
         Ok(problems) => problems,
