@@ -43,6 +43,7 @@
 
 mod auth;
 mod body;
+mod client;
 mod config;
 pub mod demo;
 mod error;
@@ -63,6 +64,7 @@ mod tree;
 mod wire;
 
 pub use auth::{Auth, Caller, Denied};
+pub use client::{HttpClient, DEFAULT_CONNECT_TIMEOUT};
 pub use config::{ServerConfig, DEFAULT_MAX_BODY_BYTES};
 pub use error::{ApiError, ServerError};
 pub use fd_limit::{raise_fd_limit, FdLimit};

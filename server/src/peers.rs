@@ -20,6 +20,7 @@ use dormant::SessionId;
 use futures::{Stream, StreamExt};
 use serde::{Deserialize, Serialize};
 
+use crate::client::HttpClient;
 use crate::error::ApiError;
 use crate::remote::{refusal, unreachable};
 use crate::server::AppState;
@@ -58,7 +59,7 @@ struct Follow {
 /// ```
 #[derive(Clone, Debug)]
 pub struct HttpPeers {
-    client: reqwest::Client,
+    client: HttpClient,
 }
 
 impl Default for HttpPeers {
@@ -71,12 +72,13 @@ impl HttpPeers {
     /// A transport that connects within 2 s and then waits as long as the call takes (a
     /// routed `execute_on` answers when its run settles).
     pub fn new() -> Self {
-        Self {
-            client: reqwest::Client::builder()
-                .connect_timeout(Duration::from_secs(2))
-                .build()
-                .unwrap_or_default(),
-        }
+        Self::with_client(HttpClient::with_connect_timeout(Duration::from_secs(2)))
+    }
+
+    /// A transport on `client`, shared with the process's other outgoing calls (its
+    /// connections and TLS configuration), waiting as long as each call takes.
+    pub fn with_client(client: HttpClient) -> Self {
+        Self { client }
     }
 
     /// Posts `body` to `path` at `owner`'s address with its key; a response that is not a
@@ -92,6 +94,7 @@ impl HttpPeers {
         let key = owner.key.as_ref().map_or("", |key| key.as_str());
         let response = self
             .client
+            .reqwest()
             .post(url)
             .header(PEER_KEY, key)
             .json(body)
