@@ -198,20 +198,35 @@ impl Server {
             closing: self.closing.0.subscribe(),
             metrics: Arc::new(HttpMetrics::default()),
         }));
+        // The one list of routes. Those that read a body are marked here, with the layer
+        // that checks its declared length before a byte is read (body.rs).
+        let with_body = || middleware::from_fn_with_state(state.clone(), body::length_checked);
         let mut router = Router::new()
-            .route("/start", post(routes::start))
-            .route("/resume", post(routes::resume))
-            .route("/submit-tool-result", post(routes::submit))
-            .route("/interrupt", post(routes::interrupt))
-            .route("/abort", post(routes::abort))
+            .route("/start", post(routes::start).route_layer(with_body()))
+            .route("/resume", post(routes::resume).route_layer(with_body()))
+            .route(
+                "/submit-tool-result",
+                post(routes::submit).route_layer(with_body()),
+            )
+            .route(
+                "/interrupt",
+                post(routes::interrupt).route_layer(with_body()),
+            )
+            .route("/abort", post(routes::abort).route_layer(with_body()))
             .route("/status", get(routes::status))
             .route("/runs", get(routes::runs))
             .route("/messages", get(routes::messages))
             .route("/sse", get(sse::stream))
             .route("/healthz", get(ops::healthz))
             .route("/metrics", get(ops::metrics))
-            .route(crate::peers::PEER_ROUTE, post(crate::peers::serve))
-            .route(crate::peers::FOLLOW_ROUTE, post(crate::peers::follow));
+            .route(
+                crate::peers::PEER_ROUTE,
+                post(crate::peers::serve).route_layer(with_body()),
+            )
+            .route(
+                crate::peers::FOLLOW_ROUTE,
+                post(crate::peers::follow).route_layer(with_body()),
+            );
         if page {
             router = router
                 .route("/", get(page::index))
@@ -231,8 +246,9 @@ impl Server {
 
 /// What every request goes through first, in one layer (each layer costs a boxed future and
 /// a clone of the routes per request): a span with its method and path (not its query, which
-/// may carry a session token), the body's declared length ([`body::check_length`]), a bound on
-/// how long it takes to be answered (408), and the metrics.
+/// may carry a session token), a bound on how long it takes to be answered (408), and the
+/// metrics. A body's declared length is checked by the routes that read one
+/// ([`body::length_checked`]).
 async fn front(
     axum::extract::State(state): axum::extract::State<AppState>,
     request: axum::extract::Request,
@@ -246,10 +262,7 @@ async fn front(
     async move {
         let route = crate::metrics::route_of(request.uri().path());
         let started = std::time::Instant::now();
-        let response = match body::check_length(&request, state.config.max_body_bytes) {
-            Err(refused) => refused.into_response(),
-            Ok(()) => answer_in_time(&state, request, next).await,
-        };
+        let response = answer_in_time(&state, request, next).await;
         let elapsed = started.elapsed();
         tracing::debug!(
             status = response.status().as_u16(),
