@@ -1,7 +1,7 @@
 //! What comes in: a body needs a `Content-Length` within the cap (checked before a byte of it
 //! is read), JSON content, and JSON no deeper than the limit.
 
-use axum::extract::{FromRequest, Request, State};
+use axum::extract::{FromRequest, Request};
 use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE, TRANSFER_ENCODING};
 use axum::http::{HeaderMap, StatusCode};
 use axum::middleware::Next;
@@ -18,12 +18,8 @@ use crate::server::AppState;
 /// stay within the cap (413), checked before a byte of it is read. Any other request is
 /// answered (404, 405, or a GET's answer) without its body read, so its length is not its
 /// concern.
-pub(crate) async fn length_checked(
-    State(state): State<AppState>,
-    request: Request,
-    next: Next,
-) -> Response {
-    match check_length(&request, state.config.max_body_bytes) {
+pub(crate) async fn length_checked(limit: usize, request: Request, next: Next) -> Response {
+    match check_length(&request, limit) {
         Ok(()) => next.run(request).await,
         Err(refused) => refused.into_response(),
     }

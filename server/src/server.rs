@@ -4,10 +4,11 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use axum::extract::Request;
 use axum::http::{HeaderName, HeaderValue, Method, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, post, MethodRouter};
 use axum::Router;
 use dormant::Runtime;
 use tokio::sync::watch;
@@ -190,48 +191,59 @@ impl Server {
         };
         let cors = cors(&self.config.cors_origins)?;
         let page = self.config.page;
+        // The one list of routes. Those that read a body carry the layer that checks its
+        // declared length before a byte is read (body.rs); the metrics count by these paths.
+        let limit = self.config.max_body_bytes;
+        let with_body = || {
+            middleware::from_fn(move |request: Request, next: Next| {
+                body::length_checked(limit, request, next)
+            })
+        };
+        let mut table: Vec<(&'static str, MethodRouter<AppState>)> = vec![
+            ("/start", post(routes::start).route_layer(with_body())),
+            ("/resume", post(routes::resume).route_layer(with_body())),
+            (
+                "/submit-tool-result",
+                post(routes::submit).route_layer(with_body()),
+            ),
+            (
+                "/interrupt",
+                post(routes::interrupt).route_layer(with_body()),
+            ),
+            ("/abort", post(routes::abort).route_layer(with_body())),
+            ("/status", get(routes::status)),
+            ("/runs", get(routes::runs)),
+            ("/messages", get(routes::messages)),
+            ("/sse", get(sse::stream)),
+            ("/healthz", get(ops::healthz)),
+            ("/metrics", get(ops::metrics)),
+            (
+                crate::peers::PEER_ROUTE,
+                post(crate::peers::serve).route_layer(with_body()),
+            ),
+            (
+                crate::peers::FOLLOW_ROUTE,
+                post(crate::peers::follow).route_layer(with_body()),
+            ),
+        ];
+        if page {
+            table.push(("/", get(page::index)));
+            table.push(("/page.js", get(page::script)));
+        }
+        let metrics = HttpMetrics::new(table.iter().map(|(path, _)| *path).collect());
         let state = AppState(Arc::new(Shared {
             runtime: self.runtime,
             auth: self.auth,
             key: Arc::new(key),
             config: Arc::new(self.config),
             closing: self.closing.0.subscribe(),
-            metrics: Arc::new(HttpMetrics::default()),
+            metrics: Arc::new(metrics),
         }));
-        // The one list of routes. Those that read a body are marked here, with the layer
-        // that checks its declared length before a byte is read (body.rs).
-        let with_body = || middleware::from_fn_with_state(state.clone(), body::length_checked);
-        let mut router = Router::new()
-            .route("/start", post(routes::start).route_layer(with_body()))
-            .route("/resume", post(routes::resume).route_layer(with_body()))
-            .route(
-                "/submit-tool-result",
-                post(routes::submit).route_layer(with_body()),
-            )
-            .route(
-                "/interrupt",
-                post(routes::interrupt).route_layer(with_body()),
-            )
-            .route("/abort", post(routes::abort).route_layer(with_body()))
-            .route("/status", get(routes::status))
-            .route("/runs", get(routes::runs))
-            .route("/messages", get(routes::messages))
-            .route("/sse", get(sse::stream))
-            .route("/healthz", get(ops::healthz))
-            .route("/metrics", get(ops::metrics))
-            .route(
-                crate::peers::PEER_ROUTE,
-                post(crate::peers::serve).route_layer(with_body()),
-            )
-            .route(
-                crate::peers::FOLLOW_ROUTE,
-                post(crate::peers::follow).route_layer(with_body()),
-            );
-        if page {
-            router = router
-                .route("/", get(page::index))
-                .route("/page.js", get(page::script));
-        }
+        let router = table
+            .into_iter()
+            .fold(Router::new(), |router, (path, route)| {
+                router.route(path, route)
+            });
         let router = router
             .fallback(not_found)
             .method_not_allowed_fallback(method_not_allowed);
@@ -260,7 +272,7 @@ async fn front(
         path = %dormant::Untrusted(request.uri().path())
     );
     async move {
-        let route = crate::metrics::route_of(request.uri().path());
+        let route = state.metrics.route_of(request.uri().path());
         let started = std::time::Instant::now();
         let response = answer_in_time(&state, request, next).await;
         let elapsed = started.elapsed();
