@@ -11,7 +11,7 @@ use serde_json::error::Category;
 use serde_json::Value;
 
 use crate::error::ApiError;
-use crate::server::AppState;
+use crate::state::AppState;
 
 /// The layer of a route that reads its body (the route table, server.rs, gives it to each
 /// such route): the body must say its length (411 otherwise, chunked bodies included) and

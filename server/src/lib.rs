@@ -59,6 +59,7 @@ mod serve;
 mod server;
 mod sse;
 mod sse_body;
+mod state;
 mod token;
 mod tree;
 mod wire;

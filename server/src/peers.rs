@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 use crate::client::HttpClient;
 use crate::error::ApiError;
 use crate::remote::{refusal, unreachable};
-use crate::server::AppState;
+use crate::state::AppState;
 
 /// The header a peer call carries the owner's key in.
 pub const PEER_KEY: &str = "x-dormant-peer-key";

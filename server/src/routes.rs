@@ -14,9 +14,9 @@ use serde_json::{json, Value};
 
 use crate::body::{json_value, JsonBody, Params};
 use crate::error::{submit_answer, ApiError};
-use crate::server::AppState;
 use crate::sse;
 use crate::sse_body::Ends;
+use crate::state::AppState;
 use crate::wire::{
     AcceptedAndResumed, SessionQuery, SessionRequest, StartRequest, Started, StatusAnswer,
     StreamOption, SubmitQuery,

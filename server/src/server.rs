@@ -19,33 +19,9 @@ use crate::auth::Auth;
 use crate::config::ServerConfig;
 use crate::error::{ApiError, ServerError};
 use crate::metrics::HttpMetrics;
+use crate::state::{AppState, Shared};
 use crate::token::TokenKey;
 use crate::{body, ops, page, routes, sse};
-
-/// What every handler reaches. One `Arc`: a request clones it several times (each layer and
-/// handler takes its own, a stream keeps one), and one shared count costs less to move
-/// between the cores than the seven of its parts.
-#[derive(Clone, Debug)]
-pub(crate) struct AppState(Arc<Shared>);
-
-impl std::ops::Deref for AppState {
-    type Target = Shared;
-
-    fn deref(&self) -> &Shared {
-        &self.0
-    }
-}
-
-/// What [`AppState`] shares.
-#[derive(Debug)]
-pub(crate) struct Shared {
-    pub(crate) runtime: Runtime,
-    pub(crate) auth: Auth,
-    pub(crate) key: Arc<TokenKey>,
-    pub(crate) config: Arc<ServerConfig>,
-    pub(crate) closing: watch::Receiver<bool>,
-    pub(crate) metrics: Arc<HttpMetrics>,
-}
 
 /// Tells a server's streams that it is shutting down: each sends a last `end` event
 /// (`reason: shutdown`) and closes, so a graceful shutdown is not held up by open streams.

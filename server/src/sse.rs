@@ -17,8 +17,8 @@ use tokio::sync::watch;
 
 use crate::body::Params;
 use crate::error::ApiError;
-use crate::server::AppState;
 use crate::sse_body::{write_end, write_event, Ends, EventBody};
+use crate::state::AppState;
 use crate::wire::{StreamQuery, Until};
 
 /// Opens every stream: a browser that loses it reconnects after a second (its own default
