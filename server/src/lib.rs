@@ -41,6 +41,7 @@
 
 #![forbid(unsafe_code)]
 
+mod access;
 mod auth;
 mod body;
 mod client;

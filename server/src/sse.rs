@@ -15,6 +15,7 @@ use axum::response::Response;
 use bytes::{BufMut, BytesMut};
 use tokio::sync::watch;
 
+use crate::access::SessionAccess;
 use crate::body::Params;
 use crate::error::ApiError;
 use crate::sse_body::{write_end, write_event, Ends, EventBody};
@@ -32,15 +33,8 @@ pub(crate) async fn stream(
     State(state): State<AppState>,
     headers: HeaderMap,
     Params(query): Params<StreamQuery>,
+    SessionAccess(id): SessionAccess,
 ) -> Result<Response, ApiError> {
-    let id: dormant::SessionId = query
-        .session_id
-        .parse()
-        .map_err(|error| ApiError::invalid(format!("session_id: {error}")))?;
-    state
-        .auth
-        .session(&state.key, &headers, query.token.as_deref(), &id)
-        .await?;
     if *state.closing.borrow() {
         return Err(ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
