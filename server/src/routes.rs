@@ -1,5 +1,5 @@
-//! The routes that act on sessions. Each takes who may act (access.rs), calls the runtime once, and
-//! answers JSON; errors go through `error.rs`.
+//! The routes that act on sessions. Each takes who may act (access.rs), calls the runtime
+//! once, and answers JSON; errors go through `error.rs`.
 
 use std::time::Duration;
 
