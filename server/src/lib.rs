@@ -53,6 +53,7 @@ pub mod inspect;
 mod metrics;
 mod ops;
 mod page;
+mod peer_routes;
 mod peers;
 mod remote;
 mod routes;

@@ -195,11 +195,11 @@ impl Server {
             ("/metrics", get(ops::metrics)),
             (
                 crate::peers::PEER_ROUTE,
-                post(crate::peers::serve).route_layer(with_body()),
+                post(crate::peer_routes::serve).route_layer(with_body()),
             ),
             (
                 crate::peers::FOLLOW_ROUTE,
-                post(crate::peers::follow).route_layer(with_body()),
+                post(crate::peer_routes::follow).route_layer(with_body()),
             ),
         ];
         if page {
