@@ -3,31 +3,29 @@
 
 use axum::extract::{FromRequest, Request};
 use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE, TRANSFER_ENCODING};
-use axum::http::{HeaderMap, Method, StatusCode};
+use axum::http::{HeaderMap, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
 use serde::de::DeserializeOwned;
 use serde_json::error::Category;
 use serde_json::Value;
 
 use crate::error::ApiError;
-use crate::server::AppState;
+use crate::state::AppState;
 
-/// The routes that read a body, all with POST. Any other request is answered (404, 405, or
-/// a GET's answer) without a byte of its body read, so its length is not its concern.
-const BODY_ROUTES: [&str; 6] = [
-    "/start",
-    "/resume",
-    "/submit-tool-result",
-    "/interrupt",
-    "/abort",
-    crate::peers::PEER_ROUTE,
-];
-
-/// A request to a route that reads its body must say its length (411 otherwise, chunked
-/// bodies included) and stay within the cap (413, before reading).
-pub(crate) fn check_length(request: &Request, limit: usize) -> Result<(), ApiError> {
-    if request.method() != Method::POST || !BODY_ROUTES.contains(&request.uri().path()) {
-        return Ok(());
+/// The layer of a route that reads its body (the route table, server.rs, gives it to each
+/// such route): the body must say its length (411 otherwise, chunked bodies included) and
+/// stay within the cap (413), checked before a byte of it is read. Any other request is
+/// answered (404, 405, or a GET's answer) without its body read, so its length is not its
+/// concern.
+pub(crate) async fn length_checked(limit: usize, request: Request, next: Next) -> Response {
+    match check_length(&request, limit) {
+        Ok(()) => next.run(request).await,
+        Err(refused) => refused.into_response(),
     }
+}
+
+fn check_length(request: &Request, limit: usize) -> Result<(), ApiError> {
     let headers = request.headers();
     let declared = headers
         .get(CONTENT_LENGTH)

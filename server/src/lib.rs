@@ -41,8 +41,10 @@
 
 #![forbid(unsafe_code)]
 
+mod access;
 mod auth;
 mod body;
+mod client;
 mod config;
 pub mod demo;
 mod error;
@@ -51,6 +53,7 @@ pub mod inspect;
 mod metrics;
 mod ops;
 mod page;
+mod peer_routes;
 mod peers;
 mod remote;
 mod routes;
@@ -58,11 +61,13 @@ mod serve;
 mod server;
 mod sse;
 mod sse_body;
+mod state;
 mod token;
 mod tree;
 mod wire;
 
 pub use auth::{Auth, Caller, Denied};
+pub use client::{HttpClient, DEFAULT_CONNECT_TIMEOUT};
 pub use config::{ServerConfig, DEFAULT_MAX_BODY_BYTES};
 pub use error::{ApiError, ServerError};
 pub use fd_limit::{raise_fd_limit, FdLimit};

@@ -14,7 +14,7 @@ mod startup_key;
 
 use clap::{Args, Parser, Subcommand};
 use dormant::{Runtime, SledStore};
-use dormant_server::{Auth, HttpRemoteAgents, Server, ServerConfig};
+use dormant_server::{Auth, HttpClient, HttpRemoteAgents, Server, ServerConfig};
 
 /// Serves dormant sessions over HTTP and SSE, with a page at `/` where a person answers
 /// client tools and approvals. `dormant-server inspect --store DIR` reports a stopped store.
@@ -302,11 +302,17 @@ async fn serve(args: Serve) -> Result<(), String> {
         max_retry_wait: std::time::Duration::from_millis(args.remote_max_retry_wait_ms),
         ..dormant::remote::RemotePolicy::default()
     };
+    // One client for every call to another server (remote sub-agents, peer nodes): one pool
+    // of connections and one TLS configuration.
+    let client = HttpClient::new();
     let builder = builder
-        .remote_agents(Arc::new(HttpRemoteAgents::new(remote_key)))
+        .remote_agents(Arc::new(HttpRemoteAgents::with_client(
+            client.clone(),
+            remote_key,
+        )))
         .remote_policy(remote_policy)
         // On a shared store, a call for a session another node owns is sent to that node.
-        .peers(Arc::new(dormant_server::HttpPeers::new()));
+        .peers(Arc::new(dormant_server::HttpPeers::with_client(client)));
     let builder = match &args.delegate_to {
         Some(endpoint) => dormant_server::demo::configure_delegating(builder, endpoint),
         None => dormant_server::demo::configure(builder),

@@ -12,34 +12,11 @@ use dormant::{Latency, RuntimeStats};
 use hdrhistogram::Histogram;
 use parking_lot::Mutex;
 
-/// The routes, by name, for the counters (a path outside them counts as `other`).
-const ROUTES: [&str; 14] = [
-    "/start",
-    "/resume",
-    "/submit-tool-result",
-    "/interrupt",
-    "/abort",
-    "/status",
-    "/runs",
-    "/messages",
-    "/sse",
-    "/healthz",
-    "/metrics",
-    "/",
-    "/page.js",
-    "/peer",
-];
-
-pub(crate) fn route_of(path: &str) -> &'static str {
-    ROUTES
-        .iter()
-        .find(|route| **route == path)
-        .copied()
-        .unwrap_or("other")
-}
-
 #[derive(Debug)]
 pub(crate) struct HttpMetrics {
+    /// The routes, by name, for the counters (a path outside them counts as `other`): the
+    /// route table's own paths (server.rs), not a list of their own.
+    routes: Vec<&'static str>,
     requests: Mutex<BTreeMap<(&'static str, u16), u64>>,
     latency: Mutex<BTreeMap<&'static str, Histogram<u64>>>,
     /// From a chunk's commit (its `at_ms`) to its event leaving for the client, in µs.
@@ -47,9 +24,11 @@ pub(crate) struct HttpMetrics {
     open_streams: AtomicI64,
 }
 
-impl Default for HttpMetrics {
-    fn default() -> Self {
+impl HttpMetrics {
+    /// Counters for the routes at `routes`.
+    pub(crate) fn new(routes: Vec<&'static str>) -> Self {
         Self {
+            routes,
             requests: Mutex::default(),
             latency: Mutex::default(),
             sse_lag: Mutex::new(histogram()),
@@ -81,6 +60,15 @@ fn summary(histogram: &Histogram<u64>) -> Latency {
 }
 
 impl HttpMetrics {
+    /// The name `path` is counted under: its route's, or `other`.
+    pub(crate) fn route_of(&self, path: &str) -> &'static str {
+        self.routes
+            .iter()
+            .find(|route| **route == path)
+            .copied()
+            .unwrap_or("other")
+    }
+
     pub(crate) fn request(&self, route: &'static str, status: StatusCode, elapsed: Duration) {
         *self
             .requests

@@ -7,7 +7,7 @@ use axum::response::IntoResponse;
 use axum::Json;
 use serde_json::json;
 
-use crate::server::AppState;
+use crate::state::AppState;
 
 /// 200 while the server serves; 503 once it is shutting down (a load balancer stops sending).
 pub(crate) async fn healthz(State(state): State<AppState>) -> impl IntoResponse {

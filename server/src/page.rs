@@ -10,7 +10,7 @@ use axum::extract::{OriginalUri, State};
 use axum::http::header;
 use axum::response::{Html, IntoResponse};
 
-use crate::server::AppState;
+use crate::state::AppState;
 
 const INDEX: &str = include_str!("../page/index.html");
 const SCRIPT: &str = include_str!("../page/page.js");

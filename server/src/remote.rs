@@ -18,6 +18,8 @@ use reqwest::{Method, RequestBuilder, Response, StatusCode};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use crate::client::HttpClient;
+
 /// Reaches dormant servers over HTTP, with an operator credential sent as `x-api-key`
 /// (what `dormant-server --api-key-env` checks; a daemon's own authenticate hook reads the
 /// same header).
@@ -39,7 +41,7 @@ use serde_json::{json, Value};
 /// ```
 #[derive(Clone)]
 pub struct HttpRemoteAgents {
-    client: reqwest::Client,
+    client: HttpClient,
     credential: Option<String>,
 }
 
@@ -56,15 +58,20 @@ impl HttpRemoteAgents {
     /// after 5 s, and a request other than a stream after 60 s (an interrupt waits for the
     /// remote's tree to stop).
     pub fn new(credential: Option<String>) -> Self {
-        let client = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(5))
-            .build()
-            .unwrap_or_default();
+        Self::with_client(HttpClient::new(), credential)
+    }
+
+    /// A transport on `client`, shared with the process's other outgoing calls (its
+    /// connections and TLS configuration); `credential` as in [`HttpRemoteAgents::new`].
+    pub fn with_client(client: HttpClient, credential: Option<String>) -> Self {
         Self { client, credential }
     }
 
     fn request(&self, method: Method, endpoint: &str, path: &str) -> RequestBuilder {
-        let request = self.client.request(method, format!("{endpoint}{path}"));
+        let request = self
+            .client
+            .reqwest()
+            .request(method, format!("{endpoint}{path}"));
         match &self.credential {
             Some(credential) => request.header("x-api-key", credential),
             None => request,

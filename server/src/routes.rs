@@ -1,31 +1,26 @@
-//! The routes that act on sessions. Each checks who may act, calls the runtime once, and
-//! answers JSON; errors go through `error.rs`.
+//! The routes that act on sessions. Each takes who may act (access.rs), calls the runtime
+//! once, and answers JSON; errors go through `error.rs`.
 
 use std::time::Duration;
 
 use axum::extract::{Request, State};
-use axum::http::header::AUTHORIZATION;
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use dormant::submit::Submit;
 use dormant::{SessionId, Untrusted};
 use serde_json::{json, Value};
 
+use crate::access::{session_id, Credentials, SessionAccess};
 use crate::body::{json_value, JsonBody, Params};
 use crate::error::{submit_answer, ApiError};
-use crate::server::AppState;
 use crate::sse;
 use crate::sse_body::Ends;
+use crate::state::AppState;
 use crate::wire::{
     AcceptedAndResumed, SessionQuery, SessionRequest, StartRequest, Started, StatusAnswer,
     StreamOption, SubmitQuery,
 };
-
-fn session_id(text: &str) -> Result<SessionId, ApiError> {
-    text.parse()
-        .map_err(|error| ApiError::invalid(format!("session_id: {error}")))
-}
 
 /// `POST /start`: a new session (server-issued id), or a new turn of one the caller holds a
 /// token for or may name. Answered once the turn is durably started, with the session's
@@ -33,6 +28,7 @@ fn session_id(text: &str) -> Result<SessionId, ApiError> {
 pub(crate) async fn start(
     State(state): State<AppState>,
     Params(query): Params<StreamOption>,
+    credentials: Credentials,
     request: Request,
 ) -> Result<Response, ApiError> {
     let (parts, body) = request.into_parts();
@@ -40,15 +36,15 @@ pub(crate) async fn start(
     let JsonBody(body) = JsonBody::<StartRequest>::read(&headers, body, &state).await?;
     let id = match &body.session_id {
         None => {
-            state.auth.caller(&headers).await?;
+            credentials.caller().await?;
             SessionId::generate()
         }
         Some(text) => {
             let id = session_id(text)?;
-            if has_session_token(&headers) {
-                state.auth.session(&state.key, &headers, None, &id).await?;
+            if credentials.has_session_token() {
+                credentials.session(&id).await?;
             } else {
-                let caller = state.auth.caller(&headers).await?;
+                let caller = credentials.caller().await?;
                 if !caller.may_choose_session_id {
                     return Err(ApiError::new(
                         StatusCode::FORBIDDEN,
@@ -119,23 +115,15 @@ fn remote_parent(body: &StartRequest) -> Result<Option<dormant::remote::RemotePa
     }
 }
 
-fn has_session_token(headers: &HeaderMap) -> bool {
-    headers
-        .get(AUTHORIZATION)
-        .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.strip_prefix("Bearer "))
-        .is_some_and(|token| crate::token::is_token(token.trim()))
-}
-
 /// `POST /resume`: continues a suspended or interrupted run; answered once it is durably
 /// resumed (or found still waiting).
 pub(crate) async fn resume(
     State(state): State<AppState>,
-    headers: HeaderMap,
+    credentials: Credentials,
     JsonBody(body): JsonBody<SessionRequest>,
 ) -> Result<(StatusCode, Json<Started>), ApiError> {
     let id = session_id(&body.session_id)?;
-    state.auth.session(&state.key, &headers, None, &id).await?;
+    credentials.session(&id).await?;
     let started = state.runtime.start_resume(&id).await?;
     Ok((StatusCode::ACCEPTED, Json(Started::new(started, None))))
 }
@@ -148,6 +136,7 @@ pub(crate) async fn resume(
 pub(crate) async fn submit(
     State(state): State<AppState>,
     Params(query): Params<SubmitQuery>,
+    credentials: Credentials,
     request: Request,
 ) -> Result<Response, ApiError> {
     if query.stream && !query.resume {
@@ -160,7 +149,7 @@ pub(crate) async fn submit(
     let envelope = json_value(&headers, body, &state).await?;
     let submit = Submit::from_json(&envelope).map_err(ApiError::invalid)?;
     let id = session_id(&submit.session_id)?;
-    state.auth.session(&state.key, &headers, None, &id).await?;
+    credentials.session(&id).await?;
     let call = submit.tool_call_id.clone();
     // With the resume, one call of the runtime: one hop to the node that owns the session.
     let (outcome, resumed) = if query.resume {
@@ -213,29 +202,29 @@ pub(crate) async fn submit(
 /// `POST /interrupt`: returns once the whole tree has stopped.
 pub(crate) async fn interrupt(
     State(state): State<AppState>,
-    headers: HeaderMap,
+    credentials: Credentials,
     JsonBody(body): JsonBody<SessionRequest>,
 ) -> Result<Json<Value>, ApiError> {
-    stop(&state, &headers, &body, false).await
+    stop(&state, &credentials, &body, false).await
 }
 
 /// `POST /abort`: terminal; returns once the whole tree has stopped.
 pub(crate) async fn abort(
     State(state): State<AppState>,
-    headers: HeaderMap,
+    credentials: Credentials,
     JsonBody(body): JsonBody<SessionRequest>,
 ) -> Result<Json<Value>, ApiError> {
-    stop(&state, &headers, &body, true).await
+    stop(&state, &credentials, &body, true).await
 }
 
 async fn stop(
     state: &AppState,
-    headers: &HeaderMap,
+    credentials: &Credentials,
     body: &SessionRequest,
     abort: bool,
 ) -> Result<Json<Value>, ApiError> {
     let id = session_id(&body.session_id)?;
-    state.auth.session(&state.key, headers, None, &id).await?;
+    credentials.session(&id).await?;
     if abort {
         state.runtime.abort(&id).await?;
     } else {
@@ -255,10 +244,9 @@ const MAX_SETTLE_WAIT: Duration = Duration::from_secs(10);
 /// `GET /status`: the run's status and the calls it waits on.
 pub(crate) async fn status(
     State(state): State<AppState>,
-    headers: HeaderMap,
     Params(query): Params<SessionQuery>,
+    SessionAccess(id): SessionAccess,
 ) -> Result<Json<StatusAnswer>, ApiError> {
-    let id = authorized(&state, &headers, &query).await?;
     let settled = match query.settle_ms {
         Some(ms) => {
             let wait = Duration::from_millis(ms).min(MAX_SETTLE_WAIT);
@@ -288,10 +276,9 @@ pub(crate) async fn status(
 /// `GET /runs`: every run record of the session, in order.
 pub(crate) async fn runs(
     State(state): State<AppState>,
-    headers: HeaderMap,
-    Params(query): Params<SessionQuery>,
+    Params(_query): Params<SessionQuery>,
+    SessionAccess(id): SessionAccess,
 ) -> Result<Json<Value>, ApiError> {
-    let id = authorized(&state, &headers, &query).await?;
     let runs = state.runtime.runs(&id).await?;
     Ok(Json(json!({ "session_id": id, "runs": runs })))
 }
@@ -299,23 +286,9 @@ pub(crate) async fn runs(
 /// `GET /messages`: the conversation.
 pub(crate) async fn messages(
     State(state): State<AppState>,
-    headers: HeaderMap,
-    Params(query): Params<SessionQuery>,
+    Params(_query): Params<SessionQuery>,
+    SessionAccess(id): SessionAccess,
 ) -> Result<Json<Value>, ApiError> {
-    let id = authorized(&state, &headers, &query).await?;
     let messages = state.runtime.messages(&id).await?;
     Ok(Json(json!({ "session_id": id, "messages": messages })))
-}
-
-async fn authorized(
-    state: &AppState,
-    headers: &HeaderMap,
-    query: &SessionQuery,
-) -> Result<SessionId, ApiError> {
-    let id = session_id(&query.session_id)?;
-    state
-        .auth
-        .session(&state.key, headers, query.token.as_deref(), &id)
-        .await?;
-    Ok(id)
 }

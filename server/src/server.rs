@@ -4,10 +4,11 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use axum::extract::Request;
 use axum::http::{HeaderName, HeaderValue, Method, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, post, MethodRouter};
 use axum::Router;
 use dormant::Runtime;
 use tokio::sync::watch;
@@ -18,33 +19,9 @@ use crate::auth::Auth;
 use crate::config::ServerConfig;
 use crate::error::{ApiError, ServerError};
 use crate::metrics::HttpMetrics;
+use crate::state::{AppState, Shared};
 use crate::token::TokenKey;
 use crate::{body, ops, page, routes, sse};
-
-/// What every handler reaches. One `Arc`: a request clones it several times (each layer and
-/// handler takes its own, a stream keeps one), and one shared count costs less to move
-/// between the cores than the seven of its parts.
-#[derive(Clone, Debug)]
-pub(crate) struct AppState(Arc<Shared>);
-
-impl std::ops::Deref for AppState {
-    type Target = Shared;
-
-    fn deref(&self) -> &Shared {
-        &self.0
-    }
-}
-
-/// What [`AppState`] shares.
-#[derive(Debug)]
-pub(crate) struct Shared {
-    pub(crate) runtime: Runtime,
-    pub(crate) auth: Auth,
-    pub(crate) key: Arc<TokenKey>,
-    pub(crate) config: Arc<ServerConfig>,
-    pub(crate) closing: watch::Receiver<bool>,
-    pub(crate) metrics: Arc<HttpMetrics>,
-}
 
 /// Tells a server's streams that it is shutting down: each sends a last `end` event
 /// (`reason: shutdown`) and closes, so a graceful shutdown is not held up by open streams.
@@ -190,33 +167,59 @@ impl Server {
         };
         let cors = cors(&self.config.cors_origins)?;
         let page = self.config.page;
+        // The one list of routes. Those that read a body carry the layer that checks its
+        // declared length before a byte is read (body.rs); the metrics count by these paths.
+        let limit = self.config.max_body_bytes;
+        let with_body = || {
+            middleware::from_fn(move |request: Request, next: Next| {
+                body::length_checked(limit, request, next)
+            })
+        };
+        let mut table: Vec<(&'static str, MethodRouter<AppState>)> = vec![
+            ("/start", post(routes::start).route_layer(with_body())),
+            ("/resume", post(routes::resume).route_layer(with_body())),
+            (
+                "/submit-tool-result",
+                post(routes::submit).route_layer(with_body()),
+            ),
+            (
+                "/interrupt",
+                post(routes::interrupt).route_layer(with_body()),
+            ),
+            ("/abort", post(routes::abort).route_layer(with_body())),
+            ("/status", get(routes::status)),
+            ("/runs", get(routes::runs)),
+            ("/messages", get(routes::messages)),
+            ("/sse", get(sse::stream)),
+            ("/healthz", get(ops::healthz)),
+            ("/metrics", get(ops::metrics)),
+            (
+                crate::peers::PEER_ROUTE,
+                post(crate::peer_routes::serve).route_layer(with_body()),
+            ),
+            (
+                crate::peers::FOLLOW_ROUTE,
+                post(crate::peer_routes::follow).route_layer(with_body()),
+            ),
+        ];
+        if page {
+            table.push(("/", get(page::index)));
+            table.push(("/page.js", get(page::script)));
+        }
+        let metrics = HttpMetrics::new(table.iter().map(|(path, _)| *path).collect());
         let state = AppState(Arc::new(Shared {
             runtime: self.runtime,
             auth: self.auth,
             key: Arc::new(key),
             config: Arc::new(self.config),
             closing: self.closing.0.subscribe(),
-            metrics: Arc::new(HttpMetrics::default()),
+            metrics: Arc::new(metrics),
         }));
-        let mut router = Router::new()
-            .route("/start", post(routes::start))
-            .route("/resume", post(routes::resume))
-            .route("/submit-tool-result", post(routes::submit))
-            .route("/interrupt", post(routes::interrupt))
-            .route("/abort", post(routes::abort))
-            .route("/status", get(routes::status))
-            .route("/runs", get(routes::runs))
-            .route("/messages", get(routes::messages))
-            .route("/sse", get(sse::stream))
-            .route("/healthz", get(ops::healthz))
-            .route("/metrics", get(ops::metrics))
-            .route(crate::peers::PEER_ROUTE, post(crate::peers::serve))
-            .route(crate::peers::FOLLOW_ROUTE, post(crate::peers::follow));
-        if page {
-            router = router
-                .route("/", get(page::index))
-                .route("/page.js", get(page::script));
-        }
+        let router = table
+            .into_iter()
+            .fold(Router::new(), |router, (path, route)| {
+                router.route(path, route)
+            });
         let router = router
             .fallback(not_found)
             .method_not_allowed_fallback(method_not_allowed);
@@ -231,8 +234,9 @@ impl Server {
 
 /// What every request goes through first, in one layer (each layer costs a boxed future and
 /// a clone of the routes per request): a span with its method and path (not its query, which
-/// may carry a session token), the body's declared length ([`body::check_length`]), a bound on
-/// how long it takes to be answered (408), and the metrics.
+/// may carry a session token), a bound on how long it takes to be answered (408), and the
+/// metrics. A body's declared length is checked by the routes that read one
+/// ([`body::length_checked`]).
 async fn front(
     axum::extract::State(state): axum::extract::State<AppState>,
     request: axum::extract::Request,
@@ -244,12 +248,9 @@ async fn front(
         path = %dormant::Untrusted(request.uri().path())
     );
     async move {
-        let route = crate::metrics::route_of(request.uri().path());
+        let route = state.metrics.route_of(request.uri().path());
         let started = std::time::Instant::now();
-        let response = match body::check_length(&request, state.config.max_body_bytes) {
-            Err(refused) => refused.into_response(),
-            Ok(()) => answer_in_time(&state, request, next).await,
-        };
+        let response = answer_in_time(&state, request, next).await;
         let elapsed = started.elapsed();
         tracing::debug!(
             status = response.status().as_u16(),

@@ -15,10 +15,11 @@ use axum::response::Response;
 use bytes::{BufMut, BytesMut};
 use tokio::sync::watch;
 
+use crate::access::SessionAccess;
 use crate::body::Params;
 use crate::error::ApiError;
-use crate::server::AppState;
 use crate::sse_body::{write_end, write_event, Ends, EventBody};
+use crate::state::AppState;
 use crate::wire::{StreamQuery, Until};
 
 /// Opens every stream: a browser that loses it reconnects after a second (its own default
@@ -32,15 +33,8 @@ pub(crate) async fn stream(
     State(state): State<AppState>,
     headers: HeaderMap,
     Params(query): Params<StreamQuery>,
+    SessionAccess(id): SessionAccess,
 ) -> Result<Response, ApiError> {
-    let id: dormant::SessionId = query
-        .session_id
-        .parse()
-        .map_err(|error| ApiError::invalid(format!("session_id: {error}")))?;
-    state
-        .auth
-        .session(&state.key, &headers, query.token.as_deref(), &id)
-        .await?;
     if *state.closing.borrow() {
         return Err(ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,

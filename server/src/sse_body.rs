@@ -27,7 +27,7 @@ use tokio::time::{Instant, Sleep};
 
 use crate::error::ApiError;
 use crate::metrics::StreamGuard;
-use crate::server::AppState;
+use crate::state::AppState;
 
 /// The most bytes of events one frame takes: a follower catching up on many stored chunks
 /// sends them in pieces of about this size.

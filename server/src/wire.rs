@@ -44,9 +44,12 @@ pub(crate) struct SessionRequest {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct SessionQuery {
-    pub(crate) session_id: String,
-    #[serde(default)]
-    pub(crate) token: Option<String>,
+    // Which session, with what token: read by `SessionAccess` (access.rs), named here so
+    // that the query refuses a missing id and unknown fields as it always did.
+    #[serde(rename = "session_id")]
+    _session_id: String,
+    #[serde(default, rename = "token")]
+    _token: Option<String>,
     /// `GET /status` only: first wait up to this long (ms, at most 10 s) for no run of the
     /// session to be in progress, and say whether it settled. A resume that is still waking
     /// the session's children has the suspended status until it goes on: a parent on another
@@ -89,9 +92,12 @@ pub(crate) struct StreamOption {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct StreamQuery {
-    pub(crate) session_id: String,
-    #[serde(default)]
-    pub(crate) token: Option<String>,
+    // Which session, with what token: read by `SessionAccess` (access.rs), named here so
+    // that the query refuses a missing id and unknown fields as it always did.
+    #[serde(rename = "session_id")]
+    _session_id: String,
+    #[serde(default, rename = "token")]
+    _token: Option<String>,
     /// The first sequence number to send (a `Last-Event-ID` header wins: it is one past it).
     #[serde(default)]
     pub(crate) from: Option<u64>,

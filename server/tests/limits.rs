@@ -296,3 +296,34 @@ async fn cors_is_off_by_default_and_allows_only_the_configured_origins() -> anyh
     open.stop().await?.shutdown().await?;
     Ok(())
 }
+
+#[tokio::test]
+async fn every_route_that_reads_a_body_refuses_one_of_no_declared_length() -> anyhow::Result<()> {
+    let server = demo_server(ServerConfig::default()).await?;
+    // The peers' routes read a body too: a node's follow is bounded like any call.
+    for path in [
+        "/start",
+        "/resume",
+        "/submit-tool-result",
+        "/interrupt",
+        "/abort",
+        "/peer",
+        "/peer/follow",
+    ] {
+        let chunks = futures::stream::iter([Ok::<_, std::io::Error>(r#"{"session_id":"x"}"#)]);
+        let response = server
+            .http
+            .post(server.url(path))
+            .header("content-type", "application/json")
+            .body(reqwest::Body::wrap_stream(chunks))
+            .send()
+            .await?;
+        let (got, body) = answer(response).await?;
+        assert_eq!(
+            (got, body["code"].as_str()),
+            (StatusCode::LENGTH_REQUIRED, Some("length_required")),
+            "POST {path}"
+        );
+    }
+    Ok(())
+}

@@ -448,3 +448,28 @@ async fn a_streamed_resume_that_finds_calls_still_waiting_ends_at_once() -> anyh
     server.stop().await?.shutdown().await?;
     Ok(())
 }
+
+#[tokio::test]
+async fn the_metrics_count_each_route_of_the_table_under_its_own_path() -> anyhow::Result<()> {
+    let server = demo_server(ServerConfig::default()).await?;
+    // Refused (no peer key), but a request of the route all the same.
+    let response = server
+        .http
+        .post(server.url("/peer/follow"))
+        .json(&json!({ "session": "x", "from": 0 }))
+        .send()
+        .await?;
+    assert_eq!(response.status(), StatusCode::FORBIDDEN);
+    let metrics = server
+        .http
+        .get(server.url("/metrics"))
+        .send()
+        .await?
+        .text()
+        .await?;
+    assert!(
+        metrics.contains("dormant_http_requests_total{route=\"/peer/follow\",status=\"403\"} 1"),
+        "{metrics}"
+    );
+    Ok(())
+}

@@ -1,0 +1,79 @@
+//! `POST /peer` and `POST /peer/follow`: the calls of the other nodes of a cluster, answered
+//! here (the client side, [`HttpPeers`](crate::HttpPeers), is peers.rs). Not client routes:
+//! a call carries the node's key, not a session token, and is served by the runtime itself,
+//! here and never further.
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use dormant::peer::PeerCall;
+use futures::StreamExt;
+
+use crate::error::ApiError;
+use crate::peers::{Follow, PEER_KEY};
+use crate::state::AppState;
+
+/// The caller's key, if it is this node's: a caller without it is refused whatever it sent,
+/// and learns nothing of how its body would have been read.
+fn peer_key<'h>(state: &AppState, headers: &'h HeaderMap) -> Result<&'h str, ApiError> {
+    let key = headers
+        .get(PEER_KEY)
+        .and_then(|key| key.to_str().ok())
+        .unwrap_or_default();
+    if !state.runtime.accepts_peer_key(key) {
+        return Err(ApiError::from(dormant::Error::PeerRefused));
+    }
+    Ok(key)
+}
+
+/// A body that is no call: 400.
+fn unreadable(what: &str, error: &serde_json::Error) -> ApiError {
+    ApiError::new(
+        StatusCode::BAD_REQUEST,
+        "invalid_request",
+        format!("not a peer {what}: {error}"),
+    )
+}
+
+/// `POST /peer`: a call from another node of the cluster, answered 200 with its
+/// [`PeerAnswer`](dormant::peer::PeerAnswer) (a failure of the call included), 403
+/// `peer_refused` without this node's key, 400 for a body that is no call. The key is checked
+/// first.
+pub(crate) async fn serve(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let key = peer_key(&state, &headers)?;
+    let call: PeerCall =
+        serde_json::from_slice(&body).map_err(|error| unreadable("call", &error))?;
+    let answer = state.runtime.serve_peer(key, call).await?;
+    Ok(Json(answer).into_response())
+}
+
+/// `POST /peer/follow`: another node follows a session's stream here, where it runs: 200 with
+/// one JSON [`PeerEvent`](dormant::peer::PeerEvent) a line, as the chunks and deltas come,
+/// until the caller hangs up (or the stream fails here, which its last event says). 403 and
+/// 400 as `POST /peer`.
+pub(crate) async fn follow(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let key = peer_key(&state, &headers)?;
+    let Follow { session, from } =
+        serde_json::from_slice(&body).map_err(|error| unreadable("follow", &error))?;
+    let events = state.runtime.serve_peer_follow(key, &session, from)?;
+    let lines = events.map(|event| {
+        let mut line = serde_json::to_vec(&event).unwrap_or_default();
+        line.push(b'\n');
+        Ok::<_, std::convert::Infallible>(Bytes::from(line))
+    });
+    Ok((
+        [(header::CONTENT_TYPE, "application/x-ndjson")],
+        Body::from_stream(lines),
+    )
+        .into_response())
+}
