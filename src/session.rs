@@ -25,8 +25,9 @@ mod transition;
 pub(crate) use self::child_failures::{ChildUnavailable, LostChild};
 pub(crate) use self::child_side::{report_of, stored_state};
 pub(crate) use self::children::{ChildOrigin, ChildStart, ToReconcile};
+pub(crate) use self::children::{ChildReport, ReportedChild};
 pub(crate) use self::core::{duration_ms, Policy, Session, Stored};
-pub(crate) use self::input::{ChildReport, FinishedCall, Input, ReportedChild};
+pub(crate) use self::input::{FinishedCall, Input};
 pub use outcome::{RunOutcome, RunStarted};
 pub use state::{
     Answer, ChildCall, ChildState, Companion, CompanionStatus, ErrorCode, PendingCall, PendingKind,

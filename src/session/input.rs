@@ -10,7 +10,7 @@
 use serde_json::{Map, Value};
 
 use super::apply_cx::ApplyCx;
-use super::children::ChildStart;
+use super::children::{ChildReport, ChildStart, ReportedChild};
 use super::core::Session;
 use super::remote_children::ReportPosition;
 use super::step::Outside;
@@ -120,29 +120,6 @@ impl Input {
                 | Input::Wake { .. }
         )
     }
-}
-
-/// One child's report, as the parent applies it: the call, the report, and the child's
-/// stream chunks not yet forwarded.
-#[derive(Debug, Clone)]
-pub(crate) struct ReportedChild {
-    pub(crate) tool_call_id: String,
-    pub(crate) report: ChildReport,
-    pub(crate) chunks: Vec<Chunk>,
-}
-
-/// What a child tells its parent when its run settles (or when the parent wakes it).
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) enum ChildReport {
-    /// It ended: its result or error is the parent's tool result.
-    Finished(ToolOutcome),
-    /// It waits on these calls (its own and its descendants').
-    Suspended(Vec<String>),
-    /// Its run was cut by a crash of its actor; waking it continues the run.
-    Crashed,
-    /// It was interrupted (by request): an error for the call that waited on it, but a
-    /// companion keeps its conversation (a new message continues it).
-    Interrupted(String),
 }
 
 /// One tool call's outcome, with the custom-state keys its handler set.

@@ -136,7 +136,8 @@ impl Delegate for Forward {}
 /// store.commit(Batch::new(CommitKind::Other)).await?;
 /// store.scan_prefix(Tree::Log, b"s1").await?;
 /// assert_eq!(store.delegate().0.load(Ordering::SeqCst), 1);
-/// # Ok::<(), Error>(()) }).unwrap();
+/// # Ok::<(), Error>(()) })?;
+/// # Ok::<(), Error>(())
 /// ```
 pub struct DelegatingStore<D = Forward> {
     inner: Arc<dyn Store>,

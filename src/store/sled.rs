@@ -21,7 +21,9 @@ use super::{Batch, Damage, Entry, Error, Store, Tree};
 
 mod check;
 mod database;
+mod durability;
 mod error;
+mod files;
 mod flusher;
 mod keyspace;
 mod mark;
@@ -32,11 +34,12 @@ mod values;
 mod writes;
 
 use database::{Shared, State};
+pub use durability::Durability;
 use error::io_error;
 pub use error::SledError;
 use flusher::GroupFlusher;
 use keyspace::{logical_key, stored_key};
-pub use open::{Durability, SledStoreBuilder};
+pub use open::SledStoreBuilder;
 use writes::SledWrites;
 
 /// The sled-backed [`Store`]: atomic multi-tree commits, durable at a configurable

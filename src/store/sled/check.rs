@@ -216,39 +216,41 @@ pub(super) fn verify(
 mod tests {
     use super::*;
 
-    fn records() -> ::sled::Tree {
-        let db = ::sled::Config::new()
-            .temporary(true)
-            .open()
-            .expect("a temporary sled database");
-        db.open_tree("records").expect("a tree")
+    type Result<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
+
+    fn records() -> Result<::sled::Tree> {
+        let db = ::sled::Config::new().temporary(true).open()?;
+        Ok(db.open_tree("records")?)
     }
 
-    fn apply(records: &::sled::Tree, check: &Check, writes: &[(&[u8], Option<&[u8]>)]) -> Check {
+    fn apply(
+        records: &::sled::Tree,
+        check: &Check,
+        writes: &[(&[u8], Option<&[u8]>)],
+    ) -> Result<Check> {
         let touched: Vec<(IVec, Option<u64>)> = writes
             .iter()
             .map(|(key, value)| (IVec::from(*key), value.map(|v| entry_hash(key, v))))
             .collect();
-        let next = check.after(&touched, records).expect("reads");
+        let next = check.after(&touched, records)?;
         for (key, value) in writes {
             match value {
                 Some(value) => records.insert(key, *value).map(drop),
                 None => records.remove(key).map(drop),
-            }
-            .expect("writes");
+            }?;
         }
-        next
+        Ok(next)
     }
 
     #[test]
-    fn the_digest_follows_inserts_overwrites_and_removals_in_one_batch_and_across_them() {
-        let records = records();
+    fn the_digest_follows_inserts_overwrites_and_removals_in_one_batch_and_across_them() -> Result {
+        let records = records()?;
         let mut check = Check::default();
         check = apply(
             &records,
             &check,
             &[(b"\x01a", Some(b"1")), (b"\x01b", Some(b"2"))],
-        );
+        )?;
         // The same key twice in one batch, and a removal of a key written earlier in it.
         check = apply(
             &records,
@@ -260,28 +262,27 @@ mod tests {
                 (b"\x01c", None),
                 (b"\x01z", None),
             ],
-        );
+        )?;
         assert_eq!(check.seq, 2);
-        assert_eq!(check.digest, tally(&records).expect("scan"));
+        assert_eq!(check.digest, tally(&records)?);
         assert_eq!(check.digest.entries, 2);
+        Ok(())
     }
 
     #[test]
-    fn a_lost_entry_a_reverted_value_and_a_lost_tail_are_each_told() {
-        let records = records();
+    fn a_lost_entry_a_reverted_value_and_a_lost_tail_are_each_told() -> Result {
+        let records = records()?;
         let check = apply(
             &records,
             &Check::default(),
             &[(b"\x01a", Some(b"1")), (b"\x01b", Some(b"2"))],
-        );
-        records
-            .insert(Check::key(), &check.encode()[..])
-            .expect("write");
-        let fine = verify(&records, 1, Depth::Full, false).expect("reads");
+        )?;
+        records.insert(Check::key(), &check.encode()[..])?;
+        let fine = verify(&records, 1, Depth::Full, false)?;
         assert_eq!(fine.damage, None);
         assert_eq!(fine.check, check);
 
-        let tail = verify(&records, 2, Depth::Tail, false).expect("reads");
+        let tail = verify(&records, 2, Depth::Tail, false)?;
         assert_eq!(
             tail.damage,
             Some(Damage::LostTail {
@@ -290,8 +291,8 @@ mod tests {
             })
         );
 
-        records.insert(b"\x01b", b"old".as_slice()).expect("write");
-        let reverted = verify(&records, 1, Depth::Full, false).expect("reads");
+        records.insert(b"\x01b", b"old".as_slice())?;
+        let reverted = verify(&records, 1, Depth::Full, false)?;
         assert_eq!(
             reverted.damage,
             Some(Damage::LostEntries {
@@ -299,8 +300,8 @@ mod tests {
                 found: 2
             })
         );
-        records.remove(b"\x01b").expect("write");
-        let lost = verify(&records, 1, Depth::Full, false).expect("reads");
+        records.remove(b"\x01b")?;
+        let lost = verify(&records, 1, Depth::Full, false)?;
         assert_eq!(
             lost.damage,
             Some(Damage::LostEntries {
@@ -309,28 +310,25 @@ mod tests {
             })
         );
         // Checking the number only does not scan.
-        assert_eq!(
-            verify(&records, 1, Depth::Tail, false)
-                .expect("reads")
-                .damage,
-            None
-        );
+        assert_eq!(verify(&records, 1, Depth::Tail, false)?.damage, None);
+        Ok(())
     }
 
     #[test]
-    fn a_store_without_a_record_gets_one_unless_it_acknowledged_commits() {
-        let records = records();
-        records.insert(b"\x01a", b"1".as_slice()).expect("write");
-        let lost = verify(&records, 3, Depth::Full, false).expect("reads");
+    fn a_store_without_a_record_gets_one_unless_it_acknowledged_commits() -> Result {
+        let records = records()?;
+        records.insert(b"\x01a", b"1".as_slice())?;
+        let lost = verify(&records, 3, Depth::Full, false)?;
         assert_eq!(lost.damage, Some(Damage::LostRecord { acknowledged: 3 }));
-        assert!(records.get(Check::key()).expect("reads").is_none());
+        assert!(records.get(Check::key())?.is_none());
 
-        let new = verify(&records, 0, Depth::Full, false).expect("reads");
+        let new = verify(&records, 0, Depth::Full, false)?;
         assert_eq!(new.damage, None);
         assert_eq!(new.check.digest.entries, 1);
         assert_eq!(
-            records.get(Check::key()).expect("reads").as_deref(),
+            records.get(Check::key())?.as_deref(),
             Some(&new.check.encode()[..])
         );
+        Ok(())
     }
 }

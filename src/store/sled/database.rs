@@ -12,10 +12,11 @@ use ::sled::IVec;
 use parking_lot::{MappedRwLockReadGuard, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use super::check::{verify, Check, Depth};
+use super::durability::Durability;
 use super::error::{io_error, SledError};
+use super::files::{open_db, refuse_old_layout};
 use super::keyspace::RECORDS;
 use super::mark::{self, Mark};
-use super::open::{open_db, refuse_old_layout, Durability};
 use super::syncer::Syncer;
 use super::values::{owner_of_piece, PIECES_TAG};
 use super::writes::SledWrites;
