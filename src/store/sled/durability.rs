@@ -18,6 +18,8 @@
 /// power-loss safety costs little throughput with many concurrent writers. Stores made with
 /// [`SledStore::temporary`] are deleted when dropped, so they skip the `fdatasync` (and sled
 /// itself skips `sync_file_range` for them) whatever the level.
+///
+/// [`SledStore::temporary`]: super::SledStore::temporary
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Durability {
