@@ -353,29 +353,27 @@ pub(crate) fn host_error(error: HostError) -> Error {
 impl SessionActor {
     /// Reads a session back from the store.
     async fn load(&self, id: &SessionId) -> Result<Loaded, Error> {
-        let store = self.shared.store.as_ref();
-        let Some(record) = schema::load_record(store, id).await? else {
+        let Some(parts) = schema::load_session(self.shared.store.as_ref(), id).await? else {
             return Ok(Loaded::Absent);
         };
         let agent = self
             .shared
             .agents
-            .get(&record.agent)
+            .get(&parts.record.agent)
             .map(|agent| Arc::clone(agent.value()))
-            .ok_or_else(|| Error::UnknownAgent(record.agent.clone()))?;
-        let run = match record.current_run {
-            Some(_) => schema::load_run(store, id, record.run_count).await?,
-            None => None,
-        };
+            .ok_or_else(|| Error::UnknownAgent(parts.record.agent.clone()))?;
         let stored = Stored {
-            run,
-            pending: schema::load_pending(store, id).await?,
-            children: schema::load_children(store, id).await?,
-            companions: schema::load_companions(store, id).await?,
+            run: parts.run,
+            pending: parts.pending,
+            children: parts.children,
+            companions: parts.companions,
         };
         let policy = Arc::clone(&self.shared.policy);
         Ok(Loaded::Present(Box::new(Session::restore(
-            record, agent, policy, stored,
+            parts.record,
+            agent,
+            policy,
+            stored,
         ))))
     }
 

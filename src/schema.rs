@@ -36,7 +36,7 @@ use crate::ids::SessionId;
 use crate::message::Message;
 use crate::remote::{Owner, RemoteOwner};
 use crate::session::{ChildCall, Companion, PendingCall, RunRecord, SessionRecord};
-use crate::store::{Batch, CommitKind, Store, Tree};
+use crate::store::{Batch, CommitKind, Entry, Store, Tree};
 use crate::stream::Chunk;
 
 /// The format version written at the start of every stored value that holds data (the
@@ -594,19 +594,93 @@ pub(crate) async fn load_run(
     session: &SessionId,
     turn: u32,
 ) -> Result<Option<RunRecord>, Error> {
-    for (_, bytes) in store
+    let recent = store
         .scan_prefix_rev(Tree::Log, &prefix(session), RECENT_LOG_ENTRIES)
-        .await?
-    {
-        let runs: Vec<RunRecord> = decode_section(session, &bytes, Section::Runs)?;
+        .await?;
+    match run_in(session, &recent, turn)? {
+        Some(run) => Ok(Some(run)),
+        None => Ok(load_runs(store, session)
+            .await?
+            .into_iter()
+            .find(|run| run.turn == turn)),
+    }
+}
+
+/// Run record `turn` as the newest of `entries` (log entries, newest first) that has it
+/// wrote it.
+fn run_in(session: &SessionId, entries: &[Entry], turn: u32) -> Result<Option<RunRecord>, Error> {
+    for (_, bytes) in entries {
+        let runs: Vec<RunRecord> = decode_section(session, bytes, Section::Runs)?;
         if let Some(run) = runs.into_iter().rev().find(|run| run.turn == turn) {
             return Ok(Some(run));
         }
     }
-    Ok(load_runs(store, session)
-        .await?
-        .into_iter()
-        .find(|run| run.turn == turn))
+    Ok(None)
+}
+
+/// What a session's activation reads of it.
+#[derive(Debug)]
+pub(crate) struct SessionParts {
+    pub(crate) record: SessionRecord,
+    /// The current run, if the session has one.
+    pub(crate) run: Option<RunRecord>,
+    pub(crate) pending: Vec<PendingCall>,
+    pub(crate) children: Vec<ChildCall>,
+    pub(crate) companions: Vec<Companion>,
+}
+
+/// Reads what an activation needs of `session` (`None` if it does not exist): its record as
+/// [`load_record`] reads it, its current run as [`load_run`] does, and its pending calls,
+/// sub-agent calls and persistent sub-agents, all asked for at once, so that a store that
+/// groups the reads queued together ([`PgStore`](crate::PgStore)) answers them in one
+/// statement instead of six.
+pub(crate) async fn load_session(
+    store: &dyn Store,
+    session: &SessionId,
+) -> Result<Option<SessionParts>, Error> {
+    let (log, key) = (prefix(session), session_key(session));
+    let (recent, snapshot, pending, children, companions) = futures::try_join!(
+        async {
+            Ok::<_, Error>(
+                store
+                    .scan_prefix_rev(Tree::Log, &log, RECENT_LOG_ENTRIES)
+                    .await?,
+            )
+        },
+        async { Ok::<_, Error>(store.get(Tree::Sessions, &key).await?) },
+        load_pending(store, session),
+        load_children(store, session),
+        load_companions(store, session),
+    )?;
+    // The newest log entry's record, as `load_record` reads it; else the first commit's.
+    let newest = match recent.first() {
+        Some((_, bytes)) => decode_section::<SessionRecord>(session, bytes, Section::Record)?
+            .into_iter()
+            .next_back(),
+        None => None,
+    };
+    let record = match (newest, snapshot) {
+        (Some(record), _) => record,
+        (None, Some(bytes)) => decode(session, Tree::Sessions, &bytes)?,
+        (None, None) => return Ok(None),
+    };
+    let run = match record.current_run {
+        Some(_) => match run_in(session, &recent, record.run_count)? {
+            Some(run) => Some(run),
+            None => load_runs(store, session)
+                .await?
+                .into_iter()
+                .find(|run| run.turn == record.run_count),
+        },
+        None => None,
+    };
+    Ok(Some(SessionParts {
+        record,
+        run,
+        pending,
+        children,
+        companions,
+    }))
 }
 
 /// Reads a session's stream chunks from sequence number `from` on: a range scan from the

@@ -92,6 +92,15 @@ impl Backend {
         }
     }
 
+    /// Every transaction the PostgreSQL store made in the database so far (`None` for sled).
+    pub(crate) fn database_transactions(&self) -> Option<u64> {
+        match self {
+            Self::Sled { .. } => None,
+            #[cfg(feature = "postgres")]
+            Self::Postgres { store, .. } => Some(store.database_transactions()),
+        }
+    }
+
     /// The bytes on disk and the flushes of a sled run, once its store is closed.
     pub(crate) fn sled_totals(&self) -> anyhow::Result<Option<(u64, u64)>> {
         match self {

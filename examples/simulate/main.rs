@@ -400,7 +400,13 @@ async fn simulate(args: Args) -> anyhow::Result<usize> {
     let runtime = builder.build()?;
 
     let rss_before = Memory::read()?;
+    let transactions_before = backend.database_transactions();
     let measured = driver::run(&runtime, &ids, &args).await?;
+    // The run's own, before the verification reads the store.
+    let run_transactions = backend
+        .database_transactions()
+        .zip(transactions_before)
+        .map(|(after, before)| after.saturating_sub(before));
     let rss_after = Memory::read()?;
     let stats = runtime.stats();
     let client = runtime.client_tool_stats();
@@ -449,9 +455,15 @@ async fn simulate(args: Args) -> anyhow::Result<usize> {
         if let Some(totals) = &postgres {
             // With synchronous_commit each transaction is one WAL flush ("flushes" above).
             println!(
-                "postgres:            {} transactions, {} WAL flushes by the server in the run",
+                "postgres:            {} committer transactions, {} WAL flushes by the server in the run",
                 totals.transactions, totals.wal_syncs
             );
+            if let Some(all) = run_transactions {
+                println!(
+                    "database:            {all} transactions in the run (reads, commits, leases): {:.1} a session",
+                    all as f64 / args.sessions.max(1) as f64
+                );
+            }
         }
     }
     drop(runtime);

@@ -23,16 +23,19 @@
 //! # let _ = runtime; Ok(()) }
 //! ```
 
+mod batch;
 mod group;
 mod lease;
 mod migrate;
+mod reads;
 mod redacted;
 mod settings;
+mod takes;
 
 pub use settings::PgSetting;
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -61,9 +64,33 @@ pub struct PgStore {
     closed: AtomicBool,
     committer: parking_lot::Mutex<Option<tokio::task::JoinHandle<()>>>,
     leases: Arc<lease::Leases>,
+    /// Where gets and bounded scans queue to be read together.
+    reads: reads::Reads,
     renewer: tokio::task::JoinHandle<()>,
+    counts: Arc<Counts>,
+}
+
+/// What a store asked of the database.
+#[derive(Debug, Default)]
+pub(super) struct Counts {
+    /// Transactions of every kind this store made: reads, commits, lease takes and releases,
+    /// renewals.
+    transactions: AtomicU64,
     /// Transactions the committer made (each one WAL flush, for a group of commits).
-    transactions: Arc<std::sync::atomic::AtomicU64>,
+    commits: AtomicU64,
+}
+
+impl Counts {
+    /// Counts one transaction (a statement on its own is one).
+    pub(super) fn transaction(&self) {
+        self.transactions.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts one transaction of the committer.
+    pub(super) fn commit(&self) {
+        self.transaction();
+        self.commits.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 /// Opens a [`PgStore`] with a node name and lease time of your own.
@@ -166,7 +193,15 @@ impl PgStore {
     /// The transactions this store's committer made so far: each one WAL flush for a group of
     /// commits (commits divided by it is the group size).
     pub fn transaction_count(&self) -> u64 {
-        self.transactions.load(Ordering::Relaxed)
+        self.counts.commits.load(Ordering::Relaxed)
+    }
+
+    /// Every transaction this store made in the database so far: its reads (grouped, many to
+    /// a statement under load), its commits' groups, its lease takes and releases (grouped
+    /// too) and its renewals. What a suspension cycle costs the database is this, divided by
+    /// the cycles.
+    pub fn database_transactions(&self) -> u64 {
+        self.counts.transactions.load(Ordering::Relaxed)
     }
 
     /// The WAL flushes (`fsync`s) the whole database server made so far
@@ -207,29 +242,31 @@ impl PgStore {
         };
         lease_config.options(&options);
         let lease_pool = connections(lease_config, LEASE_POOL_SIZE)?;
-        let leases = Arc::new(lease::Leases::new(node, ttl, address));
+        let counts = Arc::new(Counts::default());
+        let leases = Arc::new(lease::Leases::new(node, ttl, address, &lease_pool, &counts));
         leases.register(&lease_pool).await?;
         let (commits, queue) = mpsc::unbounded_channel();
-        let transactions = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let committer = tokio::spawn(group::run(
             pool.clone(),
             Arc::clone(&leases),
-            Arc::clone(&transactions),
+            Arc::clone(&counts),
             queue,
         ));
         let renewer = tokio::spawn(lease::renew_forever(
             lease_pool.clone(),
             Arc::clone(&leases),
         ));
+        let reads = reads::Reads::start(pool.clone(), Arc::clone(&counts));
         Ok(Self {
             pool,
+            reads,
             lease_pool,
             commits,
             closed: AtomicBool::new(false),
             committer: parking_lot::Mutex::new(Some(committer)),
             leases,
             renewer,
-            transactions,
+            counts,
         })
     }
 
@@ -240,6 +277,14 @@ impl PgStore {
         self.pool.get().await.map_err(Error::backend)
     }
 
+    /// What `read` finds, read with the reads queued beside it ([`reads`]).
+    async fn grouped(&self, read: reads::Read) -> Result<Vec<Entry>, Error> {
+        if self.is_closed() {
+            return Err(Error::Closed);
+        }
+        self.reads.read(read).await
+    }
+
     /// Rows of `sql` (tree, key bounds, limit as its parameters) as entries.
     async fn entries(
         &self,
@@ -248,6 +293,7 @@ impl PgStore {
     ) -> Result<Vec<Entry>, Error> {
         let client = self.client().await?;
         let statement = client.prepare_cached(sql).await.map_err(db)?;
+        self.counts.transaction();
         let rows = client.query(&statement, params).await.map_err(db)?;
         rows.into_iter()
             .map(|row| Ok((row.try_get(0).map_err(db)?, row.try_get(1).map_err(db)?)))
@@ -324,28 +370,24 @@ impl Store for PgStore {
     }
 
     async fn get(&self, tree: Tree, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
-        let client = self.client().await?;
-        let statement = client
-            .prepare_cached("SELECT value FROM dormant_kv WHERE tree = $1 AND key = $2")
-            .await
-            .map_err(db)?;
-        let row = client
-            .query_opt(&statement, &[&tree_id(tree), &key])
-            .await
-            .map_err(db)?;
-        row.map(|row| row.try_get(0).map_err(db)).transpose()
+        let found = self.grouped(reads::Read::key(tree_id(tree), key)).await?;
+        Ok(found.into_iter().next().map(|(_, value)| value))
     }
 
     async fn scan_prefix(&self, tree: Tree, prefix: &[u8]) -> Result<Vec<Entry>, Error> {
         let tree = tree_id(tree);
         match prefix_end(prefix) {
             Some(end) => {
-                self.entries(
-                    "SELECT key, value FROM dormant_kv WHERE tree = $1 AND key >= $2 AND key < $3 ORDER BY key",
-                    &[&tree, &prefix, &end],
-                )
+                self.grouped(reads::Read {
+                    tree,
+                    lo: prefix.to_vec(),
+                    hi: end,
+                    limit: i64::MAX,
+                    reverse: false,
+                })
                 .await
             }
+            // No upper bound (an empty prefix, or one of 0xff bytes only): rare, alone.
             None => {
                 self.entries(
                     "SELECT key, value FROM dormant_kv WHERE tree = $1 AND key >= $2 ORDER BY key",
@@ -366,10 +408,13 @@ impl Store for PgStore {
         let limit = limit(limit_to);
         match prefix_end(prefix) {
             Some(end) => {
-                self.entries(
-                    "SELECT key, value FROM dormant_kv WHERE tree = $1 AND key >= $2 AND key < $3 ORDER BY key DESC LIMIT $4",
-                    &[&tree, &prefix, &end, &limit],
-                )
+                self.grouped(reads::Read {
+                    tree,
+                    lo: prefix.to_vec(),
+                    hi: end,
+                    limit,
+                    reverse: true,
+                })
                 .await
             }
             None => {
@@ -389,10 +434,13 @@ impl Store for PgStore {
         to: &[u8],
         limit_to: usize,
     ) -> Result<Vec<Entry>, Error> {
-        self.entries(
-            "SELECT key, value FROM dormant_kv WHERE tree = $1 AND key >= $2 AND key < $3 ORDER BY key LIMIT $4",
-            &[&tree_id(tree), &from, &to, &limit(limit_to)],
-        )
+        self.grouped(reads::Read {
+            tree: tree_id(tree),
+            lo: from.to_vec(),
+            hi: to.to_vec(),
+            limit: limit(limit_to),
+            reverse: false,
+        })
         .await
     }
 
@@ -461,7 +509,7 @@ impl Leases for PgStore {
 
     fn release_session(&self, session: &str) {
         if !self.is_closed() {
-            self.leases.release(&self.lease_pool, session);
+            self.leases.release(session);
         }
     }
 

@@ -9,15 +9,14 @@
 //! [`Error::LeaseLost`] and nothing of theirs is written.
 
 use std::collections::{BTreeMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use deadpool_postgres::Pool;
 use tokio::sync::{mpsc, oneshot};
 
-use super::db;
 use super::lease::Leases;
 use super::tree_id;
+use super::{db, Counts};
 use crate::store::{Batch, Error, Op};
 
 /// The most batches one transaction takes.
@@ -39,7 +38,7 @@ pub(super) enum Msg {
 pub(super) async fn run(
     pool: Pool,
     leases: Arc<Leases>,
-    transactions: Arc<AtomicU64>,
+    counts: Arc<Counts>,
     mut queue: mpsc::UnboundedReceiver<Msg>,
 ) {
     let mut closing = None;
@@ -76,7 +75,7 @@ pub(super) async fn run(
             }
         }
         if result.is_ok() {
-            transactions.fetch_add(1, Ordering::Relaxed);
+            counts.commit();
         }
         if let Err(error) = &result {
             tracing::error!(%error, batches = group.len(), "store.postgres_commit_failed");
@@ -103,7 +102,7 @@ pub(super) async fn run(
 
 /// Whether PostgreSQL aborted the transaction for a conflict another try may not meet:
 /// a deadlock (40P01) or a serialization failure (40001).
-fn is_retryable(error: &Error) -> bool {
+pub(super) fn is_retryable(error: &Error) -> bool {
     let text = error.to_string();
     text.contains(" 40P01:") || text.contains(" 40001:")
 }

@@ -16,7 +16,8 @@ use std::time::{Duration, Instant};
 use dashmap::DashMap;
 use deadpool_postgres::Pool;
 
-use super::db;
+use super::takes::{Releases, Takes};
+use super::{db, Counts};
 use crate::leases::{LeaseOwner, PeerKey};
 use crate::store::Error;
 
@@ -43,6 +44,12 @@ pub(super) struct Leases {
     live_until: parking_lot::Mutex<Option<Instant>>,
     /// One renewal at a time.
     renewing: tokio::sync::Mutex<()>,
+    /// Where takes queue, to be made together.
+    takes: Takes,
+    /// Where releases queue, to be made together.
+    releases: Releases,
+    /// The store's count of what it asked of the database.
+    counts: Arc<Counts>,
 }
 
 /// A lease the last of its sessions left, with the epoch to give it up at.
@@ -58,8 +65,19 @@ pub(super) struct Held {
 }
 
 impl Leases {
-    pub(super) fn new(node: String, ttl: Duration, address: Option<String>) -> Self {
+    /// A node's leases, taken and given up over `pool` (whose transactions `counts` counts).
+    /// Must be called inside a tokio runtime: takes and releases have tasks of their own.
+    pub(super) fn new(
+        node: String,
+        ttl: Duration,
+        address: Option<String>,
+        pool: &Pool,
+        counts: &Arc<Counts>,
+    ) -> Self {
         Self {
+            takes: Takes::start(pool.clone(), node.clone(), Arc::clone(counts)),
+            releases: Releases::start(pool.clone(), node.clone(), Arc::clone(counts)),
+            counts: Arc::clone(counts),
             node,
             ttl,
             address,
@@ -137,22 +155,22 @@ impl Leases {
         }
         let joined = match self.join(session, lease) {
             Some(joined) => joined,
-            None => self.take_and_join(pool, session, lease).await?,
+            None => self.take_and_join(session, lease).await?,
         };
         if let Some((left, epoch)) = joined {
-            give_up(pool, &self.node, &left, epoch).await;
+            self.releases.give_up(left, epoch);
         }
         Ok(())
     }
 
     /// Takes `lease` (one take of a lease at a time) and joins it.
-    async fn take_and_join(&self, pool: &Pool, session: &str, lease: &str) -> Result<Left, Error> {
+    async fn take_and_join(&self, session: &str, lease: &str) -> Result<Left, Error> {
         let gate = Arc::clone(self.taking.entry(lease.to_string()).or_default().value());
         let joined = {
             let _one_take = gate.lock().await;
             match self.join(session, lease) {
                 Some(joined) => Ok(joined),
-                None => self.take(pool, lease).await.map(|epoch| {
+                None => self.takes.take(lease.to_string()).await.map(|epoch| {
                     self.held.insert(
                         lease.to_string(),
                         Held {
@@ -187,60 +205,16 @@ impl Leases {
         )
     }
 
-    /// Takes `lease` in the database: the new epoch.
-    async fn take(&self, pool: &Pool, lease: &str) -> Result<i64, Error> {
-        let client = pool.get().await.map_err(Error::backend)?;
-        let statement = client
-            .prepare_cached(
-                // Taken until given up; held while its owner's row is live.
-                "INSERT INTO dormant_leases AS l (session, owner, epoch, expires_at) \
-                 VALUES ($1, $2, 1, 'infinity') \
-                 ON CONFLICT (session) DO UPDATE \
-                 SET owner = excluded.owner, epoch = l.epoch + 1, expires_at = excluded.expires_at \
-                 WHERE l.owner = excluded.owner OR l.expires_at < now() OR NOT EXISTS ( \
-                     SELECT 1 FROM dormant_nodes n WHERE n.node = l.owner AND n.expires_at > now()) \
-                 RETURNING epoch",
-            )
-            .await
-            .map_err(db)?;
-        let taken = client
-            .query_opt(&statement, &[&lease, &self.node])
-            .await
-            .map_err(db)?;
-        if let Some(row) = taken {
-            let epoch: i64 = row.try_get(0).map_err(db)?;
-            tracing::debug!(lease, epoch, node = %self.node, "store.lease_taken");
-            return Ok(epoch);
-        }
-        let owner = client
-            .query_opt(
-                "SELECT owner FROM dormant_leases WHERE session = $1",
-                &[&lease],
-            )
-            .await
-            .map_err(db)?
-            .and_then(|row| row.try_get::<_, String>(0).ok())
-            .unwrap_or_default();
-        Err(Error::LeaseHeld {
-            session: lease.to_string(),
-            owner,
-        })
-    }
-
     /// `session` no longer holds its lease here, from now on; the lease is given up with its
     /// last session.
-    pub(super) fn release(&self, pool: &Pool, session: &str) {
+    pub(super) fn release(&self, session: &str) {
         let Some((_, (lease, at))) = self.by_session.remove(session) else {
             return;
         };
         let Some((lease, epoch)) = self.leave(session, lease, at) else {
             return;
         };
-        // In the background (it expires by itself if that fails).
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let (pool, node) = (pool.clone(), self.node.clone());
-            runtime.spawn(async move { give_up(&pool, &node, &lease, epoch).await });
-        }
+        self.releases.give_up(lease, epoch);
     }
 
     /// Takes `session` off `lease`, which it joined at epoch `at` (nothing if the node holds
@@ -262,6 +236,7 @@ impl Leases {
         self.by_session.clear();
         let left = async {
             let client = pool.get().await.map_err(Error::backend)?;
+            self.counts.transaction();
             client
                 .execute("DELETE FROM dormant_nodes WHERE node = $1", &[&self.node])
                 .await
@@ -288,6 +263,7 @@ impl Leases {
             )
             .await
             .map_err(db)?;
+        self.counts.transaction();
         client
             .execute(
                 &statement,
@@ -321,6 +297,7 @@ impl Leases {
             )
             .await
             .map_err(db)?;
+        self.counts.transaction();
         let row = client
             .query_opt(&statement, &[&lease, &self.node])
             .await
@@ -354,6 +331,7 @@ impl Leases {
             )
             .await
             .map_err(db)?;
+        self.counts.transaction();
         let renewed = client
             .execute(&statement, &[&self.node, &self.ttl_ms()])
             .await
@@ -366,26 +344,6 @@ impl Leases {
         }
         *self.live_until.lock() = Some(started + self.ttl);
         Ok(())
-    }
-}
-
-/// Gives `lease` up in the database (it expires now; the epoch stays, so the next owner's is
-/// higher). A lease taken again since is not touched.
-async fn give_up(pool: &Pool, node: &str, lease: &str, epoch: i64) {
-    let released = async {
-        let client = pool.get().await.map_err(Error::backend)?;
-        client
-            .execute(
-                "UPDATE dormant_leases SET expires_at = now() - interval '1 millisecond' \
-                 WHERE session = $1 AND owner = $2 AND epoch = $3",
-                &[&lease, &node, &epoch],
-            )
-            .await
-            .map_err(db)
-    };
-    if let Err(error) = released.await {
-        // It expires by itself.
-        tracing::warn!(lease, %error, "store.lease_release_failed");
     }
 }
 

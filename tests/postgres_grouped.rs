@@ -1,0 +1,119 @@
+//! `PgStore` groups what many sessions ask of the database at once (issue 30): reads queued
+//! together are answered by one statement, each with what it would have read alone, and
+//! lease takes queued together are one statement too, a refused one still naming its owner.
+//! The tests run on a current-thread runtime, where every request of a `join` is queued
+//! before the store's tasks run, so the groups they form are known.
+#![cfg(feature = "postgres")]
+
+use std::time::Duration;
+
+use dormant::leases::Leases;
+use dormant::store::{Batch, CommitKind, Error, Store, Tree};
+use dormant::testkit::PgCluster;
+use dormant::PgStore;
+
+/// A store whose renewal does not come during a test (a renewal is a transaction too).
+async fn store(url: &str, node: &str) -> anyhow::Result<PgStore> {
+    Ok(PgStore::builder(url)
+        .node(node)
+        .lease_ttl(Duration::from_secs(600))
+        .connect()
+        .await?)
+}
+
+#[tokio::test]
+async fn reads_queued_together_are_one_transaction_and_each_reads_what_it_would_alone(
+) -> anyhow::Result<()> {
+    let Some(cluster) = PgCluster::start()? else {
+        return Ok(());
+    };
+    let store = store(&cluster.url(), "a").await?;
+    let mut batch = Batch::new(CommitKind::Other);
+    for index in 0..20u8 {
+        batch.put(Tree::Pending, vec![b's', index], vec![index]);
+        batch.put(Tree::Log, vec![b'l', index], vec![100 + index]);
+    }
+    store.commit(batch).await?;
+
+    let before = store.database_transactions();
+    let (present, absent, prefix, newest, range) = tokio::join!(
+        store.get(Tree::Pending, &[b's', 3]),
+        store.get(Tree::Pending, &[b's', 99]),
+        store.scan_prefix(Tree::Pending, b"s"),
+        store.scan_prefix_rev(Tree::Log, b"l", 2),
+        store.scan_range(Tree::Log, &[b'l', 5], &[b'l', 9], 3),
+    );
+    let many = futures::future::join_all((0..50u8).map(|index| {
+        let store = &store;
+        async move { store.get(Tree::Pending, &[b's', index % 25]).await }
+    }))
+    .await;
+    // The five reads went together, then the fifty: two statements, two transactions.
+    assert_eq!(store.database_transactions() - before, 2);
+
+    assert_eq!(present?, Some(vec![3]));
+    assert_eq!(absent?, None);
+    let prefix = prefix?;
+    assert_eq!(prefix.len(), 20);
+    assert!(prefix.windows(2).all(|pair| pair[0].0 < pair[1].0));
+    assert_eq!(
+        newest?,
+        vec![(vec![b'l', 19], vec![119]), (vec![b'l', 18], vec![118])]
+    );
+    assert_eq!(
+        range?,
+        vec![
+            (vec![b'l', 5], vec![105]),
+            (vec![b'l', 6], vec![106]),
+            (vec![b'l', 7], vec![107]),
+        ]
+    );
+    for (index, read) in many.into_iter().enumerate() {
+        let expected = u8::try_from(index % 25)?;
+        assert_eq!(read?, (expected < 20).then_some(vec![expected]));
+    }
+    store.close().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn lease_takes_queued_together_are_one_statement_and_a_refusal_names_the_owner(
+) -> anyhow::Result<()> {
+    let Some(cluster) = PgCluster::start()? else {
+        return Ok(());
+    };
+    let other = store(&cluster.url(), "other").await?;
+    other.acquire("held", "held").await?;
+    let store = store(&cluster.url(), "this").await?;
+
+    let before = store.database_transactions();
+    let takes =
+        futures::future::join_all((0..30).map(|index| format!("tree-{index}")).map(|lease| {
+            let store = &store;
+            async move { store.acquire(&lease, &lease).await }
+        }))
+        .await;
+    assert!(takes.iter().all(Result::is_ok), "{takes:?}");
+    assert!((0..30).all(|index| store.holds(&format!("tree-{index}"))));
+    // Thirty trees' leases in one statement.
+    assert_eq!(store.database_transactions() - before, 1);
+
+    let before = store.database_transactions();
+    let (mine, theirs) = tokio::join!(
+        store.acquire("fresh", "fresh"),
+        store.acquire("held", "held")
+    );
+    mine?;
+    match theirs {
+        Err(Error::LeaseHeld { session, owner }) => {
+            assert_eq!((session.as_str(), owner.as_str()), ("held", "other"));
+        }
+        other => panic!("a lease another live node holds is refused, got {other:?}"),
+    }
+    // The take, then the refused lease's owner looked up.
+    assert_eq!(store.database_transactions() - before, 2);
+    assert!(!store.holds("held"));
+    store.close().await?;
+    other.close().await?;
+    Ok(())
+}
