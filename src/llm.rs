@@ -12,8 +12,8 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 
 use crate::definition::ToolSpec;
-use crate::ids::SessionId;
-use crate::message::{Message, ToolCall};
+use crate::types::ids::SessionId;
+use crate::types::message::{Message, ToolCall};
 
 pub use delta::DeltaSink;
 #[cfg(feature = "openai")]
@@ -21,7 +21,7 @@ pub use openai::{OpenAiAdapter, OpenAiBuilder, OpenAiConfigError};
 pub use scripted::ScriptedLlm;
 pub use settings::ModelSettings;
 
-use crate::usage::Usage;
+use crate::types::usage::Usage;
 
 /// What a model call sees.
 #[derive(Clone, Debug)]
@@ -153,7 +153,7 @@ pub(crate) async fn complete_caught(
     use futures::FutureExt;
     let session = request.session_id.clone();
     let panicked = |panic: Box<dyn std::any::Any + Send>| {
-        let reason = crate::dispatch::panic_text(panic.as_ref());
+        let reason = crate::engine::dispatch::panic_text(panic.as_ref());
         tracing::error!(%session, reason = %crate::Untrusted(&reason), "llm.panicked");
         Err(LlmError::Provider(format!(
             "the model adapter panicked: {reason}"

@@ -24,10 +24,10 @@ use futures::stream::BoxStream;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::ids::{RunId, SessionId};
+use crate::session::submit::{Submit, SubmitOutcome};
 use crate::session::{PendingKind, RunError, Status};
-use crate::stream::Chunk;
-use crate::submit::{Submit, SubmitOutcome};
+use crate::types::ids::{RunId, SessionId};
+use crate::types::stream::Chunk;
 
 pub(crate) use driver::{drive, stop_remote, Drive, Driven};
 pub(crate) use forward::forward;

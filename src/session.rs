@@ -17,8 +17,8 @@ mod pending;
 pub(crate) mod remote_children;
 mod remote_looks;
 mod resume;
-mod state;
 mod step;
+pub mod submit;
 mod suspend;
 mod transition;
 
@@ -28,11 +28,11 @@ pub(crate) use self::children::{ChildOrigin, ChildStart, ToReconcile};
 pub(crate) use self::children::{ChildReport, ReportedChild};
 pub(crate) use self::core::{duration_ms, Policy, Session, Stored};
 pub(crate) use self::input::{FinishedCall, Input};
-pub use outcome::{RunOutcome, RunStarted};
-pub use state::{
+pub use crate::types::record::{
     Answer, ChildCall, ChildState, Companion, CompanionStatus, ErrorCode, PendingCall, PendingKind,
     RunError, RunRecord, SessionRecord, Status, Suspension,
 };
+pub use outcome::{RunOutcome, RunStarted};
 pub use suspend::NOT_APPROVED;
 pub(crate) use suspend::{Submission, Verdict};
 pub(crate) use transition::{ChildAt, Effect, Observation, RemoteDrive, Transition};

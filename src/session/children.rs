@@ -11,13 +11,13 @@ use super::apply_cx::ApplyCx;
 use super::core::{CallSlot, Phase, Session};
 use super::{ChildAt, ChildCall, ChildState, Effect, RemoteDrive};
 use crate::definition::ToolKind;
-use crate::ids::{RunId, SessionId};
-use crate::message::{ToolCall, ToolOutcome};
 use crate::remote::{Drive, RemoteChild, RemoteParent};
-use crate::schema::IndexWrite;
+use crate::store::schema::IndexWrite;
 use crate::store::CommitKind;
-use crate::stream::{Chunk, ChunkKind};
-use crate::tool_error::ToolErrorCode;
+use crate::types::ids::{RunId, SessionId};
+use crate::types::message::{ToolCall, ToolOutcome};
+use crate::types::stream::{Chunk, ChunkKind};
+use crate::types::tool_error::ToolErrorCode;
 
 /// Where a child comes from: what its record needs to know about its parent.
 #[derive(Clone, Debug, PartialEq)]

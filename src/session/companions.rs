@@ -21,10 +21,10 @@ use super::ChildReport;
 use super::{ChildAt, ChildCall, ChildState, Companion, CompanionStatus, Effect, Status};
 use crate::definition::{CompanionMode, CompanionTool};
 use crate::error::Error;
-use crate::ids::{RunId, SessionId};
-use crate::message::{ToolCall, ToolOutcome};
-use crate::schema::IndexWrite;
-use crate::tool_error::{ToolErrorCode, ToolFailure};
+use crate::store::schema::IndexWrite;
+use crate::types::ids::{RunId, SessionId};
+use crate::types::message::{ToolCall, ToolOutcome};
+use crate::types::tool_error::{ToolErrorCode, ToolFailure};
 
 /// The longest companion name accepted (it becomes part of a session id).
 const MAX_NAME_LEN: usize = 64;

@@ -16,11 +16,11 @@ use super::remote_children::ReportPosition;
 use super::step::Outside;
 use super::{ChildState, Submission, Transition};
 use crate::error::Error;
-use crate::ids::RunId;
 use crate::llm::{LlmError, ModelReply};
-use crate::message::ToolOutcome;
 use crate::remote::RemoteParent;
-use crate::stream::Chunk;
+use crate::types::ids::RunId;
+use crate::types::message::ToolOutcome;
+use crate::types::stream::Chunk;
 
 /// An input to the state machine.
 #[derive(Debug)]

@@ -17,7 +17,7 @@ use dashmap::DashMap;
 use deadpool_postgres::Pool;
 
 use super::db;
-use crate::leases::{LeaseOwner, PeerKey};
+use crate::cluster::leases::{LeaseOwner, PeerKey};
 use crate::store::Error;
 
 /// What a node knows of its leases.
