@@ -7,6 +7,7 @@ pub mod hooks;
 pub mod ids;
 pub mod message;
 pub(crate) mod nesting;
+pub(crate) mod panic;
 pub mod record;
 pub mod stream;
 pub mod tool_error;

@@ -12,6 +12,7 @@ use crate::definition::{AgentDefinition, ToolContext, ToolKind, FINISH_TOOL};
 use crate::session::FinishedCall;
 use crate::types::ids::{RunId, SessionId};
 use crate::types::message::{ToolCall, ToolOutcome};
+use crate::types::panic::panic_text;
 use crate::types::tool_error::ToolErrorCode;
 
 /// What every call of one step shares.
@@ -109,13 +110,4 @@ fn finish_outcome(agent: &AgentDefinition, input: &Value) -> ToolOutcome {
             ))
             .into()
     }
-}
-
-/// The text a panic carries, for a log line or an error message.
-pub(crate) fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
-    payload
-        .downcast_ref::<&str>()
-        .map(|text| (*text).to_string())
-        .or_else(|| payload.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a panic with a non-string payload".into())
 }

@@ -39,7 +39,7 @@ impl PromptSkills {
             }
             Ok(Err(())) => self.last.lock().clone().unwrap_or_default(),
             Err(panic) => {
-                let reason = crate::engine::dispatch::panic_text(panic.as_ref());
+                let reason = crate::types::panic::panic_text(panic.as_ref());
                 tracing::error!(%session, reason = %crate::Untrusted(&reason), "skills.provider_panicked");
                 self.last.lock().clone().unwrap_or_default()
             }

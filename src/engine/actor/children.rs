@@ -85,7 +85,7 @@ impl SessionActor {
             .catch_unwind()
             .await;
         if let Err(panic) = fed {
-            let reason = crate::engine::dispatch::panic_text(panic.as_ref());
+            let reason = crate::types::panic::panic_text(panic.as_ref());
             self.never_started(ctx, origin, reason).await;
             std::panic::resume_unwind(panic);
         }

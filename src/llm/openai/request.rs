@@ -121,7 +121,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::definition::ToolSpec;
+    use crate::llm::ToolSpec;
     use crate::llm::{DeltaSink, ModelSettings};
 
     fn request(settings: ModelSettings, messages: Vec<Message>) -> Result<ModelRequest, String> {
