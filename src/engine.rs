@@ -2,6 +2,7 @@
 //! deadline scheduler, the router of submits, the tool runner, and what they share.
 
 pub(crate) mod actor;
+pub(crate) mod deadlines;
 pub(crate) mod dispatch;
 pub(crate) mod metrics;
 pub(crate) mod router;

@@ -100,8 +100,8 @@ pub use definition::{
 /// The actor host's counters in [`RuntimeStats::host`], re-exported so that reading them needs
 /// no dependency on `dormant-actors`.
 pub use dormant_actors::HostStats;
+pub use engine::deadlines::SweepReport;
 pub use engine::metrics::{ClientToolStats, Latency};
-pub use engine::scheduler::SweepReport;
 pub use error::Error;
 /// The boxed future an [`LlmAdapter`] or a [`ToolHandler`] returns, re-exported so that
 /// implementing them needs no dependency on `futures`.

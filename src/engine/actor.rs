@@ -144,7 +144,7 @@ pub(crate) enum SessionMsg {
 pub(crate) struct SessionActor {
     pub(crate) shared: Arc<Shared>,
     /// Told of the deadlines its commits arm.
-    pub(crate) deadlines: crate::engine::scheduler::Deadlines,
+    pub(crate) deadlines: crate::engine::deadlines::Deadlines,
 }
 
 /// What a resident session actor holds.

@@ -12,6 +12,7 @@ use dormant_actors::Host;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::engine::actor::{SessionActor, SessionMsg};
+use crate::engine::deadlines::{SchedulerMsg, SweepReport};
 use crate::engine::shared::Shared;
 use crate::error::Error;
 use crate::store::schema;
@@ -40,52 +41,8 @@ const SHARED_INDEX_POLL: Duration = Duration::from_secs(1);
 /// The longest the background timer sleeps before it looks at the clock again.
 const MAX_SLEEP: Duration = Duration::from_secs(60);
 
-/// What one sweep did.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct SweepReport {
-    /// Expired calls whose owners were told to record a timeout.
-    pub fired: usize,
-    /// Expired calls left for another node: their session's tree is owned there (a store
-    /// several nodes share), and that node fires them; this one tries again later.
-    pub deferred: usize,
-    /// Tombstones removed because their retention ended.
-    pub reaped: usize,
-}
-
-/// Requests the scheduler handles.
-#[derive(Debug)]
-pub(crate) enum SchedulerMsg {
-    /// A deadline at `at` was armed: wake up by then.
-    Armed { at: u64 },
-    /// Fire what has expired now. With a reply, it is sent once every affected session has
-    /// settled (its timeouts recorded and any automatic resume finished).
-    Sweep {
-        reply: Option<oneshot::Sender<Result<SweepReport, Error>>>,
-    },
-}
-
-/// Where the scheduler's requests go: the session actors tell it of new deadlines, the runtime
-/// asks it to sweep. Cloneable; sending to a scheduler that stopped does nothing (a sweep's
-/// caller then learns it from the dropped reply).
-#[derive(Clone, Debug)]
-pub(crate) struct Deadlines {
-    inbox: mpsc::UnboundedSender<SchedulerMsg>,
-}
-
-impl Deadlines {
-    /// A handle and the receiving end the scheduler is started with.
-    pub(crate) fn channel() -> (Self, mpsc::UnboundedReceiver<SchedulerMsg>) {
-        let (inbox, requests) = mpsc::unbounded_channel();
-        (Self { inbox }, requests)
-    }
-
-    pub(crate) fn send(&self, msg: SchedulerMsg) {
-        let _ = self.inbox.send(msg);
-    }
-}
-
 /// The scheduler: one task that owns the timer and the reaper's place. It holds the session
-/// host it tells of timeouts; the session actors reach it only through [`Deadlines`], so it
+/// host it tells of timeouts; the session actors reach it only through [`Deadlines`](super::deadlines::Deadlines), so it
 /// is built after them and nothing is filled in later.
 #[derive(Debug)]
 pub(crate) struct DeadlineScheduler {
@@ -124,7 +81,7 @@ impl Reaper {
 }
 
 impl DeadlineScheduler {
-    /// Runs the scheduler until every [`Deadlines`] handle is gone (or the task is aborted).
+    /// Runs the scheduler until every [`Deadlines`](super::deadlines::Deadlines) handle is gone (or the task is aborted).
     /// At start it arms the timer from the durable index, so overdue deadlines fire first.
     pub(crate) async fn run(self, mut requests: mpsc::UnboundedReceiver<SchedulerMsg>) {
         let mut timer = Timer::default();

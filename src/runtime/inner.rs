@@ -8,7 +8,7 @@ use dormant_actors::Host;
 
 use super::claim::StoreClaim;
 use crate::engine::actor::SessionActor;
-use crate::engine::scheduler::Deadlines;
+use crate::engine::deadlines::Deadlines;
 use crate::engine::shared::Shared;
 
 /// Shared by every clone of a [`Runtime`](super::Runtime); dropped with the last one.

@@ -5,8 +5,8 @@ use std::sync::Arc;
 use dormant_actors::ActorContext;
 
 use super::{send_back, Loaded, SessionActor, SessionMsg, SessionState};
+use crate::engine::deadlines::SchedulerMsg;
 use crate::engine::dispatch::{run_step, StepContext};
-use crate::engine::scheduler::SchedulerMsg;
 use crate::error::Error;
 use crate::session::{ChildAt, Effect, Input, Observation, Transition};
 use crate::store::schema;
