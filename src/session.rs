@@ -5,9 +5,11 @@
 
 mod apply_cx;
 mod call_ids;
+mod child_calls;
 mod child_failures;
 mod child_side;
 mod children;
+mod companion_list;
 mod companions;
 mod core;
 mod cut;
@@ -22,10 +24,10 @@ pub mod submit;
 mod suspend;
 mod transition;
 
+pub(crate) use self::child_calls::{ChildOrigin, ChildStart, ToReconcile};
+pub(crate) use self::child_calls::{ChildReport, ReportedChild};
 pub(crate) use self::child_failures::{ChildUnavailable, LostChild};
 pub(crate) use self::child_side::{report_of, stored_state};
-pub(crate) use self::children::{ChildOrigin, ChildStart, ToReconcile};
-pub(crate) use self::children::{ChildReport, ReportedChild};
 pub(crate) use self::core::{duration_ms, Policy, Session, Stored};
 pub(crate) use self::input::{FinishedCall, Input};
 pub use crate::types::record::{

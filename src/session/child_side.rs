@@ -4,8 +4,8 @@
 //! `Effect::StartChild`, `Effect::WakeChildren`), so neither waits on the other.
 
 use super::apply_cx::ApplyCx;
+use super::child_calls::{ChildKind, ChildStart};
 use super::child_failures::{cannot_start, LostChild};
-use super::children::{ChildKind, ChildStart};
 use super::core::Session;
 use super::{
     ChildReport, ChildState, Effect, ErrorCode, PendingCall, RunOutcome, RunRecord, SessionRecord,

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use serde_json::{Map, Value};
 
 use super::apply_cx::ApplyCx;
-use super::children::{ChildCalls, ChildOrigin, ChildStart};
-use super::companions::Companions;
+use super::child_calls::{ChildCalls, ChildOrigin, ChildStart};
+use super::companion_list::Companions;
 use super::pending::PendingCalls;
 use super::{
     ChildCall, Companion, Effect, PendingCall, PendingKind, RunError, RunOutcome, RunRecord,

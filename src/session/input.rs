@@ -10,7 +10,7 @@
 use serde_json::{Map, Value};
 
 use super::apply_cx::ApplyCx;
-use super::children::{ChildReport, ChildStart, ReportedChild};
+use super::child_calls::{ChildReport, ChildStart, ReportedChild};
 use super::core::Session;
 use super::remote_children::ReportPosition;
 use super::step::Outside;

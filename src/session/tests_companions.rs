@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use serde_json::json;
 
-use super::children::ChildKind;
+use super::child_calls::ChildKind;
 use super::*;
 use crate::definition::{AgentDefinition, CompanionMode};
 use crate::llm::ModelReply;
@@ -167,7 +167,7 @@ fn a_fresh_turn_starts_the_conversation_over_and_clears_an_abort() {
     );
     let parent: SessionId = "p".parse().unwrap_or_else(|_| SessionId::generate());
     let id = parent.persistent_child("h");
-    let origin = |call: &str| super::children::ChildOrigin {
+    let origin = |call: &str| super::child_calls::ChildOrigin {
         parent: parent.clone(),
         root: parent.clone(),
         tool_call_id: call.into(),

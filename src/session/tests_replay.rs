@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use serde_json::json;
 
-use super::children::ChildKind;
+use super::child_calls::ChildKind;
 use super::*;
 use crate::definition::{AgentDefinition, Approval, CompanionMode, ToolDefinition, ToolError};
 use crate::llm::ModelReply;

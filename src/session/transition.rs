@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use super::children::ChildStart;
+use super::child_calls::ChildStart;
 use super::{ChildReport, RunOutcome, Verdict};
 use crate::definition::AgentDefinition;
 use crate::llm::ModelRequest;
