@@ -47,7 +47,7 @@ pub enum Error {
         /// The session.
         session: SessionId,
         /// Its status.
-        status: crate::session::Status,
+        status: crate::types::record::Status,
     },
     /// An id is malformed.
     #[error("invalid id: {0}")]

@@ -9,6 +9,7 @@ pub mod message;
 pub(crate) mod nesting;
 pub(crate) mod panic;
 pub mod record;
+pub mod remote;
 pub mod stream;
 pub mod tool_error;
 pub(crate) mod untrusted;

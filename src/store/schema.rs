@@ -33,10 +33,10 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::remote::{Owner, RemoteOwner};
-use crate::session::{ChildCall, Companion, PendingCall, RunRecord, SessionRecord};
 use crate::store::{Batch, CommitKind, Store, Tree};
 use crate::types::ids::SessionId;
 use crate::types::message::Message;
+use crate::types::record::{ChildCall, Companion, PendingCall, RunRecord, SessionRecord};
 use crate::types::stream::Chunk;
 
 /// The format version written at the start of every stored value that holds data (the

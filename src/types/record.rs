@@ -151,7 +151,7 @@ pub struct SessionRecord {
     /// root of its tree here (its calls are routed here), but a child by the rules: its turns
     /// are its parent's, and answers for its calls come through that root.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub remote_parent: Option<crate::remote::RemoteParent>,
+    pub remote_parent: Option<crate::types::remote::RemoteParent>,
 }
 
 /// One run: an `execute` or a `resume`.
@@ -282,10 +282,10 @@ pub struct ChildCall {
     /// For a remote sub-agent call: the server its child lives on (the child's id there is
     /// `child`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub remote: Option<crate::remote::RemoteChild>,
+    pub remote: Option<crate::types::remote::RemoteChild>,
     /// For a remote child that waits on calls: when this session looks at it again by itself.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub remote_look: Option<crate::remote::RemoteLook>,
+    pub remote_look: Option<crate::types::remote::RemoteLook>,
 }
 
 /// What a parent knows of one of its children.

@@ -4,9 +4,9 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::session::{RunError, Status};
 use crate::types::ids::RunId;
 use crate::types::message::ToolOutcome;
+use crate::types::record::{RunError, Status};
 
 /// One event of a session's stream.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
