@@ -7,26 +7,34 @@
 //!
 //! # Layout
 //!
-//! - [`Runtime`] (`runtime.rs`): the handle a daemon embeds: define agents, execute, inspect,
-//!   follow streams, evict, shut down.
-//! - [`definition`]: [`AgentDefinition`] and [`ToolDefinition`], validated when built.
-//! - [`session`]: the session core, a pure state machine (inputs in, a commit and effects out);
-//!   `actor.rs` is the session actor that executes its transitions on the
-//!   [`dormant_actors`] host.
+//! One module a concept, each importing only those above it in this list (ARCHITECTURE.md
+//! has the map and the few exceptions):
+//!
+//! - [`types`]: the vocabulary: ids, messages, the session and run records, the
+//!   [`stream`](types::stream), [`usage`](types::usage), [`hooks`](types::hooks), the
+//!   [`clock`](types::clock).
 //! - [`llm`]: the [`LlmAdapter`] trait, [`ModelSettings`], the [`DeltaSink`] a streaming
 //!   adapter writes to, [`ScriptedLlm`] (a deterministic model) and, with the `openai`
-//!   feature, `OpenAiAdapter`; [`usage`](types::usage): the tokens and tool outcomes a run records.
+//!   feature, `OpenAiAdapter`.
 //! - [`skills`]: skills with progressive disclosure (a catalog in the prompt, `load_skill`,
 //!   `read_skill_file`), from code or from `SKILL.md` folders.
-//! - [`store`]: the [`Store`] trait, [`SledStore`] (group commit, power-loss safe by default)
-//!   and [`MemoryStore`] for unit tests; `schema.rs` is the stored layout.
-//! - [`stream`](types::stream), [`hooks`](types::hooks), [`clock`](types::clock): what a run reports, and the injected clock.
+//! - [`definition`]: [`AgentDefinition`] and [`ToolDefinition`], validated when built.
+//! - [`store`]: the [`Store`] trait, the stored layout (`store::schema`), [`SledStore`] (group
+//!   commit, power-loss safe by default) and [`MemoryStore`] for unit tests.
+//! - [`session`]: the session core, a pure state machine (inputs in, a commit and effects out),
+//!   and the submit contract (`session::submit`).
+//! - [`remote`]: sub-agents on other servers.
+//! - [`cluster`]: several nodes on one store: leases and the calls between nodes.
+//! - `engine`: the session actor that executes the core's transitions on the
+//!   [`dormant_actors`] host, the deadline scheduler, the tool runner.
+//! - [`Runtime`] (`runtime.rs`): the handle a daemon embeds: define agents, execute, inspect,
+//!   follow streams, evict, shut down.
 //!
 //! # Features
 //!
 //! - `test-util` (off by default): test tooling, so that a user's build does not compile it:
-//!   the conformance scenario runner `dormant::testkit::scenario` (the format is
-//!   `docs/scenario-format.md`), and `dormant::testkit`: the store contract suite, the
+//!   `dormant::testkit`: the conformance scenario runner `dormant::testkit::scenario` (the
+//!   format is `docs/scenario-format.md`), the store contract suite, the
 //!   delegating store (`store::DelegatingStore`; `store::FaultyStore` injects faults), a
 //!   throwaway PostgreSQL cluster and a log capture.
 //! - `openai` (off by default): `OpenAiAdapter`, a model on any OpenAI-compatible
