@@ -22,7 +22,7 @@ mod submits;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use dormant::submit::Submit;
+use dormant::Submit;
 use dormant::{
     AgentDefinition, ChildState, LlmAdapter, LlmError, ModelReply, ModelRequest, Runtime,
     ScriptedLlm, SessionId, SledStore, Status, Store, ToolCall, ToolDefinition,

@@ -24,10 +24,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dormant::store::{Batch, CommitKind, MemoryStore, SledStore, Store, Tree};
-use dormant::submit::{Submit, SubmitOutcome};
 use dormant::{
     AgentDefinition, ModelReply, Runtime, ScriptedLlm, SessionId, Status, ToolCall, ToolDefinition,
 };
+use dormant::{Submit, SubmitOutcome};
 use futures::stream::{self, StreamExt};
 use serde_json::json;
 
@@ -241,7 +241,7 @@ async fn expired_scan(quick: bool) -> anyhow::Result<()> {
                 };
                 batch.put(
                     Tree::Deadlines,
-                    dormant::schema::deadline_key(at, &session, &format!("call-{i}")),
+                    dormant::store::schema::deadline_key(at, &session, &format!("call-{i}")),
                     Vec::new(),
                 );
             }

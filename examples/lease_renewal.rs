@@ -8,7 +8,7 @@
 
 use std::time::{Duration, Instant};
 
-use dormant::leases::Leases;
+use dormant::cluster::leases::Leases;
 use dormant::store::DEFAULT_LEASE_TTL;
 use dormant::{PgStore, Store};
 use futures::StreamExt;

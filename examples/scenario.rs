@@ -14,7 +14,7 @@ async fn main() -> ExitCode {
         eprintln!("usage: cargo run --example scenario -- FILE_OR_DIR...");
         return ExitCode::from(2);
     }
-    let summary = dormant::scenario::run_paths(&paths).await;
+    let summary = dormant::testkit::scenario::run_paths(&paths).await;
     for line in summary.failure_lines() {
         println!("{line}");
     }

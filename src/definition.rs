@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
+use crate::llm::ToolSpec;
 use crate::skills::{SkillProvider, RESERVED_TOOL_NAMES};
 
 pub(crate) use companion::CompanionTool;
@@ -230,17 +231,6 @@ impl Schema {
     pub(crate) fn source(&self) -> &Value {
         &self.source
     }
-}
-
-/// A tool as the model sees it.
-#[derive(Clone, Debug, PartialEq)]
-pub struct ToolSpec {
-    /// The name.
-    pub name: String,
-    /// The description.
-    pub description: String,
-    /// The input schema (an empty object schema when the definition has none).
-    pub input_schema: Value,
 }
 
 /// A validated tool with its compiled schemas.

@@ -1,8 +1,8 @@
 //! The errors of the public API.
 
 use crate::definition::DefinitionError;
-use crate::ids::{InvalidId, SessionId};
-use crate::{schema, store};
+use crate::store::{self, schema};
+use crate::types::ids::{InvalidId, SessionId};
 
 /// What went wrong in a call to the [`Runtime`](crate::Runtime).
 #[derive(Debug, thiserror::Error)]
@@ -47,7 +47,7 @@ pub enum Error {
         /// The session.
         session: SessionId,
         /// Its status.
-        status: crate::session::Status,
+        status: crate::types::record::Status,
     },
     /// An id is malformed.
     #[error("invalid id: {0}")]
@@ -100,7 +100,7 @@ pub enum Error {
     #[error(transparent)]
     Remote(crate::remote::RemoteError),
     /// The session's tree is owned by another node of the cluster, which did not answer the
-    /// call sent to it ([`crate::peer`]): it may be restarting, or dead until its lease lapses.
+    /// call sent to it ([`crate::cluster::peer`]): it may be restarting, or dead until its lease lapses.
     /// Nothing was written here; retryable.
     #[error(
         "session {session} is owned by node {node} at {endpoint}, which did not answer: {reason}"

@@ -7,26 +7,34 @@
 //!
 //! # Layout
 //!
-//! - [`Runtime`] (`runtime.rs`): the handle a daemon embeds: define agents, execute, inspect,
-//!   follow streams, evict, shut down.
-//! - [`definition`]: [`AgentDefinition`] and [`ToolDefinition`], validated when built.
-//! - [`session`]: the session core, a pure state machine (inputs in, a commit and effects out);
-//!   `actor.rs` is the session actor that executes its transitions on the
-//!   [`dormant_actors`] host.
+//! One module a concept, each importing only those above it in this list (ARCHITECTURE.md
+//! has the map and the few exceptions):
+//!
+//! - [`types`]: the vocabulary: ids, messages, the session and run records, the
+//!   [`stream`](types::stream), [`usage`](types::usage), [`hooks`](types::hooks), the
+//!   [`clock`](types::clock).
 //! - [`llm`]: the [`LlmAdapter`] trait, [`ModelSettings`], the [`DeltaSink`] a streaming
 //!   adapter writes to, [`ScriptedLlm`] (a deterministic model) and, with the `openai`
-//!   feature, `OpenAiAdapter`; [`usage`]: the tokens and tool outcomes a run records.
+//!   feature, `OpenAiAdapter`.
 //! - [`skills`]: skills with progressive disclosure (a catalog in the prompt, `load_skill`,
 //!   `read_skill_file`), from code or from `SKILL.md` folders.
-//! - [`store`]: the [`Store`] trait, [`SledStore`] (group commit, power-loss safe by default)
-//!   and [`MemoryStore`] for unit tests; `schema.rs` is the stored layout.
-//! - [`stream`], [`hooks`], [`clock`]: what a run reports, and the injected clock.
+//! - [`definition`]: [`AgentDefinition`] and [`ToolDefinition`], validated when built.
+//! - [`store`]: the [`Store`] trait, the stored layout (`store::schema`), [`SledStore`] (group
+//!   commit, power-loss safe by default) and [`MemoryStore`] for unit tests.
+//! - [`session`]: the session core, a pure state machine (inputs in, a commit and effects out),
+//!   and the submit contract (`session::submit`).
+//! - [`remote`]: sub-agents on other servers.
+//! - [`cluster`]: several nodes on one store: leases and the calls between nodes.
+//! - `engine`: the session actor that executes the core's transitions on the
+//!   [`dormant_actors`] host, the deadline scheduler, the tool runner.
+//! - [`Runtime`] (`runtime.rs`): the handle a daemon embeds: define agents, execute, inspect,
+//!   follow streams, evict, shut down.
 //!
 //! # Features
 //!
 //! - `test-util` (off by default): test tooling, so that a user's build does not compile it:
-//!   the conformance scenario runner `dormant::scenario` (the format is
-//!   `docs/scenario-format.md`), and `dormant::testkit`: the store contract suite, the
+//!   `dormant::testkit`: the conformance scenario runner `dormant::testkit::scenario` (the
+//!   format is `docs/scenario-format.md`), the store contract suite, the
 //!   delegating store (`store::DelegatingStore`; `store::FaultyStore` injects faults), a
 //!   throwaway PostgreSQL cluster and a log capture.
 //! - `openai` (off by default): `OpenAiAdapter`, a model on any OpenAI-compatible
@@ -70,42 +78,21 @@
 
 #![forbid(unsafe_code)]
 
-mod actor;
-pub mod clock;
+pub mod cluster;
 pub mod definition;
-mod dispatch;
+mod engine;
 mod error;
-pub mod hooks;
-pub mod ids;
-pub mod leases;
-mod lineage;
 pub mod llm;
-pub mod message;
-mod metrics;
-mod nesting;
-pub mod peer;
 pub mod remote;
-mod router;
 mod runtime;
+pub mod session;
+pub mod skills;
+pub mod store;
 // Test tooling: built only with the `test-util` feature (see Cargo.toml), so that a user's
 // build does not compile the runner or pull in its dependencies.
 #[cfg(feature = "test-util")]
-pub mod scenario;
-mod scheduler;
-pub mod schema;
-pub mod session;
-mod shared;
-pub mod skills;
-pub mod store;
-pub mod stream;
-pub mod submit;
-#[cfg(feature = "test-util")]
 pub mod testkit;
-pub mod tool_error;
-mod untrusted;
-pub mod usage;
-#[cfg(test)]
-mod wait;
+pub mod types;
 
 // The README's Rust blocks are compiled (and run, unless `no_run`) as doctests, so they stay
 // true. They use the `openai` adapter and the PostgreSQL store, which `cargo test --workspace`
@@ -114,7 +101,6 @@ mod wait;
 #[doc = include_str!("../README.md")]
 mod readme {}
 
-pub use clock::{Clock, ManualClock, SystemClock};
 pub use definition::{
     AgentBuilder, AgentDefinition, Approval, CompanionMode, DefinitionError, PersistentAgent,
     ToolContext, ToolDefinition, ToolError, ToolHandler, ToolKind,
@@ -122,31 +108,32 @@ pub use definition::{
 /// The actor host's counters in [`RuntimeStats::host`], re-exported so that reading them needs
 /// no dependency on `dormant-actors`.
 pub use dormant_actors::HostStats;
+pub use engine::deadlines::SweepReport;
+pub use engine::metrics::{ClientToolStats, Latency};
 pub use error::Error;
 /// The boxed future an [`LlmAdapter`] or a [`ToolHandler`] returns, re-exported so that
 /// implementing them needs no dependency on `futures`.
 pub use futures::future::BoxFuture;
-pub use hooks::{HookEvent, Hooks};
-pub use ids::{RunId, SessionId};
 pub use llm::{
     DeltaSink, LlmAdapter, LlmError, ModelReply, ModelRequest, ModelSettings, ScriptedLlm,
 };
 #[cfg(feature = "openai")]
 pub use llm::{OpenAiAdapter, OpenAiBuilder, OpenAiConfigError};
-pub use message::{Message, ToolCall, ToolOutcome};
-pub use metrics::{ClientToolStats, Latency};
 pub use runtime::{Runtime, RuntimeBuilder, RuntimeStats, WeakRuntime};
-pub use scheduler::SweepReport;
-pub use schema::ExpiredCall;
+pub use session::submit::{Submit, SubmitAnswer, SubmitOutcome};
 pub use session::{
     Answer, ChildCall, ChildState, Companion, CompanionStatus, ErrorCode, PendingCall, PendingKind,
     RunError, RunOutcome, RunRecord, RunStarted, SessionRecord, Status,
 };
+pub use store::schema::ExpiredCall;
 pub use store::{MemoryStore, SledStore, Store};
 #[cfg(feature = "postgres")]
 pub use store::{PgSetting, PgStore};
-pub use stream::{Chunk, ChunkKind, Delta, DeltaKind, StreamEvent};
-pub use submit::{Submit, SubmitAnswer, SubmitOutcome};
-pub use tool_error::ToolErrorCode;
-pub use untrusted::{Untrusted, UNTRUSTED_LOG_BYTES};
-pub use usage::{RunUsage, Usage, UsageEntry};
+pub use types::clock::{Clock, ManualClock, SystemClock};
+pub use types::hooks::{HookEvent, Hooks};
+pub use types::ids::{RunId, SessionId};
+pub use types::message::{Message, ToolCall, ToolOutcome};
+pub use types::stream::{Chunk, ChunkKind, Delta, DeltaKind, StreamEvent};
+pub use types::tool_error::ToolErrorCode;
+pub use types::untrusted::{Untrusted, UNTRUSTED_LOG_BYTES};
+pub use types::usage::{RunUsage, Usage, UsageEntry};

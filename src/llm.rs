@@ -10,10 +10,10 @@ mod settings;
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
+use serde_json::Value;
 
-use crate::definition::ToolSpec;
-use crate::ids::SessionId;
-use crate::message::{Message, ToolCall};
+use crate::types::ids::SessionId;
+use crate::types::message::{Message, ToolCall};
 
 pub use delta::DeltaSink;
 #[cfg(feature = "openai")]
@@ -21,7 +21,18 @@ pub use openai::{OpenAiAdapter, OpenAiBuilder, OpenAiConfigError};
 pub use scripted::ScriptedLlm;
 pub use settings::ModelSettings;
 
-use crate::usage::Usage;
+use crate::types::usage::Usage;
+
+/// A tool as the model sees it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ToolSpec {
+    /// The name.
+    pub name: String,
+    /// The description.
+    pub description: String,
+    /// The input schema (an empty object schema when the definition has none).
+    pub input_schema: Value,
+}
 
 /// What a model call sees.
 #[derive(Clone, Debug)]
@@ -153,7 +164,7 @@ pub(crate) async fn complete_caught(
     use futures::FutureExt;
     let session = request.session_id.clone();
     let panicked = |panic: Box<dyn std::any::Any + Send>| {
-        let reason = crate::dispatch::panic_text(panic.as_ref());
+        let reason = crate::types::panic::panic_text(panic.as_ref());
         tracing::error!(%session, reason = %crate::Untrusted(&reason), "llm.panicked");
         Err(LlmError::Provider(format!(
             "the model adapter panicked: {reason}"

@@ -24,26 +24,18 @@ use futures::stream::BoxStream;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::ids::{RunId, SessionId};
+use crate::session::submit::{Submit, SubmitOutcome};
 use crate::session::{PendingKind, RunError, Status};
-use crate::stream::Chunk;
-use crate::submit::{Submit, SubmitOutcome};
+use crate::types::ids::{RunId, SessionId};
+use crate::types::stream::Chunk;
 
+/// Where a remote parent or child is, and when a parent looks at its remote child: defined
+/// beside the records that hold them (`types/remote.rs`).
+pub use crate::types::remote::{LookReason, RemoteChild, RemoteLook, RemoteParent};
 pub(crate) use driver::{drive, stop_remote, Drive, Driven};
 pub(crate) use forward::forward;
 pub(crate) use orphans::{pass as stop_orphans_once, record as record_orphan, run as stop_orphans};
 pub(crate) use owner::{Owner, RemoteOwner};
-
-/// Whom a remote child belongs to: sent with its start by the parent's server, and recorded
-/// with the child on the remote, which then gives it a local child's rules (its parent starts
-/// its turns; answers for its calls are given at the root, which forwards them).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RemoteParent {
-    /// The parent session (on the parent's server).
-    pub parent: SessionId,
-    /// The root of the parent's tree (on the parent's server), where its calls are answered.
-    pub root: SessionId,
-}
 
 /// A remote child its parent let go (wrote off after the remote stayed unreachable, aborted,
 /// or interrupted) whose server did not answer the stop: kept in the store until the remote
@@ -59,49 +51,6 @@ pub(crate) struct RemoteOrphan {
     pub(crate) abort: bool,
     /// When its parent let it go (clock ms).
     pub(crate) since_ms: u64,
-}
-
-/// Where a remote child lives, recorded in its parent's child entry.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RemoteChild {
-    /// The base URL of the dormant server that hosts it.
-    pub endpoint: String,
-    /// The agent it runs there.
-    pub agent: String,
-}
-
-/// When a parent looks at a remote child by itself, with nobody asking it to, and why. The
-/// look is an entry of the parent's deadline index, so it survives a restart like any
-/// deadline.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RemoteLook {
-    /// When (the parent's clock, ms).
-    pub at_ms: u64,
-    /// Why.
-    pub why: LookReason,
-}
-
-/// Why a parent looks at a remote child by itself.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-#[non_exhaustive]
-pub enum LookReason {
-    /// The first of the calls the child waits on falls due at `due_ms` (the remote's clock):
-    /// a timeout there settles the child (and with `auto_resume` it goes on), and the parent
-    /// learns of it by looking then. While the child still waits past it (the two clocks
-    /// differ, the remote's scheduler is late), it looks again after a growing wait.
-    Deadline {
-        /// The remote's clock, ms.
-        due_ms: u64,
-    },
-    /// The remote has not answered since `since_ms` (the parent's clock): try again, and
-    /// with `wake`, resume the child as a resume of the parent asked.
-    Unreachable {
-        /// The parent's clock, ms.
-        since_ms: u64,
-        /// A resume of the parent still has to reach the child.
-        wake: bool,
-    },
 }
 
 /// A call a remote child's tree waits on, as the remote's status lists it (the JSON of the

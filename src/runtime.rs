@@ -15,22 +15,22 @@ use dormant_actors::HostStats;
 use futures::Stream;
 use tokio::sync::oneshot;
 
-use crate::actor::{host_error, SessionMsg};
+use crate::cluster::peer::{PeerCall, SubmitResumed};
 use crate::definition::{AgentDefinition, DefinitionError, ToolKind};
+use crate::engine::actor::{host_error, SessionMsg};
+use crate::engine::deadlines::{SchedulerMsg, SweepReport};
+use crate::engine::metrics::ClientToolStats;
+use crate::engine::metrics::Latency;
+use crate::engine::shared::Shared;
 use crate::error::Error;
-use crate::ids::SessionId;
-use crate::message::Message;
-use crate::metrics::ClientToolStats;
-use crate::metrics::Latency;
-use crate::peer::{PeerCall, SubmitResumed};
-use crate::scheduler::{SchedulerMsg, SweepReport};
-use crate::schema;
-use crate::schema::ExpiredCall;
+use crate::session::submit::{Submit, SubmitOutcome};
 use crate::session::{ChildCall, Companion, PendingCall};
 use crate::session::{RunOutcome, RunRecord, RunStarted, SessionRecord, Status};
-use crate::shared::Shared;
-use crate::stream::Chunk;
-use crate::submit::{Submit, SubmitOutcome};
+use crate::store::schema;
+use crate::store::schema::ExpiredCall;
+use crate::types::ids::SessionId;
+use crate::types::message::Message;
+use crate::types::stream::Chunk;
 
 pub use builder::RuntimeBuilder;
 use inner::Inner;
@@ -255,7 +255,7 @@ impl Runtime {
     /// ```
     /// # use std::sync::Arc;
     /// # use dormant::{AgentDefinition, ModelReply, Runtime, ScriptedLlm, Status, ToolCall, ToolDefinition};
-    /// use dormant::submit::{Submit, SubmitOutcome};
+    /// use dormant::{Submit, SubmitOutcome};
     /// use serde_json::json;
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -776,12 +776,12 @@ impl Runtime {
     pub async fn owner_of(
         &self,
         id: &SessionId,
-    ) -> Result<Option<crate::leases::LeaseOwner>, Error> {
+    ) -> Result<Option<crate::cluster::leases::LeaseOwner>, Error> {
         let shared = &self.inner.shared;
         if !shared.leases.is_shared() {
             return Ok(None);
         }
-        let root = crate::schema::tree_root(shared.store.as_ref(), id).await?;
+        let root = crate::store::schema::tree_root(shared.store.as_ref(), id).await?;
         Ok(shared.leases.owner(root.as_str()).await?)
     }
 

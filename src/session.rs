@@ -5,9 +5,11 @@
 
 mod apply_cx;
 mod call_ids;
+mod child_calls;
 mod child_failures;
 mod child_side;
 mod children;
+mod companion_list;
 mod companions;
 mod core;
 mod cut;
@@ -17,22 +19,22 @@ mod pending;
 pub(crate) mod remote_children;
 mod remote_looks;
 mod resume;
-mod state;
 mod step;
+pub mod submit;
 mod suspend;
 mod transition;
 
+pub(crate) use self::child_calls::{ChildOrigin, ChildStart, ToReconcile};
+pub(crate) use self::child_calls::{ChildReport, ReportedChild};
 pub(crate) use self::child_failures::{ChildUnavailable, LostChild};
 pub(crate) use self::child_side::{report_of, stored_state};
-pub(crate) use self::children::{ChildOrigin, ChildStart, ToReconcile};
-pub(crate) use self::children::{ChildReport, ReportedChild};
 pub(crate) use self::core::{duration_ms, Policy, Session, Stored};
 pub(crate) use self::input::{FinishedCall, Input};
-pub use outcome::{RunOutcome, RunStarted};
-pub use state::{
+pub use crate::types::record::{
     Answer, ChildCall, ChildState, Companion, CompanionStatus, ErrorCode, PendingCall, PendingKind,
     RunError, RunRecord, SessionRecord, Status, Suspension,
 };
+pub use outcome::{RunOutcome, RunStarted};
 pub use suspend::NOT_APPROVED;
 pub(crate) use suspend::{Submission, Verdict};
 pub(crate) use transition::{ChildAt, Effect, Observation, RemoteDrive, Transition};

@@ -1,12 +1,12 @@
 //! The persistence boundary: a byte-level, transactional key-value [`Store`] with named trees.
 //!
 //! Sessions never talk to sled directly. The typed layout (which key holds what, and how values
-//! are encoded) lives in [`crate::schema`]; a backend only has to apply a [`Batch`] atomically
+//! are encoded) lives in [`crate::store::schema`]; a backend only has to apply a [`Batch`] atomically
 //! and durably, and to read keys and prefixes back. [`SledStore`] is the embedded default;
 //! [`MemoryStore`] is for unit tests.
 
 mod damage;
-// Test tooling, like `crate::scenario`: only with the `test-util` feature.
+// Test tooling, like `crate::testkit::scenario`: only with the `test-util` feature.
 #[cfg(feature = "test-util")]
 mod delegating;
 #[cfg(feature = "test-util")]
@@ -14,7 +14,10 @@ mod faulty;
 mod memory;
 #[cfg(feature = "postgres")]
 mod postgres;
+pub mod schema;
 mod sled;
+#[cfg(test)]
+mod wait;
 
 use std::fmt::Debug;
 use std::path::{Path, PathBuf};
@@ -164,7 +167,7 @@ impl Batch {
 
     /// Marks the batch as a commit of `session`: a store shared by several nodes writes it
     /// only while this process holds the session's lease
-    /// ([`Leases::acquire`](crate::leases::Leases::acquire)), in the same transaction as it
+    /// ([`Leases::acquire`](crate::cluster::leases::Leases::acquire)), in the same transaction as it
     /// checks that (fencing).
     #[must_use]
     pub fn for_session(mut self, session: impl Into<std::sync::Arc<str>>) -> Self {

@@ -12,6 +12,7 @@
 mod contract;
 mod logs;
 mod postgres;
+pub mod scenario;
 
 pub use self::contract::{store_contract, ContractError, Reopen, CHECKS};
 pub use self::logs::CapturedLogs;

@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use common::{calls_then_text, editor_runtime, temp_store, tool_result};
 use dormant::session::NOT_APPROVED;
-use dormant::submit::{Submit, SubmitOutcome};
 use dormant::{ChunkKind, ManualClock, SessionId, Status, ToolOutcome};
+use dormant::{Submit, SubmitOutcome};
 use serde_json::json;
 
 async fn approval_id(runtime: &dormant::Runtime, id: &SessionId) -> anyhow::Result<String> {

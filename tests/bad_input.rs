@@ -4,7 +4,7 @@ mod common;
 
 use std::sync::Arc;
 
-use dormant::schema;
+use dormant::store::schema;
 use dormant::store::{Batch, CommitKind, Tree};
 use dormant::{
     AgentDefinition, Approval, DefinitionError, Error, Runtime, SessionId, Store, ToolDefinition,

@@ -8,8 +8,8 @@ mod common;
 use std::sync::Arc;
 
 use common::{calls_then_text, editor_runtime, tool_result};
-use dormant::submit::{Submit, SubmitOutcome};
 use dormant::{ManualClock, Message, SessionId, SledStore, Status, ToolOutcome};
+use dormant::{Submit, SubmitOutcome};
 use serde_json::json;
 
 const STORE_ENV: &str = "DORMANT_SUBMIT_CHILD_STORE";

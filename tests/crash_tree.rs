@@ -12,11 +12,11 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use dormant::submit::{Submit, SubmitOutcome};
 use dormant::{
     AgentDefinition, ManualClock, ModelReply, Runtime, ScriptedLlm, SessionId, SledStore, Status,
     ToolCall, ToolDefinition, ToolError, ToolOutcome,
 };
+use dormant::{Submit, SubmitOutcome};
 use serde_json::{json, Value};
 
 const STORE_ENV: &str = "DORMANT_TREE_CHILD_STORE";

@@ -6,8 +6,8 @@ mod common;
 use std::sync::Arc;
 
 use common::{calls_then_text, editor_runtime, temp_store, tool_result, RecordingHooks};
-use dormant::submit::{Submit, SubmitOutcome};
 use dormant::{ChunkKind, ManualClock, SessionId, SledStore, Status, ToolOutcome};
+use dormant::{Submit, SubmitOutcome};
 use serde_json::json;
 
 #[tokio::test]

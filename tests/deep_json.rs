@@ -7,11 +7,11 @@ mod common;
 use std::sync::Arc;
 
 use common::{calls_then_text, editor_runtime, temp_store, tool_result};
-use dormant::submit::{Submit, SubmitOutcome};
 use dormant::{
     AgentDefinition, ErrorCode, ManualClock, ModelReply, Runtime, ScriptedLlm, SessionId, Status,
     ToolCall, ToolDefinition, ToolError, ToolOutcome,
 };
+use dormant::{Submit, SubmitOutcome};
 use serde_json::{json, Value};
 
 /// `[[…[0]…]]`, `levels` arrays deep, built without recursion.

@@ -67,7 +67,7 @@ async fn deltas_arrive_between_chunks_and_are_never_stored() -> anyhow::Result<(
     // that reads the store past a step does not get that step's deltas).
     until_settled(&mut live).await?;
     let resumed_from = runtime.session(&id).await?.chunk_count;
-    let answer = dormant::submit::Submit::result("s1", "c1", json!({ "ok": true }));
+    let answer = dormant::Submit::result("s1", "c1", json!({ "ok": true }));
     runtime.submit_tool_result(answer).await?;
     // Caught up, it reads the resumed run from its live queue, in order, deltas included.
     let outcome = runtime.resume(&id).await?;
@@ -184,7 +184,7 @@ async fn follow_yields_every_chunk_once_from_a_streaming_model() -> anyhow::Resu
     let id: SessionId = "s2".parse()?;
     let plain = runtime.follow(&id, 0);
     runtime.execute_on(&id, "writer", "go").await?;
-    let answer = dormant::submit::Submit::result("s2", "c1", json!({ "ok": true }));
+    let answer = dormant::Submit::result("s2", "c1", json!({ "ok": true }));
     runtime.submit_tool_result(answer).await?;
     runtime.resume(&id).await?;
     let mut plain = std::pin::pin!(plain);

@@ -5,8 +5,8 @@
 mod common;
 
 use common::{calls_then_text, editor_runtime, temp_store, tool_result};
-use dormant::submit::{Submit, SubmitOutcome};
 use dormant::{ManualClock, Runtime, SessionId, Status, ToolErrorCode};
+use dormant::{Submit, SubmitOutcome};
 use serde_json::json;
 
 /// A session whose client call `tc-1` is past its deadline, with no sweep run.

@@ -18,13 +18,13 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use dormant::leases::{LeaseOwner, Leases, PeerKey};
+use dormant::cluster::leases::{LeaseOwner, Leases, PeerKey};
 use dormant::store::{Batch, Entry, Error as StoreError, MemoryStore, Store, Tree};
-use dormant::submit::{Submit, SubmitOutcome};
 use dormant::{
     AgentDefinition, ManualClock, Message, ModelReply, Runtime, ScriptedLlm, SessionId, Status,
     ToolCall, ToolDefinition, ToolError,
 };
+use dormant::{Submit, SubmitOutcome};
 use proptest::prelude::*;
 use serde_json::json;
 

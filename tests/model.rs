@@ -11,11 +11,11 @@ mod common;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use dormant::submit::{Submit, SubmitOutcome};
 use dormant::{
     AgentDefinition, Clock, ManualClock, MemoryStore, Message, ModelReply, Runtime, ScriptedLlm,
     SessionId, Status, Store, ToolCall, ToolDefinition, ToolOutcome,
 };
+use dormant::{Submit, SubmitOutcome};
 use parking_lot::Mutex;
 use proptest::prelude::*;
 use serde_json::{json, Value};

@@ -6,12 +6,12 @@
 use std::sync::Arc;
 
 use dormant::store::{Batch, CommitKind, Store, Tree};
-use dormant::submit::{Submit, SubmitOutcome};
 use dormant::testkit::{store_contract, Reopen};
 use dormant::{
     AgentDefinition, ManualClock, ModelReply, PgStore, Runtime, ScriptedLlm, SessionId, Status,
     ToolCall, ToolDefinition,
 };
+use dormant::{Submit, SubmitOutcome};
 use serde_json::json;
 
 fn batch(ops: &[(&[u8], Option<&[u8]>)]) -> Batch {

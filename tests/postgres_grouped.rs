@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use dormant::leases::Leases;
+use dormant::cluster::leases::Leases;
 use dormant::store::{Batch, CommitKind, Error, Store, Tree};
 use dormant::testkit::PgCluster;
 use dormant::PgStore;

@@ -7,8 +7,8 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use dormant::leases::{LeaseOwner, Leases, PeerKey};
-use dormant::peer::{PeerAnswer, PeerCall, PeerFailure, Peers};
+use dormant::cluster::leases::{LeaseOwner, Leases, PeerKey};
+use dormant::cluster::peer::{PeerAnswer, PeerCall, PeerFailure, Peers};
 use dormant::remote::RemoteError;
 use dormant::store::Error as StoreError;
 use dormant::{

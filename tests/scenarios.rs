@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use dormant::scenario::{self, Scenario};
+use dormant::testkit::scenario::{self, Scenario};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_scenario_file_passes() -> anyhow::Result<()> {

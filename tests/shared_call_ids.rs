@@ -7,11 +7,11 @@ mod common;
 use std::sync::Arc;
 
 use dormant::store::{Op, Store, Tree};
-use dormant::submit::{Submit, SubmitOutcome};
 use dormant::{
     AgentDefinition, Answer, ManualClock, ModelReply, Runtime, ScriptedLlm, SessionId, SledStore,
     Status, ToolCall, ToolDefinition, ToolError, ToolOutcome,
 };
+use dormant::{Submit, SubmitOutcome};
 use serde_json::json;
 
 /// A lead that starts two children of `child` in one reply (`w1`, `w2`), then says "done";

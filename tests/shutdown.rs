@@ -6,7 +6,7 @@ use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 
 use common::worker_runtime;
-use dormant::submit::Submit;
+use dormant::Submit;
 use dormant::{AgentDefinition, Error, ManualClock, MemoryStore, SessionId, SledStore, Store};
 use futures::StreamExt;
 use serde_json::json;

@@ -6,10 +6,10 @@ mod common;
 use std::sync::Arc;
 
 use common::temp_store;
-use dormant::submit::{Submit, SubmitOutcome};
 use dormant::{
     AgentDefinition, ModelReply, Runtime, ScriptedLlm, SessionId, Status, ToolCall, ToolDefinition,
 };
+use dormant::{Submit, SubmitOutcome};
 use serde_json::json;
 
 /// Agents `a0` … `a{depth-1}`: each delegates to the next through `down` (call `c{i}`), and

@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use common::{calls_then_text, editor_runtime};
 use dormant::store::{CommitKind, Fault, FaultyStore, InjectedFault, MemoryStore, Store};
-use dormant::submit::{Submit, SubmitOutcome};
 use dormant::{Error, ManualClock, SessionId, Status};
+use dormant::{Submit, SubmitOutcome};
 use serde_json::json;
 
 fn faulty() -> Arc<FaultyStore> {

@@ -6,8 +6,8 @@ mod common;
 use std::sync::Arc;
 
 use common::{calls_then_text, editor_runtime, temp_store};
-use dormant::submit::{Submit, SubmitOutcome};
 use dormant::{ManualClock, SessionId};
+use dormant::{Submit, SubmitOutcome};
 use serde_json::{json, Value};
 
 async fn suspended_with_client_and_approval() -> anyhow::Result<dormant::Runtime> {
@@ -175,7 +175,7 @@ async fn a_submit_naming_a_sub_agent_session_is_an_invalid_request() -> anyhow::
     let mut child = runtime.session(&"root".parse()?).await?;
     child.id = "root-sub-tc-9".parse()?;
     child.parent = Some("root".parse()?);
-    let mut bytes = vec![dormant::schema::FORMAT_VERSION];
+    let mut bytes = vec![dormant::store::schema::FORMAT_VERSION];
     bytes.extend(rmp_serde::to_vec_named(&child)?);
     let mut batch = Batch::new(CommitKind::Other);
     batch.put(Tree::Sessions, b"root-sub-tc-9".to_vec(), bytes);

@@ -2,8 +2,8 @@
 
 use std::time::{Duration, Instant};
 
-use dormant::submit::{Submit, SubmitOutcome};
 use dormant::Runtime;
+use dormant::{Submit, SubmitOutcome};
 use futures::{stream, StreamExt};
 use hdrhistogram::Histogram;
 

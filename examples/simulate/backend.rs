@@ -69,12 +69,12 @@ impl Backend {
     }
 
     /// Who owns which tree: the PostgreSQL store's leases (`None` for sled, alone on it).
-    pub(crate) fn leases(&self) -> Option<Arc<dyn dormant::leases::Leases>> {
+    pub(crate) fn leases(&self) -> Option<Arc<dyn dormant::cluster::leases::Leases>> {
         match self {
             Self::Sled { .. } => None,
             #[cfg(feature = "postgres")]
             Self::Postgres { store, .. } => {
-                Some(Arc::clone(store) as Arc<dyn dormant::leases::Leases>)
+                Some(Arc::clone(store) as Arc<dyn dormant::cluster::leases::Leases>)
             }
         }
     }

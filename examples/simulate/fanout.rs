@@ -25,11 +25,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use dormant::submit::{Submit, SubmitOutcome};
 use dormant::{
     AgentDefinition, Message, ModelReply, Runtime, ScriptedLlm, SessionId, Status, ToolCall,
     ToolDefinition, ToolOutcome,
 };
+use dormant::{Submit, SubmitOutcome};
 use hdrhistogram::Histogram;
 use parking_lot::Mutex;
 use serde_json::{json, Value};

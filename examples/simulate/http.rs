@@ -20,11 +20,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use dormant::submit::{Submit, SubmitOutcome};
 use dormant::{
     AgentDefinition, ChunkKind, ModelReply, Runtime, ScriptedLlm, SessionId, Status, ToolCall,
     ToolDefinition,
 };
+use dormant::{Submit, SubmitOutcome};
 use dormant_server::{Auth, Server, ServerConfig};
 use futures::StreamExt;
 use hdrhistogram::Histogram;
@@ -165,7 +165,7 @@ pub(crate) async fn simulate(args: Args, target: Option<String>) -> anyhow::Resu
 /// sent there over HTTP).
 pub(crate) fn cycle_runtime(
     store: Arc<dyn dormant::Store>,
-    leases: Option<Arc<dyn dormant::leases::Leases>>,
+    leases: Option<Arc<dyn dormant::cluster::leases::Leases>>,
     args: &Args,
 ) -> anyhow::Result<Runtime> {
     let agent = AgentDefinition::builder(AGENT)

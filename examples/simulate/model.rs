@@ -14,10 +14,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Context as _;
-use dormant::submit::{Submit, SubmitOutcome};
 use dormant::{
     AgentDefinition, Message, PendingKind, Runtime, SessionId, Status, ToolDefinition, ToolOutcome,
 };
+use dormant::{Submit, SubmitOutcome};
 use futures::StreamExt;
 use serde_json::json;
 

@@ -160,7 +160,7 @@ pub(crate) async fn serve_node(args: Args, url: String, index: usize) -> anyhow:
     );
     let runtime = http::cycle_runtime(
         Arc::clone(&store) as Arc<dyn dormant::Store>,
-        Some(Arc::clone(&store) as Arc<dyn dormant::leases::Leases>),
+        Some(Arc::clone(&store) as Arc<dyn dormant::cluster::leases::Leases>),
         &args,
     )?;
     let server = Server::new(runtime.clone(), Auth::allow_unauthenticated()).token_key(key);

@@ -27,11 +27,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use dormant::submit::{Submit, SubmitOutcome};
 use dormant::{
     AgentDefinition, Message, ModelReply, Runtime, ScriptedLlm, SessionId, Status, ToolCall,
     ToolDefinition, ToolOutcome,
 };
+use dormant::{Submit, SubmitOutcome};
 use hdrhistogram::Histogram;
 use parking_lot::Mutex;
 use serde_json::{json, Value};

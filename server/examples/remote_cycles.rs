@@ -16,10 +16,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use dormant::submit::{Submit, SubmitOutcome};
 use dormant::{
     AgentDefinition, ModelReply, Runtime, ScriptedLlm, SledStore, Status, ToolCall, ToolDefinition,
 };
+use dormant::{Submit, SubmitOutcome};
 use dormant_server::{Auth, HttpRemoteAgents, Server};
 use hdrhistogram::Histogram;
 use serde_json::json;

@@ -4,7 +4,7 @@
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use dormant::submit::SubmitOutcome;
+use dormant::SubmitOutcome;
 use serde_json::{json, Value};
 
 /// Why a server could not be built.

@@ -285,7 +285,7 @@ async fn serve(args: Serve) -> Result<(), String> {
     // A store several nodes share keeps their leases: who owns which tree.
     #[cfg(feature = "postgres")]
     if let Some(shared) = &opened.shared {
-        builder = builder.leases(Arc::clone(shared) as Arc<dyn dormant::leases::Leases>);
+        builder = builder.leases(Arc::clone(shared) as Arc<dyn dormant::cluster::leases::Leases>);
     }
     if let Some(max) = args.max_resident {
         builder = builder.max_resident(max);

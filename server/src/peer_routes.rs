@@ -8,7 +8,7 @@ use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use dormant::peer::PeerCall;
+use dormant::cluster::peer::PeerCall;
 use futures::StreamExt;
 
 use crate::error::ApiError;
@@ -38,7 +38,7 @@ fn unreadable(what: &str, error: &serde_json::Error) -> ApiError {
 }
 
 /// `POST /peer`: a call from another node of the cluster, answered 200 with its
-/// [`PeerAnswer`](dormant::peer::PeerAnswer) (a failure of the call included), 403
+/// [`PeerAnswer`](dormant::cluster::peer::PeerAnswer) (a failure of the call included), 403
 /// `peer_refused` without this node's key, 400 for a body that is no call. The key is checked
 /// first.
 pub(crate) async fn serve(
@@ -54,7 +54,7 @@ pub(crate) async fn serve(
 }
 
 /// `POST /peer/follow`: another node follows a session's stream here, where it runs: 200 with
-/// one JSON [`PeerEvent`](dormant::peer::PeerEvent) a line, as the chunks and deltas come,
+/// one JSON [`PeerEvent`](dormant::cluster::peer::PeerEvent) a line, as the chunks and deltas come,
 /// until the caller hangs up (or the stream fails here, which its last event says). 403 and
 /// 400 as `POST /peer`.
 pub(crate) async fn follow(

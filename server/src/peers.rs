@@ -1,4 +1,4 @@
-//! Calls between the nodes of one cluster ([`dormant::peer`]): [`HttpPeers`] sends a
+//! Calls between the nodes of one cluster ([`dormant::cluster::peer`]): [`HttpPeers`] sends a
 //! [`PeerCall`] to the node that owns the session's tree (`POST /peer` at its advertised
 //! address, with its key from the shared store) and follows a session's stream there
 //! (`POST /peer/follow`); peer_routes.rs answers them there. The agent server's own routes
@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use dormant::peer::{LeaseOwner, PeerAnswer, PeerCall, PeerEvent, PeerEvents, Peers};
+use dormant::cluster::peer::{LeaseOwner, PeerAnswer, PeerCall, PeerEvent, PeerEvents, Peers};
 use dormant::remote::RemoteError;
 use dormant::SessionId;
 use futures::{Stream, StreamExt};

@@ -7,7 +7,7 @@ use axum::extract::{Request, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use dormant::submit::Submit;
+use dormant::Submit;
 use dormant::{SessionId, Untrusted};
 use serde_json::{json, Value};
 

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use dormant::peer::{LeaseOwner, PeerCall, PeerKey, Peers};
+use dormant::cluster::peer::{LeaseOwner, PeerCall, PeerKey, Peers};
 use dormant::remote::RemoteAgents;
 use dormant::{SessionId, SledStore};
 use dormant_server::{Auth, HttpClient, HttpPeers, HttpRemoteAgents, Server};

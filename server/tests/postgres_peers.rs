@@ -10,13 +10,13 @@
 
 use std::sync::Arc;
 
-use dormant::peer::{PeerAnswer, PeerCall};
-use dormant::submit::{Submit, SubmitOutcome};
+use dormant::cluster::peer::{PeerAnswer, PeerCall};
 use dormant::ChunkKind;
 use dormant::{
     AgentDefinition, Error, ModelReply, PgStore, Runtime, ScriptedLlm, SessionId, Status, ToolCall,
     ToolDefinition,
 };
+use dormant::{Submit, SubmitOutcome};
 use dormant_server::{Auth, HttpPeers, Server, PEER_KEY};
 use futures::StreamExt;
 use serde_json::json;

@@ -10,11 +10,11 @@ use std::time::Duration;
 
 use common::{serve, TestServer};
 use dormant::remote::RemotePolicy;
-use dormant::submit::{Submit, SubmitOutcome};
 use dormant::{
     AgentDefinition, Approval, Error, ModelReply, PendingKind, Runtime, ScriptedLlm, SledStore,
     Status, ToolCall, ToolDefinition, ToolError, ToolOutcome,
 };
+use dormant::{Submit, SubmitOutcome};
 use dormant_server::{Auth, HttpRemoteAgents, ServerConfig};
 use serde_json::json;
 

@@ -12,11 +12,11 @@ use std::time::Duration;
 
 use common::serve;
 use dormant::remote::{LookReason, RemotePolicy};
-use dormant::submit::{Submit, SubmitOutcome};
 use dormant::{
     AgentDefinition, ManualClock, Message, ModelReply, Runtime, ScriptedLlm, SessionId, SledStore,
     Status, ToolCall, ToolDefinition, ToolOutcome,
 };
+use dormant::{Submit, SubmitOutcome};
 use dormant_server::{Auth, HttpRemoteAgents, Server, ServerConfig};
 use serde_json::json;
 

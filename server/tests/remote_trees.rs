@@ -10,11 +10,11 @@ use std::time::Duration;
 
 use common::{serve, TestServer};
 use dormant::remote::RemotePolicy;
-use dormant::submit::{Submit, SubmitOutcome};
 use dormant::{
     AgentDefinition, ManualClock, Message, ModelReply, Runtime, RuntimeBuilder, ScriptedLlm,
     SessionId, SledStore, Status, Store, ToolCall, ToolDefinition, ToolOutcome,
 };
+use dormant::{Submit, SubmitOutcome};
 use dormant_server::{Auth, HttpRemoteAgents, ServerConfig};
 use serde_json::json;
 

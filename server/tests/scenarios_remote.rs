@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use dormant::remote::RemoteAgents;
-use dormant::scenario::{self, RemoteHost, Served};
+use dormant::testkit::scenario::{self, RemoteHost, Served};
 use dormant::{BoxFuture, Runtime};
 use dormant_server::{Auth, HttpRemoteAgents, Server};
 

@@ -4,7 +4,8 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use super::{ToolSpec, COMPANION_PREFIX};
+use super::COMPANION_PREFIX;
+use crate::llm::ToolSpec;
 
 /// Whether the parent waits for a companion's turn to end.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -8,7 +8,7 @@ use futures::future::BoxFuture;
 use parking_lot::Mutex;
 use serde_json::{Map, Value};
 
-use crate::ids::{RunId, SessionId};
+use crate::types::ids::{RunId, SessionId};
 
 /// An error a server tool returns; the model reads its text.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

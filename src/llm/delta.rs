@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
-use crate::stream::DeltaKind;
+use crate::types::stream::DeltaKind;
 
 type Publish = dyn Fn(u32, DeltaKind) + Send + Sync;
 

@@ -6,7 +6,7 @@ use futures::future::BoxFuture;
 use parking_lot::RwLock;
 
 use super::{LlmAdapter, LlmError, ModelReply, ModelRequest};
-use crate::ids::SessionId;
+use crate::types::ids::SessionId;
 
 /// Replays a script per agent (or per session, which wins): a session's model call gets entry
 /// k, where k is the number of assistant messages the session has already recorded. A crash or

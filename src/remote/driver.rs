@@ -8,12 +8,12 @@ use std::sync::Arc;
 use futures::StreamExt;
 
 use super::{RemoteAgents, RemoteCall, RemoteChild, RemoteError, RemoteStart, RemoteStatus};
-use crate::ids::SessionId;
-use crate::message::ToolOutcome;
+use crate::engine::shared::Shared;
 use crate::session::{report_of, ChildReport, RunOutcome, Status};
-use crate::shared::Shared;
-use crate::stream::Chunk;
-use crate::tool_error::ToolErrorCode;
+use crate::types::ids::SessionId;
+use crate::types::message::ToolOutcome;
+use crate::types::stream::Chunk;
+use crate::types::tool_error::ToolErrorCode;
 
 /// What the driver does before it follows the child.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -282,7 +282,7 @@ fn report_of_status(child: &SessionId, status: RemoteStatus) -> (ChildReport, Ve
     let calls = status.pending;
     let outcome = RunOutcome {
         session_id: child.clone(),
-        run_id: status.run_id.unwrap_or(crate::ids::RunId::NONE),
+        run_id: status.run_id.unwrap_or(crate::types::ids::RunId::NONE),
         turn: 0,
         status: status.status,
         text: status.text,

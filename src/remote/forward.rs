@@ -6,12 +6,12 @@
 use dormant_actors::Host;
 
 use super::RemoteOwner;
-use crate::actor::{SessionActor, SessionMsg};
+use crate::engine::actor::{SessionActor, SessionMsg};
+use crate::engine::shared::Shared;
 use crate::error::Error;
-use crate::ids::SessionId;
+use crate::session::submit::{Submit, SubmitAnswer, SubmitOutcome};
 use crate::session::Submission;
-use crate::shared::Shared;
-use crate::submit::{Submit, SubmitAnswer, SubmitOutcome};
+use crate::types::ids::SessionId;
 
 /// Forwards `submission` for the call `owner` describes to its remote (naming the session
 /// there that made the call when the submitter did: `owner_session`), and tells the session

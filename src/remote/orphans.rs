@@ -8,9 +8,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{RemoteError, RemoteOrphan};
+use crate::engine::shared::Shared;
 use crate::error::Error;
-use crate::schema;
-use crate::shared::Shared;
+use crate::store::schema;
 use crate::store::{Batch, CommitKind};
 
 /// Orphans tried per pass.

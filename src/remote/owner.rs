@@ -7,7 +7,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::RemoteCall;
-use crate::ids::SessionId;
+use crate::types::ids::SessionId;
 
 /// Where a call under a local root lives when a remote child's tree owns it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

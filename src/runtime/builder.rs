@@ -8,19 +8,20 @@ use dormant_actors::{Clock, Host, HostConfig, SystemClock};
 use super::claim::StoreClaim;
 use super::inner::Inner;
 use super::{define_all, Runtime};
-use crate::actor::SessionActor;
+use crate::cluster::leases::{Leases, SingleNode};
 use crate::definition::AgentDefinition;
+use crate::engine::actor::SessionActor;
+use crate::engine::deadlines::Deadlines;
+use crate::engine::metrics::Metrics;
+use crate::engine::scheduler::DeadlineScheduler;
+use crate::engine::shared::Shared;
 use crate::error::Error;
-use crate::hooks::{Hooks, NoHooks};
-use crate::leases::{Leases, SingleNode};
 use crate::llm::{LlmAdapter, ScriptedLlm};
-use crate::metrics::Metrics;
-use crate::nesting::{MAX_JSON_DEPTH_LIMIT, MAX_TREE_DEPTH};
-use crate::scheduler::{DeadlineScheduler, Deadlines};
+use crate::session::submit::{DEFAULT_MAX_RESULT_BYTES, DEFAULT_TOMBSTONE_RETENTION_MS};
 use crate::session::Policy;
-use crate::shared::Shared;
 use crate::store::{SledStore, Store};
-use crate::submit::{DEFAULT_MAX_RESULT_BYTES, DEFAULT_TOMBSTONE_RETENTION_MS};
+use crate::types::hooks::{Hooks, NoHooks};
+use crate::types::nesting::{MAX_JSON_DEPTH_LIMIT, MAX_TREE_DEPTH};
 
 /// Configures and builds a [`Runtime`]. Everything has a default; the store defaults to a
 /// temporary sled database, deleted when the runtime shuts down or its last clone is
@@ -41,7 +42,7 @@ pub struct RuntimeBuilder {
     background_deadlines: bool,
     remote: Option<Arc<dyn crate::remote::RemoteAgents>>,
     remote_policy: crate::remote::RemotePolicy,
-    peers: Option<Arc<dyn crate::peer::Peers>>,
+    peers: Option<Arc<dyn crate::cluster::peer::Peers>>,
 }
 
 impl Default for RuntimeBuilder {
@@ -56,7 +57,7 @@ impl Default for RuntimeBuilder {
             host: HostConfig::default(),
             policy: Policy::default(),
             tombstone_retention_ms: DEFAULT_TOMBSTONE_RETENTION_MS,
-            child_inspection_timeout: crate::actor::DEFAULT_CHILD_INSPECTION_TIMEOUT,
+            child_inspection_timeout: crate::engine::actor::DEFAULT_CHILD_INSPECTION_TIMEOUT,
             max_result_bytes: DEFAULT_MAX_RESULT_BYTES,
             background_deadlines: true,
             remote: None,
@@ -193,10 +194,10 @@ impl RuntimeBuilder {
     }
 
     /// How a call of this runtime reaches the node that owns its session, on a store several
-    /// nodes share ([`crate::peer`]): `dormant_server::HttpPeers` over HTTP. Without one, every
+    /// nodes share ([`crate::cluster::peer`]): `dormant_server::HttpPeers` over HTTP. Without one, every
     /// call is served here, and one for a session another live node owns answers
     /// [`Error::SessionUnavailable`] ([`Runtime::owner_of`] names the owner).
-    pub fn peers(mut self, transport: Arc<dyn crate::peer::Peers>) -> Self {
+    pub fn peers(mut self, transport: Arc<dyn crate::cluster::peer::Peers>) -> Self {
         self.peers = Some(transport);
         self
     }
@@ -235,7 +236,7 @@ impl RuntimeBuilder {
         self
     }
 
-    /// Refuses limits past what the stored form can hold (see `crate::nesting`).
+    /// Refuses limits past what the stored form can hold (see `crate::types::nesting`).
     fn check_limits(&self) -> Result<(), Error> {
         let json_depth = self.policy.max_json_depth;
         if !(1..=MAX_JSON_DEPTH_LIMIT).contains(&json_depth) {
@@ -290,8 +291,8 @@ impl RuntimeBuilder {
         let shared = Arc::new(Shared {
             store,
             leases,
-            roots: crate::lineage::Roots::default(),
-            owners: crate::leases::Owners::default(),
+            roots: crate::cluster::lineage::Roots::default(),
+            owners: crate::cluster::leases::Owners::default(),
             llm: self.llm.unwrap_or_else(|| Arc::new(ScriptedLlm::new())),
             clock: Arc::clone(&self.clock),
             hooks: self.hooks,
@@ -304,7 +305,7 @@ impl RuntimeBuilder {
             remote: self.remote,
             remote_policy: self.remote_policy,
             orphans_recorded: tokio::sync::Notify::new(),
-            reports: crate::actor::reports::Reports::default(),
+            reports: crate::engine::actor::reports::Reports::default(),
             peers: self.peers,
         });
         // Agents may name each other as sub-agents: the set is checked as a whole.
@@ -360,11 +361,11 @@ async fn migrate_ownership(store: std::sync::Weak<dyn crate::store::Store>) {
     let Some(store) = store.upgrade() else {
         return;
     };
-    match crate::schema::migrate_ownership(store.as_ref()).await {
+    match crate::store::schema::migrate_ownership(store.as_ref()).await {
         Ok(0) => {}
         Ok(moved) => tracing::info!(moved, "schema.ownership_migrated"),
         // The runtime was shut down at once: the next one moves them.
-        Err(crate::schema::Error::Store(crate::store::Error::Closed)) => {}
+        Err(crate::store::schema::Error::Store(crate::store::Error::Closed)) => {}
         Err(error) => tracing::warn!(%error, "schema.ownership_migration_failed"),
     }
 }

@@ -1,20 +1,20 @@
 //! The one way a call that acts on a session is served: [`Runtime::routed`] routes it by its
 //! tree's lease (`route.rs`) and [`Runtime::call`] serves it there, here or on the owner
-//! through the [`Peers`](crate::peer::Peers) transport. The owner serves a peer's call with
-//! [`Runtime::serve_peer`]: the same call, with [`Route::Here`]. See [`crate::peer`].
+//! through the [`Peers`](crate::cluster::peer::Peers) transport. The owner serves a peer's call with
+//! [`Runtime::serve_peer`]: the same call, with [`Route::Here`]. See [`crate::cluster::peer`].
 
 use tokio::sync::oneshot;
 
 use super::route::{self, Route};
 use super::Runtime;
-use crate::actor::{Reply, SessionMsg};
+use crate::cluster::leases::LeaseOwner;
+use crate::cluster::peer::{PeerAnswer, PeerCall, PeerEvent, PeerFailure, SubmitResumed};
+use crate::engine::actor::{Reply, SessionMsg};
 use crate::error::Error;
-use crate::ids::SessionId;
-use crate::leases::LeaseOwner;
-use crate::peer::{PeerAnswer, PeerCall, PeerEvent, PeerFailure, SubmitResumed};
 use crate::remote::RemoteError;
+use crate::session::submit::{Limits, SubmitOutcome};
 use crate::session::{RunOutcome, RunStarted};
-use crate::submit::{Limits, SubmitOutcome};
+use crate::types::ids::SessionId;
 
 /// What a call answers, read from a [`PeerAnswer`].
 pub(super) trait FromPeer: Sized {
@@ -292,7 +292,7 @@ impl Runtime {
         }
     }
 
-    /// Whether `key` is this node's [`PeerKey`](crate::peer::PeerKey) (compared in constant
+    /// Whether `key` is this node's [`PeerKey`](crate::cluster::peer::PeerKey) (compared in constant
     /// time; a node alone on its store takes no calls from peers). A transport checks it
     /// before it reads a call, so that a caller without the key learns nothing of what it
     /// sent.
@@ -305,10 +305,10 @@ impl Runtime {
     }
 
     /// Serves a call another node routed here because this one owns the session's tree
-    /// ([`crate::peer`]): the call, served here and never further. A session this node does
+    /// ([`crate::cluster::peer`]): the call, served here and never further. A session this node does
     /// not own (any more) answers `session_unavailable`, which the caller returns as is.
     /// `key` is the caller's proof that it is a peer: this node's
-    /// [`PeerKey`](crate::peer::PeerKey).
+    /// [`PeerKey`](crate::cluster::peer::PeerKey).
     ///
     /// # Errors
     /// [`Error::PeerRefused`] for a key that is not this node's (or a node alone on its
@@ -325,7 +325,7 @@ impl Runtime {
             .unwrap_or_else(|error| PeerAnswer::Failed(PeerFailure::of(&error))))
     }
 
-    /// Serves a peer's follow of `session` from `from` ([`Peers::follow`](crate::peer::Peers::follow)):
+    /// Serves a peer's follow of `session` from `from` ([`Peers::follow`](crate::cluster::peer::Peers::follow)):
     /// [`Runtime::follow_live`] here, as [`PeerEvent`]s, never sent further. A session this
     /// node no longer runs is followed from the store, as any follower here would.
     ///

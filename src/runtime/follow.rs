@@ -14,12 +14,12 @@ use tokio::sync::broadcast;
 use futures::StreamExt;
 
 use super::route::{self, Route};
+use crate::cluster::peer::{PeerEvent, PeerEvents, PeerFailure};
+use crate::engine::shared::Shared;
 use crate::error::Error;
-use crate::ids::SessionId;
-use crate::peer::{PeerEvent, PeerEvents, PeerFailure};
-use crate::schema;
-use crate::shared::Shared;
-use crate::stream::{Chunk, StreamEvent};
+use crate::store::schema;
+use crate::types::ids::SessionId;
+use crate::types::stream::{Chunk, StreamEvent};
 
 /// How many live chunks a slow follower may fall behind before it re-reads from the store.
 /// Small on purpose: the channel allocates all of it up front, per followed session.

@@ -7,9 +7,9 @@ use std::sync::Arc;
 use dormant_actors::Host;
 
 use super::claim::StoreClaim;
-use crate::actor::SessionActor;
-use crate::scheduler::Deadlines;
-use crate::shared::Shared;
+use crate::engine::actor::SessionActor;
+use crate::engine::deadlines::Deadlines;
+use crate::engine::shared::Shared;
 
 /// Shared by every clone of a [`Runtime`](super::Runtime); dropped with the last one.
 ///

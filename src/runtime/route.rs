@@ -1,15 +1,15 @@
 //! Routing: every call that acts on a session is routed once, before anything is activated,
 //! by its tree's lease: [`Route::Here`] when this process is alone on its store, holds the
 //! tree's lease, or no other live node holds it; else [`Route::Owner`], where the call is sent
-//! through the [`Peers`](crate::peer::Peers) transport. A call routed here whose activation
+//! through the [`Peers`](crate::cluster::peer::Peers) transport. A call routed here whose activation
 //! finds that another node took the tree meanwhile (the store's `LeaseHeld`, kept typed
-//! through the host) is routed once more. See [`crate::peer`].
+//! through the host) is routed once more. See [`crate::cluster::peer`].
 
+use crate::cluster::leases::LeaseOwner;
+use crate::engine::shared::Shared;
 use crate::error::Error;
-use crate::ids::SessionId;
-use crate::leases::LeaseOwner;
-use crate::shared::Shared;
 use crate::store;
+use crate::types::ids::SessionId;
 
 /// Where a call is served.
 #[derive(Clone, Debug)]

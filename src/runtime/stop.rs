@@ -4,9 +4,9 @@
 use std::collections::{HashSet, VecDeque};
 
 use super::Runtime;
-use crate::actor::SessionMsg;
+use crate::engine::actor::SessionMsg;
 use crate::error::Error;
-use crate::ids::SessionId;
+use crate::types::ids::SessionId;
 
 impl Runtime {
     /// Stops `root` and then, level by level, every child each stopped session asked to stop
@@ -30,7 +30,7 @@ impl Runtime {
                 if let Err(error) = crate::remote::stop_remote(shared, &id, &remote, abort).await {
                     tracing::warn!(child = %id, endpoint = %remote.endpoint, error = %crate::Untrusted(&error), "remote_subagent.stop_failed");
                     // This side let it go: it is stopped there once the remote answers.
-                    crate::actor::orphan(shared, id.clone(), remote, abort).await;
+                    crate::engine::actor::orphan(shared, id.clone(), remote, abort).await;
                     unreachable.get_or_insert(Error::Remote(error));
                 }
                 continue;

@@ -4,12 +4,12 @@
 use tokio::sync::oneshot;
 
 use super::Runtime;
-use crate::actor::SessionMsg;
+use crate::engine::actor::SessionMsg;
+use crate::engine::router;
 use crate::error::Error;
-use crate::ids::SessionId;
 use crate::remote::Owner;
-use crate::router;
-use crate::submit::{Checked, Submit, SubmitOutcome};
+use crate::session::submit::{Checked, Submit, SubmitOutcome};
+use crate::types::ids::SessionId;
 
 impl Runtime {
     /// [`Runtime::submit_tool_result`] on this node.

@@ -5,9 +5,9 @@
 //! way to collect output, and no time or effect list threaded through the handlers.
 
 use super::{Effect, Transition, Verdict};
-use crate::message::Message;
-use crate::schema::{Commit, IndexWrite};
-use crate::stream::Chunk;
+use crate::store::schema::{Commit, IndexWrite};
+use crate::types::message::Message;
+use crate::types::stream::Chunk;
 
 /// Writes gathered while applying one input; they become the transition's commit.
 #[derive(Debug, Default)]

@@ -27,7 +27,7 @@ use std::collections::HashSet;
 use super::apply_cx::ApplyCx;
 use super::core::Session;
 use super::{Effect, Observation};
-use crate::message::{Message, ToolCall};
+use crate::types::message::{Message, ToolCall};
 
 impl Session {
     /// Gives each call of `calls` whose id is empty, or is used by an earlier call of the same

@@ -7,8 +7,8 @@
 use std::fmt;
 
 use super::{ChildReport, ChildState, Effect};
-use crate::ids::SessionId;
-use crate::tool_error::{ToolErrorCode, ToolFailure};
+use crate::types::ids::SessionId;
+use crate::types::tool_error::{ToolErrorCode, ToolFailure};
 
 /// Why a child cannot run: its parent records the call's tool error instead of waiting.
 #[derive(Clone, Debug, PartialEq, Eq)]

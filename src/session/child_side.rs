@@ -4,16 +4,16 @@
 //! `Effect::StartChild`, `Effect::WakeChildren`), so neither waits on the other.
 
 use super::apply_cx::ApplyCx;
+use super::child_calls::{ChildKind, ChildStart};
 use super::child_failures::{cannot_start, LostChild};
-use super::children::{ChildKind, ChildStart};
 use super::core::Session;
 use super::{
     ChildReport, ChildState, Effect, ErrorCode, PendingCall, RunOutcome, RunRecord, SessionRecord,
     Status,
 };
-use crate::ids::{RunId, SessionId};
-use crate::message::ToolOutcome;
-use crate::tool_error::ToolErrorCode;
+use crate::types::ids::{RunId, SessionId};
+use crate::types::message::ToolOutcome;
+use crate::types::tool_error::ToolErrorCode;
 
 impl Session {
     /// This session's parent starts it as the child of a sub-agent call, or gives a companion

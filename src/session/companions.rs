@@ -9,65 +9,24 @@
 //! waiting, nested suspension, the resume cascade and recovery are those of ephemeral
 //! sub-agents.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use serde_json::{json, Value};
 
 use super::apply_cx::ApplyCx;
-use super::children::{ChildKind, ChildOrigin, ChildStart};
+use super::child_calls::{ChildKind, ChildOrigin, ChildStart};
 use super::core::{CallSlot, Session};
 use super::ChildReport;
 use super::{ChildAt, ChildCall, ChildState, Companion, CompanionStatus, Effect, Status};
 use crate::definition::{CompanionMode, CompanionTool};
 use crate::error::Error;
-use crate::ids::{RunId, SessionId};
-use crate::message::{ToolCall, ToolOutcome};
-use crate::schema::IndexWrite;
-use crate::tool_error::{ToolErrorCode, ToolFailure};
+use crate::store::schema::IndexWrite;
+use crate::types::ids::{RunId, SessionId};
+use crate::types::message::{ToolCall, ToolOutcome};
+use crate::types::tool_error::{ToolErrorCode, ToolFailure};
 
 /// The longest companion name accepted (it becomes part of a session id).
 const MAX_NAME_LEN: usize = 64;
-
-/// A parent's companions, by name.
-#[derive(Debug, Default, Clone)]
-pub(crate) struct Companions {
-    by_name: HashMap<String, Companion>,
-}
-
-impl Companions {
-    pub(crate) fn from_entries(entries: Vec<Companion>) -> Self {
-        Self {
-            by_name: entries
-                .into_iter()
-                .map(|companion| (companion.name.clone(), companion))
-                .collect(),
-        }
-    }
-
-    /// The companion whose current turn `call` started.
-    pub(crate) fn by_turn_call(&self, call: &str) -> Option<&Companion> {
-        self.by_name
-            .values()
-            .find(|companion| companion.turn_call == call)
-    }
-
-    /// Every companion, by name.
-    pub(crate) fn in_order(&self) -> Vec<&Companion> {
-        let mut all: Vec<&Companion> = self.by_name.values().collect();
-        all.sort_by(|a, b| a.name.cmp(&b.name));
-        all
-    }
-
-    /// Companions last known running: what recovery must reconcile, keyed by turn call.
-    pub(crate) fn running(&self) -> Vec<(String, SessionId)> {
-        self.in_order()
-            .into_iter()
-            .filter(|companion| companion.status == CompanionStatus::Running)
-            .map(|companion| (companion.turn_call.clone(), companion.child.clone()))
-            .collect()
-    }
-}
 
 /// What a companion tool call asks for, read from its input.
 struct Turn {

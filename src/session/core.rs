@@ -8,20 +8,20 @@ use std::sync::Arc;
 use serde_json::{Map, Value};
 
 use super::apply_cx::ApplyCx;
-use super::children::{ChildCalls, ChildOrigin, ChildStart};
-use super::companions::Companions;
+use super::child_calls::{ChildCalls, ChildOrigin, ChildStart};
+use super::companion_list::Companions;
 use super::pending::PendingCalls;
 use super::{
     ChildCall, Companion, Effect, PendingCall, PendingKind, RunError, RunOutcome, RunRecord,
     SessionRecord, Status,
 };
 use crate::definition::AgentDefinition;
-use crate::ids::{RunId, SessionId};
-use crate::message::{Message, ToolCall, ToolOutcome};
-use crate::schema::Commit;
+use crate::store::schema::Commit;
 use crate::store::CommitKind;
-use crate::stream::{Chunk, ChunkKind};
-use crate::tool_error::ToolFailure;
+use crate::types::ids::{RunId, SessionId};
+use crate::types::message::{Message, ToolCall, ToolOutcome};
+use crate::types::stream::{Chunk, ChunkKind};
+use crate::types::tool_error::ToolFailure;
 
 /// Runtime settings the rules depend on.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -34,7 +34,7 @@ pub(crate) struct Policy {
     /// delegate to each other ends here with a typed tool error instead of recursing forever.
     pub(crate) max_depth: u32,
     /// How deeply a JSON value from outside (a model's tool-call input, a tool's result) may
-    /// nest; see `crate::nesting`.
+    /// nest; see `crate::types::nesting`.
     pub(crate) max_json_depth: usize,
     /// How long a remote child's server may stay unreachable before the child is written off
     /// (`RemotePolicy::patience`).
@@ -58,7 +58,7 @@ impl Default for Policy {
             client_tool_timeout_ms: crate::definition::DEFAULT_CLIENT_TOOL_TIMEOUT_MS,
             auto_resume: false,
             max_depth: DEFAULT_MAX_DEPTH,
-            max_json_depth: crate::submit::DEFAULT_MAX_JSON_DEPTH,
+            max_json_depth: crate::session::submit::DEFAULT_MAX_JSON_DEPTH,
             remote_patience_ms: duration_ms(crate::remote::RemotePolicy::default().patience),
             remote_retry_max_ms: duration_ms(crate::remote::RemotePolicy::default().max_retry_wait),
         }
@@ -403,7 +403,7 @@ impl Session {
     }
 
     pub(super) fn on_message(&self, run_id: RunId, message: Message) -> Effect {
-        Effect::Hook(crate::hooks::HookEvent::OnMessage {
+        Effect::Hook(crate::types::hooks::HookEvent::OnMessage {
             session: self.record.id.clone(),
             run_id,
             message,

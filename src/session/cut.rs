@@ -15,10 +15,10 @@ use super::apply_cx::ApplyCx;
 use super::core::{CallSlot, Outcome, Phase, Session, StepCall};
 use super::{Answer, Effect, ErrorCode, RunError, Status};
 use crate::definition::FINISH_TOOL;
-use crate::ids::RunId;
-use crate::message::{Message, ToolCall};
 use crate::store::CommitKind;
-use crate::tool_error::ToolErrorCode;
+use crate::types::ids::RunId;
+use crate::types::message::{Message, ToolCall};
+use crate::types::tool_error::ToolErrorCode;
 
 /// The result of a call that a stopped run will not wait for.
 fn cut_before_result() -> CallSlot {

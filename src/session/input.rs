@@ -10,17 +10,17 @@
 use serde_json::{Map, Value};
 
 use super::apply_cx::ApplyCx;
-use super::children::{ChildReport, ChildStart, ReportedChild};
+use super::child_calls::{ChildReport, ChildStart, ReportedChild};
 use super::core::Session;
 use super::remote_children::ReportPosition;
 use super::step::Outside;
 use super::{ChildState, Submission, Transition};
 use crate::error::Error;
-use crate::ids::RunId;
 use crate::llm::{LlmError, ModelReply};
-use crate::message::ToolOutcome;
 use crate::remote::RemoteParent;
-use crate::stream::Chunk;
+use crate::types::ids::RunId;
+use crate::types::message::ToolOutcome;
+use crate::types::stream::Chunk;
 
 /// An input to the state machine.
 #[derive(Debug)]

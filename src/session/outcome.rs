@@ -3,7 +3,7 @@
 use serde_json::Value;
 
 use super::{RunError, Status};
-use crate::ids::{RunId, SessionId};
+use crate::types::ids::{RunId, SessionId};
 
 /// How a run ended (or where it suspended).
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]

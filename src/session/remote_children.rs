@@ -9,10 +9,10 @@
 use super::apply_cx::ApplyCx;
 use super::core::Session;
 use super::{ChildAt, ChildReport, ChildState, Effect, RemoteDrive};
-use crate::ids::SessionId;
 use crate::remote::{Drive, RemoteCall, RemoteChild, RemoteOwner};
-use crate::schema::IndexWrite;
-use crate::stream::Chunk;
+use crate::store::schema::IndexWrite;
+use crate::types::ids::SessionId;
+use crate::types::stream::Chunk;
 
 /// Where a remote child's report stands among the reports of its drivers.
 #[derive(Clone, Copy, Debug)]

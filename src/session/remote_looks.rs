@@ -8,9 +8,9 @@ use super::apply_cx::ApplyCx;
 use super::core::{Phase, Session};
 use super::{ChildReport, ChildState, Effect};
 use crate::remote::{Drive, LookReason, RemoteLook, RemoteOrphan};
-use crate::schema::IndexWrite;
+use crate::store::schema::IndexWrite;
 use crate::store::CommitKind;
-use crate::tool_error::ToolErrorCode;
+use crate::types::tool_error::ToolErrorCode;
 
 /// The least wait before a parent looks at a remote child again.
 const LOOK_MIN_MS: u64 = 1_000;

@@ -10,13 +10,13 @@ use super::{
     Answer, ChildState, Effect, ErrorCode, Observation, PendingCall, PendingKind, RunError, Status,
 };
 use crate::error::Error;
-use crate::hooks::HookEvent;
-use crate::ids::RunId;
-use crate::message::ToolCall;
-use crate::schema::IndexWrite;
+use crate::store::schema::IndexWrite;
 use crate::store::CommitKind;
-use crate::stream::ChunkKind;
-use crate::tool_error::{ToolErrorCode, ToolFailure};
+use crate::types::hooks::HookEvent;
+use crate::types::ids::RunId;
+use crate::types::message::ToolCall;
+use crate::types::stream::ChunkKind;
+use crate::types::tool_error::{ToolErrorCode, ToolFailure};
 
 impl Session {
     /// Continues a suspended or interrupted run as the new run `run_id`. A resume while a run

@@ -12,15 +12,15 @@ use super::FinishedCall;
 use super::{ChildState, Effect, ErrorCode, PendingKind, RunError, Status};
 use crate::definition::{Approval, ToolKind, FINISH_TOOL};
 use crate::error::Error;
-use crate::hooks::HookEvent;
-use crate::ids::RunId;
 use crate::llm::{LlmError, ModelReply, ModelRequest};
-use crate::message::{Message, ToolCall, ToolOutcome};
-use crate::nesting;
 use crate::remote::RemoteParent;
 use crate::store::CommitKind;
-use crate::stream::ChunkKind;
-use crate::tool_error::ToolErrorCode;
+use crate::types::hooks::HookEvent;
+use crate::types::ids::RunId;
+use crate::types::message::{Message, ToolCall, ToolOutcome};
+use crate::types::nesting;
+use crate::types::stream::ChunkKind;
+use crate::types::tool_error::ToolErrorCode;
 
 /// Who starts a turn from outside, and on what terms (see [`super::Input::Execute`]).
 pub(super) struct Outside {

@@ -7,13 +7,13 @@ use super::apply_cx::ApplyCx;
 use super::core::{Outcome, Session};
 use super::{Answer, Effect, Observation, PendingCall, PendingKind, Status, Suspension};
 use crate::definition::ToolKind;
-use crate::hooks::HookEvent;
-use crate::ids::RunId;
-use crate::message::{ToolCall, ToolOutcome};
-use crate::schema::IndexWrite;
+use crate::store::schema::IndexWrite;
 use crate::store::CommitKind;
-use crate::stream::ChunkKind;
-use crate::tool_error::ToolErrorCode;
+use crate::types::hooks::HookEvent;
+use crate::types::ids::RunId;
+use crate::types::message::{ToolCall, ToolOutcome};
+use crate::types::stream::ChunkKind;
+use crate::types::tool_error::ToolErrorCode;
 
 /// The error text a denied approval records.
 pub const NOT_APPROVED: &str = "Tool call was not approved by the user";

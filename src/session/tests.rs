@@ -6,11 +6,11 @@ use serde_json::json;
 
 use super::*;
 use crate::definition::{AgentDefinition, ToolDefinition, ToolError};
-use crate::ids::{RunId, SessionId};
 use crate::llm::{LlmError, ModelReply};
-use crate::message::{Message, ToolCall, ToolOutcome};
 use crate::store::CommitKind;
-use crate::stream::ChunkKind;
+use crate::types::ids::{RunId, SessionId};
+use crate::types::message::{Message, ToolCall, ToolOutcome};
+use crate::types::stream::ChunkKind;
 
 fn agent(max_steps: u32) -> Arc<AgentDefinition> {
     let tool = ToolDefinition::server("work", |_input, _ctx| async {

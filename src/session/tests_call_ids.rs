@@ -7,10 +7,10 @@ use serde_json::json;
 
 use super::*;
 use crate::definition::{AgentDefinition, ToolDefinition};
-use crate::ids::{RunId, SessionId};
 use crate::llm::ModelReply;
-use crate::message::{Message, ToolCall};
-use crate::stream::ChunkKind;
+use crate::types::ids::{RunId, SessionId};
+use crate::types::message::{Message, ToolCall};
+use crate::types::stream::ChunkKind;
 
 fn agent() -> Arc<AgentDefinition> {
     let built = AgentDefinition::builder("a")

@@ -6,10 +6,10 @@ use serde_json::json;
 
 use super::*;
 use crate::definition::{AgentDefinition, ToolDefinition};
-use crate::ids::{RunId, SessionId};
 use crate::llm::ModelReply;
-use crate::message::{ToolCall, ToolOutcome};
 use crate::store::CommitKind;
+use crate::types::ids::{RunId, SessionId};
+use crate::types::message::{ToolCall, ToolOutcome};
 
 fn lead() -> Arc<AgentDefinition> {
     let built = AgentDefinition::builder("lead")
@@ -65,7 +65,7 @@ fn commit_one_records_each_child_before_it_starts() {
     let entries = commit.map_or(0, |c| {
         c.index
             .iter()
-            .filter(|write| matches!(write, crate::schema::IndexWrite::PutChild(_)))
+            .filter(|write| matches!(write, crate::store::schema::IndexWrite::PutChild(_)))
             .count()
     });
     assert_eq!(entries, 2);
@@ -134,7 +134,7 @@ fn reports_heard_together_are_one_commit_that_settles_the_step_once() {
     let entries = commit.map_or(0, |c| {
         c.index
             .iter()
-            .filter(|write| matches!(write, crate::schema::IndexWrite::PutChild(_)))
+            .filter(|write| matches!(write, crate::store::schema::IndexWrite::PutChild(_)))
             .count()
     });
     assert_eq!(entries, 3, "one entry written per child that reported");
@@ -222,7 +222,7 @@ fn a_sub_agent_call_beyond_max_depth_is_a_tool_error() {
         .any(|effect| matches!(effect, Effect::StartChild(_))));
     let recorded = transition.commit.as_ref().and_then(|c| {
         c.messages.iter().find_map(|(_, message)| match message {
-            crate::message::Message::Tool { outcome, .. } => Some(outcome.clone()),
+            crate::types::message::Message::Tool { outcome, .. } => Some(outcome.clone()),
             _ => None,
         })
     });

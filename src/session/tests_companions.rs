@@ -4,12 +4,12 @@ use std::sync::Arc;
 
 use serde_json::json;
 
-use super::children::ChildKind;
+use super::child_calls::ChildKind;
 use super::*;
 use crate::definition::{AgentDefinition, CompanionMode};
-use crate::ids::{RunId, SessionId};
 use crate::llm::ModelReply;
-use crate::message::{ToolCall, ToolOutcome};
+use crate::types::ids::{RunId, SessionId};
+use crate::types::message::{ToolCall, ToolOutcome};
 
 fn lead(mode: CompanionMode) -> Arc<AgentDefinition> {
     let built = AgentDefinition::builder("lead")
@@ -80,7 +80,7 @@ fn a_blocking_spawn_records_the_companion_in_commit_one_and_waits_for_its_report
     let companions = commit.map_or(0, |c| {
         c.index
             .iter()
-            .filter(|write| matches!(write, crate::schema::IndexWrite::PutCompanion(_)))
+            .filter(|write| matches!(write, crate::store::schema::IndexWrite::PutCompanion(_)))
             .count()
     });
     assert_eq!(
@@ -141,7 +141,7 @@ fn a_terminated_companion_is_spawned_fresh_and_a_second_spawn_while_running_is_r
     let again = reply(&mut session, run_id, 2, vec![spawn("c2", "again")]);
     let refused = again.commit.as_ref().is_some_and(|commit| {
         commit.messages.iter().any(|(_, message)| {
-            matches!(message, crate::message::Message::Tool { outcome: ToolOutcome::Error(text), .. } if text.starts_with("companion_busy"))
+            matches!(message, crate::types::message::Message::Tool { outcome: ToolOutcome::Error(text), .. } if text.starts_with("companion_busy"))
         })
     });
     assert!(refused, "a running companion takes no second spawn");
@@ -167,7 +167,7 @@ fn a_fresh_turn_starts_the_conversation_over_and_clears_an_abort() {
     );
     let parent: SessionId = "p".parse().unwrap_or_else(|_| SessionId::generate());
     let id = parent.persistent_child("h");
-    let origin = |call: &str| super::children::ChildOrigin {
+    let origin = |call: &str| super::child_calls::ChildOrigin {
         parent: parent.clone(),
         root: parent.clone(),
         tool_call_id: call.into(),

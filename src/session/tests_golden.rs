@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 
 use super::tests_replay::{encoded, replay, Replayed, CHILD, CUT, ROOT};
-use crate::schema::{self, FORMAT_VERSION};
+use crate::store::schema::{self, FORMAT_VERSION};
 use crate::store::{Batch, CommitKind, MemoryStore, Op, Store, Tree};
 
 /// Where the golden files live.
@@ -178,7 +178,7 @@ type ReadBack = (
 );
 
 async fn read_back(store: &dyn Store, id: &str) -> Result<ReadBack, String> {
-    let id: crate::ids::SessionId = id.parse().map_err(|error| format!("{error}"))?;
+    let id: crate::types::ids::SessionId = id.parse().map_err(|error| format!("{error}"))?;
     let error = |error: schema::Error| error.to_string();
     let record = schema::load_record(store, &id).await.map_err(error)?;
     let run = match &record {

@@ -7,11 +7,11 @@ use serde_json::json;
 
 use super::*;
 use crate::definition::{AgentDefinition, ToolDefinition};
-use crate::ids::{RunId, SessionId};
 use crate::llm::ModelReply;
-use crate::message::{ToolCall, ToolOutcome};
 use crate::remote::RemoteCall;
-use crate::schema::IndexWrite;
+use crate::store::schema::IndexWrite;
+use crate::types::ids::{RunId, SessionId};
+use crate::types::message::{ToolCall, ToolOutcome};
 
 fn lead() -> Arc<AgentDefinition> {
     let built = AgentDefinition::builder("lead")

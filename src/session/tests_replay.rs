@@ -8,14 +8,14 @@ use std::sync::Arc;
 
 use serde_json::json;
 
-use super::children::ChildKind;
+use super::child_calls::ChildKind;
 use super::*;
 use crate::definition::{AgentDefinition, Approval, CompanionMode, ToolDefinition, ToolError};
-use crate::ids::{RunId, SessionId};
 use crate::llm::ModelReply;
-use crate::message::{ToolCall, ToolOutcome};
 use crate::remote::RemoteCall;
-use crate::schema::Commit;
+use crate::store::schema::Commit;
+use crate::types::ids::{RunId, SessionId};
+use crate::types::message::{ToolCall, ToolOutcome};
 
 /// The root of the recorded life.
 pub(super) const ROOT: &str = "replayed";

@@ -4,15 +4,15 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use super::children::ChildStart;
+use super::child_calls::ChildStart;
 use super::{ChildReport, RunOutcome, Verdict};
 use crate::definition::AgentDefinition;
-use crate::hooks::HookEvent;
-use crate::ids::{RunId, SessionId};
 use crate::llm::ModelRequest;
-use crate::message::ToolCall;
 use crate::remote::{Drive, RemoteChild};
-use crate::schema::Commit;
+use crate::store::schema::Commit;
+use crate::types::hooks::HookEvent;
+use crate::types::ids::{RunId, SessionId};
+use crate::types::message::ToolCall;
 
 /// Something the session actor must do after the commit is durable.
 #[derive(Debug)]
@@ -22,7 +22,7 @@ pub(crate) enum Effect {
         run_id: RunId,
         step: u32,
         /// The chunks the session has recorded once this transition's commit is durable: the
-        /// model's deltas come after them (see [`crate::stream::Delta::after_seq`]).
+        /// model's deltas come after them (see [`crate::types::stream::Delta::after_seq`]).
         after_seq: u64,
         request: ModelRequest,
         /// The agent's skills and the names to preload: the catalog is read (IO) where the

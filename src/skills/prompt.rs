@@ -39,7 +39,7 @@ impl PromptSkills {
             }
             Ok(Err(())) => self.last.lock().clone().unwrap_or_default(),
             Err(panic) => {
-                let reason = crate::dispatch::panic_text(panic.as_ref());
+                let reason = crate::types::panic::panic_text(panic.as_ref());
                 tracing::error!(%session, reason = %crate::Untrusted(&reason), "skills.provider_panicked");
                 self.last.lock().clone().unwrap_or_default()
             }
@@ -56,7 +56,7 @@ impl PromptSkills {
 
     /// The catalog and preloaded bodies (empty when there are no skills); `Err` when the
     /// provider could not list them.
-    async fn section(&self, session: &crate::ids::SessionId) -> Result<String, ()> {
+    async fn section(&self, session: &crate::types::ids::SessionId) -> Result<String, ()> {
         let catalog = match self.provider.list().await {
             Ok(catalog) => catalog,
             Err(error) => {

@@ -157,8 +157,8 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
+    use crate::store::wait::Wait;
     use crate::store::CommitKind;
-    use crate::wait::Wait;
 
     fn batch(ops: &[(Tree, &[u8], &[u8])]) -> Batch {
         let mut batch = Batch::new(CommitKind::Other);

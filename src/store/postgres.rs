@@ -44,7 +44,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_postgres::NoTls;
 
 use super::{prefix_end, Batch, Entry, Error, Store, Tree};
-use crate::leases::{LeaseOwner, Leases, PeerKey};
+use crate::cluster::leases::{LeaseOwner, Leases, PeerKey};
 
 /// How many connections a store keeps: one for the committer, the rest for reads.
 const POOL_SIZE: usize = 8;

@@ -4,8 +4,8 @@
 
 use std::path::Path;
 
-use dormant::submit::{Submit, SubmitOutcome};
 use dormant::{PendingCall, Runtime, SessionId, Status};
+use dormant::{Submit, SubmitOutcome};
 use serde_json::json;
 
 use crate::child::report;

@@ -7,12 +7,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use dormant::store::{CommitKind, Durability, Fault, FaultyStore, InjectedFault};
-use dormant::submit::{Submit, SubmitOutcome};
 use dormant::{
     AgentDefinition, Approval, Clock, Error, ManualClock, MemoryStore, Message, ModelReply,
     PendingKind, Runtime, ScriptedLlm, SessionId, SledStore, Status, Store, ToolCall,
     ToolDefinition, ToolError,
 };
+use dormant::{Submit, SubmitOutcome};
 use parking_lot::Mutex;
 use serde_json::{json, Value};
 

@@ -9,12 +9,12 @@ mod mock;
 use std::sync::Arc;
 use std::time::Duration;
 
-use dormant::submit::{Submit, SubmitOutcome};
 use dormant::{
     AgentDefinition, ChunkKind, Delta, DeltaKind, ErrorCode, ManualClock, Message, ModelSettings,
     OpenAiAdapter, OpenAiBuilder, RunOutcome, Runtime, SessionId, SledStore, Status, Store,
     StreamEvent, ToolCall, ToolDefinition, ToolError, Usage,
 };
+use dormant::{Submit, SubmitOutcome};
 use futures::StreamExt;
 use mock::{Mock, Reply};
 use serde_json::{json, Value};

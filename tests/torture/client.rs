@@ -6,8 +6,8 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use dormant::submit::{Submit, SubmitOutcome};
 use dormant::{PendingCall, PendingKind, Runtime, SessionId, Status};
+use dormant::{Submit, SubmitOutcome};
 use serde_json::json;
 
 use super::journal::{Acknowledged, Journal, Sent};

@@ -3,7 +3,7 @@
 use serde_json::{json, Map, Value};
 
 use crate::llm::{LlmError, ModelRequest};
-use crate::message::{Message, ToolCall, ToolOutcome};
+use crate::types::message::{Message, ToolCall, ToolOutcome};
 
 /// The body for `request`: its model (the agent's, else `default_model`), the system prompt
 /// and conversation, the tools, the settings, then each `extra` field the body does not
@@ -121,7 +121,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::definition::ToolSpec;
+    use crate::llm::ToolSpec;
     use crate::llm::{DeltaSink, ModelSettings};
 
     fn request(settings: ModelSettings, messages: Vec<Message>) -> Result<ModelRequest, String> {

@@ -6,8 +6,8 @@ use serde_json::Value;
 
 use super::error::{self, ErrorBody};
 use crate::llm::{LlmError, ModelReply};
-use crate::message::ToolCall;
-use crate::usage::Usage;
+use crate::types::message::ToolCall;
+use crate::types::usage::Usage;
 
 /// `null` read as the type's default, as a missing field is: compatible servers (LiteLLM and
 /// other proxies) write every optional field, as `null` when it has no value.

@@ -7,7 +7,7 @@ use serde_json::Value;
 use super::error::{self, ErrorBody};
 use super::response::{content_text, null_default, tool_call, WireUsage};
 use crate::llm::{DeltaSink, LlmError, ModelReply};
-use crate::usage::Usage;
+use crate::types::usage::Usage;
 
 /// One `chat.completion.chunk`.
 #[derive(Debug, Deserialize)]
@@ -224,7 +224,7 @@ impl Assembler {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::message::ToolCall;
+    use crate::types::message::ToolCall;
     use serde_json::json;
 
     fn assemble(events: &[Value]) -> Result<ModelReply, LlmError> {

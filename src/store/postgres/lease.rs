@@ -18,7 +18,7 @@ use deadpool_postgres::Pool;
 
 use super::takes::{Releases, Takes};
 use super::{db, Counts};
-use crate::leases::{LeaseOwner, PeerKey};
+use crate::cluster::leases::{LeaseOwner, PeerKey};
 use crate::store::Error;
 
 /// What a node knows of its leases.

@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64};
 
 use super::database::MAX_WRITES_PER_SLED_BATCH;
 use super::*;
+use crate::store::wait::Wait;
 use crate::store::CommitKind;
-use crate::wait::Wait;
 
 fn batch(ops: &[(Tree, &[u8], &[u8])]) -> Batch {
     let mut batch = Batch::new(CommitKind::Other);

@@ -1,0 +1,302 @@
+//! The session actor's side of sub-agents: delivering starts and reports to the core, and the
+//! background reconciliation of children a crash left marked as running. The rules (who may
+//! start whom, when a child resumes, what it reports) are the core's (`session/children.rs`,
+//! `session/child_side.rs`). Parent and child only ever send each other one-way messages
+//! through the host, so neither waits on the other and no cycle of sessions can deadlock.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::Duration;
+
+use dormant_actors::{ActorContext, Host};
+use futures::FutureExt;
+use tokio::sync::oneshot;
+
+use super::{Loaded, SessionActor, SessionMsg, SessionState};
+use crate::engine::shared::Shared;
+use crate::error::Error;
+use crate::session::{
+    ChildReport, ChildStart, ChildState, ChildUnavailable, Effect, Input, LostChild, ReportedChild,
+    Session,
+};
+use crate::store::schema;
+use crate::store::Store;
+use crate::types::ids::{RunId, SessionId};
+
+impl SessionActor {
+    /// Starts the child of a sub-agent call, or gives a companion a new turn, or re-attaches
+    /// to either: the core decides; a child that does not exist yet is created here with the
+    /// agent its parent named.
+    pub(super) async fn start_child(
+        &self,
+        ctx: &ActorContext<Self>,
+        state: &mut SessionState,
+        start: ChildStart,
+    ) {
+        let id = ctx.key();
+        let now = self.shared.clock.now_ms();
+        let refused = match self.present(id, state).await {
+            Ok(Some(_)) => None,
+            Ok(None) => match self.shared.agents.get(&start.agent) {
+                Some(agent) => {
+                    let agent = Arc::clone(agent.value());
+                    // A new child holds its tree's lease, which this node holds for its
+                    // parent: the two always live on one node.
+                    let root = start.origin.root.as_str();
+                    match self.shared.leases.acquire(id.as_str(), root).await {
+                        Ok(()) => {
+                            let policy = Arc::clone(&self.shared.policy);
+                            let origin = start.origin.clone();
+                            let session =
+                                Session::create_child(id.clone(), agent, policy, now, origin);
+                            state.loaded = Loaded::Present(Box::new(session));
+                            None
+                        }
+                        Err(error) => Some(ChildUnavailable::NotOwnedHere {
+                            child: id.clone(),
+                            error: error.to_string(),
+                        }),
+                    }
+                }
+                None => Some(ChildUnavailable::UnknownAgent {
+                    agent: start.agent.clone(),
+                }),
+            },
+            Err(error) => Some(ChildUnavailable::Unreadable {
+                child: id.clone(),
+                error: error.to_string(),
+            }),
+        };
+        if let Some(why) = refused {
+            let told = why.report(&start.origin.parent, start.origin.tool_call_id);
+            self.run_effect(ctx, state, told);
+            return;
+        }
+        let origin = start.origin.clone();
+        let input = Input::StartChild {
+            run_id: RunId::generate(),
+            start,
+        };
+        // A panic here (a store that panics in the child's first commit, say) is the host's to
+        // supervise, but the restart finds no child to tell its parent of it if the first
+        // commit never landed, and the start message is gone: so the parent is told here,
+        // before the panic goes on to the host.
+        let fed = AssertUnwindSafe(self.feed(ctx, state, input))
+            .catch_unwind()
+            .await;
+        if let Err(panic) = fed {
+            let reason = crate::types::panic::panic_text(panic.as_ref());
+            self.never_started(ctx, origin, reason).await;
+            std::panic::resume_unwind(panic);
+        }
+    }
+
+    /// A child's start panicked: if the child was never written, its parent records the call
+    /// as `sub_agent_failed` (a child that was written is restarted, and tells its parent
+    /// itself). One that cannot be read back counts as never written: a parent waiting
+    /// forever is worse than a tool error for a child that may exist.
+    async fn never_started(
+        &self,
+        ctx: &ActorContext<Self>,
+        origin: crate::session::ChildOrigin,
+        reason: String,
+    ) {
+        let id = ctx.key();
+        let store = self.shared.store.as_ref();
+        let read = AssertUnwindSafe(schema::load_lineage(store, id))
+            .catch_unwind()
+            .await;
+        if matches!(read, Ok(Ok(Some(_)))) {
+            return;
+        }
+        tracing::error!(session = %id, parent = %origin.parent, %reason, "subagent.start_panicked");
+        let why = ChildUnavailable::CrashedBeforeFirstCommit {
+            child: id.clone(),
+            panic: reason,
+        };
+        if let Some(host) = ctx.host() {
+            send_reports(
+                &host,
+                &self.shared,
+                [why.report(&origin.parent, origin.tool_call_id)],
+            );
+        }
+    }
+
+    /// Children queued reports for this session: up to a commit's worth is taken, each
+    /// one's new chunks read (a report carries none), and all fed to the core as one input.
+    /// A queue left longer than that nudges this session again, through the host.
+    pub(super) async fn reports_waiting(&self, ctx: &ActorContext<Self>, state: &mut SessionState) {
+        let (taken, more) = self.shared.reports.take(ctx.key());
+        if more {
+            if let Some(host) = ctx.host() {
+                let parent = ctx.key().clone();
+                host.send(parent.clone(), SessionMsg::ReportsWaiting { parent });
+            }
+        }
+        if taken.is_empty() {
+            return;
+        }
+        let session = match self.present(ctx.key(), state).await {
+            Ok(Some(session)) => session,
+            Ok(None) | Err(_) => return,
+        };
+        let mut reports = Vec::with_capacity(taken.len());
+        for (tool_call_id, report) in taken {
+            let Some((child, forwarded)) = session.report_source(&tool_call_id) else {
+                continue;
+            };
+            let chunks = match forwarded {
+                None => Ok(Vec::new()),
+                Some(from) => schema::load_chunks(self.shared.store.as_ref(), &child, from).await,
+            };
+            let chunks = chunks.unwrap_or_else(|error| {
+                tracing::warn!(session = %ctx.key(), %child, error = %crate::Untrusted(&error), "subagent.chunks_unreadable");
+                Vec::new()
+            });
+            reports.push(ReportedChild {
+                tool_call_id,
+                report,
+                chunks,
+            });
+        }
+        if reports.is_empty() {
+            return;
+        }
+        self.feed(ctx, state, Input::ChildrenReported { reports })
+            .await;
+    }
+
+    /// Starts reconciling the children a crash left marked as running, once per activation,
+    /// in the background: this session serves its messages meanwhile.
+    pub(super) fn reconcile_in_background(
+        &self,
+        ctx: &ActorContext<Self>,
+        state: &mut SessionState,
+    ) {
+        let waiting = &state.to_reconcile;
+        if state.reconciling || (waiting.inspect.is_empty() && waiting.watch.is_empty()) {
+            return;
+        }
+        let Some(host) = ctx.host() else {
+            return;
+        };
+        let crate::session::ToReconcile {
+            inspect: snapshot,
+            watch,
+        } = std::mem::take(&mut state.to_reconcile);
+        // A remote child is asked for its status by a driver, which reports like a child.
+        for drive in watch {
+            self.drive_remote(ctx, state, drive);
+        }
+        if snapshot.is_empty() {
+            return;
+        }
+        state.reconciling = true;
+        let shared = Arc::clone(&self.shared);
+        let mailbox = ctx.mailbox();
+        let session = ctx.key().clone();
+        tokio::spawn(async move {
+            let bound = shared.child_inspection_timeout;
+            let inspections = snapshot.into_iter().map(|(call, child)| {
+                let host = host.clone();
+                let shared = Arc::clone(&shared);
+                async move {
+                    let inspected = tokio::time::timeout(bound, inspect(&host, &shared, &child));
+                    let state = inspected.await.unwrap_or_else(|_| {
+                        let after_ms = bound.as_millis();
+                        LostChild::InspectionTimedOut { child, after_ms }.state()
+                    });
+                    (call, state)
+                }
+            });
+            let results = futures::future::join_all(inspections).await;
+            tracing::info!(%session, children = results.len(), "subagent.reconciled");
+            shared.metrics.record_reconciled(results.len());
+            super::send_back(&mailbox, SessionMsg::Reconciled(results));
+        });
+    }
+}
+
+/// A message for a child could not be delivered (it keeps crashing, or cannot be loaded): its
+/// parent records that as the tool's error instead of waiting forever.
+pub(super) fn unreachable_child(
+    host: &Host<SessionActor>,
+    shared: &Shared,
+    parent: &SessionId,
+    tool_call_id: String,
+    child: &SessionId,
+    error: super::HostError,
+) {
+    let why = ChildUnavailable::CannotRun {
+        child: child.clone(),
+        error: super::host_error(error).to_string(),
+    };
+    send_reports(host, shared, [why.report(parent, tool_call_id)]);
+}
+
+/// Sends the reports among `effects` from a host callback (outside a handler).
+pub(super) fn send_reports(
+    host: &Host<SessionActor>,
+    shared: &Shared,
+    effects: impl IntoIterator<Item = Effect>,
+) {
+    for effect in effects {
+        if let Effect::Report {
+            parent,
+            tool_call_id,
+            report,
+        } = effect
+        {
+            report_to(host, shared, parent, tool_call_id, report);
+        }
+    }
+}
+
+/// Queues a child's report for its `parent`, and nudges the parent if nothing else will (see
+/// `actor/reports.rs`).
+pub(super) fn report_to(
+    host: &Host<SessionActor>,
+    shared: &Shared,
+    parent: SessionId,
+    tool_call_id: String,
+    report: ChildReport,
+) {
+    if shared.reports.push(parent.clone(), (tool_call_id, report)) {
+        host.send(parent.clone(), SessionMsg::ReportsWaiting { parent });
+    }
+}
+
+/// Activates the child (which runs its own crash recovery), waits until no run of it is in
+/// progress, and reads how it stands from the store.
+async fn inspect(host: &Host<SessionActor>, shared: &Shared, child: &SessionId) -> ChildState {
+    let (reply, settled) = oneshot::channel();
+    host.send(child.clone(), SessionMsg::WaitSettled { reply });
+    let _ = settled.await;
+    match read_child(shared.store.as_ref(), child).await {
+        Ok(stored) => crate::session::stored_state(child, stored),
+        Err(error) => LostChild::Unreadable {
+            error: error.to_string(),
+        }
+        .state(),
+    }
+}
+
+/// What the store holds of a child: its record, its last run and its pending calls.
+type StoredChild = (
+    crate::session::SessionRecord,
+    Option<crate::session::RunRecord>,
+    Vec<crate::session::PendingCall>,
+);
+
+async fn read_child(store: &dyn Store, child: &SessionId) -> Result<Option<StoredChild>, Error> {
+    let Some(record) = schema::load_record(store, child).await? else {
+        return Ok(None);
+    };
+    let run = schema::load_run(store, child, record.run_count).await?;
+    let pending = schema::load_pending(store, child).await?;
+    Ok(Some((record, run, pending)))
+}
+
+/// How long recovery waits for one child before writing it off as interrupted.
+pub(crate) const DEFAULT_CHILD_INSPECTION_TIMEOUT: Duration = Duration::from_secs(2);

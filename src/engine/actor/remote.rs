@@ -1,0 +1,115 @@
+//! The session actor's side of remote sub-agents: each start, wake or watch of a remote child
+//! runs as a driver task beside the actor (`remote/driver.rs`), whose report comes back as a
+//! message and is fed to the core like a local child's. The core decides which children are
+//! remote and hands over all a driver needs ([`RemoteDrive`]); the actor never waits on a
+//! remote.
+
+use std::sync::Arc;
+
+use dormant_actors::ActorContext;
+
+use super::{SessionActor, SessionMsg, SessionState};
+use crate::remote::{drive, stop_remote, Driven, RemoteChild};
+use crate::session::{Input, RemoteDrive};
+use crate::types::ids::SessionId;
+
+impl SessionActor {
+    /// Runs a drive of a remote child as a task beside the actor; its report comes back as a
+    /// message.
+    pub(super) fn drive_remote(
+        &self,
+        ctx: &ActorContext<Self>,
+        state: &mut SessionState,
+        remote: RemoteDrive,
+    ) {
+        let Some(host) = ctx.host() else {
+            return;
+        };
+        let shared = Arc::clone(&self.shared);
+        let parent = ctx.key().clone();
+        // Work in progress until it reports: the session is not settled meanwhile (a caller
+        // waiting for the tree to settle waits for the remote too), nor evicted.
+        state.remote_drivers += 1;
+        tokio::spawn(async move {
+            let RemoteDrive {
+                call,
+                child,
+                remote,
+                forwarded,
+                how,
+            } = remote;
+            let driven = drive(shared, child, remote, forwarded, how).await;
+            host.send(
+                parent,
+                SessionMsg::RemoteReport {
+                    tool_call_id: call,
+                    driven,
+                },
+            );
+        });
+    }
+
+    /// Stops remote children in the background (a parent stopping the children its run no
+    /// longer waits for; a caller walking the tree stops them itself and waits).
+    pub(super) fn stop_remotes(&self, remotes: Vec<(SessionId, RemoteChild)>, abort: bool) {
+        for (child, remote) in remotes {
+            let shared = Arc::clone(&self.shared);
+            tokio::spawn(async move {
+                if let Err(error) = stop_remote(&shared, &child, &remote, abort).await {
+                    tracing::warn!(%child, endpoint = %remote.endpoint, error = %crate::Untrusted(&error), "remote_subagent.stop_failed");
+                    orphan(&shared, child, remote, abort).await;
+                }
+            });
+        }
+    }
+
+    /// A remote child's driver finished.
+    pub(super) async fn remote_reported(
+        &self,
+        ctx: &ActorContext<Self>,
+        state: &mut SessionState,
+        tool_call_id: String,
+        driven: Driven,
+    ) {
+        state.remote_drivers = state.remote_drivers.saturating_sub(1);
+        let input = match driven {
+            Driven::Report(report) => Some(Input::RemoteReported {
+                tool_call_id,
+                report: report.report,
+                chunks: report.chunks,
+                calls: report.calls,
+                as_of: report.as_of,
+                watch: report.watch,
+            }),
+            Driven::Unreachable(error) => Some(Input::RemoteUnreachable {
+                tool_call_id,
+                reason: error.to_string(),
+            }),
+            Driven::Nothing => None,
+        };
+        if let Some(input) = input {
+            if matches!(self.present(ctx.key(), state).await, Ok(Some(_))) {
+                self.feed(ctx, state, input).await;
+            }
+        }
+        self.answer_settle_waiters_if_idle(state);
+    }
+}
+
+/// Records a remote child whose server did not answer its stop, to be stopped once it does.
+pub(crate) async fn orphan(
+    shared: &crate::engine::shared::Shared,
+    child: SessionId,
+    remote: RemoteChild,
+    abort: bool,
+) {
+    let orphan = crate::remote::RemoteOrphan {
+        child,
+        endpoint: remote.endpoint,
+        abort,
+        since_ms: shared.clock.now_ms(),
+    };
+    if let Err(error) = crate::remote::record_orphan(shared, orphan).await {
+        tracing::error!(%error, "remote_subagent.orphan_not_recorded");
+    }
+}

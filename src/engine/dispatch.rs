@@ -1,0 +1,113 @@
+//! Runs the server tools of a step: phase 1 in parallel, then phase 2 (`finish_with` and
+//! `__finish__`) in order, stopping at the first that finishes the run. A handler that panics
+//! becomes a tool error; it never takes down its session.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+
+use futures::FutureExt;
+use serde_json::{Map, Value};
+
+use crate::definition::{AgentDefinition, ToolContext, ToolKind, FINISH_TOOL};
+use crate::session::FinishedCall;
+use crate::types::ids::{RunId, SessionId};
+use crate::types::message::{ToolCall, ToolOutcome};
+use crate::types::panic::panic_text;
+use crate::types::tool_error::ToolErrorCode;
+
+/// What every call of one step shares.
+#[derive(Clone, Debug)]
+pub(crate) struct StepContext {
+    pub(crate) agent: Arc<AgentDefinition>,
+    pub(crate) session: SessionId,
+    pub(crate) run_id: RunId,
+    pub(crate) state: Arc<Value>,
+}
+
+/// Runs the step's tools and returns their outcomes.
+pub(crate) async fn run_step(
+    step: StepContext,
+    parallel: Vec<ToolCall>,
+    sequential: Vec<ToolCall>,
+) -> Vec<FinishedCall> {
+    let mut finished =
+        futures::future::join_all(parallel.into_iter().map(|call| run_one(&step, call))).await;
+    let mut done = false;
+    for call in sequential {
+        if done {
+            finished.push(FinishedCall {
+                tool_call_id: call.id,
+                outcome: ToolErrorCode::Skipped
+                    .with("an earlier call in this step already finished the run")
+                    .into(),
+                updates: Map::new(),
+            });
+            continue;
+        }
+        let result = run_one(&step, call).await;
+        done = !result.outcome.is_error();
+        finished.push(result);
+    }
+    finished
+}
+
+async fn run_one(step: &StepContext, call: ToolCall) -> FinishedCall {
+    if call.name == FINISH_TOOL {
+        return FinishedCall {
+            outcome: finish_outcome(&step.agent, &call.input),
+            tool_call_id: call.id,
+            updates: Map::new(),
+        };
+    }
+    let handler = match step.agent.tool(&call.name).map(|tool| &tool.def.kind) {
+        Some(ToolKind::Server(handler)) => Arc::clone(handler),
+        _ => {
+            return FinishedCall {
+                outcome: ToolErrorCode::UnknownTool.with(&call.name).into(),
+                tool_call_id: call.id,
+                updates: Map::new(),
+            }
+        }
+    };
+    let ctx = ToolContext::new(
+        step.session.clone(),
+        step.run_id,
+        call.id.clone(),
+        Arc::clone(&step.state),
+    );
+    let running = AssertUnwindSafe(handler.call(call.input, ctx.clone())).catch_unwind();
+    let outcome = match running.await {
+        Ok(Ok(value)) => ToolOutcome::Result(value),
+        Ok(Err(error)) => ToolOutcome::Error(error.0),
+        Err(panic) => {
+            let reason = panic_text(panic.as_ref());
+            tracing::error!(session = %step.session, tool = %crate::Untrusted(&call.name), reason = %crate::Untrusted(&reason), "tool.panicked");
+            ToolErrorCode::ToolPanicked.with(reason).into()
+        }
+    };
+    FinishedCall {
+        tool_call_id: call.id,
+        outcome,
+        updates: ctx.take_updates(),
+    }
+}
+
+/// `__finish__` succeeds with its input when it satisfies the agent's output schema.
+fn finish_outcome(agent: &AgentDefinition, input: &Value) -> ToolOutcome {
+    let Some(schema) = agent.output() else {
+        return ToolErrorCode::UnknownTool
+            .with("the agent has no output schema")
+            .into();
+    };
+    let errors = schema.errors(input);
+    if errors.is_empty() {
+        ToolOutcome::Result(input.clone())
+    } else {
+        ToolErrorCode::InvalidOutput
+            .with(format_args!(
+                "the value does not match the output schema: {}",
+                errors.join("; ")
+            ))
+            .into()
+    }
+}
