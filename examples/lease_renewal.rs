@@ -41,7 +41,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         started.elapsed().as_secs_f64()
     );
 
-    let period = DEFAULT_LEASE_TTL / 3;
+    // A node renews four times in a time to live.
+    let period = DEFAULT_LEASE_TTL / 4;
     let mut times = Vec::new();
     for _ in 0..5 {
         let started = Instant::now();

@@ -473,6 +473,48 @@ pub(crate) async fn cycle_over_http(
 }
 
 /// The body of `POST /start`.
+/// Starts a session of `agent` on `client` and reads its stream until the run waits: the
+/// session, its token and the call it waits on.
+pub(crate) async fn suspend_over_http(
+    client: &HttpClient,
+    agent: &str,
+) -> anyhow::Result<(String, String, String)> {
+    let body = StartBody {
+        agent,
+        message: MESSAGE,
+    };
+    let mut events = client.stream("/start?stream=true", None, &body).await?;
+    let started = events.next().await?.context("no started event")?;
+    let id = started.session_id.context("no session_id")?;
+    let token = started.token.context("no token")?;
+    while let Some(event) = events.next().await? {
+        if let Some(kind) = event.kind {
+            if kind.name == "run_suspended" {
+                let call = kind.tool_call_ids.into_iter().next();
+                return Ok((id, token, call.context("suspended on no call")?));
+            }
+        }
+    }
+    anyhow::bail!("{id}: the stream ended before the run waited")
+}
+
+/// Answers client tool `call` of session `id` on `client` (an answer that is not 2xx is an
+/// error).
+pub(crate) async fn answer_over_http(
+    client: &HttpClient,
+    id: &str,
+    token: &str,
+    call: &str,
+) -> anyhow::Result<Value> {
+    client
+        .post(
+            "/submit-tool-result",
+            Some(token),
+            &Envelope::new(id, call, None),
+        )
+        .await
+}
+
 #[derive(serde::Serialize)]
 struct StartBody<'a> {
     agent: &'a str,

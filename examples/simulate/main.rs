@@ -30,6 +30,8 @@
 mod allocator;
 mod backend;
 mod driver;
+#[cfg(feature = "postgres")]
+mod failover;
 mod fanout;
 mod halt;
 mod http;
@@ -198,6 +200,16 @@ struct Args {
     /// forwards them to the owner.
     #[arg(long, requires = "nodes")]
     cross_node: bool,
+    /// With --nodes (2 or more): instead of the passes, ROUNDS times start a session on a
+    /// node, SIGKILL that node once the session waits, and answer it at the next node until
+    /// one is accepted; reports how long each session was out (the owner's failover).
+    #[arg(long, value_name = "ROUNDS", requires = "nodes")]
+    failover: Option<usize>,
+    /// With --nodes: during the PostgreSQL passes, pause a random node (SIGSTOP) for MS
+    /// milliseconds at a time, then continue it (SIGCONT); reports the leases lost meanwhile
+    /// (taken again, by the node or another, after a pause).
+    #[arg(long, value_name = "MS", requires = "nodes")]
+    pause_ms: Option<u64>,
     /// What an acknowledged commit survives.
     #[arg(long, value_enum, default_value_t = DurabilityArg::PowerLoss)]
     durability: DurabilityArg,
@@ -237,7 +249,10 @@ fn nodes(
     if let Some(index) = args.serve_node {
         return runtime.block_on(nodes::serve_node(args, url, index));
     }
-    let problems = runtime.block_on(nodes::simulate(args, url, count))?;
+    let problems = match args.failover {
+        Some(rounds) => runtime.block_on(failover::simulate(args, url, count, rounds))?,
+        None => runtime.block_on(nodes::simulate(args, url, count))?,
+    };
     anyhow::ensure!(problems == 0, "{problems} problems");
     Ok(())
 }

@@ -17,6 +17,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use dormant::PgStore;
 use dormant_server::{Auth, Server, TokenKey};
@@ -65,6 +66,10 @@ pub(crate) async fn simulate(args: Args, url: String, count: usize) -> anyhow::R
         listener,
     )?;
 
+    let pids: Vec<u32> = nodes.iter().map(|node| node.process.id()).collect();
+    let pauses = args
+        .pause_ms
+        .map(|ms| Pauser::start(pids, Duration::from_millis(ms)));
     let mut on_postgres = Vec::new();
     let mut on_sled = Vec::new();
     let mut costs = Vec::new();
@@ -90,6 +95,16 @@ pub(crate) async fn simulate(args: Args, url: String, count: usize) -> anyhow::R
         }
     }
 
+    if let Some(pauses) = pauses {
+        let made = pauses.stop()?;
+        // Each tree's lease is taken once by the node its session started on; a lease taken
+        // again was lost by a pause (to its node's own renewal, or to another node).
+        let lost = database.leases_taken_again().await?;
+        println!(
+            "pauses: {made} of {} ms (SIGSTOP, then SIGCONT) during the PostgreSQL passes; leases lost meanwhile: {lost}",
+            args.pause_ms.unwrap_or_default()
+        );
+    }
     for mut node in nodes {
         stop_node(&mut node.process)?;
     }
@@ -110,7 +125,7 @@ pub(crate) async fn simulate(args: Args, url: String, count: usize) -> anyhow::R
 
 /// Starts node `index` as a process of its own (this program with `--serve-node`): the
 /// process, and the address it serves at.
-fn start_node(index: usize, key_file: &Path) -> anyhow::Result<(Child, String)> {
+pub(crate) fn start_node(index: usize, key_file: &Path) -> anyhow::Result<(Child, String)> {
     let mut process = Command::new(std::env::current_exe()?)
         .args(std::env::args_os().skip(1))
         .arg("--serve-node")
@@ -135,7 +150,7 @@ fn start_node(index: usize, key_file: &Path) -> anyhow::Result<(Child, String)> 
 }
 
 /// Closes a node's standard input (it shuts down) and waits for it.
-fn stop_node(process: &mut Child) -> anyhow::Result<()> {
+pub(crate) fn stop_node(process: &mut Child) -> anyhow::Result<()> {
     drop(process.stdin.take());
     let status = process.wait()?;
     anyhow::ensure!(status.success(), "a node ended with {status}");
@@ -174,6 +189,48 @@ pub(crate) async fn serve_node(args: Args, url: String, index: usize) -> anyhow:
     Ok(())
 }
 
+/// Pauses the nodes one after another (SIGSTOP, then SIGCONT after the pause), from a thread
+/// of its own, until stopped.
+struct Pauser {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<anyhow::Result<usize>>,
+}
+
+impl Pauser {
+    fn start(pids: Vec<u32>, pause: Duration) -> Self {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopped = Arc::clone(&stop);
+        let thread = std::thread::spawn(move || {
+            let mut made = 0;
+            while !stopped.load(Ordering::Relaxed) {
+                // Between pauses, as long again: every node runs most of the time.
+                std::thread::sleep(pause);
+                let pid = pids[made % pids.len()].to_string();
+                signal("-STOP", &pid)?;
+                std::thread::sleep(pause);
+                signal("-CONT", &pid)?;
+                made += 1;
+            }
+            Ok(made)
+        });
+        Self { stop, thread }
+    }
+
+    /// Stops pausing (no node is left paused): how many pauses were made.
+    fn stop(self) -> anyhow::Result<usize> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread
+            .join()
+            .map_err(|_| anyhow::anyhow!("the pausing thread panicked"))?
+    }
+}
+
+fn signal(which: &str, pid: &str) -> anyhow::Result<()> {
+    let status = Command::new("kill").args([which, pid]).status()?;
+    anyhow::ensure!(status.success(), "kill {which} {pid} failed");
+    Ok(())
+}
+
 /// A connection of the simulator's own to the database, to read what the passes cost.
 struct Database(tokio_postgres::Client);
 
@@ -182,6 +239,15 @@ impl Database {
         let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
         tokio::spawn(connection);
         Ok(Self(client))
+    }
+
+    /// How many leases were taken more than once (their epoch rose past the first take).
+    async fn leases_taken_again(&self) -> anyhow::Result<i64> {
+        let row = self
+            .0
+            .query_one("SELECT count(*) FROM dormant_leases WHERE epoch > 1", &[])
+            .await?;
+        Ok(row.try_get(0)?)
     }
 
     /// The transactions the database committed and the WAL flushes it made so far.

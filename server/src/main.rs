@@ -75,8 +75,9 @@ struct Serve {
     #[arg(long, value_name = "NAME")]
     node_name: Option<String>,
     /// How long a node's lease on a session lasts unless renewed, in milliseconds (PostgreSQL
-    /// store). A node paused longer than this loses its sessions to the others.
-    #[arg(long, default_value_t = 10_000)]
+    /// store): a node that dies is taken over within it. It renews every quarter of it, so
+    /// a node paused for longer than three quarters of it may lose its sessions to the others.
+    #[arg(long, default_value_t = 2_500)]
     lease_ttl_ms: u64,
     /// The URL other nodes sharing a PostgreSQL store forward this node's sessions' requests
     /// to (default: http:// and the address it listens on).

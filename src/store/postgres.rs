@@ -53,7 +53,12 @@ const POOL_SIZE: usize = 8;
 const LEASE_POOL_SIZE: usize = 4;
 
 /// How long a lease lasts unless renewed, by default.
-pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(10);
+///
+/// Short, so that a node that dies is taken over within it (issue 30: failover after a
+/// SIGKILL at most 3 s); a node renews four times in it, so a pause (or a stall reaching the
+/// database) of up to three quarters of it, 1.875 s, loses nothing. A longer pause may cost
+/// the paused node its trees, never a write: every commit is fenced by the lease.
+pub const DEFAULT_LEASE_TTL: Duration = Duration::from_millis(2_500);
 
 /// The PostgreSQL store. Cloning is not needed: share it in an `Arc`.
 pub struct PgStore {
@@ -111,9 +116,10 @@ impl PgStoreBuilder {
         self
     }
 
-    /// How long this node stays live unless it renews (default 10 s; renewed every third of
-    /// it), and with it every lease it holds. A node paused longer than this loses its
-    /// sessions to the others.
+    /// How long this node stays live unless it renews ([`DEFAULT_LEASE_TTL`], 2.5 s; renewed
+    /// every quarter of it), and with it every lease it holds. A node that dies is taken over
+    /// within it; one paused for longer than three quarters of it may lose its sessions to the
+    /// others (and then writes nothing more: its commits are fenced).
     pub fn lease_ttl(mut self, ttl: Duration) -> Self {
         self.lease_ttl = ttl.max(Duration::from_millis(30));
         self
@@ -176,7 +182,7 @@ impl PgStore {
     }
 
     /// Keeps this node live now, and with it every lease it holds (the background renewal
-    /// does it every third of the lease's time to live), and returns how many leases it holds
+    /// does it every quarter of the lease's time to live), and returns how many leases it holds
     /// after: for measuring what renewal costs, and for an operator who paused the renewal's
     /// task.
     ///

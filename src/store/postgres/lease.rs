@@ -347,9 +347,13 @@ impl Leases {
     }
 }
 
-/// Keeps the node live every third of a time to live, until the store closes.
+/// How many times a node renews in a time to live: a node whose renewal is late by less than
+/// the rest of it (three quarters) stays live.
+pub(super) const RENEWALS_PER_TTL: u32 = 4;
+
+/// Keeps the node live every quarter of a time to live, until the store closes.
 pub(super) async fn renew_forever(pool: Pool, leases: Arc<Leases>) {
-    let period = leases.ttl / 3;
+    let period = leases.ttl / RENEWALS_PER_TTL;
     let mut took = Duration::ZERO;
     loop {
         // The next renewal starts a period after the last one started, so a slow database
