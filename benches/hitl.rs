@@ -6,9 +6,11 @@
 //! as the deadline index grows; submit latency with 10,000 calls pending under one root
 //! against 10,000 roots with one each; and what a suspended, evicted session keeps resident.
 //!
-//! One section alone: `HITL_ONLY=cycles|memory_cycles|expired|submits|memory cargo bench
-//! --bench hitl`. `memory_cycles` runs the same cycles on `MemoryStore`: the runtime's own
-//! ceiling, with nothing durable. The bench runs on mimalloc (`--features system-allocator`
+//! One section alone: `HITL_ONLY=cycles|memory_cycles|wait_cost|expired|submits|memory cargo
+//! bench --bench hitl`. `memory_cycles` runs the same cycles on `MemoryStore`: the runtime's
+//! own ceiling, with nothing durable. `wait_cost` runs them on `MemoryStore` with every commit
+//! held up first, with no I/O: what waiting on a store costs the runtime itself, the ceiling
+//! of any store whose commit cannot finish in the caller's own poll. The bench runs on mimalloc (`--features system-allocator`
 //! for the system's; see `support/allocator.rs`).
 
 #[path = "support/allocator.rs"]
@@ -50,6 +52,9 @@ fn main() -> anyhow::Result<()> {
         }
         if wants("memory_cycles") {
             memory_cycles(quick).await?;
+        }
+        if wants("wait_cost") {
+            wait_cost(quick).await?;
         }
         if wants("expired") {
             expired_scan(quick).await?;
@@ -188,6 +193,95 @@ async fn memory_cycles(quick: bool) -> anyhow::Result<()> {
             "| {concurrency} | {cycles} | {ours:.0} | {} |",
             cpu_per_cycle(cpu, cycles)
         );
+    }
+    Ok(())
+}
+
+/// How a commit of the `wait_cost` section waits before it reaches `MemoryStore`.
+#[derive(Debug)]
+enum Wait {
+    /// Not at all.
+    None,
+    /// The task goes to the back of its worker's queue once.
+    Yield,
+    /// A 1 ms timer.
+    Timer,
+    /// A round trip through a thread of its own, which answers every commit queued since its
+    /// last answer together: a group-commit flusher's hand-off, without the writing.
+    Thread(std::sync::mpsc::Sender<tokio::sync::oneshot::Sender<()>>),
+}
+
+impl Wait {
+    fn thread() -> Self {
+        let (queue, queued) = std::sync::mpsc::channel::<tokio::sync::oneshot::Sender<()>>();
+        std::thread::spawn(move || {
+            while let Ok(first) = queued.recv() {
+                let group: Vec<_> = std::iter::once(first).chain(queued.try_iter()).collect();
+                for done in group {
+                    let _ = done.send(());
+                }
+            }
+        });
+        Self::Thread(queue)
+    }
+
+    fn name(&self) -> &'static str {
+        match self {
+            Wait::None => "no wait (MemoryStore)",
+            Wait::Yield => "a yield",
+            Wait::Timer => "a 1 ms timer",
+            Wait::Thread(_) => "a round trip through a thread",
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl dormant::store::Delegate for Wait {
+    async fn before(&self, call: dormant::store::Call<'_>) -> Result<(), dormant::store::Error> {
+        if !matches!(call, dormant::store::Call::Commit(_)) {
+            return Ok(());
+        }
+        match self {
+            Wait::None => {}
+            Wait::Yield => tokio::task::yield_now().await,
+            Wait::Timer => tokio::time::sleep(Duration::from_millis(1)).await,
+            Wait::Thread(queue) => {
+                let (done, answered) = tokio::sync::oneshot::channel();
+                if queue.send(done).is_ok() {
+                    let _ = answered.await;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The cycles on `MemoryStore` with each commit held up first ([`Wait`]), at 10,000 sessions:
+/// what the runtime pays for waiting on its store, apart from anything a store does.
+async fn wait_cost(quick: bool) -> anyhow::Result<()> {
+    println!("\n## What waiting on a commit costs the runtime (MemoryStore, each commit held up first, no I/O)\n");
+    println!("| a commit waits for | cycles | cycles/s | CPU µs/cycle | of no wait |");
+    println!("|---|---:|---:|---:|---:|");
+    let cases: &[(usize, usize)] = if quick {
+        &[(10_000, 10_000)]
+    } else {
+        &[(10_000, 10_000), (10_000, 30_000)]
+    };
+    for &(concurrency, cycles) in cases {
+        let mut unheld = None;
+        for wait in [Wait::None, Wait::Yield, Wait::Timer, Wait::thread()] {
+            let name = wait.name();
+            let store = dormant::store::DelegatingStore::wrap(Arc::new(MemoryStore::new()), wait);
+            let runtime = runtime_on(Arc::new(store), one_call_script())?;
+            let (rate, cpu) = run_cycles(&runtime, concurrency, cycles).await?;
+            runtime.shutdown().await?;
+            let base = *unheld.get_or_insert(rate);
+            println!(
+                "| {name} | {cycles} | {rate:.0} | {} | {:.2} |",
+                cpu_per_cycle(cpu, cycles),
+                rate / base
+            );
+        }
     }
     Ok(())
 }
