@@ -1,14 +1,6 @@
 //! Group commit: the queue between committers and the flusher thread, which applies every
 //! batch queued so far as one group, does one flush for all of them, and wakes their
 //! committers.
-//!
-//! The committers are woken from inside the tokio runtime the store was opened in, when there
-//! is one: the flusher hands a group's answers to a relay task (one wake from its thread)
-//! which answers each committer from a worker thread, where waking a task is a push on the
-//! worker's own queue. Woken from the flusher thread one by one, each committer's wake was a
-//! hand-off between threads, often one that woke a parked worker: measured with the `hitl`
-//! bench's `wait_cost` section, a round trip through a thread costs the runtime a third to a
-//! half of its cycles before any I/O (BENCHMARKS.md, issue 30).
 
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -53,49 +45,6 @@ fn duplicate(error: &Error) -> Error {
 
 type Waiter = oneshot::Sender<Result<(), Error>>;
 
-/// A group's committers with their answers.
-type Answers = Vec<(Waiter, Result<(), Error>)>;
-
-/// Where the flusher hands a group's answers, to be given from inside the runtime.
-#[derive(Clone)]
-struct Relay(tokio::sync::mpsc::UnboundedSender<Answers>);
-
-impl Relay {
-    /// A relay task on the current tokio runtime; `None` outside one, and on a current-thread
-    /// runtime, whose tasks run only while someone drives it: a store opened there and used
-    /// from elsewhere would wait on a relay nobody runs. A multi-thread runtime runs its tasks
-    /// as long as it lives, and when it shuts down the relay goes and the flusher answers
-    /// by itself.
-    fn start() -> Option<Self> {
-        let runtime = tokio::runtime::Handle::try_current().ok()?;
-        if runtime.runtime_flavor() != tokio::runtime::RuntimeFlavor::MultiThread {
-            return None;
-        }
-        let (relay, mut groups) = tokio::sync::mpsc::unbounded_channel::<Answers>();
-        runtime.spawn(async move {
-            while let Some(answers) = groups.recv().await {
-                answer(answers);
-            }
-        });
-        Some(Self(relay))
-    }
-
-    /// Hands `answers` to the relay task, or gives them here if it is gone (its runtime shut
-    /// down): a committer is answered either way.
-    fn hand(&self, answers: Answers) {
-        if let Err(returned) = self.0.send(answers) {
-            answer(returned.0);
-        }
-    }
-}
-
-/// Gives each committer its answer. One that gave up (its future was dropped) needs none.
-fn answer(answers: Answers) {
-    for (waiter, outcome) in answers {
-        let _ = waiter.send(outcome);
-    }
-}
-
 /// A committer waiting for the flusher: its batch (`None` for a bare flush) and its wake-up.
 struct Pending {
     batch: Option<SledWrites>,
@@ -133,10 +82,9 @@ impl GroupFlusher {
             wake: Condvar::new(),
         });
         let thread_queue = Arc::clone(&queue);
-        let relay = Relay::start();
         let thread = std::thread::Builder::new()
             .name("dormant-store-flusher".into())
-            .spawn(move || run_flusher(&shared, &thread_queue, relay.as_ref()))
+            .spawn(move || run_flusher(&shared, &thread_queue))
             .map_err(io_error)?;
         Ok(Self {
             queue,
@@ -186,7 +134,7 @@ impl Drop for ExitGuard<'_> {
     }
 }
 
-fn run_flusher(shared: &Arc<Shared>, queue: &Queue, relay: Option<&Relay>) {
+fn run_flusher(shared: &Arc<Shared>, queue: &Queue) {
     let _guard = ExitGuard(queue);
     loop {
         let pending = {
@@ -210,19 +158,13 @@ fn run_flusher(shared: &Arc<Shared>, queue: &Queue, relay: Option<&Relay>) {
         // A failed group has had its database replaced before its committers hear of it.
         let result = shared.commit(&batches);
         drop(batches);
-        let answers: Answers = waiters
-            .into_iter()
-            .map(|waiter| {
-                let outcome = match &result {
-                    Ok(()) => Ok(()),
-                    Err(e) => Err(duplicate(e)),
-                };
-                (waiter, outcome)
-            })
-            .collect();
-        match relay {
-            Some(relay) => relay.hand(answers),
-            None => answer(answers),
+        for waiter in waiters {
+            let outcome = match &result {
+                Ok(()) => Ok(()),
+                Err(e) => Err(duplicate(e)),
+            };
+            // The committer may have given up (its future was dropped); nothing to do then.
+            let _ = waiter.send(outcome);
         }
         if let Err(e) = &result {
             tracing::error!(error = %e, "store group commit failed; every commit of the group failed");
