@@ -22,10 +22,13 @@ mod submits;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use dormant::llm::{LlmAdapter, LlmError, ModelRequest};
+use dormant::store::Store;
+use dormant::types::ChildState;
 use dormant::Submit;
 use dormant::{
-    AgentDefinition, ChildState, LlmAdapter, LlmError, ModelReply, ModelRequest, Runtime,
-    ScriptedLlm, SessionId, SledStore, Status, Store, ToolCall, ToolDefinition,
+    AgentDefinition, ModelReply, Runtime, ScriptedLlm, SessionId, SledStore, Status, ToolCall,
+    ToolDefinition,
 };
 use futures::future::BoxFuture;
 use futures::stream::{self, StreamExt};

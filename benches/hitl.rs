@@ -25,10 +25,11 @@ mod submits;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use dormant::store::{Batch, CommitKind, MemoryStore, SledStore, Store, Tree};
+use dormant::store::{Batch, CommitKind, Store, Tree};
 use dormant::{
     AgentDefinition, ModelReply, Runtime, ScriptedLlm, SessionId, Status, ToolCall, ToolDefinition,
 };
+use dormant::{MemoryStore, SledStore};
 use dormant::{Submit, SubmitOutcome};
 use futures::stream::{self, StreamExt};
 use serde_json::json;

@@ -22,10 +22,8 @@ use axum::routing::post;
 use axum::serve::ListenerExt;
 use axum::Router;
 use criterion::Criterion;
-use dormant::{
-    BoxFuture, DeltaSink, LlmAdapter, Message, ModelRequest, ModelSettings, OpenAiAdapter,
-    SessionId,
-};
+use dormant::llm::{BoxFuture, DeltaSink, LlmAdapter, ModelRequest};
+use dormant::{Message, ModelSettings, OpenAiAdapter, SessionId};
 use serde_json::json;
 
 const TEXT_JSON: &str = include_str!("../tests/openai/text.json");

@@ -38,9 +38,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use criterion::{BenchmarkId, Criterion, SamplingMode, Throughput};
+use dormant::store::Store;
 use dormant::{
-    AgentDefinition, ModelReply, Runtime, ScriptedLlm, SessionId, SledStore, Status, Store,
-    ToolCall, ToolDefinition, ToolError,
+    AgentDefinition, ModelReply, Runtime, ScriptedLlm, SessionId, SledStore, Status, ToolCall,
+    ToolDefinition, ToolError,
 };
 use futures::StreamExt;
 use hdrhistogram::Histogram;

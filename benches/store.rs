@@ -25,7 +25,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use dormant::store::{Batch, CommitKind, Durability, SledStore, Store, Tree};
+use dormant::store::{Batch, CommitKind, Durability, Store, Tree};
+use dormant::SledStore;
 
 const VALUE_BYTES: usize = 500;
 const CONCURRENCY: [usize; 2] = [1, 64];

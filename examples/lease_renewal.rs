@@ -9,8 +9,9 @@
 use std::time::{Duration, Instant};
 
 use dormant::cluster::leases::Leases;
+use dormant::store::Store;
 use dormant::store::DEFAULT_LEASE_TTL;
-use dormant::{PgStore, Store};
+use dormant::PgStore;
 use futures::StreamExt;
 
 #[tokio::main]

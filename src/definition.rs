@@ -1,7 +1,13 @@
 //! Agent definitions, validated when built: an invalid definition never reaches a run.
+//!
+//! Public for what a definition needs beyond the crate root's front door
+//! ([`AgentDefinition`], [`ToolDefinition`], [`ToolError`], [`Approval`]): [`AgentBuilder`],
+//! [`DefinitionError`], [`ToolContext`] and [`ToolHandler`] for a handler of your own type,
+//! companions ([`CompanionMode`], [`PersistentAgent`]), the reserved names and the defaults.
 
+pub(crate) mod agent;
 mod companion;
-mod tool;
+pub(crate) mod tool;
 
 use std::collections::HashMap;
 use std::fmt;
@@ -12,12 +18,14 @@ use serde_json::Value;
 use crate::llm::ToolSpec;
 use crate::skills::{SkillProvider, RESERVED_TOOL_NAMES};
 
+pub(crate) use agent::AgentDefinition;
 pub(crate) use companion::CompanionTool;
 pub use companion::{CompanionMode, PersistentAgent};
-pub use tool::{
-    sub_agent_input_schema, Approval, ApprovalPredicate, ToolContext, ToolDefinition, ToolError,
-    ToolHandler, ToolKind,
-};
+pub(crate) use tool::{Approval, ToolDefinition, ToolError};
+// Public beyond the front door (the crate root has `AgentDefinition`, `ToolDefinition`,
+// `ToolError`, `Approval`): the builder, the handler trait and context, companions, the
+// reserved names and defaults.
+pub use tool::{sub_agent_input_schema, ApprovalPredicate, ToolContext, ToolHandler, ToolKind};
 
 /// The name of the tool that ends a run with a value checked against the agent's output schema.
 pub const FINISH_TOOL: &str = "__finish__";
@@ -242,44 +250,6 @@ pub(crate) struct Tool {
     pub(crate) output: Option<Schema>,
 }
 
-/// An agent: its prompt, tools and limits. Build one with [`AgentDefinition::builder`].
-///
-/// ```
-/// use dormant::{AgentDefinition, DefinitionError, ToolDefinition, ToolError};
-/// use serde_json::json;
-///
-/// let agent = AgentDefinition::builder("helper")
-///     .system_prompt("Be brief.")
-///     .tool(ToolDefinition::server("now", |_, _| async { Ok::<_, ToolError>(json!(0)) }))
-///     .max_steps(5)
-///     .build()?;
-/// assert_eq!(agent.name(), "helper");
-///
-/// let refused = AgentDefinition::builder("x")
-///     .tool(ToolDefinition::client("__finish__"))
-///     .build();
-/// assert!(matches!(refused, Err(DefinitionError::ReservedFinishName { .. })));
-/// # Ok::<(), DefinitionError>(())
-/// ```
-#[derive(Clone, Debug)]
-pub struct AgentDefinition {
-    name: String,
-    system_prompt: String,
-    max_steps: u32,
-    client_tool_timeout_ms: Option<u64>,
-    output_schema: Option<Schema>,
-    tools: Vec<Tool>,
-    by_name: HashMap<String, usize>,
-    persistent: Vec<PersistentAgent>,
-    specs: Arc<[ToolSpec]>,
-    model: Arc<crate::llm::ModelSettings>,
-    skills: Option<Arc<dyn SkillProvider>>,
-    /// Shared with each model call's prompt builder, not copied per step.
-    preload_skills: Arc<[String]>,
-    /// The last skills section built for this agent: a step whose provider fails uses it.
-    skill_section: crate::skills::LastSection,
-}
-
 impl AgentDefinition {
     /// Starts a definition of the agent `name`.
     pub fn builder(name: impl Into<String>) -> AgentBuilder {
@@ -397,7 +367,7 @@ impl AgentBuilder {
     ///     .model(ModelSettings::model("gpt-4o-mini").temperature(0.2))
     ///     .build()?;
     /// assert_eq!(agent.model_settings().temperature, Some(0.2));
-    /// # Ok::<(), dormant::DefinitionError>(())
+    /// # Ok::<(), dormant::definition::DefinitionError>(())
     /// ```
     pub fn model(mut self, settings: crate::llm::ModelSettings) -> Self {
         self.model = settings;
@@ -484,14 +454,15 @@ impl AgentBuilder {
     /// `waitForResult` once some persistent agent is [`CompanionMode::Blocking`]).
     ///
     /// ```
-    /// use dormant::{AgentDefinition, CompanionMode};
+    /// use dormant::AgentDefinition;
+    /// use dormant::definition::CompanionMode;
     /// let lead = AgentDefinition::builder("lead")
     ///     .persistent_agent("researcher", CompanionMode::Blocking)
     ///     .build()?;
     /// let names: Vec<String> = lead.tool_specs().iter().map(|spec| spec.name.clone()).collect();
     /// assert!(names.contains(&"companion__spawnAgent".to_string()));
     /// assert!(names.contains(&"companion__waitForResult".to_string()));
-    /// # Ok::<(), dormant::DefinitionError>(())
+    /// # Ok::<(), dormant::definition::DefinitionError>(())
     /// ```
     pub fn persistent_agent(mut self, agent: impl Into<String>, mode: CompanionMode) -> Self {
         self.persistent.push(PersistentAgent {

@@ -1,27 +1,34 @@
 //! The model behind an agent: one call per step, messages and tool specs in, text and tool
 //! calls out.
+//!
+//! Public as the implementer's room of a model adapter: the [`LlmAdapter`] trait and what it
+//! speaks ([`ModelRequest`], [`ToolSpec`], [`DeltaSink`], [`LlmError`], [`BoxFuture`]), and with
+//! `openai` the OpenAI adapter's builder and its error. What a daemon names to pick a model
+//! (`ScriptedLlm`, `ModelReply`, `ModelSettings`, `OpenAiAdapter`) is at the crate root.
 
 mod delta;
 #[cfg(feature = "openai")]
-mod openai;
-mod scripted;
-mod settings;
+pub(crate) mod openai;
+pub(crate) mod reply;
+pub(crate) mod scripted;
+pub(crate) mod settings;
 
 use std::sync::Arc;
 
-use futures::future::BoxFuture;
 use serde_json::Value;
 
 use crate::types::ids::SessionId;
-use crate::types::message::{Message, ToolCall};
+use crate::types::message::Message;
 
 pub use delta::DeltaSink;
+/// The boxed future an [`LlmAdapter`] or a [`ToolHandler`](crate::definition::ToolHandler)
+/// returns, re-exported so that implementing them needs no dependency on `futures`.
+pub use futures::future::BoxFuture;
 #[cfg(feature = "openai")]
-pub use openai::{OpenAiAdapter, OpenAiBuilder, OpenAiConfigError};
-pub use scripted::ScriptedLlm;
-pub use settings::ModelSettings;
-
-use crate::types::usage::Usage;
+pub use openai::{OpenAiBuilder, OpenAiConfigError};
+pub(crate) use reply::ModelReply;
+pub(crate) use scripted::ScriptedLlm;
+pub(crate) use settings::ModelSettings;
 
 /// A tool as the model sees it.
 #[derive(Clone, Debug, PartialEq)]
@@ -65,42 +72,6 @@ impl ModelRequest {
     }
 }
 
-/// What the model answered.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct ModelReply {
-    /// Text, if any.
-    pub text: Option<String>,
-    /// Tool calls, in order.
-    pub tool_calls: Vec<ToolCall>,
-    /// Tokens used, if the provider said.
-    pub usage: Option<Usage>,
-}
-
-impl ModelReply {
-    /// A reply with only text: the run completes.
-    pub fn text(text: impl Into<String>) -> Self {
-        Self {
-            text: Some(text.into()),
-            ..Self::default()
-        }
-    }
-
-    /// A reply with only tool calls.
-    pub fn tool_calls(calls: Vec<ToolCall>) -> Self {
-        Self {
-            tool_calls: calls,
-            ..Self::default()
-        }
-    }
-
-    /// The same reply, with the tokens it used.
-    #[must_use]
-    pub fn with_usage(mut self, usage: Usage) -> Self {
-        self.usage = Some(usage);
-        self
-    }
-}
-
 /// Why a model call failed.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -136,10 +107,11 @@ pub enum LlmError {
 /// scenarios and the simulator use [`ScriptedLlm`]. An adapter that panics fails the run with
 /// a `model_error`, as an error it returned would.
 ///
-/// [`BoxFuture`] is re-exported by this crate (`dormant::BoxFuture`):
+/// [`BoxFuture`] is re-exported here (`dormant::llm::BoxFuture`):
 ///
 /// ```
-/// use dormant::{BoxFuture, LlmAdapter, LlmError, ModelReply, ModelRequest};
+/// use dormant::llm::{BoxFuture, LlmAdapter, LlmError, ModelRequest};
+/// use dormant::ModelReply;
 ///
 /// /// Answers every step with the number of messages it was shown.
 /// struct Counter;
@@ -165,7 +137,7 @@ pub(crate) async fn complete_caught(
     let session = request.session_id.clone();
     let panicked = |panic: Box<dyn std::any::Any + Send>| {
         let reason = crate::types::panic::panic_text(panic.as_ref());
-        tracing::error!(%session, reason = %crate::Untrusted(&reason), "llm.panicked");
+        tracing::error!(%session, reason = %crate::types::Untrusted(&reason), "llm.panicked");
         Err(LlmError::Provider(format!(
             "the model adapter panicked: {reason}"
         )))

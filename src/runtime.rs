@@ -1,9 +1,16 @@
 //! The public entry point: a [`Runtime`] hosts sessions on a store and runs their agents.
+//!
+//! Public for what the runtime returns beyond the crate root's front door
+//! ([`Runtime`], [`RuntimeBuilder`]): its counters
+//! ([`RuntimeStats`], [`HostStats`], [`Latency`], [`ClientToolStats`]), a deadline sweep's
+//! report ([`SweepReport`], [`ExpiredCall`]) and a handle that does not keep it alive
+//! ([`WeakRuntime`]).
 
-mod builder;
+pub(crate) mod builder;
 mod call;
 mod claim;
 mod follow;
+pub(crate) mod handle;
 mod inner;
 mod route;
 mod stop;
@@ -11,29 +18,35 @@ mod submit;
 
 use std::sync::Arc;
 
-use dormant_actors::HostStats;
 use futures::Stream;
 use tokio::sync::oneshot;
 
 use crate::cluster::peer::{PeerCall, SubmitResumed};
 use crate::definition::{AgentDefinition, DefinitionError, ToolKind};
 use crate::engine::actor::{host_error, SessionMsg};
-use crate::engine::deadlines::{SchedulerMsg, SweepReport};
-use crate::engine::metrics::ClientToolStats;
-use crate::engine::metrics::Latency;
+use crate::engine::deadlines::SchedulerMsg;
 use crate::engine::shared::Shared;
 use crate::error::Error;
 use crate::session::submit::{Submit, SubmitOutcome};
 use crate::session::{ChildCall, Companion, PendingCall};
 use crate::session::{RunOutcome, RunRecord, RunStarted, SessionRecord, Status};
 use crate::store::schema;
-use crate::store::schema::ExpiredCall;
 use crate::types::ids::SessionId;
 use crate::types::message::Message;
 use crate::types::stream::Chunk;
 
-pub use builder::RuntimeBuilder;
+pub(crate) use builder::RuntimeBuilder;
+pub(crate) use handle::Runtime;
 use inner::Inner;
+
+// Public beyond the front door (the crate root has `Runtime`, `RuntimeBuilder`): what the
+// runtime's counters, deadline sweeps and weak handle return.
+pub use crate::engine::deadlines::SweepReport;
+pub use crate::engine::metrics::{ClientToolStats, Latency};
+pub use crate::store::schema::ExpiredCall;
+/// The actor host's counters in [`RuntimeStats::host`], re-exported so that reading them needs
+/// no dependency on `dormant-actors`.
+pub use dormant_actors::HostStats;
 
 /// A snapshot of the runtime's counters (serializable, for a metrics endpoint).
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
@@ -48,31 +61,6 @@ pub struct RuntimeStats {
     pub commit_writes: u64,
     /// Children that recovery inspected after a crash cut their parent's step.
     pub reconciled_children: u64,
-}
-
-/// Hosts durable agent sessions. Cheap to clone; every clone drives the same sessions.
-///
-/// ```
-/// use std::sync::Arc;
-/// use dormant::{AgentDefinition, ModelReply, Runtime, ScriptedLlm, SledStore, Status};
-///
-/// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// let llm = ScriptedLlm::new().script("greeter", vec![ModelReply::text("Hello!")]);
-/// let runtime = Runtime::builder()
-///     .store(Arc::new(SledStore::temporary()?))
-///     .llm(Arc::new(llm))
-///     .agent(AgentDefinition::builder("greeter").build()?)
-///     .build()?;
-/// let outcome = runtime.execute("greeter", "hi").await?;
-/// assert_eq!(outcome.status, Status::Completed);
-/// assert_eq!(outcome.text.as_deref(), Some("Hello!"));
-/// runtime.shutdown().await?;
-/// # Ok(()) }
-/// ```
-#[derive(Clone, Debug)]
-pub struct Runtime {
-    inner: Arc<Inner>,
 }
 
 /// A [`Runtime`] handle that does not keep it alive; see [`Runtime::downgrade`].
@@ -171,7 +159,7 @@ impl Runtime {
     /// let started = runtime.start_on(&id, "greeter", "hi").await?;
     /// let mut stream = Box::pin(runtime.follow(&id, started.from_seq));
     /// while let Some(chunk) = stream.next().await {
-    ///     if let dormant::ChunkKind::RunEnd { status, .. } = chunk?.kind {
+    ///     if let dormant::types::ChunkKind::RunEnd { status, .. } = chunk?.kind {
     ///         assert_eq!(status, Status::Completed);
     ///         break;
     ///     }
@@ -207,6 +195,9 @@ impl Runtime {
         self.start(id, agent, message.into(), true, None).await
     }
 
+    // dormant-server's plumbing: its `POST /start` for a parent on another server. Public for
+    // that crate, hidden from a daemon author's docs: a daemon serves it through the router.
+    #[doc(hidden)]
     /// Like [`Runtime::start_new`], for a session that a parent on another server starts as
     /// its remote sub-agent: the session records `parent` (its parent and root there) and
     /// keeps a local child's rules from then on. A new turn from anyone else is refused
@@ -283,6 +274,10 @@ impl Runtime {
         self.routed(PeerCall::Submit { submit }).await
     }
 
+    // dormant-server's plumbing: `POST /submit-tool-result?resume=true`, answered with a
+    // peer call's types (`SubmitResumed` holds a `PeerFailure`). Public for that crate, hidden
+    // from a daemon author's docs: a daemon calls `submit_tool_result`, then `start_resume`.
+    #[doc(hidden)]
     /// [`Runtime::submit_tool_result`], and once the answer is accepted,
     /// [`Runtime::start_resume`] of the session it names, in one call: one hop to the node
     /// that owns the session's tree, not two (what `POST /submit-tool-result?resume=true`
@@ -694,7 +689,7 @@ impl Runtime {
     /// Follows the session's stream from sequence number `from`: stored chunks first, then
     /// live ones as their commits become durable, without gaps or repeats. The stream does
     /// not end with a run (a session may run again): stop at the `run_end` you wait for (not
-    /// a forwarded child's, see [`ChunkKind::is_forwarded`](crate::ChunkKind::is_forwarded)).
+    /// a forwarded child's, see [`ChunkKind::is_forwarded`](crate::types::ChunkKind::is_forwarded)).
     /// It ends when the runtime shuts down (after shutdown it yields one `ShutDown` error).
     /// A session that does not exist yet is followed too, from its first chunk on: call
     /// [`Runtime::status`] first to refuse unknown ids.
@@ -715,7 +710,7 @@ impl Runtime {
         ))
     }
 
-    /// [`Runtime::follow`], with the live [`Delta`](crate::Delta)s of model calls in between
+    /// [`Runtime::follow`], with the live [`Delta`](crate::types::Delta)s of model calls in between
     /// the chunks: text and tool-call fragments as a streaming model produces them. Deltas are
     /// never stored, so a follower that starts late (or falls behind) does not get them; the
     /// step's assembled reply arrives as its stored `text` and `tool_start` chunks either way.
@@ -766,6 +761,9 @@ impl Runtime {
         self.inner.shared.leases.is_shared()
     }
 
+    // The cluster's routing, for dormant-server's tests and this crate's lease model test.
+    // Public for them, hidden from a daemon author's docs: every call routes itself.
+    #[doc(hidden)]
     /// The other node that owns the session's tree, on a store several nodes share: where a
     /// request for it must go (its address, if it advertised one). `None` when this process
     /// may serve it: on a store of its own always, on a shared one when no other live node

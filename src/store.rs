@@ -1,21 +1,34 @@
 //! The persistence boundary: a byte-level, transactional key-value [`Store`] with named trees.
 //!
 //! Sessions never talk to sled directly. The typed layout (which key holds what, and how values
-//! are encoded) lives in [`crate::store::schema`]; a backend only has to apply a [`Batch`] atomically
-//! and durably, and to read keys and prefixes back. [`SledStore`] is the embedded default;
-//! [`MemoryStore`] is for unit tests.
+//! are encoded) is the runtime's own (`store/schema.rs`); a backend only has to apply a
+//! [`Batch`] atomically and durably, and to read keys and prefixes back.
+//! [`SledStore`] is the embedded default; [`MemoryStore`](crate::MemoryStore) is for unit
+//! tests.
+//!
+//! Public as the implementer's room of a store: the [`Store`] trait and what it speaks
+//! ([`Batch`], [`Op`], [`Tree`], [`CommitKind`], [`Entry`], [`Error`], [`Damage`]), and the
+//! built-in backends' options ([`Durability`], [`SledStoreBuilder`], [`SledError`], and with
+//! `postgres` the PostgreSQL store's builder and settings). The backends themselves are at the
+//! crate root.
 
 mod damage;
-// Test tooling, like `crate::testkit::scenario`: only with the `test-util` feature.
+// Test tooling, like `crate::testkit::scenario`: only with the `test-util` feature, and
+// public through `dormant::testkit` alone.
 #[cfg(feature = "test-util")]
-mod delegating;
+pub(crate) mod delegating;
 #[cfg(feature = "test-util")]
-mod faulty;
-mod memory;
+pub(crate) mod faulty;
+pub(crate) mod memory;
 #[cfg(feature = "postgres")]
-mod postgres;
+pub(crate) mod postgres;
+// The stored layout is the runtime's own, not part of the store interface: public only for
+// this crate's integration tests and benches, which write raw stored values (a garbled
+// snapshot in tests/bad_input.rs, a version byte in tests/submit_contract.rs, deadline index
+// entries in benches/hitl.rs), and hidden from the docs. Its error is `SchemaError` here.
+#[doc(hidden)]
 pub mod schema;
-mod sled;
+pub(crate) mod sled;
 #[cfg(test)]
 mod wait;
 
@@ -23,14 +36,12 @@ use std::fmt::Debug;
 use std::path::{Path, PathBuf};
 
 pub use self::damage::Damage;
-#[cfg(feature = "test-util")]
-pub use self::delegating::{Call, Delegate, DelegatingStore, Forward};
-#[cfg(feature = "test-util")]
-pub use self::faulty::{Fault, Faults, FaultyStore, InjectedFault};
-pub use self::memory::MemoryStore;
 #[cfg(feature = "postgres")]
-pub use self::postgres::{PgSetting, PgStore, PgStoreBuilder, DEFAULT_LEASE_TTL};
-pub use self::sled::{Durability, SledError, SledStore, SledStoreBuilder};
+pub use self::postgres::{PgSetting, PgStoreBuilder, DEFAULT_LEASE_TTL};
+/// Why a stored value could not be read back (in [`crate::Error::Schema`]).
+pub use self::schema::Error as SchemaError;
+pub(crate) use self::sled::SledStore;
+pub use self::sled::{Durability, SledError, SledStoreBuilder};
 
 /// The named key spaces of the store. [`SledStore`] keeps them all in one sled tree, each as a
 /// key range of its own.
@@ -368,7 +379,7 @@ fn location(path: Option<&Path>) -> String {
 /// it is visible) and durable at their configured level before it returns.
 ///
 /// Reads are `async` too, so that a backend across a network (a database server) can wait for
-/// its answer without holding a thread; an embedded one ([`SledStore`], [`MemoryStore`])
+/// its answer without holding a thread; an embedded one ([`SledStore`], [`MemoryStore`](crate::MemoryStore))
 /// answers at once. A read sees every commit acknowledged before it began.
 #[async_trait::async_trait]
 pub trait Store: Send + Sync + Debug + 'static {
@@ -473,6 +484,7 @@ pub trait Store: Send + Sync + Debug + 'static {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testkit::InjectedFault;
 
     /// An error reporter that prints the whole chain (`anyhow`'s `{:#}`) shows a wrapped
     /// error's text once.

@@ -7,7 +7,8 @@ use std::sync::Arc;
 
 use common::{calls_then_text, editor_runtime, temp_store, tool_result};
 use dormant::session::NOT_APPROVED;
-use dormant::{ChunkKind, ManualClock, SessionId, Status, ToolOutcome};
+use dormant::types::{ChunkKind, ToolOutcome};
+use dormant::{ManualClock, SessionId, Status};
 use dormant::{Submit, SubmitOutcome};
 use serde_json::json;
 

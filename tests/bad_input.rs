@@ -4,12 +4,11 @@ mod common;
 
 use std::sync::Arc;
 
+use dormant::definition::DefinitionError;
 use dormant::store::schema;
+use dormant::store::Store;
 use dormant::store::{Batch, CommitKind, Tree};
-use dormant::{
-    AgentDefinition, Approval, DefinitionError, Error, Runtime, SessionId, Store, ToolDefinition,
-    ToolError,
-};
+use dormant::{AgentDefinition, Approval, Error, Runtime, SessionId, ToolDefinition, ToolError};
 use serde_json::json;
 
 fn server(name: &str) -> ToolDefinition {

@@ -15,7 +15,8 @@ use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 
 use dormant::store::{Batch, CommitKind, Damage, Durability, Error as StoreError, Store, Tree};
-use dormant::{Message, RunRecord, SessionId, SledStore};
+use dormant::types::RunRecord;
+use dormant::{Message, SessionId, SledStore};
 
 const SESSIONS: usize = 30;
 const TRIALS: usize = 60;

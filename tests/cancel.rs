@@ -12,9 +12,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{temp_store, tool_result};
+use dormant::llm::{LlmAdapter, LlmError, ModelRequest};
+use dormant::types::{ErrorCode, ToolOutcome};
 use dormant::{
-    AgentDefinition, ErrorCode, LlmAdapter, LlmError, ModelReply, ModelRequest, Runtime, SessionId,
-    Status, ToolCall, ToolDefinition, ToolError, ToolOutcome,
+    AgentDefinition, ModelReply, Runtime, SessionId, Status, ToolCall, ToolDefinition, ToolError,
 };
 use futures::future::BoxFuture;
 use serde_json::json;

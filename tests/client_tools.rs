@@ -6,7 +6,8 @@ mod common;
 use std::sync::Arc;
 
 use common::{calls_then_text, editor_runtime, temp_store, tool_result};
-use dormant::{ManualClock, SessionId, SledStore, Status, ToolOutcome};
+use dormant::types::ToolOutcome;
+use dormant::{ManualClock, SessionId, SledStore, Status};
 use dormant::{Submit, SubmitOutcome};
 use serde_json::json;
 
@@ -267,9 +268,9 @@ impl LogScans {
 }
 
 #[async_trait::async_trait]
-impl dormant::store::Delegate for LogScans {
-    async fn before(&self, call: dormant::store::Call<'_>) -> Result<(), dormant::store::Error> {
-        if let dormant::store::Call::ScanPrefix {
+impl dormant::testkit::Delegate for LogScans {
+    async fn before(&self, call: dormant::testkit::Call<'_>) -> Result<(), dormant::store::Error> {
+        if let dormant::testkit::Call::ScanPrefix {
             tree: dormant::store::Tree::Log,
             ..
         } = call
@@ -283,8 +284,8 @@ impl dormant::store::Delegate for LogScans {
 #[tokio::test]
 async fn a_resident_suspended_session_resumes_without_reading_its_conversation_back(
 ) -> anyhow::Result<()> {
-    let store = Arc::new(dormant::store::DelegatingStore::wrap(
-        Arc::new(dormant::store::MemoryStore::new()),
+    let store = Arc::new(dormant::testkit::DelegatingStore::wrap(
+        Arc::new(dormant::MemoryStore::new()),
         LogScans::default(),
     ));
     let script = calls_then_text(&[("tc-1", "edit")], "All done.");

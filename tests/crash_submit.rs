@@ -8,7 +8,8 @@ mod common;
 use std::sync::Arc;
 
 use common::{calls_then_text, editor_runtime, tool_result};
-use dormant::{ManualClock, Message, SessionId, SledStore, Status, ToolOutcome};
+use dormant::types::ToolOutcome;
+use dormant::{ManualClock, Message, SessionId, SledStore, Status};
 use dormant::{Submit, SubmitOutcome};
 use serde_json::json;
 
@@ -69,7 +70,7 @@ fn an_accepted_answer_survives_sigkill_and_applies_once() -> anyhow::Result<()> 
             let pending = runtime.pending(&id).await?;
             assert_eq!(
                 pending[0].answer,
-                Some(dormant::Answer::Result(json!({ "applied": index }))),
+                Some(dormant::types::Answer::Result(json!({ "applied": index }))),
                 "the acknowledged answer of {id} is durable"
             );
             let outcome = runtime.resume(&id).await?;

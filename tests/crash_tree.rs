@@ -12,9 +12,10 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use dormant::types::ToolOutcome;
 use dormant::{
     AgentDefinition, ManualClock, ModelReply, Runtime, ScriptedLlm, SessionId, SledStore, Status,
-    ToolCall, ToolDefinition, ToolError, ToolOutcome,
+    ToolCall, ToolDefinition, ToolError,
 };
 use dormant::{Submit, SubmitOutcome};
 use serde_json::{json, Value};

@@ -6,7 +6,8 @@ mod common;
 use std::sync::Arc;
 
 use common::{calls_then_text, editor_runtime, temp_store, tool_result, RecordingHooks};
-use dormant::{ChunkKind, ManualClock, SessionId, SledStore, Status, ToolOutcome};
+use dormant::types::{ChunkKind, ToolOutcome};
+use dormant::{ManualClock, SessionId, SledStore, Status};
 use dormant::{Submit, SubmitOutcome};
 use serde_json::json;
 
@@ -108,8 +109,8 @@ struct TimeoutHooks {
 }
 
 impl dormant::Hooks for TimeoutHooks {
-    fn on_event(&self, event: &dormant::HookEvent) {
-        if let dormant::HookEvent::AfterTool {
+    fn on_event(&self, event: &dormant::types::HookEvent) {
+        if let dormant::types::HookEvent::AfterTool {
             outcome: ToolOutcome::Error(error),
             ..
         } = event
@@ -122,7 +123,7 @@ impl dormant::Hooks for TimeoutHooks {
 }
 
 fn clock_now(clock: &ManualClock) -> u64 {
-    use dormant::Clock;
+    use dormant::types::Clock;
     clock.now_ms()
 }
 
@@ -175,7 +176,7 @@ async fn a_timeout_of_zero_expires_at_once() -> anyhow::Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn overdue_deadlines_fire_after_a_restart_by_themselves() -> anyhow::Result<()> {
-    use dormant::Clock;
+    use dormant::types::Clock;
     let dir = tempfile::tempdir()?;
     let script = calls_then_text(&[("tc-1", "edit")], "ok");
     let id: SessionId = "s1".parse()?;
@@ -210,7 +211,7 @@ async fn overdue_deadlines_fire_after_a_restart_by_themselves() -> anyhow::Resul
     let pending = runtime.pending(&id).await?;
     assert_eq!(
         pending[0].answer,
-        Some(dormant::Answer::TimedOut),
+        Some(dormant::types::Answer::TimedOut),
         "at {}",
         clock.now_ms()
     );

@@ -7,9 +7,10 @@ mod common;
 use std::sync::Arc;
 
 use common::{calls_then_text, editor_runtime, temp_store, tool_result};
+use dormant::types::{ErrorCode, ToolOutcome};
 use dormant::{
-    AgentDefinition, ErrorCode, ManualClock, ModelReply, Runtime, ScriptedLlm, SessionId, Status,
-    ToolCall, ToolDefinition, ToolError, ToolOutcome,
+    AgentDefinition, ManualClock, ModelReply, Runtime, ScriptedLlm, SessionId, Status, ToolCall,
+    ToolDefinition, ToolError,
 };
 use dormant::{Submit, SubmitOutcome};
 use serde_json::{json, Value};
@@ -118,10 +119,13 @@ async fn a_model_reply_with_a_tool_input_nested_too_deep_fails_the_run_and_is_no
 
 #[tokio::test]
 async fn a_tool_result_nested_too_deep_becomes_a_tool_error() -> anyhow::Result<()> {
-    let deep = ToolDefinition::server("deep", |_input, ctx: dormant::ToolContext| async move {
-        ctx.set_state("fine", json!(1));
-        Ok::<_, ToolError>(nested(300))
-    });
+    let deep = ToolDefinition::server(
+        "deep",
+        |_input, ctx: dormant::definition::ToolContext| async move {
+            ctx.set_state("fine", json!(1));
+            Ok::<_, ToolError>(nested(300))
+        },
+    );
     let agent = AgentDefinition::builder("digger").tool(deep).build()?;
     let script = calls_then_text(&[("d1", "deep")], "dug");
     let runtime = Runtime::builder()

@@ -6,9 +6,10 @@ mod common;
 
 use std::sync::Arc;
 
+use dormant::types::{ChunkKind, DeltaKind};
 use dormant::{
-    AgentDefinition, ChunkKind, DeltaKind, ManualClock, ModelReply, Runtime, ScriptedLlm,
-    SessionId, StreamEvent, ToolCall, ToolDefinition,
+    AgentDefinition, ManualClock, ModelReply, Runtime, ScriptedLlm, SessionId, StreamEvent,
+    ToolCall, ToolDefinition,
 };
 use futures::StreamExt;
 use serde_json::json;

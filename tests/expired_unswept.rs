@@ -5,7 +5,8 @@
 mod common;
 
 use common::{calls_then_text, editor_runtime, temp_store, tool_result};
-use dormant::{ManualClock, Runtime, SessionId, Status, ToolErrorCode};
+use dormant::types::ToolErrorCode;
+use dormant::{ManualClock, Runtime, SessionId, Status};
 use dormant::{Submit, SubmitOutcome};
 use serde_json::json;
 

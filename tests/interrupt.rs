@@ -5,7 +5,8 @@ mod common;
 use std::sync::Arc;
 
 use common::{calls_then_text, editor_runtime, temp_store, tool_result};
-use dormant::{ErrorCode, ManualClock, ModelReply, SessionId, Status, ToolOutcome};
+use dormant::types::{ErrorCode, ToolOutcome};
+use dormant::{ManualClock, ModelReply, SessionId, Status};
 use dormant::{Submit, SubmitOutcome};
 use serde_json::json;
 

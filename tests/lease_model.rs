@@ -19,7 +19,8 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use dormant::cluster::leases::{LeaseOwner, Leases, PeerKey};
-use dormant::store::{Batch, Entry, Error as StoreError, MemoryStore, Store, Tree};
+use dormant::store::{Batch, Entry, Error as StoreError, Store, Tree};
+use dormant::MemoryStore;
 use dormant::{
     AgentDefinition, ManualClock, Message, ModelReply, Runtime, ScriptedLlm, SessionId, Status,
     ToolCall, ToolDefinition, ToolError,
@@ -73,7 +74,7 @@ struct FakeDb {
 
 impl FakeDb {
     fn now(&self) -> u64 {
-        dormant::Clock::now_ms(&self.clock)
+        dormant::types::Clock::now_ms(&self.clock)
     }
 }
 

@@ -11,9 +11,11 @@ mod common;
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use dormant::store::Store;
+use dormant::types::{Clock, ToolOutcome};
 use dormant::{
-    AgentDefinition, Clock, ManualClock, MemoryStore, Message, ModelReply, Runtime, ScriptedLlm,
-    SessionId, Status, Store, ToolCall, ToolDefinition, ToolOutcome,
+    AgentDefinition, ManualClock, MemoryStore, Message, ModelReply, Runtime, ScriptedLlm,
+    SessionId, Status, ToolCall, ToolDefinition,
 };
 use dormant::{Submit, SubmitOutcome};
 use parking_lot::Mutex;
@@ -132,8 +134,8 @@ impl World {
                 if waiting {
                     anyhow::ensure!(outcome == SubmitOutcome::Accepted, "{outcome:?}");
                     let value = match &submit.answer {
-                        dormant::SubmitAnswer::Result(value) => value.clone(),
-                        dormant::SubmitAnswer::Error(error) => json!(error),
+                        dormant::session::SubmitAnswer::Result(value) => value.clone(),
+                        dormant::session::SubmitAnswer::Error(error) => json!(error),
                         // This test submits only results and errors (an approval, or a kind
                         // of answer added later, has no value to compare).
                         _ => Value::Null,

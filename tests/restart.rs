@@ -189,7 +189,7 @@ async fn a_weak_handle_does_not_keep_the_runtime_alive() -> anyhow::Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropping_a_runtime_leaves_a_store_the_caller_holds_open() -> anyhow::Result<()> {
-    let store: Arc<dyn dormant::Store> = Arc::new(SledStore::temporary()?);
+    let store: Arc<dyn dormant::store::Store> = Arc::new(SledStore::temporary()?);
     let runtime = worker_runtime(Arc::clone(&store), 1, Arc::default(), ManualClock::new(0))?;
     runtime.execute_on(&"s0".parse()?, "worker", "go").await?;
     drop(runtime);

@@ -108,7 +108,7 @@ async fn store_with_s1() -> anyhow::Result<Arc<MemoryStore>> {
     let store = Arc::new(MemoryStore::new());
     let llm = ScriptedLlm::new().script("greeter", vec![ModelReply::text("hello")]);
     let alone = Runtime::builder()
-        .store(Arc::clone(&store) as Arc<dyn dormant::Store>)
+        .store(Arc::clone(&store) as Arc<dyn dormant::store::Store>)
         .llm(Arc::new(llm))
         .agent(greeter()?)
         .build()?;

@@ -6,9 +6,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use common::{counting_tool, temp_store, worker_runtime, RecordingHooks};
+use dormant::types::{ChunkKind, ErrorCode, ToolOutcome};
 use dormant::{
-    AgentDefinition, ChunkKind, Error, ErrorCode, ManualClock, Message, ModelReply, Runtime,
-    ScriptedLlm, SessionId, Status, ToolCall, ToolDefinition, ToolError, ToolOutcome,
+    AgentDefinition, Error, ManualClock, Message, ModelReply, Runtime, ScriptedLlm, SessionId,
+    Status, ToolCall, ToolDefinition, ToolError,
 };
 use futures::StreamExt;
 use serde_json::json;
@@ -136,14 +137,17 @@ async fn finish_with_tools_run_after_the_parallel_phase_and_end_the_run() -> any
     let order = Arc::new(parking_lot::Mutex::new(Vec::new()));
     let record = |name: &'static str| {
         let order = Arc::clone(&order);
-        ToolDefinition::server(name, move |_input, ctx: dormant::ToolContext| {
-            let order = Arc::clone(&order);
-            async move {
-                order.lock().push(name);
-                ctx.set_state(name, json!(true));
-                Ok::<_, ToolError>(json!(name))
-            }
-        })
+        ToolDefinition::server(
+            name,
+            move |_input, ctx: dormant::definition::ToolContext| {
+                let order = Arc::clone(&order);
+                async move {
+                    order.lock().push(name);
+                    ctx.set_state(name, json!(true));
+                    Ok::<_, ToolError>(json!(name))
+                }
+            },
+        )
     };
     let agent = AgentDefinition::builder("flow")
         .tool(record("submit").finish_with(true))
@@ -180,7 +184,7 @@ async fn finish_with_tools_run_after_the_parallel_phase_and_end_the_run() -> any
 struct PanickingHook(&'static str);
 
 impl dormant::Hooks for PanickingHook {
-    fn on_event(&self, event: &dormant::HookEvent) {
+    fn on_event(&self, event: &dormant::types::HookEvent) {
         assert_ne!(event.name(), self.0, "this hook panics");
     }
 }
@@ -211,11 +215,11 @@ struct PanickingLlm {
     in_the_future: bool,
 }
 
-impl dormant::LlmAdapter for PanickingLlm {
+impl dormant::llm::LlmAdapter for PanickingLlm {
     fn complete(
         &self,
-        _request: dormant::ModelRequest,
-    ) -> futures::future::BoxFuture<'static, Result<ModelReply, dormant::LlmError>> {
+        _request: dormant::llm::ModelRequest,
+    ) -> futures::future::BoxFuture<'static, Result<ModelReply, dormant::llm::LlmError>> {
         assert!(self.in_the_future, "the adapter panics when called");
         Box::pin(async { panic!("the adapter's future panics") })
     }
@@ -233,7 +237,7 @@ async fn a_panicking_model_adapter_fails_the_run_instead_of_leaving_it_waiting(
         let outcome = runtime.execute("fragile", "go").await?;
         assert_eq!(outcome.status, Status::Failed);
         let error = outcome.error.ok_or_else(|| anyhow::anyhow!("an error"))?;
-        assert_eq!(error.code, dormant::ErrorCode::ModelError);
+        assert_eq!(error.code, dormant::types::ErrorCode::ModelError);
         assert!(error.message.contains("panic"), "{}", error.message);
         runtime.shutdown().await?;
     }

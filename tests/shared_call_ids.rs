@@ -7,9 +7,10 @@ mod common;
 use std::sync::Arc;
 
 use dormant::store::{Op, Store, Tree};
+use dormant::types::{Answer, ToolOutcome};
 use dormant::{
-    AgentDefinition, Answer, ManualClock, ModelReply, Runtime, ScriptedLlm, SessionId, SledStore,
-    Status, ToolCall, ToolDefinition, ToolError, ToolOutcome,
+    AgentDefinition, ManualClock, ModelReply, Runtime, ScriptedLlm, SessionId, SledStore, Status,
+    ToolCall, ToolDefinition, ToolError,
 };
 use dormant::{Submit, SubmitOutcome};
 use serde_json::json;

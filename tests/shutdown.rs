@@ -6,8 +6,9 @@ use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 
 use common::worker_runtime;
+use dormant::store::Store;
 use dormant::Submit;
-use dormant::{AgentDefinition, Error, ManualClock, MemoryStore, SessionId, SledStore, Store};
+use dormant::{AgentDefinition, Error, ManualClock, MemoryStore, SessionId, SledStore};
 use futures::StreamExt;
 use serde_json::json;
 

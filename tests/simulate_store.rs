@@ -14,9 +14,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
+use dormant::types::ToolOutcome;
 use dormant::{
     AgentDefinition, Message, ModelReply, Runtime, ScriptedLlm, SessionId, SledStore, Status,
-    ToolCall, ToolDefinition, ToolOutcome,
+    ToolCall, ToolDefinition,
 };
 use serde_json::{json, Value};
 

@@ -5,10 +5,11 @@ mod common;
 
 use std::sync::Arc;
 
+use dormant::llm::{BoxFuture, LlmAdapter, LlmError, ModelRequest};
 use dormant::skills::FsSkills;
+use dormant::types::{ChunkKind, ToolOutcome};
 use dormant::{
-    AgentDefinition, BoxFuture, ChunkKind, LlmAdapter, LlmError, ManualClock, Message, ModelReply,
-    ModelRequest, Runtime, ScriptedLlm, SessionId, ToolCall, ToolOutcome,
+    AgentDefinition, ManualClock, Message, ModelReply, Runtime, ScriptedLlm, SessionId, ToolCall,
 };
 use parking_lot::Mutex;
 use serde_json::json;

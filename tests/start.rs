@@ -6,7 +6,8 @@ mod common;
 use std::sync::Arc;
 
 use common::{calls_then_text, editor_runtime, temp_store};
-use dormant::{ChunkKind, Error, ManualClock, Runtime, SessionId, Status};
+use dormant::types::ChunkKind;
+use dormant::{Error, ManualClock, Runtime, SessionId, Status};
 use dormant::{Submit, SubmitOutcome};
 use futures::StreamExt;
 use serde_json::json;

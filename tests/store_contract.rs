@@ -5,11 +5,10 @@
 
 use std::sync::Arc;
 
-use dormant::store::{
-    self, Batch, Delegate, DelegatingStore, Durability, FaultyStore, Forward, MemoryStore, Op,
-    SledStore, SledStoreBuilder, Store,
-};
+use dormant::store::{self, Batch, Durability, Op, SledStoreBuilder, Store};
 use dormant::testkit::{store_contract, ContractError, Reopen, CHECKS};
+use dormant::testkit::{Delegate, DelegatingStore, FaultyStore, Forward};
+use dormant::{MemoryStore, SledStore};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_store_contract_holds_on_memory() -> anyhow::Result<()> {

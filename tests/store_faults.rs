@@ -6,7 +6,9 @@ mod common;
 use std::sync::Arc;
 
 use common::{calls_then_text, editor_runtime};
-use dormant::store::{CommitKind, Fault, FaultyStore, InjectedFault, MemoryStore, Store};
+use dormant::store::{CommitKind, Store};
+use dormant::testkit::{Fault, FaultyStore, InjectedFault};
+use dormant::MemoryStore;
 use dormant::{Error, ManualClock, SessionId, Status};
 use dormant::{Submit, SubmitOutcome};
 use serde_json::json;
@@ -122,7 +124,7 @@ async fn a_step_commit_that_fails_once_cuts_the_run_and_the_approved_tool_never_
     ));
     assert_eq!(deploys.load(std::sync::atomic::Ordering::SeqCst), 1);
     match common::tool_result(&runtime.messages(&id).await?, "d1") {
-        Some(dormant::ToolOutcome::Error(error)) => {
+        Some(dormant::types::ToolOutcome::Error(error)) => {
             assert!(error.starts_with("tool_durability_error"), "{error}");
         }
         other => anyhow::bail!("expected tool_durability_error, got {other:?}"),
@@ -180,10 +182,10 @@ async fn after_a_crash_only_safe_to_retry_tools_run_again() -> anyhow::Result<()
     let messages = runtime.messages(&id).await?;
     assert!(matches!(
         common::tool_result(&messages, "r1"),
-        Some(dormant::ToolOutcome::Result(_))
+        Some(dormant::types::ToolOutcome::Result(_))
     ));
     match common::tool_result(&messages, "c1") {
-        Some(dormant::ToolOutcome::Error(error)) => {
+        Some(dormant::types::ToolOutcome::Error(error)) => {
             assert!(
                 error.starts_with("tool_durability_error") && error.contains("charge"),
                 "{error}"
@@ -194,7 +196,7 @@ async fn after_a_crash_only_safe_to_retry_tools_run_again() -> anyhow::Result<()
     let runs = runtime.runs(&id).await?;
     assert_eq!(
         runs[0].error.as_ref().map(|e| e.code),
-        Some(dormant::ErrorCode::Crashed)
+        Some(dormant::types::ErrorCode::Crashed)
     );
     Ok(())
 }

@@ -5,11 +5,13 @@ mod common;
 
 use std::sync::Arc;
 
-use dormant::store::{self, Batch, Call, Delegate, DelegatingStore, Op, Store};
+use dormant::llm::{LlmAdapter, LlmError, ModelRequest};
+use dormant::store::{self, Batch, Op, Store};
+use dormant::testkit::{self, Call, Delegate, DelegatingStore};
+use dormant::types::{ChildState, ToolOutcome};
 use dormant::{
-    AgentDefinition, ChildState, LlmAdapter, LlmError, ManualClock, MemoryStore, ModelReply,
-    ModelRequest, Runtime, ScriptedLlm, SessionId, SledStore, Status, ToolCall, ToolDefinition,
-    ToolOutcome,
+    AgentDefinition, ManualClock, MemoryStore, ModelReply, Runtime, ScriptedLlm, SessionId,
+    SledStore, Status, ToolCall, ToolDefinition,
 };
 use futures::future::BoxFuture;
 use serde_json::json;
@@ -391,8 +393,8 @@ async fn a_child_whose_activation_panics_is_a_tool_error() -> anyhow::Result<()>
 /// made: the next commit of that kind is then its child's.
 struct ArmsAfterLead {
     script: ScriptedLlm,
-    store: Arc<store::FaultyStore>,
-    fault: store::Fault,
+    store: Arc<testkit::FaultyStore>,
+    fault: testkit::Fault,
 }
 
 impl LlmAdapter for ArmsAfterLead {
@@ -406,7 +408,7 @@ impl LlmAdapter for ArmsAfterLead {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_child_whose_first_commit_fails_is_a_tool_error() -> anyhow::Result<()> {
-    let faulty = Arc::new(store::FaultyStore::new(Arc::new(MemoryStore::new())));
+    let faulty = Arc::new(testkit::FaultyStore::new(Arc::new(MemoryStore::new())));
     let llm = ArmsAfterLead {
         script: ScriptedLlm::new()
             .script(
@@ -422,7 +424,7 @@ async fn a_child_whose_first_commit_fails_is_a_tool_error() -> anyhow::Result<()
             )
             .script("good", vec![ModelReply::text("fine")]),
         store: Arc::clone(&faulty),
-        fault: store::Fault::NextCommitOf(store::CommitKind::RunStart),
+        fault: testkit::Fault::NextCommitOf(store::CommitKind::RunStart),
     };
     let parent: SessionId = "p".parse()?;
     let runtime = Runtime::builder()

@@ -3,9 +3,8 @@
 
 use std::sync::Arc;
 
-use dormant::{
-    AgentDefinition, BoxFuture, LlmAdapter, LlmError, ModelReply, ModelRequest, Runtime,
-};
+use dormant::llm::{BoxFuture, LlmAdapter, LlmError, ModelRequest};
+use dormant::{AgentDefinition, ModelReply, Runtime};
 
 /// Logs a line from inside the model call.
 #[derive(Debug)]

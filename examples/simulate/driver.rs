@@ -15,9 +15,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use dormant::types::{ChunkKind, Clock, RunError, ToolOutcome};
 use dormant::{
-    Chunk, ChunkKind, Clock, Error, RunError, RunId, RunOutcome, Runtime, SessionId, Status,
-    SubmitOutcome, SystemClock, ToolOutcome,
+    Chunk, Error, RunId, RunOutcome, Runtime, SessionId, Status, SubmitOutcome, SystemClock,
 };
 use futures::StreamExt;
 use hdrhistogram::Histogram;

@@ -25,9 +25,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use dormant::types::ToolOutcome;
 use dormant::{
     AgentDefinition, Message, ModelReply, Runtime, ScriptedLlm, SessionId, Status, ToolCall,
-    ToolDefinition, ToolOutcome,
+    ToolDefinition,
 };
 use dormant::{Submit, SubmitOutcome};
 use hdrhistogram::Histogram;

@@ -20,9 +20,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
+use dormant::types::ChunkKind;
 use dormant::{
-    AgentDefinition, ChunkKind, ModelReply, Runtime, ScriptedLlm, SessionId, Status, ToolCall,
-    ToolDefinition,
+    AgentDefinition, ModelReply, Runtime, ScriptedLlm, SessionId, Status, ToolCall, ToolDefinition,
 };
 use dormant::{Submit, SubmitOutcome};
 use dormant_server::{Auth, Server, ServerConfig};

@@ -14,9 +14,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Context as _;
-use dormant::{
-    AgentDefinition, Message, PendingKind, Runtime, SessionId, Status, ToolDefinition, ToolOutcome,
-};
+use dormant::types::ToolOutcome;
+use dormant::{AgentDefinition, Message, PendingKind, Runtime, SessionId, Status, ToolDefinition};
 use dormant::{Submit, SubmitOutcome};
 use futures::StreamExt;
 use serde_json::json;

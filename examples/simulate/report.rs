@@ -4,8 +4,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context as _;
+use dormant::runtime::{ClientToolStats, Latency};
 use dormant::store::Durability;
-use dormant::{ClientToolStats, Latency};
 use hdrhistogram::Histogram;
 use serde_json::{json, Value};
 

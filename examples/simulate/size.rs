@@ -27,9 +27,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
+use dormant::types::ToolOutcome;
 use dormant::{
     AgentDefinition, Message, ModelReply, Runtime, ScriptedLlm, SessionId, Status, ToolCall,
-    ToolDefinition, ToolOutcome,
+    ToolDefinition,
 };
 use dormant::{Submit, SubmitOutcome};
 use hdrhistogram::Histogram;

@@ -9,7 +9,9 @@
 
 use std::collections::HashMap;
 
-use dormant::{ClientToolStats, Message, Runtime, SessionId, Status, ToolOutcome};
+use dormant::runtime::ClientToolStats;
+use dormant::types::ToolOutcome;
+use dormant::{Message, Runtime, SessionId, Status};
 use serde_json::json;
 
 use crate::driver::{Counters, Expected, Measured};

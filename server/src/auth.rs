@@ -6,7 +6,8 @@ use std::sync::Arc;
 
 use axum::http::header::AUTHORIZATION;
 use axum::http::{HeaderMap, StatusCode};
-use dormant::{BoxFuture, SessionId};
+use dormant::llm::BoxFuture;
+use dormant::SessionId;
 
 use crate::error::ApiError;
 use crate::token::{is_token, TokenKey};

@@ -33,9 +33,12 @@
 
 use std::sync::Arc;
 
+use dormant::definition::DefinitionError;
+use dormant::llm::{BoxFuture, LlmAdapter, LlmError, ModelRequest};
+use dormant::types::ToolOutcome;
 use dormant::{
-    AgentDefinition, Approval, BoxFuture, DefinitionError, LlmAdapter, LlmError, Message,
-    ModelReply, ModelRequest, RuntimeBuilder, ToolCall, ToolDefinition, ToolError, ToolOutcome,
+    AgentDefinition, Approval, Message, ModelReply, RuntimeBuilder, ToolCall, ToolDefinition,
+    ToolError,
 };
 use serde_json::{json, Value};
 
@@ -83,7 +86,7 @@ pub fn agent() -> Result<AgentDefinition, DefinitionError> {
     tools(AgentDefinition::builder(AGENT)).build()
 }
 
-fn tools(builder: dormant::AgentBuilder) -> dormant::AgentBuilder {
+fn tools(builder: dormant::definition::AgentBuilder) -> dormant::definition::AgentBuilder {
     builder
         .system_prompt("You look up the weather, ask the user for a title, and publish a post.")
         .tool(

@@ -120,7 +120,7 @@ impl From<dormant::Error> for ApiError {
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
         if status == StatusCode::INTERNAL_SERVER_ERROR {
-            tracing::error!(error = %dormant::Untrusted(&error), code = error.code(), "server.runtime_error");
+            tracing::error!(error = %dormant::types::Untrusted(&error), code = error.code(), "server.runtime_error");
         }
         ApiError::new(status, error.code(), error.to_string())
     }

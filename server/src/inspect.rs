@@ -10,7 +10,8 @@ use std::io::Write;
 use std::path::Path;
 use std::sync::Arc;
 
-use dormant::{Message, PendingKind, Runtime, SledStore, ToolOutcome};
+use dormant::types::ToolOutcome;
+use dormant::{Message, PendingKind, Runtime, SledStore};
 
 /// Why the store could not be inspected.
 #[derive(Debug, thiserror::Error)]

@@ -366,7 +366,7 @@ async fn serve(args: Serve) -> Result<(), String> {
 
 /// The store `--store` names, opened.
 struct Opened {
-    store: Arc<dyn dormant::Store>,
+    store: Arc<dyn dormant::store::Store>,
     /// Where the token key is kept.
     key_path: PathBuf,
     /// Whether the store existed before this start (so tokens may have been issued).
@@ -420,7 +420,7 @@ async fn open_postgres(url: &str, args: &Serve, advertised: String) -> Result<Op
     let existed = startup_key::existed(&store).await?;
     let store = Arc::new(store);
     Ok(Opened {
-        store: Arc::clone(&store) as Arc<dyn dormant::Store>,
+        store: Arc::clone(&store) as Arc<dyn dormant::store::Store>,
         key_path,
         existed,
         shared: Some(store),

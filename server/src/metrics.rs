@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::http::StatusCode;
-use dormant::{Latency, RuntimeStats};
+use dormant::runtime::{Latency, RuntimeStats};
 use hdrhistogram::Histogram;
 use parking_lot::Mutex;
 
@@ -103,7 +103,7 @@ impl HttpMetrics {
     pub(crate) fn render(
         &self,
         runtime: &RuntimeStats,
-        client: &dormant::ClientToolStats,
+        client: &dormant::runtime::ClientToolStats,
     ) -> String {
         let mut out = String::new();
         let mut counter = |name: &str, help: &str, value: u64| {

@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use dormant::cluster::peer::{LeaseOwner, PeerAnswer, PeerCall, PeerEvent, PeerEvents, Peers};
+use dormant::cluster::leases::LeaseOwner;
+use dormant::cluster::peer::{PeerAnswer, PeerCall, PeerEvent, PeerEvents, Peers};
 use dormant::remote::RemoteError;
 use dormant::SessionId;
 use futures::{Stream, StreamExt};

@@ -11,7 +11,8 @@ use std::time::Duration;
 use dormant::remote::{
     RemoteAgents, RemoteCall, RemoteChunks, RemoteError, RemoteParent, RemoteStart, RemoteStatus,
 };
-use dormant::{RunError, RunId, SessionId, Status};
+use dormant::types::RunError;
+use dormant::{RunId, SessionId, Status};
 use dormant::{Submit, SubmitOutcome};
 use futures::StreamExt;
 use reqwest::{Method, RequestBuilder, Response, StatusCode};

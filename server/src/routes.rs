@@ -7,8 +7,9 @@ use axum::extract::{Request, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use dormant::types::Untrusted;
+use dormant::SessionId;
 use dormant::Submit;
-use dormant::{SessionId, Untrusted};
 use serde_json::{json, Value};
 
 use crate::access::{session_id, Credentials, SessionAccess};

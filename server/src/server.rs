@@ -245,7 +245,7 @@ async fn front(
     let span = tracing::info_span!(
         "request",
         method = %request.method(),
-        path = %dormant::Untrusted(request.uri().path())
+        path = %dormant::types::Untrusted(request.uri().path())
     );
     async move {
         let route = state.metrics.route_of(request.uri().path());

@@ -4,7 +4,8 @@
 
 use std::collections::VecDeque;
 
-use dormant::{CompanionStatus, Error, Runtime, SessionId};
+use dormant::types::CompanionStatus;
+use dormant::{Error, Runtime, SessionId};
 
 use crate::wire::{PendingAnswer, UnreachableAnswer};
 

@@ -1,11 +1,10 @@
 //! The JSON bodies of the routes (snake_case, unknown fields refused).
 
 use dormant::remote::RemoteCall;
+use dormant::session::RunStarted;
+use dormant::types::{Answer, PendingCall, RunError, RunRecord, RunUsage, SessionRecord};
 use dormant::Chunk;
-use dormant::{
-    Answer, PendingCall, PendingKind, RunError, RunId, RunRecord, RunStarted, RunUsage,
-    SessionRecord, Status,
-};
+use dormant::{PendingKind, RunId, Status};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -222,7 +221,7 @@ pub(crate) struct UnreachableAnswer {
 }
 
 impl UnreachableAnswer {
-    pub(crate) fn of(child: &dormant::ChildCall) -> Option<Self> {
+    pub(crate) fn of(child: &dormant::types::ChildCall) -> Option<Self> {
         let look = child.remote_look?;
         let dormant::remote::LookReason::Unreachable { since_ms, wake } = look.why else {
             return None;

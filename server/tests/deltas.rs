@@ -6,10 +6,8 @@ mod common;
 use std::sync::Arc;
 
 use common::{serve, EventReader};
-use dormant::{
-    AgentDefinition, BoxFuture, LlmAdapter, LlmError, MemoryStore, ModelReply, ModelRequest,
-    Runtime,
-};
+use dormant::llm::{BoxFuture, LlmAdapter, LlmError, ModelRequest};
+use dormant::{AgentDefinition, MemoryStore, ModelReply, Runtime};
 use dormant_server::{Auth, ServerConfig};
 use reqwest::StatusCode;
 use serde_json::json;

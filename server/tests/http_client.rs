@@ -3,7 +3,8 @@
 
 use std::sync::Arc;
 
-use dormant::cluster::peer::{LeaseOwner, PeerCall, PeerKey, Peers};
+use dormant::cluster::leases::{LeaseOwner, PeerKey};
+use dormant::cluster::peer::{PeerCall, Peers};
 use dormant::remote::RemoteAgents;
 use dormant::{SessionId, SledStore};
 use dormant_server::{Auth, HttpClient, HttpPeers, HttpRemoteAgents, Server};

@@ -11,7 +11,7 @@
 use std::sync::Arc;
 
 use dormant::cluster::peer::{PeerAnswer, PeerCall};
-use dormant::ChunkKind;
+use dormant::types::ChunkKind;
 use dormant::{
     AgentDefinition, Error, ModelReply, PgStore, Runtime, ScriptedLlm, SessionId, Status, ToolCall,
     ToolDefinition,

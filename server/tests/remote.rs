@@ -10,9 +10,10 @@ use std::time::Duration;
 
 use common::{serve, TestServer};
 use dormant::remote::RemotePolicy;
+use dormant::types::ToolOutcome;
 use dormant::{
     AgentDefinition, Approval, Error, ModelReply, PendingKind, Runtime, ScriptedLlm, SledStore,
-    Status, ToolCall, ToolDefinition, ToolError, ToolOutcome,
+    Status, ToolCall, ToolDefinition, ToolError,
 };
 use dormant::{Submit, SubmitOutcome};
 use dormant_server::{Auth, HttpRemoteAgents, ServerConfig};

@@ -12,9 +12,10 @@ use std::time::Duration;
 
 use common::serve;
 use dormant::remote::{LookReason, RemotePolicy};
+use dormant::types::ToolOutcome;
 use dormant::{
     AgentDefinition, ManualClock, Message, ModelReply, Runtime, ScriptedLlm, SessionId, SledStore,
-    Status, ToolCall, ToolDefinition, ToolOutcome,
+    Status, ToolCall, ToolDefinition,
 };
 use dormant::{Submit, SubmitOutcome};
 use dormant_server::{Auth, HttpRemoteAgents, Server, ServerConfig};
@@ -340,7 +341,7 @@ async fn a_written_off_child_is_aborted_by_the_background_task_once_its_server_i
     let mut ended = Box::pin(parent.follow(&root, 0));
     let written_off = tokio::time::timeout(Duration::from_secs(30), async {
         while let Some(chunk) = ended.next().await {
-            if let dormant::ChunkKind::RunEnd { .. } = chunk?.kind {
+            if let dormant::types::ChunkKind::RunEnd { .. } = chunk?.kind {
                 return Ok::<_, dormant::Error>(());
             }
         }

@@ -10,9 +10,11 @@ use std::time::Duration;
 
 use common::{serve, TestServer};
 use dormant::remote::RemotePolicy;
+use dormant::store::Store;
+use dormant::types::ToolOutcome;
 use dormant::{
     AgentDefinition, ManualClock, Message, ModelReply, Runtime, RuntimeBuilder, ScriptedLlm,
-    SessionId, SledStore, Status, Store, ToolCall, ToolDefinition, ToolOutcome,
+    SessionId, SledStore, Status, ToolCall, ToolDefinition,
 };
 use dormant::{Submit, SubmitOutcome};
 use dormant_server::{Auth, HttpRemoteAgents, ServerConfig};

@@ -5,9 +5,10 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use dormant::llm::BoxFuture;
 use dormant::remote::RemoteAgents;
 use dormant::testkit::scenario::{self, RemoteHost, Served};
-use dormant::{BoxFuture, Runtime};
+use dormant::Runtime;
 use dormant_server::{Auth, HttpRemoteAgents, Server};
 
 const KEY: &str = "scenario-remote-operator-key";

@@ -12,7 +12,7 @@
 //! it runs ([`Peers::follow`]). `dormant_server::HttpPeers` speaks it over HTTP
 //! (`POST /peer`).
 //!
-//! A peer proves it is one with the owner's [`PeerKey`]: a random key each node makes when its
+//! A peer proves it is one with the owner's [`PeerKey`](crate::cluster::leases::PeerKey): a random key each node makes when its
 //! store opens, kept beside its address in the store and read from there with the owner
 //! ([`Leases::owner`](crate::cluster::leases::Leases::owner)). Whoever can read the store can call the
 //! nodes as a peer; whoever can write it could do anything anyway.
@@ -22,7 +22,7 @@ use std::fmt;
 use futures::stream::BoxStream;
 use serde::{Deserialize, Serialize};
 
-pub use crate::cluster::leases::{LeaseOwner, PeerKey};
+use crate::cluster::leases::LeaseOwner;
 use crate::error::Error;
 use crate::remote::RemoteError;
 use crate::session::submit::{Submit, SubmitOutcome};

@@ -91,7 +91,7 @@ impl ToolContext {
 }
 
 /// Runs a server tool. Every `Fn(Value, ToolContext) -> impl Future` closure implements it; a
-/// type of your own returns a [`BoxFuture`](crate::BoxFuture), which this crate re-exports.
+/// type of your own returns a [`BoxFuture`](crate::llm::BoxFuture), which this crate re-exports.
 pub trait ToolHandler: Send + Sync + 'static {
     /// Runs the tool on `input`.
     fn call(&self, input: Value, ctx: ToolContext) -> BoxFuture<'static, Result<Value, ToolError>>;
@@ -279,7 +279,7 @@ impl ToolDefinition {
     /// let schema = &lead.tool_specs()[0].input_schema;
     /// assert_eq!(schema["required"], json!(["message"]));
     /// assert_eq!(schema["properties"]["message"]["type"], "string");
-    /// # Ok::<(), dormant::DefinitionError>(())
+    /// # Ok::<(), dormant::definition::DefinitionError>(())
     /// ```
     pub fn sub_agent(name: impl Into<String>, agent: impl Into<String>) -> Self {
         Self::with_kind(

@@ -198,7 +198,7 @@ impl VirtualActor for SessionActor {
         let loaded = match self.load_recovered(id).await {
             Ok(loaded) => loaded,
             Err(error) => {
-                tracing::warn!(session = %id, error = %crate::Untrusted(&error), "session.unreadable");
+                tracing::warn!(session = %id, error = %crate::types::Untrusted(&error), "session.unreadable");
                 Loaded::Unreadable
             }
         };
@@ -517,7 +517,7 @@ impl SessionActor {
             Ok(Some(session)) => session,
             Ok(None) => return Handled::Yes,
             Err(error) => {
-                tracing::warn!(session = %ctx.key(), error = %crate::Untrusted(&error), "session.input_unreadable");
+                tracing::warn!(session = %ctx.key(), error = %crate::types::Untrusted(&error), "session.input_unreadable");
                 return Handled::No;
             }
         };
@@ -531,11 +531,11 @@ impl SessionActor {
                 Err(_) => Handled::No,
             },
             Err(error @ Error::Store(_)) => {
-                tracing::warn!(session = %ctx.key(), error = %crate::Untrusted(&error), "session.input_unreadable");
+                tracing::warn!(session = %ctx.key(), error = %crate::types::Untrusted(&error), "session.input_unreadable");
                 Handled::No
             }
             Err(error) => {
-                tracing::warn!(session = %ctx.key(), error = %crate::Untrusted(&error), "session.input_refused");
+                tracing::warn!(session = %ctx.key(), error = %crate::types::Untrusted(&error), "session.input_refused");
                 Handled::Yes
             }
         }

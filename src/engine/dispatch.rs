@@ -81,7 +81,7 @@ async fn run_one(step: &StepContext, call: ToolCall) -> FinishedCall {
         Ok(Err(error)) => ToolOutcome::Error(error.0),
         Err(panic) => {
             let reason = panic_text(panic.as_ref());
-            tracing::error!(session = %step.session, tool = %crate::Untrusted(&call.name), reason = %crate::Untrusted(&reason), "tool.panicked");
+            tracing::error!(session = %step.session, tool = %crate::types::Untrusted(&call.name), reason = %crate::types::Untrusted(&reason), "tool.panicked");
             ToolErrorCode::ToolPanicked.with(reason).into()
         }
     };

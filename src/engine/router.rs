@@ -163,7 +163,7 @@ pub(crate) async fn owners(
     if let Some(name) = hint.owner {
         candidates.retain(|candidate| candidate.named(name));
         if candidates.is_empty() {
-            tracing::warn!(session = %root, tool_call_id = %crate::Untrusted(&call), "client_tool.submit_unknown_owner");
+            tracing::warn!(session = %root, tool_call_id = %crate::types::Untrusted(&call), "client_tool.submit_unknown_owner");
             return Ok(Err(SubmitOutcome::UnknownToolCall));
         }
     }
@@ -175,7 +175,7 @@ pub(crate) async fn owners(
     }
     let outcome = settled_outcome(shared, root, call).await?;
     if outcome == SubmitOutcome::UnknownToolCall {
-        tracing::warn!(session = %root, tool_call_id = %crate::Untrusted(&call), "client_tool.submit_unknown");
+        tracing::warn!(session = %root, tool_call_id = %crate::types::Untrusted(&call), "client_tool.submit_unknown");
     }
     Ok(Err(outcome))
 }

@@ -265,7 +265,7 @@ impl DeadlineScheduler {
         }
         let mut batch = Batch::new(CommitKind::Other);
         for call in expired {
-            tracing::warn!(session = %call.session, tool_call_id = %crate::Untrusted(&call.tool_call_id), "deadline.stale_entry_cleared");
+            tracing::warn!(session = %call.session, tool_call_id = %crate::types::Untrusted(&call.tool_call_id), "deadline.stale_entry_cleared");
             batch.delete(
                 Tree::Deadlines,
                 schema::deadline_key(call.deadline_at_ms, &call.session, &call.tool_call_id),

@@ -13,7 +13,7 @@ type Publish = dyn Fn(u32, DeltaKind) + Send + Sync;
 /// follows the session, and never blocks.
 ///
 /// ```
-/// use dormant::DeltaSink;
+/// use dormant::llm::DeltaSink;
 /// let sink = DeltaSink::discard();
 /// sink.text("Hel");
 /// sink.text("lo");

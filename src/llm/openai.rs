@@ -102,7 +102,7 @@ use super::{LlmAdapter, LlmError, ModelReply, ModelRequest};
 ///     .model("qwen2.5-7b-instruct")
 ///     .build()?;
 /// assert!(!format!("{local:?}").contains("Bearer"));
-/// # Ok::<(), dormant::OpenAiConfigError>(())
+/// # Ok::<(), dormant::llm::OpenAiConfigError>(())
 /// ```
 #[derive(Clone)]
 pub struct OpenAiAdapter {
@@ -123,7 +123,7 @@ impl OpenAiAdapter {
     /// ```
     /// let adapter = dormant::OpenAiAdapter::from_env()?;
     /// # let _ = adapter;
-    /// # Ok::<(), dormant::OpenAiConfigError>(())
+    /// # Ok::<(), dormant::llm::OpenAiConfigError>(())
     /// ```
     ///
     /// # Errors

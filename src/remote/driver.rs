@@ -142,7 +142,7 @@ pub(crate) async fn drive(
         // the replayed call starts it), or a remote out of reach for now, is left for the
         // next resume to wake (or the next look), which learns where the child stands.
         Err(error) if watch => {
-            tracing::info!(%child, endpoint = %remote.endpoint, error = %crate::Untrusted(&error), "remote_subagent.watch_failed");
+            tracing::info!(%child, endpoint = %remote.endpoint, error = %crate::types::Untrusted(&error), "remote_subagent.watch_failed");
             Driven::Nothing
         }
         Err(error) if error.is_retryable() => unreachable(&child, error),
@@ -151,7 +151,7 @@ pub(crate) async fn drive(
 }
 
 fn unreachable(child: &SessionId, error: RemoteError) -> Driven {
-    tracing::warn!(%child, error = %crate::Untrusted(&error), "remote_subagent.unreachable");
+    tracing::warn!(%child, error = %crate::types::Untrusted(&error), "remote_subagent.unreachable");
     Driven::Unreachable(error)
 }
 
@@ -200,7 +200,7 @@ impl Driver<'_> {
             tries += 1;
             match call().await {
                 Err(error) if error.is_retryable() && tries < policy.attempts => {
-                    tracing::warn!(child = %self.child, endpoint = self.endpoint, error = %crate::Untrusted(&error), tries, "remote_subagent.retrying");
+                    tracing::warn!(child = %self.child, endpoint = self.endpoint, error = %crate::types::Untrusted(&error), tries, "remote_subagent.retrying");
                     tokio::time::sleep(wait).await;
                     wait = wait.saturating_mul(2);
                 }
@@ -314,7 +314,7 @@ fn remote_failure(text: String) -> String {
 }
 
 fn failed(code: ToolErrorCode, error: &RemoteError) -> DriveReport {
-    tracing::warn!(code = code.as_str(), error = %crate::Untrusted(&error), "remote_subagent.failed");
+    tracing::warn!(code = code.as_str(), error = %crate::types::Untrusted(&error), "remote_subagent.failed");
     DriveReport {
         report: ChildReport::Finished(ToolOutcome::from(code.with(error))),
         chunks: Vec::new(),

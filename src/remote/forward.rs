@@ -53,10 +53,10 @@ pub(crate) async fn forward(
         .submit(&owner.endpoint, &submit)
         .await
         .map_err(|error| {
-            tracing::warn!(endpoint = %owner.endpoint, remote_root = %owner.remote_root, tool_call_id = %crate::Untrusted(&submit.tool_call_id), error = %crate::Untrusted(&error), "remote_subagent.submit_failed");
+            tracing::warn!(endpoint = %owner.endpoint, remote_root = %owner.remote_root, tool_call_id = %crate::types::Untrusted(&submit.tool_call_id), error = %crate::types::Untrusted(&error), "remote_subagent.submit_failed");
             Error::Remote(error)
         })?;
-    tracing::debug!(endpoint = %owner.endpoint, tool_call_id = %crate::Untrusted(&submit.tool_call_id), outcome = outcome.code(), "remote_subagent.submitted");
+    tracing::debug!(endpoint = %owner.endpoint, tool_call_id = %crate::types::Untrusted(&submit.tool_call_id), outcome = outcome.code(), "remote_subagent.submitted");
     if outcome == SubmitOutcome::Accepted {
         host.send(
             owner.via,

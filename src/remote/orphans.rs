@@ -53,7 +53,7 @@ pub(crate) async fn pass(shared: &Shared) -> Result<usize, Error> {
                 schema::delete_orphan(&mut stopped, &orphan.child);
             }
             Err(error) => {
-                tracing::debug!(child = %orphan.child, endpoint = %orphan.endpoint, error = %crate::Untrusted(&error), "remote_subagent.orphan_unreachable");
+                tracing::debug!(child = %orphan.child, endpoint = %orphan.endpoint, error = %crate::types::Untrusted(&error), "remote_subagent.orphan_unreachable");
                 left += 1;
             }
         }

@@ -292,7 +292,10 @@ impl Runtime {
         }
     }
 
-    /// Whether `key` is this node's [`PeerKey`](crate::cluster::peer::PeerKey) (compared in constant
+    // dormant-server's plumbing: its `POST /peer` and `POST /peer/follow` routes answer other
+    // nodes with these. Public for that crate, hidden from a daemon author's docs.
+    #[doc(hidden)]
+    /// Whether `key` is this node's [`PeerKey`](crate::cluster::PeerKey) (compared in constant
     /// time; a node alone on its store takes no calls from peers). A transport checks it
     /// before it reads a call, so that a caller without the key learns nothing of what it
     /// sent.
@@ -304,11 +307,14 @@ impl Runtime {
             .is_some_and(|ours| ours.matches(key))
     }
 
+    // dormant-server's plumbing: its `POST /peer` and `POST /peer/follow` routes answer other
+    // nodes with these. Public for that crate, hidden from a daemon author's docs.
+    #[doc(hidden)]
     /// Serves a call another node routed here because this one owns the session's tree
     /// ([`crate::cluster::peer`]): the call, served here and never further. A session this node does
     /// not own (any more) answers `session_unavailable`, which the caller returns as is.
     /// `key` is the caller's proof that it is a peer: this node's
-    /// [`PeerKey`](crate::cluster::peer::PeerKey).
+    /// [`PeerKey`](crate::cluster::PeerKey).
     ///
     /// # Errors
     /// [`Error::PeerRefused`] for a key that is not this node's (or a node alone on its
@@ -325,6 +331,9 @@ impl Runtime {
             .unwrap_or_else(|error| PeerAnswer::Failed(PeerFailure::of(&error))))
     }
 
+    // dormant-server's plumbing: its `POST /peer` and `POST /peer/follow` routes answer other
+    // nodes with these. Public for that crate, hidden from a daemon author's docs.
+    #[doc(hidden)]
     /// Serves a peer's follow of `session` from `from` ([`Peers::follow`](crate::cluster::peer::Peers::follow)):
     /// [`Runtime::follow_live`] here, as [`PeerEvent`]s, never sent further. A session this
     /// node no longer runs is followed from the store, as any follower here would.

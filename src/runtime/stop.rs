@@ -28,7 +28,7 @@ impl Runtime {
                 // The remote walks the child's own tree before it answers.
                 let shared = &self.inner.shared;
                 if let Err(error) = crate::remote::stop_remote(shared, &id, &remote, abort).await {
-                    tracing::warn!(child = %id, endpoint = %remote.endpoint, error = %crate::Untrusted(&error), "remote_subagent.stop_failed");
+                    tracing::warn!(child = %id, endpoint = %remote.endpoint, error = %crate::types::Untrusted(&error), "remote_subagent.stop_failed");
                     // This side let it go: it is stopped there once the remote answers.
                     crate::engine::actor::orphan(shared, id.clone(), remote, abort).await;
                     unreachable.get_or_insert(Error::Remote(error));

@@ -10,7 +10,8 @@ use std::path::{Path, PathBuf};
 
 use super::tests_replay::{encoded, replay, Replayed, CHILD, CUT, ROOT};
 use crate::store::schema::{self, FORMAT_VERSION};
-use crate::store::{Batch, CommitKind, MemoryStore, Op, Store, Tree};
+use crate::store::{Batch, CommitKind, Op, Store, Tree};
+use crate::MemoryStore;
 
 /// Where the golden files live.
 fn golden_dir() -> PathBuf {

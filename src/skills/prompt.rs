@@ -40,7 +40,7 @@ impl PromptSkills {
             Ok(Err(())) => self.last.lock().clone().unwrap_or_default(),
             Err(panic) => {
                 let reason = crate::types::panic::panic_text(panic.as_ref());
-                tracing::error!(%session, reason = %crate::Untrusted(&reason), "skills.provider_panicked");
+                tracing::error!(%session, reason = %crate::types::Untrusted(&reason), "skills.provider_panicked");
                 self.last.lock().clone().unwrap_or_default()
             }
         };
@@ -60,7 +60,7 @@ impl PromptSkills {
         let catalog = match self.provider.list().await {
             Ok(catalog) => catalog,
             Err(error) => {
-                tracing::warn!(%session, error = %crate::Untrusted(&error), "skills.catalog_failed");
+                tracing::warn!(%session, error = %crate::types::Untrusted(&error), "skills.catalog_failed");
                 return Err(());
             }
         };
@@ -69,10 +69,10 @@ impl PromptSkills {
             match self.provider.get(name).await {
                 Ok(Some(skill)) => preloaded.push(skill),
                 Ok(None) => {
-                    tracing::warn!(%session, skill = %crate::Untrusted(&name), "skills.preload_unknown")
+                    tracing::warn!(%session, skill = %crate::types::Untrusted(&name), "skills.preload_unknown")
                 }
                 Err(error) => {
-                    tracing::warn!(%session, skill = %crate::Untrusted(&name), error = %crate::Untrusted(&error), "skills.preload_failed");
+                    tracing::warn!(%session, skill = %crate::types::Untrusted(&name), error = %crate::types::Untrusted(&error), "skills.preload_failed");
                 }
             }
         }

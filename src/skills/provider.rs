@@ -72,11 +72,11 @@ impl Skill {
 ///
 /// The futures are `'static` so that a caller can hold them across an await without
 /// borrowing the provider; implementations clone what they need (an `Arc`, the name) into
-/// them. [`BoxFuture`] is re-exported by this crate (`dormant::BoxFuture`).
+/// them. [`BoxFuture`] is re-exported by this crate (`dormant::llm::BoxFuture`).
 ///
 /// ```
 /// use std::sync::Arc;
-/// use dormant::BoxFuture;
+/// use dormant::llm::BoxFuture;
 /// use dormant::skills::{Error, ReadRange, Skill, SkillMetadata, SkillProvider};
 ///
 /// /// Knows no skill.

@@ -115,7 +115,9 @@ impl Delegate for Forward {}
 /// ```
 /// use std::sync::atomic::{AtomicUsize, Ordering};
 /// use std::sync::Arc;
-/// use dormant::store::{Batch, Call, CommitKind, Delegate, DelegatingStore, Error, MemoryStore, Store, Tree};
+/// use dormant::MemoryStore;
+/// use dormant::store::{Batch, CommitKind, Error, Store, Tree};
+/// use dormant::testkit::{Call, Delegate, DelegatingStore};
 ///
 /// /// Counts the reads of the log tree.
 /// #[derive(Debug, Default)]

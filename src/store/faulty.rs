@@ -50,7 +50,9 @@ pub struct Faults {
 ///
 /// ```
 /// use std::sync::Arc;
-/// use dormant::store::{Batch, CommitKind, Fault, FaultyStore, MemoryStore, Store, Tree};
+/// use dormant::MemoryStore;
+/// use dormant::store::{Batch, CommitKind, Store, Tree};
+/// use dormant::testkit::{Fault, FaultyStore};
 ///
 /// # futures::executor::block_on(async {
 /// let store = FaultyStore::new(Arc::new(MemoryStore::new()));

@@ -20,7 +20,8 @@ type Map = BTreeMap<Vec<u8>, Vec<u8>>;
 /// # Examples
 ///
 /// ```
-/// use dormant::store::{Batch, CommitKind, MemoryStore, Store, Tree};
+/// use dormant::MemoryStore;
+/// use dormant::store::{Batch, CommitKind, Store, Tree};
 ///
 /// fn main() -> Result<(), dormant::store::Error> {
 ///     // The store's methods are async; any executor runs them.

@@ -126,7 +126,8 @@ use writes::SledWrites;
 /// # Examples
 ///
 /// ```
-/// use dormant::store::{Batch, CommitKind, SledStore, Store, Tree};
+/// use dormant::SledStore;
+/// use dormant::store::{Batch, CommitKind, Store, Tree};
 ///
 /// fn main() -> Result<(), dormant::store::Error> {
 ///     let store = SledStore::temporary()?;

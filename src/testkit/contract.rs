@@ -3,7 +3,7 @@
 //!
 //! Each item of the [`Store`] trait's documentation is a check here (the list is
 //! [`CHECKS`]): a backend that passes them all behaves, as far as the runtime can tell, like
-//! [`MemoryStore`](crate::store::MemoryStore). The checks write under their own key prefix
+//! [`MemoryStore`](crate::MemoryStore). The checks write under their own key prefix
 //! (`contract/…`) in every tree, so a store that already holds other keys can be checked too.
 
 mod checks;
@@ -18,8 +18,8 @@ use crate::store::{self, Batch, CommitKind, Entry, Store, Tree};
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Reopen {
-    /// Each open is a new, empty store ([`MemoryStore`](crate::store::MemoryStore), a
-    /// temporary [`SledStore`](crate::store::SledStore)): nothing is expected across opens.
+    /// Each open is a new, empty store ([`MemoryStore`](crate::MemoryStore), a
+    /// temporary [`SledStore`](crate::SledStore)): nothing is expected across opens.
     Empty,
     /// Each open sees what earlier opens committed (a sled directory, a database): every
     /// acknowledged commit, whole, survives a close and a release.
@@ -87,7 +87,8 @@ pub const CHECKS: [&str; 15] = [
 ///
 /// ```
 /// use std::sync::Arc;
-/// use dormant::store::{MemoryStore, Store};
+/// use dormant::MemoryStore;
+/// use dormant::store::Store;
 /// use dormant::testkit::{store_contract, Reopen};
 ///
 /// # #[tokio::main(flavor = "current_thread")]

@@ -10,8 +10,8 @@
 //!
 //! Test tooling: this module exists only with the `test-util` feature.
 //!
-//! The store is a [`FaultyStore`](crate::store::FaultyStore) over sled: `crash_before` arms
-//! [`Fault::CrashBefore`](crate::store::Fault::CrashBefore) with the commit kind it names
+//! The store is a [`FaultyStore`](crate::testkit::FaultyStore) over sled: `crash_before` arms
+//! [`Fault::CrashBefore`](crate::testkit::Fault::CrashBefore) with the commit kind it names
 //! (`tool_calls`, `tool_results`), so that commit and every one after it fail as if the
 //! process had died there, and the op that hits it answers the runtime's store error. `restart`
 //! opens the directory again behind a new wrapper with no fault: only what was committed

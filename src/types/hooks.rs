@@ -115,7 +115,7 @@ pub(crate) fn notify(hooks: &dyn Hooks, event: &HookEvent) {
         tracing::error!(
             session = %event.session(),
             hook = event.name(),
-            reason = %crate::Untrusted(crate::types::panic::panic_text(panic.as_ref())),
+            reason = %crate::types::Untrusted(crate::types::panic::panic_text(panic.as_ref())),
             "hook.panicked"
         );
     }

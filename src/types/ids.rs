@@ -16,7 +16,7 @@ pub const MAX_SESSION_ID_LEN: usize = 512;
 /// let id: SessionId = "support-42".parse()?;
 /// assert_eq!(id.as_str(), "support-42");
 /// assert!("".parse::<SessionId>().is_err());
-/// # Ok::<(), dormant::types::ids::InvalidId>(())
+/// # Ok::<(), dormant::types::InvalidId>(())
 /// ```
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SessionId(Arc<str>);

@@ -45,9 +45,9 @@ impl ToolOutcome {
     /// The stable code of an error the runtime recorded (a timeout, a refusal, a call a crash
     /// cut), read from the start of its text; `None` for a result, a denied approval, or an
     /// error text a tool wrote itself.
-    pub fn code(&self) -> Option<crate::ToolErrorCode> {
+    pub fn code(&self) -> Option<crate::types::ToolErrorCode> {
         match self {
-            ToolOutcome::Error(text) => crate::ToolErrorCode::of(text),
+            ToolOutcome::Error(text) => crate::types::ToolErrorCode::of(text),
             ToolOutcome::Result(_) => None,
         }
     }

@@ -2,7 +2,7 @@
 //!
 //! A tool call the runtime closes with an error (a timeout, a refusal, a crash it cut) gets the
 //! result `ToolOutcome::Error("<code>: <what happened>")`: the model reads the sentence, and a
-//! program reads the code ([`ToolOutcome::code`](crate::ToolOutcome::code)). The text is the
+//! program reads the code ([`ToolOutcome::code`](crate::types::ToolOutcome::code)). The text is the
 //! wire format, so the names here never change. A denied approval is the one exception: its
 //! text is the seeds' `"Tool call was not approved by the user"`, with no code.
 

@@ -17,7 +17,7 @@ pub const UNTRUSTED_LOG_BYTES: usize = 256;
 /// its bytes were left out. Escaping and cutting happen as it is written: nothing is copied.
 ///
 /// ```
-/// use dormant::Untrusted;
+/// use dormant::types::Untrusted;
 ///
 /// let id = "call-1\n2026-01-01 INFO forged\u{1b}[2J";
 /// assert_eq!(

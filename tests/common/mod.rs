@@ -7,9 +7,12 @@ use std::sync::Arc;
 
 use std::collections::HashMap;
 
+use dormant::llm::{LlmAdapter, LlmError, ModelRequest};
+use dormant::store::Store;
+use dormant::types::HookEvent;
 use dormant::{
-    AgentDefinition, HookEvent, Hooks, LlmAdapter, LlmError, ManualClock, Message, ModelReply,
-    ModelRequest, Runtime, ScriptedLlm, SledStore, Store, ToolCall, ToolDefinition, ToolError,
+    AgentDefinition, Hooks, ManualClock, Message, ModelReply, Runtime, ScriptedLlm, SledStore,
+    ToolCall, ToolDefinition, ToolError,
 };
 use futures::future::BoxFuture;
 use parking_lot::Mutex;
@@ -148,7 +151,7 @@ pub fn calls_then_text(calls: &[(&str, &str)], text: &str) -> Vec<ModelReply> {
 pub fn tool_result<'m>(
     messages: &'m [dormant::Message],
     id: &str,
-) -> Option<&'m dormant::ToolOutcome> {
+) -> Option<&'m dormant::types::ToolOutcome> {
     messages.iter().find_map(|message| match message {
         dormant::Message::Tool {
             tool_call_id,

@@ -88,21 +88,25 @@ impl Disk {
 /// The approval-gated `deploy`: not safe to retry, reports each execution before returning,
 /// and the [`FILL_AT_DEPLOY`]th one fills the disk.
 fn deploy_tool(disk: Option<Arc<Disk>>) -> ToolDefinition {
-    ToolDefinition::server("deploy", move |_input: Value, ctx: dormant::ToolContext| {
-        let disk = disk.clone();
-        async move {
-            let session = ctx.session_id().to_string();
-            let fail = |e: &dyn std::fmt::Display| ToolError::new(e.to_string());
-            report(&format!("deploy {session} {}", ctx.tool_call_id())).map_err(|e| fail(&e))?;
-            if let Some(disk) = disk {
-                if disk.deploys.fetch_add(1, Ordering::SeqCst) + 1 == FILL_AT_DEPLOY {
-                    disk.fill().map_err(|e| fail(&e))?;
-                    report(&format!("filled {session}")).map_err(|e| fail(&e))?;
+    ToolDefinition::server(
+        "deploy",
+        move |_input: Value, ctx: dormant::definition::ToolContext| {
+            let disk = disk.clone();
+            async move {
+                let session = ctx.session_id().to_string();
+                let fail = |e: &dyn std::fmt::Display| ToolError::new(e.to_string());
+                report(&format!("deploy {session} {}", ctx.tool_call_id()))
+                    .map_err(|e| fail(&e))?;
+                if let Some(disk) = disk {
+                    if disk.deploys.fetch_add(1, Ordering::SeqCst) + 1 == FILL_AT_DEPLOY {
+                        disk.fill().map_err(|e| fail(&e))?;
+                        report(&format!("filled {session}")).map_err(|e| fail(&e))?;
+                    }
                 }
+                Ok::<_, ToolError>(receipt(&session))
             }
-            Ok::<_, ToolError>(receipt(&session))
-        }
-    })
+        },
+    )
     .require_approval(Approval::Always)
 }
 

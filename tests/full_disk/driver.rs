@@ -4,7 +4,8 @@
 
 use std::path::Path;
 
-use dormant::{PendingCall, Runtime, SessionId, Status};
+use dormant::types::PendingCall;
+use dormant::{Runtime, SessionId, Status};
 use dormant::{Submit, SubmitOutcome};
 use serde_json::json;
 

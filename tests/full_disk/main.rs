@@ -19,7 +19,8 @@ mod report;
 use std::collections::BTreeMap;
 
 use child::SESSIONS;
-use dormant::{Message, ToolOutcome};
+use dormant::types::ToolOutcome;
+use dormant::Message;
 use report::{run_child, Report, MOUNT_ENV};
 
 /// The child: runs only with `MOUNT_ENV` set, inside the namespace the parent made.

@@ -5,8 +5,9 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use dormant::store::{Batch, Delegate, DelegatingStore, Error, Op, Tree};
-use dormant::Store;
+use dormant::store::Store;
+use dormant::store::{Batch, Error, Op, Tree};
+use dormant::testkit::{Delegate, DelegatingStore};
 
 /// Which bug the store plants.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -53,11 +53,11 @@ pub(crate) enum Expect {
 
 impl Expect {
     /// Whether a recorded outcome is this one.
-    pub(crate) fn matches(&self, outcome: &dormant::ToolOutcome) -> bool {
+    pub(crate) fn matches(&self, outcome: &dormant::types::ToolOutcome) -> bool {
         match (self, outcome) {
-            (Expect::Result(want), dormant::ToolOutcome::Result(got)) => want == got,
-            (Expect::Error(want), dormant::ToolOutcome::Error(got)) => want == got,
-            (Expect::Code(code), dormant::ToolOutcome::Error(got)) => got.starts_with(code),
+            (Expect::Result(want), dormant::types::ToolOutcome::Result(got)) => want == got,
+            (Expect::Error(want), dormant::types::ToolOutcome::Error(got)) => want == got,
+            (Expect::Code(code), dormant::types::ToolOutcome::Error(got)) => got.starts_with(code),
             _ => false,
         }
     }

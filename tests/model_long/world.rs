@@ -6,11 +6,13 @@ use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use dormant::store::{CommitKind, Durability, Fault, FaultyStore, InjectedFault};
+use dormant::store::Store;
+use dormant::store::{CommitKind, Durability};
+use dormant::testkit::{Fault, FaultyStore, InjectedFault};
+use dormant::types::Clock;
 use dormant::{
-    AgentDefinition, Approval, Clock, Error, ManualClock, MemoryStore, Message, ModelReply,
-    PendingKind, Runtime, ScriptedLlm, SessionId, SledStore, Status, Store, ToolCall,
-    ToolDefinition, ToolError,
+    AgentDefinition, Approval, Error, ManualClock, MemoryStore, Message, ModelReply, PendingKind,
+    Runtime, ScriptedLlm, SessionId, SledStore, Status, ToolCall, ToolDefinition, ToolError,
 };
 use dormant::{Submit, SubmitOutcome};
 use parking_lot::Mutex;
@@ -718,8 +720,8 @@ impl World {
                 };
                 let view = match &call.answer {
                     None if now < call.deadline_at_ms => View::Waiting,
-                    None | Some(dormant::Answer::TimedOut) => View::Expired,
-                    Some(dormant::Answer::Approved) => View::Approved,
+                    None | Some(dormant::types::Answer::TimedOut) => View::Expired,
+                    Some(dormant::types::Answer::Approved) => View::Approved,
                     Some(_) => View::Answered,
                 };
                 (call.tool_call_id, kind, view)

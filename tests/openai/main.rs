@@ -9,10 +9,12 @@ mod mock;
 use std::sync::Arc;
 use std::time::Duration;
 
+use dormant::llm::OpenAiBuilder;
+use dormant::store::Store;
+use dormant::types::{ChunkKind, Delta, DeltaKind, ErrorCode, Usage};
 use dormant::{
-    AgentDefinition, ChunkKind, Delta, DeltaKind, ErrorCode, ManualClock, Message, ModelSettings,
-    OpenAiAdapter, OpenAiBuilder, RunOutcome, Runtime, SessionId, SledStore, Status, Store,
-    StreamEvent, ToolCall, ToolDefinition, ToolError, Usage,
+    AgentDefinition, ManualClock, Message, ModelSettings, OpenAiAdapter, RunOutcome, Runtime,
+    SessionId, SledStore, Status, StreamEvent, ToolCall, ToolDefinition, ToolError,
 };
 use dormant::{Submit, SubmitOutcome};
 use futures::StreamExt;

@@ -6,7 +6,8 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use dormant::{PendingCall, PendingKind, Runtime, SessionId, Status};
+use dormant::types::PendingCall;
+use dormant::{PendingKind, Runtime, SessionId, Status};
 use dormant::{Submit, SubmitOutcome};
 use serde_json::json;
 

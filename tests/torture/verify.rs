@@ -5,7 +5,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
 use dormant::session::NOT_APPROVED;
-use dormant::{Message, Runtime, SessionId, Status, ToolOutcome};
+use dormant::types::ToolOutcome;
+use dormant::{Message, Runtime, SessionId, Status};
 
 use super::check::{Double, Findings};
 use super::journal::{self, Acknowledged, Execution, Sent, ACCEPTED, EXECUTIONS};

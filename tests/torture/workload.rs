@@ -11,9 +11,10 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use dormant::definition::ToolContext;
+use dormant::llm::{LlmAdapter, LlmError, ModelRequest};
 use dormant::{
-    AgentDefinition, Approval, LlmAdapter, LlmError, ModelReply, ModelRequest, Runtime, SledStore,
-    ToolCall, ToolContext, ToolDefinition, ToolError,
+    AgentDefinition, Approval, ModelReply, Runtime, SledStore, ToolCall, ToolDefinition, ToolError,
 };
 use futures::future::BoxFuture;
 use serde_json::{json, Value};

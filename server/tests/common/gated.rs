@@ -4,7 +4,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use dormant::store::{Call, Delegate, DelegatingStore, Error};
+use dormant::store::Error;
+use dormant::testkit::{Call, Delegate, DelegatingStore};
 use dormant::MemoryStore;
 use tokio::sync::Notify;
 

@@ -8,7 +8,8 @@ pub mod nested;
 use std::sync::Arc;
 
 use anyhow::Context;
-use dormant::{Runtime, SledStore, Store};
+use dormant::store::Store;
+use dormant::{Runtime, SledStore};
 use dormant_server::{Auth, Closing, Server, ServerConfig};
 use futures::StreamExt;
 use reqwest::{Response, StatusCode};

@@ -151,7 +151,7 @@ impl SessionActor {
                 Some(from) => schema::load_chunks(self.shared.store.as_ref(), &child, from).await,
             };
             let chunks = chunks.unwrap_or_else(|error| {
-                tracing::warn!(session = %ctx.key(), %child, error = %crate::Untrusted(&error), "subagent.chunks_unreadable");
+                tracing::warn!(session = %ctx.key(), %child, error = %crate::types::Untrusted(&error), "subagent.chunks_unreadable");
                 Vec::new()
             });
             reports.push(ReportedChild {

@@ -12,7 +12,7 @@ use crate::session::{ChildAt, Effect, Input, Observation, Transition};
 use crate::store::schema;
 use crate::types::ids::SessionId;
 use crate::types::stream::{Delta, StreamEvent};
-use crate::Untrusted;
+use crate::types::Untrusted;
 use tracing::Instrument;
 
 impl SessionActor {
@@ -268,7 +268,7 @@ impl SessionActor {
                 reason,
             } => {
                 // The model's id is untrusted text: escaped and cut short before it is logged.
-                let original = crate::Untrusted(&original);
+                let original = crate::types::Untrusted(&original);
                 tracing::warn!(session = %id, %original, tool_call_id = %assigned, reason, "tool_call.id_assigned");
             }
         }

@@ -56,7 +56,7 @@ impl SessionActor {
             let shared = Arc::clone(&self.shared);
             tokio::spawn(async move {
                 if let Err(error) = stop_remote(&shared, &child, &remote, abort).await {
-                    tracing::warn!(%child, endpoint = %remote.endpoint, error = %crate::Untrusted(&error), "remote_subagent.stop_failed");
+                    tracing::warn!(%child, endpoint = %remote.endpoint, error = %crate::types::Untrusted(&error), "remote_subagent.stop_failed");
                     orphan(&shared, child, remote, abort).await;
                 }
             });

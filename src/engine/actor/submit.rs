@@ -21,7 +21,7 @@ use crate::error::Error;
 use crate::session::submit::SubmitOutcome;
 use crate::session::{Effect, Input, Submission, Transition, Verdict};
 use crate::types::ids::SessionId;
-use crate::Untrusted;
+use crate::types::Untrusted;
 
 /// An accepted answer's commit in flight: its task yields the transition's effects once the
 /// commit is durable, or `None` if it failed.

@@ -74,7 +74,7 @@ pub(crate) async fn complete(
                     status = status.map(|status| status.as_u16()),
                     attempt = retry,
                     wait_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
-                    error = %crate::Untrusted(&error),
+                    error = %crate::types::Untrusted(&error),
                     "openai.retry"
                 );
                 tokio::time::sleep(wait).await;

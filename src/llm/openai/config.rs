@@ -54,7 +54,7 @@ pub enum OpenAiConfigError {
 ///     .max_retries(2)
 ///     .build()?;
 /// # let _ = adapter;
-/// # Ok::<(), dormant::OpenAiConfigError>(())
+/// # Ok::<(), dormant::llm::OpenAiConfigError>(())
 /// ```
 #[must_use]
 pub struct OpenAiBuilder {

@@ -5,9 +5,9 @@ use serde_json::Map;
 use super::*;
 use crate::session::Status;
 use crate::store::wait::Wait;
-use crate::store::MemoryStore;
 use crate::types::ids::RunId;
 use crate::types::stream::ChunkKind;
+use crate::MemoryStore;
 
 fn record(id: &SessionId) -> SessionRecord {
     SessionRecord {

@@ -9,7 +9,8 @@ use crate::store::Error;
 /// as [`Error::Backend`]; find it with [`Error::downcast_ref`]:
 ///
 /// ```no_run
-/// use dormant::store::{SledError, SledStore};
+/// use dormant::SledStore;
+/// use dormant::store::SledError;
 ///
 /// match SledStore::open("/var/lib/my-agent/store") {
 ///     Err(error) => match error.downcast_ref::<SledError>() {

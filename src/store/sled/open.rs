@@ -20,7 +20,8 @@ use crate::store::Error;
 /// # Examples
 ///
 /// ```no_run
-/// use dormant::store::{Durability, SledStore};
+/// use dormant::SledStore;
+/// use dormant::store::Durability;
 ///
 /// fn main() -> Result<(), dormant::store::Error> {
 ///     let store = SledStore::builder("/var/lib/my-agent/store")
@@ -102,7 +103,8 @@ impl SledStoreBuilder {
     /// # Examples
     ///
     /// ```no_run
-    /// use dormant::store::{Error, SledStore};
+    /// use dormant::SledStore;
+    /// use dormant::store::Error;
     ///
     /// match SledStore::open("/var/lib/my-agent/store") {
     ///     Err(Error::Damaged { damage, .. }) => {

@@ -414,7 +414,7 @@ pub(crate) enum EventName {
 }
 
 impl EventName {
-    /// The name as written, the same as [`ChunkKind::type_name`](crate::ChunkKind::type_name).
+    /// The name as written, the same as [`ChunkKind::type_name`](crate::types::ChunkKind::type_name).
     pub(crate) fn as_str(self) -> &'static str {
         match self {
             EventName::RunStart => "run_start",
@@ -446,7 +446,7 @@ pub(crate) enum HookName {
 }
 
 impl HookName {
-    /// The name as written, the same as [`HookEvent::name`](crate::HookEvent::name).
+    /// The name as written, the same as [`HookEvent::name`](crate::types::HookEvent::name).
     pub(crate) fn as_str(self) -> &'static str {
         match self {
             HookName::BeforeTool => "before_tool",
