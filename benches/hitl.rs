@@ -264,9 +264,9 @@ impl Wait {
 }
 
 #[async_trait::async_trait]
-impl dormant::store::Delegate for Wait {
-    async fn before(&self, call: dormant::store::Call<'_>) -> Result<(), dormant::store::Error> {
-        if !matches!(call, dormant::store::Call::Commit(_)) {
+impl dormant::testkit::Delegate for Wait {
+    async fn before(&self, call: dormant::testkit::Call<'_>) -> Result<(), dormant::store::Error> {
+        if !matches!(call, dormant::testkit::Call::Commit(_)) {
             return Ok(());
         }
         match self {
@@ -310,7 +310,7 @@ async fn wait_cost(quick: bool) -> anyhow::Result<()> {
             Wait::relayed(),
         ] {
             let name = wait.name();
-            let store = dormant::store::DelegatingStore::wrap(Arc::new(MemoryStore::new()), wait);
+            let store = dormant::testkit::DelegatingStore::wrap(Arc::new(MemoryStore::new()), wait);
             let runtime = runtime_on(Arc::new(store), one_call_script())?;
             let (rate, cpu) = run_cycles(&runtime, concurrency, cycles).await?;
             runtime.shutdown().await?;

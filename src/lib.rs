@@ -162,12 +162,3 @@ pub use types::ids::{RunId, SessionId};
 pub use types::message::{Message, ToolCall};
 pub use types::record::{PendingKind, Status};
 pub use types::stream::{Chunk, StreamEvent};
-
-// Two old paths kept for now, hidden, each a second path to an item whose home is elsewhere:
-// examples/simulate/ (and src/cluster/leases.rs's docs) name them there, and another task
-// edits those files at the same time, whose lines beyond their `use`s this change leaves
-// alone. Remove both once they name `store::Store` and `runtime::RuntimeStats`.
-#[doc(hidden)]
-pub use runtime::RuntimeStats;
-#[doc(hidden)]
-pub use store::Store;

@@ -60,11 +60,11 @@ impl Backend {
         )
     }
 
-    pub(crate) fn store(&self) -> Arc<dyn dormant::Store> {
+    pub(crate) fn store(&self) -> Arc<dyn dormant::store::Store> {
         match self {
-            Self::Sled { store, .. } => Arc::clone(store) as Arc<dyn dormant::Store>,
+            Self::Sled { store, .. } => Arc::clone(store) as Arc<dyn dormant::store::Store>,
             #[cfg(feature = "postgres")]
-            Self::Postgres { store, .. } => Arc::clone(store) as Arc<dyn dormant::Store>,
+            Self::Postgres { store, .. } => Arc::clone(store) as Arc<dyn dormant::store::Store>,
         }
     }
 
@@ -85,7 +85,7 @@ impl Backend {
             Self::Sled { .. } => Ok(None),
             #[cfg(feature = "postgres")]
             Self::Postgres { store, wal_before } => Ok(Some(PgTotals {
-                bytes: dormant::Store::size_on_disk(store.as_ref()).await?,
+                bytes: dormant::store::Store::size_on_disk(store.as_ref()).await?,
                 transactions: store.transaction_count(),
                 wal_syncs: store.wal_syncs().await?.saturating_sub(*wal_before),
             })),

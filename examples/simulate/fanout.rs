@@ -241,7 +241,7 @@ pub(crate) async fn simulate(args: Args, fanout: Fanout) -> anyhow::Result<usize
         }
     }
     let mut builder = Runtime::builder()
-        .store(Arc::clone(&store) as Arc<dyn dormant::Store>)
+        .store(Arc::clone(&store) as Arc<dyn dormant::store::Store>)
         .llm(Arc::new(llm))
         .client_tool_timeout_ms(TIMEOUT_MS)
         .agent(

@@ -164,7 +164,7 @@ pub(crate) async fn simulate(args: Args, target: Option<String>) -> anyhow::Resu
 /// nodes' when `leases` says who owns what (its calls for another node's sessions are then
 /// sent there over HTTP).
 pub(crate) fn cycle_runtime(
-    store: Arc<dyn dormant::Store>,
+    store: Arc<dyn dormant::store::Store>,
     leases: Option<Arc<dyn dormant::cluster::leases::Leases>>,
     args: &Args,
 ) -> anyhow::Result<Runtime> {

@@ -63,7 +63,7 @@ pub(crate) async fn simulate(args: Args) -> anyhow::Result<usize> {
         )
         .build()?;
     let runtime = Runtime::builder()
-        .store(store as Arc<dyn dormant::Store>)
+        .store(store as Arc<dyn dormant::store::Store>)
         .llm(Arc::new(model))
         .agent(agent)
         .build()?;

@@ -174,7 +174,7 @@ pub(crate) async fn serve_node(args: Args, url: String, index: usize) -> anyhow:
             .await?,
     );
     let runtime = http::cycle_runtime(
-        Arc::clone(&store) as Arc<dyn dormant::Store>,
+        Arc::clone(&store) as Arc<dyn dormant::store::Store>,
         Some(Arc::clone(&store) as Arc<dyn dormant::cluster::leases::Leases>),
         &args,
     )?;

@@ -62,7 +62,7 @@ pub(crate) struct Report<'a> {
     pub(crate) args: &'a Args,
     pub(crate) store_path: Option<PathBuf>,
     pub(crate) measured: &'a Measured,
-    pub(crate) stats: dormant::RuntimeStats,
+    pub(crate) stats: dormant::runtime::RuntimeStats,
     /// The runtime's counters, global: they include the work it did for sessions an earlier
     /// process left in the store.
     pub(crate) client: ClientToolStats,

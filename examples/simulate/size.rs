@@ -305,7 +305,7 @@ pub(crate) async fn simulate(args: Args, sessions: usize) -> anyhow::Result<usiz
         ],
     );
     let mut builder = Runtime::builder()
-        .store(Arc::clone(&store) as Arc<dyn dormant::Store>)
+        .store(Arc::clone(&store) as Arc<dyn dormant::store::Store>)
         .llm(Arc::new(llm))
         .client_tool_timeout_ms(TIMEOUT_MS)
         .agent(

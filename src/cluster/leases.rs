@@ -1,6 +1,6 @@
 //! Leases: which node owns a tree of sessions, on a store several nodes share.
 //!
-//! A [`Store`](crate::Store) only stores. Who may write a tree is a question for the nodes
+//! A [`Store`](crate::store::Store) only stores. Who may write a tree is a question for the nodes
 //! that share the store, answered by a [`Leases`]: a process alone on its store
 //! ([`SledStore`](crate::SledStore), [`MemoryStore`](crate::MemoryStore)) owns everything
 //! ([`SingleNode`], the default); [`PgStore`](crate::PgStore) keeps a lease table beside its
