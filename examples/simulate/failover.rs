@@ -8,12 +8,11 @@
 
 use std::time::{Duration, Instant};
 
-use dormant_server::TokenKey;
 use hdrhistogram::Histogram;
 
 use crate::http;
 use crate::http_client::HttpClient;
-use crate::nodes::{start_node, stop_node};
+use crate::nodes::{start_node, start_nodes, stop_node};
 use crate::Args;
 
 /// How long one round waits for the session to come back before it counts as lost.
@@ -30,12 +29,9 @@ pub(crate) async fn simulate(
     rounds: usize,
 ) -> anyhow::Result<usize> {
     anyhow::ensure!(count >= 2, "--failover needs --nodes 2 or more");
-    let keys = tempfile::tempdir()?;
-    let key_file = keys.path().join("token.key");
-    TokenKey::load_or_create(&key_file)?;
+    let (_keys, key_file, started) = start_nodes(count)?;
     let mut nodes = Vec::with_capacity(count);
-    for index in 0..count {
-        let (process, base) = start_node(index, &key_file)?;
+    for (process, base) in started {
         nodes.push((process, HttpClient::new(&base)?));
     }
     let mut outages = Histogram::<u64>::new_with_bounds(1, 3_600_000, 3)?;

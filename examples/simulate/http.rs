@@ -414,14 +414,7 @@ pub(crate) async fn cycle_over_http(
     agent: &str,
     recorder: &Recorder,
 ) -> anyhow::Result<((String, String), u64)> {
-    let body = StartBody {
-        agent,
-        message: MESSAGE,
-    };
-    let mut events = client.stream("/start?stream=true", None, &body).await?;
-    let started = events.next().await?.context("no started event")?;
-    let id = started.session_id.context("no session_id")?;
-    let token = started.token.context("no token")?;
+    let (mut events, id, token) = start_over_http(client, agent).await?;
     let mut cycles = 0;
     loop {
         let mut approvals = std::collections::HashMap::new();
@@ -473,12 +466,12 @@ pub(crate) async fn cycle_over_http(
 }
 
 /// The body of `POST /start`.
-/// Starts a session of `agent` on `client` and reads its stream until the run waits: the
-/// session, its token and the call it waits on.
-pub(crate) async fn suspend_over_http(
-    client: &HttpClient,
+/// Starts a session of `agent` on `client` with its stream: the stream after its `started`
+/// event, the session and its token.
+async fn start_over_http<'a>(
+    client: &'a HttpClient,
     agent: &str,
-) -> anyhow::Result<(String, String, String)> {
+) -> anyhow::Result<(crate::http_client::Events<'a>, String, String)> {
     let body = StartBody {
         agent,
         message: MESSAGE,
@@ -487,6 +480,16 @@ pub(crate) async fn suspend_over_http(
     let started = events.next().await?.context("no started event")?;
     let id = started.session_id.context("no session_id")?;
     let token = started.token.context("no token")?;
+    Ok((events, id, token))
+}
+
+/// Starts a session of `agent` on `client` and reads its stream until the run waits: the
+/// session, its token and the call it waits on.
+pub(crate) async fn suspend_over_http(
+    client: &HttpClient,
+    agent: &str,
+) -> anyhow::Result<(String, String, String)> {
+    let (mut events, id, token) = start_over_http(client, agent).await?;
     while let Some(event) = events.next().await? {
         if let Some(kind) = event.kind {
             if kind.name == "run_suspended" {

@@ -43,13 +43,9 @@ struct DbCost {
 /// Runs the mode; returns how many problems it found.
 pub(crate) async fn simulate(args: Args, url: String, count: usize) -> anyhow::Result<usize> {
     anyhow::ensure!(count > 0, "--nodes must be at least 1");
-    // Every node signs and checks session tokens with one key, so any node takes any token.
-    let keys = tempfile::tempdir()?;
-    let key_file = keys.path().join("token.key");
-    TokenKey::load_or_create(&key_file)?;
+    let (_keys, _key_file, started) = start_nodes(count)?;
     let mut nodes = Vec::with_capacity(count);
-    for index in 0..count {
-        let (process, base) = start_node(index, &key_file)?;
+    for (process, base) in started {
         let client = Arc::new(HttpClient::new(&base)?);
         nodes.push(Node { process, client });
     }
@@ -123,9 +119,27 @@ pub(crate) async fn simulate(args: Args, url: String, count: usize) -> anyhow::R
     Ok(problems.len())
 }
 
+/// A started node: its process, and the address it serves at.
+pub(crate) type Started = (Child, String);
+
+/// Starts `count` nodes that share a token key: every node signs and checks session tokens
+/// with one key, so any node takes any token. The key's directory (kept while the nodes run),
+/// its file (to start a node again), and the nodes.
+pub(crate) fn start_nodes(
+    count: usize,
+) -> anyhow::Result<(tempfile::TempDir, std::path::PathBuf, Vec<Started>)> {
+    let keys = tempfile::tempdir()?;
+    let key_file = keys.path().join("token.key");
+    TokenKey::load_or_create(&key_file)?;
+    let started = (0..count)
+        .map(|index| start_node(index, &key_file))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    Ok((keys, key_file, started))
+}
+
 /// Starts node `index` as a process of its own (this program with `--serve-node`): the
 /// process, and the address it serves at.
-pub(crate) fn start_node(index: usize, key_file: &Path) -> anyhow::Result<(Child, String)> {
+pub(crate) fn start_node(index: usize, key_file: &Path) -> anyhow::Result<Started> {
     let mut process = Command::new(std::env::current_exe()?)
         .args(std::env::args_os().skip(1))
         .arg("--serve-node")

@@ -143,6 +143,19 @@ async fn killed_parents_and_remotes_apply_every_acknowledged_answer_once() -> an
     assert_eq!(ask["session_id"], child.as_str());
     let call = ask["tool_call_id"].as_str().context("call")?.to_string();
 
+    // What a status shows may be applied in the store and not yet flushed: once the tree is
+    // settled, the root's suspension was acknowledged by the store (its commit returned), so
+    // the kill cannot take it back.
+    let response = client
+        .http
+        .get(format!("{base}/status"))
+        .query(&[("session_id", root.as_str()), ("settle_ms", "10000")])
+        .bearer_auth(&token)
+        .send()
+        .await?;
+    let settled: Value = response.json().await?;
+    assert_eq!(settled["settled"], true, "{settled}");
+
     // Kill the parent while the child waits; restart it on its store and port.
     near.kill()?;
     let near = parent(&parent_store, &near_listen, &far.base)?;
