@@ -148,6 +148,7 @@ pub use llm::openai::OpenAiAdapter;
 pub use llm::reply::ModelReply;
 pub use llm::scripted::ScriptedLlm;
 pub use llm::settings::ModelSettings;
+pub use runtime::build_error::BuildError;
 pub use runtime::builder::RuntimeBuilder;
 pub use runtime::handle::Runtime;
 pub use session::outcome::RunOutcome;

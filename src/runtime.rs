@@ -6,6 +6,7 @@
 //! report ([`SweepReport`], [`ExpiredCall`]) and a handle that does not keep it alive
 //! ([`WeakRuntime`]).
 
+pub(crate) mod build_error;
 pub(crate) mod builder;
 mod call;
 mod claim;
@@ -933,13 +934,16 @@ impl Runtime {
 }
 
 fn define(shared: &Shared, agent: AgentDefinition) -> Result<(), Error> {
-    define_all(shared, vec![agent])
+    Ok(define_all(shared, vec![agent])?)
 }
 
 /// Registers a set of agents at once, so agents of the set may name each other (in a cycle,
 /// even) as sub-agents; a sub-agent tool naming an agent neither in the set nor registered is
 /// refused, and nothing of the set is registered then.
-pub(crate) fn define_all(shared: &Shared, agents: Vec<AgentDefinition>) -> Result<(), Error> {
+pub(crate) fn define_all(
+    shared: &Shared,
+    agents: Vec<AgentDefinition>,
+) -> Result<(), DefinitionError> {
     let known = |name: &str| {
         shared.agents.contains_key(name) || agents.iter().any(|agent| agent.name() == name)
     };
@@ -951,8 +955,7 @@ pub(crate) fn define_all(shared: &Shared, agents: Vec<AgentDefinition>) -> Resul
         if duplicate {
             return Err(DefinitionError::DuplicateAgent {
                 agent: agent.name().to_string(),
-            }
-            .into());
+            });
         }
         if let Some(target) = agent
             .persistent_agents()
@@ -962,8 +965,7 @@ pub(crate) fn define_all(shared: &Shared, agents: Vec<AgentDefinition>) -> Resul
             return Err(DefinitionError::UnknownPersistentAgent {
                 agent: agent.name().to_string(),
                 target: target.agent.clone(),
-            }
-            .into());
+            });
         }
         for tool in agent.tools() {
             if let ToolKind::SubAgent { agent: target } = tool.kind() {
@@ -972,8 +974,7 @@ pub(crate) fn define_all(shared: &Shared, agents: Vec<AgentDefinition>) -> Resul
                         agent: agent.name().to_string(),
                         tool: tool.name().to_string(),
                         target: target.clone(),
-                    }
-                    .into());
+                    });
                 }
             }
         }

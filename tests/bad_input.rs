@@ -8,7 +8,9 @@ use dormant::definition::DefinitionError;
 use dormant::store::schema;
 use dormant::store::Store;
 use dormant::store::{Batch, CommitKind, Tree};
-use dormant::{AgentDefinition, Approval, Error, Runtime, SessionId, ToolDefinition, ToolError};
+use dormant::{
+    AgentDefinition, Approval, BuildError, Error, Runtime, SessionId, ToolDefinition, ToolError,
+};
 use serde_json::json;
 
 fn server(name: &str) -> ToolDefinition {
@@ -78,6 +80,28 @@ fn every_definition_rule_has_its_own_refusal() {
         message.contains("subagent__x") && message.contains("reserved"),
         "{message}"
     );
+}
+
+/// An agent set `build` refuses is a `BuildError` with the message a refused `define` gives.
+#[tokio::test]
+async fn a_duplicate_agent_at_build_is_a_build_error_with_the_message_define_gives(
+) -> anyhow::Result<()> {
+    let refused = Runtime::builder()
+        .store(common::temp_store()?)
+        .agent(AgentDefinition::builder("a").build()?)
+        .agent(AgentDefinition::builder("a").build()?)
+        .build();
+    match refused {
+        Err(error @ BuildError::InvalidDefinition(DefinitionError::DuplicateAgent { .. })) => {
+            assert_eq!(
+                error.to_string(),
+                "invalid definition: an agent named a is already defined"
+            );
+            assert_eq!(error.code(), "invalid_definition");
+        }
+        other => anyhow::bail!("expected a duplicate agent, got {other:?}"),
+    }
+    Ok(())
 }
 
 #[tokio::test]

@@ -95,7 +95,7 @@ impl From<dormant::Error> for ApiError {
         use dormant::Error as E;
         let status = match &error {
             E::UnknownSession(_) | E::UnknownAgent(_) => StatusCode::NOT_FOUND,
-            E::InvalidId(_) | E::InvalidDefinition(_) => StatusCode::BAD_REQUEST,
+            E::InvalidDefinition(_) => StatusCode::BAD_REQUEST,
             E::AgentMismatch { .. }
             | E::SubAgentSession { .. }
             | E::AlreadyRunning(_)

@@ -33,6 +33,9 @@ pub enum InspectError {
     /// The store could not be opened (another process may hold it).
     #[error("cannot open the store: {0}")]
     Open(#[source] dormant::store::Error),
+    /// The runtime over the store could not be built.
+    #[error(transparent)]
+    Build(#[from] dormant::BuildError),
     /// A read failed.
     #[error(transparent)]
     Runtime(#[from] dormant::Error),
