@@ -1,10 +1,17 @@
-//! The errors of the public API.
+//! What the runtime's calls fail with: [`Error`]. Building a runtime fails with
+//! [`BuildError`](crate::BuildError), a read of stored state with
+//! [`ReadError`](crate::ReadError) (four of these variants, converting into them).
 
 use crate::definition::DefinitionError;
 use crate::store::{self, schema};
 use crate::types::ids::SessionId;
 
-/// What went wrong in a call to the [`Runtime`](crate::Runtime).
+/// What went wrong in a call to the [`Runtime`](crate::Runtime) that changes a session, routes
+/// to another node or defines an agent. Each variant is one some public call can return
+/// (the one exception, [`Error::PeerRefused`], says so); what only
+/// [`RuntimeBuilder::build`](crate::RuntimeBuilder::build) can meet is a
+/// [`BuildError`](crate::BuildError), and the reads answer a
+/// [`ReadError`](crate::ReadError), which converts into this.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -96,7 +103,10 @@ pub enum Error {
         reason: String,
     },
     /// A call from a peer ([`Runtime::serve_peer`](crate::Runtime::serve_peer)) did not carry
-    /// this node's key, or this node takes no calls from peers (its store is its own).
+    /// this node's key, or this node takes no calls from peers (its store is its own). Only
+    /// that hidden plumbing returns it (dormant-server's `POST /peer` answers it as 403); no
+    /// call a daemon makes does. It stays here because `serve_peer` answers the other
+    /// changing calls' errors too, and one variant does not earn a type of its own.
     #[error("refused: not a peer of this node (a wrong key, or a store only this node uses)")]
     PeerRefused,
 }

@@ -9,7 +9,8 @@ use dormant::store::schema;
 use dormant::store::Store;
 use dormant::store::{Batch, CommitKind, Tree};
 use dormant::{
-    AgentDefinition, Approval, BuildError, Error, Runtime, SessionId, ToolDefinition, ToolError,
+    AgentDefinition, Approval, BuildError, Error, ReadError, Runtime, SessionId, ToolDefinition,
+    ToolError,
 };
 use serde_json::json;
 
@@ -164,7 +165,9 @@ async fn corrupt_and_future_snapshots_are_typed_errors_naming_the_session() -> a
     let garbled: SessionId = "garbled".parse()?;
     let future: SessionId = "from-the-future".parse()?;
     match runtime.status(&garbled).await {
-        Err(Error::Schema(schema::Error::Corrupt { session, .. })) => assert_eq!(session, garbled),
+        Err(ReadError::Schema(schema::Error::Corrupt { session, .. })) => {
+            assert_eq!(session, garbled)
+        }
         other => anyhow::bail!("expected Corrupt, got {other:?}"),
     }
     match runtime.execute_on(&future, "a", "hi").await {

@@ -48,7 +48,10 @@ async fn after_shutdown_every_method_answers_shut_down() -> anyhow::Result<()> {
     let id: SessionId = "s1".parse()?;
     runtime.execute_on(&id, "worker", "go").await?;
     runtime.shutdown().await?;
-    let code = |result: Result<(), Error>| result.err().map(|error| error.code());
+    // A call's `Error` or a read's `ReadError`, by the call error's code.
+    fn code<E: Into<Error>>(result: Result<(), E>) -> Option<&'static str> {
+        result.err().map(|error| error.into().code())
+    }
     let shut_down = Some("shut_down");
     let agent = AgentDefinition::builder("late").build()?;
     assert_eq!(code(runtime.define(agent)), shut_down, "define");

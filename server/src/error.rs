@@ -126,6 +126,14 @@ impl From<dormant::Error> for ApiError {
     }
 }
 
+/// A read's errors: those of the runtime's calls of the same name, with their status codes
+/// (one table, above).
+impl From<dormant::ReadError> for ApiError {
+    fn from(error: dormant::ReadError) -> Self {
+        ApiError::from(dormant::Error::from(error))
+    }
+}
+
 /// A submit's outcome: `accepted` is 200, every other outcome an error answer with its
 /// stable code.
 pub(crate) fn submit_answer(outcome: SubmitOutcome) -> Result<Value, ApiError> {

@@ -44,6 +44,13 @@ pub enum InspectError {
     Write(#[from] std::io::Error),
 }
 
+/// A read failed: [`InspectError::Runtime`], as the runtime's error of the same name.
+impl From<dormant::ReadError> for InspectError {
+    fn from(error: dormant::ReadError) -> Self {
+        InspectError::Runtime(error.into())
+    }
+}
+
 impl From<dormant::store::Error> for InspectError {
     fn from(error: dormant::store::Error) -> Self {
         match error {
