@@ -205,11 +205,11 @@ async fn create_sessions(store: &Arc<dyn Store>, ids: &[SessionId]) -> anyhow::R
 }
 
 /// A runtime on `store` once the one `create_sessions` dropped has stopped its actors: until
-/// then the store is still claimed (`Error::StoreInUse`), and dropping gives nothing to await.
+/// then the store is still claimed (`BuildError::StoreInUse`), and dropping gives nothing to await.
 async fn build_when_free(store: &Arc<dyn Store>) -> anyhow::Result<Runtime> {
     for _ in 0..1_000 {
         match build_runtime(Arc::clone(store), REHYDRATE_STEPS, 2, None) {
-            Err(error) if matches!(error.downcast_ref(), Some(dormant::Error::StoreInUse)) => {
+            Err(error) if matches!(error.downcast_ref(), Some(dormant::BuildError::StoreInUse)) => {
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
             other => return other,

@@ -1,10 +1,17 @@
-//! The errors of the public API.
+//! What the runtime's calls fail with: [`Error`]. Building a runtime fails with
+//! [`BuildError`](crate::BuildError), a read of stored state with
+//! [`ReadError`](crate::ReadError) (four of these variants, converting into them).
 
 use crate::definition::DefinitionError;
 use crate::store::{self, schema};
-use crate::types::ids::{InvalidId, SessionId};
+use crate::types::ids::SessionId;
 
-/// What went wrong in a call to the [`Runtime`](crate::Runtime).
+/// What went wrong in a call to the [`Runtime`](crate::Runtime) that changes a session, routes
+/// to another node or defines an agent. Each variant is one some public call can return
+/// (the one exception, [`Error::PeerRefused`], says so); what only
+/// [`RuntimeBuilder::build`](crate::RuntimeBuilder::build) can meet is a
+/// [`BuildError`](crate::BuildError), and the reads answer a
+/// [`ReadError`](crate::ReadError), which converts into this.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -49,9 +56,6 @@ pub enum Error {
         /// Its status.
         status: crate::types::record::Status,
     },
-    /// An id is malformed.
-    #[error("invalid id: {0}")]
-    InvalidId(InvalidId),
     /// A definition was refused.
     #[error("invalid definition: {0}")]
     InvalidDefinition(DefinitionError),
@@ -73,27 +77,10 @@ pub enum Error {
     /// The session's actor went away before answering (it crashed while handling the call).
     #[error("session {0} crashed while handling the request")]
     Crashed(SessionId),
-    /// The runtime is shut down (every method of it and of its clones answers this from the
-    /// moment `shutdown` begins), or a runtime was built on a store that a shutdown closed.
+    /// The runtime is shut down: every method of it and of its clones answers this from the
+    /// moment `shutdown` begins.
     #[error("the runtime is shut down")]
     ShutDown,
-    /// A runtime setting is out of range.
-    #[error("invalid runtime setting {setting}: {reason}")]
-    InvalidConfig {
-        /// The builder method's name.
-        setting: &'static str,
-        /// What is wrong with it.
-        reason: String,
-    },
-    /// Another runtime of this process uses this store: one store has one runtime (a second
-    /// would accept the same answers and run the same tools again). Shut the other down, or
-    /// drop its last handle, first.
-    #[error("another runtime of this process already uses this store; shut it down before building a new one on it")]
-    StoreInUse,
-    /// [`RuntimeBuilder::build`](crate::RuntimeBuilder::build) was called outside a tokio
-    /// runtime; the runtime's actors run on tokio.
-    #[error("a runtime must be built inside a tokio runtime (for example under #[tokio::main])")]
-    NoTokioRuntime,
     /// A call owned by a remote sub-agent could not be forwarded to its server: nothing was
     /// stored on either side. Retryable when [`RemoteError::is_retryable`](crate::remote::RemoteError::is_retryable)
     /// says so (the server did not answer): the same submit is accepted once it is back.
@@ -116,19 +103,16 @@ pub enum Error {
         reason: String,
     },
     /// A call from a peer ([`Runtime::serve_peer`](crate::Runtime::serve_peer)) did not carry
-    /// this node's key, or this node takes no calls from peers (its store is its own).
+    /// this node's key, or this node takes no calls from peers (its store is its own). Only
+    /// that hidden plumbing returns it (dormant-server's `POST /peer` answers it as 403); no
+    /// call a daemon makes does. It stays here because `serve_peer` answers the other
+    /// changing calls' errors too, and one variant does not earn a type of its own.
     #[error("refused: not a peer of this node (a wrong key, or a store only this node uses)")]
     PeerRefused,
 }
 
 // The wrapped errors are part of the message, so they are not also given as its `source`:
 // an error reporter that prints the chain (anyhow's `{:#}`, say) would print each twice.
-impl From<InvalidId> for Error {
-    fn from(error: InvalidId) -> Self {
-        Error::InvalidId(error)
-    }
-}
-
 impl From<DefinitionError> for Error {
     fn from(error: DefinitionError) -> Self {
         Error::InvalidDefinition(error)
@@ -164,26 +148,30 @@ impl Error {
             Error::SessionExists(_) => "session_exists",
             Error::Aborted(_) => "aborted",
             Error::NotResumable { .. } => "not_resumable",
-            Error::InvalidId(_) => "invalid_id",
             Error::InvalidDefinition(_) => "invalid_definition",
-            Error::Store(store::Error::LeaseLost { .. }) => "lease_lost",
-            Error::Store(store::Error::LeaseHeld { .. }) => "lease_held",
-            Error::Store(store::Error::Damaged { .. }) => "store_damaged",
-            Error::Store(store::Error::ReadOnly { .. }) => "store_read_only",
-            Error::Store(_) => "store_error",
+            Error::Store(error) => store_code(error),
             Error::Schema(schema::Error::UnsupportedVersion { .. }) => "unsupported_version",
             Error::Schema(_) => "corrupt_snapshot",
             Error::SessionUnavailable { .. } => "session_unavailable",
             Error::Crashed(_) => "crashed",
             Error::ShutDown => "shut_down",
-            Error::StoreInUse => "store_in_use",
-            Error::InvalidConfig { .. } => "invalid_config",
-            Error::NoTokioRuntime => "no_tokio_runtime",
             Error::Remote(error) if error.is_retryable() => "remote_unavailable",
             Error::Remote(_) => "remote_error",
             Error::OwnerUnreachable { .. } => "owner_unreachable",
             Error::PeerRefused => "peer_refused",
         }
+    }
+}
+
+/// The code of a store failure, in [`Error::code`] and
+/// [`BuildError::code`](crate::BuildError::code) alike.
+pub(crate) fn store_code(error: &store::Error) -> &'static str {
+    match error {
+        store::Error::LeaseLost { .. } => "lease_lost",
+        store::Error::LeaseHeld { .. } => "lease_held",
+        store::Error::Damaged { .. } => "store_damaged",
+        store::Error::ReadOnly { .. } => "store_read_only",
+        _ => "store_error",
     }
 }
 
@@ -198,7 +186,6 @@ mod tests {
         let errors = [
             Error::from(store::Error::Closed),
             Error::from(schema::Error::Store(store::Error::Closed)),
-            Error::from(InvalidId::Empty),
         ];
         for error in errors {
             assert!(std::error::Error::source(&error).is_none(), "{error}");

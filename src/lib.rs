@@ -10,7 +10,8 @@
 //! A daemon that embeds dormant names these, all at the crate root and nowhere else:
 //!
 //! - the runtime: [`Runtime`] (define, execute, inspect, follow, evict, shut down),
-//!   [`RuntimeBuilder`], and [`Error`], what every call of it can fail with;
+//!   [`RuntimeBuilder`], and what they fail with: [`BuildError`] (building), [`Error`] (the
+//!   calls), [`ReadError`] (the reads; see [Errors](#errors));
 //! - agents and tools: [`AgentDefinition`], [`ToolDefinition`], [`ToolError`], [`Approval`]
 //!   (a tool that waits for a person's yes), [`ModelSettings`];
 //! - sessions and runs: [`SessionId`], [`RunId`], [`Message`], [`ToolCall`], [`Status`],
@@ -37,6 +38,28 @@
 //!   the submit contract's defaults. [`runtime`]: the counters, a deadline sweep's report,
 //!   [`WeakRuntime`](runtime::WeakRuntime).
 //! - [`skills`]: skills with progressive disclosure, from code or from `SKILL.md` folders.
+//!
+//! # Errors
+//!
+//! Each error type holds only what its calls can return:
+//!
+//! - [`BuildError`], from [`RuntimeBuilder::build`] alone: a setting out of range, a store
+//!   another runtime uses or a shutdown closed, no tokio runtime, a refused agent set, the
+//!   default store not opened.
+//! - [`ReadError`], from the reads of stored state ([`Runtime::session`], `status`,
+//!   `messages`, `runs`, `run`, `chunks`, `session_ids`, `pending`, `children`,
+//!   `companions`, ...): an unknown session, a store failure, an unreadable stored value, a
+//!   shut-down runtime. A read goes to the store only, never to a session's actor, another
+//!   node or a remote server, so that is all it can meet.
+//! - [`Error`], from every other call (those that run, answer, stop, define or route):
+//!   those four and the refusals, crashes and cluster failures of a call a session's actor
+//!   or another node answers.
+//!
+//! A split finer than by these three groups (one type a call) would give `execute_on` and
+//! `resume` nearly the same dozen variants twice over for little gain, so the changing calls
+//! share `Error`. A `ReadError` converts into an `Error` (same variant, message and
+//! [`code`](Error::code)), so one function may `?` both into `Error`; `anyhow` and
+//! `Box<dyn Error>` users need nothing. Messages and codes are those the one `Error` had.
 //!
 //! # Implementing an interface
 //!
@@ -148,8 +171,10 @@ pub use llm::openai::OpenAiAdapter;
 pub use llm::reply::ModelReply;
 pub use llm::scripted::ScriptedLlm;
 pub use llm::settings::ModelSettings;
+pub use runtime::build_error::BuildError;
 pub use runtime::builder::RuntimeBuilder;
 pub use runtime::handle::Runtime;
+pub use runtime::read_error::ReadError;
 pub use session::outcome::RunOutcome;
 pub use session::submit::{Submit, SubmitOutcome};
 pub use store::memory::MemoryStore;

@@ -6,12 +6,14 @@
 //! report ([`SweepReport`], [`ExpiredCall`]) and a handle that does not keep it alive
 //! ([`WeakRuntime`]).
 
+pub(crate) mod build_error;
 pub(crate) mod builder;
 mod call;
 mod claim;
 mod follow;
 pub(crate) mod handle;
 mod inner;
+pub(crate) mod read_error;
 mod route;
 mod stop;
 mod submit;
@@ -34,6 +36,7 @@ use crate::store::schema;
 use crate::types::ids::SessionId;
 use crate::types::message::Message;
 use crate::types::stream::Chunk;
+use read_error::ReadError;
 
 pub(crate) use builder::RuntimeBuilder;
 pub(crate) use handle::Runtime;
@@ -534,7 +537,7 @@ impl Runtime {
     ///
     /// # Errors
     /// A store failure.
-    pub async fn find_expired_pending(&self, now: u64) -> Result<Vec<ExpiredCall>, Error> {
+    pub async fn find_expired_pending(&self, now: u64) -> Result<Vec<ExpiredCall>, ReadError> {
         self.ensure_open()?;
         self.read(schema::expired_calls(self.store(), now, usize::MAX).await)
     }
@@ -543,7 +546,7 @@ impl Runtime {
     ///
     /// # Errors
     /// As [`Runtime::session`].
-    pub async fn pending(&self, id: &SessionId) -> Result<Vec<PendingCall>, Error> {
+    pub async fn pending(&self, id: &SessionId) -> Result<Vec<PendingCall>, ReadError> {
         self.session(id).await?;
         let mut calls = self.read(schema::load_pending(self.store(), id).await)?;
         calls.sort_by_key(|call| call.position);
@@ -561,7 +564,7 @@ impl Runtime {
     pub async fn pending_remote(
         &self,
         root: &SessionId,
-    ) -> Result<Vec<(SessionId, crate::remote::RemoteCall)>, Error> {
+    ) -> Result<Vec<(SessionId, crate::remote::RemoteCall)>, ReadError> {
         self.session(root).await?;
         let owners = self.read(schema::remote_owned(self.store(), root).await)?;
         Ok(owners
@@ -575,7 +578,7 @@ impl Runtime {
     ///
     /// # Errors
     /// As [`Runtime::session`].
-    pub async fn children(&self, id: &SessionId) -> Result<Vec<ChildCall>, Error> {
+    pub async fn children(&self, id: &SessionId) -> Result<Vec<ChildCall>, ReadError> {
         self.session(id).await?;
         let mut calls = self.read(schema::load_children(self.store(), id).await)?;
         calls.sort_by_key(|call| call.position);
@@ -587,7 +590,7 @@ impl Runtime {
     ///
     /// # Errors
     /// As [`Runtime::session`].
-    pub async fn companions(&self, id: &SessionId) -> Result<Vec<Companion>, Error> {
+    pub async fn companions(&self, id: &SessionId) -> Result<Vec<Companion>, ReadError> {
         self.ensure_open()?;
         let companions = self.read(schema::load_companions(self.store(), id).await)?;
         self.require_session_if(companions.is_empty(), id).await?;
@@ -602,25 +605,29 @@ impl Runtime {
     /// The session's stored record (status, counters, custom state).
     ///
     /// # Errors
-    /// [`Error::UnknownSession`], or a typed error if the stored record is unreadable.
-    pub async fn session(&self, id: &SessionId) -> Result<SessionRecord, Error> {
+    /// [`ReadError::UnknownSession`], or a typed error if the stored record is unreadable.
+    pub async fn session(&self, id: &SessionId) -> Result<SessionRecord, ReadError> {
         self.ensure_open()?;
         self.read(schema::load_record(self.store(), id).await)?
-            .ok_or_else(|| Error::UnknownSession(id.clone()))
+            .ok_or_else(|| ReadError::UnknownSession(id.clone()))
     }
 
-    /// [`Error::UnknownSession`] if `found_nothing` and the session does not exist. A read that
+    /// [`ReadError::UnknownSession`] if `found_nothing` and the session does not exist. A read that
     /// found any of a session's log entries proves it exists (its first commit wrote the
     /// snapshot with them), so only an empty answer costs the check: a read of the snapshot
     /// (one key, often on another page than the log), not of the current record (a reverse
     /// scan of the log).
-    async fn require_session_if(&self, found_nothing: bool, id: &SessionId) -> Result<(), Error> {
+    async fn require_session_if(
+        &self,
+        found_nothing: bool,
+        id: &SessionId,
+    ) -> Result<(), ReadError> {
         if !found_nothing {
             return Ok(());
         }
         match self.read(schema::load_lineage(self.store(), id).await)? {
             Some(_) => Ok(()),
-            None => Err(Error::UnknownSession(id.clone())),
+            None => Err(ReadError::UnknownSession(id.clone())),
         }
     }
 
@@ -628,7 +635,7 @@ impl Runtime {
     ///
     /// # Errors
     /// A store failure, or a stored key that is not a session id.
-    pub async fn session_ids(&self) -> Result<Vec<SessionId>, Error> {
+    pub async fn session_ids(&self) -> Result<Vec<SessionId>, ReadError> {
         self.ensure_open()?;
         self.read(schema::list_sessions(self.store()).await)
     }
@@ -637,7 +644,7 @@ impl Runtime {
     ///
     /// # Errors
     /// As [`Runtime::session`].
-    pub async fn status(&self, id: &SessionId) -> Result<Status, Error> {
+    pub async fn status(&self, id: &SessionId) -> Result<Status, ReadError> {
         Ok(self.session(id).await?.status)
     }
 
@@ -645,7 +652,7 @@ impl Runtime {
     ///
     /// # Errors
     /// As [`Runtime::session`].
-    pub async fn messages(&self, id: &SessionId) -> Result<Vec<Message>, Error> {
+    pub async fn messages(&self, id: &SessionId) -> Result<Vec<Message>, ReadError> {
         self.ensure_open()?;
         let messages = self.read(schema::load_messages(self.store(), id).await)?;
         self.require_session_if(messages.is_empty(), id).await?;
@@ -656,7 +663,7 @@ impl Runtime {
     ///
     /// # Errors
     /// As [`Runtime::session`].
-    pub async fn runs(&self, id: &SessionId) -> Result<Vec<RunRecord>, Error> {
+    pub async fn runs(&self, id: &SessionId) -> Result<Vec<RunRecord>, ReadError> {
         self.ensure_open()?;
         let runs = self.read(schema::load_runs(self.store(), id).await)?;
         self.require_session_if(runs.is_empty(), id).await?;
@@ -668,7 +675,7 @@ impl Runtime {
     ///
     /// # Errors
     /// As [`Runtime::session`].
-    pub async fn run(&self, id: &SessionId, turn: u32) -> Result<Option<RunRecord>, Error> {
+    pub async fn run(&self, id: &SessionId, turn: u32) -> Result<Option<RunRecord>, ReadError> {
         self.ensure_open()?;
         let run = self.read(schema::load_run(self.store(), id, turn).await)?;
         self.require_session_if(run.is_none(), id).await?;
@@ -679,7 +686,7 @@ impl Runtime {
     ///
     /// # Errors
     /// As [`Runtime::session`].
-    pub async fn chunks(&self, id: &SessionId, from: u64) -> Result<Vec<Chunk>, Error> {
+    pub async fn chunks(&self, id: &SessionId, from: u64) -> Result<Vec<Chunk>, ReadError> {
         self.ensure_open()?;
         let chunks = self.read(schema::load_chunks(self.store(), id, from).await)?;
         self.require_session_if(chunks.is_empty(), id).await?;
@@ -835,7 +842,7 @@ impl Runtime {
     ///
     /// # Errors
     /// A store failure.
-    pub async fn store_size_on_disk(&self) -> Result<u64, Error> {
+    pub async fn store_size_on_disk(&self) -> Result<u64, ReadError> {
         self.ensure_open()?;
         self.read(
             self.store()
@@ -855,7 +862,7 @@ impl Runtime {
     /// the exit: a store nobody else holds is released before the drop returns (commits in
     /// flight fail; everything acknowledged is durable), and the actors stop in the
     /// background. A store you still hold stays open, and building another runtime on it
-    /// answers [`Error::StoreInUse`] until those actors have stopped (`shutdown` stops them
+    /// answers [`BuildError::StoreInUse`](crate::BuildError::StoreInUse) until those actors have stopped (`shutdown` stops them
     /// before it returns, but closes the store too). A clone held by the runtime itself
     /// (in a hook or a tool) keeps it alive: give those a [`WeakRuntime`].
     ///
@@ -910,10 +917,11 @@ impl Runtime {
         }
     }
 
-    /// [`Error::ShutDown`] once `shutdown` has begun.
-    fn ensure_open(&self) -> Result<(), Error> {
+    /// [`ReadError::ShutDown`] once `shutdown` has begun (a call's `?` makes it
+    /// [`Error::ShutDown`]).
+    fn ensure_open(&self) -> Result<(), ReadError> {
         if self.inner.is_closing() {
-            return Err(Error::ShutDown);
+            return Err(ReadError::ShutDown);
         }
         Ok(())
     }
@@ -924,22 +932,27 @@ impl Runtime {
     }
 
     /// A read's result: a store that closed under it (a shutdown began) answers `ShutDown`.
-    fn read<T>(&self, read: Result<T, schema::Error>) -> Result<T, Error> {
-        read.map_err(|error| match Error::from(error) {
-            Error::Store(crate::store::Error::Closed) if self.inner.is_closing() => Error::ShutDown,
+    fn read<T>(&self, read: Result<T, schema::Error>) -> Result<T, ReadError> {
+        read.map_err(|error| match ReadError::from(error) {
+            ReadError::Store(crate::store::Error::Closed) if self.inner.is_closing() => {
+                ReadError::ShutDown
+            }
             other => other,
         })
     }
 }
 
 fn define(shared: &Shared, agent: AgentDefinition) -> Result<(), Error> {
-    define_all(shared, vec![agent])
+    Ok(define_all(shared, vec![agent])?)
 }
 
 /// Registers a set of agents at once, so agents of the set may name each other (in a cycle,
 /// even) as sub-agents; a sub-agent tool naming an agent neither in the set nor registered is
 /// refused, and nothing of the set is registered then.
-pub(crate) fn define_all(shared: &Shared, agents: Vec<AgentDefinition>) -> Result<(), Error> {
+pub(crate) fn define_all(
+    shared: &Shared,
+    agents: Vec<AgentDefinition>,
+) -> Result<(), DefinitionError> {
     let known = |name: &str| {
         shared.agents.contains_key(name) || agents.iter().any(|agent| agent.name() == name)
     };
@@ -951,8 +964,7 @@ pub(crate) fn define_all(shared: &Shared, agents: Vec<AgentDefinition>) -> Resul
         if duplicate {
             return Err(DefinitionError::DuplicateAgent {
                 agent: agent.name().to_string(),
-            }
-            .into());
+            });
         }
         if let Some(target) = agent
             .persistent_agents()
@@ -962,8 +974,7 @@ pub(crate) fn define_all(shared: &Shared, agents: Vec<AgentDefinition>) -> Resul
             return Err(DefinitionError::UnknownPersistentAgent {
                 agent: agent.name().to_string(),
                 target: target.agent.clone(),
-            }
-            .into());
+            });
         }
         for tool in agent.tools() {
             if let ToolKind::SubAgent { agent: target } = tool.kind() {
@@ -972,8 +983,7 @@ pub(crate) fn define_all(shared: &Shared, agents: Vec<AgentDefinition>) -> Resul
                         agent: agent.name().to_string(),
                         tool: tool.name().to_string(),
                         target: target.clone(),
-                    }
-                    .into());
+                    });
                 }
             }
         }

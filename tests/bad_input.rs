@@ -8,7 +8,10 @@ use dormant::definition::DefinitionError;
 use dormant::store::schema;
 use dormant::store::Store;
 use dormant::store::{Batch, CommitKind, Tree};
-use dormant::{AgentDefinition, Approval, Error, Runtime, SessionId, ToolDefinition, ToolError};
+use dormant::{
+    AgentDefinition, Approval, BuildError, Error, ReadError, Runtime, SessionId, ToolDefinition,
+    ToolError,
+};
 use serde_json::json;
 
 fn server(name: &str) -> ToolDefinition {
@@ -80,6 +83,28 @@ fn every_definition_rule_has_its_own_refusal() {
     );
 }
 
+/// An agent set `build` refuses is a `BuildError` with the message a refused `define` gives.
+#[tokio::test]
+async fn a_duplicate_agent_at_build_is_a_build_error_with_the_message_define_gives(
+) -> anyhow::Result<()> {
+    let refused = Runtime::builder()
+        .store(common::temp_store()?)
+        .agent(AgentDefinition::builder("a").build()?)
+        .agent(AgentDefinition::builder("a").build()?)
+        .build();
+    match refused {
+        Err(error @ BuildError::InvalidDefinition(DefinitionError::DuplicateAgent { .. })) => {
+            assert_eq!(
+                error.to_string(),
+                "invalid definition: an agent named a is already defined"
+            );
+            assert_eq!(error.code(), "invalid_definition");
+        }
+        other => anyhow::bail!("expected a duplicate agent, got {other:?}"),
+    }
+    Ok(())
+}
+
 #[tokio::test]
 async fn runtime_refuses_duplicate_agents_and_unknown_sub_agents() -> anyhow::Result<()> {
     let runtime = Runtime::builder()
@@ -140,7 +165,9 @@ async fn corrupt_and_future_snapshots_are_typed_errors_naming_the_session() -> a
     let garbled: SessionId = "garbled".parse()?;
     let future: SessionId = "from-the-future".parse()?;
     match runtime.status(&garbled).await {
-        Err(Error::Schema(schema::Error::Corrupt { session, .. })) => assert_eq!(session, garbled),
+        Err(ReadError::Schema(schema::Error::Corrupt { session, .. })) => {
+            assert_eq!(session, garbled)
+        }
         other => anyhow::bail!("expected Corrupt, got {other:?}"),
     }
     match runtime.execute_on(&future, "a", "hi").await {

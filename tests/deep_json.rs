@@ -9,8 +9,8 @@ use std::sync::Arc;
 use common::{calls_then_text, editor_runtime, temp_store, tool_result};
 use dormant::types::{ErrorCode, ToolOutcome};
 use dormant::{
-    AgentDefinition, ManualClock, ModelReply, Runtime, ScriptedLlm, SessionId, Status, ToolCall,
-    ToolDefinition, ToolError,
+    AgentDefinition, BuildError, ManualClock, ModelReply, Runtime, ScriptedLlm, SessionId, Status,
+    ToolCall, ToolDefinition, ToolError,
 };
 use dormant::{Submit, SubmitOutcome};
 use serde_json::{json, Value};
@@ -165,6 +165,33 @@ async fn the_limit_is_configurable_within_what_the_store_can_read() -> anyhow::R
             Err(error) => assert_eq!(error.code(), "invalid_config", "{error}"),
             Ok(_) => anyhow::bail!("an out-of-range limit was accepted"),
         }
+    }
+    Ok(())
+}
+
+/// A limit out of range is refused by `build` as a `BuildError` (not a call's `Error`), with
+/// the code and message it had when `build` returned an `Error`.
+#[tokio::test]
+async fn a_limit_out_of_range_is_a_build_error_with_the_message_it_always_had() -> anyhow::Result<()>
+{
+    let refused = Runtime::builder()
+        .store(Arc::new(dormant::MemoryStore::new()))
+        .max_json_depth(0)
+        .build();
+    match refused {
+        Err(
+            error @ BuildError::InvalidConfig {
+                setting: "max_json_depth",
+                ..
+            },
+        ) => {
+            assert_eq!(
+                error.to_string(),
+                "invalid runtime setting max_json_depth: 0 is not within 1..=512"
+            );
+            assert_eq!(error.code(), "invalid_config");
+        }
+        other => anyhow::bail!("expected an invalid max_json_depth, got {other:?}"),
     }
     Ok(())
 }

@@ -87,7 +87,7 @@ async fn round(mount: &Path, size: usize, round: usize) -> anyhow::Result<()> {
                 // Reads of what was acknowledged go on, on the full disk.
                 if let Some(first) = acknowledged.first() {
                     let status = bounded("a read on the full disk", runtime.status(first)).await;
-                    match status? {
+                    match status?.map_err(dormant::Error::from) {
                         Ok(Status::Completed) => {}
                         Ok(other) => anyhow::bail!("{first} reads {other:?} on a full disk"),
                         // A read can meet the full disk too (sled writes as it reads); typed.

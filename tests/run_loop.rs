@@ -8,8 +8,8 @@ use std::sync::Arc;
 use common::{counting_tool, temp_store, worker_runtime, RecordingHooks};
 use dormant::types::{ChunkKind, ErrorCode, ToolOutcome};
 use dormant::{
-    AgentDefinition, Error, ManualClock, Message, ModelReply, Runtime, ScriptedLlm, SessionId,
-    Status, ToolCall, ToolDefinition, ToolError,
+    AgentDefinition, Error, ManualClock, Message, ModelReply, ReadError, Runtime, ScriptedLlm,
+    SessionId, Status, ToolCall, ToolDefinition, ToolError,
 };
 use futures::StreamExt;
 use serde_json::json;
@@ -275,23 +275,23 @@ async fn unknown_sessions_and_agents_are_typed_errors() -> anyhow::Result<()> {
     let id: SessionId = "nobody".parse()?;
     assert!(matches!(
         runtime.status(&id).await,
-        Err(Error::UnknownSession(_))
+        Err(ReadError::UnknownSession(_))
     ));
     assert!(matches!(
         runtime.messages(&id).await,
-        Err(Error::UnknownSession(_))
+        Err(ReadError::UnknownSession(_))
     ));
     assert!(matches!(
         runtime.runs(&id).await,
-        Err(Error::UnknownSession(_))
+        Err(ReadError::UnknownSession(_))
     ));
     assert!(matches!(
         runtime.chunks(&id, 0).await,
-        Err(Error::UnknownSession(_))
+        Err(ReadError::UnknownSession(_))
     ));
     assert!(matches!(
         runtime.companions(&id).await,
-        Err(Error::UnknownSession(_))
+        Err(ReadError::UnknownSession(_))
     ));
     assert!(matches!(
         runtime.execute("ghost", "hi").await,

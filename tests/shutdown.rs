@@ -8,7 +8,7 @@ use std::sync::Arc;
 use common::worker_runtime;
 use dormant::store::Store;
 use dormant::Submit;
-use dormant::{AgentDefinition, Error, ManualClock, MemoryStore, SessionId, SledStore};
+use dormant::{AgentDefinition, BuildError, Error, ManualClock, MemoryStore, SessionId, SledStore};
 use futures::StreamExt;
 use serde_json::json;
 
@@ -23,7 +23,10 @@ async fn a_second_runtime_on_a_store_in_use_is_refused_until_the_first_shuts_dow
     let first = runtime_on(Arc::clone(&store))?;
     match runtime_on(Arc::clone(&store)) {
         Err(error) => assert!(
-            matches!(error.downcast_ref::<Error>(), Some(Error::StoreInUse)),
+            matches!(
+                error.downcast_ref::<BuildError>(),
+                Some(BuildError::StoreInUse)
+            ),
             "{error}"
         ),
         Ok(_) => anyhow::bail!("two runtimes were built on one store"),
@@ -45,7 +48,10 @@ async fn after_shutdown_every_method_answers_shut_down() -> anyhow::Result<()> {
     let id: SessionId = "s1".parse()?;
     runtime.execute_on(&id, "worker", "go").await?;
     runtime.shutdown().await?;
-    let code = |result: Result<(), Error>| result.err().map(|error| error.code());
+    // A call's `Error` or a read's `ReadError`, by the call error's code.
+    fn code<E: Into<Error>>(result: Result<(), E>) -> Option<&'static str> {
+        result.err().map(|error| error.into().code())
+    }
     let shut_down = Some("shut_down");
     let agent = AgentDefinition::builder("late").build()?;
     assert_eq!(code(runtime.define(agent)), shut_down, "define");
@@ -132,7 +138,10 @@ async fn after_shutdown_every_method_answers_shut_down() -> anyhow::Result<()> {
     // The store a shutdown closed cannot serve a new runtime either.
     match runtime_on(store) {
         Err(error) => assert!(
-            matches!(error.downcast_ref::<Error>(), Some(Error::ShutDown)),
+            matches!(
+                error.downcast_ref::<BuildError>(),
+                Some(BuildError::StoreClosed)
+            ),
             "{error}"
         ),
         Ok(_) => anyhow::bail!("a runtime was built on a closed store"),

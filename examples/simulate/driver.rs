@@ -16,9 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dormant::types::{ChunkKind, Clock, RunError, ToolOutcome};
-use dormant::{
-    Chunk, Error, RunId, RunOutcome, Runtime, SessionId, Status, SubmitOutcome, SystemClock,
-};
+use dormant::{Chunk, RunId, RunOutcome, Runtime, SessionId, Status, SubmitOutcome, SystemClock};
 use futures::StreamExt;
 use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -337,7 +335,7 @@ impl Sim {
         // timeouts and (with --auto-resume) where each automatic resume stopped.
         let mut cursor = match self.runtime.session(id).await {
             Ok(record) => record.chunk_count,
-            Err(Error::UnknownSession(_)) => 0,
+            Err(dormant::ReadError::UnknownSession(_)) => 0,
             Err(error) => return Err(self.halt.check(here("reading the session".into()), error)),
         };
         let mut started_ms = SystemClock.now_ms();

@@ -636,7 +636,7 @@ impl Sim {
         match self.runtime.status(root).await {
             Ok(Status::Completed) => {}
             Ok(status) => problems.push(here(format!("root status {status:?}"))),
-            Err(error @ dormant::Error::Store(_)) => return Err(unreadable(root, error)),
+            Err(error @ dormant::ReadError::Store(_)) => return Err(unreadable(root, error)),
             Err(error) => {
                 problems.push(here(error.to_string()));
                 return Ok(());
@@ -693,7 +693,7 @@ impl Sim {
             match self.runtime.status(&id).await {
                 Ok(Status::Completed) => {}
                 Ok(status) => problems.push(here(format!("child {id} status {status:?}"))),
-                Err(error @ dormant::Error::Store(_)) => return Err(unreadable(&id, error)),
+                Err(error @ dormant::ReadError::Store(_)) => return Err(unreadable(&id, error)),
                 Err(error) => {
                     problems.push(here(format!("child {id}: {error}")));
                     continue;

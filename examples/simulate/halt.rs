@@ -40,8 +40,12 @@ impl Default for Halt {
 impl Halt {
     /// Describes `error` for a problem list: a store error also halts the run (only the
     /// first is kept), any other error is just described.
-    pub(crate) fn check(&self, context: impl Into<String>, error: dormant::Error) -> String {
-        let context = context.into();
+    pub(crate) fn check(
+        &self,
+        context: impl Into<String>,
+        error: impl Into<dormant::Error>,
+    ) -> String {
+        let (context, error) = (context.into(), error.into());
         let described = format!("{context}: {error}");
         if matches!(error, dormant::Error::Store(_)) {
             self.raise(StoreFailure {
@@ -76,8 +80,8 @@ impl Halt {
 
 /// An error of a step that runs alone (the end check): a store error becomes a
 /// [`StoreFailure`], any other error keeps its own type under `context`.
-pub(crate) fn fatal(context: impl Into<String>, error: dormant::Error) -> anyhow::Error {
-    let context = context.into();
+pub(crate) fn fatal(context: impl Into<String>, error: impl Into<dormant::Error>) -> anyhow::Error {
+    let (context, error) = (context.into(), error.into());
     if matches!(error, dormant::Error::Store(_)) {
         return StoreFailure {
             context,

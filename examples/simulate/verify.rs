@@ -138,7 +138,7 @@ async fn check_session(
 ) -> anyhow::Result<ToolErrors> {
     let record = match runtime.session(id).await {
         Ok(record) => record,
-        Err(error @ dormant::Error::Store(_)) => {
+        Err(error @ dormant::ReadError::Store(_)) => {
             return Err(fatal(format!("reading session {id}"), error))
         }
         Err(error) => {

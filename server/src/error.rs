@@ -95,7 +95,7 @@ impl From<dormant::Error> for ApiError {
         use dormant::Error as E;
         let status = match &error {
             E::UnknownSession(_) | E::UnknownAgent(_) => StatusCode::NOT_FOUND,
-            E::InvalidId(_) | E::InvalidDefinition(_) => StatusCode::BAD_REQUEST,
+            E::InvalidDefinition(_) => StatusCode::BAD_REQUEST,
             E::AgentMismatch { .. }
             | E::SubAgentSession { .. }
             | E::AlreadyRunning(_)
@@ -123,6 +123,14 @@ impl From<dormant::Error> for ApiError {
             tracing::error!(error = %dormant::types::Untrusted(&error), code = error.code(), "server.runtime_error");
         }
         ApiError::new(status, error.code(), error.to_string())
+    }
+}
+
+/// A read's errors: those of the runtime's calls of the same name, with their status codes
+/// (one table, above).
+impl From<dormant::ReadError> for ApiError {
+    fn from(error: dormant::ReadError) -> Self {
+        ApiError::from(dormant::Error::from(error))
     }
 }
 

@@ -33,12 +33,22 @@ pub enum InspectError {
     /// The store could not be opened (another process may hold it).
     #[error("cannot open the store: {0}")]
     Open(#[source] dormant::store::Error),
+    /// The runtime over the store could not be built.
+    #[error(transparent)]
+    Build(#[from] dormant::BuildError),
     /// A read failed.
     #[error(transparent)]
     Runtime(#[from] dormant::Error),
     /// The output could not be written.
     #[error("cannot write the report: {0}")]
     Write(#[from] std::io::Error),
+}
+
+/// A read failed: [`InspectError::Runtime`], as the runtime's error of the same name.
+impl From<dormant::ReadError> for InspectError {
+    fn from(error: dormant::ReadError) -> Self {
+        InspectError::Runtime(error.into())
+    }
 }
 
 impl From<dormant::store::Error> for InspectError {

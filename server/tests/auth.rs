@@ -132,7 +132,7 @@ async fn a_token_opens_its_own_session_only() -> anyhow::Result<()> {
     assert_eq!(code, StatusCode::FORBIDDEN);
     assert!(matches!(
         server.runtime.status(&"mine".parse()?).await,
-        Err(dormant::Error::UnknownSession(_))
+        Err(dormant::ReadError::UnknownSession(_))
     ));
     server.stop().await?.shutdown().await?;
     Ok(())

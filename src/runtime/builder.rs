@@ -5,6 +5,7 @@ use std::sync::Arc;
 use dashmap::DashMap;
 use dormant_actors::{Clock, Host, HostConfig, SystemClock};
 
+use super::build_error::BuildError;
 use super::claim::StoreClaim;
 use super::inner::Inner;
 use super::{define_all, Runtime};
@@ -15,7 +16,6 @@ use crate::engine::deadlines::Deadlines;
 use crate::engine::metrics::Metrics;
 use crate::engine::scheduler::DeadlineScheduler;
 use crate::engine::shared::Shared;
-use crate::error::Error;
 use crate::llm::{LlmAdapter, ScriptedLlm};
 use crate::session::submit::{DEFAULT_MAX_RESULT_BYTES, DEFAULT_TOMBSTONE_RETENTION_MS};
 use crate::session::Policy;
@@ -196,7 +196,8 @@ impl RuntimeBuilder {
     /// How a call of this runtime reaches the node that owns its session, on a store several
     /// nodes share ([`crate::cluster::peer`]): `dormant_server::HttpPeers` over HTTP. Without one, every
     /// call is served here, and one for a session another live node owns answers
-    /// [`Error::SessionUnavailable`] ([`Runtime::owner_of`] names the owner).
+    /// [`Error::SessionUnavailable`](crate::Error::SessionUnavailable) ([`Runtime::owner_of`]
+    /// names the owner).
     pub fn peers(mut self, transport: Arc<dyn crate::cluster::peer::Peers>) -> Self {
         self.peers = Some(transport);
         self
@@ -237,16 +238,16 @@ impl RuntimeBuilder {
     }
 
     /// Refuses limits past what the stored form can hold (see `crate::types::nesting`).
-    fn check_limits(&self) -> Result<(), Error> {
+    fn check_limits(&self) -> Result<(), BuildError> {
         let json_depth = self.policy.max_json_depth;
         if !(1..=MAX_JSON_DEPTH_LIMIT).contains(&json_depth) {
-            return Err(Error::InvalidConfig {
+            return Err(BuildError::InvalidConfig {
                 setting: "max_json_depth",
                 reason: format!("{json_depth} is not within 1..={MAX_JSON_DEPTH_LIMIT}"),
             });
         }
         if self.policy.max_depth > MAX_TREE_DEPTH {
-            return Err(Error::InvalidConfig {
+            return Err(BuildError::InvalidConfig {
                 setting: "max_depth",
                 reason: format!(
                     "{} is over {MAX_TREE_DEPTH}, the deepest tree of sub-agents whose forwarded stream chunks can be stored",
@@ -260,14 +261,16 @@ impl RuntimeBuilder {
     /// Builds the runtime. Must be called inside a tokio runtime.
     ///
     /// # Errors
-    /// [`Error::NoTokioRuntime`] outside a tokio runtime (the runtime starts actors),
-    /// [`Error::InvalidConfig`] for a limit out of range or a shared store without its leases,
-    /// [`Error::StoreInUse`] if another runtime of this process uses the store (one store has
-    /// one runtime), [`Error::ShutDown`] if a shutdown closed the store, an invalid agent set
-    /// (a duplicate name, a sub-agent tool naming an unknown agent), or the default temporary
-    /// store could not be opened.
-    pub fn build(self) -> Result<Runtime, Error> {
-        let tokio = tokio::runtime::Handle::try_current().map_err(|_| Error::NoTokioRuntime)?;
+    /// A [`BuildError`]: [`BuildError::NoTokioRuntime`] outside a tokio runtime (the runtime
+    /// starts actors), [`BuildError::InvalidConfig`] for a limit out of range or a shared
+    /// store without its leases, [`BuildError::StoreInUse`] if another runtime of this process
+    /// uses the store (one store has one runtime), [`BuildError::StoreClosed`] if a shutdown
+    /// closed the store, [`BuildError::InvalidDefinition`] for an invalid agent set (a
+    /// duplicate name, a sub-agent tool naming an unknown agent), or [`BuildError::Store`] if
+    /// the default temporary store could not be opened.
+    pub fn build(self) -> Result<Runtime, BuildError> {
+        let tokio =
+            tokio::runtime::Handle::try_current().map_err(|_| BuildError::NoTokioRuntime)?;
         self.check_limits()?;
         let store = match self.store {
             Some(store) => store,
@@ -277,13 +280,13 @@ impl RuntimeBuilder {
         // A store a shutdown closed cannot serve a new runtime: say so now, not at the first
         // request.
         if store.is_closed() {
-            return Err(Error::ShutDown);
+            return Err(BuildError::StoreClosed);
         }
         let leases = self.leases.unwrap_or_else(|| Arc::new(SingleNode));
         // Every commit to a shared store is fenced by its lease: without the leases, none
         // would be written.
         if store.is_shared() && !leases.is_shared() {
-            return Err(Error::InvalidConfig {
+            return Err(BuildError::InvalidConfig {
                 setting: "leases",
                 reason: "this store is shared by several nodes and fences every commit by the lease of its tree: give it with RuntimeBuilder::shared_store (or its leases with RuntimeBuilder::leases)".into(),
             });
@@ -310,6 +313,7 @@ impl RuntimeBuilder {
         });
         // Agents may name each other as sub-agents: the set is checked as a whole.
         if let Err(error) = define_all(&shared, self.agents) {
+            let error = BuildError::from(error);
             tracing::error!(%error, "runtime.invalid_agent");
             return Err(error);
         }

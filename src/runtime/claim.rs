@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use crate::error::Error;
+use super::build_error::BuildError;
 use crate::store::Store;
 
 /// The stores a runtime of this process holds, by address.
@@ -23,12 +23,12 @@ impl StoreClaim {
     /// Claims `store` for one runtime.
     ///
     /// # Errors
-    /// [`Error::StoreInUse`] while another runtime of this process holds it.
-    pub(super) fn take(store: &Arc<dyn Store>) -> Result<Self, Error> {
+    /// [`BuildError::StoreInUse`] while another runtime of this process holds it.
+    pub(super) fn take(store: &Arc<dyn Store>) -> Result<Self, BuildError> {
         let address = Arc::as_ptr(store).cast::<()>() as usize;
         let mut claimed = CLAIMED.lock();
         if claimed.contains(&address) {
-            return Err(Error::StoreInUse);
+            return Err(BuildError::StoreInUse);
         }
         claimed.push(address);
         Ok(Self { address })

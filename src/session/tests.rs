@@ -353,8 +353,8 @@ fn a_start_only_for_a_new_session_starts_one_and_is_refused_by_one_that_exists(
 
 #[test]
 fn a_remote_parent_is_recorded_by_a_new_session_and_never_taken_over_later(
-) -> Result<(), crate::Error> {
-    let parent = |name: &str| -> Result<crate::remote::RemoteParent, crate::Error> {
+) -> Result<(), Box<dyn std::error::Error>> {
+    let parent = |name: &str| -> Result<crate::remote::RemoteParent, crate::types::InvalidId> {
         Ok(crate::remote::RemoteParent {
             parent: name.parse()?,
             root: name.parse()?,

@@ -310,7 +310,7 @@ fn each_way_a_child_cannot_run_reaches_its_parent_as_a_tool_error_with_its_stabl
 
 #[test]
 fn a_child_whose_end_recovery_cannot_learn_is_recorded_with_a_reason_that_begins_with_its_code(
-) -> Result<(), crate::Error> {
+) -> Result<(), Box<dyn std::error::Error>> {
     let child: SessionId = "p-sub-c1".parse()?;
     let cases = [
         (

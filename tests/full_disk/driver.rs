@@ -64,9 +64,9 @@ async fn advance(runtime: &Runtime, s: &mut Driven) -> anyhow::Result<Failures> 
     let mut failures = Failures::new();
     let status = match runtime.status(&s.id).await {
         Ok(status) => Some(status),
-        Err(dormant::Error::UnknownSession(_)) => None,
+        Err(dormant::ReadError::UnknownSession(_)) => None,
         Err(error) => {
-            failures.push(("status", error));
+            failures.push(("status", error.into()));
             match s.seen {
                 None if !s.executed => None,
                 // It may exist: never a second execute.
@@ -90,7 +90,7 @@ async fn advance(runtime: &Runtime, s: &mut Driven) -> anyhow::Result<Failures> 
             if failures.is_empty() {
                 match runtime.pending(&s.id).await {
                     Ok(pending) => s.pending = pending,
-                    Err(error) => failures.push(("pending", error)),
+                    Err(error) => failures.push(("pending", error.into())),
                 }
             }
             match s.unanswered() {

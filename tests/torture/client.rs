@@ -78,7 +78,7 @@ impl Client {
             status = match self.runtime.status(root).await {
                 Ok(status) => Some(status),
                 // Never created (a kill came first): nothing to drive.
-                Err(dormant::Error::UnknownSession(_)) => return None,
+                Err(dormant::ReadError::UnknownSession(_)) => return None,
                 Err(error) => {
                     self.note(format!("{root}: status: {error}"));
                     None

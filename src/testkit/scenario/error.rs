@@ -38,7 +38,7 @@ pub enum Error {
         path: String,
         /// The refusal.
         #[source]
-        source: Box<crate::Error>,
+        source: Box<crate::BuildError>,
     },
     /// The temporary directory for the file's store could not be created.
     #[error("{}: cannot create a temporary directory: {source}", .file.display())]
@@ -70,9 +70,9 @@ pub enum Error {
     Runtime {
         /// The file.
         file: PathBuf,
-        /// The runtime's error.
+        /// Why the runtime could not be built.
         #[source]
-        source: Box<crate::Error>,
+        source: Box<crate::BuildError>,
     },
 }
 

@@ -364,7 +364,7 @@ impl View<'_> {
             Observed::Run(Err(error)) => describe(error),
             Observed::Done(_) | Observed::Submit(_) => {
                 let status = match self.runtime() {
-                    Ok(runtime) => runtime.status(self.session).await,
+                    Ok(runtime) => runtime.status(self.session).await.map_err(Error::from),
                     Err(error) => Err(error),
                 };
                 match status {
@@ -403,11 +403,11 @@ impl View<'_> {
     }
 
     async fn companions(&self) -> Result<Vec<crate::session::Companion>, Error> {
-        self.runtime()?.companions(self.session).await
+        Ok(self.runtime()?.companions(self.session).await?)
     }
 
     async fn runs(&self) -> Result<Vec<RunRecord>, Error> {
-        self.runtime()?.runs(self.session).await
+        Ok(self.runtime()?.runs(self.session).await?)
     }
 
     async fn last_run_id(&self) -> Result<Option<RunId>, Error> {
@@ -468,7 +468,7 @@ async fn outcome_in(
 
 /// The run records of `session`, if the world has a runtime.
 async fn runs_of(world: &World, session: &SessionId) -> Result<Vec<RunRecord>, Error> {
-    world.runtime_for(session).await?.runs(session).await
+    Ok(world.runtime_for(session).await?.runs(session).await?)
 }
 
 fn matches(wanted: &ToolResultSpec, outcome: &ToolOutcome) -> bool {

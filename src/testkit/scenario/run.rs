@@ -172,9 +172,8 @@ async fn perform(world: &mut World, op: &Op) -> Result<Observed, Stop> {
         }
         Op::Restart => match world.restart().await {
             Ok(()) => Ok(Observed::Done(Ok(()))),
-            Err(error) => Err(Stop(format!(
-                "restart failed, the runtime is gone: {} ({error})",
-                error.code()
+            Err(report) => Err(Stop(format!(
+                "restart failed, the runtime is gone: {report}"
             ))),
         },
         Op::Check(_) => Ok(Observed::Done(Ok(()))),

@@ -192,7 +192,7 @@ impl World {
                 world.runtime = Some(runtime);
                 world.store = Some(store);
             }
-            Err(source @ crate::Error::InvalidDefinition(_)) => {
+            Err(source @ crate::BuildError::InvalidDefinition(_)) => {
                 return Err(Error::Agent {
                     file: world.file,
                     path: "agents".into(),
@@ -307,19 +307,26 @@ impl World {
     /// Shuts the runtime down, drops it with its store, and opens both again on the same
     /// directory, with no fault armed (a crash the old store was dying of stays in the past).
     /// The clock, model, hook log and counts carry over.
-    pub(crate) async fn restart(&mut self) -> Result<(), crate::Error> {
+    /// On failure, what to report: the error's code and, in parentheses, its message.
+    pub(crate) async fn restart(&mut self) -> Result<(), String> {
+        let report = |code: &str, error: &dyn std::fmt::Display| format!("{code} ({error})");
         self.store = None;
         if let Some(runtime) = self.runtime.take() {
-            runtime.shutdown().await?;
+            runtime
+                .shutdown()
+                .await
+                .map_err(|error| report(error.code(), &error))?;
         }
-        self.stop_remotes().await?;
-        self.start_remotes()
+        self.stop_remotes()
             .await
-            .map_err(|reason| crate::Error::InvalidConfig {
-                setting: "remote",
-                reason,
-            })?;
-        let (runtime, store) = self.start()?;
+            .map_err(|error| report(error.code(), &error))?;
+        self.start_remotes().await.map_err(|reason| {
+            report(
+                "invalid_config",
+                &format!("invalid runtime setting remote: {reason}"),
+            )
+        })?;
+        let (runtime, store) = self.start().map_err(|error| report(error.code(), &error))?;
         self.runtime = Some(runtime);
         self.store = Some(store);
         Ok(())
@@ -398,7 +405,7 @@ impl World {
     }
 
     /// A runtime over a freshly opened store, wrapped in a [`FaultyStore`] with no fault.
-    fn start(&self) -> Result<(Runtime, Arc<FaultyStore>), crate::Error> {
+    fn start(&self) -> Result<(Runtime, Arc<FaultyStore>), crate::BuildError> {
         let sled: Arc<dyn Store> = Arc::new(SledStore::open(self.dir.path())?);
         let store = Arc::new(FaultyStore::new(sled));
         let mut builder =
