@@ -349,6 +349,13 @@ pub(super) fn db(error: tokio_postgres::Error) -> Error {
     }
 }
 
+/// Whether PostgreSQL aborted the transaction for a conflict another try may not meet:
+/// a deadlock (40P01) or a serialization failure (40001).
+pub(super) fn is_retryable(error: &Error) -> bool {
+    let text = error.to_string();
+    text.contains(" 40P01:") || text.contains(" 40001:")
+}
+
 /// The `tree` column's value.
 fn tree_id(tree: Tree) -> i16 {
     tree as i16

@@ -16,7 +16,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::lease::Leases;
 use super::tree_id;
-use super::{db, Counts};
+use super::{db, is_retryable, Counts};
 use crate::store::{Batch, Error, Op};
 
 /// The most batches one transaction takes.
@@ -98,13 +98,6 @@ pub(super) async fn run(
     if let Some(done) = closing {
         let _ = done.send(());
     }
-}
-
-/// Whether PostgreSQL aborted the transaction for a conflict another try may not meet:
-/// a deadlock (40P01) or a serialization failure (40001).
-pub(super) fn is_retryable(error: &Error) -> bool {
-    let text = error.to_string();
-    text.contains(" 40P01:") || text.contains(" 40001:")
 }
 
 /// The final value of each key the group writes (`None`: deleted), in key order.

@@ -8,8 +8,7 @@ use std::sync::Arc;
 use deadpool_postgres::Pool;
 
 use super::batch::{Answers, Batcher};
-use super::group::is_retryable;
-use super::{db, Counts};
+use super::{db, is_retryable, Counts};
 use crate::store::Error;
 
 /// The most leases one statement takes or gives up.
