@@ -4,7 +4,8 @@
 //! every 10 ms until the answer is accepted: the session was out from the kill to that
 //! answer (the dead node's liveness must lapse, and the other node take the lease over). The
 //! killed node is started again before the next round. At the default lease settings, as a
-//! deployment would run.
+//! deployment would run, unless `--lease-ttl-ms` says otherwise. The nodes are started with
+//! this program's own arguments, so they read the database URL and the lease setting there.
 
 use std::time::{Duration, Instant};
 
@@ -13,7 +14,6 @@ use hdrhistogram::Histogram;
 use crate::http;
 use crate::http_client::HttpClient;
 use crate::nodes::{start_node, start_nodes, stop_node};
-use crate::Args;
 
 /// How long one round waits for the session to come back before it counts as lost.
 const PATIENCE: Duration = Duration::from_secs(60);
@@ -22,12 +22,7 @@ const PATIENCE: Duration = Duration::from_secs(60);
 const RETRY: Duration = Duration::from_millis(10);
 
 /// Runs the mode; returns how many problems it found.
-pub(crate) async fn simulate(
-    _args: Args,
-    _url: String,
-    count: usize,
-    rounds: usize,
-) -> anyhow::Result<usize> {
+pub(crate) async fn simulate(count: usize, rounds: usize) -> anyhow::Result<usize> {
     anyhow::ensure!(count >= 2, "--failover needs --nodes 2 or more");
     let (_keys, key_file, started) = start_nodes(count)?;
     let mut nodes = Vec::with_capacity(count);

@@ -210,6 +210,10 @@ struct Args {
     /// (taken again, by the node or another, after a pause).
     #[arg(long, value_name = "MS", requires = "nodes")]
     pause_ms: Option<u64>,
+    /// With --nodes: each node's lease time to live, in milliseconds (default: the store's,
+    /// `dormant::store::DEFAULT_LEASE_TTL`), to compare failover at another setting.
+    #[arg(long, value_name = "MS", requires = "nodes")]
+    lease_ttl_ms: Option<u64>,
     /// What an acknowledged commit survives.
     #[arg(long, value_enum, default_value_t = DurabilityArg::PowerLoss)]
     durability: DurabilityArg,
@@ -250,7 +254,7 @@ fn nodes(
         return runtime.block_on(nodes::serve_node(args, url, index));
     }
     let problems = match args.failover {
-        Some(rounds) => runtime.block_on(failover::simulate(args, url, count, rounds))?,
+        Some(rounds) => runtime.block_on(failover::simulate(count, rounds))?,
         None => runtime.block_on(nodes::simulate(args, url, count))?,
     };
     anyhow::ensure!(problems == 0, "{problems} problems");

@@ -180,13 +180,13 @@ pub(crate) async fn serve_node(args: Args, url: String, index: usize) -> anyhow:
     let key = TokenKey::load_or_create(&key_file)?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let base = format!("http://{}", listener.local_addr()?);
-    let store = Arc::new(
-        PgStore::builder(&url)
-            .node(format!("sim-{index}"))
-            .advertise(base.clone())
-            .connect()
-            .await?,
-    );
+    let mut builder = PgStore::builder(&url)
+        .node(format!("sim-{index}"))
+        .advertise(base.clone());
+    if let Some(ms) = args.lease_ttl_ms {
+        builder = builder.lease_ttl(Duration::from_millis(ms));
+    }
+    let store = Arc::new(builder.connect().await?);
     let runtime = http::cycle_runtime(
         Arc::clone(&store) as Arc<dyn dormant::store::Store>,
         Some(Arc::clone(&store) as Arc<dyn dormant::cluster::leases::Leases>),
