@@ -109,6 +109,9 @@ pub enum Error {
     /// changing calls' errors too, and one variant does not earn a type of its own.
     #[error("refused: not a peer of this node (a wrong key, or a store only this node uses)")]
     PeerRefused,
+    /// A fork ([`Runtime::fork`](crate::Runtime::fork)) was refused; nothing was written.
+    #[error("fork refused: {0}")]
+    Fork(crate::types::ForkError),
 }
 
 // The wrapped errors are part of the message, so they are not also given as its `source`:
@@ -116,6 +119,12 @@ pub enum Error {
 impl From<DefinitionError> for Error {
     fn from(error: DefinitionError) -> Self {
         Error::InvalidDefinition(error)
+    }
+}
+
+impl From<crate::types::ForkError> for Error {
+    fn from(error: crate::types::ForkError) -> Self {
+        Error::Fork(error)
     }
 }
 
@@ -159,6 +168,9 @@ impl Error {
             Error::Remote(_) => "remote_error",
             Error::OwnerUnreachable { .. } => "owner_unreachable",
             Error::PeerRefused => "peer_refused",
+            Error::Fork(crate::types::ForkError::UnknownCheckpoint { .. }) => "unknown_checkpoint",
+            Error::Fork(crate::types::ForkError::IdTaken(_)) => "session_exists",
+            Error::Fork(_) => "fork_refused",
         }
     }
 }

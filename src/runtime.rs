@@ -11,6 +11,7 @@ pub(crate) mod builder;
 mod call;
 mod claim;
 mod follow;
+mod fork;
 pub(crate) mod handle;
 mod inner;
 pub(crate) mod read_error;

@@ -5,6 +5,7 @@
 //! Public as the vocabulary beyond the crate root's front door: the records and stream
 //! details the [`Runtime`](crate::Runtime)'s reads return, usage, hooks' events, the codes.
 
+pub(crate) mod checkpoint;
 pub(crate) mod clock;
 pub(crate) mod hooks;
 pub(crate) mod ids;
@@ -22,6 +23,9 @@ pub(crate) mod usage;
 // layout, not its API. What a daemon author uses every day (`SessionId`, `RunId`, `Message`,
 // `ToolCall`, `Status`, `PendingKind`, `Chunk`, `StreamEvent`, `Hooks`, the clocks) is
 // re-exported at the crate root instead, and a remote parent's or child's record in `remote`.
+pub use self::checkpoint::{
+    Checkpoint, CheckpointId, ForkError, ForkOptions, ForkOrigin, PastState,
+};
 pub use self::clock::Clock;
 pub use self::hooks::{HookEvent, NoHooks};
 pub use self::ids::{InvalidId, MAX_SESSION_ID_LEN};

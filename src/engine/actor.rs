@@ -137,6 +137,12 @@ pub(crate) enum SessionMsg {
     RemoteAnswered { tool_call_id: String },
     /// Background recovery finished inspecting the children recorded as running.
     Reconciled(Vec<(String, ChildState)>),
+    /// Become a fork: write this history (`runtime/fork.rs`) as the session's first commit,
+    /// under the session's lease. Refused if the session exists.
+    Fork {
+        batch: crate::store::Batch,
+        reply: oneshot::Sender<Result<(), Error>>,
+    },
 }
 
 /// The session actor's behaviour (stateless: the state lives in [`SessionState`]).
@@ -285,6 +291,9 @@ impl VirtualActor for SessionActor {
             } => {
                 let _ = reply.send(Err(host_error(error)));
             }
+            SessionMsg::Fork { reply, .. } => {
+                let _ = reply.send(Err(host_error(error)));
+            }
             // The parent must learn that its child cannot run, or it would wait forever.
             SessionMsg::StartChild(start) => unreachable_child(
                 host,
@@ -391,6 +400,21 @@ impl SessionActor {
             }
         }
         Ok(loaded)
+    }
+
+    /// Writes a fork's history as this session's first commit and loads it.
+    async fn become_fork(
+        &self,
+        id: &SessionId,
+        state: &mut SessionState,
+        batch: crate::store::Batch,
+    ) -> Result<(), Error> {
+        if self.present(id, state).await?.is_some() {
+            return Err(crate::types::ForkError::IdTaken(id.clone()).into());
+        }
+        self.shared.store.commit(batch).await?;
+        state.loaded = self.load_recovered(id).await?;
+        Ok(())
     }
 
     /// On a store several nodes share, makes this process the owner of the session's tree
@@ -693,6 +717,9 @@ impl SessionActor {
                 state.reconciling = false;
                 self.feed(ctx, state, Input::Reconciled { results }).await;
                 self.answer_settle_waiters_if_idle(state);
+            }
+            SessionMsg::Fork { batch, reply } => {
+                let _ = reply.send(self.become_fork(ctx.key(), state, batch).await);
             }
         }
     }

@@ -235,6 +235,7 @@ impl Session {
             history_start: 0,
             log_count: 0,
             remote_parent: None,
+            forked_from: None,
         };
         Self {
             record,

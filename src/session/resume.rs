@@ -57,13 +57,20 @@ impl Session {
             }
             Status::Interrupted => {
                 let previous = self.current_run_id();
-                let crashed = self
+                let cut_by = self
                     .run
                     .as_ref()
                     .and_then(|run| run.error.as_ref())
-                    .is_some_and(|error| error.code == ErrorCode::Crashed);
+                    .map(|error| error.code);
+                // A fork made inside a run goes on as the source would after a crash there.
+                let crashed = matches!(cut_by, Some(ErrorCode::Crashed | ErrorCode::ForkPoint));
+                let forked_from = self
+                    .record
+                    .forked_from
+                    .clone()
+                    .filter(|_| cut_by == Some(ErrorCode::ForkPoint));
                 self.start_run(cx, run_id, Some(previous));
-                cx.push(self.resumed_hook(run_id, previous));
+                cx.push(self.resumed_hook(run_id, previous, forked_from));
                 if crashed {
                     self.retry_cut_calls(cx, run_id);
                     return Ok(());
@@ -109,7 +116,7 @@ impl Session {
                 run.text = text;
             }
         }
-        cx.push(self.resumed_hook(run_id, previous));
+        cx.push(self.resumed_hook(run_id, previous, None));
         let mut ordered: Vec<(u32, StepCall)> = self
             .children
             .entries()
@@ -206,11 +213,17 @@ impl Session {
         });
     }
 
-    fn resumed_hook(&self, run_id: RunId, previous: RunId) -> Effect {
+    fn resumed_hook(
+        &self,
+        run_id: RunId,
+        previous: RunId,
+        resumed_from_checkpoint: Option<crate::types::ForkOrigin>,
+    ) -> Effect {
         Effect::Hook(HookEvent::AgentResumed {
             session: self.record.id.clone(),
             run_id,
             previous_run_id: previous,
+            resumed_from_checkpoint,
         })
     }
 

@@ -26,6 +26,7 @@
 //! it says the session exists and where it sits in its tree (root, parent), which never
 //! change. The current record is read from the newest log entry.
 
+pub(crate) mod history;
 mod ownership;
 mod stored_message;
 

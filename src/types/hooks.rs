@@ -70,6 +70,18 @@ pub enum HookEvent {
         run_id: RunId,
         /// The suspended run.
         previous_run_id: RunId,
+        /// For the first resume of a fork made inside a run: the source session and the
+        /// checkpoint the fork went on from (seed 001's `resumedFromCheckpointId`).
+        resumed_from_checkpoint: Option<crate::types::ForkOrigin>,
+    },
+    /// A session was made as a fork of another's checkpoint
+    /// ([`Runtime::fork`](crate::Runtime::fork)); fired once its history is durable, before it
+    /// runs.
+    SessionForked {
+        /// The new session.
+        session: SessionId,
+        /// The session and checkpoint it was forked from.
+        forked_from: crate::types::ForkOrigin,
     },
 }
 
@@ -82,7 +94,8 @@ impl HookEvent {
             | HookEvent::OnMessage { session, .. }
             | HookEvent::AfterTool { session, .. }
             | HookEvent::AgentSuspended { session, .. }
-            | HookEvent::AgentResumed { session, .. } => session,
+            | HookEvent::AgentResumed { session, .. }
+            | HookEvent::SessionForked { session, .. } => session,
         }
     }
 
@@ -95,6 +108,7 @@ impl HookEvent {
             HookEvent::AfterTool { .. } => "after_tool",
             HookEvent::AgentSuspended { .. } => "on_agent_suspended",
             HookEvent::AgentResumed { .. } => "on_agent_resumed",
+            HookEvent::SessionForked { .. } => "on_session_forked",
         }
     }
 }

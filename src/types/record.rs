@@ -68,6 +68,10 @@ pub enum ErrorCode {
     Interrupted,
     /// A resume or a new message was refused because the session was aborted.
     NotResumable,
+    /// The session is a fork made from a checkpoint inside this run (suspended or within a
+    /// step): `resume` goes on from there, as after a crash (calls that waited wait again,
+    /// a call in flight gets `tool_durability_error` unless it is safe to retry).
+    ForkPoint,
 }
 
 impl ErrorCode {
@@ -84,6 +88,7 @@ impl ErrorCode {
             ErrorCode::Aborted => "aborted",
             ErrorCode::Interrupted => "interrupted",
             ErrorCode::NotResumable => "not_resumable",
+            ErrorCode::ForkPoint => "fork_point",
         }
     }
 }
@@ -152,6 +157,9 @@ pub struct SessionRecord {
     /// are its parent's, and answers for its calls come through that root.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub remote_parent: Option<crate::types::remote::RemoteParent>,
+    /// For a fork: the session and checkpoint its history was copied from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forked_from: Option<crate::types::checkpoint::ForkOrigin>,
 }
 
 /// One run: an `execute` or a `resume`.

@@ -12,6 +12,7 @@ use crate::MemoryStore;
 fn record(id: &SessionId) -> SessionRecord {
     SessionRecord {
         remote_parent: None,
+        forked_from: None,
         id: id.clone(),
         agent: "a".into(),
         status: Status::Running,

@@ -46,6 +46,8 @@ impl Hooks for HookLog {
             | HookEvent::AfterTool { run_id, .. }
             | HookEvent::AgentSuspended { run_id, .. }
             | HookEvent::AgentResumed { run_id, .. } => *run_id,
+            // Not a run's: the scenario's hook lists are per run.
+            _ => return,
         };
         self.0.lock().push((run, event.name()));
     }

@@ -1,0 +1,181 @@
+//! Checkpoints: positions in a session's durable history, and the forks made from them.
+//!
+//! Every commit that appends to a session's log (a run's start, each step's two commits, a
+//! suspension, a run's end) is a checkpoint. Nothing is written for it: the log entry is
+//! already there, and reading a checkpoint rebuilds the session from the entries up to it.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::types::ids::{RunId, SessionId};
+use crate::types::message::{Message, ToolCall};
+use crate::types::record::{RunRecord, SessionRecord, Status};
+
+/// A checkpoint of a session: the sequence number of its log entry. Stable for the life of the
+/// session (its log is append-only), and meaningful only with the session it belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct CheckpointId(pub u64);
+
+impl fmt::Display for CheckpointId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+impl FromStr for CheckpointId {
+    type Err = std::num::ParseIntError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        text.trim().parse().map(CheckpointId)
+    }
+}
+
+/// One checkpoint of a session, as [`Runtime::checkpoints`](crate::Runtime::checkpoints)
+/// lists it: where it sits (run, step, stream position, time) and what the commit recorded.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Checkpoint {
+    /// Its id within the session.
+    pub id: CheckpointId,
+    /// The session.
+    pub session: SessionId,
+    /// The run in progress (or last run) at this point, `None` before any run.
+    pub run_id: Option<RunId>,
+    /// That run's turn number (0 before any run).
+    pub turn: u32,
+    /// Model calls the run had made.
+    pub step: u32,
+    /// Stream chunks recorded up to here: a follower that had read them all was here.
+    pub stream_seq: u64,
+    /// When it was committed (clock ms).
+    pub at_ms: u64,
+    /// Where the session stood after the commit.
+    pub status: Status,
+    /// The messages the commit recorded: a user's message, the model's reply with its tool
+    /// calls, the tools' results.
+    pub messages: Vec<Message>,
+    /// The calls of the model's last reply that had no result yet here: pending client tools
+    /// and approvals in a suspension, calls in flight inside a step.
+    pub open_calls: Vec<ToolCall>,
+}
+
+/// A session as it was at a checkpoint ([`Runtime::state_at`](crate::Runtime::state_at)).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PastState {
+    /// The checkpoint.
+    pub checkpoint: Checkpoint,
+    /// The session's record as of the checkpoint.
+    pub record: SessionRecord,
+    /// The conversation up to the checkpoint, in order.
+    pub messages: Vec<Message>,
+    /// The runs up to the checkpoint, each as it stood then.
+    pub runs: Vec<RunRecord>,
+}
+
+/// Where a fork came from: recorded in the fork's [`SessionRecord::forked_from`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ForkOrigin {
+    /// The session forked.
+    pub session: SessionId,
+    /// Its checkpoint the fork's history ends at.
+    pub checkpoint: CheckpointId,
+}
+
+/// How [`Runtime::fork`](crate::Runtime::fork) continues the fork.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ForkOptions {
+    /// The new session's id; a fresh one if `None`. Must not exist.
+    pub id: Option<SessionId>,
+    /// A new user message the fork continues with (a new run), over anything that waited at
+    /// the checkpoint.
+    pub message: Option<String>,
+    /// Replaces the last user message at the checkpoint: the fork's history ends just before
+    /// that message, and the fork runs with this text instead.
+    pub edit_last_message: Option<String>,
+}
+
+impl ForkOptions {
+    /// A fork that stays at the checkpoint: calls that waited there wait again.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The fork gets this id.
+    #[must_use]
+    pub fn id(mut self, id: SessionId) -> Self {
+        self.id = Some(id);
+        self
+    }
+
+    /// The fork continues with a new user message.
+    #[must_use]
+    pub fn message(mut self, text: impl Into<String>) -> Self {
+        self.message = Some(text.into());
+        self
+    }
+
+    /// The fork runs with `text` in place of the last user message.
+    #[must_use]
+    pub fn edit_last_message(mut self, text: impl Into<String>) -> Self {
+        self.edit_last_message = Some(text.into());
+        self
+    }
+}
+
+/// Why a fork was refused. Nothing was written.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ForkError {
+    /// The session has no such checkpoint.
+    #[error("session {session} has no checkpoint {checkpoint}")]
+    UnknownCheckpoint {
+        /// The session.
+        session: SessionId,
+        /// The checkpoint asked for.
+        checkpoint: CheckpointId,
+    },
+    /// Only a tree's root is forked (a sub-agent is forked with its root).
+    #[error("session {session} is a sub-agent of {root}: fork the root")]
+    NotARoot {
+        /// The session asked for.
+        session: SessionId,
+        /// Its tree's root.
+        root: SessionId,
+    },
+    /// Sub-agents were still at work at the checkpoint: forking them with their parent is not
+    /// supported yet (their own history would have to be cut at the same moment).
+    #[error("session {session} had sub-agents at work at checkpoint {checkpoint} (calls {calls:?}); fork at a checkpoint where they had finished")]
+    SubAgentsAtWork {
+        /// The session.
+        session: SessionId,
+        /// The checkpoint.
+        checkpoint: CheckpointId,
+        /// The sub-agent calls without a result there.
+        calls: Vec<String>,
+    },
+    /// The session has persistent sub-agents, which are not forked yet.
+    #[error("session {session} has persistent sub-agents ({names:?}), which are not forked yet")]
+    HasCompanions {
+        /// The session.
+        session: SessionId,
+        /// Their names.
+        names: Vec<String>,
+    },
+    /// `edit_last_message` at a checkpoint with no user message before it.
+    #[error("session {session} has no user message at or before checkpoint {checkpoint} to edit")]
+    NoMessageToEdit {
+        /// The session.
+        session: SessionId,
+        /// The checkpoint.
+        checkpoint: CheckpointId,
+    },
+    /// Both `message` and `edit_last_message` were given.
+    #[error("a fork takes a new message or an edited last message, not both")]
+    MessageAndEdit,
+    /// The id asked for the fork is taken.
+    #[error("session {0} already exists")]
+    IdTaken(SessionId),
+}

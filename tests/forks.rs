@@ -1,0 +1,507 @@
+//! Checkpoints, the state at one, and forks that never repeat a side effect (issue 31).
+
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use common::{counting_tool, tool_result, RecordingHooks};
+use dormant::types::{ErrorCode, ForkError, ForkOptions, HookEvent, ToolErrorCode, ToolOutcome};
+use dormant::{
+    AgentDefinition, Error, ManualClock, Message, ModelReply, Runtime, ScriptedLlm, SessionId,
+    SledStore, Status, Submit, SubmitOutcome, ToolCall, ToolDefinition,
+};
+use serde_json::json;
+
+/// Counts of the server tools' runs.
+#[derive(Default, Clone)]
+struct Runs {
+    charge: Arc<AtomicUsize>,
+    deploy: Arc<AtomicUsize>,
+}
+
+impl Runs {
+    fn charges(&self) -> usize {
+        self.charge.load(Ordering::SeqCst)
+    }
+
+    fn deploys(&self) -> usize {
+        self.deploy.load(Ordering::SeqCst)
+    }
+}
+
+/// Agent `shop`: server tool `charge` (counted), client tool `confirm` (30 s to answer),
+/// approval-gated server tool `deploy` (counted), sub-agent tool `helper` (agent `helper`,
+/// which waits on its own client tool `ask`).
+fn runtime(
+    store: Arc<dyn dormant::store::Store>,
+    clock: &ManualClock,
+    script: Vec<ModelReply>,
+    runs: &Runs,
+    hooks: Arc<RecordingHooks>,
+) -> anyhow::Result<Runtime> {
+    let shop = AgentDefinition::builder("shop")
+        .tool(counting_tool("charge", runs.charge.clone()))
+        .tool(ToolDefinition::client("confirm").timeout_ms(30_000))
+        .tool(
+            counting_tool("deploy", runs.deploy.clone())
+                .require_approval(dormant::Approval::Always),
+        )
+        .tool(ToolDefinition::sub_agent("helper", "helper"))
+        .build()?;
+    let helper = AgentDefinition::builder("helper")
+        .tool(ToolDefinition::client("ask"))
+        .build()?;
+    let llm = ScriptedLlm::new().script("shop", script).script(
+        "helper",
+        vec![
+            ModelReply::tool_calls(vec![ToolCall::new("a1", "ask", json!({}))]),
+            ModelReply::text("helped"),
+        ],
+    );
+    Ok(Runtime::builder()
+        .store(store)
+        .llm(Arc::new(llm))
+        .clock(Arc::new(clock.clone()))
+        .hooks(hooks)
+        .background_deadlines(false)
+        .agent(shop)
+        .agent(helper)
+        .build()?)
+}
+
+fn call(id: &str, tool: &str) -> ModelReply {
+    ModelReply::tool_calls(vec![ToolCall::new(id, tool, json!({ "n": 1 }))])
+}
+
+fn memory() -> Arc<dyn dormant::store::Store> {
+    Arc::new(dormant::MemoryStore::new())
+}
+
+/// The id of the session's last checkpoint.
+async fn last_checkpoint(
+    runtime: &Runtime,
+    id: &SessionId,
+) -> anyhow::Result<dormant::types::CheckpointId> {
+    let checkpoints = runtime.checkpoints(id).await?;
+    Ok(checkpoints
+        .last()
+        .ok_or_else(|| anyhow::anyhow!("no checkpoint"))?
+        .id)
+}
+
+#[tokio::test]
+async fn every_commit_is_a_checkpoint_and_state_at_reads_the_past() -> anyhow::Result<()> {
+    let runs = Runs::default();
+    let clock = ManualClock::new(1_000);
+    let script = vec![call("c1", "charge"), ModelReply::text("charged")];
+    let runtime = runtime(memory(), &clock, script, &runs, Arc::default())?;
+    let id: SessionId = "s1".parse()?;
+    runtime.execute_on(&id, "shop", "buy it").await?;
+
+    let checkpoints = runtime.checkpoints(&id).await?;
+    let statuses: Vec<Status> = checkpoints.iter().map(|c| c.status).collect();
+    assert_eq!(
+        statuses.last(),
+        Some(&Status::Completed),
+        "{checkpoints:#?}"
+    );
+    // The step's first commit holds the reply with the call in flight.
+    let in_step = checkpoints
+        .iter()
+        .find(|c| c.open_calls.iter().any(|call| call.id == "c1"))
+        .ok_or_else(|| anyhow::anyhow!("no checkpoint with c1 in flight: {checkpoints:#?}"))?;
+    assert_eq!(in_step.status, Status::Running);
+    assert_eq!(in_step.step, 1);
+    assert!(checkpoints.windows(2).all(|pair| pair[0].id < pair[1].id));
+
+    let past = runtime
+        .state_at(&id, in_step.id)
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("no state at {}", in_step.id))?;
+    assert_eq!(past.record.status, Status::Running);
+    assert_eq!(past.messages.len(), 2, "{:#?}", past.messages);
+    assert!(tool_result(&past.messages, "c1").is_none());
+    let now = runtime.messages(&id).await?;
+    assert_eq!(&now[..2], &past.messages[..]);
+    assert!(runtime
+        .state_at(&id, dormant::types::CheckpointId(999))
+        .await?
+        .is_none());
+    assert!(matches!(
+        runtime.checkpoints(&"nobody".parse()?).await,
+        Err(dormant::ReadError::UnknownSession(_))
+    ));
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_fork_over_a_pending_call_waits_again_and_never_reruns_recorded_tools(
+) -> anyhow::Result<()> {
+    let runs = Runs::default();
+    let clock = ManualClock::new(1_000);
+    let script = vec![
+        call("c1", "charge"),
+        call("k1", "confirm"),
+        ModelReply::text("done"),
+    ];
+    let hooks = Arc::new(RecordingHooks::default());
+    let runtime = runtime(memory(), &clock, script, &runs, hooks.clone())?;
+    let source: SessionId = "s1".parse()?;
+    let suspended = runtime.execute_on(&source, "shop", "buy it").await?;
+    assert_eq!(suspended.status, Status::SuspendedClientTool);
+    assert_eq!(runs.charges(), 1);
+    let checkpoint = last_checkpoint(&runtime, &source).await?;
+    let source_deadline = runtime.pending(&source).await?[0].deadline_at_ms;
+
+    clock.advance(5_000);
+    let fork = runtime
+        .fork(&source, checkpoint, ForkOptions::new())
+        .await?;
+    assert_eq!(runtime.status(&fork).await?, Status::SuspendedClientTool);
+    let pending = runtime.pending(&fork).await?;
+    assert_eq!(pending.len(), 1);
+    assert_eq!(pending[0].tool_call_id, "k1");
+    assert_eq!(
+        pending[0].deadline_at_ms,
+        source_deadline + 5_000,
+        "a new deadline"
+    );
+    assert_ne!(
+        pending[0].run_id, suspended.run_id,
+        "the fork waits under a run of its own"
+    );
+    let record = runtime.session(&fork).await?;
+    let origin = record
+        .forked_from
+        .ok_or_else(|| anyhow::anyhow!("no origin"))?;
+    assert_eq!(
+        (origin.session, origin.checkpoint),
+        (source.clone(), checkpoint)
+    );
+    assert_eq!(record.root, fork);
+
+    // The source's answer stays the source's.
+    let answer = Submit::result("s1", "k1", json!({ "ok": "source" }));
+    assert_eq!(
+        runtime.submit_tool_result(answer).await?,
+        SubmitOutcome::Accepted
+    );
+    assert_eq!(runtime.resume(&source).await?.status, Status::Completed);
+    assert_eq!(runtime.pending(&fork).await?.len(), 1);
+    assert!(tool_result(&runtime.messages(&fork).await?, "k1").is_none());
+
+    let answer = Submit::result(fork.as_str(), "k1", json!({ "ok": "fork" }));
+    assert_eq!(
+        runtime.submit_tool_result(answer).await?,
+        SubmitOutcome::Accepted
+    );
+    assert_eq!(runtime.resume(&fork).await?.status, Status::Completed);
+    let messages = runtime.messages(&fork).await?;
+    assert_eq!(
+        tool_result(&messages, "k1"),
+        Some(&ToolOutcome::Result(json!({ "ok": "fork" })))
+    );
+    assert_eq!(
+        tool_result(&messages, "c1"),
+        Some(&ToolOutcome::Result(json!({ "echo": { "n": 1 } }))),
+        "the recorded result is the fork's"
+    );
+    assert_eq!(runs.charges(), 1, "never run again");
+
+    let events = hooks.events.lock().clone();
+    assert!(events.iter().any(|event| matches!(event,
+        HookEvent::SessionForked { session, forked_from } if session == &fork && forked_from.checkpoint == checkpoint)));
+    assert!(events.iter().any(|event| matches!(event,
+        HookEvent::AgentResumed { session, resumed_from_checkpoint: Some(origin), .. }
+            if session == &fork && origin.checkpoint == checkpoint)));
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_fork_inside_a_step_gives_the_call_in_flight_a_durability_error() -> anyhow::Result<()> {
+    let runs = Runs::default();
+    let clock = ManualClock::new(1_000);
+    let script = vec![call("c1", "charge"), ModelReply::text("charged")];
+    let runtime = runtime(memory(), &clock, script, &runs, Arc::default())?;
+    let source: SessionId = "s1".parse()?;
+    runtime.execute_on(&source, "shop", "buy it").await?;
+    assert_eq!(runs.charges(), 1);
+    let in_step = runtime
+        .checkpoints(&source)
+        .await?
+        .into_iter()
+        .find(|c| c.status == Status::Running && !c.open_calls.is_empty())
+        .ok_or_else(|| anyhow::anyhow!("no checkpoint inside the step"))?;
+
+    let fork = runtime
+        .fork(&source, in_step.id, ForkOptions::new())
+        .await?;
+    assert_eq!(runtime.status(&fork).await?, Status::Interrupted);
+    let runs_of_fork = runtime.runs(&fork).await?;
+    let cut = runs_of_fork.last().and_then(|run| run.error.clone());
+    assert_eq!(cut.map(|error| error.code), Some(ErrorCode::ForkPoint));
+
+    let resumed = runtime.resume(&fork).await?;
+    assert_eq!(resumed.status, Status::Completed);
+    assert_eq!(
+        runs.charges(),
+        1,
+        "the call in flight at the fork point is not run again"
+    );
+    match tool_result(&runtime.messages(&fork).await?, "c1") {
+        Some(ToolOutcome::Error(error)) => assert!(
+            error.contains(ToolErrorCode::ToolDurabilityError.as_str()),
+            "{error}"
+        ),
+        other => anyhow::bail!("expected a durability error, got {other:?}"),
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn an_approval_is_asked_again_in_a_fork() -> anyhow::Result<()> {
+    let runs = Runs::default();
+    let clock = ManualClock::new(1_000);
+    let script = vec![call("d1", "deploy"), ModelReply::text("deployed")];
+    let runtime = runtime(memory(), &clock, script, &runs, Arc::default())?;
+    let source: SessionId = "s1".parse()?;
+    let suspended = runtime.execute_on(&source, "shop", "ship").await?;
+    let checkpoint = last_checkpoint(&runtime, &source).await?;
+    let source_approval = format!("{}::d1", suspended.run_id);
+    let approve = Submit::approval("s1", "d1", source_approval.clone(), true, None);
+    assert_eq!(
+        runtime.submit_tool_result(approve).await?,
+        SubmitOutcome::Accepted
+    );
+
+    let fork = runtime
+        .fork(&source, checkpoint, ForkOptions::new())
+        .await?;
+    let pending = runtime.pending(&fork).await?;
+    assert_eq!(pending.len(), 1);
+    assert!(pending[0].answer.is_none(), "the approval is not inherited");
+    assert_ne!(pending[0].approval_id(), source_approval);
+    let replayed = Submit::approval(fork.as_str(), "d1", source_approval, true, None);
+    let outcome = runtime.submit_tool_result(replayed).await?;
+    assert!(
+        matches!(outcome, SubmitOutcome::InvalidResult { .. }),
+        "the source's approval id does not approve the fork's call: {outcome:?}"
+    );
+    // Resuming the fork runs nothing: its call still waits.
+    assert_eq!(
+        runtime.resume(&fork).await?.status,
+        Status::SuspendedClientTool
+    );
+    assert_eq!(runs.deploys(), 0);
+    assert_eq!(runtime.resume(&source).await?.status, Status::Completed);
+    assert_eq!(runs.deploys(), 1, "the source's approved call ran once");
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_fork_with_an_edited_message_runs_the_new_text() -> anyhow::Result<()> {
+    let runs = Runs::default();
+    let clock = ManualClock::new(1_000);
+    let script = vec![
+        ModelReply::text("first answer"),
+        ModelReply::text("second answer"),
+    ];
+    let runtime = runtime(memory(), &clock, script, &runs, Arc::default())?;
+    let source: SessionId = "s1".parse()?;
+    runtime.execute_on(&source, "shop", "hello").await?;
+    runtime.execute_on(&source, "shop", "again").await?;
+    let checkpoint = last_checkpoint(&runtime, &source).await?;
+
+    let fork = runtime
+        .fork(
+            &source,
+            checkpoint,
+            ForkOptions::new().edit_last_message("something else"),
+        )
+        .await?;
+    let texts = |messages: Vec<Message>| -> Vec<String> {
+        messages
+            .into_iter()
+            .map(|message| match message {
+                Message::User { text } => format!("user: {text}"),
+                Message::Assistant { text, .. } => format!("model: {}", text.unwrap_or_default()),
+                Message::Tool { tool_name, .. } => format!("tool: {tool_name}"),
+            })
+            .collect()
+    };
+    assert_eq!(
+        texts(runtime.messages(&fork).await?),
+        [
+            "user: hello",
+            "model: first answer",
+            "user: something else",
+            "model: second answer"
+        ]
+    );
+    assert_eq!(
+        texts(runtime.messages(&source).await?)[2],
+        "user: again",
+        "the source is not touched"
+    );
+
+    // The first message edited: a fork with no history before it.
+    let first = runtime.checkpoints(&source).await?[0].id;
+    let fresh = runtime
+        .fork(
+            &source,
+            first,
+            ForkOptions::new().edit_last_message("hi there"),
+        )
+        .await?;
+    assert_eq!(
+        texts(runtime.messages(&fresh).await?),
+        ["user: hi there", "model: first answer"]
+    );
+    assert_eq!(runtime.runs(&fresh).await?.len(), 1);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_fork_with_a_message_abandons_what_waited() -> anyhow::Result<()> {
+    let runs = Runs::default();
+    let clock = ManualClock::new(1_000);
+    let script = vec![call("k1", "confirm"), ModelReply::text("moved on")];
+    let runtime = runtime(memory(), &clock, script, &runs, Arc::default())?;
+    let source: SessionId = "s1".parse()?;
+    runtime.execute_on(&source, "shop", "buy").await?;
+    let checkpoint = last_checkpoint(&runtime, &source).await?;
+    let fork = runtime
+        .fork(
+            &source,
+            checkpoint,
+            ForkOptions::new()
+                .id("my-fork".parse()?)
+                .message("never mind"),
+        )
+        .await?;
+    assert_eq!(fork.as_str(), "my-fork");
+    assert_eq!(runtime.status(&fork).await?, Status::Completed);
+    assert!(runtime.pending(&fork).await?.is_empty());
+    assert_eq!(runtime.status(&source).await?, Status::SuspendedClientTool);
+    Ok(())
+}
+
+#[tokio::test]
+async fn forks_that_cannot_be_made_are_refused_with_nothing_written() -> anyhow::Result<()> {
+    let runs = Runs::default();
+    let clock = ManualClock::new(1_000);
+    let script = vec![
+        ModelReply::tool_calls(vec![ToolCall::new(
+            "h1",
+            "helper",
+            json!({ "message": "help" }),
+        )]),
+        ModelReply::text("done"),
+    ];
+    let runtime = runtime(memory(), &clock, script, &runs, Arc::default())?;
+    let source: SessionId = "s1".parse()?;
+    let run = runtime.execute_on(&source, "shop", "get help").await?;
+    assert_eq!(run.status, Status::SuspendedAwaitingChildren);
+    let checkpoint = last_checkpoint(&runtime, &source).await?;
+    let before = runtime.session_ids().await?;
+
+    let refusal = |result: Result<SessionId, Error>| match result {
+        Err(Error::Fork(error)) => Ok(error),
+        other => Err(anyhow::anyhow!("expected a refusal, got {other:?}")),
+    };
+    assert!(matches!(
+        refusal(runtime.fork(&source, checkpoint, ForkOptions::new()).await)?,
+        ForkError::SubAgentsAtWork { calls, .. } if calls == ["h1"]
+    ));
+    let child = source.ephemeral_child("h1");
+    let child_checkpoint = last_checkpoint(&runtime, &child).await?;
+    assert!(matches!(
+        refusal(runtime.fork(&child, child_checkpoint, ForkOptions::new()).await)?,
+        ForkError::NotARoot { root, .. } if root == source
+    ));
+    assert!(matches!(
+        refusal(
+            runtime
+                .fork(
+                    &source,
+                    dormant::types::CheckpointId(99),
+                    ForkOptions::new()
+                )
+                .await
+        )?,
+        ForkError::UnknownCheckpoint { .. }
+    ));
+    assert!(matches!(
+        refusal(
+            runtime
+                .fork(
+                    &source,
+                    checkpoint,
+                    ForkOptions::new().message("a").edit_last_message("b")
+                )
+                .await
+        )?,
+        ForkError::MessageAndEdit
+    ));
+    let first = runtime.checkpoints(&source).await?[0].id;
+    assert!(matches!(
+        refusal(
+            runtime
+                .fork(&source, first, ForkOptions::new().id(child.clone()))
+                .await
+        )?,
+        ForkError::IdTaken(taken) if taken == child
+    ));
+    assert_eq!(runtime.session_ids().await?, before, "nothing was written");
+    assert!(matches!(
+        runtime
+            .fork(&"nobody".parse()?, first, ForkOptions::new())
+            .await,
+        Err(Error::UnknownSession(_))
+    ));
+    Ok(())
+}
+
+#[test]
+fn a_fork_and_its_source_survive_a_restart() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let runs = Runs::default();
+    let clock = ManualClock::new(1_000);
+    let script = || {
+        vec![
+            call("c1", "charge"),
+            call("k1", "confirm"),
+            ModelReply::text("done"),
+        ]
+    };
+    let tokio = tokio::runtime::Runtime::new()?;
+    let source: SessionId = "s1".parse()?;
+    let fork = tokio.block_on(async {
+        let store = Arc::new(SledStore::open(dir.path())?);
+        let runtime = runtime(store, &clock, script(), &runs, Arc::default())?;
+        runtime.execute_on(&source, "shop", "buy").await?;
+        let checkpoint = last_checkpoint(&runtime, &source).await?;
+        let fork = runtime
+            .fork(&source, checkpoint, ForkOptions::new())
+            .await?;
+        runtime.shutdown().await?;
+        anyhow::Ok(fork)
+    })?;
+    tokio.block_on(async {
+        let store = Arc::new(SledStore::open(dir.path())?);
+        let runtime = runtime(store, &clock, script(), &runs, Arc::default())?;
+        for session in [&source, &fork] {
+            assert_eq!(runtime.status(session).await?, Status::SuspendedClientTool);
+            let answer = Submit::result(session.as_str(), "k1", json!({ "ok": true }));
+            assert_eq!(
+                runtime.submit_tool_result(answer).await?,
+                SubmitOutcome::Accepted
+            );
+            assert_eq!(runtime.resume(session).await?.status, Status::Completed);
+        }
+        assert_eq!(runs.charges(), 1);
+        runtime.shutdown().await?;
+        anyhow::Ok(())
+    })
+}
