@@ -387,33 +387,95 @@ async fn a_fork_with_a_message_abandons_what_waited() -> anyhow::Result<()> {
     Ok(())
 }
 
-#[tokio::test]
-async fn forks_that_cannot_be_made_are_refused_with_nothing_written() -> anyhow::Result<()> {
-    let runs = Runs::default();
-    let clock = ManualClock::new(1_000);
-    let script = vec![
+fn helper_script() -> Vec<ModelReply> {
+    vec![
         ModelReply::tool_calls(vec![ToolCall::new(
             "h1",
             "helper",
             json!({ "message": "help" }),
         )]),
         ModelReply::text("done"),
-    ];
-    let runtime = runtime(memory(), &clock, script, &runs, Arc::default())?;
+    ]
+}
+
+fn refusal(result: Result<SessionId, Error>) -> anyhow::Result<ForkError> {
+    match result {
+        Err(Error::Fork(error)) => Ok(error),
+        other => Err(anyhow::anyhow!("expected a refusal, got {other:?}")),
+    }
+}
+
+#[tokio::test]
+async fn a_tree_forks_with_its_waiting_child_and_answers_reach_the_forks_child_only(
+) -> anyhow::Result<()> {
+    let runs = Runs::default();
+    let clock = ManualClock::new(1_000);
+    let runtime = runtime(memory(), &clock, helper_script(), &runs, Arc::default())?;
     let source: SessionId = "s1".parse()?;
     let run = runtime.execute_on(&source, "shop", "get help").await?;
     assert_eq!(run.status, Status::SuspendedAwaitingChildren);
     let checkpoint = last_checkpoint(&runtime, &source).await?;
-    let before = runtime.session_ids().await?;
 
-    let refusal = |result: Result<SessionId, Error>| match result {
-        Err(Error::Fork(error)) => Ok(error),
-        other => Err(anyhow::anyhow!("expected a refusal, got {other:?}")),
-    };
+    let fork = runtime
+        .fork(&source, checkpoint, ForkOptions::new())
+        .await?;
+    assert_eq!(
+        runtime.status(&fork).await?,
+        Status::SuspendedAwaitingChildren
+    );
+    let forked_child = fork.ephemeral_child("h1");
+    let child_record = runtime.session(&forked_child).await?;
+    assert_eq!(child_record.root, fork);
+    assert_eq!(child_record.parent.as_ref(), Some(&fork));
+    assert_eq!(runtime.pending(&forked_child).await?.len(), 1);
+
+    // The fork's root answers its own child; the source's child still waits.
+    let answer = Submit::result(fork.as_str(), "a1", json!({ "answer": "fork" }));
+    assert_eq!(
+        runtime.submit_tool_result(answer).await?,
+        SubmitOutcome::Accepted
+    );
+    assert_eq!(runtime.resume(&fork).await?.status, Status::Completed);
+    let source_child = source.ephemeral_child("h1");
+    assert_eq!(
+        runtime.status(&source_child).await?,
+        Status::SuspendedClientTool
+    );
+    assert!(runtime.pending(&source_child).await?[0].answer.is_none());
+
+    // The source moves on: its old checkpoint no longer shows where its child was.
+    let answer = Submit::result("s1", "a1", json!({ "answer": "source" }));
+    assert_eq!(
+        runtime.submit_tool_result(answer).await?,
+        SubmitOutcome::Accepted
+    );
+    assert_eq!(runtime.resume(&source).await?.status, Status::Completed);
     assert!(matches!(
         refusal(runtime.fork(&source, checkpoint, ForkOptions::new()).await)?,
-        ForkError::SubAgentsAtWork { calls, .. } if calls == ["h1"]
+        ForkError::SubAgentsMovedOn { calls, .. } if calls == ["h1"]
     ));
+    // With a new message, nothing of the child is needed: its call is closed.
+    let moved = runtime
+        .fork(
+            &source,
+            checkpoint,
+            ForkOptions::new().message("never mind"),
+        )
+        .await?;
+    assert_eq!(runtime.status(&moved).await?, Status::Completed);
+    Ok(())
+}
+
+#[tokio::test]
+async fn forks_that_cannot_be_made_are_refused_with_nothing_written() -> anyhow::Result<()> {
+    let runs = Runs::default();
+    let clock = ManualClock::new(1_000);
+    let runtime = runtime(memory(), &clock, helper_script(), &runs, Arc::default())?;
+    let source: SessionId = "s1".parse()?;
+    runtime.execute_on(&source, "shop", "get help").await?;
+    let checkpoint = last_checkpoint(&runtime, &source).await?;
+    let before = runtime.session_ids().await?;
+
     let child = source.ephemeral_child("h1");
     let child_checkpoint = last_checkpoint(&runtime, &child).await?;
     assert!(matches!(

@@ -8,13 +8,16 @@ use super::Runtime;
 use crate::definition::ToolKind;
 use crate::engine::actor::SessionMsg;
 use crate::error::Error;
+use futures::future::BoxFuture;
+
+use crate::store::schema::history::Placement;
 use crate::store::schema::{self, history};
 use crate::types::checkpoint::PastState;
 use crate::types::checkpoint::{Checkpoint, CheckpointId, ForkError, ForkOptions, ForkOrigin};
 use crate::types::hooks::HookEvent;
 use crate::types::ids::SessionId;
 use crate::types::message::Message;
-use crate::types::record::Status;
+use crate::types::record::{SessionRecord, Status};
 
 impl Runtime {
     /// The session's checkpoints, oldest first: one for every commit that recorded something
@@ -115,15 +118,6 @@ impl Runtime {
             }
             .into());
         }
-        let companions = self.read(schema::load_companions(store, source).await)?;
-        if !companions.is_empty() {
-            return Err(ForkError::HasCompanions {
-                session: source.clone(),
-                names: companions.into_iter().map(|c| c.name).collect(),
-            }
-            .into());
-        }
-        let agent = self.agent(&at.agent)?;
         let mut continue_with = options.message;
         let at = match options.edit_last_message {
             Some(text) => {
@@ -132,28 +126,6 @@ impl Runtime {
             }
             None => at,
         };
-        let open = history::checkpoints(source, &copied)
-            .pop()
-            .map(|last| last.open_calls)
-            .unwrap_or_default();
-        let at_work: Vec<String> = open
-            .iter()
-            .filter(|call| {
-                matches!(
-                    agent.tool(&call.name).map(|tool| tool.def.kind()),
-                    Some(ToolKind::SubAgent { .. } | ToolKind::RemoteSubAgent { .. })
-                )
-            })
-            .map(|call| call.id.clone())
-            .collect();
-        if !at_work.is_empty() {
-            return Err(ForkError::SubAgentsAtWork {
-                session: source.clone(),
-                checkpoint,
-                calls: at_work,
-            }
-            .into());
-        }
         let fork = options.id.unwrap_or_else(SessionId::generate);
         if self
             .read(schema::load_lineage(store, &fork).await)?
@@ -161,15 +133,42 @@ impl Runtime {
         {
             return Err(ForkError::IdTaken(fork).into());
         }
+        let latest = self.latest_checkpoint(source).await?;
+        let suspended = at.status;
+        let agent = self.agent(&at.agent)?;
+        let mut batch = history::fork_batch(&fork);
+        let place = Placement {
+            id: fork.clone(),
+            root: fork.clone(),
+            parent: None,
+        };
+        let cut = Cut {
+            source: source.clone(),
+            checkpoint,
+            copied,
+            at,
+            latest: latest == Some(checkpoint),
+        };
+        // A new message closes whatever waited: only a fork that stays at the checkpoint
+        // takes the sub-agents at work there with it.
+        let forked_children = self
+            .write_fork(&mut batch, cut, place, continue_with.is_none())
+            .await?;
+        if forked_children && self.latest_checkpoint(source).await? != latest {
+            // The tree moved on while its children were read: they may be past the checkpoint.
+            return Err(ForkError::SubAgentsMovedOn {
+                session: source.clone(),
+                checkpoint,
+                calls: Vec::new(),
+            }
+            .into());
+        }
+        self.ask(&fork, |reply| SessionMsg::Fork { batch, reply })
+            .await?;
         let origin = ForkOrigin {
             session: source.clone(),
             checkpoint,
         };
-        let run = history::current_run(&copied, &at);
-        let now = self.now_ms();
-        let batch = history::fork_batch(&copied, &at, run.as_ref(), &fork, &origin, now)?;
-        self.ask(&fork, |reply| SessionMsg::Fork { batch, reply })
-            .await?;
         tracing::info!(session = %fork, source = %source, checkpoint = %checkpoint, "session.forked");
         crate::types::hooks::notify(
             self.inner.shared.hooks.as_ref(),
@@ -182,14 +181,138 @@ impl Runtime {
             Some(message) => {
                 self.execute_on(&fork, agent.name(), message).await?;
             }
-            // Its calls wait again, under a new run: nothing runs (only client calls and
-            // approvals can wait in a suspension of a session without sub-agents at work).
-            None if at.status == Status::SuspendedClientTool => {
+            // Its calls wait again, under a new run, and its forked sub-agents' calls too:
+            // nothing runs, only client calls and approvals can wait.
+            None if matches!(
+                suspended,
+                Status::SuspendedClientTool | Status::SuspendedAwaitingChildren
+            ) =>
+            {
                 self.resume(&fork).await?;
             }
             None => {}
         }
         Ok(fork)
+    }
+}
+
+/// A session's history cut at a checkpoint, to be forked.
+struct Cut {
+    source: SessionId,
+    checkpoint: CheckpointId,
+    /// Its log up to the checkpoint.
+    copied: Vec<history::LogEntry>,
+    /// Its record there.
+    at: SessionRecord,
+    /// The checkpoint is the session's latest.
+    latest: bool,
+}
+
+impl Runtime {
+    /// The id of `session`'s newest checkpoint, `None` before its first commit.
+    async fn latest_checkpoint(&self, session: &SessionId) -> Result<Option<CheckpointId>, Error> {
+        let record = self.read(schema::load_record(self.store(), session).await)?;
+        Ok(record
+            .and_then(|record| record.log_count.checked_sub(1))
+            .map(CheckpointId))
+    }
+
+    /// Adds to `batch` the writes that make `place` a fork of `cut`, and with `children` the
+    /// forks of its sub-agents at work at the checkpoint (each at its latest checkpoint, with
+    /// theirs); returns whether there were any. A sub-agent call whose child never started
+    /// is left to the fork's resume, which starts it: in the source, it started after the
+    /// checkpoint.
+    fn write_fork<'a>(
+        &'a self,
+        batch: &'a mut crate::store::Batch,
+        cut: Cut,
+        place: Placement,
+        children: bool,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(async move {
+            let store = self.store();
+            let Cut {
+                source,
+                checkpoint,
+                copied,
+                at,
+                latest,
+            } = cut;
+            let companions = self.read(schema::load_companions(store, &source).await)?;
+            if !companions.is_empty() {
+                return Err(ForkError::HasCompanions {
+                    session: source,
+                    names: companions.into_iter().map(|c| c.name).collect(),
+                }
+                .into());
+            }
+            let agent = self.agent(&at.agent)?;
+            let open = history::checkpoints(&source, &copied)
+                .pop()
+                .map(|last| last.open_calls)
+                .unwrap_or_default();
+            let (mut local, mut remote) = (Vec::new(), Vec::new());
+            for call in open {
+                match agent.tool(&call.name).map(|tool| tool.def.kind()) {
+                    Some(ToolKind::SubAgent { .. }) => local.push(call.id),
+                    Some(ToolKind::RemoteSubAgent { .. }) => remote.push(call.id),
+                    _ => {}
+                }
+            }
+            if !children {
+                local.clear();
+                remote.clear();
+            }
+            if !remote.is_empty() {
+                return Err(ForkError::RemoteSubAgents {
+                    session: source,
+                    checkpoint,
+                    calls: remote,
+                }
+                .into());
+            }
+            let mut forked = false;
+            for call in local {
+                let child = source.ephemeral_child(&call);
+                let child_log = self.read(history::load_history(store, &child, None).await)?;
+                let Some((seq, child_at)) = child_log
+                    .last()
+                    .and_then(|entry| Some((entry.seq, entry.record.clone()?)))
+                else {
+                    continue;
+                };
+                if !latest {
+                    return Err(ForkError::SubAgentsMovedOn {
+                        session: source,
+                        checkpoint,
+                        calls: vec![call],
+                    }
+                    .into());
+                }
+                let child_cut = Cut {
+                    source: child,
+                    checkpoint: CheckpointId(seq),
+                    copied: child_log,
+                    at: child_at,
+                    latest: true,
+                };
+                let child_place = Placement {
+                    id: place.id.ephemeral_child(&call),
+                    root: place.root.clone(),
+                    parent: Some((place.id.clone(), call)),
+                };
+                self.write_fork(batch, child_cut, child_place, true).await?;
+                forked = true;
+            }
+            let run = history::current_run(&copied, &at);
+            let origin = ForkOrigin {
+                session: source,
+                checkpoint,
+            };
+            let now = self.now_ms();
+            history::write_fork(batch, &copied, &at, run.as_ref(), &place, &origin, now)?;
+            Ok(forked)
+        })
     }
 }
 
@@ -199,7 +322,7 @@ fn cut_before_last_user_message(
     history: &mut Vec<history::LogEntry>,
     source: &SessionId,
     checkpoint: CheckpointId,
-) -> Result<crate::types::record::SessionRecord, ForkError> {
+) -> Result<SessionRecord, ForkError> {
     let no_message = || ForkError::NoMessageToEdit {
         session: source.clone(),
         checkpoint,

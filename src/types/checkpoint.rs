@@ -145,15 +145,26 @@ pub enum ForkError {
         /// Its tree's root.
         root: SessionId,
     },
-    /// Sub-agents were still at work at the checkpoint: forking them with their parent is not
-    /// supported yet (their own history would have to be cut at the same moment).
-    #[error("session {session} had sub-agents at work at checkpoint {checkpoint} (calls {calls:?}); fork at a checkpoint where they had finished")]
-    SubAgentsAtWork {
+    /// Sub-agents were at work at the checkpoint and the tree has moved on since: their own
+    /// histories cannot be cut at the moment of the checkpoint, so a tree with sub-agents at
+    /// work is forked at its latest checkpoint (or at one where they had finished).
+    #[error("session {session} had sub-agents at work at checkpoint {checkpoint} (calls {calls:?}) and has moved on since: fork its latest checkpoint, or one where they had finished")]
+    SubAgentsMovedOn {
         /// The session.
         session: SessionId,
         /// The checkpoint.
         checkpoint: CheckpointId,
         /// The sub-agent calls without a result there.
+        calls: Vec<String>,
+    },
+    /// Remote sub-agents were at work at the checkpoint: a remote server offers no fork yet.
+    #[error("session {session} waits on remote sub-agents at checkpoint {checkpoint} (calls {calls:?}), which cannot be forked")]
+    RemoteSubAgents {
+        /// The session.
+        session: SessionId,
+        /// The checkpoint.
+        checkpoint: CheckpointId,
+        /// The remote sub-agent calls without a result there.
         calls: Vec<String>,
     },
     /// The session has persistent sub-agents, which are not forked yet.

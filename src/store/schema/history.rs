@@ -151,14 +151,24 @@ pub(crate) fn state_at(
     })
 }
 
-/// A record of the source as the fork's: the fork is a root of its own, made from `origin`.
-fn rebased(record: &SessionRecord, fork: &SessionId, origin: &ForkOrigin) -> SessionRecord {
+/// Where a forked session sits in the fork's tree.
+#[derive(Clone, Debug)]
+pub(crate) struct Placement {
+    /// The forked session's id.
+    pub(crate) id: SessionId,
+    /// The fork's root (`id` itself for the root).
+    pub(crate) root: SessionId,
+    /// For a sub-agent: its (forked) parent and the parent's call.
+    pub(crate) parent: Option<(SessionId, String)>,
+}
+
+/// A record of the source as the fork's, placed in the fork's tree, made from `origin`.
+fn rebased(record: &SessionRecord, place: &Placement, origin: &ForkOrigin) -> SessionRecord {
     SessionRecord {
-        id: fork.clone(),
-        root: fork.clone(),
-        parent: None,
-        parent_call: None,
-        depth: 0,
+        id: place.id.clone(),
+        root: place.root.clone(),
+        parent: place.parent.as_ref().map(|(parent, _)| parent.clone()),
+        parent_call: place.parent.as_ref().map(|(_, call)| call.clone()),
         remote_parent: None,
         forked_from: Some(origin.clone()),
         ..record.clone()
@@ -184,28 +194,27 @@ pub(crate) fn before_first_message(first: &SessionRecord) -> SessionRecord {
     }
 }
 
-/// The writes that make `fork` a session whose history is `copied` (the source's log up to a
-/// checkpoint), followed by one entry of its own that records the fork: its record as of the
-/// checkpoint (`at`), with `forked_from` set, and a run that was in progress or suspended
-/// there closed as [`ErrorCode::ForkPoint`], for `resume` to go on from. The source's
-/// entries keep their sequence numbers, so the fork's checkpoints up to the fork point have
-/// the source's ids.
-pub(crate) fn fork_batch(
+/// The writes that make `place.id` a session whose history is `copied` (the source's log up
+/// to a checkpoint), followed by one entry of its own that records the fork: its record as of
+/// the checkpoint (`at`), with `forked_from` set, and a run that was in progress or suspended
+/// there closed as [`ErrorCode::ForkPoint`], for `resume` to go on from. The source's entries
+/// keep their sequence numbers, so the fork's checkpoints up to the fork point have the
+/// source's ids.
+pub(crate) fn write_fork(
+    batch: &mut Batch,
     copied: &[LogEntry],
     at: &SessionRecord,
     current_run: Option<&RunRecord>,
-    fork: &SessionId,
+    place: &Placement,
     origin: &ForkOrigin,
     now: u64,
-) -> Result<Batch, Error> {
-    let mut batch = Batch::new(CommitKind::Other)
-        .for_session(fork.shared())
-        .written_by(fork.shared());
+) -> Result<(), Error> {
+    let fork = &place.id;
     for entry in copied {
         let Some(record) = &entry.record else {
             continue;
         };
-        let record = rebased(record, fork, origin);
+        let record = rebased(record, place, origin);
         if entry.seq == 0 {
             batch.put(
                 Tree::Sessions,
@@ -220,7 +229,7 @@ pub(crate) fn fork_batch(
         );
     }
     let seq = copied.last().map_or(0, |entry| entry.seq + 1);
-    let mut record = rebased(at, fork, origin);
+    let mut record = rebased(at, place, origin);
     record.log_count = seq + 1;
     record.updated_at_ms = now;
     let mut runs = Vec::new();
@@ -260,7 +269,14 @@ pub(crate) fn fork_batch(
         log_key(fork, record.chunk_count, seq),
         encode_log(&[], &runs, &[], &record)?,
     );
-    Ok(batch)
+    Ok(())
+}
+
+/// An empty batch of a fork's writes, made under the lease of the fork's tree `root`.
+pub(crate) fn fork_batch(root: &SessionId) -> Batch {
+    Batch::new(CommitKind::Other)
+        .for_session(root.shared())
+        .written_by(root.shared())
 }
 
 /// The current run at the end of `history` (as last written), if the session has one.
