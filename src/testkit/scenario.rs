@@ -60,6 +60,7 @@
 //! ```
 
 mod build;
+mod checkpoints;
 mod envelope;
 mod error;
 mod expect;

@@ -28,6 +28,10 @@ pub(crate) enum Observed {
     /// How the runtime answered a `submit` (an `Err` only for a store failure or a runtime
     /// that is gone).
     Submit(Result<SubmitOutcome, Error>),
+    /// A session's checkpoints (`checkpoints`).
+    Checkpoints(Result<Vec<crate::types::Checkpoint>, Error>),
+    /// The session at a checkpoint (`state_at`; `None`: no such checkpoint).
+    Past(Result<Option<Box<crate::types::PastState>>, Error>),
 }
 
 impl Observed {
@@ -35,8 +39,14 @@ impl Observed {
         match self {
             Observed::Run(Err(error))
             | Observed::Done(Err(error))
-            | Observed::Submit(Err(error)) => Some(error),
-            Observed::Run(Ok(_)) | Observed::Done(Ok(())) | Observed::Submit(Ok(_)) => None,
+            | Observed::Submit(Err(error))
+            | Observed::Checkpoints(Err(error))
+            | Observed::Past(Err(error)) => Some(error),
+            Observed::Run(Ok(_))
+            | Observed::Done(Ok(()))
+            | Observed::Submit(Ok(_))
+            | Observed::Checkpoints(Ok(_))
+            | Observed::Past(Ok(_)) => None,
         }
     }
 }
@@ -115,10 +125,20 @@ pub(crate) async fn check(world: &World, step: &Step, observed: &Observed) -> Ve
             }
             Observed::Submit(Err(error)) => out.push("submit", expected.as_str(), describe(error)),
             // `parse.rs` allows a submit outcome only on a submit step.
-            Observed::Run(_) | Observed::Done(_) => {
+            Observed::Run(_) | Observed::Done(_) | Observed::Checkpoints(_) | Observed::Past(_) => {
                 out.push("submit", expected.as_str(), "no submit");
             }
         }
+    }
+    if let Some(expected) = expect.checkpoints {
+        match observed {
+            Observed::Checkpoints(Ok(list)) if list.len() == expected => {}
+            Observed::Checkpoints(Ok(list)) => out.push("checkpoints", expected, list.len()),
+            _ => out.push("checkpoints", expected, "no list"),
+        }
+    }
+    if let Some(expected) = &expect.state {
+        check_state(&mut out, expected, observed);
     }
     if let (Some(expected), Some(view)) = (&expect.tool_results, view) {
         for (id, wanted) in expected {
@@ -298,6 +318,39 @@ impl Mismatches {
     }
 }
 
+/// A `state_at` step's `state`: the session as it was at the checkpoint.
+fn check_state(out: &mut Mismatches, expected: &super::format::StateSpec, observed: &Observed) {
+    let past = match observed {
+        Observed::Past(Ok(Some(past))) => past,
+        Observed::Past(Ok(None)) => return out.push("state", "a checkpoint", "none"),
+        _ => return out.push("state", "a checkpoint", "no state"),
+    };
+    if let Some(status) = expected.status {
+        if status != past.record.status {
+            out.push("state.status", status.as_str(), past.record.status.as_str());
+        }
+    }
+    if let Some(count) = expected.messages {
+        if count != past.messages.len() {
+            out.push("state.messages", count, past.messages.len());
+        }
+    }
+    if let Some(calls) = &expected.open_calls {
+        let mut want: Vec<&str> = calls.iter().map(String::as_str).collect();
+        let mut got: Vec<&str> = past
+            .checkpoint
+            .open_calls
+            .iter()
+            .map(|call| call.id.as_str())
+            .collect();
+        want.sort_unstable();
+        got.sort_unstable();
+        if want != got {
+            out.push("state.open_calls", show_list(&want), show_list(&got));
+        }
+    }
+}
+
 /// The codes the step's error may be expected as: the op's own error, or else the error the
 /// session's last run ended with. A refused definition answers both `invalid_definition` and
 /// the rule it broke.
@@ -316,9 +369,12 @@ async fn error_codes(
         _ => vec![error.code().to_string()],
     };
     match observed {
-        Observed::Run(Err(error)) | Observed::Done(Err(error)) | Observed::Submit(Err(error)) => {
-            codes(error)
-        }
+        Observed::Run(Err(error))
+        | Observed::Done(Err(error))
+        | Observed::Submit(Err(error))
+        | Observed::Checkpoints(Err(error))
+        | Observed::Past(Err(error)) => codes(error),
+        Observed::Checkpoints(Ok(_)) | Observed::Past(Ok(_)) => Vec::new(),
         Observed::Run(Ok(outcome)) => outcome
             .error
             .iter()
@@ -362,7 +418,10 @@ impl View<'_> {
         match self.observed {
             Observed::Run(Ok(outcome)) => outcome.status.as_str().into(),
             Observed::Run(Err(error)) => describe(error),
-            Observed::Done(_) | Observed::Submit(_) => {
+            Observed::Done(_)
+            | Observed::Submit(_)
+            | Observed::Checkpoints(_)
+            | Observed::Past(_) => {
                 let status = match self.runtime() {
                     Ok(runtime) => runtime.status(self.session).await.map_err(Error::from),
                     Err(error) => Err(error),

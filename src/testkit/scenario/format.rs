@@ -256,6 +256,72 @@ pub(crate) struct SessionStep {
     pub(crate) expect: Expect,
 }
 
+/// Which checkpoint of a session a `state_at` or `fork` step means: its id, `"last"`, or the
+/// last one that matches every field given (`status`: the session's status there;
+/// `open_call`: a call without a result there).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(untagged)]
+pub(crate) enum CheckpointSpec {
+    Id(u64),
+    Last(LastSpec),
+    Matching(CheckpointMatch),
+}
+
+/// `"last"`.
+#[derive(Clone, Copy, Debug, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum LastSpec {
+    Last,
+}
+
+/// The fields a checkpoint must match.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct CheckpointMatch {
+    #[serde(default)]
+    pub(crate) status: Option<Status>,
+    #[serde(default)]
+    pub(crate) open_call: Option<String>,
+}
+
+/// `checkpoints` and `state_at` (with `checkpoint`).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct CheckpointStep {
+    pub(crate) session: String,
+    #[serde(default)]
+    pub(crate) checkpoint: Option<CheckpointSpec>,
+    #[serde(default)]
+    pub(crate) expect: Expect,
+}
+
+/// `fork`: the source `session` at `checkpoint`, into the new session `fork`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ForkStep {
+    pub(crate) session: String,
+    pub(crate) checkpoint: CheckpointSpec,
+    pub(crate) fork: String,
+    #[serde(default)]
+    pub(crate) message: Option<String>,
+    #[serde(default)]
+    pub(crate) edit_message: Option<String>,
+    #[serde(default)]
+    pub(crate) expect: Expect,
+}
+
+/// What a `state_at` step expects of the session at the checkpoint.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct StateSpec {
+    #[serde(default)]
+    pub(crate) status: Option<Status>,
+    #[serde(default)]
+    pub(crate) messages: Option<usize>,
+    #[serde(default)]
+    pub(crate) open_calls: Option<Vec<String>>,
+}
+
 /// `advance_clock`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -335,6 +401,12 @@ pub(crate) struct Expect {
     /// Texts that must not appear in that prompt (an addition to the format).
     #[serde(default)]
     pub(crate) prompt_excludes: Option<Vec<String>>,
+    /// How many checkpoints the session has (a `checkpoints` step; an addition).
+    #[serde(default)]
+    pub(crate) checkpoints: Option<usize>,
+    /// The session at the checkpoint (a `state_at` step; an addition).
+    #[serde(default)]
+    pub(crate) state: Option<StateSpec>,
 }
 
 /// What a run used, as a step may expect it; a key left out is not checked.

@@ -10,8 +10,8 @@ use serde_json::Value;
 
 use super::error::Error;
 use super::format::{
-    AgentSpec, ClockStep, ConfigSpec, CrashStep, DefineStep, ExecuteStep, Expect, FileSpec,
-    RestartStep, SessionStep, SubmitStep, ToolKindSpec,
+    AgentSpec, CheckpointStep, ClockStep, ConfigSpec, CrashStep, DefineStep, ExecuteStep, Expect,
+    FileSpec, ForkStep, RestartStep, SessionStep, SubmitStep, ToolKindSpec,
 };
 use super::step::{EvictTarget, Op, Step, OP_NAMES};
 use super::unique_keys::UniqueKeys;
@@ -195,6 +195,41 @@ impl Parser {
                 };
                 (op, step.expect)
             }
+            "checkpoints" | "state_at" => {
+                let step: CheckpointStep = self.read(&path, rest)?;
+                let session = self.session(&path, &step.session)?;
+                let op = match (op.as_str(), step.checkpoint) {
+                    ("checkpoints", None) => Op::Checkpoints(session),
+                    ("state_at", Some(checkpoint)) => Op::StateAt {
+                        session,
+                        checkpoint,
+                    },
+                    ("checkpoints", Some(_)) => {
+                        return Err(self.error(
+                            &format!("{path}.checkpoint"),
+                            "`checkpoints` lists them all and takes no `checkpoint`",
+                        ))
+                    }
+                    _ => return Err(self.error(&path, "missing field `checkpoint`")),
+                };
+                (op, step.expect)
+            }
+            "fork" => {
+                let step: ForkStep = self.read(&path, rest)?;
+                let source = self.session(&path, &step.session)?;
+                let fork = step
+                    .fork
+                    .parse()
+                    .map_err(|error| self.error(&format!("{path}.fork"), error))?;
+                let op = Op::Fork {
+                    source,
+                    checkpoint: step.checkpoint,
+                    fork,
+                    message: step.message,
+                    edit_message: step.edit_message,
+                };
+                (op, step.expect)
+            }
             "advance_clock" => {
                 let step: ClockStep = self.read(&path, rest)?;
                 (Op::AdvanceClock { ms: step.ms }, step.expect)
@@ -346,6 +381,18 @@ impl Parser {
                     ),
                 ));
             }
+        }
+        if expect.checkpoints.is_some() && !matches!(op, Op::Checkpoints(_)) {
+            return Err(self.error(
+                &format!("{path}.checkpoints"),
+                "only a checkpoints step counts checkpoints",
+            ));
+        }
+        if expect.state.is_some() && !matches!(op, Op::StateAt { .. }) {
+            return Err(self.error(
+                &format!("{path}.state"),
+                "only a state_at step reads the state at a checkpoint",
+            ));
         }
         if expect.submit.is_some() && !matches!(op, Op::Submit { .. }) {
             return Err(self.error(

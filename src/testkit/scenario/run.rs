@@ -6,6 +6,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::checkpoints;
 use super::envelope;
 use super::error::Error;
 use super::expect::{self, Observed};
@@ -177,6 +178,35 @@ async fn perform(world: &mut World, op: &Op) -> Result<Observed, Stop> {
             ))),
         },
         Op::Check(_) => Ok(Observed::Done(Ok(()))),
+        Op::Checkpoints(session) => match world.runtime_for(session).await {
+            Ok(runtime) => Ok(checkpoints::list(runtime, session).await),
+            Err(error) => Ok(Observed::Checkpoints(Err(error))),
+        },
+        Op::StateAt {
+            session,
+            checkpoint,
+        } => match world.runtime_for(session).await {
+            Ok(runtime) => Ok(checkpoints::state_at(runtime, session, checkpoint).await),
+            Err(error) => Ok(Observed::Past(Err(error))),
+        },
+        Op::Fork {
+            source,
+            checkpoint,
+            fork,
+            message,
+            edit_message,
+        } => match world.runtime_for(source).await {
+            Ok(runtime) => Ok(checkpoints::fork(
+                runtime,
+                source,
+                checkpoint,
+                fork,
+                message.as_deref(),
+                edit_message.as_deref(),
+            )
+            .await),
+            Err(error) => Ok(Observed::Done(Err(error))),
+        },
         Op::CrashBefore { commit } => {
             let kind = match commit {
                 CommitSpec::ToolCalls => CommitKind::ToolCalls,
@@ -196,7 +226,12 @@ async fn perform(world: &mut World, op: &Op) -> Result<Observed, Stop> {
 async fn settle(world: &World, op: &Op) -> Result<(), crate::Error> {
     if matches!(
         op,
-        Op::Define(_) | Op::Evict(_) | Op::CrashBefore { .. } | Op::Check(_)
+        Op::Define(_)
+            | Op::Evict(_)
+            | Op::CrashBefore { .. }
+            | Op::Check(_)
+            | Op::Checkpoints(_)
+            | Op::StateAt { .. }
     ) {
         return Ok(());
     }

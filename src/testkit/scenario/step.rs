@@ -2,10 +2,10 @@
 
 use crate::types::ids::SessionId;
 
-use super::format::{AgentSpec, CommitSpec, Expect, SubmitStep};
+use super::format::{AgentSpec, CheckpointSpec, CommitSpec, Expect, SubmitStep};
 
 /// The op names, in the spec's order (for messages).
-pub(crate) const OP_NAMES: [&str; 11] = [
+pub(crate) const OP_NAMES: [&str; 14] = [
     "define",
     "execute",
     "submit",
@@ -17,6 +17,9 @@ pub(crate) const OP_NAMES: [&str; 11] = [
     "restart",
     "crash_before",
     "check",
+    "checkpoints",
+    "state_at",
+    "fork",
 ];
 
 /// One step of a scenario.
@@ -70,6 +73,21 @@ pub(crate) enum Op {
     CrashBefore { commit: CommitSpec },
     /// Checks the session as it is now.
     Check(SessionId),
+    /// Lists the session's checkpoints.
+    Checkpoints(SessionId),
+    /// Reads the session as it was at a checkpoint.
+    StateAt {
+        session: SessionId,
+        checkpoint: CheckpointSpec,
+    },
+    /// Forks `source` at a checkpoint into `fork` (the session the expectations look at).
+    Fork {
+        source: SessionId,
+        checkpoint: CheckpointSpec,
+        fork: SessionId,
+        message: Option<String>,
+        edit_message: Option<String>,
+    },
 }
 
 impl Op {
@@ -87,6 +105,9 @@ impl Op {
             Op::Restart => "restart",
             Op::CrashBefore { .. } => "crash_before",
             Op::Check(_) => "check",
+            Op::Checkpoints(_) => "checkpoints",
+            Op::StateAt { .. } => "state_at",
+            Op::Fork { .. } => "fork",
         }
     }
 
@@ -98,6 +119,9 @@ impl Op {
             | Op::Interrupt(session)
             | Op::Abort(session)
             | Op::Check(session)
+            | Op::Checkpoints(session)
+            | Op::StateAt { session, .. }
+            | Op::Fork { fork: session, .. }
             | Op::Evict(EvictTarget::Session(session)) => Some(session),
             Op::Submit { session, .. } => session.as_ref(),
             Op::Define(_)
