@@ -5,7 +5,8 @@
 //! answers client tools and approvals in a browser. The routes follow the agent-server
 //! contract of the seeds (`POST /start`, `POST /resume`, `GET /sse`, `GET /status`,
 //! `POST /interrupt`, `POST /abort`, `POST /submit-tool-result`) plus `GET /runs`,
-//! `GET /messages`, `GET /healthz` and `GET /metrics`; `docs/server.md` documents each, with
+//! `GET /messages`, `GET /checkpoints`, `GET /state`, `POST /fork`, `GET /healthz` and
+//! `GET /metrics`; `docs/server.md` documents each, with
 //! every status code.
 //!
 //! # Fail-closed

@@ -19,8 +19,8 @@ use crate::sse;
 use crate::sse_body::Ends;
 use crate::state::AppState;
 use crate::wire::{
-    AcceptedAndResumed, SessionQuery, SessionRequest, StartRequest, Started, StatusAnswer,
-    StreamOption, SubmitQuery,
+    AcceptedAndResumed, ForkRequest, SessionQuery, SessionRequest, StartRequest, Started,
+    StateQuery, StatusAnswer, StreamOption, SubmitQuery,
 };
 
 /// `POST /start`: a new session (server-issued id), or a new turn of one the caller holds a
@@ -292,4 +292,63 @@ pub(crate) async fn messages(
 ) -> Result<Json<Value>, ApiError> {
     let messages = state.runtime.messages(&id).await?;
     Ok(Json(json!({ "session_id": id, "messages": messages })))
+}
+
+/// `GET /checkpoints`: every checkpoint of the session, oldest first.
+pub(crate) async fn checkpoints(
+    State(state): State<AppState>,
+    Params(_query): Params<SessionQuery>,
+    SessionAccess(id): SessionAccess,
+) -> Result<Json<Value>, ApiError> {
+    let checkpoints = state.runtime.checkpoints(&id).await?;
+    Ok(Json(
+        json!({ "session_id": id, "checkpoints": checkpoints }),
+    ))
+}
+
+/// `GET /state?checkpoint=`: the session as it was at a checkpoint.
+pub(crate) async fn state_at(
+    State(state): State<AppState>,
+    Params(query): Params<StateQuery>,
+    SessionAccess(id): SessionAccess,
+) -> Result<Json<Value>, ApiError> {
+    let checkpoint = dormant::types::CheckpointId(query.checkpoint);
+    let Some(past) = state.runtime.state_at(&id, checkpoint).await? else {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "unknown_checkpoint",
+            format!("session {id} has no checkpoint {checkpoint}"),
+        ));
+    };
+    Ok(Json(json!({ "session_id": id, "state": past })))
+}
+
+/// `POST /fork`: a new session whose history is the source's up to a checkpoint. Whoever may
+/// act on the source may fork it; the fork gets a server-issued id and a token of its own.
+/// Answered once the fork is durable (and its first run, if a message starts one, settled).
+pub(crate) async fn fork(
+    State(state): State<AppState>,
+    credentials: Credentials,
+    JsonBody(body): JsonBody<ForkRequest>,
+) -> Result<Response, ApiError> {
+    let source = session_id(&body.session_id)?;
+    credentials.session(&source).await?;
+    let mut options = dormant::types::ForkOptions::new();
+    if let Some(message) = body.message {
+        options = options.message(message);
+    }
+    if let Some(text) = body.edit_message {
+        options = options.edit_last_message(text);
+    }
+    let checkpoint = dormant::types::CheckpointId(body.checkpoint);
+    let fork = state.runtime.fork(&source, checkpoint, options).await?;
+    tracing::info!(session = %fork, source = %source, checkpoint = %checkpoint, "server.forked");
+    let record = state.runtime.session(&fork).await?;
+    let answer = json!({
+        "session_id": fork,
+        "token": state.key.issue(&fork),
+        "status": record.status,
+        "forked_from": record.forked_from,
+    });
+    Ok((StatusCode::CREATED, Json(answer)).into_response())
 }

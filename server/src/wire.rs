@@ -62,6 +62,35 @@ pub(crate) struct SessionQuery {
     pub(crate) chunks_from: Option<u64>,
 }
 
+/// `GET /state`: a session and one of its checkpoints.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct StateQuery {
+    // Read by `SessionAccess`, named here as in `SessionQuery`.
+    #[serde(rename = "session_id")]
+    _session_id: String,
+    #[serde(default, rename = "token")]
+    _token: Option<String>,
+    /// The checkpoint's id (`GET /checkpoints` lists them).
+    pub(crate) checkpoint: u64,
+}
+
+/// `POST /fork`'s body.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ForkRequest {
+    /// The session forked (its token, or an operator, may fork it).
+    pub(crate) session_id: String,
+    /// Its checkpoint the fork starts from.
+    pub(crate) checkpoint: u64,
+    /// A new message the fork continues with.
+    #[serde(default)]
+    pub(crate) message: Option<String>,
+    /// The last user message, edited: the fork runs with it instead.
+    #[serde(default)]
+    pub(crate) edit_message: Option<String>,
+}
+
 /// The most chunks one `GET /status?chunks_from=` answers; the caller asks again from the
 /// next one.
 pub(crate) const MAX_STATUS_CHUNKS: usize = 1_000;

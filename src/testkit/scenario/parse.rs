@@ -679,14 +679,19 @@ mod tests {
             { "op": "restart" },
             { "op": "define", "agent": { "name": "bad", "tools": [ { "name": "__finish__" } ] },
               "expect": { "error": "reserved_finish_name" } },
-            { "op": "check", "session": "s1", "expect": { "status": "failed" } }
+            { "op": "check", "session": "s1", "expect": { "status": "failed" } },
+            { "op": "checkpoints", "session": "s1", "expect": { "checkpoints": 3 } },
+            { "op": "state_at", "session": "s1", "checkpoint": { "status": "running" },
+              "expect": { "state": { "status": "running", "messages": 1, "open_calls": [] } } },
+            { "op": "fork", "session": "s1", "checkpoint": "last", "fork": "f1",
+              "edit_message": "again", "expect": { "status": "completed" } }
           ]
         }"#;
         let scenario = Scenario::from_json("spec.json", text).unwrap();
         assert_eq!(scenario.name(), "client tool suspends and resumes");
-        assert_eq!(scenario.step_count(), 14);
+        assert_eq!(scenario.step_count(), 17);
         let ops: Vec<&str> = scenario.steps.iter().map(|step| step.op.name()).collect();
-        assert_eq!(ops.len(), 14);
+        assert_eq!(ops.len(), 17);
         assert!(OP_NAMES.iter().all(|op| ops.contains(op)), "{ops:?}");
     }
 }
