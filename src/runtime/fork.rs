@@ -55,7 +55,7 @@ impl Runtime {
         self.ensure_open()?;
         let history = self.read(history::load_history(self.store(), id, Some(checkpoint)).await)?;
         self.require_session_if(history.is_empty(), id).await?;
-        Ok(history::state_at(id, &history, checkpoint))
+        self.read(history::state_at(id, &history, checkpoint))
     }
 
     /// Makes a new session whose history is `source`'s up to `checkpoint`, and returns its id
@@ -304,7 +304,7 @@ impl Runtime {
                 self.write_fork(batch, child_cut, child_place, true).await?;
                 forked = true;
             }
-            let run = history::current_run(&copied, &at);
+            let run = self.read(history::current_run(&source, &copied, &at))?;
             let origin = ForkOrigin {
                 session: source,
                 checkpoint,

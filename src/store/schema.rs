@@ -519,6 +519,28 @@ fn find_section<'b>(
     Ok((version, None))
 }
 
+/// A log entry up to its record section (its version byte and its first three sections), to
+/// which a copy appends a record of its own.
+fn before_record<'b>(session: &SessionId, bytes: &'b [u8]) -> Result<&'b [u8], Error> {
+    let mut at = 1;
+    for index in 0..Section::Record as usize {
+        let len = bytes
+            .get(at..at + 4)
+            .and_then(|len| <[u8; 4]>::try_from(len).ok())
+            .ok_or_else(|| Error::Corrupt {
+                session: session.clone(),
+                tree: Tree::Log.name(),
+                reason: format!("section {index} has no length"),
+            })?;
+        at += 4 + usize::try_from(u32::from_be_bytes(len)).unwrap_or(usize::MAX);
+    }
+    bytes.get(..at).ok_or_else(|| Error::Corrupt {
+        session: session.clone(),
+        tree: Tree::Log.name(),
+        reason: "a section is cut short".into(),
+    })
+}
+
 /// Decodes one section of a log entry without decoding the others; an absent section is
 /// empty.
 fn decode_section<T: DeserializeOwned>(

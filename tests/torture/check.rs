@@ -23,6 +23,7 @@ const CHECKER: Behaviour = Behaviour {
     evictions: 0,
     latency_ms: 0,
     answer_all: true,
+    forks: 0,
 };
 
 /// A non-retryable tool that ran more than once for one call.
@@ -40,6 +41,8 @@ pub(crate) struct Double {
 pub(crate) struct Findings {
     pub(crate) roots: usize,
     pub(crate) sub_agents: usize,
+    /// Sessions made by forks (roots and their forked sub-agents).
+    pub(crate) forks: usize,
     pub(crate) completed: usize,
     pub(crate) failed: usize,
     /// Acknowledged answers by what they carried, and how many the checker itself gave.
@@ -108,6 +111,7 @@ pub(crate) async fn run(dir: &Path, seed: u64, broken: bool) -> anyhow::Result<F
     }
 
     let results = verify::conversations(&runtime, &mut findings).await?;
+    findings.forks = verify::forks(dir, &runtime, &mut findings).await?;
     runtime.shutdown().await?;
     verify::answers(dir, &results, &mut findings)?;
     verify::executions(dir, &results, &mut findings)?;

@@ -58,6 +58,7 @@ const BEHAVIOUR: Behaviour = Behaviour {
     evictions: 10,
     latency_ms: 40,
     answer_all: false,
+    forks: 10,
 };
 
 /// How many times over a generation replaces its batch before it lets itself go idle.

@@ -30,6 +30,10 @@ pub(crate) struct Behaviour {
     /// Answer every waiting call each round, or leave some for later (a resume then meets the
     /// barrier).
     pub(crate) answer_all: bool,
+    /// Percent of rounds on a waiting tree that fork it at its latest checkpoint first (once
+    /// a tree, as `{root}.f`; forks are not forked again). A fork is a root of its own, driven
+    /// by the next generation and the checker.
+    pub(crate) forks: u64,
 }
 
 #[derive(Debug)]
@@ -98,6 +102,9 @@ impl Client {
                 }
                 Some(Status::Interrupted) => self.resume(root).await,
                 Some(Status::SuspendedClientTool | Status::SuspendedAwaitingChildren) => {
+                    if self.rng.percent(self.behaviour.forks) {
+                        self.fork(root).await;
+                    }
                     if let Err(error) = self.answer_tree(root).await {
                         self.note(format!("{root}: answering: {error}"));
                     }
@@ -111,6 +118,36 @@ impl Client {
             self.pause().await;
         }
         status
+    }
+
+    /// Forks the tree at its latest checkpoint, once.
+    async fn fork(&mut self, root: &SessionId) {
+        if root.as_str().ends_with(".f") {
+            return;
+        }
+        let Ok(fork) = format!("{root}.f").parse::<SessionId>() else {
+            return;
+        };
+        let runtime = self.runtime.clone();
+        let forked = tokio::time::timeout(HUNG, async move {
+            let checkpoints = runtime.checkpoints(root).await?;
+            let Some(last) = checkpoints.last() else {
+                return Ok(());
+            };
+            let options = dormant::types::ForkOptions::new().id(fork.clone());
+            runtime.fork(root, last.id, options).await.map(drop)
+        })
+        .await;
+        match forked {
+            Ok(Ok(())) => self.process.say(&format!("forked {root}")),
+            // Forked already, or the tree moved on meanwhile (another round answered it).
+            Ok(Err(dormant::Error::Fork(_))) => {}
+            Ok(Err(error)) => self.note(format!("{root}: fork: {error}")),
+            Err(_) => {
+                self.hung = true;
+                self.note(format!("{root}: fork hung for {HUNG:?}"));
+            }
+        }
     }
 
     async fn resume(&mut self, root: &SessionId) {

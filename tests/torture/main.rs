@@ -9,7 +9,10 @@
 //! answers twice), approval-gated non-retryable tools (approved, sometimes denied), plain
 //! non-retryable tools, a `safe_to_retry` tool, sub-agents that wait on a client tool answered
 //! against the root, evictions (`evict_all`, a small `max_resident`), tens to hundreds of
-//! sessions per generation on a multi-thread runtime. Everything goes through the public API.
+//! sessions per generation on a multi-thread runtime, and forks of waiting trees at their latest
+//! checkpoint (each then a tree of its own, driven to its end like the others; no fork may run
+//! a call its source had run or started by its checkpoint). Everything goes through the public
+//! API.
 //!
 //! `cargo test` runs 8 kills (2 to 8 s in a debug build). The full count, which prints the
 //! report:

@@ -45,8 +45,8 @@ impl fmt::Display for Report {
         )?;
         writeln!(
             f,
-            "  sessions: {} roots ({} completed, {} failed), {} sub-agents",
-            found.roots, found.completed, found.failed, found.sub_agents
+            "  sessions: {} roots ({} completed, {} failed), {} sub-agents; {} made by forks",
+            found.roots, found.completed, found.failed, found.sub_agents, found.forks
         )?;
         let acknowledged: usize = found.acknowledged.values().sum();
         writeln!(

@@ -243,3 +243,73 @@ pub(crate) fn executions(
     }
     Ok(())
 }
+
+/// No fork ran again what its source's history holds: a call with a result at the checkpoint,
+/// a non-approval call in flight there, or an approved call dispatched there (its decision on
+/// the stream, its result not). A call that waited for an approval there is asked again in the
+/// fork and may run once there: that is the fork's own effect. Returns how many forks it saw.
+pub(crate) async fn forks(
+    dir: &Path,
+    runtime: &Runtime,
+    findings: &mut Findings,
+) -> anyhow::Result<usize> {
+    let (executions, _) = journal::read::<Execution>(&dir.join(EXECUTIONS))?;
+    let mut ran: HashMap<(String, String), Vec<String>> = HashMap::new();
+    for execution in executions
+        .into_iter()
+        .filter(|execution| !execution.retryable)
+    {
+        ran.entry((execution.session, execution.call))
+            .or_default()
+            .push(execution.process);
+    }
+    let mut seen = 0;
+    for id in runtime.session_ids().await? {
+        let Some(origin) = runtime.session(&id).await?.forked_from else {
+            continue;
+        };
+        seen += 1;
+        let Some(past) = runtime.state_at(&origin.session, origin.checkpoint).await? else {
+            findings.violations.push(format!(
+                "fork {id}: its source {} has no checkpoint {}",
+                origin.session, origin.checkpoint
+            ));
+            continue;
+        };
+        let approved: Vec<String> = runtime
+            .chunks(&origin.session, 0)
+            .await?
+            .into_iter()
+            .filter(|chunk| chunk.seq < past.checkpoint.stream_seq)
+            .filter_map(|chunk| match chunk.kind {
+                dormant::types::ChunkKind::ToolApprovalResponse {
+                    tool_call_id,
+                    approved: true,
+                    ..
+                } => Some(tool_call_id),
+                _ => None,
+            })
+            .collect();
+        let recorded = past.messages.iter().filter_map(|message| match message {
+            Message::Tool { tool_call_id, .. } => Some(tool_call_id.clone()),
+            _ => None,
+        });
+        let in_flight = past
+            .checkpoint
+            .open_calls
+            .iter()
+            .filter(|call| call.name != "deploy" || approved.contains(&call.id))
+            .map(|call| call.id.clone());
+        for call in recorded.chain(in_flight) {
+            if let Some(processes) = ran.get(&(id.to_string(), call.clone())) {
+                findings.violations.push(format!(
+                    "fork ran again: fork {id} of {} at checkpoint {} ran call {call} (in {}), which its source had run or started by then",
+                    origin.session,
+                    origin.checkpoint,
+                    processes.join(", ")
+                ));
+            }
+        }
+    }
+    Ok(seen)
+}

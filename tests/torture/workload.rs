@@ -1,6 +1,9 @@
 //! The workload every process of a run shares: the agents, their tools, a deterministic model,
 //! and the runtime over the run's sled directory.
 //!
+//! Clients fork some waiting trees at their latest checkpoint (`client.rs`); the checker
+//! proves no fork ran again what its source had run or started (`verify.rs`).
+//!
 //! `root` calls, over one to three steps of one to three calls each: `ask` (a client tool),
 //! `deploy` (approval-gated, not retryable), `charge` (not retryable), `lookup` (safe to
 //! retry) and `delegate`, a sub-agent `helper` that asks the client to `confirm` (answered
@@ -157,10 +160,12 @@ struct Model {
 
 impl LlmAdapter for Model {
     fn complete(&self, request: ModelRequest) -> BoxFuture<'static, Result<ModelReply, LlmError>> {
-        let session = request.session_id.as_str();
+        // A fork (`{root}.f`, its sub-agents `{root}.f-sub-…`) goes on with its source's plan,
+        // which its copied history follows.
+        let session = request.session_id.as_str().replace(".f", "");
         let plan = match request.agent.as_str() {
-            "helper" => helper_plan(self.seed, session),
-            _ => root_plan(self.seed, session),
+            "helper" => helper_plan(self.seed, &session),
+            _ => root_plan(self.seed, &session),
         };
         let turn = request.assistant_turns();
         let reply = plan.get(turn).cloned().ok_or_else(|| {

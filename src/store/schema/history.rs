@@ -8,26 +8,42 @@
 use std::collections::BTreeMap;
 
 use super::{
-    decode_messages, decode_section, encode, encode_log, log_key, prefix, session_key, Error,
-    Section,
+    before_record, call_key, decode_messages, decode_section, encode, encode_log, encode_section,
+    log_key, prefix, session_key, Error, Section,
 };
 use crate::store::{Batch, CommitKind, Store, Tree};
 use crate::types::checkpoint::{Checkpoint, CheckpointId, ForkOrigin, PastState};
 use crate::types::ids::SessionId;
 use crate::types::message::{Message, ToolCall};
-use crate::types::record::{ErrorCode, RunError, RunRecord, SessionRecord, Status};
-use crate::types::stream::Chunk;
+use crate::types::record::{
+    Answer, ErrorCode, PendingCall, PendingKind, RunError, RunRecord, SessionRecord, Status,
+};
+use crate::types::stream::{Chunk, ChunkKind};
 
-/// One log entry of a session, decoded.
+/// One log entry of a session: its messages and record decoded, the rest kept as stored (a
+/// long run's record is rewritten by every commit, so decoding every entry's would cost the
+/// square of the run's length; a fork copies the entries as they are).
 #[derive(Debug)]
 pub(crate) struct LogEntry {
     /// Its sequence number: the checkpoint's id.
     pub(crate) seq: u64,
     pub(crate) messages: Vec<(u64, Message)>,
-    pub(crate) runs: Vec<RunRecord>,
-    pub(crate) chunks: Vec<Chunk>,
     /// The session's record after the commit (`None` only in entries of the first format).
     pub(crate) record: Option<SessionRecord>,
+    /// The entry as stored.
+    bytes: Vec<u8>,
+}
+
+impl LogEntry {
+    /// The run records the commit wrote.
+    fn runs(&self, session: &SessionId) -> Result<Vec<RunRecord>, Error> {
+        decode_section(session, &self.bytes, Section::Runs)
+    }
+
+    /// The stream chunks the commit wrote.
+    fn chunks(&self, session: &SessionId) -> Result<Vec<Chunk>, Error> {
+        decode_section(session, &self.bytes, Section::Chunks)
+    }
 }
 
 /// The log sequence number in a log entry's key (`prefix · chunk end · log seq`).
@@ -58,11 +74,10 @@ pub(crate) async fn load_history(
         entries.push(LogEntry {
             seq,
             messages: decode_messages(session, &bytes)?,
-            runs: decode_section(session, &bytes, Section::Runs)?,
-            chunks: decode_section(session, &bytes, Section::Chunks)?,
             record: decode_section::<SessionRecord>(session, &bytes, Section::Record)?
                 .into_iter()
                 .next_back(),
+            bytes,
         });
     }
     Ok(entries)
@@ -71,15 +86,23 @@ pub(crate) async fn load_history(
 /// The calls of the model's last reply that have no result yet, kept up to date message by
 /// message.
 #[derive(Default)]
-struct OpenCalls(Vec<ToolCall>);
+struct OpenCalls(Vec<(usize, ToolCall)>);
 
 impl OpenCalls {
     fn see(&mut self, message: &Message) {
         match message {
             Message::User { .. } => self.0.clear(),
-            Message::Assistant { tool_calls, .. } => self.0.clone_from(tool_calls),
-            Message::Tool { tool_call_id, .. } => self.0.retain(|call| &call.id != tool_call_id),
+            Message::Assistant { tool_calls, .. } => {
+                self.0 = tool_calls.iter().cloned().enumerate().collect();
+            }
+            Message::Tool { tool_call_id, .. } => {
+                self.0.retain(|(_, call)| &call.id != tool_call_id);
+            }
         }
+    }
+
+    fn calls(&self) -> Vec<ToolCall> {
+        self.0.iter().map(|(_, call)| call.clone()).collect()
     }
 }
 
@@ -118,7 +141,7 @@ fn checkpoint(
             .iter()
             .map(|(_, message)| message.clone())
             .collect(),
-        open_calls: open.0.clone(),
+        open_calls: open.calls(),
     }
 }
 
@@ -128,27 +151,39 @@ pub(crate) fn state_at(
     session: &SessionId,
     history: &[LogEntry],
     at: CheckpointId,
-) -> Option<PastState> {
-    let last = history.last().filter(|entry| entry.seq == at.0)?;
-    let record = last.record.clone()?;
+) -> Result<Option<PastState>, Error> {
+    let Some((last, record)) = history
+        .last()
+        .filter(|entry| entry.seq == at.0)
+        .and_then(|entry| Some((entry, entry.record.clone()?)))
+    else {
+        return Ok(None);
+    };
     let mut open = OpenCalls::default();
     let mut messages = Vec::new();
-    let mut runs = BTreeMap::new();
     for entry in history {
         for (_, message) in &entry.messages {
             open.see(message);
             messages.push(message.clone());
         }
-        for run in &entry.runs {
-            runs.insert(run.turn, run.clone());
+    }
+    // Each run as last written: the newest entries hold the latest runs, so the scan back
+    // stops once every turn is found.
+    let mut runs = BTreeMap::new();
+    for entry in history.iter().rev() {
+        if runs.len() >= record.run_count as usize {
+            break;
+        }
+        for run in entry.runs(session)? {
+            runs.entry(run.turn).or_insert(run);
         }
     }
-    Some(PastState {
+    Ok(Some(PastState {
         checkpoint: checkpoint(session, last, &record, &open),
         record,
         messages,
         runs: runs.into_values().collect(),
-    })
+    }))
 }
 
 /// Where a forked session sits in the fork's tree.
@@ -222,10 +257,20 @@ pub(crate) fn write_fork(
                 encode(Tree::Sessions, &record)?,
             );
         }
+        // The entry as the source stored it, with the record placed in the fork's tree.
+        let mut bytes = before_record(&origin.session, &entry.bytes)?.to_vec();
+        encode_section(&mut bytes, std::slice::from_ref(&record))?;
         batch.put(
             Tree::Log,
             log_key(fork, record.chunk_count, entry.seq),
-            encode_log(&entry.messages, &entry.runs, &entry.chunks, &record)?,
+            bytes,
+        );
+    }
+    for call in dispatched_approvals(&origin.session, copied, at, now)? {
+        batch.put(
+            Tree::Pending,
+            call_key(fork, &call.tool_call_id),
+            encode(Tree::Pending, &call)?,
         );
     }
     let seq = copied.last().map_or(0, |entry| entry.seq + 1);
@@ -272,6 +317,57 @@ pub(crate) fn write_fork(
     Ok(())
 }
 
+/// The approved calls the history dispatched without a result: the resume that acted on an
+/// approval records the decision on the stream before the tool runs, so an approved call with
+/// no result at the checkpoint was running there. The fork keeps each as a pending entry
+/// answered `approved`, which its resume treats as the source's would after a crash: a
+/// `tool_durability_error` unless the tool is safe to retry, never a second approval and a
+/// second run.
+fn dispatched_approvals(
+    session: &SessionId,
+    copied: &[LogEntry],
+    at: &SessionRecord,
+    now: u64,
+) -> Result<Vec<PendingCall>, Error> {
+    let mut open = OpenCalls::default();
+    let mut approved = std::collections::HashSet::new();
+    for entry in copied {
+        for (_, message) in &entry.messages {
+            open.see(message);
+        }
+        for chunk in entry.chunks(session)? {
+            if let ChunkKind::ToolApprovalResponse {
+                tool_call_id,
+                approved: true,
+                ..
+            } = chunk.kind
+            {
+                approved.insert(tool_call_id);
+            }
+        }
+    }
+    let Some(run_id) = at.current_run else {
+        return Ok(Vec::new());
+    };
+    Ok(open
+        .0
+        .iter()
+        .filter(|(_, call)| approved.contains(&call.id))
+        .map(|(position, call)| PendingCall {
+            tool_call_id: call.id.clone(),
+            tool_name: call.name.clone(),
+            input: call.input.clone(),
+            kind: PendingKind::Approval,
+            run_id,
+            position: u32::try_from(*position).unwrap_or(u32::MAX),
+            requested_at_ms: now,
+            deadline_at_ms: now,
+            answer: Some(Answer::Approved),
+            answered_at_ms: Some(now),
+        })
+        .collect())
+}
+
 /// An empty batch of a fork's writes, made under the lease of the fork's tree `root`.
 pub(crate) fn fork_batch(root: &SessionId) -> Batch {
     Batch::new(CommitKind::Other)
@@ -280,12 +376,23 @@ pub(crate) fn fork_batch(root: &SessionId) -> Batch {
 }
 
 /// The current run at the end of `history` (as last written), if the session has one.
-pub(crate) fn current_run(history: &[LogEntry], record: &SessionRecord) -> Option<RunRecord> {
-    record.current_run?;
-    history
-        .iter()
-        .rev()
-        .flat_map(|entry| entry.runs.iter().rev())
-        .find(|run| run.turn == record.run_count)
-        .cloned()
+pub(crate) fn current_run(
+    session: &SessionId,
+    history: &[LogEntry],
+    record: &SessionRecord,
+) -> Result<Option<RunRecord>, Error> {
+    if record.current_run.is_none() {
+        return Ok(None);
+    }
+    for entry in history.iter().rev() {
+        if let Some(run) = entry
+            .runs(session)?
+            .into_iter()
+            .rev()
+            .find(|run| run.turn == record.run_count)
+        {
+            return Ok(Some(run));
+        }
+    }
+    Ok(None)
 }
