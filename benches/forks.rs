@@ -153,12 +153,12 @@ async fn long_session(steps: usize, runs: usize) -> anyhow::Result<()> {
     })
     .await?;
     let at_first = median(runs, |_| async {
-        anyhow::ensure!(runtime.state_at(&id, first).await?.is_some());
+        anyhow::ensure!(runtime.state_at(&id, first).await?.found().is_some());
         Ok(())
     })
     .await?;
     let at_last = median(runs, |_| async {
-        anyhow::ensure!(runtime.state_at(&id, last).await?.is_some());
+        anyhow::ensure!(runtime.state_at(&id, last).await?.found().is_some());
         Ok(())
     })
     .await?;

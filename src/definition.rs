@@ -264,7 +264,14 @@ impl AgentDefinition {
             model: crate::llm::ModelSettings::default(),
             skills: None,
             preload_skills: Vec::new(),
+            keep_checkpoints: None,
         }
+    }
+
+    /// How many of a session's newest checkpoints are kept once a run of it ends (`None`:
+    /// all of them, the default); see [`AgentBuilder::keep_checkpoints`].
+    pub fn keep_checkpoints(&self) -> Option<usize> {
+        self.keep_checkpoints
     }
 
     /// The agent's name.
@@ -355,9 +362,30 @@ pub struct AgentBuilder {
     model: crate::llm::ModelSettings,
     skills: Option<Arc<dyn SkillProvider>>,
     preload_skills: Vec<String>,
+    keep_checkpoints: Option<usize>,
 }
 
 impl AgentBuilder {
+    /// Keeps a session's newest `n` checkpoints (at least 1) and compacts the older ones
+    /// into the oldest kept: once a run of the session ends (completed or failed) and the
+    /// session has half as many again, the older entries of its log become one entry, which
+    /// holds everything they recorded. The session reads as before (its conversation, its
+    /// runs, its stream); a compacted checkpoint can no longer be read or forked
+    /// ([`StateAt::Compacted`](crate::types::StateAt), [`ForkError::Compacted`](crate::types::ForkError)).
+    /// Compaction is a write of its own after the run has answered, never part of a commit
+    /// of the run. By default every checkpoint is kept.
+    ///
+    /// ```
+    /// use dormant::AgentDefinition;
+    /// let agent = AgentDefinition::builder("assistant").keep_checkpoints(100).build()?;
+    /// assert_eq!(agent.keep_checkpoints(), Some(100));
+    /// # Ok::<(), dormant::definition::DefinitionError>(())
+    /// ```
+    pub fn keep_checkpoints(mut self, n: usize) -> Self {
+        self.keep_checkpoints = Some(n.max(1));
+        self
+    }
+
     /// Sets the model settings (model name, temperature, output limit, provider extras) that
     /// every request of this agent carries.
     ///
@@ -590,6 +618,7 @@ impl AgentBuilder {
             skills: self.skills,
             preload_skills: self.preload_skills.into(),
             skill_section: Default::default(),
+            keep_checkpoints: self.keep_checkpoints,
         })
     }
 }

@@ -169,6 +169,7 @@ impl Error {
             Error::OwnerUnreachable { .. } => "owner_unreachable",
             Error::PeerRefused => "peer_refused",
             Error::Fork(crate::types::ForkError::UnknownCheckpoint { .. }) => "unknown_checkpoint",
+            Error::Fork(crate::types::ForkError::Compacted { .. }) => "checkpoint_compacted",
             Error::Fork(crate::types::ForkError::IdTaken(_)) => "session_exists",
             Error::Fork(_) => "fork_refused",
         }

@@ -24,7 +24,7 @@ pub(crate) mod usage;
 // `ToolCall`, `Status`, `PendingKind`, `Chunk`, `StreamEvent`, `Hooks`, the clocks) is
 // re-exported at the crate root instead, and a remote parent's or child's record in `remote`.
 pub use self::checkpoint::{
-    Checkpoint, CheckpointId, ForkError, ForkOptions, ForkOrigin, PastState,
+    Checkpoint, CheckpointId, Compaction, ForkError, ForkOptions, ForkOrigin, PastState, StateAt,
 };
 pub use self::clock::Clock;
 pub use self::hooks::{HookEvent, NoHooks};

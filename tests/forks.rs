@@ -118,16 +118,19 @@ async fn every_commit_is_a_checkpoint_and_state_at_reads_the_past() -> anyhow::R
     let past = runtime
         .state_at(&id, in_step.id)
         .await?
+        .found()
         .ok_or_else(|| anyhow::anyhow!("no state at {}", in_step.id))?;
     assert_eq!(past.record.status, Status::Running);
     assert_eq!(past.messages.len(), 2, "{:#?}", past.messages);
     assert!(tool_result(&past.messages, "c1").is_none());
     let now = runtime.messages(&id).await?;
     assert_eq!(&now[..2], &past.messages[..]);
-    assert!(runtime
-        .state_at(&id, dormant::types::CheckpointId(999))
-        .await?
-        .is_none());
+    assert_eq!(
+        runtime
+            .state_at(&id, dormant::types::CheckpointId(999))
+            .await?,
+        dormant::types::StateAt::Unknown
+    );
     assert!(matches!(
         runtime.checkpoints(&"nobody".parse()?).await,
         Err(dormant::ReadError::UnknownSession(_))
@@ -566,4 +569,106 @@ fn a_fork_and_its_source_survive_a_restart() -> anyhow::Result<()> {
         runtime.shutdown().await?;
         anyhow::Ok(())
     })
+}
+
+#[tokio::test]
+async fn compaction_keeps_the_newest_checkpoints_and_the_session_reads_as_before(
+) -> anyhow::Result<()> {
+    let chat = AgentDefinition::builder("chat")
+        .tool(ToolDefinition::client("confirm"))
+        .keep_checkpoints(4)
+        .build()?;
+    let script = (0..6)
+        .flat_map(|turn| {
+            [
+                ModelReply::tool_calls(vec![ToolCall::new(
+                    format!("k{turn}"),
+                    "confirm",
+                    json!({}),
+                )]),
+                ModelReply::text(format!("turn {turn}")),
+            ]
+        })
+        .collect();
+    let store: Arc<dyn dormant::store::Store> = Arc::new(SledStore::temporary()?);
+    let runtime = Runtime::builder()
+        .store(store)
+        .llm(Arc::new(ScriptedLlm::new().script("chat", script)))
+        .clock(Arc::new(ManualClock::new(1_000)))
+        .background_deadlines(false)
+        .agent(chat)
+        .build()?;
+    let id: SessionId = "s1".parse()?;
+    let mut first_suspension = None;
+    for turn in 0..6 {
+        runtime
+            .execute_on(&id, "chat", format!("message {turn}"))
+            .await?;
+        if turn == 0 {
+            first_suspension = Some(last_checkpoint(&runtime, &id).await?);
+        }
+        let answer = Submit::result("s1", format!("k{turn}"), json!({ "turn": turn }));
+        assert_eq!(
+            runtime.submit_tool_result(answer).await?,
+            SubmitOutcome::Accepted
+        );
+        assert_eq!(runtime.resume(&id).await?.status, Status::Completed);
+    }
+    runtime.wait_settled(&id).await;
+    let compacted = first_suspension.ok_or_else(|| anyhow::anyhow!("no first suspension"))?;
+
+    // Each run end compacts once half as many again as kept have piled up.
+    let checkpoints = runtime.checkpoints(&id).await?;
+    assert!(
+        (4..=6).contains(&checkpoints.len()),
+        "{} checkpoints kept",
+        checkpoints.len()
+    );
+    let oldest = checkpoints[0].id;
+    assert!(matches!(
+        runtime.state_at(&id, compacted).await?,
+        dormant::types::StateAt::Compacted { oldest_kept } if oldest_kept == oldest
+    ));
+    assert!(matches!(
+        runtime.fork(&id, compacted, ForkOptions::new()).await,
+        Err(Error::Fork(ForkError::Compacted { oldest_kept, .. })) if oldest_kept == oldest
+    ));
+    // Nothing the session recorded is lost: every message, run and stream chunk.
+    let messages = runtime.messages(&id).await?;
+    assert_eq!(messages.len(), 6 * 4);
+    assert_eq!(runtime.runs(&id).await?.len(), 12);
+    let chunks = runtime.chunks(&id, 0).await?;
+    assert!(chunks
+        .iter()
+        .enumerate()
+        .all(|(seq, chunk)| chunk.seq == seq as u64));
+    assert_eq!(chunks.len() as u64, runtime.session(&id).await?.chunk_count);
+
+    // Down to one, by hand: the newest checkpoint reads as it did.
+    let newest = checkpoints[checkpoints.len() - 1].id;
+    let past = |state: dormant::types::StateAt| {
+        state
+            .found()
+            .map(|past| (past.record, past.messages, past.runs))
+            .ok_or_else(|| anyhow::anyhow!("no state"))
+    };
+    let before = past(runtime.state_at(&id, newest).await?)?;
+    let done = runtime.compact_checkpoints(&id, 1).await?;
+    assert_eq!(done.removed, checkpoints.len() - 1);
+    let after = runtime.checkpoints(&id).await?;
+    assert_eq!(after.len(), 1);
+    assert_eq!(after[0].id, newest);
+    // The merged checkpoint lists what all the merged ones recorded; the state is the same.
+    assert_eq!(past(runtime.state_at(&id, newest).await?)?, before);
+    assert_eq!(runtime.messages(&id).await?, messages);
+    assert_eq!(runtime.compact_checkpoints(&id, 1).await?.removed, 0);
+    // A fork of the newest still works, and the session goes on.
+    let fork = runtime
+        .fork(&id, after[0].id, ForkOptions::new().message("and now?"))
+        .await?;
+    assert_eq!(
+        runtime.messages(&fork).await?[..messages.len()],
+        messages[..]
+    );
+    Ok(())
 }

@@ -313,14 +313,21 @@ pub(crate) async fn state_at(
     SessionAccess(id): SessionAccess,
 ) -> Result<Json<Value>, ApiError> {
     let checkpoint = dormant::types::CheckpointId(query.checkpoint);
-    let Some(past) = state.runtime.state_at(&id, checkpoint).await? else {
-        return Err(ApiError::new(
+    match state.runtime.state_at(&id, checkpoint).await? {
+        dormant::types::StateAt::Found(past) => {
+            Ok(Json(json!({ "session_id": id, "state": past })))
+        }
+        dormant::types::StateAt::Compacted { oldest_kept } => Err(ApiError::new(
+            StatusCode::GONE,
+            "checkpoint_compacted",
+            format!("checkpoint {checkpoint} of session {id} was compacted away; its oldest checkpoint is {oldest_kept}"),
+        )),
+        _ => Err(ApiError::new(
             StatusCode::NOT_FOUND,
             "unknown_checkpoint",
             format!("session {id} has no checkpoint {checkpoint}"),
-        ));
-    };
-    Ok(Json(json!({ "session_id": id, "state": past })))
+        )),
+    }
 }
 
 /// `POST /fork`: a new session whose history is the source's up to a checkpoint. Whoever may

@@ -143,6 +143,12 @@ pub(crate) enum SessionMsg {
         batch: crate::store::Batch,
         reply: oneshot::Sender<Result<(), Error>>,
     },
+    /// Keep the newest `keep` checkpoints and merge the older ones (`runtime/fork.rs`); sent
+    /// without a reply by the session itself when a run ends and its agent keeps fewer.
+    Compact {
+        keep: usize,
+        reply: Option<oneshot::Sender<Result<crate::types::Compaction, Error>>>,
+    },
 }
 
 /// The session actor's behaviour (stateless: the state lives in [`SessionState`]).
@@ -294,6 +300,11 @@ impl VirtualActor for SessionActor {
             SessionMsg::Fork { reply, .. } => {
                 let _ = reply.send(Err(host_error(error)));
             }
+            SessionMsg::Compact {
+                reply: Some(reply), ..
+            } => {
+                let _ = reply.send(Err(host_error(error)));
+            }
             // The parent must learn that its child cannot run, or it would wait forever.
             SessionMsg::StartChild(start) => unreachable_child(
                 host,
@@ -415,6 +426,45 @@ impl SessionActor {
         self.shared.store.commit(batch).await?;
         state.loaded = self.load_recovered(id).await?;
         Ok(())
+    }
+
+    /// Keeps the newest `keep` checkpoints of a session at rest and merges the older ones.
+    /// With `slack` (the agent's retention after a run), only once there are half as many
+    /// again as kept, so that a compaction is a write every `keep / 2` commits, not each.
+    async fn compact(
+        &self,
+        id: &SessionId,
+        state: &mut SessionState,
+        keep: usize,
+        slack: bool,
+    ) -> Result<crate::types::Compaction, Error> {
+        let Some(session) = self.present(id, state).await? else {
+            return Err(Error::UnknownSession(id.clone()));
+        };
+        let (log_count, tree) = (session.record().log_count, session.record().root.clone());
+        let store = self.shared.store.as_ref();
+        let oldest = schema::history::oldest_checkpoint(store, id).await?;
+        let unchanged = crate::types::Compaction {
+            removed: 0,
+            oldest_kept: oldest.unwrap_or(crate::types::CheckpointId(0)),
+        };
+        let held = log_count.saturating_sub(unchanged.oldest_kept.0);
+        let margin = if slack { (keep / 2).max(1) } else { 0 };
+        if held <= (keep + margin) as u64 {
+            return Ok(unchanged);
+        }
+        let history = schema::history::load_history(store, id, None).await?;
+        let Some((batch, oldest_kept, removed)) =
+            schema::history::compact_batch(id, &tree, &history, keep)?
+        else {
+            return Ok(unchanged);
+        };
+        self.shared.store.commit(batch).await?;
+        tracing::debug!(session = %id, removed, oldest_kept = %oldest_kept, "session.checkpoints_compacted");
+        Ok(crate::types::Compaction {
+            removed,
+            oldest_kept,
+        })
     }
 
     /// On a store several nodes share, makes this process the owner of the session's tree
@@ -720,6 +770,19 @@ impl SessionActor {
             }
             SessionMsg::Fork { batch, reply } => {
                 let _ = reply.send(self.become_fork(ctx.key(), state, batch).await);
+            }
+            SessionMsg::Compact { keep, reply } => {
+                let compacted = self.compact(ctx.key(), state, keep, reply.is_none()).await;
+                match reply {
+                    Some(reply) => {
+                        let _ = reply.send(compacted);
+                    }
+                    None => {
+                        if let Err(error) = compacted {
+                            tracing::warn!(session = %ctx.key(), error = %crate::types::Untrusted(&error), "session.compaction_failed");
+                        }
+                    }
+                }
             }
         }
     }

@@ -3,17 +3,18 @@
 //! [`Runtime::state_at`], [`Runtime::fork`]). ARCHITECTURE.md, "Checkpoints and forks", says
 //! what a fork keeps and what it asks again.
 
+use futures::future::BoxFuture;
+
 use super::read_error::ReadError;
 use super::Runtime;
 use crate::definition::ToolKind;
 use crate::engine::actor::SessionMsg;
 use crate::error::Error;
-use futures::future::BoxFuture;
-
 use crate::store::schema::history::Placement;
 use crate::store::schema::{self, history};
-use crate::types::checkpoint::PastState;
-use crate::types::checkpoint::{Checkpoint, CheckpointId, ForkError, ForkOptions, ForkOrigin};
+use crate::types::checkpoint::{
+    Checkpoint, CheckpointId, Compaction, ForkError, ForkOptions, ForkOrigin, StateAt,
+};
 use crate::types::hooks::HookEvent;
 use crate::types::ids::SessionId;
 use crate::types::message::Message;
@@ -43,7 +44,8 @@ impl Runtime {
     }
 
     /// The session as it was at `checkpoint`: its record, conversation and runs then, and the
-    /// calls that had no result yet. `None` if the session has no such checkpoint.
+    /// calls that had no result yet; or that the checkpoint was compacted away, or that the
+    /// session has no such checkpoint.
     ///
     /// # Errors
     /// As [`Runtime::checkpoints`].
@@ -51,11 +53,47 @@ impl Runtime {
         &self,
         id: &SessionId,
         checkpoint: CheckpointId,
-    ) -> Result<Option<PastState>, ReadError> {
+    ) -> Result<StateAt, ReadError> {
         self.ensure_open()?;
         let history = self.read(history::load_history(self.store(), id, Some(checkpoint)).await)?;
         self.require_session_if(history.is_empty(), id).await?;
-        self.read(history::state_at(id, &history, checkpoint))
+        if let Some(past) = self.read(history::state_at(id, &history, checkpoint))? {
+            return Ok(StateAt::Found(Box::new(past)));
+        }
+        Ok(match self.compacted_before(id, checkpoint).await? {
+            Some(oldest_kept) => StateAt::Compacted { oldest_kept },
+            None => StateAt::Unknown,
+        })
+    }
+
+    /// Merges all but the newest `keep` checkpoints of the session into the oldest kept (at
+    /// least one is kept), as an agent's [`keep_checkpoints`](crate::definition::AgentBuilder::keep_checkpoints)
+    /// does once a run ends: the session reads as before, and the checkpoints merged can no
+    /// longer be read or forked. Done by the session's actor, between its commits.
+    ///
+    /// # Errors
+    /// [`Error::UnknownSession`], a store failure.
+    pub async fn compact_checkpoints(
+        &self,
+        id: &SessionId,
+        keep: usize,
+    ) -> Result<Compaction, Error> {
+        self.session(id).await?;
+        self.ask(id, |reply| SessionMsg::Compact {
+            keep,
+            reply: Some(reply),
+        })
+        .await
+    }
+
+    /// The oldest checkpoint of `id`, if `checkpoint` is older (compacted away).
+    async fn compacted_before(
+        &self,
+        id: &SessionId,
+        checkpoint: CheckpointId,
+    ) -> Result<Option<CheckpointId>, ReadError> {
+        let oldest = self.read(history::oldest_checkpoint(self.store(), id).await)?;
+        Ok(oldest.filter(|oldest| checkpoint < *oldest))
     }
 
     /// Makes a new session whose history is `source`'s up to `checkpoint`, and returns its id
@@ -102,15 +140,24 @@ impl Runtime {
         let store = self.store();
         let mut copied = self.read(history::load_history(store, source, Some(checkpoint)).await)?;
         self.require_session_if(copied.is_empty(), source).await?;
-        let unknown = || ForkError::UnknownCheckpoint {
-            session: source.clone(),
-            checkpoint,
-        };
-        let at = copied
+        let found = copied
             .last()
             .filter(|entry| entry.seq == checkpoint.0)
-            .and_then(|entry| entry.record.clone())
-            .ok_or_else(unknown)?;
+            .and_then(|entry| entry.record.clone());
+        let Some(at) = found else {
+            return Err(match self.compacted_before(source, checkpoint).await? {
+                Some(oldest_kept) => ForkError::Compacted {
+                    session: source.clone(),
+                    checkpoint,
+                    oldest_kept,
+                },
+                None => ForkError::UnknownCheckpoint {
+                    session: source.clone(),
+                    checkpoint,
+                },
+            }
+            .into());
+        };
         if at.parent.is_some() || at.remote_parent.is_some() {
             return Err(ForkError::NotARoot {
                 session: source.clone(),

@@ -294,6 +294,11 @@ impl Session {
         &self.record
     }
 
+    /// The agent the session runs.
+    pub(crate) fn agent(&self) -> &AgentDefinition {
+        &self.agent
+    }
+
     /// Whether work is in flight (a model call or tools), so the actor must stay resident.
     pub(crate) fn is_busy(&self) -> bool {
         !matches!(self.phase, Phase::Idle)

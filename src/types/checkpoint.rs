@@ -74,6 +74,42 @@ pub struct PastState {
     pub runs: Vec<RunRecord>,
 }
 
+/// What [`Runtime::state_at`](crate::Runtime::state_at) found.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub enum StateAt {
+    /// The session as it was at the checkpoint.
+    Found(Box<PastState>),
+    /// The checkpoint was compacted away (the agent keeps fewer): the session's oldest
+    /// checkpoint now is `oldest_kept`.
+    Compacted {
+        /// The oldest checkpoint the session still has.
+        oldest_kept: CheckpointId,
+    },
+    /// The session has no such checkpoint (not yet).
+    Unknown,
+}
+
+impl StateAt {
+    /// The state, if the checkpoint was found.
+    pub fn found(self) -> Option<PastState> {
+        match self {
+            StateAt::Found(past) => Some(*past),
+            StateAt::Compacted { .. } | StateAt::Unknown => None,
+        }
+    }
+}
+
+/// What a compaction of a session's checkpoints did
+/// ([`Runtime::compact_checkpoints`](crate::Runtime::compact_checkpoints)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Compaction {
+    /// Checkpoints merged into the oldest kept (0: there were no more than the number kept).
+    pub removed: usize,
+    /// The session's oldest checkpoint now.
+    pub oldest_kept: CheckpointId,
+}
+
 /// Where a fork came from: recorded in the fork's [`SessionRecord::forked_from`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ForkOrigin {
@@ -136,6 +172,16 @@ pub enum ForkError {
         session: SessionId,
         /// The checkpoint asked for.
         checkpoint: CheckpointId,
+    },
+    /// The checkpoint was compacted away (its agent keeps fewer checkpoints).
+    #[error("checkpoint {checkpoint} of session {session} was compacted away; its oldest checkpoint is {oldest_kept}")]
+    Compacted {
+        /// The session.
+        session: SessionId,
+        /// The checkpoint asked for.
+        checkpoint: CheckpointId,
+        /// The oldest checkpoint the session still has.
+        oldest_kept: CheckpointId,
     },
     /// Only a tree's root is forked (a sub-agent is forked with its root).
     #[error("session {session} is a sub-agent of {root}: fork the root")]

@@ -269,7 +269,11 @@ pub(crate) async fn forks(
             continue;
         };
         seen += 1;
-        let Some(past) = runtime.state_at(&origin.session, origin.checkpoint).await? else {
+        let Some(past) = runtime
+            .state_at(&origin.session, origin.checkpoint)
+            .await?
+            .found()
+        else {
             findings.violations.push(format!(
                 "fork {id}: its source {} has no checkpoint {}",
                 origin.session, origin.checkpoint

@@ -8,7 +8,7 @@ use super::{send_back, Loaded, SessionActor, SessionMsg, SessionState};
 use crate::engine::deadlines::SchedulerMsg;
 use crate::engine::dispatch::{run_step, StepContext};
 use crate::error::Error;
-use crate::session::{ChildAt, Effect, Input, Observation, Transition};
+use crate::session::{ChildAt, Effect, Input, Observation, Status, Transition};
 use crate::store::schema;
 use crate::types::ids::SessionId;
 use crate::types::stream::{Delta, StreamEvent};
@@ -220,6 +220,14 @@ impl SessionActor {
             Effect::Settle(outcome) => {
                 if let Loaded::Present(session) = &mut state.loaded {
                     session.release_messages();
+                    // The agent keeps fewer checkpoints: once the run has answered, after it.
+                    let ended = matches!(outcome.status, Status::Completed | Status::Failed);
+                    if let (true, Some(keep), Some(host)) =
+                        (ended, session.agent().keep_checkpoints(), ctx.host())
+                    {
+                        let reply = None;
+                        host.send(ctx.key().clone(), SessionMsg::Compact { keep, reply });
+                    }
                 }
                 for waiter in state.waiters.drain(..) {
                     let _ = waiter.send(Ok(outcome.clone()));

@@ -30,7 +30,8 @@ pub(crate) struct LogEntry {
     pub(crate) messages: Vec<(u64, Message)>,
     /// The session's record after the commit (`None` only in entries of the first format).
     pub(crate) record: Option<SessionRecord>,
-    /// The entry as stored.
+    /// Its key, and the entry as stored.
+    key: Vec<u8>,
     bytes: Vec<u8>,
 }
 
@@ -59,8 +60,15 @@ pub(crate) async fn load_history(
     through: Option<CheckpointId>,
 ) -> Result<Vec<LogEntry>, Error> {
     let prefix = prefix(session);
+    // Sequence numbers are consecutive from the oldest entry (0, or where a compaction left
+    // it), so the entries up to `through` are at most its number plus one: a read of the log
+    // up to a checkpoint stops there, not at the end.
+    let end = log_key(session, u64::MAX, u64::MAX);
+    let limit = through.map_or(usize::MAX, |through| {
+        usize::try_from(through.0.saturating_add(1)).unwrap_or(usize::MAX)
+    });
     let mut entries = Vec::new();
-    for (key, bytes) in store.scan_prefix(Tree::Log, &prefix).await? {
+    for (key, bytes) in store.scan_range(Tree::Log, &prefix, &end, limit).await? {
         let seq = log_seq_of(prefix.len(), &key).ok_or_else(|| Error::Corrupt {
             session: session.clone(),
             tree: Tree::Log.name(),
@@ -77,6 +85,7 @@ pub(crate) async fn load_history(
             record: decode_section::<SessionRecord>(session, &bytes, Section::Record)?
                 .into_iter()
                 .next_back(),
+            key,
             bytes,
         });
     }
@@ -366,6 +375,65 @@ fn dispatched_approvals(
             answered_at_ms: Some(now),
         })
         .collect())
+}
+
+/// The id of the session's oldest checkpoint (`None` before its first commit): older ones
+/// were compacted away ([`compact_batch`]).
+pub(crate) async fn oldest_checkpoint(
+    store: &dyn Store,
+    session: &SessionId,
+) -> Result<Option<CheckpointId>, Error> {
+    let prefix = prefix(session);
+    // No session's log reaches u64::MAX chunks: an exclusive end there loses nothing.
+    let end = log_key(session, u64::MAX, u64::MAX);
+    let first = store.scan_range(Tree::Log, &prefix, &end, 1).await?;
+    Ok(first
+        .first()
+        .and_then(|(key, _)| log_seq_of(prefix.len(), key))
+        .map(CheckpointId))
+}
+
+/// The writes that keep the newest `keep` checkpoints of `history` (a session's whole log)
+/// and merge the older ones into the oldest kept: one entry, under that checkpoint's key,
+/// with every message and stream chunk they recorded, each run as last written, and that
+/// checkpoint's record, so the session reads as before. `None` if there is nothing to merge.
+pub(crate) fn compact_batch(
+    session: &SessionId,
+    tree: &SessionId,
+    history: &[LogEntry],
+    keep: usize,
+) -> Result<Option<(Batch, CheckpointId, usize)>, Error> {
+    let keep = keep.max(1);
+    let Some(target) = history.len().checked_sub(keep).filter(|&target| target > 0) else {
+        return Ok(None);
+    };
+    let merged = &history[..=target];
+    let Some(record) = merged[target].record.clone() else {
+        return Ok(None);
+    };
+    let mut messages = Vec::new();
+    let mut chunks = Vec::new();
+    let mut runs = BTreeMap::new();
+    for entry in merged {
+        messages.extend(entry.messages.iter().cloned());
+        chunks.extend(entry.chunks(session)?);
+        for run in entry.runs(session)? {
+            runs.insert(run.turn, run);
+        }
+    }
+    let runs: Vec<RunRecord> = runs.into_values().collect();
+    let mut batch = Batch::new(CommitKind::Other)
+        .for_session(tree.shared())
+        .written_by(session.shared());
+    for entry in &merged[..target] {
+        batch.delete(Tree::Log, entry.key.clone());
+    }
+    batch.put(
+        Tree::Log,
+        merged[target].key.clone(),
+        encode_log(&messages, &runs, &chunks, &record)?,
+    );
+    Ok(Some((batch, CheckpointId(merged[target].seq), target)))
 }
 
 /// An empty batch of a fork's writes, made under the lease of the fork's tree `root`.

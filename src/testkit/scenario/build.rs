@@ -54,6 +54,9 @@ pub(crate) fn agent_beside(
     remote: &RemoteAgentsAt,
 ) -> Result<AgentDefinition, DefinitionError> {
     let mut builder = AgentDefinition::builder(spec.name.as_str());
+    if let Some(keep) = spec.keep_checkpoints {
+        builder = builder.keep_checkpoints(keep);
+    }
     if let Some(steps) = spec.max_steps {
         builder = builder.max_steps(steps);
     }

@@ -49,7 +49,6 @@ pub(super) async fn state_at(
         Ok(checkpoint) => runtime
             .state_at(session, checkpoint)
             .await
-            .map(|past| past.map(Box::new))
             .map_err(Error::from),
         Err(error) => Err(error),
     };

@@ -30,8 +30,8 @@ pub(crate) enum Observed {
     Submit(Result<SubmitOutcome, Error>),
     /// A session's checkpoints (`checkpoints`).
     Checkpoints(Result<Vec<crate::types::Checkpoint>, Error>),
-    /// The session at a checkpoint (`state_at`; `None`: no such checkpoint).
-    Past(Result<Option<Box<crate::types::PastState>>, Error>),
+    /// The session at a checkpoint (`state_at`), or why not.
+    Past(Result<crate::types::StateAt, Error>),
 }
 
 impl Observed {
@@ -321,9 +321,15 @@ impl Mismatches {
 /// A `state_at` step's `state`: the session as it was at the checkpoint.
 fn check_state(out: &mut Mismatches, expected: &super::format::StateSpec, observed: &Observed) {
     let past = match observed {
-        Observed::Past(Ok(Some(past))) => past,
-        Observed::Past(Ok(None)) => return out.push("state", "a checkpoint", "none"),
-        _ => return out.push("state", "a checkpoint", "no state"),
+        Observed::Past(Ok(crate::types::StateAt::Found(past))) => past,
+        Observed::Past(Ok(crate::types::StateAt::Compacted { oldest_kept })) => {
+            return out.push(
+                "state",
+                "a checkpoint",
+                format!("compacted (the oldest is {oldest_kept})"),
+            )
+        }
+        _ => return out.push("state", "a checkpoint", "none"),
     };
     if let Some(status) = expected.status {
         if status != past.record.status {
@@ -374,6 +380,12 @@ async fn error_codes(
         | Observed::Submit(Err(error))
         | Observed::Checkpoints(Err(error))
         | Observed::Past(Err(error)) => codes(error),
+        Observed::Past(Ok(crate::types::StateAt::Compacted { .. })) => {
+            vec!["checkpoint_compacted".to_string()]
+        }
+        Observed::Past(Ok(crate::types::StateAt::Unknown)) => {
+            vec!["unknown_checkpoint".to_string()]
+        }
         Observed::Checkpoints(Ok(_)) | Observed::Past(Ok(_)) => Vec::new(),
         Observed::Run(Ok(outcome)) => outcome
             .error

@@ -71,6 +71,9 @@ pub(crate) struct AgentSpec {
     /// from another runtime is a remote sub-agent.
     #[serde(default, deserialize_with = "remote_side")]
     pub(crate) remote: Option<String>,
+    /// How many of a session's newest checkpoints are kept (an addition: `keep_checkpoints`).
+    #[serde(default)]
+    pub(crate) keep_checkpoints: Option<usize>,
 }
 
 /// The runtime `"remote": true` stands for.
