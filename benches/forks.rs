@@ -117,7 +117,7 @@ where
 }
 
 fn ms(duration: Duration) -> String {
-    format!("{:.2}", duration.as_secs_f64() * 1e3)
+    format!("{:.3}", duration.as_secs_f64() * 1e3)
 }
 
 async fn long_session(steps: usize, runs: usize) -> anyhow::Result<()> {

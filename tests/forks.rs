@@ -418,6 +418,12 @@ async fn a_tree_forks_with_its_waiting_child_and_answers_reach_the_forks_child_o
     let run = runtime.execute_on(&source, "shop", "get help").await?;
     assert_eq!(run.status, Status::SuspendedAwaitingChildren);
     let checkpoint = last_checkpoint(&runtime, &source).await?;
+    let past = runtime
+        .state_at(&source, checkpoint)
+        .await?
+        .found()
+        .ok_or_else(|| anyhow::anyhow!("no state"))?;
+    assert_eq!(past.children, [source.ephemeral_child("h1")]);
 
     let fork = runtime
         .fork(&source, checkpoint, ForkOptions::new())

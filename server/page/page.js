@@ -376,6 +376,8 @@ function onChunk(event) {
   if (CHANGES_PENDING.has(type)) refreshSoon(false);
   if (type === "run_start") status("running");
   if (type === "run_end") status("run " + chunk.kind.status);
+  // A run that stops adds steps: the open list shows them.
+  if ((type === "run_end" || type === "run_suspended") && $("#history").open) showSteps();
 }
 
 // ---- what waits for the person ------------------------------------------------------------
@@ -845,6 +847,8 @@ function open(state) {
   clearLog();
   $("#pending").textContent = "";
   $("#confirm").hidden = true;
+  $("#steps").textContent = "";
+  if ($("#history").open) showSteps();
   showSession();
   status("");
   if (saved.session_id && saved.token) {
@@ -853,6 +857,86 @@ function open(state) {
     streamState("closed");
   }
 }
+
+// ---- steps and forks ---------------------------------------------------------------------
+
+// One line of a step: what its commit recorded, briefly.
+function stepText(checkpoint) {
+  const said = checkpoint.messages.map((message) => {
+    if (message.role === "user") return "you: " + message.text;
+    if (message.role === "assistant") {
+      const calls = (message.tool_calls || []).map((call) => "→ " + call.name);
+      return [message.text || "", ...calls].filter(Boolean).join(" ");
+    }
+    if (message.role === "tool") return "← " + message.tool_name;
+    return "";
+  }).filter(Boolean).join("; ");
+  return "#" + checkpoint.id + " turn " + checkpoint.turn + ", step " + checkpoint.step +
+    ": " + checkpoint.status.replace(/_/g, " ") + (said ? " — " + said : "");
+}
+
+// Lists the conversation's steps, each with a way to fork from it.
+async function showSteps() {
+  const list = $("#steps");
+  if (!saved.session_id) {
+    list.textContent = "";
+    return;
+  }
+  const reply = await call("GET", "checkpoints?session_id=" + encodeURIComponent(saved.session_id));
+  if (!reply.ok) {
+    status(reply.body.code + ": " + reply.body.message);
+    return;
+  }
+  list.textContent = "";
+  for (const checkpoint of reply.body.checkpoints) {
+    const item = document.createElement("li");
+    const text = document.createElement("span");
+    text.textContent = stepText(checkpoint);
+    const fork = document.createElement("button");
+    fork.type = "button";
+    fork.textContent = "Fork from here";
+    fork.setAttribute("aria-label", "Fork from step " + checkpoint.id);
+    fork.dataset.checkpoint = String(checkpoint.id);
+    fork.addEventListener("click", () => forkFrom(checkpoint.id));
+    item.append(text, fork);
+    list.appendChild(item);
+  }
+}
+
+// Forks the conversation at a step (with the last message edited, if one was typed) and
+// opens the fork: its own session, with the history up to there and what waited there.
+async function forkFrom(checkpoint) {
+  const body = { session_id: saved.session_id, checkpoint };
+  const edited = $("#fork-message").value.trim();
+  if (edited) body.edit_message = edited;
+  status("forking from step #" + checkpoint + "…");
+  const reply = await call("POST", "fork", body);
+  if (!reply.ok) {
+    status(reply.body.code + ": " + reply.body.message);
+    return;
+  }
+  const fork = { session_id: reply.body.session_id, token: reply.body.token, since: Date.now() };
+  // The fork's messages, by the first chunk of their turns, so its log shows them.
+  const previous = saved;
+  saved = fork;
+  const steps = await call("GET", "checkpoints?session_id=" + encodeURIComponent(fork.session_id));
+  saved = previous;
+  fork.sent = {};
+  let from = 0;
+  for (const step of steps.ok ? steps.body.checkpoints : []) {
+    const message = step.messages.find((m) => m.role === "user");
+    if (message) fork.sent[from] = message.text;
+    from = step.stream_seq;
+  }
+  $("#fork-message").value = "";
+  open(fork);
+  save();
+  status("forked from step #" + checkpoint + " of the previous conversation");
+}
+
+$("#history").addEventListener("toggle", () => {
+  if ($("#history").open) showSteps();
+});
 
 $("#compose").addEventListener("submit", send);
 $("#new").addEventListener("click", () => {

@@ -234,6 +234,9 @@ pub(crate) struct StatusAnswer {
     /// on them too, and their parents try again by themselves.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub(crate) unreachable: Vec<UnreachableAnswer>,
+    /// For a fork: the session and checkpoint it was made from.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) forked_from: Option<dormant::types::ForkOrigin>,
 }
 
 /// A remote sub-agent whose server has not answered since `since_ms` (this server's clock).
@@ -284,6 +287,7 @@ impl StatusAnswer {
             settled: None,
             chunks: None,
             unreachable: Vec::new(),
+            forked_from: record.forked_from,
             session_id: record.id.to_string(),
             agent: record.agent,
             status: record.status,

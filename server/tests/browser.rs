@@ -14,7 +14,8 @@
 //!
 //! And in `browser/`: a sub-agent's calls answered in the page, local and on a second server
 //! process (`sub_agents.rs`); a message sent over calls that still wait (`abandon.rs`); the
-//! page under a prefix of a daemon's router (`prefix.rs`).
+//! page under a prefix of a daemon's router (`prefix.rs`); a conversation forked from its
+//! steps (`forks.rs`).
 //!
 //! Without chromium and chromedriver each test says it was skipped and how to install them,
 //! and passes, unless `DORMANT_REQUIRE_BROWSER` is set to anything but `0` (CI sets it to 1).
@@ -24,6 +25,7 @@ mod common;
 // the tests there share `common` with this crate's other tests.
 mod browser {
     mod abandon;
+    mod forks;
     pub(crate) mod plan;
     mod prefix;
     pub(crate) mod setup;

@@ -63,6 +63,10 @@ async fn a_suspended_session_is_read_at_a_checkpoint_and_forked_over_http() -> a
     let status = server.status(&fork).await?;
     assert_eq!(status["status"], "suspended_client_tool");
     assert_eq!(
+        status["forked_from"],
+        json!({ "session": source.id, "checkpoint": id })
+    );
+    assert_eq!(
         status["pending"].as_array().map(Vec::len),
         Some(1),
         "{status}"

@@ -57,7 +57,19 @@ impl Runtime {
         self.ensure_open()?;
         let history = self.read(history::load_history(self.store(), id, Some(checkpoint)).await)?;
         self.require_session_if(history.is_empty(), id).await?;
-        if let Some(past) = self.read(history::state_at(id, &history, checkpoint))? {
+        if let Some(mut past) = self.read(history::state_at(id, &history, checkpoint))? {
+            if let Ok(agent) = self.agent(&past.record.agent) {
+                past.children = past
+                    .checkpoint
+                    .open_calls
+                    .iter()
+                    .filter(|call| {
+                        let tool = agent.tool(&call.name).map(|tool| tool.def.kind());
+                        matches!(tool, Some(ToolKind::SubAgent { .. }))
+                    })
+                    .map(|call| id.ephemeral_child(&call.id))
+                    .collect();
+            }
             return Ok(StateAt::Found(Box::new(past)));
         }
         Ok(match self.compacted_before(id, checkpoint).await? {

@@ -72,6 +72,9 @@ pub struct PastState {
     pub messages: Vec<Message>,
     /// The runs up to the checkpoint, each as it stood then.
     pub runs: Vec<RunRecord>,
+    /// The sub-agent sessions at work at the checkpoint (a sub-agent call without a result),
+    /// for reading the tree: each has checkpoints of its own.
+    pub children: Vec<SessionId>,
 }
 
 /// What [`Runtime::state_at`](crate::Runtime::state_at) found.

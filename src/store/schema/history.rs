@@ -192,6 +192,7 @@ pub(crate) fn state_at(
         record,
         messages,
         runs: runs.into_values().collect(),
+        children: Vec::new(),
     }))
 }
 
