@@ -452,17 +452,29 @@ async fn a_tree_forks_with_its_waiting_child_and_answers_reach_the_forks_child_o
     );
     assert!(runtime.pending(&source_child).await?[0].answer.is_none());
 
-    // The source moves on: its old checkpoint no longer shows where its child was.
+    // The source moves on: its child answered, the tree completed. Its old checkpoint still
+    // says where the child stood (the child's chunks the root had copied by then).
     let answer = Submit::result("s1", "a1", json!({ "answer": "source" }));
     assert_eq!(
         runtime.submit_tool_result(answer).await?,
         SubmitOutcome::Accepted
     );
     assert_eq!(runtime.resume(&source).await?.status, Status::Completed);
-    assert!(matches!(
-        refusal(runtime.fork(&source, checkpoint, ForkOptions::new()).await)?,
-        ForkError::SubAgentsMovedOn { calls, .. } if calls == ["h1"]
-    ));
+    let again = runtime
+        .fork(&source, checkpoint, ForkOptions::new())
+        .await?;
+    assert_eq!(
+        runtime.status(&again).await?,
+        Status::SuspendedAwaitingChildren
+    );
+    let again_child = again.ephemeral_child("h1");
+    let waiting = runtime.pending(&again_child).await?;
+    assert_eq!(waiting.len(), 1);
+    assert!(
+        waiting[0].answer.is_none(),
+        "the source's later answer is not the fork's"
+    );
+    assert!(tool_result(&runtime.messages(&again_child).await?, "a1").is_none());
     // With a new message, nothing of the child is needed: its call is closed.
     let moved = runtime
         .fork(

@@ -126,7 +126,8 @@ impl Runtime {
     /// ```
     /// # async fn demo(runtime: dormant::Runtime, id: dormant::SessionId) -> anyhow::Result<()> {
     /// use dormant::types::ForkOptions;
-    /// let first = runtime.checkpoints(&id).await?[0].id;
+    /// let checkpoints = runtime.checkpoints(&id).await?;
+    /// let first = checkpoints.first().ok_or(anyhow::anyhow!("no checkpoint"))?.id;
     /// let fork = runtime
     ///     .fork(&id, first, ForkOptions::new().edit_last_message("try it another way"))
     ///     .await?;
@@ -135,9 +136,9 @@ impl Runtime {
     /// ```
     ///
     /// # Errors
-    /// [`Error::Fork`] (nothing written) for a checkpoint the session does not have, a
-    /// sub-agent as the source, sub-agents at work at the checkpoint, persistent sub-agents,
-    /// a taken id; [`Error::UnknownSession`], [`Error::UnknownAgent`] (the source's agent is
+    /// [`Error::Fork`] (nothing written) for a checkpoint the session does not have or that
+    /// was compacted away, a sub-agent as the source, sub-agents at work at a checkpoint the
+    /// tree has moved on from, remote sub-agents at work, persistent sub-agents, a taken id; [`Error::UnknownSession`], [`Error::UnknownAgent`] (the source's agent is
     /// not defined here), and the errors of the run the options start.
     pub async fn fork(
         &self,
@@ -210,10 +211,10 @@ impl Runtime {
         };
         // A new message closes whatever waited: only a fork that stays at the checkpoint
         // takes the sub-agents at work there with it.
-        let forked_children = self
+        let from_latest = self
             .write_fork(&mut batch, cut, place, continue_with.is_none())
             .await?;
-        if forked_children && self.latest_checkpoint(source).await? != latest {
+        if from_latest && self.latest_checkpoint(source).await? != latest {
             // The tree moved on while its children were read: they may be past the checkpoint.
             return Err(ForkError::SubAgentsMovedOn {
                 session: source.clone(),
@@ -277,10 +278,10 @@ impl Runtime {
     }
 
     /// Adds to `batch` the writes that make `place` a fork of `cut`, and with `children` the
-    /// forks of its sub-agents at work at the checkpoint (each at its latest checkpoint, with
-    /// theirs); returns whether there were any. A sub-agent call whose child never started
-    /// is left to the fork's resume, which starts it: in the source, it started after the
-    /// checkpoint.
+    /// forks of its sub-agents at work at the checkpoint, each where it stood then (with
+    /// theirs); returns whether one of them was placed by being the latest, which holds only
+    /// while the tree has not moved on. A sub-agent call whose child never started is left to
+    /// the fork's resume, which starts it: in the source, it started after the checkpoint.
     fn write_fork<'a>(
         &'a self,
         batch: &'a mut crate::store::Batch,
@@ -330,38 +331,64 @@ impl Runtime {
                 }
                 .into());
             }
-            let mut forked = false;
+            let mut from_latest = false;
             for call in local {
                 let child = source.ephemeral_child(&call);
-                let child_log = self.read(history::load_history(store, &child, None).await)?;
-                let Some((seq, child_at)) = child_log
-                    .last()
-                    .and_then(|entry| Some((entry.seq, entry.record.clone()?)))
-                else {
+                let mut child_log = self.read(history::load_history(store, &child, None).await)?;
+                if child_log.is_empty() {
                     continue;
+                }
+                // Where the child stood at the checkpoint: right after the commit that wrote
+                // the last of its chunks the parent had copied by then. Nothing copied yet:
+                // only the latest checkpoint says where it stands (its latest checkpoint).
+                let forwarded = self.read(history::forwarded_count(&source, &copied, &call))?;
+                let moved_on = || ForkError::SubAgentsMovedOn {
+                    session: source.clone(),
+                    checkpoint,
+                    calls: vec![call.clone()],
                 };
-                if !latest {
-                    return Err(ForkError::SubAgentsMovedOn {
-                        session: source,
-                        checkpoint,
-                        calls: vec![call],
+                let index = if forwarded > 0 {
+                    child_log
+                        .iter()
+                        .position(|entry| {
+                            entry
+                                .record
+                                .as_ref()
+                                .is_some_and(|record| record.chunk_count >= forwarded)
+                        })
+                        .ok_or_else(moved_on)?
+                } else if latest {
+                    from_latest = true;
+                    child_log.len() - 1
+                } else {
+                    return Err(moved_on().into());
+                };
+                let child_at = child_log[index].record.clone().ok_or_else(moved_on)?;
+                let child_checkpoint = CheckpointId(child_log[index].seq);
+                if index == 0 && child_checkpoint.0 > 0 && child_at.chunk_count != forwarded {
+                    // Compacted past the point: its oldest checkpoint is later than that.
+                    return Err(ForkError::Compacted {
+                        session: child,
+                        checkpoint: child_checkpoint,
+                        oldest_kept: child_checkpoint,
                     }
                     .into());
                 }
+                let child_latest = index + 1 == child_log.len();
+                child_log.truncate(index + 1);
                 let child_cut = Cut {
                     source: child,
-                    checkpoint: CheckpointId(seq),
+                    checkpoint: child_checkpoint,
                     copied: child_log,
                     at: child_at,
-                    latest: true,
+                    latest: child_latest,
                 };
                 let child_place = Placement {
                     id: place.id.ephemeral_child(&call),
                     root: place.root.clone(),
                     parent: Some((place.id.clone(), call)),
                 };
-                self.write_fork(batch, child_cut, child_place, true).await?;
-                forked = true;
+                from_latest |= self.write_fork(batch, child_cut, child_place, true).await?;
             }
             let run = self.read(history::current_run(&source, &copied, &at))?;
             let origin = ForkOrigin {
@@ -370,7 +397,7 @@ impl Runtime {
             };
             let now = self.now_ms();
             history::write_fork(batch, &copied, &at, run.as_ref(), &place, &origin, now)?;
-            Ok(forked)
+            Ok(from_latest)
         })
     }
 }

@@ -194,10 +194,10 @@ pub enum ForkError {
         /// Its tree's root.
         root: SessionId,
     },
-    /// Sub-agents were at work at the checkpoint and the tree has moved on since: their own
-    /// histories cannot be cut at the moment of the checkpoint, so a tree with sub-agents at
-    /// work is forked at its latest checkpoint (or at one where they had finished).
-    #[error("session {session} had sub-agents at work at checkpoint {checkpoint} (calls {calls:?}) and has moved on since: fork its latest checkpoint, or one where they had finished")]
+    /// A sub-agent was at work at the checkpoint and had reported nothing its parent recorded
+    /// by then, and the tree has moved on since: where it stood at the checkpoint is not
+    /// known (a tree is forked with such a child only at its latest checkpoint).
+    #[error("session {session} had sub-agents at work at checkpoint {checkpoint} (calls {calls:?}) that had reported nothing by then, and has moved on since: fork its latest checkpoint, or one where they had reported")]
     SubAgentsMovedOn {
         /// The session.
         session: SessionId,

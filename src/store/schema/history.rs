@@ -378,6 +378,32 @@ fn dispatched_approvals(
         .collect())
 }
 
+/// How many of the child's stream chunks `history` (its parent's, up to a checkpoint) had
+/// copied into the parent's stream for `call`: a child's chunks are forwarded as it reports,
+/// so the child stood where it had written that many when the parent's checkpoint was made.
+pub(crate) fn forwarded_count(
+    session: &SessionId,
+    history: &[LogEntry],
+    call: &str,
+) -> Result<u64, Error> {
+    let mut count = 0;
+    for entry in history {
+        for chunk in entry.chunks(session)? {
+            if let ChunkKind::Forwarded {
+                tool_call_id,
+                chunk,
+                ..
+            } = chunk.kind
+            {
+                if tool_call_id == call {
+                    count = count.max(chunk.seq + 1);
+                }
+            }
+        }
+    }
+    Ok(count)
+}
+
 /// The id of the session's oldest checkpoint (`None` before its first commit): older ones
 /// were compacted away ([`compact_batch`]).
 pub(crate) async fn oldest_checkpoint(

@@ -8,7 +8,8 @@ use crate::runtime::Runtime;
 use crate::types::checkpoint::{CheckpointId, ForkOptions};
 use crate::types::ids::SessionId;
 
-/// The checkpoint `spec` names among `session`'s: its id, the last, or the last that matches.
+/// The checkpoint `spec` names among `session`'s: its id, the last, or the last (or first)
+/// that matches.
 async fn resolve(
     runtime: &Runtime,
     session: &SessionId,
@@ -18,7 +19,7 @@ async fn resolve(
         return Ok(CheckpointId(*id));
     }
     let checkpoints = runtime.checkpoints(session).await?;
-    let found = checkpoints.iter().rev().find(|checkpoint| match spec {
+    let matches = |checkpoint: &&crate::types::Checkpoint| match spec {
         CheckpointSpec::Id(_) | CheckpointSpec::Last(LastSpec::Last) => true,
         CheckpointSpec::Matching(wanted) => {
             wanted
@@ -29,7 +30,13 @@ async fn resolve(
                     .as_ref()
                     .is_none_or(|call| checkpoint.open_calls.iter().any(|open| &open.id == call))
         }
-    });
+    };
+    let first = matches!(spec, CheckpointSpec::Matching(wanted) if wanted.first);
+    let found = if first {
+        checkpoints.iter().find(matches)
+    } else {
+        checkpoints.iter().rev().find(matches)
+    };
     // No match: an id no checkpoint has, so that the op reports `unknown_checkpoint`.
     Ok(found.map_or(CheckpointId(u64::MAX), |checkpoint| checkpoint.id))
 }

@@ -285,6 +285,9 @@ pub(crate) struct CheckpointMatch {
     pub(crate) status: Option<Status>,
     #[serde(default)]
     pub(crate) open_call: Option<String>,
+    /// The first that matches, not the last.
+    #[serde(default)]
+    pub(crate) first: bool,
 }
 
 /// `checkpoints` and `state_at` (with `checkpoint`).
