@@ -264,14 +264,14 @@ impl AgentDefinition {
             model: crate::llm::ModelSettings::default(),
             skills: None,
             preload_skills: Vec::new(),
-            keep_checkpoints: None,
+            retention: crate::types::Retention::all(),
         }
     }
 
-    /// How many of a session's newest checkpoints are kept once a run of it ends (`None`:
-    /// all of them, the default); see [`AgentBuilder::keep_checkpoints`].
-    pub fn keep_checkpoints(&self) -> Option<usize> {
-        self.keep_checkpoints
+    /// Which checkpoints of its sessions are kept once a run ends (all by default); see
+    /// [`AgentBuilder::retention`].
+    pub fn retention(&self) -> crate::types::Retention {
+        self.retention
     }
 
     /// The agent's name.
@@ -362,27 +362,31 @@ pub struct AgentBuilder {
     model: crate::llm::ModelSettings,
     skills: Option<Arc<dyn SkillProvider>>,
     preload_skills: Vec<String>,
-    keep_checkpoints: Option<usize>,
+    retention: crate::types::Retention,
 }
 
 impl AgentBuilder {
-    /// Keeps a session's newest `n` checkpoints (at least 1) and compacts the older ones
-    /// into the oldest kept: once a run of the session ends (completed or failed) and the
-    /// session has half as many again, the older entries of its log become one entry, which
-    /// holds everything they recorded. The session reads as before (its conversation, its
-    /// runs, its stream); a compacted checkpoint can no longer be read or forked
+    /// Which checkpoints of a session are kept: the newest `keep_last`, those younger than
+    /// `max_age_ms`, or both rules at once (a checkpoint either lets go goes). Once a run of
+    /// the session ends (completed or failed) and enough has piled up (half as many again as
+    /// kept, or half the age again), the older entries of its log become one entry, which
+    /// holds everything they recorded: the session reads as before (its conversation, its
+    /// runs, its stream), and a compacted checkpoint can no longer be read or forked
     /// ([`StateAt::Compacted`](crate::types::StateAt), [`ForkError::Compacted`](crate::types::ForkError)).
-    /// Compaction is a write of its own after the run has answered, never part of a commit
-    /// of the run. By default every checkpoint is kept.
+    /// Compaction is a write of its own after the run has answered, never part of a commit of
+    /// the run. By default every checkpoint is kept.
     ///
     /// ```
+    /// use dormant::types::Retention;
     /// use dormant::AgentDefinition;
-    /// let agent = AgentDefinition::builder("assistant").keep_checkpoints(100).build()?;
-    /// assert_eq!(agent.keep_checkpoints(), Some(100));
+    /// let agent = AgentDefinition::builder("assistant")
+    ///     .retention(Retention::keep_last(100).and_max_age_ms(7 * 24 * 3600 * 1000))
+    ///     .build()?;
+    /// assert_eq!(agent.retention().keep_last, Some(100));
     /// # Ok::<(), dormant::definition::DefinitionError>(())
     /// ```
-    pub fn keep_checkpoints(mut self, n: usize) -> Self {
-        self.keep_checkpoints = Some(n.max(1));
+    pub fn retention(mut self, retention: crate::types::Retention) -> Self {
+        self.retention = retention;
         self
     }
 
@@ -618,7 +622,7 @@ impl AgentBuilder {
             skills: self.skills,
             preload_skills: self.preload_skills.into(),
             skill_section: Default::default(),
-            keep_checkpoints: self.keep_checkpoints,
+            retention: self.retention,
         })
     }
 }

@@ -594,7 +594,7 @@ async fn compaction_keeps_the_newest_checkpoints_and_the_session_reads_as_before
 ) -> anyhow::Result<()> {
     let chat = AgentDefinition::builder("chat")
         .tool(ToolDefinition::client("confirm"))
-        .keep_checkpoints(4)
+        .retention(dormant::types::Retention::keep_last(4))
         .build()?;
     let script = (0..6)
         .flat_map(|turn| {
@@ -671,7 +671,9 @@ async fn compaction_keeps_the_newest_checkpoints_and_the_session_reads_as_before
             .ok_or_else(|| anyhow::anyhow!("no state"))
     };
     let before = past(runtime.state_at(&id, newest).await?)?;
-    let done = runtime.compact_checkpoints(&id, 1).await?;
+    let done = runtime
+        .compact_checkpoints(&id, dormant::types::Retention::keep_last(1))
+        .await?;
     assert_eq!(done.removed, checkpoints.len() - 1);
     let after = runtime.checkpoints(&id).await?;
     assert_eq!(after.len(), 1);
@@ -679,7 +681,13 @@ async fn compaction_keeps_the_newest_checkpoints_and_the_session_reads_as_before
     // The merged checkpoint lists what all the merged ones recorded; the state is the same.
     assert_eq!(past(runtime.state_at(&id, newest).await?)?, before);
     assert_eq!(runtime.messages(&id).await?, messages);
-    assert_eq!(runtime.compact_checkpoints(&id, 1).await?.removed, 0);
+    assert_eq!(
+        runtime
+            .compact_checkpoints(&id, dormant::types::Retention::keep_last(1))
+            .await?
+            .removed,
+        0
+    );
     // A fork of the newest still works, and the session goes on.
     let fork = runtime
         .fork(&id, after[0].id, ForkOptions::new().message("and now?"))
@@ -688,5 +696,48 @@ async fn compaction_keeps_the_newest_checkpoints_and_the_session_reads_as_before
         runtime.messages(&fork).await?[..messages.len()],
         messages[..]
     );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_maximum_age_merges_checkpoints_older_than_it_once_a_run_ends() -> anyhow::Result<()> {
+    let chat = AgentDefinition::builder("chat")
+        .retention(dormant::types::Retention::max_age_ms(60_000))
+        .build()?;
+    let script = (0..4)
+        .map(|turn| ModelReply::text(format!("turn {turn}")))
+        .collect();
+    let clock = ManualClock::new(1_000);
+    let runtime = Runtime::builder()
+        .store(memory())
+        .llm(Arc::new(ScriptedLlm::new().script("chat", script)))
+        .clock(Arc::new(clock.clone()))
+        .background_deadlines(false)
+        .agent(chat)
+        .build()?;
+    let id: SessionId = "s1".parse()?;
+    runtime.execute_on(&id, "chat", "first").await?;
+    runtime.execute_on(&id, "chat", "second").await?;
+    runtime.wait_settled(&id).await;
+    let young = runtime.checkpoints(&id).await?;
+    assert_eq!(young.len(), 4, "nothing is old yet");
+
+    // 100 s later (past the age and half of it again), a run ends: the first runs' four
+    // checkpoints, all older than the age, are merged into the oldest young one (the third
+    // run's first).
+    clock.advance(100_000);
+    runtime.execute_on(&id, "chat", "third").await?;
+    runtime.wait_settled(&id).await;
+    let kept = runtime.checkpoints(&id).await?;
+    assert_eq!(kept.len(), 2, "{kept:#?}");
+    let oldest = kept[0].id;
+    assert_eq!(oldest.0, young[3].id.0 + 1);
+    for old in &young {
+        assert!(matches!(
+            runtime.state_at(&id, old.id).await?,
+            dormant::types::StateAt::Compacted { oldest_kept } if oldest_kept == oldest
+        ));
+    }
+    assert_eq!(runtime.messages(&id).await?.len(), 6);
     Ok(())
 }

@@ -45,5 +45,5 @@ pub struct AgentDefinition {
     pub(super) preload_skills: Arc<[String]>,
     /// The last skills section built for this agent: a step whose provider fails uses it.
     pub(super) skill_section: crate::skills::LastSection,
-    pub(super) keep_checkpoints: Option<usize>,
+    pub(super) retention: crate::types::Retention,
 }

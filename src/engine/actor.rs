@@ -146,7 +146,7 @@ pub(crate) enum SessionMsg {
     /// Keep the newest `keep` checkpoints and merge the older ones (`runtime/fork.rs`); sent
     /// without a reply by the session itself when a run ends and its agent keeps fewer.
     Compact {
-        keep: usize,
+        retention: crate::types::Retention,
         reply: Option<oneshot::Sender<Result<crate::types::Compaction, Error>>>,
     },
 }
@@ -428,14 +428,15 @@ impl SessionActor {
         Ok(())
     }
 
-    /// Keeps the newest `keep` checkpoints of a session at rest and merges the older ones.
-    /// With `slack` (the agent's retention after a run), only once there are half as many
-    /// again as kept, so that a compaction is a write every `keep / 2` commits, not each.
+    /// Merges the checkpoints `retention` lets go into the oldest kept. With `slack` (the
+    /// agent's retention after a run), only once half as many again as kept (or half the age
+    /// again) have piled up, so that a compaction is one write every so many commits, and the
+    /// usual run end costs one read (of the oldest entry).
     async fn compact(
         &self,
         id: &SessionId,
         state: &mut SessionState,
-        keep: usize,
+        retention: crate::types::Retention,
         slack: bool,
     ) -> Result<crate::types::Compaction, Error> {
         let Some(session) = self.present(id, state).await? else {
@@ -443,19 +444,32 @@ impl SessionActor {
         };
         let (log_count, tree) = (session.record().log_count, session.record().root.clone());
         let store = self.shared.store.as_ref();
-        let oldest = schema::history::oldest_checkpoint(store, id).await?;
+        let now = self.shared.clock.now_ms();
+        let Some((oldest, oldest_at)) = schema::history::oldest_checkpoint(store, id).await? else {
+            return Err(Error::UnknownSession(id.clone()));
+        };
         let unchanged = crate::types::Compaction {
             removed: 0,
-            oldest_kept: oldest.unwrap_or(crate::types::CheckpointId(0)),
+            oldest_kept: oldest,
         };
-        let held = log_count.saturating_sub(unchanged.oldest_kept.0);
-        let margin = if slack { (keep / 2).max(1) } else { 0 };
-        if held <= (keep + margin) as u64 {
+        let held = log_count.saturating_sub(oldest.0);
+        let too_many = retention.keep_last.is_some_and(|keep| {
+            let margin = if slack { (keep / 2).max(1) } else { 0 };
+            held > (keep + margin) as u64
+        });
+        let too_old = retention.max_age_ms.is_some_and(|age| {
+            let margin = if slack { age / 2 } else { 0 };
+            now.saturating_sub(oldest_at) > age.saturating_add(margin)
+        });
+        if !(too_many || too_old) {
             return Ok(unchanged);
         }
         let history = schema::history::load_history(store, id, None).await?;
+        let Some(target) = schema::history::compaction_target(&history, retention, now) else {
+            return Ok(unchanged);
+        };
         let Some((batch, oldest_kept, removed)) =
-            schema::history::compact_batch(id, &tree, &history, keep)?
+            schema::history::compact_batch(id, &tree, &history, target)?
         else {
             return Ok(unchanged);
         };
@@ -771,8 +785,10 @@ impl SessionActor {
             SessionMsg::Fork { batch, reply } => {
                 let _ = reply.send(self.become_fork(ctx.key(), state, batch).await);
             }
-            SessionMsg::Compact { keep, reply } => {
-                let compacted = self.compact(ctx.key(), state, keep, reply.is_none()).await;
+            SessionMsg::Compact { retention, reply } => {
+                let compacted = self
+                    .compact(ctx.key(), state, retention, reply.is_none())
+                    .await;
                 match reply {
                     Some(reply) => {
                         let _ = reply.send(compacted);

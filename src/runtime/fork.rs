@@ -13,7 +13,7 @@ use crate::error::Error;
 use crate::store::schema::history::Placement;
 use crate::store::schema::{self, history};
 use crate::types::checkpoint::{
-    Checkpoint, CheckpointId, Compaction, ForkError, ForkOptions, ForkOrigin, StateAt,
+    Checkpoint, CheckpointId, Compaction, ForkError, ForkOptions, ForkOrigin, Retention, StateAt,
 };
 use crate::types::hooks::HookEvent;
 use crate::types::ids::SessionId;
@@ -78,21 +78,29 @@ impl Runtime {
         })
     }
 
-    /// Merges all but the newest `keep` checkpoints of the session into the oldest kept (at
-    /// least one is kept), as an agent's [`keep_checkpoints`](crate::definition::AgentBuilder::keep_checkpoints)
+    /// Merges the checkpoints of the session that `retention` lets go into the oldest kept
+    /// (the newest is always kept), as an agent's [`retention`](crate::definition::AgentBuilder::retention)
     /// does once a run ends: the session reads as before, and the checkpoints merged can no
     /// longer be read or forked. Done by the session's actor, between its commits.
+    ///
+    /// ```
+    /// # async fn demo(runtime: dormant::Runtime, id: dormant::SessionId) -> Result<(), dormant::Error> {
+    /// use dormant::types::Retention;
+    /// let done = runtime.compact_checkpoints(&id, Retention::keep_last(10)).await?;
+    /// println!("{} merged, the oldest now {}", done.removed, done.oldest_kept);
+    /// # Ok(()) }
+    /// ```
     ///
     /// # Errors
     /// [`Error::UnknownSession`], a store failure.
     pub async fn compact_checkpoints(
         &self,
         id: &SessionId,
-        keep: usize,
+        retention: Retention,
     ) -> Result<Compaction, Error> {
         self.session(id).await?;
         self.ask(id, |reply| SessionMsg::Compact {
-            keep,
+            retention,
             reply: Some(reply),
         })
         .await
@@ -105,7 +113,9 @@ impl Runtime {
         checkpoint: CheckpointId,
     ) -> Result<Option<CheckpointId>, ReadError> {
         let oldest = self.read(history::oldest_checkpoint(self.store(), id).await)?;
-        Ok(oldest.filter(|oldest| checkpoint < *oldest))
+        Ok(oldest
+            .map(|(oldest, _)| oldest)
+            .filter(|oldest| checkpoint < *oldest))
     }
 
     /// Makes a new session whose history is `source`'s up to `checkpoint`, and returns its id

@@ -103,6 +103,56 @@ impl StateAt {
     }
 }
 
+/// Which checkpoints of a session are kept: the newest `keep_last`, and those younger than
+/// `max_age_ms` (by the session's clock); the newest is always kept, and a checkpoint either
+/// rule lets go is merged into the oldest kept ([`Runtime::compact_checkpoints`](crate::Runtime::compact_checkpoints),
+/// [`AgentBuilder::retention`](crate::definition::AgentBuilder::retention)). The default keeps
+/// every checkpoint.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Retention {
+    /// Keep at most this many of the newest checkpoints (at least 1).
+    pub keep_last: Option<usize>,
+    /// Keep only checkpoints younger than this (ms).
+    pub max_age_ms: Option<u64>,
+}
+
+impl Retention {
+    /// Every checkpoint kept.
+    pub fn all() -> Self {
+        Self::default()
+    }
+
+    /// The newest `n` checkpoints kept (at least 1).
+    pub fn keep_last(n: usize) -> Self {
+        Self::default().and_keep_last(n)
+    }
+
+    /// Checkpoints younger than `ms` kept (and the newest).
+    pub fn max_age_ms(ms: u64) -> Self {
+        Self::default().and_max_age_ms(ms)
+    }
+
+    /// Also keep no more than the newest `n`.
+    #[must_use]
+    pub fn and_keep_last(mut self, n: usize) -> Self {
+        self.keep_last = Some(n.max(1));
+        self
+    }
+
+    /// Also keep none older than `ms`.
+    #[must_use]
+    pub fn and_max_age_ms(mut self, ms: u64) -> Self {
+        self.max_age_ms = Some(ms);
+        self
+    }
+
+    /// Whether any checkpoint is ever let go.
+    pub fn is_all(&self) -> bool {
+        self.keep_last.is_none() && self.max_age_ms.is_none()
+    }
+}
+
 /// What a compaction of a session's checkpoints did
 /// ([`Runtime::compact_checkpoints`](crate::Runtime::compact_checkpoints)).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -222,11 +222,10 @@ impl SessionActor {
                     session.release_messages();
                     // The agent keeps fewer checkpoints: once the run has answered, after it.
                     let ended = matches!(outcome.status, Status::Completed | Status::Failed);
-                    if let (true, Some(keep), Some(host)) =
-                        (ended, session.agent().keep_checkpoints(), ctx.host())
-                    {
+                    let retention = session.agent().retention();
+                    if let (true, false, Some(host)) = (ended, retention.is_all(), ctx.host()) {
                         let reply = None;
-                        host.send(ctx.key().clone(), SessionMsg::Compact { keep, reply });
+                        host.send(ctx.key().clone(), SessionMsg::Compact { retention, reply });
                     }
                 }
                 for waiter in state.waiters.drain(..) {

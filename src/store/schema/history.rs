@@ -12,7 +12,7 @@ use super::{
     log_key, prefix, session_key, Error, Section,
 };
 use crate::store::{Batch, CommitKind, Store, Tree};
-use crate::types::checkpoint::{Checkpoint, CheckpointId, ForkOrigin, PastState};
+use crate::types::checkpoint::{Checkpoint, CheckpointId, ForkOrigin, PastState, Retention};
 use crate::types::ids::SessionId;
 use crate::types::message::{Message, ToolCall};
 use crate::types::record::{
@@ -404,36 +404,67 @@ pub(crate) fn forwarded_count(
     Ok(count)
 }
 
-/// The id of the session's oldest checkpoint (`None` before its first commit): older ones
-/// were compacted away ([`compact_batch`]).
+/// The id of the session's oldest checkpoint (`None` before its first commit), and when it
+/// was committed: older ones were compacted away ([`compact_batch`]).
 pub(crate) async fn oldest_checkpoint(
     store: &dyn Store,
     session: &SessionId,
-) -> Result<Option<CheckpointId>, Error> {
+) -> Result<Option<(CheckpointId, u64)>, Error> {
     let prefix = prefix(session);
     // No session's log reaches u64::MAX chunks: an exclusive end there loses nothing.
     let end = log_key(session, u64::MAX, u64::MAX);
     let first = store.scan_range(Tree::Log, &prefix, &end, 1).await?;
-    Ok(first
-        .first()
-        .and_then(|(key, _)| log_seq_of(prefix.len(), key))
-        .map(CheckpointId))
+    let Some((key, bytes)) = first.first() else {
+        return Ok(None);
+    };
+    let Some(seq) = log_seq_of(prefix.len(), key) else {
+        return Ok(None);
+    };
+    let at = decode_section::<SessionRecord>(session, bytes, Section::Record)?
+        .last()
+        .map_or(0, |record| record.updated_at_ms);
+    Ok(Some((CheckpointId(seq), at)))
 }
 
-/// The writes that keep the newest `keep` checkpoints of `history` (a session's whole log)
-/// and merge the older ones into the oldest kept: one entry, under that checkpoint's key,
-/// with every message and stream chunk they recorded, each run as last written, and that
+/// The index in `history` (a session's whole log) of the oldest checkpoint `retention`
+/// keeps at `now`: the entries before it are merged into it. `None`: nothing to merge.
+pub(crate) fn compaction_target(
+    history: &[LogEntry],
+    retention: Retention,
+    now: u64,
+) -> Option<usize> {
+    let newest = history.len().checked_sub(1)?;
+    let by_count = retention
+        .keep_last
+        .map_or(0, |keep| history.len().saturating_sub(keep.max(1)));
+    let by_age = retention.max_age_ms.map_or(0, |age| {
+        let cutoff = now.saturating_sub(age);
+        history
+            .iter()
+            .take_while(|entry| {
+                entry
+                    .record
+                    .as_ref()
+                    .is_some_and(|record| record.updated_at_ms < cutoff)
+            })
+            .count()
+    });
+    Some(by_count.max(by_age).min(newest)).filter(|&target| target > 0)
+}
+
+/// The writes that merge the entries of `history` (a session's whole log) before `target`
+/// into the entry at `target` (the oldest kept): one entry, under that checkpoint's key, with
+/// every message and stream chunk they recorded, each run as last written, and that
 /// checkpoint's record, so the session reads as before. `None` if there is nothing to merge.
 pub(crate) fn compact_batch(
     session: &SessionId,
     tree: &SessionId,
     history: &[LogEntry],
-    keep: usize,
+    target: usize,
 ) -> Result<Option<(Batch, CheckpointId, usize)>, Error> {
-    let keep = keep.max(1);
-    let Some(target) = history.len().checked_sub(keep).filter(|&target| target > 0) else {
+    if target == 0 || target >= history.len() {
         return Ok(None);
-    };
+    }
     let merged = &history[..=target];
     let Some(record) = merged[target].record.clone() else {
         return Ok(None);

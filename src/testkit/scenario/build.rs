@@ -55,7 +55,7 @@ pub(crate) fn agent_beside(
 ) -> Result<AgentDefinition, DefinitionError> {
     let mut builder = AgentDefinition::builder(spec.name.as_str());
     if let Some(keep) = spec.keep_checkpoints {
-        builder = builder.keep_checkpoints(keep);
+        builder = builder.retention(crate::types::Retention::keep_last(keep));
     }
     if let Some(steps) = spec.max_steps {
         builder = builder.max_steps(steps);
