@@ -24,8 +24,8 @@ pub(crate) mod usage;
 // `ToolCall`, `Status`, `PendingKind`, `Chunk`, `StreamEvent`, `Hooks`, the clocks) is
 // re-exported at the crate root instead, and a remote parent's or child's record in `remote`.
 pub use self::checkpoint::{
-    Checkpoint, CheckpointId, Compaction, ForkError, ForkOptions, ForkOrigin, PastState, Retention,
-    StateAt,
+    Checkpoint, CheckpointId, Compaction, ForkAnswer, ForkError, ForkOptions, ForkOrigin,
+    PastState, Retention, StateAt,
 };
 pub use self::clock::Clock;
 pub use self::hooks::{HookEvent, NoHooks};

@@ -741,3 +741,111 @@ async fn a_maximum_age_merges_checkpoints_older_than_it_once_a_run_ends() -> any
     assert_eq!(runtime.messages(&id).await?.len(), 6);
     Ok(())
 }
+
+#[tokio::test]
+async fn a_fork_can_start_with_other_answers_than_its_source_got() -> anyhow::Result<()> {
+    use dormant::types::ForkAnswer;
+    let runs = Runs::default();
+    let clock = ManualClock::new(1_000);
+    let script = vec![
+        call("c1", "charge"),
+        ModelReply::tool_calls(vec![
+            ToolCall::new("k1", "confirm", json!({})),
+            ToolCall::new("d1", "deploy", json!({ "env": "prod" })),
+        ]),
+        ModelReply::text("done"),
+    ];
+    let runtime = runtime(memory(), &clock, script, &runs, Arc::default())?;
+    let source: SessionId = "s1".parse()?;
+    runtime.execute_on(&source, "shop", "buy and ship").await?;
+    let suspended = last_checkpoint(&runtime, &source).await?;
+    let before = runtime.session_ids().await?;
+
+    // Refused before anything is written: a call that does not wait there, a decision for a
+    // client tool, a result for an approval.
+    for (call, answer) in [
+        ("nope", ForkAnswer::Result(json!(1))),
+        ("k1", ForkAnswer::Approve),
+        ("d1", ForkAnswer::Result(json!(1))),
+    ] {
+        let options = ForkOptions::new().answer(call, answer);
+        assert!(matches!(
+            refusal(runtime.fork(&source, suspended, options).await)?,
+            ForkError::CannotAnswer { call: refused, .. } if refused == call
+        ));
+    }
+    assert_eq!(runtime.session_ids().await?, before, "nothing was written");
+
+    // The source approves; a fork of the same suspension answers otherwise and denies.
+    let approve = Submit::approval(
+        "s1",
+        "d1",
+        format!(
+            "{}::d1",
+            runtime
+                .session(&source)
+                .await?
+                .current_run
+                .ok_or_else(|| anyhow::anyhow!("no run"))?
+        ),
+        true,
+        None,
+    );
+    assert_eq!(
+        runtime.submit_tool_result(approve).await?,
+        SubmitOutcome::Accepted
+    );
+    let answer = Submit::result("s1", "k1", json!({ "by": "source" }));
+    assert_eq!(
+        runtime.submit_tool_result(answer).await?,
+        SubmitOutcome::Accepted
+    );
+    let fork = runtime
+        .fork(
+            &source,
+            suspended,
+            ForkOptions::new()
+                .answer("k1", ForkAnswer::Result(json!({ "by": "fork" })))
+                .answer("d1", ForkAnswer::Deny(Some("not from the fork".into()))),
+        )
+        .await?;
+    assert_eq!(runtime.status(&fork).await?, Status::Completed);
+    let messages = runtime.messages(&fork).await?;
+    assert_eq!(
+        tool_result(&messages, "k1"),
+        Some(&ToolOutcome::Result(json!({ "by": "fork" })))
+    );
+    assert!(
+        matches!(tool_result(&messages, "d1"), Some(ToolOutcome::Error(error)) if error.contains("not from the fork"))
+    );
+    assert_eq!(
+        runs.deploys(),
+        0,
+        "denied in the fork, not yet run in the source"
+    );
+    assert_eq!(runtime.resume(&source).await?.status, Status::Completed);
+    assert_eq!(runs.deploys(), 1);
+
+    // Inside the first step, with the charge in flight: the fork records the given result
+    // instead of a durability error, and never runs the charge.
+    let in_step = runtime
+        .checkpoints(&source)
+        .await?
+        .into_iter()
+        .find(|c| c.open_calls.iter().any(|call| call.id == "c1"))
+        .ok_or_else(|| anyhow::anyhow!("no checkpoint with c1 in flight"))?;
+    let given = runtime
+        .fork(
+            &source,
+            in_step.id,
+            ForkOptions::new().answer("c1", ForkAnswer::Result(json!({ "charged": "by hand" }))),
+        )
+        .await?;
+    assert_eq!(runtime.status(&given).await?, Status::SuspendedClientTool);
+    assert_eq!(
+        tool_result(&runtime.messages(&given).await?, "c1"),
+        Some(&ToolOutcome::Result(json!({ "charged": "by hand" })))
+    );
+    assert_eq!(runs.charges(), 1, "the charge ran once, in the source");
+    Ok(())
+}

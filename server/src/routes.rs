@@ -347,6 +347,15 @@ pub(crate) async fn fork(
     if let Some(text) = body.edit_message {
         options = options.edit_last_message(text);
     }
+    for answer in body.answers {
+        let call = answer.tool_call_id.clone();
+        let (call, answer) = answer.answer().ok_or_else(|| {
+            ApiError::invalid(format!(
+                "answers: {call} needs exactly one of result, error or approved"
+            ))
+        })?;
+        options = options.answer(call, answer);
+    }
     let checkpoint = dormant::types::CheckpointId(body.checkpoint);
     let fork = state.runtime.fork(&source, checkpoint, options).await?;
     tracing::info!(session = %fork, source = %source, checkpoint = %checkpoint, "server.forked");

@@ -89,6 +89,39 @@ pub(crate) struct ForkRequest {
     /// The last user message, edited: the fork runs with it instead.
     #[serde(default)]
     pub(crate) edit_message: Option<String>,
+    /// Answers the fork starts with, for calls without a result at the checkpoint.
+    #[serde(default)]
+    pub(crate) answers: Vec<ForkAnswerRequest>,
+}
+
+/// One answer of `POST /fork`: `result`, `error`, or `approved` (with a `reason`).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ForkAnswerRequest {
+    pub(crate) tool_call_id: String,
+    #[serde(default)]
+    pub(crate) result: Option<Value>,
+    #[serde(default)]
+    pub(crate) error: Option<String>,
+    #[serde(default)]
+    pub(crate) approved: Option<bool>,
+    #[serde(default)]
+    pub(crate) reason: Option<String>,
+}
+
+impl ForkAnswerRequest {
+    /// The answer it carries; `None` unless exactly one of `result`, `error`, `approved`.
+    pub(crate) fn answer(self) -> Option<(String, dormant::types::ForkAnswer)> {
+        use dormant::types::ForkAnswer;
+        let answer = match (self.result, self.error, self.approved) {
+            (Some(value), None, None) => ForkAnswer::Result(value),
+            (None, Some(error), None) => ForkAnswer::Error(error),
+            (None, None, Some(true)) => ForkAnswer::Approve,
+            (None, None, Some(false)) => ForkAnswer::Deny(self.reason),
+            _ => return None,
+        };
+        Some((self.tool_call_id, answer))
+    }
 }
 
 /// The most chunks one `GET /status?chunks_from=` answers; the caller asks again from the

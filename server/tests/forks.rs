@@ -72,6 +72,37 @@ async fn a_suspended_session_is_read_at_a_checkpoint_and_forked_over_http() -> a
         "{status}"
     );
 
+    // A fork with another answer for the waiting call goes on with it.
+    let call = text(&status["pending"][0], "tool_call_id")?;
+    let body = json!({ "session_id": source.id, "checkpoint": id,
+                       "answers": [{ "tool_call_id": call, "result": { "answer": "Forked" } }] });
+    let (code, answered) = answer(server.post("/fork", Some(&source.token), &body).await?).await?;
+    assert_eq!(code, StatusCode::CREATED, "{answered}");
+    // The run went on to its next wait: the approval of the publication of that answer.
+    let answered = Session {
+        id: text(&answered, "session_id")?,
+        token: text(&answered, "token")?,
+        started: answered.clone(),
+    };
+    let status = server.status(&answered).await?;
+    assert_eq!(status["pending"][0]["tool_name"], "publish", "{status}");
+    let wrong = json!({ "session_id": source.id, "checkpoint": id,
+                        "answers": [{ "tool_call_id": call, "result": { "title": "x" } }] });
+    let (code, refused) = answer(server.post("/fork", Some(&source.token), &wrong).await?).await?;
+    assert_eq!(
+        (code, refused["code"].as_str()),
+        (StatusCode::CONFLICT, Some("fork_refused")),
+        "{refused}"
+    );
+    let body = json!({ "session_id": source.id, "checkpoint": id,
+                       "answers": [{ "tool_call_id": call, "result": 1, "error": "both" }] });
+    let (code, refused) = answer(server.post("/fork", Some(&source.token), &body).await?).await?;
+    assert_eq!(
+        (code, refused["code"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("invalid_request")),
+        "{refused}"
+    );
+
     // Refusals keep their codes.
     let body = json!({ "session_id": source.id, "checkpoint": 9999 });
     let (code, refused) = answer(server.post("/fork", Some(&source.token), &body).await?).await?;

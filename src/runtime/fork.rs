@@ -13,7 +13,8 @@ use crate::error::Error;
 use crate::store::schema::history::Placement;
 use crate::store::schema::{self, history};
 use crate::types::checkpoint::{
-    Checkpoint, CheckpointId, Compaction, ForkError, ForkOptions, ForkOrigin, Retention, StateAt,
+    Checkpoint, CheckpointId, Compaction, ForkAnswer, ForkError, ForkOptions, ForkOrigin,
+    Retention, StateAt,
 };
 use crate::types::hooks::HookEvent;
 use crate::types::ids::SessionId;
@@ -196,6 +197,9 @@ impl Runtime {
             }
             None => at,
         };
+        if continue_with.is_some() && !options.answers.is_empty() {
+            return Err(ForkError::MessageAndEdit.into());
+        }
         let fork = options.id.unwrap_or_else(SessionId::generate);
         if self
             .read(schema::load_lineage(store, &fork).await)?
@@ -203,6 +207,14 @@ impl Runtime {
         {
             return Err(ForkError::IdTaken(fork).into());
         }
+        let answers = plan_answers(
+            source,
+            checkpoint,
+            &copied,
+            &at,
+            &*self.agent(&at.agent)?,
+            options.answers,
+        )?;
         let latest = self.latest_checkpoint(source).await?;
         let suspended = at.status;
         let agent = self.agent(&at.agent)?;
@@ -224,6 +236,26 @@ impl Runtime {
         let from_latest = self
             .write_fork(&mut batch, cut, place, continue_with.is_none())
             .await?;
+        let now = self.now_ms();
+        let mut submits = Vec::new();
+        for planned in answers.planned {
+            match planned {
+                Planned::Given {
+                    call,
+                    position,
+                    answer,
+                } => self.read(history::put_given_result(
+                    &mut batch,
+                    &fork,
+                    &call,
+                    position,
+                    answer,
+                    &answers.at,
+                    now,
+                ))?,
+                Planned::Submit { call, answer } => submits.push((call, answer)),
+            }
+        }
         if from_latest && self.latest_checkpoint(source).await? != latest {
             // The tree moved on while its children were read: they may be past the checkpoint.
             return Err(ForkError::SubAgentsMovedOn {
@@ -252,17 +284,202 @@ impl Runtime {
                 self.execute_on(&fork, agent.name(), message).await?;
             }
             // Its calls wait again, under a new run, and its forked sub-agents' calls too:
-            // nothing runs, only client calls and approvals can wait.
-            None if matches!(
-                suspended,
-                Status::SuspendedClientTool | Status::SuspendedAwaitingChildren
-            ) =>
+            // nothing runs, only client calls and approvals can wait. With answers it goes on
+            // from there (a result given for a call in flight is recorded as the call's).
+            None if answers.any
+                || matches!(
+                    suspended,
+                    Status::SuspendedClientTool | Status::SuspendedAwaitingChildren
+                ) =>
             {
                 self.resume(&fork).await?;
             }
             None => {}
         }
+        if !submits.is_empty() {
+            for (call, answer) in submits {
+                self.answer_fork(&fork, checkpoint, call, answer).await?;
+            }
+            self.resume(&fork).await?;
+        }
         Ok(fork)
+    }
+}
+
+/// The answers a fork starts with, checked against the calls open at its cut.
+struct PlannedAnswers {
+    planned: Vec<Planned>,
+    /// The record at the cut (the run the given results belong to).
+    at: SessionRecord,
+    /// Whether there are any.
+    any: bool,
+}
+
+/// What becomes of one answer.
+enum Planned {
+    /// A server call in flight at the checkpoint: its result, written with the fork.
+    Given {
+        call: crate::types::message::ToolCall,
+        position: usize,
+        answer: crate::types::record::Answer,
+    },
+    /// A client call or an approval waiting: submitted to the fork once it waits again.
+    Submit { call: String, answer: ForkAnswer },
+}
+
+/// Checks each answer against the call it names, among those without a result at the cut.
+fn plan_answers(
+    source: &SessionId,
+    checkpoint: CheckpointId,
+    copied: &[history::LogEntry],
+    at: &SessionRecord,
+    agent: &crate::definition::AgentDefinition,
+    answers: Vec<(String, ForkAnswer)>,
+) -> Result<PlannedAnswers, Error> {
+    use crate::types::record::Answer;
+    let any = !answers.is_empty();
+    let open = history::checkpoints(source, copied)
+        .pop()
+        .map(|last| last.open_calls)
+        .unwrap_or_default();
+    let approved = if any {
+        history::approved_calls(source, copied).map_err(Error::from)?
+    } else {
+        Default::default()
+    };
+    let suspension = at.status == Status::SuspendedClientTool;
+    let mut planned = Vec::new();
+    for (id, answer) in answers {
+        let refuse = |reason: &str| ForkError::CannotAnswer {
+            session: source.clone(),
+            checkpoint,
+            call: id.clone(),
+            reason: reason.to_string(),
+        };
+        let Some((position, call)) = open.iter().enumerate().find(|(_, call)| call.id == id) else {
+            return Err(refuse("no call of that id is without a result there").into());
+        };
+        let Some(tool) = agent.tool(&call.name) else {
+            return Err(refuse("its tool is not one of the agent's").into());
+        };
+        let approval = match tool.def.approval {
+            crate::definition::Approval::Never => Some(false),
+            crate::definition::Approval::Always => Some(true),
+            crate::definition::Approval::When(_) => None,
+        };
+        match (tool.def.kind(), answer) {
+            (ToolKind::Client { .. }, ForkAnswer::Result(value)) => {
+                let errors = tool
+                    .output
+                    .as_ref()
+                    .map(|schema| schema.errors(&value))
+                    .unwrap_or_default();
+                if !errors.is_empty() {
+                    let reason = format!(
+                        "the result does not match the tool's output schema: {}",
+                        errors.join("; ")
+                    );
+                    return Err(refuse(&reason).into());
+                }
+                planned.push(Planned::Submit {
+                    call: id,
+                    answer: ForkAnswer::Result(value),
+                });
+            }
+            (ToolKind::Client { .. }, answer @ ForkAnswer::Error(_)) => {
+                planned.push(Planned::Submit { call: id, answer });
+            }
+            (ToolKind::Client { .. }, _) => {
+                return Err(refuse("a client tool takes a result or an error").into());
+            }
+            (ToolKind::Server(_), answer) => {
+                // At a suspension an open server call waits for its approval; elsewhere it was
+                // running, unless it needs an approval it never got.
+                let waits = !approved.contains(&id) && (suspension || approval == Some(true));
+                if !suspension && !approved.contains(&id) && approval.is_none() {
+                    return Err(refuse("whether it needs an approval depends on its input: fork at the suspension that asked").into());
+                }
+                match (waits, answer) {
+                    (
+                        true,
+                        answer @ (ForkAnswer::Approve | ForkAnswer::Deny(_) | ForkAnswer::Error(_)),
+                    ) => {
+                        planned.push(Planned::Submit { call: id, answer });
+                    }
+                    (true, ForkAnswer::Result(_)) => {
+                        return Err(refuse(
+                            "it waits for an approval: approve, deny, or give an error",
+                        )
+                        .into());
+                    }
+                    (false, ForkAnswer::Result(value)) => planned.push(Planned::Given {
+                        call: call.clone(),
+                        position,
+                        answer: Answer::Result(value),
+                    }),
+                    (false, ForkAnswer::Error(error)) => planned.push(Planned::Given {
+                        call: call.clone(),
+                        position,
+                        answer: Answer::Error(error),
+                    }),
+                    (false, _) => {
+                        return Err(refuse(
+                            "it was running at the checkpoint: give its result or an error",
+                        )
+                        .into());
+                    }
+                }
+            }
+            _ => return Err(refuse("a sub-agent's call is answered by its sub-agent").into()),
+        }
+    }
+    Ok(PlannedAnswers {
+        planned,
+        at: at.clone(),
+        any,
+    })
+}
+
+impl Runtime {
+    /// Submits one of a fork's answers to the call that waits again in the fork.
+    async fn answer_fork(
+        &self,
+        fork: &SessionId,
+        checkpoint: CheckpointId,
+        call: String,
+        answer: ForkAnswer,
+    ) -> Result<(), Error> {
+        use crate::session::submit::{Submit, SubmitOutcome};
+        let submit = match answer {
+            ForkAnswer::Result(value) => Submit::result(fork.as_str(), call.as_str(), value),
+            ForkAnswer::Error(error) => Submit::error(fork.as_str(), call.as_str(), error),
+            ForkAnswer::Approve | ForkAnswer::Deny(_) => {
+                let pending = self.pending(fork).await?;
+                let id = pending
+                    .iter()
+                    .find(|entry| entry.tool_call_id == call)
+                    .map(|entry| entry.approval_id())
+                    .unwrap_or_default();
+                let (approved, reason) = match answer {
+                    ForkAnswer::Deny(reason) => (false, reason),
+                    _ => (true, None),
+                };
+                Submit::approval(fork.as_str(), call.as_str(), id, approved, reason)
+            }
+        };
+        match self.submit_tool_result(submit).await? {
+            SubmitOutcome::Accepted => Ok(()),
+            refused => Err(ForkError::CannotAnswer {
+                session: fork.clone(),
+                checkpoint,
+                call,
+                reason: format!(
+                    "the fork was made, and refused the answer: {}",
+                    refused.code()
+                ),
+            }
+            .into()),
+        }
     }
 }
 

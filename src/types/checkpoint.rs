@@ -172,8 +172,25 @@ pub struct ForkOrigin {
     pub checkpoint: CheckpointId,
 }
 
+/// An answer a fork starts with, for a call of the source's that had no result at the
+/// checkpoint ([`ForkOptions::answer`]): another client result or approval decision than the
+/// source got, or a result in place of a server call that was in flight there.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub enum ForkAnswer {
+    /// A client tool's result (checked against its output schema), or the result a server
+    /// call in flight at the checkpoint gets instead of `tool_durability_error`.
+    Result(serde_json::Value),
+    /// An error as the call's result.
+    Error(String),
+    /// Approves an approval call: the tool runs in the fork, with its input.
+    Approve,
+    /// Denies an approval call, with a reason or not.
+    Deny(Option<String>),
+}
+
 /// How [`Runtime::fork`](crate::Runtime::fork) continues the fork.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 #[non_exhaustive]
 pub struct ForkOptions {
     /// The new session's id; a fresh one if `None`. Must not exist.
@@ -184,6 +201,9 @@ pub struct ForkOptions {
     /// Replaces the last user message at the checkpoint: the fork's history ends just before
     /// that message, and the fork runs with this text instead.
     pub edit_last_message: Option<String>,
+    /// Answers for calls without a result at the checkpoint, by call id: the fork records
+    /// them (through the submit contract for calls that wait) and goes on.
+    pub answers: Vec<(String, ForkAnswer)>,
 }
 
 impl ForkOptions {
@@ -210,6 +230,15 @@ impl ForkOptions {
     #[must_use]
     pub fn edit_last_message(mut self, text: impl Into<String>) -> Self {
         self.edit_last_message = Some(text.into());
+        self
+    }
+
+    /// The fork starts with this answer for call `tool_call_id` (LangGraph's `update_state`,
+    /// as a fork: the source keeps its own answer). Once every call that waited is answered,
+    /// the fork goes on.
+    #[must_use]
+    pub fn answer(mut self, tool_call_id: impl Into<String>, answer: ForkAnswer) -> Self {
+        self.answers.push((tool_call_id.into(), answer));
         self
     }
 }
@@ -282,9 +311,21 @@ pub enum ForkError {
         /// The checkpoint.
         checkpoint: CheckpointId,
     },
-    /// Both `message` and `edit_last_message` were given.
-    #[error("a fork takes a new message or an edited last message, not both")]
+    /// Both `message` and `edit_last_message` were given, or a message and answers.
+    #[error("a fork takes a new message, an edited last message, or answers, one of them")]
     MessageAndEdit,
+    /// An answer of [`ForkOptions::answer`] does not fit its call.
+    #[error("session {session} at checkpoint {checkpoint}: call {call} cannot take that answer: {reason}")]
+    CannotAnswer {
+        /// The session.
+        session: SessionId,
+        /// The checkpoint.
+        checkpoint: CheckpointId,
+        /// The call.
+        call: String,
+        /// Why (no such call waits there, the wrong kind of answer, the output schema).
+        reason: String,
+    },
     /// The id asked for the fork is taken.
     #[error("session {0} already exists")]
     IdTaken(SessionId),

@@ -340,22 +340,12 @@ fn dispatched_approvals(
     now: u64,
 ) -> Result<Vec<PendingCall>, Error> {
     let mut open = OpenCalls::default();
-    let mut approved = std::collections::HashSet::new();
     for entry in copied {
         for (_, message) in &entry.messages {
             open.see(message);
         }
-        for chunk in entry.chunks(session)? {
-            if let ChunkKind::ToolApprovalResponse {
-                tool_call_id,
-                approved: true,
-                ..
-            } = chunk.kind
-            {
-                approved.insert(tool_call_id);
-            }
-        }
     }
+    let approved = approved_calls(session, copied)?;
     let Some(run_id) = at.current_run else {
         return Ok(Vec::new());
     };
@@ -492,6 +482,63 @@ pub(crate) fn compact_batch(
         encode_log(&messages, &runs, &chunks, &record)?,
     );
     Ok(Some((batch, CheckpointId(merged[target].seq), target)))
+}
+
+/// The calls `copied` (a session's history) records as approved: the resume that acted on an
+/// approval put the decision on the stream before the tool ran.
+pub(crate) fn approved_calls(
+    session: &SessionId,
+    copied: &[LogEntry],
+) -> Result<std::collections::HashSet<String>, Error> {
+    let mut approved = std::collections::HashSet::new();
+    for entry in copied {
+        for chunk in entry.chunks(session)? {
+            if let ChunkKind::ToolApprovalResponse {
+                tool_call_id,
+                approved: true,
+                ..
+            } = chunk.kind
+            {
+                approved.insert(tool_call_id);
+            }
+        }
+    }
+    Ok(approved)
+}
+
+/// Adds the pending entry that gives a fork's call in flight at the checkpoint the result its
+/// options chose: its resume records it as the call's result, as an accepted answer, instead
+/// of a `tool_durability_error`.
+pub(crate) fn put_given_result(
+    batch: &mut Batch,
+    fork: &SessionId,
+    call: &ToolCall,
+    position: usize,
+    answer: Answer,
+    at: &SessionRecord,
+    now: u64,
+) -> Result<(), Error> {
+    let Some(run_id) = at.current_run else {
+        return Ok(());
+    };
+    let entry = PendingCall {
+        tool_call_id: call.id.clone(),
+        tool_name: call.name.clone(),
+        input: call.input.clone(),
+        kind: PendingKind::Client,
+        run_id,
+        position: u32::try_from(position).unwrap_or(u32::MAX),
+        requested_at_ms: now,
+        deadline_at_ms: now,
+        answer: Some(answer),
+        answered_at_ms: Some(now),
+    };
+    batch.put(
+        Tree::Pending,
+        call_key(fork, &call.id),
+        encode(Tree::Pending, &entry)?,
+    );
+    Ok(())
 }
 
 /// An empty batch of a fork's writes, made under the lease of the fork's tree `root`.

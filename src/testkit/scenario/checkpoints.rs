@@ -62,22 +62,13 @@ pub(super) async fn state_at(
     Observed::Past(past)
 }
 
-/// `fork`.
+/// `fork`, with the options the step gave.
 pub(super) async fn fork(
     runtime: &Runtime,
     source: &SessionId,
     spec: &CheckpointSpec,
-    fork: &SessionId,
-    message: Option<&str>,
-    edit_message: Option<&str>,
+    options: ForkOptions,
 ) -> Observed {
-    let mut options = ForkOptions::new().id(fork.clone());
-    if let Some(message) = message {
-        options = options.message(message);
-    }
-    if let Some(text) = edit_message {
-        options = options.edit_last_message(text);
-    }
     let forked = match resolve(runtime, source, spec).await {
         Ok(checkpoint) => runtime.fork(source, checkpoint, options).await.map(drop),
         Err(error) => Err(error),

@@ -312,8 +312,25 @@ pub(crate) struct ForkStep {
     pub(crate) message: Option<String>,
     #[serde(default)]
     pub(crate) edit_message: Option<String>,
+    /// Call id → the answer the fork starts with.
+    #[serde(default)]
+    pub(crate) answers: BTreeMap<String, ForkAnswerSpec>,
     #[serde(default)]
     pub(crate) expect: Expect,
+}
+
+/// One answer of a `fork` step: exactly one of `result`, `error`, `approved` (with `reason`).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ForkAnswerSpec {
+    #[serde(default)]
+    pub(crate) result: Option<Value>,
+    #[serde(default)]
+    pub(crate) error: Option<String>,
+    #[serde(default)]
+    pub(crate) approved: Option<bool>,
+    #[serde(default)]
+    pub(crate) reason: Option<String>,
 }
 
 /// What a `state_at` step expects of the session at the checkpoint.

@@ -221,12 +221,30 @@ impl Parser {
                     .fork
                     .parse()
                     .map_err(|error| self.error(&format!("{path}.fork"), error))?;
+                let mut answers = Vec::new();
+                for (call, spec) in step.answers {
+                    use crate::types::ForkAnswer;
+                    let answer = match (spec.result, spec.error, spec.approved) {
+                        (Some(value), None, None) => ForkAnswer::Result(value),
+                        (None, Some(error), None) => ForkAnswer::Error(error),
+                        (None, None, Some(true)) => ForkAnswer::Approve,
+                        (None, None, Some(false)) => ForkAnswer::Deny(spec.reason),
+                        _ => {
+                            return Err(self.error(
+                                &format!("{path}.answers.{call}"),
+                                "expected exactly one of `result`, `error` or `approved`",
+                            ))
+                        }
+                    };
+                    answers.push((call, answer));
+                }
                 let op = Op::Fork {
                     source,
                     checkpoint: step.checkpoint,
                     fork,
                     message: step.message,
                     edit_message: step.edit_message,
+                    answers,
                 };
                 (op, step.expect)
             }

@@ -18,6 +18,7 @@ use super::step::{EvictTarget, Op};
 use super::world::World;
 use crate::store::CommitKind;
 use crate::types::ids::SessionId;
+use crate::types::ForkOptions;
 
 /// How long one op, or the final shutdown, may take. Scenario ops are tiny, so anything near
 /// this is a runtime that never settles.
@@ -195,16 +196,21 @@ async fn perform(world: &mut World, op: &Op) -> Result<Observed, Stop> {
             fork,
             message,
             edit_message,
+            answers,
         } => match world.runtime_for(source).await {
-            Ok(runtime) => Ok(checkpoints::fork(
-                runtime,
-                source,
-                checkpoint,
-                fork,
-                message.as_deref(),
-                edit_message.as_deref(),
-            )
-            .await),
+            Ok(runtime) => {
+                let mut options = ForkOptions::new().id(fork.clone());
+                if let Some(message) = message {
+                    options = options.message(message.as_str());
+                }
+                if let Some(text) = edit_message {
+                    options = options.edit_last_message(text.as_str());
+                }
+                for (call, answer) in answers {
+                    options = options.answer(call.as_str(), answer.clone());
+                }
+                Ok(checkpoints::fork(runtime, source, checkpoint, options).await)
+            }
             Err(error) => Ok(Observed::Done(Err(error))),
         },
         Op::CrashBefore { commit } => {

@@ -87,6 +87,7 @@ pub(crate) enum Op {
         fork: SessionId,
         message: Option<String>,
         edit_message: Option<String>,
+        answers: Vec<(String, crate::types::ForkAnswer)>,
     },
 }
 
