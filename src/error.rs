@@ -109,7 +109,8 @@ pub enum Error {
     /// changing calls' errors too, and one variant does not earn a type of its own.
     #[error("refused: not a peer of this node (a wrong key, or a store only this node uses)")]
     PeerRefused,
-    /// A fork ([`Runtime::fork`](crate::Runtime::fork)) was refused; nothing was written.
+    /// A fork ([`Runtime::fork`](crate::Runtime::fork)) was refused (nothing written), or made
+    /// and then could not go on ([`ForkError::ContinuationFailed`](crate::types::ForkError)).
     #[error("fork refused: {0}")]
     Fork(crate::types::ForkError),
 }
@@ -170,6 +171,9 @@ impl Error {
             Error::PeerRefused => "peer_refused",
             Error::Fork(crate::types::ForkError::UnknownCheckpoint { .. }) => "unknown_checkpoint",
             Error::Fork(crate::types::ForkError::Compacted { .. }) => "checkpoint_compacted",
+            Error::Fork(crate::types::ForkError::ContinuationFailed { .. }) => {
+                "fork_continuation_failed"
+            }
             Error::Fork(crate::types::ForkError::IdTaken(_)) => "session_exists",
             Error::Fork(_) => "fork_refused",
         }

@@ -445,6 +445,24 @@ async fn a_tree_forks_with_its_waiting_child_and_answers_reach_the_forks_child_o
         SubmitOutcome::Accepted
     );
     assert_eq!(runtime.resume(&fork).await?.status, Status::Completed);
+    // The fork's stream holds each of the child's chunks once: those copied with the
+    // history, then what the forked child wrote.
+    let mut copied = std::collections::HashSet::new();
+    let mut starts = 0;
+    for chunk in runtime.chunks(&fork, 0).await? {
+        match chunk.kind {
+            dormant::types::ChunkKind::Forwarded { chunk, .. } => {
+                assert!(
+                    copied.insert(chunk.seq),
+                    "child chunk {} copied twice",
+                    chunk.seq
+                );
+            }
+            dormant::types::ChunkKind::SubagentStart { .. } => starts += 1,
+            _ => {}
+        }
+    }
+    assert_eq!(starts, 1);
     let source_child = source.ephemeral_child("h1");
     assert_eq!(
         runtime.status(&source_child).await?,
@@ -774,6 +792,12 @@ async fn a_fork_can_start_with_other_answers_than_its_source_got() -> anyhow::Re
             ForkError::CannotAnswer { call: refused, .. } if refused == call
         ));
     }
+    // Over the submit contract's size limit (1 MiB by default): refused the same way.
+    let big = ForkAnswer::Result(json!({ "blob": "x".repeat(2 << 20) }));
+    assert!(matches!(
+        refusal(runtime.fork(&source, suspended, ForkOptions::new().answer("k1", big)).await)?,
+        ForkError::CannotAnswer { reason, .. } if reason.contains("payload_too_large")
+    ));
     assert_eq!(runtime.session_ids().await?, before, "nothing was written");
 
     // The source approves; a fork of the same suspension answers otherwise and denies.

@@ -119,6 +119,9 @@ impl From<dormant::Error> for ApiError {
             E::PeerRefused => StatusCode::FORBIDDEN,
             E::Fork(dormant::types::ForkError::UnknownCheckpoint { .. }) => StatusCode::NOT_FOUND,
             E::Fork(dormant::types::ForkError::MessageAndEdit) => StatusCode::BAD_REQUEST,
+            E::Fork(dormant::types::ForkError::CannotAnswer { .. }) => {
+                StatusCode::UNPROCESSABLE_ENTITY
+            }
             E::Fork(dormant::types::ForkError::Compacted { .. }) => StatusCode::GONE,
             E::Fork(_) => StatusCode::CONFLICT,
             _ => StatusCode::INTERNAL_SERVER_ERROR,

@@ -357,14 +357,27 @@ pub(crate) async fn fork(
         options = options.answer(call, answer);
     }
     let checkpoint = dormant::types::CheckpointId(body.checkpoint);
-    let fork = state.runtime.fork(&source, checkpoint, options).await?;
+    // A fork that was made but could not go on is still the caller's: it gets its id and
+    // token, with what failed.
+    let (fork, failed) = match state.runtime.fork(&source, checkpoint, options).await {
+        Ok(fork) => (fork, None),
+        Err(dormant::Error::Fork(dormant::types::ForkError::ContinuationFailed {
+            fork,
+            code,
+            reason,
+        })) => (fork, Some(json!({ "code": code, "message": reason }))),
+        Err(error) => return Err(error.into()),
+    };
     tracing::info!(session = %fork, source = %source, checkpoint = %checkpoint, "server.forked");
     let record = state.runtime.session(&fork).await?;
-    let answer = json!({
+    let mut answer = json!({
         "session_id": fork,
         "token": state.key.issue(&fork),
         "status": record.status,
         "forked_from": record.forked_from,
     });
+    if let (Some(failed), Some(fields)) = (failed, answer.as_object_mut()) {
+        fields.insert("continuation_error".into(), failed);
+    }
     Ok((StatusCode::CREATED, Json(answer)).into_response())
 }

@@ -91,7 +91,7 @@ async fn a_suspended_session_is_read_at_a_checkpoint_and_forked_over_http() -> a
     let (code, refused) = answer(server.post("/fork", Some(&source.token), &wrong).await?).await?;
     assert_eq!(
         (code, refused["code"].as_str()),
-        (StatusCode::CONFLICT, Some("fork_refused")),
+        (StatusCode::UNPROCESSABLE_ENTITY, Some("fork_refused")),
         "{refused}"
     );
     let body = json!({ "session_id": source.id, "checkpoint": id,

@@ -455,7 +455,7 @@ impl SessionActor {
         let held = log_count.saturating_sub(oldest.0);
         let too_many = retention.keep_last.is_some_and(|keep| {
             let margin = if slack { (keep / 2).max(1) } else { 0 };
-            held > (keep + margin) as u64
+            held > u64::try_from(keep.saturating_add(margin)).unwrap_or(u64::MAX)
         });
         let too_old = retention.max_age_ms.is_some_and(|age| {
             let margin = if slack { age / 2 } else { 0 };

@@ -17,9 +17,10 @@ use crate::types::checkpoint::{
     Retention, StateAt,
 };
 use crate::types::hooks::HookEvent;
+use crate::types::ids::RunId;
 use crate::types::ids::SessionId;
 use crate::types::message::Message;
-use crate::types::record::{SessionRecord, Status};
+use crate::types::record::{ChildCall, ChildState, SessionRecord, Status};
 
 impl Runtime {
     /// The session's checkpoints, oldest first: one for every commit that recorded something
@@ -215,6 +216,7 @@ impl Runtime {
             &*self.agent(&at.agent)?,
             options.answers,
         )?;
+        self.check_answer_sizes(source, checkpoint, &answers)?;
         let latest = self.latest_checkpoint(source).await?;
         let suspended = at.status;
         let agent = self.agent(&at.agent)?;
@@ -279,28 +281,24 @@ impl Runtime {
                 forked_from: origin,
             },
         );
-        match continue_with {
-            Some(message) => {
-                self.execute_on(&fork, agent.name(), message).await?;
+        let continued = self
+            .go_on(
+                &fork,
+                checkpoint,
+                &agent,
+                continue_with,
+                suspended,
+                answers.any,
+                submits,
+            )
+            .await;
+        if let Err(error) = continued {
+            return Err(ForkError::ContinuationFailed {
+                fork,
+                code: error.code().to_string(),
+                reason: error.to_string(),
             }
-            // Its calls wait again, under a new run, and its forked sub-agents' calls too:
-            // nothing runs, only client calls and approvals can wait. With answers it goes on
-            // from there (a result given for a call in flight is recorded as the call's).
-            None if answers.any
-                || matches!(
-                    suspended,
-                    Status::SuspendedClientTool | Status::SuspendedAwaitingChildren
-                ) =>
-            {
-                self.resume(&fork).await?;
-            }
-            None => {}
-        }
-        if !submits.is_empty() {
-            for (call, answer) in submits {
-                self.answer_fork(&fork, checkpoint, call, answer).await?;
-            }
-            self.resume(&fork).await?;
+            .into());
         }
         Ok(fork)
     }
@@ -441,6 +439,97 @@ fn plan_answers(
 }
 
 impl Runtime {
+    /// What a fork does once written: the new message's run, or the resume that makes its
+    /// calls wait again (and records the results given for calls that were running), then the
+    /// answers for the calls that wait, and the resume that goes on with them.
+    #[allow(clippy::too_many_arguments)]
+    async fn go_on(
+        &self,
+        fork: &SessionId,
+        checkpoint: CheckpointId,
+        agent: &crate::definition::AgentDefinition,
+        message: Option<String>,
+        suspended: Status,
+        answered: bool,
+        submits: Vec<(String, ForkAnswer)>,
+    ) -> Result<(), Error> {
+        match message {
+            Some(message) => {
+                self.execute_on(fork, agent.name(), message).await?;
+            }
+            // Its calls wait again, under a new run, and its forked sub-agents' calls too:
+            // nothing runs, only client calls and approvals can wait. With answers it goes on
+            // from there (a result given for a call in flight is recorded as the call's).
+            None if answered
+                || matches!(
+                    suspended,
+                    Status::SuspendedClientTool | Status::SuspendedAwaitingChildren
+                ) =>
+            {
+                self.resume(fork).await?;
+            }
+            None => {}
+        }
+        if !submits.is_empty() {
+            for (call, answer) in submits {
+                self.answer_fork(fork, checkpoint, call, answer).await?;
+            }
+            self.resume(fork).await?;
+        }
+        Ok(())
+    }
+
+    /// Refuses, before anything is written, an answer the submit contract would refuse for its
+    /// size or depth (`max_result_bytes`, the JSON depth limit).
+    fn check_answer_sizes(
+        &self,
+        source: &SessionId,
+        checkpoint: CheckpointId,
+        answers: &PlannedAnswers,
+    ) -> Result<(), Error> {
+        use crate::session::submit::Submit;
+        for planned in &answers.planned {
+            let (call, submit) = match planned {
+                Planned::Submit {
+                    call,
+                    answer: ForkAnswer::Result(value),
+                } => (
+                    call,
+                    Submit::result(source.as_str(), call.as_str(), value.clone()),
+                ),
+                Planned::Submit {
+                    call,
+                    answer: ForkAnswer::Error(error),
+                } => (
+                    call,
+                    Submit::error(source.as_str(), call.as_str(), error.clone()),
+                ),
+                Planned::Given { call, answer, .. } => match answer {
+                    crate::types::record::Answer::Result(value) => (
+                        &call.id,
+                        Submit::result(source.as_str(), call.id.as_str(), value.clone()),
+                    ),
+                    crate::types::record::Answer::Error(error) => (
+                        &call.id,
+                        Submit::error(source.as_str(), call.id.as_str(), error.clone()),
+                    ),
+                    _ => continue,
+                },
+                Planned::Submit { .. } => continue,
+            };
+            if let Err(refused) = submit.check(self.limits()) {
+                return Err(ForkError::CannotAnswer {
+                    session: source.clone(),
+                    checkpoint,
+                    call: call.clone(),
+                    reason: format!("the submit contract refuses it: {}", refused.code()),
+                }
+                .into());
+            }
+        }
+        Ok(())
+    }
+
     /// Submits one of a fork's answers to the call that waits again in the fork.
     async fn answer_fork(
         &self,
@@ -539,9 +628,9 @@ impl Runtime {
                 .map(|last| last.open_calls)
                 .unwrap_or_default();
             let (mut local, mut remote) = (Vec::new(), Vec::new());
-            for call in open {
+            for (position, call) in open.into_iter().enumerate() {
                 match agent.tool(&call.name).map(|tool| tool.def.kind()) {
-                    Some(ToolKind::SubAgent { .. }) => local.push(call.id),
+                    Some(ToolKind::SubAgent { .. }) => local.push((position, call)),
                     Some(ToolKind::RemoteSubAgent { .. }) => remote.push(call.id),
                     _ => {}
                 }
@@ -559,7 +648,9 @@ impl Runtime {
                 .into());
             }
             let mut from_latest = false;
-            for call in local {
+            let now = self.now_ms();
+            for (position, parent_call) in local {
+                let call = parent_call.id.clone();
                 let child = source.ephemeral_child(&call);
                 let mut child_log = self.read(history::load_history(store, &child, None).await)?;
                 if child_log.is_empty() {
@@ -592,7 +683,11 @@ impl Runtime {
                 };
                 let child_at = child_log[index].record.clone().ok_or_else(moved_on)?;
                 let child_checkpoint = CheckpointId(child_log[index].seq);
-                if index == 0 && child_checkpoint.0 > 0 && child_at.chunk_count != forwarded {
+                if forwarded > 0
+                    && index == 0
+                    && child_checkpoint.0 > 0
+                    && child_at.chunk_count != forwarded
+                {
                     // Compacted past the point: its oldest checkpoint is later than that.
                     return Err(ForkError::Compacted {
                         session: child,
@@ -613,8 +708,22 @@ impl Runtime {
                 let child_place = Placement {
                     id: place.id.ephemeral_child(&call),
                     root: place.root.clone(),
-                    parent: Some((place.id.clone(), call)),
+                    parent: Some((place.id.clone(), call.clone())),
                 };
+                let entry = ChildCall {
+                    tool_call_id: call,
+                    tool_name: parent_call.name,
+                    child: child_place.id.clone(),
+                    run_id: at.current_run.unwrap_or_else(RunId::generate),
+                    position: u32::try_from(position).unwrap_or(u32::MAX),
+                    started_at_ms: now,
+                    state: ChildState::Running,
+                    forwarded,
+                    companion: None,
+                    remote: None,
+                    remote_look: None,
+                };
+                self.read(history::put_forked_child(batch, &place.id, &entry))?;
                 from_latest |= self.write_fork(batch, child_cut, child_place, true).await?;
             }
             let run = self.read(history::current_run(&source, &copied, &at))?;
@@ -622,7 +731,6 @@ impl Runtime {
                 session: source,
                 checkpoint,
             };
-            let now = self.now_ms();
             history::write_fork(batch, &copied, &at, run.as_ref(), &place, &origin, now)?;
             Ok(from_latest)
         })
@@ -653,6 +761,18 @@ fn cut_before_last_user_message(
         .first()
         .and_then(|entry| entry.record.clone())
         .ok_or_else(no_message)?;
+    if let Some(merged) = history
+        .first()
+        .filter(|entry| with_message == 0 && entry.seq > 0)
+    {
+        // The message is in the entry retention merged the older ones into: the history
+        // before it is gone as checkpoints.
+        return Err(ForkError::Compacted {
+            session: source.clone(),
+            checkpoint,
+            oldest_kept: CheckpointId(merged.seq),
+        });
+    }
     history.truncate(with_message);
     Ok(
         match history.last().and_then(|entry| entry.record.clone()) {

@@ -142,7 +142,12 @@ pub(crate) fn report_of(outcome: &RunOutcome, aborted: bool) -> Option<ChildRepo
                 || serde_json::Value::String(outcome.text.clone().unwrap_or_default()),
             )))
         }
-        Status::Interrupted if error.is_some_and(|error| error.code == ErrorCode::Crashed) => {
+        // Cut by a crash, or a fork made inside its run: its parent wakes it to go on.
+        Status::Interrupted
+            if error.is_some_and(|error| {
+                matches!(error.code, ErrorCode::Crashed | ErrorCode::ForkPoint)
+            }) =>
+        {
             ChildReport::Crashed
         }
         status => {

@@ -606,9 +606,16 @@ async fn load_log_messages(
     store: &dyn Store,
     session: &SessionId,
 ) -> Result<Vec<(u64, Message)>, Error> {
-    let mut messages = Vec::new();
+    let mut messages: Vec<(u64, Message)> = Vec::new();
     for (_, bytes) in store.scan_prefix(Tree::Log, &prefix(session)).await? {
-        messages.extend(decode_messages(session, &bytes)?);
+        // A scan that met a compaction may read merged messages twice (sled iterates key by
+        // key): each message once, by its sequence number.
+        let next = messages.last().map_or(0, |(seq, _)| seq + 1);
+        messages.extend(
+            decode_messages(session, &bytes)?
+                .into_iter()
+                .filter(|(seq, _)| *seq >= next),
+        );
     }
     Ok(messages)
 }
@@ -752,7 +759,9 @@ pub(crate) async fn load_chunks(
         .await?
     {
         let entry: Vec<Chunk> = decode_section(session, &bytes, Section::Chunks)?;
-        chunks.extend(entry.into_iter().filter(|chunk| chunk.seq >= from));
+        // Each chunk once, as for messages (a scan that met a compaction).
+        let next = chunks.last().map_or(from, |chunk: &Chunk| chunk.seq + 1);
+        chunks.extend(entry.into_iter().filter(|chunk| chunk.seq >= next));
     }
     Ok(chunks)
 }

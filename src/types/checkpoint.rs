@@ -243,7 +243,8 @@ impl ForkOptions {
     }
 }
 
-/// Why a fork was refused. Nothing was written.
+/// Why a fork was refused: nothing was written, except for [`ForkError::ContinuationFailed`]
+/// (the fork exists; going on from it failed).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum ForkError {
@@ -329,4 +330,16 @@ pub enum ForkError {
     /// The id asked for the fork is taken.
     #[error("session {0} already exists")]
     IdTaken(SessionId),
+    /// The fork was made and is durable, but going on from it failed (its resume, its new
+    /// message's run, or one of its answers): it stands as any session does after such a
+    /// failure, and is resumed, answered or given a message as any other.
+    #[error("the fork {fork} was made, but going on from it failed ({code}): {reason}")]
+    ContinuationFailed {
+        /// The fork.
+        fork: SessionId,
+        /// The failure's stable code (`Error::code`).
+        code: String,
+        /// What failed.
+        reason: String,
+    },
 }

@@ -111,9 +111,10 @@ impl RunUsage {
         });
     }
 
-    /// Whether nothing was recorded.
+    /// Whether nothing was recorded (by the totals: a run in progress is stored without
+    /// its entries until it suspends or ends).
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.model_calls == 0 && self.tool_calls == 0 && self.entries.is_empty()
     }
 }
 

@@ -2,8 +2,9 @@
 //! copy of that history a fork starts from.
 //!
 //! A checkpoint is a log entry: every commit that appends to a session writes one, with the
-//! session's record as of the commit, and nothing ever rewrites or removes it. So a checkpoint
-//! costs no write of its own, and reading one is a scan of the session's log up to it.
+//! session's record as of the commit, and no commit rewrites or removes it (only retention
+//! merges old entries, keeping everything they recorded). So a checkpoint costs no write of
+//! its own, and reading one is a scan of the session's log up to it.
 
 use std::collections::BTreeMap;
 
@@ -16,7 +17,8 @@ use crate::types::checkpoint::{Checkpoint, CheckpointId, ForkOrigin, PastState, 
 use crate::types::ids::SessionId;
 use crate::types::message::{Message, ToolCall};
 use crate::types::record::{
-    Answer, ErrorCode, PendingCall, PendingKind, RunError, RunRecord, SessionRecord, Status,
+    Answer, ChildCall, ErrorCode, PendingCall, PendingKind, RunError, RunRecord, SessionRecord,
+    Status,
 };
 use crate::types::stream::{Chunk, ChunkKind};
 
@@ -54,7 +56,49 @@ fn log_seq_of(prefix_len: usize, key: &[u8]) -> Option<u64> {
 }
 
 /// The session's log entries in commit order, up to and including `through` if given.
+///
+/// Retention merges old entries into one (`compact_batch`), and sled reads a range key by
+/// key, so a read that meets a compaction may see entries before it and the merged entry
+/// after it: it is read again, until it sees one log (sequence numbers consecutive, each
+/// message once).
 pub(crate) async fn load_history(
+    store: &dyn Store,
+    session: &SessionId,
+    through: Option<CheckpointId>,
+) -> Result<Vec<LogEntry>, Error> {
+    const READS: usize = 4;
+    for _ in 0..READS {
+        let entries = read_history(store, session, through).await?;
+        if one_log(&entries) {
+            return Ok(entries);
+        }
+    }
+    Err(Error::Corrupt {
+        session: session.clone(),
+        tree: Tree::Log.name(),
+        reason: format!("the log changed under each of {READS} reads (compactions)"),
+    })
+}
+
+/// Whether `entries` read as one state of the log: consecutive sequence numbers, and no
+/// message twice.
+fn one_log(entries: &[LogEntry]) -> bool {
+    let mut next_message = 0;
+    for (index, entry) in entries.iter().enumerate() {
+        if index > 0 && entry.seq != entries[index - 1].seq + 1 {
+            return false;
+        }
+        for (seq, _) in &entry.messages {
+            if *seq < next_message {
+                return false;
+            }
+            next_message = seq + 1;
+        }
+    }
+    true
+}
+
+async fn read_history(
     store: &dyn Store,
     session: &SessionId,
     through: Option<CheckpointId>,
@@ -255,17 +299,24 @@ pub(crate) fn write_fork(
     now: u64,
 ) -> Result<(), Error> {
     let fork = &place.id;
+    let source_prefix = prefix(&origin.session).len();
+    let mut snapshot = false;
     for entry in copied {
         let Some(record) = &entry.record else {
+            // An entry of the first format, without a record: copied as it is.
+            let mut key = prefix(fork);
+            key.extend_from_slice(entry.key.get(source_prefix..).unwrap_or_default());
+            batch.put(Tree::Log, key, entry.bytes.clone());
             continue;
         };
         let record = rebased(record, place, origin);
-        if entry.seq == 0 {
+        if !snapshot {
             batch.put(
                 Tree::Sessions,
                 session_key(fork),
                 encode(Tree::Sessions, &record)?,
             );
+            snapshot = true;
         }
         // The entry as the source stored it, with the record placed in the fork's tree.
         let mut bytes = before_record(&origin.session, &entry.bytes)?.to_vec();
@@ -537,6 +588,22 @@ pub(crate) fn put_given_result(
         Tree::Pending,
         call_key(fork, &call.id),
         encode(Tree::Pending, &entry)?,
+    );
+    Ok(())
+}
+
+/// Adds a forked parent's entry for its forked child: started, with the child's chunks the
+/// parent's copied stream holds already counted, so that the fork's resume re-attaches to the
+/// child and copies only what the child writes from then on.
+pub(crate) fn put_forked_child(
+    batch: &mut Batch,
+    parent: &SessionId,
+    child: &ChildCall,
+) -> Result<(), Error> {
+    batch.put(
+        Tree::Children,
+        call_key(parent, &child.tool_call_id),
+        encode(Tree::Children, child)?,
     );
     Ok(())
 }
