@@ -88,14 +88,10 @@ impl PgCluster {
                 .args(["-R", "postgres"])
                 .arg(dir.path()))?;
         }
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|listener| listener.local_addr())
-            .map_err(io("finding a free port"))?
-            .port();
-        let cluster = Self {
+        let mut cluster = Self {
             dir,
             bin,
-            port,
+            port: free_port()?,
             as_postgres,
         };
         let data = cluster.data();
@@ -113,20 +109,31 @@ impl PgCluster {
                 ])
                 .arg(&data);
         })?;
-        let options = format!(
-            "-p {} -c listen_addresses=127.0.0.1 -k {}",
-            cluster.port,
-            cluster.dir.path().display()
-        );
         let log = cluster.log();
-        cluster.pg("pg_ctl", |command| {
-            command
-                .args(["-w", "-D"])
-                .arg(&data)
-                .arg("-l")
-                .arg(&log)
-                .args(["-o", &options, "start"]);
-        })?;
+        // The port was free when asked for, not necessarily still: another process of the
+        // test run may have taken it while initdb ran. The server then does not start; it is
+        // started again on another port.
+        const STARTS: usize = 3;
+        for attempt in 1..=STARTS {
+            let options = format!(
+                "-p {} -c listen_addresses=127.0.0.1 -k {}",
+                cluster.port,
+                cluster.dir.path().display()
+            );
+            let started = cluster.pg("pg_ctl", |command| {
+                command
+                    .args(["-w", "-D"])
+                    .arg(&data)
+                    .arg("-l")
+                    .arg(&log)
+                    .args(["-o", &options, "start"]);
+            });
+            match started {
+                Ok(()) => break,
+                Err(error) if attempt == STARTS => return Err(error),
+                Err(_) => cluster.port = free_port()?,
+            }
+        }
         Ok(Some(cluster))
     }
 
@@ -202,6 +209,14 @@ fn run(command: &mut Command) -> Result<(), ClusterError> {
         });
     }
     Ok(())
+}
+
+/// A loopback port nothing listens on now.
+fn free_port() -> Result<u16, ClusterError> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .map_err(io("finding a free port"))?
+        .port())
 }
 
 /// Where `initdb` and `pg_ctl` are: beside an `initdb` on PATH, else Debian's newest
