@@ -109,6 +109,9 @@ pub enum Error {
     /// changing calls' errors too, and one variant does not earn a type of its own.
     #[error("refused: not a peer of this node (a wrong key, or a store only this node uses)")]
     PeerRefused,
+    /// A page cursor ([`Runtime::inbox`](crate::Runtime::inbox)) this runtime did not make.
+    #[error("{0} is not a cursor this runtime made")]
+    BadCursor(String),
     /// A fork ([`Runtime::fork`](crate::Runtime::fork)) was refused (nothing written), or made
     /// and then could not go on ([`ForkError::ContinuationFailed`](crate::types::ForkError)).
     #[error("fork refused: {0}")]
@@ -169,6 +172,7 @@ impl Error {
             Error::Remote(_) => "remote_error",
             Error::OwnerUnreachable { .. } => "owner_unreachable",
             Error::PeerRefused => "peer_refused",
+            Error::BadCursor(_) => "invalid_cursor",
             Error::Fork(crate::types::ForkError::UnknownCheckpoint { .. }) => "unknown_checkpoint",
             Error::Fork(crate::types::ForkError::Compacted { .. }) => "checkpoint_compacted",
             Error::Fork(crate::types::ForkError::ContinuationFailed { .. }) => {

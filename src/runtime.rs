@@ -13,6 +13,7 @@ mod claim;
 mod follow;
 mod fork;
 pub(crate) mod handle;
+mod inbox;
 mod inner;
 pub(crate) mod read_error;
 mod route;

@@ -9,6 +9,7 @@ pub(crate) mod checkpoint;
 pub(crate) mod clock;
 pub(crate) mod hooks;
 pub(crate) mod ids;
+pub(crate) mod inbox;
 pub(crate) mod message;
 pub(crate) mod nesting;
 pub(crate) mod panic;
@@ -30,6 +31,7 @@ pub use self::checkpoint::{
 pub use self::clock::Clock;
 pub use self::hooks::{HookEvent, NoHooks};
 pub use self::ids::{InvalidId, MAX_SESSION_ID_LEN};
+pub use self::inbox::{Inbox, InboxCursor, InboxFilter, InboxItem};
 pub use self::message::ToolOutcome;
 pub use self::record::{
     Answer, ChildCall, ChildState, Companion, CompanionStatus, ErrorCode, PendingCall, RunError,

@@ -117,6 +117,7 @@ impl From<dormant::Error> for ApiError {
             E::Remote(remote) if remote.is_retryable() => StatusCode::SERVICE_UNAVAILABLE,
             E::Remote(_) => StatusCode::BAD_GATEWAY,
             E::PeerRefused => StatusCode::FORBIDDEN,
+            E::BadCursor(_) => StatusCode::BAD_REQUEST,
             E::Fork(dormant::types::ForkError::UnknownCheckpoint { .. }) => StatusCode::NOT_FOUND,
             E::Fork(dormant::types::ForkError::MessageAndEdit) => StatusCode::BAD_REQUEST,
             E::Fork(dormant::types::ForkError::CannotAnswer { .. }) => {

@@ -19,8 +19,8 @@ use crate::sse;
 use crate::sse_body::Ends;
 use crate::state::AppState;
 use crate::wire::{
-    AcceptedAndResumed, ForkRequest, SessionQuery, SessionRequest, StartRequest, Started,
-    StateQuery, StatusAnswer, StreamOption, SubmitQuery,
+    AcceptedAndResumed, ForkRequest, InboxQuery, SessionQuery, SessionRequest, StartRequest,
+    Started, StateQuery, StatusAnswer, StreamOption, SubmitQuery,
 };
 
 /// `POST /start`: a new session (server-issued id), or a new turn of one the caller holds a
@@ -380,4 +380,38 @@ pub(crate) async fn fork(
         fields.insert("continuation_error".into(), failed);
     }
     Ok((StatusCode::CREATED, Json(answer)).into_response())
+}
+
+/// The most calls one page of `GET /inbox` lists.
+const MAX_INBOX_PAGE: usize = 500;
+
+/// `GET /inbox`: every call that waits for a person, across sessions, soonest deadline first.
+/// It lists every session's calls, so only an operator may read it.
+pub(crate) async fn inbox(
+    State(state): State<AppState>,
+    Params(query): Params<InboxQuery>,
+    credentials: Credentials,
+) -> Result<Json<Value>, ApiError> {
+    let caller = credentials.caller().await?;
+    if !caller.all_sessions {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "operator_only",
+            "the inbox lists the calls of every session: an operator's credentials only",
+        ));
+    }
+    let mut filter = dormant::types::InboxFilter::all();
+    if let Some(agent) = query.agent {
+        filter = filter.agent(agent);
+    }
+    if let Some(kind) = query.kind {
+        filter = filter.kind(kind);
+    }
+    if let Some(tool) = query.tool {
+        filter = filter.tool(tool);
+    }
+    let limit = query.limit.unwrap_or(50).clamp(1, MAX_INBOX_PAGE);
+    let after = query.after.map(dormant::types::InboxCursor);
+    let page = state.runtime.inbox(&filter, after.as_ref(), limit).await?;
+    Ok(Json(json!(page)))
 }

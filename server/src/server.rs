@@ -193,6 +193,7 @@ impl Server {
             ("/checkpoints", get(routes::checkpoints)),
             ("/state", get(routes::state_at)),
             ("/fork", post(routes::fork).route_layer(with_body())),
+            ("/inbox", get(routes::inbox)),
             ("/sse", get(sse::stream)),
             ("/healthz", get(ops::healthz)),
             ("/metrics", get(ops::metrics)),

@@ -75,6 +75,27 @@ pub(crate) struct StateQuery {
     pub(crate) checkpoint: u64,
 }
 
+/// `GET /inbox`'s query.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct InboxQuery {
+    /// Only calls of sessions of this agent.
+    #[serde(default)]
+    pub(crate) agent: Option<String>,
+    /// Only `client` calls or only `approval`s.
+    #[serde(default)]
+    pub(crate) kind: Option<dormant::PendingKind>,
+    /// Only calls of this tool.
+    #[serde(default)]
+    pub(crate) tool: Option<String>,
+    /// Where the page starts: the previous page's `next`.
+    #[serde(default)]
+    pub(crate) after: Option<String>,
+    /// How many calls at most (50 by default, at most 500).
+    #[serde(default)]
+    pub(crate) limit: Option<usize>,
+}
+
 /// `POST /fork`'s body.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

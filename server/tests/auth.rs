@@ -339,3 +339,51 @@ async fn a_token_key_file_keeps_tokens_valid_across_a_restart() -> anyhow::Resul
     runtime.shutdown().await?;
     Ok(())
 }
+
+/// `GET /inbox` lists every session's waiting calls: an operator only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_inbox_is_for_operators_only() -> anyhow::Result<()> {
+    let runtime = demo_runtime(Arc::new(SledStore::temporary()?))?;
+    let server = serve(runtime, key_hook(), ServerConfig::default()).await?;
+    let start = json!({ "agent": "demo", "message": "weather in Porto" });
+    let started = server
+        .http
+        .post(server.url("/start"))
+        .header("x-api-key", "app")
+        .json(&start)
+        .send()
+        .await?;
+    let (code, started) = answer(started).await?;
+    assert_eq!(code, StatusCode::ACCEPTED, "{started}");
+    let session = started["session_id"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    server.runtime.wait_settled(&session.parse()?).await;
+    let get = |key: Option<&'static str>, path: &'static str| {
+        let mut request = server.http.get(server.url(path));
+        if let Some(key) = key {
+            request = request.header("x-api-key", key);
+        }
+        request.send()
+    };
+    let (code, _) = answer(get(None, "/inbox").await?).await?;
+    assert_eq!(code, StatusCode::UNAUTHORIZED);
+    let (code, refused) = answer(get(Some("app"), "/inbox").await?).await?;
+    assert_eq!(
+        (code, refused["code"].as_str()),
+        (StatusCode::FORBIDDEN, Some("operator_only"))
+    );
+    let (code, inbox) = answer(get(Some("ops"), "/inbox?kind=client&limit=10").await?).await?;
+    assert_eq!(code, StatusCode::OK, "{inbox}");
+    assert_eq!(inbox["items"][0]["session"], session.as_str(), "{inbox}");
+    assert_eq!(inbox["items"][0]["tool_name"], "ask_user");
+    assert!(inbox["next"].is_null());
+    let (code, bad) = answer(get(Some("ops"), "/inbox?after=zz").await?).await?;
+    assert_eq!(
+        (code, bad["code"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("invalid_cursor"))
+    );
+    server.stop().await?.shutdown().await?;
+    Ok(())
+}

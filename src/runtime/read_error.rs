@@ -1,4 +1,4 @@
-//! What the runtime's reads can fail with: [`ReadError`], four of [`Error`]'s variants. A read
+//! What the runtime's reads can fail with: [`ReadError`], five of [`Error`]'s variants. A read
 //! goes to the store and to no session's actor, no other node and no remote server, so none
 //! of the refusals, crashes or cluster failures a changing call can meet is among them.
 
@@ -35,6 +35,9 @@ pub enum ReadError {
     /// The runtime is shut down: every read answers this from the moment `shutdown` begins.
     #[error("the runtime is shut down")]
     ShutDown,
+    /// A page cursor ([`Runtime::inbox`](crate::Runtime::inbox)) this runtime did not make.
+    #[error("{0} is not a cursor this runtime made")]
+    BadCursor(String),
 }
 
 // As in `Error`: the wrapped errors are part of the message, so not also its `source`.
@@ -61,6 +64,7 @@ impl From<ReadError> for Error {
             ReadError::Store(error) => Error::Store(error),
             ReadError::Schema(error) => Error::Schema(error),
             ReadError::ShutDown => Error::ShutDown,
+            ReadError::BadCursor(cursor) => Error::BadCursor(cursor),
         }
     }
 }
@@ -74,6 +78,7 @@ impl ReadError {
             ReadError::Schema(schema::Error::UnsupportedVersion { .. }) => "unsupported_version",
             ReadError::Schema(_) => "corrupt_snapshot",
             ReadError::ShutDown => "shut_down",
+            ReadError::BadCursor(_) => "invalid_cursor",
         }
     }
 }

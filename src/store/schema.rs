@@ -408,6 +408,9 @@ pub(crate) struct Lineage {
     /// For a remote sub-agent: its parent and root on the server that started it.
     #[serde(default)]
     pub(crate) remote_parent: Option<crate::remote::RemoteParent>,
+    /// The agent it runs.
+    #[serde(default)]
+    pub(crate) agent: String,
 }
 
 /// Reads a session's [`Lineage`], if the session exists.
@@ -917,6 +920,25 @@ pub(crate) async fn expired_calls(
             deadline_at_ms,
             session,
             tool_call_id,
+        })
+        .collect())
+}
+
+/// Up to `limit` entries of the deadline index after `after` (a key it holds or held), in
+/// deadline order: each key with its deadline, session and call.
+pub(crate) async fn deadlines_after(
+    store: &dyn Store,
+    after: Option<&[u8]>,
+    limit: usize,
+) -> Result<Vec<(Vec<u8>, u64, SessionId, String)>, Error> {
+    let start = after.map_or_else(Vec::new, successor);
+    Ok(store
+        .scan_range(Tree::Deadlines, &start, &[0xff; 9], limit)
+        .await?
+        .into_iter()
+        .filter_map(|(key, _)| {
+            let (at, session, call) = split_timed_key(&key)?;
+            Some((key, at, session, call))
         })
         .collect())
 }

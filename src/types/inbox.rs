@@ -1,0 +1,92 @@
+//! The inbox: every call that waits for a person, across sessions
+//! ([`Runtime::inbox`](crate::Runtime::inbox)).
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::types::ids::SessionId;
+use crate::types::record::PendingKind;
+
+/// Which waiting calls [`Runtime::inbox`](crate::Runtime::inbox) lists: those of one agent,
+/// one kind, one tool, or all (the default).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct InboxFilter {
+    /// Only calls made by sessions of this agent.
+    pub agent: Option<String>,
+    /// Only client-tool calls, or only approvals.
+    pub kind: Option<PendingKind>,
+    /// Only calls of this tool.
+    pub tool: Option<String>,
+}
+
+impl InboxFilter {
+    /// Every waiting call.
+    pub fn all() -> Self {
+        Self::default()
+    }
+
+    /// Only calls made by sessions of `agent`.
+    #[must_use]
+    pub fn agent(mut self, agent: impl Into<String>) -> Self {
+        self.agent = Some(agent.into());
+        self
+    }
+
+    /// Only calls of this kind.
+    #[must_use]
+    pub fn kind(mut self, kind: PendingKind) -> Self {
+        self.kind = Some(kind);
+        self
+    }
+
+    /// Only calls of `tool`.
+    #[must_use]
+    pub fn tool(mut self, tool: impl Into<String>) -> Self {
+        self.tool = Some(tool.into());
+        self
+    }
+}
+
+/// Where a page of the inbox starts: opaque, from [`Inbox::next`].
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct InboxCursor(pub String);
+
+/// One call that waits for a person.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct InboxItem {
+    /// A client tool's call, or an approval.
+    pub kind: PendingKind,
+    /// The session that made the call (answer it against `root`).
+    pub session: SessionId,
+    /// The root of its tree, where answers are submitted.
+    pub root: SessionId,
+    /// The session's agent.
+    pub agent: String,
+    /// The call.
+    pub tool_call_id: String,
+    /// Its tool.
+    pub tool_name: String,
+    /// The tool's description, if the agent is defined here.
+    pub description: Option<String>,
+    /// The tool's input schema, if it has one and the agent is defined here.
+    pub input_schema: Option<Value>,
+    /// The call's input.
+    pub input: Value,
+    /// For an approval: the id its answer must carry.
+    pub approval_id: Option<String>,
+    /// When it started waiting (clock ms).
+    pub since_ms: u64,
+    /// When it times out (clock ms).
+    pub deadline_at_ms: u64,
+}
+
+/// A page of the inbox, soonest deadline first.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Inbox {
+    /// The calls, soonest deadline first.
+    pub items: Vec<InboxItem>,
+    /// Where the next page starts; `None` when the inbox was read to its end.
+    pub next: Option<InboxCursor>,
+}
