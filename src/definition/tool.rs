@@ -119,6 +119,10 @@ pub enum Approval {
     Never,
     /// Always.
     Always,
+    /// Always, and the person may edit the call's input when approving: the decision may
+    /// carry edited input (`Submit::with_edited_input`), checked against the tool's input
+    /// schema, and the tool runs with it. The original stays recorded beside it.
+    Editable,
     /// When the predicate says so; a predicate that errs or panics means approval is required.
     When(ApprovalPredicate),
 }
@@ -128,6 +132,7 @@ impl fmt::Debug for Approval {
         match self {
             Approval::Never => f.write_str("Never"),
             Approval::Always => f.write_str("Always"),
+            Approval::Editable => f.write_str("Editable"),
             Approval::When(_) => f.write_str("When(<predicate>)"),
         }
     }

@@ -39,10 +39,12 @@ pub(crate) async fn forward(
                 approved,
                 approval_id,
                 reason,
+                edited_input,
             } => SubmitAnswer::Approval {
                 approval_id,
                 approved,
                 reason,
+                edited_input,
             },
         },
         // The remote child takes answers only through the root it was started under.

@@ -362,7 +362,9 @@ fn plan_answers(
         };
         let approval = match tool.def.approval {
             crate::definition::Approval::Never => Some(false),
-            crate::definition::Approval::Always => Some(true),
+            crate::definition::Approval::Always | crate::definition::Approval::Editable => {
+                Some(true)
+            }
             crate::definition::Approval::When(_) => None,
         };
         match (tool.def.kind(), answer) {

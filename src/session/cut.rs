@@ -100,10 +100,22 @@ impl Session {
             .into_iter()
             .map(|call| {
                 let slot = self.cut_slot(cx, &call, true);
-                StepCall::new(call, slot)
+                StepCall::new(self.as_approved(call), slot)
             })
             .collect();
         self.dispatch(cx, CommitKind::RunStart, run_id, calls);
+    }
+
+    /// The call as it was approved: with the input the person edited it to, if they did (the
+    /// model's own stays in its reply).
+    fn as_approved(&self, call: ToolCall) -> ToolCall {
+        match self.pending.get(&call.id) {
+            Some(entry) if entry.original_input.is_some() => ToolCall {
+                input: entry.input.clone(),
+                ..call
+            },
+            _ => call,
+        }
     }
 
     /// How a call of the last reply that has no result goes on: with `retry`, when its run is

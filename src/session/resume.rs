@@ -198,6 +198,7 @@ impl Session {
                 approval_id: entry.approval_id(),
                 approved,
                 reason,
+                edited_input: entry.original_input.as_ref().map(|_| entry.input.clone()),
             },
         );
     }

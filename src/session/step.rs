@@ -662,7 +662,7 @@ fn loaded_skill(call: &ToolCall, outcome: &ToolOutcome) -> Option<String> {
 fn needs_approval(approval: &Approval, input: &Value) -> bool {
     match approval {
         Approval::Never => false,
-        Approval::Always => true,
+        Approval::Always | Approval::Editable => true,
         Approval::When(predicate) => {
             match std::panic::catch_unwind(AssertUnwindSafe(|| predicate(input))) {
                 Ok(Ok(required)) => required,

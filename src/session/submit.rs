@@ -70,6 +70,9 @@ pub enum SubmitAnswer {
         approved: bool,
         /// Why (recorded with a denial).
         reason: Option<String>,
+        /// Approved with this input instead of the call's (a tool whose approval is
+        /// [`Approval::Editable`](crate::definition::Approval::Editable)).
+        edited_input: Option<Value>,
     },
 }
 
@@ -115,10 +118,30 @@ impl Submit {
                 approval_id: approval_id.into(),
                 approved,
                 reason,
+                edited_input: None,
             },
             via_root: None,
             owner_session_id: None,
         }
+    }
+
+    /// An approval that approves the call with `input` instead of the call's own (for a
+    /// tool whose approval is [`Approval::Editable`](crate::definition::Approval::Editable));
+    /// the input is checked against the tool's input schema. No effect on other answers.
+    ///
+    /// ```
+    /// use dormant::Submit;
+    /// use serde_json::json;
+    /// let submit = Submit::approval("s1", "d1", "RUN::d1", true, None)
+    ///     .with_edited_input(json!({ "env": "staging" }));
+    /// assert_eq!(submit.to_json()["edited_input"], json!({ "env": "staging" }));
+    /// ```
+    #[must_use]
+    pub fn with_edited_input(mut self, input: Value) -> Self {
+        if let SubmitAnswer::Approval { edited_input, .. } = &mut self.answer {
+            *edited_input = Some(input);
+        }
+        self
     }
 
     /// Names the session that made the call (see [`Submit::owner_session_id`]).
@@ -172,12 +195,16 @@ impl Submit {
                 approval_id,
                 approved,
                 reason,
+                edited_input,
             } => {
                 body.insert("kind".into(), Value::from("approval-response"));
                 body.insert("approval_id".into(), Value::from(approval_id.clone()));
                 body.insert("approved".into(), Value::from(*approved));
                 if let Some(reason) = reason {
                     body.insert("reason".into(), Value::from(reason.clone()));
+                }
+                if let Some(input) = edited_input {
+                    body.insert("edited_input".into(), input.clone());
                 }
             }
         }
@@ -205,7 +232,7 @@ impl Submit {
         let fields = envelope
             .as_object()
             .ok_or_else(|| "the envelope must be a JSON object".to_string())?;
-        const KNOWN: [&str; 10] = [
+        const KNOWN: [&str; 11] = [
             "kind",
             "session_id",
             "via_root",
@@ -216,6 +243,7 @@ impl Submit {
             "approval_id",
             "approved",
             "reason",
+            "edited_input",
         ];
         if let Some(unknown) = fields.keys().find(|key| !KNOWN.contains(&key.as_str())) {
             return Err(format!("unknown field {unknown:?}"));
@@ -227,7 +255,7 @@ impl Submit {
         let result = fields.get("result").cloned();
         let answer = match text(fields, "kind")?.as_deref() {
             None | Some("client-tool-result") => {
-                if let Some(field) = ["approval_id", "approved", "reason"]
+                if let Some(field) = ["approval_id", "approved", "reason", "edited_input"]
                     .iter()
                     .find(|field| fields.contains_key(**field))
                 {
@@ -260,6 +288,7 @@ impl Submit {
                             .ok_or("an approval-response needs approval_id")?,
                         approved,
                         reason: text(fields, "reason")?,
+                        edited_input: fields.get("edited_input").cloned(),
                     },
                 }
             }
@@ -301,10 +330,12 @@ impl Submit {
                 approval_id,
                 approved,
                 reason,
+                edited_input,
             } => Submission::Approval {
                 approved,
                 approval_id,
                 reason,
+                edited_input,
             },
         };
         Ok(Checked {
@@ -330,13 +361,31 @@ impl Submit {
             return invalid("approval_id may not be empty".into());
         }
         // Measured before anything serializes, clones or validates it (see `crate::types::nesting`).
-        if let SubmitAnswer::Result(value) = &self.answer {
+        let payload = match &self.answer {
+            SubmitAnswer::Result(value) => Some(("result", value)),
+            SubmitAnswer::Approval {
+                edited_input: Some(input),
+                ..
+            } => Some(("edited_input", input)),
+            _ => None,
+        };
+        if let Some((name, value)) = payload {
             if nesting::exceeds(value, limits.max_json_depth) {
                 return invalid(format!(
-                    "the result nests deeper than {} arrays and objects (the runtime's max_json_depth)",
+                    "the {name} nests deeper than {} arrays and objects (the runtime's max_json_depth)",
                     limits.max_json_depth
                 ));
             }
+        }
+        if matches!(
+            &self.answer,
+            SubmitAnswer::Approval {
+                approved: false,
+                edited_input: Some(_),
+                ..
+            }
+        ) {
+            return invalid("edited_input goes with an approval, not a denial".into());
         }
         let size = self.payload_len();
         if size > limits.max_result_bytes {
@@ -351,8 +400,13 @@ impl Submit {
     /// Drops a refused submit without recursing into its result (which may nest deeper than
     /// the stack allows serde_json's own drop to go).
     pub(crate) fn discard(self) {
-        if let SubmitAnswer::Result(value) = self.answer {
-            nesting::dismantle(value);
+        match self.answer {
+            SubmitAnswer::Result(value)
+            | SubmitAnswer::Approval {
+                edited_input: Some(value),
+                ..
+            } => nesting::dismantle(value),
+            _ => {}
         }
     }
 
@@ -363,7 +417,16 @@ impl Submit {
                 serde_json::to_vec(value).map_or(usize::MAX, |b| b.len())
             }
             SubmitAnswer::Error(error) => error.len(),
-            SubmitAnswer::Approval { reason, .. } => reason.as_ref().map_or(0, String::len),
+            SubmitAnswer::Approval {
+                reason,
+                edited_input,
+                ..
+            } => {
+                reason.as_ref().map_or(0, String::len)
+                    + edited_input.as_ref().map_or(0, |input| {
+                        serde_json::to_vec(input).map_or(usize::MAX, |b| b.len())
+                    })
+            }
         }
     }
 }

@@ -31,6 +31,8 @@ pub(crate) enum Submission {
         approved: bool,
         approval_id: String,
         reason: Option<String>,
+        /// Approved with this input instead of the call's.
+        edited_input: Option<Value>,
     },
 }
 
@@ -77,6 +79,7 @@ impl Session {
             deadline_at_ms: now.saturating_add(timeout),
             answer: None,
             answered_at_ms: None,
+            original_input: None,
         };
         if kind == PendingKind::Approval {
             self.stage_chunk(
@@ -149,8 +152,8 @@ impl Session {
             self.timeout(cx, call_id);
             return cx.decide(Verdict::AlreadyCompleted);
         }
-        let answer = match self.check_submission(entry, submission) {
-            Ok(answer) => answer,
+        let (answer, edited) = match self.check_submission(entry, submission) {
+            Ok(checked) => checked,
             Err(verdict) => return cx.decide(verdict),
         };
         let wait_ms = now.saturating_sub(entry.requested_at_ms);
@@ -162,7 +165,7 @@ impl Session {
         }));
         // The outcome is reported on the stream when the resume records it: a submit writes
         // only its own entry, so concurrent submits to one session never wait on each other.
-        self.record_answer(cx, call_id, answer);
+        self.record_answer(cx, call_id, answer, edited);
         if self.policy.auto_resume && !self.any_waiting(now) {
             cx.push(Effect::AutoResume);
         }
@@ -170,18 +173,20 @@ impl Session {
         cx.decide(Verdict::Accepted);
     }
 
-    /// Checks a submission against its call: kind binding, approval id, output schema.
+    /// Checks a submission against its call: kind binding, approval id, output schema, and
+    /// for an approval with edited input, that the tool allows edits and the input fits its
+    /// input schema. Answers the answer, and the edited input if any.
     fn check_submission(
         &self,
         entry: &PendingCall,
         submission: Submission,
-    ) -> Result<Answer, Verdict> {
+    ) -> Result<(Answer, Option<Value>), Verdict> {
         let invalid = |reason: String| Verdict::InvalidResult {
             reason,
             errors: Vec::new(),
         };
         match (entry.kind, submission) {
-            (_, Submission::Error(error)) => Ok(Answer::Error(error)),
+            (_, Submission::Error(error)) => Ok((Answer::Error(error), None)),
             (PendingKind::Client, Submission::Result(value)) => {
                 let schema = self
                     .agent
@@ -191,7 +196,7 @@ impl Session {
                     .map(|schema| schema.errors(&value))
                     .unwrap_or_default();
                 if errors.is_empty() {
-                    Ok(Answer::Result(value))
+                    Ok((Answer::Result(value), None))
                 } else {
                     Err(Verdict::InvalidResult {
                         reason: format!(
@@ -216,6 +221,7 @@ impl Session {
                     approved,
                     approval_id,
                     reason,
+                    edited_input,
                 },
             ) => {
                 if approval_id != entry.approval_id() {
@@ -224,22 +230,70 @@ impl Session {
                         entry.approval_id()
                     )));
                 }
+                if let Some(input) = &edited_input {
+                    self.check_edit(entry, input)?;
+                }
                 if approved {
-                    Ok(Answer::Approved)
+                    Ok((Answer::Approved, edited_input))
                 } else {
-                    Ok(Answer::Denied {
-                        reason: reason.filter(|reason| !reason.is_empty()),
-                    })
+                    Ok((
+                        Answer::Denied {
+                            reason: reason.filter(|reason| !reason.is_empty()),
+                        },
+                        None,
+                    ))
                 }
             }
         }
     }
 
-    /// Stores the answer in the entry and removes its deadline.
-    fn record_answer(&mut self, cx: &mut ApplyCx, call_id: &str, answer: Answer) {
+    /// Whether an approval may carry `input` instead of the call's: its tool allows edits,
+    /// and the input fits the tool's input schema.
+    fn check_edit(&self, entry: &PendingCall, input: &Value) -> Result<(), Verdict> {
+        let tool = self.agent.tool(&entry.tool_name);
+        if !tool
+            .is_some_and(|tool| matches!(tool.def.approval, crate::definition::Approval::Editable))
+        {
+            return Err(Verdict::InvalidResult {
+                reason: format!(
+                    "{} does not allow edits on approval (its approval is not Approval::Editable)",
+                    entry.tool_name
+                ),
+                errors: Vec::new(),
+            });
+        }
+        let errors = tool
+            .and_then(|tool| tool.input.as_ref())
+            .map(|schema| schema.errors(input))
+            .unwrap_or_default();
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(Verdict::InvalidResult {
+                reason: format!(
+                    "the edited input does not match the input schema of {}",
+                    entry.tool_name
+                ),
+                errors,
+            })
+        }
+    }
+
+    /// Stores the answer in the entry and removes its deadline; an approval with edited
+    /// input keeps the call's own input beside it, and the tool runs with the edit.
+    fn record_answer(
+        &mut self,
+        cx: &mut ApplyCx,
+        call_id: &str,
+        answer: Answer,
+        edited: Option<Value>,
+    ) {
         let Some(entry) = self.pending.get_mut(call_id) else {
             return;
         };
+        if let Some(input) = edited {
+            entry.original_input = Some(std::mem::replace(&mut entry.input, input));
+        }
         entry.answer = Some(answer);
         entry.answered_at_ms = Some(cx.now);
         let entry = entry.clone();
@@ -269,7 +323,7 @@ impl Session {
         if entry.answer.is_some() || now < entry.deadline_at_ms {
             return;
         }
-        self.record_answer(cx, call_id, Answer::TimedOut);
+        self.record_answer(cx, call_id, Answer::TimedOut, None);
         cx.push(Effect::Observe(Observation::TimedOut {
             tool_call_id: entry.tool_call_id.clone(),
             lag_ms: now.saturating_sub(entry.deadline_at_ms),

@@ -182,6 +182,7 @@ fn root_life() -> Vec<Step> {
         approved: true,
         approval_id: format!("{r1}::d1"),
         reason: None,
+        edited_input: None,
     };
     let timeout = crate::definition::DEFAULT_CLIENT_TOOL_TIMEOUT_MS;
     vec![

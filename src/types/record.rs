@@ -248,6 +248,10 @@ pub struct PendingCall {
     pub answer: Option<Answer>,
     /// When the answer was accepted (clock ms).
     pub answered_at_ms: Option<u64>,
+    /// The call's input as the model made it, when an approval edited it (`input` is then
+    /// the edited input, which the tool runs with).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub original_input: Option<Value>,
 }
 
 impl PendingCall {

@@ -82,6 +82,10 @@ pub enum ChunkKind {
         approved: bool,
         /// Why, if the person said.
         reason: Option<String>,
+        /// The input the person approved the call with, when they edited it (the tool runs
+        /// with it; the model's own is in its reply).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        edited_input: Option<serde_json::Value>,
     },
     /// A `load_skill` call returned a skill's instructions (informational: a client may show
     /// it, and need not).

@@ -415,6 +415,7 @@ fn dispatched_approvals(
             deadline_at_ms: now,
             answer: Some(Answer::Approved),
             answered_at_ms: Some(now),
+            original_input: None,
         })
         .collect())
 }
@@ -583,6 +584,7 @@ pub(crate) fn put_given_result(
         deadline_at_ms: now,
         answer: Some(answer),
         answered_at_ms: Some(now),
+        original_input: None,
     };
     batch.put(
         Tree::Pending,

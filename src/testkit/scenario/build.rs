@@ -133,7 +133,12 @@ fn tool(
         }
     };
     if spec.require_approval {
-        tool = tool.require_approval(Approval::Always);
+        let approval = if spec.editable {
+            Approval::Editable
+        } else {
+            Approval::Always
+        };
+        tool = tool.require_approval(approval);
     }
     tool.safe_to_retry(spec.safe_to_retry)
         .finish_with(spec.finish_with)

@@ -152,6 +152,10 @@ pub(crate) struct ToolSpec {
     pub(crate) agent: Option<String>,
     #[serde(default)]
     pub(crate) require_approval: bool,
+    /// With `require_approval`: the person may edit the input when approving (an addition:
+    /// `Approval::Editable`).
+    #[serde(default)]
+    pub(crate) editable: bool,
     #[serde(default)]
     pub(crate) safe_to_retry: bool,
     #[serde(default)]
@@ -244,6 +248,9 @@ pub(crate) struct SubmitStep {
     pub(crate) reason: Option<String>,
     #[serde(default)]
     pub(crate) approval_id: Option<String>,
+    /// An approval's edited input (an addition).
+    #[serde(default)]
+    pub(crate) edited_input: Option<Value>,
     #[serde(default, deserialize_with = "present")]
     pub(crate) raw: Option<Value>,
     #[serde(default)]

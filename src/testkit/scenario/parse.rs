@@ -302,6 +302,7 @@ impl Parser {
                 ("approved", step.approved.is_some()),
                 ("reason", step.reason.is_some()),
                 ("approval_id", step.approval_id.is_some()),
+                ("edited_input", step.edited_input.is_some()),
             ];
             if let Some((field, _)) = envelope_fields.iter().find(|(_, given)| *given) {
                 return Err(self.error(

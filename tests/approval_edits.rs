@@ -1,0 +1,137 @@
+//! Approvals that edit (issue 32, item 3): a tool whose approval is `Approval::Editable` runs
+//! with the input the person approved it with, checked against its input schema, the original
+//! kept beside it; other tools refuse edits.
+
+use std::sync::{Arc, Mutex};
+
+use dormant::types::{ChunkKind, ToolOutcome};
+use dormant::{
+    AgentDefinition, Approval, ManualClock, Message, ModelReply, Runtime, ScriptedLlm, SessionId,
+    Status, Submit, SubmitOutcome, ToolCall, ToolDefinition, ToolError,
+};
+use serde_json::{json, Value};
+
+/// Agent `ops`: `deploy` (editable approval, input `{env: string}` required) and `drop`
+/// (plain approval); both record the input they ran with.
+fn runtime(ran: Arc<Mutex<Vec<Value>>>, calls: Vec<ToolCall>) -> anyhow::Result<Runtime> {
+    let tool = |name: &str, approval: Approval| {
+        let ran = Arc::clone(&ran);
+        ToolDefinition::server(name, move |input: Value, _ctx| {
+            let ran = Arc::clone(&ran);
+            async move {
+                ran.lock()
+                    .map_err(|_| ToolError::new("poisoned"))?
+                    .push(input.clone());
+                Ok::<_, ToolError>(json!({ "ran_with": input }))
+            }
+        })
+        .input_schema(json!({ "type": "object", "required": ["env"],
+                              "properties": { "env": { "type": "string" } } }))
+        .require_approval(approval)
+    };
+    let ops = AgentDefinition::builder("ops")
+        .tool(tool("deploy", Approval::Editable))
+        .tool(tool("drop", Approval::Always))
+        .build()?;
+    let llm = ScriptedLlm::new().script(
+        "ops",
+        vec![ModelReply::tool_calls(calls), ModelReply::text("done")],
+    );
+    Ok(Runtime::builder()
+        .llm(Arc::new(llm))
+        .clock(Arc::new(ManualClock::new(1_000)))
+        .background_deadlines(false)
+        .agent(ops)
+        .build()?)
+}
+
+fn approval(runtime_run: &dormant::RunOutcome, call: &str) -> String {
+    format!("{}::{call}", runtime_run.run_id)
+}
+
+#[tokio::test]
+async fn an_edited_approval_runs_the_tool_with_the_edit_and_keeps_the_original(
+) -> anyhow::Result<()> {
+    let ran = Arc::new(Mutex::new(Vec::new()));
+    let calls = vec![ToolCall::new("d1", "deploy", json!({ "env": "prod" }))];
+    let runtime = runtime(ran.clone(), calls)?;
+    let id: SessionId = "s1".parse()?;
+    let run = runtime.execute_on(&id, "ops", "ship").await?;
+
+    // Not fitting the input schema: refused with the schema's errors, nothing recorded.
+    let wrong = Submit::approval("s1", "d1", approval(&run, "d1"), true, None)
+        .with_edited_input(json!({ "env": 3 }));
+    match runtime.submit_tool_result(wrong).await? {
+        SubmitOutcome::InvalidResult { errors, .. } => assert!(!errors.is_empty()),
+        other => anyhow::bail!("expected invalid_result, got {other:?}"),
+    }
+    // A denial carries no edit.
+    let denied = Submit::approval("s1", "d1", approval(&run, "d1"), false, None)
+        .with_edited_input(json!({ "env": "staging" }));
+    assert!(matches!(
+        runtime.submit_tool_result(denied).await?,
+        SubmitOutcome::InvalidRequest { .. }
+    ));
+
+    let edited = Submit::approval("s1", "d1", approval(&run, "d1"), true, None)
+        .with_edited_input(json!({ "env": "staging" }));
+    // Through the JSON envelope, as a front end sends it.
+    let outcome = runtime.submit_json(&edited.to_json()).await?;
+    assert_eq!(outcome, SubmitOutcome::Accepted);
+    let pending = runtime.pending(&id).await?;
+    assert_eq!(pending[0].input, json!({ "env": "staging" }));
+    assert_eq!(pending[0].original_input, Some(json!({ "env": "prod" })));
+
+    assert_eq!(runtime.resume(&id).await?.status, Status::Completed);
+    assert_eq!(
+        *ran.lock().map_err(|_| anyhow::anyhow!("poisoned"))?,
+        [json!({ "env": "staging" })]
+    );
+    let messages = runtime.messages(&id).await?;
+    // The model's reply keeps what it asked for; the result says what ran.
+    assert!(messages.iter().any(|message| matches!(message,
+        Message::Assistant { tool_calls, .. } if tool_calls[0].input == json!({ "env": "prod" }))));
+    assert!(messages.iter().any(|message| matches!(message,
+        Message::Tool { outcome: ToolOutcome::Result(result), .. }
+            if result == &json!({ "ran_with": { "env": "staging" } }))));
+    // The stream says the decision carried an edit.
+    let decided = runtime
+        .chunks(&id, 0)
+        .await?
+        .into_iter()
+        .find_map(|chunk| match chunk.kind {
+            ChunkKind::ToolApprovalResponse { edited_input, .. } => Some(edited_input),
+            _ => None,
+        });
+    assert_eq!(decided, Some(Some(json!({ "env": "staging" }))));
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_tool_that_does_not_allow_edits_refuses_an_edited_approval() -> anyhow::Result<()> {
+    let ran = Arc::new(Mutex::new(Vec::new()));
+    let calls = vec![ToolCall::new("x1", "drop", json!({ "env": "prod" }))];
+    let runtime = runtime(ran.clone(), calls)?;
+    let id: SessionId = "s1".parse()?;
+    let run = runtime.execute_on(&id, "ops", "drop it").await?;
+    let edited = Submit::approval("s1", "x1", approval(&run, "x1"), true, None)
+        .with_edited_input(json!({ "env": "staging" }));
+    match runtime.submit_tool_result(edited).await? {
+        SubmitOutcome::InvalidResult { reason, .. } => {
+            assert!(reason.contains("does not allow edits"), "{reason}");
+        }
+        other => anyhow::bail!("expected invalid_result, got {other:?}"),
+    }
+    // The plain approval still works, with the call's own input.
+    let plain = Submit::approval("s1", "x1", approval(&run, "x1"), true, None);
+    assert_eq!(
+        runtime.submit_tool_result(plain).await?,
+        SubmitOutcome::Accepted
+    );
+    runtime.resume(&id).await?;
+    assert_eq!(
+        *ran.lock().map_err(|_| anyhow::anyhow!("poisoned"))?,
+        [json!({ "env": "prod" })]
+    );
+    Ok(())
+}
