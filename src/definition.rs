@@ -6,6 +6,7 @@
 //! companions ([`CompanionMode`], [`PersistentAgent`]), the reserved names and the defaults.
 
 pub(crate) mod agent;
+pub(crate) mod binding;
 mod companion;
 pub(crate) mod tool;
 

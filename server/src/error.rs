@@ -169,6 +169,7 @@ pub(crate) fn submit_answer(outcome: SubmitOutcome) -> Result<Value, ApiError> {
             format!("the answer is {size} bytes; the limit is {limit}"),
             Some(json!({ "size": size, "limit": limit })),
         ),
+        SubmitOutcome::StaleApproval { reason } => (StatusCode::CONFLICT, reason, None),
         other => (
             StatusCode::INTERNAL_SERVER_ERROR,
             format!("unexpected submit outcome {other:?}"),

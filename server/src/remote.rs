@@ -224,6 +224,9 @@ impl RemoteAgents for HttpRemoteAgents {
                     })
                     .unwrap_or_default(),
             },
+            (StatusCode::CONFLICT, "stale_approval") => {
+                SubmitOutcome::StaleApproval { reason: message }
+            }
             (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large") => {
                 SubmitOutcome::PayloadTooLarge {
                     size: count("size"),

@@ -40,11 +40,13 @@ pub(crate) async fn forward(
                 approval_id,
                 reason,
                 edited_input,
+                binding,
             } => SubmitAnswer::Approval {
                 approval_id,
                 approved,
                 reason,
                 edited_input,
+                binding,
             },
         },
         // The remote child takes answers only through the root it was started under.

@@ -103,6 +103,7 @@ impl Runtime {
                     kind: pending.kind,
                     approval_id: (pending.kind == PendingKind::Approval)
                         .then(|| pending.approval_id()),
+                    binding: pending.binding.clone(),
                     session: session.clone(),
                     root: root.clone(),
                     agent: agent.clone(),

@@ -147,6 +147,12 @@ impl Session {
     /// other answer is the call's result.
     pub(super) fn answered_slot(&self, cx: &mut ApplyCx, entry: &PendingCall) -> CallSlot {
         match (&entry.answer, answer_outcome(entry)) {
+            (Some(Answer::Approved), _) if self.approval_is_stale(entry) => {
+                CallSlot::failed(ToolErrorCode::StaleApproval.with(format_args!(
+                    "{} was redefined since this call was approved, so it did not run: the approval was for the tool as it was",
+                    entry.tool_name
+                )))
+            }
             (Some(Answer::Approved), _) => CallSlot::Dispatched,
             // Written by an earlier version, which reported a timeout's outcome on the stream
             // when it expired but left its result for the resume.
@@ -170,6 +176,19 @@ impl Session {
                 }
             }
         }
+    }
+
+    /// Whether an approved call's tool changed since its approval was requested: the binding
+    /// of the request no longer matches the call (its input as the model made it) and the
+    /// tool as it is now.
+    fn approval_is_stale(&self, entry: &PendingCall) -> bool {
+        let Some(bound) = &entry.binding else {
+            return false; // requested before approvals were bound
+        };
+        let input = entry.original_input.as_ref().unwrap_or(&entry.input);
+        self.agent.tool(&entry.tool_name).is_none_or(|tool| {
+            crate::definition::binding::approval_binding(&tool.def, input) != *bound
+        })
     }
 
     /// Whether the entry's result is in the conversation already: a timeout records its

@@ -73,6 +73,8 @@ pub enum SubmitAnswer {
         /// Approved with this input instead of the call's (a tool whose approval is
         /// [`Approval::Editable`](crate::definition::Approval::Editable)).
         edited_input: Option<Value>,
+        /// The binding of the request the decision was made for (see [`Submit::bound_to`]).
+        binding: Option<String>,
     },
 }
 
@@ -119,6 +121,7 @@ impl Submit {
                 approved,
                 reason,
                 edited_input: None,
+                binding: None,
             },
             via_root: None,
             owner_session_id: None,
@@ -140,6 +143,18 @@ impl Submit {
     pub fn with_edited_input(mut self, input: Value) -> Self {
         if let SubmitAnswer::Approval { edited_input, .. } = &mut self.answer {
             *edited_input = Some(input);
+        }
+        self
+    }
+
+    /// Binds an approval decision to the request it was made for: the `binding` of its
+    /// `tool_approval_request` chunk (or its inbox item). The runtime accepts it only if the
+    /// call still waits on that very request, and answers `stale_approval` if its input or
+    /// its tool changed since. No effect on other answers.
+    #[must_use]
+    pub fn bound_to(mut self, binding: impl Into<String>) -> Self {
+        if let SubmitAnswer::Approval { binding: bound, .. } = &mut self.answer {
+            *bound = Some(binding.into());
         }
         self
     }
@@ -196,7 +211,11 @@ impl Submit {
                 approved,
                 reason,
                 edited_input,
+                binding,
             } => {
+                if let Some(binding) = binding {
+                    body.insert("binding".into(), Value::from(binding.clone()));
+                }
                 body.insert("kind".into(), Value::from("approval-response"));
                 body.insert("approval_id".into(), Value::from(approval_id.clone()));
                 body.insert("approved".into(), Value::from(*approved));
@@ -232,7 +251,7 @@ impl Submit {
         let fields = envelope
             .as_object()
             .ok_or_else(|| "the envelope must be a JSON object".to_string())?;
-        const KNOWN: [&str; 11] = [
+        const KNOWN: [&str; 12] = [
             "kind",
             "session_id",
             "via_root",
@@ -244,6 +263,7 @@ impl Submit {
             "approved",
             "reason",
             "edited_input",
+            "binding",
         ];
         if let Some(unknown) = fields.keys().find(|key| !KNOWN.contains(&key.as_str())) {
             return Err(format!("unknown field {unknown:?}"));
@@ -255,9 +275,15 @@ impl Submit {
         let result = fields.get("result").cloned();
         let answer = match text(fields, "kind")?.as_deref() {
             None | Some("client-tool-result") => {
-                if let Some(field) = ["approval_id", "approved", "reason", "edited_input"]
-                    .iter()
-                    .find(|field| fields.contains_key(**field))
+                if let Some(field) = [
+                    "approval_id",
+                    "approved",
+                    "reason",
+                    "edited_input",
+                    "binding",
+                ]
+                .iter()
+                .find(|field| fields.contains_key(**field))
                 {
                     return Err(format!("{field} belongs to an approval-response"));
                 }
@@ -289,6 +315,7 @@ impl Submit {
                         approved,
                         reason: text(fields, "reason")?,
                         edited_input: fields.get("edited_input").cloned(),
+                        binding: text(fields, "binding")?,
                     },
                 }
             }
@@ -331,11 +358,13 @@ impl Submit {
                 approved,
                 reason,
                 edited_input,
+                binding,
             } => Submission::Approval {
                 approved,
                 approval_id,
                 reason,
                 edited_input,
+                binding,
             },
         };
         Ok(Checked {
@@ -503,6 +532,12 @@ pub enum SubmitOutcome {
         /// The limit.
         limit: usize,
     },
+    /// An approval decision bound to another request of the call ([`Submit::bound_to`]): its
+    /// input or its tool changed since the person saw it.
+    StaleApproval {
+        /// What was wrong.
+        reason: String,
+    },
 }
 
 impl SubmitOutcome {
@@ -515,6 +550,7 @@ impl SubmitOutcome {
             SubmitOutcome::InvalidRequest { .. } => "invalid_request",
             SubmitOutcome::InvalidResult { .. } => "invalid_result",
             SubmitOutcome::PayloadTooLarge { .. } => "payload_too_large",
+            SubmitOutcome::StaleApproval { .. } => "stale_approval",
         }
     }
 }

@@ -33,6 +33,8 @@ pub(crate) enum Submission {
         reason: Option<String>,
         /// Approved with this input instead of the call's.
         edited_input: Option<Value>,
+        /// The request's binding the decision was made for, if the decision names it.
+        binding: Option<String>,
     },
 }
 
@@ -47,6 +49,8 @@ pub(crate) enum Verdict {
     NotPending,
     /// The answer does not fit the call; nothing was stored.
     InvalidResult { reason: String, errors: Vec<String> },
+    /// An approval decision made for another request of the call (`binding` differs).
+    StaleApproval { reason: String },
 }
 
 impl Session {
@@ -68,7 +72,12 @@ impl Session {
         let timeout = tool_timeout
             .or(self.agent.client_tool_timeout_ms())
             .unwrap_or(self.policy.client_tool_timeout_ms);
+        let binding = (kind == PendingKind::Approval)
+            .then(|| self.agent.tool(&call.name))
+            .flatten()
+            .map(|tool| crate::definition::binding::approval_binding(&tool.def, &call.input));
         let entry = PendingCall {
+            binding,
             tool_call_id: call.id,
             tool_name: call.name,
             input: call.input,
@@ -90,6 +99,7 @@ impl Session {
                     tool_name: entry.tool_name.clone(),
                     input: entry.input.clone(),
                     approval_id: entry.approval_id(),
+                    binding: entry.binding.clone(),
                 },
             );
         }
@@ -222,8 +232,19 @@ impl Session {
                     approval_id,
                     reason,
                     edited_input,
+                    binding,
                 },
             ) => {
+                if let (Some(named), Some(bound)) = (&binding, &entry.binding) {
+                    if named != bound {
+                        return Err(Verdict::StaleApproval {
+                            reason: format!(
+                                "the decision was made for another request of {} (its input or its tool changed): ask the person again",
+                                entry.tool_call_id
+                            ),
+                        });
+                    }
+                }
                 if approval_id != entry.approval_id() {
                     return Err(invalid(format!(
                         "approval id {approval_id} does not match this call's {}",

@@ -183,6 +183,7 @@ fn root_life() -> Vec<Step> {
         approval_id: format!("{r1}::d1"),
         reason: None,
         edited_input: None,
+        binding: None,
     };
     let timeout = crate::definition::DEFAULT_CLIENT_TOOL_TIMEOUT_MS;
     vec![

@@ -76,6 +76,8 @@ pub struct InboxItem {
     pub input: Value,
     /// For an approval: the id its answer must carry.
     pub approval_id: Option<String>,
+    /// For an approval: what it is bound to ([`Submit::bound_to`](crate::Submit::bound_to)).
+    pub binding: Option<String>,
     /// When it started waiting (clock ms).
     pub since_ms: u64,
     /// When it times out (clock ms).

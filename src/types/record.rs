@@ -252,6 +252,10 @@ pub struct PendingCall {
     /// the edited input, which the tool runs with).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub original_input: Option<Value>,
+    /// For an approval: what it is bound to, a digest of the call's input and its tool's
+    /// definition when it was requested (the `tool_approval_request` chunk carries it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub binding: Option<String>,
 }
 
 impl PendingCall {

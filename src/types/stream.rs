@@ -68,6 +68,11 @@ pub enum ChunkKind {
         input: Value,
         /// `{runId}::{toolCallId}`.
         approval_id: String,
+        /// What the approval is bound to: a digest of the input and the tool's definition. A
+        /// decision that names it ([`Submit::bound_to`](crate::Submit::bound_to)) is accepted
+        /// only for this very call.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        binding: Option<String>,
     },
     /// A person's decision on an approval call, recorded by the resume that acts on it, in
     /// the same commit that dispatches the approved tool (before it runs).

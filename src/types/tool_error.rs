@@ -41,6 +41,9 @@ pub enum ToolErrorCode {
     ClientToolTimeout,
     /// A new message arrived before the call was answered (or the approved tool ran).
     ClientToolAbandoned,
+    /// An approved call whose tool was redefined since the person approved it: it did not
+    /// run (the approval was for the tool as it was).
+    StaleApproval,
     /// A sub-agent call would go deeper than the runtime's `max_depth`.
     MaxDepthExceeded,
     /// The child of a sub-agent call failed, or could not start.
@@ -81,7 +84,7 @@ pub enum ToolErrorCode {
 
 impl ToolErrorCode {
     /// Every code.
-    pub const ALL: [ToolErrorCode; 29] = [
+    pub const ALL: [ToolErrorCode; 30] = [
         ToolErrorCode::UnknownTool,
         ToolErrorCode::InvalidInput,
         ToolErrorCode::InvalidOutput,
@@ -94,6 +97,7 @@ impl ToolErrorCode {
         ToolErrorCode::Aborted,
         ToolErrorCode::ClientToolTimeout,
         ToolErrorCode::ClientToolAbandoned,
+        ToolErrorCode::StaleApproval,
         ToolErrorCode::MaxDepthExceeded,
         ToolErrorCode::SubAgentFailed,
         ToolErrorCode::SubAgentUnavailable,
@@ -128,6 +132,7 @@ impl ToolErrorCode {
             ToolErrorCode::Aborted => "aborted",
             ToolErrorCode::ClientToolTimeout => "client_tool_timeout",
             ToolErrorCode::ClientToolAbandoned => "client_tool_abandoned",
+            ToolErrorCode::StaleApproval => "stale_approval",
             ToolErrorCode::MaxDepthExceeded => "max_depth_exceeded",
             ToolErrorCode::SubAgentFailed => "sub_agent_failed",
             ToolErrorCode::SubAgentUnavailable => "sub_agent_unavailable",

@@ -93,6 +93,10 @@ impl SessionActor {
                 tracing::warn!(session = %ctx.key(), tool_call_id = %Untrusted(&tool_call_id), reason = %Untrusted(&reason), "client_tool.validation_failed");
                 Ok(SubmitOutcome::InvalidResult { reason, errors })
             }
+            Some(Verdict::StaleApproval { reason }) => {
+                tracing::warn!(session = %ctx.key(), tool_call_id = %Untrusted(&tool_call_id), "approval.stale");
+                Ok(SubmitOutcome::StaleApproval { reason })
+            }
         };
         let _ = reply.send(outcome);
     }

@@ -416,6 +416,7 @@ fn dispatched_approvals(
             answer: Some(Answer::Approved),
             answered_at_ms: Some(now),
             original_input: None,
+            binding: None,
         })
         .collect())
 }
@@ -585,6 +586,7 @@ pub(crate) fn put_given_result(
         answer: Some(answer),
         answered_at_ms: Some(now),
         original_input: None,
+        binding: None,
     };
     batch.put(
         Tree::Pending,

@@ -44,6 +44,9 @@ pub(crate) async fn build(step: &SubmitStep, runtime: &Runtime) -> Value {
     if let Some(input) = &step.edited_input {
         envelope.insert("edited_input".into(), input.clone());
     }
+    if let Some(binding) = &step.binding {
+        envelope.insert("binding".into(), binding.clone().into());
+    }
     if let Some(approval_id) = &step.approval_id {
         let approval_id = if approval_id == AUTO_APPROVAL_ID {
             let found = match session.parse() {

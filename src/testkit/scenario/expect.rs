@@ -615,6 +615,7 @@ fn show_submit(outcome: &SubmitOutcome) -> String {
         SubmitOutcome::PayloadTooLarge { size, limit } => {
             format!("{} ({size} bytes, limit {limit})", outcome.code())
         }
+        SubmitOutcome::StaleApproval { reason } => format!("{} ({reason})", outcome.code()),
     }
 }
 

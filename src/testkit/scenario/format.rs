@@ -251,6 +251,9 @@ pub(crate) struct SubmitStep {
     /// An approval's edited input (an addition).
     #[serde(default)]
     pub(crate) edited_input: Option<Value>,
+    /// The binding an approval names (an addition: a wrong one is `stale_approval`).
+    #[serde(default)]
+    pub(crate) binding: Option<String>,
     #[serde(default, deserialize_with = "present")]
     pub(crate) raw: Option<Value>,
     #[serde(default)]
@@ -470,6 +473,7 @@ pub(crate) enum SubmitOutcomeSpec {
     InvalidRequest,
     InvalidResult,
     PayloadTooLarge,
+    StaleApproval,
 }
 
 impl SubmitOutcomeSpec {
@@ -482,6 +486,7 @@ impl SubmitOutcomeSpec {
             SubmitOutcomeSpec::InvalidRequest => "invalid_request",
             SubmitOutcomeSpec::InvalidResult => "invalid_result",
             SubmitOutcomeSpec::PayloadTooLarge => "payload_too_large",
+            SubmitOutcomeSpec::StaleApproval => "stale_approval",
         }
     }
 }

@@ -303,6 +303,7 @@ impl Parser {
                 ("reason", step.reason.is_some()),
                 ("approval_id", step.approval_id.is_some()),
                 ("edited_input", step.edited_input.is_some()),
+                ("binding", step.binding.is_some()),
             ];
             if let Some((field, _)) = envelope_fields.iter().find(|(_, given)| *given) {
                 return Err(self.error(
