@@ -19,7 +19,7 @@ const ENTRIES_PER_ITEM: usize = 8;
 const ENTRIES_AT_ONCE: usize = 256;
 
 impl Runtime {
-    /// Up to `limit` calls that wait for a person (client tools and approvals, of every
+    /// Up to `limit` (at least one) calls that wait for a person (client tools and approvals, of every
     /// session and sub-agent), soonest deadline first, that `filter` keeps, from `after` (a
     /// previous page's [`Inbox::next`]) on. Read from the deadline index, so a page costs
     /// what it lists, whatever the number of sessions; with a filter that keeps few calls,
@@ -49,6 +49,8 @@ impl Runtime {
         limit: usize,
     ) -> Result<Inbox, ReadError> {
         self.ensure_open()?;
+        // A page of none would hand back the cursor it was given, for ever.
+        let limit = limit.max(1);
         let store = self.store();
         let mut from = match after {
             Some(cursor) => Some(decode_cursor(&cursor.0)?),
