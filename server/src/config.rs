@@ -24,6 +24,8 @@ pub struct ServerConfig {
     pub(crate) cors_origins: Vec<String>,
     pub(crate) page: bool,
     pub(crate) page_agent: String,
+    pub(crate) page_title: String,
+    pub(crate) page_placeholder: String,
 }
 
 /// The default body cap: the runtime's default result limit (1 MiB) with room for the
@@ -41,6 +43,8 @@ impl Default for ServerConfig {
             cors_origins: Vec::new(),
             page: true,
             page_agent: "demo".to_string(),
+            page_title: "dormant".to_string(),
+            page_placeholder: "Write a message".to_string(),
         }
     }
 }
@@ -102,6 +106,18 @@ impl ServerConfig {
     /// The agent the page starts sessions of (default `demo`).
     pub fn page_agent(mut self, agent: impl Into<String>) -> Self {
         self.page_agent = agent.into();
+        self
+    }
+
+    /// The page's title, shown in its heading and the browser's tab (default `dormant`).
+    pub fn page_title(mut self, title: impl Into<String>) -> Self {
+        self.page_title = title.into();
+        self
+    }
+
+    /// The hint in the page's empty message field (default `Write a message`).
+    pub fn page_placeholder(mut self, placeholder: impl Into<String>) -> Self {
+        self.page_placeholder = placeholder.into();
         self
     }
 

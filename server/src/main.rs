@@ -326,7 +326,9 @@ async fn serve(args: Serve) -> Result<(), String> {
         .max_body_bytes(args.max_body_bytes)
         .request_timeout(Duration::from_millis(args.request_timeout_ms))
         .sse_idle_timeout(Duration::from_millis(args.sse_idle_timeout_ms))
-        .cors_origins(args.cors_origins);
+        .cors_origins(args.cors_origins)
+        // The demo agent's page says what it understands.
+        .page_placeholder("Ask something, e.g. weather in Porto");
     let server = Server::new(runtime.clone(), auth)
         .config(config)
         .token_key(key);

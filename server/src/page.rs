@@ -23,6 +23,8 @@ pub(crate) async fn index(
 ) -> impl IntoResponse {
     let page = INDEX
         .replace("{{AGENT}}", &escape(&state.config.page_agent))
+        .replace("{{TITLE}}", &escape(&state.config.page_title))
+        .replace("{{PLACEHOLDER}}", &escape(&state.config.page_placeholder))
         .replace("{{BASE}}", &escape(&base(uri.path())));
     (
         [
