@@ -148,6 +148,10 @@ async fn the_inbox_lists_every_waiting_call_soonest_deadline_first() -> anyhow::
         ids(&left),
         [("b".into(), "d1".into()), ("c".into(), "e1".into())]
     );
+    // Past its deadline (32,000), a call no longer waits, swept or not.
+    clock.advance(31_000);
+    let left = runtime.inbox(&InboxFilter::all(), None, 50).await?;
+    assert_eq!(ids(&left), [("c".into(), "e1".into())]);
     Ok(())
 }
 

@@ -56,6 +56,7 @@ impl Runtime {
             Some(cursor) => Some(decode_cursor(&cursor.0)?),
             None => None,
         };
+        let now = self.now_ms();
         let mut items = Vec::new();
         let mut budget = limit.saturating_mul(ENTRIES_PER_ITEM).max(ENTRIES_AT_ONCE);
         // The root and agent of each session met, read once a page.
@@ -74,7 +75,9 @@ impl Runtime {
                 else {
                     continue; // a deadline of another kind (a remote child's next look)
                 };
-                if pending.answer.is_some()
+                // Answered, or past its deadline (the sweep that records the timeout may not
+                // have run yet): it no longer waits for a person.
+                if !pending.is_waiting(now)
                     || filter.kind.is_some_and(|kind| kind != pending.kind)
                     || filter
                         .tool
