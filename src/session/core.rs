@@ -466,7 +466,7 @@ impl Session {
         self.record.updated_at_ms = cx.now;
         let staged = std::mem::take(&mut cx.staged);
         let runs = match (&self.run, staged.run_changed) {
-            (Some(run), true) => vec![run.clone()],
+            (Some(run), true) => vec![run.as_stored()],
             _ => Vec::new(),
         };
         // Every commit with a snapshot appends a log entry: the entry carries the record.

@@ -37,7 +37,7 @@ use crate::remote::{Owner, RemoteOwner};
 use crate::store::{Batch, CommitKind, Entry, Store, Tree};
 use crate::types::ids::SessionId;
 use crate::types::message::Message;
-use crate::types::record::{ChildCall, Companion, PendingCall, RunRecord, SessionRecord, Status};
+use crate::types::record::{ChildCall, Companion, PendingCall, RunRecord, SessionRecord};
 use crate::types::stream::Chunk;
 
 /// The format version written at the start of every stored value that holds data (the
@@ -277,12 +277,7 @@ impl Commit {
                 batch.put(
                     Tree::Log,
                     log_key(id, record.chunk_count, self.log_seq),
-                    encode_log(
-                        &self.messages,
-                        &stored_runs(&self.runs),
-                        &self.chunks,
-                        record,
-                    )?,
+                    encode_log(&self.messages, &self.runs, &self.chunks, record)?,
                 );
             }
             None if !(self.messages.is_empty()
@@ -346,31 +341,6 @@ impl Commit {
         }
         Ok(batch)
     }
-}
-
-/// The run records as a log entry stores them. A run in progress is rewritten by each of its
-/// commits, and its usage entries (one per model call and tool outcome) grow with each: stored
-/// every time, a run of n steps would write on the order of n² entries (a 1,000-step run's log
-/// was 94 MB, 47 KB an entry; BENCHMARKS.md, issue 31). So a run in progress is stored with
-/// its totals and without its entries, which are written once, by the commit that suspends or
-/// ends it. A run a crash cuts keeps its totals and loses the list of its entries.
-fn stored_runs(runs: &[RunRecord]) -> std::borrow::Cow<'_, [RunRecord]> {
-    let in_progress =
-        |run: &RunRecord| run.status == Status::Running && !run.usage.entries.is_empty();
-    if !runs.iter().any(in_progress) {
-        return std::borrow::Cow::Borrowed(runs);
-    }
-    std::borrow::Cow::Owned(
-        runs.iter()
-            .map(|run| {
-                let mut run = run.clone();
-                if in_progress(&run) {
-                    run.usage.entries = Vec::new();
-                }
-                run
-            })
-            .collect(),
-    )
 }
 
 /// Reads a session's record: the one carried by its newest log entry, or the snapshot of its

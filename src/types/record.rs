@@ -191,6 +191,47 @@ pub struct RunRecord {
     pub usage: crate::types::usage::RunUsage,
 }
 
+impl RunRecord {
+    /// The record as a log entry stores it. A run in progress is rewritten by each of its
+    /// commits, and its usage entries (one per model call and tool outcome) grow with each:
+    /// stored every time, a run of n steps would write on the order of n² entries (a
+    /// 1,000-step run's log was 94 MB, 47 KB an entry; BENCHMARKS.md, issue 31). So a run in
+    /// progress is stored with its totals and without its entries, which are written once, by
+    /// the commit that suspends or ends it. A run a crash cuts keeps its totals and loses the
+    /// list of its entries.
+    pub(crate) fn as_stored(&self) -> RunRecord {
+        if self.status != Status::Running || self.usage.entries.is_empty() {
+            return self.clone();
+        }
+        let RunRecord {
+            run_id,
+            turn,
+            previous_run_id,
+            status,
+            started_at_ms,
+            ended_at_ms,
+            steps,
+            text,
+            output,
+            error,
+            usage,
+        } = self;
+        RunRecord {
+            run_id: *run_id,
+            turn: *turn,
+            previous_run_id: *previous_run_id,
+            status: *status,
+            started_at_ms: *started_at_ms,
+            ended_at_ms: *ended_at_ms,
+            steps: *steps,
+            text: text.clone(),
+            output: output.clone(),
+            error: error.clone(),
+            usage: usage.totals(),
+        }
+    }
+}
+
 /// Whether a pending call waits for a client's result or a person's approval.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -111,6 +111,17 @@ impl RunUsage {
         });
     }
 
+    /// The totals alone, without the list of entries.
+    pub(crate) fn totals(&self) -> RunUsage {
+        RunUsage {
+            tokens: self.tokens,
+            model_calls: self.model_calls,
+            tool_calls: self.tool_calls,
+            tool_errors: self.tool_errors,
+            entries: Vec::new(),
+        }
+    }
+
     /// Whether nothing was recorded (by the totals: a run in progress is stored without
     /// its entries until it suspends or ends).
     pub fn is_empty(&self) -> bool {
