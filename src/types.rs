@@ -7,6 +7,7 @@
 
 pub(crate) mod checkpoint;
 pub(crate) mod clock;
+pub(crate) mod fork_origin;
 pub(crate) mod hooks;
 pub(crate) mod ids;
 pub(crate) mod inbox;

@@ -4,34 +4,13 @@
 //! suspension, a run's end) is a checkpoint. Nothing is written for it: the log entry is
 //! already there, and reading a checkpoint rebuilds the session from the entries up to it.
 
-use std::fmt;
-use std::str::FromStr;
-
 use serde::{Deserialize, Serialize};
+
+pub use super::fork_origin::{CheckpointId, ForkOrigin};
 
 use crate::types::ids::{RunId, SessionId};
 use crate::types::message::{Message, ToolCall};
 use crate::types::record::{RunRecord, SessionRecord, Status};
-
-/// A checkpoint of a session: the sequence number of its log entry. Stable for the life of the
-/// session (its log is append-only), and meaningful only with the session it belongs to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct CheckpointId(pub u64);
-
-impl fmt::Display for CheckpointId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.0)
-    }
-}
-
-impl FromStr for CheckpointId {
-    type Err = std::num::ParseIntError;
-
-    fn from_str(text: &str) -> Result<Self, Self::Err> {
-        text.trim().parse().map(CheckpointId)
-    }
-}
 
 /// One checkpoint of a session, as [`Runtime::checkpoints`](crate::Runtime::checkpoints)
 /// lists it: where it sits (run, step, stream position, time) and what the commit recorded.
@@ -161,15 +140,6 @@ pub struct Compaction {
     pub removed: usize,
     /// The session's oldest checkpoint now.
     pub oldest_kept: CheckpointId,
-}
-
-/// Where a fork came from: recorded in the fork's [`SessionRecord::forked_from`].
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ForkOrigin {
-    /// The session forked.
-    pub session: SessionId,
-    /// Its checkpoint the fork's history ends at.
-    pub checkpoint: CheckpointId,
 }
 
 /// An answer a fork starts with, for a call of the source's that had no result at the

@@ -159,7 +159,7 @@ pub struct SessionRecord {
     pub remote_parent: Option<crate::types::remote::RemoteParent>,
     /// For a fork: the session and checkpoint its history was copied from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub forked_from: Option<crate::types::checkpoint::ForkOrigin>,
+    pub forked_from: Option<crate::types::fork_origin::ForkOrigin>,
 }
 
 /// One run: an `execute` or a `resume`.
