@@ -7,9 +7,12 @@
 //! its whole conversation (`messages`, the same scan of its log); and a fork of that session
 //! and of a root waiting on 100 sub-agents, beside starting a session of the same agent.
 
+#[path = "support/timed.rs"]
+mod timed;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use dormant::store::{Store, Tree};
 use dormant::types::{CheckpointId, ForkOptions};
@@ -101,19 +104,12 @@ fn prefix(id: &SessionId) -> Vec<u8> {
 }
 
 /// The median of `runs` timings of `op`.
-async fn median<F, Fut>(runs: usize, mut op: F) -> anyhow::Result<Duration>
+async fn median<F, Fut>(runs: usize, op: F) -> anyhow::Result<Duration>
 where
     F: FnMut(usize) -> Fut,
     Fut: std::future::Future<Output = anyhow::Result<()>>,
 {
-    let mut times = Vec::with_capacity(runs);
-    for i in 0..runs {
-        let started = Instant::now();
-        op(i).await?;
-        times.push(started.elapsed());
-    }
-    times.sort();
-    Ok(times[times.len() / 2])
+    Ok(timed::percentile(&timed::timed(runs, op).await?, 50))
 }
 
 fn ms(duration: Duration) -> String {

@@ -4,6 +4,9 @@
 //! 100,000 wait, on sled, beside the raw cost of its parts in the same run (a bare read of
 //! 50 entries of the deadline index and of the 100 keys a page then reads).
 
+#[path = "support/timed.rs"]
+mod timed;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -192,19 +195,13 @@ fn hex(text: &str) -> Vec<u8> {
 }
 
 /// p50 and p99 of `runs` timings of `op`.
-async fn timings<F, Fut>(runs: usize, mut op: F) -> anyhow::Result<(Duration, Duration)>
+async fn timings<F, Fut>(runs: usize, op: F) -> anyhow::Result<(Duration, Duration)>
 where
     F: FnMut(usize) -> Fut,
     Fut: std::future::Future<Output = anyhow::Result<()>>,
 {
-    let mut times = Vec::with_capacity(runs);
-    for i in 0..runs {
-        let started = Instant::now();
-        op(i).await?;
-        times.push(started.elapsed());
-    }
-    times.sort();
-    Ok((times[runs / 2], times[runs * 99 / 100]))
+    let times = timed::timed(runs, op).await?;
+    Ok((timed::percentile(&times, 50), timed::percentile(&times, 99)))
 }
 
 fn ms(duration: Duration) -> f64 {

@@ -133,14 +133,12 @@ pub(crate) struct ForkAnswerRequest {
 impl ForkAnswerRequest {
     /// The answer it carries; `None` unless exactly one of `result`, `error`, `approved`.
     pub(crate) fn answer(self) -> Option<(String, dormant::types::ForkAnswer)> {
-        use dormant::types::ForkAnswer;
-        let answer = match (self.result, self.error, self.approved) {
-            (Some(value), None, None) => ForkAnswer::Result(value),
-            (None, Some(error), None) => ForkAnswer::Error(error),
-            (None, None, Some(true)) => ForkAnswer::Approve,
-            (None, None, Some(false)) => ForkAnswer::Deny(self.reason),
-            _ => return None,
-        };
+        let answer = dormant::types::ForkAnswer::from_fields(
+            self.result,
+            self.error,
+            self.approved,
+            self.reason,
+        )?;
         Some((self.tool_call_id, answer))
     }
 }

@@ -159,6 +159,25 @@ pub enum ForkAnswer {
     Deny(Option<String>),
 }
 
+impl ForkAnswer {
+    /// The answer its wire form gives (`POST /fork`'s `answers`, a scenario's): exactly one
+    /// of `result`, `error` and `approved` (with `reason` for a denial); `None` otherwise.
+    pub fn from_fields(
+        result: Option<serde_json::Value>,
+        error: Option<String>,
+        approved: Option<bool>,
+        reason: Option<String>,
+    ) -> Option<Self> {
+        match (result, error, approved) {
+            (Some(value), None, None) => Some(ForkAnswer::Result(value)),
+            (None, Some(error), None) => Some(ForkAnswer::Error(error)),
+            (None, None, Some(true)) => Some(ForkAnswer::Approve),
+            (None, None, Some(false)) => Some(ForkAnswer::Deny(reason)),
+            _ => None,
+        }
+    }
+}
+
 /// How [`Runtime::fork`](crate::Runtime::fork) continues the fork.
 #[derive(Clone, Debug, Default, PartialEq)]
 #[non_exhaustive]

@@ -223,19 +223,18 @@ impl Parser {
                     .map_err(|error| self.error(&format!("{path}.fork"), error))?;
                 let mut answers = Vec::new();
                 for (call, spec) in step.answers {
-                    use crate::types::ForkAnswer;
-                    let answer = match (spec.result, spec.error, spec.approved) {
-                        (Some(value), None, None) => ForkAnswer::Result(value),
-                        (None, Some(error), None) => ForkAnswer::Error(error),
-                        (None, None, Some(true)) => ForkAnswer::Approve,
-                        (None, None, Some(false)) => ForkAnswer::Deny(spec.reason),
-                        _ => {
-                            return Err(self.error(
-                                &format!("{path}.answers.{call}"),
-                                "expected exactly one of `result`, `error` or `approved`",
-                            ))
-                        }
-                    };
+                    let answer = crate::types::ForkAnswer::from_fields(
+                        spec.result,
+                        spec.error,
+                        spec.approved,
+                        spec.reason,
+                    )
+                    .ok_or_else(|| {
+                        self.error(
+                            &format!("{path}.answers.{call}"),
+                            "expected exactly one of `result`, `error` or `approved`",
+                        )
+                    })?;
                     answers.push((call, answer));
                 }
                 let op = Op::Fork {
