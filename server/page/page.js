@@ -128,20 +128,21 @@ function streamState(state) {
   }[state] || state;
 }
 
-function headers(json) {
+function headers(json, token) {
   const out = {};
   if (json) out["Content-Type"] = "application/json";
-  if (saved.token) out["Authorization"] = "Bearer " + saved.token;
+  if (token) out["Authorization"] = "Bearer " + token;
   return out;
 }
 
-// A JSON request; answers { ok, status, body }, status 0 when the server cannot be reached.
-async function call(method, path, body) {
+// A JSON request with the conversation's token (or `token`); answers { ok, status, body },
+// status 0 when the server cannot be reached.
+async function call(method, path, body, token = saved.token) {
   let response;
   try {
     response = await fetch(route(path), {
       method,
-      headers: headers(body !== undefined),
+      headers: headers(body !== undefined, token),
       body: body === undefined ? undefined : JSON.stringify(body),
     });
   } catch (_) {
@@ -917,10 +918,9 @@ async function forkFrom(checkpoint) {
   }
   const fork = { session_id: reply.body.session_id, token: reply.body.token, since: Date.now() };
   // The fork's messages, by the first chunk of their turns, so its log shows them.
-  const previous = saved;
-  saved = fork;
-  const steps = await call("GET", "checkpoints?session_id=" + encodeURIComponent(fork.session_id));
-  saved = previous;
+  const steps = await call(
+    "GET", "checkpoints?session_id=" + encodeURIComponent(fork.session_id), undefined, fork.token,
+  );
   fork.sent = {};
   let from = 0;
   for (const step of steps.ok ? steps.body.checkpoints : []) {
