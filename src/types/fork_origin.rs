@@ -30,7 +30,7 @@ impl FromStr for CheckpointId {
     }
 }
 
-/// Where a fork came from: recorded in the fork's [`SessionRecord::forked_from`].
+/// Where a fork came from: recorded in the fork's [`SessionRecord::forked_from`](crate::types::SessionRecord::forked_from).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ForkOrigin {
     /// The session forked.
