@@ -8,6 +8,7 @@
 pub(crate) mod agent;
 pub(crate) mod binding;
 mod companion;
+pub(crate) mod reconcile;
 pub(crate) mod tool;
 
 use std::collections::HashMap;
@@ -22,6 +23,7 @@ use crate::skills::{SkillProvider, RESERVED_TOOL_NAMES};
 pub(crate) use agent::AgentDefinition;
 pub(crate) use companion::CompanionTool;
 pub use companion::{CompanionMode, PersistentAgent};
+pub use reconcile::{OnCut, ReconcileCheck, Reconciled};
 pub(crate) use tool::{Approval, ToolDefinition, ToolError};
 // Public beyond the front door (the crate root has `AgentDefinition`, `ToolDefinition`,
 // `ToolError`, `Approval`): the builder, the handler trait and context, companions, the

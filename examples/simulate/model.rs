@@ -191,6 +191,13 @@ async fn answer_all(runtime: &Runtime, id: &SessionId, run: &mut SessionRun) -> 
                 true,
                 None,
             ),
+            // The simulator's tools are never cut by a crash, but a reconciliation is still
+            // answered: the effect did not happen, so the tool runs once more.
+            PendingKind::Reconcile => Submit::reconcile(
+                id.to_string(),
+                call.tool_call_id.clone(),
+                dormant::definition::Reconciled::DidNotHappen,
+            ),
         };
         let outcome = runtime.submit_tool_result(submit).await?;
         if outcome == SubmitOutcome::Accepted && call.kind == PendingKind::Client {

@@ -143,6 +143,10 @@ async fn report(runtime: &Runtime, out: &mut impl Write, last: usize) -> Result<
             let kind = match call.kind {
                 PendingKind::Client => "client tool".to_string(),
                 PendingKind::Approval => format!("approval {}", call.approval_id()),
+                PendingKind::Reconcile => format!(
+                    "reconcile (idempotency key {})",
+                    call.idempotency_key.as_deref().unwrap_or("unknown")
+                ),
             };
             let when = if call.answer.is_some() {
                 "answered, waiting for a resume".to_string()

@@ -8,6 +8,7 @@ use futures::future::BoxFuture;
 use parking_lot::Mutex;
 use serde_json::{Map, Value};
 
+use super::reconcile::{CheckFn, OnCut, ReconcileCheck};
 use crate::types::ids::{RunId, SessionId};
 
 /// An error a server tool returns; the model reads its text.
@@ -40,6 +41,7 @@ pub struct ToolContext {
     session_id: SessionId,
     run_id: RunId,
     tool_call_id: String,
+    idempotency_key: String,
     state: Arc<Value>,
     updates: Arc<Mutex<Map<String, Value>>>,
 }
@@ -49,12 +51,14 @@ impl ToolContext {
         session_id: SessionId,
         run_id: RunId,
         tool_call_id: String,
+        idempotency_key: String,
         state: Arc<Value>,
     ) -> Self {
         Self {
             session_id,
             run_id,
             tool_call_id,
+            idempotency_key,
             state,
             updates: Arc::default(),
         }
@@ -73,6 +77,15 @@ impl ToolContext {
     /// This call's id.
     pub fn tool_call_id(&self) -> &str {
         &self.tool_call_id
+    }
+
+    /// This call's idempotency key: 32 hex digits, the same every time this call runs (again
+    /// after a crash, once more after a reconciliation said its effect did not happen, on
+    /// any node) and different for any other call. Hand it to the system the tool acts on
+    /// (as an `Idempotency-Key` header, a unique column) so an effect is applied once, and
+    /// look the effect up by it in a [`ReconcileCheck`](crate::definition::ReconcileCheck).
+    pub fn idempotency_key(&self) -> &str {
+        &self.idempotency_key
     }
 
     /// The session's custom state as the step began (a JSON object).
@@ -229,6 +242,8 @@ pub struct ToolDefinition {
     pub(crate) approval: Approval,
     pub(crate) safe_to_retry: bool,
     pub(crate) finish_with: bool,
+    pub(crate) on_cut: OnCut,
+    pub(crate) check: Option<CheckFn>,
 }
 
 impl ToolDefinition {
@@ -242,6 +257,8 @@ impl ToolDefinition {
             approval: Approval::Never,
             safe_to_retry: false,
             finish_with: false,
+            on_cut: OnCut::DurabilityError,
+            check: None,
         }
     }
 
@@ -371,6 +388,58 @@ impl ToolDefinition {
         self
     }
 
+    /// What becomes of a call a crash cut while it ran (see [`OnCut`]). With
+    /// [`OnCut::Reconcile`] the run waits on a `reconcile` call a person answers (it is in the
+    /// inbox), instead of giving the model a `tool_durability_error`. No effect on a
+    /// `safe_to_retry` tool, which is simply run again.
+    ///
+    /// ```
+    /// use dormant::definition::OnCut;
+    /// use dormant::{ToolDefinition, ToolError};
+    /// use serde_json::json;
+    ///
+    /// let pay = ToolDefinition::server("pay", |input, ctx| async move {
+    ///     // The payment provider applies one payment per key.
+    ///     let key = ctx.idempotency_key().to_string();
+    ///     Ok::<_, ToolError>(json!({ "paid": input["amount"], "key": key }))
+    /// })
+    /// .on_cut(OnCut::Reconcile);
+    /// assert_eq!(pay.cut_policy(), OnCut::Reconcile);
+    /// ```
+    #[must_use]
+    pub fn on_cut(mut self, on_cut: OnCut) -> Self {
+        self.on_cut = on_cut;
+        self
+    }
+
+    /// Settles a cut call by itself before asking a person ([`OnCut::Reconcile`] is implied):
+    /// `check` is given the call's input and idempotency key and looks the effect up in the
+    /// system the tool acts on. `Some(Happened(result))` records that result, `Some(Failed)`
+    /// the error, `Some(DidNotHappen)` runs the tool once more; `None` (it cannot tell, or the
+    /// check panicked) raises the `reconcile` call for a person.
+    ///
+    /// ```
+    /// use dormant::definition::Reconciled;
+    /// use dormant::{ToolDefinition, ToolError};
+    /// use serde_json::json;
+    ///
+    /// let pay = ToolDefinition::server("pay", |_input, _ctx| async move {
+    ///     Ok::<_, ToolError>(json!({ "paid": true }))
+    /// })
+    /// .reconcile_with(|_input, key: String| async move {
+    ///     // Ask the payment provider about `key`; here, it has never heard of it.
+    ///     let _ = key;
+    ///     Some(Reconciled::DidNotHappen)
+    /// });
+    /// assert!(pay.has_reconcile_check());
+    /// ```
+    #[must_use]
+    pub fn reconcile_with(mut self, check: impl ReconcileCheck) -> Self {
+        self.on_cut = OnCut::Reconcile;
+        self.check = Some(CheckFn(Arc::new(check)));
+        self
+    }
+
     /// Makes the tool's successful result the run's final output.
     #[must_use]
     pub fn finish_with(mut self, finish: bool) -> Self {
@@ -401,5 +470,15 @@ impl ToolDefinition {
     /// Whether the tool requires approval.
     pub fn approval(&self) -> &Approval {
         &self.approval
+    }
+
+    /// What becomes of a call a crash cut while it ran ([`ToolDefinition::on_cut`]).
+    pub fn cut_policy(&self) -> OnCut {
+        self.on_cut
+    }
+
+    /// Whether the tool settles cut calls by itself ([`ToolDefinition::reconcile_with`]).
+    pub fn has_reconcile_check(&self) -> bool {
+        self.check.is_some()
     }
 }

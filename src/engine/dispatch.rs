@@ -8,6 +8,7 @@ use std::sync::Arc;
 use futures::FutureExt;
 use serde_json::{Map, Value};
 
+use crate::definition::reconcile::{idempotency_key, CheckFn, Reconciled};
 use crate::definition::{AgentDefinition, ToolContext, ToolKind, FINISH_TOOL};
 use crate::session::FinishedCall;
 use crate::types::ids::{RunId, SessionId};
@@ -22,6 +23,12 @@ pub(crate) struct StepContext {
     pub(crate) session: SessionId,
     pub(crate) run_id: RunId,
     pub(crate) state: Arc<Value>,
+    /// The message seq of the model reply whose calls these are (part of each call's
+    /// idempotency key).
+    pub(crate) reply_seq: u64,
+    /// Calls a crash cut that their tool's check settles first (see
+    /// [`crate::definition::reconcile`]).
+    pub(crate) checks: Vec<String>,
 }
 
 /// Runs the step's tools and returns their outcomes.
@@ -41,6 +48,7 @@ pub(crate) async fn run_step(
                     .with("an earlier call in this step already finished the run")
                     .into(),
                 updates: Map::new(),
+                unsettled: false,
             });
             continue;
         }
@@ -57,22 +65,51 @@ async fn run_one(step: &StepContext, call: ToolCall) -> FinishedCall {
             outcome: finish_outcome(&step.agent, &call.input),
             tool_call_id: call.id,
             updates: Map::new(),
+            unsettled: false,
         };
     }
-    let handler = match step.agent.tool(&call.name).map(|tool| &tool.def.kind) {
+    let tool = step.agent.tool(&call.name).map(|tool| &tool.def);
+    let handler = match tool.map(|tool| &tool.kind) {
         Some(ToolKind::Server(handler)) => Arc::clone(handler),
         _ => {
             return FinishedCall {
                 outcome: ToolErrorCode::UnknownTool.with(&call.name).into(),
                 tool_call_id: call.id,
                 updates: Map::new(),
+                unsettled: false,
             }
         }
     };
+    let key = idempotency_key(&step.session, step.reply_seq, &call.id);
+    if step.checks.contains(&call.id) {
+        let check = tool.and_then(|tool| tool.check.clone());
+        let outcome = match check_cut_call(step, &call, check, &key).await {
+            Some(Reconciled::DidNotHappen) => None, // it runs once more, below
+            Some(Reconciled::Happened(value)) => Some(ToolOutcome::Result(value)),
+            Some(Reconciled::Failed(error)) => Some(ToolOutcome::Error(error)),
+            None => {
+                return FinishedCall {
+                    outcome: ToolOutcome::Error("not settled by its check".into()),
+                    tool_call_id: call.id,
+                    updates: Map::new(),
+                    unsettled: true,
+                }
+            }
+        };
+        if let Some(outcome) = outcome {
+            return FinishedCall {
+                tool_call_id: call.id,
+                outcome,
+                updates: Map::new(),
+                unsettled: false,
+            };
+        }
+    }
     let ctx = ToolContext::new(
         step.session.clone(),
         step.run_id,
         call.id.clone(),
+        key,
         Arc::clone(&step.state),
     );
     let running = AssertUnwindSafe(handler.call(call.input, ctx.clone())).catch_unwind();
@@ -89,6 +126,30 @@ async fn run_one(step: &StepContext, call: ToolCall) -> FinishedCall {
         tool_call_id: call.id,
         outcome,
         updates: ctx.take_updates(),
+        unsettled: false,
+    }
+}
+
+/// What the tool's check says of the effect of a call a crash cut; `None` (no check, it
+/// cannot tell, or it panicked) leaves it to a person.
+async fn check_cut_call(
+    step: &StepContext,
+    call: &ToolCall,
+    check: Option<CheckFn>,
+    key: &str,
+) -> Option<Reconciled> {
+    let check = check?;
+    let running = AssertUnwindSafe(check.0.check(call.input.clone(), key.to_string()));
+    match running.catch_unwind().await {
+        Ok(settled) => {
+            tracing::info!(session = %step.session, tool = %crate::types::Untrusted(&call.name), call = %crate::types::Untrusted(&call.id), settled = settled.is_some(), "tool.reconcile_checked");
+            settled
+        }
+        Err(panic) => {
+            let reason = panic_text(panic.as_ref());
+            tracing::error!(session = %step.session, tool = %crate::types::Untrusted(&call.name), reason = %crate::types::Untrusted(&reason), "tool.reconcile_check_panicked");
+            None
+        }
     }
 }
 

@@ -48,6 +48,7 @@ pub(crate) async fn forward(
                 edited_input,
                 binding,
             },
+            Submission::Reconcile(reconciled) => SubmitAnswer::Reconcile(reconciled),
         },
         // The remote child takes answers only through the root it was started under.
         via_root: Some(root.to_string()),

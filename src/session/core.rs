@@ -75,7 +75,11 @@ pub(super) enum CallSlot {
         outcome: ToolOutcome,
         reported: bool,
     },
-    /// Waits outside the runtime (client tool or approval).
+    /// A call a crash cut, sent to the tool task for its tool's check to settle (and, if its
+    /// effect did not happen, to run once more); its outcome comes back in `ToolsFinished`,
+    /// or it becomes a `reconcile` call for a person.
+    Checking,
+    /// Waits outside the runtime (client tool, approval or reconciliation).
     Pending(PendingKind),
     /// Run by a child session; its entry in `Session::children` says how far it got.
     Child,

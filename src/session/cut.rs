@@ -13,8 +13,8 @@ use serde_json::Map;
 
 use super::apply_cx::ApplyCx;
 use super::core::{CallSlot, Outcome, Phase, Session, StepCall};
-use super::{Answer, Effect, ErrorCode, RunError, Status};
-use crate::definition::FINISH_TOOL;
+use super::{Answer, Effect, ErrorCode, PendingKind, RunError, Status};
+use crate::definition::{OnCut, FINISH_TOOL};
 use crate::store::CommitKind;
 use crate::types::ids::RunId;
 use crate::types::message::{Message, ToolCall};
@@ -55,6 +55,21 @@ impl Session {
             .collect()
     }
 
+    /// The message seq of the last model reply, whose calls a step runs: part of each call's
+    /// idempotency key ([`crate::definition::reconcile::idempotency_key`]). The conversation is
+    /// loaded whenever calls run; without it, the seq the next message would take.
+    pub(super) fn reply_seq(&self) -> u64 {
+        let index = self.messages.as_ref().and_then(|messages| {
+            messages
+                .iter()
+                .rposition(|message| matches!(message, Message::Assistant { .. }))
+        });
+        match index {
+            Some(index) => self.record.history_start + index as u64,
+            None => self.record.message_count,
+        }
+    }
+
     /// Whether the conversation already holds a result for call `id` of the last reply. An
     /// unloaded conversation answers `true`: only a legacy timeout asks, see
     /// [`Session::recorded`].
@@ -79,7 +94,7 @@ impl Session {
         let run_id = self.current_run_id();
         for call in self.dangling_calls() {
             // Without `retry`, every call's slot is `Ready`.
-            if let CallSlot::Ready { outcome, reported } = self.cut_slot(cx, &call, false) {
+            if let CallSlot::Ready { outcome, reported } = self.cut_slot(cx, &call, false, false) {
                 let outcome = Outcome::reported(outcome, reported);
                 self.record_outcome(cx, run_id, call, outcome);
             }
@@ -90,7 +105,12 @@ impl Session {
     /// `safe_to_retry` call runs again, any other dispatched call gets
     /// `tool_durability_error`, a call never dispatched becomes pending, a child is
     /// re-attached to), then the loop goes on.
-    pub(super) fn retry_cut_calls(&mut self, cx: &mut ApplyCx, run_id: RunId) {
+    ///
+    /// A fork (`forked`) goes on the same way, but asks nobody to reconcile the calls it
+    /// copied in flight: their effects belong to the source's timeline, and their idempotency
+    /// keys name the source's calls, so they get `tool_durability_error` (ARCHITECTURE.md,
+    /// "Forks").
+    pub(super) fn retry_cut_calls(&mut self, cx: &mut ApplyCx, run_id: RunId, forked: bool) {
         let cut = self.dangling_calls();
         if cut.is_empty() {
             self.begin_step(cx, run_id);
@@ -99,7 +119,7 @@ impl Session {
         let calls = cut
             .into_iter()
             .map(|call| {
-                let slot = self.cut_slot(cx, &call, true);
+                let slot = self.cut_slot(cx, &call, true, !forked);
                 StepCall::new(self.as_approved(call), slot)
             })
             .collect();
@@ -121,18 +141,28 @@ impl Session {
     /// How a call of the last reply that has no result goes on: with `retry`, when its run is
     /// resumed after a crash; without, when the session moves on without it (everything is
     /// then `Ready`).
-    fn cut_slot(&mut self, cx: &mut ApplyCx, call: &ToolCall, retry: bool) -> CallSlot {
+    /// `reconcile`: a call whose tool asks for reconciliation may raise one.
+    fn cut_slot(
+        &mut self,
+        cx: &mut ApplyCx,
+        call: &ToolCall,
+        retry: bool,
+        reconcile: bool,
+    ) -> CallSlot {
         if let Some(entry) = self.pending.get(&call.id).cloned() {
             return match &entry.answer {
-                // The resume that drained the approval dispatched the tool.
-                Some(Answer::Approved) => self.dispatched_slot(call, retry),
+                // The resume that drained the approval (or the reconciliation that said the
+                // effect did not happen) dispatched the tool.
+                Some(Answer::Approved | Answer::DidNotHappen) => {
+                    self.dispatched_slot(call, retry && reconcile, retry)
+                }
                 None if entry.is_waiting(cx.now) && retry => CallSlot::Pending(entry.kind),
                 None if entry.is_waiting(cx.now) => cut_before_result(),
                 _ => self.answered_slot(cx, &entry),
             };
         }
         match self.classify(call) {
-            CallSlot::Dispatched => self.dispatched_slot(call, retry),
+            CallSlot::Dispatched => self.dispatched_slot(call, retry && reconcile, retry),
             slot @ CallSlot::Ready { .. } => slot,
             slot if retry => slot,
             _ => cut_before_result(),
@@ -140,13 +170,21 @@ impl Session {
     }
 
     /// A dispatched call without a result: it runs again only if its tool says that is
-    /// harmless; otherwise the model learns that it may or may not have taken effect.
-    fn dispatched_slot(&self, call: &ToolCall, retry: bool) -> CallSlot {
+    /// harmless; a tool that asks for reconciliation has its check settle it, or a person
+    /// (when the run goes on: a new message or an abort does not wait for one); otherwise the
+    /// model learns that it may or may not have taken effect.
+    fn dispatched_slot(&self, call: &ToolCall, reconcile: bool, retry: bool) -> CallSlot {
         let harmless = call.name == FINISH_TOOL || self.safe_to_retry(call);
-        match (harmless, retry) {
-            (true, true) => CallSlot::Dispatched,
-            (true, false) => cut_before_result(),
-            (false, _) => CallSlot::failed(ToolErrorCode::ToolDurabilityError.with(format_args!(
+        let reconciled = self
+            .agent
+            .tool(&call.name)
+            .filter(|tool| reconcile && tool.def.on_cut == OnCut::Reconcile);
+        match (harmless, retry, reconciled) {
+            (true, true, _) => CallSlot::Dispatched,
+            (true, false, _) => cut_before_result(),
+            (false, true, Some(tool)) if tool.def.check.is_some() => CallSlot::Checking,
+            (false, true, Some(_)) => CallSlot::Pending(PendingKind::Reconcile),
+            (false, _, _) => CallSlot::failed(ToolErrorCode::ToolDurabilityError.with(format_args!(
                 "the process stopped while {} (call {}) was running, so it may or may not have taken effect. It is not marked safe to retry, so it was not run again: check whether its effect happened before calling it again.",
                 call.name, call.id
             ))),
@@ -174,7 +212,7 @@ impl Session {
         {
             let (outcome, reported, changes) = match slot {
                 CallSlot::Ready { outcome, reported } => (outcome, reported, changes),
-                CallSlot::Dispatched => (
+                CallSlot::Dispatched | CallSlot::Checking => (
                     ToolErrorCode::Interrupted
                         .with(format_args!(
                             "{why} while {} was running; it was cancelled and may or may not have taken effect",

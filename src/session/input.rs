@@ -128,6 +128,9 @@ pub(crate) struct FinishedCall {
     pub(crate) tool_call_id: String,
     pub(crate) outcome: ToolOutcome,
     pub(crate) updates: Map<String, Value>,
+    /// A call a crash cut whose tool's check could not say whether its effect happened: it
+    /// becomes a `reconcile` call for a person (`outcome` is not recorded).
+    pub(crate) unsettled: bool,
 }
 
 impl Session {

@@ -72,7 +72,8 @@ impl Session {
                 self.start_run(cx, run_id, Some(previous));
                 cx.push(self.resumed_hook(run_id, previous, forked_from));
                 if crashed {
-                    self.retry_cut_calls(cx, run_id);
+                    let forked = cut_by == Some(ErrorCode::ForkPoint);
+                    self.retry_cut_calls(cx, run_id, forked);
                     return Ok(());
                 }
                 self.close_dangling_calls(cx);
@@ -153,7 +154,8 @@ impl Session {
                     entry.tool_name
                 )))
             }
-            (Some(Answer::Approved), _) => CallSlot::Dispatched,
+            // Approved, or reconciled as not having happened: the tool runs (once more).
+            (Some(Answer::Approved | Answer::DidNotHappen), _) => CallSlot::Dispatched,
             // Written by an earlier version, which reported a timeout's outcome on the stream
             // when it expired but left its result for the resume.
             (Some(Answer::TimedOut), Some(outcome)) => CallSlot::Ready {
@@ -314,11 +316,17 @@ impl Session {
                 continue;
             }
             let (outcome, reported) = match (&entry.answer, answer_outcome(&entry)) {
-                (Some(Answer::Approved), _) if !suspended => continue,
+                (Some(Answer::Approved | Answer::DidNotHappen), _) if !suspended => continue,
                 (Some(Answer::Approved), _) => {
                     self.report_decision(cx, run_id, &entry);
                     (approved.clone().into(), false)
                 }
+                (Some(Answer::DidNotHappen), _) => (
+                    ToolErrorCode::ClientToolAbandoned
+                        .with("its effect did not happen, and a new message arrived before the tool ran again")
+                        .into(),
+                    false,
+                ),
                 (Some(answer), Some(outcome)) => {
                     self.report_decision(cx, run_id, &entry);
                     (outcome, *answer == Answer::TimedOut)

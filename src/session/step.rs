@@ -320,9 +320,13 @@ impl Session {
         for finished in outcomes {
             let dispatched = calls.iter_mut().find(|step_call| {
                 step_call.call.id == finished.tool_call_id
-                    && matches!(step_call.slot, CallSlot::Dispatched)
+                    && matches!(step_call.slot, CallSlot::Dispatched | CallSlot::Checking)
             });
             if let Some(step_call) = dispatched {
+                if finished.unsettled {
+                    step_call.slot = CallSlot::Pending(PendingKind::Reconcile);
+                    continue;
+                }
                 let limit = self.policy.max_json_depth;
                 let (outcome, changes) =
                     bounded_result(&step_call.call, finished.outcome, finished.updates, limit);
@@ -397,9 +401,14 @@ impl Session {
         let step = self.record.steps_in_run;
         let (sequential, parallel): (Vec<ToolCall>, Vec<ToolCall>) = calls
             .iter()
-            .filter(|step_call| matches!(step_call.slot, CallSlot::Dispatched))
+            .filter(|step_call| matches!(step_call.slot, CallSlot::Dispatched | CallSlot::Checking))
             .map(|step_call| step_call.call.clone())
             .partition(|call| self.finishes_run(call));
+        let checks = calls
+            .iter()
+            .filter(|step_call| matches!(step_call.slot, CallSlot::Checking))
+            .map(|step_call| step_call.call.id.clone())
+            .collect();
         // Companion calls have their own phase, in call order, before the children start.
         for (position, step_call) in calls.iter_mut().enumerate() {
             match step_call.slot {
@@ -419,6 +428,8 @@ impl Session {
                 parallel,
                 sequential,
                 state: Arc::new(Value::Object(self.record.custom_state.clone())),
+                reply_seq: self.reply_seq(),
+                checks,
             });
         }
         self.phase = Phase::AwaitingTools {
@@ -471,7 +482,7 @@ impl Session {
                     pending += 1;
                     continue;
                 }
-                CallSlot::Dispatched | CallSlot::Companion => (
+                CallSlot::Dispatched | CallSlot::Checking | CallSlot::Companion => (
                     ToolErrorCode::ToolNotRun
                         .with("the runtime lost this call's outcome")
                         .into(),

@@ -6,6 +6,7 @@
 
 use serde_json::{Map, Value};
 
+use crate::definition::Reconciled;
 use crate::session::Submission;
 use crate::types::ids::SessionId;
 use crate::types::nesting;
@@ -76,6 +77,9 @@ pub enum SubmitAnswer {
         /// The binding of the request the decision was made for (see [`Submit::bound_to`]).
         binding: Option<String>,
     },
+    /// Whether the effect of a call a crash cut happened, for a `reconcile` call (a tool with
+    /// [`OnCut::Reconcile`](crate::definition::OnCut::Reconcile)).
+    Reconcile(Reconciled),
 }
 
 impl Submit {
@@ -123,6 +127,35 @@ impl Submit {
                 edited_input: None,
                 binding: None,
             },
+            via_root: None,
+            owner_session_id: None,
+        }
+    }
+
+    /// An answer to a `reconcile` call: whether the effect of the call a crash cut happened.
+    /// [`Reconciled::Happened`] records its result (checked against the tool's output
+    /// schema), [`Reconciled::DidNotHappen`] runs the tool once more,
+    /// [`Reconciled::Failed`] records the error.
+    ///
+    /// ```
+    /// use dormant::definition::Reconciled;
+    /// use dormant::Submit;
+    /// use serde_json::json;
+    ///
+    /// let answer = Submit::reconcile("s1", "pay-1", Reconciled::Happened(json!({ "paid": 10 })));
+    /// assert_eq!(answer.to_json()["kind"], "reconcile");
+    /// assert_eq!(answer.to_json()["happened"], true);
+    /// assert_eq!(Submit::from_json(&answer.to_json()), Ok(answer));
+    /// ```
+    pub fn reconcile(
+        session: impl Into<String>,
+        call: impl Into<String>,
+        reconciled: Reconciled,
+    ) -> Self {
+        Self {
+            session_id: session.into(),
+            tool_call_id: call.into(),
+            answer: SubmitAnswer::Reconcile(reconciled),
             via_root: None,
             owner_session_id: None,
         }
@@ -226,6 +259,21 @@ impl Submit {
                     body.insert("edited_input".into(), input.clone());
                 }
             }
+            SubmitAnswer::Reconcile(reconciled) => {
+                body.insert("kind".into(), Value::from("reconcile"));
+                match reconciled {
+                    Reconciled::Happened(value) => {
+                        body.insert("happened".into(), Value::Bool(true));
+                        body.insert("result".into(), value.clone());
+                    }
+                    Reconciled::DidNotHappen => {
+                        body.insert("happened".into(), Value::Bool(false));
+                    }
+                    Reconciled::Failed(error) => {
+                        body.insert("error".into(), Value::from(error.clone()));
+                    }
+                }
+            }
         }
         Value::Object(body)
     }
@@ -233,7 +281,10 @@ impl Submit {
     /// Reads the JSON envelope a client sends (snake_case):
     /// `{ "kind": "client-tool-result", "session_id", "tool_call_id", "result" | "error" }` or
     /// `{ "kind": "approval-response", "session_id", "tool_call_id", "approval_id", "approved",
-    /// "reason"? }`. `kind` defaults to `client-tool-result`. Either may carry
+    /// "reason"? }` or `{ "kind": "reconcile", "session_id", "tool_call_id", "happened": true,
+    /// "result" }` (the effect happened, with this result), `"happened": false` (it did not:
+    /// the tool runs once more), or `"error"` (it failed). `kind` defaults to
+    /// `client-tool-result`. Any may carry
     /// `"owner_session_id"`: the session that made the call (see
     /// [`Submit::owner_session_id`]), and `"via_root"` (see [`Submit::via_root`]).
     ///
@@ -251,7 +302,7 @@ impl Submit {
         let fields = envelope
             .as_object()
             .ok_or_else(|| "the envelope must be a JSON object".to_string())?;
-        const KNOWN: [&str; 12] = [
+        const KNOWN: [&str; 13] = [
             "kind",
             "session_id",
             "via_root",
@@ -264,6 +315,7 @@ impl Submit {
             "reason",
             "edited_input",
             "binding",
+            "happened",
         ];
         if let Some(unknown) = fields.keys().find(|key| !KNOWN.contains(&key.as_str())) {
             return Err(format!("unknown field {unknown:?}"));
@@ -275,6 +327,9 @@ impl Submit {
         let result = fields.get("result").cloned();
         let answer = match text(fields, "kind")?.as_deref() {
             None | Some("client-tool-result") => {
+                if fields.contains_key("happened") {
+                    return Err("happened belongs to a reconcile answer".into());
+                }
                 if let Some(field) = [
                     "approval_id",
                     "approved",
@@ -295,6 +350,9 @@ impl Submit {
                 }
             }
             Some("approval-response") => {
+                if fields.contains_key("happened") {
+                    return Err("happened belongs to a reconcile answer".into());
+                }
                 if result.is_some() {
                     return Err("an approval-response carries no result".into());
                 }
@@ -319,6 +377,7 @@ impl Submit {
                     },
                 }
             }
+            Some("reconcile") => SubmitAnswer::Reconcile(reconciliation(fields, result, error)?),
             Some(other) => return Err(format!("unknown kind {other:?}")),
         };
         Ok(Self {
@@ -351,6 +410,7 @@ impl Submit {
             None => None,
         };
         let submission = match self.answer {
+            SubmitAnswer::Reconcile(reconciled) => Submission::Reconcile(reconciled),
             SubmitAnswer::Result(value) => Submission::Result(value),
             SubmitAnswer::Error(error) => Submission::Error(error),
             SubmitAnswer::Approval {
@@ -391,7 +451,9 @@ impl Submit {
         }
         // Measured before anything serializes, clones or validates it (see `crate::types::nesting`).
         let payload = match &self.answer {
-            SubmitAnswer::Result(value) => Some(("result", value)),
+            SubmitAnswer::Result(value) | SubmitAnswer::Reconcile(Reconciled::Happened(value)) => {
+                Some(("result", value))
+            }
             SubmitAnswer::Approval {
                 edited_input: Some(input),
                 ..
@@ -456,6 +518,55 @@ impl Submit {
                         serde_json::to_vec(input).map_or(usize::MAX, |b| b.len())
                     })
             }
+            SubmitAnswer::Reconcile(Reconciled::Happened(value)) => {
+                serde_json::to_vec(value).map_or(usize::MAX, |b| b.len())
+            }
+            SubmitAnswer::Reconcile(Reconciled::Failed(error)) => error.len(),
+            SubmitAnswer::Reconcile(Reconciled::DidNotHappen) => 0,
+        }
+    }
+}
+
+/// The answer of a `reconcile` envelope: `happened` with a `result`, `happened: false`, or an
+/// `error` alone.
+fn reconciliation(
+    fields: &Map<String, Value>,
+    result: Option<Value>,
+    error: Option<String>,
+) -> Result<Reconciled, String> {
+    if let Some(field) = [
+        "approval_id",
+        "approved",
+        "reason",
+        "edited_input",
+        "binding",
+    ]
+    .iter()
+    .find(|field| fields.contains_key(**field))
+    {
+        return Err(format!("{field} belongs to an approval-response"));
+    }
+    let happened = match fields.get("happened") {
+        None => None,
+        Some(Value::Bool(happened)) => Some(*happened),
+        Some(_) => return Err("happened must be true or false".into()),
+    };
+    match (happened, result, error) {
+        (Some(true), Some(result), None) => Ok(Reconciled::Happened(result)),
+        (Some(true), None, None) => {
+            Err("a reconcile answer that says it happened needs the result it had".into())
+        }
+        (Some(false), None, None) => Ok(Reconciled::DidNotHappen),
+        (Some(false), Some(_), _) => {
+            Err("a reconcile answer that says it did not happen carries no result".into())
+        }
+        (None, None, Some(error)) => Ok(Reconciled::Failed(error)),
+        (Some(_), _, Some(_)) => Err("give happened or error, not both".into()),
+        (None, Some(_), _) => {
+            Err("a reconcile answer with a result needs \"happened\": true".into())
+        }
+        (None, None, None) => {
+            Err("a reconcile answer needs happened (true or false) or error".into())
         }
     }
 }

@@ -6,7 +6,7 @@ use serde_json::Value;
 use super::apply_cx::ApplyCx;
 use super::core::{Outcome, Session};
 use super::{Answer, Effect, Observation, PendingCall, PendingKind, Status, Suspension};
-use crate::definition::ToolKind;
+use crate::definition::{Reconciled, ToolKind};
 use crate::store::schema::IndexWrite;
 use crate::store::CommitKind;
 use crate::types::hooks::HookEvent;
@@ -36,6 +36,8 @@ pub(crate) enum Submission {
         /// The request's binding the decision was made for, if the decision names it.
         binding: Option<String>,
     },
+    /// Whether a cut call's effect happened (a `reconcile` call).
+    Reconcile(Reconciled),
 }
 
 /// What the session decided about a submission.
@@ -76,8 +78,16 @@ impl Session {
             .then(|| self.agent.tool(&call.name))
             .flatten()
             .map(|tool| crate::definition::binding::approval_binding(&tool.def, &call.input));
+        let idempotency_key = (kind == PendingKind::Reconcile).then(|| {
+            crate::definition::reconcile::idempotency_key(
+                &self.record.id,
+                self.reply_seq(),
+                &call.id,
+            )
+        });
         let entry = PendingCall {
             binding,
+            idempotency_key,
             tool_call_id: call.id,
             tool_name: call.name,
             input: call.input,
@@ -196,8 +206,12 @@ impl Session {
             errors: Vec::new(),
         };
         match (entry.kind, submission) {
-            (_, Submission::Error(error)) => Ok((Answer::Error(error), None)),
-            (PendingKind::Client, Submission::Result(value)) => {
+            (_, Submission::Error(error))
+            | (PendingKind::Reconcile, Submission::Reconcile(Reconciled::Failed(error))) => {
+                Ok((Answer::Error(error), None))
+            }
+            (PendingKind::Client, Submission::Result(value))
+            | (PendingKind::Reconcile, Submission::Reconcile(Reconciled::Happened(value))) => {
                 let schema = self
                     .agent
                     .tool(&entry.tool_name)
@@ -217,6 +231,17 @@ impl Session {
                     })
                 }
             }
+            (PendingKind::Reconcile, Submission::Reconcile(Reconciled::DidNotHappen)) => {
+                Ok((Answer::DidNotHappen, None))
+            }
+            (PendingKind::Reconcile, _) => Err(invalid(format!(
+                "{} waits for a reconciliation (kind \"reconcile\": did its effect happen?), not a client-tool-result or an approval-response",
+                entry.tool_call_id
+            ))),
+            (_, Submission::Reconcile(_)) => Err(invalid(format!(
+                "{} does not wait for a reconciliation: only a call a crash cut does",
+                entry.tool_call_id
+            ))),
             (PendingKind::Client, Submission::Approval { .. }) => Err(invalid(format!(
                 "{} is a client tool call; it takes a client-tool-result, not an approval-response",
                 entry.tool_call_id
@@ -421,7 +446,7 @@ pub(crate) fn answer_outcome(entry: &PendingCall) -> Option<ToolOutcome> {
     match entry.answer.as_ref()? {
         Answer::Result(value) => Some(ToolOutcome::Result(value.clone())),
         Answer::Error(error) => Some(ToolOutcome::Error(error.clone())),
-        Answer::Approved => None,
+        Answer::Approved | Answer::DidNotHappen => None,
         Answer::Denied {
             reason: Some(reason),
         } => Some(ToolOutcome::Error(format!(
@@ -432,8 +457,20 @@ pub(crate) fn answer_outcome(entry: &PendingCall) -> Option<ToolOutcome> {
     }
 }
 
-/// The result of a call whose deadline passed without an answer.
+/// The result of a call whose deadline passed without an answer. For a reconciliation nobody
+/// said whether the effect happened, so the call ends as any cut call does by default.
 pub(crate) fn timeout_outcome(entry: &PendingCall) -> ToolOutcome {
+    if entry.kind == PendingKind::Reconcile {
+        return ToolErrorCode::ToolDurabilityError
+            .with(format_args!(
+                "the process stopped while {} (call {}) was running, and nobody said within {} ms whether it took effect, so it was not run again: check whether its effect happened (idempotency key {}) before calling it again.",
+                entry.tool_name,
+                entry.tool_call_id,
+                entry.deadline_at_ms.saturating_sub(entry.requested_at_ms),
+                entry.idempotency_key.as_deref().unwrap_or("unknown"),
+            ))
+            .into();
+    }
     ToolErrorCode::ClientToolTimeout
         .with(format_args!(
             "no answer for {} arrived within {} ms",

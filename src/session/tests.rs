@@ -117,6 +117,7 @@ fn tool_calls_are_committed_before_tools_run_and_results_before_the_next_step() 
             tool_call_id: (*id).into(),
             outcome: ToolOutcome::Result(json!(id)),
             updates: serde_json::Map::new(),
+            unsettled: false,
         })
         .collect();
     let t = session
@@ -181,6 +182,7 @@ fn the_step_limit_ends_the_run_in_the_same_commit_as_the_last_results() {
         tool_call_id: "c1".into(),
         outcome: ToolOutcome::Result(json!(1)),
         updates: serde_json::Map::new(),
+        unsettled: false,
     }];
     let t = session
         .apply(

@@ -99,6 +99,7 @@ fn finished(run_id: RunId, step: u32, call: &str, value: serde_json::Value) -> I
             tool_call_id: call.into(),
             outcome: ToolOutcome::Result(value),
             updates: serde_json::Map::from_iter([("last".to_string(), json!(call))]),
+            unsettled: false,
         }],
     }
 }

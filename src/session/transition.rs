@@ -39,6 +39,10 @@ pub(crate) enum Effect {
         parallel: Vec<ToolCall>,
         sequential: Vec<ToolCall>,
         state: Arc<Value>,
+        /// The message seq of the reply whose calls these are (their idempotency keys).
+        reply_seq: u64,
+        /// Cut calls their tool's check settles before anything runs again.
+        checks: Vec<String>,
     },
     /// Start a child session of this process for a sub-agent call, or re-attach to the one
     /// that exists. (A remote child is started by [`Effect::DriveRemote`].)

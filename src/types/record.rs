@@ -240,6 +240,10 @@ pub enum PendingKind {
     Client,
     /// An approval gate: a person approves or denies, and the tool runs on resume if approved.
     Approval,
+    /// A server call a crash cut while it ran, of a tool that asks for reconciliation
+    /// ([`OnCut::Reconcile`](crate::definition::OnCut::Reconcile)): its effect may or may not
+    /// have happened, and a person (or the tool's check) says which.
+    Reconcile,
 }
 
 /// The answer recorded in a pending call.
@@ -264,6 +268,11 @@ pub enum Answer {
     /// The deadline passed before an answer. The call's result (a `client_tool_timeout`
     /// error) is recorded in the conversation when it expires.
     TimedOut,
+    // Last: the stored form may number variants (added after the rest).
+    /// A reconciliation: the cut call's effect did not happen, so the tool runs once more on
+    /// resume. Like [`Answer::Approved`], the entry stays until the tool's result is recorded,
+    /// so a crash during that run finds the call dispatched (and asks again).
+    DidNotHappen,
 }
 
 /// A tool call waiting outside the runtime: stored one entry per call.
@@ -297,6 +306,11 @@ pub struct PendingCall {
     /// definition when it was requested (the `tool_approval_request` chunk carries it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub binding: Option<String>,
+    /// For a reconciliation: the call's idempotency key, the one its tool saw
+    /// ([`ToolContext::idempotency_key`](crate::definition::ToolContext::idempotency_key)), to
+    /// look the effect up by.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency_key: Option<String>,
 }
 
 impl PendingCall {

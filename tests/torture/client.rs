@@ -6,14 +6,15 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use dormant::definition::Reconciled;
 use dormant::types::PendingCall;
 use dormant::{PendingKind, Runtime, SessionId, Status};
 use dormant::{Submit, SubmitOutcome};
 use serde_json::json;
 
-use super::journal::{Acknowledged, Journal, Sent};
+use super::journal::{executed, Acknowledged, Journal, Sent};
 use super::rng::Rng;
-use super::workload::Process;
+use super::workload::{tool_output, Process};
 
 /// A runtime call that takes longer than this is hung: reported, not waited for forever.
 const HUNG: Duration = Duration::from_secs(20);
@@ -260,6 +261,13 @@ impl Client {
             PendingKind::Approval => Sent::Approval {
                 approved: roll >= 25,
             },
+            // What a person would do: look the effect up by the call's idempotency key.
+            PendingKind::Reconcile => {
+                let key = call.idempotency_key.as_deref().unwrap_or_default();
+                let happened =
+                    !key.is_empty() && matches!(executed(&self.process.dir, key), Ok(Some(_)));
+                Sent::Reconcile { happened }
+            }
         }
     }
 
@@ -275,6 +283,14 @@ impl Client {
             Sent::Error(text) => Submit::error(root_id, id, text.clone()),
             Sent::Approval { approved } => {
                 Submit::approval(root_id, id, call.approval_id(), *approved, None)
+            }
+            Sent::Reconcile { happened: true } => Submit::reconcile(
+                root_id,
+                id,
+                Reconciled::Happened(tool_output(&call.tool_name, id)),
+            ),
+            Sent::Reconcile { happened: false } => {
+                Submit::reconcile(root_id, id, Reconciled::DidNotHappen)
             }
         };
         match tokio::time::timeout(HUNG, self.runtime.submit_tool_result(submit)).await {

@@ -28,6 +28,19 @@ pub(crate) struct Execution {
     /// marked `safe_to_retry` (the broken variant) is still logged `false`: this is the truth
     /// about the side effect, not the definition.
     pub(crate) retryable: bool,
+    /// The call's idempotency key (what a reconciliation looks the effect up by).
+    #[serde(default)]
+    pub(crate) key: String,
+}
+
+/// The execution of the call with idempotency key `key`, if its effect happened: it is in the
+/// executions file then (each is synced before its tool goes on, so a kill after it leaves it
+/// there, and one before it leaves nothing: no effect).
+pub(crate) fn executed(dir: &Path, key: &str) -> anyhow::Result<Option<Execution>> {
+    let (executions, _) = read::<Execution>(&dir.join(EXECUTIONS))?;
+    Ok(executions
+        .into_iter()
+        .find(|execution| execution.key == key))
 }
 
 /// What a submit carried.
@@ -36,7 +49,13 @@ pub(crate) struct Execution {
 pub(crate) enum Sent {
     Result(Value),
     Error(String),
-    Approval { approved: bool },
+    Approval {
+        approved: bool,
+    },
+    /// A reconciliation: whether the cut call's effect happened (as the executions file says).
+    Reconcile {
+        happened: bool,
+    },
 }
 
 /// A submit that answered `accepted`, written right after the answer came back.

@@ -14,6 +14,9 @@ use super::workload::tool_output;
 
 const DURABILITY_ERROR: &str = "tool_durability_error";
 
+/// The workload's tools whose cut calls are reconciled (`workload.rs`).
+const RECONCILED_TOOLS: [&str; 2] = ["settle", "refund"];
+
 /// One tool-result message.
 #[derive(Debug)]
 pub(crate) struct Found {
@@ -112,9 +115,17 @@ pub(crate) fn answers(
             Sent::Error(_) => "error",
             Sent::Approval { approved: true } => "approval (yes)",
             Sent::Approval { approved: false } => "approval (no)",
+            Sent::Reconcile { happened: true } => "reconcile (happened)",
+            Sent::Reconcile { happened: false } => "reconcile (did not happen)",
         };
         *findings.acknowledged.entry(kind).or_default() += 1;
         findings.acknowledged_by_checker += usize::from(answer.process == "check");
+        if let Sent::Reconcile { .. } = answer.sent {
+            // A call may be reconciled more than once: its effect did not happen, it ran once
+            // more, and a kill cut that run too. `executions` holds its result to its runs.
+            reconciled(&answer, results, findings);
+            continue;
+        }
         by_call
             .entry((answer.root.clone(), answer.call.clone()))
             .or_default()
@@ -168,6 +179,27 @@ pub(crate) fn answers(
     Ok(())
 }
 
+/// A reconciled call ends with the tool's own output: the effect happened (and its result was
+/// given), or it ran once more.
+fn reconciled(answer: &Acknowledged, results: &Results, findings: &mut Findings) {
+    let found = results
+        .by_call
+        .get(&(answer.root.clone(), answer.call.clone()))
+        .map_or(&[][..], Vec::as_slice);
+    match found {
+        [found] if found.outcome == ToolOutcome::Result(tool_output(&found.tool, &answer.call)) => {
+        }
+        _ => findings.violations.push(format!(
+            "reconciled ({:?} by {}) but root {} call {} ended {:?}",
+            answer.sent,
+            answer.process,
+            answer.root,
+            answer.call,
+            found.iter().map(|found| &found.outcome).collect::<Vec<_>>()
+        )),
+    }
+}
+
 fn applied(sent: &Sent, call: &str, found: &Found) -> bool {
     match (sent, &found.outcome) {
         (Sent::Result(value), ToolOutcome::Result(result)) => value == result,
@@ -209,6 +241,19 @@ pub(crate) fn executions(
         runs.entry((execution.session.clone(), execution.call.clone()))
             .or_default()
             .push(execution);
+    }
+    // A reconciled tool's output in a conversation is an effect that happened: it ran.
+    for ((_, call), found) in &results.by_call {
+        for found in found {
+            let output = ToolOutcome::Result(tool_output(&found.tool, call));
+            let ran = runs.contains_key(&(found.session.to_string(), call.clone()));
+            if RECONCILED_TOOLS.contains(&found.tool.as_str()) && found.outcome == output && !ran {
+                findings.violations.push(format!(
+                    "reconciled as happened but never ran: {} for session {} call {call}",
+                    found.tool, found.session
+                ));
+            }
+        }
     }
     for ((session, call), runs) in runs {
         let Some(first) = runs.first() else { continue };

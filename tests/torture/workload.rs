@@ -10,11 +10,11 @@
 //! against the root) and sometimes charges too.
 
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use dormant::definition::ToolContext;
+use dormant::definition::{OnCut, Reconciled, ToolContext};
 use dormant::llm::{LlmAdapter, LlmError, ModelRequest};
 use dormant::{
     AgentDefinition, Approval, ModelReply, Runtime, SledStore, ToolCall, ToolDefinition, ToolError,
@@ -22,7 +22,7 @@ use dormant::{
 use futures::future::BoxFuture;
 use serde_json::{json, Value};
 
-use super::journal::{Execution, Journal, EXECUTIONS};
+use super::journal::{executed, Execution, Journal, EXECUTIONS};
 use super::rng::Rng;
 
 /// No deadline fires during a run: a timeout is a legitimate end of a call, and this test is
@@ -41,6 +41,8 @@ pub(crate) struct Process {
     /// Whether events go to stdout (a child reports to its parent; the checker does not).
     pub(crate) report: bool,
     pub(crate) executions: Journal,
+    /// The run's directory (the executions file a reconciliation reads).
+    pub(crate) dir: PathBuf,
 }
 
 impl Process {
@@ -57,6 +59,7 @@ impl Process {
             broken,
             report,
             executions: Journal::open(&dir.join(EXECUTIONS))?,
+            dir: dir.to_path_buf(),
         })
     }
 
@@ -94,6 +97,7 @@ fn logged(
                 call: tool.tool_call_id().to_string(),
                 tool: name.to_string(),
                 retryable,
+                key: tool.idempotency_key().to_string(),
             };
             process
                 .executions
@@ -108,6 +112,25 @@ fn logged(
     })
 }
 
+/// `settle`: not retryable; a call a kill cut is settled by its check, which looks its
+/// idempotency key up in the executions file (the system the effect lands in).
+fn settle(process: &Arc<Process>) -> ToolDefinition {
+    let dir = process.dir.clone();
+    logged("settle", process, false, Duration::from_millis(30)).reconcile_with(
+        move |_input: Value, key: String| {
+            let dir = dir.clone();
+            async move {
+                match executed(&dir, &key) {
+                    Ok(Some(run)) => Some(Reconciled::Happened(tool_output(&run.tool, &run.call))),
+                    Ok(None) => Some(Reconciled::DidNotHappen),
+                    // Cannot tell: a person is asked (the client answers from the same file).
+                    Err(_) => None,
+                }
+            }
+        },
+    )
+}
+
 fn agents(process: &Arc<Process>) -> anyhow::Result<Vec<AgentDefinition>> {
     // In the broken variant the parent kills on charge's start line; a long linger makes sure
     // its result is never committed first, so the double execution is certain, not likely.
@@ -120,6 +143,9 @@ fn agents(process: &Arc<Process>) -> anyhow::Result<Vec<AgentDefinition>> {
                 .require_approval(Approval::Always),
         )
         .tool(charge())
+        .tool(settle(process))
+        // `refund`: a cut call raises a reconcile call the client answers.
+        .tool(logged("refund", process, false, Duration::from_millis(30)).on_cut(OnCut::Reconcile))
         .tool(logged("lookup", process, true, Duration::from_millis(5)).safe_to_retry(true))
         .tool(ToolDefinition::sub_agent("delegate", "helper"))
         .client_tool_timeout_ms(CLIENT_TIMEOUT_MS)
@@ -186,9 +212,11 @@ fn root_plan(seed: u64, session: &str) -> Vec<ModelReply> {
             .map(|index| {
                 let (tool, input) = match rng.below(100) {
                     0..=24 => ("ask", json!({ "question": "which one?" })),
-                    25..=44 => ("deploy", json!({ "target": "prod" })),
-                    45..=64 => ("charge", json!({ "cents": 100 })),
-                    65..=79 => ("lookup", json!({ "key": "k" })),
+                    25..=39 => ("deploy", json!({ "target": "prod" })),
+                    40..=52 => ("charge", json!({ "cents": 100 })),
+                    53..=60 => ("settle", json!({ "cents": 30 })),
+                    61..=68 => ("refund", json!({ "cents": 20 })),
+                    69..=79 => ("lookup", json!({ "key": "k" })),
                     _ => ("delegate", json!({ "message": "confirm it" })),
                 };
                 ToolCall::new(format!("{tool}-{step}-{index}"), tool, input)

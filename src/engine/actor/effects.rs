@@ -125,12 +125,16 @@ impl SessionActor {
                 parallel,
                 sequential,
                 state: custom_state,
+                reply_seq,
+                checks,
             } => {
                 let step_context = StepContext {
                     agent,
                     session: ctx.key().clone(),
                     run_id,
                     state: custom_state,
+                    reply_seq,
+                    checks,
                 };
                 let mailbox = ctx.mailbox();
                 let span = run_span(ctx.key(), run_id, step);

@@ -417,6 +417,7 @@ fn dispatched_approvals(
             answered_at_ms: Some(now),
             original_input: None,
             binding: None,
+            idempotency_key: None,
         })
         .collect())
 }
@@ -587,6 +588,7 @@ pub(crate) fn put_given_result(
         answered_at_ms: Some(now),
         original_input: None,
         binding: None,
+        idempotency_key: None,
     };
     batch.put(
         Tree::Pending,

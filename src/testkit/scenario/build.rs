@@ -7,9 +7,10 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use serde_json::Value;
 
-use super::format::{AgentSpec, ScriptEntry, ToolKindSpec, ToolSpec};
+use super::format::{AgentSpec, CheckSpec, OnCutSpec, ScriptEntry, ToolKindSpec, ToolSpec};
 use crate::definition::{
-    AgentDefinition, Approval, DefinitionError, ToolDefinition, ToolError, FINISH_TOOL,
+    AgentDefinition, Approval, DefinitionError, OnCut, Reconciled, ToolDefinition, ToolError,
+    FINISH_TOOL,
 };
 use crate::llm::ModelReply;
 use crate::skills::{InCodeSkills, SkillDefinition};
@@ -139,6 +140,21 @@ fn tool(
             Approval::Always
         };
         tool = tool.require_approval(approval);
+    }
+    if spec.on_cut == Some(OnCutSpec::Reconcile) {
+        tool = tool.on_cut(OnCut::Reconcile);
+    }
+    if let Some(check) = spec.check {
+        let result = spec.result.clone().unwrap_or(Value::Null);
+        tool = tool.reconcile_with(move |_input, _key| {
+            let settled = match check {
+                CheckSpec::Happened => Some(Reconciled::Happened(result.clone())),
+                CheckSpec::DidNotHappen => Some(Reconciled::DidNotHappen),
+                CheckSpec::Failed => Some(Reconciled::Failed("failed (by its check)".into())),
+                CheckSpec::Unknown => None,
+            };
+            async move { settled }
+        });
     }
     tool.safe_to_retry(spec.safe_to_retry)
         .finish_with(spec.finish_with)

@@ -47,6 +47,9 @@ pub(crate) async fn build(step: &SubmitStep, runtime: &Runtime) -> Value {
     if let Some(binding) = &step.binding {
         envelope.insert("binding".into(), binding.clone().into());
     }
+    if let Some(happened) = step.happened {
+        envelope.insert("happened".into(), happened.into());
+    }
     if let Some(approval_id) = &step.approval_id {
         let approval_id = if approval_id == AUTO_APPROVAL_ID {
             let found = match session.parse() {

@@ -160,6 +160,36 @@ pub(crate) struct ToolSpec {
     pub(crate) safe_to_retry: bool,
     #[serde(default)]
     pub(crate) finish_with: bool,
+    /// A server tool: what a call a crash cut becomes (an addition: `reconcile` raises a
+    /// reconcile call, see `OnCut`).
+    #[serde(default)]
+    pub(crate) on_cut: Option<OnCutSpec>,
+    /// With `on_cut: reconcile`: what the tool's check says (an addition); without it, a
+    /// person answers.
+    #[serde(default)]
+    pub(crate) check: Option<CheckSpec>,
+}
+
+/// `on_cut` of a server tool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum OnCutSpec {
+    DurabilityError,
+    Reconcile,
+}
+
+/// The scripted answer of a tool's reconcile check.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum CheckSpec {
+    /// The effect happened: the call's result is the tool's `result`.
+    Happened,
+    /// It did not: the tool runs once more.
+    DidNotHappen,
+    /// It failed: the call's result is the error `failed (by its check)`.
+    Failed,
+    /// It cannot tell: a person is asked.
+    Unknown,
 }
 
 /// One model reply: text, tool calls, a finish value, or a mix.
@@ -215,6 +245,8 @@ pub(crate) enum SubmitKind {
     ClientToolResult,
     /// A person's answer to an approval request.
     ApprovalResponse,
+    /// Whether a cut call's effect happened (an addition).
+    Reconcile,
 }
 
 impl SubmitKind {
@@ -223,6 +255,7 @@ impl SubmitKind {
         match self {
             SubmitKind::ClientToolResult => "client-tool-result",
             SubmitKind::ApprovalResponse => "approval-response",
+            SubmitKind::Reconcile => "reconcile",
         }
     }
 }
@@ -254,6 +287,9 @@ pub(crate) struct SubmitStep {
     /// The binding an approval names (an addition: a wrong one is `stale_approval`).
     #[serde(default)]
     pub(crate) binding: Option<String>,
+    /// A reconcile answer: whether the effect happened (an addition).
+    #[serde(default)]
+    pub(crate) happened: Option<bool>,
     #[serde(default, deserialize_with = "present")]
     pub(crate) raw: Option<Value>,
     #[serde(default)]

@@ -11,7 +11,7 @@ use serde_json::Value;
 use super::error::Error;
 use super::format::{
     AgentSpec, CheckpointStep, ClockStep, ConfigSpec, CrashStep, DefineStep, ExecuteStep, Expect,
-    FileSpec, ForkStep, RestartStep, SessionStep, SubmitStep, ToolKindSpec,
+    FileSpec, ForkStep, OnCutSpec, RestartStep, SessionStep, SubmitStep, ToolKindSpec,
 };
 use super::step::{EvictTarget, Op, Step, OP_NAMES};
 use super::unique_keys::UniqueKeys;
@@ -303,6 +303,7 @@ impl Parser {
                 ("approval_id", step.approval_id.is_some()),
                 ("edited_input", step.edited_input.is_some()),
                 ("binding", step.binding.is_some()),
+                ("happened", step.happened.is_some()),
             ];
             if let Some((field, _)) = envelope_fields.iter().find(|(_, given)| *given) {
                 return Err(self.error(
@@ -334,9 +335,11 @@ impl Parser {
                 ("timeout_ms", tool.timeout_ms.is_some()),
                 ("output_schema", tool.output_schema.is_some()),
                 ("agent", tool.agent.is_some()),
+                ("on_cut", tool.on_cut.is_some()),
+                ("check", tool.check.is_some()),
             ];
             let (kind, allowed): (&str, &[&str]) = match tool.kind {
-                ToolKindSpec::Server => ("server", &["result", "error"]),
+                ToolKindSpec::Server => ("server", &["result", "error", "on_cut", "check"]),
                 ToolKindSpec::Client => ("client", &["timeout_ms", "output_schema"]),
                 ToolKindSpec::SubAgent => ("sub_agent", &["agent"]),
             };
@@ -350,6 +353,12 @@ impl Parser {
                 return Err(self.error(
                     &path,
                     "a server tool has a fixed `result` or an `error`, not both",
+                ));
+            }
+            if tool.check.is_some() && tool.on_cut != Some(OnCutSpec::Reconcile) {
+                return Err(self.error(
+                    &format!("{path}.check"),
+                    "a `check` settles reconcile calls: it needs `on_cut: reconcile`",
                 ));
             }
             if tool.kind == ToolKindSpec::SubAgent && tool.agent.is_none() {
