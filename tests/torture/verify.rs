@@ -242,11 +242,14 @@ pub(crate) fn executions(
             .or_default()
             .push(execution);
     }
-    // A reconciled tool's output in a conversation is an effect that happened: it ran.
+    // A reconciled tool's output in a conversation is an effect that happened: it ran, in
+    // that session or (a result a fork copied) in its source.
     for ((_, call), found) in &results.by_call {
         for found in found {
             let output = ToolOutcome::Result(tool_output(&found.tool, call));
-            let ran = runs.contains_key(&(found.session.to_string(), call.clone()));
+            let source = found.session.as_str().replace(".f", "");
+            let ran = runs.contains_key(&(found.session.to_string(), call.clone()))
+                || runs.contains_key(&(source, call.clone()));
             if RECONCILED_TOOLS.contains(&found.tool.as_str()) && found.outcome == output && !ran {
                 findings.violations.push(format!(
                     "reconciled as happened but never ran: {} for session {} call {call}",
