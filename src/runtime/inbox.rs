@@ -19,7 +19,8 @@ const ENTRIES_PER_ITEM: usize = 8;
 const ENTRIES_AT_ONCE: usize = 256;
 
 impl Runtime {
-    /// Up to `limit` (at least one) calls that wait for a person (client tools and approvals, of every
+    /// Up to `limit` (at least one) calls that wait for a person (client tools, approvals and
+    /// reconciliations, of every
     /// session and sub-agent), soonest deadline first, that `filter` keeps, from `after` (a
     /// previous page's [`Inbox::next`]) on. Read from the deadline index, so a page costs
     /// what it lists, whatever the number of sessions; with a filter that keeps few calls,
@@ -119,6 +120,7 @@ impl Runtime {
                     input: pending.input,
                     since_ms: pending.requested_at_ms,
                     deadline_at_ms: pending.deadline_at_ms,
+                    idempotency_key: pending.idempotency_key,
                 });
                 if items.len() == limit {
                     read_all = false;

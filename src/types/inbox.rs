@@ -14,7 +14,7 @@ use crate::types::record::PendingKind;
 pub struct InboxFilter {
     /// Only calls made by sessions of this agent.
     pub agent: Option<String>,
-    /// Only client-tool calls, or only approvals.
+    /// Only client-tool calls, only approvals, or only reconciliations.
     pub kind: Option<PendingKind>,
     /// Only calls of this tool.
     pub tool: Option<String>,
@@ -56,7 +56,7 @@ pub struct InboxCursor(pub String);
 /// One call that waits for a person.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct InboxItem {
-    /// A client tool's call, or an approval.
+    /// A client tool's call, an approval, or a reconciliation (a call a crash cut).
     pub kind: PendingKind,
     /// The session that made the call (answer it against `root`).
     pub session: SessionId,
@@ -82,6 +82,9 @@ pub struct InboxItem {
     pub since_ms: u64,
     /// When it times out (clock ms).
     pub deadline_at_ms: u64,
+    /// For a reconciliation: the call's idempotency key, to look its effect up by.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency_key: Option<String>,
 }
 
 /// A page of the inbox, soonest deadline first.
