@@ -19,6 +19,7 @@ pub(crate) mod read_error;
 mod route;
 mod stop;
 mod submit;
+mod tool_info;
 
 use std::sync::Arc;
 

@@ -32,7 +32,7 @@ pub use self::checkpoint::{
 pub use self::clock::Clock;
 pub use self::hooks::{HookEvent, NoHooks};
 pub use self::ids::{InvalidId, MAX_SESSION_ID_LEN};
-pub use self::inbox::{Inbox, InboxCursor, InboxFilter, InboxItem};
+pub use self::inbox::{Inbox, InboxCursor, InboxFilter, InboxItem, ToolInfo};
 pub use self::message::ToolOutcome;
 pub use self::record::{
     Answer, ChildCall, ChildState, Companion, CompanionStatus, ErrorCode, PendingCall, RunError,

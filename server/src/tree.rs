@@ -36,8 +36,15 @@ pub(crate) async fn waits(runtime: &Runtime, root: &SessionId) -> Result<Waits, 
             tracing::warn!(%root, "server.status_tree_truncated");
             break;
         }
-        for call in runtime.pending(&session).await? {
-            out.push(PendingAnswer::new(session.clone(), call, now));
+        let calls = runtime.pending(&session).await?;
+        // The session's agent defines the tools its calls name (read only when it waits).
+        let agent = match calls.is_empty() {
+            true => String::new(),
+            false => runtime.session(&session).await?.agent,
+        };
+        for call in calls {
+            let tool = runtime.tool_info(&agent, &call.tool_name);
+            out.push(PendingAnswer::new(session.clone(), call, now, tool));
         }
         for child in runtime.children(&session).await? {
             if let Some(answer) = UnreachableAnswer::of(&child) {

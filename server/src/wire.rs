@@ -2,7 +2,7 @@
 
 use dormant::remote::RemoteCall;
 use dormant::session::RunStarted;
-use dormant::types::{Answer, PendingCall, RunError, RunRecord, RunUsage, SessionRecord};
+use dormant::types::{Answer, PendingCall, RunError, RunRecord, RunUsage, SessionRecord, ToolInfo};
 use dormant::Chunk;
 use dormant::{PendingKind, RunId, Status};
 use serde::{Deserialize, Serialize};
@@ -375,11 +375,41 @@ pub(crate) struct PendingAnswer {
     pub(crate) answered: bool,
     /// Its deadline passed and the timeout is recorded.
     pub(crate) timed_out: bool,
+    /// For an approval: what it is bound to; the decision names it (`binding`), so that it
+    /// is accepted only for this very request.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) binding: Option<String>,
+    /// The tool's description (absent for a tool this server does not define: a remote
+    /// sub-agent's).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) description: Option<String>,
+    /// The schema of the tool's input: what an edited approval must match.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) input_schema: Option<Value>,
+    /// For a client tool: the schema its result must match.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) output_schema: Option<Value>,
+    /// For an approval: the person may edit the input when approving (`edited_input`).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub(crate) editable: bool,
 }
 
 impl PendingAnswer {
-    pub(crate) fn new(owner: dormant::SessionId, call: PendingCall, now_ms: u64) -> Self {
+    /// `call` of session `owner`, with what `tool` says of its tool (if this server defines
+    /// it).
+    pub(crate) fn new(
+        owner: dormant::SessionId,
+        call: PendingCall,
+        now_ms: u64,
+        tool: Option<ToolInfo>,
+    ) -> Self {
+        let tool = tool.unwrap_or_default();
         Self {
+            binding: call.binding.clone(),
+            description: tool.description,
+            input_schema: tool.input_schema,
+            output_schema: tool.output_schema,
+            editable: tool.editable,
             session_id: owner.to_string(),
             approval_id: (call.kind == PendingKind::Approval).then(|| call.approval_id()),
             waiting: call.is_waiting(now_ms),
@@ -414,6 +444,12 @@ impl From<RemoteCall> for PendingAnswer {
             waiting: call.waiting,
             answered: call.answered,
             timed_out: call.timed_out,
+            // The remote's status has them, but a root does not record them.
+            binding: None,
+            description: None,
+            input_schema: None,
+            output_schema: None,
+            editable: false,
         }
     }
 }

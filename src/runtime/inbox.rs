@@ -99,12 +99,9 @@ impl Runtime {
                 if filter.agent.as_ref().is_some_and(|wanted| wanted != agent) {
                     continue;
                 }
-                let tool = self.inner.shared.agents.get(agent).and_then(|definition| {
-                    definition
-                        .tool(&pending.tool_name)
-                        .map(|tool| (tool.def.description.clone(), tool.def.input_schema.clone()))
-                });
-                let (description, input_schema) = tool.unzip();
+                let tool = self
+                    .tool_info(agent, &pending.tool_name)
+                    .unwrap_or_default();
                 items.push(InboxItem {
                     kind: pending.kind,
                     approval_id: (pending.kind == PendingKind::Approval)
@@ -115,8 +112,10 @@ impl Runtime {
                     agent: agent.clone(),
                     tool_call_id: pending.tool_call_id,
                     tool_name: pending.tool_name,
-                    description: description.filter(|text| !text.is_empty()),
-                    input_schema: input_schema.flatten(),
+                    description: tool.description,
+                    input_schema: tool.input_schema,
+                    output_schema: tool.output_schema,
+                    editable: tool.editable,
                     input: pending.input,
                     since_ms: pending.requested_at_ms,
                     deadline_at_ms: pending.deadline_at_ms,

@@ -72,6 +72,14 @@ pub struct InboxItem {
     pub description: Option<String>,
     /// The tool's input schema, if it has one and the agent is defined here.
     pub input_schema: Option<Value>,
+    /// For a client tool: the schema its result must match, if it has one and the agent is
+    /// defined here.
+    #[serde(default)]
+    pub output_schema: Option<Value>,
+    /// For an approval: whether the person may edit the call's input when approving
+    /// ([`Approval::Editable`](crate::Approval::Editable)).
+    #[serde(default)]
+    pub editable: bool,
     /// The call's input.
     pub input: Value,
     /// For an approval: the id its answer must carry.
@@ -85,6 +93,22 @@ pub struct InboxItem {
     /// For a reconciliation: the call's idempotency key, to look its effect up by.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idempotency_key: Option<String>,
+}
+
+/// What a person's side needs to know of a tool to show and answer its calls
+/// ([`Runtime::tool_info`](crate::Runtime::tool_info)): what it does, the input it takes, the
+/// result it must give (a client tool's), and whether its approval allows edits.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct ToolInfo {
+    /// The tool's description, if it has one.
+    pub description: Option<String>,
+    /// The schema of its input, if it has one.
+    pub input_schema: Option<Value>,
+    /// The schema a client tool's result must match, if it has one.
+    pub output_schema: Option<Value>,
+    /// Whether a person approving a call may edit its input.
+    pub editable: bool,
 }
 
 /// A page of the inbox, soonest deadline first.
