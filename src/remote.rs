@@ -64,7 +64,7 @@ pub struct RemoteCall {
     pub tool_call_id: String,
     /// The tool.
     pub tool_name: String,
-    /// A client tool or an approval.
+    /// A client tool, an approval or a reconciliation.
     pub kind: PendingKind,
     /// For an approval: the id its answer must carry.
     #[serde(default)]
@@ -87,6 +87,9 @@ pub struct RemoteCall {
     /// Its deadline passed and the remote recorded the timeout.
     #[serde(default)]
     pub timed_out: bool,
+    /// For a reconciliation (a call a crash cut there): the call's idempotency key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency_key: Option<String>,
 }
 
 fn yes() -> bool {

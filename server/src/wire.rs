@@ -392,6 +392,10 @@ pub(crate) struct PendingAnswer {
     /// For an approval: the person may edit the input when approving (`edited_input`).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub(crate) editable: bool,
+    /// For a reconciliation (`kind: "reconcile"`, a call a crash cut): the call's idempotency
+    /// key, to look its effect up by before answering whether it happened.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) idempotency_key: Option<String>,
 }
 
 impl PendingAnswer {
@@ -406,6 +410,7 @@ impl PendingAnswer {
         let tool = tool.unwrap_or_default();
         Self {
             binding: call.binding.clone(),
+            idempotency_key: call.idempotency_key.clone(),
             description: tool.description,
             input_schema: tool.input_schema,
             output_schema: tool.output_schema,
@@ -444,6 +449,7 @@ impl From<RemoteCall> for PendingAnswer {
             waiting: call.waiting,
             answered: call.answered,
             timed_out: call.timed_out,
+            idempotency_key: call.idempotency_key,
             // The remote's status has them, but a root does not record them.
             binding: None,
             description: None,

@@ -64,6 +64,7 @@ fn call(id: &str, deadline: u64, waiting: bool, timed_out: bool) -> RemoteCall {
         waiting,
         answered: false,
         timed_out,
+        idempotency_key: None,
     }
 }
 

@@ -157,6 +157,7 @@ fn remote_call() -> RemoteCall {
         waiting: true,
         answered: false,
         timed_out: false,
+        idempotency_key: None,
     }
 }
 
