@@ -21,7 +21,7 @@ use crate::error::{ApiError, ServerError};
 use crate::metrics::HttpMetrics;
 use crate::state::{AppState, Shared};
 use crate::token::TokenKey;
-use crate::{body, ops, page, routes, sse};
+use crate::{approval_routes, body, ops, page, routes, sse};
 
 /// Tells a server's streams that it is shutting down: each sends a last `end` event
 /// (`reason: shutdown`) and closes, so a graceful shutdown is not held up by open streams.
@@ -194,6 +194,16 @@ impl Server {
             ("/state", get(routes::state_at)),
             ("/fork", post(routes::fork).route_layer(with_body())),
             ("/inbox", get(routes::inbox)),
+            (
+                "/approval-token",
+                post(approval_routes::issue).route_layer(with_body()),
+            ),
+            (
+                "/approval",
+                // Only the decision has a body (a GET with the layer would need a length).
+                get(approval_routes::show)
+                    .merge(post(approval_routes::decide).route_layer(with_body())),
+            ),
             ("/sse", get(sse::stream)),
             ("/healthz", get(ops::healthz)),
             ("/metrics", get(ops::metrics)),

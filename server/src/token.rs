@@ -150,6 +150,29 @@ impl TokenKey {
         Ok(id)
     }
 
+    /// The HMAC of `data` under this key, in the name of `domain` (so a signature made for
+    /// one kind of token is never valid for another).
+    pub(crate) fn sign(&self, domain: &[u8], data: &[u8]) -> Vec<u8> {
+        self.domain_mac(domain, data)
+            .finalize()
+            .into_bytes()
+            .to_vec()
+    }
+
+    /// Whether `mac` is this key's signature of `data` for `domain` (in constant time).
+    pub(crate) fn signed(&self, domain: &[u8], data: &[u8], mac: &[u8]) -> bool {
+        self.domain_mac(domain, data).verify_slice(mac).is_ok()
+    }
+
+    fn domain_mac(&self, domain: &[u8], data: &[u8]) -> Hmac<Sha256> {
+        let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(&self.0)
+            .unwrap_or_else(|_| unreachable!("HMAC takes a key of any length"));
+        mac.update(domain);
+        mac.update(b"\0");
+        mac.update(data);
+        mac
+    }
+
     fn mac(&self, session: &str) -> Hmac<Sha256> {
         let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(&self.0)
             .unwrap_or_else(|_| unreachable!("HMAC takes a key of any length"));
@@ -164,7 +187,7 @@ pub(crate) fn is_token(text: &str) -> bool {
     text.starts_with(PREFIX)
 }
 
-fn hex(bytes: &[u8]) -> String {
+pub(crate) fn hex(bytes: &[u8]) -> String {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
     // One allocation, not one `format!` per byte: a token is issued on every start.
     let mut text = String::with_capacity(bytes.len() * 2);
@@ -178,7 +201,12 @@ fn hex(bytes: &[u8]) -> String {
 /// The bytes of lower-case hex, the one form [`hex`] writes: a token has one spelling, so
 /// an upper-case copy of a token is not a second valid token.
 fn unhex(text: &str) -> Option<Vec<u8>> {
-    if text.len() % 2 != 0 || text.len() > 1024 {
+    unhex_within(text, 1024)
+}
+
+/// [`unhex`] of at most `limit` characters.
+pub(crate) fn unhex_within(text: &str, limit: usize) -> Option<Vec<u8>> {
+    if text.len() % 2 != 0 || text.len() > limit {
         return None;
     }
     fn digit(byte: u8) -> Option<u8> {
