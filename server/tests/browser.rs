@@ -1,8 +1,9 @@
 //! The page in a real browser (Debian's headless Chromium through chromedriver). Here, in two
 //! windows of one profile, as a person with two tabs open:
 //!
-//! 1. window A sends a message, answers the client tool in its form (an empty answer first,
-//!    refused by the tool's output schema, with the reason shown), sees the approval card;
+//! 1. window A sends a message, answers the client tool in the form generated from its output
+//!    schema (an empty answer first, refused beside the field before anything is sent), sees
+//!    the approval card;
 //!    window B opens the same conversation (from localStorage) and shows the card too;
 //! 2. the server restarts (SIGTERM, then the same port and store); A is reloaded and shows the
 //!    card again; B is not, and its stream reconnects by itself;
@@ -63,14 +64,16 @@ async fn a_person_answers_a_client_tool_and_an_approval_across_a_restart() -> an
         .await?;
     browser.wait_for_text(ask, "What title").await?;
     browser.wait_for_text("#log", "→ lookup_weather").await?;
-    // An empty answer does not match the tool's output schema: the page shows why and lets
-    // the person try again.
+    // An empty answer does not match the tool's output schema: the form generated from it
+    // says so beside the field, before anything is sent, and lets the person try again.
     browser
         .click(&format!(r#"{ask} button[data-action="submit"]"#))
         .await?;
-    browser.wait_for_text(ask, "invalid_result").await?;
     browser
-        .wait_for_text(ask, "shorter than 1 character")
+        .wait_for_text(&format!("{ask} .field-error"), "This field is required.")
+        .await?;
+    browser
+        .wait_for_text(ask, "nothing went to the server")
         .await?;
     browser
         .type_into(&format!("{ask} input[name=answer]"), "Porto in the sun")

@@ -235,6 +235,18 @@ impl Browser {
         Ok(())
     }
 
+    /// Empties a text field (a prefilled one, before `type_into`).
+    pub(crate) async fn clear(&self, css: &str) -> anyhow::Result<()> {
+        let element = self.find(css).await?;
+        self.command(
+            reqwest::Method::POST,
+            &format!("/element/{element}/clear"),
+            json!({}),
+        )
+        .await?;
+        Ok(())
+    }
+
     /// Waits until `css` matches an element (the page renders as events arrive).
     pub(crate) async fn wait_for(&self, css: &str) -> anyhow::Result<()> {
         self.wait_in_page(css, None).await
