@@ -236,7 +236,10 @@ const SchemaForm = (() => {
     const { set, message } = group(schema, name, required, path, "group");
     const given = isObject(value) ? value : {};
     const needed = new Set(Array.isArray(schema.required) ? schema.required : []);
-    const children = Object.entries(schema.properties).map(([key, child]) => ({
+    // Required fields first (the server's JSON may list properties in any order).
+    const keys = Object.keys(schema.properties);
+    keys.sort((a, b) => Number(needed.has(b)) - Number(needed.has(a)));
+    const children = keys.map((key) => [key, schema.properties[key]]).map(([key, child]) => ({
       key,
       node: field(child, key, needed.has(key), path + "/" + pointerEscape(key), given[key]),
     }));

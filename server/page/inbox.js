@@ -9,9 +9,15 @@ const OPERATOR_KEY = STORE_KEY + ":operator";
 const ANSWERED_KEY = STORE_KEY + ":inbox-answered";
 const INBOX_POLL_MS = 2000;
 
+// Calls read at once (the list's `data-page-size` may say fewer).
+function pageSize() {
+  return Math.min(Number($("#inbox-list").dataset.pageSize) || 50, 500);
+}
+
 let inboxNext = null; // the cursor of the next page
 let inboxTimer = null;
-let inboxReading = false;
+let inboxEpoch = 0; // counts reads: an answer that a later read overtook is dropped
+const answeredKeys = new Set(); // items answered here or in another tab: never shown again
 
 function operatorKey() {
   try {
@@ -125,26 +131,24 @@ function inboxItem(item) {
 
 // Reads the first page again (`more`: the next one, added below).
 async function readInbox(more) {
-  if (inboxReading) return;
-  inboxReading = true;
-  try {
-    const reply = await operatorCall("GET", inboxQuery(more ? inboxNext : null, 50));
-    if (needsOperator(reply)) return;
-    if (!reply.ok) {
-      inboxStatus("inbox: " + reply.body.code + ": " + reply.body.message);
-      return;
-    }
-    if (!more) $("#inbox-list").textContent = "";
-    const shown = new Set(shownItems().map((li) => li.dataset.key));
-    for (const item of reply.body.items) {
-      if (!shown.has(itemKey(item))) $("#inbox-list").appendChild(inboxItem(item));
-    }
-    inboxNext = reply.body.next || null;
-    $("#inbox-more").hidden = !inboxNext;
-    countShown();
-  } finally {
-    inboxReading = false;
+  const epoch = ++inboxEpoch;
+  const reply = await operatorCall("GET", inboxQuery(more ? inboxNext : null, pageSize()));
+  if (epoch !== inboxEpoch) return;
+  if (needsOperator(reply)) return;
+  if (!reply.ok) {
+    inboxStatus("inbox: " + reply.body.code + ": " + reply.body.message);
+    return;
   }
+  if (!more) $("#inbox-list").textContent = "";
+  const shown = new Set(shownItems().map((li) => li.dataset.key));
+  for (const item of reply.body.items) {
+    if (!shown.has(itemKey(item)) && !answeredKeys.has(itemKey(item))) {
+      $("#inbox-list").appendChild(inboxItem(item));
+    }
+  }
+  inboxNext = reply.body.next || null;
+  $("#inbox-more").hidden = !inboxNext;
+  countShown();
 }
 
 function countShown() {
@@ -153,13 +157,20 @@ function countShown() {
     count + (count === 1 ? " call waits" : " calls wait") + (inboxNext ? " (more below)" : "") + ".");
 }
 
-// Looks again at what is shown (as many as are shown, from the first): calls answered
+// Looks again at what is shown (as many as are shown, from the first; "Load more" reads on):
+// calls answered
 // elsewhere go, new ones come in where their deadline puts them. A card being filled in stays.
 async function pollInbox() {
-  if ($("#inbox-view").hidden || inboxReading || document.hidden) return;
-  const limit = Math.min(Math.max(shownItems().length, 50), 500);
+  if ($("#inbox-view").hidden || document.hidden) return;
+  const epoch = inboxEpoch;
+  const limit = Math.min(shownItems().length || pageSize(), 500);
   const reply = await operatorCall("GET", inboxQuery(null, limit));
-  if (needsOperator(reply) || !reply.ok) return;
+  if (epoch !== inboxEpoch || needsOperator(reply) || !reply.ok) return;
+  if (!reply.body.next) {
+    // Everything is shown: nothing more to load.
+    inboxNext = null;
+    $("#inbox-more").hidden = true;
+  }
   const fresh = new Map(reply.body.items.map((item) => [itemKey(item), item]));
   const items = reply.body.items;
   const last = items.length ? items[items.length - 1].deadline_at_ms : 0;
@@ -170,7 +181,7 @@ async function pollInbox() {
   }
   const shown = new Set(shownItems().map((li) => li.dataset.key));
   for (const item of items) {
-    if (shown.has(itemKey(item))) continue;
+    if (shown.has(itemKey(item)) || answeredKeys.has(itemKey(item))) continue;
     const later = shownItems().find((li) => Number(li.dataset.deadline) > item.deadline_at_ms);
     $("#inbox-list").insertBefore(inboxItem(item), later || null);
   }
@@ -179,6 +190,7 @@ async function pollInbox() {
 
 // An item no longer waits: it leaves the list (the status line says so, for a screen reader).
 function gone(li) {
+  answeredKeys.add(li.dataset.key);
   const focused = li.contains(document.activeElement);
   const next = li.nextElementSibling || li.previousElementSibling;
   li.remove();
@@ -233,6 +245,7 @@ window.addEventListener("storage", (event) => {
   } catch (_) {
     return;
   }
+  answeredKeys.add(told.key);
   for (const li of shownItems()) {
     if (li.dataset.key === told.key) gone(li);
   }

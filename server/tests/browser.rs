@@ -16,7 +16,12 @@
 //! And in `browser/`: a sub-agent's calls answered in the page, local and on a second server
 //! process (`sub_agents.rs`); a message sent over calls that still wait (`abandon.rs`); the
 //! page under a prefix of a daemon's router (`prefix.rs`); a conversation forked from its
-//! steps (`forks.rs`).
+//! steps (`forks.rs`); the inbox across three sessions of two agents, under a prefix, answered
+//! in place and gone from a second window (`inbox.rs`); a custom client tool's nested form
+//! generated from its schema (`forms.rs`); an approval edited then approved, and a decision
+//! for a changed request refused with a sentence (`approvals.rs`); the agents these use
+//! (`people.rs`). With `DORMANT_SCREENSHOTS=dir`, `inbox.rs` and `approvals.rs` write the
+//! docs' pictures there.
 //!
 //! Without chromium and chromedriver each test says it was skipped and how to install them,
 //! and passes, unless `DORMANT_REQUIRE_BROWSER` is set to anything but `0` (CI sets it to 1).
@@ -26,7 +31,11 @@ mod common;
 // the tests there share `common` with this crate's other tests.
 mod browser {
     mod abandon;
+    mod approvals;
     mod forks;
+    mod forms;
+    mod inbox;
+    pub(crate) mod people;
     pub(crate) mod plan;
     mod prefix;
     pub(crate) mod setup;
