@@ -20,6 +20,7 @@ let retryTimer = null;
 let lastSeq = -1; // the last chunk shown
 let turnSeq = -1; // the first chunk (run_start) of the last turn a message started
 let rootCallOf = new Map(); // a sub-agent's session → the root's call it works for
+let parentOf = new Map(); // a sub-agent's session → {parent session, the parent's call}
 let abandonedAt = new Map(); // a root's call → the chunk that says a new message abandoned it
 let typing = null; // the line of the reply a streaming model is writing, if any
 let resuming = false; // a resume check is under way...
@@ -448,13 +449,13 @@ async function refreshPending() {
   const id = saved.session_id;
   if (!id) return null;
   const asked = ++statusAsked;
-  const answer = await call("GET", statusPath());
+  const read = await call("GET", statusPath());
   if (id !== saved.session_id) return null; // the conversation changed meanwhile
-  if (!answer.ok) {
-    status("status: " + answer.body.message);
+  if (!read.ok) {
+    status("status: " + read.body.message);
     return null;
   }
-  const state = answer.body;
+  const state = read.body;
   // Answers may come back out of order: an older one must not undo what a newer one showed
   // (settle a card as answered because the call was not asked yet when it was read).
   if (asked < statusShown) return state;
@@ -464,11 +465,12 @@ async function refreshPending() {
     state.pending.map((call) => [keyOf(call.session_id, call.tool_call_id), call]));
   for (const call of state.pending) {
     if (call.waiting && !cardOf(call)) {
-      const fresh = call.kind === "approval" ? approvalCard(call) : clientCard(call);
+      const fresh = Cards.make(call, addressOf(call), answer);
       // A new message abandons it in a chunk from here on.
       fresh.dataset.since = String(state.chunk_count);
-      box.appendChild(fresh);
+      groupOf(call.session_id).appendChild(fresh);
       fresh.scrollIntoView({ block: "nearest" });
+      Cards.focus(fresh);
     }
   }
   for (const card of box.querySelectorAll(".card:not(.done)")) {
@@ -504,6 +506,7 @@ function whyGone(card, call) {
 function learn(chunk) {
   const kind = chunk.kind;
   if (kind.type === "subagent_start") rootCallOf.set(kind.session_id, kind.tool_call_id);
+  learnParent(kind, saved.session_id);
   if (kind.type === "forwarded") {
     // Every session that reports through this child works for the same root call.
     for (let inner = kind; inner; inner = inner.chunk && inner.chunk.kind) {
@@ -525,6 +528,45 @@ function learn(chunk) {
   }
 }
 
+// Which session started each sub-agent, and by which call: a `subagent_start`, here or
+// forwarded from the sub-agent (the innermost forwarding session) that started it.
+function learnParent(kind, parent) {
+  if (kind.type === "subagent_start") {
+    parentOf.set(kind.session_id, { parent, call: kind.tool_call_id });
+  } else if (kind.type === "forwarded" && kind.chunk) {
+    learnParent(kind.chunk.kind, kind.session_id);
+  }
+}
+
+// Where the cards of `session`'s calls go: the root's in the list, a sub-agent's in a group
+// of its own, nested in the group of the session that started it.
+function groupOf(session) {
+  const top = $("#pending");
+  if (!session || session === saved.session_id) return top;
+  for (const group of top.querySelectorAll("section.subagent")) {
+    if (group.dataset.sessionId === session) return group;
+  }
+  const known = parentOf.get(session);
+  const group = document.createElement("section");
+  group.className = "subagent";
+  group.dataset.sessionId = session;
+  const heading = document.createElement("h3");
+  heading.id = "group-" + groupCount++;
+  heading.textContent = "Sub-agent " + session + (known ? " (started by " + known.call + ")" : "") + " asks:";
+  group.setAttribute("aria-labelledby", heading.id);
+  group.appendChild(heading);
+  groupOf(known ? known.parent : saved.session_id).appendChild(group);
+  return group;
+}
+let groupCount = 0;
+
+// Drops the groups of sub-agents that have no card left.
+function dropEmptyGroups() {
+  for (const group of [...$("#pending").querySelectorAll("section.subagent")].reverse()) {
+    if (!group.querySelector(".card")) group.remove();
+  }
+}
+
 // Whether a new message abandoned the card's call: its root call (the call itself, or the one
 // that started the sub-agent it belongs to) was, after the card was shown.
 function abandonedByMessage(card) {
@@ -532,108 +574,6 @@ function abandonedByMessage(card) {
     ? card.dataset.toolCallId : rootCallOf.get(card.dataset.sessionId);
   const at = root === undefined ? undefined : abandonedAt.get(root);
   return at !== undefined && at >= Number(card.dataset.since);
-}
-
-function card(call, title) {
-  const box = document.createElement("form");
-  box.className = "card";
-  box.dataset.sessionId = call.session_id;
-  box.dataset.toolCallId = call.tool_call_id;
-  box.dataset.kind = call.kind;
-  box.dataset.tool = call.tool_name;
-  box.setAttribute("aria-label", title);
-  const heading = document.createElement("h2");
-  heading.textContent = title;
-  box.appendChild(heading);
-  return box;
-}
-
-function button(text, action, primary) {
-  const element = document.createElement("button");
-  element.type = "button";
-  element.textContent = text;
-  element.dataset.action = action;
-  if (primary) element.className = "primary";
-  return element;
-}
-
-function note(box, text) {
-  let line = box.querySelector(".note");
-  if (!line) {
-    line = document.createElement("p");
-    line.className = "note";
-    line.setAttribute("role", "status");
-    box.appendChild(line);
-  }
-  line.textContent = text;
-}
-
-function controls(box, enabled) {
-  for (const element of box.querySelectorAll("button, input, textarea")) {
-    element.disabled = !enabled;
-  }
-}
-
-// A card whose call is answered: it stays, greyed, with what happened, until the next
-// message (the log shows the outcome once the run moves on).
-function settle(box, text) {
-  delete box.dataset.settled;
-  controls(box, false);
-  note(box, text);
-  box.classList.add("done");
-}
-
-// A client tool: the demo's ask_user is a question with a text field; any other tool gets a
-// JSON result to fill in.
-function clientCard(call) {
-  const box = card(call, "The agent asks (" + call.tool_name + ")");
-  let read;
-  const input = call.input || {};
-  if (call.tool_name === "ask_user" && typeof input.question === "string") {
-    const question = document.createElement("label");
-    question.className = "question";
-    question.textContent = input.question;
-    const field = document.createElement("input");
-    field.type = "text";
-    field.name = "answer";
-    field.autocomplete = "off";
-    question.appendChild(field);
-    box.append(question);
-    read = () => ({ answer: field.value });
-  } else {
-    const shown = document.createElement("pre");
-    shown.textContent = JSON.stringify(input, null, 2);
-    const field = document.createElement("textarea");
-    field.name = "result";
-    field.value = "{}";
-    field.setAttribute("aria-label", "Result of " + call.tool_name + " (JSON)");
-    box.append(shown, field);
-    read = () => JSON.parse(field.value);
-  }
-  const send = button("Submit", "submit", true);
-  const decline = button("Decline", "decline");
-  send.addEventListener("click", () => {
-    let result;
-    try {
-      result = read();
-    } catch (error) {
-      note(box, "not JSON: " + error.message);
-      return;
-    }
-    answer(box, { ...addressOf(call), result });
-  });
-  decline.addEventListener("click", () => answer(box, {
-    ...addressOf(call), error: "declined by the user",
-  }));
-  box.addEventListener("submit", (event) => {
-    event.preventDefault();
-    if (!send.disabled) send.click();
-  });
-  const actions = document.createElement("div");
-  actions.className = "actions";
-  actions.append(send, decline);
-  box.append(actions);
-  return box;
 }
 
 // Where an answer for `call` goes: always the root, naming the session that made the call
@@ -644,36 +584,6 @@ function addressOf(call) {
     tool_call_id: call.tool_call_id,
     owner_session_id: call.session_id,
   };
-}
-
-// An approval gate: the tool and its input, approve or deny with a reason.
-function approvalCard(call) {
-  const box = card(call, "Approve " + call.tool_name + "?");
-  const shown = document.createElement("pre");
-  shown.textContent = JSON.stringify(call.input, null, 2);
-  const reason = document.createElement("input");
-  reason.type = "text";
-  reason.name = "reason";
-  reason.autocomplete = "off";
-  reason.placeholder = "reason (optional)";
-  reason.setAttribute("aria-label", "Reason (optional)");
-  const decide = (approved) => {
-    const envelope = {
-      kind: "approval-response", ...addressOf(call), approval_id: call.approval_id, approved,
-    };
-    if (reason.value.trim()) envelope.reason = reason.value.trim();
-    answer(box, envelope);
-  };
-  const approve = button("Approve", "approve", true);
-  const deny = button("Deny", "deny");
-  approve.addEventListener("click", () => decide(true));
-  deny.addEventListener("click", () => decide(false));
-  box.addEventListener("submit", (event) => event.preventDefault());
-  const actions = document.createElement("div");
-  actions.className = "actions";
-  actions.append(reason, approve, deny);
-  box.append(shown, actions);
-  return box;
 }
 
 // Submits an answer; once it is accepted and nothing else waits, resumes the run.
@@ -697,12 +607,26 @@ async function answer(box, envelope) {
       box.dataset.settled = "elsewhere";
     }
   } else {
-    const details = (reply.body.errors || []).join("; ");
-    note(box, reply.body.code + ": " + reply.body.message + (details ? " — " + details : ""));
     controls(box, true);
+    Cards.refused(box, reply);
+    // The call still waits, as it is now: its card is shown again, with what happened.
+    if (reply.body.code === "stale_approval") await showAgain(box);
     return;
   }
   await resumeIfNothingWaits();
+}
+
+// Replaces the card of a call whose request changed since it was shown with one of the
+// request as it is now, saying why.
+async function showAgain(box) {
+  const key = keyOf(box.dataset.sessionId, box.dataset.toolCallId);
+  box.remove();
+  await refreshPending();
+  for (const fresh of $("#pending").querySelectorAll(".card:not(.done)")) {
+    if (keyOf(fresh.dataset.sessionId, fresh.dataset.toolCallId) !== key) continue;
+    note(fresh, STALE_TEXT);
+    Cards.focus(fresh);
+  }
 }
 
 // Resumes once every call has its answer (a run resumed with calls still waiting would
@@ -817,6 +741,7 @@ async function post(text, abandoning) {
   showSession();
   // The answered cards of earlier turns go; the abandoned ones stay a turn, saying so.
   for (const done of $("#pending").querySelectorAll(".card.done")) done.remove();
+  dropEmptyGroups();
   for (const shown of abandoned) {
     if (shown.isConnected) settle(shown, "abandoned by your new message");
   }
@@ -828,6 +753,7 @@ function clearLog() {
   lastSeq = -1;
   turnSeq = -1;
   rootCallOf = new Map();
+  parentOf = new Map();
   abandonedAt = new Map();
   $("#log").textContent = "";
 }

@@ -62,6 +62,7 @@ mod remote;
 mod routes;
 mod serve;
 mod server;
+mod session_token;
 mod sse;
 mod sse_body;
 mod state;

@@ -13,7 +13,15 @@ use axum::response::{Html, IntoResponse};
 use crate::state::AppState;
 
 const INDEX: &str = include_str!("../page/index.html");
-const SCRIPT: &str = include_str!("../page/page.js");
+
+/// The page's scripts, by the path each is served at: the form generator, the cards of
+/// waiting calls, the conversation, the inbox (loaded in this order).
+pub(crate) const SCRIPTS: [(&str, &str); 4] = [
+    ("/form.js", include_str!("../page/form.js")),
+    ("/cards.js", include_str!("../page/cards.js")),
+    ("/page.js", include_str!("../page/page.js")),
+    ("/inbox.js", include_str!("../page/inbox.js")),
+];
 const POLICY: &str = "default-src 'none'; script-src 'self'; connect-src 'self'; style-src 'unsafe-inline'; img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
 
 /// `GET /`: the page, with the agent it starts sessions of.
@@ -36,15 +44,15 @@ pub(crate) async fn index(
     )
 }
 
-/// `GET /page.js`.
-pub(crate) async fn script() -> impl IntoResponse {
+/// `GET /page.js` and the other [`SCRIPTS`].
+pub(crate) async fn script(text: &'static str) -> impl IntoResponse {
     (
         [
             (header::CONTENT_TYPE, "text/javascript; charset=utf-8"),
             (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
             (header::CACHE_CONTROL, "no-store"),
         ],
-        SCRIPT,
+        text,
     )
 }
 

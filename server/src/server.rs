@@ -21,7 +21,7 @@ use crate::error::{ApiError, ServerError};
 use crate::metrics::HttpMetrics;
 use crate::state::{AppState, Shared};
 use crate::token::TokenKey;
-use crate::{approval_routes, body, ops, page, routes, sse};
+use crate::{approval_routes, body, ops, page, routes, session_token, sse};
 
 /// Tells a server's streams that it is shutting down: each sends a last `end` event
 /// (`reason: shutdown`) and closes, so a graceful shutdown is not held up by open streams.
@@ -204,6 +204,10 @@ impl Server {
                 get(approval_routes::show)
                     .merge(post(approval_routes::decide).route_layer(with_body())),
             ),
+            (
+                "/token",
+                post(session_token::token).route_layer(with_body()),
+            ),
             ("/sse", get(sse::stream)),
             ("/healthz", get(ops::healthz)),
             ("/metrics", get(ops::metrics)),
@@ -218,7 +222,9 @@ impl Server {
         ];
         if page {
             table.push(("/", get(page::index)));
-            table.push(("/page.js", get(page::script)));
+            for (path, script) in page::SCRIPTS {
+                table.push((path, get(move || page::script(script))));
+            }
         }
         let metrics = HttpMetrics::new(table.iter().map(|(path, _)| *path).collect());
         let state = AppState(Arc::new(Shared {

@@ -387,3 +387,46 @@ async fn the_inbox_is_for_operators_only() -> anyhow::Result<()> {
     server.stop().await?.shutdown().await?;
     Ok(())
 }
+
+/// `POST /token` hands a session's token to an operator only (the page's inbox opens a
+/// conversation with it), and only for a session that exists.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sessions_token_is_handed_to_an_operator_only() -> anyhow::Result<()> {
+    let runtime = demo_runtime(Arc::new(SledStore::temporary()?))?;
+    let server = serve(runtime, key_hook(), ServerConfig::default()).await?;
+    let started = server
+        .http
+        .post(server.url("/start"))
+        .header("x-api-key", "app")
+        .json(&json!({ "agent": "demo", "message": "weather in Porto" }))
+        .send()
+        .await?;
+    let (code, started) = answer(started).await?;
+    assert_eq!(code, StatusCode::ACCEPTED, "{started}");
+    let session = started["session_id"].clone();
+    let ask = |key: &'static str, session: serde_json::Value| {
+        server
+            .http
+            .post(server.url("/token"))
+            .header("x-api-key", key)
+            .json(&json!({ "session_id": session }))
+            .send()
+    };
+    let (code, refused) = answer(ask("app", session.clone()).await?).await?;
+    assert_eq!(
+        (code, refused["code"].as_str()),
+        (StatusCode::FORBIDDEN, Some("operator_only"))
+    );
+    let (code, handed) = answer(ask("ops", session.clone()).await?).await?;
+    assert_eq!(code, StatusCode::OK, "{handed}");
+    // The very token the session was started with: it opens the session's status.
+    assert_eq!(handed["token"], started["token"]);
+    let (code, unknown) = answer(ask("ops", json!("no-such-session")).await?).await?;
+    assert_eq!(
+        (code, unknown["code"].as_str()),
+        (StatusCode::NOT_FOUND, Some("unknown_session")),
+        "{unknown}"
+    );
+    server.stop().await?.shutdown().await?;
+    Ok(())
+}

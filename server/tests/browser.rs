@@ -1,8 +1,9 @@
 //! The page in a real browser (Debian's headless Chromium through chromedriver). Here, in two
 //! windows of one profile, as a person with two tabs open:
 //!
-//! 1. window A sends a message, answers the client tool in its form (an empty answer first,
-//!    refused by the tool's output schema, with the reason shown), sees the approval card;
+//! 1. window A sends a message, answers the client tool in the form generated from its output
+//!    schema (an empty answer first, refused beside the field before anything is sent), sees
+//!    the approval card;
 //!    window B opens the same conversation (from localStorage) and shows the card too;
 //! 2. the server restarts (SIGTERM, then the same port and store); A is reloaded and shows the
 //!    card again; B is not, and its stream reconnects by itself;
@@ -15,7 +16,12 @@
 //! And in `browser/`: a sub-agent's calls answered in the page, local and on a second server
 //! process (`sub_agents.rs`); a message sent over calls that still wait (`abandon.rs`); the
 //! page under a prefix of a daemon's router (`prefix.rs`); a conversation forked from its
-//! steps (`forks.rs`).
+//! steps (`forks.rs`); the inbox across three sessions of two agents, under a prefix, answered
+//! in place and gone from a second window (`inbox.rs`); a custom client tool's nested form
+//! generated from its schema (`forms.rs`); an approval edited then approved, and a decision
+//! for a changed request refused with a sentence (`approvals.rs`); the agents these use
+//! (`people.rs`). With `DORMANT_SCREENSHOTS=dir`, `inbox.rs` and `approvals.rs` write the
+//! docs' pictures there.
 //!
 //! Without chromium and chromedriver each test says it was skipped and how to install them,
 //! and passes, unless `DORMANT_REQUIRE_BROWSER` is set to anything but `0` (CI sets it to 1).
@@ -25,7 +31,11 @@ mod common;
 // the tests there share `common` with this crate's other tests.
 mod browser {
     mod abandon;
+    mod approvals;
     mod forks;
+    mod forms;
+    mod inbox;
+    pub(crate) mod people;
     pub(crate) mod plan;
     mod prefix;
     pub(crate) mod setup;
@@ -63,14 +73,16 @@ async fn a_person_answers_a_client_tool_and_an_approval_across_a_restart() -> an
         .await?;
     browser.wait_for_text(ask, "What title").await?;
     browser.wait_for_text("#log", "→ lookup_weather").await?;
-    // An empty answer does not match the tool's output schema: the page shows why and lets
-    // the person try again.
+    // An empty answer does not match the tool's output schema: the form generated from it
+    // says so beside the field, before anything is sent, and lets the person try again.
     browser
         .click(&format!(r#"{ask} button[data-action="submit"]"#))
         .await?;
-    browser.wait_for_text(ask, "invalid_result").await?;
     browser
-        .wait_for_text(ask, "shorter than 1 character")
+        .wait_for_text(&format!("{ask} .field-error"), "This field is required.")
+        .await?;
+    browser
+        .wait_for_text(ask, "nothing went to the server")
         .await?;
     browser
         .type_into(&format!("{ask} input[name=answer]"), "Porto in the sun")

@@ -28,7 +28,15 @@ async fn a_person_answers_a_local_sub_agents_client_tool_and_approval_to_the_end
         .await?;
 
     let child = r#"[data-session-id$="-sub-research-1"]"#;
-    plan::answer_and_approve(browser, child, 1, "Porto in the sun").await?;
+    // Its call is shown nested under the sub-agent that asked, which says what started it.
+    let group = r#"#pending section.subagent[data-session-id$="-sub-research-1"]"#;
+    browser
+        .wait_for(&format!(r#"{group} form[data-tool-call-id="ask_user-1"]"#))
+        .await?;
+    browser
+        .wait_for_text(group, "(started by research-1)")
+        .await?;
+    plan::answer_and_approve(browser, child, 1, "Porto in the sun", plan::Form::Generated).await?;
     browser
         .wait_for_text(
             "#log",
@@ -73,7 +81,7 @@ async fn a_person_answers_a_remote_sub_agents_client_tool_and_approval_to_the_en
         .await?;
 
     let child = r#"[data-session-id$="-sub-delegate-1"]"#;
-    plan::answer_and_approve(browser, child, 1, "Porto in the sun").await?;
+    plan::answer_and_approve(browser, child, 1, "Porto in the sun", plan::Form::RawJson).await?;
     browser
         .wait_for_text(
             "#log",

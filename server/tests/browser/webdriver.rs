@@ -235,6 +235,28 @@ impl Browser {
         Ok(())
     }
 
+    /// Writes a PNG of the window to `path` (WebDriver answers it in base64).
+    pub(crate) async fn screenshot(&self, path: &std::path::Path) -> anyhow::Result<()> {
+        let shot = self
+            .command(reqwest::Method::GET, "/screenshot", Value::Null)
+            .await?;
+        let text = shot.as_str().context("a screenshot is a base64 string")?;
+        std::fs::write(path, decode_base64(text)?)?;
+        Ok(())
+    }
+
+    /// Empties a text field (a prefilled one, before `type_into`).
+    pub(crate) async fn clear(&self, css: &str) -> anyhow::Result<()> {
+        let element = self.find(css).await?;
+        self.command(
+            reqwest::Method::POST,
+            &format!("/element/{element}/clear"),
+            json!({}),
+        )
+        .await?;
+        Ok(())
+    }
+
     /// Waits until `css` matches an element (the page renders as events arrive).
     pub(crate) async fn wait_for(&self, css: &str) -> anyhow::Result<()> {
         self.wait_in_page(css, None).await
@@ -301,3 +323,27 @@ observer.observe(document, { subtree: true, childList: true, characterData: true
 
 /// How long [`Browser::wait_in_page`] waits before the page's script times out.
 const WAIT_LIMIT: Duration = Duration::from_secs(20);
+
+/// Standard base64 (with padding, as WebDriver sends a screenshot) to bytes.
+fn decode_base64(text: &str) -> anyhow::Result<Vec<u8>> {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = Vec::with_capacity(text.len() / 4 * 3);
+    let mut bits = 0u32;
+    let mut count = 0;
+    for byte in text
+        .bytes()
+        .filter(|byte| !byte.is_ascii_whitespace() && *byte != b'=')
+    {
+        let value = ALPHABET
+            .iter()
+            .position(|letter| *letter == byte)
+            .context("not base64")?;
+        bits = (bits << 6) | u32::try_from(value)?;
+        count += 6;
+        if count >= 8 {
+            count -= 8;
+            out.push(u8::try_from((bits >> count) & 0xff)?);
+        }
+    }
+    Ok(out)
+}
