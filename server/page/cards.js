@@ -1,6 +1,7 @@
 // The cards of calls that wait for a person, the same in the conversation and in the inbox: a
 // client tool's form (from its output schema), an approval (the tool's description, its
-// arguments as a table, an edit from its input schema when it allows one), and, for a kind of
+// arguments as a table, an edit from its input schema when it allows one), a reconciliation
+// (a call a crash cut: did its effect happen?), and, for a kind of
 // call this page does not know yet, its input and a raw-JSON answer. Each view says where an
 // answer goes (`address`) and sends it (`answer(box, envelope)`); `Cards.refused` shows a
 // refusal on the card.
@@ -218,6 +219,61 @@ function approvalCard(call, address, answer) {
   return box;
 }
 
+// A call a crash cut while it ran (`reconcile`): its effect may or may not have happened. The
+// person looks it up by the call's idempotency key and says which: it happened (with what it
+// returned: the call's result; the tool does not run again), it did not (the tool runs once
+// more), or it failed (with the error).
+function reconcileCard(call, address, answer) {
+  const box = card(call, "Did " + call.tool_name + " take effect?");
+  const why = document.createElement("p");
+  why.className = "explain";
+  why.textContent = "The process stopped while this call was running, so its effect may or may " +
+    "not have happened. Look it up, then say what became of it.";
+  box.append(why);
+  if (call.idempotency_key) {
+    const key = document.createElement("p");
+    key.className = "idempotency-key";
+    key.append("Idempotency key: ");
+    const code = document.createElement("code");
+    code.textContent = call.idempotency_key;
+    key.append(code);
+    box.append(key);
+  }
+  box.append(inputOf(call));
+  const result = SchemaForm.build(call.output_schema, undefined, "What it returned, if it happened");
+  box.schemaForm = result;
+  const error = document.createElement("input");
+  error.type = "text";
+  error.name = "error";
+  error.autocomplete = "off";
+  error.placeholder = "what went wrong, if it failed";
+  error.setAttribute("aria-label", "What went wrong, if it failed");
+  const happened = button("It happened", "happened", true);
+  const didNot = button("It did not happen: run it again", "did-not-happen");
+  const failed = button("It failed", "failed");
+  const envelope = (fields) => ({ kind: "reconcile", ...address, ...fields });
+  happened.addEventListener("click", () => {
+    const read = result.read();
+    if (read.errors) {
+      note(box, "Say what it returned in the marked fields first (nothing went to the server).");
+      return;
+    }
+    answer(box, envelope({ happened: true, result: read.value }));
+  });
+  didNot.addEventListener("click", () => answer(box, envelope({ happened: false })));
+  failed.addEventListener("click", () => {
+    if (!error.value.trim()) {
+      note(box, "Say what went wrong first (nothing went to the server).");
+      error.focus();
+      return;
+    }
+    answer(box, envelope({ error: error.value.trim() }));
+  });
+  box.addEventListener("submit", (event) => event.preventDefault());
+  box.append(result.element, actions(happened, didNot), actions(error, failed));
+  return box;
+}
+
 // A kind of call this page does not know: its input, and the answer's fields as raw JSON,
 // added to the envelope as they are.
 function otherCard(call, address, answer) {
@@ -241,6 +297,7 @@ const Cards = {
   make(call, address, answer) {
     if (call.kind === "client") return clientCard(call, address, answer);
     if (call.kind === "approval") return approvalCard(call, address, answer);
+    if (call.kind === "reconcile") return reconcileCard(call, address, answer);
     return otherCard(call, address, answer);
   },
 

@@ -38,6 +38,7 @@ mod browser {
     pub(crate) mod people;
     pub(crate) mod plan;
     mod prefix;
+    mod reconcile;
     pub(crate) mod setup;
     mod sub_agents;
     pub(crate) mod webdriver;
