@@ -90,6 +90,21 @@ pub struct RemoteCall {
     /// For a reconciliation (a call a crash cut there): the call's idempotency key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idempotency_key: Option<String>,
+    /// For an approval: what it is bound to (the decision may name it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub binding: Option<String>,
+    /// The tool's description, as the remote's status gives it (for a person's side).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// The tool's input schema (what an edited approval must match).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_schema: Option<Value>,
+    /// For a client tool: the schema its result must match.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_schema: Option<Value>,
+    /// For an approval: the person may edit the input when approving.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub editable: bool,
 }
 
 fn yes() -> bool {

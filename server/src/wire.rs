@@ -379,8 +379,7 @@ pub(crate) struct PendingAnswer {
     /// is accepted only for this very request.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) binding: Option<String>,
-    /// The tool's description (absent for a tool this server does not define: a remote
-    /// sub-agent's).
+    /// The tool's description (for a remote sub-agent's call, as its server's status gave it).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) description: Option<String>,
     /// The schema of the tool's input: what an edited approval must match.
@@ -450,12 +449,11 @@ impl From<RemoteCall> for PendingAnswer {
             answered: call.answered,
             timed_out: call.timed_out,
             idempotency_key: call.idempotency_key,
-            // The remote's status has them, but a root does not record them.
-            binding: None,
-            description: None,
-            input_schema: None,
-            output_schema: None,
-            editable: false,
+            binding: call.binding,
+            description: call.description,
+            input_schema: call.input_schema,
+            output_schema: call.output_schema,
+            editable: call.editable,
         }
     }
 }

@@ -65,6 +65,11 @@ fn call(id: &str, deadline: u64, waiting: bool, timed_out: bool) -> RemoteCall {
         answered: false,
         timed_out,
         idempotency_key: None,
+        binding: None,
+        description: None,
+        input_schema: None,
+        output_schema: None,
+        editable: false,
     }
 }
 

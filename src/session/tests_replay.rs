@@ -158,6 +158,11 @@ fn remote_call() -> RemoteCall {
         answered: false,
         timed_out: false,
         idempotency_key: None,
+        binding: None,
+        description: None,
+        input_schema: None,
+        output_schema: None,
+        editable: false,
     }
 }
 

@@ -36,7 +36,7 @@ async fn a_person_forks_a_conversation_from_its_steps() -> anyhow::Result<()> {
     browser
         .wait_for_text("#log", "you: weather in Porto")
         .await?;
-    plan::answer_and_approve(browser, "", 1, "Porto forked", plan::Form::Generated).await?;
+    plan::answer_and_approve(browser, "", 1, "Porto forked").await?;
     browser
         .wait_for_text("#log", "Published \"Porto forked\"")
         .await?;

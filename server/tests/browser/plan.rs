@@ -3,15 +3,6 @@
 
 use crate::webdriver::Browser;
 
-/// How the page asks for `ask_user`'s answer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Form {
-    /// A form generated from the tool's output schema (a tool this server defines).
-    Generated,
-    /// The raw-JSON fallback (a remote sub-agent's call: its server's tools are not known).
-    RawJson,
-}
-
 /// Answers the `ask_user` call numbered `turn` of the session the CSS attribute selector
 /// `owner` picks (e.g. `[data-session-id$="-sub-research-1"]`) with `title`, then approves
 /// its `publish`. Returns once the approve click is made.
@@ -20,23 +11,14 @@ pub(crate) async fn answer_and_approve(
     owner: &str,
     turn: u32,
     title: &str,
-    form: Form,
 ) -> anyhow::Result<()> {
     let ask = format!(r#"form{owner}[data-tool-call-id="ask_user-{turn}"]"#);
     browser.wait_for_text(&ask, "What title").await?;
-    match form {
-        Form::Generated => {
-            browser
-                .type_into(&format!("{ask} input[name=answer]"), title)
-                .await?;
-        }
-        Form::RawJson => {
-            let field = format!("{ask} textarea[name=result]");
-            browser.clear(&field).await?;
-            let answer = serde_json::json!({ "answer": title }).to_string();
-            browser.type_into(&field, &answer).await?;
-        }
-    }
+    // A form from the tool's output schema, also for a remote sub-agent's call: its server's
+    // status describes its tools, and the root's status passes that on.
+    browser
+        .type_into(&format!("{ask} input[name=answer]"), title)
+        .await?;
     browser
         .click(&format!(r#"{ask} button[data-action="submit"]"#))
         .await?;

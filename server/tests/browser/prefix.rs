@@ -36,7 +36,7 @@ async fn the_page_works_under_a_prefix_of_a_daemons_router() -> anyhow::Result<(
     browser.goto(&server.url("/agents")).await?;
     browser.type_into("#message", "weather in Porto").await?;
     browser.click("#send").await?;
-    plan::answer_and_approve(browser, "", 1, "Porto in the sun", plan::Form::Generated).await?;
+    plan::answer_and_approve(browser, "", 1, "Porto in the sun").await?;
     browser
         .wait_for_text("#log", "Published \"Porto in the sun\"")
         .await?;

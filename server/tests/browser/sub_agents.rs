@@ -36,7 +36,7 @@ async fn a_person_answers_a_local_sub_agents_client_tool_and_approval_to_the_end
     browser
         .wait_for_text(group, "(started by research-1)")
         .await?;
-    plan::answer_and_approve(browser, child, 1, "Porto in the sun", plan::Form::Generated).await?;
+    plan::answer_and_approve(browser, child, 1, "Porto in the sun").await?;
     browser
         .wait_for_text(
             "#log",
@@ -81,7 +81,7 @@ async fn a_person_answers_a_remote_sub_agents_client_tool_and_approval_to_the_en
         .await?;
 
     let child = r#"[data-session-id$="-sub-delegate-1"]"#;
-    plan::answer_and_approve(browser, child, 1, "Porto in the sun", plan::Form::RawJson).await?;
+    plan::answer_and_approve(browser, child, 1, "Porto in the sun").await?;
     browser
         .wait_for_text(
             "#log",
