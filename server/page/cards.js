@@ -156,7 +156,7 @@ function clientCard(call, address, answer) {
 // An approval gate: what the tool does, its arguments, approve or deny with a reason; an edit
 // of the input first when the tool allows it. The decision names the request it was made for
 // (`binding`), so a changed call refuses it.
-function approvalCard(call, address, answer) {
+function approvalCard(call, address, answer, options) {
   const box = card(call, "Approve " + call.tool_name + "?");
   if (call.binding) box.dataset.binding = call.binding;
   const shown = inputOf(call);
@@ -214,6 +214,11 @@ function approvalCard(call, address, answer) {
       editing.focus();
     });
     row.append(edit);
+  }
+  if (options && options.link && call.approval_id) {
+    const link = button("Link for another device", "device-link");
+    link.addEventListener("click", () => offerDeviceLink(box, address, options.link));
+    row.append(link);
   }
   box.append(shown, row);
   return box;
@@ -294,9 +299,11 @@ function otherCard(call, address, answer) {
 const Cards = {
   // The card for `call` (as /status or the inbox lists it: session_id, tool_call_id,
   // tool_name, kind, input, and what its tool says), answered at `address`.
-  make(call, address, answer) {
+  // `options.link(request)`, if given, asks the server for an approval's token, so an
+  // approval card can offer a link for another device.
+  make(call, address, answer, options) {
     if (call.kind === "client") return clientCard(call, address, answer);
-    if (call.kind === "approval") return approvalCard(call, address, answer);
+    if (call.kind === "approval") return approvalCard(call, address, answer, options);
     if (call.kind === "reconcile") return reconcileCard(call, address, answer);
     return otherCard(call, address, answer);
   },

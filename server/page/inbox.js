@@ -126,7 +126,9 @@ function inboxItem(item) {
     idempotency_key: item.idempotency_key,
   };
   const address = { session_id: item.root, tool_call_id: item.tool_call_id, owner_session_id: item.session };
-  li.append(about, Cards.make(call, address, answerFromInbox));
+  li.append(about, Cards.make(call, address, answerFromInbox, {
+    link: (request) => operatorCall("POST", "approval-token", request),
+  }));
   return li;
 }
 

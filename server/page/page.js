@@ -465,7 +465,7 @@ async function refreshPending() {
     state.pending.map((call) => [keyOf(call.session_id, call.tool_call_id), call]));
   for (const call of state.pending) {
     if (call.waiting && !cardOf(call)) {
-      const fresh = Cards.make(call, addressOf(call), answer);
+      const fresh = Cards.make(call, addressOf(call), answer, { link: approvalToken });
       // A new message abandons it in a chunk from here on.
       fresh.dataset.since = String(state.chunk_count);
       groupOf(call.session_id).appendChild(fresh);
@@ -574,6 +574,12 @@ function abandonedByMessage(card) {
     ? card.dataset.toolCallId : rootCallOf.get(card.dataset.sessionId);
   const at = root === undefined ? undefined : abandonedAt.get(root);
   return at !== undefined && at >= Number(card.dataset.since);
+}
+
+// A token for the approval `request` names, with the conversation's token: the card's "Link
+// for another device".
+function approvalToken(request) {
+  return call("POST", "approval-token", request);
 }
 
 // Where an answer for `call` goes: always the root, naming the session that made the call

@@ -15,12 +15,14 @@ use crate::state::AppState;
 const INDEX: &str = include_str!("../page/index.html");
 
 /// The page's scripts, by the path each is served at: the form generator, the cards of
-/// waiting calls, the conversation, the inbox (loaded in this order).
-pub(crate) const SCRIPTS: [(&str, &str); 4] = [
+/// waiting calls, the conversation, the inbox, an approval opened by its link on another
+/// device (loaded in this order).
+pub(crate) const SCRIPTS: [(&str, &str); 5] = [
     ("/form.js", include_str!("../page/form.js")),
     ("/cards.js", include_str!("../page/cards.js")),
     ("/page.js", include_str!("../page/page.js")),
     ("/inbox.js", include_str!("../page/inbox.js")),
+    ("/device.js", include_str!("../page/device.js")),
 ];
 const POLICY: &str = "default-src 'none'; script-src 'self'; connect-src 'self'; style-src 'unsafe-inline'; img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
 

@@ -32,6 +32,7 @@ mod common;
 mod browser {
     mod abandon;
     mod approvals;
+    mod device;
     mod forks;
     mod forms;
     mod inbox;
