@@ -252,3 +252,110 @@ fn reconcile_envelopes_say_what_is_wrong() {
     )
     .is_err_and(|reason| reason.contains("reconcile")));
 }
+
+/// Agent `desk`: `pay` needs an approval that may edit its input, records the input it ran
+/// with, and asks for reconciliation when cut.
+fn editable_runtime(
+    store: Arc<dyn Store>,
+    ran: &Arc<Mutex<Vec<Value>>>,
+) -> anyhow::Result<Runtime> {
+    let seen = Arc::clone(ran);
+    let pay = ToolDefinition::server("pay", move |input: Value, _ctx| {
+        let seen = Arc::clone(&seen);
+        async move {
+            seen.lock()
+                .map_err(|_| ToolError::new("poisoned"))?
+                .push(input);
+            Ok::<_, ToolError>(json!({ "paid": true }))
+        }
+    })
+    .input_schema(json!({ "type": "object", "properties": { "cents": { "type": "integer" } } }))
+    .require_approval(dormant::Approval::Editable)
+    .on_cut(OnCut::Reconcile);
+    let desk = AgentDefinition::builder("desk")
+        .tool(pay)
+        .client_tool_timeout_ms(60_000)
+        .build()?;
+    let llm = ScriptedLlm::new().script(
+        "desk",
+        vec![
+            ModelReply::tool_calls(vec![ToolCall::new("p1", "pay", json!({ "cents": 10 }))]),
+            ModelReply::text("paid"),
+        ],
+    );
+    Ok(Runtime::builder()
+        .store(store)
+        .llm(Arc::new(llm))
+        .clock(Arc::new(ManualClock::new(1_000)))
+        .background_deadlines(false)
+        .agent(desk)
+        .build()?)
+}
+
+#[tokio::test]
+async fn a_call_approved_with_an_edit_is_reconciled_and_run_again_with_the_edit_only(
+) -> anyhow::Result<()> {
+    let memory: Arc<dyn Store> = Arc::new(dormant::MemoryStore::new());
+    // A process each time: a runtime over its own faulty wrapper of the one store, shut down
+    // before the next is built.
+    let process = || Arc::new(FaultyStore::new(Arc::clone(&memory)));
+    let ran: Arc<Mutex<Vec<Value>>> = Arc::default();
+    let id: SessionId = "s1".parse()?;
+
+    // Approved with an edit; the tool runs with it and a crash cuts its result.
+    let faulty = process();
+    let first = editable_runtime(faulty.clone(), &ran)?;
+    let run = first.execute_on(&id, "desk", "pay").await?;
+    let approve = Submit::approval("s1", "p1", format!("{}::p1", run.run_id), true, None)
+        .with_edited_input(json!({ "cents": 5 }));
+    assert_eq!(
+        first.submit_tool_result(approve).await?,
+        SubmitOutcome::Accepted
+    );
+    faulty.arm(Fault::CrashBefore(CommitKind::ToolResults));
+    assert!(first.resume(&id).await.is_err());
+    faulty.clear();
+    first.shutdown().await?;
+
+    // Reconciled: it did not happen, so it runs again, and a crash cuts that run too.
+    for _ in 0..2 {
+        let faulty = process();
+        let runtime = editable_runtime(faulty.clone(), &ran)?;
+        assert_eq!(
+            runtime.resume(&id).await?.status,
+            Status::SuspendedClientTool
+        );
+        let pending = runtime.pending(&id).await?;
+        assert_eq!(pending[0].kind, PendingKind::Reconcile);
+        assert_eq!(
+            pending[0].input,
+            json!({ "cents": 5 }),
+            "the approved input, not the model's"
+        );
+        assert_eq!(pending[0].original_input, Some(json!({ "cents": 10 })));
+        let answer = Submit::reconcile("s1", "p1", Reconciled::DidNotHappen);
+        assert_eq!(
+            runtime.submit_tool_result(answer).await?,
+            SubmitOutcome::Accepted
+        );
+        faulty.arm(Fault::CrashBefore(CommitKind::ToolResults));
+        assert!(runtime.resume(&id).await.is_err());
+        faulty.clear();
+        runtime.shutdown().await?;
+    }
+    let last = editable_runtime(process(), &ran)?;
+    assert_eq!(last.resume(&id).await?.status, Status::SuspendedClientTool);
+    let answer = Submit::reconcile("s1", "p1", Reconciled::DidNotHappen);
+    assert_eq!(
+        last.submit_tool_result(answer).await?,
+        SubmitOutcome::Accepted
+    );
+    assert_eq!(last.resume(&id).await?.status, Status::Completed);
+    let inputs = ran.lock().map_err(|_| anyhow::anyhow!("poisoned"))?.clone();
+    assert_eq!(
+        inputs,
+        vec![json!({ "cents": 5 }); 4],
+        "only ever with the edit"
+    );
+    Ok(())
+}

@@ -42,11 +42,20 @@ pub(crate) async fn run_step(
     let mut done = false;
     for call in sequential {
         if done {
+            // A cut call not checked yet may have taken effect: never "skipped".
+            let outcome = if step.checks.contains(&call.id) {
+                ToolErrorCode::ToolDurabilityError.with(format_args!(
+                    "the process stopped while {} (call {}) was running, and an earlier call in this step finished the run before it was reconciled: check whether its effect happened (idempotency key {}) before calling it again.",
+                    call.name,
+                    call.id,
+                    idempotency_key(&step.session, step.reply_seq, &call.id)
+                ))
+            } else {
+                ToolErrorCode::Skipped.with("an earlier call in this step already finished the run")
+            };
             finished.push(FinishedCall {
                 tool_call_id: call.id,
-                outcome: ToolErrorCode::Skipped
-                    .with("an earlier call in this step already finished the run")
-                    .into(),
+                outcome: outcome.into(),
                 updates: Map::new(),
                 unsettled: false,
             });

@@ -70,6 +70,11 @@ impl Session {
         }
     }
 
+    /// The idempotency key of call `id` of the last model reply.
+    pub(super) fn idempotency_key(&self, id: &str) -> String {
+        crate::definition::reconcile::idempotency_key(&self.record.id, self.reply_seq(), id)
+    }
+
     /// Whether the conversation already holds a result for call `id` of the last reply. An
     /// unloaded conversation answers `true`: only a legacy timeout asks, see
     /// [`Session::recorded`].
@@ -153,8 +158,11 @@ impl Session {
             return match &entry.answer {
                 // The resume that drained the approval (or the reconciliation that said the
                 // effect did not happen) dispatched the tool.
+                // A person is asked to reconcile it only while the approval still holds: not
+                // for a tool redefined since (it would run again on a stale approval).
                 Some(Answer::Approved | Answer::DidNotHappen) => {
-                    self.dispatched_slot(call, retry && reconcile, retry)
+                    let fresh = !self.approval_is_stale(&entry);
+                    self.dispatched_slot(call, retry && reconcile && fresh, retry)
                 }
                 None if entry.is_waiting(cx.now) && retry => CallSlot::Pending(entry.kind),
                 None if entry.is_waiting(cx.now) => cut_before_result(),

@@ -5,7 +5,7 @@ use serde_json::Value;
 
 use super::apply_cx::ApplyCx;
 use super::core::{CallSlot, Outcome, Phase, Session, StepCall};
-use super::suspend::{answer_outcome, timeout_outcome};
+use super::suspend::{answer_outcome, timeout_outcome, unreconciled};
 use super::{
     Answer, ChildState, Effect, ErrorCode, Observation, PendingCall, PendingKind, RunError, Status,
 };
@@ -148,7 +148,7 @@ impl Session {
     /// other answer is the call's result.
     pub(super) fn answered_slot(&self, cx: &mut ApplyCx, entry: &PendingCall) -> CallSlot {
         match (&entry.answer, answer_outcome(entry)) {
-            (Some(Answer::Approved), _) if self.approval_is_stale(entry) => {
+            (Some(Answer::Approved | Answer::DidNotHappen), _) if self.approval_is_stale(entry) => {
                 CallSlot::failed(ToolErrorCode::StaleApproval.with(format_args!(
                     "{} was redefined since this call was approved, so it did not run: the approval was for the tool as it was",
                     entry.tool_name
@@ -183,7 +183,7 @@ impl Session {
     /// Whether an approved call's tool changed since its approval was requested: the binding
     /// of the request no longer matches the call (its input as the model made it) and the
     /// tool as it is now.
-    fn approval_is_stale(&self, entry: &PendingCall) -> bool {
+    pub(super) fn approval_is_stale(&self, entry: &PendingCall) -> bool {
         let Some(bound) = &entry.binding else {
             return false; // requested before approvals were bound
         };
@@ -323,7 +323,7 @@ impl Session {
                 }
                 (Some(Answer::DidNotHappen), _) => (
                     ToolErrorCode::ClientToolAbandoned
-                        .with("its effect did not happen, and a new message arrived before the tool ran again")
+                        .with("its effect did not happen, and the run stopped before the tool ran again")
                         .into(),
                     false,
                 ),
@@ -344,6 +344,11 @@ impl Session {
                 _ => {
                     count += 1;
                     match &unanswered {
+                        // Its effect is still unknown: never "not run".
+                        Some(_) if entry.kind == PendingKind::Reconcile => (
+                            unreconciled(&entry, "the run stopped before anyone said whether it took effect"),
+                            false,
+                        ),
                         Some(error) => (error.clone().into(), false),
                         None => {
                             self.pending.remove(&entry.tool_call_id);

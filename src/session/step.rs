@@ -470,6 +470,19 @@ impl Session {
         {
             let (outcome, reported) = match slot {
                 CallSlot::Ready { outcome, reported } => (outcome, reported),
+                // A cut call whose effect is unknown is never "skipped": that says it did not
+                // run.
+                CallSlot::Pending(PendingKind::Reconcile) if finisher.is_some() => (
+                    ToolErrorCode::ToolDurabilityError
+                        .with(format_args!(
+                            "the process stopped while {} (call {}) was running, and another call of its step finished the run, so it was not run again: check whether its effect happened (idempotency key {}) before calling it again.",
+                            call.name,
+                            call.id,
+                            self.idempotency_key(&call.id)
+                        ))
+                        .into(),
+                    false,
+                ),
                 CallSlot::Pending(_) if finisher.is_some() => (
                     ToolErrorCode::Skipped
                         .with("another call in this step already finished the run")

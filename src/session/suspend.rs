@@ -78,15 +78,20 @@ impl Session {
             .then(|| self.agent.tool(&call.name))
             .flatten()
             .map(|tool| crate::definition::binding::approval_binding(&tool.def, &call.input));
-        let idempotency_key = (kind == PendingKind::Reconcile).then(|| {
-            crate::definition::reconcile::idempotency_key(
-                &self.record.id,
-                self.reply_seq(),
-                &call.id,
-            )
-        });
+        let idempotency_key =
+            (kind == PendingKind::Reconcile).then(|| self.idempotency_key(&call.id));
+        // A reconciliation of an approved call keeps what the approval decided: the input the
+        // person approved (the call's own beside it) and the request it was bound to, so the
+        // call never runs again with input the person edited away, nor with a redefined tool.
+        let (original_input, binding) = match self.pending.get(&call.id) {
+            Some(approved) if kind == PendingKind::Reconcile => {
+                (approved.original_input.clone(), approved.binding.clone())
+            }
+            _ => (None, binding),
+        };
         let entry = PendingCall {
             binding,
+            original_input,
             idempotency_key,
             tool_call_id: call.id,
             tool_name: call.name,
@@ -98,7 +103,6 @@ impl Session {
             deadline_at_ms: now.saturating_add(timeout),
             answer: None,
             answered_at_ms: None,
-            original_input: None,
         };
         if kind == PendingKind::Approval {
             self.stage_chunk(
@@ -206,6 +210,10 @@ impl Session {
             errors: Vec::new(),
         };
         match (entry.kind, submission) {
+            (PendingKind::Reconcile, Submission::Error(_)) => Err(invalid(format!(
+                "{} waits for a reconciliation: an error alone does not say whether its effect happened (send kind \"reconcile\" with \"error\" if it failed)",
+                entry.tool_call_id
+            ))),
             (_, Submission::Error(error))
             | (PendingKind::Reconcile, Submission::Reconcile(Reconciled::Failed(error))) => {
                 Ok((Answer::Error(error), None))
@@ -457,19 +465,29 @@ pub(crate) fn answer_outcome(entry: &PendingCall) -> Option<ToolOutcome> {
     }
 }
 
+/// The result of a reconcile call that ends without an answer (`why`): its effect is as
+/// unknown as when the crash cut it, so it is the durability error, with the key to look the
+/// effect up by.
+pub(crate) fn unreconciled(entry: &PendingCall, why: &str) -> ToolOutcome {
+    ToolErrorCode::ToolDurabilityError
+        .with(format_args!(
+            "the process stopped while {} (call {}) was running, and {why}, so it was not run again: check whether its effect happened (idempotency key {}) before calling it again.",
+            entry.tool_name,
+            entry.tool_call_id,
+            entry.idempotency_key.as_deref().unwrap_or("unknown"),
+        ))
+        .into()
+}
+
 /// The result of a call whose deadline passed without an answer. For a reconciliation nobody
 /// said whether the effect happened, so the call ends as any cut call does by default.
 pub(crate) fn timeout_outcome(entry: &PendingCall) -> ToolOutcome {
     if entry.kind == PendingKind::Reconcile {
-        return ToolErrorCode::ToolDurabilityError
-            .with(format_args!(
-                "the process stopped while {} (call {}) was running, and nobody said within {} ms whether it took effect, so it was not run again: check whether its effect happened (idempotency key {}) before calling it again.",
-                entry.tool_name,
-                entry.tool_call_id,
-                entry.deadline_at_ms.saturating_sub(entry.requested_at_ms),
-                entry.idempotency_key.as_deref().unwrap_or("unknown"),
-            ))
-            .into();
+        let waited = entry.deadline_at_ms.saturating_sub(entry.requested_at_ms);
+        return unreconciled(
+            entry,
+            &format!("nobody said within {waited} ms whether it took effect"),
+        );
     }
     ToolErrorCode::ClientToolTimeout
         .with(format_args!(
