@@ -17,6 +17,9 @@ function card(call, title) {
   box.dataset.toolCallId = call.tool_call_id;
   box.dataset.kind = call.kind;
   box.dataset.tool = call.tool_name;
+  // Which request of the call: one asked again (a reconciliation after another crash) is
+  // another card.
+  box.dataset.requestedAt = String(call.requested_at_ms ?? call.since_ms ?? "");
   const heading = document.createElement("h2");
   heading.id = "card-" + Math.random().toString(36).slice(2);
   heading.textContent = title;

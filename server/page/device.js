@@ -75,6 +75,10 @@ async function showDeviceApproval(token) {
       settle(box, envelope.approved ? "Approved. You may close this page." : "Denied. You may close this page.");
     } else if (reply.body.code === "already_completed") {
       settle(box, "Already decided (or its time ran out): your decision was not applied.");
+    } else if (reply.body.code === "stale_approval") {
+      // The link names the request as it was: a new one is needed for the call as it is.
+      settle(box, "This request changed since the link was made (its input or its tool " +
+        "changed), so your decision was not applied: ask for a new link.");
     } else {
       controls(box, true);
       Cards.refused(box, reply);

@@ -87,8 +87,10 @@ function needsOperator(reply) {
   return true;
 }
 
+// An item is a request of a call: a call asked again (a reconciliation raised a second time)
+// is a new item, shown though the first was answered.
 function itemKey(item) {
-  return item.session + "\n" + item.tool_call_id;
+  return item.session + "\n" + item.tool_call_id + "\n" + item.since_ms;
 }
 
 function shownItems() {
@@ -154,10 +156,16 @@ async function readInbox(more) {
   countShown();
 }
 
+// Says how many calls are shown, when that changed (the status line is read out: a look
+// every 2 s must not repeat it).
+let countSaid = null;
 function countShown() {
   const count = shownItems().length;
-  inboxStatus(count === 0 ? "Nothing waits for a person." :
-    count + (count === 1 ? " call waits" : " calls wait") + (inboxNext ? " (more below)" : "") + ".");
+  const text = count === 0 ? "Nothing waits for a person." :
+    count + (count === 1 ? " call waits" : " calls wait") + (inboxNext ? " (more below)" : "") + ".";
+  if (text === countSaid && $("#inbox-status").textContent === text) return;
+  countSaid = text;
+  inboxStatus(text);
 }
 
 // Looks again at what is shown (as many as are shown, from the first; "Load more" reads on):

@@ -345,6 +345,7 @@ function reconnectLater() {
       reconnectLater();
       return;
     }
+    lookAgain = true;
     connect(lastSeq + 1);
   }, wait);
 }
@@ -384,9 +385,19 @@ function onChunk(event) {
 
 // ---- what waits for the person ------------------------------------------------------------
 
-// A call is named by the session that owns it (the root, or a sub-agent under it) and its id.
-function keyOf(sessionId, toolCallId) {
-  return sessionId + "\n" + toolCallId;
+// A request of a call is named by the session that owns it (the root, or a sub-agent under
+// it), its id, and when it was asked: a call asked again (a reconciliation raised after
+// another crash) is a new request with a card of its own.
+function keyOf(sessionId, toolCallId, requestedAt) {
+  return sessionId + "\n" + toolCallId + "\n" + (requestedAt ?? "");
+}
+
+function callKey(call) {
+  return keyOf(call.session_id, call.tool_call_id, String(call.requested_at_ms ?? ""));
+}
+
+function cardKey(card) {
+  return keyOf(card.dataset.sessionId, card.dataset.toolCallId, card.dataset.requestedAt);
 }
 
 // The calls this page saw answered (its own answer accepted, or another's first): the status
@@ -395,13 +406,13 @@ function keyOf(sessionId, toolCallId) {
 let answeredHere = new Set();
 
 function stillWaits(call) {
-  return call.waiting && !answeredHere.has(keyOf(call.session_id, call.tool_call_id));
+  return call.waiting && !answeredHere.has(callKey(call));
 }
 
 function cardOf(call) {
-  const key = keyOf(call.session_id, call.tool_call_id);
+  const key = callKey(call);
   for (const card of $("#pending").querySelectorAll(".card")) {
-    if (keyOf(card.dataset.sessionId, card.dataset.toolCallId) === key) return card;
+    if (cardKey(card) === key) return card;
   }
   return null;
 }
@@ -444,12 +455,47 @@ function nothingWaits(state) {
   );
 }
 
+// Whether the next status read is a first look (see `refreshPending`).
+let lookAgain = true;
+
+// A run that stopped before its end (the server was killed, or it was interrupted) goes on
+// only when resumed: the page offers it. A resume after a crash may raise reconcile calls
+// (did the call that was running take effect?), which then show as cards.
+function showRecover(state) {
+  const stopped = state.status === "interrupted" && !state.aborted;
+  $("#recover").hidden = !stopped;
+  if (!stopped) return;
+  const crashed = state.error && state.error.code === "crashed";
+  $("#recover-text").textContent = crashed
+    ? "The server stopped while this conversation was running. Resume it to go on: a call it was making may need you to say whether it took effect."
+    : "This conversation's run was interrupted. Resume it to go on.";
+}
+
+async function resumeStopped() {
+  $("#resume-run").disabled = true;
+  const reply = await call("POST", "resume", { session_id: saved.session_id });
+  $("#resume-run").disabled = false;
+  if (!reply.ok) {
+    status("resume: " + reply.body.message);
+    return;
+  }
+  $("#recover").hidden = true;
+  refreshSoon(false);
+}
+
 // Shows a card for each call that waits, and settles the cards of calls that no longer do.
 async function refreshPending() {
   const id = saved.session_id;
   if (!id) return null;
   const asked = ++statusAsked;
-  const read = await call("GET", statusPath());
+  // The first look at a conversation (after opening it, or after the server came back) asks
+  // the server to wait a moment for its run to settle: that activates a session a crash left
+  // marked running, which records its run interrupted (its `run_interrupted` chunk then
+  // refreshes the page, if this read was too early), so the page can offer to resume it. A
+  // plain read does not activate a session.
+  const settle = lookAgain ? "&settle_ms=1" : "";
+  lookAgain = false;
+  const read = await call("GET", statusPath() + settle);
   if (id !== saved.session_id) return null; // the conversation changed meanwhile
   if (!read.ok) {
     status("status: " + read.body.message);
@@ -462,7 +508,7 @@ async function refreshPending() {
   statusShown = asked;
   const box = $("#pending");
   const listed = new Map(
-    state.pending.map((call) => [keyOf(call.session_id, call.tool_call_id), call]));
+    state.pending.map((call) => [callKey(call), call]));
   for (const call of state.pending) {
     if (call.waiting && !cardOf(call)) {
       const fresh = Cards.make(call, addressOf(call), answer, { link: approvalToken });
@@ -474,7 +520,7 @@ async function refreshPending() {
     }
   }
   for (const card of box.querySelectorAll(".card:not(.done)")) {
-    const call = listed.get(keyOf(card.dataset.sessionId, card.dataset.toolCallId));
+    const call = listed.get(cardKey(card));
     // A card being answered here is settled by its own answer, one a message sent here
     // abandons by that message.
     if (card.dataset.busy || card.dataset.abandoning || (call && call.waiting)) continue;
@@ -482,6 +528,7 @@ async function refreshPending() {
     settle(card, why);
     if (why.startsWith("already answered")) card.dataset.settled = "elsewhere";
   }
+  showRecover(state);
   if (state.status.startsWith("suspended")) {
     if (state.pending.some(stillWaits)) status("waiting for you");
     else if ((state.unreachable || []).length) status("waiting for another server to come back…");
@@ -599,7 +646,7 @@ async function answer(box, envelope) {
   const reply = await call("POST", "submit-tool-result", envelope);
   delete box.dataset.busy;
   if (reply.ok || reply.body.code === "already_completed") {
-    answeredHere.add(keyOf(box.dataset.sessionId, box.dataset.toolCallId));
+    answeredHere.add(cardKey(box));
   }
   if (reply.ok) {
     settle(box, "sent");
@@ -625,11 +672,11 @@ async function answer(box, envelope) {
 // Replaces the card of a call whose request changed since it was shown with one of the
 // request as it is now, saying why.
 async function showAgain(box) {
-  const key = keyOf(box.dataset.sessionId, box.dataset.toolCallId);
+  const key = cardKey(box);
   box.remove();
   await refreshPending();
   for (const fresh of $("#pending").querySelectorAll(".card:not(.done)")) {
-    if (keyOf(fresh.dataset.sessionId, fresh.dataset.toolCallId) !== key) continue;
+    if (cardKey(fresh) !== key) continue;
     note(fresh, STALE_TEXT);
     Cards.focus(fresh);
   }
@@ -780,6 +827,8 @@ function open(state) {
   clearLog();
   $("#pending").textContent = "";
   $("#confirm").hidden = true;
+  $("#recover").hidden = true;
+  lookAgain = true;
   $("#steps").textContent = "";
   if ($("#history").open) showSteps();
   showSession();
@@ -871,6 +920,7 @@ $("#history").addEventListener("toggle", () => {
 });
 
 $("#compose").addEventListener("submit", send);
+$("#resume-run").addEventListener("click", resumeStopped);
 $("#new").addEventListener("click", () => {
   open({ since: Date.now() });
   save();

@@ -113,7 +113,10 @@ pub(crate) async fn show(
     })))
 }
 
-/// `POST /approval`: the decision, submitted bound to the request the token names.
+/// `POST /approval`: the decision, submitted bound to the request the token names; once it is
+/// accepted, the root is resumed (as `POST /submit-tool-result?resume=true` does), so the run
+/// goes on when nothing else waits — the person on the device has no other way to move it —
+/// and a resume that finds calls still waiting ends at once.
 pub(crate) async fn decide(
     State(state): State<AppState>,
     JsonBody(decision): JsonBody<Decision>,
@@ -133,9 +136,16 @@ pub(crate) async fn decide(
     if let Some(input) = decision.edited_input {
         submit = submit.with_edited_input(input);
     }
-    let outcome = state.runtime.submit_tool_result(submit).await?;
-    tracing::info!(session = %dormant::types::Untrusted(&grant.owner), tool_call_id = %dormant::types::Untrusted(&grant.call), outcome = outcome.code(), "server.approval_by_token");
-    Ok(Json(submit_answer(outcome)?))
+    let answered = state.runtime.submit_and_resume(submit).await?;
+    tracing::info!(session = %dormant::types::Untrusted(&grant.owner), tool_call_id = %dormant::types::Untrusted(&grant.call), outcome = answered.outcome.code(), "server.approval_by_token");
+    let mut answer = submit_answer(answered.outcome)?;
+    if let (Some(Err(failure)), Some(fields)) = (answered.resumed, answer.as_object_mut()) {
+        fields.insert(
+            "resume_error".into(),
+            json!({ "code": failure.code, "message": failure.message }),
+        );
+    }
+    Ok(Json(answer))
 }
 
 fn grant_sessions(grant: &ApprovalGrant) -> Result<(SessionId, SessionId), ApiError> {

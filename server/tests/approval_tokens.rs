@@ -18,8 +18,9 @@ use common::{answer, text, Session, TestServer};
 
 const OPERATOR: &str = "an-operator-key-of-some-length";
 
-/// `ops` asks to approve `send` (editable, input `{to: string}`) and asks the client `pick`.
-async fn server(clock: &ManualClock) -> anyhow::Result<TestServer> {
+/// `ops` asks to approve `send` (editable, input `{to: string}`) and, with `pick`, asks the
+/// client `pick` in the same step.
+async fn server(clock: &ManualClock, pick: bool) -> anyhow::Result<TestServer> {
     let send = ToolDefinition::server("send", |input: Value, _ctx| async move {
         Ok::<_, ToolError>(json!({ "sent_to": input["to"] }))
     })
@@ -32,15 +33,13 @@ async fn server(clock: &ManualClock) -> anyhow::Result<TestServer> {
         .tool(ToolDefinition::client("pick"))
         .client_tool_timeout_ms(60_000)
         .build()?;
+    let mut calls = vec![ToolCall::new("s-1", "send", json!({ "to": "ana" }))];
+    if pick {
+        calls.push(ToolCall::new("p-1", "pick", json!({})));
+    }
     let llm = ScriptedLlm::new().script(
         "ops",
-        vec![
-            ModelReply::tool_calls(vec![
-                ToolCall::new("s-1", "send", json!({ "to": "ana" })),
-                ToolCall::new("p-1", "pick", json!({})),
-            ]),
-            ModelReply::text("done"),
-        ],
+        vec![ModelReply::tool_calls(calls), ModelReply::text("done")],
     );
     let runtime = Runtime::builder()
         .store(Arc::new(SledStore::temporary()?))
@@ -102,7 +101,7 @@ async fn decide(server: &TestServer, decision: Value) -> anyhow::Result<(StatusC
 async fn a_token_shows_and_decides_one_approval_once_with_no_other_credential() -> anyhow::Result<()>
 {
     let clock = ManualClock::new(1_000);
-    let server = server(&clock).await?;
+    let server = server(&clock, true).await?;
     let session = started(&server).await?;
 
     let (code, issued) = token_for(&server, &session, "s-1").await?;
@@ -187,7 +186,7 @@ async fn a_token_shows_and_decides_one_approval_once_with_no_other_credential() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_token_expires_with_its_call() -> anyhow::Result<()> {
     let clock = ManualClock::new(1_000);
-    let server = server(&clock).await?;
+    let server = server(&clock, true).await?;
     let session = started(&server).await?;
     let (_, issued) = token_for(&server, &session, "s-1").await?;
     let token = text(&issued, "token")?;
@@ -196,6 +195,25 @@ async fn a_token_expires_with_its_call() -> anyhow::Result<()> {
     assert_eq!(
         (code, refused["code"].as_str()),
         (StatusCode::GONE, Some("token_expired"))
+    );
+    server.stop().await?.shutdown().await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decision_on_the_device_moves_the_run_on_when_nothing_else_waits() -> anyhow::Result<()> {
+    let clock = ManualClock::new(1_000);
+    let server = server(&clock, false).await?;
+    let session = started(&server).await?;
+    let (_, issued) = token_for(&server, &session, "s-1").await?;
+    let token = text(&issued, "token")?;
+    let (code, accepted) = decide(&server, json!({ "token": token, "approved": true })).await?;
+    assert_eq!(code, StatusCode::OK, "{accepted}");
+    let id: dormant::SessionId = session.id.parse()?;
+    server.runtime.wait_tree_settled(&id).await;
+    assert_eq!(
+        server.runtime.status(&id).await?,
+        dormant::Status::Completed
     );
     server.stop().await?.shutdown().await?;
     Ok(())

@@ -1,7 +1,8 @@
-//! A call a crash cut, of a tool that asks for reconciliation, answered in the page's inbox:
-//! the card says its effect may or may not have happened and shows its idempotency key; "It
-//! did not happen" runs the tool once more, "It happened" records what it returned and runs
-//! nothing.
+//! A call a crash cut, of a tool that asks for reconciliation, answered in the page: in the
+//! inbox, the card says its effect may or may not have happened and shows its idempotency key;
+//! "It did not happen" runs the tool once more, "It happened" records what it returned and
+//! runs nothing. And in a conversation the crash left running: the page offers to resume it,
+//! and the resume raises the reconcile call there.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -57,7 +58,7 @@ async fn a_person_reconciles_calls_a_crash_cut_from_the_inbox() -> anyhow::Resul
     // Two sessions whose `pay` ran and whose result's commit failed, as if the process died.
     let faulty = Arc::new(FaultyStore::new(Arc::clone(&store)));
     let cut = runtime(faulty.clone(), &runs)?;
-    let ids: Vec<SessionId> = vec!["first".parse()?, "second".parse()?];
+    let ids: Vec<SessionId> = vec!["first".parse()?, "second".parse()?, "third".parse()?];
     for id in &ids {
         faulty.arm(Fault::CrashBefore(CommitKind::ToolResults));
         anyhow::ensure!(cut.execute_on(id, "shop", "pay").await.is_err());
@@ -65,7 +66,9 @@ async fn a_person_reconciles_calls_a_crash_cut_from_the_inbox() -> anyhow::Resul
     }
     drop(cut);
     let runtime = runtime(store, &runs)?;
-    for id in &ids {
+    // The first two are resumed here (as a daemon's recovery would); the third is left as the
+    // crash left it, for its conversation's page.
+    for id in &ids[..2] {
         let waiting = runtime.resume(id).await?;
         anyhow::ensure!(waiting.status == Status::SuspendedClientTool, "{waiting:?}");
     }
@@ -103,8 +106,8 @@ async fn a_person_reconciles_calls_a_crash_cut_from_the_inbox() -> anyhow::Resul
     runtime.wait_tree_settled(&ids[0]).await;
     anyhow::ensure!(runtime.status(&ids[0]).await? == Status::Completed);
     anyhow::ensure!(
-        runs.load(Ordering::SeqCst) == 3,
-        "two cut runs and one more"
+        runs.load(Ordering::SeqCst) == 4,
+        "three cut runs and one more"
     );
 
     // The second happened: the person says what it returned, and nothing runs.
@@ -124,12 +127,53 @@ async fn a_person_reconciles_calls_a_crash_cut_from_the_inbox() -> anyhow::Resul
         .await?;
     runtime.wait_tree_settled(&ids[1]).await;
     anyhow::ensure!(runtime.status(&ids[1]).await? == Status::Completed);
-    anyhow::ensure!(runs.load(Ordering::SeqCst) == 3, "nothing ran again");
+    anyhow::ensure!(runs.load(Ordering::SeqCst) == 4, "nothing ran again");
     let recorded = runtime.messages(&ids[1]).await?.into_iter().any(|message| {
         matches!(message, dormant::Message::Tool { outcome: dormant::types::ToolOutcome::Result(value), .. }
                  if value == json!({ "paid": 10 }))
     });
     anyhow::ensure!(recorded, "the person's result is the call's result");
+
+    // The third: its conversation, opened with its token, offers to resume the run the crash
+    // stopped; the resume asks whether `pay` took effect.
+    let token = server
+        .http
+        .post(server.url("/token"))
+        .header("x-api-key", OPERATOR_KEY)
+        .json(&json!({ "session_id": "third" }))
+        .send()
+        .await?
+        .json::<Value>()
+        .await?;
+    let remembered = json!({ "session_id": "third", "token": token["token"], "since": 1 });
+    browser
+        .script(
+            "localStorage.setItem('dormant-page', JSON.stringify(arguments[0]));",
+            json!([remembered]),
+        )
+        .await?;
+    browser.goto(&server.url("/")).await?;
+    browser
+        .wait_for_text(
+            "#recover-text",
+            "The server stopped while this conversation was running",
+        )
+        .await?;
+    browser.click("#resume-run").await?;
+    let card = r#"#pending form[data-kind="reconcile"]"#;
+    browser.wait_for_text(card, "Did pay take effect?").await?;
+    browser
+        .click(&format!(r#"{card} button[data-action="did-not-happen"]"#))
+        .await?;
+    browser.wait_for_text(card, "sent").await?;
+    // Nothing else waits: the page resumes the run, which completes.
+    browser.wait_for_text("#log", "paid").await?;
+    runtime.wait_tree_settled(&ids[2]).await;
+    anyhow::ensure!(runtime.status(&ids[2]).await? == Status::Completed);
+    anyhow::ensure!(
+        runs.load(Ordering::SeqCst) == 5,
+        "three cut runs, and one more for each of two"
+    );
     opened.close().await?;
     server.stop().await?.shutdown().await?;
     Ok(())
