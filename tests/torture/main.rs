@@ -7,10 +7,10 @@
 //!
 //! The workload (`torture/workload.rs`): client tools answered by a simulated client (some
 //! answers twice), approval-gated non-retryable tools (approved, sometimes denied), plain
-//! non-retryable tools, two non-retryable tools whose cut calls are reconciled (`settle`, by a
-//! check that looks its idempotency key up in the executions file; `refund`, by the client,
-//! which looks it up the same way, as a person would), a `safe_to_retry` tool, sub-agents
-//! that wait on a client tool answered
+//! non-retryable tools, two non-retryable tools whose cut calls are reconciled (`settle`, in
+//! roots and sub-agents, by a check that looks its idempotency key up in the executions file;
+//! `refund`, approval-gated, by the client, which looks it up the same way, as a person
+//! would), a `safe_to_retry` tool, sub-agents that wait on a client tool answered
 //! against the root, evictions (`evict_all`, a small `max_resident`), tens to hundreds of
 //! sessions per generation on a multi-thread runtime, and forks of waiting trees at their latest
 //! checkpoint (each then a tree of its own, driven to its end like the others; no fork may run

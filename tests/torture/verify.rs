@@ -14,6 +14,10 @@ use super::workload::tool_output;
 
 const DURABILITY_ERROR: &str = "tool_durability_error";
 
+/// The workload's approval-gated tools (`workload.rs`): a call of one that waited for its
+/// approval at a fork's checkpoint had not started.
+const APPROVAL_GATED: [&str; 2] = ["deploy", "refund"];
+
 /// The workload's tools whose cut calls are reconciled (`workload.rs`).
 const RECONCILED_TOOLS: [&str; 2] = ["settle", "refund"];
 
@@ -350,7 +354,9 @@ pub(crate) async fn forks(
             .checkpoint
             .open_calls
             .iter()
-            .filter(|call| call.name != "deploy" || approved.contains(&call.id))
+            .filter(|call| {
+                !APPROVAL_GATED.contains(&call.name.as_str()) || approved.contains(&call.id)
+            })
             .map(|call| call.id.clone());
         for call in recorded.chain(in_flight) {
             if let Some(processes) = ran.get(&(id.to_string(), call.clone())) {

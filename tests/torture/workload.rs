@@ -5,9 +5,11 @@
 //! proves no fork ran again what its source had run or started (`verify.rs`).
 //!
 //! `root` calls, over one to three steps of one to three calls each: `ask` (a client tool),
-//! `deploy` (approval-gated, not retryable), `charge` (not retryable), `lookup` (safe to
-//! retry) and `delegate`, a sub-agent `helper` that asks the client to `confirm` (answered
-//! against the root) and sometimes charges too.
+//! `deploy` (approval-gated, not retryable), `charge` (not retryable), `settle` (not
+//! retryable; a cut call is settled by its check), `refund` (approval-gated, not retryable; a
+//! cut call is reconciled by the client), `lookup` (safe to retry) and `delegate`, a sub-agent
+//! `helper` that asks the client to `confirm` (answered against the root) and sometimes
+//! charges and settles too.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -144,8 +146,12 @@ fn agents(process: &Arc<Process>) -> anyhow::Result<Vec<AgentDefinition>> {
         )
         .tool(charge())
         .tool(settle(process))
-        // `refund`: a cut call raises a reconcile call the client answers.
-        .tool(logged("refund", process, false, Duration::from_millis(30)).on_cut(OnCut::Reconcile))
+        // `refund`: approval-gated; a cut call raises a reconcile call the client answers.
+        .tool(
+            logged("refund", process, false, Duration::from_millis(30))
+                .require_approval(Approval::Always)
+                .on_cut(OnCut::Reconcile),
+        )
         .tool(logged("lookup", process, true, Duration::from_millis(5)).safe_to_retry(true))
         .tool(ToolDefinition::sub_agent("delegate", "helper"))
         .client_tool_timeout_ms(CLIENT_TIMEOUT_MS)
@@ -153,6 +159,7 @@ fn agents(process: &Arc<Process>) -> anyhow::Result<Vec<AgentDefinition>> {
     let helper = AgentDefinition::builder("helper")
         .tool(ToolDefinition::client("confirm"))
         .tool(charge())
+        .tool(settle(process))
         .client_tool_timeout_ms(CLIENT_TIMEOUT_MS)
         .build()?;
     Ok(vec![root, helper])
@@ -243,6 +250,13 @@ fn helper_plan(seed: u64, session: &str) -> Vec<ModelReply> {
             format!("{parent_call}.charge"),
             "charge",
             json!({ "cents": 5 }),
+        ));
+    }
+    if rng.percent(40) {
+        calls.push(ToolCall::new(
+            format!("{parent_call}.settle"),
+            "settle",
+            json!({ "cents": 3 }),
         ));
     }
     vec![ModelReply::tool_calls(calls), ModelReply::text("helped")]
