@@ -493,9 +493,9 @@ async function refreshPending() {
   // marked running, which records its run interrupted (its `run_interrupted` chunk then
   // refreshes the page, if this read was too early), so the page can offer to resume it. A
   // plain read does not activate a session.
-  const settle = lookAgain ? "&settle_ms=1" : "";
+  const firstLook = lookAgain ? "&settle_ms=1" : "";
   lookAgain = false;
-  const read = await call("GET", statusPath() + settle);
+  const read = await call("GET", statusPath() + firstLook);
   if (id !== saved.session_id) return null; // the conversation changed meanwhile
   if (!read.ok) {
     status("status: " + read.body.message);
