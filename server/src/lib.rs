@@ -43,6 +43,8 @@
 #![forbid(unsafe_code)]
 
 mod access;
+mod agui;
+mod agui_events;
 mod approval_routes;
 mod approval_token;
 mod auth;

@@ -21,7 +21,7 @@ use crate::error::{ApiError, ServerError};
 use crate::metrics::HttpMetrics;
 use crate::state::{AppState, Shared};
 use crate::token::TokenKey;
-use crate::{approval_routes, body, ops, page, routes, session_token, sse};
+use crate::{agui, approval_routes, body, ops, page, routes, session_token, sse};
 
 /// Tells a server's streams that it is shutting down: each sends a last `end` event
 /// (`reason: shutdown`) and closes, so a graceful shutdown is not held up by open streams.
@@ -194,6 +194,7 @@ impl Server {
             ("/state", get(routes::state_at)),
             ("/fork", post(routes::fork).route_layer(with_body())),
             ("/inbox", get(routes::inbox)),
+            ("/ag-ui", post(agui::run).route_layer(with_body())),
             (
                 "/approval-token",
                 post(approval_routes::issue).route_layer(with_body()),

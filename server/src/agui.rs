@@ -1,0 +1,445 @@
+//! `POST /ag-ui`: an AG-UI endpoint (AG-UI 1.0; `agui_events.rs` encodes the stream). The
+//! run input's `threadId` is the session, a message starts a turn of it, and a `resume`
+//! answers what the previous run's interrupt listed — client tools, approvals and
+//! reconciliations of the whole tree, sub-agents' included — through the submit contract,
+//! then resumes. The answer is the run as AG-UI events over SSE, ending with `RUN_FINISHED`
+//! (a success, or an interrupt listing every call of the tree that waits for a person) or
+//! `RUN_ERROR`. docs/protocols.md says what maps to what and what is not supported.
+
+use std::convert::Infallible;
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use dormant::definition::Reconciled;
+use dormant::{PendingKind, SessionId, Submit};
+use futures::StreamExt;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::access::{session_id, Credentials};
+use crate::agui_events::{Settled, Translator};
+use crate::body::JsonBody;
+use crate::error::{submit_answer, ApiError};
+use crate::state::AppState;
+use crate::wire::{encode, PendingAnswer};
+
+/// The run input (AG-UI's `RunAgentInput`), as far as dormant reads it.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct RunInput {
+    thread_id: String,
+    run_id: String,
+    #[serde(default)]
+    messages: Vec<Value>,
+    #[serde(default)]
+    resume: Vec<ResumeEntry>,
+    #[serde(default)]
+    forwarded_props: Value,
+}
+
+/// An answer to one interrupt of the previous run.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ResumeEntry {
+    interrupt_id: String,
+    status: String,
+    #[serde(default)]
+    payload: Value,
+}
+
+/// `POST /ag-ui`.
+pub(crate) async fn run(
+    State(state): State<AppState>,
+    credentials: Credentials,
+    JsonBody(input): JsonBody<RunInput>,
+) -> Result<Response, ApiError> {
+    let id = session_id(&input.thread_id)?;
+    let exists = match state.runtime.session(&id).await {
+        Ok(_) => true,
+        Err(dormant::ReadError::UnknownSession(_)) => false,
+        Err(error) => return Err(error.into()),
+    };
+    if exists || credentials.has_session_token() {
+        credentials.session(&id).await?;
+    } else if !credentials.caller().await?.may_choose_session_id {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "session_id_not_allowed",
+            "a new thread names its session (threadId): this caller may not choose a session id",
+        ));
+    }
+    let started = if input.resume.is_empty() {
+        let message = last_user_message(&input.messages).ok_or_else(|| {
+            ApiError::invalid("a run input needs a user message, or resume entries")
+        })?;
+        let agent = input.forwarded_props["dormant"]["agent"]
+            .as_str()
+            .map_or_else(|| state.config.page_agent.clone(), str::to_string);
+        state.runtime.start_on(&id, &agent, message).await?
+    } else {
+        answer(&state, &id, input.resume).await?;
+        state.runtime.start_resume(&id).await?
+    };
+    tracing::info!(session = %id, resumed = started.status != dormant::Status::Running, "server.agui_run");
+    let token = (!exists && !credentials.has_session_token()).then(|| state.key.issue(&id));
+    let (sender, receiver) = tokio::sync::mpsc::channel::<Bytes>(64);
+    let run_id = input.run_id;
+    tokio::spawn(stream_run(state, id, run_id, started, token, sender));
+    let body = futures::stream::unfold(receiver, |mut receiver| async move {
+        receiver
+            .recv()
+            .await
+            .map(|bytes| (Ok::<_, Infallible>(bytes), receiver))
+    });
+    Ok((
+        [
+            (header::CONTENT_TYPE, "text/event-stream"),
+            (header::CACHE_CONTROL, "no-store"),
+        ],
+        Body::from_stream(body),
+    )
+        .into_response())
+}
+
+/// The text of the last user message (a string, or text parts).
+fn last_user_message(messages: &[Value]) -> Option<String> {
+    let message = messages
+        .iter()
+        .rev()
+        .find(|message| message["role"] == "user")?;
+    match &message["content"] {
+        Value::String(text) if !text.trim().is_empty() => Some(text.clone()),
+        Value::Array(parts) => {
+            let text: Vec<&str> = parts
+                .iter()
+                .filter(|part| part["type"] == "text")
+                .filter_map(|part| part["text"].as_str())
+                .collect();
+            (!text.is_empty()).then(|| text.join("\n"))
+        }
+        _ => None,
+    }
+}
+
+/// The interrupt id of a waiting call: its session and call id, each percent-encoded, so the
+/// one `/` between them is unambiguous.
+fn interrupt_id(call: &PendingAnswer) -> String {
+    format!(
+        "{}/{}",
+        encode(&call.session_id),
+        encode(&call.tool_call_id)
+    )
+}
+
+/// Submits each resume entry as the answer of the call its interrupt names (at the root,
+/// naming the call's session). Any refusal ends the request with its error: nothing after it
+/// is submitted, and no run starts.
+async fn answer(
+    state: &AppState,
+    root: &SessionId,
+    entries: Vec<ResumeEntry>,
+) -> Result<(), ApiError> {
+    let waits = crate::tree::waits(&state.runtime, root).await?;
+    for entry in entries {
+        let call = waits
+            .pending
+            .iter()
+            .find(|call| interrupt_id(call) == entry.interrupt_id)
+            .ok_or_else(|| {
+                ApiError::new(
+                    StatusCode::NOT_FOUND,
+                    "unknown_interrupt",
+                    format!(
+                        "no call of this thread waits under interrupt {:?}",
+                        entry.interrupt_id
+                    ),
+                )
+            })?;
+        let submit = submission(root, call, &entry)?.owned_by(call.session_id.clone());
+        let outcome = state.runtime.submit_tool_result(submit).await?;
+        submit_answer(outcome)?;
+    }
+    Ok(())
+}
+
+/// The submit a resume entry stands for, by the kind of the call it answers.
+fn submission(
+    root: &SessionId,
+    call: &PendingAnswer,
+    entry: &ResumeEntry,
+) -> Result<Submit, ApiError> {
+    let (root, id) = (root.to_string(), call.tool_call_id.clone());
+    let payload = &entry.payload;
+    let cancelled = match entry.status.as_str() {
+        "resolved" => false,
+        "cancelled" => true,
+        other => {
+            return Err(ApiError::invalid(format!(
+                "resume status {other:?}: resolved or cancelled"
+            )))
+        }
+    };
+    Ok(match call.kind {
+        PendingKind::Client if cancelled => Submit::error(root, id, "cancelled by the user"),
+        PendingKind::Client => match payload.get("error").and_then(Value::as_str) {
+            Some(error) if payload.as_object().is_some_and(|fields| fields.len() == 1) => {
+                Submit::error(root, id, error)
+            }
+            _ => Submit::result(root, id, payload.clone()),
+        },
+        PendingKind::Approval => {
+            let approved = !cancelled && payload["approved"].as_bool().unwrap_or(false);
+            let reason = payload["reason"].as_str().map(str::to_string);
+            let approval_id = call.approval_id.clone().unwrap_or_default();
+            let mut submit = Submit::approval(root, id, approval_id, approved, reason);
+            if let Some(binding) = &call.binding {
+                submit = submit.bound_to(binding.clone());
+            }
+            match payload.get("edited_input") {
+                Some(input) if approved => submit.with_edited_input(input.clone()),
+                _ => submit,
+            }
+        }
+        PendingKind::Reconcile if cancelled => {
+            return Err(ApiError::invalid(
+                "a reconciliation cannot be cancelled: say whether its effect happened",
+            ))
+        }
+        PendingKind::Reconcile => {
+            let reconciled = match (payload["happened"].as_bool(), payload.get("error")) {
+                (Some(true), _) => Reconciled::Happened(payload.get("result").cloned().unwrap_or(Value::Null)),
+                (Some(false), _) => Reconciled::DidNotHappen,
+                (None, Some(Value::String(error))) => Reconciled::Failed(error.clone()),
+                _ => {
+                    return Err(ApiError::invalid(
+                        "a reconciliation's payload is {\"happened\": true, \"result\"}, {\"happened\": false} or {\"error\"}",
+                    ))
+                }
+            };
+            Submit::reconcile(root, id, reconciled)
+        }
+    })
+}
+
+/// One event as an SSE frame.
+fn frame(event: &Value) -> Bytes {
+    Bytes::from(format!("data: {event}\n\n"))
+}
+
+/// Streams the run: its events until it settles, then how it finished.
+async fn stream_run(
+    state: AppState,
+    id: SessionId,
+    run_id: String,
+    started: dormant::session::RunStarted,
+    token: Option<String>,
+    sender: tokio::sync::mpsc::Sender<Bytes>,
+) {
+    let thread = id.to_string();
+    let send = |event: Value| {
+        let sender = sender.clone();
+        async move { sender.send(frame(&event)).await.is_ok() }
+    };
+    if !send(json!({ "type": "RUN_STARTED", "threadId": thread, "runId": run_id })).await {
+        return;
+    }
+    if let Some(token) = token {
+        let event = json!({ "type": "CUSTOM", "name": "dormant.session_token",
+                            "value": { "session_id": thread, "token": token } });
+        if !send(event).await {
+            return;
+        }
+    }
+    let mut translator = Translator::default();
+    let mut settled = None;
+    if !started.settled {
+        let mut events = Box::pin(state.runtime.follow_live(&id, started.from_seq));
+        let tree_settled = state.runtime.wait_tree_settled(&id);
+        tokio::pin!(tree_settled);
+        let mut next_seq = started.from_seq;
+        loop {
+            tokio::select! {
+                event = events.next() => {
+                    let Some(Ok(event)) = event else { break };
+                    let (out, done) = match event {
+                        dormant::StreamEvent::Chunk(chunk) => {
+                            next_seq = chunk.seq + 1;
+                            translator.chunk(&chunk)
+                        }
+                        dormant::StreamEvent::Delta(delta) => (translator.delta(&delta), None),
+                    };
+                    for event in out {
+                        if !send(event).await {
+                            return;
+                        }
+                    }
+                    if done.is_some() {
+                        settled = done;
+                        break;
+                    }
+                }
+                () = &mut tree_settled => {
+                    // A resume that woke sub-agents which still wait writes no chunk of this
+                    // session's own that settles: what was written is sent, and the status says.
+                    for chunk in state.runtime.chunks(&id, next_seq).await.unwrap_or_default() {
+                        let (out, done) = translator.chunk(&chunk);
+                        for event in out {
+                            if !send(event).await {
+                                return;
+                            }
+                        }
+                        if done.is_some() {
+                            settled = done;
+                        }
+                    }
+                    break;
+                }
+            }
+        }
+    }
+    let settled = match settled {
+        Some(settled) => settled,
+        None => settled_from_status(&state, &id).await,
+    };
+    for event in finish(&state, &id, &thread, &run_id, settled).await {
+        if !send(event).await {
+            return;
+        }
+    }
+}
+
+/// How a run that settled without a settling chunk of its own (nothing ran, or only
+/// sub-agents did) stands.
+async fn settled_from_status(state: &AppState, id: &SessionId) -> Settled {
+    match state.runtime.status(id).await {
+        Ok(status) if status.as_str().starts_with("suspended") => Settled::Suspended,
+        Ok(dormant::Status::Completed) => Settled::Completed(None),
+        Ok(status) => Settled::Failed {
+            code: status.as_str().to_string(),
+            message: format!("the session is {status}"),
+        },
+        Err(error) => Settled::Failed {
+            code: error.code().to_string(),
+            message: error.to_string(),
+        },
+    }
+}
+
+/// The events that end the run: a snapshot of what waits and the interrupt, the success
+/// with the run's output or text, or the error.
+async fn finish(
+    state: &AppState,
+    id: &SessionId,
+    thread: &str,
+    run_id: &str,
+    settled: Settled,
+) -> Vec<Value> {
+    match settled {
+        Settled::Suspended => {
+            let waiting: Vec<PendingAnswer> = match crate::tree::waits(&state.runtime, id).await {
+                Ok(waits) => waits
+                    .pending
+                    .into_iter()
+                    .filter(|call| call.waiting)
+                    .collect(),
+                Err(error) => {
+                    return vec![
+                        json!({ "type": "RUN_ERROR", "code": error.code(), "message": error.to_string() }),
+                    ]
+                }
+            };
+            let interrupts: Vec<Value> = waiting.iter().map(interrupt).collect();
+            let snapshot = json!({ "type": "STATE_SNAPSHOT", "snapshot": { "pending": waiting } });
+            if interrupts.is_empty() {
+                // Its sub-agents are still at work (a remote one that does not answer): no call
+                // waits for a person, and a later run picks it up.
+                return vec![
+                    snapshot,
+                    json!({ "type": "RUN_FINISHED", "threadId": thread, "runId": run_id,
+                                               "outcome": { "type": "success" } }),
+                ];
+            }
+            vec![
+                snapshot,
+                json!({ "type": "RUN_FINISHED", "threadId": thread, "runId": run_id,
+                        "outcome": { "type": "interrupt", "interrupts": interrupts } }),
+            ]
+        }
+        Settled::Completed(text) => {
+            let output = state
+                .runtime
+                .session(id)
+                .await
+                .ok()
+                .map(|record| record.run_count);
+            let output = match output {
+                Some(turn) => state
+                    .runtime
+                    .run(id, turn)
+                    .await
+                    .ok()
+                    .flatten()
+                    .and_then(|run| run.output),
+                None => None,
+            };
+            let mut finished = json!({ "type": "RUN_FINISHED", "threadId": thread, "runId": run_id,
+                                       "outcome": { "type": "success" } });
+            if let Some(result) = output.or(text) {
+                finished["result"] = result;
+            }
+            vec![finished]
+        }
+        Settled::Failed { code, message } => {
+            vec![json!({ "type": "RUN_ERROR", "code": code, "message": message })]
+        }
+    }
+}
+
+/// One waiting call as an AG-UI interrupt: its id, why (the kind), a prompt, the tool call it
+/// concerns, the shape of the answer, and dormant's details.
+fn interrupt(call: &PendingAnswer) -> Value {
+    let (reason, message, schema) = match call.kind {
+        PendingKind::Client => (
+            "client_tool",
+            format!("{} waits for its result", call.tool_name),
+            call.output_schema.clone(),
+        ),
+        PendingKind::Approval => (
+            "approval",
+            format!("approve {}?", call.tool_name),
+            Some(
+                json!({ "type": "object", "required": ["approved"], "properties": {
+                "approved": { "type": "boolean" },
+                "reason": { "type": "string" },
+                "edited_input": call.input_schema.clone().unwrap_or(json!({ "type": "object" })),
+            } }),
+            ),
+        ),
+        PendingKind::Reconcile => (
+            "reconcile",
+            format!(
+                "did {} take effect? The process stopped while it ran",
+                call.tool_name
+            ),
+            Some(json!({ "type": "object", "properties": {
+                "happened": { "type": "boolean" },
+                "result": {},
+                "error": { "type": "string" },
+            } })),
+        ),
+    };
+    let mut interrupt = json!({
+        "id": interrupt_id(call),
+        "reason": reason,
+        "message": call.description.clone().unwrap_or(message),
+        "toolCallId": call.tool_call_id,
+        "metadata": call,
+    });
+    if let Some(schema) = schema.filter(Value::is_object) {
+        interrupt["responseSchema"] = schema;
+    }
+    interrupt
+}
