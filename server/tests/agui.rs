@@ -1,9 +1,11 @@
 //! The AG-UI endpoint (issue 33, item 3): a thread's run as AG-UI events, an interrupt that
 //! lists every call of the tree waiting for a person (a sub-agent's too), and the next run's
 //! resume entries as their answers. Every run input and event is checked against the official
-//! schemas of `@ag-ui/core` (1.0.0, from the npm registry; `.ci/run` installs it and sets
-//! `DORMANT_AGUI_CORE` to its `node_modules`). Without it the check says it was skipped and
-//! how to install it, unless `DORMANT_REQUIRE_AGUI` is set.
+//! schemas of `@ag-ui/core`, and the official client (`@ag-ui/client`'s `HttpAgent`, which
+//! enforces the protocol's rules on what it reads) drives a thread through an interrupt (both
+//! 1.0.0, from the npm registry; `.ci/run` installs them and sets `DORMANT_AGUI_NODE_MODULES` to
+//! their `node_modules`). Without them those checks say they were skipped and how to install
+//! the packages, unless `DORMANT_REQUIRE_AGUI` is set.
 
 mod common;
 
@@ -238,19 +240,29 @@ async fn a_thread_runs_interrupts_with_every_waiting_call_and_resumes_with_the_a
     Ok(())
 }
 
+/// Where the official packages are, or `None` (said loudly) when they are not installed.
+fn node_modules(what: &str) -> anyhow::Result<Option<std::ffi::OsString>> {
+    if let Some(modules) =
+        std::env::var_os("DORMANT_AGUI_NODE_MODULES").filter(|dir| !dir.is_empty())
+    {
+        return Ok(Some(modules));
+    }
+    let _ = writeln!(
+        std::io::stderr(),
+        "\n\n*** SKIPPED: {what} needs Node.js and AG-UI's packages: npm install --prefix DIR \
+         @ag-ui/core@1.0.0 @ag-ui/client@1.0.0 zod@3.25.76, then DORMANT_AGUI_NODE_MODULES=DIR/node_modules ***\n\n"
+    );
+    anyhow::ensure!(
+        std::env::var("DORMANT_REQUIRE_AGUI")
+            .map_or(true, |value| value.is_empty() || value == "0"),
+        "DORMANT_REQUIRE_AGUI is set and DORMANT_AGUI_NODE_MODULES is not"
+    );
+    Ok(None)
+}
+
 /// Checks `items` with the official schemas (`agui/validate.cjs`), or says why it cannot.
 fn validate(kind: &str, items: &[Value]) -> anyhow::Result<()> {
-    let Some(modules) = std::env::var_os("DORMANT_AGUI_CORE").filter(|dir| !dir.is_empty()) else {
-        let _ = writeln!(
-            std::io::stderr(),
-            "\n\n*** SKIPPED: checking AG-UI {kind} against @ag-ui/core needs Node.js and the package: \
-             npm install --prefix DIR @ag-ui/core@1.0.0 zod@3.25.76, then DORMANT_AGUI_CORE=DIR/node_modules ***\n\n"
-        );
-        anyhow::ensure!(
-            std::env::var("DORMANT_REQUIRE_AGUI")
-                .map_or(true, |value| value.is_empty() || value == "0"),
-            "DORMANT_REQUIRE_AGUI is set and DORMANT_AGUI_CORE is not"
-        );
+    let Some(modules) = node_modules(&format!("checking AG-UI {kind} against @ag-ui/core"))? else {
         return Ok(());
     };
     let dir = tempfile::tempdir()?;
@@ -270,5 +282,63 @@ fn validate(kind: &str, items: &[Value]) -> anyhow::Result<()> {
         String::from_utf8_lossy(&output.stdout),
         String::from_utf8_lossy(&output.stderr)
     );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_official_client_drives_a_thread_through_its_interrupt() -> anyhow::Result<()> {
+    let Some(modules) = node_modules("driving a thread with @ag-ui/client")? else {
+        return Ok(());
+    };
+    let server = server().await?;
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/agui/drive.cjs");
+    let answers = json!({
+        "pick": { "colour": "blue" },
+        "send": { "approved": true },
+        "confirm": "yes",
+    });
+    let url = server.url("/ag-ui");
+    // The client waits on its runs: off the runtime's threads, which serve them.
+    let output = tokio::task::spawn_blocking(move || {
+        std::process::Command::new("node")
+            .arg(script)
+            .args([
+                url.as_str(),
+                OPERATOR,
+                "thread-2",
+                "desk",
+                "Send a colour to Ana",
+            ])
+            .arg(answers.to_string())
+            .env("NODE_PATH", modules)
+            .output()
+    })
+    .await??;
+    anyhow::ensure!(
+        output.status.success(),
+        "the AG-UI client failed:\n{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let seen: Value = serde_json::from_slice(&output.stdout)?;
+    let runs = seen["runs"].as_array().cloned().unwrap_or_default();
+    assert_eq!(runs.len(), 2, "{seen}");
+    let first = &runs[0]["finished"]["outcome"];
+    assert_eq!(first["type"], "interrupt", "{seen}");
+    assert_eq!(
+        first["interrupts"].as_array().map(Vec::len),
+        Some(3),
+        "{seen}"
+    );
+    let second = &runs[1]["finished"];
+    assert_eq!(second["outcome"]["type"], "success", "{seen}");
+    assert_eq!(second["result"], "All done.");
+    assert!(runs[1]["error"].is_null(), "{seen}");
+    let id: dormant::SessionId = "thread-2".parse()?;
+    assert_eq!(
+        server.runtime.status(&id).await?,
+        dormant::Status::Completed
+    );
+    server.stop().await?.shutdown().await?;
     Ok(())
 }
