@@ -135,8 +135,9 @@ fn interrupt_id(call: &PendingAnswer) -> String {
 }
 
 /// Submits each resume entry as the answer of the call its interrupt names (at the root,
-/// naming the call's session). Any refusal ends the request with its error: nothing after it
-/// is submitted, and no run starts.
+/// naming the call's session); an entry for a call that has its answer already is left (the
+/// first answer stands). Any refusal ends the request with its error: nothing after it is
+/// submitted, and no run starts.
 async fn answer(
     state: &AppState,
     root: &SessionId,
@@ -158,6 +159,11 @@ async fn answer(
                     ),
                 )
             })?;
+        if call.answered {
+            // Answered already (this resume sent again after a response it did not get, say):
+            // the first answer stands, and the run is resumed with it.
+            continue;
+        }
         let submit = submission(root, call, &entry)?.owned_by(call.session_id.clone());
         let outcome = state.runtime.submit_tool_result(submit).await?;
         submit_answer(outcome)?;

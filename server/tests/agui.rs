@@ -203,6 +203,19 @@ async fn a_thread_runs_interrupts_with_every_waiting_call_and_resumes_with_the_a
         (StatusCode::UNPROCESSABLE_ENTITY, Some("invalid_result"))
     );
 
+    // pick is answered elsewhere first (the page, say), without a resume: the resume's own
+    // answer for it is left, the first stands.
+    let first_answer = json!({ "session_id": "thread-1", "tool_call_id": "pick-1",
+                               "result": { "colour": "green" } });
+    let response = server
+        .http
+        .post(server.url("/submit-tool-result"))
+        .header("x-api-key", OPERATOR)
+        .json(&first_answer)
+        .send()
+        .await?;
+    assert_eq!(response.status(), StatusCode::OK);
+
     // The next run answers all three: the tree goes on to its end.
     let resume = json!([
         { "interruptId": id_of("pick-1"), "status": "resolved", "payload": { "colour": "red" } },
@@ -221,6 +234,13 @@ async fn a_thread_runs_interrupts_with_every_waiting_call_and_resumes_with_the_a
         results.contains(&"send-1") && results.contains(&"pick-1"),
         "{resumed:#?}"
     );
+    let picked = of_type(&resumed, "TOOL_CALL_RESULT")
+        .into_iter()
+        .find(|event| event["toolCallId"] == "pick-1")
+        .and_then(|event| event["content"].as_str())
+        .unwrap_or_default()
+        .to_string();
+    assert_eq!(picked, r#"{"colour":"green"}"#, "the first answer stands");
     let text: String = of_type(&resumed, "TEXT_MESSAGE_CONTENT")
         .iter()
         .filter_map(|event| event["delta"].as_str())
