@@ -42,6 +42,8 @@
 
 #![forbid(unsafe_code)]
 
+mod a2a;
+mod a2a_task;
 mod access;
 mod agui;
 mod agui_events;

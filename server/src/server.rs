@@ -21,7 +21,7 @@ use crate::error::{ApiError, ServerError};
 use crate::metrics::HttpMetrics;
 use crate::state::{AppState, Shared};
 use crate::token::TokenKey;
-use crate::{agui, approval_routes, body, ops, page, routes, session_token, sse};
+use crate::{a2a, agui, approval_routes, body, ops, page, routes, session_token, sse};
 
 /// Tells a server's streams that it is shutting down: each sends a last `end` event
 /// (`reason: shutdown`) and closes, so a graceful shutdown is not held up by open streams.
@@ -195,6 +195,8 @@ impl Server {
             ("/fork", post(routes::fork).route_layer(with_body())),
             ("/inbox", get(routes::inbox)),
             ("/ag-ui", post(agui::run).route_layer(with_body())),
+            ("/a2a", post(a2a::rpc).route_layer(with_body())),
+            ("/.well-known/agent-card.json", get(a2a::card)),
             (
                 "/approval-token",
                 post(approval_routes::issue).route_layer(with_body()),

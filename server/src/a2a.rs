@@ -1,0 +1,253 @@
+//! A2A 1.0 over JSON-RPC (`POST /a2a`) and the agent card (`GET
+//! /.well-known/agent-card.json`): an agent that calls agents through the open Agent2Agent
+//! protocol runs dormant's sessions as its tasks (`a2a_task.rs` says how a session reads as a
+//! task). A task is one turn of a session (`{session}:{turn}`), its context the session; a
+//! pending client tool, approval or reconciliation is `TASK_STATE_INPUT_REQUIRED` with the
+//! calls in its status message, and the follow-up message answers them through the submit
+//! contract. Blocking `SendMessage`, `GetTask` and `CancelTask` (an abort); streaming is not
+//! offered (the card says so). docs/protocols.md says what maps to what.
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use dormant::{SessionId, Submit};
+use serde_json::{json, Value};
+
+use crate::a2a_task::{self, TaskId};
+use crate::access::Credentials;
+use crate::body::JsonBody;
+use crate::error::ApiError;
+use crate::state::AppState;
+
+/// JSON-RPC and A2A error codes.
+const INVALID_REQUEST: i64 = -32600;
+const METHOD_NOT_FOUND: i64 = -32601;
+const INVALID_PARAMS: i64 = -32602;
+const INTERNAL: i64 = -32603;
+const TASK_NOT_FOUND: i64 = -32001;
+const UNSUPPORTED_OPERATION: i64 = -32004;
+const VERSION_NOT_SUPPORTED: i64 = -32009;
+
+/// A JSON-RPC error: its code, its message, and dormant's code as data.
+#[derive(Debug)]
+pub(crate) struct RpcError {
+    code: i64,
+    message: String,
+    data: Option<Value>,
+}
+
+impl RpcError {
+    fn new(code: i64, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            message: message.into(),
+            data: None,
+        }
+    }
+
+    pub(crate) fn invalid_params(message: impl Into<String>) -> Self {
+        Self::new(INVALID_PARAMS, message)
+    }
+
+    pub(crate) fn unsupported(message: impl Into<String>) -> Self {
+        Self::new(UNSUPPORTED_OPERATION, message)
+    }
+}
+
+impl From<ApiError> for RpcError {
+    fn from(error: ApiError) -> Self {
+        let code = match error.status() {
+            StatusCode::NOT_FOUND => TASK_NOT_FOUND,
+            StatusCode::BAD_REQUEST | StatusCode::UNPROCESSABLE_ENTITY => INVALID_PARAMS,
+            StatusCode::CONFLICT => UNSUPPORTED_OPERATION,
+            StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => INVALID_REQUEST,
+            _ => INTERNAL,
+        };
+        Self {
+            code,
+            message: error.message().to_string(),
+            data: Some(json!({ "code": error.code() })),
+        }
+    }
+}
+
+impl From<dormant::Error> for RpcError {
+    fn from(error: dormant::Error) -> Self {
+        ApiError::from(error).into()
+    }
+}
+
+impl From<dormant::ReadError> for RpcError {
+    fn from(error: dormant::ReadError) -> Self {
+        ApiError::from(error).into()
+    }
+}
+
+/// `GET /.well-known/agent-card.json`: the card of the server's agent (`page_agent`), its
+/// JSON-RPC interface at `/a2a` of the host the card was asked of.
+pub(crate) async fn card(State(state): State<AppState>, headers: HeaderMap) -> Json<Value> {
+    let host = headers
+        .get(axum::http::header::HOST)
+        .and_then(|host| host.to_str().ok())
+        .unwrap_or("127.0.0.1");
+    let agent = &state.config.page_agent;
+    Json(json!({
+        "name": agent,
+        "description": format!("dormant agent {agent}: durable sessions that may wait for a person"),
+        "version": env!("CARGO_PKG_VERSION"),
+        "supportedInterfaces": [{
+            "url": format!("http://{host}/a2a"),
+            "protocolBinding": "JSONRPC",
+            "protocolVersion": "1.0",
+        }],
+        "capabilities": { "streaming": false, "pushNotifications": false },
+        "defaultInputModes": ["text/plain", "application/json"],
+        "defaultOutputModes": ["text/plain", "application/json"],
+        "skills": [{
+            "id": agent,
+            "name": agent,
+            "description": format!("a conversation with the {agent} agent"),
+            "tags": ["dormant"],
+        }],
+    }))
+}
+
+/// `POST /a2a`: one JSON-RPC request.
+pub(crate) async fn rpc(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    credentials: Credentials,
+    JsonBody(request): JsonBody<Value>,
+) -> Response {
+    let id = request.get("id").cloned().unwrap_or(Value::Null);
+    let answer = match call(&state, &headers, &credentials, &request).await {
+        Ok(result) => json!({ "jsonrpc": "2.0", "id": id, "result": result }),
+        Err(error) => {
+            let mut body = json!({ "code": error.code, "message": error.message });
+            if let Some(data) = error.data {
+                body["data"] = data;
+            }
+            json!({ "jsonrpc": "2.0", "id": id, "error": body })
+        }
+    };
+    Json(answer).into_response()
+}
+
+async fn call(
+    state: &AppState,
+    headers: &HeaderMap,
+    credentials: &Credentials,
+    request: &Value,
+) -> Result<Value, RpcError> {
+    // Protocol 1.0 only: a client that names another version is told so.
+    if let Some(version) = headers.get("a2a-version").and_then(|v| v.to_str().ok()) {
+        if version != "1.0" && !version.starts_with("1.0.") && version != "1" {
+            return Err(RpcError::new(
+                VERSION_NOT_SUPPORTED,
+                format!("A2A version {version} is not supported: 1.0"),
+            ));
+        }
+    }
+    if request["jsonrpc"] != "2.0" {
+        return Err(RpcError::new(INVALID_REQUEST, "not a JSON-RPC 2.0 request"));
+    }
+    let params = &request["params"];
+    match request["method"].as_str().unwrap_or_default() {
+        "SendMessage" => send_message(state, credentials, params).await,
+        "GetTask" => {
+            let task = task_id(params)?;
+            credentials.session(&task.session).await?;
+            Ok(a2a_task::read(state, &task).await?)
+        }
+        "CancelTask" => {
+            let task = task_id(params)?;
+            credentials.session(&task.session).await?;
+            a2a_task::read(state, &task).await?;
+            state.runtime.abort(&task.session).await?;
+            Ok(a2a_task::read(state, &task).await?)
+        }
+        "SendStreamingMessage" | "SubscribeToTask" => Err(RpcError::new(
+            UNSUPPORTED_OPERATION,
+            "streaming is not offered (the card says capabilities.streaming: false)",
+        )),
+        other => Err(RpcError::new(
+            METHOD_NOT_FOUND,
+            format!("no method {other:?}"),
+        )),
+    }
+}
+
+fn task_id(params: &Value) -> Result<TaskId, RpcError> {
+    let text = params["id"]
+        .as_str()
+        .ok_or_else(|| RpcError::new(INVALID_PARAMS, "params.id (the task id) is required"))?;
+    TaskId::parse(text).ok_or_else(|| RpcError::new(TASK_NOT_FOUND, format!("no task {text:?}")))
+}
+
+/// `SendMessage`: a message to a task that waits answers it (and the run goes on once nothing
+/// else waits); a message in a context, or in none, starts a turn. Answers the task once its
+/// tree has settled (blocking).
+async fn send_message(
+    state: &AppState,
+    credentials: &Credentials,
+    params: &Value,
+) -> Result<Value, RpcError> {
+    let message = &params["message"];
+    let parts = message["parts"]
+        .as_array()
+        .ok_or_else(|| RpcError::new(INVALID_PARAMS, "params.message.parts is required"))?;
+    let text: Vec<&str> = parts
+        .iter()
+        .filter_map(|part| part["text"].as_str())
+        .collect();
+    let text = text.join("\n");
+    let task = if let Some(task) = message["taskId"].as_str() {
+        let task = TaskId::parse(task)
+            .ok_or_else(|| RpcError::new(TASK_NOT_FOUND, format!("no task {task:?}")))?;
+        credentials.session(&task.session).await?;
+        a2a_task::continue_task(state, &task, parts, &text).await?;
+        task
+    } else {
+        let session = match message["contextId"].as_str() {
+            Some(context) => {
+                let session: SessionId = context.parse().map_err(|error| {
+                    RpcError::new(INVALID_PARAMS, format!("contextId: {error}"))
+                })?;
+                credentials.session(&session).await?;
+                session
+            }
+            None => {
+                credentials.caller().await?;
+                SessionId::generate()
+            }
+        };
+        if text.trim().is_empty() {
+            return Err(RpcError::new(
+                INVALID_PARAMS,
+                "a message that starts a task needs a text part",
+            ));
+        }
+        let agent = state.config.page_agent.clone();
+        state.runtime.start_on(&session, &agent, text).await?;
+        a2a_task::started(state, &session).await?
+    };
+    state.runtime.wait_tree_settled(&task.session).await;
+    let mut read = a2a_task::read(state, &task).await?;
+    // A caller without a session token that started a context gets its token, for its next
+    // messages (a caller that may act on every session needs none).
+    let started = message["taskId"].is_null() && message["contextId"].is_null();
+    if started && !credentials.has_session_token() {
+        read["metadata"] = json!({ "dormant_session_token": state.key.issue(&task.session) });
+    }
+    Ok(json!({ "task": read }))
+}
+
+/// Submits one answer of a follow-up message; an answer the submit contract refuses is its
+/// error (`data.code` says which).
+pub(crate) async fn submit(state: &AppState, submit: Submit) -> Result<(), RpcError> {
+    let outcome = state.runtime.submit_tool_result(submit).await?;
+    crate::error::submit_answer(outcome)
+        .map(drop)
+        .map_err(RpcError::from)
+}
