@@ -14,6 +14,7 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use dormant::definition::Reconciled;
+use dormant::session::RunStarted;
 use dormant::{PendingKind, SessionId, Submit};
 use futures::StreamExt;
 use serde::Deserialize;
@@ -34,8 +35,9 @@ pub(crate) struct RunInput {
     run_id: String,
     #[serde(default)]
     messages: Vec<Value>,
+    /// Present (even empty) when the run resumes the previous one.
     #[serde(default)]
-    resume: Vec<ResumeEntry>,
+    resume: Option<Vec<ResumeEntry>>,
     #[serde(default)]
     forwarded_props: Value,
 }
@@ -57,12 +59,19 @@ pub(crate) async fn run(
     JsonBody(input): JsonBody<RunInput>,
 ) -> Result<Response, ApiError> {
     let id = session_id(&input.thread_id)?;
-    let exists = match state.runtime.session(&id).await {
-        Ok(_) => true,
-        Err(dormant::ReadError::UnknownSession(_)) => false,
+    if *state.closing.borrow() {
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "shutting_down",
+            "the server is shutting down",
+        ));
+    }
+    let record = match state.runtime.session(&id).await {
+        Ok(record) => Some(record),
+        Err(dormant::ReadError::UnknownSession(_)) => None,
         Err(error) => return Err(error.into()),
     };
-    if exists || credentials.has_session_token() {
+    if record.is_some() || credentials.has_session_token() {
         credentials.session(&id).await?;
     } else if !credentials.caller().await?.may_choose_session_id {
         return Err(ApiError::new(
@@ -71,23 +80,29 @@ pub(crate) async fn run(
             "a new thread names its session (threadId): this caller may not choose a session id",
         ));
     }
-    let started = if input.resume.is_empty() {
-        let message = last_user_message(&input.messages).ok_or_else(|| {
-            ApiError::invalid("a run input needs a user message, or resume entries")
-        })?;
-        let agent = input.forwarded_props["dormant"]["agent"]
-            .as_str()
-            .map_or_else(|| state.config.page_agent.clone(), str::to_string);
-        state.runtime.start_on(&id, &agent, message).await?
-    } else {
-        answer(&state, &id, input.resume).await?;
-        state.runtime.start_resume(&id).await?
-    };
-    tracing::info!(session = %id, resumed = started.status != dormant::Status::Running, "server.agui_run");
-    let token = (!exists && !credentials.has_session_token()).then(|| state.key.issue(&id));
+    let run_id = input.run_id.clone();
+    let thread = input.thread_id.clone();
+    // From here on, what goes wrong is the run's error, as AG-UI says: a RUN_ERROR event.
+    let begun = begin(&state, &id, record.as_ref(), input).await;
     let (sender, receiver) = tokio::sync::mpsc::channel::<Bytes>(64);
-    let run_id = input.run_id;
-    tokio::spawn(stream_run(state, id, run_id, started, token, sender));
+    match begun {
+        Ok(started) => {
+            tracing::info!(session = %id, "server.agui_run");
+            let token = (record.is_none() && !credentials.has_session_token())
+                .then(|| state.key.issue(&id));
+            tokio::spawn(stream_run(state, id, run_id, started, token, sender));
+        }
+        Err(error) => {
+            let events = [
+                json!({ "type": "RUN_STARTED", "threadId": thread, "runId": run_id }),
+                json!({ "type": "RUN_ERROR", "code": error.code(), "message": error.message() }),
+            ];
+            for event in events {
+                // The channel holds both: nothing waits on a reader here.
+                let _ = sender.try_send(frame(&event));
+            }
+        }
+    }
     let body = futures::stream::unfold(receiver, |mut receiver| async move {
         receiver
             .recv()
@@ -104,12 +119,61 @@ pub(crate) async fn run(
         .into_response())
 }
 
+/// Starts what the run input asks for: a turn (its last message is the person's), or, with
+/// `resume`, the answers to the previous run's interrupts and the resume. A thread whose calls
+/// wait takes only a resume that answers every one of them (a message would abandon them).
+async fn begin(
+    state: &AppState,
+    id: &SessionId,
+    record: Option<&dormant::types::SessionRecord>,
+    input: RunInput,
+) -> Result<RunStarted, ApiError> {
+    let waiting: Vec<PendingAnswer> = match record {
+        Some(_) => crate::tree::waits(&state.runtime, id)
+            .await?
+            .pending
+            .into_iter()
+            .filter(|call| call.waiting)
+            .collect(),
+        None => Vec::new(),
+    };
+    let Some(resume) = input.resume else {
+        if !waiting.is_empty() {
+            let open: Vec<String> = waiting.iter().map(interrupt_id).collect();
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "pending_interrupts",
+                format!(
+                    "the thread waits on interrupts {open:?}: the next run must resume them all"
+                ),
+            ));
+        }
+        let message = last_user_message(&input.messages).ok_or_else(|| {
+            ApiError::invalid("a run input needs the person's message last, or resume entries")
+        })?;
+        // A thread keeps its agent; a new one takes the one named, or the server's.
+        let agent = match record {
+            Some(record) => record.agent.clone(),
+            None => input.forwarded_props["dormant"]["agent"]
+                .as_str()
+                .map_or_else(|| state.config.page_agent.clone(), str::to_string),
+        };
+        return match record {
+            Some(_) => Ok(state.runtime.start_on(id, &agent, message).await?),
+            None => Ok(state.runtime.start_new(id, &agent, message).await?),
+        };
+    };
+    answer(state, id, &waiting, resume).await?;
+    Ok(state.runtime.start_resume(id).await?)
+}
+
 /// The text of the last user message (a string, or text parts).
 fn last_user_message(messages: &[Value]) -> Option<String> {
+    // The person's message must be the last: an input that ends with the agent's messages
+    // asks for nothing new (and must not send an old message again).
     let message = messages
-        .iter()
-        .rev()
-        .find(|message| message["role"] == "user")?;
+        .last()
+        .filter(|message| message["role"] == "user")?;
     match &message["content"] {
         Value::String(text) if !text.trim().is_empty() => Some(text.clone()),
         Value::Array(parts) => {
@@ -135,18 +199,27 @@ fn interrupt_id(call: &PendingAnswer) -> String {
 }
 
 /// Submits each resume entry as the answer of the call its interrupt names (at the root,
-/// naming the call's session); an entry for a call that has its answer already is left (the
-/// first answer stands). Any refusal ends the request with its error: nothing after it is
-/// submitted, and no run starts.
+/// naming the call's session), once all of them are read: an entry the previous run did not
+/// list, one named twice, a payload that does not fit its kind, or an open interrupt left
+/// unanswered refuses the whole resume before anything is submitted. An entry for a call that
+/// has its answer already (given elsewhere) is left: the first answer stands.
 async fn answer(
     state: &AppState,
     root: &SessionId,
+    waiting: &[PendingAnswer],
     entries: Vec<ResumeEntry>,
 ) -> Result<(), ApiError> {
-    let waits = crate::tree::waits(&state.runtime, root).await?;
-    for entry in entries {
-        let call = waits
-            .pending
+    let listed = crate::tree::waits(&state.runtime, root).await?.pending;
+    let mut named = std::collections::HashSet::new();
+    let mut submits = Vec::new();
+    for entry in &entries {
+        if !named.insert(entry.interrupt_id.as_str()) {
+            return Err(ApiError::invalid(format!(
+                "interrupt {:?} is answered twice in one resume",
+                entry.interrupt_id
+            )));
+        }
+        let call = listed
             .iter()
             .find(|call| interrupt_id(call) == entry.interrupt_id)
             .ok_or_else(|| {
@@ -160,13 +233,24 @@ async fn answer(
                 )
             })?;
         if call.answered {
-            // Answered already (this resume sent again after a response it did not get, say):
-            // the first answer stands, and the run is resumed with it.
             continue;
         }
-        let submit = submission(root, call, &entry)?.owned_by(call.session_id.clone());
-        let outcome = state.runtime.submit_tool_result(submit).await?;
-        submit_answer(outcome)?;
+        submits.push(submission(root, call, entry)?.owned_by(call.session_id.clone()));
+    }
+    let open: Vec<String> = waiting
+        .iter()
+        .map(interrupt_id)
+        .filter(|id| !named.contains(id.as_str()))
+        .collect();
+    if !open.is_empty() {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "interrupts_not_answered",
+            format!("a resume answers every open interrupt; not answered: {open:?}"),
+        ));
+    }
+    for submit in submits {
+        submit_answer(state.runtime.submit_tool_result(submit).await?)?;
     }
     Ok(())
 }
@@ -190,6 +274,11 @@ fn submission(
     };
     Ok(match call.kind {
         PendingKind::Client if cancelled => Submit::error(root, id, "cancelled by the user"),
+        _ if payload.is_null() && !cancelled => {
+            return Err(ApiError::invalid(format!(
+                "the resume entry for {id} carries no payload"
+            )))
+        }
         PendingKind::Client => match payload.get("error").and_then(Value::as_str) {
             Some(error) if payload.as_object().is_some_and(|fields| fields.len() == 1) => {
                 Submit::error(root, id, error)
@@ -197,7 +286,15 @@ fn submission(
             _ => Submit::result(root, id, payload.clone()),
         },
         PendingKind::Approval => {
-            let approved = !cancelled && payload["approved"].as_bool().unwrap_or(false);
+            let approved = match payload["approved"].as_bool() {
+                _ if cancelled => false,
+                Some(approved) => approved,
+                None => {
+                    return Err(ApiError::invalid(format!(
+                        "the resume entry for approval {id} needs \"approved\": true or false"
+                    )))
+                }
+            };
             let reason = payload["reason"].as_str().map(str::to_string);
             let approval_id = call.approval_id.clone().unwrap_or_default();
             let mut submit = Submit::approval(root, id, approval_id, approved, reason);
@@ -240,7 +337,7 @@ async fn stream_run(
     state: AppState,
     id: SessionId,
     run_id: String,
-    started: dormant::session::RunStarted,
+    started: RunStarted,
     token: Option<String>,
     sender: tokio::sync::mpsc::Sender<Bytes>,
 ) {
@@ -266,10 +363,43 @@ async fn stream_run(
         let tree_settled = state.runtime.wait_tree_settled(&id);
         tokio::pin!(tree_settled);
         let mut next_seq = started.from_seq;
+        let mut closing = state.closing.clone();
+        let shutting_down = async move {
+            // The guard `wait_for` answers is dropped here, not held across the loop's awaits.
+            let _ = closing.wait_for(|closing| *closing).await;
+        };
+        tokio::pin!(shutting_down);
+        let mut keep_alive = tokio::time::interval(state.config.sse_keep_alive);
+        keep_alive.tick().await;
         loop {
             tokio::select! {
+                // The client went away: the run goes on without it; nothing is left running
+                // here for it.
+                () = sender.closed() => return,
+                () = &mut shutting_down => {
+                    settled = Some(Settled::Failed {
+                        code: "shutting_down".into(),
+                        message: "the server is shutting down: the run goes on when it is back (resume it, or read it over GET /sse)".into(),
+                    });
+                    break;
+                }
+                _ = keep_alive.tick() => {
+                    if sender.send(Bytes::from_static(b":\n\n")).await.is_err() {
+                        return;
+                    }
+                }
                 event = events.next() => {
-                    let Some(Ok(event)) = event else { break };
+                    let event = match event {
+                        Some(Ok(event)) => event,
+                        Some(Err(error)) => {
+                            settled = Some(Settled::Failed {
+                                code: error.code().to_string(),
+                                message: error.to_string(),
+                            });
+                            break;
+                        }
+                        None => break,
+                    };
                     let (out, done) = match event {
                         dormant::StreamEvent::Chunk(chunk) => {
                             next_seq = chunk.seq + 1;
@@ -320,17 +450,29 @@ async fn stream_run(
 /// How a run that settled without a settling chunk of its own (nothing ran, or only
 /// sub-agents did) stands.
 async fn settled_from_status(state: &AppState, id: &SessionId) -> Settled {
-    match state.runtime.status(id).await {
-        Ok(status) if status.as_str().starts_with("suspended") => Settled::Suspended,
-        Ok(dormant::Status::Completed) => Settled::Completed(None),
-        Ok(status) => Settled::Failed {
-            code: status.as_str().to_string(),
-            message: format!("the session is {status}"),
-        },
-        Err(error) => Settled::Failed {
-            code: error.code().to_string(),
-            message: error.to_string(),
-        },
+    let failed = |code: &str, message: String| Settled::Failed {
+        code: code.to_string(),
+        message,
+    };
+    let record = match state.runtime.session(id).await {
+        Ok(record) => record,
+        Err(error) => return failed(error.code(), error.to_string()),
+    };
+    match record.status {
+        status if status.as_str().starts_with("suspended") => Settled::Suspended,
+        dormant::Status::Completed => Settled::Completed(None),
+        dormant::Status::Running => failed(
+            "running",
+            "the run is still going: its stream ended early (read it over GET /sse)".into(),
+        ),
+        status => {
+            // The run's own error, when it has one.
+            let run = state.runtime.run(id, record.run_count).await.ok().flatten();
+            match run.and_then(|run| run.error) {
+                Some(error) => failed(error.code.as_str(), error.message),
+                None => failed(status.as_str(), format!("the session is {status}")),
+            }
+        }
     }
 }
 
@@ -360,12 +502,13 @@ async fn finish(
             let interrupts: Vec<Value> = waiting.iter().map(interrupt).collect();
             let snapshot = json!({ "type": "STATE_SNAPSHOT", "snapshot": { "pending": waiting } });
             if interrupts.is_empty() {
-                // Its sub-agents are still at work (a remote one that does not answer): no call
-                // waits for a person, and a later run picks it up.
+                // The tree waits on its sub-agents (a remote one whose server does not
+                // answer), not on a person: not a success, and nothing to answer. A run with
+                // an empty `resume` tries again.
                 return vec![
                     snapshot,
-                    json!({ "type": "RUN_FINISHED", "threadId": thread, "runId": run_id,
-                                               "outcome": { "type": "success" } }),
+                    json!({ "type": "RUN_ERROR", "code": "awaiting_sub_agents",
+                            "message": "the thread waits on sub-agents that are still at work; resume it (an empty resume) to try again" }),
                 ];
             }
             vec![

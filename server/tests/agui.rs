@@ -178,29 +178,64 @@ async fn a_thread_runs_interrupts_with_every_waiting_call_and_resumes_with_the_a
             .to_string()
     };
 
-    // An answer for an interrupt the run did not list: refused before anything is done.
-    let unknown = input(
-        "run-2",
-        json!([]),
-        Some(json!([{ "interruptId": "nope", "status": "resolved" }])),
-    );
-    let (code, refused) = run(&server, &unknown).await?;
-    assert_eq!(
-        (code, refused[0]["code"].as_str()),
-        (StatusCode::NOT_FOUND, Some("unknown_interrupt"))
-    );
-    // A result that does not fit the tool's output schema: the submit contract's 422.
-    let wrong = input(
-        "run-2",
-        json!([]),
-        Some(
-            json!([{ "interruptId": id_of("pick-1"), "status": "resolved", "payload": { "hue": 1 } }]),
+    // What a run input gets wrong is the run's error (RUN_ERROR), and nothing is applied:
+    // a message while interrupts are open (it would abandon them), an interrupt the run did not
+    // list, a resume that leaves one open, a result that does not fit its tool's schema.
+    let refusals = [
+        (
+            input(
+                "run-2",
+                json!([{ "id": "m2", "role": "user", "content": "never mind" }]),
+                None,
+            ),
+            "pending_interrupts",
         ),
-    );
-    let (code, refused) = run(&server, &wrong).await?;
-    assert_eq!(
-        (code, refused[0]["code"].as_str()),
-        (StatusCode::UNPROCESSABLE_ENTITY, Some("invalid_result"))
+        (
+            input(
+                "run-2",
+                json!([]),
+                Some(json!([{ "interruptId": "nope", "status": "resolved", "payload": 1 }])),
+            ),
+            "unknown_interrupt",
+        ),
+        (
+            input(
+                "run-2",
+                json!([]),
+                Some(
+                    json!([{ "interruptId": id_of("send-1"), "status": "resolved", "payload": { "approved": true } }]),
+                ),
+            ),
+            "interrupts_not_answered",
+        ),
+        (
+            input(
+                "run-2",
+                json!([]),
+                Some(json!([
+                    { "interruptId": id_of("pick-1"), "status": "resolved", "payload": { "hue": 1 } },
+                    { "interruptId": id_of("send-1"), "status": "resolved", "payload": { "approved": true } },
+                    { "interruptId": id_of("confirm-1"), "status": "resolved", "payload": "yes" },
+                ])),
+            ),
+            "invalid_result",
+        ),
+    ];
+    for (refused, code) in refusals {
+        let (status, events) = run(&server, &refused).await?;
+        assert_eq!(status, StatusCode::OK);
+        let types: Vec<&str> = events
+            .iter()
+            .filter_map(|event| event["type"].as_str())
+            .collect();
+        assert_eq!(types, ["RUN_STARTED", "RUN_ERROR"], "{events:?}");
+        assert_eq!(events[1]["code"], code, "{events:?}");
+        validate("events", &events)?;
+    }
+    let waits = server.runtime.pending(&"thread-1".parse()?).await?;
+    assert!(
+        waits.iter().all(|call| call.answer.is_none()),
+        "nothing applied: {waits:?}"
     );
 
     // pick is answered elsewhere first (the page, say), without a resume: the resume's own
