@@ -440,7 +440,11 @@ async fn stream_run(
         Some(settled) => settled,
         None => settled_from_status(&state, &id).await,
     };
-    for event in finish(&state, &id, &thread, &run_id, settled).await {
+    let closing_events = translator.close_open();
+    for event in closing_events
+        .into_iter()
+        .chain(finish(&state, &id, &thread, &run_id, settled).await)
+    {
         if !send(event).await {
             return;
         }

@@ -33,8 +33,6 @@ pub(crate) struct Translator {
     open_text: Option<(String, String)>,
     /// Tool calls opened by deltas: (run and step, position) → call id.
     open_calls: HashMap<(String, u32), String>,
-    /// Calls already closed (so the step's `tool_start` does not open them again).
-    closed_calls: std::collections::HashSet<String>,
     last_text: String,
 }
 
@@ -85,6 +83,22 @@ impl Translator {
         }
     }
 
+    /// Closes what deltas opened and no chunk closed (a stream cut short, a model call that
+    /// failed): no run ends with a message or a call still open.
+    pub(crate) fn close_open(&mut self) -> Vec<Value> {
+        let mut events = Vec::new();
+        if let Some((_, id)) = self.open_text.take() {
+            events.push(json!({ "type": "TEXT_MESSAGE_END", "messageId": id }));
+        }
+        let mut open: Vec<String> = self.open_calls.drain().map(|(_, id)| id).collect();
+        open.sort();
+        open.dedup();
+        for id in open {
+            events.push(json!({ "type": "TOOL_CALL_END", "toolCallId": id }));
+        }
+        events
+    }
+
     /// The events of a stored chunk of this thread's own run, and whether it settles the run
     /// (with how).
     pub(crate) fn chunk(&mut self, chunk: &Chunk) -> (Vec<Value>, Option<Settled>) {
@@ -113,15 +127,13 @@ impl Translator {
                 input,
             } => {
                 let mut events = Vec::new();
+                // Opened by its deltas: closed here; else opened, filled and closed at once.
                 let streamed = self.open_calls.values().any(|id| id == tool_call_id);
-                if !streamed && !self.closed_calls.contains(tool_call_id) {
+                if !streamed {
                     events.push(json!({ "type": "TOOL_CALL_START", "toolCallId": tool_call_id, "toolCallName": tool_name }));
                     events.push(json!({ "type": "TOOL_CALL_ARGS", "toolCallId": tool_call_id, "delta": input.to_string() }));
                 }
-                if !self.closed_calls.contains(tool_call_id) {
-                    events.push(json!({ "type": "TOOL_CALL_END", "toolCallId": tool_call_id }));
-                    self.closed_calls.insert(tool_call_id.clone());
-                }
+                events.push(json!({ "type": "TOOL_CALL_END", "toolCallId": tool_call_id }));
                 self.open_calls.retain(|_, id| id != tool_call_id);
                 (events, None)
             }
