@@ -26,11 +26,25 @@ pub(crate) enum Settled {
     Failed { code: String, message: String },
 }
 
+/// A message opened by a step's text deltas.
+#[derive(Debug)]
+struct OpenText {
+    /// The run and step whose deltas these are.
+    step: String,
+    id: String,
+    /// The text streamed so far: a prefix of the step's text, which its `text` chunk completes.
+    streamed: String,
+    /// The index the next delta must have; after a gap nothing more is streamed (the chunk
+    /// sends the rest).
+    next: u32,
+    gapped: bool,
+}
+
 /// Translates one run's chunks and deltas.
 #[derive(Debug, Default)]
 pub(crate) struct Translator {
-    /// The message open for a step's streamed text: (run, step) → message id.
-    open_text: Option<(String, String)>,
+    /// The message open for a step's streamed text.
+    open_text: Option<OpenText>,
     /// Tool calls opened by deltas: (run and step, position) → call id.
     open_calls: HashMap<(String, u32), String>,
     last_text: String,
@@ -43,18 +57,33 @@ impl Translator {
         match &delta.kind {
             DeltaKind::TextDelta { text } if !text.is_empty() => {
                 let mut events = Vec::new();
-                let id = match &self.open_text {
-                    Some((open, id)) if *open == step => id.clone(),
-                    _ => {
-                        let id = format!("msg-{step}");
-                        events.push(json!({ "type": "TEXT_MESSAGE_START", "messageId": id, "role": "assistant" }));
-                        self.open_text = Some((step, id.clone()));
-                        id
+                if self.open_text.as_ref().is_none_or(|open| open.step != step) {
+                    // A step's first delta missed (its index is not 0): nothing streams, the
+                    // step's text chunk sends it whole.
+                    if delta.index != 0 {
+                        return events;
                     }
+                    let id = format!("msg-{step}");
+                    events.push(json!({ "type": "TEXT_MESSAGE_START", "messageId": id, "role": "assistant" }));
+                    self.open_text = Some(OpenText {
+                        step,
+                        id,
+                        streamed: String::new(),
+                        next: 0,
+                        gapped: false,
+                    });
+                }
+                let Some(open) = self.open_text.as_mut() else {
+                    return events;
                 };
-                events.push(
-                    json!({ "type": "TEXT_MESSAGE_CONTENT", "messageId": id, "delta": text }),
-                );
+                // A delta missed: what is streamed stays a prefix of the text; the chunk sends
+                // the rest.
+                open.gapped |= delta.index != open.next;
+                open.next = delta.index.saturating_add(1);
+                if !open.gapped {
+                    open.streamed.push_str(text);
+                    events.push(json!({ "type": "TEXT_MESSAGE_CONTENT", "messageId": open.id, "delta": text }));
+                }
                 events
             }
             DeltaKind::ToolCallDelta {
@@ -87,8 +116,8 @@ impl Translator {
     /// failed): no run ends with a message or a call still open.
     pub(crate) fn close_open(&mut self) -> Vec<Value> {
         let mut events = Vec::new();
-        if let Some((_, id)) = self.open_text.take() {
-            events.push(json!({ "type": "TEXT_MESSAGE_END", "messageId": id }));
+        if let Some(open) = self.open_text.take() {
+            events.push(json!({ "type": "TEXT_MESSAGE_END", "messageId": open.id }));
         }
         let mut open: Vec<String> = self.open_calls.drain().map(|(_, id)| id).collect();
         open.sort();
@@ -108,8 +137,15 @@ impl Translator {
                 self.last_text = text.clone();
                 let mut events = Vec::new();
                 match self.open_text.take() {
-                    Some((_, id)) => {
-                        events.push(json!({ "type": "TEXT_MESSAGE_END", "messageId": id }));
+                    Some(open) => {
+                        // What the deltas did not bring (one missed, or the last ones).
+                        let rest = text
+                            .strip_prefix(open.streamed.as_str())
+                            .unwrap_or_default();
+                        if !rest.is_empty() {
+                            events.push(json!({ "type": "TEXT_MESSAGE_CONTENT", "messageId": open.id, "delta": rest }));
+                        }
+                        events.push(json!({ "type": "TEXT_MESSAGE_END", "messageId": open.id }));
                     }
                     None if !text.is_empty() => {
                         let id = format!("msg-{step}");
@@ -182,5 +218,62 @@ impl Translator {
             // this run's events.
             _ => (Vec::new(), None),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dormant::RunId;
+
+    fn delta(index: u32, text: &str) -> Delta {
+        Delta {
+            run_id: RunId::NONE,
+            step: 1,
+            index,
+            after_seq: 0,
+            kind: DeltaKind::TextDelta { text: text.into() },
+        }
+    }
+
+    fn text_chunk(text: &str) -> Chunk {
+        Chunk {
+            seq: 3,
+            run_id: RunId::NONE,
+            at_ms: 0,
+            kind: ChunkKind::Text { text: text.into() },
+        }
+    }
+
+    fn streamed(events: &[Value]) -> String {
+        events
+            .iter()
+            .filter(|event| event["type"] == "TEXT_MESSAGE_CONTENT")
+            .filter_map(|event| event["delta"].as_str())
+            .collect()
+    }
+
+    #[test]
+    fn a_missed_delta_stops_the_stream_and_the_text_chunk_sends_the_rest() {
+        let mut translator = Translator::default();
+        let mut events = translator.delta(&delta(0, "Hel"));
+        events.extend(translator.delta(&delta(2, "world")));
+        events.extend(translator.chunk(&text_chunk("Hello world")).0);
+        assert_eq!(streamed(&events), "Hello world");
+        let types: Vec<&str> = events
+            .iter()
+            .filter_map(|event| event["type"].as_str())
+            .collect();
+        assert_eq!(types.first(), Some(&"TEXT_MESSAGE_START"));
+        assert_eq!(types.last(), Some(&"TEXT_MESSAGE_END"));
+    }
+
+    #[test]
+    fn deltas_that_arrive_whole_are_the_text_once() {
+        let mut translator = Translator::default();
+        let mut events = translator.delta(&delta(0, "Hello "));
+        events.extend(translator.delta(&delta(1, "world")));
+        events.extend(translator.chunk(&text_chunk("Hello world")).0);
+        assert_eq!(streamed(&events), "Hello world");
     }
 }
