@@ -4,8 +4,8 @@
 //! task). A task is one turn of a session (`{session}:{turn}`), its context the session; a
 //! pending client tool, approval or reconciliation is `TASK_STATE_INPUT_REQUIRED` with the
 //! calls in its status message, and the follow-up message answers them through the submit
-//! contract. Blocking `SendMessage`, `GetTask` and `CancelTask` (an abort); streaming is not
-//! offered (the card says so). docs/protocols.md says what maps to what.
+//! contract. `SendMessage` (blocking), `GetTask`, `CancelTask` (an abort), and, in `a2a_stream.rs`,
+//! `SendStreamingMessage` and `SubscribeToTask`. docs/protocols.md says what maps to what.
 
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
@@ -101,7 +101,7 @@ pub(crate) async fn card(State(state): State<AppState>, headers: HeaderMap) -> J
             "protocolBinding": "JSONRPC",
             "protocolVersion": "1.0",
         }],
-        "capabilities": { "streaming": false, "pushNotifications": false },
+        "capabilities": { "streaming": true, "pushNotifications": false },
         "defaultInputModes": ["text/plain", "application/json"],
         "defaultOutputModes": ["text/plain", "application/json"],
         "skills": [{
@@ -121,7 +121,22 @@ pub(crate) async fn rpc(
     JsonBody(request): JsonBody<Value>,
 ) -> Response {
     let id = request.get("id").cloned().unwrap_or(Value::Null);
-    let answer = match call(&state, &headers, &credentials, &request).await {
+    if matches!(
+        request["method"].as_str(),
+        Some("SendStreamingMessage" | "SubscribeToTask")
+    ) {
+        return crate::a2a_stream::respond(state, headers, credentials, request).await;
+    }
+    Json(response(
+        &id,
+        call(&state, &headers, &credentials, &request).await,
+    ))
+    .into_response()
+}
+
+/// A JSON-RPC response to request `id`.
+pub(crate) fn response(id: &Value, answer: Result<Value, RpcError>) -> Value {
+    match answer {
         Ok(result) => json!({ "jsonrpc": "2.0", "id": id, "result": result }),
         Err(error) => {
             let mut body = json!({ "code": error.code, "message": error.message });
@@ -130,17 +145,12 @@ pub(crate) async fn rpc(
             }
             json!({ "jsonrpc": "2.0", "id": id, "error": body })
         }
-    };
-    Json(answer).into_response()
+    }
 }
 
-async fn call(
-    state: &AppState,
-    headers: &HeaderMap,
-    credentials: &Credentials,
-    request: &Value,
-) -> Result<Value, RpcError> {
-    // Protocol 1.0 only: a client that names another version is told so.
+/// What every request is checked for: protocol 1.0 (a client that names another version is
+/// told so) and JSON-RPC 2.0.
+pub(crate) fn check(headers: &HeaderMap, request: &Value) -> Result<(), RpcError> {
     if let Some(version) = headers.get("a2a-version").and_then(|v| v.to_str().ok()) {
         if version != "1.0" && !version.starts_with("1.0.") && version != "1" {
             return Err(RpcError::new(
@@ -152,6 +162,16 @@ async fn call(
     if request["jsonrpc"] != "2.0" {
         return Err(RpcError::new(INVALID_REQUEST, "not a JSON-RPC 2.0 request"));
     }
+    Ok(())
+}
+
+async fn call(
+    state: &AppState,
+    headers: &HeaderMap,
+    credentials: &Credentials,
+    request: &Value,
+) -> Result<Value, RpcError> {
+    check(headers, request)?;
     let params = &request["params"];
     match request["method"].as_str().unwrap_or_default() {
         "SendMessage" => send_message(state, credentials, params).await,
@@ -167,10 +187,6 @@ async fn call(
             state.runtime.abort(&task.session).await?;
             Ok(a2a_task::read(state, &task).await?)
         }
-        "SendStreamingMessage" | "SubscribeToTask" => Err(RpcError::new(
-            UNSUPPORTED_OPERATION,
-            "streaming is not offered (the card says capabilities.streaming: false)",
-        )),
         other => Err(RpcError::new(
             METHOD_NOT_FOUND,
             format!("no method {other:?}"),
@@ -178,7 +194,7 @@ async fn call(
     }
 }
 
-fn task_id(params: &Value) -> Result<TaskId, RpcError> {
+pub(crate) fn task_id(params: &Value) -> Result<TaskId, RpcError> {
     let text = params["id"]
         .as_str()
         .ok_or_else(|| RpcError::new(INVALID_PARAMS, "params.id (the task id) is required"))?;
@@ -193,6 +209,23 @@ async fn send_message(
     credentials: &Credentials,
     params: &Value,
 ) -> Result<Value, RpcError> {
+    let (task, token) = begin_message(state, credentials, params).await?;
+    state.runtime.wait_tree_settled(&task.session).await;
+    let mut read = a2a_task::read(state, &task).await?;
+    if let Some(token) = token {
+        read["metadata"] = json!({ "dormant_session_token": token });
+    }
+    Ok(json!({ "task": read }))
+}
+
+/// What a message asks for, started: the task it answers or starts, and, for a caller without
+/// a session token that started a context, that session's token (for its next messages; a
+/// caller that may act on every session needs none).
+pub(crate) async fn begin_message(
+    state: &AppState,
+    credentials: &Credentials,
+    params: &Value,
+) -> Result<(TaskId, Option<String>), RpcError> {
     let message = &params["message"];
     let parts = message["parts"]
         .as_array()
@@ -232,15 +265,10 @@ async fn send_message(
         state.runtime.start_on(&session, &agent, text).await?;
         a2a_task::started(state, &session).await?
     };
-    state.runtime.wait_tree_settled(&task.session).await;
-    let mut read = a2a_task::read(state, &task).await?;
-    // A caller without a session token that started a context gets its token, for its next
-    // messages (a caller that may act on every session needs none).
     let started = message["taskId"].is_null() && message["contextId"].is_null();
-    if started && !credentials.has_session_token() {
-        read["metadata"] = json!({ "dormant_session_token": state.key.issue(&task.session) });
-    }
-    Ok(json!({ "task": read }))
+    let token =
+        (started && !credentials.has_session_token()).then(|| state.key.issue(&task.session));
+    Ok((task, token))
 }
 
 /// Submits one answer of a follow-up message; an answer the submit contract refuses is its

@@ -43,6 +43,7 @@
 #![forbid(unsafe_code)]
 
 mod a2a;
+mod a2a_stream;
 mod a2a_task;
 mod access;
 mod agui;

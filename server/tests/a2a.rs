@@ -107,3 +107,62 @@ fn the_official_sdk_runs_a_task_through_input_required_across_a_restart() -> any
     server.terminate()?;
     Ok(())
 }
+
+#[test]
+fn the_official_sdk_streams_a_task_to_its_end_and_cannot_subscribe_to_a_finished_one(
+) -> anyhow::Result<()> {
+    let Some(python) = python()? else {
+        return Ok(());
+    };
+    let dir = tempfile::tempdir()?;
+    let server = Binary::start(&dir.path().join("store"), "127.0.0.1:0", &[])?;
+    let walked = drive(&python, &["stream", &server.base])?;
+    let kinds = |step: &str| -> Vec<(String, String)> {
+        walked[step]
+            .as_array()
+            .map(|events| {
+                events
+                    .iter()
+                    .filter_map(|event| {
+                        let (kind, body) = event.as_object()?.iter().next()?;
+                        let state = body["status"]["state"].as_str().unwrap_or("");
+                        Some((kind.clone(), state.to_string()))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let last_state = |step: &str| {
+        kinds(step)
+            .iter()
+            .rev()
+            .find(|(_, state)| !state.is_empty())
+            .map(|(_, state)| state.clone())
+    };
+    assert_eq!(kinds("started")[0].0, "task", "{walked}");
+    assert_eq!(
+        last_state("started").as_deref(),
+        Some("TASK_STATE_INPUT_REQUIRED"),
+        "{walked}"
+    );
+    assert_eq!(
+        last_state("answered").as_deref(),
+        Some("TASK_STATE_INPUT_REQUIRED"),
+        "{walked}"
+    );
+    assert_eq!(
+        last_state("approved").as_deref(),
+        Some("TASK_STATE_COMPLETED"),
+        "{walked}"
+    );
+    assert!(
+        kinds("approved")
+            .iter()
+            .any(|(kind, _)| kind == "artifactUpdate"),
+        "the result comes as an artifact: {walked}"
+    );
+    let refused = walked["subscribe_error"].as_str().unwrap_or_default();
+    assert!(refused.contains("terminal state"), "{walked}");
+    server.terminate()?;
+    Ok(())
+}

@@ -4,7 +4,8 @@
 `python drive.py answer BASE TOKEN TASK_ID` reads the task again (after a restart of dormant,
 say), answers the client tool it waits on, sends the same answer again (a duplicate), approves
 the gated tool, and prints what each step gave; `python drive.py cancel BASE` starts a task and
-cancels it. One JSON object on stdout each.
+cancels it; `python drive.py stream BASE` walks a task over SendStreamingMessage and then
+subscribes to it once it is over. One JSON object on stdout each.
 """
 
 import asyncio
@@ -20,6 +21,7 @@ from a2a.types import (
     Part,
     Role,
     SendMessageRequest,
+    SubscribeToTaskRequest,
 )
 from google.protobuf import json_format, struct_pb2
 
@@ -40,11 +42,41 @@ async def send(client, message):
     return events[-1].task
 
 
-async def connect(base, token=None):
+async def connect(base, token=None, streaming=False):
     headers = {"authorization": f"Bearer {token}"} if token else {}
     http = httpx.AsyncClient(headers=headers, timeout=30)
-    client = await create_client(base, ClientConfig(httpx_client=http, streaming=False))
+    client = await create_client(base, ClientConfig(httpx_client=http, streaming=streaming))
     return http, client
+
+
+async def stream(base):
+    """The same walk over SendStreamingMessage: what each message's stream delivered."""
+    out = {}
+    http, client = await connect(base, streaming=True)
+    try:
+        message = Message(message_id="s1", role=Role.ROLE_USER, parts=[Part(text="weather in Lisbon")])
+        events = [as_dict(event) async for event in client.send_message(SendMessageRequest(message=message))]
+    finally:
+        await http.aclose()
+    out["started"] = events
+    task = events[0]["task"]
+    token = task.get("metadata", {}).get("dormant_session_token")
+    http, client = await connect(base, token, streaming=True)
+    try:
+        for name, answer in [
+            ("answered", {"tool_call_id": "ask_user-1", "result": {"answer": "Lisbon by the river"}}),
+            ("approved", {"tool_call_id": "publish-1", "approved": True}),
+        ]:
+            reply = Message(message_id=name, role=Role.ROLE_USER, task_id=task["id"],
+                            context_id=task["contextId"], parts=[data_part(answer)])
+            out[name] = [as_dict(event) async for event in client.send_message(SendMessageRequest(message=reply))]
+        try:
+            out["subscribed"] = [as_dict(event) async for event in client.subscribe(SubscribeToTaskRequest(id=task["id"]))]
+        except Exception as error:  # the SDK's typed JSON-RPC error
+            out["subscribe_error"] = f"{type(error).__name__}: {error}"
+    finally:
+        await http.aclose()
+    print(json.dumps(out))
 
 
 async def start(base):
@@ -108,4 +140,4 @@ async def cancel(base):
 
 if __name__ == "__main__":
     command, *args = sys.argv[1:]
-    asyncio.run({"start": start, "answer": answer, "cancel": cancel}[command](*args))
+    asyncio.run({"start": start, "answer": answer, "cancel": cancel, "stream": stream}[command](*args))
