@@ -1,11 +1,12 @@
 //! A2A 1.0 over JSON-RPC (`POST /a2a`) and the agent card (`GET
 //! /.well-known/agent-card.json`): an agent that calls agents through the open Agent2Agent
 //! protocol runs dormant's sessions as its tasks (`a2a_task.rs` says how a session reads as a
-//! task). A task is one turn of a session (`{session}:{turn}`), its context the session; a
-//! pending client tool, approval or reconciliation is `TASK_STATE_INPUT_REQUIRED` with the
-//! calls in its status message, and the follow-up message answers them through the submit
-//! contract. `SendMessage` (blocking), `GetTask`, `CancelTask` (an abort), and, in `a2a_stream.rs`,
-//! `SendStreamingMessage` and `SubscribeToTask`. docs/protocols.md says what maps to what.
+//! task). A task is the run a message started and the runs that resumed it
+//! (`{session}:{run}`), its context the session; a pending client tool, approval or
+//! reconciliation is `TASK_STATE_INPUT_REQUIRED` with the calls in its status message, and the
+//! follow-up message answers them through the submit contract. `SendMessage` (blocking),
+//! `GetTask`, `CancelTask` (an abort), and, in `a2a_stream.rs`, `SendStreamingMessage` and
+//! `SubscribeToTask`. docs/protocols.md says what maps to what.
 
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
