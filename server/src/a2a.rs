@@ -27,6 +27,7 @@ const METHOD_NOT_FOUND: i64 = -32601;
 const INVALID_PARAMS: i64 = -32602;
 const INTERNAL: i64 = -32603;
 const TASK_NOT_FOUND: i64 = -32001;
+const TASK_NOT_CANCELABLE: i64 = -32002;
 const UNSUPPORTED_OPERATION: i64 = -32004;
 const VERSION_NOT_SUPPORTED: i64 = -32009;
 
@@ -57,18 +58,30 @@ impl RpcError {
 }
 
 impl From<ApiError> for RpcError {
+    /// By dormant's code, then by status: what the client did wrong is invalid params, a task
+    /// this server does not know is task-not-found, an answer that comes too late an
+    /// unsupported operation. dormant's code rides in `data`, as an `ErrorInfo` (A2A's form).
     fn from(error: ApiError) -> Self {
-        let code = match error.status() {
-            StatusCode::NOT_FOUND => TASK_NOT_FOUND,
-            StatusCode::BAD_REQUEST | StatusCode::UNPROCESSABLE_ENTITY => INVALID_PARAMS,
-            StatusCode::CONFLICT => UNSUPPORTED_OPERATION,
-            StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => INVALID_REQUEST,
+        let code = match (error.code(), error.status()) {
+            ("unknown_task" | "unknown_session", _) => TASK_NOT_FOUND,
+            ("already_completed" | "stale_approval" | "already_running" | "not_resumable", _) => {
+                UNSUPPORTED_OPERATION
+            }
+            (_, StatusCode::BAD_REQUEST | StatusCode::UNPROCESSABLE_ENTITY)
+            | (_, StatusCode::PAYLOAD_TOO_LARGE | StatusCode::NOT_FOUND) => INVALID_PARAMS,
+            (_, StatusCode::CONFLICT) => UNSUPPORTED_OPERATION,
+            (_, StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN) => INVALID_REQUEST,
             _ => INTERNAL,
         };
         Self {
             code,
             message: error.message().to_string(),
-            data: Some(json!({ "code": error.code() })),
+            data: Some(json!([{
+                "@type": "type.googleapis.com/google.rpc.ErrorInfo",
+                "reason": error.code().to_uppercase(),
+                "domain": "dormant",
+                "metadata": { "code": error.code() },
+            }])),
         }
     }
 }
@@ -87,13 +100,16 @@ impl From<dormant::ReadError> for RpcError {
 
 /// `GET /.well-known/agent-card.json`: the card of the server's agent (`page_agent`), its
 /// JSON-RPC interface at `/a2a` of the host the card was asked of.
-pub(crate) async fn card(State(state): State<AppState>, headers: HeaderMap) -> Json<Value> {
+///
+/// The URL comes from the request's `Host` (plain HTTP: behind TLS, a proxy rewrites it or the
+/// daemon serves its own card), so the answer is never cached for another host.
+pub(crate) async fn card(State(state): State<AppState>, headers: HeaderMap) -> Response {
     let host = headers
         .get(axum::http::header::HOST)
         .and_then(|host| host.to_str().ok())
         .unwrap_or("127.0.0.1");
     let agent = &state.config.page_agent;
-    Json(json!({
+    let card = Json(json!({
         "name": agent,
         "description": format!("dormant agent {agent}: durable sessions that may wait for a person"),
         "version": env!("CARGO_PKG_VERSION"),
@@ -111,7 +127,8 @@ pub(crate) async fn card(State(state): State<AppState>, headers: HeaderMap) -> J
             "description": format!("a conversation with the {agent} agent"),
             "tags": ["dormant"],
         }],
-    }))
+    }));
+    ([(axum::http::header::CACHE_CONTROL, "no-store")], card).into_response()
 }
 
 /// `POST /a2a`: one JSON-RPC request.
@@ -184,7 +201,14 @@ async fn call(
         "CancelTask" => {
             let task = task_id(params)?;
             credentials.session(&task.session).await?;
-            a2a_task::read(state, &task).await?;
+            if !a2a_task::cancelable(state, &task).await? {
+                return Err(RpcError::new(
+                    TASK_NOT_CANCELABLE,
+                    "the task is over (completed, failed, canceled, or followed by another in its context)",
+                ));
+            }
+            // An abort: the session's run and its sub-agents stop, and the context takes no
+            // more messages.
             state.runtime.abort(&task.session).await?;
             Ok(a2a_task::read(state, &task).await?)
         }
@@ -211,7 +235,16 @@ async fn send_message(
     params: &Value,
 ) -> Result<Value, RpcError> {
     let (task, token) = begin_message(state, credentials, params).await?;
-    state.runtime.wait_tree_settled(&task.session).await;
+    // Blocking, within the request's time (the task as it stands then, still working: the
+    // client polls it or subscribes), unless the client asked to be answered at once.
+    if params["configuration"]["returnImmediately"] != true {
+        let bound = state
+            .config
+            .request_timeout
+            .saturating_sub(std::time::Duration::from_secs(2))
+            .max(std::time::Duration::from_millis(100));
+        let _ = tokio::time::timeout(bound, state.runtime.wait_tree_settled(&task.session)).await;
+    }
     let mut read = a2a_task::read(state, &task).await?;
     if let Some(token) = token {
         read["metadata"] = json!({ "dormant_session_token": token });
@@ -219,9 +252,9 @@ async fn send_message(
     Ok(json!({ "task": read }))
 }
 
-/// What a message asks for, started: the task it answers or starts, and, for a caller without
-/// a session token that started a context, that session's token (for its next messages; a
-/// caller that may act on every session needs none).
+/// What a message asks for, started: the task it answers or starts, and, for a session this
+/// request made, its token (for the messages that answer it). A new task in a context whose
+/// current task waits for input is refused: it would abandon what waits.
 pub(crate) async fn begin_message(
     state: &AppState,
     credentials: &Credentials,
@@ -236,9 +269,18 @@ pub(crate) async fn begin_message(
         .filter_map(|part| part["text"].as_str())
         .collect();
     let text = text.join("\n");
+    let mut generated = false;
     let task = if let Some(task) = message["taskId"].as_str() {
         let task = TaskId::parse(task)
             .ok_or_else(|| RpcError::new(TASK_NOT_FOUND, format!("no task {task:?}")))?;
+        if message["contextId"]
+            .as_str()
+            .is_some_and(|context| context != task.session.as_str())
+        {
+            return Err(RpcError::invalid_params(
+                "the message's contextId is not its task's",
+            ));
+        }
         credentials.session(&task.session).await?;
         a2a_task::continue_task(state, &task, parts, &text).await?;
         task
@@ -253,9 +295,15 @@ pub(crate) async fn begin_message(
             }
             None => {
                 credentials.caller().await?;
+                generated = true;
                 SessionId::generate()
             }
         };
+        if !generated && a2a_task::waits(state, &session).await? {
+            return Err(RpcError::unsupported(
+                "the context's current task waits for input: answer it (taskId), or cancel it, before a new task",
+            ));
+        }
         if text.trim().is_empty() {
             return Err(RpcError::new(
                 INVALID_PARAMS,
@@ -263,12 +311,12 @@ pub(crate) async fn begin_message(
             ));
         }
         let agent = state.config.page_agent.clone();
-        state.runtime.start_on(&session, &agent, text).await?;
-        a2a_task::started(state, &session).await?
+        let started = state.runtime.start_on(&session, &agent, text).await?;
+        a2a_task::started(state, &session, started.run_id).await?
     };
-    let started = message["taskId"].is_null() && message["contextId"].is_null();
-    let token =
-        (started && !credentials.has_session_token()).then(|| state.key.issue(&task.session));
+    // A session this request made: its token, whatever credentials made it, for the messages
+    // that answer it.
+    let token = generated.then(|| state.key.issue(&task.session));
     Ok((task, token))
 }
 

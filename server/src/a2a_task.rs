@@ -49,7 +49,14 @@ pub(crate) async fn read(state: &AppState, task: &TaskId) -> Result<Value, ApiEr
     } else {
         Vec::new()
     };
-    let aborted = current && record.aborted;
+    // Canceled: this task was aborted, or a later task of its context took its place while
+    // it was not over (its calls were abandoned).
+    let aborted = (current && record.aborted)
+        || run
+            .error
+            .as_ref()
+            .is_some_and(|error| error.code == dormant::types::ErrorCode::Aborted)
+        || (!current && !matches!(status, Status::Completed | Status::Failed));
     let (state_name, message) = match status {
         _ if aborted => ("TASK_STATE_CANCELED", None),
         Status::Completed => ("TASK_STATE_COMPLETED", run.text.clone()),
@@ -124,13 +131,48 @@ async fn latest_run(
     Ok(runs[start + resumes].clone())
 }
 
-/// The task a message just started: the session's current run.
-pub(crate) async fn started(state: &AppState, session: &SessionId) -> Result<TaskId, ApiError> {
-    let record = state.runtime.session(session).await?;
+/// The task a message just started: its run (`run_id`), looked up by id (a resume may already
+/// have followed it).
+pub(crate) async fn started(
+    state: &AppState,
+    session: &SessionId,
+    run_id: Option<dormant::RunId>,
+) -> Result<TaskId, ApiError> {
+    let runs = state.runtime.runs(session).await?;
+    let turn = runs
+        .iter()
+        .rev()
+        .find(|run| Some(run.run_id) == run_id)
+        .or(runs.last())
+        .map_or(0, |run| run.turn);
     Ok(TaskId {
         session: session.clone(),
-        turn: record.run_count,
+        turn,
     })
+}
+
+/// Whether the session's current task waits for input (a call of its tree waits).
+pub(crate) async fn waits(state: &AppState, session: &SessionId) -> Result<bool, ApiError> {
+    match state.runtime.session(session).await {
+        Ok(record) if record.status.as_str().starts_with("suspended") => {
+            Ok(crate::tree::waits(&state.runtime, session)
+                .await?
+                .pending
+                .iter()
+                .any(|call| call.waiting))
+        }
+        Ok(_) | Err(dormant::ReadError::UnknownSession(_)) => Ok(false),
+        Err(error) => Err(error.into()),
+    }
+}
+
+/// Whether the task may be canceled: it is its context's current task and not over.
+pub(crate) async fn cancelable(state: &AppState, task: &TaskId) -> Result<bool, ApiError> {
+    let record = state.runtime.session(&task.session).await?;
+    let run = latest_run(state, task).await?;
+    Ok(run.turn == record.run_count
+        && !record.aborted
+        && !matches!(record.status, Status::Completed | Status::Failed))
 }
 
 /// What a task that waits asks for, in words.
@@ -183,6 +225,12 @@ pub(crate) async fn continue_task(
     }
     let waits = crate::tree::waits(&state.runtime, &task.session).await?;
     let waiting: Vec<&PendingAnswer> = waits.pending.iter().filter(|call| call.waiting).collect();
+    if waiting.is_empty() {
+        // Every answer is in (given elsewhere, or by a message whose resume did not happen):
+        // the message goes on with them.
+        state.runtime.start_resume(&task.session).await?;
+        return Ok(());
+    }
     let answers: Vec<&Map<String, Value>> = parts
         .iter()
         .filter_map(|part| part["data"].as_object())
@@ -207,8 +255,13 @@ pub(crate) async fn continue_task(
         .owned_by(call.session_id.clone());
         submit(state, answer).await?;
     }
-    for fields in answers {
-        submit(state, envelope(task, &waiting, fields)?).await?;
+    // Every part read before any is submitted.
+    let submits = answers
+        .into_iter()
+        .map(|fields| envelope(task, &waiting, fields))
+        .collect::<Result<Vec<_>, _>>()?;
+    for answer in submits {
+        submit(state, answer).await?;
     }
     state.runtime.start_resume(&task.session).await?;
     Ok(())
@@ -233,7 +286,20 @@ fn envelope(
         .find(|call| call.tool_call_id == id && owner.is_none_or(|owner| owner == call.session_id))
     else {
         // Not a call that waits: the submit contract says what it is (answered already, a
-        // duplicate: `already_completed`; never made: `unknown_tool_call`).
+        // duplicate: `already_completed`; never made: `unknown_tool_call`), with the kind its
+        // fields say.
+        if !envelope.contains_key("kind") {
+            if envelope.contains_key("approved") {
+                envelope.insert("kind".into(), Value::from("approval-response"));
+                // The call no longer waits: its approval id is not known here, and the router
+                // answers from the call's tombstone first.
+                envelope
+                    .entry("approval_id")
+                    .or_insert(Value::from("unknown"));
+            } else if envelope.contains_key("happened") {
+                envelope.insert("kind".into(), Value::from("reconcile"));
+            }
+        }
         return Submit::from_json(&Value::Object(envelope)).map_err(invalid);
     };
     envelope.insert(

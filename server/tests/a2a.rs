@@ -100,8 +100,16 @@ fn the_official_sdk_runs_a_task_through_input_required_across_a_restart() -> any
 
     let cancelled = drive(&python, &["cancel", &base])?;
     assert_eq!(
+        cancelled["new_task_while_waiting"], "UnsupportedOperationError",
+        "a new task would abandon what waits: {cancelled}"
+    );
+    assert_eq!(
         state(&cancelled["cancelled"]),
         "TASK_STATE_CANCELED",
+        "{cancelled}"
+    );
+    assert_eq!(
+        cancelled["cancel_again"], "TaskNotCancelableError",
         "{cancelled}"
     );
     server.terminate()?;

@@ -132,8 +132,22 @@ async def cancel(base):
         await http.aclose()
     http, client = await connect(base, token)
     try:
-        cancelled = await client.cancel_task(CancelTaskRequest(id=task.id))
-        print(json.dumps({"task": as_dict(task), "cancelled": as_dict(cancelled)}))
+        out = {"task": as_dict(task)}
+
+        async def refused(name, call):
+            try:
+                await call
+                out[name] = "accepted"
+            except Exception as error:  # the SDK's typed JSON-RPC error
+                out[name] = type(error).__name__
+
+        # A new task in the context while this one waits would abandon it: refused.
+        other = Message(message_id="c2", role=Role.ROLE_USER, context_id=task.context_id,
+                        parts=[Part(text="something else")])
+        await refused("new_task_while_waiting", send(client, other))
+        out["cancelled"] = as_dict(await client.cancel_task(CancelTaskRequest(id=task.id)))
+        await refused("cancel_again", client.cancel_task(CancelTaskRequest(id=task.id)))
+        print(json.dumps(out))
     finally:
         await http.aclose()
 
