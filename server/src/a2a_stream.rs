@@ -13,7 +13,8 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use serde_json::{json, Value};
 
-use crate::a2a::{begin_message, check, response, task_id, RpcError};
+use crate::a2a_message::{begin_message, task_id};
+use crate::a2a_rpc::{check, response, RpcError};
 use crate::a2a_task::{self, TaskId};
 use crate::access::Credentials;
 use crate::state::AppState;

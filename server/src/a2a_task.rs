@@ -1,10 +1,10 @@
-//! A session's turn as an A2A task (`a2a.rs`): its id, its state read from the session, and
-//! a follow-up message that answers what it waits on.
+//! A session's run as an A2A task (`a2a.rs`): its id, its state read from the session (what
+//! it waits on, its result), and whether it is current or may be canceled. A message that
+//! starts or answers one is `a2a_message.rs`.
 
-use dormant::{PendingKind, SessionId, Status, Submit};
-use serde_json::{json, Map, Value};
+use dormant::{PendingKind, SessionId, Status};
+use serde_json::{json, Value};
 
-use crate::a2a::{submit, RpcError};
 use crate::error::ApiError;
 use crate::state::AppState;
 use crate::wire::PendingAnswer;
@@ -166,6 +166,15 @@ pub(crate) async fn waits(state: &AppState, session: &SessionId) -> Result<bool,
     }
 }
 
+/// Whether the task is its context's current one (its last run is the session's last).
+pub(crate) async fn is_current(
+    state: &AppState,
+    task: &TaskId,
+    record: &dormant::types::SessionRecord,
+) -> Result<bool, ApiError> {
+    Ok(latest_run(state, task).await?.turn == record.run_count)
+}
+
 /// Whether the task may be canceled: it is its context's current task and not over.
 pub(crate) async fn cancelable(state: &AppState, task: &TaskId) -> Result<bool, ApiError> {
     let record = state.runtime.session(&task.session).await?;
@@ -189,148 +198,4 @@ fn waiting_text(waiting: &[PendingAnswer]) -> String {
         })
         .collect();
     format!("Waiting for {}.", calls.join(", "))
-}
-
-/// A follow-up message to task `task`: its data parts answer the calls it waits on (each
-/// `{ "tool_call_id", "owner_session_id"?, and the submit envelope's answer fields }`; a text
-/// alone answers the one client tool that waits if it has no output schema), through the
-/// submit contract; the run is resumed once nothing waits. A message to an interrupted task
-/// resumes it.
-pub(crate) async fn continue_task(
-    state: &AppState,
-    task: &TaskId,
-    parts: &[Value],
-    text: &str,
-) -> Result<(), RpcError> {
-    let record = state.runtime.session(&task.session).await?;
-    if latest_run(state, task).await?.turn != record.run_count {
-        return Err(unsupported(
-            "this task is over: send a message in its context (contextId) to start another",
-        ));
-    }
-    match record.status {
-        Status::Interrupted if !record.aborted => {
-            state.runtime.start_resume(&task.session).await?;
-            return Ok(());
-        }
-        Status::SuspendedClientTool | Status::SuspendedAwaitingChildren => {}
-        Status::Running => {
-            return Err(unsupported("the task is working: wait for it to need input"));
-        }
-        _ => {
-            return Err(unsupported(
-                "the task is in a terminal state: send a message in its context (contextId) to start another",
-            ))
-        }
-    }
-    let waits = crate::tree::waits(&state.runtime, &task.session).await?;
-    let waiting: Vec<&PendingAnswer> = waits.pending.iter().filter(|call| call.waiting).collect();
-    if waiting.is_empty() {
-        // Every answer is in (given elsewhere, or by a message whose resume did not happen):
-        // the message goes on with them.
-        state.runtime.start_resume(&task.session).await?;
-        return Ok(());
-    }
-    let answers: Vec<&Map<String, Value>> = parts
-        .iter()
-        .filter_map(|part| part["data"].as_object())
-        .collect();
-    if answers.is_empty() {
-        let [call] = waiting.as_slice() else {
-            return Err(invalid(
-                "answer the calls the task waits on with data parts: { \"tool_call_id\", and \"result\" | \"error\" | \"approved\" | \"happened\" }",
-            ));
-        };
-        if call.kind != PendingKind::Client || call.output_schema.is_some() || text.is_empty() {
-            return Err(invalid(format!(
-                "answer {} ({}) with a data part: {{ \"tool_call_id\", and its answer }}",
-                call.tool_name, call.tool_call_id
-            )));
-        }
-        let answer = Submit::result(
-            task.session.to_string(),
-            call.tool_call_id.clone(),
-            Value::from(text),
-        )
-        .owned_by(call.session_id.clone());
-        submit(state, answer).await?;
-    }
-    // Every part read before any is submitted.
-    let submits = answers
-        .into_iter()
-        .map(|fields| envelope(task, &waiting, fields))
-        .collect::<Result<Vec<_>, _>>()?;
-    for answer in submits {
-        submit(state, answer).await?;
-    }
-    state.runtime.start_resume(&task.session).await?;
-    Ok(())
-}
-
-/// The submit one data part stands for: the call it names (among those that wait), and the
-/// answer's fields of the submit envelope, with the kind the call needs.
-fn envelope(
-    task: &TaskId,
-    waiting: &[&PendingAnswer],
-    fields: &Map<String, Value>,
-) -> Result<Submit, RpcError> {
-    let id = fields
-        .get("tool_call_id")
-        .and_then(Value::as_str)
-        .ok_or_else(|| invalid("a data part that answers a call names it: tool_call_id"))?;
-    let owner = fields.get("owner_session_id").and_then(Value::as_str);
-    let mut envelope = fields.clone();
-    envelope.insert("session_id".into(), Value::from(task.session.to_string()));
-    let Some(call) = waiting
-        .iter()
-        .find(|call| call.tool_call_id == id && owner.is_none_or(|owner| owner == call.session_id))
-    else {
-        // Not a call that waits: the submit contract says what it is (answered already, a
-        // duplicate: `already_completed`; never made: `unknown_tool_call`), with the kind its
-        // fields say.
-        if !envelope.contains_key("kind") {
-            if envelope.contains_key("approved") {
-                envelope.insert("kind".into(), Value::from("approval-response"));
-                // The call no longer waits: its approval id is not known here, and the router
-                // answers from the call's tombstone first.
-                envelope
-                    .entry("approval_id")
-                    .or_insert(Value::from("unknown"));
-            } else if envelope.contains_key("happened") {
-                envelope.insert("kind".into(), Value::from("reconcile"));
-            }
-        }
-        return Submit::from_json(&Value::Object(envelope)).map_err(invalid);
-    };
-    envelope.insert(
-        "owner_session_id".into(),
-        Value::from(call.session_id.clone()),
-    );
-    let kind = match call.kind {
-        PendingKind::Client => "client-tool-result",
-        PendingKind::Approval => "approval-response",
-        PendingKind::Reconcile => "reconcile",
-    };
-    envelope.entry("kind").or_insert(Value::from(kind));
-    if call.kind == PendingKind::Approval {
-        if let Some(approval) = &call.approval_id {
-            envelope
-                .entry("approval_id")
-                .or_insert(Value::from(approval.clone()));
-        }
-        if let Some(binding) = &call.binding {
-            envelope
-                .entry("binding")
-                .or_insert(Value::from(binding.clone()));
-        }
-    }
-    Submit::from_json(&Value::Object(envelope)).map_err(invalid)
-}
-
-fn invalid(message: impl Into<String>) -> RpcError {
-    RpcError::invalid_params(message)
-}
-
-fn unsupported(message: &str) -> RpcError {
-    RpcError::unsupported(message)
 }

@@ -43,6 +43,8 @@
 #![forbid(unsafe_code)]
 
 mod a2a;
+mod a2a_message;
+mod a2a_rpc;
 mod a2a_stream;
 mod a2a_task;
 mod access;
