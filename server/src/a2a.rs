@@ -32,6 +32,7 @@ pub(crate) async fn card(State(state): State<AppState>, headers: HeaderMap) -> R
         .and_then(|host| host.to_str().ok())
         .unwrap_or("127.0.0.1");
     let agent = &state.config.page_agent;
+    let (schemes, requirements) = state.auth.card_security();
     let card = Json(json!({
         "name": agent,
         "description": format!("dormant agent {agent}: durable sessions that may wait for a person"),
@@ -42,6 +43,8 @@ pub(crate) async fn card(State(state): State<AppState>, headers: HeaderMap) -> R
             "protocolVersion": "1.0",
         }],
         "capabilities": { "streaming": true, "pushNotifications": false },
+        "securitySchemes": schemes,
+        "securityRequirements": requirements,
         "defaultInputModes": ["text/plain", "application/json"],
         "defaultOutputModes": ["text/plain", "application/json"],
         "skills": [{

@@ -19,6 +19,8 @@ type Hook = dyn Fn(HeaderMap) -> BoxFuture<'static, Result<Caller, Denied>> + Se
 #[derive(Clone, Default)]
 pub struct Auth {
     mode: Mode,
+    /// Made by [`Auth::api_key`]: an A2A agent card can say so (`x-api-key`).
+    api_key_header: bool,
 }
 
 #[derive(Clone, Default)]
@@ -103,6 +105,7 @@ impl Auth {
     {
         Self {
             mode: Mode::Hook(Arc::new(hook)),
+            api_key_header: false,
         }
     }
 
@@ -116,7 +119,7 @@ impl Auth {
     /// ```
     pub fn api_key(key: impl Into<String>) -> Self {
         let key: Arc<str> = key.into().into();
-        Self::hook(move |headers| {
+        let auth = Self::hook(move |headers| {
             let given = headers
                 .get("x-api-key")
                 .map(|value| value.as_bytes().to_vec());
@@ -129,7 +132,34 @@ impl Auth {
                     _ => Err(Denied("send the API key in x-api-key".into())),
                 }
             })
-        })
+        });
+        Self {
+            api_key_header: true,
+            ..auth
+        }
+    }
+
+    /// How a caller authenticates, as an A2A agent card's `securitySchemes` and
+    /// `securityRequirements` say it: a session's token (bearer) always; the API key
+    /// (`x-api-key`) when the server checks one. What a hook of your own checks is not known
+    /// here: its card lists the session token only.
+    pub(crate) fn card_security(&self) -> (serde_json::Value, serde_json::Value) {
+        let mut schemes = serde_json::json!({
+            "sessionToken": { "httpAuthSecurityScheme": {
+                "scheme": "bearer",
+                "description": "the token of a task's session (its metadata.dormant_session_token)",
+            } },
+        });
+        let mut requirements = vec![serde_json::json!({ "schemes": { "sessionToken": {} } })];
+        if self.api_key_header {
+            schemes["apiKey"] = serde_json::json!({ "apiKeySecurityScheme": {
+                "location": "header",
+                "name": "x-api-key",
+                "description": "the server's API key: an operator",
+            } });
+            requirements.push(serde_json::json!({ "schemes": { "apiKey": {} } }));
+        }
+        (schemes, serde_json::Value::Array(requirements))
     }
 
     /// Lets anyone start sessions (with server-issued ids); each session is still reached
@@ -137,6 +167,7 @@ impl Auth {
     pub fn allow_unauthenticated() -> Self {
         Self {
             mode: Mode::Anonymous,
+            api_key_header: false,
         }
     }
 
