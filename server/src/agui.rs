@@ -589,10 +589,53 @@ fn interrupt(call: &PendingAnswer) -> Value {
         "reason": reason,
         "message": call.description.clone().unwrap_or(message),
         "toolCallId": call.tool_call_id,
+        "expiresAt": rfc3339(call.deadline_at_ms),
         "metadata": call,
     });
     if let Some(schema) = schema.filter(Value::is_object) {
         interrupt["responseSchema"] = schema;
     }
     interrupt
+}
+
+/// Milliseconds since the Unix epoch as an RFC 3339 UTC time (`2026-11-27T17:47:25.123Z`), the
+/// form of an interrupt's `expiresAt`: a call's deadline.
+fn rfc3339(ms: u64) -> String {
+    let days = ms / 86_400_000;
+    let of_day = ms % 86_400_000;
+    // Days since the epoch to a civil date (the proleptic Gregorian calendar; H. Hinnant).
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let day_of_era = z % 146_097;
+    let year_of_era =
+        (day_of_era - day_of_era / 1_460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
+    let month_index = (5 * day_of_year + 2) / 153;
+    let day = day_of_year - (153 * month_index + 2) / 5 + 1;
+    let month = if month_index < 10 {
+        month_index + 3
+    } else {
+        month_index - 9
+    };
+    let year = year_of_era + era * 400 + u64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        of_day / 3_600_000,
+        of_day / 60_000 % 60,
+        of_day / 1_000 % 60,
+        of_day % 1_000
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::rfc3339;
+
+    #[test]
+    fn a_deadline_reads_as_an_rfc3339_utc_time() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(rfc3339(951_782_400_000), "2000-02-29T00:00:00.000Z");
+        assert_eq!(rfc3339(1_795_801_645_123), "2026-11-27T17:47:25.123Z");
+        assert_eq!(rfc3339(4_102_444_799_999), "2099-12-31T23:59:59.999Z");
+    }
 }
