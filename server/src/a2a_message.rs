@@ -10,6 +10,7 @@ use crate::access::Credentials;
 use crate::state::AppState;
 use crate::wire::PendingAnswer;
 
+/// The task `params.id` names (`GetTask`, `CancelTask`, `SubscribeToTask`).
 pub(crate) fn task_id(params: &Value) -> Result<TaskId, RpcError> {
     let text = params["id"]
         .as_str()
@@ -86,7 +87,7 @@ pub(crate) async fn begin_message(
 }
 
 /// Submits one answer of a follow-up message; an answer the submit contract refuses is its
-/// error (`data.code` says which).
+/// error (its `ErrorInfo` names dormant's code).
 pub(crate) async fn submit(state: &AppState, submit: Submit) -> Result<(), RpcError> {
     let outcome = state.runtime.submit_tool_result(submit).await?;
     crate::error::submit_answer(outcome)
