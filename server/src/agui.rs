@@ -515,8 +515,18 @@ async fn finish(
                             "message": "the thread waits on sub-agents that are still at work; resume it (an empty resume) to try again" }),
                 ];
             }
+            // What a client needs to go on from here, before the interrupt (AG-UI's rule).
+            let messages = match state.runtime.messages(id).await {
+                Ok(messages) => crate::agui_events::messages_snapshot(&messages),
+                Err(error) => {
+                    return vec![
+                        json!({ "type": "RUN_ERROR", "code": error.code(), "message": error.to_string() }),
+                    ]
+                }
+            };
             vec![
                 snapshot,
+                messages,
                 json!({ "type": "RUN_FINISHED", "threadId": thread, "runId": run_id,
                         "outcome": { "type": "interrupt", "interrupts": interrupts } }),
             ]

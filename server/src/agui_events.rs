@@ -221,6 +221,59 @@ impl Translator {
     }
 }
 
+/// A thread's conversation as AG-UI's `MESSAGES_SNAPSHOT`: what a client needs to go on from
+/// an interrupt (AG-UI: state and messages are snapshotted before the interrupt). Ids are the
+/// messages' positions in the session's conversation, stable across runs.
+pub(crate) fn messages_snapshot(messages: &[dormant::Message]) -> Value {
+    let messages: Vec<Value> = messages
+        .iter()
+        .enumerate()
+        .map(|(index, message)| {
+            let id = format!("m{index}");
+            match message {
+                dormant::Message::User { text } => {
+                    json!({ "id": id, "role": "user", "content": text })
+                }
+                dormant::Message::Assistant { text, tool_calls } => {
+                    let mut out = json!({ "id": id, "role": "assistant" });
+                    if let Some(text) = text {
+                        out["content"] = Value::from(text.clone());
+                    }
+                    if !tool_calls.is_empty() {
+                        let calls: Vec<Value> = tool_calls
+                            .iter()
+                            .map(|call| {
+                                json!({ "id": call.id, "type": "function", "function": {
+                                    "name": call.name, "arguments": call.input.to_string() } })
+                            })
+                            .collect();
+                        out["toolCalls"] = Value::from(calls);
+                    }
+                    out
+                }
+                dormant::Message::Tool {
+                    tool_call_id,
+                    outcome,
+                    ..
+                } => {
+                    let mut out = json!({ "id": id, "role": "tool", "toolCallId": tool_call_id });
+                    match outcome {
+                        ToolOutcome::Result(value) => {
+                            out["content"] = Value::from(value.to_string())
+                        }
+                        ToolOutcome::Error(error) => {
+                            out["content"] = json!({ "error": error }).to_string().into();
+                            out["error"] = Value::from(error.clone());
+                        }
+                    }
+                    out
+                }
+            }
+        })
+        .collect();
+    json!({ "type": "MESSAGES_SNAPSHOT", "messages": messages })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -142,6 +142,15 @@ async fn a_thread_runs_interrupts_with_every_waiting_call_and_resumes_with_the_a
     let last = events.last().cloned().unwrap_or_default();
     assert_eq!(last["type"], "RUN_FINISHED", "{events:#?}");
     assert_eq!(last["outcome"]["type"], "interrupt");
+    // Before the interrupt, what a client needs to go on: the waiting calls and the messages.
+    let before: Vec<&str> = events[events.len() - 3..events.len() - 1]
+        .iter()
+        .filter_map(|event| event["type"].as_str())
+        .collect();
+    assert_eq!(before, ["STATE_SNAPSHOT", "MESSAGES_SNAPSHOT"]);
+    let messages = &events[events.len() - 2]["messages"];
+    assert_eq!(messages[0]["content"], "Send a colour to Ana");
+    assert_eq!(messages[1]["toolCalls"][0]["function"]["name"], "pick");
     let interrupts = last["outcome"]["interrupts"]
         .as_array()
         .cloned()
