@@ -47,24 +47,7 @@ fn runtime(
             async move { known.then_some(answer) }
         });
     }
-    let shop = AgentDefinition::builder("shop")
-        .tool(pay)
-        .client_tool_timeout_ms(60_000)
-        .build()?;
-    let llm = ScriptedLlm::new().script(
-        "shop",
-        vec![
-            ModelReply::tool_calls(vec![ToolCall::new("p1", "pay", json!({ "cents": 10 }))]),
-            ModelReply::text("paid"),
-        ],
-    );
-    Ok(Runtime::builder()
-        .store(store)
-        .llm(Arc::new(llm))
-        .clock(Arc::new(ManualClock::new(1_000)))
-        .background_deadlines(false)
-        .agent(shop)
-        .build()?)
+    with_pay(store, "shop", pay)
 }
 
 /// Runs `s1` until `pay` ran and its result's commit failed (a crash there), and shuts the
@@ -272,24 +255,7 @@ fn editable_runtime(
     .input_schema(json!({ "type": "object", "properties": { "cents": { "type": "integer" } } }))
     .require_approval(dormant::Approval::Editable)
     .on_cut(OnCut::Reconcile);
-    let desk = AgentDefinition::builder("desk")
-        .tool(pay)
-        .client_tool_timeout_ms(60_000)
-        .build()?;
-    let llm = ScriptedLlm::new().script(
-        "desk",
-        vec![
-            ModelReply::tool_calls(vec![ToolCall::new("p1", "pay", json!({ "cents": 10 }))]),
-            ModelReply::text("paid"),
-        ],
-    );
-    Ok(Runtime::builder()
-        .store(store)
-        .llm(Arc::new(llm))
-        .clock(Arc::new(ManualClock::new(1_000)))
-        .background_deadlines(false)
-        .agent(desk)
-        .build()?)
+    with_pay(store, "desk", pay)
 }
 
 #[tokio::test]
@@ -358,4 +324,27 @@ async fn a_call_approved_with_an_edit_is_reconciled_and_run_again_with_the_edit_
         "only ever with the edit"
     );
     Ok(())
+}
+
+/// A runtime over `store` whose agent `agent` has the tool `pay` and calls it once
+/// (`p1`, 10 cents) before it says "paid".
+fn with_pay(store: Arc<dyn Store>, agent: &str, pay: ToolDefinition) -> anyhow::Result<Runtime> {
+    let definition = AgentDefinition::builder(agent)
+        .tool(pay)
+        .client_tool_timeout_ms(60_000)
+        .build()?;
+    let llm = ScriptedLlm::new().script(
+        agent,
+        vec![
+            ModelReply::tool_calls(vec![ToolCall::new("p1", "pay", json!({ "cents": 10 }))]),
+            ModelReply::text("paid"),
+        ],
+    );
+    Ok(Runtime::builder()
+        .store(store)
+        .llm(Arc::new(llm))
+        .clock(Arc::new(ManualClock::new(1_000)))
+        .background_deadlines(false)
+        .agent(definition)
+        .build()?)
 }

@@ -330,18 +330,7 @@ impl Submit {
                 if fields.contains_key("happened") {
                     return Err("happened belongs to a reconcile answer".into());
                 }
-                if let Some(field) = [
-                    "approval_id",
-                    "approved",
-                    "reason",
-                    "edited_input",
-                    "binding",
-                ]
-                .iter()
-                .find(|field| fields.contains_key(**field))
-                {
-                    return Err(format!("{field} belongs to an approval-response"));
-                }
+                no_approval_fields(fields)?;
                 match (result, error) {
                     (Some(result), None) => SubmitAnswer::Result(result),
                     (None, Some(error)) => SubmitAnswer::Error(error),
@@ -527,6 +516,24 @@ impl Submit {
     }
 }
 
+/// Refuses an envelope that carries an approval-response's fields without being one.
+fn no_approval_fields(fields: &Map<String, Value>) -> Result<(), String> {
+    const APPROVAL_FIELDS: [&str; 5] = [
+        "approval_id",
+        "approved",
+        "reason",
+        "edited_input",
+        "binding",
+    ];
+    match APPROVAL_FIELDS
+        .iter()
+        .find(|field| fields.contains_key(**field))
+    {
+        Some(field) => Err(format!("{field} belongs to an approval-response")),
+        None => Ok(()),
+    }
+}
+
 /// The answer of a `reconcile` envelope: `happened` with a `result`, `happened: false`, or an
 /// `error` alone.
 fn reconciliation(
@@ -534,18 +541,7 @@ fn reconciliation(
     result: Option<Value>,
     error: Option<String>,
 ) -> Result<Reconciled, String> {
-    if let Some(field) = [
-        "approval_id",
-        "approved",
-        "reason",
-        "edited_input",
-        "binding",
-    ]
-    .iter()
-    .find(|field| fields.contains_key(**field))
-    {
-        return Err(format!("{field} belongs to an approval-response"));
-    }
+    no_approval_fields(fields)?;
     let happened = match fields.get("happened") {
         None => None,
         Some(Value::Bool(happened)) => Some(*happened),
