@@ -12,6 +12,7 @@ use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use dormant::SessionId;
 use serde_json::{json, Value};
 
 use crate::a2a_message::{begin_message, task_id};
@@ -107,11 +108,36 @@ async fn call(
             state.runtime.abort(&task.session).await?;
             Ok(a2a_task::read(state, &task).await?)
         }
+        "ListTasks" => list_tasks(state, credentials, params).await,
         other => Err(RpcError::new(
             METHOD_NOT_FOUND,
             format!("no method {other:?}"),
         )),
     }
+}
+
+/// `ListTasks` of one context (`contextId`, which is required: a context is a session, and
+/// a caller may list only the sessions it may act on), the latest first, one page of at most
+/// `pageSize` (50 by default, 100 at most).
+async fn list_tasks(
+    state: &AppState,
+    credentials: &Credentials,
+    params: &Value,
+) -> Result<Value, RpcError> {
+    let context = params["contextId"].as_str().ok_or_else(|| {
+        RpcError::invalid_params("ListTasks lists the tasks of one context: params.contextId")
+    })?;
+    let session: SessionId = context
+        .parse()
+        .map_err(|error| RpcError::invalid_params(format!("contextId: {error}")))?;
+    credentials.session(&session).await?;
+    let limit = params["pageSize"]
+        .as_u64()
+        .map_or(50, |size| size.clamp(1, 100));
+    let tasks = a2a_task::list(state, &session, usize::try_from(limit).unwrap_or(100)).await?;
+    Ok(json!({
+        "tasks": tasks, "nextPageToken": "", "pageSize": limit, "totalSize": tasks.len(),
+    }))
 }
 
 /// `SendMessage`: a message to a task that waits answers it (and the run goes on once nothing

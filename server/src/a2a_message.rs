@@ -112,12 +112,28 @@ async fn continue_task(
             "this task is over: send a message in its context (contextId) to start another",
         ));
     }
+    let answers: Vec<&Map<String, Value>> = parts
+        .iter()
+        .filter_map(|part| part["data"].as_object())
+        .collect();
     match record.status {
         Status::Interrupted if !record.aborted => {
             state.runtime.start_resume(&task.session).await?;
             return Ok(());
         }
         Status::SuspendedClientTool | Status::SuspendedAwaitingChildren => {}
+        // Answers to calls that no longer wait (a client that sends its answer again): the
+        // submit contract says what each is, `already_completed` for a duplicate.
+        _ if !answers.is_empty() => {
+            let submits = answers
+                .into_iter()
+                .map(|fields| envelope(task, &[], fields))
+                .collect::<Result<Vec<_>, _>>()?;
+            for answer in submits {
+                submit(state, answer).await?;
+            }
+            return Ok(());
+        }
         Status::Running => {
             return Err(unsupported("the task is working: wait for it to need input"));
         }
@@ -135,10 +151,6 @@ async fn continue_task(
         state.runtime.start_resume(&task.session).await?;
         return Ok(());
     }
-    let answers: Vec<&Map<String, Value>> = parts
-        .iter()
-        .filter_map(|part| part["data"].as_object())
-        .collect();
     if answers.is_empty() {
         let [call] = waiting.as_slice() else {
             return Err(invalid(

@@ -108,6 +108,36 @@ pub(crate) async fn read(state: &AppState, task: &TaskId) -> Result<Value, ApiEr
     Ok(out)
 }
 
+/// The tasks of context `session`, the latest first, at most `limit`: one per run a message
+/// started (its resumes are the same task). A context this server does not know has none.
+pub(crate) async fn list(
+    state: &AppState,
+    session: &SessionId,
+    limit: usize,
+) -> Result<Vec<Value>, ApiError> {
+    let runs = match state.runtime.runs(session).await {
+        Ok(runs) => runs,
+        Err(dormant::ReadError::UnknownSession(_)) => return Ok(Vec::new()),
+        Err(error) => return Err(error.into()),
+    };
+    let mut tasks = Vec::new();
+    for run in runs
+        .iter()
+        .rev()
+        .filter(|run| run.previous_run_id.is_none())
+    {
+        if tasks.len() == limit {
+            break;
+        }
+        let task = TaskId {
+            session: session.clone(),
+            turn: run.turn,
+        };
+        tasks.push(read(state, &task).await?);
+    }
+    Ok(tasks)
+}
+
 /// The last run of a task: the run its message started, or the last resume of it.
 async fn latest_run(
     state: &AppState,

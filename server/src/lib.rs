@@ -83,7 +83,7 @@ pub use config::{ServerConfig, DEFAULT_MAX_BODY_BYTES};
 pub use error::{ApiError, ServerError};
 pub use fd_limit::{raise_fd_limit, FdLimit};
 pub use peers::{HttpPeers, PEER_KEY};
-pub use remote::HttpRemoteAgents;
+pub use remote::{HttpRemoteAgents, DEFAULT_A2A_INPUT_TIMEOUT};
 pub use serve::{serve, Connections, Serve, DEFAULT_HEADER_READ_TIMEOUT, DEFAULT_MAX_CONNECTIONS};
 pub use server::{Closing, Server};
 pub use token::TokenKey;

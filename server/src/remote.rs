@@ -4,12 +4,18 @@
 //! ids, so it needs no per-session token, and a start replayed after a crash finds the child
 //! it started (`new_only`) rather than giving it a second turn.
 
+mod a2a;
+mod a2a_task;
 mod sse;
 
+pub use a2a::DEFAULT_A2A_INPUT_TIMEOUT;
+
+use std::sync::Arc;
 use std::time::Duration;
 
 use dormant::remote::{
-    RemoteAgents, RemoteCall, RemoteChunks, RemoteError, RemoteParent, RemoteStart, RemoteStatus,
+    a2a_url, RemoteAgents, RemoteCall, RemoteChunks, RemoteError, RemoteParent, RemoteStart,
+    RemoteStatus,
 };
 use dormant::types::RunError;
 use dormant::{RunId, SessionId, Status};
@@ -23,7 +29,9 @@ use crate::client::HttpClient;
 
 /// Reaches dormant servers over HTTP, with an operator credential sent as `x-api-key`
 /// (what `dormant-server --api-key-env` checks; a daemon's own authenticate hook reads the
-/// same header).
+/// same header), and any A2A 1.0 agent over its JSON-RPC binding for an endpoint written
+/// `a2a+http://…` ([`ToolDefinition::a2a_agent`](dormant::ToolDefinition::a2a_agent); the
+/// same credential goes to it as `x-api-key`).
 ///
 /// ```no_run
 /// use std::sync::Arc;
@@ -44,6 +52,7 @@ use crate::client::HttpClient;
 pub struct HttpRemoteAgents {
     client: HttpClient,
     credential: Option<String>,
+    a2a: Arc<a2a::A2aClient>,
 }
 
 impl std::fmt::Debug for HttpRemoteAgents {
@@ -65,7 +74,25 @@ impl HttpRemoteAgents {
     /// A transport on `client`, shared with the process's other outgoing calls (its
     /// connections and TLS configuration); `credential` as in [`HttpRemoteAgents::new`].
     pub fn with_client(client: HttpClient, credential: Option<String>) -> Self {
-        Self { client, credential }
+        let a2a = Arc::new(a2a::A2aClient::new(client.clone(), credential.clone()));
+        Self {
+            client,
+            credential,
+            a2a,
+        }
+    }
+
+    /// How long an A2A agent's own request for input (a task in `INPUT_REQUIRED` whose status
+    /// message is not a dormant server's list of calls) waits for an answer at the root before
+    /// its task is cancelled and the call fails; [`DEFAULT_A2A_INPUT_TIMEOUT`] unless set. Its
+    /// deadline runs from when this process first saw the request (an agent gives none).
+    #[must_use]
+    pub fn a2a_input_timeout(mut self, timeout: Duration) -> Self {
+        self.a2a = Arc::new(
+            a2a::A2aClient::new(self.client.clone(), self.credential.clone())
+                .with_input_timeout(timeout),
+        );
+        self
     }
 
     fn request(&self, method: Method, endpoint: &str, path: &str) -> RequestBuilder {
@@ -103,6 +130,9 @@ impl RemoteAgents for HttpRemoteAgents {
         message: &str,
         parent: &RemoteParent,
     ) -> Result<RemoteStart, RemoteError> {
+        if let Some(base) = a2a_url(endpoint) {
+            return self.a2a.start(base, session, message, parent).await;
+        }
         let body = json!({
             "agent": agent, "message": message, "session_id": session, "new_only": true,
             "parent_session_id": parent.parent, "root_session_id": parent.root,
@@ -125,6 +155,9 @@ impl RemoteAgents for HttpRemoteAgents {
         session: &SessionId,
         chunks_from: u64,
     ) -> Result<RemoteStatus, RemoteError> {
+        if let Some(base) = a2a_url(endpoint) {
+            return self.a2a.status(base, session).await;
+        }
         let from = chunks_from.to_string();
         let request = self.request(Method::GET, endpoint, "/status").query(&[
             ("session_id", session.as_str()),
@@ -159,6 +192,9 @@ impl RemoteAgents for HttpRemoteAgents {
         session: &SessionId,
         from: u64,
     ) -> Result<RemoteChunks, RemoteError> {
+        if let Some(base) = a2a_url(endpoint) {
+            return Ok(Arc::clone(&self.a2a).chunks(base.to_string(), session.clone()));
+        }
         let from = from.to_string();
         let request = self.request(Method::GET, endpoint, "/sse").query(&[
             ("session_id", session.as_str()),
@@ -178,6 +214,10 @@ impl RemoteAgents for HttpRemoteAgents {
     }
 
     async fn resume(&self, endpoint: &str, session: &SessionId) -> Result<(), RemoteError> {
+        // An A2A task goes on with the follow-up message that answers it: nothing to resume.
+        if a2a_url(endpoint).is_some() {
+            return Ok(());
+        }
         let response = self
             .post(endpoint, "/resume", json!({ "session_id": session }))
             .await?;
@@ -188,6 +228,9 @@ impl RemoteAgents for HttpRemoteAgents {
     }
 
     async fn submit(&self, endpoint: &str, submit: &Submit) -> Result<SubmitOutcome, RemoteError> {
+        if let Some(base) = a2a_url(endpoint) {
+            return self.a2a.submit(base, submit).await;
+        }
         let response = self
             .post(endpoint, "/submit-tool-result", submit.to_json())
             .await?;
@@ -250,6 +293,10 @@ impl RemoteAgents for HttpRemoteAgents {
         session: &SessionId,
         abort: bool,
     ) -> Result<(), RemoteError> {
+        // A2A has no interrupt: either way the task is cancelled.
+        if let Some(base) = a2a_url(endpoint) {
+            return self.a2a.stop(base, session).await;
+        }
         let path = if abort { "/abort" } else { "/interrupt" };
         let response = self
             .post(endpoint, path, json!({ "session_id": session }))

@@ -8,28 +8,11 @@
 
 mod common;
 
-use std::io::Write;
 use std::process::Command;
 
+use common::a2a_peer::python;
 use common::binary::Binary;
 use serde_json::Value;
-
-/// The interpreter with `a2a-sdk`, or `None` (said loudly).
-fn python() -> anyhow::Result<Option<std::ffi::OsString>> {
-    if let Some(python) = std::env::var_os("DORMANT_A2A_PYTHON").filter(|path| !path.is_empty()) {
-        return Ok(Some(python));
-    }
-    let _ = writeln!(
-        std::io::stderr(),
-        "\n\n*** SKIPPED: the A2A test needs the official SDK: python3 -m venv DIR && \
-         DIR/bin/pip install a2a-sdk==1.3.0, then DORMANT_A2A_PYTHON=DIR/bin/python ***\n\n"
-    );
-    anyhow::ensure!(
-        std::env::var("DORMANT_REQUIRE_A2A").map_or(true, |value| value.is_empty() || value == "0"),
-        "DORMANT_REQUIRE_A2A is set and DORMANT_A2A_PYTHON is not"
-    );
-    Ok(None)
-}
 
 /// Runs `tests/a2a/drive.py` with `args`; answers the JSON it prints.
 fn drive(python: &std::ffi::OsStr, args: &[&str]) -> anyhow::Result<Value> {

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use common::binary::Binary;
+use common::processes::{pending_named, Client};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
@@ -36,77 +37,11 @@ fn parent(store: &Path, listen: &str, remote: &str) -> anyhow::Result<Binary> {
     )
 }
 
-struct Client {
-    http: reqwest::Client,
-}
-
-impl Client {
-    async fn post(
-        &self,
-        base: &str,
-        path: &str,
-        token: Option<&str>,
-        body: Value,
-    ) -> anyhow::Result<(StatusCode, Value)> {
-        let mut request = self.http.post(format!("{base}{path}")).json(&body);
-        if let Some(token) = token {
-            request = request.bearer_auth(token);
-        }
-        let response = request.send().await?;
-        let status = response.status();
-        Ok((status, response.json().await.unwrap_or_default()))
-    }
-
-    async fn status(&self, base: &str, session: &str, token: &str) -> anyhow::Result<Value> {
-        let response = self
-            .http
-            .get(format!("{base}/status"))
-            .query(&[("session_id", session)])
-            .bearer_auth(token)
-            .send()
-            .await?;
-        Ok(response.json().await?)
-    }
-
-    /// Polls the root's status until `done` holds (the child processes run on their own
-    /// clocks: there is no event to wait on from here), for at most 20 s.
-    async fn until(
-        &self,
-        base: &str,
-        session: &str,
-        token: &str,
-        what: &str,
-        done: impl Fn(&Value) -> bool,
-    ) -> anyhow::Result<Value> {
-        let started = Instant::now();
-        loop {
-            let status = self.status(base, session, token).await?;
-            if done(&status) {
-                return Ok(status);
-            }
-            anyhow::ensure!(
-                started.elapsed() < Duration::from_secs(20),
-                "waited 20 s for {what}; last status {status}"
-            );
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
-    }
-}
-
-fn pending_named<'a>(status: &'a Value, tool: &str) -> Option<&'a Value> {
-    status["pending"]
-        .as_array()?
-        .iter()
-        .find(|call| call["tool_name"] == tool && call["waiting"] == true)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_parents_and_remotes_apply_every_acknowledged_answer_once() -> anyhow::Result<()> {
     let dirs = (tempfile::tempdir()?, tempfile::tempdir()?);
     let (parent_store, remote_store) = (dirs.0.path().join("parent"), dirs.1.path().join("remote"));
-    let client = Client {
-        http: reqwest::Client::new(),
-    };
+    let client = Client::new();
 
     let far = remote(&remote_store, "127.0.0.1:0")?;
     let far_listen = format!("127.0.0.1:{}", far.port()?);
@@ -286,9 +221,7 @@ async fn three_processes_two_hops_answered_at_the_root_after_the_middle_is_kille
         tempfile::tempdir()?,
         tempfile::tempdir()?,
     );
-    let client = Client {
-        http: reqwest::Client::new(),
-    };
+    let client = Client::new();
     let far = remote(&dirs.0.path().join("far"), "127.0.0.1:0")?;
     // The middle both accepts the parent's key and sends it on.
     let middle_store = dirs.1.path().join("middle");
@@ -411,9 +344,7 @@ enum Point {
 async fn kill_at(kill_parent: bool, point: Point) -> anyhow::Result<Value> {
     let dirs = (tempfile::tempdir()?, tempfile::tempdir()?);
     let (parent_store, remote_store) = (dirs.0.path().join("parent"), dirs.1.path().join("remote"));
-    let client = Client {
-        http: reqwest::Client::new(),
-    };
+    let client = Client::new();
     let mut far = remote(&remote_store, "127.0.0.1:0")?;
     let far_listen = format!("127.0.0.1:{}", far.port()?);
     let far_base = far.base.clone();

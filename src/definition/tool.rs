@@ -343,6 +343,33 @@ impl ToolDefinition {
         .input_schema(sub_agent_input_schema())
     }
 
+    /// A tool that delegates to any agent that speaks **A2A 1.0** (Agent2Agent) over its
+    /// JSON-RPC binding, whose agent card is at `{url}/.well-known/agent-card.json`: a remote
+    /// sub-agent whose child is an A2A task. The call is recorded as
+    /// `a2a+{url}` (the endpoint of [`ToolDefinition::remote_sub_agent`] with the protocol
+    /// named), so the runtime's [`RemoteAgents`](crate::remote::RemoteAgents) transport
+    /// (`dormant_server::HttpRemoteAgents`) speaks A2A to it. The child's first message opens
+    /// the A2A context named by the child's session id (`{parent}-sub-{call}`, in the commit
+    /// that dispatches the call), so a replay after a crash finds the task it started rather
+    /// than starting a second; a task in `INPUT_REQUIRED` or `AUTH_REQUIRED` is a call
+    /// answered at this side's root, sent back as the follow-up message. See
+    /// `docs/protocols.md` ("A2A client").
+    ///
+    /// ```
+    /// use dormant::ToolDefinition;
+    ///
+    /// let billing = ToolDefinition::a2a_agent("billing", "http://10.0.0.9:9999")
+    ///     .description("Asks the billing agent");
+    /// assert_eq!(billing.name(), "billing");
+    /// ```
+    pub fn a2a_agent(name: impl Into<String>, url: impl AsRef<str>) -> Self {
+        Self::remote_sub_agent(
+            name,
+            format!("{}{}", crate::remote::A2A_SCHEME, url.as_ref()),
+            "a2a",
+        )
+    }
+
     /// Sets the description shown to the model.
     #[must_use]
     pub fn description(mut self, text: impl Into<String>) -> Self {

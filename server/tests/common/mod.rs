@@ -1,9 +1,11 @@
 //! A server on a loopback port for the tests, and the client calls they make.
 #![allow(dead_code, unreachable_pub)]
 
+pub mod a2a_peer;
 pub mod binary;
 pub mod gated;
 pub mod nested;
+pub mod processes;
 
 use std::sync::Arc;
 

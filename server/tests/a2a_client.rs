@@ -1,0 +1,410 @@
+//! The A2A client (issue 33, item 2): a `dormant-server` whose demo agent delegates over A2A
+//! (`--delegate-to a2a+http://…`, what `ToolDefinition::a2a_agent` records), first to an
+//! agent built with the official SDK's server side (`tests/a2a/agent.py`, the Python
+//! `a2a-sdk`), then to another `dormant-server`'s A2A endpoint. The child's request for input
+//! is a call answered at the parent's root; the parent is SIGKILLed while it waits and
+//! restarted; a duplicate answer is refused; the task is never started twice nor answered
+//! twice; an abort at the root cancels the task there. Without the SDK it says it was skipped
+//! and how to install it, unless `DORMANT_REQUIRE_A2A` is set.
+
+mod common;
+
+use std::path::Path;
+
+use anyhow::Context;
+use common::a2a_peer::{python, Agent};
+use common::binary::Binary;
+use common::processes::{pending_named, Client};
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+
+const KEY_VAR: &str = "DORMANT_TEST_REMOTE_KEY";
+const KEY: &str = "a-remote-key-of-at-least-16-chars";
+
+/// A parent server whose demo agent delegates to the A2A agent at `agent` (its base URL).
+fn parent(store: &Path, listen: &str, agent: &str) -> anyhow::Result<Binary> {
+    let endpoint = format!("a2a+{agent}");
+    Binary::start_with_env(
+        store,
+        listen,
+        &["--delegate-to", &endpoint, "--remote-key-env", KEY_VAR],
+        &[(KEY_VAR, KEY)],
+    )
+}
+
+/// Starts a root whose demo agent delegates `task`: its id and token.
+async fn delegate(client: &Client, base: &str, task: &str) -> anyhow::Result<(String, String)> {
+    let (code, started) = client
+        .post(
+            base,
+            "/start",
+            None,
+            json!({ "agent": "demo", "message": format!("delegate {task}") }),
+        )
+        .await?;
+    anyhow::ensure!(code == StatusCode::ACCEPTED, "{code}: {started}");
+    Ok((
+        started["session_id"]
+            .as_str()
+            .context("session_id")?
+            .to_string(),
+        started["token"].as_str().context("token")?.to_string(),
+    ))
+}
+
+/// The root's status once its tree settled: what it shows is then acknowledged by its store,
+/// so a kill cannot take it back.
+async fn settled(client: &Client, base: &str, root: &str, token: &str) -> anyhow::Result<Value> {
+    let status: Value = client
+        .http
+        .get(format!("{base}/status"))
+        .query(&[("session_id", root), ("settle_ms", "10000")])
+        .bearer_auth(token)
+        .send()
+        .await?
+        .json()
+        .await?;
+    anyhow::ensure!(status["settled"] == true, "{status}");
+    Ok(status)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_sdk_agents_request_for_input_is_answered_at_the_root_across_a_kill(
+) -> anyhow::Result<()> {
+    let Some(python) = python()? else {
+        return Ok(());
+    };
+    let dir = tempfile::tempdir()?;
+    let agent = Agent::start(&python, &dir.path().join("agent.log"))?;
+    let store = dir.path().join("parent");
+    let near = parent(&store, "127.0.0.1:0", &agent.base)?;
+    let listen = format!("127.0.0.1:{}", near.port()?);
+    let base = near.base.clone();
+    let client = Client::new();
+
+    let (root, token) = delegate(&client, &base, "refund order 42").await?;
+    let child = format!("{root}-sub-delegate-1");
+    let status = client
+        .until(&base, &root, &token, "the agent's request for input", |s| {
+            pending_named(s, "a2a_input").is_some()
+        })
+        .await?;
+    let ask = pending_named(&status, "a2a_input")
+        .context("a2a_input")?
+        .clone();
+    assert_eq!(ask["session_id"], child.as_str(), "{ask}");
+    assert_eq!(ask["kind"], "client", "{ask}");
+    assert_eq!(
+        ask["input"]["text"], "Which account should the refund go to?",
+        "{ask}"
+    );
+    assert_eq!(ask["input"]["state"], "TASK_STATE_INPUT_REQUIRED", "{ask}");
+    let call = ask["tool_call_id"].as_str().context("call")?.to_string();
+    assert!(call.starts_with("a2a-input-"), "{call}");
+    settled(&client, &base, &root, &token).await?;
+
+    // SIGKILL the parent while the task waits; restarted, it knows the call (its record) and
+    // finds the task again by its context (ListTasks), with nothing of it cached.
+    near.kill()?;
+    let near = parent(&store, &listen, &agent.base)?;
+    let status = client.status(&base, &root, &token).await?;
+    assert!(
+        pending_named(&status, "a2a_input").is_some(),
+        "after the restart: {status}"
+    );
+
+    let answer = json!({ "session_id": root, "tool_call_id": call, "result": "ACC-7" });
+    let (code, body) = client
+        .post(&base, "/submit-tool-result", Some(&token), answer.clone())
+        .await?;
+    assert_eq!(code, StatusCode::OK, "{body}");
+    let (code, body) = client
+        .post(&base, "/submit-tool-result", Some(&token), answer)
+        .await?;
+    assert_eq!(code, StatusCode::CONFLICT, "a duplicate: {body}");
+    assert_eq!(body["code"], "already_completed", "{body}");
+
+    let (code, body) = client
+        .post(
+            &base,
+            "/resume",
+            Some(&token),
+            json!({ "session_id": root }),
+        )
+        .await?;
+    assert_eq!(code, StatusCode::ACCEPTED, "{body}");
+    let status = client
+        .until(&base, &root, &token, "the root to complete", |s| {
+            s["status"] == "completed"
+        })
+        .await?;
+    assert_eq!(
+        status["text"], "The remote agent answered: refunded to ACC-7",
+        "{status}"
+    );
+
+    // At the agent: one task, for the context the parent named; one answer.
+    let started: Vec<Value> = agent
+        .events()?
+        .into_iter()
+        .filter(|event| event["event"] == "started")
+        .collect();
+    assert_eq!(started.len(), 1, "{started:?}");
+    assert_eq!(started[0]["context"], child.as_str());
+    assert_eq!(agent.count("answered")?, 1);
+    drop(near);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abort_at_the_root_cancels_the_task_and_auth_required_is_a_call() -> anyhow::Result<()> {
+    let Some(python) = python()? else {
+        return Ok(());
+    };
+    let dir = tempfile::tempdir()?;
+    let agent = Agent::start(&python, &dir.path().join("agent.log"))?;
+    let near = parent(&dir.path().join("parent"), "127.0.0.1:0", &agent.base)?;
+    let base = near.base.clone();
+    let client = Client::new();
+
+    let (root, token) = delegate(&client, &base, "auth first").await?;
+    let status = client
+        .until(
+            &base,
+            &root,
+            &token,
+            "the agent's request for credentials",
+            |s| pending_named(s, "a2a_input").is_some(),
+        )
+        .await?;
+    let ask = pending_named(&status, "a2a_input").context("a2a_input")?;
+    assert_eq!(ask["input"]["state"], "TASK_STATE_AUTH_REQUIRED", "{ask}");
+
+    let (code, body) = client
+        .post(&base, "/abort", Some(&token), json!({ "session_id": root }))
+        .await?;
+    assert!(code.is_success(), "{code}: {body}");
+    let status = client
+        .until(&base, &root, &token, "the root aborted", |s| {
+            s["aborted"] == true && s["status"] != "running"
+        })
+        .await?;
+    assert!(pending_named(&status, "a2a_input").is_none(), "{status}");
+    assert_eq!(agent.count("canceled")?, 1, "{:?}", agent.events()?);
+    drop(near);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dormant_child_over_a2a_is_answered_at_the_root_each_answer_once_across_kills(
+) -> anyhow::Result<()> {
+    let dirs = (tempfile::tempdir()?, tempfile::tempdir()?);
+    let (near_store, far_store) = (dirs.0.path().join("parent"), dirs.1.path().join("remote"));
+    let client = Client::new();
+    let far = Binary::start_with_env(
+        &far_store,
+        "127.0.0.1:0",
+        &["--api-key-env", KEY_VAR],
+        &[(KEY_VAR, KEY)],
+    )?;
+    let far_listen = format!("127.0.0.1:{}", far.port()?);
+    let near = parent(&near_store, "127.0.0.1:0", &far.base)?;
+    let near_listen = format!("127.0.0.1:{}", near.port()?);
+    let base = near.base.clone();
+
+    // The remote's demo agent asks its user: over A2A, its task lists the call, and the
+    // parent's root lists it as the remote's own call.
+    let (root, token) = delegate(&client, &base, "weather in Porto").await?;
+    let child = format!("{root}-sub-delegate-1");
+    let status = client
+        .until(&base, &root, &token, "the remote ask_user", |s| {
+            pending_named(s, "ask_user").is_some()
+        })
+        .await?;
+    let ask = pending_named(&status, "ask_user")
+        .context("ask_user")?
+        .clone();
+    assert_eq!(ask["session_id"], child.as_str(), "{ask}");
+    let call = ask["tool_call_id"].as_str().context("call")?.to_string();
+    settled(&client, &base, &root, &token).await?;
+
+    near.kill()?;
+    let near = parent(&near_store, &near_listen, &far.base)?;
+    let answer =
+        json!({ "session_id": root, "tool_call_id": call, "result": { "answer": "Sunny days" } });
+    let (code, body) = client
+        .post(&base, "/submit-tool-result", Some(&token), answer.clone())
+        .await?;
+    assert_eq!(code, StatusCode::OK, "{body}");
+    // The remote killed right after it acknowledged; restarted, the same answer is a
+    // duplicate by its own submit contract (the parent has nothing of it cached either).
+    far.kill()?;
+    let far = Binary::start_with_env(
+        &far_store,
+        &far_listen,
+        &["--api-key-env", KEY_VAR],
+        &[(KEY_VAR, KEY)],
+    )?;
+    near.kill()?;
+    let near = parent(&near_store, &near_listen, &far.base)?;
+    let (code, body) = client
+        .post(&base, "/submit-tool-result", Some(&token), answer)
+        .await?;
+    assert_eq!(code, StatusCode::CONFLICT, "a duplicate: {body}");
+    assert_eq!(body["code"], "already_completed", "{body}");
+
+    // The remote went on to its approval gate (its own tool, not safe to retry).
+    let (code, body) = client
+        .post(
+            &base,
+            "/resume",
+            Some(&token),
+            json!({ "session_id": root }),
+        )
+        .await?;
+    assert_eq!(code, StatusCode::ACCEPTED, "{body}");
+    let status = client
+        .until(&base, &root, &token, "the remote approval", |s| {
+            pending_named(s, "publish").is_some()
+        })
+        .await?;
+    let publish = pending_named(&status, "publish")
+        .context("publish")?
+        .clone();
+    assert_eq!(publish["kind"], "approval", "{publish}");
+    let approval = json!({
+        "kind": "approval-response", "session_id": root,
+        "tool_call_id": publish["tool_call_id"], "approval_id": publish["approval_id"],
+        "approved": true,
+    });
+    let (code, body) = client
+        .post(&base, "/submit-tool-result", Some(&token), approval)
+        .await?;
+    assert_eq!(code, StatusCode::OK, "{body}");
+    let (code, body) = client
+        .post(
+            &base,
+            "/resume",
+            Some(&token),
+            json!({ "session_id": root }),
+        )
+        .await?;
+    assert_eq!(code, StatusCode::ACCEPTED, "{body}");
+    let status = client
+        .until(&base, &root, &token, "the root to complete", |s| {
+            s["status"] == "completed"
+        })
+        .await?;
+    let text = status["text"].as_str().unwrap_or_default();
+    assert!(
+        text.starts_with("The remote agent answered: Published \"Sunny days\""),
+        "{status}"
+    );
+
+    // At the remote: one session for the child, each answer applied once, the gated tool run
+    // once.
+    let messages: Value = client
+        .http
+        .get(format!("{}/messages", far.base))
+        .query(&[("session_id", child.as_str())])
+        .header("x-api-key", KEY)
+        .send()
+        .await?
+        .json()
+        .await?;
+    let results = |tool: &str| {
+        messages["messages"].as_array().map_or(0, |all| {
+            all.iter()
+                .filter(|m| m["role"] == "tool" && m["tool_name"] == tool)
+                .count()
+        })
+    };
+    assert_eq!(results("ask_user"), 1, "{messages}");
+    assert_eq!(results("publish"), 1, "{messages}");
+    let users = messages["messages"]
+        .as_array()
+        .map_or(0, |all| all.iter().filter(|m| m["role"] == "user").count());
+    assert_eq!(users, 1, "one task started: {messages}");
+    drop(near);
+    drop(far);
+    Ok(())
+}
+
+/// The transport itself, as a parent's replay after a crash uses it: a second start of the
+/// same child (from a process with nothing cached) re-attaches to the task, and an answer
+/// sent again from such a process is a duplicate by the task's history.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replayed_start_reattaches_and_a_replayed_answer_is_a_duplicate() -> anyhow::Result<()> {
+    use dormant::remote::{RemoteAgents, RemoteParent, RemoteStart};
+    use dormant::{Status, Submit, SubmitOutcome};
+    use dormant_server::HttpRemoteAgents;
+    use futures::StreamExt;
+
+    let Some(python) = python()? else {
+        return Ok(());
+    };
+    let dir = tempfile::tempdir()?;
+    let agent = Agent::start(&python, &dir.path().join("agent.log"))?;
+    let endpoint = format!("a2a+{}", agent.base);
+    let child: dormant::SessionId = "root-sub-pay-1".parse()?;
+    let parent = RemoteParent {
+        parent: "root".parse()?,
+        root: "root".parse()?,
+    };
+    let first = HttpRemoteAgents::new(None);
+    let started = first
+        .start(&endpoint, "a2a", &child, "refund order 7", &parent)
+        .await?;
+    assert_eq!(started, RemoteStart::Started);
+    let replayed = HttpRemoteAgents::new(None);
+    let again = replayed
+        .start(&endpoint, "a2a", &child, "refund order 7", &parent)
+        .await?;
+    assert_eq!(again, RemoteStart::Existed);
+
+    // Followed until it stops working (the stream ends then), it waits on one call.
+    let mut follow = replayed.chunks(&endpoint, &child, 0).await?;
+    while let Some(chunk) = follow.next().await {
+        chunk?;
+    }
+    let status = replayed.status(&endpoint, &child, 0).await?;
+    assert_eq!(status.status, Status::SuspendedClientTool, "{status:?}");
+    let [call] = status.pending.as_slice() else {
+        anyhow::bail!("one call waits: {status:?}");
+    };
+    let approval = Submit::from_json(&json!({
+        "session_id": child.as_str(), "tool_call_id": call.tool_call_id,
+        "kind": "approval-response", "approval_id": "x", "approved": true,
+    }))
+    .map_err(anyhow::Error::msg)?;
+    assert!(matches!(
+        replayed.submit(&endpoint, &approval).await?,
+        SubmitOutcome::InvalidRequest { .. }
+    ));
+    let unknown = Submit::result(child.to_string(), "a2a-input-never", json!("ACC-1"));
+    assert_eq!(
+        replayed.submit(&endpoint, &unknown).await?,
+        SubmitOutcome::UnknownToolCall
+    );
+    let answer = Submit::result(child.to_string(), call.tool_call_id.clone(), json!("ACC-1"));
+    assert_eq!(
+        replayed.submit(&endpoint, &answer).await?,
+        SubmitOutcome::Accepted
+    );
+    let fresh = HttpRemoteAgents::new(None);
+    assert_eq!(
+        fresh.submit(&endpoint, &answer).await?,
+        SubmitOutcome::AlreadyCompleted
+    );
+
+    let mut follow = fresh.chunks(&endpoint, &child, 0).await?;
+    while let Some(chunk) = follow.next().await {
+        chunk?;
+    }
+    let status = fresh.status(&endpoint, &child, 0).await?;
+    assert_eq!(status.status, Status::Completed, "{status:?}");
+    assert_eq!(status.text.as_deref(), Some("refunded to ACC-1"));
+    assert_eq!(agent.count("started")?, 1);
+    assert_eq!(agent.count("answered")?, 1);
+    Ok(())
+}
