@@ -76,6 +76,13 @@ pub(crate) async fn read(state: &AppState, task: &TaskId) -> Result<Value, ApiEr
         _ => ("TASK_STATE_WORKING", None),
     };
     let mut status_json = json!({ "state": state_name });
+    // An interrupted run says why, for a client that goes on by itself (dormant's A2A client
+    // resumes a run a crash cut when its parent resumes, as over its own protocol).
+    let interrupted = (status == Status::Interrupted && !aborted).then(|| {
+        run.error
+            .as_ref()
+            .map_or("interrupted", |error| error.code.as_str())
+    });
     if message.is_some() || !waiting.is_empty() {
         let mut parts = Vec::new();
         if let Some(text) = message {
@@ -83,6 +90,9 @@ pub(crate) async fn read(state: &AppState, task: &TaskId) -> Result<Value, ApiEr
         }
         if !waiting.is_empty() {
             parts.push(json!({ "data": { "pending": waiting } }));
+        }
+        if let Some(code) = interrupted {
+            parts.push(json!({ "data": { "interrupted": code } }));
         }
         status_json["message"] = json!({
             "messageId": format!("{}-status", task.text()),

@@ -214,9 +214,8 @@ impl RemoteAgents for HttpRemoteAgents {
     }
 
     async fn resume(&self, endpoint: &str, session: &SessionId) -> Result<(), RemoteError> {
-        // An A2A task goes on with the follow-up message that answers it: nothing to resume.
-        if a2a_url(endpoint).is_some() {
-            return Ok(());
+        if let Some(base) = a2a_url(endpoint) {
+            return self.a2a.resume(base, session).await;
         }
         let response = self
             .post(endpoint, "/resume", json!({ "session_id": session }))

@@ -1,11 +1,12 @@
-//! The A2A client (issue 33, item 2): a `dormant-server` whose demo agent delegates over A2A
-//! (`--delegate-to a2a+http://…`, what `ToolDefinition::a2a_agent` records), first to an
-//! agent built with the official SDK's server side (`tests/a2a/agent.py`, the Python
-//! `a2a-sdk`), then to another `dormant-server`'s A2A endpoint. The child's request for input
-//! is a call answered at the parent's root; the parent is SIGKILLed while it waits and
-//! restarted; a duplicate answer is refused; the task is never started twice nor answered
-//! twice; an abort at the root cancels the task there. Without the SDK it says it was skipped
-//! and how to install it, unless `DORMANT_REQUIRE_A2A` is set.
+//! The A2A client (issue 33, item 2) against an agent built with the official SDK's server
+//! side (`tests/a2a/agent.py`, the Python `a2a-sdk`): a `dormant-server` whose demo agent
+//! delegates over A2A (`--delegate-to a2a+http://…`, what `ToolDefinition::a2a_agent`
+//! records). The agent's request for input is a call answered at the parent's root; the
+//! parent is SIGKILLed while it waits and restarted; a duplicate answer is refused; the task
+//! is never started twice nor answered twice; an abort at the root cancels the task there.
+//! Another `dormant-server` as the A2A agent, with SIGKILLs of either process at each waiting
+//! point, is `remote_processes.rs`. Without the SDK it says it was skipped and how to install
+//! it, unless `DORMANT_REQUIRE_A2A` is set.
 
 mod common;
 
@@ -192,141 +193,6 @@ async fn an_abort_at_the_root_cancels_the_task_and_auth_required_is_a_call() -> 
     assert!(pending_named(&status, "a2a_input").is_none(), "{status}");
     assert_eq!(agent.count("canceled")?, 1, "{:?}", agent.events()?);
     drop(near);
-    Ok(())
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_dormant_child_over_a2a_is_answered_at_the_root_each_answer_once_across_kills(
-) -> anyhow::Result<()> {
-    let dirs = (tempfile::tempdir()?, tempfile::tempdir()?);
-    let (near_store, far_store) = (dirs.0.path().join("parent"), dirs.1.path().join("remote"));
-    let client = Client::new();
-    let far = Binary::start_with_env(
-        &far_store,
-        "127.0.0.1:0",
-        &["--api-key-env", KEY_VAR],
-        &[(KEY_VAR, KEY)],
-    )?;
-    let far_listen = format!("127.0.0.1:{}", far.port()?);
-    let near = parent(&near_store, "127.0.0.1:0", &far.base)?;
-    let near_listen = format!("127.0.0.1:{}", near.port()?);
-    let base = near.base.clone();
-
-    // The remote's demo agent asks its user: over A2A, its task lists the call, and the
-    // parent's root lists it as the remote's own call.
-    let (root, token) = delegate(&client, &base, "weather in Porto").await?;
-    let child = format!("{root}-sub-delegate-1");
-    let status = client
-        .until(&base, &root, &token, "the remote ask_user", |s| {
-            pending_named(s, "ask_user").is_some()
-        })
-        .await?;
-    let ask = pending_named(&status, "ask_user")
-        .context("ask_user")?
-        .clone();
-    assert_eq!(ask["session_id"], child.as_str(), "{ask}");
-    let call = ask["tool_call_id"].as_str().context("call")?.to_string();
-    settled(&client, &base, &root, &token).await?;
-
-    near.kill()?;
-    let near = parent(&near_store, &near_listen, &far.base)?;
-    let answer =
-        json!({ "session_id": root, "tool_call_id": call, "result": { "answer": "Sunny days" } });
-    let (code, body) = client
-        .post(&base, "/submit-tool-result", Some(&token), answer.clone())
-        .await?;
-    assert_eq!(code, StatusCode::OK, "{body}");
-    // The remote killed right after it acknowledged; restarted, the same answer is a
-    // duplicate by its own submit contract (the parent has nothing of it cached either).
-    far.kill()?;
-    let far = Binary::start_with_env(
-        &far_store,
-        &far_listen,
-        &["--api-key-env", KEY_VAR],
-        &[(KEY_VAR, KEY)],
-    )?;
-    near.kill()?;
-    let near = parent(&near_store, &near_listen, &far.base)?;
-    let (code, body) = client
-        .post(&base, "/submit-tool-result", Some(&token), answer)
-        .await?;
-    assert_eq!(code, StatusCode::CONFLICT, "a duplicate: {body}");
-    assert_eq!(body["code"], "already_completed", "{body}");
-
-    // The remote went on to its approval gate (its own tool, not safe to retry).
-    let (code, body) = client
-        .post(
-            &base,
-            "/resume",
-            Some(&token),
-            json!({ "session_id": root }),
-        )
-        .await?;
-    assert_eq!(code, StatusCode::ACCEPTED, "{body}");
-    let status = client
-        .until(&base, &root, &token, "the remote approval", |s| {
-            pending_named(s, "publish").is_some()
-        })
-        .await?;
-    let publish = pending_named(&status, "publish")
-        .context("publish")?
-        .clone();
-    assert_eq!(publish["kind"], "approval", "{publish}");
-    let approval = json!({
-        "kind": "approval-response", "session_id": root,
-        "tool_call_id": publish["tool_call_id"], "approval_id": publish["approval_id"],
-        "approved": true,
-    });
-    let (code, body) = client
-        .post(&base, "/submit-tool-result", Some(&token), approval)
-        .await?;
-    assert_eq!(code, StatusCode::OK, "{body}");
-    let (code, body) = client
-        .post(
-            &base,
-            "/resume",
-            Some(&token),
-            json!({ "session_id": root }),
-        )
-        .await?;
-    assert_eq!(code, StatusCode::ACCEPTED, "{body}");
-    let status = client
-        .until(&base, &root, &token, "the root to complete", |s| {
-            s["status"] == "completed"
-        })
-        .await?;
-    let text = status["text"].as_str().unwrap_or_default();
-    assert!(
-        text.starts_with("The remote agent answered: Published \"Sunny days\""),
-        "{status}"
-    );
-
-    // At the remote: one session for the child, each answer applied once, the gated tool run
-    // once.
-    let messages: Value = client
-        .http
-        .get(format!("{}/messages", far.base))
-        .query(&[("session_id", child.as_str())])
-        .header("x-api-key", KEY)
-        .send()
-        .await?
-        .json()
-        .await?;
-    let results = |tool: &str| {
-        messages["messages"].as_array().map_or(0, |all| {
-            all.iter()
-                .filter(|m| m["role"] == "tool" && m["tool_name"] == tool)
-                .count()
-        })
-    };
-    assert_eq!(results("ask_user"), 1, "{messages}");
-    assert_eq!(results("publish"), 1, "{messages}");
-    let users = messages["messages"]
-        .as_array()
-        .map_or(0, |all| all.iter().filter(|m| m["role"] == "user").count());
-    assert_eq!(users, 1, "one task started: {messages}");
-    drop(near);
-    drop(far);
     Ok(())
 }
 

@@ -3,7 +3,9 @@
 //! own sled store, on loopback. Both are SIGKILLed at the waiting points (the child suspended;
 //! an answer accepted at the remote; a resume in flight) and restarted on their stores and
 //! ports; every acknowledged answer is applied exactly once, and the approval-gated tool,
-//! which is not safe to retry, runs once.
+//! which is not safe to retry, runs once. The same kills run with the parent speaking A2A to
+//! the remote's A2A endpoint (`--delegate-to a2a+http://…`): the SIGKILL test across the A2A
+//! boundary of issue 33.
 
 mod common;
 
@@ -340,22 +342,29 @@ enum Point {
 }
 
 /// One walk through the delegated demo with `who` (the parent, or the remote) SIGKILLed at
-/// `point` and restarted on its store and port. Ends with the remote's messages.
-async fn kill_at(kill_parent: bool, point: Point) -> anyhow::Result<Value> {
+/// `point` and restarted on its store and port, the parent speaking dormant's own remote
+/// protocol or, `over_a2a`, A2A (`a2a+…`) to the remote's A2A endpoint. Ends with the
+/// remote's messages.
+async fn kill_at(kill_parent: bool, point: Point, over_a2a: bool) -> anyhow::Result<Value> {
     let dirs = (tempfile::tempdir()?, tempfile::tempdir()?);
     let (parent_store, remote_store) = (dirs.0.path().join("parent"), dirs.1.path().join("remote"));
     let client = Client::new();
     let mut far = remote(&remote_store, "127.0.0.1:0")?;
     let far_listen = format!("127.0.0.1:{}", far.port()?);
     let far_base = far.base.clone();
-    let mut near = parent(&parent_store, "127.0.0.1:0", &far_base)?;
+    let endpoint = if over_a2a {
+        format!("a2a+{far_base}")
+    } else {
+        far_base.clone()
+    };
+    let mut near = parent(&parent_store, "127.0.0.1:0", &endpoint)?;
     let near_listen = format!("127.0.0.1:{}", near.port()?);
     let base = near.base.clone();
     // SIGKILL one of the two and start it again where it was.
     let crash = |near: Binary, far: Binary| -> anyhow::Result<(Binary, Binary)> {
         if kill_parent {
             near.kill()?;
-            Ok((parent(&parent_store, &near_listen, &far_base)?, far))
+            Ok((parent(&parent_store, &near_listen, &endpoint)?, far))
         } else {
             far.kill()?;
             Ok((near, remote(&remote_store, &far_listen)?))
@@ -475,34 +484,48 @@ async fn kill_at(kill_parent: bool, point: Point) -> anyhow::Result<Value> {
     Ok(messages)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_kill_of_either_process_at_each_waiting_point_applies_each_answer_once(
-) -> anyhow::Result<()> {
+/// Every kill of [`kill_at`] over one protocol: each answer applied once at the remote, the
+/// gated tool (not safe to retry) run once, and one child started (one user message).
+async fn each_kill_applies_each_answer_once(over_a2a: bool) -> anyhow::Result<()> {
     for kill_parent in [true, false] {
         for point in [
             Point::ChildSuspended,
             Point::AnswerAccepted,
             Point::ResumeInFlight,
         ] {
-            let messages = kill_at(kill_parent, point).await?;
-            let count = |tool: &str| {
-                messages["messages"]
-                    .as_array()
-                    .map(|all| {
-                        all.iter()
-                            .filter(|m| m["role"] == "tool" && m["tool_name"] == tool)
-                            .count()
-                    })
-                    .unwrap_or_default()
+            let messages = kill_at(kill_parent, point, over_a2a).await?;
+            let count = |role: &str, tool: Option<&str>| {
+                messages["messages"].as_array().map_or(0, |all| {
+                    all.iter()
+                        .filter(|m| m["role"] == role && tool.is_none_or(|t| m["tool_name"] == t))
+                        .count()
+                })
             };
             let who = if kill_parent { "parent" } else { "remote" };
-            assert_eq!(
-                count("ask_user"),
-                1,
-                "{who} killed at {point:?}: {messages}"
-            );
-            assert_eq!(count("publish"), 1, "{who} killed at {point:?}: {messages}");
+            let how = if over_a2a {
+                "A2A"
+            } else {
+                "dormant's protocol"
+            };
+            let what = format!("{who} killed at {point:?} over {how}: {messages}");
+            assert_eq!(count("tool", Some("ask_user")), 1, "{what}");
+            assert_eq!(count("tool", Some("publish")), 1, "{what}");
+            assert_eq!(count("user", None), 1, "{what}");
         }
     }
     Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kill_of_either_process_at_each_waiting_point_applies_each_answer_once(
+) -> anyhow::Result<()> {
+    each_kill_applies_each_answer_once(false).await
+}
+
+/// The same kills across the A2A boundary: the parent's A2A client and the remote's A2A
+/// server (issue 33).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_a2a_a_kill_of_either_process_at_each_waiting_point_applies_each_answer_once(
+) -> anyhow::Result<()> {
+    each_kill_applies_each_answer_once(true).await
 }

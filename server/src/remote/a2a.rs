@@ -292,6 +292,14 @@ impl A2aClient {
         }
         let calls = match a2a_task::waiting(&task, &state) {
             Waiting::Listed(calls) => calls,
+            Waiting::Interrupted(code) => {
+                let mut interrupted = status(Status::Interrupted, None, None);
+                interrupted.error = Some(dormant::types::RunError {
+                    code,
+                    message: "the remote run was interrupted".into(),
+                });
+                return Ok(interrupted);
+            }
             Waiting::Asked(request) => {
                 let call_id = a2a_task::input_call_id(&request.message_id);
                 let now = now_ms();
@@ -328,6 +336,29 @@ impl A2aClient {
             ),
         });
         Ok(failed)
+    }
+
+    /// Resumes a dormant server's run that was interrupted (a crash cut it) with a follow-up
+    /// message, as its parent's resume asks; any other task goes on by itself.
+    pub(super) async fn resume(&self, base: &str, session: &SessionId) -> Result<(), RemoteError> {
+        let context = session.as_str();
+        let Some(id) = self.task_of(base, context).await? else {
+            return Err(unknown_task(base, context));
+        };
+        let task = self.get_task(base, &id).await?;
+        let state = a2a_task::state(&task);
+        if !matches!(a2a_task::waiting(&task, &state), Waiting::Interrupted(_)) {
+            return Ok(());
+        }
+        let params = json!({
+            "message": {
+                "messageId": format!("{context}-resume-{}", now_ms()),
+                "contextId": context, "taskId": id, "role": "ROLE_USER",
+                "parts": [{ "text": "Go on." }],
+            },
+            "configuration": { "returnImmediately": true },
+        });
+        self.rpc(base, "SendMessage", params).await.map(drop)
     }
 
     /// A stream of no chunks that ends once the child's task is no longer at work.

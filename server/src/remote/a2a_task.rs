@@ -50,11 +50,13 @@ pub(super) struct InputRequest {
     pub(super) input: Value,
 }
 
-/// The calls a waiting task's status message lists (a dormant server's), or the one request
-/// for input it makes (any other agent's).
+/// The calls a waiting task's status message lists (a dormant server's), the one request for
+/// input it makes (any other agent's), or a dormant server's run that was interrupted (a
+/// crash cut it: its parent resumes it, as over dormant's own protocol).
 pub(super) enum Waiting {
     Listed(Vec<RemoteCall>),
     Asked(InputRequest),
+    Interrupted(ErrorCode),
 }
 
 /// What `task`, in `state`, waits on.
@@ -62,6 +64,16 @@ pub(super) fn waiting(task: &Value, state: &str) -> Waiting {
     let message = &task["status"]["message"];
     if let Some(calls) = listed_calls(message) {
         return Waiting::Listed(calls);
+    }
+    let interrupted = message["parts"].as_array().and_then(|parts| {
+        parts
+            .iter()
+            .find_map(|part| part["data"].get("interrupted").cloned())
+    });
+    if let Some(code) = interrupted {
+        return Waiting::Interrupted(
+            serde_json::from_value(code).unwrap_or(ErrorCode::Interrupted),
+        );
     }
     let message_id = message["messageId"]
         .as_str()
@@ -265,6 +277,17 @@ mod tests {
         assert_eq!(calls.len(), 2);
         assert_eq!(calls[1].kind, PendingKind::Approval);
         assert_eq!(calls[1].approval_id.as_deref(), Some("r::p-1"));
+    }
+
+    #[test]
+    fn a_dormant_servers_interrupted_run_says_why() {
+        let task = json!({"status": {"state": "TASK_STATE_INPUT_REQUIRED", "message": {
+            "messageId": "s", "parts": [{"text": "The run was interrupted"},
+                                        {"data": {"interrupted": "crashed"}}]}}});
+        assert!(matches!(
+            waiting(&task, "TASK_STATE_INPUT_REQUIRED"),
+            Waiting::Interrupted(ErrorCode::Crashed)
+        ));
     }
 
     #[test]
