@@ -4,10 +4,12 @@
 //! root → child → client tool → submit at the root → resume the root → completed
 //!
 //! `remote`: the child runs on a second runtime served by dormant-server on a loopback port
-//! (the parent reaches it with `HttpRemoteAgents`); `local`: the child is a sub-agent of the
-//! same runtime. Each round runs `--trees` trees at once, each through one cycle; rounds
-//! alternate local and remote so that both see the same machine. Reports cycles/s and the
-//! cycle latency p50/p99 of each.
+//! (the parent reaches it with `HttpRemoteAgents`, over dormant's own routes); `a2a`: the same
+//! child on the same server, reached over A2A (`ToolDefinition::a2a_agent`: the server's A2A
+//! endpoint, the child a task); `local`: the child is a sub-agent of the same runtime. Each
+//! round runs `--trees` trees at once, each through one cycle; the rounds rotate which goes
+//! first so that all see the same machine. Reports cycles/s and the cycle latency p50/p99 of
+//! each, and the ratios.
 //!
 //! ```text
 //! cargo run --release -p dormant-server --example remote_cycles -- --trees 100 --rounds 6
@@ -20,7 +22,7 @@ use dormant::{
     AgentDefinition, ModelReply, Runtime, ScriptedLlm, SledStore, Status, ToolCall, ToolDefinition,
 };
 use dormant::{Submit, SubmitOutcome};
-use dormant_server::{Auth, HttpRemoteAgents, Server};
+use dormant_server::{Auth, HttpRemoteAgents, Server, ServerConfig};
 use hdrhistogram::Histogram;
 use serde_json::json;
 
@@ -139,6 +141,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         tempfile::tempdir()?,
         tempfile::tempdir()?,
         tempfile::tempdir()?,
+        tempfile::tempdir()?,
     );
 
     // The remote: `helper` served on a loopback port.
@@ -148,7 +151,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .agent(helper()?)
         .build()?;
     let auth = Auth::api_key(KEY);
-    let server = Server::new(remote.clone(), auth);
+    // A message to its A2A endpoint starts the helper.
+    let server =
+        Server::new(remote.clone(), auth).config(ServerConfig::default().page_agent("helper"));
     let closing = server.closing();
     let app = server.router()?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
@@ -168,6 +173,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         ))?)
         .remote_agents(Arc::new(HttpRemoteAgents::new(Some(KEY.into()))))
         .build()?;
+    let a2a_parent = Runtime::builder()
+        .store(Arc::new(SledStore::open(dirs.3.path())?))
+        .llm(Arc::new(llm()))
+        .agent(lead(ToolDefinition::a2a_agent("delegate", &endpoint))?)
+        .remote_agents(Arc::new(HttpRemoteAgents::new(Some(KEY.into()))))
+        .build()?;
     let local_parent = Runtime::builder()
         .store(Arc::new(SledStore::open(dirs.2.path())?))
         .llm(Arc::new(llm()))
@@ -175,21 +186,34 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .agent(helper()?)
         .build()?;
 
-    let mut histograms = [Histogram::<u64>::new(3)?, Histogram::<u64>::new(3)?];
-    let mut walls = [Duration::ZERO, Duration::ZERO];
+    let parents = [
+        (&local_parent, "local"),
+        (&remote_parent, "remote"),
+        (&a2a_parent, "a2a"),
+    ];
+    let mut histograms = [
+        Histogram::<u64>::new(3)?,
+        Histogram::<u64>::new(3)?,
+        Histogram::<u64>::new(3)?,
+    ];
+    let mut walls = [Duration::ZERO; 3];
     // A warm-up round of each, not counted.
     let mut scratch = Histogram::<u64>::new(3)?;
-    round(&local_parent, "warm-local", 0, args.trees, &mut scratch).await?;
-    round(&remote_parent, "warm-remote", 0, args.trees, &mut scratch).await?;
+    for (runtime, label) in parents {
+        round(
+            runtime,
+            &format!("warm-{label}"),
+            0,
+            args.trees,
+            &mut scratch,
+        )
+        .await?;
+    }
     for index in 0..args.rounds {
-        // Alternate which goes first, so neither always runs on a warmer machine.
-        let order = if index % 2 == 0 { [0, 1] } else { [1, 0] };
-        for which in order {
-            let (runtime, label) = if which == 0 {
-                (&local_parent, "local")
-            } else {
-                (&remote_parent, "remote")
-            };
+        // Rotate which goes first, so none always runs on a warmer machine.
+        for step in 0..parents.len() {
+            let which = (index + step) % parents.len();
+            let (runtime, label) = parents[which];
             walls[which] +=
                 round(runtime, label, index, args.trees, &mut histograms[which]).await?;
         }
@@ -198,8 +222,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         "nested suspension cycle, {} trees at once, {} rounds each",
         args.trees, args.rounds
     );
-    let mut rates = [0.0; 2];
-    for (which, label) in ["local child ", "remote child"].iter().enumerate() {
+    let mut rates = [0.0; 3];
+    for (which, label) in [
+        "local child       ",
+        "remote child      ",
+        "remote child (A2A)",
+    ]
+    .iter()
+    .enumerate()
+    {
         let histogram = &histograms[which];
         let cycles = histogram.len() as f64;
         rates[which] = cycles / walls[which].as_secs_f64();
@@ -212,8 +243,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
     }
     println!("remote / local cycles/s: {:.2}", rates[1] / rates[0]);
+    println!("A2A / remote cycles/s: {:.2}", rates[2] / rates[1]);
 
-    for runtime in [&remote_parent, &local_parent] {
+    for runtime in [&remote_parent, &a2a_parent, &local_parent] {
         runtime.shutdown().await?;
     }
     closing.close();

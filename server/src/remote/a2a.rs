@@ -37,6 +37,9 @@ pub const DEFAULT_A2A_INPUT_TIMEOUT: Duration = Duration::from_secs(24 * 60 * 60
 /// The longest wait between two looks at a task at work.
 const MAX_POLL: Duration = Duration::from_secs(1);
 
+/// How long a status waits for a task at work to stop working before it says it works.
+const SETTLE_WAIT: Duration = Duration::from_secs(5);
+
 /// Speaks A2A to remote children: one per [`HttpRemoteAgents`](crate::HttpRemoteAgents).
 pub(super) struct A2aClient {
     client: HttpClient,
@@ -47,12 +50,20 @@ pub(super) struct A2aClient {
     answering: tokio::sync::Mutex<()>,
 }
 
+/// Where an agent takes JSON-RPC requests, and whether it can stream a task's updates
+/// (`SubscribeToTask`), as its card says.
+#[derive(Clone)]
+struct Interface {
+    url: String,
+    streaming: bool,
+}
+
 /// What this process learned of the agents it speaks to. Only a cache: after a restart each
 /// is asked again (the agent card, `ListTasks`).
 #[derive(Default)]
 struct Known {
-    /// The JSON-RPC URL of each agent (by its base URL), from its card.
-    rpc_urls: HashMap<String, String>,
+    /// Each agent's JSON-RPC URL (by its base URL), and whether it streams, from its card.
+    rpc_urls: HashMap<String, Interface>,
     /// The task of each child: `{base} {context}` → task id.
     tasks: HashMap<String, String>,
     /// A child whose agent answered its first message with a message, not a task: its text.
@@ -79,8 +90,8 @@ impl A2aClient {
         self
     }
 
-    /// The agent's JSON-RPC URL, from its card (asked once).
-    async fn rpc_url(&self, base: &str) -> Result<String, RemoteError> {
+    /// The agent's JSON-RPC interface, from its card (asked once).
+    async fn interface(&self, base: &str) -> Result<Interface, RemoteError> {
         if let Some(url) = self.known.lock().rpc_urls.get(base) {
             return Ok(url.clone());
         }
@@ -114,11 +125,15 @@ impl A2aClient {
             .or_else(|| card["url"].as_str())
             .ok_or_else(|| protocol(base, "its agent card names no JSON-RPC interface".into()))?
             .to_string();
+        let interface = Interface {
+            url,
+            streaming: card["capabilities"]["streaming"] == true,
+        };
         self.known
             .lock()
             .rpc_urls
-            .insert(base.to_string(), url.clone());
-        Ok(url)
+            .insert(base.to_string(), interface.clone());
+        Ok(interface)
     }
 
     fn authorized(&self, request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
@@ -131,7 +146,7 @@ impl A2aClient {
     /// One JSON-RPC call: its result, or the agent's error as a typed refusal (dormant's own
     /// code when the agent is a dormant server that gave one).
     async fn rpc(&self, base: &str, method: &str, params: Value) -> Result<Value, RemoteError> {
-        let url = self.rpc_url(base).await?;
+        let url = self.interface(base).await?.url;
         let body = json!({ "jsonrpc": "2.0", "id": 1, "method": method, "params": params });
         let response = self
             .authorized(self.client.reqwest().post(&url))
@@ -274,7 +289,8 @@ impl A2aClient {
                 None => Err(unknown_task(base, context)),
             };
         };
-        let task = self.get_task(base, &id).await?;
+        // As a dormant server's status does, it waits a while for the task to stop working.
+        let task = self.settle(base, &id, Some(SETTLE_WAIT)).await?;
         let state = a2a_task::state(&task);
         if a2a_task::working(&state) {
             return Ok(status(Status::Running, None, None));
@@ -361,24 +377,94 @@ impl A2aClient {
         self.rpc(base, "SendMessage", params).await.map(drop)
     }
 
-    /// A stream of no chunks that ends once the child's task is no longer at work.
+    /// A stream of no chunks that ends once the child's task is no longer at work: followed
+    /// over `SubscribeToTask` when the agent streams, else asked with `GetTask` at growing
+    /// intervals.
     pub(super) fn chunks(self: Arc<Self>, base: String, session: SessionId) -> RemoteChunks {
         futures::stream::once(async move {
-            let mut wait = Duration::from_millis(20);
-            loop {
-                let Some(id) = self.task_of(&base, session.as_str()).await? else {
-                    return Ok(());
-                };
-                let task = self.get_task(&base, &id).await?;
-                if !a2a_task::working(&a2a_task::state(&task)) {
-                    return Ok(());
-                }
-                tokio::time::sleep(wait).await;
-                wait = (wait * 2).min(MAX_POLL);
+            if let Some(id) = self.task_of(&base, session.as_str()).await? {
+                self.settle(&base, &id, None).await?;
             }
+            Ok(())
         })
         .filter_map(|done: Result<(), RemoteError>| async move { done.err().map(Err) })
         .boxed()
+    }
+
+    /// Task `id` once it no longer works, or as it stands after `bound`: followed over
+    /// `SubscribeToTask` when the agent streams, else asked with `GetTask` at growing
+    /// intervals.
+    async fn settle(
+        &self,
+        base: &str,
+        id: &str,
+        bound: Option<Duration>,
+    ) -> Result<Value, RemoteError> {
+        let started = tokio::time::Instant::now();
+        let mut wait = Duration::from_millis(10);
+        loop {
+            let task = self.get_task(base, id).await?;
+            let over = bound.is_some_and(|bound| started.elapsed() >= bound);
+            if over || !a2a_task::working(&a2a_task::state(&task)) {
+                return Ok(task);
+            }
+            let interface = self.interface(base).await?;
+            let left = bound.map(|bound| bound.saturating_sub(started.elapsed()));
+            let followed = match (interface.streaming, left) {
+                (false, _) => false,
+                (true, None) => self.subscribe(base, &interface.url, id).await?,
+                (true, Some(left)) => {
+                    tokio::time::timeout(left, self.subscribe(base, &interface.url, id))
+                        .await
+                        .unwrap_or(Ok(true))?
+                }
+            };
+            // A subscription that ended with the task still at work (the agent closed it) is
+            // asked again after the same growing wait as a poll.
+            if !followed {
+                tokio::time::sleep(left.map_or(wait, |left| wait.min(left))).await;
+                wait = (wait * 2).min(MAX_POLL);
+            }
+        }
+    }
+
+    /// Follows task `id` over `SubscribeToTask` until an update says it no longer works:
+    /// `true` then, `false` if the stream ended (or was refused) before.
+    async fn subscribe(&self, base: &str, url: &str, id: &str) -> Result<bool, RemoteError> {
+        let body = json!({
+            "jsonrpc": "2.0", "id": 1, "method": "SubscribeToTask", "params": { "id": id },
+        });
+        let response = self
+            .authorized(self.client.reqwest().post(url))
+            .header("A2A-Version", "1.0")
+            .header("accept", "text/event-stream")
+            .json(&body)
+            .send()
+            .await
+            .map_err(|error| super::unreachable(base, &error))?;
+        if !response.status().is_success() {
+            return Ok(false);
+        }
+        let events = super::sse::events(base.to_string(), response.bytes_stream());
+        let mut events = std::pin::pin!(events);
+        while let Some(event) = events.next().await {
+            let answer: Value = serde_json::from_str(&event?.data).unwrap_or_default();
+            let result = &answer["result"];
+            let status = if result["task"].is_object() {
+                &result["task"]["status"]
+            } else {
+                &result["statusUpdate"]["status"]
+            };
+            if status.is_object()
+                && !a2a_task::working(&a2a_task::state(&json!({ "status": status })))
+            {
+                return Ok(true);
+            }
+            if answer.get("error").is_some() {
+                return Ok(false);
+            }
+        }
+        Ok(false)
     }
 
     pub(super) async fn submit(

@@ -1,6 +1,8 @@
-//! Reads a dormant server's `GET /sse` as the chunks it carries: each event with an id is a
-//! chunk (its JSON in `data`); `delta` events (no id) are live pieces a parent does not copy;
-//! `end` closes the stream and `error` carries the server's typed error.
+//! Reads a server-sent event stream: any as its events (`events`: an A2A agent's
+//! `SubscribeToTask`), and a dormant server's `GET /sse` as the chunks it carries (`chunks`):
+//! each event with an id is a chunk (its JSON in `data`); `delta` events (no id) are live
+//! pieces a parent does not copy; `end` closes the stream and `error` carries the server's
+//! typed error.
 
 use bytes::Bytes;
 use dormant::remote::RemoteError;
@@ -9,10 +11,23 @@ use futures::{Stream, StreamExt};
 
 /// One event, as far as it is read.
 #[derive(Debug, Default)]
-struct Event {
+pub(crate) struct Event {
     id: Option<String>,
     name: Option<String>,
-    data: String,
+    /// Its data lines, joined.
+    pub(crate) data: String,
+}
+
+/// The events of an SSE body, until it ends.
+pub(crate) fn events(
+    endpoint: String,
+    body: impl Stream<Item = Result<Bytes, reqwest::Error>> + Send + 'static,
+) -> impl Stream<Item = Result<Event, RemoteError>> + Send + 'static {
+    let state = Reader::new(endpoint, body);
+    futures::stream::unfold(state, |mut reader| async move {
+        let item = reader.next_event().await?;
+        Some((item, reader))
+    })
 }
 
 /// The chunks of an SSE body, until `end`.
@@ -20,13 +35,7 @@ pub(crate) fn chunks(
     endpoint: String,
     body: impl Stream<Item = Result<Bytes, reqwest::Error>> + Send + 'static,
 ) -> impl Stream<Item = Result<Chunk, RemoteError>> + Send + 'static {
-    let state = Reader {
-        endpoint,
-        body: Box::pin(body),
-        buffer: Vec::new(),
-        event: Event::default(),
-        done: false,
-    };
+    let state = Reader::new(endpoint, body);
     futures::stream::unfold(state, |mut reader| async move {
         let item = reader.next_chunk().await?;
         Some((item, reader))
@@ -42,7 +51,35 @@ struct Reader {
 }
 
 impl Reader {
+    fn new(
+        endpoint: String,
+        body: impl Stream<Item = Result<Bytes, reqwest::Error>> + Send + 'static,
+    ) -> Self {
+        Self {
+            endpoint,
+            body: Box::pin(body),
+            buffer: Vec::new(),
+            event: Event::default(),
+            done: false,
+        }
+    }
+
+    /// The next chunk: the next event that is one (or the end, or an error).
     async fn next_chunk(&mut self) -> Option<Result<Chunk, RemoteError>> {
+        loop {
+            match self.next_event().await? {
+                Ok(event) => {
+                    if let Some(item) = self.dispatch(event) {
+                        return Some(item);
+                    }
+                }
+                Err(error) => return Some(Err(error)),
+            }
+        }
+    }
+
+    /// The next complete event, `None` at the end of the body (or after `end`).
+    async fn next_event(&mut self) -> Option<Result<Event, RemoteError>> {
         loop {
             if self.done {
                 return None;
@@ -53,13 +90,10 @@ impl Reader {
                 let line = line.trim_end_matches(['\n', '\r']);
                 if line.is_empty() {
                     let event = std::mem::take(&mut self.event);
-                    if let Some(item) = self.dispatch(event) {
-                        return Some(item);
+                    if event.name.is_none() && event.id.is_none() && event.data.is_empty() {
+                        continue;
                     }
-                    if self.done {
-                        return None;
-                    }
-                    continue;
+                    return Some(Ok(event));
                 }
                 let (field, value) = line.split_once(':').unwrap_or((line, ""));
                 let value = value.strip_prefix(' ').unwrap_or(value);
