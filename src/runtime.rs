@@ -98,6 +98,19 @@ impl Runtime {
         define(&self.inner.shared, agent)
     }
 
+    /// Whether an agent of that name is defined here.
+    ///
+    /// ```
+    /// # fn demo(runtime: dormant::Runtime) {
+    /// if !runtime.has_agent("researcher") {
+    ///     eprintln!("no agent researcher");
+    /// }
+    /// # }
+    /// ```
+    pub fn has_agent(&self, name: &str) -> bool {
+        self.inner.shared.agents.contains_key(name)
+    }
+
     /// Starts a new session of `agent` with a server-issued id and waits for its first run to
     /// end (or suspend).
     ///

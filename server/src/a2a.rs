@@ -8,7 +8,7 @@
 //! `GetTask`, `CancelTask` (an abort), and, in `a2a_stream.rs`, `SendStreamingMessage` and
 //! `SubscribeToTask`. docs/protocols.md says what maps to what.
 
-use axum::extract::State;
+use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -28,18 +28,44 @@ use crate::state::AppState;
 /// The URL comes from the request's `Host` (plain HTTP: behind TLS, a proxy rewrites it or the
 /// daemon serves its own card), so the answer is never cached for another host.
 pub(crate) async fn card(State(state): State<AppState>, headers: HeaderMap) -> Response {
+    let agent = state.config.page_agent.clone();
+    card_of(&state, &headers, &agent, "/a2a")
+}
+
+/// `GET /a2a/{agent}/.well-known/agent-card.json`: the card of any agent of the server, its
+/// JSON-RPC interface at `/a2a/{agent}`.
+pub(crate) async fn agent_card(
+    State(state): State<AppState>,
+    Path(agent): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    if !state.runtime.has_agent(&agent) {
+        return unknown_agent(&agent);
+    }
+    card_of(&state, &headers, &agent, &format!("/a2a/{agent}"))
+}
+
+fn unknown_agent(agent: &str) -> Response {
+    crate::error::ApiError::new(
+        axum::http::StatusCode::NOT_FOUND,
+        "unknown_agent",
+        format!("no agent {agent:?} here"),
+    )
+    .into_response()
+}
+
+fn card_of(state: &AppState, headers: &HeaderMap, agent: &str, path: &str) -> Response {
     let host = headers
         .get(axum::http::header::HOST)
         .and_then(|host| host.to_str().ok())
         .unwrap_or("127.0.0.1");
-    let agent = &state.config.page_agent;
     let (schemes, requirements) = state.auth.card_security();
     let card = Json(json!({
         "name": agent,
         "description": format!("dormant agent {agent}: durable sessions that may wait for a person"),
         "version": env!("CARGO_PKG_VERSION"),
         "supportedInterfaces": [{
-            "url": format!("http://{host}/a2a"),
+            "url": format!("http://{host}{path}"),
             "protocolBinding": "JSONRPC",
             "protocolVersion": "1.0",
         }],
@@ -58,29 +84,56 @@ pub(crate) async fn card(State(state): State<AppState>, headers: HeaderMap) -> R
     ([(axum::http::header::CACHE_CONTROL, "no-store")], card).into_response()
 }
 
-/// `POST /a2a`: one JSON-RPC request.
+/// `POST /a2a`: one JSON-RPC request; a message that starts a task starts the server's agent
+/// (`page_agent`).
 pub(crate) async fn rpc(
     State(state): State<AppState>,
     headers: HeaderMap,
     credentials: Credentials,
     JsonBody(request): JsonBody<Value>,
 ) -> Response {
+    let agent = state.config.page_agent.clone();
+    rpc_of(state, agent, headers, credentials, request).await
+}
+
+/// `POST /a2a/{agent}`: one JSON-RPC request to `agent`.
+pub(crate) async fn agent_rpc(
+    State(state): State<AppState>,
+    Path(agent): Path<String>,
+    headers: HeaderMap,
+    credentials: Credentials,
+    JsonBody(request): JsonBody<Value>,
+) -> Response {
+    if !state.runtime.has_agent(&agent) {
+        return unknown_agent(&agent);
+    }
+    rpc_of(state, agent, headers, credentials, request).await
+}
+
+async fn rpc_of(
+    state: AppState,
+    agent: String,
+    headers: HeaderMap,
+    credentials: Credentials,
+    request: Value,
+) -> Response {
     let id = request.get("id").cloned().unwrap_or(Value::Null);
     if matches!(
         request["method"].as_str(),
         Some("SendStreamingMessage" | "SubscribeToTask")
     ) {
-        return crate::a2a_stream::respond(state, headers, credentials, request).await;
+        return crate::a2a_stream::respond(state, &agent, headers, credentials, request).await;
     }
     Json(response(
         &id,
-        call(&state, &headers, &credentials, &request).await,
+        call(&state, &agent, &headers, &credentials, &request).await,
     ))
     .into_response()
 }
 
 async fn call(
     state: &AppState,
+    agent: &str,
     headers: &HeaderMap,
     credentials: &Credentials,
     request: &Value,
@@ -88,7 +141,7 @@ async fn call(
     check(headers, request)?;
     let params = &request["params"];
     match request["method"].as_str().unwrap_or_default() {
-        "SendMessage" => send_message(state, credentials, params).await,
+        "SendMessage" => send_message(state, agent, credentials, params).await,
         "GetTask" => {
             let task = task_id(params)?;
             credentials.session(&task.session).await?;
@@ -145,10 +198,11 @@ async fn list_tasks(
 /// tree has settled (blocking).
 async fn send_message(
     state: &AppState,
+    agent: &str,
     credentials: &Credentials,
     params: &Value,
 ) -> Result<Value, RpcError> {
-    let (task, token) = begin_message(state, credentials, params).await?;
+    let (task, token) = begin_message(state, agent, credentials, params).await?;
     // Blocking, within the request's time (the task as it stands then, still working: the
     // client polls it or subscribes), unless the client asked to be answered at once.
     if params["configuration"]["returnImmediately"] != true {

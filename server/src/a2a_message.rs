@@ -18,11 +18,12 @@ pub(crate) fn task_id(params: &Value) -> Result<TaskId, RpcError> {
     TaskId::parse(text).ok_or_else(|| RpcError::new(TASK_NOT_FOUND, format!("no task {text:?}")))
 }
 
-/// What a message asks for, started: the task it answers or starts, and, for a session this
+/// What a message asks for, started: the task it answers or starts (a new one of `agent`), and, for a session this
 /// request made, its token (for the messages that answer it). A new task in a context whose
 /// current task waits for input is refused: it would abandon what waits.
 pub(crate) async fn begin_message(
     state: &AppState,
+    agent: &str,
     credentials: &Credentials,
     params: &Value,
 ) -> Result<(TaskId, Option<String>), RpcError> {
@@ -76,8 +77,7 @@ pub(crate) async fn begin_message(
                 "a message that starts a task needs a text part",
             ));
         }
-        let agent = state.config.page_agent.clone();
-        let started = state.runtime.start_on(&session, &agent, text).await?;
+        let started = state.runtime.start_on(&session, agent, text).await?;
         a2a_task::started(state, &session, started.run_id).await?
     };
     // A session this request made: its token, whatever credentials made it, for the messages

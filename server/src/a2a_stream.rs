@@ -22,13 +22,14 @@ use crate::state::AppState;
 /// The SSE answer to a streaming request.
 pub(crate) async fn respond(
     state: AppState,
+    agent: &str,
     headers: HeaderMap,
     credentials: Credentials,
     request: Value,
 ) -> Response {
     let id = request.get("id").cloned().unwrap_or(Value::Null);
     let (sender, receiver) = tokio::sync::mpsc::channel::<Bytes>(16);
-    match start(&state, &headers, &credentials, &request).await {
+    match start(&state, agent, &headers, &credentials, &request).await {
         Ok((task, token)) => {
             tokio::spawn(follow(state, id, task, token, sender));
         }
@@ -56,6 +57,7 @@ pub(crate) async fn respond(
 /// The task the request follows: the one a message starts or answers, or the one named.
 async fn start(
     state: &AppState,
+    agent: &str,
     headers: &HeaderMap,
     credentials: &Credentials,
     request: &Value,
@@ -63,7 +65,7 @@ async fn start(
     check(headers, request)?;
     let params = &request["params"];
     if request["method"] == "SendStreamingMessage" {
-        return begin_message(state, credentials, params).await;
+        return begin_message(state, agent, credentials, params).await;
     }
     let task = task_id(params)?;
     credentials.session(&task.session).await?;

@@ -198,6 +198,14 @@ impl Server {
             ("/a2a", post(a2a::rpc).route_layer(with_body())),
             ("/.well-known/agent-card.json", get(a2a::card)),
             (
+                "/a2a/{agent}",
+                post(a2a::agent_rpc).route_layer(with_body()),
+            ),
+            (
+                "/a2a/{agent}/.well-known/agent-card.json",
+                get(a2a::agent_card),
+            ),
+            (
                 "/approval-token",
                 post(approval_routes::issue).route_layer(with_body()),
             ),

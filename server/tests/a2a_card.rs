@@ -69,3 +69,64 @@ async fn the_card_names_the_api_key_and_the_session_token() -> anyhow::Result<()
     server.stop().await?.shutdown().await?;
     Ok(())
 }
+
+/// Each agent has a card of its own, whose interface starts that agent's tasks; an agent the
+/// server does not have is a typed 404.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_agent_has_a_card_and_an_endpoint_of_its_own() -> anyhow::Result<()> {
+    let runtime = Runtime::builder()
+        .store(Arc::new(SledStore::temporary()?))
+        .llm(Arc::new(
+            ScriptedLlm::new()
+                .script("desk", vec![ModelReply::text("desk here")])
+                .script("archive", vec![ModelReply::text("archive here")]),
+        ))
+        .agent(AgentDefinition::builder("desk").build()?)
+        .agent(AgentDefinition::builder("archive").build()?)
+        .build()?;
+    let config = ServerConfig::default().page_agent("desk");
+    let server = common::serve(runtime, Auth::allow_unauthenticated(), config).await?;
+    let card: Value = server
+        .http
+        .get(server.url("/a2a/archive/.well-known/agent-card.json"))
+        .send()
+        .await?
+        .json()
+        .await?;
+    assert_eq!(card["name"], "archive");
+    let url = card["supportedInterfaces"][0]["url"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(url.ends_with("/a2a/archive"), "{card}");
+
+    let message = serde_json::json!({
+        "jsonrpc": "2.0", "id": 1, "method": "SendMessage",
+        "params": { "message": {
+            "messageId": "m-1", "role": "ROLE_USER", "parts": [{ "text": "hello" }],
+        } },
+    });
+    let answer: Value = server
+        .http
+        .post(&url)
+        .header("A2A-Version", "1.0")
+        .json(&message)
+        .send()
+        .await?
+        .json()
+        .await?;
+    let task = &answer["result"]["task"];
+    assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{answer}");
+    assert_eq!(task["artifacts"][0]["parts"][0]["text"], "archive here");
+
+    let missing = server
+        .http
+        .get(server.url("/a2a/nobody/.well-known/agent-card.json"))
+        .send()
+        .await?;
+    assert_eq!(missing.status(), StatusCode::NOT_FOUND);
+    let body: Value = missing.json().await?;
+    assert_eq!(body["code"], "unknown_agent");
+    server.stop().await?.shutdown().await?;
+    Ok(())
+}
