@@ -22,6 +22,11 @@ use crate::access::Credentials;
 use crate::body::JsonBody;
 use crate::state::AppState;
 
+/// The A2A extension a dormant server's card declares: its tasks list their calls, and answers
+/// are judged by its submit contract (docs/protocols.md). dormant's A2A client speaks to such
+/// an agent call by call.
+pub const DORMANT_EXTENSION: &str = "urn:dormant:a2a:calls:v1";
+
 /// `GET /.well-known/agent-card.json`: the card of the server's agent (`page_agent`), its
 /// JSON-RPC interface at `/a2a` of the host the card was asked of.
 ///
@@ -69,7 +74,15 @@ fn card_of(state: &AppState, headers: &HeaderMap, agent: &str, path: &str) -> Re
             "protocolBinding": "JSONRPC",
             "protocolVersion": "1.0",
         }],
-        "capabilities": { "streaming": true, "pushNotifications": false },
+        "capabilities": {
+            "streaming": true,
+            "pushNotifications": false,
+            "extensions": [{
+                "uri": DORMANT_EXTENSION,
+                "description": "dormant's calls: a waiting task lists the calls of its tree (a data part {\"pending\": [...]}), a follow-up's data parts answer them through dormant's submit contract, and a status message's metadata.dormant says when the next message resumes the run (interrupted, resumable)",
+                "required": false,
+            }],
+        },
         "securitySchemes": schemes,
         "securityRequirements": requirements,
         "defaultInputModes": ["text/plain", "application/json"],
@@ -171,7 +184,8 @@ async fn call(
 
 /// `ListTasks` of one context (`contextId`, which is required: a context is a session, and
 /// a caller may list only the sessions it may act on), the latest first, one page of at most
-/// `pageSize` (50 by default, 100 at most).
+/// `pageSize` (50 by default, 100 at most) from `pageToken` (the `nextPageToken` of the page
+/// before: how many tasks it has passed).
 async fn list_tasks(
     state: &AppState,
     credentials: &Credentials,
@@ -187,9 +201,25 @@ async fn list_tasks(
     let limit = params["pageSize"]
         .as_u64()
         .map_or(50, |size| size.clamp(1, 100));
-    let tasks = a2a_task::list(state, &session, usize::try_from(limit).unwrap_or(100)).await?;
+    let skip = match params["pageToken"]
+        .as_str()
+        .filter(|token| !token.is_empty())
+    {
+        Some(token) => token.parse::<usize>().map_err(|_| {
+            RpcError::invalid_params(format!("pageToken {token:?} is not one of this server's"))
+        })?,
+        None => 0,
+    };
+    let limit = usize::try_from(limit).unwrap_or(100);
+    let (tasks, total) = a2a_task::list(state, &session, skip, limit).await?;
+    let passed = skip.saturating_add(tasks.len());
+    let next = if passed < total {
+        passed.to_string()
+    } else {
+        String::new()
+    };
     Ok(json!({
-        "tasks": tasks, "nextPageToken": "", "pageSize": limit, "totalSize": tasks.len(),
+        "tasks": tasks, "nextPageToken": next, "pageSize": limit, "totalSize": total,
     }))
 }
 

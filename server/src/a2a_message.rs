@@ -118,20 +118,13 @@ async fn continue_task(
         .collect();
     match record.status {
         Status::Interrupted if !record.aborted => {
+            judge_late(state, task, &answers).await?;
             state.runtime.start_resume(&task.session).await?;
             return Ok(());
         }
         Status::SuspendedClientTool | Status::SuspendedAwaitingChildren => {}
-        // Answers to calls that no longer wait (a client that sends its answer again): the
-        // submit contract says what each is, `already_completed` for a duplicate.
         _ if !answers.is_empty() => {
-            let submits = answers
-                .into_iter()
-                .map(|fields| envelope(task, &[], fields))
-                .collect::<Result<Vec<_>, _>>()?;
-            for answer in submits {
-                submit(state, answer).await?;
-            }
+            judge_late(state, task, &answers).await?;
             return Ok(());
         }
         Status::Running => {
@@ -148,6 +141,7 @@ async fn continue_task(
     if waiting.is_empty() {
         // Every answer is in (given elsewhere, or by a message whose resume did not happen):
         // the message goes on with them.
+        judge_late(state, task, &answers).await?;
         state.runtime.start_resume(&task.session).await?;
         return Ok(());
     }
@@ -180,6 +174,24 @@ async fn continue_task(
         submit(state, answer).await?;
     }
     state.runtime.start_resume(&task.session).await?;
+    Ok(())
+}
+
+/// Answers to calls that no longer wait (a client that sends its answer again): the submit
+/// contract says what each is (`already_completed` for a duplicate), and the first refusal is
+/// the message's error.
+async fn judge_late(
+    state: &AppState,
+    task: &TaskId,
+    answers: &[&Map<String, Value>],
+) -> Result<(), RpcError> {
+    let submits = answers
+        .iter()
+        .map(|fields| envelope(task, &[], fields))
+        .collect::<Result<Vec<_>, _>>()?;
+    for answer in submits {
+        submit(state, answer).await?;
+    }
     Ok(())
 }
 

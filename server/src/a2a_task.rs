@@ -57,8 +57,21 @@ pub(crate) async fn read(state: &AppState, task: &TaskId) -> Result<Value, ApiEr
             .as_ref()
             .is_some_and(|error| error.code == dormant::types::ErrorCode::Aborted)
         || (!current && !matches!(status, Status::Completed | Status::Failed));
+    // Suspended with nothing left to answer (every answer in, or a deadline passed, and no
+    // resume yet) and nothing at work in its tree: the next message resumes it.
+    let resumable = current
+        && !aborted
+        && waiting.is_empty()
+        && status.as_str().starts_with("suspended")
+        && tokio::time::timeout(SETTLED_NOW, state.runtime.wait_tree_settled(&task.session))
+            .await
+            .is_ok();
     let (state_name, message) = match status {
         _ if aborted => ("TASK_STATE_CANCELED", None),
+        _ if resumable => (
+            "TASK_STATE_INPUT_REQUIRED",
+            Some("Every answer is in: send a message to go on.".to_string()),
+        ),
         Status::Completed => ("TASK_STATE_COMPLETED", run.text.clone()),
         Status::Failed => (
             "TASK_STATE_FAILED",
@@ -76,13 +89,19 @@ pub(crate) async fn read(state: &AppState, task: &TaskId) -> Result<Value, ApiEr
         _ => ("TASK_STATE_WORKING", None),
     };
     let mut status_json = json!({ "state": state_name });
-    // An interrupted run says why, for a client that goes on by itself (dormant's A2A client
-    // resumes a run a crash cut when its parent resumes, as over its own protocol).
+    // A run that goes on with the next message says so, and an interrupted one why, in the
+    // message's metadata (dormant's extension): dormant's A2A client resumes it when its
+    // parent resumes, as over dormant's own protocol.
     let interrupted = (status == Status::Interrupted && !aborted).then(|| {
         run.error
             .as_ref()
             .map_or("interrupted", |error| error.code.as_str())
     });
+    let marker = match (interrupted, resumable) {
+        (Some(code), _) => Some(json!({ "interrupted": code })),
+        (None, true) => Some(json!({ "resumable": true })),
+        (None, false) => None,
+    };
     if message.is_some() || !waiting.is_empty() {
         let mut parts = Vec::new();
         if let Some(text) = message {
@@ -91,9 +110,6 @@ pub(crate) async fn read(state: &AppState, task: &TaskId) -> Result<Value, ApiEr
         if !waiting.is_empty() {
             parts.push(json!({ "data": { "pending": waiting } }));
         }
-        if let Some(code) = interrupted {
-            parts.push(json!({ "data": { "interrupted": code } }));
-        }
         status_json["message"] = json!({
             "messageId": format!("{}-status", task.text()),
             "contextId": task.session.as_str(),
@@ -101,6 +117,9 @@ pub(crate) async fn read(state: &AppState, task: &TaskId) -> Result<Value, ApiEr
             "role": "ROLE_AGENT",
             "parts": parts,
         });
+        if let Some(marker) = marker {
+            status_json["message"]["metadata"] = json!({ "dormant": marker });
+        }
     }
     let mut out = json!({
         "id": task.text(),
@@ -118,23 +137,33 @@ pub(crate) async fn read(state: &AppState, task: &TaskId) -> Result<Value, ApiEr
     Ok(out)
 }
 
-/// The tasks of context `session`, the latest first, at most `limit`: one per run a message
-/// started (its resumes are the same task). A context this server does not know has none.
+/// How long a task's read waits to learn whether its tree is settled (it answers at once
+/// when it is).
+const SETTLED_NOW: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// The tasks of context `session`, the latest first: `limit` of them after the first `skip`,
+/// and how many it has. A context this server does not know has none.
 pub(crate) async fn list(
     state: &AppState,
     session: &SessionId,
+    skip: usize,
     limit: usize,
-) -> Result<Vec<Value>, ApiError> {
+) -> Result<(Vec<Value>, usize), ApiError> {
     let runs = match state.runtime.runs(session).await {
         Ok(runs) => runs,
-        Err(dormant::ReadError::UnknownSession(_)) => return Ok(Vec::new()),
+        Err(dormant::ReadError::UnknownSession(_)) => return Ok((Vec::new(), 0)),
         Err(error) => return Err(error.into()),
     };
+    let total = runs
+        .iter()
+        .filter(|run| run.previous_run_id.is_none())
+        .count();
     let mut tasks = Vec::new();
     for run in runs
         .iter()
         .rev()
         .filter(|run| run.previous_run_id.is_none())
+        .skip(skip)
     {
         if tasks.len() == limit {
             break;
@@ -145,7 +174,7 @@ pub(crate) async fn list(
         };
         tasks.push(read(state, &task).await?);
     }
-    Ok(tasks)
+    Ok((tasks, total))
 }
 
 /// The last run of a task: the run its message started, or the last resume of it.

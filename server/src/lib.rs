@@ -77,6 +77,7 @@ mod token;
 mod tree;
 mod wire;
 
+pub use a2a::DORMANT_EXTENSION;
 pub use auth::{Auth, Caller, Denied};
 pub use client::{HttpClient, DEFAULT_CONNECT_TIMEOUT};
 pub use config::{ServerConfig, DEFAULT_MAX_BODY_BYTES};

@@ -5,7 +5,6 @@
 //! it started (`new_only`) rather than giving it a second turn.
 
 mod a2a;
-mod a2a_task;
 mod sse;
 
 pub use a2a::DEFAULT_A2A_INPUT_TIMEOUT;

@@ -274,3 +274,83 @@ async fn a_replayed_start_reattaches_and_a_replayed_answer_is_a_duplicate() -> a
     assert_eq!(agent.count("answered")?, 1);
     Ok(())
 }
+
+/// A dormant server as the A2A agent, its child's call answered there directly (so its run is
+/// suspended with every answer in, and nothing resumes it there): the task says the next
+/// message resumes it, and the parent's resume sends that message, as over dormant's own
+/// protocol. Without it the parent would wait on a task that reads as working forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dormant_childs_answered_run_is_resumed_by_the_parents_resume() -> anyhow::Result<()> {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use dormant::{
+        AgentDefinition, ModelReply, Runtime, ScriptedLlm, SledStore, Status, Submit,
+        SubmitOutcome, ToolCall, ToolDefinition,
+    };
+    use dormant_server::{Auth, HttpRemoteAgents, ServerConfig};
+
+    let key = "an-operator-key-of-some-length";
+    let far_runtime = Runtime::builder()
+        .store(Arc::new(SledStore::temporary()?))
+        .llm(Arc::new(ScriptedLlm::new().script(
+            "helper",
+            vec![
+                ModelReply::tool_calls(vec![ToolCall::new("q1", "ask", json!({}))]),
+                ModelReply::text("helper done"),
+            ],
+        )))
+        .agent(
+            AgentDefinition::builder("helper")
+                .tool(ToolDefinition::client("ask"))
+                .build()?,
+        )
+        .build()?;
+    let far = common::serve(
+        far_runtime,
+        Auth::api_key(key),
+        ServerConfig::default().page_agent("helper"),
+    )
+    .await?;
+    let near = Runtime::builder()
+        .store(Arc::new(SledStore::temporary()?))
+        .llm(Arc::new(ScriptedLlm::new().script(
+            "lead",
+            vec![
+                ModelReply::tool_calls(vec![ToolCall::new(
+                    "d1",
+                    "delegate",
+                    json!({ "message": "ask" }),
+                )]),
+                ModelReply::text("lead done"),
+            ],
+        )))
+        .agent(
+            AgentDefinition::builder("lead")
+                .tool(ToolDefinition::a2a_agent("delegate", &far.base))
+                .build()?,
+        )
+        .remote_agents(Arc::new(HttpRemoteAgents::new(Some(key.into()))))
+        .build()?;
+    let root: dormant::SessionId = "root".parse()?;
+    let run = near.execute_on(&root, "lead", "go").await?;
+    assert_eq!(run.status, Status::SuspendedAwaitingChildren, "{run:?}");
+
+    // Answered at the remote itself: its run waits for a resume that nothing there sends.
+    let child = "root-sub-d1";
+    let outcome = far
+        .runtime
+        .submit_tool_result(Submit::result(child, "q1", json!({ "ok": true })))
+        .await?;
+    assert_eq!(outcome, SubmitOutcome::Accepted);
+
+    let resumed = tokio::time::timeout(Duration::from_secs(30), near.resume(&root))
+        .await
+        .map_err(|_| anyhow::anyhow!("the parent's resume never came back"))??;
+    assert_eq!(resumed.status, Status::Completed, "{resumed:?}");
+    let child_record = far.runtime.session(&child.parse()?).await?;
+    assert_eq!(child_record.status, Status::Completed);
+    near.shutdown().await?;
+    far.stop().await?.shutdown().await?;
+    Ok(())
+}

@@ -9,6 +9,9 @@ use dormant::remote::RemoteError;
 use dormant::Chunk;
 use futures::{Stream, StreamExt};
 
+/// The most of one event read (a chunk or a task carries at most a result's bytes).
+const MAX_EVENT_BYTES: usize = 16 * 1024 * 1024;
+
 /// One event, as far as it is read.
 #[derive(Debug, Default)]
 pub(crate) struct Event {
@@ -108,6 +111,13 @@ impl Reader {
                     }
                     _ => {}
                 }
+            }
+            if self.buffer.len() + self.event.data.len() > MAX_EVENT_BYTES {
+                self.done = true;
+                return Some(Err(RemoteError::Protocol {
+                    endpoint: self.endpoint.clone(),
+                    reason: format!("an event over {MAX_EVENT_BYTES} bytes"),
+                }));
             }
             match self.body.next().await {
                 Some(Ok(bytes)) => self.buffer.extend_from_slice(&bytes),

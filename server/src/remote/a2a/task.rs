@@ -1,11 +1,13 @@
 //! What an A2A 1.0 task (its JSON as `GetTask` answers it) means to the parent of the remote
 //! child it stands for: its state as a dormant status, the calls it waits on, its result.
 //!
-//! A task in `INPUT_REQUIRED` or `AUTH_REQUIRED` waits on calls, read from its status message:
-//! a dormant server lists them itself (a data part `{"pending": [...]}`, each entry a call of
-//! its tree with its kind, approval id and schemas), and those are routed call by call; any
-//! other agent's request for input is one client call, `a2a-input-{messageId}`, whose input is
-//! what the agent said (its text and data parts).
+//! A task in `INPUT_REQUIRED` or `AUTH_REQUIRED` waits on calls, read from its status message.
+//! A dormant server (its card declares dormant's extension) lists them itself (a data part
+//! `{"pending": [...]}`, each entry a call of its tree with its kind, approval id and schemas),
+//! and those are routed call by call; its message's `metadata.dormant` says when the next
+//! message resumes the run instead (`interrupted`, `resumable`). Any other agent's request
+//! for input is one client call, `a2a-input-{messageId}`, whose input is what the agent said
+//! (its text and data parts).
 
 use dormant::remote::RemoteCall;
 use dormant::types::{ErrorCode, RunError};
@@ -50,30 +52,37 @@ pub(super) struct InputRequest {
     pub(super) input: Value,
 }
 
-/// The calls a waiting task's status message lists (a dormant server's), the one request for
-/// input it makes (any other agent's), or a dormant server's run that was interrupted (a
-/// crash cut it: its parent resumes it, as over dormant's own protocol).
+/// What a waiting task waits on: the calls a dormant server lists, the one request for input
+/// any other agent makes, or, from a dormant server, a run the next message resumes: one a
+/// crash (or an interrupt) cut, or one whose every answer is in.
 pub(super) enum Waiting {
     Listed(Vec<RemoteCall>),
     Asked(InputRequest),
     Interrupted(ErrorCode),
+    Resumable,
 }
 
-/// What `task`, in `state`, waits on.
-pub(super) fn waiting(task: &Value, state: &str) -> Waiting {
-    let message = &task["status"]["message"];
-    if let Some(calls) = listed_calls(message) {
-        return Waiting::Listed(calls);
+impl Waiting {
+    /// Whether the next message resumes the run (nothing to answer first).
+    pub(super) fn resumes(&self) -> bool {
+        matches!(self, Waiting::Interrupted(_) | Waiting::Resumable)
     }
-    let interrupted = message["parts"].as_array().and_then(|parts| {
-        parts
-            .iter()
-            .find_map(|part| part["data"].get("interrupted").cloned())
-    });
-    if let Some(code) = interrupted {
-        return Waiting::Interrupted(
-            serde_json::from_value(code).unwrap_or(ErrorCode::Interrupted),
-        );
+}
+
+/// What `task`, in `state`, waits on; `dormant`: the agent is a dormant server.
+pub(super) fn waiting(task: &Value, state: &str, dormant: bool) -> Waiting {
+    let message = &task["status"]["message"];
+    if dormant {
+        let marker = &message["metadata"]["dormant"];
+        if let Some(code) = marker.get("interrupted") {
+            return Waiting::Interrupted(
+                serde_json::from_value(code.clone()).unwrap_or(ErrorCode::Interrupted),
+            );
+        }
+        if marker["resumable"] == true {
+            return Waiting::Resumable;
+        }
+        return Waiting::Listed(listed_calls(message).unwrap_or_default());
     }
     let message_id = message["messageId"]
         .as_str()
@@ -144,26 +153,17 @@ pub(super) fn input_call_id(message_id: &str) -> String {
     format!("{INPUT_CALL}{safe}")
 }
 
-/// Every call id the task's history shows it asked for (its earlier status messages).
-pub(super) fn asked_before(task: &Value) -> Vec<String> {
-    let Some(history) = task["history"].as_array() else {
-        return Vec::new();
-    };
-    history
-        .iter()
-        .filter(|message| message["role"] == "ROLE_AGENT" || message["role"] == "agent")
-        .flat_map(|message| match listed_calls(message) {
-            Some(calls) => calls
-                .into_iter()
-                .map(|call| call.tool_call_id)
-                .collect::<Vec<_>>(),
-            None => message["messageId"]
-                .as_str()
-                .map(input_call_id)
-                .into_iter()
-                .collect(),
+/// Whether the task's history holds the message `message_id` (an answer sent before), or an
+/// agent message whose request is `call` (asked before, so answered or passed over since).
+pub(super) fn in_history(task: &Value, message_id: &str, call: &str) -> bool {
+    task["history"].as_array().is_some_and(|history| {
+        history.iter().any(|message| {
+            let id = message["messageId"].as_str().unwrap_or_default();
+            id == message_id
+                || ((message["role"] == "ROLE_AGENT" || message["role"] == "agent")
+                    && input_call_id(id) == call)
         })
-        .collect()
+    })
 }
 
 /// The text parts of a message or artifact, joined by lines (`None` without any).
@@ -252,7 +252,7 @@ mod tests {
                 "parts": [{"text": "Which account?"}, {"data": {"choices": [1, 2]}}]
             }}
         });
-        let Waiting::Asked(request) = waiting(&task, "TASK_STATE_INPUT_REQUIRED") else {
+        let Waiting::Asked(request) = waiting(&task, "TASK_STATE_INPUT_REQUIRED", false) else {
             panic!("an agent's own request is asked");
         };
         let call = input_call("ctx", "billing", &request, 1_000, 500);
@@ -271,7 +271,7 @@ mod tests {
             {"session_id": "c", "tool_call_id": "p-1", "tool_name": "pay", "kind": "approval",
              "approval_id": "r::p-1"}
         ]}}]}}});
-        let Waiting::Listed(calls) = waiting(&task, "TASK_STATE_INPUT_REQUIRED") else {
+        let Waiting::Listed(calls) = waiting(&task, "TASK_STATE_INPUT_REQUIRED", true) else {
             panic!("a dormant server's list is read");
         };
         assert_eq!(calls.len(), 2);
@@ -280,14 +280,36 @@ mod tests {
     }
 
     #[test]
-    fn a_dormant_servers_interrupted_run_says_why() {
-        let task = json!({"status": {"state": "TASK_STATE_INPUT_REQUIRED", "message": {
-            "messageId": "s", "parts": [{"text": "The run was interrupted"},
-                                        {"data": {"interrupted": "crashed"}}]}}});
+    fn a_dormant_servers_markers_are_read_from_its_metadata_only() {
+        let task = |marker: Value| {
+            json!({"status": {"state": "TASK_STATE_INPUT_REQUIRED", "message": {
+                "messageId": "s", "parts": [{"text": "go on?"}, {"data": {"interrupted": "x"}}],
+                "metadata": {"dormant": marker}}}})
+        };
+        let state = "TASK_STATE_INPUT_REQUIRED";
+        let crashed = task(json!({"interrupted": "crashed"}));
         assert!(matches!(
-            waiting(&task, "TASK_STATE_INPUT_REQUIRED"),
+            waiting(&crashed, state, true),
             Waiting::Interrupted(ErrorCode::Crashed)
         ));
+        assert!(waiting(&task(json!({"resumable": true})), state, true).resumes());
+        // Another agent's data part that happens to say "interrupted" is what it said.
+        assert!(matches!(waiting(&crashed, state, false), Waiting::Asked(_)));
+    }
+
+    #[test]
+    fn history_shows_an_answer_sent_and_a_request_asked() {
+        let task = json!({"history": [
+            {"messageId": "q-1", "role": "ROLE_AGENT"},
+            {"messageId": "ctx-a2a-input-q-1-answer", "role": "ROLE_USER"},
+        ]});
+        assert!(in_history(
+            &task,
+            "ctx-a2a-input-q-1-answer",
+            "a2a-input-none"
+        ));
+        assert!(in_history(&task, "none", "a2a-input-q-1"));
+        assert!(!in_history(&task, "none", "a2a-input-q-2"));
     }
 
     #[test]
