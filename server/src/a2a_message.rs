@@ -136,6 +136,8 @@ async fn continue_task(
             ))
         }
     }
+    // From the first answer recorded to the resume started, the task reads as working.
+    let _answering = Answering::begin(state, &task.session);
     let waits = crate::tree::waits(&state.runtime, &task.session).await?;
     let waiting: Vec<&PendingAnswer> = waits.pending.iter().filter(|call| call.waiting).collect();
     if waiting.is_empty() {
@@ -175,6 +177,38 @@ async fn continue_task(
     }
     state.runtime.start_resume(&task.session).await?;
     Ok(())
+}
+
+/// A follow-up message being applied to its context (`Shared::a2a_answering`), until dropped.
+struct Answering<'a> {
+    state: &'a AppState,
+    session: SessionId,
+}
+
+impl<'a> Answering<'a> {
+    fn begin(state: &'a AppState, session: &SessionId) -> Self {
+        *state
+            .a2a_answering
+            .lock()
+            .entry(session.clone())
+            .or_default() += 1;
+        Self {
+            state,
+            session: session.clone(),
+        }
+    }
+}
+
+impl Drop for Answering<'_> {
+    fn drop(&mut self) {
+        let mut answering = self.state.a2a_answering.lock();
+        if let Some(count) = answering.get_mut(&self.session) {
+            *count -= 1;
+            if *count == 0 {
+                answering.remove(&self.session);
+            }
+        }
+    }
 }
 
 /// Answers to calls that no longer wait (a client that sends its answer again): the submit

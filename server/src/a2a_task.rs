@@ -61,6 +61,7 @@ pub(crate) async fn read(state: &AppState, task: &TaskId) -> Result<Value, ApiEr
     // resume yet) and nothing at work in its tree: the next message resumes it.
     let resumable = current
         && !aborted
+        && !state.a2a_answering.lock().contains_key(&task.session)
         && waiting.is_empty()
         && status.as_str().starts_with("suspended")
         && tokio::time::timeout(SETTLED_NOW, state.runtime.wait_tree_settled(&task.session))

@@ -245,6 +245,7 @@ impl Server {
             config: Arc::new(self.config),
             closing: self.closing.0.subscribe(),
             metrics: Arc::new(metrics),
+            a2a_answering: parking_lot::Mutex::default(),
         }));
         let router = table
             .into_iter()

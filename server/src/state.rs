@@ -34,4 +34,9 @@ pub(crate) struct Shared {
     pub(crate) config: Arc<ServerConfig>,
     pub(crate) closing: watch::Receiver<bool>,
     pub(crate) metrics: Arc<HttpMetrics>,
+    /// The A2A contexts whose follow-up message is being applied (its answers recorded, the
+    /// resume they lead to not started yet): their task reads as working meanwhile, not as
+    /// one the next message must resume. How many such messages each has in flight.
+    pub(crate) a2a_answering:
+        parking_lot::Mutex<std::collections::HashMap<dormant::SessionId, usize>>,
 }

@@ -427,7 +427,8 @@ async fn kill_at(kill_parent: bool, point: Point, over_a2a: bool) -> anyhow::Res
         }
         anyhow::ensure!(
             started.elapsed() < Duration::from_secs(20),
-            "{point:?}: stuck at {status}"
+            "{point:?} (the {} killed, over A2A: {over_a2a}): stuck at {status}",
+            if kill_parent { "parent" } else { "remote" }
         );
         if status["status"] != "running" && pending_named(&status, "ask_user").is_none() {
             let _ = client

@@ -169,11 +169,12 @@ impl Session {
 
     /// An answer for a call under the remote child of `call_id` was accepted at the remote:
     /// a child that has not finished is watched, to learn where it stands now (it may have
-    /// gone on by itself).
-    pub(super) fn remote_answered(&self, cx: &mut ApplyCx, call_id: &str) {
+    /// gone on by itself), and looked at again by itself if a crash here loses that watch.
+    pub(super) fn remote_answered(&mut self, cx: &mut ApplyCx, call_id: &str) {
         if !self.children_entry_unfinished(call_id) {
             return;
         }
+        self.look_after_answer(cx, call_id);
         if let Some(drive) = self.remote_drive(call_id, Drive::Watch) {
             cx.push(Effect::DriveRemote(drive));
         }

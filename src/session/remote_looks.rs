@@ -16,6 +16,10 @@ use crate::types::tool_error::ToolErrorCode;
 const LOOK_MIN_MS: u64 = 1_000;
 /// The longest wait between two looks at a remote child that still waits past its deadline.
 const LOOK_MAX_MS: u64 = 60_000;
+/// When a parent looks at a remote child after an answer was accepted there, unless the watch
+/// that follows the answer reports first (as it does within a few milliseconds when the child
+/// waits for its resume; a child that goes on by itself, as over A2A, may take longer).
+const LOOK_AFTER_ANSWER_MS: u64 = 5_000;
 
 impl Session {
     /// Arms the look for when the remote settles a call of the child by itself: at `due`, the
@@ -145,6 +149,38 @@ impl Session {
                 Some(LookReason::Unreachable { wake: true, .. })
             )
         })
+    }
+
+    /// An answer was accepted at the remote child's server (it may go on by itself there):
+    /// arms a look at the child [`LOOK_AFTER_ANSWER_MS`] from now, durably, unless one comes
+    /// sooner or the remote is being retried. The watch that follows the answer reports
+    /// before it, as a rule, and moves the look to the child's next deadline; a crash before
+    /// that report is then healed by this look rather than at the answered call's deadline,
+    /// while this side still lists the call as waiting.
+    pub(super) fn look_after_answer(&mut self, cx: &mut ApplyCx, call_id: &str) {
+        let at_ms = cx.now.saturating_add(LOOK_AFTER_ANSWER_MS);
+        let Some(entry) = self
+            .children
+            .get(call_id)
+            .filter(|entry| entry.remote.is_some())
+        else {
+            return;
+        };
+        match entry.remote_look {
+            Some(RemoteLook {
+                why: LookReason::Unreachable { .. },
+                ..
+            }) => return,
+            Some(look) if look.at_ms <= at_ms => return,
+            _ => {}
+        }
+        let look = RemoteLook {
+            at_ms,
+            why: LookReason::Deadline { due_ms: at_ms },
+        };
+        self.set_remote_look(cx, call_id, Some(look));
+        self.put_child_entry(cx, call_id);
+        self.finish_entries(cx, CommitKind::Other);
     }
 
     /// How long to wait before trying an unreachable remote again: as long as it has been

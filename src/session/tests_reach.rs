@@ -190,12 +190,17 @@ fn an_answer_accepted_at_the_remote_watches_its_child_until_the_child_has_finish
         apply(session, input, 3)
     };
     let watched = answered(&mut session, "f1")?;
-    assert!(watched.commit.is_none());
+    // The look that heals a crash before the watch reports is durable: one commit.
+    assert!(watched.commit.is_some());
     let hows: Vec<Drive> = drives(&watched)
         .into_iter()
         .map(|drive| drive.how)
         .collect();
     assert_eq!(hows, vec![Drive::Watch]);
+    // Another answer before that look: watched again, the look already armed.
+    let again = answered(&mut session, "f1")?;
+    assert!(again.commit.is_none());
+    assert_eq!(drives(&again).len(), 1);
     // A child here, or a call nothing waits on, is not watched.
     assert!(answered(&mut session, "n1")?.effects.is_empty());
     assert!(answered(&mut session, "nobody")?.effects.is_empty());
