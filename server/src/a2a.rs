@@ -30,8 +30,9 @@ pub const DORMANT_EXTENSION: &str = "urn:dormant:a2a:calls:v1";
 /// `GET /.well-known/agent-card.json`: the card of the server's agent (`page_agent`), its
 /// JSON-RPC interface at `/a2a` of the host the card was asked of.
 ///
-/// The URL comes from the request's `Host` (plain HTTP: behind TLS, a proxy rewrites it or the
-/// daemon serves its own card), so the answer is never cached for another host.
+/// The URL comes from the request's `Host`, over plain HTTP unless a proxy in front says
+/// `X-Forwarded-Proto: https` (or rewrites it; or the daemon serves its own card), so the
+/// answer is never cached for another host.
 pub(crate) async fn card(State(state): State<AppState>, headers: HeaderMap) -> Response {
     let agent = state.config.page_agent.clone();
     card_of(&state, &headers, &agent, "/a2a")
@@ -64,13 +65,21 @@ fn card_of(state: &AppState, headers: &HeaderMap, agent: &str, path: &str) -> Re
         .get(axum::http::header::HOST)
         .and_then(|host| host.to_str().ok())
         .unwrap_or("127.0.0.1");
+    // Behind a TLS proxy that says so, the interface is https as the card was.
+    let scheme = match headers
+        .get("x-forwarded-proto")
+        .and_then(|proto| proto.to_str().ok())
+    {
+        Some(proto) if proto.eq_ignore_ascii_case("https") => "https",
+        _ => "http",
+    };
     let (schemes, requirements) = state.auth.card_security();
     let card = Json(json!({
         "name": agent,
         "description": format!("dormant agent {agent}: durable sessions that may wait for a person"),
         "version": env!("CARGO_PKG_VERSION"),
         "supportedInterfaces": [{
-            "url": format!("http://{host}{path}"),
+            "url": format!("{scheme}://{host}{path}"),
             "protocolBinding": "JSONRPC",
             "protocolVersion": "1.0",
         }],

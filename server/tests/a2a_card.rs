@@ -99,6 +99,19 @@ async fn each_agent_has_a_card_and_an_endpoint_of_its_own() -> anyhow::Result<()
         .unwrap_or_default()
         .to_string();
     assert!(url.ends_with("/a2a/archive"), "{card}");
+    // Behind a TLS proxy that says so, the interface is https.
+    let proxied: Value = server
+        .http
+        .get(server.url("/a2a/archive/.well-known/agent-card.json"))
+        .header("x-forwarded-proto", "https")
+        .send()
+        .await?
+        .json()
+        .await?;
+    let proxied_url = proxied["supportedInterfaces"][0]["url"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(proxied_url.starts_with("https://"), "{proxied}");
 
     let message = serde_json::json!({
         "jsonrpc": "2.0", "id": 1, "method": "SendMessage",

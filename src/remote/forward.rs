@@ -15,8 +15,8 @@ use crate::types::ids::SessionId;
 
 /// Forwards `submission` for the call `owner` describes to its remote (naming the session
 /// there that made the call when the submitter did: `owner_session`), and tells the session
-/// holding the remote child that an answer was accepted there (the remote may go on by itself:
-/// the parent follows it).
+/// holding the remote child that an answer was accepted there, or had been (the remote may go
+/// on by itself: the parent follows it).
 pub(crate) async fn forward(
     shared: &Shared,
     host: &Host<SessionActor>,
@@ -62,7 +62,12 @@ pub(crate) async fn forward(
             Error::Remote(error)
         })?;
     tracing::debug!(endpoint = %owner.endpoint, tool_call_id = %crate::types::Untrusted(&submit.tool_call_id), outcome = outcome.code(), "remote_subagent.submitted");
-    if outcome == SubmitOutcome::Accepted {
+    // Accepted, or answered before (a person who saw the call still listed here after a
+    // crash): either way the child may have gone on, and the watch tells.
+    if matches!(
+        outcome,
+        SubmitOutcome::Accepted | SubmitOutcome::AlreadyCompleted
+    ) {
         host.send(
             owner.via,
             SessionMsg::RemoteAnswered {
