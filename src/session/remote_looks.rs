@@ -151,19 +151,24 @@ impl Session {
         })
     }
 
-    /// An answer was accepted at the remote child's server (it may go on by itself there):
-    /// arms a look at the child [`LOOK_AFTER_ANSWER_MS`] from now, durably, unless one comes
-    /// sooner or the remote is being retried. The watch that follows the answer reports
-    /// before it, as a rule, and moves the look to the child's next deadline; a crash before
-    /// that report is then healed by this look rather than at the answered call's deadline,
-    /// while this side still lists the call as waiting.
+    /// An answer was accepted at the server of a remote child that goes on by itself once
+    /// answered (an A2A agent does): arms a look at the child [`LOOK_AFTER_ANSWER_MS`] from
+    /// now, durably, unless one comes sooner or the remote is being retried. The watch that
+    /// follows the answer reports before it, as a rule, and moves the look to the child's next
+    /// deadline; a crash before that report is then healed by this look rather than at the
+    /// answered call's deadline, while this side still lists the call as waiting. A child over
+    /// dormant's own protocol waits for its parent's resume, so its watch reports at once: the
+    /// look would cost a commit per answer for a window of milliseconds (BENCHMARKS.md, issue
+    /// 33).
     pub(super) fn look_after_answer(&mut self, cx: &mut ApplyCx, call_id: &str) {
         let at_ms = cx.now.saturating_add(LOOK_AFTER_ANSWER_MS);
-        let Some(entry) = self
-            .children
-            .get(call_id)
-            .filter(|entry| entry.remote.is_some())
-        else {
+        let goes_on_by_itself = |entry: &&super::ChildCall| {
+            entry
+                .remote
+                .as_ref()
+                .is_some_and(|remote| crate::remote::a2a_url(&remote.endpoint).is_some())
+        };
+        let Some(entry) = self.children.get(call_id).filter(goes_on_by_itself) else {
             return;
         };
         match entry.remote_look {

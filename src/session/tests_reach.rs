@@ -66,6 +66,57 @@ fn delegating() -> Result<(Session, Transition), String> {
     Ok((session, transition))
 }
 
+/// An answer accepted at an A2A child's agent (which goes on by itself once answered) arms a
+/// durable look at the child, in a commit before the watch: a crash before the watch reports
+/// is healed by that look. A second answer before it commits nothing more.
+#[test]
+fn an_answer_accepted_at_an_a2a_child_arms_a_durable_look() -> Result<(), String> {
+    let built = AgentDefinition::builder("lead")
+        .tool(ToolDefinition::a2a_agent("agent", "http://agent.invalid"))
+        .build()
+        .map_err(|error| error.to_string())?;
+    let mut session = Session::create(id("p")?, Arc::new(built), Arc::new(Policy::default()), 0);
+    let run_id = RunId::generate();
+    let execute = Input::Execute {
+        run_id,
+        message: "go".into(),
+        agent: "lead".into(),
+        new_only: false,
+        remote_parent: None,
+    };
+    apply(&mut session, execute, 1)?;
+    let reply = ModelReply::tool_calls(vec![ToolCall::new(
+        "a1",
+        "agent",
+        json!({ "message": "there" }),
+    )]);
+    let replied = Input::ModelReplied {
+        run_id,
+        step: 1,
+        reply: Ok(reply),
+    };
+    apply(&mut session, replied, 2)?;
+    let answered = |session: &mut Session| {
+        let input = Input::RemoteAnswered {
+            tool_call_id: "a1".into(),
+        };
+        apply(session, input, 3)
+    };
+    let first = answered(&mut session)?;
+    assert!(first.commit.is_some());
+    assert_eq!(drives(&first).len(), 1);
+    let look = session
+        .children
+        .get("a1")
+        .and_then(|entry| entry.remote_look)
+        .ok_or("no look armed")?;
+    assert_eq!(look.at_ms, 3 + 5_000);
+    let again = answered(&mut session)?;
+    assert!(again.commit.is_none());
+    assert_eq!(drives(&again).len(), 1);
+    Ok(())
+}
+
 fn drives(transition: &Transition) -> Vec<RemoteDrive> {
     transition
         .effects
@@ -190,17 +241,13 @@ fn an_answer_accepted_at_the_remote_watches_its_child_until_the_child_has_finish
         apply(session, input, 3)
     };
     let watched = answered(&mut session, "f1")?;
-    // The look that heals a crash before the watch reports is durable: one commit.
-    assert!(watched.commit.is_some());
+    // Over dormant's own protocol the child waits for its parent's resume: nothing to commit.
+    assert!(watched.commit.is_none());
     let hows: Vec<Drive> = drives(&watched)
         .into_iter()
         .map(|drive| drive.how)
         .collect();
     assert_eq!(hows, vec![Drive::Watch]);
-    // Another answer before that look: watched again, the look already armed.
-    let again = answered(&mut session, "f1")?;
-    assert!(again.commit.is_none());
-    assert_eq!(drives(&again).len(), 1);
     // A child here, or a call nothing waits on, is not watched.
     assert!(answered(&mut session, "n1")?.effects.is_empty());
     assert!(answered(&mut session, "nobody")?.effects.is_empty());

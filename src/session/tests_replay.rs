@@ -230,7 +230,7 @@ fn root_life() -> Vec<Step> {
         step(
             ROOT,
             4,
-            true,
+            false,
             Input::RemoteAnswered {
                 tool_call_id: "x1".into(),
             },
