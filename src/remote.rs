@@ -31,26 +31,13 @@ use crate::types::stream::Chunk;
 
 /// Where a remote parent or child is, and when a parent looks at its remote child: defined
 /// beside the records that hold them (`types/remote.rs`).
-pub use crate::types::remote::{LookReason, RemoteChild, RemoteLook, RemoteParent};
+pub use crate::types::remote::{
+    a2a_url, LookReason, RemoteChild, RemoteLook, RemoteParent, A2A_SCHEME,
+};
 pub(crate) use driver::{drive, stop_remote, Drive, Driven};
 pub(crate) use forward::forward;
 pub(crate) use orphans::{pass as stop_orphans_once, record as record_orphan, run as stop_orphans};
 pub(crate) use owner::{Owner, RemoteOwner};
-
-/// What an endpoint that speaks A2A starts with (`a2a+http://…`, `a2a+https://…`): the
-/// protocol named in the endpoint recorded with the child, so a transport knows it from the
-/// record alone, after any crash ([`ToolDefinition::a2a_agent`](crate::ToolDefinition::a2a_agent)).
-pub const A2A_SCHEME: &str = "a2a+";
-
-/// The A2A agent's URL, for an endpoint that speaks A2A ([`A2A_SCHEME`]).
-///
-/// ```
-/// assert_eq!(dormant::remote::a2a_url("a2a+http://127.0.0.1:9999"), Some("http://127.0.0.1:9999"));
-/// assert_eq!(dormant::remote::a2a_url("http://127.0.0.1:8080"), None);
-/// ```
-pub fn a2a_url(endpoint: &str) -> Option<&str> {
-    endpoint.strip_prefix(A2A_SCHEME)
-}
 
 /// A remote child its parent let go (wrote off after the remote stayed unreachable, aborted,
 /// or interrupted) whose server did not answer the stop: kept in the store until the remote

@@ -365,7 +365,7 @@ impl ToolDefinition {
     pub fn a2a_agent(name: impl Into<String>, url: impl AsRef<str>) -> Self {
         Self::remote_sub_agent(
             name,
-            format!("{}{}", crate::remote::A2A_SCHEME, url.as_ref()),
+            format!("{}{}", crate::types::remote::A2A_SCHEME, url.as_ref()),
             "a2a",
         )
     }

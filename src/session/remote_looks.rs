@@ -166,7 +166,7 @@ impl Session {
             entry
                 .remote
                 .as_ref()
-                .is_some_and(|remote| crate::remote::a2a_url(&remote.endpoint).is_some())
+                .is_some_and(|remote| crate::types::remote::a2a_url(&remote.endpoint).is_some())
         };
         let Some(entry) = self.children.get(call_id).filter(goes_on_by_itself) else {
             return;

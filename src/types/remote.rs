@@ -6,6 +6,21 @@ use serde::{Deserialize, Serialize};
 
 use crate::types::ids::SessionId;
 
+/// What an endpoint that speaks A2A starts with (`a2a+http://…`, `a2a+https://…`): the
+/// protocol named in the endpoint recorded with the child, so a transport knows it from the
+/// record alone, after any crash ([`ToolDefinition::a2a_agent`](crate::ToolDefinition::a2a_agent)).
+pub const A2A_SCHEME: &str = "a2a+";
+
+/// The A2A agent's URL, for an endpoint that speaks A2A ([`A2A_SCHEME`]).
+///
+/// ```
+/// assert_eq!(dormant::remote::a2a_url("a2a+http://127.0.0.1:9999"), Some("http://127.0.0.1:9999"));
+/// assert_eq!(dormant::remote::a2a_url("http://127.0.0.1:8080"), None);
+/// ```
+pub fn a2a_url(endpoint: &str) -> Option<&str> {
+    endpoint.strip_prefix(A2A_SCHEME)
+}
+
 /// Whom a remote child belongs to: sent with its start by the parent's server, and recorded
 /// with the child on the remote, which then gives it a local child's rules (its parent starts
 /// its turns; answers for its calls are given at the root, which forwards them).
