@@ -360,6 +360,10 @@ async fn kill_at(kill_parent: bool, point: Point, over_a2a: bool) -> anyhow::Res
     let mut near = parent(&parent_store, "127.0.0.1:0", &endpoint)?;
     let near_listen = format!("127.0.0.1:{}", near.port()?);
     let base = near.base.clone();
+    let what = format!(
+        "the {} killed at {point:?}, over A2A: {over_a2a}",
+        if kill_parent { "parent" } else { "remote" }
+    );
     // SIGKILL one of the two and start it again where it was.
     let crash = |near: Binary, far: Binary| -> anyhow::Result<(Binary, Binary)> {
         if kill_parent {
@@ -427,8 +431,7 @@ async fn kill_at(kill_parent: bool, point: Point, over_a2a: bool) -> anyhow::Res
         }
         anyhow::ensure!(
             started.elapsed() < Duration::from_secs(20),
-            "{point:?} (the {} killed, over A2A: {over_a2a}): stuck at {status}",
-            if kill_parent { "parent" } else { "remote" }
+            "{what}: stuck at {status}"
         );
         if status["status"] != "running" && pending_named(&status, "ask_user").is_none() {
             let _ = client
@@ -460,7 +463,7 @@ async fn kill_at(kill_parent: bool, point: Point, over_a2a: bool) -> anyhow::Res
         .await?;
     assert_eq!(code, StatusCode::ACCEPTED, "{point:?}: {body}");
     let status = client
-        .until(&base, &root, &token, "completion", |s| {
+        .until(&base, &root, &token, &format!("completion ({what})"), |s| {
             s["status"] == "completed"
         })
         .await?;
