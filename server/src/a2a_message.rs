@@ -106,8 +106,8 @@ async fn continue_task(
     parts: &[Value],
     text: &str,
 ) -> Result<(), RpcError> {
-    let record = state.runtime.session(&task.session).await?;
-    if !a2a_task::is_current(state, task, &record).await? {
+    let (record, run) = a2a_task::snapshot(state, task).await?;
+    if run.turn != record.run_count {
         return Err(unsupported(
             "this task is over: send a message in its context (contextId) to start another",
         ));

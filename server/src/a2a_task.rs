@@ -35,8 +35,7 @@ impl TaskId {
 /// The task as A2A's `Task` (protobuf JSON): its state, a status message (what it waits on,
 /// or its final text), and, once completed, its result as an artifact.
 pub(crate) async fn read(state: &AppState, task: &TaskId) -> Result<Value, ApiError> {
-    let record = state.runtime.session(&task.session).await?;
-    let run = latest_run(state, task).await?;
+    let (record, run) = snapshot(state, task).await?;
     let current = run.turn == record.run_count;
     let status = if current { record.status } else { run.status };
     let waiting = if current && status.as_str().starts_with("suspended") {
@@ -178,12 +177,36 @@ pub(crate) async fn list(
     Ok((tasks, total))
 }
 
-/// The last run of a task: the run its message started, or the last resume of it.
-async fn latest_run(
+/// The session's record and the task's last run (the run its message started, or the last
+/// resume of it), as of one moment: the record and the runs are two reads, and a run that
+/// began between them (a resume) would make a current task read as one a later task took the
+/// place of. The record is read first, so the runs can only be newer: read again until they
+/// are not.
+pub(crate) async fn snapshot(
     state: &AppState,
     task: &TaskId,
+) -> Result<(dormant::types::SessionRecord, dormant::types::RunRecord), ApiError> {
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        let record = state.runtime.session(&task.session).await?;
+        let runs = state.runtime.runs(&task.session).await?;
+        let newer = runs.last().is_some_and(|run| run.turn > record.run_count);
+        if !newer || tries == SNAPSHOT_TRIES {
+            return Ok((record, latest_run(&runs, task)?));
+        }
+    }
+}
+
+/// How many times [`snapshot`] reads before it takes what it read (a session resumed that
+/// often in a moment is at work: what it answers is current enough).
+const SNAPSHOT_TRIES: u32 = 5;
+
+/// The last run of `task` among `runs`.
+fn latest_run(
+    runs: &[dormant::types::RunRecord],
+    task: &TaskId,
 ) -> Result<dormant::types::RunRecord, ApiError> {
-    let runs = state.runtime.runs(&task.session).await?;
     let start = runs
         .iter()
         .position(|run| run.turn == task.turn && run.previous_run_id.is_none())
@@ -236,19 +259,9 @@ pub(crate) async fn waits(state: &AppState, session: &SessionId) -> Result<bool,
     }
 }
 
-/// Whether the task is its context's current one (its last run is the session's last).
-pub(crate) async fn is_current(
-    state: &AppState,
-    task: &TaskId,
-    record: &dormant::types::SessionRecord,
-) -> Result<bool, ApiError> {
-    Ok(latest_run(state, task).await?.turn == record.run_count)
-}
-
 /// Whether the task may be canceled: it is its context's current task and not over.
 pub(crate) async fn cancelable(state: &AppState, task: &TaskId) -> Result<bool, ApiError> {
-    let record = state.runtime.session(&task.session).await?;
-    let run = latest_run(state, task).await?;
+    let (record, run) = snapshot(state, task).await?;
     Ok(run.turn == record.run_count
         && !record.aborted
         && !matches!(record.status, Status::Completed | Status::Failed))
