@@ -65,7 +65,8 @@ pub(crate) async fn read(state: &AppState, task: &TaskId) -> Result<Value, ApiEr
         && status.as_str().starts_with("suspended")
         && tokio::time::timeout(SETTLED_NOW, state.runtime.wait_tree_settled(&task.session))
             .await
-            .is_ok();
+            .is_ok()
+        && unchanged_since(state, &record).await?;
     let (state_name, message) = match status {
         _ if aborted => ("TASK_STATE_CANCELED", None),
         _ if resumable => (
@@ -196,6 +197,17 @@ pub(crate) async fn snapshot(
             return Ok((record, latest_run(&runs, task)?));
         }
     }
+}
+
+/// Whether the session is as `record` had it (the same run, still suspended): what was read
+/// of it since (its waiting calls, whether its tree is settled) is then of that state, not of
+/// a resume that began and perhaps ended meanwhile.
+async fn unchanged_since(
+    state: &AppState,
+    record: &dormant::types::SessionRecord,
+) -> Result<bool, ApiError> {
+    let now = state.runtime.session(&record.id).await?;
+    Ok(now.run_count == record.run_count && now.status == record.status)
 }
 
 /// How many times [`snapshot`] reads before it takes what it read (a session resumed that
