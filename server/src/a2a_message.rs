@@ -106,8 +106,8 @@ async fn continue_task(
     parts: &[Value],
     text: &str,
 ) -> Result<(), RpcError> {
-    let (record, run) = a2a_task::snapshot(state, task).await?;
-    if run.turn != record.run_count {
+    let snap = a2a_task::snapshot(state, task).await?;
+    if !snap.current {
         return Err(unsupported(
             "this task is over: send a message in its context (contextId) to start another",
         ));
@@ -116,8 +116,8 @@ async fn continue_task(
         .iter()
         .filter_map(|part| part["data"].as_object())
         .collect();
-    match record.status {
-        Status::Interrupted if !record.aborted => {
+    match snap.status() {
+        Status::Interrupted if !snap.record.aborted => {
             judge_late(state, task, &answers).await?;
             state.runtime.start_resume(&task.session).await?;
             return Ok(());

@@ -35,9 +35,9 @@ impl TaskId {
 /// The task as A2A's `Task` (protobuf JSON): its state, a status message (what it waits on,
 /// or its final text), and, once completed, its result as an artifact.
 pub(crate) async fn read(state: &AppState, task: &TaskId) -> Result<Value, ApiError> {
-    let (record, run) = snapshot(state, task).await?;
-    let current = run.turn == record.run_count;
-    let status = if current { record.status } else { run.status };
+    let snap = snapshot(state, task).await?;
+    let (record, run, current) = (&snap.record, &snap.run, snap.current);
+    let status = snap.status();
     let waiting = if current && status.as_str().starts_with("suspended") {
         crate::tree::waits(&state.runtime, &task.session)
             .await?
@@ -66,7 +66,7 @@ pub(crate) async fn read(state: &AppState, task: &TaskId) -> Result<Value, ApiEr
         && tokio::time::timeout(SETTLED_NOW, state.runtime.wait_tree_settled(&task.session))
             .await
             .is_ok()
-        && unchanged_since(state, &record).await?;
+        && unchanged_since(state, record).await?;
     let (state_name, message) = match status {
         _ if aborted => ("TASK_STATE_CANCELED", None),
         _ if resumable => (
@@ -178,23 +178,47 @@ pub(crate) async fn list(
     Ok((tasks, total))
 }
 
-/// The session's record and the task's last run (the run its message started, or the last
-/// resume of it), as of one moment: the record and the runs are two reads, and a run that
-/// began between them (a resume) would make a current task read as one a later task took the
-/// place of. The record is read first, so the runs can only be newer: read again until they
-/// are not.
-pub(crate) async fn snapshot(
-    state: &AppState,
-    task: &TaskId,
-) -> Result<(dormant::types::SessionRecord, dormant::types::RunRecord), ApiError> {
+/// A task as read: its session's record, its last run (the run its message started, or the
+/// last resume of it), and whether that run is the session's last (the task is current).
+pub(crate) struct Snapshot {
+    pub(crate) record: dormant::types::SessionRecord,
+    pub(crate) run: dormant::types::RunRecord,
+    pub(crate) current: bool,
+}
+
+impl Snapshot {
+    /// The task's status: the record's when the record is of its last run, else the run's
+    /// own.
+    pub(crate) fn status(&self) -> Status {
+        if self.current && self.record.run_count == self.run.turn {
+            self.record.status
+        } else {
+            self.run.status
+        }
+    }
+}
+
+/// The task as of one moment, as far as two reads allow: the record and the runs are two
+/// reads, and a run that began between them (a resume) must not make a current task read as
+/// one a later task took the place of. The record is read first, so the runs can only be
+/// newer: read again until they are not; and whether the task is current is decided by the
+/// runs alone (the later read), so a session resumed again and again meanwhile still reads
+/// right, with its run's status.
+pub(crate) async fn snapshot(state: &AppState, task: &TaskId) -> Result<Snapshot, ApiError> {
     let mut tries = 0;
     loop {
         tries += 1;
         let record = state.runtime.session(&task.session).await?;
         let runs = state.runtime.runs(&task.session).await?;
-        let newer = runs.last().is_some_and(|run| run.turn > record.run_count);
-        if !newer || tries == SNAPSHOT_TRIES {
-            return Ok((record, latest_run(&runs, task)?));
+        let last = runs.last().map_or(0, |run| run.turn);
+        if last <= record.run_count || tries == SNAPSHOT_TRIES {
+            let run = latest_run(&runs, task)?;
+            let current = run.turn == last;
+            return Ok(Snapshot {
+                record,
+                run,
+                current,
+            });
         }
     }
 }
@@ -273,10 +297,10 @@ pub(crate) async fn waits(state: &AppState, session: &SessionId) -> Result<bool,
 
 /// Whether the task may be canceled: it is its context's current task and not over.
 pub(crate) async fn cancelable(state: &AppState, task: &TaskId) -> Result<bool, ApiError> {
-    let (record, run) = snapshot(state, task).await?;
-    Ok(run.turn == record.run_count
-        && !record.aborted
-        && !matches!(record.status, Status::Completed | Status::Failed))
+    let snap = snapshot(state, task).await?;
+    Ok(snap.current
+        && !snap.record.aborted
+        && !matches!(snap.status(), Status::Completed | Status::Failed))
 }
 
 /// What a task that waits asks for, in words.

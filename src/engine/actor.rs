@@ -131,6 +131,8 @@ pub(crate) enum SessionMsg {
     RemoteReport {
         tool_call_id: String,
         driven: crate::remote::Driven,
+        /// The driver was a watch.
+        watch: bool,
     },
     /// An answer for a call under the remote child of `tool_call_id` was accepted at the
     /// remote (sent by the router's forward).
@@ -186,6 +188,10 @@ pub(crate) struct SessionState {
     /// Drivers of remote children started by this actor that have not reported yet: work in
     /// progress, as a local child's run is (a settled session has none).
     remote_drivers: usize,
+    /// The calls whose remote child a watch follows now: one watch of a child at a time. A
+    /// watch asked for meanwhile (a look fell due, another answer was accepted there) runs
+    /// once the one in flight has reported, as one, since what it would learn may be newer.
+    remote_watches: std::collections::HashMap<String, Option<crate::session::RemoteDrive>>,
     /// An automatic resume was sent to this session and has not been handled yet.
     resume_queued: bool,
     /// The model call or tools in flight, cancelled by an interrupt or abort (and when the
@@ -229,6 +235,7 @@ impl VirtualActor for SessionActor {
             to_reconcile,
             reconciling: false,
             remote_drivers: 0,
+            remote_watches: std::collections::HashMap::new(),
             resume_queued: false,
             work: work::InFlight::default(),
         })
@@ -772,7 +779,18 @@ impl SessionActor {
             SessionMsg::RemoteReport {
                 tool_call_id,
                 driven,
-            } => self.remote_reported(ctx, state, tool_call_id, driven).await,
+                watch,
+            } => {
+                let next = if watch {
+                    state.remote_watches.remove(&tool_call_id).flatten()
+                } else {
+                    None
+                };
+                self.remote_reported(ctx, state, tool_call_id, driven).await;
+                if let Some(next) = next {
+                    self.drive_remote(ctx, state, next);
+                }
+            }
             SessionMsg::RemoteAnswered { tool_call_id } => {
                 self.feed(ctx, state, Input::RemoteAnswered { tool_call_id })
                     .await;

@@ -55,7 +55,18 @@ impl Session {
             };
             self.route_remote_calls(cx, call_id, &child, &remote, &before, after);
         }
+        // A run of the child a crash cut there, seen by a watch (nobody here waits on a wake of
+        // it): its server keeps it until its parent wakes it, so wake it now. A child that
+        // goes on by itself once answered (over A2A) would otherwise sit cut, listing nothing,
+        // until the root's next resume.
+        let cut = position.watch && matches!(report, ChildReport::Crashed);
         self.child_reported(cx, call_id, report, chunks);
+        if cut && self.children_entry_unfinished(call_id) {
+            cx.extend(
+                self.remote_drive(call_id, Drive::Wake)
+                    .map(Effect::DriveRemote),
+            );
+        }
         self.resume_if_owed(cx, owed);
     }
 

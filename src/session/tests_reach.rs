@@ -117,6 +117,49 @@ fn an_answer_accepted_at_an_a2a_child_arms_a_durable_look() -> Result<(), String
     Ok(())
 }
 
+/// A watch that finds a remote child's run cut by a crash there (nobody here waits on a wake of
+/// it) wakes the child: its server keeps a cut run until its parent wakes it. A wake's own
+/// report of a cut run wakes nothing more (no loop).
+#[test]
+fn a_watch_that_finds_a_remote_child_cut_by_a_crash_wakes_it() -> Result<(), String> {
+    let (mut session, _) = delegating()?;
+    let cut = |watch: bool| Input::RemoteReported {
+        tool_call_id: "f1".into(),
+        report: ChildReport::Crashed,
+        chunks: Vec::new(),
+        calls: Vec::new(),
+        as_of: 0,
+        watch,
+    };
+    // While the step waits on its children, a watch's report is not the one it waits for.
+    let settled = Input::ChildrenReported {
+        reports: vec![crate::session::ReportedChild {
+            tool_call_id: "n1".into(),
+            report: ChildReport::Finished(ToolOutcome::Result(json!("near done"))),
+            chunks: Vec::new(),
+        }],
+    };
+    apply(&mut session, settled, 3)?;
+    let suspended = Input::RemoteReported {
+        tool_call_id: "f1".into(),
+        report: ChildReport::Suspended(vec!["ask-1".into()]),
+        chunks: Vec::new(),
+        calls: Vec::new(),
+        as_of: 0,
+        watch: false,
+    };
+    apply(&mut session, suspended, 4)?;
+    let watched = apply(&mut session, cut(true), 5)?;
+    let hows: Vec<Drive> = drives(&watched)
+        .into_iter()
+        .map(|drive| drive.how)
+        .collect();
+    assert_eq!(hows, vec![Drive::Wake]);
+    let woken = apply(&mut session, cut(false), 6)?;
+    assert!(drives(&woken).is_empty());
+    Ok(())
+}
+
 fn drives(transition: &Transition) -> Vec<RemoteDrive> {
     transition
         .effects

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use dormant_actors::ActorContext;
 
 use super::{SessionActor, SessionMsg, SessionState};
-use crate::remote::{drive, stop_remote, Driven, RemoteChild};
+use crate::remote::{drive, stop_remote, Drive, Driven, RemoteChild};
 use crate::session::{Input, RemoteDrive};
 use crate::types::ids::SessionId;
 
@@ -25,6 +25,16 @@ impl SessionActor {
         let Some(host) = ctx.host() else {
             return;
         };
+        let watch = remote.how == Drive::Watch;
+        if watch {
+            // A watch of this child in flight: this one runs after it reports (a child that
+            // works a while, as an A2A agent may, keeps one watch, not one per look).
+            if let Some(next) = state.remote_watches.get_mut(&remote.call) {
+                *next = Some(remote);
+                return;
+            }
+            state.remote_watches.insert(remote.call.clone(), None);
+        }
         let shared = Arc::clone(&self.shared);
         let parent = ctx.key().clone();
         // Work in progress until it reports: the session is not settled meanwhile (a caller
@@ -44,6 +54,7 @@ impl SessionActor {
                 SessionMsg::RemoteReport {
                     tool_call_id: call,
                     driven,
+                    watch,
                 },
             );
         });
