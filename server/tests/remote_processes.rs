@@ -422,8 +422,12 @@ async fn kill_at(kill_parent: bool, point: Point, over_a2a: bool) -> anyhow::Res
     if point == Point::ResumeInFlight {
         (near, far) = crash(near, far)?;
     }
-    // A crash may have cut the run: resume again until the approval is asked for.
+    // A crash may have cut the run: resume again until the approval is asked for. A parent
+    // killed before it recorded what its watch of the child learned after the answer still
+    // lists the answered call: a person answers it again, which is a duplicate there and
+    // makes the parent look at the child.
     let started = Instant::now();
+    let mut answered_again: Option<Instant> = None;
     let publish = loop {
         let status = client.status(&base, &root, &token).await?;
         if let Some(publish) = pending_named(&status, "publish") {
@@ -433,7 +437,21 @@ async fn kill_at(kill_parent: bool, point: Point, over_a2a: bool) -> anyhow::Res
             started.elapsed() < Duration::from_secs(20),
             "{what}: stuck at {status}"
         );
-        if status["status"] != "running" && pending_named(&status, "ask_user").is_none() {
+        let listed = pending_named(&status, "ask_user").is_some();
+        if listed && answered_again.is_none_or(|at| at.elapsed() > Duration::from_secs(1)) {
+            answered_again = Some(Instant::now());
+            let again =
+                json!({ "session_id": root, "tool_call_id": call, "result": { "answer": "Once" } });
+            let (code, body) = client
+                .post(&base, "/submit-tool-result", Some(&token), again)
+                .await?;
+            // A duplicate there, or the remote still restarting: never a second answer.
+            assert!(
+                code == StatusCode::CONFLICT || code == StatusCode::SERVICE_UNAVAILABLE,
+                "{what}: answered again: {code} {body}"
+            );
+        }
+        if status["status"] != "running" && !listed {
             let _ = client
                 .post(
                     &base,
