@@ -158,6 +158,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let app = server.router()?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let endpoint = format!("http://{}", listener.local_addr()?);
+    // As the binary does: an SSE event is a small write, sent at once rather than after
+    // Nagle's wait for the ACK of the one before (a 40 ms stall with delayed ACKs).
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     let stop = closing.clone();
     let served = tokio::spawn(async move {
         let _ = axum::serve(listener, app)
