@@ -18,9 +18,10 @@ pub(crate) fn task_id(params: &Value) -> Result<TaskId, RpcError> {
     TaskId::parse(text).ok_or_else(|| RpcError::new(TASK_NOT_FOUND, format!("no task {text:?}")))
 }
 
-/// What a message asks for, started: the task it answers or starts (a new one of `agent`), and, for a session this
-/// request made, its token (for the messages that answer it). A new task in a context whose
-/// current task waits for input is refused: it would abandon what waits.
+/// What a message asks for, started: the task it answers or starts (a new one of `agent`),
+/// and, for a session this request made, its token (for the messages that answer it). A new
+/// task in a context whose current task waits for input is refused: it would abandon what
+/// waits.
 pub(crate) async fn begin_message(
     state: &AppState,
     agent: &str,

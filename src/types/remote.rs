@@ -14,8 +14,9 @@ pub const A2A_SCHEME: &str = "a2a+";
 /// The A2A agent's URL, for an endpoint that speaks A2A ([`A2A_SCHEME`]).
 ///
 /// ```
-/// assert_eq!(dormant::remote::a2a_url("a2a+http://127.0.0.1:9999"), Some("http://127.0.0.1:9999"));
-/// assert_eq!(dormant::remote::a2a_url("http://127.0.0.1:8080"), None);
+/// use dormant::remote::a2a_url;
+/// assert_eq!(a2a_url("a2a+http://127.0.0.1:9999"), Some("http://127.0.0.1:9999"));
+/// assert_eq!(a2a_url("http://127.0.0.1:8080"), None);
 /// ```
 pub fn a2a_url(endpoint: &str) -> Option<&str> {
     endpoint.strip_prefix(A2A_SCHEME)
