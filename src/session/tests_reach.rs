@@ -39,7 +39,21 @@ fn far() -> RemoteChild {
 /// A lead whose first step called `n1` (a child here) and `f1` (a remote child); returns it
 /// and that step's transition.
 fn delegating() -> Result<(Session, Transition), String> {
-    let mut session = Session::create(id("p")?, lead(), Arc::new(Policy::default()), 0);
+    stepped(
+        lead(),
+        vec![
+            ToolCall::new("n1", "near", json!({ "message": "here" })),
+            ToolCall::new("f1", "far", json!({ "message": "there" })),
+        ],
+    )
+}
+
+/// A session of `agent` whose first step made `calls`; returns it and that step's transition.
+fn stepped(
+    agent: Arc<AgentDefinition>,
+    calls: Vec<ToolCall>,
+) -> Result<(Session, Transition), String> {
+    let mut session = Session::create(id("p")?, agent, Arc::new(Policy::default()), 0);
     let run_id = RunId::generate();
     let execute = Input::Execute {
         run_id,
@@ -51,14 +65,10 @@ fn delegating() -> Result<(Session, Transition), String> {
     session
         .apply(execute, 1)
         .map_err(|error| error.to_string())?;
-    let reply = ModelReply::tool_calls(vec![
-        ToolCall::new("n1", "near", json!({ "message": "here" })),
-        ToolCall::new("f1", "far", json!({ "message": "there" })),
-    ]);
     let replied = Input::ModelReplied {
         run_id,
         step: 1,
-        reply: Ok(reply),
+        reply: Ok(ModelReply::tool_calls(calls)),
     };
     let transition = session
         .apply(replied, 2)
@@ -75,27 +85,8 @@ fn an_answer_accepted_at_an_a2a_child_arms_a_durable_look() -> Result<(), String
         .tool(ToolDefinition::a2a_agent("agent", "http://agent.invalid"))
         .build()
         .map_err(|error| error.to_string())?;
-    let mut session = Session::create(id("p")?, Arc::new(built), Arc::new(Policy::default()), 0);
-    let run_id = RunId::generate();
-    let execute = Input::Execute {
-        run_id,
-        message: "go".into(),
-        agent: "lead".into(),
-        new_only: false,
-        remote_parent: None,
-    };
-    apply(&mut session, execute, 1)?;
-    let reply = ModelReply::tool_calls(vec![ToolCall::new(
-        "a1",
-        "agent",
-        json!({ "message": "there" }),
-    )]);
-    let replied = Input::ModelReplied {
-        run_id,
-        step: 1,
-        reply: Ok(reply),
-    };
-    apply(&mut session, replied, 2)?;
+    let call = ToolCall::new("a1", "agent", json!({ "message": "there" }));
+    let (mut session, _) = stepped(Arc::new(built), vec![call])?;
     let answered = |session: &mut Session| {
         let input = Input::RemoteAnswered {
             tool_call_id: "a1".into(),

@@ -1,7 +1,8 @@
 """An A2A 1.0 agent built with the official SDK (a2a-sdk's server side, on uvicorn), which
 dormant's A2A client delegates to in `tests/a2a_client.rs`.
 
-`python agent.py PORT LOG` serves on 127.0.0.1:PORT. A first message starts a task that asks
+`python agent.py LOG` serves on a free port of 127.0.0.1 and prints `listening PORT` once it
+listens. A first message starts a task that asks
 for input ("Which account should the refund go to?", TASK_STATE_INPUT_REQUIRED); the follow-up
 message completes it with the artifact "refunded to ACCOUNT". A first message that says "auth"
 asks for credentials instead (TASK_STATE_AUTH_REQUIRED). Each task started, each answer taken
@@ -10,6 +11,7 @@ or an answer applied twice, shows there.
 """
 
 import json
+import socket
 import sys
 
 import uvicorn
@@ -21,8 +23,13 @@ from a2a.helpers.proto_helpers import new_task_from_user_message
 from a2a.types import AgentCapabilities, AgentCard, AgentInterface, AgentSkill, Part
 from starlette.applications import Starlette
 
-PORT = int(sys.argv[1])
-LOG = sys.argv[2]
+LOG = sys.argv[1]
+# Bound before the card is made (it names the port), listened on before the line is printed.
+SOCKET = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+SOCKET.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+SOCKET.bind(("127.0.0.1", 0))
+SOCKET.listen(128)
+PORT = SOCKET.getsockname()[1]
 
 
 def log(event, **fields):
@@ -89,4 +96,6 @@ app = Starlette(
 )
 
 if __name__ == "__main__":
-    uvicorn.run(app, host="127.0.0.1", port=PORT, log_level="warning")
+    print(f"listening {PORT}", flush=True)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    server.run(sockets=[SOCKET])

@@ -2,10 +2,9 @@
 //! `.ci/run` installs it into a virtual environment and sets `DORMANT_A2A_PYTHON` to its
 //! interpreter. `tests/a2a/agent.py` is an agent built with its server side, run on uvicorn.
 
-use std::io::Write;
+use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use serde_json::Value;
@@ -35,34 +34,30 @@ pub struct Agent {
 }
 
 impl Agent {
-    /// Starts the agent with `python`, logging to `log`, and waits until its card answers.
+    /// Starts the agent with `python`, logging to `log`, and waits for the line that says
+    /// where it listens.
     pub fn start(python: &std::ffi::OsStr, log: &Path) -> anyhow::Result<Self> {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?
-            .local_addr()?
-            .port();
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/a2a/agent.py");
-        let child = Command::new(python)
+        let mut child = Command::new(python)
             .arg(script)
-            .arg(port.to_string())
             .arg(log)
-            .stdout(Stdio::null())
+            .stdout(Stdio::piped())
             .spawn()
             .context("starting tests/a2a/agent.py")?;
-        let agent = Self {
+        let stdout = child.stdout.take().context("the agent's stdout")?;
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line)?;
+        // Killed when dropped, also if it did not say where it listens.
+        let mut agent = Self {
             child,
-            base: format!("http://127.0.0.1:{port}"),
+            base: String::new(),
             log: log.to_path_buf(),
         };
-        let card = format!("127.0.0.1:{port}");
-        let started = Instant::now();
-        // Waits for the process to listen (it has no line to wait for): a connect, not time.
-        while std::net::TcpStream::connect(&card).is_err() {
-            anyhow::ensure!(
-                started.elapsed() < Duration::from_secs(30),
-                "tests/a2a/agent.py did not listen on {card} within 30 s"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        let port = line
+            .trim()
+            .strip_prefix("listening ")
+            .with_context(|| format!("tests/a2a/agent.py said {line:?}, not where it listens"))?;
+        agent.base = format!("http://127.0.0.1:{port}");
         Ok(agent)
     }
 
