@@ -465,6 +465,22 @@ impl AgentBuilder {
         self
     }
 
+    /// Adds tools, in order (an MCP server's, say: `dormant::mcp::McpTools::definitions`).
+    ///
+    /// ```
+    /// use dormant::{AgentDefinition, ToolDefinition};
+    ///
+    /// let agent = AgentDefinition::builder("helper")
+    ///     .tools([ToolDefinition::client("pick_file"), ToolDefinition::client("confirm")])
+    ///     .build()?;
+    /// assert_eq!(agent.tools().count(), 2);
+    /// # Ok::<(), dormant::definition::DefinitionError>(())
+    /// ```
+    pub fn tools(mut self, tools: impl IntoIterator<Item = ToolDefinition>) -> Self {
+        self.tools.extend(tools);
+        self
+    }
+
     /// Sets how many model calls one run may make (default [`DEFAULT_MAX_STEPS`]).
     pub fn max_steps(mut self, steps: u32) -> Self {
         self.max_steps = steps;

@@ -143,6 +143,8 @@ pub mod definition;
 mod engine;
 mod error;
 pub mod llm;
+#[cfg(feature = "mcp")]
+pub mod mcp;
 pub mod remote;
 pub mod runtime;
 pub mod session;

@@ -80,11 +80,17 @@ pub enum ToolErrorCode {
     CompanionInterrupted,
     /// The persistent sub-agent has no reply recorded.
     CompanionLost,
+    /// The MCP server of the tool could not be reached (it is down, or restarting): the call
+    /// was not sent.
+    McpServerUnavailable,
+    /// The MCP server answered the call with a protocol error (an unknown tool, invalid
+    /// arguments): the tool did not run.
+    McpRequestFailed,
 }
 
 impl ToolErrorCode {
     /// Every code.
-    pub const ALL: [ToolErrorCode; 30] = [
+    pub const ALL: [ToolErrorCode; 32] = [
         ToolErrorCode::UnknownTool,
         ToolErrorCode::InvalidInput,
         ToolErrorCode::InvalidOutput,
@@ -115,6 +121,8 @@ impl ToolErrorCode {
         ToolErrorCode::CompanionTerminated,
         ToolErrorCode::CompanionInterrupted,
         ToolErrorCode::CompanionLost,
+        ToolErrorCode::McpServerUnavailable,
+        ToolErrorCode::McpRequestFailed,
     ];
 
     /// The stable snake_case name the error text begins with.
@@ -150,6 +158,8 @@ impl ToolErrorCode {
             ToolErrorCode::CompanionTerminated => "companion_terminated",
             ToolErrorCode::CompanionInterrupted => "companion_interrupted",
             ToolErrorCode::CompanionLost => "companion_lost",
+            ToolErrorCode::McpServerUnavailable => "mcp_server_unavailable",
+            ToolErrorCode::McpRequestFailed => "mcp_request_failed",
         }
     }
 

@@ -1,0 +1,285 @@
+//! One MCP server kept connected: started (or connected to), its tools listed, restarted with
+//! backoff when it goes away, its list read again when it says the list changed.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::RwLock;
+use rmcp::model::{ClientCapabilities, ClientInfo, Implementation, Tool};
+use rmcp::service::{NotificationContext, Peer, RunningService};
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
+use rmcp::{ClientHandler, RoleClient, ServiceExt};
+use tokio::sync::{oneshot, watch, Notify};
+
+use super::server::{McpServer, Transport};
+use super::McpError;
+use crate::definition::ToolDefinition;
+
+/// The first wait before a server that went away is started again; doubled up to
+/// [`McpServer::max_backoff`].
+const FIRST_BACKOFF: Duration = Duration::from_millis(100);
+
+/// A connected MCP server and its tools. Cheap to clone; the server is stopped (a stdio
+/// server killed) once every clone and every [`ToolDefinition`] made from it is dropped.
+#[derive(Clone, Debug)]
+pub struct McpTools {
+    shared: Arc<Shared>,
+}
+
+/// What the tools' handlers and the supervisor share.
+#[derive(Debug)]
+pub(super) struct Shared {
+    pub(super) server: McpServer,
+    /// The connection in use; `None` while the server is down.
+    live: watch::Sender<Option<Peer<RoleClient>>>,
+    /// The server's tools as last listed.
+    tools: RwLock<Vec<Tool>>,
+    /// Bumped each time the list is read again.
+    list_generation: watch::Sender<u64>,
+    /// Dropped with the last handle: the supervisor stops the server.
+    _stop: oneshot::Sender<()>,
+}
+
+/// What the server may ask of dormant: only that its tool list be read again.
+struct Handler {
+    list_changed: Arc<Notify>,
+}
+
+impl ClientHandler for Handler {
+    fn get_info(&self) -> ClientInfo {
+        ClientInfo {
+            meta: None,
+            protocol_version: Default::default(),
+            capabilities: ClientCapabilities::default(),
+            client_info: Implementation {
+                name: "dormant".to_string(),
+                title: None,
+                version: env!("CARGO_PKG_VERSION").to_string(),
+                description: None,
+                icons: None,
+                website_url: None,
+            },
+        }
+    }
+
+    async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
+        self.list_changed.notify_one();
+    }
+}
+
+type Running = RunningService<RoleClient, Handler>;
+
+impl McpTools {
+    /// Starts (or connects to) the server, completes MCP's handshake and lists its tools; from
+    /// then on keeps it running in the background.
+    ///
+    /// # Errors
+    /// [`McpError::Connect`] if the server cannot be started or reached within its
+    /// [`McpServer::connect_timeout`], [`McpError::Request`] if it does not list its tools.
+    pub async fn connect(server: McpServer) -> Result<Self, McpError> {
+        let list_changed = Arc::new(Notify::new());
+        let running = connect_once(&server, &list_changed).await?;
+        let tools = list_tools(&server, running.peer()).await?;
+        let (stop, stopped) = oneshot::channel();
+        let shared = Arc::new(Shared {
+            live: watch::Sender::new(Some(running.peer().clone())),
+            tools: RwLock::new(tools),
+            list_generation: watch::Sender::new(0),
+            _stop: stop,
+            server,
+        });
+        tokio::spawn(supervise(
+            Arc::downgrade(&shared),
+            running,
+            list_changed,
+            stopped,
+        ));
+        Ok(Self { shared })
+    }
+
+    /// The server's tools, as the agent's tools: named as the server names them (after
+    /// [`McpServer::prefix`]), with their descriptions and input schemas, `safe_to_retry` as
+    /// [`McpServer::retry`] says. Read again after the server says its list changed.
+    pub fn definitions(&self) -> Vec<ToolDefinition> {
+        self.shared
+            .tools
+            .read()
+            .iter()
+            .map(|tool| super::call::definition(&self.shared, tool))
+            .collect()
+    }
+
+    /// The server's tool names, as it lists them.
+    pub fn tool_names(&self) -> Vec<String> {
+        let tools = self.shared.tools.read();
+        tools.iter().map(|tool| tool.name.to_string()).collect()
+    }
+
+    /// Waits until the server's list is read again after it said the list changed; then
+    /// [`McpTools::definitions`] has the new list (define the agent again with it).
+    pub async fn list_changed(&self) {
+        let mut generation = self.shared.list_generation.subscribe();
+        // Only a change after this call: the one seen now is marked seen.
+        generation.borrow_and_update();
+        // The sender lives in `shared`, which `self` holds: the wait cannot fail.
+        let _ = generation.changed().await;
+    }
+
+    /// The server's name.
+    pub fn server_name(&self) -> &str {
+        &self.shared.server.name
+    }
+}
+
+impl Shared {
+    /// The connection, once the server is up, waiting at most the server's connect timeout.
+    pub(super) async fn peer(&self) -> Option<Peer<RoleClient>> {
+        let mut live = self.live.subscribe();
+        let usable = |peer: &Option<Peer<RoleClient>>| {
+            peer.as_ref()
+                .is_some_and(|peer| !peer.is_transport_closed())
+        };
+        let wait = async {
+            live.wait_for(usable)
+                .await
+                .ok()
+                .and_then(|peer| peer.clone())
+        };
+        tokio::time::timeout(self.server.connect_timeout, wait)
+            .await
+            .ok()
+            .flatten()
+    }
+}
+
+/// Keeps the server running until the last handle is dropped: waits for the connection to
+/// end, starts it again with backoff, and reads the list again when the server says it
+/// changed.
+async fn supervise(
+    shared: std::sync::Weak<Shared>,
+    mut running: Running,
+    list_changed: Arc<Notify>,
+    mut stopped: oneshot::Receiver<()>,
+) {
+    loop {
+        let peer = running.peer().clone();
+        let cancel = running.cancellation_token();
+        let mut ended = std::pin::pin!(running.waiting());
+        loop {
+            tokio::select! {
+                _ = &mut stopped => {
+                    cancel.cancel();
+                    let _ = ended.await;
+                    return;
+                }
+                () = list_changed.notified() => {
+                    let Some(shared) = shared.upgrade() else { return };
+                    reread_list(&shared, &peer).await;
+                }
+                _ = &mut ended => break,
+            }
+        }
+        let Some(server) = shared.upgrade().map(|shared| {
+            shared.live.send_replace(None);
+            shared.server.clone()
+        }) else {
+            return;
+        };
+        tracing::warn!(server = %server.name, "MCP server went away; starting it again");
+        let mut backoff = FIRST_BACKOFF;
+        running = loop {
+            tokio::select! {
+                _ = &mut stopped => return,
+                () = tokio::time::sleep(backoff) => {}
+            }
+            match connect_once(&server, &list_changed).await {
+                Ok(running) => break running,
+                Err(error) => {
+                    tracing::warn!(%error, retry_in_ms = backoff.as_millis() as u64, "MCP server could not be started again");
+                    backoff = (backoff * 2).min(server.max_backoff);
+                }
+            }
+        };
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        // Its list may have changed while it was down.
+        reread_list(&shared, running.peer()).await;
+        shared.live.send_replace(Some(running.peer().clone()));
+        tracing::info!(server = %server.name, "MCP server started again");
+    }
+}
+
+/// Reads the server's list again and tells those waiting for a change.
+async fn reread_list(shared: &Shared, peer: &Peer<RoleClient>) {
+    match list_tools(&shared.server, peer).await {
+        Ok(tools) => {
+            *shared.tools.write() = tools;
+            shared
+                .list_generation
+                .send_modify(|generation| *generation += 1);
+            tracing::info!(server = %shared.server.name, "MCP server's tool list read");
+        }
+        Err(error) => tracing::warn!(%error, "MCP server's tool list could not be read"),
+    }
+}
+
+/// Starts or connects to the server and completes the handshake, within the connect timeout.
+async fn connect_once(server: &McpServer, list_changed: &Arc<Notify>) -> Result<Running, McpError> {
+    let handler = Handler {
+        list_changed: Arc::clone(list_changed),
+    };
+    let failed = |reason: String| McpError::Connect {
+        server: server.name.clone(),
+        reason,
+    };
+    let connecting = async {
+        match &server.transport {
+            Transport::Stdio { program, args, env } => {
+                let mut command = tokio::process::Command::new(program);
+                command.args(args).envs(env.iter().map(|(k, v)| (k, v)));
+                let transport = TokioChildProcess::new(command).map_err(|error| {
+                    failed(format!("{program:?} could not be started: {error}"))
+                })?;
+                handler
+                    .serve(transport)
+                    .await
+                    .map_err(|error| failed(error.to_string()))
+            }
+            Transport::Http { url, headers } => {
+                let client = reqwest::Client::builder()
+                    .default_headers(headers.clone())
+                    .build()
+                    .map_err(|error| failed(error.to_string()))?;
+                let config = StreamableHttpClientTransportConfig::with_uri(url.as_str());
+                let transport = StreamableHttpClientTransport::with_client(client, config);
+                handler
+                    .serve(transport)
+                    .await
+                    .map_err(|error| failed(error.to_string()))
+            }
+        }
+    };
+    tokio::time::timeout(server.connect_timeout, connecting)
+        .await
+        .map_err(|_| failed(format!("no handshake within {:?}", server.connect_timeout)))?
+}
+
+/// The server's whole tool list (every page).
+async fn list_tools(server: &McpServer, peer: &Peer<RoleClient>) -> Result<Vec<Tool>, McpError> {
+    let listing = peer.list_all_tools();
+    match tokio::time::timeout(server.connect_timeout, listing).await {
+        Ok(Ok(tools)) => Ok(tools),
+        Ok(Err(error)) => Err(McpError::Request {
+            server: server.name.clone(),
+            request: "tools/list",
+            reason: error.to_string(),
+        }),
+        Err(_) => Err(McpError::Request {
+            server: server.name.clone(),
+            request: "tools/list",
+            reason: format!("no answer within {:?}", server.connect_timeout),
+        }),
+    }
+}

@@ -1,0 +1,174 @@
+//! An MCP server written with `rmcp`'s server side, served over streamable HTTP on loopback:
+//! `add` (read-only), `fail` (an error result), `note` (not safe to retry) and `retire`, which
+//! takes a tool off the list and tells the client the list changed.
+
+use std::sync::{Arc, Mutex};
+
+use rmcp::model::{
+    CallToolRequestParams, CallToolResult, Content, ErrorData, ListToolsResult,
+    PaginatedRequestParams, ServerCapabilities, ServerInfo, Tool, ToolAnnotations,
+};
+use rmcp::service::{RequestContext, RoleServer};
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use rmcp::ServerHandler;
+use serde_json::{json, Value};
+
+/// A call the server received: the tool, its arguments and the idempotency key in `_meta`.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Received {
+    pub(crate) tool: String,
+    pub(crate) arguments: Value,
+    pub(crate) idempotency_key: Option<String>,
+}
+
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Log {
+    pub(crate) calls: Arc<Mutex<Vec<Received>>>,
+    pub(crate) retired: Arc<Mutex<Vec<String>>>,
+}
+
+impl Log {
+    pub(crate) fn calls(&self) -> Vec<Received> {
+        self.calls
+            .lock()
+            .map(|calls| calls.clone())
+            .unwrap_or_default()
+    }
+}
+
+#[derive(Clone)]
+struct TestServer {
+    log: Log,
+}
+
+fn schema(value: Value) -> Arc<serde_json::Map<String, Value>> {
+    match value {
+        Value::Object(map) => Arc::new(map),
+        _ => Arc::default(),
+    }
+}
+
+fn tools() -> Vec<Tool> {
+    let numbers = json!({
+        "type": "object",
+        "properties": { "a": { "type": "integer" }, "b": { "type": "integer" } },
+        "required": ["a", "b"]
+    });
+    let text = |field: &str| json!({ "type": "object", "properties": { field: { "type": "string" } }, "required": [field] });
+    vec![
+        Tool::new("add", "Adds two integers.", schema(numbers))
+            .annotate(ToolAnnotations::new().read_only(true)),
+        Tool::new("fail", "Always fails.", schema(text("reason"))),
+        Tool::new("note", "Writes a note.", schema(text("note"))),
+        Tool::new("retire", "Takes a tool off the list.", schema(text("tool"))),
+    ]
+}
+
+impl ServerHandler for TestServer {
+    fn get_info(&self) -> ServerInfo {
+        ServerInfo {
+            capabilities: ServerCapabilities::builder()
+                .enable_tools()
+                .enable_tool_list_changed()
+                .build(),
+            ..ServerInfo::default()
+        }
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        let retired = self
+            .log
+            .retired
+            .lock()
+            .map(|r| r.clone())
+            .unwrap_or_default();
+        let offered = tools()
+            .into_iter()
+            .filter(|tool| !retired.iter().any(|name| name == tool.name.as_ref()))
+            .collect();
+        Ok(ListToolsResult::with_all_items(offered))
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let arguments = Value::Object(request.arguments.clone().unwrap_or_default());
+        // rmcp hands a request's `_meta` to the handler in its context.
+        let idempotency_key = context
+            .meta
+            .0
+            .get("dormant/idempotency_key")
+            .and_then(Value::as_str)
+            .map(str::to_string);
+        if let Ok(mut calls) = self.log.calls.lock() {
+            calls.push(Received {
+                tool: request.name.to_string(),
+                arguments: arguments.clone(),
+                idempotency_key,
+            });
+        }
+        let retired = self
+            .log
+            .retired
+            .lock()
+            .map(|r| r.clone())
+            .unwrap_or_default();
+        if retired.iter().any(|name| name == request.name.as_ref()) {
+            return Err(ErrorData::invalid_params(
+                format!("unknown tool {}", request.name),
+                None,
+            ));
+        }
+        match request.name.as_ref() {
+            "add" => {
+                let sum =
+                    arguments["a"].as_i64().unwrap_or(0) + arguments["b"].as_i64().unwrap_or(0);
+                let mut result = CallToolResult::success(vec![Content::text(sum.to_string())]);
+                result.structured_content = Some(json!({ "sum": sum }));
+                Ok(result)
+            }
+            "fail" => Ok(CallToolResult::error(vec![Content::text(format!(
+                "failed: {}",
+                arguments["reason"].as_str().unwrap_or_default()
+            ))])),
+            "note" => Ok(CallToolResult::success(vec![Content::text("noted")])),
+            "retire" => {
+                let tool = arguments["tool"].as_str().unwrap_or_default().to_string();
+                if let Ok(mut retired) = self.log.retired.lock() {
+                    retired.push(tool);
+                }
+                let _ = context.peer.notify_tool_list_changed().await;
+                Ok(CallToolResult::success(vec![Content::text("retired")]))
+            }
+            other => Err(ErrorData::invalid_params(
+                format!("unknown tool {other}"),
+                None,
+            )),
+        }
+    }
+}
+
+/// Serves the server on a loopback port; returns its MCP URL and what it received.
+pub(crate) async fn serve() -> anyhow::Result<(String, Log)> {
+    let log = Log::default();
+    let server = TestServer { log: log.clone() };
+    let service = StreamableHttpService::new(
+        move || Ok(server.clone()),
+        Arc::new(LocalSessionManager::default()),
+        StreamableHttpServerConfig::default(),
+    );
+    let router = axum::Router::new().nest_service("/mcp", service);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let address = listener.local_addr()?;
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, router).await;
+    });
+    Ok((format!("http://{address}/mcp"), log))
+}
