@@ -150,6 +150,10 @@ pub mod runtime;
 pub mod session;
 pub mod skills;
 pub mod store;
+#[cfg(feature = "otel")]
+pub mod telemetry;
+#[cfg(not(feature = "otel"))]
+mod telemetry;
 // Test tooling: built only with the `test-util` feature (see Cargo.toml), so that a user's
 // build does not compile the runner or pull in its dependencies.
 #[cfg(feature = "test-util")]
@@ -157,9 +161,9 @@ pub mod testkit;
 pub mod types;
 
 // The README's Rust blocks are compiled (and run, unless `no_run`) as doctests, so they stay
-// true. They use the `openai` adapter and the PostgreSQL store, which `cargo test --workspace`
-// turns on (the server crate's default features).
-#[cfg(all(doctest, feature = "openai", feature = "postgres"))]
+// true. They use the `openai` adapter, the PostgreSQL store and MCP tools, which `cargo test
+// --workspace` turns on (the server crate's default features).
+#[cfg(all(doctest, feature = "openai", feature = "postgres", feature = "mcp"))]
 #[doc = include_str!("../README.md")]
 mod readme {}
 

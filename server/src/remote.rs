@@ -136,7 +136,11 @@ impl RemoteAgents for HttpRemoteAgents {
             "agent": agent, "message": message, "session_id": session, "new_only": true,
             "parent_session_id": parent.parent, "root_session_id": parent.root,
         });
-        let response = self.post(endpoint, "/start", body).await?;
+        let mut request = self.request(Method::POST, endpoint, "/start").json(&body);
+        if let Some(traceparent) = &parent.traceparent {
+            request = request.header("traceparent", traceparent);
+        }
+        let response = self.send(endpoint, request).await?;
         match response.status() {
             status if status.is_success() => Ok(RemoteStart::Started),
             _ => match refusal(endpoint, response).await {

@@ -57,7 +57,7 @@ pub(crate) async fn start(
             id
         }
     };
-    let remote_parent = remote_parent(&body)?;
+    let remote_parent = remote_parent(&body, &headers)?;
     let started = if body.new_only {
         if body.session_id.is_none() {
             return Err(ApiError::invalid("new_only needs a session_id"));
@@ -98,8 +98,17 @@ pub(crate) async fn start(
     Ok((StatusCode::ACCEPTED, Json(answer)).into_response())
 }
 
-/// The parent on another server a start names, if any (both ids or neither).
-fn remote_parent(body: &StartRequest) -> Result<Option<dormant::remote::RemoteParent>, ApiError> {
+/// The parent on another server a start names, if any (both ids or neither), with the W3C
+/// `traceparent` of its call when the request carries one (kept only if it is well formed).
+fn remote_parent(
+    body: &StartRequest,
+    headers: &axum::http::HeaderMap,
+) -> Result<Option<dormant::remote::RemoteParent>, ApiError> {
+    let traceparent = headers
+        .get("traceparent")
+        .and_then(|value| value.to_str().ok())
+        .filter(|value| is_traceparent(value))
+        .map(str::to_string);
     match (&body.parent_session_id, &body.root_session_id) {
         (None, None) => Ok(None),
         (Some(parent), Some(root)) => Ok(Some(dormant::remote::RemoteParent {
@@ -109,11 +118,26 @@ fn remote_parent(body: &StartRequest) -> Result<Option<dormant::remote::RemotePa
             root: root
                 .parse()
                 .map_err(|error| ApiError::invalid(format!("root_session_id: {error}")))?,
+            traceparent,
         })),
         _ => Err(ApiError::invalid(
             "give parent_session_id and root_session_id together",
         )),
     }
+}
+
+/// Whether `value` has the shape of a W3C `traceparent` (version 00): what the start route
+/// keeps of a header a client may fill with anything.
+fn is_traceparent(value: &str) -> bool {
+    let hex = |part: &str, len: usize| {
+        part.len() == len
+            && part
+                .bytes()
+                .all(|byte| matches!(byte, b'0'..=b'9' | b'a'..=b'f'))
+    };
+    let parts: Vec<&str> = value.split('-').collect();
+    matches!(parts.as_slice(), [version, trace, span, flags]
+        if *version == "00" && hex(trace, 32) && hex(span, 16) && hex(flags, 2))
 }
 
 /// `POST /resume`: continues a suspended or interrupted run; answered once it is durably

@@ -216,6 +216,7 @@ async fn a_replayed_start_reattaches_and_a_replayed_answer_is_a_duplicate() -> a
     let parent = RemoteParent {
         parent: "root".parse()?,
         root: "root".parse()?,
+        traceparent: None,
     };
     let first = HttpRemoteAgents::new(None);
     let started = first

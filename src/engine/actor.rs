@@ -197,6 +197,8 @@ pub(crate) struct SessionState {
     /// The model call or tools in flight, cancelled by an interrupt or abort (and when the
     /// actor stops).
     work: work::InFlight,
+    /// The OpenTelemetry span of the run in progress (nothing without the `otel` feature).
+    spans: crate::telemetry::SessionSpans,
 }
 
 impl VirtualActor for SessionActor {
@@ -238,6 +240,7 @@ impl VirtualActor for SessionActor {
             remote_watches: std::collections::HashMap::new(),
             resume_queued: false,
             work: work::InFlight::default(),
+            spans: crate::telemetry::SessionSpans::default(),
         })
     }
 

@@ -31,6 +31,8 @@ pub(crate) struct Shared {
     pub(crate) llm: Arc<dyn LlmAdapter>,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) hooks: Arc<dyn Hooks>,
+    /// What the sessions record OpenTelemetry spans with, if anything (feature `otel`).
+    pub(crate) telemetry: crate::telemetry::Tracing,
     pub(crate) policy: Arc<Policy>,
     pub(crate) tombstone_retention_ms: u64,
     pub(crate) agents: DashMap<String, Arc<AgentDefinition>>,

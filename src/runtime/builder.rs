@@ -33,6 +33,7 @@ pub struct RuntimeBuilder {
     llm: Option<Arc<dyn LlmAdapter>>,
     clock: Arc<dyn Clock>,
     hooks: Arc<dyn Hooks>,
+    telemetry: crate::telemetry::Tracing,
     agents: Vec<AgentDefinition>,
     host: HostConfig,
     policy: Policy,
@@ -53,6 +54,7 @@ impl Default for RuntimeBuilder {
             llm: None,
             clock: Arc::new(SystemClock),
             hooks: Arc::new(NoHooks),
+            telemetry: Default::default(),
             agents: Vec::new(),
             host: HostConfig::default(),
             policy: Policy::default(),
@@ -118,6 +120,14 @@ impl RuntimeBuilder {
     /// Sets the hooks (default: none).
     pub fn hooks(mut self, hooks: Arc<dyn Hooks>) -> Self {
         self.hooks = hooks;
+        self
+    }
+
+    /// Records OpenTelemetry spans of every run with `telemetry` (feature `otel`; see
+    /// [`crate::telemetry`]). Without it nothing is recorded.
+    #[cfg(feature = "otel")]
+    pub fn telemetry(mut self, telemetry: crate::telemetry::Telemetry) -> Self {
+        self.telemetry = Some(Arc::new(telemetry));
         self
     }
 
@@ -299,6 +309,7 @@ impl RuntimeBuilder {
             llm: self.llm.unwrap_or_else(|| Arc::new(ScriptedLlm::new())),
             clock: Arc::clone(&self.clock),
             hooks: self.hooks,
+            telemetry: self.telemetry,
             policy: Arc::new(self.policy),
             tombstone_retention_ms: self.tombstone_retention_ms,
             agents: DashMap::new(),

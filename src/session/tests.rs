@@ -360,6 +360,7 @@ fn a_remote_parent_is_recorded_by_a_new_session_and_never_taken_over_later(
         Ok(crate::remote::RemoteParent {
             parent: name.parse()?,
             root: name.parse()?,
+            traceparent: None,
         })
     };
     let mut session = Session::create(SessionId::generate(), agent(5), policy(), 0);

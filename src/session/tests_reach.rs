@@ -168,7 +168,7 @@ fn apply(session: &mut Session, input: Input, now: u64) -> Result<Transition, St
 
 #[test]
 fn a_remote_child_is_started_by_its_driver_and_a_child_here_by_a_message() -> Result<(), String> {
-    let (_, step) = delegating()?;
+    let (session, step) = delegating()?;
     let started: Vec<String> = step
         .effects
         .iter()
@@ -183,6 +183,8 @@ fn a_remote_child_is_started_by_its_driver_and_a_child_here_by_a_message() -> Re
         parent: RemoteParent {
             parent: id("p")?,
             root: id("p")?,
+            // With the `otel` feature, the call's span for the child's runs to link to.
+            traceparent: crate::telemetry::call_traceparent(session.current_run_id(), "f1"),
         },
     };
     let expected = RemoteDrive {

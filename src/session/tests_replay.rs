@@ -374,6 +374,7 @@ fn cut_life() -> Vec<Step> {
         remote_parent: Some(crate::remote::RemoteParent {
             parent: id("far-lead"),
             root: id("far-root"),
+            traceparent: None,
         }),
     };
     vec![

@@ -118,6 +118,11 @@ impl RunId {
     pub fn generate() -> Self {
         Self(uuid::Uuid::now_v7())
     }
+
+    /// Its 16 bytes (a run's trace id, with the `otel` feature).
+    pub fn as_bytes(&self) -> &[u8; 16] {
+        self.0.as_bytes()
+    }
 }
 
 impl fmt::Display for RunId {

@@ -97,6 +97,12 @@ impl SessionActor {
                 skills,
             } => {
                 request.deltas = delta_sink(&self.shared, ctx.key(), run_id, step, after_seq);
+                let chat = {
+                    let origin = run_origin(&state.loaded);
+                    state
+                        .spans
+                        .chat(&self.shared.telemetry, &origin, run_id, &request)
+                };
                 let llm = Arc::clone(&self.shared.llm);
                 let mailbox = ctx.mailbox();
                 let span = run_span(ctx.key(), run_id, step);
@@ -106,6 +112,7 @@ impl SessionActor {
                             skills.extend_prompt(&mut request).await;
                         }
                         let reply = crate::llm::complete_caught(llm.as_ref(), request).await;
+                        chat.end(&reply);
                         send_back(
                             &mailbox,
                             SessionMsg::Feed(Input::ModelReplied {
@@ -128,6 +135,13 @@ impl SessionActor {
                 reply_seq,
                 checks,
             } => {
+                let origin = crate::telemetry::RunOrigin {
+                    agent: Some(&agent),
+                    ..run_origin(&state.loaded)
+                };
+                state
+                    .spans
+                    .run(&self.shared.telemetry, &origin, ctx.key(), run_id);
                 let step_context = StepContext {
                     agent,
                     session: ctx.key().clone(),
@@ -193,7 +207,11 @@ impl SessionActor {
                 }
             }
             Effect::CancelWork => state.work.cancel(),
-            Effect::Hook(event) => crate::types::hooks::notify(self.shared.hooks.as_ref(), &event),
+            Effect::Hook(event) => {
+                let origin = run_origin(&state.loaded);
+                state.spans.hook(&self.shared.telemetry, &origin, &event);
+                crate::types::hooks::notify(self.shared.hooks.as_ref(), &event);
+            }
             Effect::Observe(observation) => self.observe(ctx.key(), observation),
             Effect::AutoResume => {
                 // Counted as work in progress until the resume is handled, so nobody waiting
@@ -222,6 +240,7 @@ impl SessionActor {
             }
             Effect::ArmDeadline { at } => self.deadlines.send(SchedulerMsg::Armed { at }),
             Effect::Settle(outcome) => {
+                state.spans.settle(&self.shared.telemetry, &outcome);
                 if let Loaded::Present(session) = &mut state.loaded {
                     session.release_messages();
                     // The agent keeps fewer checkpoints: once the run has answered, after it.
@@ -334,6 +353,21 @@ fn delta_sink(
         };
         let _ = sender.send(StreamEvent::Delta(delta));
     })
+}
+
+/// What a session's spans are named and linked by, from what is loaded.
+fn run_origin(loaded: &Loaded) -> crate::telemetry::RunOrigin<'_> {
+    match loaded {
+        Loaded::Present(session) => crate::telemetry::RunOrigin {
+            agent: Some(session.agent()),
+            traceparent: session
+                .record()
+                .remote_parent
+                .as_ref()
+                .and_then(|parent| parent.traceparent.as_deref()),
+        },
+        _ => crate::telemetry::RunOrigin::default(),
+    }
 }
 
 /// The span of a run's work in flight (a model call, a step's tools): a subscriber follows

@@ -1,0 +1,80 @@
+//! An OTLP/HTTP receiver on loopback: what the SDK's exporter posts to `/v1/traces` and
+//! `/v1/metrics`, decoded from protobuf with the protocol's own messages.
+
+use std::sync::{Arc, Mutex};
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::routing::post;
+use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::trace::v1::Span;
+use prost::Message;
+
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Received {
+    spans: Arc<Mutex<Vec<Span>>>,
+    metrics: Arc<Mutex<Vec<String>>>,
+}
+
+impl Received {
+    pub(crate) fn spans(&self) -> Vec<Span> {
+        self.spans
+            .lock()
+            .map(|spans| spans.clone())
+            .unwrap_or_default()
+    }
+
+    /// The names of the metrics received.
+    #[allow(dead_code)] // Not every test binary that includes the receiver reads metrics.
+    pub(crate) fn metric_names(&self) -> Vec<String> {
+        self.metrics
+            .lock()
+            .map(|names| names.clone())
+            .unwrap_or_default()
+    }
+}
+
+async fn traces(State(received): State<Received>, body: Bytes) -> &'static str {
+    if let Ok(request) = ExportTraceServiceRequest::decode(body) {
+        let spans = request
+            .resource_spans
+            .into_iter()
+            .flat_map(|resource| resource.scope_spans)
+            .flat_map(|scope| scope.spans);
+        if let Ok(mut all) = received.spans.lock() {
+            all.extend(spans);
+        }
+    }
+    ""
+}
+
+async fn metrics(State(received): State<Received>, body: Bytes) -> &'static str {
+    if let Ok(request) = ExportMetricsServiceRequest::decode(body) {
+        let names = request
+            .resource_metrics
+            .into_iter()
+            .flat_map(|resource| resource.scope_metrics)
+            .flat_map(|scope| scope.metrics)
+            .map(|metric| metric.name);
+        if let Ok(mut all) = received.metrics.lock() {
+            all.extend(names);
+        }
+    }
+    ""
+}
+
+/// Serves the receiver on a loopback port: its base URL and what it received.
+pub(crate) async fn serve() -> anyhow::Result<(String, Received)> {
+    let received = Received::default();
+    let router = axum::Router::new()
+        .route("/v1/traces", post(traces))
+        .route("/v1/metrics", post(metrics))
+        .with_state(received.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let address = listener.local_addr()?;
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, router).await;
+    });
+    Ok((format!("http://{address}"), received))
+}
