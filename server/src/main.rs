@@ -10,6 +10,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+#[cfg(feature = "otel")]
+mod otel_export;
 mod startup_key;
 
 use clap::{Args, Parser, Subcommand};
@@ -319,9 +321,22 @@ async fn serve(args: Serve) -> Result<(), String> {
         None => dormant_server::demo::configure(builder),
     }
     .map_err(|error| error.to_string())?;
+    // OTLP export when the standard OTEL_EXPORTER_OTLP_* variables ask for it.
+    #[cfg(feature = "otel")]
+    let export = otel_export::Export::from_env()?;
+    #[cfg(feature = "otel")]
+    let builder = match &export {
+        Some(export) => builder.telemetry(export.telemetry()),
+        None => builder,
+    };
     let runtime = real_model(builder)?
         .build()
         .map_err(|error| error.to_string())?;
+    #[cfg(feature = "otel")]
+    if let Some(export) = &export {
+        export.observe(&runtime);
+        tracing::info!("otel.exporting");
+    }
     let config = ServerConfig::default()
         .max_body_bytes(args.max_body_bytes)
         .request_timeout(Duration::from_millis(args.request_timeout_ms))
@@ -360,6 +375,11 @@ async fn serve(args: Serve) -> Result<(), String> {
         .await;
     // Streams have ended and requests are answered: stop the sessions and flush the store.
     let stopped = runtime.shutdown().await;
+    #[cfg(feature = "otel")]
+    if let Some(export) = export {
+        // The exporters block while they flush: off the runtime's workers.
+        let _ = tokio::task::spawn_blocking(move || export.shutdown()).await;
+    }
     served.map_err(|error| error.to_string())?;
     stopped.map_err(|error| error.to_string())?;
     tracing::info!("server.stopped");

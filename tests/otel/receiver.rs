@@ -8,6 +8,7 @@ use axum::extract::State;
 use axum::routing::post;
 use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::common::v1::any_value::Value as AnyValue;
 use opentelemetry_proto::tonic::trace::v1::Span;
 use prost::Message;
 
@@ -15,6 +16,7 @@ use prost::Message;
 pub(crate) struct Received {
     spans: Arc<Mutex<Vec<Span>>>,
     metrics: Arc<Mutex<Vec<String>>>,
+    services: Arc<Mutex<Vec<String>>>,
 }
 
 impl Received {
@@ -22,6 +24,15 @@ impl Received {
         self.spans
             .lock()
             .map(|spans| spans.clone())
+            .unwrap_or_default()
+    }
+
+    /// The `service.name` of each resource whose spans were received.
+    #[allow(dead_code)] // Not every test binary that includes the receiver reads it.
+    pub(crate) fn service_names(&self) -> Vec<String> {
+        self.services
+            .lock()
+            .map(|names| names.clone())
             .unwrap_or_default()
     }
 
@@ -37,6 +48,21 @@ impl Received {
 
 async fn traces(State(received): State<Received>, body: Bytes) -> &'static str {
     if let Ok(request) = ExportTraceServiceRequest::decode(body) {
+        let services = request
+            .resource_spans
+            .iter()
+            .filter_map(|resource| resource.resource.as_ref())
+            .flat_map(|resource| &resource.attributes)
+            .filter(|kv| kv.key == "service.name")
+            .filter_map(
+                |kv| match kv.value.as_ref().and_then(|value| value.value.as_ref()) {
+                    Some(AnyValue::StringValue(name)) => Some(name.clone()),
+                    _ => None,
+                },
+            );
+        if let Ok(mut all) = received.services.lock() {
+            all.extend(services);
+        }
         let spans = request
             .resource_spans
             .into_iter()

@@ -1,7 +1,8 @@
-//! W3C trace context across the remote protocol (issue 34, item 2): a parent's call of a
-//! remote sub-agent carries the `traceparent` of its `execute_tool` span in the start's
-//! header; the child's run, in the other runtime, links to that span. Both runtimes export
-//! over OTLP/HTTP to a receiver on loopback that decodes the protobuf.
+//! OpenTelemetry at the server (issue 34, item 2), exported over OTLP/HTTP to a receiver on
+//! loopback that decodes the protobuf: W3C trace context across the remote protocol (a
+//! parent's call of a remote sub-agent carries the `traceparent` of its `execute_tool` span in
+//! the start's header, and the child's run, in the other runtime, links to that span), and the
+//! binary configured by the standard `OTEL_*` variables alone.
 
 mod common;
 #[path = "../../tests/otel/receiver.rs"]
@@ -9,6 +10,7 @@ mod receiver;
 
 use std::sync::Arc;
 
+use common::binary::Binary;
 use common::serve;
 use dormant::telemetry::{run_trace, Telemetry};
 use dormant::{
@@ -97,5 +99,66 @@ async fn a_remote_childs_run_links_to_the_parents_call_across_the_boundary() -> 
     assert_eq!(child.links[0].trace_id, call.trace_id);
     assert_eq!(child.links[0].span_id, call.span_id);
     provider.shutdown()?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_exports_spans_and_metrics_where_the_otel_variables_say() -> anyhow::Result<()> {
+    let (base, received) = receiver::serve().await?;
+    let dir = tempfile::tempdir()?;
+    let server = Binary::start_with_env(
+        &dir.path().join("store"),
+        "127.0.0.1:0",
+        &[],
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", base.as_str()),
+            ("OTEL_SERVICE_NAME", "dormant-under-test"),
+        ],
+    )?;
+    let http = reqwest::Client::new();
+    let started: serde_json::Value = http
+        .post(format!("{}/start", server.base))
+        .json(&json!({ "agent": "demo", "message": "weather in Porto" }))
+        .send()
+        .await?
+        .json()
+        .await?;
+    let (id, token) = (
+        started["session_id"].as_str().unwrap_or_default(),
+        started["token"].as_str().unwrap_or_default(),
+    );
+    // The stream ends when the run suspends (the demo asks the user).
+    http.get(format!("{}/sse?session_id={id}&token={token}", server.base))
+        .send()
+        .await?
+        .text()
+        .await?;
+    // A graceful stop exports what is queued.
+    let status = server.terminate()?;
+    assert!(status.success(), "{status}");
+    let spans = received.spans();
+    let run = spans
+        .iter()
+        .find(|span| span.name == "invoke_agent demo")
+        .ok_or_else(|| {
+            anyhow::anyhow!(
+                "no run span among {:?}",
+                spans.iter().map(|s| &s.name).collect::<Vec<_>>()
+            )
+        })?;
+    let session = run
+        .attributes
+        .iter()
+        .find(|kv| kv.key == "gen_ai.conversation.id");
+    assert!(format!("{session:?}").contains(id), "{session:?}");
+    assert!(spans.iter().any(|span| span.name.starts_with("chat")));
+    assert!(received
+        .metric_names()
+        .iter()
+        .any(|name| name == "dormant.commits"));
+    assert!(received
+        .service_names()
+        .iter()
+        .any(|name| name == "dormant-under-test"));
     Ok(())
 }
