@@ -15,6 +15,7 @@ mod allocator;
 #[path = "support/cpu.rs"]
 mod cpu;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -27,17 +28,37 @@ use dormant::{
 use futures::stream::{self, StreamExt};
 use opentelemetry_otlp::{Protocol, WithExportConfig};
 use opentelemetry_sdk::error::OTelSdkResult;
-use opentelemetry_sdk::trace::{SdkTracerProvider, SpanData, SpanExporter};
+use opentelemetry_sdk::trace::{
+    BatchConfigBuilder, BatchSpanProcessor, SdkTracerProvider, SpanData, SpanExporter,
+};
 use serde_json::json;
 
-/// An exporter that drops every span: what the SDK costs before any export.
-#[derive(Debug)]
-struct Dropping;
+/// An exporter that drops every span, counting them: what the SDK costs before any export.
+#[derive(Debug, Default)]
+struct Dropping(Arc<AtomicUsize>);
 
 impl SpanExporter for Dropping {
-    async fn export(&self, _batch: Vec<SpanData>) -> OTelSdkResult {
+    async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
+        self.0.fetch_add(batch.len(), Ordering::Relaxed);
         Ok(())
     }
+}
+
+/// Spans a cycle records: two runs (each `invoke_agent` and `chat`) and the call.
+const SPANS_PER_CYCLE: usize = 5;
+
+/// A provider whose batch processor queues every span of the run (the default queue of 2,048
+/// would drop most of them at this rate, and the cost with them).
+fn provider_with<E: SpanExporter + 'static>(exporter: E, cycles: usize) -> SdkTracerProvider {
+    let config = BatchConfigBuilder::default()
+        .with_max_queue_size(cycles * SPANS_PER_CYCLE + 1_024)
+        .build();
+    let processor = BatchSpanProcessor::builder(exporter)
+        .with_batch_config(config)
+        .build();
+    SdkTracerProvider::builder()
+        .with_span_processor(processor)
+        .build()
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -115,24 +136,17 @@ async fn measure(
     sessions: usize,
     cycles: usize,
 ) -> anyhow::Result<(f64, f64)> {
+    let dropped = Arc::new(AtomicUsize::new(0));
     let provider = match mode {
         Mode::Off => None,
-        Mode::Dropped => Some(
-            SdkTracerProvider::builder()
-                .with_batch_exporter(Dropping)
-                .build(),
-        ),
+        Mode::Dropped => Some(provider_with(Dropping(Arc::clone(&dropped)), cycles)),
         Mode::Otlp => {
             let exporter = opentelemetry_otlp::SpanExporter::builder()
                 .with_http()
                 .with_protocol(Protocol::HttpBinary)
                 .with_endpoint(format!("{receiver}/v1/traces"))
                 .build()?;
-            Some(
-                SdkTracerProvider::builder()
-                    .with_batch_exporter(exporter)
-                    .build(),
-            )
+            Some(provider_with(exporter, cycles))
         }
     };
     let dir = tempfile::tempdir()?;
@@ -178,6 +192,14 @@ async fn measure(
             after.saturating_sub(before)
         });
     results.into_iter().collect::<anyhow::Result<Vec<()>>>()?;
+    if mode == Mode::Dropped {
+        let spans = dropped.load(Ordering::Relaxed);
+        anyhow::ensure!(
+            spans == cycles * SPANS_PER_CYCLE,
+            "{spans} spans reached the exporter, not {}",
+            cycles * SPANS_PER_CYCLE
+        );
+    }
     runtime.shutdown().await?;
     if let Some(provider) = provider {
         provider.shutdown()?;

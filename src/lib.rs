@@ -161,9 +161,15 @@ pub mod testkit;
 pub mod types;
 
 // The README's Rust blocks are compiled (and run, unless `no_run`) as doctests, so they stay
-// true. They use the `openai` adapter, the PostgreSQL store and MCP tools, which `cargo test
-// --workspace` turns on (the server crate's default features).
-#[cfg(all(doctest, feature = "openai", feature = "postgres", feature = "mcp"))]
+// true. They use the `openai` adapter, the PostgreSQL store, MCP tools and OpenTelemetry, which
+// `cargo test --workspace` turns on (the server crate's default features).
+#[cfg(all(
+    doctest,
+    feature = "openai",
+    feature = "postgres",
+    feature = "mcp",
+    feature = "otel"
+))]
 #[doc = include_str!("../README.md")]
 mod readme {}
 

@@ -55,21 +55,17 @@ pub(crate) use spans::SessionSpans;
 #[cfg(feature = "otel")]
 pub use spans::Telemetry;
 
-/// The W3C `traceparent` a remote child's start carries for call `tool_call_id` of run `run`.
+/// The W3C `traceparent` a remote child's start carries: that of the run `run` that calls it.
+/// Derived from the run id alone, so it is carried whether or not the runtime records spans
+/// (a child's server may, where this one does not).
 #[cfg(feature = "otel")]
-pub(crate) fn call_traceparent(
-    run: crate::types::ids::RunId,
-    tool_call_id: &str,
-) -> Option<String> {
-    Some(traceparent(run, tool_call_id))
+pub(crate) fn call_traceparent(run: crate::types::ids::RunId) -> Option<String> {
+    Some(traceparent(run))
 }
 
 /// Without the `otel` feature: no trace context to carry.
 #[cfg(not(feature = "otel"))]
-pub(crate) fn call_traceparent(
-    _run: crate::types::ids::RunId,
-    _tool_call_id: &str,
-) -> Option<String> {
+pub(crate) fn call_traceparent(_run: crate::types::ids::RunId) -> Option<String> {
     None
 }
 

@@ -77,8 +77,8 @@ fn code(outcome: &ToolOutcome) -> Option<ToolErrorCode> {
 #[tokio::test]
 async fn rmcp_server_tools_are_listed_with_schemas_and_retry_from_annotations() -> anyhow::Result<()>
 {
-    let (url, _log) = rmcp_server::serve().await?;
-    let tools = McpTools::connect(McpServer::http("rmcp", url).prefix("m_")).await?;
+    let served = rmcp_server::serve().await?;
+    let tools = McpTools::connect(McpServer::http("rmcp", served.url).prefix("m_")).await?;
     assert_eq!(tools.tool_names(), ["add", "fail", "note", "retire"]);
     let definitions = tools.definitions();
     let add = &definitions[0];
@@ -94,8 +94,9 @@ async fn rmcp_server_tools_are_listed_with_schemas_and_retry_from_annotations() 
 
 #[tokio::test]
 async fn a_run_calls_rmcp_tools_and_records_results_and_errors() -> anyhow::Result<()> {
-    let (url, log) = rmcp_server::serve().await?;
-    let tools = McpTools::connect(McpServer::http("rmcp", url)).await?;
+    let served = rmcp_server::serve().await?;
+    let log = served.log.clone();
+    let tools = McpTools::connect(McpServer::http("rmcp", served.url)).await?;
     let outcomes = run(
         &tools,
         &[
@@ -121,8 +122,8 @@ async fn a_run_calls_rmcp_tools_and_records_results_and_errors() -> anyhow::Resu
 
 #[tokio::test]
 async fn a_changed_list_is_read_again_and_a_retired_tool_is_refused() -> anyhow::Result<()> {
-    let (url, _log) = rmcp_server::serve().await?;
-    let tools = McpTools::connect(McpServer::http("rmcp", url)).await?;
+    let served = rmcp_server::serve().await?;
+    let tools = McpTools::connect(McpServer::http("rmcp", served.url)).await?;
     let changed = tools.clone();
     let waiting = tokio::spawn(async move { changed.list_changed().await });
     tokio::task::yield_now().await;
@@ -144,6 +145,33 @@ async fn a_changed_list_is_read_again_and_a_retired_tool_is_refused() -> anyhow:
     );
     tokio::time::timeout(Duration::from_secs(10), waiting).await??;
     assert_eq!(tools.tool_names(), ["add", "fail", "retire"]);
+    Ok(())
+}
+
+#[tokio::test]
+async fn an_http_server_that_lost_its_session_is_connected_to_again() -> anyhow::Result<()> {
+    let served = rmcp_server::serve().await?;
+    let tools = McpTools::connect(McpServer::http("rmcp", served.url.clone())).await?;
+    let outcomes = run(&tools, &[("c1", "add", json!({ "a": 1, "b": 2 }))]).await?;
+    assert_eq!(outcomes[0], ToolOutcome::Result(json!({ "sum": 3 })));
+    served.restart();
+    // Safe to retry: sent again on a new session.
+    let outcomes = run(&tools, &[("c1", "add", json!({ "a": 2, "b": 2 }))]).await?;
+    assert_eq!(outcomes[0], ToolOutcome::Result(json!({ "sum": 4 })));
+    // And the connection works for a call that is not.
+    let outcomes = run(&tools, &[("c1", "note", json!({ "note": "after" }))]).await?;
+    assert_eq!(outcomes[0], ToolOutcome::Result(json!("noted")));
+    let tools_called: Vec<String> = served
+        .log
+        .calls()
+        .into_iter()
+        .map(|call| call.tool)
+        .collect();
+    assert_eq!(
+        tools_called,
+        ["add", "add", "note"],
+        "the refused request did not reach the tool"
+    );
     Ok(())
 }
 

@@ -33,6 +33,10 @@ fn provider(base: &str) -> anyhow::Result<SdkTracerProvider> {
 
 /// Agent `helper`: `lookup` (a server tool), `pick` (a client tool) and `send` (approval).
 fn runtime(store: Arc<SledStore>, provider: &SdkTracerProvider) -> anyhow::Result<Runtime> {
+    runtime_with(store, Telemetry::new(provider))
+}
+
+fn runtime_with(store: Arc<SledStore>, telemetry: Telemetry) -> anyhow::Result<Runtime> {
     let lookup = ToolDefinition::server("lookup", |_input, _ctx| async {
         Ok::<_, ToolError>(json!({ "found": true }))
     });
@@ -61,7 +65,7 @@ fn runtime(store: Arc<SledStore>, provider: &SdkTracerProvider) -> anyhow::Resul
         .llm(Arc::new(llm))
         .clock(Arc::new(ManualClock::new(0)))
         .background_deadlines(false)
-        .telemetry(Telemetry::new(provider))
+        .telemetry(telemetry)
         .agent(agent)
         .build()?)
 }
@@ -274,5 +278,31 @@ async fn the_runtimes_metrics_are_exported_over_otlp() -> anyhow::Result<()> {
     runtime.shutdown().await?;
     meters.shutdown()?;
     traces.shutdown()?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn content_is_recorded_only_when_asked() -> anyhow::Result<()> {
+    let (base, received) = receiver::serve().await?;
+    let provider = provider(&base)?;
+    let dir = tempfile::tempdir()?;
+    let telemetry = Telemetry::new(&provider).capture_content(true);
+    let runtime = runtime_with(Arc::new(SledStore::open(dir.path())?), telemetry)?;
+    runtime
+        .execute_on(&"s-content".parse()?, "helper", "go")
+        .await?;
+    runtime.shutdown().await?;
+    provider.force_flush()?;
+    let spans = received.spans();
+    let lookup = named(&spans, "execute_tool lookup")?;
+    assert_eq!(
+        text(lookup, "gen_ai.tool.call.arguments").as_deref(),
+        Some("{}")
+    );
+    assert_eq!(
+        text(lookup, "gen_ai.tool.call.result").as_deref(),
+        Some(r#"{"found":true}"#)
+    );
+    provider.shutdown()?;
     Ok(())
 }

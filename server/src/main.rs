@@ -325,8 +325,8 @@ async fn serve(args: Serve) -> Result<(), String> {
     #[cfg(feature = "otel")]
     let export = otel_export::Export::from_env()?;
     #[cfg(feature = "otel")]
-    let builder = match &export {
-        Some(export) => builder.telemetry(export.telemetry()),
+    let builder = match export.as_ref().and_then(otel_export::Export::telemetry) {
+        Some(telemetry) => builder.telemetry(telemetry),
         None => builder,
     };
     let runtime = real_model(builder)?

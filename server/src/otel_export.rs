@@ -1,6 +1,7 @@
-//! The binary's OpenTelemetry export (feature `otel`): the SDK with an OTLP/HTTP exporter for
-//! traces and metrics, configured by the standard `OTEL_*` variables, when any
-//! `OTEL_EXPORTER_OTLP_*ENDPOINT` is set. The runtime records its spans and metrics through it.
+//! The binary's OpenTelemetry export (feature `otel`): the SDK with an OTLP/HTTP exporter,
+//! configured by the standard `OTEL_*` variables: traces and metrics when
+//! `OTEL_EXPORTER_OTLP_ENDPOINT` is set, or either alone when only its own endpoint
+//! (`…_TRACES_ENDPOINT`, `…_METRICS_ENDPOINT`) is. The runtime records through it.
 
 use opentelemetry::metrics::MeterProvider as _;
 use opentelemetry_sdk::metrics::SdkMeterProvider;
@@ -9,8 +10,8 @@ use opentelemetry_sdk::Resource;
 
 /// The providers the binary exports with; flushed and stopped by [`Export::shutdown`].
 pub(crate) struct Export {
-    traces: SdkTracerProvider,
-    metrics: SdkMeterProvider,
+    traces: Option<SdkTracerProvider>,
+    metrics: Option<SdkMeterProvider>,
 }
 
 /// The variables that ask for an export (the SDK reads these and the others itself:
@@ -31,10 +32,10 @@ impl Export {
     pub(crate) fn from_env() -> Result<Option<Self>, String> {
         let disabled = std::env::var("OTEL_SDK_DISABLED")
             .is_ok_and(|value| value.eq_ignore_ascii_case("true"));
-        let wanted = ENDPOINTS
-            .iter()
-            .any(|name| std::env::var_os(name).is_some_and(|value| !value.is_empty()));
-        if disabled || !wanted {
+        let set = |name: &str| std::env::var_os(name).is_some_and(|value| !value.is_empty());
+        let [both, traces_only, metrics_only] = ENDPOINTS.map(set);
+        let (want_traces, want_metrics) = (both || traces_only, both || metrics_only);
+        if disabled || !(want_traces || want_metrics) {
             return Ok(None);
         }
         for name in [
@@ -53,41 +54,53 @@ impl Export {
             resource = resource.with_service_name("dormant-server");
         }
         let resource = resource.build();
-        let spans = opentelemetry_otlp::SpanExporter::builder()
-            .with_http()
-            .build()
-            .map_err(|error| format!("OTLP span exporter: {error}"))?;
-        let traces = SdkTracerProvider::builder()
-            .with_resource(resource.clone())
-            .with_batch_exporter(spans)
-            .build();
-        let points = opentelemetry_otlp::MetricExporter::builder()
-            .with_http()
-            .build()
-            .map_err(|error| format!("OTLP metric exporter: {error}"))?;
-        let metrics = SdkMeterProvider::builder()
-            .with_resource(resource)
-            .with_periodic_exporter(points)
-            .build();
+        let traces = if want_traces {
+            let spans = opentelemetry_otlp::SpanExporter::builder()
+                .with_http()
+                .build()
+                .map_err(|error| format!("OTLP span exporter: {error}"))?;
+            let provider = SdkTracerProvider::builder()
+                .with_resource(resource.clone())
+                .with_batch_exporter(spans)
+                .build();
+            Some(provider)
+        } else {
+            None
+        };
+        let metrics = if want_metrics {
+            let points = opentelemetry_otlp::MetricExporter::builder()
+                .with_http()
+                .build()
+                .map_err(|error| format!("OTLP metric exporter: {error}"))?;
+            let provider = SdkMeterProvider::builder()
+                .with_resource(resource)
+                .with_periodic_exporter(points)
+                .build();
+            Some(provider)
+        } else {
+            None
+        };
         Ok(Some(Self { traces, metrics }))
     }
 
-    /// What the runtime records its spans with.
-    pub(crate) fn telemetry(&self) -> dormant::telemetry::Telemetry {
-        dormant::telemetry::Telemetry::new(&self.traces)
+    /// What the runtime records its spans with, if spans are exported.
+    pub(crate) fn telemetry(&self) -> Option<dormant::telemetry::Telemetry> {
+        self.traces.as_ref().map(dormant::telemetry::Telemetry::new)
     }
 
-    /// Registers the runtime's metrics.
+    /// Registers the runtime's metrics, if metrics are exported.
     pub(crate) fn observe(&self, runtime: &dormant::Runtime) {
-        dormant::telemetry::observe_metrics(runtime, &self.metrics.meter("dormant"));
+        if let Some(metrics) = &self.metrics {
+            dormant::telemetry::observe_metrics(runtime, &metrics.meter("dormant"));
+        }
     }
 
     /// Exports what is queued and stops.
     pub(crate) fn shutdown(self) {
-        if let Err(error) = self.traces.shutdown() {
+        if let Some(Err(error)) = self.traces.map(|traces| traces.shutdown()) {
             tracing::warn!(%error, "otel.traces_shutdown_failed");
         }
-        if let Err(error) = self.metrics.shutdown() {
+        if let Some(Err(error)) = self.metrics.map(|metrics| metrics.shutdown()) {
             tracing::warn!(%error, "otel.metrics_shutdown_failed");
         }
     }

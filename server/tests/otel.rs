@@ -1,6 +1,6 @@
 //! OpenTelemetry at the server (issue 34, item 2), exported over OTLP/HTTP to a receiver on
 //! loopback that decodes the protobuf: W3C trace context across the remote protocol (a
-//! parent's call of a remote sub-agent carries the `traceparent` of its `execute_tool` span in
+//! parent's call of a remote sub-agent carries the `traceparent` of the calling run's span in
 //! the start's header, and the child's run, in the other runtime, links to that span), and the
 //! binary configured by the standard `OTEL_*` variables alone.
 
@@ -24,7 +24,7 @@ use serde_json::json;
 const KEY: &str = "operator-key-for-tests";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_remote_childs_run_links_to_the_parents_call_across_the_boundary() -> anyhow::Result<()> {
+async fn a_remote_childs_run_links_to_the_parents_run_across_the_boundary() -> anyhow::Result<()> {
     let (base, received) = receiver::serve().await?;
     let exporter = opentelemetry_otlp::SpanExporter::builder()
         .with_http()
@@ -95,9 +95,9 @@ async fn a_remote_childs_run_links_to_the_parents_call_across_the_boundary() -> 
         parent_trace.to_bytes(),
         "the child's run is its own trace"
     );
-    assert_eq!(child.links.len(), 1, "linked to the call that made it");
-    assert_eq!(child.links[0].trace_id, call.trace_id);
-    assert_eq!(child.links[0].span_id, call.span_id);
+    assert_eq!(child.links.len(), 1, "linked to the run that called it");
+    assert_eq!(child.links[0].trace_id, parent_trace.to_bytes());
+    assert_eq!(child.links[0].span_id, parent_span.to_bytes());
     provider.shutdown()?;
     Ok(())
 }

@@ -7,7 +7,7 @@ use futures::future::BoxFuture;
 use rmcp::model::{
     CallToolRequest, CallToolRequestParams, ClientRequest, Meta, ServerResult, Tool,
 };
-use rmcp::service::ServiceError;
+use rmcp::service::{PeerRequestOptions, ServiceError};
 use rmcp::transport::streamable_http_client::StreamableHttpError;
 use rmcp::transport::DynamicTransportError;
 use serde_json::Value;
@@ -87,34 +87,48 @@ async fn send(
     meta.0
         .insert(IDEMPOTENCY_META_KEY.to_string(), idempotency_key.into());
     let params = CallToolRequestParams {
-        // rmcp writes `_meta` from the request's extensions (below); one set here too would
-        // be written twice, a body the server cannot read.
+        // rmcp writes `_meta` from the request's options (below); one set here too would be
+        // written twice, a body the server cannot read.
         meta: None,
         name: Cow::Owned(tool.to_string()),
         arguments,
         task: None,
     };
+    let timeout = shared.server.call_timeout;
+    let unavailable = || {
+        failure(
+            ToolErrorCode::McpServerUnavailable,
+            format!("MCP server {server} is down (restarting); the call was not sent"),
+        )
+    };
+    let mut newer_than = None;
     let mut resent = 0;
     loop {
-        let Some(peer) = shared.peer().await else {
-            return Err(failure(
-                ToolErrorCode::McpServerUnavailable,
-                format!("MCP server {server} is down (restarting); the call was not sent"),
-            ));
+        let Some(live) = shared.connection(newer_than).await else {
+            return Err(unavailable());
         };
-        let mut request = CallToolRequest::new(params.clone());
-        request.extensions.insert(meta.clone());
-        let answer = match peer
-            .send_request(ClientRequest::CallToolRequest(request))
-            .await
-        {
-            Ok(ServerResult::CallToolResult(result)) => Ok(result),
-            Ok(_) => Err(ServiceError::UnexpectedResponse),
-            Err(error) => Err(error),
+        let options = PeerRequestOptions {
+            timeout: Some(timeout),
+            meta: Some(meta.clone()),
         };
-        match answer {
-            Ok(result) => return outcome(result),
-            Err(ServiceError::McpError(error)) => {
+        let request = ClientRequest::CallToolRequest(CallToolRequest::new(params.clone()));
+        let sent = live.peer.send_request_with_option(request, options).await;
+        let answer = match sent {
+            Ok(handle) => handle.await_response().await,
+            // The connection had ended before the request was queued: nothing was sent.
+            Err(_) => Err(ServiceError::TransportSend(DynamicTransportError {
+                transport_name: Cow::Borrowed("closed connection"),
+                transport_type_id: std::any::TypeId::of::<()>(),
+                error: "the connection had ended".into(),
+            })),
+        };
+        let error = match answer {
+            Ok(ServerResult::CallToolResult(result)) => return outcome(result),
+            Ok(_) => ServiceError::UnexpectedResponse,
+            Err(error) => error,
+        };
+        match error {
+            ServiceError::McpError(error) => {
                 return Err(failure(
                     ToolErrorCode::McpRequestFailed,
                     format!(
@@ -123,19 +137,32 @@ async fn send(
                     ),
                 ))
             }
-            // Never reached the server: nothing can have run; wait for the next connection.
-            Err(ServiceError::TransportSend(error)) if never_reached(&error) => {
+            ServiceError::UnexpectedResponse => {
+                return Err(failure(
+                    ToolErrorCode::McpRequestFailed,
+                    format!("MCP server {server} answered the call with something else"),
+                ))
+            }
+            // rmcp has told the server the call is cancelled; it may have acted on it.
+            ServiceError::Timeout { timeout } => {
+                return Err(failure(
+                    ToolErrorCode::ToolDurabilityError,
+                    format!(
+                        "MCP server {server} did not answer within {timeout:?}; the call was cancelled there, may or may not have taken effect, and was not sent again"
+                    ),
+                ))
+            }
+            // Never reached the server: nothing can have run; sent on the next connection.
+            ServiceError::TransportSend(error) if never_reached(&error) => {
                 tracing::warn!(%server, tool, %error, "MCP call could not be sent; waiting for the server");
+                shared.broken(live.number);
                 if resent == RESENDS {
-                    return Err(failure(
-                        ToolErrorCode::McpServerUnavailable,
-                        format!("MCP server {server} could not be sent the call: {error}"),
-                    ));
+                    return Err(unavailable());
                 }
-                resent += 1;
             }
             // Sent, and the connection ended before the answer: the server may have acted.
-            Err(error) => {
+            error => {
+                shared.broken(live.number);
                 if !safe_to_retry || resent == RESENDS {
                     return Err(failure(
                         ToolErrorCode::ToolDurabilityError,
@@ -145,9 +172,10 @@ async fn send(
                     ));
                 }
                 tracing::warn!(%server, tool, %error, "MCP server went away with a call in flight; sending it again (safe to retry)");
-                resent += 1;
             }
         }
+        newer_than = Some(live.number);
+        resent += 1;
     }
 }
 

@@ -1,6 +1,7 @@
 //! One MCP server kept connected: started (or connected to), its tools listed, restarted with
 //! backoff when it goes away, its list read again when it says the list changed.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,7 +19,11 @@ use crate::definition::ToolDefinition;
 
 /// The first wait before a server that went away is started again; doubled up to
 /// [`McpServer::max_backoff`].
-const FIRST_BACKOFF: Duration = Duration::from_millis(100);
+pub(super) const FIRST_BACKOFF: Duration = Duration::from_millis(100);
+
+/// How long a connection must have lasted for the backoff to start again from
+/// [`FIRST_BACKOFF`]: a server that dies right after each start is started less and less often.
+const STABLE: Duration = Duration::from_secs(10);
 
 /// A connected MCP server and its tools. Cheap to clone; the server is stopped (a stdio
 /// server killed) once every clone and every [`ToolDefinition`] made from it is dropped.
@@ -32,13 +37,26 @@ pub struct McpTools {
 pub(super) struct Shared {
     pub(super) server: McpServer,
     /// The connection in use; `None` while the server is down.
-    live: watch::Sender<Option<Peer<RoleClient>>>,
+    live: watch::Sender<Option<Live>>,
+    /// Told when a call found the connection broken (an HTTP server that lost its session
+    /// keeps the client's worker running): the supervisor drops it and connects again.
+    reconnect: Arc<Notify>,
+    /// The number of the connection a call found broken last: the supervisor acts on a
+    /// notification only for the connection it has, not for one it has already replaced.
+    broken: Arc<AtomicU64>,
     /// The server's tools as last listed.
     tools: RwLock<Vec<Tool>>,
     /// Bumped each time the list is read again.
     list_generation: watch::Sender<u64>,
     /// Dropped with the last handle: the supervisor stops the server.
     _stop: oneshot::Sender<()>,
+}
+
+/// A connection in use: its number (each new connection's is one more) and its peer.
+#[derive(Clone, Debug)]
+pub(super) struct Live {
+    pub(super) number: u64,
+    pub(super) peer: Peer<RoleClient>,
 }
 
 /// What the server may ask of dormant: only that its tool list be read again.
@@ -82,8 +100,15 @@ impl McpTools {
         let running = connect_once(&server, &list_changed).await?;
         let tools = list_tools(&server, running.peer()).await?;
         let (stop, stopped) = oneshot::channel();
+        let reconnect = Arc::new(Notify::new());
+        let broken = Arc::new(AtomicU64::new(u64::MAX));
         let shared = Arc::new(Shared {
-            live: watch::Sender::new(Some(running.peer().clone())),
+            live: watch::Sender::new(Some(Live {
+                number: 0,
+                peer: running.peer().clone(),
+            })),
+            reconnect: Arc::clone(&reconnect),
+            broken: Arc::clone(&broken),
             tools: RwLock::new(tools),
             list_generation: watch::Sender::new(0),
             _stop: stop,
@@ -92,8 +117,12 @@ impl McpTools {
         tokio::spawn(supervise(
             Arc::downgrade(&shared),
             running,
-            list_changed,
-            stopped,
+            Signals {
+                list_changed,
+                reconnect,
+                broken,
+                stopped,
+            },
         ));
         Ok(Self { shared })
     }
@@ -133,49 +162,75 @@ impl McpTools {
 }
 
 impl Shared {
-    /// The connection, once the server is up, waiting at most the server's connect timeout.
-    pub(super) async fn peer(&self) -> Option<Peer<RoleClient>> {
+    /// A working connection newer than connection `newer_than` (any, if `None`), once the
+    /// server is up, waiting at most the server's connect timeout.
+    pub(super) async fn connection(&self, newer_than: Option<u64>) -> Option<Live> {
         let mut live = self.live.subscribe();
-        let usable = |peer: &Option<Peer<RoleClient>>| {
-            peer.as_ref()
-                .is_some_and(|peer| !peer.is_transport_closed())
+        let usable = |live: &Option<Live>| {
+            live.as_ref().is_some_and(|live| {
+                !live.peer.is_transport_closed()
+                    && newer_than.is_none_or(|number| live.number > number)
+            })
         };
         let wait = async {
             live.wait_for(usable)
                 .await
                 .ok()
-                .and_then(|peer| peer.clone())
+                .and_then(|live| live.clone())
         };
         tokio::time::timeout(self.server.connect_timeout, wait)
             .await
             .ok()
             .flatten()
     }
+
+    /// A call found connection `number` broken: it is dropped and made again (if it is still
+    /// the one in use).
+    pub(super) fn broken(&self, number: u64) {
+        self.broken.store(number, Ordering::Release);
+        self.reconnect.notify_one();
+    }
+}
+
+/// What the supervisor listens for besides the connection's end.
+struct Signals {
+    list_changed: Arc<Notify>,
+    reconnect: Arc<Notify>,
+    broken: Arc<AtomicU64>,
+    /// Closed with the last handle: the server is stopped.
+    stopped: oneshot::Receiver<()>,
 }
 
 /// Keeps the server running until the last handle is dropped: waits for the connection to
-/// end, starts it again with backoff, and reads the list again when the server says it
-/// changed.
-async fn supervise(
-    shared: std::sync::Weak<Shared>,
-    mut running: Running,
-    list_changed: Arc<Notify>,
-    mut stopped: oneshot::Receiver<()>,
-) {
+/// end (or a call to find it broken), starts it again with backoff, and reads the list again
+/// when the server says it changed.
+async fn supervise(shared: std::sync::Weak<Shared>, mut running: Running, mut signals: Signals) {
+    let mut number = 0;
+    let mut backoff = FIRST_BACKOFF;
     loop {
+        let connected_at = tokio::time::Instant::now();
         let peer = running.peer().clone();
         let cancel = running.cancellation_token();
         let mut ended = std::pin::pin!(running.waiting());
         loop {
             tokio::select! {
-                _ = &mut stopped => {
+                _ = &mut signals.stopped => {
                     cancel.cancel();
                     let _ = ended.await;
                     return;
                 }
-                () = list_changed.notified() => {
+                () = signals.list_changed.notified() => {
                     let Some(shared) = shared.upgrade() else { return };
                     reread_list(&shared, &peer).await;
+                }
+                () = signals.reconnect.notified() => {
+                    // A call's word about a connection already replaced is stale.
+                    if signals.broken.load(Ordering::Acquire) != number {
+                        continue;
+                    }
+                    cancel.cancel();
+                    let _ = ended.await;
+                    break;
                 }
                 _ = &mut ended => break,
             }
@@ -186,18 +241,21 @@ async fn supervise(
         }) else {
             return;
         };
+        if connected_at.elapsed() >= STABLE {
+            backoff = FIRST_BACKOFF;
+        }
         tracing::warn!(server = %server.name, "MCP server went away; starting it again");
-        let mut backoff = FIRST_BACKOFF;
         running = loop {
             tokio::select! {
-                _ = &mut stopped => return,
+                _ = &mut signals.stopped => return,
                 () = tokio::time::sleep(backoff) => {}
             }
-            match connect_once(&server, &list_changed).await {
+            let attempt = connect_once(&server, &signals.list_changed).await;
+            backoff = (backoff * 2).min(server.max_backoff);
+            match attempt {
                 Ok(running) => break running,
                 Err(error) => {
                     tracing::warn!(%error, retry_in_ms = backoff.as_millis() as u64, "MCP server could not be started again");
-                    backoff = (backoff * 2).min(server.max_backoff);
                 }
             }
         };
@@ -206,7 +264,11 @@ async fn supervise(
         };
         // Its list may have changed while it was down.
         reread_list(&shared, running.peer()).await;
-        shared.live.send_replace(Some(running.peer().clone()));
+        number += 1;
+        shared.live.send_replace(Some(Live {
+            number,
+            peer: running.peer().clone(),
+        }));
         tracing::info!(server = %server.name, "MCP server started again");
     }
 }

@@ -11,8 +11,9 @@ use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 
 use super::McpError;
 
-/// How the server is reached.
-#[derive(Clone, Debug)]
+/// How the server is reached. Its `Debug` names the environment's variables, not their values
+/// (they may be credentials); header values are marked sensitive, which `Debug` hides too.
+#[derive(Clone)]
 pub(crate) enum Transport {
     /// A command spawned by the runtime, spoken to over its stdin and stdout.
     Stdio {
@@ -22,6 +23,24 @@ pub(crate) enum Transport {
     },
     /// A streamable-HTTP endpoint.
     Http { url: String, headers: HeaderMap },
+}
+
+impl std::fmt::Debug for Transport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Transport::Stdio { program, args, env } => f
+                .debug_struct("Stdio")
+                .field("program", program)
+                .field("args", args)
+                .field("env", &env.iter().map(|(key, _)| key).collect::<Vec<_>>())
+                .finish(),
+            Transport::Http { url, headers } => f
+                .debug_struct("Http")
+                .field("url", url)
+                .field("headers", headers)
+                .finish(),
+        }
+    }
 }
 
 /// Which of a server's tools are `safe_to_retry`: sent again after a crash cut a call, rather
@@ -63,6 +82,7 @@ pub struct McpServer {
     pub(crate) retry_overrides: HashMap<String, bool>,
     pub(crate) prefix: String,
     pub(crate) connect_timeout: Duration,
+    pub(crate) call_timeout: Duration,
     pub(crate) max_backoff: Duration,
 }
 
@@ -100,6 +120,7 @@ impl McpServer {
             retry_overrides: HashMap::new(),
             prefix: String::new(),
             connect_timeout: Duration::from_secs(10),
+            call_timeout: Duration::from_secs(5 * 60),
             max_backoff: Duration::from_secs(30),
         }
     }
@@ -172,11 +193,21 @@ impl McpServer {
         self
     }
 
+    /// How long a call may wait for its answer (5 minutes by default). Past it the call is
+    /// cancelled at the server (`notifications/cancelled`) and is a `tool_durability_error`:
+    /// the server may have acted on it.
+    #[must_use]
+    pub fn call_timeout(mut self, timeout: Duration) -> Self {
+        self.call_timeout = timeout;
+        self
+    }
+
     /// The longest wait between two tries to start a server that keeps failing (30 s by
-    /// default; the first retry is after 100 ms, doubling).
+    /// default; the first retry is after 100 ms, doubling, and the wait starts again from
+    /// 100 ms only after a connection that lasted 10 s).
     #[must_use]
     pub fn max_backoff(mut self, max: Duration) -> Self {
-        self.max_backoff = max;
+        self.max_backoff = max.max(super::connection::FIRST_BACKOFF);
         self
     }
 
@@ -214,6 +245,21 @@ mod tests {
         let never = strict.retry(McpRetry::Never).safe_to_retry("read", true);
         assert!(never.is_safe_to_retry("read", false, false));
         assert!(!never.is_safe_to_retry("put", false, true));
+    }
+
+    #[test]
+    fn debug_shows_no_secret() -> Result<(), McpError> {
+        let server = McpServer::stdio("s", "server")
+            .env("TOKEN", "hunter2")
+            .arg("--x");
+        let http = McpServer::http("h", "http://127.0.0.1:1/mcp")
+            .header("authorization", "Bearer hunter2")?;
+        let shown = format!("{server:?} {http:?}");
+        assert!(
+            shown.contains("TOKEN") && !shown.contains("hunter2"),
+            "{shown}"
+        );
+        Ok(())
     }
 
     #[test]

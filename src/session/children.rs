@@ -95,7 +95,7 @@ impl Session {
             parent: RemoteParent {
                 parent: self.record.id.clone(),
                 root: self.record.root.clone(),
-                traceparent: crate::telemetry::call_traceparent(self.current_run_id(), &call.id),
+                traceparent: crate::telemetry::call_traceparent(self.current_run_id()),
             },
         };
         if let Some(drive) = self.remote_drive(&call.id, start) {

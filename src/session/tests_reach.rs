@@ -184,7 +184,7 @@ fn a_remote_child_is_started_by_its_driver_and_a_child_here_by_a_message() -> Re
             parent: id("p")?,
             root: id("p")?,
             // With the `otel` feature, the call's span for the child's runs to link to.
-            traceparent: crate::telemetry::call_traceparent(session.current_run_id(), "f1"),
+            traceparent: crate::telemetry::call_traceparent(session.current_run_id()),
         },
     };
     let expected = RemoteDrive {

@@ -7,36 +7,32 @@ use sha2::{Digest, Sha256};
 
 use crate::types::ids::RunId;
 
-/// A run's trace id (its run id's bytes) and the span id of its `invoke_agent` span.
+/// A run's trace id and the span id of its `invoke_agent` span, both derived from the run id
+/// (SHA-256: a UUID v7's own bytes would not do, as a ratio sampler reads bits of the trace id
+/// that a v7 fixes).
 ///
 /// ```
-/// # #[cfg(feature = "otel")] {
 /// let run = dormant::RunId::generate();
 /// let (trace, span) = dormant::telemetry::run_trace(run);
-/// assert_eq!(trace.to_bytes(), *run.as_bytes());
+/// assert_eq!(dormant::telemetry::run_trace(run), (trace, span));
 /// assert_ne!(span, opentelemetry::trace::SpanId::INVALID);
-/// # }
 /// ```
 pub fn run_trace(run: RunId) -> (TraceId, SpanId) {
     (trace_id(run), derived(&[run.as_bytes(), b"invoke_agent"]))
 }
 
-/// The W3C `traceparent` of the `execute_tool` span of call `tool_call_id` in run `run`: what
-/// a remote child's start carries, for the child's run to link to the call that made it.
+/// The W3C `traceparent` of run `run`'s `invoke_agent` span: what a remote child's start
+/// carries, for the child's runs to link to the run that called it (the span exists as soon
+/// as the run has begun, whichever later run records the call's outcome).
 ///
 /// ```
-/// # #[cfg(feature = "otel")] {
-/// let header = dormant::telemetry::traceparent(dormant::RunId::generate(), "call-1");
+/// let header = dormant::telemetry::traceparent(dormant::RunId::generate());
 /// assert!(header.starts_with("00-") && header.ends_with("-01"));
 /// assert_eq!(header.len(), 55);
-/// # }
 /// ```
-pub fn traceparent(run: RunId, tool_call_id: &str) -> String {
-    format!(
-        "00-{}-{}-01",
-        trace_id(run),
-        tool_span_id(run, tool_call_id)
-    )
+pub fn traceparent(run: RunId) -> String {
+    let (trace, span) = run_trace(run);
+    format!("00-{trace}-{span}-01")
 }
 
 /// The span id of call `tool_call_id`'s `execute_tool` span.
@@ -45,7 +41,15 @@ pub(crate) fn tool_span_id(run: RunId, tool_call_id: &str) -> SpanId {
 }
 
 pub(crate) fn trace_id(run: RunId) -> TraceId {
-    TraceId::from_bytes(*run.as_bytes())
+    let mut hash = Sha256::new();
+    hash.update(b"dormant trace\0");
+    hash.update(run.as_bytes());
+    let mut id = [0u8; 16];
+    id.copy_from_slice(&hash.finalize()[..16]);
+    if id == [0; 16] {
+        id[15] = 1;
+    }
+    TraceId::from_bytes(id)
 }
 
 /// The context of a run's `invoke_agent` span, as a link target.
@@ -101,13 +105,28 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_traceparent_reads_back_as_the_calls_span() {
+    fn a_traceparent_reads_back_as_the_runs_span() {
         let run = RunId::generate();
-        let context = parse_traceparent(&traceparent(run, "c1"));
+        let context = parse_traceparent(&traceparent(run));
         assert_eq!(context.as_ref().map(|c| c.trace_id()), Some(trace_id(run)));
-        assert_eq!(context.map(|c| c.span_id()), Some(tool_span_id(run, "c1")));
+        assert_eq!(context.map(|c| c.span_id()), Some(run_trace(run).1));
         assert_ne!(tool_span_id(run, "c1"), tool_span_id(run, "c2"));
         assert_ne!(tool_span_id(run, "c1"), run_trace(run).1);
+    }
+
+    #[test]
+    fn trace_ids_spread_over_the_bits_a_ratio_sampler_reads() {
+        // The SDK's TraceIdRatioBased compares the low 8 bytes (shifted right once) with the
+        // ratio: over many runs, about half must fall under one half.
+        let under: usize = (0..1_000)
+            .filter(|_| {
+                let bytes = trace_id(RunId::generate()).to_bytes();
+                let mut low = [0u8; 8];
+                low.copy_from_slice(&bytes[8..]);
+                (u64::from_be_bytes(low) >> 1) < (u64::MAX >> 2)
+            })
+            .count();
+        assert!((350..650).contains(&under), "{under} of 1000");
     }
 
     #[test]

@@ -63,8 +63,9 @@ impl Telemetry {
         }
     }
 
-    /// Records tool inputs and results on the `execute_tool` spans (off by default: they may
-    /// hold what a person typed, or secrets).
+    /// Records tool results, and the inputs of calls dispatched in this process, on the
+    /// `execute_tool` spans (`gen_ai.tool.call.result`, `gen_ai.tool.call.arguments`; off by
+    /// default: they may hold what a person typed, or secrets).
     #[must_use]
     pub fn capture_content(mut self, capture: bool) -> Self {
         self.capture_content = capture;
@@ -82,7 +83,8 @@ fn scope() -> InstrumentationScope {
 #[derive(Debug, Default)]
 pub(crate) struct SessionSpans {
     run: Option<OpenRun>,
-    started: HashMap<String, SystemTime>,
+    /// Each call in flight: when it was dispatched, and its input if content is recorded.
+    started: HashMap<String, (SystemTime, Option<String>)>,
 }
 
 #[derive(Debug)]
@@ -182,17 +184,24 @@ impl SessionSpans {
                 call,
             } => {
                 self.open(telemetry, origin, session, *run_id);
-                self.started.insert(call.id.clone(), SystemTime::now());
+                let input = telemetry.capture_content.then(|| call.input.to_string());
+                self.started
+                    .insert(call.id.clone(), (SystemTime::now(), input));
             }
             HookEvent::AfterTool {
-                session,
                 run_id,
                 tool_call_id,
                 tool_name,
                 outcome,
+                ..
             } => {
                 let started = self.started.remove(tool_call_id);
-                let context = self.open(telemetry, origin, session, *run_id).clone();
+                // A call closed after its run ended (a timeout, an interrupt or an abort of a
+                // suspended run): under that run's span, which is not opened again.
+                let context = match &self.run {
+                    Some(open) if open.id == *run_id => open.context.clone(),
+                    _ => Context::new().with_remote_span_context(ids::run_context(*run_id)),
+                };
                 let kind = agent
                     .and_then(|agent| agent.tool(tool_name))
                     .map(|tool| (&tool.def.kind, tool.def.approval()));
@@ -208,11 +217,16 @@ impl SessionSpans {
                 );
             }
             HookEvent::AgentSuspended {
-                session,
                 run_id,
                 tool_call_ids,
+                ..
             } => {
-                let context = self.open(telemetry, origin, session, *run_id);
+                // Said by the run as it suspends: its span is open, unless it was never
+                // recorded here (then there is nothing to mark).
+                let Some(open) = self.run.as_ref().filter(|open| open.id == *run_id) else {
+                    return;
+                };
+                let context = &open.context;
                 let waits: Vec<opentelemetry::StringValue> =
                     tool_call_ids.iter().map(|id| id.clone().into()).collect();
                 let span = context.span();
@@ -240,7 +254,10 @@ impl SessionSpans {
         let context = self
             .open(telemetry, origin, &request.session_id, run)
             .clone();
-        let model = request.settings.model.as_deref().unwrap_or("model");
+        let name = match &request.settings.model {
+            Some(model) => format!("chat {model}"),
+            None => "chat".to_string(),
+        };
         let mut attributes = vec![
             KeyValue::new("gen_ai.operation.name", "chat"),
             KeyValue::new("gen_ai.agent.name", request.agent.clone()),
@@ -250,7 +267,7 @@ impl SessionSpans {
         }
         let span = telemetry
             .tracer
-            .span_builder(format!("chat {model}"))
+            .span_builder(name)
             .with_kind(SpanKind::Client)
             .with_attributes(attributes)
             .start_with_context(&telemetry.tracer, &context);
@@ -287,8 +304,9 @@ fn tool_span(
     tool_name: &str,
     kind: Option<(&ToolKind, &Approval)>,
     outcome: &ToolOutcome,
-    started: Option<SystemTime>,
+    started: Option<(SystemTime, Option<String>)>,
 ) {
+    let (started, input) = started.map_or((None, None), |(at, input)| (Some(at), input));
     let mut attributes = vec![
         KeyValue::new("gen_ai.operation.name", "execute_tool"),
         KeyValue::new("gen_ai.tool.name", tool_name.to_string()),
@@ -300,10 +318,7 @@ fn tool_span(
     ];
     if let Some((kind, approval)) = kind {
         attributes.push(KeyValue::new("dormant.tool.kind", kind_name(kind)));
-        if !matches!(approval, Approval::Never) {
-            let denied =
-                matches!(outcome, ToolOutcome::Error(text) if text.starts_with(NOT_APPROVED));
-            let decision = if denied { "denied" } else { "approved" };
+        if let Some(decision) = approval_decision(approval, outcome) {
             attributes.push(KeyValue::new("dormant.approval.decision", decision));
         }
     }
@@ -316,6 +331,9 @@ fn tool_span(
             ToolOutcome::Error(text) => text.clone(),
         };
         attributes.push(KeyValue::new("gen_ai.tool.call.result", result));
+        if let Some(input) = input {
+            attributes.push(KeyValue::new("gen_ai.tool.call.arguments", input));
+        }
     }
     let mut builder = telemetry
         .tracer
@@ -333,6 +351,32 @@ fn tool_span(
         });
     }
     span.end();
+}
+
+/// What a person decided about a call of a tool that needs approval, when the outcome says:
+/// denied (the seeds' refusal text), or approved (the tool ran, or failed by itself, and the
+/// tool always asks). `None` when nobody decided (the call timed out, was abandoned, aborted,
+/// interrupted, or its approval went stale) or the tool asks only sometimes.
+fn approval_decision(approval: &Approval, outcome: &ToolOutcome) -> Option<&'static str> {
+    use crate::types::tool_error::ToolErrorCode as Code;
+    if matches!(approval, Approval::Never) {
+        return None;
+    }
+    if matches!(outcome, ToolOutcome::Error(text) if text.starts_with(NOT_APPROVED)) {
+        return Some("denied");
+    }
+    let undecided = matches!(
+        outcome.code(),
+        Some(
+            Code::ClientToolTimeout
+                | Code::ClientToolAbandoned
+                | Code::Aborted
+                | Code::Interrupted
+                | Code::StaleApproval
+        )
+    );
+    let always = matches!(approval, Approval::Always | Approval::Editable);
+    (always && !undecided).then_some("approved")
 }
 
 fn kind_name(kind: &ToolKind) -> &'static str {

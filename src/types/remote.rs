@@ -31,9 +31,9 @@ pub struct RemoteParent {
     pub parent: SessionId,
     /// The root of the parent's tree (on the parent's server), where its calls are answered.
     pub root: SessionId,
-    /// The W3C `traceparent` of the parent's call (its `execute_tool` span, with the `otel`
-    /// feature; the remote protocol carries it in the header of that name): the child's runs
-    /// link to it.
+    /// The W3C `traceparent` of the parent's run that made the call (its `invoke_agent` span,
+    /// with the `otel` feature; the remote protocol carries it in the header of that name):
+    /// the child's runs link to it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub traceparent: Option<String>,
 }

@@ -155,20 +155,67 @@ impl ServerHandler for TestServer {
     }
 }
 
-/// Serves the server on a loopback port; returns its MCP URL and what it received.
-pub(crate) async fn serve() -> anyhow::Result<(String, Log)> {
-    let log = Log::default();
+/// The server's HTTP side, which a test may replace by a fresh one, as a restart would: the
+/// sessions of the old one are gone (rmcp answers a request of an unknown session with 401).
+type Service = StreamableHttpService<TestServer, LocalSessionManager>;
+
+fn fresh(log: &Log) -> Service {
     let server = TestServer { log: log.clone() };
-    let service = StreamableHttpService::new(
+    StreamableHttpService::new(
         move || Ok(server.clone()),
         Arc::new(LocalSessionManager::default()),
         StreamableHttpServerConfig::default(),
-    );
-    let router = axum::Router::new().nest_service("/mcp", service);
+    )
+}
+
+/// A served server: its MCP URL, what it received, and a way to restart it.
+pub(crate) struct Served {
+    pub(crate) url: String,
+    pub(crate) log: Log,
+    current: Arc<Mutex<Service>>,
+}
+
+impl Served {
+    /// Forgets every session, as a restarted server would.
+    pub(crate) fn restart(&self) {
+        if let Ok(mut current) = self.current.lock() {
+            *current = fresh(&self.log);
+        }
+    }
+}
+
+async fn forward(
+    axum::extract::State(current): axum::extract::State<Arc<Mutex<Service>>>,
+    request: axum::extract::Request,
+) -> axum::response::Response {
+    let service = current
+        .lock()
+        .map(|service| service.clone())
+        .map_err(|_| ());
+    let Ok(mut service) = service else {
+        return axum::response::Response::default();
+    };
+    match tower_service::Service::call(&mut service, request).await {
+        Ok(response) => response.map(axum::body::Body::new),
+        Err(never) => match never {},
+    }
+}
+
+/// Serves the server on a loopback port.
+pub(crate) async fn serve() -> anyhow::Result<Served> {
+    let log = Log::default();
+    let current = Arc::new(Mutex::new(fresh(&log)));
+    let router = axum::Router::new()
+        .route("/mcp", axum::routing::any(forward))
+        .with_state(Arc::clone(&current));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let address = listener.local_addr()?;
     tokio::spawn(async move {
         let _ = axum::serve(listener, router).await;
     });
-    Ok((format!("http://{address}/mcp"), log))
+    Ok(Served {
+        url: format!("http://{address}/mcp"),
+        log,
+        current,
+    })
 }
