@@ -32,9 +32,10 @@ async fn an_approval_is_decided_on_another_device_through_its_link() -> anyhow::
     browser.type_into("#operator-key", OPERATOR_KEY).await?;
     browser.click("#use-key").await?;
     let email = r#"form[data-kind="approval"][data-tool="send_email"]"#;
-    browser
-        .click(&format!(r#"{email} button[data-action="device-link"]"#))
-        .await?;
+    let device_link = format!(r#"{email} button[data-action="device-link"]"#);
+    // The inbox renders once its first page has loaded: wait for the button before the click.
+    browser.wait_for(&device_link).await?;
+    browser.click(&device_link).await?;
     browser
         .wait_for_text(email, "Anyone with this link can approve or deny this call")
         .await?;
