@@ -50,6 +50,7 @@ mod call;
 mod connection;
 mod result;
 mod server;
+mod shared;
 
 pub use connection::McpTools;
 pub use server::{McpRetry, McpServer};

@@ -12,8 +12,8 @@ use rmcp::transport::streamable_http_client::StreamableHttpError;
 use rmcp::transport::DynamicTransportError;
 use serde_json::Value;
 
-use super::connection::Shared;
 use super::result::outcome;
+use super::shared::Shared;
 use crate::definition::{ToolContext, ToolDefinition, ToolError, ToolHandler};
 use crate::types::tool_error::ToolErrorCode;
 

@@ -13,13 +13,10 @@ use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
 use rmcp::{ClientHandler, RoleClient, ServiceExt};
 use tokio::sync::{oneshot, watch, Notify};
 
-use super::server::{McpServer, Transport};
+use super::server::{McpServer, Transport, FIRST_BACKOFF};
+use super::shared::{Live, Shared};
 use super::McpError;
 use crate::definition::ToolDefinition;
-
-/// The first wait before a server that went away is started again; doubled up to
-/// [`McpServer::max_backoff`].
-pub(super) const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 
 /// How long a connection must have lasted for the backoff to start again from
 /// [`FIRST_BACKOFF`]: a server that dies right after each start is started less and less often.
@@ -30,33 +27,6 @@ const STABLE: Duration = Duration::from_secs(10);
 #[derive(Clone, Debug)]
 pub struct McpTools {
     shared: Arc<Shared>,
-}
-
-/// What the tools' handlers and the supervisor share.
-#[derive(Debug)]
-pub(super) struct Shared {
-    pub(super) server: McpServer,
-    /// The connection in use; `None` while the server is down.
-    live: watch::Sender<Option<Live>>,
-    /// Told when a call found the connection broken (an HTTP server that lost its session
-    /// keeps the client's worker running): the supervisor drops it and connects again.
-    reconnect: Arc<Notify>,
-    /// The number of the connection a call found broken last: the supervisor acts on a
-    /// notification only for the connection it has, not for one it has already replaced.
-    broken: Arc<AtomicU64>,
-    /// The server's tools as last listed.
-    tools: RwLock<Vec<Tool>>,
-    /// Bumped each time the list is read again.
-    list_generation: watch::Sender<u64>,
-    /// Dropped with the last handle: the supervisor stops the server.
-    _stop: oneshot::Sender<()>,
-}
-
-/// A connection in use: its number (each new connection's is one more) and its peer.
-#[derive(Clone, Debug)]
-pub(super) struct Live {
-    pub(super) number: u64,
-    pub(super) peer: Peer<RoleClient>,
 }
 
 /// What the server may ask of dormant: only that its tool list be read again.
@@ -158,37 +128,6 @@ impl McpTools {
     /// The server's name.
     pub fn server_name(&self) -> &str {
         &self.shared.server.name
-    }
-}
-
-impl Shared {
-    /// A working connection newer than connection `newer_than` (any, if `None`), once the
-    /// server is up, waiting at most the server's connect timeout.
-    pub(super) async fn connection(&self, newer_than: Option<u64>) -> Option<Live> {
-        let mut live = self.live.subscribe();
-        let usable = |live: &Option<Live>| {
-            live.as_ref().is_some_and(|live| {
-                !live.peer.is_transport_closed()
-                    && newer_than.is_none_or(|number| live.number > number)
-            })
-        };
-        let wait = async {
-            live.wait_for(usable)
-                .await
-                .ok()
-                .and_then(|live| live.clone())
-        };
-        tokio::time::timeout(self.server.connect_timeout, wait)
-            .await
-            .ok()
-            .flatten()
-    }
-
-    /// A call found connection `number` broken: it is dropped and made again (if it is still
-    /// the one in use).
-    pub(super) fn broken(&self, number: u64) {
-        self.broken.store(number, Ordering::Release);
-        self.reconnect.notify_one();
     }
 }
 

@@ -11,6 +11,10 @@ use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 
 use super::McpError;
 
+/// The first wait before a server that went away is started again; doubled up to
+/// [`McpServer::max_backoff`].
+pub(super) const FIRST_BACKOFF: Duration = Duration::from_millis(100);
+
 /// How the server is reached. Its `Debug` names the environment's variables, not their values
 /// (they may be credentials); header values are marked sensitive, which `Debug` hides too.
 #[derive(Clone)]
@@ -207,7 +211,7 @@ impl McpServer {
     /// 100 ms only after a connection that lasted 10 s).
     #[must_use]
     pub fn max_backoff(mut self, max: Duration) -> Self {
-        self.max_backoff = max.max(super::connection::FIRST_BACKOFF);
+        self.max_backoff = max.max(FIRST_BACKOFF);
         self
     }
 
