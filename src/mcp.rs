@@ -4,8 +4,8 @@
 //! its stdin and stdout, or a streamable-HTTP URL (with headers). [`McpTools::connect`] starts
 //! it, lists its tools and keeps it running: a server that exits or drops the connection is
 //! started again, with backoff, and its list is read again when it says the list changed.
-//! [`McpTools::definitions`] are its tools as [`ToolDefinition`]s, with their descriptions and
-//! input schemas, for an agent's builder.
+//! [`McpTools::definitions`] are its tools as [`ToolDefinition`](crate::ToolDefinition)s,
+//! with their descriptions and input schemas, for an agent's builder.
 //!
 //! An MCP call is a server tool with a server tool's durable semantics: it is recorded as
 //! dispatched before it is sent and its result committed before the step goes on. A call a

@@ -99,7 +99,7 @@ pub(crate) async fn start(
 }
 
 /// The parent on another server a start names, if any (both ids or neither), with the W3C
-/// `traceparent` of its call when the request carries one (kept only if it is well formed).
+/// `traceparent` of its calling run when the request carries one (kept only if well formed).
 fn remote_parent(
     body: &StartRequest,
     headers: &axum::http::HeaderMap,
@@ -438,4 +438,26 @@ pub(crate) async fn inbox(
     let after = query.after.map(dormant::types::InboxCursor);
     let page = state.runtime.inbox(&filter, after.as_ref(), limit).await?;
     Ok(Json(json!(page)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_traceparent;
+
+    #[test]
+    fn only_a_well_formed_traceparent_is_kept() {
+        assert!(is_traceparent(
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+        ));
+        for bad in [
+            "",
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331",
+            "01-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+            "00-0AF7651916CD43DD8448EB211C80319C-b7ad6b7169203331-01",
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01-extra",
+            "00-0af7651916cd43dd8448eb211c80319c\n-b7ad6b7169203331-01",
+        ] {
+            assert!(!is_traceparent(bad), "{bad:?}");
+        }
+    }
 }

@@ -126,7 +126,7 @@ impl SessionSpans {
         let open = self.run.get_or_insert_with(|| {
             let agent = origin.agent.map_or("agent", AgentDefinition::name);
             let (trace, span) = ids::run_trace(run);
-            // A remote child's runs link to the call that made it, in the parent's process.
+            // A remote child's runs link to the run that called it, in the parent's process.
             let links = origin
                 .traceparent
                 .and_then(ids::parse_traceparent)

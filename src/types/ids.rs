@@ -119,7 +119,8 @@ impl RunId {
         Self(uuid::Uuid::now_v7())
     }
 
-    /// Its 16 bytes (a run's trace id, with the `otel` feature).
+    /// Its 16 bytes (what a run's trace and span ids are derived from, with the `otel`
+    /// feature).
     pub fn as_bytes(&self) -> &[u8; 16] {
         self.0.as_bytes()
     }

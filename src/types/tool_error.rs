@@ -83,8 +83,8 @@ pub enum ToolErrorCode {
     /// The MCP server of the tool could not be reached (it is down, or restarting): the call
     /// was not sent.
     McpServerUnavailable,
-    /// The MCP server answered the call with a protocol error (an unknown tool, invalid
-    /// arguments): the tool did not run.
+    /// The MCP server answered the call with a JSON-RPC error rather than a result (an unknown
+    /// tool, invalid arguments, an error of its own).
     McpRequestFailed,
 }
 
