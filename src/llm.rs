@@ -125,6 +125,13 @@ pub enum LlmError {
 pub trait LlmAdapter: Send + Sync + 'static {
     /// Answers one step.
     fn complete(&self, request: ModelRequest) -> BoxFuture<'static, Result<ModelReply, LlmError>>;
+
+    /// Who serves the model, as OpenTelemetry's `gen_ai.provider.name` names it (`openai`,
+    /// `anthropic`, `aws.bedrock`...): recorded on the model call's span with the `otel`
+    /// feature. `unknown` unless the adapter says.
+    fn provider(&self) -> &str {
+        "unknown"
+    }
 }
 
 /// Asks `llm`, turning a panic (in the call or in its future) into [`LlmError::Provider`]:

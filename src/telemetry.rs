@@ -119,6 +119,7 @@ impl SessionSpans {
         _origin: &RunOrigin<'_>,
         _run: crate::types::ids::RunId,
         _request: &crate::llm::ModelRequest,
+        _provider: &str,
     ) -> ChatSpan {
         ChatSpan
     }

@@ -209,6 +209,10 @@ async fn a_suspended_run_answered_after_a_restart_is_one_linked_span_tree() -> a
         .find(|span| span.parent_span_id == span_id.to_bytes())
         .ok_or_else(|| anyhow::anyhow!("no model call under the first run"))?;
     assert_eq!(int(first_chat, "gen_ai.usage.input_tokens"), Some(120));
+    assert_eq!(
+        text(first_chat, "gen_ai.provider.name").as_deref(),
+        Some("dormant.scripted")
+    );
     assert_eq!(int(first_chat, "gen_ai.usage.output_tokens"), Some(30));
     assert!(chats
         .iter()

@@ -147,4 +147,9 @@ impl LlmAdapter for OpenAiAdapter {
         let config = Arc::clone(&self.config);
         Box::pin(async move { call::complete(&config, request).await })
     }
+
+    /// `openai`: its wire format, whichever server speaks it.
+    fn provider(&self) -> &str {
+        "openai"
+    }
 }

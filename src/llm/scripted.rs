@@ -88,6 +88,10 @@ impl LlmAdapter for ScriptedLlm {
         }
         Box::pin(async move { reply })
     }
+
+    fn provider(&self) -> &str {
+        "dormant.scripted"
+    }
 }
 
 /// Sends `reply` to `deltas` in pieces: each word of its text with the space before it, then

@@ -247,6 +247,7 @@ impl SessionSpans {
         origin: &RunOrigin<'_>,
         run: RunId,
         request: &ModelRequest,
+        provider: &str,
     ) -> ChatSpan {
         let Some(telemetry) = tracing else {
             return ChatSpan(None);
@@ -260,6 +261,7 @@ impl SessionSpans {
         };
         let mut attributes = vec![
             KeyValue::new("gen_ai.operation.name", "chat"),
+            KeyValue::new("gen_ai.provider.name", provider.to_string()),
             KeyValue::new("gen_ai.agent.name", request.agent.clone()),
         ];
         if let Some(model) = &request.settings.model {

@@ -99,9 +99,11 @@ impl SessionActor {
                 request.deltas = delta_sink(&self.shared, ctx.key(), run_id, step, after_seq);
                 let chat = {
                     let origin = run_origin(&state.loaded);
+                    let provider = self.shared.llm.provider();
+                    let tracing = &self.shared.telemetry;
                     state
                         .spans
-                        .chat(&self.shared.telemetry, &origin, run_id, &request)
+                        .chat(tracing, &origin, run_id, &request, provider)
                 };
                 let llm = Arc::clone(&self.shared.llm);
                 let mailbox = ctx.mailbox();

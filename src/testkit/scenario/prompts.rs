@@ -39,4 +39,8 @@ impl LlmAdapter for PromptLog {
             .insert(request.session_id.clone(), request.system_prompt.clone());
         self.scripted.complete(request)
     }
+
+    fn provider(&self) -> &str {
+        self.scripted.provider()
+    }
 }
