@@ -15,14 +15,14 @@
 //! span per call (`gen_ai.tool.name`, `gen_ai.tool.call.id`, `dormant.tool.kind`,
 //! `dormant.tool.outcome`; for an approval-gated tool, `dormant.approval.decision`).
 //!
-//! **Across suspensions and restarts.** A run's trace id is its run id, and its span id is
-//! derived from it, so the run that resumes a suspended one (after a restart too: nothing is
-//! kept in memory between them) links to the suspended run's span and carries
-//! `dormant.previous_run_id`. A call's `execute_tool` span id is derived from its run and
-//! call, so a remote child links to it from another process through the W3C `traceparent` the
-//! remote protocol carries ([`traceparent`]).
+//! **Across suspensions and restarts.** A run's trace id and span id are derived from its run
+//! id ([`run_trace`]), so the run that resumes a suspended one (after a restart too: nothing
+//! is kept in memory between them) links to the suspended run's span and carries
+//! `dormant.previous_run_id`, and a remote child's runs link to the run that called it, from
+//! another process, through the W3C `traceparent` the remote protocol carries
+//! ([`traceparent`]).
 //!
-//! **Content** (tool inputs and results, approval edits) is not recorded unless
+//! **Content** (tool inputs and results) is not recorded unless
 //! [`Telemetry::capture_content`] says so.
 //!
 //! ```no_run
@@ -70,7 +70,7 @@ pub(crate) fn call_traceparent(_run: crate::types::ids::RunId) -> Option<String>
 }
 
 /// What a session's spans are named and linked by: its agent, and for a remote child the
-/// `traceparent` of the call that made it.
+/// `traceparent` of the run that called it.
 #[derive(Clone, Copy, Debug, Default)]
 #[cfg_attr(not(feature = "otel"), allow(dead_code))]
 pub(crate) struct RunOrigin<'a> {

@@ -50,7 +50,10 @@ impl Export {
             }
         }
         let mut resource = Resource::builder();
-        if std::env::var_os("OTEL_SERVICE_NAME").is_none() {
+        let named = std::env::var_os("OTEL_SERVICE_NAME").is_some()
+            || std::env::var("OTEL_RESOURCE_ATTRIBUTES")
+                .is_ok_and(|attributes| attributes.contains("service.name="));
+        if !named {
             resource = resource.with_service_name("dormant-server");
         }
         let resource = resource.build();

@@ -135,9 +135,11 @@ fn is_traceparent(value: &str) -> bool {
                 .bytes()
                 .all(|byte| matches!(byte, b'0'..=b'9' | b'a'..=b'f'))
     };
+    let zero = |part: &str| part.bytes().all(|byte| byte == b'0');
     let parts: Vec<&str> = value.split('-').collect();
     matches!(parts.as_slice(), [version, trace, span, flags]
-        if *version == "00" && hex(trace, 32) && hex(span, 16) && hex(flags, 2))
+        if *version == "00" && hex(trace, 32) && hex(span, 16) && hex(flags, 2)
+            && !zero(trace) && !zero(span))
 }
 
 /// `POST /resume`: continues a suspended or interrupted run; answered once it is durably
@@ -456,6 +458,8 @@ mod tests {
             "00-0AF7651916CD43DD8448EB211C80319C-b7ad6b7169203331-01",
             "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01-extra",
             "00-0af7651916cd43dd8448eb211c80319c\n-b7ad6b7169203331-01",
+            "00-00000000000000000000000000000000-b7ad6b7169203331-01",
+            "00-0af7651916cd43dd8448eb211c80319c-0000000000000000-01",
         ] {
             assert!(!is_traceparent(bad), "{bad:?}");
         }

@@ -24,6 +24,10 @@ pub(crate) const IDEMPOTENCY_META_KEY: &str = "dormant/idempotency_key";
 /// with it in flight (and was started again).
 const RESENDS: u32 = 3;
 
+/// How long past a call's timeout it may take to send the cancellation before the call is
+/// given up anyway.
+const CANCEL_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// The agent's tool for the server's `tool`.
 pub(super) fn definition(shared: &Arc<Shared>, tool: &Tool) -> ToolDefinition {
     let annotations = tool.annotations.as_ref();
@@ -103,8 +107,19 @@ async fn send(
     };
     let mut newer_than = None;
     let mut resent = 0;
+    // Whether an earlier try may have reached the server: then giving up is not "not sent".
+    let mut maybe_sent = false;
     loop {
         let Some(live) = shared.connection(newer_than).await else {
+            if maybe_sent {
+                return Err(failure(
+                    ToolErrorCode::ToolDurabilityError,
+                    format!(
+                        "MCP server {server} went away with the call in flight and did not come back within {:?}; it may or may not have taken effect",
+                        shared.server.connect_timeout
+                    ),
+                ));
+            }
             return Err(unavailable());
         };
         let options = PeerRequestOptions {
@@ -114,7 +129,15 @@ async fn send(
         let request = ClientRequest::CallToolRequest(CallToolRequest::new(params.clone()));
         let sent = live.peer.send_request_with_option(request, options).await;
         let answer = match sent {
-            Ok(handle) => handle.await_response().await,
+            // Bounded here too: after its timeout rmcp waits to send the cancellation, which
+            // a stuck connection may never take.
+            Ok(handle) => {
+                let bound = timeout.saturating_add(CANCEL_GRACE);
+                match tokio::time::timeout(bound, handle.await_response()).await {
+                    Ok(answer) => answer,
+                    Err(_) => Err(ServiceError::Timeout { timeout }),
+                }
+            }
             // The connection had ended before the request was queued: nothing was sent.
             Err(_) => Err(ServiceError::TransportSend(DynamicTransportError {
                 transport_name: Cow::Borrowed("closed connection"),
@@ -143,12 +166,12 @@ async fn send(
                     format!("MCP server {server} answered the call with something else"),
                 ))
             }
-            // rmcp has told the server the call is cancelled; it may have acted on it.
+            // A cancellation was sent (if the connection took it); the server may have acted.
             ServiceError::Timeout { timeout } => {
                 return Err(failure(
                     ToolErrorCode::ToolDurabilityError,
                     format!(
-                        "MCP server {server} did not answer within {timeout:?}; the call was cancelled there, may or may not have taken effect, and was not sent again"
+                        "MCP server {server} did not answer within {timeout:?}; a cancellation was sent, the call may or may not have taken effect, and it was not sent again"
                     ),
                 ))
             }
@@ -172,6 +195,7 @@ async fn send(
                     ));
                 }
                 tracing::warn!(%server, tool, %error, "MCP server went away with a call in flight; sending it again (safe to retry)");
+                maybe_sent = true;
             }
         }
         newer_than = Some(live.number);

@@ -6,8 +6,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::RwLock;
-use rmcp::model::{ClientCapabilities, ClientInfo, Implementation, Tool};
-use rmcp::service::{NotificationContext, Peer, RunningService};
+use rmcp::model::{
+    ClientCapabilities, ClientInfo, ClientRequest, Implementation, PingRequest, Tool,
+};
+use rmcp::service::{NotificationContext, Peer, PeerRequestOptions, RunningService};
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
 use rmcp::{ClientHandler, RoleClient, ServiceExt};
@@ -21,6 +23,9 @@ use crate::definition::ToolDefinition;
 /// How long a connection must have lasted for the backoff to start again from
 /// [`FIRST_BACKOFF`]: a server that dies right after each start is started less and less often.
 const STABLE: Duration = Duration::from_secs(10);
+
+/// How long a connection a call found broken has to answer a ping before it is dropped.
+const PING_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// A connected MCP server and its tools. Cheap to clone; the server is stopped (a stdio
 /// server killed) once every clone and every [`ToolDefinition`] made from it is dropped.
@@ -71,7 +76,7 @@ impl McpTools {
         let tools = list_tools(&server, running.peer()).await?;
         let (stop, stopped) = oneshot::channel();
         let reconnect = Arc::new(Notify::new());
-        let broken = Arc::new(AtomicU64::new(u64::MAX));
+        let broken = Arc::new(AtomicU64::new(0));
         let shared = Arc::new(Shared {
             live: watch::Sender::new(Some(Live {
                 number: 0,
@@ -163,8 +168,12 @@ async fn supervise(shared: std::sync::Weak<Shared>, mut running: Running, mut si
                     reread_list(&shared, &peer).await;
                 }
                 () = signals.reconnect.notified() => {
-                    // A call's word about a connection already replaced is stale.
-                    if signals.broken.load(Ordering::Acquire) != number {
+                    // A call's word about a connection already replaced is stale; and one
+                    // failed request (a proxy's error page, a reset) is not a lost session:
+                    // the connection is dropped, with every call in flight on it, only if it
+                    // does not answer a ping either.
+                    let about_this = signals.broken.load(Ordering::Acquire) == number + 1;
+                    if !about_this || answers_ping(&peer).await {
                         continue;
                     }
                     cancel.cancel();
@@ -209,6 +218,25 @@ async fn supervise(shared: std::sync::Weak<Shared>, mut running: Running, mut si
             peer: running.peer().clone(),
         }));
         tracing::info!(server = %server.name, "MCP server started again");
+    }
+}
+
+/// Whether the connection answers a ping within a few seconds.
+async fn answers_ping(peer: &Peer<RoleClient>) -> bool {
+    let ping = ClientRequest::PingRequest(PingRequest {
+        method: Default::default(),
+        extensions: Default::default(),
+    });
+    let options = PeerRequestOptions {
+        timeout: Some(PING_TIMEOUT),
+        meta: None,
+    };
+    match peer.send_request_with_option(ping, options).await {
+        Ok(handle) => {
+            let answer = tokio::time::timeout(PING_TIMEOUT * 2, handle.await_response()).await;
+            matches!(answer, Ok(Ok(_)))
+        }
+        Err(_) => false,
     }
 }
 

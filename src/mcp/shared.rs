@@ -22,8 +22,9 @@ pub(super) struct Shared {
     /// Told when a call found the connection broken (an HTTP server that lost its session
     /// keeps the client's worker running): the supervisor drops it and connects again.
     pub(super) reconnect: Arc<Notify>,
-    /// The number of the connection a call found broken last: the supervisor acts on a
-    /// notification only for the connection it has, not for one it has already replaced.
+    /// One more than the highest number of a connection a call found broken (0: none): the
+    /// supervisor acts on a notification only for the connection it has, not for one it has
+    /// already replaced (the highest is kept, so a late word about an old one loses nothing).
     pub(super) broken: Arc<AtomicU64>,
     /// The server's tools as last listed.
     pub(super) tools: RwLock<Vec<Tool>>,
@@ -66,7 +67,8 @@ impl Shared {
     /// A call found connection `number` broken: it is dropped and made again (if it is still
     /// the one in use).
     pub(super) fn broken(&self, number: u64) {
-        self.broken.store(number, Ordering::Release);
+        self.broken
+            .fetch_max(number.saturating_add(1), Ordering::AcqRel);
         self.reconnect.notify_one();
     }
 }

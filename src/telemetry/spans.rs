@@ -356,29 +356,19 @@ fn tool_span(
 }
 
 /// What a person decided about a call of a tool that needs approval, when the outcome says:
-/// denied (the seeds' refusal text), or approved (the tool ran, or failed by itself, and the
-/// tool always asks). `None` when nobody decided (the call timed out, was abandoned, aborted,
-/// interrupted, or its approval went stale) or the tool asks only sometimes.
+/// denied (the seeds' refusal text), or approved (the tool always asks, and it ran: its result,
+/// or an error of its own, which carries no runtime code). `None` when the runtime closed the
+/// call (a timeout, an abandonment, an abort, input that did not fit: nobody may have decided)
+/// or the tool asks only sometimes.
 fn approval_decision(approval: &Approval, outcome: &ToolOutcome) -> Option<&'static str> {
-    use crate::types::tool_error::ToolErrorCode as Code;
     if matches!(approval, Approval::Never) {
         return None;
     }
     if matches!(outcome, ToolOutcome::Error(text) if text.starts_with(NOT_APPROVED)) {
         return Some("denied");
     }
-    let undecided = matches!(
-        outcome.code(),
-        Some(
-            Code::ClientToolTimeout
-                | Code::ClientToolAbandoned
-                | Code::Aborted
-                | Code::Interrupted
-                | Code::StaleApproval
-        )
-    );
     let always = matches!(approval, Approval::Always | Approval::Editable);
-    (always && !undecided).then_some("approved")
+    (always && outcome.code().is_none()).then_some("approved")
 }
 
 fn kind_name(kind: &ToolKind) -> &'static str {
