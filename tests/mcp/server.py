@@ -2,11 +2,10 @@
 
 Every call it runs is appended to the file named by MCP_LOG ("<tool> <argument>"), before it
 acts, so the test can count what reached the server. Some arguments make it exit at once,
-as a server that crashes mid-call would, or wait until it is killed.
+as a server that crashes mid-call would.
 """
 
 import os
-import time
 
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
@@ -48,9 +47,6 @@ def write_note(note: str) -> str:
     log(f"write_note {note}")
     if note == "crash":
         os._exit(3)
-    if note == "hang":
-        while True:
-            time.sleep(60)
     return f"wrote {note}"
 
 
@@ -62,12 +58,6 @@ def lookup(key: str) -> str:
     log(f"lookup {key}")
     if key == "crash-once":
         crash_once(key)
-    if key == "hang-once":
-        path = LOG + "." + key
-        if not os.path.exists(path):
-            open(path, "w").close()
-            while True:
-                time.sleep(60)
     return f"value of {key}"
 
 
