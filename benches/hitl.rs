@@ -17,6 +17,8 @@
 mod allocator;
 #[path = "support/cpu.rs"]
 mod cpu;
+#[path = "support/cycles.rs"]
+mod cycles;
 #[path = "support/rss.rs"]
 mod rss;
 #[path = "support/submits.rs"]
@@ -26,11 +28,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dormant::store::{Batch, CommitKind, Store, Tree};
-use dormant::{
-    AgentDefinition, ModelReply, Runtime, ScriptedLlm, SessionId, Status, ToolCall, ToolDefinition,
-};
+use dormant::Submit;
 use dormant::{MemoryStore, SledStore};
-use dormant::{Submit, SubmitOutcome};
+use dormant::{ModelReply, Runtime, SessionId, ToolCall};
 use futures::stream::{self, StreamExt};
 use serde_json::json;
 
@@ -74,37 +74,8 @@ fn num_cpus() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
-fn agent() -> anyhow::Result<AgentDefinition> {
-    Ok(AgentDefinition::builder("editor")
-        .tool(ToolDefinition::client("edit"))
-        .build()?)
-}
-
 fn runtime_on(store: Arc<dyn Store>, script: Vec<ModelReply>) -> anyhow::Result<Runtime> {
-    Ok(Runtime::builder()
-        .store(store)
-        .llm(Arc::new(ScriptedLlm::new().script("editor", script)))
-        .background_deadlines(false)
-        .agent(agent()?)
-        .build()?)
-}
-
-fn one_call_script() -> Vec<ModelReply> {
-    vec![
-        ModelReply::tool_calls(vec![ToolCall::new("tc-1", "edit", json!({ "doc": 1 }))]),
-        ModelReply::text("applied"),
-    ]
-}
-
-/// One suspension cycle on a fresh session, through the public API.
-async fn cycle(runtime: &Runtime, id: SessionId) -> anyhow::Result<()> {
-    let run = runtime.execute_on(&id, "editor", "edit it").await?;
-    anyhow::ensure!(run.status == Status::SuspendedClientTool);
-    let submit = Submit::result(id.as_str(), "tc-1", json!({ "applied": 1 }));
-    anyhow::ensure!(runtime.submit_tool_result(submit).await? == SubmitOutcome::Accepted);
-    let done = runtime.resume(&id).await?;
-    anyhow::ensure!(done.status == Status::Completed);
-    Ok(())
+    Ok(cycles::editor_runtime(store, script)?.build()?)
 }
 
 async fn suspension_cycles(quick: bool) -> anyhow::Result<()> {
@@ -114,7 +85,7 @@ async fn suspension_cycles(quick: bool) -> anyhow::Result<()> {
     for &(concurrency, cycles) in cycle_cases(quick) {
         let dir = tempfile::tempdir()?;
         let store = Arc::new(SledStore::open(dir.path())?);
-        let runtime = runtime_on(store.clone(), one_call_script())?;
+        let runtime = runtime_on(store.clone(), cycles::one_call_script())?;
         let (ours, cpu) = run_cycles(&runtime, concurrency, cycles).await?;
         let flushes = store.flush_count();
         let stats = runtime.stats();
@@ -155,19 +126,11 @@ async fn run_cycles(
 ) -> anyhow::Result<(f64, Option<Duration>)> {
     let cpu_before = cpu::process_cpu();
     let started = Instant::now();
-    let results: Vec<anyhow::Result<()>> = stream::iter(0..cycles)
-        .map(|i| {
-            let runtime = runtime.clone();
-            async move { cycle(&runtime, format!("c{i}").parse()?).await }
-        })
-        .buffer_unordered(concurrency)
-        .collect()
-        .await;
+    cycles::drive(runtime, concurrency, cycles).await?;
     let elapsed = started.elapsed();
     let cpu = cpu::process_cpu()
         .zip(cpu_before)
         .map(|(after, before)| after.saturating_sub(before));
-    results.into_iter().collect::<anyhow::Result<Vec<()>>>()?;
     Ok((cycles as f64 / elapsed.as_secs_f64(), cpu))
 }
 
@@ -187,7 +150,7 @@ async fn memory_cycles(quick: bool) -> anyhow::Result<()> {
     println!("| concurrent sessions | cycles | cycles/s | CPU µs/cycle |");
     println!("|---:|---:|---:|---:|");
     for &(concurrency, cycles) in cycle_cases(quick) {
-        let runtime = runtime_on(Arc::new(MemoryStore::new()), one_call_script())?;
+        let runtime = runtime_on(Arc::new(MemoryStore::new()), cycles::one_call_script())?;
         let (ours, cpu) = run_cycles(&runtime, concurrency, cycles).await?;
         runtime.shutdown().await?;
         println!(
@@ -297,7 +260,7 @@ async fn wait_cost(quick: bool) -> anyhow::Result<()> {
     };
     // A pass first, not reported: the first pass of a process runs slowest (its allocator
     // and tables grow), which would flatter every wait against it.
-    let warm_up = runtime_on(Arc::new(MemoryStore::new()), one_call_script())?;
+    let warm_up = runtime_on(Arc::new(MemoryStore::new()), cycles::one_call_script())?;
     run_cycles(&warm_up, 10_000, 10_000).await?;
     warm_up.shutdown().await?;
     for &(concurrency, cycles) in cases {
@@ -311,7 +274,7 @@ async fn wait_cost(quick: bool) -> anyhow::Result<()> {
         ] {
             let name = wait.name();
             let store = dormant::testkit::DelegatingStore::wrap(Arc::new(MemoryStore::new()), wait);
-            let runtime = runtime_on(Arc::new(store), one_call_script())?;
+            let runtime = runtime_on(Arc::new(store), cycles::one_call_script())?;
             let (rate, cpu) = run_cycles(&runtime, concurrency, cycles).await?;
             runtime.shutdown().await?;
             let base = *unheld.get_or_insert(rate);
@@ -456,7 +419,10 @@ async fn submit_latency(quick: bool) -> anyhow::Result<()> {
     // As many roots, one pending call each.
     {
         let dir = tempfile::tempdir()?;
-        let runtime = runtime_on(Arc::new(SledStore::open(dir.path())?), one_call_script())?;
+        let runtime = runtime_on(
+            Arc::new(SledStore::open(dir.path())?),
+            cycles::one_call_script(),
+        )?;
         let roots: Vec<String> = (0..calls).map(|i| format!("r{i}")).collect();
         let started: Vec<anyhow::Result<()>> = stream::iter(roots.clone())
             .map(|root| {
@@ -503,7 +469,10 @@ async fn evicted_memory(quick: bool) -> anyhow::Result<()> {
     println!("\n## Memory of suspended sessions, resident and evicted\n");
     let sessions = if quick { 2_000 } else { 10_000 };
     let dir = tempfile::tempdir()?;
-    let runtime = runtime_on(Arc::new(SledStore::open(dir.path())?), one_call_script())?;
+    let runtime = runtime_on(
+        Arc::new(SledStore::open(dir.path())?),
+        cycles::one_call_script(),
+    )?;
     let before = rss::rss_bytes()? / 1024;
     let results: Vec<anyhow::Result<()>> = stream::iter(0..sessions)
         .map(|i| {

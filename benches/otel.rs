@@ -14,6 +14,8 @@
 mod allocator;
 #[path = "support/cpu.rs"]
 mod cpu;
+#[path = "support/cycles.rs"]
+mod cycles;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -21,17 +23,12 @@ use std::time::{Duration, Instant};
 
 use dormant::store::Store;
 use dormant::telemetry::Telemetry;
-use dormant::{
-    AgentDefinition, MemoryStore, ModelReply, Runtime, ScriptedLlm, SessionId, SledStore, Status,
-    Submit, SubmitOutcome, ToolCall, ToolDefinition,
-};
-use futures::stream::{self, StreamExt};
+use dormant::{MemoryStore, SledStore};
 use opentelemetry_otlp::{Protocol, WithExportConfig};
 use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::trace::{
     BatchConfigBuilder, BatchSpanProcessor, SdkTracerProvider, SpanData, SpanExporter,
 };
-use serde_json::json;
 
 /// An exporter that drops every span, counting them: what the SDK costs before any export.
 #[derive(Debug, Default)]
@@ -155,32 +152,14 @@ async fn measure(
     } else {
         Arc::new(MemoryStore::new())
     };
-    let agent = AgentDefinition::builder("editor")
-        .tool(ToolDefinition::client("edit"))
-        .build()?;
-    let script = vec![
-        ModelReply::tool_calls(vec![ToolCall::new("tc-1", "edit", json!({ "doc": 1 }))]),
-        ModelReply::text("applied"),
-    ];
-    let mut builder = Runtime::builder()
-        .store(store)
-        .llm(Arc::new(ScriptedLlm::new().script("editor", script)))
-        .background_deadlines(false)
-        .agent(agent);
+    let mut builder = cycles::editor_runtime(store, cycles::one_call_script())?;
     if let Some(provider) = &provider {
         builder = builder.telemetry(Telemetry::new(provider));
     }
     let runtime = builder.build()?;
     let cpu_before = cpu::process_cpu();
     let started = Instant::now();
-    let results: Vec<anyhow::Result<()>> = stream::iter(0..cycles)
-        .map(|i| {
-            let runtime = runtime.clone();
-            async move { cycle(&runtime, format!("c{i}").parse()?).await }
-        })
-        .buffer_unordered(sessions)
-        .collect()
-        .await;
+    let driven = cycles::drive(&runtime, sessions, cycles).await;
     // The spans still queued are exported before the clock stops: their cost is the run's.
     if let Some(provider) = &provider {
         provider.force_flush()?;
@@ -191,7 +170,7 @@ async fn measure(
         .map_or(Duration::ZERO, |(after, before)| {
             after.saturating_sub(before)
         });
-    results.into_iter().collect::<anyhow::Result<Vec<()>>>()?;
+    driven?;
     if mode == Mode::Dropped {
         let spans = dropped.load(Ordering::Relaxed);
         anyhow::ensure!(
@@ -208,16 +187,6 @@ async fn measure(
         cycles as f64 / elapsed.as_secs_f64(),
         cpu.as_secs_f64() * 1e6 / cycles as f64,
     ))
-}
-
-async fn cycle(runtime: &Runtime, id: SessionId) -> anyhow::Result<()> {
-    let run = runtime.execute_on(&id, "editor", "edit it").await?;
-    anyhow::ensure!(run.status == Status::SuspendedClientTool);
-    let submit = Submit::result(id.as_str(), "tc-1", json!({ "applied": 1 }));
-    anyhow::ensure!(runtime.submit_tool_result(submit).await? == SubmitOutcome::Accepted);
-    let done = runtime.resume(&id).await?;
-    anyhow::ensure!(done.status == Status::Completed);
-    Ok(())
 }
 
 /// An OTLP/HTTP receiver on loopback that reads each export and answers 200 (no decoding:

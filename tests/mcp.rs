@@ -203,39 +203,54 @@ fn python() -> anyhow::Result<Option<std::ffi::OsString>> {
     Ok(None)
 }
 
-/// `tests/mcp/server.py` over stdio, logging what it runs to `log`.
-fn python_server(python: &std::ffi::OsStr, log: &Path) -> McpServer {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp/server.py");
-    McpServer::stdio("python", python)
-        .arg(script)
-        .env("MCP_LOG", log)
-        .connect_timeout(Duration::from_secs(30))
+/// `tests/mcp/server.py` over stdio, connected, logging what it runs into a temporary
+/// directory (where a test may keep its store too).
+struct PythonServer {
+    dir: tempfile::TempDir,
+    log: std::path::PathBuf,
+    tools: McpTools,
 }
 
-/// The lines of the Python server's log.
-fn logged(log: &Path) -> Vec<String> {
-    std::fs::read_to_string(log)
-        .unwrap_or_default()
-        .lines()
-        .map(str::to_string)
-        .collect()
+impl PythonServer {
+    /// The server, or `None` where the Python SDK is missing (said loudly by [`python`]).
+    async fn start() -> anyhow::Result<Option<Self>> {
+        let Some(python) = python()? else {
+            return Ok(None);
+        };
+        let dir = tempfile::tempdir()?;
+        let log = dir.path().join("log");
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp/server.py");
+        let server = McpServer::stdio("python", python)
+            .arg(script)
+            .env("MCP_LOG", &log)
+            .connect_timeout(Duration::from_secs(30));
+        let tools = McpTools::connect(server).await?;
+        Ok(Some(Self { dir, log, tools }))
+    }
+
+    /// The lines of its log: each call that reached it.
+    fn logged(&self) -> Vec<String> {
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_string)
+            .collect()
+    }
 }
 
 #[tokio::test]
 async fn python_server_tools_are_listed_and_called() -> anyhow::Result<()> {
-    let Some(python) = python()? else {
+    let Some(python) = PythonServer::start().await? else {
         return Ok(());
     };
-    let dir = tempfile::tempdir()?;
-    let log = dir.path().join("log");
-    let tools = McpTools::connect(python_server(&python, &log)).await?;
+    let tools = &python.tools;
     assert_eq!(tools.tool_names(), ["add", "fail", "write_note", "lookup"]);
     let definitions = tools.definitions();
     assert!(definitions[0].is_safe_to_retry(), "readOnlyHint");
     assert!(!definitions[2].is_safe_to_retry(), "no hint");
     assert!(definitions[3].is_safe_to_retry(), "idempotentHint");
     let outcomes = run(
-        &tools,
+        tools,
         &[
             ("c1", "add", json!({ "a": 2, "b": 3 })),
             ("c2", "fail", json!({ "reason": "nope" })),
@@ -247,20 +262,18 @@ async fn python_server_tools_are_listed_and_called() -> anyhow::Result<()> {
         anyhow::bail!("fail succeeded: {:?}", outcomes[1]);
     };
     assert!(text.contains("nope"), "{text}");
-    assert_eq!(logged(&log), ["add 2 3", "fail nope"]);
+    assert_eq!(python.logged(), ["add 2 3", "fail nope"]);
     Ok(())
 }
 
 #[tokio::test]
 async fn a_server_dying_mid_call_is_a_durability_error_not_sent_again_and_the_server_restarts(
 ) -> anyhow::Result<()> {
-    let Some(python) = python()? else {
+    let Some(python) = PythonServer::start().await? else {
         return Ok(());
     };
-    let dir = tempfile::tempdir()?;
-    let log = dir.path().join("log");
-    let tools = McpTools::connect(python_server(&python, &log)).await?;
-    let outcomes = run(&tools, &[("c1", "write_note", json!({ "note": "crash" }))]).await?;
+    let tools = &python.tools;
+    let outcomes = run(tools, &[("c1", "write_note", json!({ "note": "crash" }))]).await?;
     assert_eq!(
         code(&outcomes[0]),
         Some(ToolErrorCode::ToolDurabilityError),
@@ -268,27 +281,29 @@ async fn a_server_dying_mid_call_is_a_durability_error_not_sent_again_and_the_se
         outcomes[0]
     );
     // Started again: the next call is answered.
-    let outcomes = run(&tools, &[("c1", "add", json!({ "a": 1, "b": 1 }))]).await?;
+    let outcomes = run(tools, &[("c1", "add", json!({ "a": 1, "b": 1 }))]).await?;
     assert_eq!(outcomes[0], ToolOutcome::Result(json!({ "result": 2 })));
-    assert_eq!(logged(&log), ["write_note crash", "add 1 1"], "sent once");
+    assert_eq!(
+        python.logged(),
+        ["write_note crash", "add 1 1"],
+        "sent once"
+    );
     Ok(())
 }
 
 #[tokio::test]
 async fn an_idempotent_call_cut_by_the_server_dying_is_sent_to_the_restarted_server(
 ) -> anyhow::Result<()> {
-    let Some(python) = python()? else {
+    let Some(python) = PythonServer::start().await? else {
         return Ok(());
     };
-    let dir = tempfile::tempdir()?;
-    let log = dir.path().join("log");
-    let tools = McpTools::connect(python_server(&python, &log)).await?;
-    let outcomes = run(&tools, &[("c1", "lookup", json!({ "key": "crash-once" }))]).await?;
+    let tools = &python.tools;
+    let outcomes = run(tools, &[("c1", "lookup", json!({ "key": "crash-once" }))]).await?;
     assert_eq!(
         outcomes[0],
         ToolOutcome::Result(json!({ "result": "value of crash-once" }))
     );
-    assert_eq!(logged(&log), ["lookup crash-once", "lookup crash-once"]);
+    assert_eq!(python.logged(), ["lookup crash-once", "lookup crash-once"]);
     Ok(())
 }
 
@@ -296,67 +311,60 @@ async fn an_idempotent_call_cut_by_the_server_dying_is_sent_to_the_restarted_ser
 /// result's commit fails, as a killed process's would never happen), then the store reopened
 /// by a new runtime: the call is recovered by the durable rules.
 async fn crash_then_reopen(
-    python: &std::ffi::OsStr,
+    python: &PythonServer,
     tool: &str,
     input: Value,
-) -> anyhow::Result<(ToolOutcome, Vec<String>)> {
-    let dir = tempfile::tempdir()?;
-    let log = dir.path().join("log");
-    let tools = McpTools::connect(python_server(python, &log)).await?;
+) -> anyhow::Result<ToolOutcome> {
+    let tools = &python.tools;
+    let store_path = python.dir.path().join("store");
     let calls = [("c1", tool, input)];
     let id: SessionId = "s1".parse()?;
     {
-        let store: Arc<dyn Store> = Arc::new(SledStore::open(dir.path().join("store"))?);
+        let store: Arc<dyn Store> = Arc::new(SledStore::open(&store_path)?);
         let faulty = Arc::new(FaultyStore::new(store));
         faulty.arm(Fault::CrashBefore(CommitKind::ToolResults));
-        let runtime = runtime(faulty.clone(), &tools, &calls)?;
+        let runtime = runtime(faulty.clone(), tools, &calls)?;
         assert!(runtime.execute_on(&id, "helper", "go").await.is_err());
         faulty.clear();
         runtime.shutdown().await?;
     }
-    let runtime = runtime(
-        Arc::new(SledStore::open(dir.path().join("store"))?),
-        &tools,
-        &calls,
-    )?;
+    let runtime = runtime(Arc::new(SledStore::open(&store_path)?), tools, &calls)?;
     let outcome = runtime.resume(&id).await?;
     assert_eq!(outcome.status, Status::Completed, "{outcome:?}");
     let messages = runtime.messages(&id).await?;
     runtime.shutdown().await?;
-    let result = common::tool_result(&messages, "c1")
+    common::tool_result(&messages, "c1")
         .cloned()
-        .ok_or_else(|| anyhow::anyhow!("no result for c1"))?;
-    Ok((result, logged(&log)))
+        .ok_or_else(|| anyhow::anyhow!("no result for c1"))
 }
 
 #[tokio::test]
 async fn a_call_cut_by_a_crash_of_dormant_is_a_durability_error_never_sent_again(
 ) -> anyhow::Result<()> {
-    let Some(python) = python()? else {
+    let Some(python) = PythonServer::start().await? else {
         return Ok(());
     };
-    let (outcome, log) =
-        crash_then_reopen(&python, "write_note", json!({ "note": "once" })).await?;
+    let outcome = crash_then_reopen(&python, "write_note", json!({ "note": "once" })).await?;
     assert_eq!(
         code(&outcome),
         Some(ToolErrorCode::ToolDurabilityError),
         "{outcome:?}"
     );
-    assert_eq!(log, ["write_note once"]);
+    assert_eq!(python.logged(), ["write_note once"]);
     Ok(())
 }
 
 #[tokio::test]
 async fn an_idempotent_call_cut_by_a_crash_of_dormant_is_sent_again_after_the_reopen(
 ) -> anyhow::Result<()> {
-    let Some(python) = python()? else {
+    let Some(python) = PythonServer::start().await? else {
         return Ok(());
     };
-    let (outcome, log) = crash_then_reopen(&python, "lookup", json!({ "key": "k" })).await?;
+    let outcome = crash_then_reopen(&python, "lookup", json!({ "key": "k" })).await?;
     assert_eq!(
         outcome,
         ToolOutcome::Result(json!({ "result": "value of k" }))
     );
-    assert_eq!(log, ["lookup k", "lookup k"]);
+    assert_eq!(python.logged(), ["lookup k", "lookup k"]);
     Ok(())
 }

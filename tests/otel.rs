@@ -19,18 +19,6 @@ use opentelemetry_proto::tonic::trace::v1::Span;
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use serde_json::json;
 
-/// The SDK's tracer provider, exporting over OTLP/HTTP (protobuf) to `base`.
-fn provider(base: &str) -> anyhow::Result<SdkTracerProvider> {
-    let exporter = opentelemetry_otlp::SpanExporter::builder()
-        .with_http()
-        .with_protocol(Protocol::HttpBinary)
-        .with_endpoint(format!("{base}/v1/traces"))
-        .build()?;
-    Ok(SdkTracerProvider::builder()
-        .with_batch_exporter(exporter)
-        .build())
-}
-
 /// Agent `helper`: `lookup` (a server tool), `pick` (a client tool) and `send` (approval).
 fn runtime(store: Arc<SledStore>, provider: &SdkTracerProvider) -> anyhow::Result<Runtime> {
     runtime_with(store, Telemetry::new(provider))
@@ -103,7 +91,7 @@ fn named<'s>(spans: &'s [Span], name: &str) -> anyhow::Result<&'s Span> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_suspended_run_answered_after_a_restart_is_one_linked_span_tree() -> anyhow::Result<()> {
     let (base, received) = receiver::serve().await?;
-    let provider = provider(&base)?;
+    let provider = receiver::tracer_provider(&base)?;
     let dir = tempfile::tempdir()?;
     let id: SessionId = "s-otel".parse()?;
 
@@ -254,7 +242,7 @@ async fn the_runtimes_metrics_are_exported_over_otlp() -> anyhow::Result<()> {
     let meters = opentelemetry_sdk::metrics::SdkMeterProvider::builder()
         .with_periodic_exporter(exporter)
         .build();
-    let traces = provider(&base)?;
+    let traces = receiver::tracer_provider(&base)?;
     let dir = tempfile::tempdir()?;
     let runtime = runtime(Arc::new(SledStore::open(dir.path())?), &traces)?;
     dormant::telemetry::observe_metrics(&runtime, &meters.meter("dormant"));
@@ -288,7 +276,7 @@ async fn the_runtimes_metrics_are_exported_over_otlp() -> anyhow::Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn content_is_recorded_only_when_asked() -> anyhow::Result<()> {
     let (base, received) = receiver::serve().await?;
-    let provider = provider(&base)?;
+    let provider = receiver::tracer_provider(&base)?;
     let dir = tempfile::tempdir()?;
     let telemetry = Telemetry::new(&provider).capture_content(true);
     let runtime = runtime_with(Arc::new(SledStore::open(dir.path())?), telemetry)?;

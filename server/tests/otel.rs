@@ -17,8 +17,6 @@ use dormant::{
     AgentDefinition, ModelReply, Runtime, ScriptedLlm, SledStore, Status, ToolCall, ToolDefinition,
 };
 use dormant_server::{Auth, HttpRemoteAgents, ServerConfig};
-use opentelemetry_otlp::{Protocol, WithExportConfig};
-use opentelemetry_sdk::trace::SdkTracerProvider;
 use serde_json::json;
 
 const KEY: &str = "operator-key-for-tests";
@@ -26,14 +24,7 @@ const KEY: &str = "operator-key-for-tests";
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_remote_childs_run_links_to_the_parents_run_across_the_boundary() -> anyhow::Result<()> {
     let (base, received) = receiver::serve().await?;
-    let exporter = opentelemetry_otlp::SpanExporter::builder()
-        .with_http()
-        .with_protocol(Protocol::HttpBinary)
-        .with_endpoint(format!("{base}/v1/traces"))
-        .build()?;
-    let provider = SdkTracerProvider::builder()
-        .with_batch_exporter(exporter)
-        .build();
+    let provider = receiver::tracer_provider(&base)?;
 
     let helper = AgentDefinition::builder("helper").build()?;
     let remote = Runtime::builder()

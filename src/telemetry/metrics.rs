@@ -1,7 +1,7 @@
 //! The runtime's counters as OpenTelemetry metrics: observed from [`Runtime::stats`] and
 //! [`Runtime::client_tool_stats`] whenever the application's meter provider collects.
 
-use opentelemetry::metrics::Meter;
+use opentelemetry::metrics::{AsyncInstrument, Meter};
 
 use crate::runtime::handle::Runtime;
 
@@ -18,36 +18,29 @@ use crate::runtime::handle::Runtime;
 /// ```
 pub fn observe_metrics(runtime: &Runtime, meter: &Meter) {
     let weak = runtime.downgrade();
-    let gauge = |name: &'static str,
-                 description: &'static str,
-                 unit: &'static str,
-                 read: fn(&Runtime) -> u64| {
+    // Each instrument reads one figure of the runtime, while it lives.
+    let observe = move |read: fn(&Runtime) -> u64| {
         let weak = weak.clone();
+        move |observer: &dyn AsyncInstrument<u64>| {
+            if let Some(runtime) = weak.upgrade() {
+                observer.observe(read(&runtime), &[]);
+            }
+        }
+    };
+    let gauge = |name: &'static str, description: &'static str, unit: &'static str, read| {
         meter
             .u64_observable_gauge(name)
             .with_description(description)
             .with_unit(unit)
-            .with_callback(move |observer| {
-                if let Some(runtime) = weak.upgrade() {
-                    observer.observe(read(&runtime), &[]);
-                }
-            })
+            .with_callback(observe(read))
             .build();
     };
-    let counter = |name: &'static str,
-                   description: &'static str,
-                   unit: &'static str,
-                   read: fn(&Runtime) -> u64| {
-        let weak = weak.clone();
+    let counter = |name: &'static str, description: &'static str, unit: &'static str, read| {
         meter
             .u64_observable_counter(name)
             .with_description(description)
             .with_unit(unit)
-            .with_callback(move |observer| {
-                if let Some(runtime) = weak.upgrade() {
-                    observer.observe(read(&runtime), &[]);
-                }
-            })
+            .with_callback(observe(read))
             .build();
     };
     gauge(

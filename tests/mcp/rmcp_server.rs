@@ -35,6 +35,14 @@ impl Log {
             .map(|calls| calls.clone())
             .unwrap_or_default()
     }
+
+    /// The tools taken off the list.
+    fn retired(&self) -> Vec<String> {
+        self.retired
+            .lock()
+            .map(|retired| retired.clone())
+            .unwrap_or_default()
+    }
 }
 
 #[derive(Clone)]
@@ -81,12 +89,7 @@ impl ServerHandler for TestServer {
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
-        let retired = self
-            .log
-            .retired
-            .lock()
-            .map(|r| r.clone())
-            .unwrap_or_default();
+        let retired = self.log.retired();
         let offered = tools()
             .into_iter()
             .filter(|tool| !retired.iter().any(|name| name == tool.name.as_ref()))
@@ -114,12 +117,7 @@ impl ServerHandler for TestServer {
                 idempotency_key,
             });
         }
-        let retired = self
-            .log
-            .retired
-            .lock()
-            .map(|r| r.clone())
-            .unwrap_or_default();
+        let retired = self.log.retired();
         if retired.iter().any(|name| name == request.name.as_ref()) {
             return Err(ErrorData::invalid_params(
                 format!("unknown tool {}", request.name),

@@ -90,6 +90,22 @@ async fn metrics(State(received): State<Received>, body: Bytes) -> &'static str 
     ""
 }
 
+/// The SDK's tracer provider, exporting over OTLP/HTTP (protobuf) to the receiver at `base`,
+/// as an application installs it.
+pub(crate) fn tracer_provider(
+    base: &str,
+) -> anyhow::Result<opentelemetry_sdk::trace::SdkTracerProvider> {
+    use opentelemetry_otlp::WithExportConfig;
+    let exporter = opentelemetry_otlp::SpanExporter::builder()
+        .with_http()
+        .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+        .with_endpoint(format!("{base}/v1/traces"))
+        .build()?;
+    Ok(opentelemetry_sdk::trace::SdkTracerProvider::builder()
+        .with_batch_exporter(exporter)
+        .build())
+}
+
 /// Serves the receiver on a loopback port: its base URL and what it received.
 pub(crate) async fn serve() -> anyhow::Result<(String, Received)> {
     let received = Received::default();
