@@ -8,6 +8,7 @@
 pub(crate) mod agent;
 pub(crate) mod binding;
 mod companion;
+pub mod input;
 pub(crate) mod reconcile;
 pub(crate) mod tool;
 
@@ -23,6 +24,7 @@ use crate::skills::{SkillProvider, RESERVED_TOOL_NAMES};
 pub(crate) use agent::AgentDefinition;
 pub(crate) use companion::CompanionTool;
 pub use companion::{CompanionMode, PersistentAgent};
+pub use input::{InputAnswer, InputRequest};
 pub use reconcile::{OnCut, ReconcileCheck, Reconciled};
 pub(crate) use tool::{Approval, ToolDefinition, ToolError};
 // Public beyond the front door (the crate root has `AgentDefinition`, `ToolDefinition`,
@@ -208,7 +210,7 @@ fn shortened(line: String) -> String {
 }
 
 impl Schema {
-    fn compile(source: &Value) -> Result<Self, String> {
+    pub(crate) fn compile(source: &Value) -> Result<Self, String> {
         let validator = jsonschema::validator_for(source).map_err(|error| error.to_string())?;
         Ok(Self {
             source: source.clone(),

@@ -107,6 +107,10 @@ pub struct RemoteCall {
     /// For an approval: the person may edit the input when approving.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub editable: bool,
+    /// For an `input` call (a tool asked a person while it ran): the question, and the schema
+    /// its answer must match.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request: Option<crate::definition::InputRequest>,
 }
 
 fn yes() -> bool {

@@ -179,6 +179,10 @@ async fn answer_all(runtime: &Runtime, id: &SessionId, run: &mut SessionRun) -> 
             continue;
         }
         let submit = match call.kind {
+            // The simulator's tools never ask for input; an answer is an empty object.
+            PendingKind::Input => {
+                Submit::result(id.to_string(), call.tool_call_id.clone(), json!({}))
+            }
             PendingKind::Client => Submit::result(
                 id.to_string(),
                 call.tool_call_id.clone(),

@@ -270,7 +270,8 @@ fn envelope(
         Value::from(call.session_id.clone()),
     );
     let kind = match call.kind {
-        PendingKind::Client => "client-tool-result",
+        // A tool's question is answered as a client tool is: the answer is a result.
+        PendingKind::Client | PendingKind::Input => "client-tool-result",
         PendingKind::Approval => "approval-response",
         PendingKind::Reconcile => "reconcile",
     };

@@ -312,6 +312,7 @@ fn waiting_text(waiting: &[PendingAnswer]) -> String {
                 PendingKind::Client => "a result for",
                 PendingKind::Approval => "a decision on",
                 PendingKind::Reconcile => "whether this took effect:",
+                PendingKind::Input => "an answer to the question of",
             };
             format!("{what} {} ({})", call.tool_name, call.tool_call_id)
         })

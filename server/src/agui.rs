@@ -273,18 +273,22 @@ fn submission(
         }
     };
     Ok(match call.kind {
-        PendingKind::Client if cancelled => Submit::error(root, id, "cancelled by the user"),
+        PendingKind::Client | PendingKind::Input if cancelled => {
+            Submit::error(root, id, "cancelled by the user")
+        }
         _ if payload.is_null() && !cancelled => {
             return Err(ApiError::invalid(format!(
                 "the resume entry for {id} carries no payload"
             )))
         }
-        PendingKind::Client => match payload.get("error").and_then(Value::as_str) {
-            Some(error) if payload.as_object().is_some_and(|fields| fields.len() == 1) => {
-                Submit::error(root, id, error)
+        PendingKind::Client | PendingKind::Input => {
+            match payload.get("error").and_then(Value::as_str) {
+                Some(error) if payload.as_object().is_some_and(|fields| fields.len() == 1) => {
+                    Submit::error(root, id, error)
+                }
+                _ => Submit::result(root, id, payload.clone()),
             }
-            _ => Submit::result(root, id, payload.clone()),
-        },
+        }
         PendingKind::Approval => {
             let approved = match payload["approved"].as_bool() {
                 _ if cancelled => false,
@@ -581,6 +585,16 @@ fn interrupt(call: &PendingAnswer) -> Value {
             } }),
             ),
         ),
+        PendingKind::Input => (
+            "input",
+            call.request.as_ref().map_or_else(
+                || format!("{} asks for input", call.tool_name),
+                |request| request.message.clone(),
+            ),
+            call.request
+                .as_ref()
+                .and_then(|request| request.schema.clone()),
+        ),
         PendingKind::Reconcile => (
             "reconcile",
             format!(
@@ -594,10 +608,15 @@ fn interrupt(call: &PendingAnswer) -> Value {
             } })),
         ),
     };
+    // A tool's question is the prompt; otherwise the tool's description says more.
+    let message = match call.kind {
+        PendingKind::Input => message,
+        _ => call.description.clone().unwrap_or(message),
+    };
     let mut interrupt = json!({
         "id": interrupt_id(call),
         "reason": reason,
-        "message": call.description.clone().unwrap_or(message),
+        "message": message,
         "toolCallId": call.tool_call_id,
         "expiresAt": rfc3339(call.deadline_at_ms),
         "metadata": call,

@@ -147,6 +147,12 @@ async fn report(runtime: &Runtime, out: &mut impl Write, last: usize) -> Result<
                     "reconcile (idempotency key {})",
                     call.idempotency_key.as_deref().unwrap_or("unknown")
                 ),
+                PendingKind::Input => format!(
+                    "input: {:?}",
+                    call.request
+                        .as_ref()
+                        .map_or("", |request| request.message.as_str())
+                ),
             };
             let when = if call.answer.is_some() {
                 "answered, waiting for a resume".to_string()

@@ -395,6 +395,10 @@ pub(crate) struct PendingAnswer {
     /// key, to look its effect up by before answering whether it happened.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) idempotency_key: Option<String>,
+    /// For an `input` call (a tool asked a person while it ran): the question, and the
+    /// schema its answer (a `client-tool-result`) must match.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) request: Option<dormant::definition::InputRequest>,
 }
 
 impl PendingAnswer {
@@ -410,6 +414,7 @@ impl PendingAnswer {
         Self {
             binding: call.binding.clone(),
             idempotency_key: call.idempotency_key.clone(),
+            request: call.request.clone(),
             description: tool.description,
             input_schema: tool.input_schema,
             output_schema: tool.output_schema,
@@ -454,6 +459,7 @@ impl From<RemoteCall> for PendingAnswer {
             input_schema: call.input_schema,
             output_schema: call.output_schema,
             editable: call.editable,
+            request: call.request,
         }
     }
 }

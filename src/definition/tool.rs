@@ -8,6 +8,7 @@ use futures::future::BoxFuture;
 use parking_lot::Mutex;
 use serde_json::{Map, Value};
 
+use super::input::{InputAnswer, InputRequest};
 use super::reconcile::{CheckFn, OnCut, ReconcileCheck};
 use crate::types::ids::{RunId, SessionId};
 
@@ -44,6 +45,8 @@ pub struct ToolContext {
     idempotency_key: String,
     state: Arc<Value>,
     updates: Arc<Mutex<Map<String, Value>>>,
+    answers: Arc<[InputAnswer]>,
+    asked: Arc<Mutex<Option<InputRequest>>>,
 }
 
 impl ToolContext {
@@ -53,6 +56,7 @@ impl ToolContext {
         tool_call_id: String,
         idempotency_key: String,
         state: Arc<Value>,
+        answers: Arc<[InputAnswer]>,
     ) -> Self {
         Self {
             session_id,
@@ -61,6 +65,8 @@ impl ToolContext {
             idempotency_key,
             state,
             updates: Arc::default(),
+            answers,
+            asked: Arc::default(),
         }
     }
 
@@ -100,6 +106,50 @@ impl ToolContext {
 
     pub(crate) fn take_updates(&self) -> Map<String, Value> {
         std::mem::take(&mut *self.updates.lock())
+    }
+
+    /// The answers a person gave to this call's questions ([`ToolContext::ask`]), in the
+    /// order they were asked; empty on the call's first run.
+    pub fn answers(&self) -> &[InputAnswer] {
+        &self.answers
+    }
+
+    /// Asks a person for input: return the error this makes from the handler
+    /// (`return Err(ctx.ask(..))`). The run suspends on an `input` call of the session (in the
+    /// inbox, answered through the submit contract from the root of the tree: a result is the
+    /// answer, an error a refusal; with the agent's client-tool deadline, after which the call's
+    /// result is `client_tool_timeout`). Once answered, the handler runs again from its start,
+    /// with the same input and idempotency key and the answer last in
+    /// [`ToolContext::answers`]. State set before asking is not kept. See
+    /// [`crate::definition::input`].
+    ///
+    /// ```
+    /// use dormant::definition::{InputAnswer, InputRequest};
+    /// use dormant::{ToolDefinition, ToolError};
+    /// use serde_json::json;
+    ///
+    /// let transfer = ToolDefinition::server("transfer", |input, ctx| async move {
+    ///     let Some(InputAnswer::Accepted { content }) = ctx.answers().first() else {
+    ///         if let Some(InputAnswer::Declined { .. }) = ctx.answers().first() {
+    ///             return Err(ToolError::new("the person declined"));
+    ///         }
+    ///         let question = InputRequest::new("Which account should the money come from?")
+    ///             .schema(json!({"type": "object", "required": ["account"]}));
+    ///         return Err(ctx.ask(question));
+    ///     };
+    ///     Ok(json!({ "from": content["account"], "amount": input["amount"] }))
+    /// });
+    /// # let _ = transfer;
+    /// ```
+    pub fn ask(&self, request: InputRequest) -> ToolError {
+        let message = format!("waiting for input: {}", request.message);
+        *self.asked.lock() = Some(request);
+        ToolError(message)
+    }
+
+    /// The question the handler asked, if it asked one.
+    pub(crate) fn take_asked(&self) -> Option<InputRequest> {
+        self.asked.lock().take()
     }
 }
 

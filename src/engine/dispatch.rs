@@ -2,6 +2,7 @@
 //! `__finish__`) in order, stopping at the first that finishes the run. A handler that panics
 //! becomes a tool error; it never takes down its session.
 
+use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
@@ -9,7 +10,9 @@ use futures::FutureExt;
 use serde_json::{Map, Value};
 
 use crate::definition::reconcile::{idempotency_key, CheckFn, Reconciled};
-use crate::definition::{AgentDefinition, ToolContext, ToolKind, FINISH_TOOL};
+use crate::definition::{
+    AgentDefinition, InputAnswer, InputRequest, ToolContext, ToolKind, FINISH_TOOL,
+};
 use crate::session::FinishedCall;
 use crate::types::ids::{RunId, SessionId};
 use crate::types::message::{ToolCall, ToolOutcome};
@@ -29,6 +32,8 @@ pub(crate) struct StepContext {
     /// Calls a crash cut that their tool's check settles first (see
     /// [`crate::definition::reconcile`]).
     pub(crate) checks: Vec<String>,
+    /// The answers given to calls that asked for input, by call id.
+    pub(crate) answers: HashMap<String, Arc<[InputAnswer]>>,
 }
 
 /// Runs the step's tools and returns their outcomes.
@@ -58,6 +63,7 @@ pub(crate) async fn run_step(
                 outcome: outcome.into(),
                 updates: Map::new(),
                 unsettled: false,
+                asked: None,
             });
             continue;
         }
@@ -75,6 +81,7 @@ async fn run_one(step: &StepContext, call: ToolCall) -> FinishedCall {
             tool_call_id: call.id,
             updates: Map::new(),
             unsettled: false,
+            asked: None,
         };
     }
     let tool = step.agent.tool(&call.name).map(|tool| &tool.def);
@@ -86,6 +93,7 @@ async fn run_one(step: &StepContext, call: ToolCall) -> FinishedCall {
                 tool_call_id: call.id,
                 updates: Map::new(),
                 unsettled: false,
+                asked: None,
             }
         }
     };
@@ -102,6 +110,7 @@ async fn run_one(step: &StepContext, call: ToolCall) -> FinishedCall {
                     tool_call_id: call.id,
                     updates: Map::new(),
                     unsettled: true,
+                    asked: None,
                 }
             }
         };
@@ -111,6 +120,7 @@ async fn run_one(step: &StepContext, call: ToolCall) -> FinishedCall {
                 outcome,
                 updates: Map::new(),
                 unsettled: false,
+                asked: None,
             };
         }
     }
@@ -120,11 +130,32 @@ async fn run_one(step: &StepContext, call: ToolCall) -> FinishedCall {
         call.id.clone(),
         key,
         Arc::clone(&step.state),
+        step.answers
+            .get(&call.id)
+            .cloned()
+            .unwrap_or_else(|| Arc::new([])),
     );
     let running = AssertUnwindSafe(handler.call(call.input, ctx.clone())).catch_unwind();
     let outcome = match running.await {
         Ok(Ok(value)) => ToolOutcome::Result(value),
-        Ok(Err(error)) => ToolOutcome::Error(error.0),
+        Ok(Err(error)) => match ctx.take_asked().map(checked_request) {
+            Some(Ok(request)) => {
+                return FinishedCall {
+                    tool_call_id: call.id,
+                    outcome: ToolOutcome::Error(error.0),
+                    updates: Map::new(),
+                    unsettled: false,
+                    asked: Some(request),
+                }
+            }
+            Some(Err(reason)) => ToolErrorCode::InvalidOutput
+                .with(format_args!(
+                    "{} asked for input with a schema that does not compile: {reason}",
+                    call.name
+                ))
+                .into(),
+            None => ToolOutcome::Error(error.0),
+        },
         Err(panic) => {
             let reason = panic_text(panic.as_ref());
             tracing::error!(session = %step.session, tool = %crate::types::Untrusted(&call.name), reason = %crate::types::Untrusted(&reason), "tool.panicked");
@@ -136,6 +167,15 @@ async fn run_one(step: &StepContext, call: ToolCall) -> FinishedCall {
         outcome,
         updates: ctx.take_updates(),
         unsettled: false,
+        asked: None,
+    }
+}
+
+/// A tool's question, if its answer's schema compiles (an answer is checked against it).
+fn checked_request(request: InputRequest) -> Result<InputRequest, String> {
+    match &request.schema {
+        Some(schema) => crate::definition::Schema::compile(schema).map(|_| request),
+        None => Ok(request),
     }
 }
 

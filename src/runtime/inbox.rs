@@ -120,6 +120,7 @@ impl Runtime {
                     since_ms: pending.requested_at_ms,
                     deadline_at_ms: pending.deadline_at_ms,
                     idempotency_key: pending.idempotency_key,
+                    request: pending.request,
                 });
                 if items.len() == limit {
                     read_all = false;

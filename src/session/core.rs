@@ -96,6 +96,8 @@ pub(super) struct StepCall {
     pub(super) slot: CallSlot,
     /// Empty until its tool returns.
     pub(super) changes: Map<String, Value>,
+    /// What its tool asked a person, when it returned asking for input.
+    pub(super) asked: Option<crate::definition::InputRequest>,
 }
 
 impl StepCall {
@@ -105,6 +107,7 @@ impl StepCall {
             call,
             slot,
             changes: Map::new(),
+            asked: None,
         }
     }
 }

@@ -160,7 +160,8 @@ impl Session {
                 // effect did not happen) dispatched the tool.
                 // A person is asked to reconcile it only while the approval still holds: not
                 // for a tool redefined since (it would run again on a stale approval).
-                Some(Answer::Approved | Answer::DidNotHappen) => {
+                // Or the resume that drained an answer to its question ran it again.
+                Some(Answer::Approved | Answer::DidNotHappen | Answer::Input(_)) => {
                     let fresh = !self.approval_is_stale(&entry);
                     self.dispatched_slot(call, retry && reconcile && fresh, retry)
                 }
@@ -216,6 +217,7 @@ impl Session {
             call,
             slot,
             changes,
+            ..
         } in calls
         {
             let (outcome, reported, changes) = match slot {

@@ -131,6 +131,9 @@ pub(crate) struct FinishedCall {
     /// A call a crash cut whose tool's check could not say whether its effect happened: it
     /// becomes a `reconcile` call for a person (`outcome` is not recorded).
     pub(crate) unsettled: bool,
+    /// The handler asked a person for input ([`crate::definition::ToolContext::ask`]): the
+    /// call becomes an `input` call (`outcome` is not recorded).
+    pub(crate) asked: Option<crate::definition::InputRequest>,
 }
 
 impl Session {

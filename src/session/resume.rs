@@ -154,8 +154,11 @@ impl Session {
                     entry.tool_name
                 )))
             }
-            // Approved, or reconciled as not having happened: the tool runs (once more).
-            (Some(Answer::Approved | Answer::DidNotHappen), _) => CallSlot::Dispatched,
+            // Approved, reconciled as not having happened, or its question answered: the tool
+            // runs (once more).
+            (Some(Answer::Approved | Answer::DidNotHappen | Answer::Input(_)), _) => {
+                CallSlot::Dispatched
+            }
             // Written by an earlier version, which reported a timeout's outcome on the stream
             // when it expired but left its result for the resume.
             (Some(Answer::TimedOut), Some(outcome)) => CallSlot::Ready {
@@ -316,7 +319,11 @@ impl Session {
                 continue;
             }
             let (outcome, reported) = match (&entry.answer, answer_outcome(&entry)) {
-                (Some(Answer::Approved | Answer::DidNotHappen), _) if !suspended => continue,
+                (Some(Answer::Approved | Answer::DidNotHappen | Answer::Input(_)), _)
+                    if !suspended =>
+                {
+                    continue
+                }
                 (Some(Answer::Approved), _) => {
                     self.report_decision(cx, run_id, &entry);
                     (approved.clone().into(), false)
@@ -324,6 +331,12 @@ impl Session {
                 (Some(Answer::DidNotHappen), _) => (
                     ToolErrorCode::ClientToolAbandoned
                         .with("its effect did not happen, and the run stopped before the tool ran again")
+                        .into(),
+                    false,
+                ),
+                (Some(Answer::Input(_)), _) => (
+                    ToolErrorCode::ClientToolAbandoned
+                        .with("its question was answered, and the run stopped before the tool went on with the answer")
                         .into(),
                     false,
                 ),

@@ -327,6 +327,11 @@ impl Session {
                     step_call.slot = CallSlot::Pending(PendingKind::Reconcile);
                     continue;
                 }
+                if let Some(request) = finished.asked {
+                    step_call.slot = CallSlot::Pending(PendingKind::Input);
+                    step_call.asked = Some(request);
+                    continue;
+                }
                 let limit = self.policy.max_json_depth;
                 let (outcome, changes) =
                     bounded_result(&step_call.call, finished.outcome, finished.updates, limit);
@@ -409,6 +414,14 @@ impl Session {
             .filter(|step_call| matches!(step_call.slot, CallSlot::Checking))
             .map(|step_call| step_call.call.id.clone())
             .collect();
+        let answers = calls
+            .iter()
+            .filter(|step_call| matches!(step_call.slot, CallSlot::Dispatched))
+            .filter_map(|step_call| {
+                let answers = self.pending.get(&step_call.call.id)?.all_answers();
+                (!answers.is_empty()).then(|| (step_call.call.id.clone(), answers.into()))
+            })
+            .collect();
         // Companion calls have their own phase, in call order, before the children start.
         for (position, step_call) in calls.iter_mut().enumerate() {
             match step_call.slot {
@@ -430,6 +443,7 @@ impl Session {
                 state: Arc::new(Value::Object(self.record.custom_state.clone())),
                 reply_seq: self.reply_seq(),
                 checks,
+                answers,
             });
         }
         self.phase = Phase::AwaitingTools {
@@ -465,6 +479,7 @@ impl Session {
                 call,
                 slot,
                 changes,
+                asked,
             },
         ) in calls.into_iter().enumerate()
         {
@@ -483,6 +498,16 @@ impl Session {
                         .into(),
                     false,
                 ),
+                // It ran, and waits for a person: it is cut, not skipped.
+                CallSlot::Pending(PendingKind::Input) if finisher.is_some() => (
+                    ToolErrorCode::Interrupted
+                        .with(format_args!(
+                            "{} asked for input, and another call of its step finished the run, so the question was dropped: the call may have acted before it asked",
+                            call.name
+                        ))
+                        .into(),
+                    false,
+                ),
                 CallSlot::Pending(_) if finisher.is_some() => (
                     ToolErrorCode::Skipped
                         .with("another call in this step already finished the run")
@@ -491,7 +516,7 @@ impl Session {
                 ),
                 CallSlot::Pending(kind) => {
                     let position = u32::try_from(index).unwrap_or(u32::MAX);
-                    self.make_pending(cx, run_id, call, kind, position);
+                    self.make_pending(cx, run_id, call, kind, position, asked);
                     pending += 1;
                     continue;
                 }

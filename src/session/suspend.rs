@@ -6,7 +6,7 @@ use serde_json::Value;
 use super::apply_cx::ApplyCx;
 use super::core::{Outcome, Session};
 use super::{Answer, Effect, Observation, PendingCall, PendingKind, Status, Suspension};
-use crate::definition::{Reconciled, ToolKind};
+use crate::definition::{InputAnswer, InputRequest, Reconciled, ToolKind};
 use crate::store::schema::IndexWrite;
 use crate::store::CommitKind;
 use crate::types::hooks::HookEvent;
@@ -65,6 +65,7 @@ impl Session {
         call: ToolCall,
         kind: PendingKind,
         position: u32,
+        asked: Option<InputRequest>,
     ) {
         let now = cx.now;
         let tool_timeout = match self.agent.tool(&call.name).map(|tool| &tool.def.kind) {
@@ -89,7 +90,17 @@ impl Session {
             }
             _ => (None, binding),
         };
+        // A tool that asks again keeps the answers to its earlier questions; one made pending
+        // again after a lost commit keeps its question.
+        let earlier = self
+            .pending
+            .get(&call.id)
+            .filter(|_| kind == PendingKind::Input);
+        let answers = earlier.map(PendingCall::all_answers).unwrap_or_default();
+        let request = asked.or_else(|| earlier.and_then(|entry| entry.request.clone()));
         let entry = PendingCall {
+            request,
+            answers,
             binding,
             original_input,
             idempotency_key,
@@ -212,6 +223,36 @@ impl Session {
         match (entry.kind, submission) {
             (PendingKind::Reconcile, Submission::Error(_)) => Err(invalid(format!(
                 "{} waits for a reconciliation: an error alone does not say whether its effect happened (send kind \"reconcile\" with \"error\" if it failed)",
+                entry.tool_call_id
+            ))),
+            (PendingKind::Input, Submission::Error(reason)) => Ok((
+                Answer::Input(InputAnswer::Declined {
+                    reason: Some(reason).filter(|reason| !reason.is_empty()),
+                }),
+                None,
+            )),
+            (PendingKind::Input, Submission::Result(content)) => {
+                let schema = entry.request.as_ref().and_then(|request| request.schema.as_ref());
+                let errors = match schema.map(crate::definition::Schema::compile) {
+                    Some(Ok(schema)) => schema.errors(&content),
+                    // Checked when the tool asked.
+                    Some(Err(error)) => vec![error],
+                    None => Vec::new(),
+                };
+                if errors.is_empty() {
+                    Ok((Answer::Input(InputAnswer::Accepted { content }), None))
+                } else {
+                    Err(Verdict::InvalidResult {
+                        reason: format!(
+                            "the answer does not match the schema {} asked for",
+                            entry.tool_name
+                        ),
+                        errors,
+                    })
+                }
+            }
+            (PendingKind::Input, _) => Err(invalid(format!(
+                "{} waits for input a tool asked for: answer with a client-tool-result (the input) or an error (a refusal), not an approval-response or a reconciliation",
                 entry.tool_call_id
             ))),
             (_, Submission::Error(error))
@@ -454,7 +495,7 @@ pub(crate) fn answer_outcome(entry: &PendingCall) -> Option<ToolOutcome> {
     match entry.answer.as_ref()? {
         Answer::Result(value) => Some(ToolOutcome::Result(value.clone())),
         Answer::Error(error) => Some(ToolOutcome::Error(error.clone())),
-        Answer::Approved | Answer::DidNotHappen => None,
+        Answer::Approved | Answer::DidNotHappen | Answer::Input(_) => None,
         Answer::Denied {
             reason: Some(reason),
         } => Some(ToolOutcome::Error(format!(
@@ -488,6 +529,15 @@ pub(crate) fn timeout_outcome(entry: &PendingCall) -> ToolOutcome {
             entry,
             &format!("nobody said within {waited} ms whether it took effect"),
         );
+    }
+    if entry.kind == PendingKind::Input {
+        return ToolErrorCode::ClientToolTimeout
+            .with(format_args!(
+                "nobody answered the question {} asked within {} ms",
+                entry.tool_name,
+                entry.deadline_at_ms.saturating_sub(entry.requested_at_ms)
+            ))
+            .into();
     }
     ToolErrorCode::ClientToolTimeout
         .with(format_args!(

@@ -118,6 +118,7 @@ fn tool_calls_are_committed_before_tools_run_and_results_before_the_next_step() 
             outcome: ToolOutcome::Result(json!(id)),
             updates: serde_json::Map::new(),
             unsettled: false,
+            asked: None,
         })
         .collect();
     let t = session
@@ -183,6 +184,7 @@ fn the_step_limit_ends_the_run_in_the_same_commit_as_the_last_results() {
         outcome: ToolOutcome::Result(json!(1)),
         updates: serde_json::Map::new(),
         unsettled: false,
+        asked: None,
     }];
     let t = session
         .apply(

@@ -65,6 +65,7 @@ fn call(id: &str, deadline: u64, waiting: bool, timed_out: bool) -> RemoteCall {
         answered: false,
         timed_out,
         idempotency_key: None,
+        request: None,
         binding: None,
         description: None,
         input_schema: None,

@@ -100,6 +100,7 @@ fn finished(run_id: RunId, step: u32, call: &str, value: serde_json::Value) -> I
             outcome: ToolOutcome::Result(value),
             updates: serde_json::Map::from_iter([("last".to_string(), json!(call))]),
             unsettled: false,
+            asked: None,
         }],
     }
 }
@@ -158,6 +159,7 @@ fn remote_call() -> RemoteCall {
         answered: false,
         timed_out: false,
         idempotency_key: None,
+        request: None,
         binding: None,
         description: None,
         input_schema: None,

@@ -43,6 +43,9 @@ pub(crate) enum Effect {
         reply_seq: u64,
         /// Cut calls their tool's check settles before anything runs again.
         checks: Vec<String>,
+        /// The answers given to calls that asked for input, by call id (each such call runs
+        /// again with them).
+        answers: std::collections::HashMap<String, Arc<[crate::definition::InputAnswer]>>,
     },
     /// Start a child session of this process for a sub-agent call, or re-attach to the one
     /// that exists. (A remote child is started by [`Effect::DriveRemote`].)

@@ -56,7 +56,8 @@ pub struct InboxCursor(pub String);
 /// One call that waits for a person.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct InboxItem {
-    /// A client tool's call, an approval, or a reconciliation (a call a crash cut).
+    /// A client tool's call, an approval, a reconciliation (a call a crash cut), or a tool's
+    /// question (`input`).
     pub kind: PendingKind,
     /// The session that made the call (answer it against `root`).
     pub session: SessionId,
@@ -93,6 +94,10 @@ pub struct InboxItem {
     /// For a reconciliation: the call's idempotency key, to look its effect up by.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idempotency_key: Option<String>,
+    /// For an `input` call (a tool asked a person while it ran): the question, and the schema
+    /// its answer must match.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request: Option<crate::definition::InputRequest>,
 }
 
 /// What a person's side needs to know of a tool to show and answer its calls

@@ -244,6 +244,11 @@ pub enum PendingKind {
     /// ([`OnCut::Reconcile`](crate::definition::OnCut::Reconcile)): its effect may or may not
     /// have happened, and a person (or the tool's check) says which.
     Reconcile,
+    /// A server tool that asked a person for input while it ran
+    /// ([`ToolContext::ask`](crate::definition::ToolContext::ask)): answered with a result (the
+    /// input, checked against the request's schema) or an error (a refusal), and the tool runs
+    /// again with the answer.
+    Input,
 }
 
 /// The answer recorded in a pending call.
@@ -273,6 +278,9 @@ pub enum Answer {
     /// resume. Like [`Answer::Approved`], the entry stays until the tool's result is recorded,
     /// so a crash during that run finds the call dispatched (and asks again).
     DidNotHappen,
+    /// An answer to a tool's question (an `input` call): the tool runs again with it on
+    /// resume. Like [`Answer::Approved`], the entry stays until the tool's result is recorded.
+    Input(crate::definition::InputAnswer),
 }
 
 /// A tool call waiting outside the runtime: stored one entry per call.
@@ -311,12 +319,28 @@ pub struct PendingCall {
     /// look the effect up by.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idempotency_key: Option<String>,
+    /// For an `input` call: what the tool asks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request: Option<crate::definition::InputRequest>,
+    /// For an `input` call: the answers to the call's earlier questions, in order (the tool
+    /// runs again with these and this call's answer).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub answers: Vec<crate::definition::InputAnswer>,
 }
 
 impl PendingCall {
     /// `{runId}::{toolCallId}`, the id an approval must carry.
     pub fn approval_id(&self) -> String {
         format!("{}::{}", self.run_id, self.tool_call_id)
+    }
+
+    /// For an `input` call: the answers to its questions, this one's last once it has one.
+    pub fn all_answers(&self) -> Vec<crate::definition::InputAnswer> {
+        let mut answers = self.answers.clone();
+        if let Some(Answer::Input(answer)) = &self.answer {
+            answers.push(answer.clone());
+        }
+        answers
     }
 
     /// Whether the call still waits for an answer at `now`.

@@ -251,7 +251,7 @@ impl Client {
                 "client could not {} (#{})",
                 call.tool_name, self.sent
             )),
-            PendingKind::Client => Sent::Result(json!({
+            PendingKind::Client | PendingKind::Input => Sent::Result(json!({
                 "answer": call.tool_call_id, "by": self.process.name, "n": self.sent
             })),
             PendingKind::Approval if roll < 5 => Sent::Error(format!(

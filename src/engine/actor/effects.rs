@@ -136,6 +136,7 @@ impl SessionActor {
                 state: custom_state,
                 reply_seq,
                 checks,
+                answers,
             } => {
                 let origin = crate::telemetry::RunOrigin {
                     agent: Some(&agent),
@@ -151,6 +152,7 @@ impl SessionActor {
                     state: custom_state,
                     reply_seq,
                     checks,
+                    answers,
                 };
                 let mailbox = ctx.mailbox();
                 let span = run_span(ctx.key(), run_id, step);

@@ -418,6 +418,8 @@ fn dispatched_approvals(
             original_input: None,
             binding: None,
             idempotency_key: None,
+            request: None,
+            answers: Vec::new(),
         })
         .collect())
 }
@@ -589,6 +591,8 @@ pub(crate) fn put_given_result(
         original_input: None,
         binding: None,
         idempotency_key: None,
+        request: None,
+        answers: Vec::new(),
     };
     batch.put(
         Tree::Pending,

@@ -140,6 +140,7 @@ pub(super) fn input_call(
         input_schema: None,
         output_schema: None,
         editable: false,
+        request: None,
     }
 }
 

@@ -1,0 +1,322 @@
+//! A server tool that asks a person for input while it runs (`ToolContext::ask`): the question
+//! is an `input` call of the session — in the inbox, answered through the submit contract from
+//! the root of the tree, checked against the schema it asked for, with a deadline — and the
+//! tool runs again with the answer, after an eviction or a reopen of the store too.
+
+use std::sync::{Arc, Mutex};
+
+use dormant::definition::{InputAnswer, InputRequest};
+use dormant::store::Store;
+use dormant::types::{InboxFilter, ToolOutcome};
+use dormant::{
+    AgentDefinition, ManualClock, MemoryStore, ModelReply, PendingKind, Runtime, ScriptedLlm,
+    SessionId, SledStore, Status, Submit, SubmitOutcome, ToolCall, ToolDefinition, ToolError,
+};
+use serde_json::{json, Value};
+
+mod common;
+
+/// What each run of `transfer` saw: its idempotency key and the answers so far.
+type Runs = Arc<Mutex<Vec<(String, Vec<InputAnswer>)>>>;
+
+/// `transfer` asks which account to take the money from (an object with a string `account`),
+/// then, if `confirm`, whether to go on; it answers with what it was told.
+fn transfer(runs: &Runs, confirm: bool) -> ToolDefinition {
+    let runs = Arc::clone(runs);
+    ToolDefinition::server("transfer", move |input: Value, ctx| {
+        let runs = Arc::clone(&runs);
+        async move {
+            runs.lock()
+                .map_err(|_| ToolError::new("poisoned"))?
+                .push((ctx.idempotency_key().to_string(), ctx.answers().to_vec()));
+            let account = match ctx.answers().first() {
+                None => {
+                    let question = InputRequest::new("Which account?").schema(json!({
+                        "type": "object",
+                        "required": ["account"],
+                        "properties": { "account": { "type": "string" } }
+                    }));
+                    return Err(ctx.ask(question));
+                }
+                Some(InputAnswer::Declined { reason }) => {
+                    return Err(ToolError::new(format!("declined: {reason:?}")))
+                }
+                Some(InputAnswer::Accepted { content }) => content["account"].clone(),
+            };
+            if confirm && ctx.answers().len() < 2 {
+                return Err(ctx.ask(InputRequest::new("Go on?")));
+            }
+            let confirmed = ctx.answers().get(1).cloned();
+            Ok(json!({ "from": account, "cents": input["cents"], "confirmed": confirmed }))
+        }
+    })
+}
+
+/// `lead` delegates to the sub-agent `payer`, whose `transfer` asks for input.
+fn tree(store: Arc<dyn Store>, runs: &Runs, confirm: bool) -> anyhow::Result<Runtime> {
+    let llm = ScriptedLlm::new()
+        .script(
+            "lead",
+            vec![
+                ModelReply::tool_calls(vec![ToolCall::new(
+                    "c1",
+                    "pay",
+                    json!({ "message": "pay 10" }),
+                )]),
+                ModelReply::text("done"),
+            ],
+        )
+        .script(
+            "payer",
+            vec![
+                ModelReply::tool_calls(vec![ToolCall::new(
+                    "t1",
+                    "transfer",
+                    json!({ "cents": 10 }),
+                )]),
+                ModelReply::text("paid"),
+            ],
+        );
+    Ok(Runtime::builder()
+        .store(store)
+        .llm(Arc::new(llm))
+        .clock(Arc::new(ManualClock::new(1_000)))
+        .background_deadlines(false)
+        .agent(
+            AgentDefinition::builder("lead")
+                .tool(ToolDefinition::sub_agent("pay", "payer"))
+                .build()?,
+        )
+        .agent(
+            AgentDefinition::builder("payer")
+                .tool(transfer(runs, confirm))
+                .client_tool_timeout_ms(60_000)
+                .build()?,
+        )
+        .build()?)
+}
+
+fn seen(runs: &Runs) -> anyhow::Result<Vec<(String, Vec<InputAnswer>)>> {
+    Ok(runs
+        .lock()
+        .map_err(|_| anyhow::anyhow!("poisoned"))?
+        .clone())
+}
+
+fn accepted(account: &str) -> InputAnswer {
+    InputAnswer::Accepted {
+        content: json!({ "account": account }),
+    }
+}
+
+#[tokio::test]
+async fn a_question_asked_in_a_sub_agent_is_answered_at_the_root_and_the_tool_goes_on(
+) -> anyhow::Result<()> {
+    let runs: Runs = Arc::default();
+    let runtime = tree(Arc::new(MemoryStore::new()), &runs, false)?;
+    let root: SessionId = "root".parse()?;
+    let waiting = runtime.execute_on(&root, "lead", "pay").await?;
+    assert_eq!(waiting.status, Status::SuspendedAwaitingChildren);
+
+    // The question waits in the inbox, under the root, with what it asks.
+    let inbox = runtime
+        .inbox(&InboxFilter::all().kind(PendingKind::Input), None, 10)
+        .await?;
+    assert_eq!(inbox.items.len(), 1);
+    let item = &inbox.items[0];
+    assert_eq!(item.root, root);
+    assert_ne!(item.session, root, "the child asks");
+    assert_eq!(item.tool_call_id, "t1");
+    let request = item
+        .request
+        .clone()
+        .ok_or_else(|| anyhow::anyhow!("no request"))?;
+    assert_eq!(request.message, "Which account?");
+    assert_eq!(
+        request.schema.as_ref().map(|s| &s["required"]),
+        Some(&json!(["account"]))
+    );
+
+    // An answer that does not match the schema is refused, and the call keeps waiting.
+    let wrong = runtime
+        .submit_tool_result(Submit::result("root", "t1", json!({ "acct": 7 })))
+        .await?;
+    let SubmitOutcome::InvalidResult { errors, .. } = wrong else {
+        anyhow::bail!("a wrong answer was not refused: {wrong:?}");
+    };
+    assert!(!errors.is_empty());
+    // An approval is not an answer to a question.
+    let approval = Submit::approval("root", "t1", "x::t1", true, None);
+    assert!(matches!(
+        runtime.submit_tool_result(approval).await?,
+        SubmitOutcome::InvalidResult { .. }
+    ));
+
+    let answer = Submit::result("root", "t1", json!({ "account": "savings" }));
+    assert_eq!(
+        runtime.submit_json(&answer.to_json()).await?,
+        SubmitOutcome::Accepted
+    );
+    // First writer wins.
+    let again = Submit::result("root", "t1", json!({ "account": "checking" }));
+    assert_eq!(
+        runtime.submit_tool_result(again).await?,
+        SubmitOutcome::AlreadyCompleted
+    );
+
+    let done = runtime.resume(&root).await?;
+    assert_eq!(done.status, Status::Completed);
+    assert_eq!(done.text.as_deref(), Some("done"));
+    let runs = seen(&runs)?;
+    assert_eq!(runs.len(), 2, "asked, then ran again with the answer");
+    assert_eq!(runs[0].0, runs[1].0, "the same idempotency key both times");
+    assert_eq!(runs[0].1, vec![]);
+    assert_eq!(runs[1].1, vec![accepted("savings")]);
+    let child = root.ephemeral_child("c1");
+    let messages = runtime.messages(&child).await?;
+    assert_eq!(
+        common::tool_result(&messages, "t1"),
+        Some(&ToolOutcome::Result(
+            json!({ "from": "savings", "cents": 10, "confirmed": null })
+        ))
+    );
+    assert!(runtime
+        .inbox(&InboxFilter::all(), None, 10)
+        .await?
+        .items
+        .is_empty());
+    runtime.shutdown().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_second_question_keeps_the_first_answer_and_a_refusal_reaches_the_tool(
+) -> anyhow::Result<()> {
+    let runs: Runs = Arc::default();
+    let runtime = tree(Arc::new(MemoryStore::new()), &runs, true)?;
+    let root: SessionId = "root".parse()?;
+    runtime.execute_on(&root, "lead", "pay").await?;
+    let first = Submit::result("root", "t1", json!({ "account": "savings" }));
+    assert_eq!(
+        runtime.submit_tool_result(first).await?,
+        SubmitOutcome::Accepted
+    );
+    let asks_again = runtime.resume(&root).await?;
+    assert_eq!(asks_again.status, Status::SuspendedAwaitingChildren);
+    let inbox = runtime.inbox(&InboxFilter::all(), None, 10).await?;
+    assert_eq!(inbox.items.len(), 1);
+    assert_eq!(
+        inbox.items[0].request.as_ref().map(|r| r.message.as_str()),
+        Some("Go on?")
+    );
+    // A refusal is an error submitted for the call.
+    let refuse = Submit::error("root", "t1", "not today");
+    assert_eq!(
+        runtime.submit_tool_result(refuse).await?,
+        SubmitOutcome::Accepted
+    );
+    let done = runtime.resume(&root).await?;
+    assert_eq!(done.status, Status::Completed);
+    let runs = seen(&runs)?;
+    assert_eq!(runs.len(), 3);
+    let refused = InputAnswer::Declined {
+        reason: Some("not today".into()),
+    };
+    assert_eq!(runs[2].1, vec![accepted("savings"), refused.clone()]);
+    let messages = runtime.messages(&root.ephemeral_child("c1")).await?;
+    assert_eq!(
+        common::tool_result(&messages, "t1"),
+        Some(&ToolOutcome::Result(json!({
+            "from": "savings",
+            "cents": 10,
+            "confirmed": serde_json::to_value(&refused)?
+        })))
+    );
+    runtime.shutdown().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_question_pending_across_a_reopen_of_the_store_is_answered_after_it() -> anyhow::Result<()>
+{
+    let dir = tempfile::tempdir()?;
+    let runs: Runs = Arc::default();
+    let root: SessionId = "root".parse()?;
+    {
+        let runtime = tree(Arc::new(SledStore::open(dir.path())?), &runs, false)?;
+        let waiting = runtime.execute_on(&root, "lead", "pay").await?;
+        assert_eq!(waiting.status, Status::SuspendedAwaitingChildren);
+        runtime.shutdown().await?;
+    }
+    // The process is gone; the store is opened again by a new runtime.
+    let runtime = tree(Arc::new(SledStore::open(dir.path())?), &runs, false)?;
+    let inbox = runtime.inbox(&InboxFilter::all(), None, 10).await?;
+    assert_eq!(inbox.items.len(), 1);
+    assert_eq!(inbox.items[0].kind, PendingKind::Input);
+    assert_eq!(
+        inbox.items[0].request.as_ref().map(|r| r.message.as_str()),
+        Some("Which account?")
+    );
+    let answer = Submit::result("root", "t1", json!({ "account": "savings" }));
+    assert_eq!(
+        runtime.submit_tool_result(answer).await?,
+        SubmitOutcome::Accepted
+    );
+    let done = runtime.resume(&root).await?;
+    assert_eq!(done.status, Status::Completed);
+    let runs = seen(&runs)?;
+    assert_eq!(runs.len(), 2);
+    assert_eq!(runs[0].0, runs[1].0);
+    assert_eq!(runs[1].1, vec![accepted("savings")]);
+    runtime.shutdown().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_question_nobody_answers_times_out_and_the_tool_does_not_run_again() -> anyhow::Result<()>
+{
+    let runs: Runs = Arc::default();
+    let clock = Arc::new(ManualClock::new(1_000));
+    let llm = ScriptedLlm::new().script(
+        "payer",
+        vec![
+            ModelReply::tool_calls(vec![ToolCall::new("t1", "transfer", json!({ "cents": 1 }))]),
+            ModelReply::text("gave up"),
+        ],
+    );
+    let runtime = Runtime::builder()
+        .llm(Arc::new(llm))
+        .clock(clock.clone())
+        .background_deadlines(false)
+        .agent(
+            AgentDefinition::builder("payer")
+                .tool(transfer(&runs, false))
+                .client_tool_timeout_ms(5_000)
+                .build()?,
+        )
+        .build()?;
+    let id: SessionId = "s".parse()?;
+    let waiting = runtime.execute_on(&id, "payer", "pay").await?;
+    assert_eq!(waiting.pending, vec!["t1".to_string()]);
+    clock.advance(5_000);
+    runtime.sweep_deadlines().await?;
+    let late = Submit::result("s", "t1", json!({ "account": "savings" }));
+    assert_eq!(
+        runtime.submit_tool_result(late).await?,
+        SubmitOutcome::AlreadyCompleted
+    );
+    let done = runtime.resume(&id).await?;
+    assert_eq!(done.status, Status::Completed);
+    let messages = runtime.messages(&id).await?;
+    let Some(ToolOutcome::Error(error)) = common::tool_result(&messages, "t1") else {
+        anyhow::bail!("no timeout recorded");
+    };
+    assert!(error.starts_with("client_tool_timeout"), "{error}");
+    assert!(
+        error.contains("nobody answered the question transfer asked"),
+        "{error}"
+    );
+    assert_eq!(seen(&runs)?.len(), 1, "the tool never ran again");
+    runtime.shutdown().await?;
+    Ok(())
+}
