@@ -48,6 +48,7 @@
 
 mod call;
 mod connection;
+mod questions;
 mod result;
 mod server;
 mod shared;

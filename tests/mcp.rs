@@ -7,11 +7,13 @@
 //! itself with a call in flight, the store reopened.
 
 mod common;
+#[path = "mcp/python.rs"]
+mod python;
 #[path = "mcp/rmcp_server.rs"]
 mod rmcp_server;
 
-use std::io::Write;
-use std::path::Path;
+use python::PythonServer;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -79,7 +81,10 @@ async fn rmcp_server_tools_are_listed_with_schemas_and_retry_from_annotations() 
 {
     let served = rmcp_server::serve().await?;
     let tools = McpTools::connect(McpServer::http("rmcp", served.url).prefix("m_")).await?;
-    assert_eq!(tools.tool_names(), ["add", "fail", "note", "retire"]);
+    assert_eq!(
+        tools.tool_names(),
+        ["add", "fail", "note", "retire", "book", "reserve"]
+    );
     let definitions = tools.definitions();
     let add = &definitions[0];
     assert_eq!(add.name(), "m_add");
@@ -144,7 +149,10 @@ async fn a_changed_list_is_read_again_and_a_retired_tool_is_refused() -> anyhow:
         outcomes[1]
     );
     tokio::time::timeout(Duration::from_secs(10), waiting).await??;
-    assert_eq!(tools.tool_names(), ["add", "fail", "retire"]);
+    assert_eq!(
+        tools.tool_names(),
+        ["add", "fail", "retire", "book", "reserve"]
+    );
     Ok(())
 }
 
@@ -186,65 +194,16 @@ async fn a_server_that_cannot_start_is_a_typed_error() {
     );
 }
 
-/// The interpreter with the `mcp` package, or `None` (said loudly).
-fn python() -> anyhow::Result<Option<std::ffi::OsString>> {
-    if let Some(python) = std::env::var_os("DORMANT_MCP_PYTHON").filter(|path| !path.is_empty()) {
-        return Ok(Some(python));
-    }
-    let _ = writeln!(
-        std::io::stderr(),
-        "\n\n*** SKIPPED: the MCP test needs the official Python SDK: python3 -m venv DIR && \
-         DIR/bin/pip install mcp==2.3.0, then DORMANT_MCP_PYTHON=DIR/bin/python ***\n\n"
-    );
-    anyhow::ensure!(
-        std::env::var("DORMANT_REQUIRE_MCP").map_or(true, |value| value.is_empty() || value == "0"),
-        "DORMANT_REQUIRE_MCP is set and DORMANT_MCP_PYTHON is not"
-    );
-    Ok(None)
-}
-
-/// `tests/mcp/server.py` over stdio, connected, logging what it runs into a temporary
-/// directory (where a test may keep its store too).
-struct PythonServer {
-    dir: tempfile::TempDir,
-    log: std::path::PathBuf,
-    tools: McpTools,
-}
-
-impl PythonServer {
-    /// The server, or `None` where the Python SDK is missing (said loudly by [`python`]).
-    async fn start() -> anyhow::Result<Option<Self>> {
-        let Some(python) = python()? else {
-            return Ok(None);
-        };
-        let dir = tempfile::tempdir()?;
-        let log = dir.path().join("log");
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp/server.py");
-        let server = McpServer::stdio("python", python)
-            .arg(script)
-            .env("MCP_LOG", &log)
-            .connect_timeout(Duration::from_secs(30));
-        let tools = McpTools::connect(server).await?;
-        Ok(Some(Self { dir, log, tools }))
-    }
-
-    /// The lines of its log: each call that reached it.
-    fn logged(&self) -> Vec<String> {
-        std::fs::read_to_string(&self.log)
-            .unwrap_or_default()
-            .lines()
-            .map(str::to_string)
-            .collect()
-    }
-}
-
 #[tokio::test]
 async fn python_server_tools_are_listed_and_called() -> anyhow::Result<()> {
     let Some(python) = PythonServer::start().await? else {
         return Ok(());
     };
     let tools = &python.tools;
-    assert_eq!(tools.tool_names(), ["add", "fail", "write_note", "lookup"]);
+    assert_eq!(
+        tools.tool_names(),
+        ["add", "fail", "write_note", "lookup", "book"]
+    );
     let definitions = tools.definitions();
     assert!(definitions[0].is_safe_to_retry(), "readOnlyHint");
     assert!(!definitions[2].is_safe_to_retry(), "no hint");

@@ -7,11 +7,15 @@ use futures::future::BoxFuture;
 use rmcp::model::{
     CallToolRequest, CallToolRequestParams, ClientRequest, Meta, ServerResult, Tool,
 };
-use rmcp::service::{PeerRequestOptions, ServiceError};
+use rmcp::service::{PeerRequestOptions, RequestHandle, ServiceError};
 use rmcp::transport::streamable_http_client::StreamableHttpError;
 use rmcp::transport::DynamicTransportError;
-use serde_json::Value;
+use rmcp::RoleClient;
+use serde_json::{Map, Value};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
 
+use super::questions::{Asker, Event};
 use super::result::outcome;
 use super::shared::Shared;
 use crate::definition::{ToolContext, ToolDefinition, ToolError, ToolHandler};
@@ -65,18 +69,74 @@ impl ToolHandler for McpCall {
         let shared = Arc::clone(&self.shared);
         let tool = self.tool.clone();
         let safe = self.safe_to_retry;
-        Box::pin(async move { send(&shared, &tool, input, ctx.idempotency_key(), safe).await })
+        Box::pin(async move { run(&shared, &tool, input, &ctx, safe).await })
     }
 }
 
-async fn send(
-    shared: &Shared,
+/// Runs one call of `tool`: sends it (or, when the session runs it again with the answer to
+/// a question it asked, goes on with the call that asked) and waits for its outcome; a
+/// question the server asks becomes the session's `input` call ([`super::questions`]).
+async fn run(
+    shared: &Arc<Shared>,
+    tool: &str,
+    input: Value,
+    ctx: &ToolContext,
+    safe_to_retry: bool,
+) -> Result<Value, ToolError> {
+    let key = ctx.idempotency_key();
+    let answers = ctx.answers();
+    let (mut events, mut asked) = match shared.parked.take(key) {
+        // The call that asked is still open: the person's answer goes to it.
+        Some(parked) if answers.len() == parked.asked => {
+            parked.question.answer(&answers[parked.asked - 1]);
+            (parked.events, parked.asked)
+        }
+        _ if !answers.is_empty() && !safe_to_retry => {
+            return Err(failure(
+                ToolErrorCode::ToolDurabilityError,
+                format!(
+                    "the call of {tool} asked for input, and MCP server {}'s request is no longer open (dormant restarted, the server went away, or nobody answered within {:?}); it may have acted before it asked, and it is not safe to retry, so it was not sent again",
+                    shared.server.name, shared.server.input_timeout
+                ),
+            ))
+        }
+        _ => (start(shared, tool, input, key, safe_to_retry)?, 0),
+    };
+    loop {
+        match events.recv().await {
+            Some(Event::Done(outcome)) => return outcome,
+            // A call sent again gets the answers given before, to the questions it asks again
+            // in the same order.
+            Some(Event::Asked(question)) if asked < answers.len() => {
+                question.answer(&answers[asked]);
+                asked += 1;
+            }
+            Some(Event::Asked(question)) => {
+                asked += 1;
+                let request = question.request.clone();
+                let timeout = shared.server.input_timeout;
+                shared.parked.park(key, events, question, asked, timeout);
+                return Err(ctx.ask(request));
+            }
+            None => {
+                return Err(failure(
+                    ToolErrorCode::ToolDurabilityError,
+                    format!("the call of {tool} ended without an outcome; it may or may not have taken effect"),
+                ))
+            }
+        }
+    }
+}
+
+/// Sends the call from a task of its own, so that it stays open while the session waits for
+/// a person's answer to a question it asked; its questions and outcome come on the channel.
+fn start(
+    shared: &Arc<Shared>,
     tool: &str,
     input: Value,
     idempotency_key: &str,
     safe_to_retry: bool,
-) -> Result<Value, ToolError> {
-    let server = &shared.server.name;
+) -> Result<mpsc::UnboundedReceiver<Event>, ToolError> {
     let arguments = match input {
         Value::Object(arguments) => Some(arguments),
         Value::Null => None,
@@ -87,6 +147,27 @@ async fn send(
             ))
         }
     };
+    let (sender, events) = mpsc::unbounded_channel();
+    let asker = Asker::new(sender);
+    let shared = Arc::clone(shared);
+    let tool = tool.to_string();
+    let key = idempotency_key.to_string();
+    tokio::spawn(async move {
+        let outcome = send(&shared, &tool, arguments, &key, safe_to_retry, &asker).await;
+        asker.done(outcome);
+    });
+    Ok(events)
+}
+
+async fn send(
+    shared: &Shared,
+    tool: &str,
+    arguments: Option<Map<String, Value>>,
+    idempotency_key: &str,
+    safe_to_retry: bool,
+    asker: &Arc<Asker>,
+) -> Result<Value, ToolError> {
+    let server = &shared.server.name;
     let mut meta = Meta::new();
     meta.0
         .insert(IDEMPOTENCY_META_KEY.to_string(), idempotency_key.into());
@@ -122,22 +203,17 @@ async fn send(
             }
             return Err(unavailable());
         };
+        // The timeout is kept here, not by rmcp: it does not run while a person is asked.
         let options = PeerRequestOptions {
-            timeout: Some(timeout),
+            timeout: None,
             meta: Some(meta.clone()),
         };
         let request = ClientRequest::CallToolRequest(CallToolRequest::new(params.clone()));
+        // Its questions come to this call while it is in flight on this connection.
+        let _in_flight = shared.in_flight.register(live.number, asker);
         let sent = live.peer.send_request_with_option(request, options).await;
         let answer = match sent {
-            // Bounded here too: after its timeout rmcp waits to send the cancellation, which
-            // a stuck connection may never take.
-            Ok(handle) => {
-                let bound = timeout.saturating_add(CANCEL_GRACE);
-                match tokio::time::timeout(bound, handle.await_response()).await {
-                    Ok(answer) => answer,
-                    Err(_) => Err(ServiceError::Timeout { timeout }),
-                }
-            }
+            Ok(handle) => answer_within(handle, asker, timeout).await,
             // The connection had ended before the request was queued: nothing was sent.
             Err(_) => Err(ServiceError::TransportSend(DynamicTransportError {
                 transport_name: Cow::Borrowed("closed connection"),
@@ -201,6 +277,33 @@ async fn send(
         newer_than = Some(live.number);
         resent += 1;
     }
+}
+
+/// The server's answer to a call, waiting at most `timeout` of the server's own time: the
+/// clock stops while a question of the call waits for a person, and starts again from the
+/// answer. Past it, a cancellation is sent (bounded too: a stuck connection may never take it).
+async fn answer_within(
+    mut handle: RequestHandle<RoleClient>,
+    asker: &Asker,
+    timeout: std::time::Duration,
+) -> Result<ServerResult, ServiceError> {
+    let sent = Instant::now();
+    loop {
+        let deadline = asker
+            .deadline(sent, timeout)
+            .unwrap_or_else(|| Instant::now() + timeout);
+        match tokio::time::timeout_at(deadline, &mut handle.rx).await {
+            Ok(answer) => return answer.unwrap_or(Err(ServiceError::TransportClosed)),
+            Err(_)
+                if asker
+                    .deadline(sent, timeout)
+                    .is_none_or(|due| due > Instant::now()) => {}
+            Err(_) => break,
+        }
+    }
+    let cancel = handle.cancel(Some("request timeout".to_string()));
+    let _ = tokio::time::timeout(CANCEL_GRACE, cancel).await;
+    Err(ServiceError::Timeout { timeout })
 }
 
 /// Whether a request that failed to send surely never reached the server: a write to a

@@ -7,14 +7,19 @@ use std::time::Duration;
 
 use parking_lot::RwLock;
 use rmcp::model::{
-    ClientCapabilities, ClientInfo, ClientRequest, Implementation, PingRequest, Tool,
+    ClientCapabilities, ClientInfo, ClientRequest, CreateElicitationRequestParams,
+    CreateElicitationResult, ElicitationCapability, FormElicitationCapability, Implementation,
+    PingRequest, Tool,
 };
-use rmcp::service::{NotificationContext, Peer, PeerRequestOptions, RunningService};
+use rmcp::service::{
+    NotificationContext, Peer, PeerRequestOptions, RequestContext, RunningService,
+};
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
 use rmcp::{ClientHandler, RoleClient, ServiceExt};
 use tokio::sync::{oneshot, watch, Notify};
 
+use super::questions::{InFlight, ParkedCalls};
 use super::server::{McpServer, Transport, FIRST_BACKOFF};
 use super::shared::{Live, Shared};
 use super::McpError;
@@ -34,9 +39,13 @@ pub struct McpTools {
     shared: Arc<Shared>,
 }
 
-/// What the server may ask of dormant: only that its tool list be read again.
+/// What the server may ask of dormant: that its tool list be read again, and a person's input
+/// for a call in flight on this connection (an elicitation, in form mode).
 struct Handler {
     list_changed: Arc<Notify>,
+    in_flight: Arc<InFlight>,
+    /// The connection's number ([`Live::number`]).
+    connection: u64,
 }
 
 impl ClientHandler for Handler {
@@ -44,7 +53,15 @@ impl ClientHandler for Handler {
         ClientInfo {
             meta: None,
             protocol_version: Default::default(),
-            capabilities: ClientCapabilities::default(),
+            capabilities: ClientCapabilities {
+                elicitation: Some(ElicitationCapability {
+                    form: Some(FormElicitationCapability {
+                        schema_validation: Some(true),
+                    }),
+                    url: None,
+                }),
+                ..ClientCapabilities::default()
+            },
             client_info: Implementation {
                 name: "dormant".to_string(),
                 title: None,
@@ -59,6 +76,14 @@ impl ClientHandler for Handler {
     async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
         self.list_changed.notify_one();
     }
+
+    async fn create_elicitation(
+        &self,
+        request: CreateElicitationRequestParams,
+        _context: RequestContext<RoleClient>,
+    ) -> Result<CreateElicitationResult, rmcp::ErrorData> {
+        self.in_flight.ask(self.connection, request).await
+    }
 }
 
 type Running = RunningService<RoleClient, Handler>;
@@ -72,7 +97,8 @@ impl McpTools {
     /// [`McpServer::connect_timeout`], [`McpError::Request`] if it does not list its tools.
     pub async fn connect(server: McpServer) -> Result<Self, McpError> {
         let list_changed = Arc::new(Notify::new());
-        let running = connect_once(&server, &list_changed).await?;
+        let in_flight = Arc::new(InFlight::default());
+        let running = connect_once(&server, &list_changed, &in_flight, 0).await?;
         let tools = list_tools(&server, running.peer()).await?;
         let (stop, stopped) = oneshot::channel();
         let reconnect = Arc::new(Notify::new());
@@ -86,6 +112,8 @@ impl McpTools {
             broken: Arc::clone(&broken),
             tools: RwLock::new(tools),
             list_generation: watch::Sender::new(0),
+            in_flight: Arc::clone(&in_flight),
+            parked: Arc::new(ParkedCalls::default()),
             _stop: stop,
             server,
         });
@@ -97,6 +125,7 @@ impl McpTools {
                 reconnect,
                 broken,
                 stopped,
+                in_flight,
             },
         ));
         Ok(Self { shared })
@@ -143,6 +172,8 @@ struct Signals {
     broken: Arc<AtomicU64>,
     /// Closed with the last handle: the server is stopped.
     stopped: oneshot::Receiver<()>,
+    /// Where each new connection's questions go.
+    in_flight: Arc<InFlight>,
 }
 
 /// Keeps the server running until the last handle is dropped: waits for the connection to
@@ -198,7 +229,13 @@ async fn supervise(shared: std::sync::Weak<Shared>, mut running: Running, mut si
                 _ = &mut signals.stopped => return,
                 () = tokio::time::sleep(backoff) => {}
             }
-            let attempt = connect_once(&server, &signals.list_changed).await;
+            let attempt = connect_once(
+                &server,
+                &signals.list_changed,
+                &signals.in_flight,
+                number + 1,
+            )
+            .await;
             backoff = (backoff * 2).min(server.max_backoff);
             match attempt {
                 Ok(running) => break running,
@@ -255,9 +292,17 @@ async fn reread_list(shared: &Shared, peer: &Peer<RoleClient>) {
 }
 
 /// Starts or connects to the server and completes the handshake, within the connect timeout.
-async fn connect_once(server: &McpServer, list_changed: &Arc<Notify>) -> Result<Running, McpError> {
+/// `number` is the connection's: its questions go to the calls in flight on it.
+async fn connect_once(
+    server: &McpServer,
+    list_changed: &Arc<Notify>,
+    in_flight: &Arc<InFlight>,
+    number: u64,
+) -> Result<Running, McpError> {
     let handler = Handler {
         list_changed: Arc::clone(list_changed),
+        in_flight: Arc::clone(in_flight),
+        connection: number,
     };
     let failed = |reason: String| McpError::Connect {
         server: server.name.clone(),

@@ -87,6 +87,7 @@ pub struct McpServer {
     pub(crate) prefix: String,
     pub(crate) connect_timeout: Duration,
     pub(crate) call_timeout: Duration,
+    pub(crate) input_timeout: Duration,
     pub(crate) max_backoff: Duration,
 }
 
@@ -125,6 +126,7 @@ impl McpServer {
             prefix: String::new(),
             connect_timeout: Duration::from_secs(10),
             call_timeout: Duration::from_secs(5 * 60),
+            input_timeout: Duration::from_secs(60 * 60),
             max_backoff: Duration::from_secs(30),
         }
     }
@@ -197,12 +199,25 @@ impl McpServer {
         self
     }
 
-    /// How long a call may wait for its answer (5 minutes by default). Past it the call is
-    /// cancelled at the server (`notifications/cancelled`) and is a `tool_durability_error`:
-    /// the server may have acted on it.
+    /// How long a call may wait for its answer (5 minutes by default), not counting the time
+    /// a question it asked waits for a person. Past it the call is cancelled at the server
+    /// (`notifications/cancelled`) and is a `tool_durability_error`: the server may have
+    /// acted on it.
     #[must_use]
     pub fn call_timeout(mut self, timeout: Duration) -> Self {
         self.call_timeout = timeout;
+        self
+    }
+
+    /// How long a call that asked for input (an elicitation) is kept open for the answer
+    /// (1 hour by default). Past it the question is cancelled at the server, and an answer
+    /// that comes later finds the call gone: the call is sent again with the answers if it is
+    /// safe to retry, and is otherwise a `tool_durability_error`, as after a restart of
+    /// dormant. Keep it at least the agent's client-tool timeout, the question's deadline in
+    /// the session.
+    #[must_use]
+    pub fn input_timeout(mut self, timeout: Duration) -> Self {
+        self.input_timeout = timeout;
         self
     }
 

@@ -11,6 +11,7 @@ use rmcp::service::Peer;
 use rmcp::RoleClient;
 use tokio::sync::{oneshot, watch, Notify};
 
+use super::questions::{InFlight, ParkedCalls};
 use super::server::McpServer;
 
 /// What the tools' handlers and the supervisor share.
@@ -30,6 +31,10 @@ pub(super) struct Shared {
     pub(super) tools: RwLock<Vec<Tool>>,
     /// Bumped each time the list is read again.
     pub(super) list_generation: watch::Sender<u64>,
+    /// The calls in flight, for the server's questions to find theirs.
+    pub(super) in_flight: Arc<InFlight>,
+    /// The calls whose question waits for a person.
+    pub(super) parked: Arc<ParkedCalls>,
     /// Dropped with the last handle: the supervisor stops the server.
     pub(super) _stop: oneshot::Sender<()>,
 }

@@ -1,12 +1,15 @@
 //! An MCP server written with `rmcp`'s server side, served over streamable HTTP on loopback:
-//! `add` (read-only), `fail` (an error result), `note` (not safe to retry) and `retire`, which
-//! takes a tool off the list and tells the client the list changed.
+//! `add` (read-only), `fail` (an error result), `note` (not safe to retry), `retire`, which
+//! takes a tool off the list and tells the client the list changed, and `book` (not safe to
+//! retry) and `reserve` (idempotent), which ask the client which seat (an elicitation) and
+//! answer with what they were told.
 
 use std::sync::{Arc, Mutex};
 
 use rmcp::model::{
-    CallToolRequestParams, CallToolResult, Content, ErrorData, ListToolsResult,
-    PaginatedRequestParams, ServerCapabilities, ServerInfo, Tool, ToolAnnotations,
+    CallToolRequestParams, CallToolResult, ClientResult, Content, CreateElicitationRequest,
+    CreateElicitationRequestParams, ElicitationSchema, ErrorData, ListToolsResult,
+    PaginatedRequestParams, ServerCapabilities, ServerInfo, ServerRequest, Tool, ToolAnnotations,
 };
 use rmcp::service::{RequestContext, RoleServer};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
@@ -26,6 +29,8 @@ pub(crate) struct Received {
 pub(crate) struct Log {
     pub(crate) calls: Arc<Mutex<Vec<Received>>>,
     pub(crate) retired: Arc<Mutex<Vec<String>>>,
+    /// The answers to the seat questions, as the client sent them.
+    pub(crate) answers: Arc<Mutex<Vec<Value>>>,
 }
 
 impl Log {
@@ -70,6 +75,9 @@ fn tools() -> Vec<Tool> {
         Tool::new("fail", "Always fails.", schema(text("reason"))),
         Tool::new("note", "Writes a note.", schema(text("note"))),
         Tool::new("retire", "Takes a tool off the list.", schema(text("tool"))),
+        Tool::new("book", "Books a seat.", schema(text("flight"))),
+        Tool::new("reserve", "Reserves a seat.", schema(text("flight")))
+            .annotate(ToolAnnotations::new().idempotent(true)),
     ]
 }
 
@@ -137,6 +145,7 @@ impl ServerHandler for TestServer {
                 arguments["reason"].as_str().unwrap_or_default()
             ))])),
             "note" => Ok(CallToolResult::success(vec![Content::text("noted")])),
+            "book" | "reserve" => self.ask_seat(&context, &arguments).await,
             "retire" => {
                 let tool = arguments["tool"].as_str().unwrap_or_default().to_string();
                 if let Ok(mut retired) = self.log.retired.lock() {
@@ -150,6 +159,49 @@ impl ServerHandler for TestServer {
                 None,
             )),
         }
+    }
+}
+
+impl TestServer {
+    /// Asks the client which seat, and books it.
+    async fn ask_seat(
+        &self,
+        context: &RequestContext<RoleServer>,
+        arguments: &Value,
+    ) -> Result<CallToolResult, ErrorData> {
+        let requested_schema: ElicitationSchema = serde_json::from_value(json!({
+            "type": "object",
+            "properties": { "seat": { "type": "string" } },
+            "required": ["seat"]
+        }))
+        .map_err(|error| ErrorData::internal_error(error.to_string(), None))?;
+        let flight = arguments["flight"].as_str().unwrap_or_default();
+        let question = CreateElicitationRequestParams::FormElicitationParams {
+            meta: None,
+            message: format!("Which seat on {flight}?"),
+            requested_schema,
+        };
+        // The raw request: rmcp's helper for it needs a feature this test does not build.
+        let request = ServerRequest::CreateElicitationRequest(CreateElicitationRequest {
+            method: Default::default(),
+            params: question,
+            extensions: Default::default(),
+        });
+        let answer = match context.peer.send_request(request).await {
+            Ok(ClientResult::CreateElicitationResult(answer)) => answer,
+            Ok(_) => return Err(ErrorData::internal_error("not an elicitation result", None)),
+            Err(error) => return Err(ErrorData::internal_error(error.to_string(), None)),
+        };
+        let answer = serde_json::to_value(&answer)
+            .map_err(|error| ErrorData::internal_error(error.to_string(), None))?;
+        if let Ok(mut answers) = self.log.answers.lock() {
+            answers.push(answer.clone());
+        }
+        let text = match answer["content"]["seat"].as_str() {
+            Some(seat) if answer["action"] == "accept" => format!("booked {seat} on {flight}"),
+            _ => format!("not booked: {}", answer["action"]),
+        };
+        Ok(CallToolResult::success(vec![Content::text(text)]))
     }
 }
 
@@ -170,11 +222,13 @@ fn fresh(log: &Log) -> Service {
 pub(crate) struct Served {
     pub(crate) url: String,
     pub(crate) log: Log,
+    #[allow(dead_code)] // Not every test binary that includes the server restarts it.
     current: Arc<Mutex<Service>>,
 }
 
 impl Served {
     /// Forgets every session, as a restarted server would.
+    #[allow(dead_code)] // Not every test binary that includes the server restarts it.
     pub(crate) fn restart(&self) {
         if let Ok(mut current) = self.current.lock() {
             *current = fresh(&self.log);

@@ -1,13 +1,16 @@
 """An MCP server on the official Python SDK (`mcp`, from PyPI), over stdio, for tests/mcp.rs.
 
 Every call it runs is appended to the file named by MCP_LOG ("<tool> <argument>"), before it
-acts, so the test can count what reached the server. Some arguments make it exit at once,
-as a server that crashes mid-call would.
+acts, so the test can count what reached the server, and so is each answer to a question it
+asks (an elicitation). Some arguments make it exit at once, as a server that crashes mid-call
+would.
 """
 
 import os
 
-from mcp.server.mcpserver import MCPServer
+from pydantic import BaseModel
+
+from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
 
@@ -59,6 +62,21 @@ def lookup(key: str) -> str:
     if key == "crash-once":
         crash_once(key)
     return f"value of {key}"
+
+
+class Seat(BaseModel):
+    seat: str
+
+
+@server.tool(description="Books a seat, asking which one: not safe to send twice.")
+async def book(flight: str, ctx: Context) -> str:
+    log(f"book {flight}")
+    answer = await ctx.elicit(message=f"Which seat on {flight}?", schema=Seat)
+    if answer.action == "accept":
+        log(f"answer accept {answer.data.seat}")
+        return f"booked {answer.data.seat} on {flight}"
+    log(f"answer {answer.action}")
+    return f"not booked: {answer.action}"
 
 
 if __name__ == "__main__":
