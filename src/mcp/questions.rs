@@ -86,10 +86,13 @@ impl Asker {
     }
 }
 
+/// The calls in flight on one connection, each under the number it was registered with.
+type OnConnection = Vec<(u64, Arc<Asker>)>;
+
 /// The calls in flight, by connection, so a question finds its call.
 #[derive(Default)]
 pub(super) struct InFlight {
-    calls: Mutex<HashMap<u64, Vec<(u64, Arc<Asker>)>>>,
+    calls: Mutex<HashMap<u64, OnConnection>>,
     next: AtomicU64,
 }
 
