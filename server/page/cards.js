@@ -1,7 +1,8 @@
 // The cards of calls that wait for a person, the same in the conversation and in the inbox: a
 // client tool's form (from its output schema), an approval (the tool's description, its
 // arguments as a table, an edit from its input schema when it allows one), a reconciliation
-// (a call a crash cut: did its effect happen?), and, for a kind of
+// (a call a crash cut: did its effect happen?), a tool's question (a form from the schema it
+// asked for), and, for a kind of
 // call this page does not know yet, its input and a raw-JSON answer. Each view says where an
 // answer goes (`address`) and sends it (`answer(box, envelope)`); `Cards.refused` shows a
 // refusal on the card.
@@ -130,9 +131,13 @@ function inputOf(call) {
 // ---- the cards -----------------------------------------------------------------------------
 
 // A client tool: its input, and a form for its result (generated from its output schema).
-function clientCard(call, address, answer) {
-  const box = card(call, "The agent asks (" + call.tool_name + ")");
-  const form = SchemaForm.build(call.output_schema, undefined, "Result of " + call.tool_name);
+// `asked`, for a tool's question: the card's title and the schema of the answer instead.
+function clientCard(call, address, answer, asked) {
+  const title = asked ? asked.title : "The agent asks (" + call.tool_name + ")";
+  const box = card(call, title);
+  const form = asked
+    ? SchemaForm.build(asked.schema, undefined, "Answer")
+    : SchemaForm.build(call.output_schema, undefined, "Result of " + call.tool_name);
   box.schemaForm = form;
   const send = button("Submit", "submit", true);
   const decline = button("Decline", "decline");
@@ -227,6 +232,14 @@ function approvalCard(call, address, answer, options) {
   return box;
 }
 
+// A tool that asked a person while it ran (`input`, an MCP server's elicitation among them):
+// its question, a form from the schema it asked for, and a refusal (the tool hears "declined").
+function inputCard(call, address, answer) {
+  const request = call.request || {};
+  const title = request.message || call.tool_name + " asks for input";
+  return clientCard(call, address, answer, { title: title, schema: request.schema || null });
+}
+
 // A call a crash cut while it ran (`reconcile`): its effect may or may not have happened. The
 // person looks it up by the call's idempotency key and says which: it happened (with what it
 // returned: the call's result; the tool does not run again), it did not (the tool runs once
@@ -308,6 +321,7 @@ const Cards = {
     if (call.kind === "client") return clientCard(call, address, answer);
     if (call.kind === "approval") return approvalCard(call, address, answer, options);
     if (call.kind === "reconcile") return reconcileCard(call, address, answer);
+    if (call.kind === "input") return inputCard(call, address, answer);
     return otherCard(call, address, answer);
   },
 

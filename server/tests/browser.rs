@@ -39,6 +39,7 @@ mod browser {
     pub(crate) mod people;
     pub(crate) mod plan;
     mod prefix;
+    mod questions;
     mod reconcile;
     pub(crate) mod setup;
     mod sub_agents;
