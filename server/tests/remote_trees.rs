@@ -397,3 +397,82 @@ async fn the_parents_store_reopened_while_the_remote_child_waits_still_routes_an
     parent.shutdown().await?;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_question_a_tool_asks_on_the_remote_is_listed_and_answered_at_the_root(
+) -> anyhow::Result<()> {
+    use dormant::definition::{InputAnswer, InputRequest};
+    // The remote: `desk`'s tool `book` asks which seat (as an MCP server's elicitation would).
+    let book = ToolDefinition::server("book", |_input, ctx| async move {
+        match ctx.answers().first() {
+            Some(InputAnswer::Accepted { content }) => Ok(json!({ "seat": content["seat"] })),
+            Some(InputAnswer::Declined { .. }) => Err(dormant::ToolError::new("declined")),
+            None => Err(ctx.ask(InputRequest::new("Which seat?").schema(json!({
+                "type": "object",
+                "required": ["seat"],
+                "properties": { "seat": { "type": "string" } }
+            })))),
+        }
+    });
+    let desk = AgentDefinition::builder("desk").tool(book).build()?;
+    let llm = ScriptedLlm::new().script(
+        "desk",
+        vec![
+            ModelReply::tool_calls(vec![ToolCall::new("b1", "book", json!({}))]),
+            ModelReply::text("desk done"),
+        ],
+    );
+    let remote = served(builder(Arc::new(SledStore::temporary()?), llm).agent(desk)).await?;
+    let lead = AgentDefinition::builder("lead")
+        .tool(ToolDefinition::remote_sub_agent(
+            "far",
+            &remote.base,
+            "desk",
+        ))
+        .build()?;
+    let llm = ScriptedLlm::new().script(
+        "lead",
+        vec![delegate("d1", "far"), ModelReply::text("lead done")],
+    );
+    let parent = builder(Arc::new(SledStore::temporary()?), llm)
+        .agent(lead)
+        .build()?;
+
+    let root: SessionId = "tree-q".parse()?;
+    let run = parent.execute_on(&root, "lead", "go").await?;
+    assert_eq!(run.pending, vec!["b1".to_string()]);
+    // The root lists the question, as the remote asked it.
+    let listed = parent.pending_remote(&root).await?;
+    let call = &listed[0].1;
+    assert_eq!(call.kind, dormant::PendingKind::Input);
+    assert_eq!(
+        call.request
+            .as_ref()
+            .map(|request| request.message.as_str()),
+        Some("Which seat?")
+    );
+    // The remote checks the answer against the schema the tool asked for.
+    let wrong = Submit::result("tree-q", "b1", json!({ "row": 3 }));
+    assert!(matches!(
+        parent.submit_tool_result(wrong).await?,
+        SubmitOutcome::InvalidResult { .. }
+    ));
+    let answer = Submit::result("tree-q", "b1", json!({ "seat": "3F" }));
+    assert_eq!(
+        parent.submit_tool_result(answer).await?,
+        SubmitOutcome::Accepted
+    );
+    let run = parent.resume(&root).await?;
+    assert_eq!(run.status, Status::Completed, "{run:?}");
+    assert_eq!(
+        result_of(&parent, &root, "d1").await?,
+        ToolOutcome::Result(json!("desk done"))
+    );
+    let remote_child = remote.runtime.messages(&"tree-q-sub-d1".parse()?).await?;
+    assert!(
+        remote_child.iter().any(|message| matches!(message,
+            Message::Tool { outcome: ToolOutcome::Result(value), .. } if value == &json!({ "seat": "3F" }))),
+        "{remote_child:?}"
+    );
+    Ok(())
+}
