@@ -42,9 +42,13 @@
 //! # }
 //! ```
 //!
-//! Not built yet: a server's request for input during a call (an elicitation, or a task's
-//! `input_required`) is declined, not made a pending call of the session; see
-//! `docs/protocols.md` ("MCP").
+//! A server that asks for input during a call (an elicitation, in form mode) makes the call
+//! wait for a person: the question is an `input` call of the session
+//! ([`crate::definition::input`]), answered through the submit contract from the root of the
+//! tree, and the answer goes back to the server, whose call goes on (its request kept open
+//! meanwhile, for at most [`McpServer::input_timeout`]). After a restart of dormant the open
+//! request is gone: the call is sent again with the answers given if it is safe to retry, and
+//! is otherwise a `tool_durability_error`. See `docs/protocols.md` ("MCP client").
 
 mod call;
 mod connection;
