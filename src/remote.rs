@@ -111,6 +111,11 @@ pub struct RemoteCall {
     /// its answer must match.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub request: Option<crate::definition::InputRequest>,
+    /// For an `input` call: the number of the question it waits on (1 for its first); an
+    /// answer may name it, so that a retried answer to an earlier question is not taken for
+    /// this one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub question: Option<u32>,
 }
 
 fn yes() -> bool {

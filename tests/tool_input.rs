@@ -96,6 +96,29 @@ fn tree(store: Arc<dyn Store>, runs: &Runs, confirm: bool) -> anyhow::Result<Run
         .build()?)
 }
 
+/// Agent `payer` alone, whose model calls `tool` as `transfer` (call `t1`) once, then says
+/// "paid"; client calls (and questions) wait 5 s.
+fn payer(tool: ToolDefinition, clock: Arc<ManualClock>) -> anyhow::Result<Runtime> {
+    let llm = ScriptedLlm::new().script(
+        "payer",
+        vec![
+            ModelReply::tool_calls(vec![ToolCall::new("t1", "transfer", json!({ "cents": 5 }))]),
+            ModelReply::text("paid"),
+        ],
+    );
+    Ok(Runtime::builder()
+        .llm(Arc::new(llm))
+        .clock(clock)
+        .background_deadlines(false)
+        .agent(
+            AgentDefinition::builder("payer")
+                .tool(tool)
+                .client_tool_timeout_ms(5_000)
+                .build()?,
+        )
+        .build()?)
+}
+
 fn seen(runs: &Runs) -> anyhow::Result<Vec<(String, Vec<InputAnswer>)>> {
     Ok(runs
         .lock()
@@ -196,7 +219,9 @@ async fn a_second_question_keeps_the_first_answer_and_a_refusal_reaches_the_tool
     let runtime = tree(Arc::new(MemoryStore::new()), &runs, true)?;
     let root: SessionId = "root".parse()?;
     runtime.execute_on(&root, "lead", "pay").await?;
-    let first = Submit::result("root", "t1", json!({ "account": "savings" }));
+    let inbox = runtime.inbox(&InboxFilter::all(), None, 10).await?;
+    assert_eq!(inbox.items[0].question, Some(1));
+    let first = Submit::result("root", "t1", json!({ "account": "savings" })).for_question(1);
     assert_eq!(
         runtime.submit_tool_result(first).await?,
         SubmitOutcome::Accepted
@@ -209,8 +234,24 @@ async fn a_second_question_keeps_the_first_answer_and_a_refusal_reaches_the_tool
         inbox.items[0].request.as_ref().map(|r| r.message.as_str()),
         Some("Go on?")
     );
+    assert_eq!(
+        inbox.items[0].question,
+        Some(2),
+        "the call's second question"
+    );
+    // A retried answer to the first question is not taken for the second.
+    let retried = Submit::result("root", "t1", json!({ "account": "savings" })).for_question(1);
+    assert_eq!(
+        runtime.submit_tool_result(retried).await?,
+        SubmitOutcome::AlreadyCompleted
+    );
+    let ahead = Submit::error("root", "t1", "no").for_question(3);
+    assert!(matches!(
+        runtime.submit_tool_result(ahead).await?,
+        SubmitOutcome::InvalidResult { .. }
+    ));
     // A refusal is an error submitted for the call.
-    let refuse = Submit::error("root", "t1", "not today");
+    let refuse = Submit::error("root", "t1", "not today").for_question(2);
     assert_eq!(
         runtime.submit_tool_result(refuse).await?,
         SubmitOutcome::Accepted
@@ -277,24 +318,7 @@ async fn a_question_nobody_answers_times_out_and_the_tool_does_not_run_again() -
 {
     let runs: Runs = Arc::default();
     let clock = Arc::new(ManualClock::new(1_000));
-    let llm = ScriptedLlm::new().script(
-        "payer",
-        vec![
-            ModelReply::tool_calls(vec![ToolCall::new("t1", "transfer", json!({ "cents": 1 }))]),
-            ModelReply::text("gave up"),
-        ],
-    );
-    let runtime = Runtime::builder()
-        .llm(Arc::new(llm))
-        .clock(clock.clone())
-        .background_deadlines(false)
-        .agent(
-            AgentDefinition::builder("payer")
-                .tool(transfer(&runs, false))
-                .client_tool_timeout_ms(5_000)
-                .build()?,
-        )
-        .build()?;
+    let runtime = payer(transfer(&runs, false), clock.clone())?;
     let id: SessionId = "s".parse()?;
     let waiting = runtime.execute_on(&id, "payer", "pay").await?;
     assert_eq!(waiting.pending, vec!["t1".to_string()]);
@@ -317,6 +341,76 @@ async fn a_question_nobody_answers_times_out_and_the_tool_does_not_run_again() -
         "{error}"
     );
     assert_eq!(seen(&runs)?.len(), 1, "the tool never ran again");
+    runtime.shutdown().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn an_approved_call_that_asks_keeps_its_approval_and_runs_with_the_answer(
+) -> anyhow::Result<()> {
+    let runs: Runs = Arc::default();
+    let runtime = payer(
+        transfer(&runs, false).require_approval(dormant::Approval::Always),
+        Arc::new(ManualClock::new(1_000)),
+    )?;
+    let id: SessionId = "s".parse()?;
+    runtime.execute_on(&id, "payer", "pay").await?;
+    let pending = runtime.pending(&id).await?;
+    assert_eq!(pending[0].kind, PendingKind::Approval);
+    let approve = Submit::approval("s", "t1", pending[0].approval_id(), true, None)
+        .bound_to(pending[0].binding.clone().unwrap_or_default());
+    assert_eq!(
+        runtime.submit_tool_result(approve).await?,
+        SubmitOutcome::Accepted
+    );
+    let asks = runtime.resume(&id).await?;
+    assert_eq!(asks.status, Status::SuspendedClientTool);
+    let question = runtime.pending(&id).await?;
+    assert_eq!(question[0].kind, PendingKind::Input);
+    assert!(
+        question[0].binding.is_some(),
+        "the approval's binding stays with the call"
+    );
+
+    let answer = Submit::result("s", "t1", json!({ "account": "savings" }));
+    assert_eq!(
+        runtime.submit_tool_result(answer).await?,
+        SubmitOutcome::Accepted
+    );
+    assert_eq!(runtime.resume(&id).await?.status, Status::Completed);
+    assert_eq!(
+        seen(&runs)?.len(),
+        2,
+        "ran on the approval, then with the answer"
+    );
+    runtime.shutdown().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_fork_at_a_question_does_not_answer_it() -> anyhow::Result<()> {
+    use dormant::types::{ForkAnswer, ForkOptions};
+    let runs: Runs = Arc::default();
+    let runtime = payer(transfer(&runs, false), Arc::new(ManualClock::new(1_000)))?;
+    let id: SessionId = "s".parse()?;
+    runtime.execute_on(&id, "payer", "pay").await?;
+    // A fork at the question does not answer it.
+    let checkpoint = runtime
+        .checkpoints(&id)
+        .await?
+        .last()
+        .map(|checkpoint| checkpoint.id)
+        .ok_or_else(|| anyhow::anyhow!("no checkpoint"))?;
+    let answered = ForkOptions::new().answer("t1", ForkAnswer::Result(json!({ "account": "x" })));
+    let refused = runtime.fork(&id, checkpoint, answered).await;
+    let Err(error) = refused else {
+        anyhow::bail!("a fork answered a question: {refused:?}");
+    };
+    assert!(
+        error.to_string().contains("asked a person for input"),
+        "{error}"
+    );
+
     runtime.shutdown().await?;
     Ok(())
 }

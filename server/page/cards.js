@@ -237,7 +237,10 @@ function approvalCard(call, address, answer, options) {
 function inputCard(call, address, answer) {
   const request = call.request || {};
   const title = request.message || call.tool_name + " asks for input";
-  return clientCard(call, address, answer, { title: title, schema: request.schema || null });
+  // Names its question: a retried answer to an earlier one is not taken for this one.
+  const asked = { ...address };
+  if (call.question) asked.question = call.question;
+  return clientCard(call, asked, answer, { title: title, schema: request.schema || null });
 }
 
 // A call a crash cut while it ran (`reconcile`): its effect may or may not have happened. The

@@ -125,7 +125,7 @@ function inboxItem(item) {
     kind: item.kind, approval_id: item.approval_id, input: item.input, binding: item.binding,
     description: item.description, input_schema: item.input_schema,
     output_schema: item.output_schema, editable: item.editable,
-    idempotency_key: item.idempotency_key, request: item.request,
+    idempotency_key: item.idempotency_key, request: item.request, question: item.question,
   };
   const address = { session_id: item.root, tool_call_id: item.tool_call_id, owner_session_id: item.session };
   li.append(about, Cards.make(call, address, answerFromInbox, {

@@ -191,11 +191,17 @@ fn last_user_message(messages: &[Value]) -> Option<String> {
 /// The interrupt id of a waiting call: its session and call id, each percent-encoded, so the
 /// one `/` between them is unambiguous.
 fn interrupt_id(call: &PendingAnswer) -> String {
-    format!(
+    let id = format!(
         "{}/{}",
         encode(&call.session_id),
         encode(&call.tool_call_id)
-    )
+    );
+    // A tool that asks again waits under the same call: each question is its own interrupt,
+    // so a resume replayed for an earlier one is refused, not taken for the next.
+    match call.question {
+        Some(question) => format!("{id}/q{question}"),
+        None => id,
+    }
 }
 
 /// Submits each resume entry as the answer of the call its interrupt names (at the root,
@@ -255,8 +261,21 @@ async fn answer(
     Ok(())
 }
 
-/// The submit a resume entry stands for, by the kind of the call it answers.
+/// The submit a resume entry stands for, by the kind of the call it answers (naming the
+/// question, for a tool's).
 fn submission(
+    root: &SessionId,
+    call: &PendingAnswer,
+    entry: &ResumeEntry,
+) -> Result<Submit, ApiError> {
+    let submit = answer_of(root, call, entry)?;
+    Ok(match call.question {
+        Some(question) => submit.for_question(question),
+        None => submit,
+    })
+}
+
+fn answer_of(
     root: &SessionId,
     call: &PendingAnswer,
     entry: &ResumeEntry,

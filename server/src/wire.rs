@@ -399,6 +399,10 @@ pub(crate) struct PendingAnswer {
     /// schema its answer (a `client-tool-result`) must match.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) request: Option<dormant::definition::InputRequest>,
+    /// For an `input` call: the number of the question it waits on, which an answer may name
+    /// (`question`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) question: Option<u32>,
 }
 
 impl PendingAnswer {
@@ -415,6 +419,7 @@ impl PendingAnswer {
             binding: call.binding.clone(),
             idempotency_key: call.idempotency_key.clone(),
             request: call.request.clone(),
+            question: call.question(),
             description: tool.description,
             input_schema: tool.input_schema,
             output_schema: tool.output_schema,
@@ -460,6 +465,7 @@ impl From<RemoteCall> for PendingAnswer {
             output_schema: call.output_schema,
             editable: call.editable,
             request: call.request,
+            question: call.question,
         }
     }
 }

@@ -452,12 +452,14 @@ async fn a_question_a_tool_asks_on_the_remote_is_listed_and_answered_at_the_root
         Some("Which seat?")
     );
     // The remote checks the answer against the schema the tool asked for.
-    let wrong = Submit::result("tree-q", "b1", json!({ "row": 3 }));
+    let wrong = Submit::result("tree-q", "b1", json!({ "row": 3 })).for_question(1);
     assert!(matches!(
         parent.submit_tool_result(wrong).await?,
         SubmitOutcome::InvalidResult { .. }
     ));
-    let answer = Submit::result("tree-q", "b1", json!({ "seat": "3F" }));
+    assert_eq!(call.question, Some(1));
+    // Naming the question it answers, as the remote listed it.
+    let answer = Submit::result("tree-q", "b1", json!({ "seat": "3F" })).for_question(1);
     assert_eq!(
         parent.submit_tool_result(answer).await?,
         SubmitOutcome::Accepted

@@ -41,6 +41,10 @@ impl<'a> Hint<'a> {
     pub(crate) fn of(submission: &'a Submission, owner: Option<&'a str>) -> Self {
         let approval_id = match submission {
             Submission::Approval { approval_id, .. } => Some(approval_id.as_str()),
+            Submission::Question { answer, .. } => match answer.as_ref() {
+                Submission::Approval { approval_id, .. } => Some(approval_id.as_str()),
+                _ => None,
+            },
             _ => None,
         };
         Self { owner, approval_id }

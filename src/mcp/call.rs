@@ -1,7 +1,7 @@
 //! An MCP server's tool as an agent's tool: its definition, and the handler that sends a call.
 
 use std::borrow::Cow;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use futures::future::BoxFuture;
 use rmcp::model::{
@@ -105,6 +105,8 @@ async fn run(
     loop {
         match events.recv().await {
             Some(Event::Done(outcome)) => return outcome,
+            // Sent again to a restarted server, which asks its questions again.
+            Some(Event::Resent) => asked = 0,
             // A call sent again gets the answers given before, to the questions it asks again
             // in the same order.
             Some(Event::Asked(question)) if asked < answers.len() => {
@@ -149,7 +151,8 @@ fn start(
     };
     let (sender, events) = mpsc::unbounded_channel();
     let asker = Asker::new(sender);
-    let shared = Arc::clone(shared);
+    // Not kept alive by its calls: dropping the last handle stops the server, which ends them.
+    let shared = Arc::downgrade(shared);
     let tool = tool.to_string();
     let key = idempotency_key.to_string();
     tokio::spawn(async move {
@@ -160,14 +163,27 @@ fn start(
 }
 
 async fn send(
-    shared: &Shared,
+    shared: &Weak<Shared>,
     tool: &str,
     arguments: Option<Map<String, Value>>,
     idempotency_key: &str,
     safe_to_retry: bool,
     asker: &Arc<Asker>,
 ) -> Result<Value, ToolError> {
-    let server = &shared.server.name;
+    let gone = || {
+        failure(
+            ToolErrorCode::McpServerUnavailable,
+            "the MCP server was stopped (its tools were dropped)".to_string(),
+        )
+    };
+    let (server, timeout, connect_timeout) = match shared.upgrade() {
+        Some(shared) => (
+            shared.server.name.clone(),
+            shared.server.call_timeout,
+            shared.server.connect_timeout,
+        ),
+        None => return Err(gone()),
+    };
     let mut meta = Meta::new();
     meta.0
         .insert(IDEMPOTENCY_META_KEY.to_string(), idempotency_key.into());
@@ -179,7 +195,6 @@ async fn send(
         arguments,
         task: None,
     };
-    let timeout = shared.server.call_timeout;
     let unavailable = || {
         failure(
             ToolErrorCode::McpServerUnavailable,
@@ -191,18 +206,25 @@ async fn send(
     // Whether an earlier try may have reached the server: then giving up is not "not sent".
     let mut maybe_sent = false;
     loop {
-        let Some(live) = shared.connection(newer_than).await else {
+        // Held only while a connection is found and the call registered on it, never while
+        // the call waits for its answer.
+        let Some(holding) = shared.upgrade() else {
+            return Err(gone());
+        };
+        let Some(live) = holding.connection(newer_than).await else {
             if maybe_sent {
                 return Err(failure(
                     ToolErrorCode::ToolDurabilityError,
                     format!(
-                        "MCP server {server} went away with the call in flight and did not come back within {:?}; it may or may not have taken effect",
-                        shared.server.connect_timeout
+                        "MCP server {server} went away with the call in flight and did not come back within {connect_timeout:?}; it may or may not have taken effect"
                     ),
                 ));
             }
             return Err(unavailable());
         };
+        if resent > 0 {
+            asker.resent();
+        }
         // The timeout is kept here, not by rmcp: it does not run while a person is asked.
         let options = PeerRequestOptions {
             timeout: None,
@@ -210,7 +232,8 @@ async fn send(
         };
         let request = ClientRequest::CallToolRequest(CallToolRequest::new(params.clone()));
         // Its questions come to this call while it is in flight on this connection.
-        let _in_flight = shared.in_flight.register(live.number, asker);
+        let _in_flight = holding.in_flight.register(live.number, asker);
+        drop(holding);
         let sent = live.peer.send_request_with_option(request, options).await;
         let answer = match sent {
             Ok(handle) => answer_within(handle, asker, timeout).await,
@@ -254,14 +277,14 @@ async fn send(
             // Never reached the server: nothing can have run; sent on the next connection.
             ServiceError::TransportSend(error) if never_reached(&error) => {
                 tracing::warn!(%server, tool, %error, "MCP call could not be sent; waiting for the server");
-                shared.broken(live.number);
+                broken(shared, live.number);
                 if resent == RESENDS {
                     return Err(unavailable());
                 }
             }
             // Sent, and the connection ended before the answer: the server may have acted.
             error => {
-                shared.broken(live.number);
+                broken(shared, live.number);
                 if !safe_to_retry || resent == RESENDS {
                     return Err(failure(
                         ToolErrorCode::ToolDurabilityError,
@@ -276,6 +299,14 @@ async fn send(
         }
         newer_than = Some(live.number);
         resent += 1;
+    }
+}
+
+/// Tells the supervisor (if the server is still kept) that a call found connection `number`
+/// broken.
+fn broken(shared: &Weak<Shared>, number: u64) {
+    if let Some(shared) = shared.upgrade() {
+        shared.broken(number);
     }
 }
 

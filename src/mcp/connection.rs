@@ -8,8 +8,8 @@ use std::time::Duration;
 use parking_lot::RwLock;
 use rmcp::model::{
     ClientCapabilities, ClientInfo, ClientRequest, CreateElicitationRequestParams,
-    CreateElicitationResult, ElicitationCapability, FormElicitationCapability, Implementation,
-    PingRequest, Tool,
+    CreateElicitationResult, ElicitationAction, ElicitationCapability, FormElicitationCapability,
+    Implementation, PingRequest, Tool,
 };
 use rmcp::service::{
     NotificationContext, Peer, PeerRequestOptions, RequestContext, RunningService,
@@ -80,9 +80,17 @@ impl ClientHandler for Handler {
     async fn create_elicitation(
         &self,
         request: CreateElicitationRequestParams,
-        _context: RequestContext<RoleClient>,
+        context: RequestContext<RoleClient>,
     ) -> Result<CreateElicitationResult, rmcp::ErrorData> {
-        self.in_flight.ask(self.connection, request).await
+        // A question the server cancels stops waiting here (the session's input call stays
+        // until answered or expired; its answer then reaches nobody).
+        tokio::select! {
+            answer = self.in_flight.ask(self.connection, request) => answer,
+            () = context.ct.cancelled() => Ok(CreateElicitationResult {
+                action: ElicitationAction::Cancel,
+                content: None,
+            }),
+        }
     }
 }
 

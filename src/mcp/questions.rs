@@ -3,8 +3,9 @@
 //!
 //! A server asks by sending `elicitation/create` on the connection while the call is in
 //! flight. MCP does not say which call a question is for (on stdio nothing in the request
-//! relates it to one), so it goes to the one call in flight on that connection; with several
-//! in flight it is refused, and the server's tool sees the error. The question goes to the
+//! relates it to one), so it goes to the one call in flight on that connection that is not
+//! already waiting for an answer; when there are several it is refused, and the server's tool
+//! sees the error. The question goes to the
 //! call's handler, which makes it an `input` call of the session
 //! ([`ToolContext::ask`](crate::definition::ToolContext::ask)) and parks the call here, its
 //! request still open, until the session runs the tool again with the answer.
@@ -22,9 +23,11 @@ use tokio::time::Instant;
 
 use crate::definition::{InputAnswer, InputRequest, ToolError};
 
-/// What a call in flight hears: a question from the server, or its end.
+/// What a call in flight hears: a question from the server, that it was sent again (to a
+/// restarted server, which asks its questions again), or its end.
 pub(super) enum Event {
     Asked(Question),
+    Resent,
     Done(Result<Value, ToolError>),
 }
 
@@ -83,6 +86,11 @@ impl Asker {
     /// Ends the call: its handler hears the outcome (if it still listens).
     pub(super) fn done(&self, outcome: Result<Value, ToolError>) {
         let _ = self.events.send(Event::Done(outcome));
+    }
+
+    /// The call is sent again: its handler answers the questions asked again from the start.
+    pub(super) fn resent(&self) {
+        let _ = self.events.send(Event::Resent);
     }
 }
 
@@ -158,40 +166,65 @@ impl InFlight {
                 ))
             }
         };
+        // A call whose question waits for a person is blocked on it: the new question is
+        // another call's.
         let asker = {
             let calls = self.calls.lock();
-            match calls.get(&connection).map(Vec::as_slice) {
-                Some([(_, asker)]) => Arc::clone(asker),
-                Some(list) if list.len() > 1 => {
+            let askers: Vec<&Arc<Asker>> = calls
+                .get(&connection)
+                .into_iter()
+                .flatten()
+                .map(|(_, asker)| asker)
+                .filter(|asker| asker.open.load(Ordering::Acquire) == 0)
+                .collect();
+            match askers.as_slice() {
+                [asker] => Arc::clone(asker),
+                [] => {
                     return Err(rmcp::ErrorData::invalid_request(
-                        format!(
-                            "dormant has {} calls in flight on this connection and MCP does not say which one asks: the question cannot be routed",
-                            list.len()
-                        ),
+                        "dormant has no call in flight on this connection that could ask",
                         None,
                     ))
                 }
-                _ => {
+                several => {
                     return Err(rmcp::ErrorData::invalid_request(
-                        "dormant has no call in flight on this connection that could ask",
+                        format!(
+                            "dormant has {} calls in flight on this connection and MCP does not say which one asks: the question cannot be routed",
+                            several.len()
+                        ),
                         None,
                     ))
                 }
             }
         };
         let (reply, replied) = oneshot::channel();
-        asker.open.fetch_add(1, Ordering::AcqRel);
+        let _open = OpenQuestion::new(asker.clone());
         let sent = asker
             .events
             .send(Event::Asked(Question { request, reply }))
             .is_ok();
         let answer = if sent { replied.await.ok() } else { None };
-        *asker.last_answer.lock() = Some(Instant::now());
-        asker.open.fetch_sub(1, Ordering::AcqRel);
         Ok(answer.unwrap_or(CreateElicitationResult {
             action: ElicitationAction::Cancel,
             content: None,
         }))
+    }
+}
+
+/// A question open for a call: its timeout does not run until the question is answered, or
+/// dropped (the server cancelled it, or the connection ended).
+struct OpenQuestion(Arc<Asker>);
+
+impl OpenQuestion {
+    fn new(asker: Arc<Asker>) -> Self {
+        asker.open.fetch_add(1, Ordering::AcqRel);
+        Self(asker)
+    }
+}
+
+impl Drop for OpenQuestion {
+    fn drop(&mut self) {
+        *self.0.last_answer.lock() = Some(Instant::now());
+        self.0.open.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -202,6 +235,8 @@ pub(super) struct Parked {
     /// How many questions it had asked, this one included.
     pub(super) asked: usize,
     serial: u64,
+    /// Drops it once its time is up.
+    expiry: tokio::task::JoinHandle<()>,
 }
 
 /// The parked calls, by idempotency key.
@@ -241,16 +276,12 @@ impl ParkedCalls {
         timeout: Duration,
     ) {
         let serial = self.next.fetch_add(1, Ordering::Relaxed);
-        let parked = Parked {
-            events,
-            question,
-            asked,
-            serial,
-        };
-        self.calls.lock().insert(key.to_string(), parked);
+        // Held until it is in: the expiry takes the lock to drop it.
+        let mut parked_calls = self.calls.lock();
         let calls = Arc::downgrade(self);
-        let key = key.to_string();
-        tokio::spawn(async move {
+        let expiring = key.to_string();
+        let expiry = tokio::spawn(async move {
+            let key = expiring;
             tokio::time::sleep(timeout).await;
             let Some(calls) = calls.upgrade() else { return };
             let mut calls = calls.calls.lock();
@@ -262,10 +293,20 @@ impl ParkedCalls {
                 calls.remove(&key);
             }
         });
+        let parked = Parked {
+            events,
+            question,
+            asked,
+            serial,
+            expiry,
+        };
+        parked_calls.insert(key.to_string(), parked);
     }
 
     /// The call parked under `key`, taken out.
     pub(super) fn take(&self, key: &str) -> Option<Parked> {
-        self.calls.lock().remove(key)
+        let parked = self.calls.lock().remove(key)?;
+        parked.expiry.abort();
+        Some(parked)
     }
 }

@@ -199,8 +199,9 @@ impl McpServer {
         self
     }
 
-    /// How long a call may wait for its answer (5 minutes by default), not counting the time
-    /// a question it asked waits for a person. Past it the call is cancelled at the server
+    /// How long a call may wait for its answer (5 minutes by default). It does not run while a
+    /// question the call asked waits for a person, and starts again from the answer. Past it
+    /// the call is cancelled at the server
     /// (`notifications/cancelled`) and is a `tool_durability_error`: the server may have
     /// acted on it.
     #[must_use]

@@ -29,27 +29,12 @@ pub(crate) async fn forward(
         .remote
         .clone()
         .ok_or(Error::Remote(super::RemoteError::NoTransport))?;
+    let (submission, question) = submission.into_parts();
     let submit = Submit {
         session_id: owner.remote_root.to_string(),
         tool_call_id: owner.call.tool_call_id.clone(),
-        answer: match submission {
-            Submission::Result(value) => SubmitAnswer::Result(value),
-            Submission::Error(text) => SubmitAnswer::Error(text),
-            Submission::Approval {
-                approved,
-                approval_id,
-                reason,
-                edited_input,
-                binding,
-            } => SubmitAnswer::Approval {
-                approval_id,
-                approved,
-                reason,
-                edited_input,
-                binding,
-            },
-            Submission::Reconcile(reconciled) => SubmitAnswer::Reconcile(reconciled),
-        },
+        question,
+        answer: submit_answer(submission),
         // The remote child takes answers only through the root it was started under.
         via_root: Some(root.to_string()),
         owner_session_id: owner_session,
@@ -76,4 +61,28 @@ pub(crate) async fn forward(
         );
     }
     Ok(outcome)
+}
+
+/// The answer a submit carries for `submission` (the question it names, if any, is carried
+/// beside it).
+fn submit_answer(submission: Submission) -> SubmitAnswer {
+    match submission {
+        Submission::Result(value) => SubmitAnswer::Result(value),
+        Submission::Error(text) => SubmitAnswer::Error(text),
+        Submission::Approval {
+            approved,
+            approval_id,
+            reason,
+            edited_input,
+            binding,
+        } => SubmitAnswer::Approval {
+            approval_id,
+            approved,
+            reason,
+            edited_input,
+            binding,
+        },
+        Submission::Reconcile(reconciled) => SubmitAnswer::Reconcile(reconciled),
+        Submission::Question { answer, .. } => submit_answer(*answer),
+    }
 }

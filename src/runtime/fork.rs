@@ -392,6 +392,18 @@ fn plan_answers(
             (ToolKind::Client { .. }, _) => {
                 return Err(refuse("a client tool takes a result or an error").into());
             }
+            // A tool that never needs approval and is open at a suspension asked a person for
+            // input there: the fork does not answer its question (the call's work before it
+            // asked belongs to the source), it goes on as after a crash (run again if safe to
+            // retry, asking again in the fork, else `tool_durability_error`).
+            (ToolKind::Server(_), _)
+                if suspension && approval == Some(false) && !approved.contains(&id) =>
+            {
+                return Err(refuse(
+                    "it asked a person for input at the checkpoint: a fork does not answer it (it runs again in the fork if it is safe to retry, and asks again there)",
+                )
+                .into());
+            }
             (ToolKind::Server(_), answer) => {
                 // At a suspension an open server call waits for its approval; elsewhere it was
                 // running, unless it needs an approval it never got.

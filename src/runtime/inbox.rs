@@ -102,6 +102,7 @@ impl Runtime {
                 let tool = self
                     .tool_info(agent, &pending.tool_name)
                     .unwrap_or_default();
+                let question = pending.question();
                 items.push(InboxItem {
                     kind: pending.kind,
                     approval_id: (pending.kind == PendingKind::Approval)
@@ -120,6 +121,7 @@ impl Runtime {
                     since_ms: pending.requested_at_ms,
                     deadline_at_ms: pending.deadline_at_ms,
                     idempotency_key: pending.idempotency_key,
+                    question,
                     request: pending.request,
                 });
                 if items.len() == limit {

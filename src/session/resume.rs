@@ -148,7 +148,9 @@ impl Session {
     /// other answer is the call's result.
     pub(super) fn answered_slot(&self, cx: &mut ApplyCx, entry: &PendingCall) -> CallSlot {
         match (&entry.answer, answer_outcome(entry)) {
-            (Some(Answer::Approved | Answer::DidNotHappen), _) if self.approval_is_stale(entry) => {
+            (Some(Answer::Approved | Answer::DidNotHappen | Answer::Input(_)), _)
+                if self.approval_is_stale(entry) =>
+            {
                 CallSlot::failed(ToolErrorCode::StaleApproval.with(format_args!(
                     "{} was redefined since this call was approved, so it did not run: the approval was for the tool as it was",
                     entry.tool_name

@@ -416,7 +416,7 @@ impl Session {
             .collect();
         let answers = calls
             .iter()
-            .filter(|step_call| matches!(step_call.slot, CallSlot::Dispatched))
+            .filter(|step_call| matches!(step_call.slot, CallSlot::Dispatched | CallSlot::Checking))
             .filter_map(|step_call| {
                 let answers = self.pending.get(&step_call.call.id)?.all_answers();
                 (!answers.is_empty()).then(|| (step_call.call.id.clone(), answers.into()))

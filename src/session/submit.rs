@@ -52,6 +52,12 @@ pub struct Submit {
     /// the call its approval id names, else to the one that has waited longest. Still the
     /// root is the session submitted to.
     pub owner_session_id: Option<String>,
+    /// For an answer to a tool's question (an `input` call): the number of the question it
+    /// answers (the `question` the inbox and `GET /status` list; 1 for the call's first). A
+    /// tool that asks again waits under the same call id, so a retried answer to an earlier
+    /// question would otherwise be taken as the answer to the next: named, it is
+    /// `already_completed`. Optional.
+    pub question: Option<u32>,
 }
 
 /// What a [`Submit`] answers with.
@@ -91,6 +97,7 @@ impl Submit {
             answer: SubmitAnswer::Result(result),
             via_root: None,
             owner_session_id: None,
+            question: None,
         }
     }
 
@@ -106,6 +113,7 @@ impl Submit {
             answer: SubmitAnswer::Error(error.into()),
             via_root: None,
             owner_session_id: None,
+            question: None,
         }
     }
 
@@ -129,6 +137,7 @@ impl Submit {
             },
             via_root: None,
             owner_session_id: None,
+            question: None,
         }
     }
 
@@ -158,6 +167,7 @@ impl Submit {
             answer: SubmitAnswer::Reconcile(reconciled),
             via_root: None,
             owner_session_id: None,
+            question: None,
         }
     }
 
@@ -189,6 +199,21 @@ impl Submit {
         if let SubmitAnswer::Approval { binding: bound, .. } = &mut self.answer {
             *bound = Some(binding.into());
         }
+        self
+    }
+
+    /// Names the question of an `input` call this answers (see [`Submit::question`]).
+    ///
+    /// ```
+    /// use dormant::Submit;
+    /// use serde_json::json;
+    /// let answer = Submit::result("s1", "book-1", json!({ "seat": "12A" })).for_question(1);
+    /// assert_eq!(answer.to_json()["question"], 1);
+    /// assert_eq!(Submit::from_json(&answer.to_json()), Ok(answer));
+    /// ```
+    #[must_use]
+    pub fn for_question(mut self, number: u32) -> Self {
+        self.question = Some(number);
         self
     }
 
@@ -231,6 +256,9 @@ impl Submit {
         );
         if let Some(owner) = &self.owner_session_id {
             body.insert("owner_session_id".into(), Value::from(owner.clone()));
+        }
+        if let Some(question) = self.question {
+            body.insert("question".into(), Value::from(question));
         }
         match &self.answer {
             SubmitAnswer::Result(value) => {
@@ -302,7 +330,7 @@ impl Submit {
         let fields = envelope
             .as_object()
             .ok_or_else(|| "the envelope must be a JSON object".to_string())?;
-        const KNOWN: [&str; 13] = [
+        const KNOWN: [&str; 14] = [
             "kind",
             "session_id",
             "via_root",
@@ -316,6 +344,7 @@ impl Submit {
             "edited_input",
             "binding",
             "happened",
+            "question",
         ];
         if let Some(unknown) = fields.keys().find(|key| !KNOWN.contains(&key.as_str())) {
             return Err(format!("unknown field {unknown:?}"));
@@ -323,6 +352,16 @@ impl Submit {
         let session_id = text(fields, "session_id")?.ok_or("session_id is required")?;
         let tool_call_id = text(fields, "tool_call_id")?.ok_or("tool_call_id is required")?;
         let owner_session_id = text(fields, "owner_session_id")?;
+        let question = match fields.get("question") {
+            None | Some(Value::Null) => None,
+            Some(number) => Some(
+                number
+                    .as_u64()
+                    .and_then(|number| u32::try_from(number).ok())
+                    .filter(|number| *number > 0)
+                    .ok_or("question must be a positive integer (the number of the question)")?,
+            ),
+        };
         let error = text(fields, "error")?;
         let result = fields.get("result").cloned();
         let answer = match text(fields, "kind")?.as_deref() {
@@ -375,6 +414,7 @@ impl Submit {
             answer,
             via_root: text(fields, "via_root")?,
             owner_session_id,
+            question,
         })
     }
 
@@ -398,7 +438,7 @@ impl Submit {
             ),
             None => None,
         };
-        let submission = match self.answer {
+        let answered = match self.answer {
             SubmitAnswer::Reconcile(reconciled) => Submission::Reconcile(reconciled),
             SubmitAnswer::Result(value) => Submission::Result(value),
             SubmitAnswer::Error(error) => Submission::Error(error),
@@ -415,6 +455,13 @@ impl Submit {
                 edited_input,
                 binding,
             },
+        };
+        let submission = match self.question {
+            Some(number) => Submission::Question {
+                number,
+                answer: Box::new(answered),
+            },
+            None => answered,
         };
         Ok(Checked {
             root,

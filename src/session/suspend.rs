@@ -38,6 +38,21 @@ pub(crate) enum Submission {
     },
     /// Whether a cut call's effect happened (a `reconcile` call).
     Reconcile(Reconciled),
+    /// `answer`, for question `number` of an `input` call (1 for its first).
+    Question {
+        number: u32,
+        answer: Box<Submission>,
+    },
+}
+
+impl Submission {
+    /// The answer itself, and the question it names, if it names one.
+    pub(crate) fn into_parts(self) -> (Submission, Option<u32>) {
+        match self {
+            Submission::Question { number, answer } => (answer.into_parts().0, Some(number)),
+            other => (other, None),
+        }
+    }
 }
 
 /// What the session decided about a submission.
@@ -84,20 +99,26 @@ impl Session {
         // A reconciliation of an approved call keeps what the approval decided: the input the
         // person approved (the call's own beside it) and the request it was bound to, so the
         // call never runs again with input the person edited away, nor with a redefined tool.
+        // So does a question the approved call asks.
         let (original_input, binding) = match self.pending.get(&call.id) {
-            Some(approved) if kind == PendingKind::Reconcile => {
+            Some(approved) if matches!(kind, PendingKind::Reconcile | PendingKind::Input) => {
                 (approved.original_input.clone(), approved.binding.clone())
             }
             _ => (None, binding),
         };
-        // A tool that asks again keeps the answers to its earlier questions; one made pending
-        // again after a lost commit keeps its question.
+        // A tool that asks again keeps the answers to its earlier questions, and so does a
+        // reconciliation of a run of it that a crash cut (the tool runs again with them); one
+        // made pending again after a lost commit keeps its question.
         let earlier = self
             .pending
             .get(&call.id)
-            .filter(|_| kind == PendingKind::Input);
+            .filter(|_| matches!(kind, PendingKind::Reconcile | PendingKind::Input));
         let answers = earlier.map(PendingCall::all_answers).unwrap_or_default();
-        let request = asked.or_else(|| earlier.and_then(|entry| entry.request.clone()));
+        let request = asked.or_else(|| {
+            earlier
+                .filter(|_| kind == PendingKind::Input)
+                .and_then(|entry| entry.request.clone())
+        });
         let entry = PendingCall {
             request,
             answers,
@@ -220,6 +241,26 @@ impl Session {
             reason,
             errors: Vec::new(),
         };
+        let (submission, question) = submission.into_parts();
+        if let Some(number) = question {
+            let asking = u32::try_from(entry.answers.len()).map_or(u32::MAX, |n| n + 1);
+            if entry.kind != PendingKind::Input {
+                return Err(invalid(format!(
+                    "{} is not a tool's question: an answer for it names no question",
+                    entry.tool_call_id
+                )));
+            }
+            if number < asking {
+                // That question has its answer; the tool has asked again since.
+                return Err(Verdict::AlreadyCompleted);
+            }
+            if number > asking {
+                return Err(invalid(format!(
+                    "{} asks its question {asking}, not {number}",
+                    entry.tool_call_id
+                )));
+            }
+        }
         match (entry.kind, submission) {
             (PendingKind::Reconcile, Submission::Error(_)) => Err(invalid(format!(
                 "{} waits for a reconciliation: an error alone does not say whether its effect happened (send kind \"reconcile\" with \"error\" if it failed)",
@@ -339,6 +380,11 @@ impl Session {
                     ))
                 }
             }
+            // Taken apart above.
+            (_, Submission::Question { .. }) => Err(invalid(format!(
+                "{} takes one answer, not an answer inside another",
+                entry.tool_call_id
+            ))),
         }
     }
 

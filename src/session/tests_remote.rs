@@ -66,6 +66,7 @@ fn call(id: &str, deadline: u64, waiting: bool, timed_out: bool) -> RemoteCall {
         timed_out,
         idempotency_key: None,
         request: None,
+        question: None,
         binding: None,
         description: None,
         input_schema: None,

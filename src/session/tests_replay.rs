@@ -160,6 +160,7 @@ fn remote_call() -> RemoteCall {
         timed_out: false,
         idempotency_key: None,
         request: None,
+        question: None,
         binding: None,
         description: None,
         input_schema: None,

@@ -98,6 +98,11 @@ pub struct InboxItem {
     /// its answer must match.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub request: Option<crate::definition::InputRequest>,
+    /// For an `input` call: the number of the question it waits on (1 for its first); an
+    /// answer may name it, so that a retried answer to an earlier question is not taken for
+    /// this one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub question: Option<u32>,
 }
 
 /// What a person's side needs to know of a tool to show and answer its calls

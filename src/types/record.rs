@@ -334,6 +334,13 @@ impl PendingCall {
         format!("{}::{}", self.run_id, self.tool_call_id)
     }
 
+    /// For an `input` call: the number of the question it waits on (1 for the call's first),
+    /// which an answer may name ([`Submit::for_question`](crate::Submit::for_question)).
+    pub fn question(&self) -> Option<u32> {
+        (self.kind == PendingKind::Input)
+            .then(|| u32::try_from(self.answers.len()).map_or(u32::MAX, |n| n.saturating_add(1)))
+    }
+
     /// For an `input` call: the answers to its questions, this one's last once it has one.
     pub fn all_answers(&self) -> Vec<crate::definition::InputAnswer> {
         let mut answers = self.answers.clone();

@@ -141,6 +141,7 @@ pub(super) fn input_call(
         output_schema: None,
         editable: false,
         request: None,
+        question: None,
     }
 }
 
