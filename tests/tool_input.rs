@@ -99,6 +99,15 @@ fn tree(store: Arc<dyn Store>, runs: &Runs, confirm: bool) -> anyhow::Result<Run
 /// Agent `payer` alone, whose model calls `tool` as `transfer` (call `t1`) once, then says
 /// "paid"; client calls (and questions) wait 5 s.
 fn payer(tool: ToolDefinition, clock: Arc<ManualClock>) -> anyhow::Result<Runtime> {
+    payer_on(Arc::new(MemoryStore::new()), tool, clock)
+}
+
+/// [`payer`] on `store`.
+fn payer_on(
+    store: Arc<dyn Store>,
+    tool: ToolDefinition,
+    clock: Arc<ManualClock>,
+) -> anyhow::Result<Runtime> {
     let llm = ScriptedLlm::new().script(
         "payer",
         vec![
@@ -107,6 +116,7 @@ fn payer(tool: ToolDefinition, clock: Arc<ManualClock>) -> anyhow::Result<Runtim
         ],
     );
     Ok(Runtime::builder()
+        .store(store)
         .llm(Arc::new(llm))
         .clock(clock)
         .background_deadlines(false)
@@ -412,5 +422,51 @@ async fn a_fork_at_a_question_does_not_answer_it() -> anyhow::Result<()> {
     );
 
     runtime.shutdown().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_crash_while_the_tool_runs_again_with_its_answer_follows_the_at_most_once_rule(
+) -> anyhow::Result<()> {
+    use dormant::store::CommitKind;
+    use dormant::testkit::{Fault, FaultyStore};
+    use dormant::types::ToolErrorCode;
+    for safe in [false, true] {
+        let runs: Runs = Arc::default();
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let faulty = Arc::new(FaultyStore::new(Arc::clone(&store)));
+        let tool = || transfer(&runs, false).safe_to_retry(safe);
+        let clock = Arc::new(ManualClock::new(1_000));
+        let id: SessionId = "s".parse()?;
+        {
+            let runtime = payer_on(faulty.clone(), tool(), clock.clone())?;
+            runtime.execute_on(&id, "payer", "pay").await?;
+            let answer = Submit::result("s", "t1", json!({ "account": "savings" }));
+            assert_eq!(
+                runtime.submit_tool_result(answer).await?,
+                SubmitOutcome::Accepted
+            );
+            // The run that goes on with the answer dies before its result is committed.
+            faulty.arm(Fault::CrashBefore(CommitKind::ToolResults));
+            assert!(runtime.resume(&id).await.is_err());
+            faulty.clear();
+        }
+        let runtime = payer_on(store, tool(), clock)?;
+        let done = runtime.resume(&id).await?;
+        assert_eq!(done.status, Status::Completed);
+        let messages = runtime.messages(&id).await?;
+        let result = common::tool_result(&messages, "t1").cloned();
+        let runs = seen(&runs)?;
+        if safe {
+            assert_eq!(runs.len(), 3, "asked, cut, and once more after the crash");
+            assert_eq!(runs[2].1, vec![accepted("savings")], "with the answer");
+            assert!(matches!(result, Some(ToolOutcome::Result(_))), "{result:?}");
+        } else {
+            assert_eq!(runs.len(), 2, "not run again");
+            let code = result.as_ref().and_then(ToolOutcome::code);
+            assert_eq!(code, Some(ToolErrorCode::ToolDurabilityError), "{result:?}");
+        }
+        runtime.shutdown().await?;
+    }
     Ok(())
 }

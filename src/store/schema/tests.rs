@@ -666,3 +666,42 @@ fn a_read_that_meets_a_compaction_gives_each_message_once() {
         [2, 3]
     );
 }
+
+#[test]
+fn an_input_calls_question_and_answers_survive_their_stored_form() -> Result<(), Error> {
+    use crate::definition::{InputAnswer, InputRequest};
+    use crate::types::record::{Answer, PendingCall, PendingKind};
+    let session: SessionId = "s".parse().map_err(|_| Error::Encode {
+        tree: "pending",
+        reason: "id".into(),
+    })?;
+    let call = PendingCall {
+        tool_call_id: "t1".into(),
+        tool_name: "book".into(),
+        input: serde_json::json!({ "flight": "LH1" }),
+        kind: PendingKind::Input,
+        run_id: RunId::generate(),
+        position: 0,
+        requested_at_ms: 1,
+        deadline_at_ms: 2,
+        answer: Some(Answer::Input(InputAnswer::Declined { reason: None })),
+        answered_at_ms: Some(2),
+        original_input: None,
+        binding: None,
+        idempotency_key: None,
+        request: Some(InputRequest::new("Go on?").schema(serde_json::json!({ "type": "object" }))),
+        answers: vec![
+            InputAnswer::Accepted {
+                content: serde_json::json!({ "seat": "12A", "n": [1, 2.5, null] }),
+            },
+            InputAnswer::Declined {
+                reason: Some("no".into()),
+            },
+        ],
+    };
+    let bytes = encode(Tree::Pending, &call)?;
+    let back: PendingCall = decode(&session, Tree::Pending, &bytes)?;
+    assert_eq!(back, call);
+    assert_eq!(back.question(), Some(3));
+    Ok(())
+}
