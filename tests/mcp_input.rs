@@ -32,6 +32,17 @@ fn tree(
     tool: &str,
     input: Value,
 ) -> anyhow::Result<Runtime> {
+    tree_on_clock(store, tools, tool, input, Arc::new(ManualClock::new(0)))
+}
+
+/// [`tree`] on `clock`.
+fn tree_on_clock(
+    store: Arc<dyn Store>,
+    tools: &McpTools,
+    tool: &str,
+    input: Value,
+    clock: Arc<ManualClock>,
+) -> anyhow::Result<Runtime> {
     let llm = ScriptedLlm::new()
         .script(
             "lead",
@@ -54,7 +65,7 @@ fn tree(
     Ok(Runtime::builder()
         .store(store)
         .llm(Arc::new(llm))
-        .clock(Arc::new(ManualClock::new(0)))
+        .clock(clock)
         .background_deadlines(false)
         .agent(
             AgentDefinition::builder("lead")
@@ -320,6 +331,41 @@ async fn a_restart_of_dormant_while_a_python_sdk_tool_asks_is_a_durability_error
         again.logged(),
         ["book BA10"],
         "reached the server once, never again"
+    );
+    runtime.shutdown().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_question_that_times_out_in_the_session_is_cancelled_at_the_server() -> anyhow::Result<()>
+{
+    let served = rmcp_server::serve().await?;
+    let log = served.log.clone();
+    let tools = McpTools::connect(McpServer::http("air", served.url)).await?;
+    let clock = Arc::new(ManualClock::new(0));
+    let runtime = tree_on_clock(
+        Arc::new(MemoryStore::new()),
+        &tools,
+        "book",
+        json!({ "flight": "LH4" }),
+        clock.clone(),
+    )?;
+    let root: SessionId = "trip".parse()?;
+    runtime.execute_on(&root, "lead", "go").await?;
+    assert_eq!(the_question(&runtime, &root).await?, "Which seat on LH4?");
+    // Past the agent's client-tool deadline (5 minutes by default).
+    let answered = log.answered.notified();
+    clock.advance(dormant::definition::DEFAULT_CLIENT_TOOL_TIMEOUT_MS);
+    runtime.sweep_deadlines().await?;
+    // The session lets the open request go: the server hears "cancel" at once, not after the
+    // MCP server's input_timeout (an hour).
+    tokio::time::timeout(std::time::Duration::from_secs(30), answered).await?;
+    assert_eq!(answers(&log), vec![json!({ "action": "cancel" })]);
+    let result = child_result(&runtime, &root).await?;
+    assert_eq!(
+        result.code(),
+        Some(ToolErrorCode::ClientToolTimeout),
+        "{result:?}"
     );
     runtime.shutdown().await?;
     Ok(())

@@ -470,3 +470,62 @@ async fn a_crash_while_the_tool_runs_again_with_its_answer_follows_the_at_most_o
     }
     Ok(())
 }
+
+/// Asks once, and remembers which questions the session closed.
+struct Asking {
+    closed: Arc<Mutex<Vec<String>>>,
+}
+
+impl dormant::definition::ToolHandler for Asking {
+    fn call(
+        &self,
+        _input: Value,
+        ctx: dormant::definition::ToolContext,
+    ) -> dormant::llm::BoxFuture<'static, Result<Value, ToolError>> {
+        Box::pin(async move {
+            match ctx.answers().first() {
+                None => Err(ctx.ask(InputRequest::new("Sure?"))),
+                Some(_) => Ok(json!("done")),
+            }
+        })
+    }
+
+    fn question_closed(&self, idempotency_key: &str) {
+        if let Ok(mut closed) = self.closed.lock() {
+            closed.push(idempotency_key.to_string());
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_tool_is_told_when_the_session_closes_its_question() -> anyhow::Result<()> {
+    let closed = Arc::new(Mutex::new(Vec::new()));
+    let tool = ToolDefinition::server_handler(
+        "transfer",
+        Asking {
+            closed: Arc::clone(&closed),
+        },
+    );
+    let runtime = payer(tool, Arc::new(ManualClock::new(1_000)))?;
+    let id: SessionId = "s".parse()?;
+    runtime.execute_on(&id, "payer", "pay").await?;
+    let key = runtime.pending(&id).await?[0]
+        .idempotency_key
+        .clone()
+        .unwrap_or_default();
+    assert_eq!(key.len(), 32, "the question carries its call's key");
+    assert!(closed
+        .lock()
+        .map_err(|_| anyhow::anyhow!("poisoned"))?
+        .is_empty());
+    // A new message closes the question: the tool never goes on with it.
+    let next = runtime.execute_on(&id, "payer", "never mind").await?;
+    assert_eq!(next.status, Status::Completed);
+    let told = closed
+        .lock()
+        .map_err(|_| anyhow::anyhow!("poisoned"))?
+        .clone();
+    assert_eq!(told, vec![key]);
+    runtime.shutdown().await?;
+    Ok(())
+}

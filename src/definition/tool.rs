@@ -158,6 +158,16 @@ impl ToolContext {
 pub trait ToolHandler: Send + Sync + 'static {
     /// Runs the tool on `input`.
     fn call(&self, input: Value, ctx: ToolContext) -> BoxFuture<'static, Result<Value, ToolError>>;
+
+    /// The question the call with this idempotency key asked ([`ToolContext::ask`]) is
+    /// closed: its answer was used, or it never will be (its deadline passed, or the run
+    /// stopped: a new message, an interrupt, an abort, another call that finished the run). A
+    /// handler that holds something open for the answer (an MCP call's request) lets it go.
+    /// Told once the closing is durable, by the process that closed it (after a restart
+    /// nothing is held). A question the tool asks again is not closed. Nothing by default.
+    fn question_closed(&self, idempotency_key: &str) {
+        let _ = idempotency_key;
+    }
 }
 
 impl<F, Fut> ToolHandler for F

@@ -71,6 +71,14 @@ impl ToolHandler for McpCall {
         let safe = self.safe_to_retry;
         Box::pin(async move { run(&shared, &tool, input, &ctx, safe).await })
     }
+
+    /// The session is done with the call's question: a call still parked for it is dropped,
+    /// which cancels the question at the server.
+    fn question_closed(&self, idempotency_key: &str) {
+        if self.shared.parked.take(idempotency_key).is_some() {
+            tracing::info!(server = %self.shared.server.name, tool = %self.tool, "MCP question closed by the session: cancelled at the server");
+        }
+    }
 }
 
 /// Runs one call of `tool`: sends it (or, when the session runs it again with the answer to

@@ -500,7 +500,11 @@ impl Session {
                 ),
                 // It ran, and waits for a person: it is cut, not skipped.
                 CallSlot::Pending(PendingKind::Input) if finisher.is_some() => (
-                    ToolErrorCode::Interrupted
+                    {
+                        let key = self.idempotency_key(&call.id);
+                        self.question_closed(cx, &call.name, Some(key));
+                        ToolErrorCode::Interrupted
+                    }
                         .with(format_args!(
                             "{} asked for input, and another call of its step finished the run, so the question was dropped: the call may have acted before it asked",
                             call.name

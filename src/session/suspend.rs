@@ -94,8 +94,8 @@ impl Session {
             .then(|| self.agent.tool(&call.name))
             .flatten()
             .map(|tool| crate::definition::binding::approval_binding(&tool.def, &call.input));
-        let idempotency_key =
-            (kind == PendingKind::Reconcile).then(|| self.idempotency_key(&call.id));
+        let idempotency_key = matches!(kind, PendingKind::Reconcile | PendingKind::Input)
+            .then(|| self.idempotency_key(&call.id));
         // A reconciliation of an approved call keeps what the approval decided: the input the
         // person approved (the call's own beside it) and the request it was bound to, so the
         // call never runs again with input the person edited away, nor with a redefined tool.
@@ -475,6 +475,9 @@ impl Session {
             entry.input.clone(),
         );
         let outcome = timeout_outcome(&entry);
+        if entry.kind == PendingKind::Input {
+            self.question_closed(cx, &entry.tool_name, entry.idempotency_key.clone());
+        }
         self.record_result(cx, entry.run_id, call, Outcome::of(outcome));
         if self.policy.auto_resume && !self.any_waiting(now) {
             cx.push(Effect::AutoResume);
@@ -511,6 +514,9 @@ impl Session {
 
     /// Stages the removal of a call's entry, deadline (if still armed) and ownership.
     pub(super) fn unindex(&self, cx: &mut ApplyCx, call: &PendingCall) {
+        if call.kind == PendingKind::Input {
+            self.question_closed(cx, &call.tool_name, call.idempotency_key.clone());
+        }
         if call.answer.is_none() {
             cx.staged.index.push(IndexWrite::DeleteDeadline {
                 at: call.deadline_at_ms,
@@ -527,6 +533,16 @@ impl Session {
                 owner: self.record.id.clone(),
             });
         }
+    }
+
+    /// Tells the tool (after the commit) that a question of its call is closed; the key is
+    /// the call's (the last reply's, when the entry was written without one).
+    pub(super) fn question_closed(&self, cx: &mut ApplyCx, tool: &str, key: Option<String>) {
+        cx.push(Effect::QuestionClosed {
+            agent: std::sync::Arc::clone(&self.agent),
+            tool: tool.to_string(),
+            idempotency_key: key.unwrap_or_default(),
+        });
     }
 
     /// Whether this session is its own root, so its calls need no ownership entry.

@@ -82,6 +82,14 @@ pub(crate) enum Effect {
     ArmDeadline { at: u64 },
     /// The run ended or suspended: answer whoever waits for it.
     Settle(RunOutcome),
+    /// A question of call `idempotency_key` of `agent`'s `tool` is closed without the tool
+    /// running again (its deadline passed, the run stopped, another call finished the run):
+    /// tell the tool's handler, which may hold something open for the answer.
+    QuestionClosed {
+        agent: Arc<AgentDefinition>,
+        tool: String,
+        idempotency_key: String,
+    },
 }
 
 /// A remote child to drive, with all the actor needs to do it.

@@ -31,6 +31,8 @@ pub(crate) struct Log {
     pub(crate) retired: Arc<Mutex<Vec<String>>>,
     /// The answers to the seat questions, as the client sent them.
     pub(crate) answers: Arc<Mutex<Vec<Value>>>,
+    /// Told after each answer is logged.
+    pub(crate) answered: Arc<tokio::sync::Notify>,
 }
 
 impl Log {
@@ -197,6 +199,7 @@ impl TestServer {
         if let Ok(mut answers) = self.log.answers.lock() {
             answers.push(answer.clone());
         }
+        self.log.answered.notify_one();
         let text = match answer["content"]["seat"].as_str() {
             Some(seat) if answer["action"] == "accept" => format!("booked {seat} on {flight}"),
             _ => format!("not booked: {}", answer["action"]),
