@@ -89,7 +89,7 @@ pub struct RemoteCall {
     /// Its deadline passed and the remote recorded the timeout.
     #[serde(default)]
     pub timed_out: bool,
-    /// For a reconciliation (a call a crash cut there): the call's idempotency key.
+    /// For a reconciliation (a call a crash cut there) or a question: the call's idempotency key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idempotency_key: Option<String>,
     /// For an approval: what it is bound to (the decision may name it).

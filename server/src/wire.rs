@@ -392,7 +392,8 @@ pub(crate) struct PendingAnswer {
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub(crate) editable: bool,
     /// For a reconciliation (`kind: "reconcile"`, a call a crash cut): the call's idempotency
-    /// key, to look its effect up by before answering whether it happened.
+    /// key, to look its effect up by before answering whether it happened (a question,
+    /// `kind: "input"`, carries its call's too).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) idempotency_key: Option<String>,
     /// For an `input` call (a tool asked a person while it ran): the question, and the

@@ -91,7 +91,8 @@ pub struct InboxItem {
     pub since_ms: u64,
     /// When it times out (clock ms).
     pub deadline_at_ms: u64,
-    /// For a reconciliation: the call's idempotency key, to look its effect up by.
+    /// For a reconciliation: the call's idempotency key, to look its effect up by (a
+    /// question carries its call's too).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idempotency_key: Option<String>,
     /// For an `input` call (a tool asked a person while it ran): the question, and the schema

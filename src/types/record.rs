@@ -314,9 +314,9 @@ pub struct PendingCall {
     /// definition when it was requested (the `tool_approval_request` chunk carries it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub binding: Option<String>,
-    /// For a reconciliation: the call's idempotency key, the one its tool saw
-    /// ([`ToolContext::idempotency_key`](crate::definition::ToolContext::idempotency_key)), to
-    /// look the effect up by.
+    /// For a reconciliation or a question (`input`): the call's idempotency key, the one its
+    /// tool saw ([`ToolContext::idempotency_key`](crate::definition::ToolContext::idempotency_key)),
+    /// to look the effect up by.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idempotency_key: Option<String>,
     /// For an `input` call: what the tool asks.
