@@ -11,7 +11,7 @@ use serde_json::{Map, Value};
 
 use crate::definition::reconcile::{idempotency_key, CheckFn, Reconciled};
 use crate::definition::{
-    AgentDefinition, InputAnswer, InputRequest, ToolContext, ToolKind, FINISH_TOOL,
+    AgentDefinition, InputAnswer, InputRequest, ToolContext, ToolHandler, ToolKind, FINISH_TOOL,
 };
 use crate::session::FinishedCall;
 use crate::types::ids::{RunId, SessionId};
@@ -148,12 +148,21 @@ async fn run_one(step: &StepContext, call: ToolCall) -> FinishedCall {
                     asked: Some(request),
                 }
             }
-            Some(Err(reason)) => ToolErrorCode::InvalidOutput
-                .with(format_args!(
-                    "{} asked for input with a schema that does not compile: {reason}",
-                    call.name
-                ))
-                .into(),
+            Some(Err(reason)) => {
+                // No question is raised: whatever the handler holds for its answer goes.
+                question_closed(
+                    handler.as_ref(),
+                    ctx.idempotency_key(),
+                    &step.session,
+                    &call.name,
+                );
+                ToolErrorCode::InvalidOutput
+                    .with(format_args!(
+                        "{} asked for input with a schema that does not compile: {reason}",
+                        call.name
+                    ))
+                    .into()
+            }
             None => ToolOutcome::Error(error.0),
         },
         Err(panic) => {
@@ -168,6 +177,21 @@ async fn run_one(step: &StepContext, call: ToolCall) -> FinishedCall {
         updates: ctx.take_updates(),
         unsettled: false,
         asked: None,
+    }
+}
+
+/// Tells `handler` that the question of its call `key` is closed
+/// ([`ToolHandler::question_closed`]); a panic there is logged, never the session's end.
+pub(crate) fn question_closed(
+    handler: &dyn ToolHandler,
+    key: &str,
+    session: &SessionId,
+    tool: &str,
+) {
+    let told = std::panic::catch_unwind(AssertUnwindSafe(|| handler.question_closed(key)));
+    if let Err(panic) = told {
+        let reason = panic_text(panic.as_ref());
+        tracing::error!(session = %session, tool = %crate::types::Untrusted(tool), reason = %crate::types::Untrusted(&reason), "tool.question_closed_panicked");
     }
 }
 

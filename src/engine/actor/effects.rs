@@ -219,14 +219,12 @@ impl SessionActor {
                 if let Some(crate::definition::ToolKind::Server(handler)) =
                     agent.tool(&tool).map(|tool| &tool.def.kind)
                 {
-                    // The handler's code: a panic there is logged, never the session's end.
-                    let told = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        handler.question_closed(&idempotency_key);
-                    }));
-                    if let Err(panic) = told {
-                        let reason = crate::types::panic::panic_text(panic.as_ref());
-                        tracing::error!(session = %ctx.key(), tool = %crate::types::Untrusted(&tool), reason = %crate::types::Untrusted(&reason), "tool.question_closed_panicked");
-                    }
+                    crate::engine::dispatch::question_closed(
+                        handler.as_ref(),
+                        &idempotency_key,
+                        ctx.key(),
+                        &tool,
+                    );
                 }
             }
             Effect::Hook(event) => {
