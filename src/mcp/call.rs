@@ -15,8 +15,9 @@ use serde_json::{Map, Value};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::questions::{Asker, Event};
+use super::questions::{Asker, Event, Registered};
 use super::result::outcome;
+use super::server::McpServer;
 use super::shared::Shared;
 use crate::definition::{ToolContext, ToolDefinition, ToolError, ToolHandler};
 use crate::types::tool_error::ToolErrorCode;
@@ -108,7 +109,7 @@ async fn run(
                 ),
             ))
         }
-        _ => (start(shared, tool, input, key, safe_to_retry)?, 0),
+        _ => (start(shared, tool, input, key, safe_to_retry).await?, 0),
     };
     loop {
         match events.recv().await {
@@ -138,9 +139,11 @@ async fn run(
     }
 }
 
-/// Sends the call from a task of its own, so that it stays open while the session waits for
-/// a person's answer to a question it asked; its questions and outcome come on the channel.
-fn start(
+/// Sends the call (on the caller's turn, so that the calls of one step reach the server in
+/// call order), then waits for its answer from a task of its own, so that it stays open while
+/// the session waits for a person's answer to a question it asked; its questions and outcome
+/// come on the channel.
+async fn start(
     shared: &Arc<Shared>,
     tool: &str,
     input: Value,
@@ -157,107 +160,170 @@ fn start(
             ))
         }
     };
+    let call = Request::new(&shared.server, tool, arguments, idempotency_key);
     let (sender, events) = mpsc::unbounded_channel();
     let asker = Asker::new(sender);
+    let Some(first) = call.put(shared, None, &asker).await else {
+        return Err(call.unavailable());
+    };
     // Not kept alive by its calls: dropping the last handle stops the server, which ends them.
     let shared = Arc::downgrade(shared);
-    let tool = tool.to_string();
-    let key = idempotency_key.to_string();
     tokio::spawn(async move {
-        let outcome = send(&shared, &tool, arguments, &key, safe_to_retry, &asker).await;
+        let outcome = call.follow(&shared, first, safe_to_retry, &asker).await;
         asker.done(outcome);
     });
     Ok(events)
 }
 
-async fn send(
-    shared: &Weak<Shared>,
-    tool: &str,
-    arguments: Option<Map<String, Value>>,
-    idempotency_key: &str,
-    safe_to_retry: bool,
-    asker: &Arc<Asker>,
-) -> Result<Value, ToolError> {
-    let gone = || {
-        failure(
-            ToolErrorCode::McpServerUnavailable,
-            "the MCP server was stopped (its tools were dropped)".to_string(),
-        )
-    };
-    let (server, timeout, connect_timeout) = match shared.upgrade() {
-        Some(shared) => (
-            shared.server.name.clone(),
-            shared.server.call_timeout,
-            shared.server.connect_timeout,
-        ),
-        None => return Err(gone()),
-    };
-    let mut meta = Meta::new();
-    meta.0
-        .insert(IDEMPOTENCY_META_KEY.to_string(), idempotency_key.into());
-    let params = CallToolRequestParams {
-        // rmcp writes `_meta` from the request's options (below); one set here too would be
-        // written twice, a body the server cannot read.
-        meta: None,
-        name: Cow::Owned(tool.to_string()),
-        arguments,
-        task: None,
-    };
-    let unavailable = || {
-        failure(
-            ToolErrorCode::McpServerUnavailable,
-            format!("MCP server {server} is down (restarting); the call was not sent"),
-        )
-    };
-    let mut newer_than = None;
-    let mut resent = 0;
-    // Whether an earlier try may have reached the server: then giving up is not "not sent".
-    let mut maybe_sent = false;
-    loop {
-        // Held only while a connection is found and the call registered on it, never while
-        // the call waits for its answer.
-        let Some(holding) = shared.upgrade() else {
-            return Err(gone());
-        };
-        let Some(live) = holding.connection(newer_than).await else {
-            if maybe_sent {
-                return Err(failure(
-                    ToolErrorCode::ToolDurabilityError,
-                    format!(
-                        "MCP server {server} went away with the call in flight and did not come back within {connect_timeout:?}; it may or may not have taken effect"
-                    ),
-                ));
-            }
-            return Err(unavailable());
-        };
-        if resent > 0 {
-            asker.resent();
+/// One call's request, as sent (again) to whichever connection is up.
+struct Request {
+    server: String,
+    tool: String,
+    params: CallToolRequestParams,
+    meta: Meta,
+    timeout: std::time::Duration,
+    connect_timeout: std::time::Duration,
+}
+
+/// A request put on a connection: the connection's number, the call's place among those in
+/// flight there, and the handle to its answer (or why it could not be queued).
+struct Put {
+    number: u64,
+    _in_flight: Registered,
+    sent: Result<RequestHandle<RoleClient>, ServiceError>,
+}
+
+impl Request {
+    fn new(
+        server: &McpServer,
+        tool: &str,
+        arguments: Option<Map<String, Value>>,
+        idempotency_key: &str,
+    ) -> Self {
+        let mut meta = Meta::new();
+        meta.0
+            .insert(IDEMPOTENCY_META_KEY.to_string(), idempotency_key.into());
+        Self {
+            server: server.name.clone(),
+            tool: tool.to_string(),
+            params: CallToolRequestParams {
+                // rmcp writes `_meta` from the request's options (below); one set here too
+                // would be written twice, a body the server cannot read.
+                meta: None,
+                name: Cow::Owned(tool.to_string()),
+                arguments,
+                task: None,
+            },
+            meta,
+            timeout: server.call_timeout,
+            connect_timeout: server.connect_timeout,
         }
+    }
+
+    fn unavailable(&self) -> ToolError {
+        failure(
+            ToolErrorCode::McpServerUnavailable,
+            format!(
+                "MCP server {} is down (restarting); the call was not sent",
+                self.server
+            ),
+        )
+    }
+
+    /// Puts the request on a working connection newer than `newer_than`, registered there for
+    /// its questions; `None` when none comes up within the connect timeout.
+    async fn put(
+        &self,
+        shared: &Shared,
+        newer_than: Option<u64>,
+        asker: &Arc<Asker>,
+    ) -> Option<Put> {
+        let live = shared.connection(newer_than).await?;
         // The timeout is kept here, not by rmcp: it does not run while a person is asked.
         let options = PeerRequestOptions {
             timeout: None,
-            meta: Some(meta.clone()),
+            meta: Some(self.meta.clone()),
         };
-        let request = ClientRequest::CallToolRequest(CallToolRequest::new(params.clone()));
+        let request = ClientRequest::CallToolRequest(CallToolRequest::new(self.params.clone()));
         // Its questions come to this call while it is in flight on this connection.
-        let _in_flight = holding.in_flight.register(live.number, asker);
-        drop(holding);
-        let sent = live.peer.send_request_with_option(request, options).await;
-        let answer = match sent {
-            Ok(handle) => answer_within(handle, asker, timeout).await,
+        let in_flight = shared.in_flight.register(live.number, asker);
+        let sent = live
+            .peer
+            .send_request_with_option(request, options)
+            .await
             // The connection had ended before the request was queued: nothing was sent.
-            Err(_) => Err(ServiceError::TransportSend(DynamicTransportError {
-                transport_name: Cow::Borrowed("closed connection"),
-                transport_type_id: std::any::TypeId::of::<()>(),
-                error: "the connection had ended".into(),
-            })),
+            .map_err(|_| {
+                ServiceError::TransportSend(DynamicTransportError {
+                    transport_name: Cow::Borrowed("closed connection"),
+                    transport_type_id: std::any::TypeId::of::<()>(),
+                    error: "the connection had ended".into(),
+                })
+            });
+        Some(Put {
+            number: live.number,
+            _in_flight: in_flight,
+            sent,
+        })
+    }
+
+    /// Waits for the answer to the request `first` put, sending it again where the rules allow
+    /// (a connection that ended first, a call safe to retry).
+    async fn follow(
+        &self,
+        shared: &Weak<Shared>,
+        first: Put,
+        safe_to_retry: bool,
+        asker: &Arc<Asker>,
+    ) -> Result<Value, ToolError> {
+        let (server, tool, timeout) = (&self.server, self.tool.as_str(), self.timeout);
+        let gone = || {
+            failure(
+                ToolErrorCode::McpServerUnavailable,
+                "the MCP server was stopped (its tools were dropped)".to_string(),
+            )
         };
-        let error = match answer {
-            Ok(ServerResult::CallToolResult(result)) => return outcome(result),
-            Ok(_) => ServiceError::UnexpectedResponse,
-            Err(error) => error,
-        };
-        match error {
+        let mut first = Some(first);
+        let mut newer_than = None;
+        let mut resent = 0;
+        // Whether an earlier try may have reached the server: then giving up is not "not sent".
+        let mut maybe_sent = false;
+        loop {
+            let put = match first.take() {
+                Some(put) => put,
+                None => {
+                    // Held only while a connection is found and the call put on it, never while
+                    // the call waits for its answer.
+                    let Some(holding) = shared.upgrade() else {
+                        return Err(gone());
+                    };
+                    // The restarted server asks its questions again, from the first.
+                    asker.resent();
+                    match self.put(&holding, newer_than, asker).await {
+                        Some(put) => put,
+                        None if maybe_sent => {
+                            return Err(failure(
+                                ToolErrorCode::ToolDurabilityError,
+                                format!(
+                                    "MCP server {server} went away with the call in flight and did not come back within {:?}; it may or may not have taken effect",
+                                    self.connect_timeout
+                                ),
+                            ))
+                        }
+                        None => return Err(self.unavailable()),
+                    }
+                }
+            };
+            let number = put.number;
+            let answer = match put.sent {
+                Ok(handle) => answer_within(handle, asker, timeout).await,
+                Err(error) => Err(error),
+            };
+            let error = match answer {
+                Ok(ServerResult::CallToolResult(result)) => return outcome(result),
+                Ok(_) => ServiceError::UnexpectedResponse,
+                Err(error) => error,
+            };
+            match error {
             ServiceError::McpError(error) => {
                 return Err(failure(
                     ToolErrorCode::McpRequestFailed,
@@ -285,14 +351,14 @@ async fn send(
             // Never reached the server: nothing can have run; sent on the next connection.
             ServiceError::TransportSend(error) if never_reached(&error) => {
                 tracing::warn!(%server, tool, %error, "MCP call could not be sent; waiting for the server");
-                broken(shared, live.number);
+                broken(shared, number);
                 if resent == RESENDS {
-                    return Err(unavailable());
+                    return Err(self.unavailable());
                 }
             }
             // Sent, and the connection ended before the answer: the server may have acted.
             error => {
-                broken(shared, live.number);
+                broken(shared, number);
                 if !safe_to_retry || resent == RESENDS {
                     return Err(failure(
                         ToolErrorCode::ToolDurabilityError,
@@ -305,8 +371,9 @@ async fn send(
                 maybe_sent = true;
             }
         }
-        newer_than = Some(live.number);
-        resent += 1;
+            newer_than = Some(number);
+            resent += 1;
+        }
     }
 }
 
