@@ -33,7 +33,7 @@ pub(crate) use self::child_calls::{ChildReport, ReportedChild};
 pub(crate) use self::child_failures::{ChildUnavailable, LostChild};
 pub(crate) use self::child_side::{report_of, stored_state};
 pub(crate) use self::core::{duration_ms, Policy, Session, Stored};
-pub(crate) use self::input::{FinishedCall, Input};
+pub(crate) use self::input::{Asked, FinishedCall, Input};
 pub(crate) use crate::types::record::{
     Answer, ChildCall, ChildState, Companion, CompanionStatus, ErrorCode, PendingCall, PendingKind,
     RunError, RunRecord, SessionRecord, Status, Suspension,

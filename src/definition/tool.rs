@@ -164,7 +164,9 @@ pub trait ToolHandler: Send + Sync + 'static {
     /// stopped: a new message, an interrupt, an abort, another call that finished the run). A
     /// handler that holds something open for the answer (an MCP call's request) lets it go.
     /// Told once the closing is durable, by the process that closed it (after a restart
-    /// nothing is held). A question the tool asks again is not closed. Nothing by default.
+    /// nothing is held); a question the tool asks again is not closed. It may be told more than
+    /// once, and for a call that was cut while it ran whether or not it asked: make it
+    /// idempotent. It runs on the session's actor: do not block in it. Nothing by default.
     fn question_closed(&self, idempotency_key: &str) {
         let _ = idempotency_key;
     }

@@ -145,7 +145,11 @@ async fn run_one(step: &StepContext, call: ToolCall) -> FinishedCall {
                     outcome: ToolOutcome::Error(error.0),
                     updates: Map::new(),
                     unsettled: false,
-                    asked: Some(request),
+                    asked: Some(crate::session::Asked {
+                        request,
+                        tool: call.name,
+                        idempotency_key: ctx.idempotency_key().to_string(),
+                    }),
                 }
             }
             Some(Err(reason)) => {

@@ -352,6 +352,14 @@ impl Request {
             ServiceError::TransportSend(error) if never_reached(&error) => {
                 tracing::warn!(%server, tool, %error, "MCP call could not be sent; waiting for the server");
                 broken(shared, number);
+                if resent == RESENDS && maybe_sent {
+                    return Err(failure(
+                        ToolErrorCode::ToolDurabilityError,
+                        format!(
+                            "MCP server {server} went away with the call in flight, and it could not be sent again; it may or may not have taken effect"
+                        ),
+                    ));
+                }
                 if resent == RESENDS {
                     return Err(self.unavailable());
                 }

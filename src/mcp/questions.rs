@@ -236,7 +236,17 @@ pub(super) struct Parked {
     pub(super) asked: usize,
     serial: u64,
     /// Drops it once its time is up.
-    expiry: tokio::task::JoinHandle<()>,
+    _expiry: Expiry,
+}
+
+/// A parked call's expiry, called off when the call is taken, replaced or dropped with the
+/// tools.
+struct Expiry(tokio::task::JoinHandle<()>);
+
+impl Drop for Expiry {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// The parked calls, by idempotency key.
@@ -298,15 +308,13 @@ impl ParkedCalls {
             question,
             asked,
             serial,
-            expiry,
+            _expiry: Expiry(expiry),
         };
         parked_calls.insert(key.to_string(), parked);
     }
 
     /// The call parked under `key`, taken out.
     pub(super) fn take(&self, key: &str) -> Option<Parked> {
-        let parked = self.calls.lock().remove(key)?;
-        parked.expiry.abort();
-        Some(parked)
+        self.calls.lock().remove(key)
     }
 }

@@ -222,7 +222,10 @@ impl Session {
         {
             let (outcome, reported, changes) = match slot {
                 CallSlot::Ready { outcome, reported } => (outcome, reported, changes),
-                CallSlot::Dispatched | CallSlot::Checking => (
+                CallSlot::Dispatched | CallSlot::Checking => {
+                    // It may have asked a question that is on its way back.
+                    self.close_unwritten_question(cx, &call);
+                    (
                     ToolErrorCode::Interrupted
                         .with(format_args!(
                             "{why} while {} was running; it was cancelled and may or may not have taken effect",
@@ -231,7 +234,8 @@ impl Session {
                         .into(),
                     false,
                     Map::new(),
-                ),
+                )
+                }
                 CallSlot::Child => {
                     let finished = self
                         .children
@@ -252,6 +256,20 @@ impl Session {
                             .into()
                     };
                     (outcome, false, Map::new())
+                }
+                // It ran and asked a person; the step waited on a child to settle.
+                CallSlot::Pending(PendingKind::Input) => {
+                    self.close_unwritten_question(cx, &call);
+                    (
+                        ToolErrorCode::Interrupted
+                            .with(format_args!(
+                                "{why} while {} waited for an answer to its question; it may have acted before it asked",
+                                call.name
+                            ))
+                            .into(),
+                        false,
+                        Map::new(),
+                    )
                 }
                 CallSlot::Pending(_) | CallSlot::Companion => (
                     ToolErrorCode::Interrupted

@@ -133,7 +133,16 @@ pub(crate) struct FinishedCall {
     pub(crate) unsettled: bool,
     /// The handler asked a person for input ([`crate::definition::ToolContext::ask`]): the
     /// call becomes an `input` call (`outcome` is not recorded).
-    pub(crate) asked: Option<crate::definition::InputRequest>,
+    pub(crate) asked: Option<Asked>,
+}
+
+/// A question a call's handler asked, with the call's idempotency key (a question that comes
+/// back after its step was cut is closed by it).
+#[derive(Debug, Clone)]
+pub(crate) struct Asked {
+    pub(crate) request: crate::definition::InputRequest,
+    pub(crate) tool: String,
+    pub(crate) idempotency_key: String,
 }
 
 impl Session {

@@ -303,19 +303,25 @@ impl Session {
         step: u32,
         outcomes: Vec<FinishedCall>,
     ) {
+        let current = matches!(&self.phase, Phase::AwaitingTools { run_id: r, step: s, tools_running: true, .. } if *r == run_id && *s == step);
+        if !current {
+            // A late answer for a step that has since ended (an interrupt or abort cut it):
+            // a question one of its calls asked has nobody to answer it.
+            for finished in outcomes {
+                if let Some(asked) = finished.asked {
+                    self.question_closed(cx, &asked.tool, Some(asked.idempotency_key));
+                }
+            }
+            return;
+        }
         let Phase::AwaitingTools {
-            run_id: r,
-            step: s,
             calls,
             tools_running,
+            ..
         } = &mut self.phase
         else {
             return;
         };
-        if *r != run_id || *s != step || !*tools_running {
-            // A late answer for a step that has since ended (or a previous incarnation's).
-            return;
-        }
         *tools_running = false;
         for finished in outcomes {
             let dispatched = calls.iter_mut().find(|step_call| {
@@ -327,9 +333,9 @@ impl Session {
                     step_call.slot = CallSlot::Pending(PendingKind::Reconcile);
                     continue;
                 }
-                if let Some(request) = finished.asked {
+                if let Some(asked) = finished.asked {
                     step_call.slot = CallSlot::Pending(PendingKind::Input);
-                    step_call.asked = Some(request);
+                    step_call.asked = Some(asked.request);
                     continue;
                 }
                 let limit = self.policy.max_json_depth;
@@ -499,19 +505,18 @@ impl Session {
                     false,
                 ),
                 // It ran, and waits for a person: it is cut, not skipped.
-                CallSlot::Pending(PendingKind::Input) if finisher.is_some() => (
-                    {
-                        let key = self.idempotency_key(&call.id);
-                        self.question_closed(cx, &call.name, Some(key));
+                CallSlot::Pending(PendingKind::Input) if finisher.is_some() => {
+                    self.close_unwritten_question(cx, &call);
+                    (
                         ToolErrorCode::Interrupted
-                    }
-                        .with(format_args!(
-                            "{} asked for input, and another call of its step finished the run, so the question was dropped: the call may have acted before it asked",
-                            call.name
-                        ))
-                        .into(),
-                    false,
-                ),
+                            .with(format_args!(
+                                "{} asked for input, and another call of its step finished the run, so the question was dropped: the call may have acted before it asked",
+                                call.name
+                            ))
+                            .into(),
+                        false,
+                    )
+                }
                 CallSlot::Pending(_) if finisher.is_some() => (
                     ToolErrorCode::Skipped
                         .with("another call in this step already finished the run")

@@ -514,7 +514,8 @@ impl Session {
 
     /// Stages the removal of a call's entry, deadline (if still armed) and ownership.
     pub(super) fn unindex(&self, cx: &mut ApplyCx, call: &PendingCall) {
-        if call.kind == PendingKind::Input {
+        // A timeout told the tool when it was recorded.
+        if call.kind == PendingKind::Input && call.answer != Some(Answer::TimedOut) {
             self.question_closed(cx, &call.tool_name, call.idempotency_key.clone());
         }
         if call.answer.is_none() {
@@ -535,14 +536,31 @@ impl Session {
         }
     }
 
-    /// Tells the tool (after the commit) that a question of its call is closed; the key is
-    /// the call's (the last reply's, when the entry was written without one).
+    /// Tells the tool (after the commit) that a question of its call `key` is closed. An
+    /// entry without a key was written before questions carried one, by an earlier process:
+    /// nothing can be held for it.
     pub(super) fn question_closed(&self, cx: &mut ApplyCx, tool: &str, key: Option<String>) {
-        cx.push(Effect::QuestionClosed {
-            agent: std::sync::Arc::clone(&self.agent),
-            tool: tool.to_string(),
-            idempotency_key: key.unwrap_or_default(),
-        });
+        if let Some(idempotency_key) = key {
+            cx.push(Effect::QuestionClosed {
+                agent: std::sync::Arc::clone(&self.agent),
+                tool: tool.to_string(),
+                idempotency_key,
+            });
+        }
+    }
+
+    /// A question `call` asked in the step that is being settled or cut, which never became
+    /// an entry (an entry that goes tells the tool as it goes); a server call still running
+    /// may have asked one too. Told to the tool: nobody will answer.
+    pub(super) fn close_unwritten_question(&self, cx: &mut ApplyCx, call: &ToolCall) {
+        let server_tool = matches!(
+            self.agent.tool(&call.name).map(|tool| &tool.def.kind),
+            Some(ToolKind::Server(_))
+        );
+        if server_tool && self.pending.get(&call.id).is_none() {
+            let key = self.idempotency_key(&call.id);
+            self.question_closed(cx, &call.name, Some(key));
+        }
     }
 
     /// Whether this session is its own root, so its calls need no ownership entry.
