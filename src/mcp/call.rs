@@ -275,7 +275,7 @@ impl Request {
         safe_to_retry: bool,
         asker: &Arc<Asker>,
     ) -> Result<Value, ToolError> {
-        let (server, tool, timeout) = (&self.server, self.tool.as_str(), self.timeout);
+        let (server, timeout) = (&self.server, self.timeout);
         let gone = || {
             failure(
                 ToolErrorCode::McpServerUnavailable,
@@ -323,45 +323,64 @@ impl Request {
                 Ok(_) => ServiceError::UnexpectedResponse,
                 Err(error) => error,
             };
-            match error {
-            ServiceError::McpError(error) => {
-                return Err(failure(
-                    ToolErrorCode::McpRequestFailed,
-                    format!(
-                        "MCP server {server} refused the call: {} ({})",
-                        error.message, error.code.0
-                    ),
-                ))
-            }
-            ServiceError::UnexpectedResponse => {
-                return Err(failure(
-                    ToolErrorCode::McpRequestFailed,
-                    format!("MCP server {server} answered the call with something else"),
-                ))
-            }
+            self.after_failure(
+                shared,
+                error,
+                number,
+                resent,
+                safe_to_retry,
+                &mut maybe_sent,
+            )?;
+            newer_than = Some(number);
+            resent += 1;
+        }
+    }
+
+    /// What a failed try of connection `number` means: `Ok` sends the call again (on a newer
+    /// connection), `Err` is the call's outcome. `maybe_sent` says whether a try may have
+    /// reached the server, and is set when this one may have.
+    fn after_failure(
+        &self,
+        shared: &Weak<Shared>,
+        error: ServiceError,
+        number: u64,
+        resent: u32,
+        safe_to_retry: bool,
+        maybe_sent: &mut bool,
+    ) -> Result<(), ToolError> {
+        let (server, tool) = (&self.server, self.tool.as_str());
+        match error {
+            ServiceError::McpError(error) => Err(failure(
+                ToolErrorCode::McpRequestFailed,
+                format!(
+                    "MCP server {server} refused the call: {} ({})",
+                    error.message, error.code.0
+                ),
+            )),
+            ServiceError::UnexpectedResponse => Err(failure(
+                ToolErrorCode::McpRequestFailed,
+                format!("MCP server {server} answered the call with something else"),
+            )),
             // A cancellation was sent (if the connection took it); the server may have acted.
-            ServiceError::Timeout { timeout } => {
-                return Err(failure(
-                    ToolErrorCode::ToolDurabilityError,
-                    format!(
-                        "MCP server {server} did not answer within {timeout:?}; a cancellation was sent, the call may or may not have taken effect, and it was not sent again"
-                    ),
-                ))
-            }
+            ServiceError::Timeout { timeout } => Err(failure(
+                ToolErrorCode::ToolDurabilityError,
+                format!(
+                    "MCP server {server} did not answer within {timeout:?}; a cancellation was sent, the call may or may not have taken effect, and it was not sent again"
+                ),
+            )),
             // Never reached the server: nothing can have run; sent on the next connection.
             ServiceError::TransportSend(error) if never_reached(&error) => {
                 tracing::warn!(%server, tool, %error, "MCP call could not be sent; waiting for the server");
                 broken(shared, number);
-                if resent == RESENDS && maybe_sent {
-                    return Err(failure(
+                match (resent == RESENDS, *maybe_sent) {
+                    (false, _) => Ok(()),
+                    (true, true) => Err(failure(
                         ToolErrorCode::ToolDurabilityError,
                         format!(
                             "MCP server {server} went away with the call in flight, and it could not be sent again; it may or may not have taken effect"
                         ),
-                    ));
-                }
-                if resent == RESENDS {
-                    return Err(self.unavailable());
+                    )),
+                    (true, false) => Err(self.unavailable()),
                 }
             }
             // Sent, and the connection ended before the answer: the server may have acted.
@@ -376,11 +395,9 @@ impl Request {
                     ));
                 }
                 tracing::warn!(%server, tool, %error, "MCP server went away with a call in flight; sending it again (safe to retry)");
-                maybe_sent = true;
+                *maybe_sent = true;
+                Ok(())
             }
-        }
-            newer_than = Some(number);
-            resent += 1;
         }
     }
 }

@@ -225,16 +225,11 @@ impl Session {
                 CallSlot::Dispatched | CallSlot::Checking => {
                     // It may have asked a question that is on its way back.
                     self.close_unwritten_question(cx, &call);
-                    (
-                    ToolErrorCode::Interrupted
-                        .with(format_args!(
-                            "{why} while {} was running; it was cancelled and may or may not have taken effect",
-                            call.name
-                        ))
-                        .into(),
-                    false,
-                    Map::new(),
-                )
+                    let cancelled = ToolErrorCode::Interrupted.with(format_args!(
+                        "{why} while {} was running; it was cancelled and may or may not have taken effect",
+                        call.name
+                    ));
+                    (cancelled.into(), false, Map::new())
                 }
                 CallSlot::Child => {
                     let finished = self

@@ -303,7 +303,15 @@ impl Session {
         step: u32,
         outcomes: Vec<FinishedCall>,
     ) {
-        let current = matches!(&self.phase, Phase::AwaitingTools { run_id: r, step: s, tools_running: true, .. } if *r == run_id && *s == step);
+        let current = match &self.phase {
+            Phase::AwaitingTools {
+                run_id: r,
+                step: s,
+                tools_running,
+                ..
+            } => *r == run_id && *s == step && *tools_running,
+            _ => false,
+        };
         if !current {
             // A late answer for a step that has since ended (an interrupt or abort cut it):
             // a question one of its calls asked has nobody to answer it.
