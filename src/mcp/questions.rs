@@ -5,10 +5,10 @@
 //! flight. MCP does not say which call a question is for (on stdio nothing in the request
 //! relates it to one), so it goes to the one call in flight on that connection that is not
 //! already waiting for an answer; when there are several it is refused, and the server's tool
-//! sees the error. The question goes to the
-//! call's handler, which makes it an `input` call of the session
-//! ([`ToolContext::ask`](crate::definition::ToolContext::ask)) and parks the call here, its
-//! request still open, until the session runs the tool again with the answer.
+//! sees the error. The question goes to the call's handler, which makes it an `input` call of
+//! the session ([`ToolContext::ask`](crate::definition::ToolContext::ask)) and parks the call
+//! here, its request still open, until the session runs the tool again with the answer (or
+//! closes the question, or `input_timeout` passes).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
