@@ -99,6 +99,26 @@ async fn the_question(runtime: &Runtime, root: &SessionId) -> anyhow::Result<Str
     Ok(request.message)
 }
 
+/// The rmcp server's `book` of `flight` asked in a tree on a `MemoryStore`, on `clock`: its
+/// log, the runtime, and the root, once the question waits at the root.
+async fn booking(
+    flight: &str,
+    clock: Arc<ManualClock>,
+) -> anyhow::Result<(rmcp_server::Log, Runtime, SessionId)> {
+    let served = rmcp_server::serve().await?;
+    // The agent's tools keep the connection once this handle is gone.
+    let tools = McpTools::connect(McpServer::http("air", served.url)).await?;
+    let input = json!({ "flight": flight });
+    let store = Arc::new(MemoryStore::new());
+    let runtime = tree_on_clock(store, &tools, "book", input, clock)?;
+    let root: SessionId = "trip".parse()?;
+    let waiting = runtime.execute_on(&root, "lead", "go").await?;
+    assert_eq!(waiting.status, Status::SuspendedAwaitingChildren);
+    let question = the_question(&runtime, &root).await?;
+    assert_eq!(question, format!("Which seat on {flight}?"));
+    Ok((served.log, runtime, root))
+}
+
 /// The result of the child's call `t1`.
 async fn child_result(runtime: &Runtime, root: &SessionId) -> anyhow::Result<ToolOutcome> {
     let messages = runtime.messages(&root.ephemeral_child("c1")).await?;
@@ -117,19 +137,7 @@ fn answers(log: &rmcp_server::Log) -> Vec<Value> {
 #[tokio::test]
 async fn an_rmcp_tool_asks_in_a_sub_agent_is_answered_at_the_root_and_its_call_goes_on(
 ) -> anyhow::Result<()> {
-    let served = rmcp_server::serve().await?;
-    let log = served.log.clone();
-    let tools = McpTools::connect(McpServer::http("air", served.url)).await?;
-    let runtime = tree(
-        Arc::new(MemoryStore::new()),
-        &tools,
-        "book",
-        json!({ "flight": "LH1" }),
-    )?;
-    let root: SessionId = "trip".parse()?;
-    let waiting = runtime.execute_on(&root, "lead", "go").await?;
-    assert_eq!(waiting.status, Status::SuspendedAwaitingChildren);
-    assert_eq!(the_question(&runtime, &root).await?, "Which seat on LH1?");
+    let (log, runtime, root) = booking("LH1", Arc::new(ManualClock::new(0))).await?;
 
     // An answer that is not what the server asked for is refused; the question keeps waiting.
     let wrong = Submit::result("trip", "t1", json!({ "row": 12 }));
@@ -162,17 +170,7 @@ async fn an_rmcp_tool_asks_in_a_sub_agent_is_answered_at_the_root_and_its_call_g
 
 #[tokio::test]
 async fn a_refused_question_is_declined_at_the_server() -> anyhow::Result<()> {
-    let served = rmcp_server::serve().await?;
-    let log = served.log.clone();
-    let tools = McpTools::connect(McpServer::http("air", served.url)).await?;
-    let runtime = tree(
-        Arc::new(MemoryStore::new()),
-        &tools,
-        "book",
-        json!({ "flight": "LH2" }),
-    )?;
-    let root: SessionId = "trip".parse()?;
-    runtime.execute_on(&root, "lead", "go").await?;
+    let (log, runtime, root) = booking("LH2", Arc::new(ManualClock::new(0))).await?;
     let refuse = Submit::error("trip", "t1", "no window seats left");
     assert_eq!(
         runtime.submit_tool_result(refuse).await?,
@@ -339,20 +337,8 @@ async fn a_restart_of_dormant_while_a_python_sdk_tool_asks_is_a_durability_error
 #[tokio::test]
 async fn a_question_that_times_out_in_the_session_is_cancelled_at_the_server() -> anyhow::Result<()>
 {
-    let served = rmcp_server::serve().await?;
-    let log = served.log.clone();
-    let tools = McpTools::connect(McpServer::http("air", served.url)).await?;
     let clock = Arc::new(ManualClock::new(0));
-    let runtime = tree_on_clock(
-        Arc::new(MemoryStore::new()),
-        &tools,
-        "book",
-        json!({ "flight": "LH4" }),
-        clock.clone(),
-    )?;
-    let root: SessionId = "trip".parse()?;
-    runtime.execute_on(&root, "lead", "go").await?;
-    assert_eq!(the_question(&runtime, &root).await?, "Which seat on LH4?");
+    let (log, runtime, root) = booking("LH4", clock.clone()).await?;
     // Past the agent's client-tool deadline (5 minutes by default).
     let answered = log.answered.notified();
     clock.advance(dormant::definition::DEFAULT_CLIENT_TOOL_TIMEOUT_MS);

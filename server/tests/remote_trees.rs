@@ -52,6 +52,21 @@ fn delegate(call: &str, tool: &str) -> ModelReply {
     )])
 }
 
+/// The parent side, on a temporary sled store: `lead` delegates its call `d1` (tool `far`)
+/// to `agent` on the server at `base`, then says "lead done".
+fn parent_of(base: &str, agent: &str) -> anyhow::Result<Runtime> {
+    let lead = AgentDefinition::builder("lead")
+        .tool(ToolDefinition::remote_sub_agent("far", base, agent))
+        .build()?;
+    let llm = ScriptedLlm::new().script(
+        "lead",
+        vec![delegate("d1", "far"), ModelReply::text("lead done")],
+    );
+    Ok(builder(Arc::new(SledStore::temporary()?), llm)
+        .agent(lead)
+        .build()?)
+}
+
 fn ask(call: &str) -> ModelReply {
     ModelReply::tool_calls(vec![ToolCall::new(call, "ask", json!({}))])
 }
@@ -102,16 +117,7 @@ async fn a_remote_child_with_a_local_grandchild_is_answered_at_the_root() -> any
             .agent(asker("leaf")?),
     )
     .await?;
-    let lead = AgentDefinition::builder("lead")
-        .tool(ToolDefinition::remote_sub_agent("far", &remote.base, "mid"))
-        .build()?;
-    let llm = ScriptedLlm::new().script(
-        "lead",
-        vec![delegate("d1", "far"), ModelReply::text("lead done")],
-    );
-    let parent = builder(Arc::new(SledStore::temporary()?), llm)
-        .agent(lead)
-        .build()?;
+    let parent = parent_of(&remote.base, "mid")?;
 
     let root: SessionId = "tree-a".parse()?;
     let run = parent.execute_on(&root, "lead", "go").await?;
@@ -150,16 +156,7 @@ async fn two_hops_route_a_submit_at_the_root_through_the_middle_server() -> anyh
         vec![delegate("m1", "farther"), ModelReply::text("mid done")],
     );
     let middle = served(builder(Arc::new(SledStore::temporary()?), llm).agent(mid)).await?;
-    let lead = AgentDefinition::builder("lead")
-        .tool(ToolDefinition::remote_sub_agent("far", &middle.base, "mid"))
-        .build()?;
-    let llm = ScriptedLlm::new().script(
-        "lead",
-        vec![delegate("d1", "far"), ModelReply::text("lead done")],
-    );
-    let parent = builder(Arc::new(SledStore::temporary()?), llm)
-        .agent(lead)
-        .build()?;
+    let parent = parent_of(&middle.base, "mid")?;
 
     let root: SessionId = "tree-b".parse()?;
     let run = parent.execute_on(&root, "lead", "go").await?;
@@ -252,20 +249,7 @@ async fn simple_tree(root: &str) -> anyhow::Result<(TestServer, Runtime, Session
     let llm = ScriptedLlm::new().script("helper", vec![ask("q1"), ModelReply::text("helper done")]);
     let remote =
         served(builder(Arc::new(SledStore::temporary()?), llm).agent(asker("helper")?)).await?;
-    let lead = AgentDefinition::builder("lead")
-        .tool(ToolDefinition::remote_sub_agent(
-            "far",
-            &remote.base,
-            "helper",
-        ))
-        .build()?;
-    let llm = ScriptedLlm::new().script(
-        "lead",
-        vec![delegate("d1", "far"), ModelReply::text("lead done")],
-    );
-    let parent = builder(Arc::new(SledStore::temporary()?), llm)
-        .agent(lead)
-        .build()?;
+    let parent = parent_of(&remote.base, "helper")?;
     let root: SessionId = root.parse()?;
     let run = parent.execute_on(&root, "lead", "go").await?;
     assert_eq!(run.status, Status::SuspendedAwaitingChildren);
@@ -310,20 +294,7 @@ async fn a_timeout_on_the_remote_reaches_the_parent_as_the_childs_tool_error() -
             .agent(asker("helper")?),
     )
     .await?;
-    let lead = AgentDefinition::builder("lead")
-        .tool(ToolDefinition::remote_sub_agent(
-            "far",
-            &remote.base,
-            "helper",
-        ))
-        .build()?;
-    let llm = ScriptedLlm::new().script(
-        "lead",
-        vec![delegate("d1", "far"), ModelReply::text("lead done")],
-    );
-    let parent = builder(Arc::new(SledStore::temporary()?), llm)
-        .agent(lead)
-        .build()?;
+    let parent = parent_of(&remote.base, "helper")?;
     let root: SessionId = "tree-f".parse()?;
     let run = parent.execute_on(&root, "lead", "go").await?;
     assert_eq!(run.status, Status::SuspendedAwaitingChildren);
@@ -423,20 +394,7 @@ async fn a_question_a_tool_asks_on_the_remote_is_listed_and_answered_at_the_root
         ],
     );
     let remote = served(builder(Arc::new(SledStore::temporary()?), llm).agent(desk)).await?;
-    let lead = AgentDefinition::builder("lead")
-        .tool(ToolDefinition::remote_sub_agent(
-            "far",
-            &remote.base,
-            "desk",
-        ))
-        .build()?;
-    let llm = ScriptedLlm::new().script(
-        "lead",
-        vec![delegate("d1", "far"), ModelReply::text("lead done")],
-    );
-    let parent = builder(Arc::new(SledStore::temporary()?), llm)
-        .agent(lead)
-        .build()?;
+    let parent = parent_of(&remote.base, "desk")?;
 
     let root: SessionId = "tree-q".parse()?;
     let run = parent.execute_on(&root, "lead", "go").await?;
