@@ -134,6 +134,13 @@ fn answers(log: &rmcp_server::Log) -> Vec<Value> {
         .unwrap_or_default()
 }
 
+/// Whether the server's question was cancelled. The question open when dormant stops is
+/// cancelled at the server if the closing connection still carries the reply, which is a race
+/// with the connection's end: the restart tests allow it and nothing else.
+fn is_cancel(answer: &Value) -> bool {
+    answer == &json!({ "action": "cancel" })
+}
+
 #[tokio::test]
 async fn an_rmcp_tool_asks_in_a_sub_agent_is_answered_at_the_root_and_its_call_goes_on(
 ) -> anyhow::Result<()> {
@@ -232,7 +239,11 @@ async fn after_a_restart_of_dormant_a_call_that_asked_is_not_sent_again_unless_s
         "{result:?}"
     );
     assert_eq!(log.calls().len(), 1, "book is not safe to retry: sent once");
-    assert!(answers(&log).is_empty(), "the answer had nowhere to go");
+    assert!(
+        answers(&log).iter().all(is_cancel),
+        "the answer had nowhere to go: {:?}",
+        answers(&log)
+    );
     Ok(())
 }
 
@@ -247,11 +258,14 @@ async fn after_a_restart_of_dormant_an_idempotent_call_that_asked_is_sent_again_
         calls[0].idempotency_key, calls[1].idempotency_key,
         "with the same idempotency key"
     );
+    let answers = answers(&log);
+    let (last, before) = answers.split_last().unwrap_or((&Value::Null, &[]));
     assert_eq!(
-        answers(&log),
-        vec![json!({ "action": "accept", "content": { "seat": "7C" } })],
-        "the question asked again got the answer given"
+        last,
+        &json!({ "action": "accept", "content": { "seat": "7C" } }),
+        "the question asked again got the answer given: {answers:?}"
     );
+    assert!(before.iter().all(is_cancel), "{answers:?}");
     Ok(())
 }
 
