@@ -57,6 +57,43 @@ async fn the_store_contract_holds_on_postgres() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A commit the database refuses (a key too large for its index) fails with the database's
+/// error and writes nothing of its batch; the commits after it are written as before: the
+/// pipelined transaction that failed did not leave its connection inside a transaction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_the_database_refuses_writes_nothing_and_the_next_ones_go_on() -> anyhow::Result<()>
+{
+    let Some(cluster) = dormant::testkit::PgCluster::start()? else {
+        return Ok(());
+    };
+    let store = PgStore::connect(&cluster.url()).await?;
+    // Bytes that do not compress, so the key stays over the index's limit of about 2.7 kB.
+    let mut state = 0x9e37_79b9_7f4a_7c15_u64;
+    let huge: Vec<u8> = (0..10_000)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state.to_le_bytes()[0]
+        })
+        .collect();
+    let refused = store
+        .commit(batch(&[(b"beside", Some(b"x")), (&huge, Some(b"y"))]))
+        .await;
+    let error = refused
+        .err()
+        .ok_or_else(|| anyhow::anyhow!("the huge key was written"))?;
+    assert!(error.to_string().contains("PostgreSQL"), "{error}");
+    assert_eq!(store.get(Tree::Pending, b"beside").await?, None);
+    for index in 0..20u32 {
+        let key = format!("after/{index:02}");
+        store.commit(batch(&[(key.as_bytes(), Some(b"v"))])).await?;
+    }
+    assert_eq!(store.scan_prefix(Tree::Pending, b"after/").await?.len(), 20);
+    store.close().await?;
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrations_run_once_and_a_newer_database_is_refused() -> anyhow::Result<()> {
     let Some(cluster) = dormant::testkit::PgCluster::start()? else {

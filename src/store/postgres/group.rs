@@ -128,10 +128,49 @@ fn fold(group: &[Pending], fenced: &[bool]) -> Folded {
 /// One transaction: the leases of the group's sessions checked (and locked), then every put
 /// of the batches that may write in one statement, every delete in another. Which batches
 /// (by position) were refused for want of their lease.
+///
+/// Its statements are pipelined (tokio-postgres sends the requests of futures polled together
+/// without waiting for each answer), so the transaction costs two round trips to the database
+/// instead of five: `BEGIN` with the lease check, then the writes with `COMMIT`. The writes
+/// need the check's answer (a fenced batch writes nothing), so that is where it waits. A
+/// write that fails aborts the transaction, and the `COMMIT` sent behind it then ends it as a
+/// rollback; the group's result is that write's error.
 async fn commit_group(pool: &Pool, leases: &Leases, group: &[Pending]) -> Result<Vec<bool>, Error> {
-    let mut client = pool.get().await.map_err(Error::backend)?;
-    let transaction = client.transaction().await.map_err(db)?;
-    let fenced = fence(&transaction, leases, group).await?;
+    let client = pool.get().await.map_err(Error::backend)?;
+    let result = transaction(&client, leases, group).await;
+    if result.is_err() {
+        // Whatever failed, the connection goes back to the pool outside any transaction (a
+        // failure before the `COMMIT` was sent leaves it open).
+        let _ = client.batch_execute("ROLLBACK").await;
+    }
+    result
+}
+
+/// The statements of [`commit_group`] on `client`.
+async fn transaction(
+    client: &deadpool_postgres::ClientWrapper,
+    leases: &Leases,
+    group: &[Pending],
+) -> Result<Vec<bool>, Error> {
+    let put = client
+        .prepare_cached(
+            "INSERT INTO dormant_kv (tree, key, value) \
+             SELECT * FROM unnest($1::int2[], $2::bytea[], $3::bytea[]) \
+             ON CONFLICT (tree, key) DO UPDATE SET value = excluded.value",
+        )
+        .await
+        .map_err(db)?;
+    let delete = client
+        .prepare_cached(
+            "DELETE FROM dormant_kv USING unnest($1::int2[], $2::bytea[]) AS gone(tree, key) \
+             WHERE dormant_kv.tree = gone.tree AND dormant_kv.key = gone.key",
+        )
+        .await
+        .map_err(db)?;
+    let (begun, fenced) =
+        futures::join!(client.batch_execute("BEGIN"), fence(client, leases, group));
+    begun.map_err(db)?;
+    let fenced = fenced?;
     let folded = fold(group, &fenced);
     let (mut put_trees, mut put_keys, mut put_values) = (Vec::new(), Vec::new(), Vec::new());
     let (mut delete_trees, mut delete_keys) = (Vec::new(), Vec::new());
@@ -148,34 +187,29 @@ async fn commit_group(pool: &Pool, leases: &Leases, group: &[Pending]) -> Result
             }
         }
     }
-    if !put_keys.is_empty() {
-        let statement = transaction
-            .prepare_cached(
-                "INSERT INTO dormant_kv (tree, key, value) \
-                 SELECT * FROM unnest($1::int2[], $2::bytea[], $3::bytea[]) \
-                 ON CONFLICT (tree, key) DO UPDATE SET value = excluded.value",
-            )
+    let puts = async {
+        if put_keys.is_empty() {
+            return Ok(0);
+        }
+        client
+            .execute(&put, &[&put_trees, &put_keys, &put_values])
             .await
-            .map_err(db)?;
-        transaction
-            .execute(&statement, &[&put_trees, &put_keys, &put_values])
+    };
+    let deletes = async {
+        if delete_keys.is_empty() {
+            return Ok(0);
+        }
+        client
+            .execute(&delete, &[&delete_trees, &delete_keys])
             .await
-            .map_err(db)?;
-    }
-    if !delete_keys.is_empty() {
-        let statement = transaction
-            .prepare_cached(
-                "DELETE FROM dormant_kv USING unnest($1::int2[], $2::bytea[]) AS gone(tree, key) \
-                 WHERE dormant_kv.tree = gone.tree AND dormant_kv.key = gone.key",
-            )
-            .await
-            .map_err(db)?;
-        transaction
-            .execute(&statement, &[&delete_trees, &delete_keys])
-            .await
-            .map_err(db)?;
-    }
-    transaction.commit().await.map_err(db)?;
+    };
+    let (put, deleted, committed) = futures::join!(puts, deletes, client.simple_query("COMMIT"));
+    put.map_err(db)?;
+    deleted.map_err(db)?;
+    // Reached only if every statement before it succeeded: then `COMMIT` commits or fails
+    // with an error of its own (a `COMMIT` of a transaction a statement aborted would answer
+    // `ROLLBACK` without one, which is why the writes' own results are checked first).
+    committed.map_err(db)?;
     Ok(fenced)
 }
 
@@ -184,7 +218,7 @@ async fn commit_group(pool: &Pool, leases: &Leases, group: &[Pending]) -> Result
 /// is stale), or the database says the node lost it (taken over, or this node's liveness
 /// expired by the database's clock). The lease rows of the others stay locked until the transaction ends.
 async fn fence(
-    transaction: &deadpool_postgres::Transaction<'_>,
+    client: &deadpool_postgres::ClientWrapper,
     leases: &Leases,
     group: &[Pending],
 ) -> Result<Vec<bool>, Error> {
@@ -207,7 +241,7 @@ async fn fence(
     let mut valid = HashSet::new();
     if !pairs.is_empty() {
         let (sessions, epochs): (Vec<String>, Vec<i64>) = pairs.iter().cloned().unzip();
-        let statement = transaction
+        let statement = client
             .prepare_cached(
                 // In session order, so two commits never wait on each other in a cycle.
                 // A lease is held while it is not given up and its owner (this node) is live.
@@ -220,7 +254,7 @@ async fn fence(
             )
             .await
             .map_err(db)?;
-        let rows = transaction
+        let rows = client
             .query(&statement, &[&sessions, &epochs, &leases.node])
             .await
             .map_err(db)?;
