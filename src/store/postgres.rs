@@ -24,6 +24,7 @@
 //! ```
 
 mod batch;
+mod commit;
 mod group;
 mod lease;
 mod migrate;
