@@ -119,7 +119,7 @@ pub(crate) async fn owners(
     via_root: Option<&SessionId>,
 ) -> Result<Result<Vec<Owner>, SubmitOutcome>, Error> {
     let store = shared.store.as_ref();
-    let Some(lineage) = schema::load_lineage(store, root).await? else {
+    let Some(lineage) = shared.lineages.of(store, root).await? else {
         return Ok(Err(SubmitOutcome::UnknownToolCall));
     };
     if lineage.parent.is_some() {

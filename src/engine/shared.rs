@@ -23,9 +23,10 @@ pub(crate) struct Shared {
     pub(crate) store: Arc<dyn Store>,
     /// Who owns which tree, when other nodes share the store.
     pub(crate) leases: Arc<dyn crate::cluster::leases::Leases>,
-    /// The roots of sessions read so far (a session's never changes): what a call is routed
-    /// by, and the lease its actor takes.
-    pub(crate) roots: crate::cluster::lineage::Roots,
+    /// The lineages of sessions read so far (a session's never changes): the root a call is
+    /// routed by and its actor's lease is named after, and what an answer's root is checked
+    /// against.
+    pub(crate) lineages: crate::cluster::lineage::Lineages,
     /// The owners of other nodes' trees looked up lately.
     pub(crate) owners: crate::cluster::leases::Owners,
     pub(crate) llm: Arc<dyn LlmAdapter>,
@@ -67,7 +68,7 @@ impl std::fmt::Debug for Shared {
 impl Shared {
     /// The root of `session`'s tree, remembered once read.
     pub(crate) async fn root_of(&self, session: &SessionId) -> Result<SessionId, Error> {
-        Ok(self.roots.of(self.store.as_ref(), session).await?)
+        Ok(self.lineages.root(self.store.as_ref(), session).await?)
     }
 
     /// Makes a session's commit durable, and counts it. The one way a session's writes reach

@@ -304,7 +304,7 @@ impl RuntimeBuilder {
         let shared = Arc::new(Shared {
             store,
             leases,
-            roots: crate::cluster::lineage::Roots::default(),
+            lineages: crate::cluster::lineage::Lineages::default(),
             owners: crate::cluster::leases::Owners::default(),
             llm: self.llm.unwrap_or_else(|| Arc::new(ScriptedLlm::new())),
             clock: Arc::clone(&self.clock),

@@ -54,7 +54,11 @@ pub(crate) async fn route(
     if !may_route(shared) || shared.leases.holds(session.as_str()) {
         return Ok(Route::Here);
     }
-    let root = match shared.roots.known(shared.store.as_ref(), session).await? {
+    let root = match shared
+        .lineages
+        .known_root(shared.store.as_ref(), session)
+        .await?
+    {
         Some(root) => root,
         // Not written yet: a new session, whose start takes its lease here. If another node
         // took it first (it starts the session at the same moment), the second look finds
