@@ -117,3 +117,51 @@ async fn lease_takes_queued_together_are_one_statement_and_a_refusal_names_the_o
     other.close().await?;
     Ok(())
 }
+
+/// Commits queued together are one group, and the first group of a store whose lease on one
+/// session was taken over writes the others of the group and refuses that one alone
+/// (`LeaseLost`, nothing of it written): the check that finds the lease gone aborts the
+/// one-round-trip transaction, and the group is written again knowing which lease is held.
+#[tokio::test]
+async fn a_group_with_a_lease_taken_over_writes_the_others_and_refuses_that_one(
+) -> anyhow::Result<()> {
+    let Some(cluster) = PgCluster::start()? else {
+        return Ok(());
+    };
+    let this = store(&cluster.url(), "this").await?;
+    let (lost, kept) = tokio::join!(this.acquire("lost", "lost"), this.acquire("kept", "kept"));
+    lost?;
+    kept?;
+    // This node's lease on `lost` expires (by the database's clock), and another node takes it;
+    // this one does not know.
+    let (sql, connection) = tokio_postgres::connect(&cluster.url(), tokio_postgres::NoTls).await?;
+    tokio::spawn(connection);
+    sql.execute(
+        "UPDATE dormant_leases SET expires_at = now() - interval '1 second' WHERE session = 'lost'",
+        &[],
+    )
+    .await?;
+    let other = store(&cluster.url(), "other").await?;
+    other.acquire("lost", "lost").await?;
+    assert!(this.holds("lost"), "this node has not learnt it yet");
+
+    let write = |session: &str| {
+        let mut batch = Batch::new(CommitKind::Other).for_session(session);
+        batch.put(Tree::Pending, session.as_bytes().to_vec(), b"v".to_vec());
+        batch
+    };
+    let (refused, written) = tokio::join!(this.commit(write("lost")), this.commit(write("kept")));
+    match refused {
+        Err(Error::LeaseLost { session }) => assert_eq!(session, "lost"),
+        other => panic!("a batch whose lease was taken over is refused, got {other:?}"),
+    }
+    written?;
+    assert_eq!(this.get(Tree::Pending, b"kept").await?, Some(b"v".to_vec()));
+    assert_eq!(this.get(Tree::Pending, b"lost").await?, None);
+    assert!(!this.holds("lost"), "the lost lease is forgotten");
+    // The store goes on writing, in one round trip again.
+    this.commit(write("kept")).await?;
+    this.close().await?;
+    other.close().await?;
+    Ok(())
+}

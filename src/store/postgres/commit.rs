@@ -14,6 +14,7 @@ use std::collections::{BTreeMap, HashSet};
 
 use deadpool_postgres::{ClientWrapper, Pool};
 use tokio_postgres::error::SqlState;
+use tokio_postgres::Statement;
 
 use super::group::Pending;
 use super::lease::Leases;
@@ -54,18 +55,68 @@ pub(super) async fn commit_group(
     leases: &Leases,
     group: &[Pending],
 ) -> Result<Vec<bool>, Error> {
-    let client = pool.get().await.map_err(Error::backend)?;
+    let connection = Connection(Some(pool.get().await.map_err(Error::backend)?));
+    let Some(client) = connection.0.as_deref() else {
+        return Err(Error::backend("no connection"));
+    };
+    let statements = Statements::prepare(client).await?;
     let claims = Claims::of(leases, group);
-    let mut result = one_trip(&client, leases, group, &claims).await;
+    let mut result = one_trip(client, &statements, leases, group, &claims).await;
     if matches!(result, Ok(None)) {
-        result = two_trips(&client, leases, group, &claims).await.map(Some);
+        result = two_trips(client, &statements, leases, group, &claims)
+            .await
+            .map(Some);
     }
     if result.is_err() {
         // Whatever failed, the connection goes back to the pool outside any transaction (a
         // failure before the `COMMIT` was sent leaves it open).
         let _ = client.batch_execute("ROLLBACK").await;
     }
+    connection.release();
     result.map(|fenced| fenced.unwrap_or_default())
+}
+
+/// The group's pooled connection: back to the pool once its transaction is over (committed
+/// or rolled back); closed instead if the commit's future is dropped midway, which ends the
+/// transaction there (PostgreSQL rolls back a closed connection's), so no connection goes back
+/// to the pool inside one.
+struct Connection(Option<deadpool_postgres::Object>);
+
+impl Connection {
+    fn release(mut self) {
+        // Dropped here, the object goes back to its pool.
+        self.0.take();
+    }
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        if let Some(object) = self.0.take() {
+            drop(deadpool_postgres::Object::take(object));
+        }
+    }
+}
+
+/// The transaction's statements, prepared on its connection before it begins (the first
+/// time; then remembered there): nothing is awaited between the requests a round trip
+/// pipelines, so they go out in order, all of them. (A statement prepared inside the
+/// transaction after a failed check would be refused, and the `COMMIT` behind it not sent.)
+struct Statements {
+    all_held: Statement,
+    held: Statement,
+    put: Statement,
+    delete: Statement,
+}
+
+impl Statements {
+    async fn prepare(client: &ClientWrapper) -> Result<Self, Error> {
+        Ok(Self {
+            all_held: client.prepare_cached(ALL_HELD).await.map_err(db)?,
+            held: client.prepare_cached(HELD).await.map_err(db)?,
+            put: client.prepare_cached(PUT).await.map_err(db)?,
+            delete: client.prepare_cached(DELETE).await.map_err(db)?,
+        })
+    }
 }
 
 /// Each batch's lease and the epoch this node holds it at, read once.
@@ -119,11 +170,11 @@ impl Claims {
 /// (nothing was written; ask which).
 async fn one_trip(
     client: &ClientWrapper,
+    statements: &Statements,
     leases: &Leases,
     group: &[Pending],
     claims: &Claims,
 ) -> Result<Option<Vec<bool>>, Error> {
-    let check = client.prepare_cached(ALL_HELD).await.map_err(db)?;
     let fenced = claims.fenced(&claims.pairs.iter().cloned().collect());
     let writes = Writes::of(group, &fenced);
     let (sessions, epochs) = claims.columns();
@@ -133,12 +184,18 @@ async fn one_trip(
             return Ok(());
         }
         client
-            .query(&check, &[&sessions, &epochs, &leases.node, &count])
+            .query(
+                &statements.all_held,
+                &[&sessions, &epochs, &leases.node, &count],
+            )
             .await
             .map(drop)
     };
-    let (begun, checked, written) =
-        futures::join!(client.batch_execute("BEGIN"), checked, writes.send(client),);
+    let (begun, checked, written) = futures::join!(
+        client.batch_execute("BEGIN"),
+        checked,
+        writes.send(client, statements)
+    );
     begun.map_err(db)?;
     if let Err(error) = checked {
         if error.code() == Some(&SqlState::DIVISION_BY_ZERO) {
@@ -155,15 +212,18 @@ async fn one_trip(
 /// writes of the batches that may write, with `COMMIT`.
 async fn two_trips(
     client: &ClientWrapper,
+    statements: &Statements,
     leases: &Leases,
     group: &[Pending],
     claims: &Claims,
 ) -> Result<Vec<bool>, Error> {
-    let (begun, valid) =
-        futures::join!(client.batch_execute("BEGIN"), held(client, leases, claims));
+    let (begun, valid) = futures::join!(
+        client.batch_execute("BEGIN"),
+        held(client, &statements.held, leases, claims)
+    );
     begun.map_err(db)?;
     let fenced = claims.fenced(&valid?);
-    Writes::of(group, &fenced).send(client).await?;
+    Writes::of(group, &fenced).send(client, statements).await?;
     Ok(fenced)
 }
 
@@ -172,6 +232,7 @@ async fn two_trips(
 /// lease was taken over, or this node's liveness expired by the database's clock).
 async fn held(
     client: &ClientWrapper,
+    statement: &Statement,
     leases: &Leases,
     claims: &Claims,
 ) -> Result<HashSet<(String, i64)>, Error> {
@@ -179,10 +240,9 @@ async fn held(
     if claims.pairs.is_empty() {
         return Ok(valid);
     }
-    let statement = client.prepare_cached(HELD).await.map_err(db)?;
     let (sessions, epochs) = claims.columns();
     let rows = client
-        .query(&statement, &[&sessions, &epochs, &leases.node])
+        .query(statement, &[&sessions, &epochs, &leases.node])
         .await
         .map_err(db)?;
     for row in rows {
@@ -257,15 +317,14 @@ impl Writes {
 
     /// Sends the put, the delete and `COMMIT` together, inside the transaction begun on
     /// `client`.
-    async fn send(&self, client: &ClientWrapper) -> Result<(), Error> {
-        let put = client.prepare_cached(PUT).await.map_err(db)?;
-        let delete = client.prepare_cached(DELETE).await.map_err(db)?;
+    async fn send(&self, client: &ClientWrapper, statements: &Statements) -> Result<(), Error> {
+        let (put, delete) = (&statements.put, &statements.delete);
         let puts = async {
             if self.put_keys.is_empty() {
                 return Ok(0);
             }
             client
-                .execute(&put, &[&self.put_trees, &self.put_keys, &self.put_values])
+                .execute(put, &[&self.put_trees, &self.put_keys, &self.put_values])
                 .await
         };
         let deletes = async {
@@ -273,7 +332,7 @@ impl Writes {
                 return Ok(0);
             }
             client
-                .execute(&delete, &[&self.delete_trees, &self.delete_keys])
+                .execute(delete, &[&self.delete_trees, &self.delete_keys])
                 .await
         };
         let (put, deleted, committed) =
