@@ -16,10 +16,9 @@ use deadpool_postgres::{ClientWrapper, Pool};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::Statement;
 
-use super::group::Pending;
 use super::lease::Leases;
 use super::{db, tree_id};
-use crate::store::{Error, Op};
+use crate::store::{Batch, Error, Op};
 
 /// Which lease rows are held, in session order so that two commits never wait on each other
 /// in a cycle. A lease is held while it is not given up and its owner (this node) is live.
@@ -53,7 +52,7 @@ const DELETE: &str =
 pub(super) async fn commit_group(
     pool: &Pool,
     leases: &Leases,
-    group: &[Pending],
+    group: &[&Batch],
 ) -> Result<Vec<bool>, Error> {
     let connection = Connection(Some(pool.get().await.map_err(Error::backend)?));
     let Some(client) = connection.0.as_deref() else {
@@ -129,12 +128,12 @@ struct Claims {
 }
 
 impl Claims {
-    fn of(leases: &Leases, group: &[Pending]) -> Self {
+    fn of(leases: &Leases, group: &[&Batch]) -> Self {
         let each: Vec<Option<(String, Option<i64>)>> = group
             .iter()
-            .map(|pending| {
-                let lease = pending.batch.session()?;
-                let writer = pending.batch.writer().unwrap_or(lease);
+            .map(|batch| {
+                let lease = batch.session()?;
+                let writer = batch.writer().unwrap_or(lease);
                 Some((lease.to_string(), leases.fence_epoch(writer, lease)))
             })
             .collect();
@@ -172,7 +171,7 @@ async fn one_trip(
     client: &ClientWrapper,
     statements: &Statements,
     leases: &Leases,
-    group: &[Pending],
+    group: &[&Batch],
     claims: &Claims,
 ) -> Result<Option<Vec<bool>>, Error> {
     let fenced = claims.fenced(&claims.pairs.iter().cloned().collect());
@@ -214,7 +213,7 @@ async fn two_trips(
     client: &ClientWrapper,
     statements: &Statements,
     leases: &Leases,
-    group: &[Pending],
+    group: &[&Batch],
     claims: &Claims,
 ) -> Result<Vec<bool>, Error> {
     let (begun, valid) = futures::join!(
@@ -273,15 +272,15 @@ struct Writes {
 }
 
 impl Writes {
-    fn of(group: &[Pending], fenced: &[bool]) -> Self {
+    fn of(group: &[&Batch], fenced: &[bool]) -> Self {
         let mut folded: BTreeMap<(i16, Vec<u8>), Option<Vec<u8>>> = BTreeMap::new();
         let allowed = group
             .iter()
             .zip(fenced)
             .filter(|(_, fenced)| !**fenced)
-            .map(|(pending, _)| pending);
-        for pending in allowed {
-            for op in pending.batch.ops() {
+            .map(|(batch, _)| batch);
+        for batch in allowed {
+            for op in batch.ops() {
                 match op {
                     Op::Put { tree, key, value } => {
                         folded.insert((tree_id(*tree), key.clone()), Some(value.clone()));

@@ -60,7 +60,8 @@ pub(super) async fn run(
         if group.is_empty() {
             continue;
         }
-        let mut result = commit_group(&pool, &leases, &group).await;
+        let batches: Vec<&Batch> = group.iter().map(|pending| &pending.batch).collect();
+        let mut result = commit_group(&pool, &leases, &batches).await;
         // A deadlock with a lease take or takeover is resolved by PostgreSQL aborting one
         // side (rare: a take locks one lease row, a commit locks its rows in order): try the
         // group again.
@@ -68,7 +69,7 @@ pub(super) async fn run(
             match &result {
                 Err(error) if is_retryable(error) => {
                     tracing::info!(%error, "store.postgres_commit_retried");
-                    result = commit_group(&pool, &leases, &group).await;
+                    result = commit_group(&pool, &leases, &batches).await;
                 }
                 _ => break,
             }
