@@ -20,24 +20,32 @@ use super::lease::Leases;
 use super::{db, tree_id};
 use crate::store::{Batch, Error, Op};
 
-/// Which lease rows are held, in session order so that two commits never wait on each other
-/// in a cycle. A lease is held while it is not given up and its owner (this node) is live.
-const HELD: &str = "SELECT l.session, l.epoch FROM dormant_leases l \
-     JOIN unnest($1::text[], $2::int8[]) AS h(session, epoch) \
-     ON l.session = h.session AND l.epoch = h.epoch \
-     JOIN dormant_nodes n ON n.node = l.owner AND n.expires_at > now() \
-     WHERE l.owner = $3 AND l.expires_at > now() \
-     ORDER BY l.session FOR SHARE OF l";
+/// Which of the claimed (lease, epoch) pairs (`$1`, `$2`) this node (`$3`) holds, their rows
+/// locked `FOR SHARE` until the transaction ends (a takeover waits for it). A lease is held
+/// while it is not given up and its owner, this node, is live. Each pair is one index lookup
+/// (the `OFFSET 0` keeps the planner from turning them into a scan of the whole lease table,
+/// which it did for a join with the pairs: a sort of every lease for each group), and the rows
+/// are locked in the pairs' order, which the caller sorts by lease name as lease takes do:
+/// two transactions never wait on each other in a cycle.
+const HELD: &str = "SELECT held.session, held.epoch \
+     FROM unnest($1::text[], $2::int8[]) AS h(session, epoch) \
+     CROSS JOIN LATERAL ( \
+         SELECT l.session, l.epoch FROM dormant_leases l \
+         WHERE l.session = h.session AND l.epoch = h.epoch \
+           AND l.owner = $3 AND l.expires_at > now() \
+         FOR SHARE OFFSET 0) AS held \
+     WHERE EXISTS (SELECT 1 FROM dormant_nodes n WHERE n.node = $3 AND n.expires_at > now())";
 
 /// The one-round-trip check: [`HELD`]'s rows locked, and a division by zero (which aborts the
 /// transaction) unless there are as many as claimed (`$4`).
-const ALL_HELD: &str = "SELECT 1 / (SELECT CASE WHEN count(*) = $4 THEN 1 ELSE 0 END FROM ( \
-     SELECT l.session FROM dormant_leases l \
-     JOIN unnest($1::text[], $2::int8[]) AS h(session, epoch) \
-     ON l.session = h.session AND l.epoch = h.epoch \
-     JOIN dormant_nodes n ON n.node = l.owner AND n.expires_at > now() \
-     WHERE l.owner = $3 AND l.expires_at > now() \
-     ORDER BY l.session FOR SHARE OF l) AS held)";
+const ALL_HELD: &str = "SELECT 1 / (SELECT CASE WHEN count(*) = $4 THEN 1 ELSE 0 END \
+     FROM unnest($1::text[], $2::int8[]) AS h(session, epoch) \
+     CROSS JOIN LATERAL ( \
+         SELECT l.session FROM dormant_leases l \
+         WHERE l.session = h.session AND l.epoch = h.epoch \
+           AND l.owner = $3 AND l.expires_at > now() \
+         FOR SHARE OFFSET 0) AS held \
+     WHERE EXISTS (SELECT 1 FROM dormant_nodes n WHERE n.node = $3 AND n.expires_at > now()))";
 
 const PUT: &str = "INSERT INTO dormant_kv (tree, key, value) \
      SELECT * FROM unnest($1::int2[], $2::bytea[], $3::bytea[]) \
@@ -123,7 +131,8 @@ struct Claims {
     /// By batch: `None` for a batch of no session, `Some((lease, None))` for one whose writer
     /// this node does not hold the lease of.
     each: Vec<Option<(String, Option<i64>)>>,
-    /// The distinct (lease, epoch) pairs to check, in order.
+    /// The distinct (lease, epoch) pairs to check, in byte order of the lease names (the
+    /// order the check locks their rows in, and lease takes theirs).
     pairs: Vec<(String, i64)>,
 }
 
