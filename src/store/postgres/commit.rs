@@ -24,7 +24,8 @@ use crate::store::{Batch, Error, Op};
 /// locked `FOR SHARE` until the transaction ends (a takeover waits for it). A lease is held
 /// while it is not given up and its owner, this node, is live. Each pair is one index lookup
 /// (the `OFFSET 0` keeps the planner from turning them into a scan of the whole lease table,
-/// which it did for a join with the pairs: a sort of every lease for each group), and the rows
+/// which it did for a join with the pairs at a few thousand leases: a scan and a sort of every
+/// lease for each group, ten times the cost of the lookups), and the rows
 /// are locked in the pairs' order, which the caller sorts by lease name as lease takes do:
 /// two transactions never wait on each other in a cycle.
 const HELD: &str = "SELECT held.session, held.epoch \
