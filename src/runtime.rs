@@ -406,16 +406,28 @@ impl Runtime {
         if self.inner.is_closing() {
             return;
         }
-        // A session stored as running with no actor here was cut by a crash: activating it
-        // closes that run as interrupted, which is the settled state it is waiting for.
-        if !self.inner.host.is_resident(id) && !matches!(self.status(id).await, Ok(Status::Running))
-        {
-            return;
-        }
         let (reply, settled) = oneshot::channel();
-        self.inner
-            .host
-            .send(id.clone(), SessionMsg::WaitSettled { reply });
+        if self.inner.host.is_resident(id) {
+            self.inner
+                .host
+                .send(id.clone(), SessionMsg::WaitSettled { reply });
+        } else {
+            // A session stored as running with no actor here was cut by a crash: activating it
+            // closes that run as interrupted, which is the settled state it is waiting for.
+            // Looked at in a task of its own, so that a caller who stops waiting at once (a
+            // timed wait such as `GET /status?settle_ms=1`, while the store read is still
+            // under way) still has the cut run closed; else the reply is dropped unsent.
+            let runtime = self.clone();
+            let id = id.clone();
+            tokio::spawn(async move {
+                if matches!(runtime.status(&id).await, Ok(Status::Running)) {
+                    runtime
+                        .inner
+                        .host
+                        .send(id, SessionMsg::WaitSettled { reply });
+                }
+            });
+        }
         let _ = settled.await;
     }
 

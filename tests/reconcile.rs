@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use dormant::definition::{OnCut, Reconciled};
 use dormant::store::{CommitKind, Store};
-use dormant::testkit::{Fault, FaultyStore};
+use dormant::testkit::{Call, Delegate, DelegatingStore, Fault, FaultyStore};
 use dormant::types::InboxFilter;
 use dormant::{
     AgentDefinition, ManualClock, ModelReply, PendingKind, Runtime, ScriptedLlm, SessionId,
@@ -124,6 +124,56 @@ async fn a_cut_call_waits_in_the_inbox_and_runs_once_more_with_the_same_key_afte
         .await?
         .items
         .is_empty());
+    runtime.shutdown().await?;
+    Ok(())
+}
+
+/// A store whose reads each yield once before they read.
+#[derive(Debug)]
+struct ReadsYield;
+
+#[async_trait::async_trait]
+impl Delegate for ReadsYield {
+    async fn before(&self, call: Call<'_>) -> Result<(), dormant::store::Error> {
+        if !matches!(call, Call::Commit(_)) {
+            tokio::task::yield_now().await;
+        }
+        Ok(())
+    }
+}
+
+/// A wait for a crash-cut session that gives up at once (as `GET /status?settle_ms=1` does
+/// under load, before the store was even read) still has the cut run closed as interrupted:
+/// the page that asked then offers to resume it, as it is told by the run's chunk.
+#[tokio::test]
+async fn a_wait_that_gives_up_at_once_still_has_a_cut_run_closed() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let runs = Runs::default();
+    cut_pay(Arc::new(SledStore::open(dir.path())?), &runs).await?;
+    // Every read of the reopened store takes a turn of the scheduler, as a read of a store
+    // whose answer comes from another thread or over the network does.
+    let slow = DelegatingStore::wrap(Arc::new(SledStore::open(dir.path())?), ReadsYield);
+    let runtime = runtime(Arc::new(slow), &runs, None)?;
+    let id: SessionId = "s1".parse()?;
+    assert_eq!(
+        runtime.status(&id).await?,
+        Status::Running,
+        "as the crash left it"
+    );
+    // Polled once and dropped: the store read it began is still under way.
+    let waited = futures::FutureExt::now_or_never(runtime.wait_settled(&id));
+    assert!(
+        waited.is_none(),
+        "the wait gave up before the session settled"
+    );
+    // Reading the status does not activate the session: only the wait that gave up can have.
+    let mut reads = 0;
+    while runtime.status(&id).await? == Status::Running {
+        reads += 1;
+        assert!(reads < 100_000, "the cut run was never closed");
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(runtime.status(&id).await?, Status::Interrupted);
     runtime.shutdown().await?;
     Ok(())
 }
