@@ -157,13 +157,16 @@ impl Claims {
         Self { each, pairs }
     }
 
-    /// Which batches may not write when the pairs in `valid` are held.
-    fn fenced(&self, valid: &HashSet<(String, i64)>) -> Vec<bool> {
+    /// Which batches may not write when the pairs in `valid` are held (`None`: every claimed
+    /// pair is, as the one-round-trip path supposes).
+    fn fenced(&self, valid: Option<&HashSet<(String, i64)>>) -> Vec<bool> {
         self.each
             .iter()
             .map(|claim| match claim {
                 None => false,
-                Some((lease, Some(epoch))) => !valid.contains(&(lease.clone(), *epoch)),
+                Some((lease, Some(epoch))) => {
+                    valid.is_some_and(|valid| !valid.contains(&(lease.clone(), *epoch)))
+                }
                 Some((_, None)) => true,
             })
             .collect()
@@ -184,7 +187,7 @@ async fn one_trip(
     group: &[&Batch],
     claims: &Claims,
 ) -> Result<Option<Vec<bool>>, Error> {
-    let fenced = claims.fenced(&claims.pairs.iter().cloned().collect());
+    let fenced = claims.fenced(None);
     let writes = Writes::of(group, &fenced);
     let (sessions, epochs) = claims.columns();
     let count = i64::try_from(claims.pairs.len()).unwrap_or(i64::MAX);
@@ -231,7 +234,7 @@ async fn two_trips(
         held(client, &statements.held, leases, claims)
     );
     begun.map_err(db)?;
-    let fenced = claims.fenced(&valid?);
+    let fenced = claims.fenced(Some(&valid?));
     Writes::of(group, &fenced).send(client, statements).await?;
     Ok(fenced)
 }
