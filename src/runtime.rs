@@ -925,6 +925,16 @@ impl Runtime {
         }
     }
 
+    /// Runs `task` on the tokio runtime this one was built in, from any thread (a metrics
+    /// exporter's callbacks run on the exporter's own).
+    #[cfg(feature = "otel")]
+    pub(crate) fn spawn_detached(
+        &self,
+        task: impl std::future::Future<Output = ()> + Send + 'static,
+    ) {
+        drop(self.inner.tokio().spawn(task));
+    }
+
     fn agent(&self, name: &str) -> Result<Arc<AgentDefinition>, Error> {
         self.inner
             .shared

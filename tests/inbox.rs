@@ -86,6 +86,7 @@ async fn the_inbox_lists_every_waiting_call_soonest_deadline_first() -> anyhow::
         ]
     );
     assert_eq!(all.next, None, "read to the end");
+    assert_eq!(runtime.waiting_calls().await?, 3, "counted as listed");
     let deploy = &all.items[0];
     assert_eq!(deploy.kind, PendingKind::Approval);
     assert_eq!(deploy.agent, "ops");
@@ -148,10 +149,12 @@ async fn the_inbox_lists_every_waiting_call_soonest_deadline_first() -> anyhow::
         ids(&left),
         [("b".into(), "d1".into()), ("c".into(), "e1".into())]
     );
+    assert_eq!(runtime.waiting_calls().await?, 2);
     // Past its deadline (32,000), a call no longer waits, swept or not.
     clock.advance(31_000);
     let left = runtime.inbox(&InboxFilter::all(), None, 50).await?;
     assert_eq!(ids(&left), [("c".into(), "e1".into())]);
+    assert_eq!(runtime.waiting_calls().await?, 1);
     Ok(())
 }
 

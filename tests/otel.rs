@@ -245,7 +245,6 @@ async fn the_runtimes_metrics_are_exported_over_otlp() -> anyhow::Result<()> {
     let traces = receiver::tracer_provider(&base)?;
     let dir = tempfile::tempdir()?;
     let runtime = runtime(Arc::new(SledStore::open(dir.path())?), &traces)?;
-    dormant::telemetry::observe_metrics(&runtime, &meters.meter("dormant"));
     let id: SessionId = "s-metrics".parse()?;
     runtime.execute_on(&id, "helper", "go").await?;
     let answer = Submit::result("s-metrics", "c2", json!({ "picked": "a" }));
@@ -253,7 +252,19 @@ async fn the_runtimes_metrics_are_exported_over_otlp() -> anyhow::Result<()> {
         runtime.submit_tool_result(answer).await?,
         SubmitOutcome::Accepted
     );
-    meters.force_flush()?;
+    dormant::telemetry::observe_metrics(&runtime, &meters.meter("dormant"));
+    // The calls that wait are counted in the background, at the first collection: the
+    // collections after it report the count (the approval c3; c2 is answered).
+    let mut waiting = Vec::new();
+    for _ in 0..1_000 {
+        meters.force_flush()?;
+        waiting = received.gauge("dormant.client_tool.pending");
+        if !waiting.is_empty() {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(waiting.first(), Some(&1), "{waiting:?}");
     let names = received.metric_names();
     for expected in [
         "dormant.sessions.resident",
@@ -261,6 +272,7 @@ async fn the_runtimes_metrics_are_exported_over_otlp() -> anyhow::Result<()> {
         "dormant.commit.latency.p99",
         "dormant.client_tool.answered",
         "dormant.client_tool.timeouts",
+        "dormant.client_tool.pending",
     ] {
         assert!(
             names.iter().any(|name| name == expected),

@@ -213,10 +213,11 @@ async fn a_replayed_start_reattaches_and_a_replayed_answer_is_a_duplicate() -> a
     let agent = Agent::start(&python, &dir.path().join("agent.log"))?;
     let endpoint = format!("a2a+{}", agent.base);
     let child: dormant::SessionId = "root-sub-pay-1".parse()?;
+    let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
     let parent = RemoteParent {
         parent: "root".parse()?,
         root: "root".parse()?,
-        traceparent: None,
+        traceparent: Some(traceparent.into()),
     };
     let first = HttpRemoteAgents::new(None);
     let started = first
@@ -228,6 +229,14 @@ async fn a_replayed_start_reattaches_and_a_replayed_answer_is_a_duplicate() -> a
         .start(&endpoint, "a2a", &child, "refund order 7", &parent)
         .await?;
     assert_eq!(again, RemoteStart::Existed);
+    // The calling run's trace context went with the start, as dormant's protocol carries it.
+    let started: Vec<Value> = agent
+        .events()?
+        .into_iter()
+        .filter(|event| event["event"] == "started")
+        .collect();
+    assert_eq!(started.len(), 1);
+    assert_eq!(started[0]["traceparent"], traceparent);
 
     // Followed until it stops working (the stream ends then), it waits on one call.
     let mut follow = replayed.chunks(&endpoint, &child, 0).await?;

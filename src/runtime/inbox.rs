@@ -19,6 +19,25 @@ const ENTRIES_PER_ITEM: usize = 8;
 const ENTRIES_AT_ONCE: usize = 256;
 
 impl Runtime {
+    /// How many calls wait for an answer now, across every session and sub-agent of the
+    /// store: client tools, approvals and reconciliations not yet answered, their deadlines
+    /// not passed. A read of every pending call (the calls answered but not yet resumed
+    /// included, which it leaves out), so it costs what there is; the inbox lists them.
+    ///
+    /// ```
+    /// # async fn demo(runtime: dormant::Runtime) -> Result<(), dormant::ReadError> {
+    /// println!("{} calls wait for a person", runtime.waiting_calls().await?);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// A store failure, or a pending call that does not read.
+    pub async fn waiting_calls(&self) -> Result<u64, ReadError> {
+        self.ensure_open()?;
+        let now = self.now_ms();
+        self.read(schema::count_waiting(self.store(), now, ENTRIES_AT_ONCE).await)
+    }
+
     /// Up to `limit` (at least one) calls that wait for a person (client tools, approvals and
     /// reconciliations, of every
     /// session and sub-agent), soonest deadline first, that `filter` keeps, from `after` (a

@@ -72,6 +72,12 @@ impl Inner {
         }
     }
 
+    /// The tokio runtime the runtime was built in.
+    #[cfg(feature = "otel")]
+    pub(super) fn tokio(&self) -> &tokio::runtime::Handle {
+        &self.tokio
+    }
+
     /// Whether `shutdown` began.
     pub(super) fn is_closing(&self) -> bool {
         self.closing.load(Ordering::Acquire)

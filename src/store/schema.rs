@@ -849,6 +849,31 @@ pub(crate) async fn pending_call(
         .transpose()
 }
 
+/// How many pending calls still wait for an answer at `now` (not answered, deadline not
+/// passed), every session's: a read of every pending entry, `page` at a time.
+pub(crate) async fn count_waiting(store: &dyn Store, now: u64, page: usize) -> Result<u64, Error> {
+    let page = page.max(1);
+    let mut from = Vec::new();
+    let mut waiting = 0;
+    loop {
+        let entries = store
+            .scan_range(Tree::Pending, &from, &[0xff; 3], page)
+            .await?;
+        for (key, bytes) in &entries {
+            // A key that does not split is no call of a session: nothing waits on it.
+            let Some((session, _)) = split_call_key(key) else {
+                continue;
+            };
+            let pending: PendingCall = decode(&session, Tree::Pending, bytes)?;
+            waiting += u64::from(pending.is_waiting(now));
+        }
+        match entries.last() {
+            Some((last, _)) if entries.len() == page => from = successor(last),
+            _ => return Ok(waiting),
+        }
+    }
+}
+
 /// When call `call` under `root` completed, if a tombstone remains.
 pub(crate) async fn tombstone(
     store: &dyn Store,

@@ -1,14 +1,30 @@
 //! The runtime's counters as OpenTelemetry metrics: observed from [`Runtime::stats`] and
 //! [`Runtime::client_tool_stats`] whenever the application's meter provider collects.
 
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
 use opentelemetry::metrics::{AsyncInstrument, Meter};
+use parking_lot::Mutex;
 
 use crate::runtime::handle::Runtime;
+use crate::runtime::WeakRuntime;
+
+/// How old the count of waiting calls may be before a collection has it counted again: the
+/// count reads every pending call, too much to do at every collection of a large store.
+const WAITING_COUNTED_EVERY: Duration = Duration::from_secs(30);
 
 /// Registers the runtime's metrics with `meter` (from the application's meter provider): the
-/// resident sessions, the commits and their latency, the bytes they wrote, and the client-tool
-/// and approval calls answered, timed out, aborted and abandoned (a suspension cycle is one
-/// answered call). The instruments hold the runtime weakly: they read nothing once it is gone.
+/// resident sessions, the commits and their latency, the bytes they wrote, the calls that
+/// wait for an answer, and the client-tool and approval calls answered, timed out, aborted and
+/// abandoned (a suspension cycle is one answered call). The instruments hold the runtime
+/// weakly: they read nothing once it is gone.
+///
+/// `dormant.client_tool.pending` is [`Runtime::waiting_calls`], every session's (on a store
+/// several nodes share, the cluster's): a read of every pending call, so a collection has it
+/// counted in the background when the count it has is older than 30 seconds, and reports
+/// that last count meanwhile (nothing before the first).
 ///
 /// ```no_run
 /// # fn demo(runtime: &dormant::Runtime) {
@@ -73,6 +89,17 @@ pub fn observe_metrics(runtime: &Runtime, meter: &Meter) {
         "By",
         |runtime| runtime.stats().commit_bytes,
     );
+    let waiting = WaitingCount::new(runtime.downgrade());
+    meter
+        .u64_observable_gauge("dormant.client_tool.pending")
+        .with_description("Client-tool, approval and reconciliation calls that wait for an answer")
+        .with_unit("{call}")
+        .with_callback(move |observer| {
+            if let Some(count) = waiting.observe() {
+                observer.observe(count, &[]);
+            }
+        })
+        .build();
     counter(
         "dormant.client_tool.answered",
         "Client-tool and approval calls answered: suspension cycles",
@@ -97,4 +124,55 @@ pub fn observe_metrics(runtime: &Runtime, meter: &Meter) {
         "{call}",
         |runtime| runtime.client_tool_stats().abandoned,
     );
+}
+
+/// The last count of waiting calls, counted again in the background once it is stale.
+struct WaitingCount {
+    runtime: WeakRuntime,
+    last: Arc<Last>,
+}
+
+#[derive(Default)]
+struct Last {
+    count: AtomicU64,
+    /// When the last count began (`None`: none finished yet).
+    at: Mutex<Option<Instant>>,
+    counting: AtomicBool,
+}
+
+impl WaitingCount {
+    fn new(runtime: WeakRuntime) -> Self {
+        Self {
+            runtime,
+            last: Arc::default(),
+        }
+    }
+
+    /// The last count, after starting another if it is stale and none is under way.
+    fn observe(&self) -> Option<u64> {
+        let runtime = self.runtime.upgrade()?;
+        let at = *self.last.at.lock();
+        let stale = at.is_none_or(|at| at.elapsed() >= WAITING_COUNTED_EVERY);
+        if stale && !self.last.counting.swap(true, Ordering::AcqRel) {
+            let last = Arc::clone(&self.last);
+            let weak = runtime.downgrade();
+            runtime.spawn_detached(async move {
+                let began = Instant::now();
+                let counted = match weak.upgrade() {
+                    Some(runtime) => runtime.waiting_calls().await,
+                    None => Err(crate::ReadError::ShutDown),
+                };
+                match counted {
+                    Ok(count) => {
+                        last.count.store(count, Ordering::Relaxed);
+                        *last.at.lock() = Some(began);
+                    }
+                    // Tried again at the next collection.
+                    Err(error) => tracing::debug!(%error, "telemetry.waiting_count_failed"),
+                }
+                last.counting.store(false, Ordering::Release);
+            });
+        }
+        at.map(|_| self.last.count.load(Ordering::Relaxed))
+    }
 }

@@ -9,6 +9,8 @@ use axum::routing::post;
 use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::any_value::Value as AnyValue;
+use opentelemetry_proto::tonic::metrics::v1::metric::Data;
+use opentelemetry_proto::tonic::metrics::v1::{number_data_point, Metric};
 use opentelemetry_proto::tonic::trace::v1::Span;
 use prost::Message;
 
@@ -16,6 +18,7 @@ use prost::Message;
 pub(crate) struct Received {
     spans: Arc<Mutex<Vec<Span>>>,
     metrics: Arc<Mutex<Vec<String>>>,
+    gauges: Arc<Mutex<Vec<(String, i64)>>>,
     services: Arc<Mutex<Vec<String>>>,
 }
 
@@ -33,6 +36,21 @@ impl Received {
         self.services
             .lock()
             .map(|names| names.clone())
+            .unwrap_or_default()
+    }
+
+    /// The integer values of the gauge `name` received, in order.
+    #[allow(dead_code)] // Not every test binary that includes the receiver reads metrics.
+    pub(crate) fn gauge(&self, name: &str) -> Vec<i64> {
+        self.gauges
+            .lock()
+            .map(|gauges| {
+                gauges
+                    .iter()
+                    .filter(|(gauge, _)| gauge == name)
+                    .map(|(_, value)| *value)
+                    .collect()
+            })
             .unwrap_or_default()
     }
 
@@ -77,14 +95,29 @@ async fn traces(State(received): State<Received>, body: Bytes) -> &'static str {
 
 async fn metrics(State(received): State<Received>, body: Bytes) -> &'static str {
     if let Ok(request) = ExportMetricsServiceRequest::decode(body) {
-        let names = request
+        let metrics: Vec<Metric> = request
             .resource_metrics
             .into_iter()
             .flat_map(|resource| resource.scope_metrics)
             .flat_map(|scope| scope.metrics)
-            .map(|metric| metric.name);
+            .collect();
+        let gauges =
+            metrics.iter().filter_map(|metric| match &metric.data {
+                Some(Data::Gauge(gauge)) => gauge.data_points.iter().find_map(|point| match point
+                    .value
+                {
+                    Some(number_data_point::Value::AsInt(value)) => {
+                        Some((metric.name.clone(), value))
+                    }
+                    _ => None,
+                }),
+                _ => None,
+            });
+        if let Ok(mut all) = received.gauges.lock() {
+            all.extend(gauges);
+        }
         if let Ok(mut all) = received.metrics.lock() {
-            all.extend(names);
+            all.extend(metrics.into_iter().map(|metric| metric.name));
         }
     }
     ""

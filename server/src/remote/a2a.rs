@@ -209,7 +209,12 @@ impl A2aClient {
             },
             "configuration": { "returnImmediately": true },
         });
-        let answer = self.rpc(base, "SendMessage", params).await?;
+        // The calling run's trace context, as dormant's own protocol carries it: an agent that
+        // records spans links its task's to the run that started it.
+        let answer = self
+            .rpc_sent(base, "SendMessage", params, parent.traceparent.as_deref())
+            .await
+            .map_err(|failed| failed.error)?;
         let key = child_key(base, session.as_str());
         if let Some(task) = answer["task"]["id"].as_str() {
             self.known.lock().tasks.insert(key, task.to_string());

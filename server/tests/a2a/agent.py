@@ -7,7 +7,7 @@ for input ("Which account should the refund go to?", TASK_STATE_INPUT_REQUIRED);
 message completes it with the artifact "refunded to ACCOUNT". A first message that says "auth"
 asks for credentials instead (TASK_STATE_AUTH_REQUIRED). Each task started, each answer taken
 and each cancel is one line of LOG (JSON), so the test can count them: a task started twice,
-or an answer applied twice, shows there.
+or an answer applied twice, shows there. A start's line has the request's W3C `traceparent`.
 """
 
 import json
@@ -42,7 +42,14 @@ class Refunds(AgentExecutor):
         updater = TaskUpdater(event_queue, context.task_id, context.context_id)
         said = context.get_user_input()
         if context.current_task is None:
-            log("started", task=context.task_id, context=context.context_id, said=said)
+            headers = context.call_context.state.get("headers", {})
+            log(
+                "started",
+                task=context.task_id,
+                context=context.context_id,
+                said=said,
+                traceparent=headers.get("traceparent"),
+            )
             await event_queue.enqueue_event(new_task_from_user_message(context.message))
             await updater.start_work()
             if "auth" in said:

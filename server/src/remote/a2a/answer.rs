@@ -52,7 +52,7 @@ impl A2aClient {
             "configuration": { "returnImmediately": true },
         });
         let key = call_key(base, context, call);
-        match self.rpc_sent(base, "SendMessage", params).await {
+        match self.rpc_sent(base, "SendMessage", params, None).await {
             Ok(_) => Ok(SubmitOutcome::Accepted),
             Err(Failed {
                 error: RemoteError::Refused { code, message, .. },

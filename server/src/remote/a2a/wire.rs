@@ -87,22 +87,27 @@ impl A2aClient {
         method: &str,
         params: Value,
     ) -> Result<Value, RemoteError> {
-        self.rpc_sent(base, method, params)
+        self.rpc_sent(base, method, params, None)
             .await
             .map_err(|failed| failed.error)
     }
 
-    /// [`A2aClient::rpc`], saying of a failure whether the request may have reached the agent.
+    /// [`A2aClient::rpc`], saying of a failure whether the request may have reached the agent,
+    /// with the W3C `traceparent` of the run that makes it, if given.
     pub(super) async fn rpc_sent(
         &self,
         base: &str,
         method: &str,
         params: Value,
+        traceparent: Option<&str>,
     ) -> Result<Value, Failed> {
         let url = self.interface(base).await?.url;
         let body = json!({ "jsonrpc": "2.0", "id": 1, "method": method, "params": params });
-        let response = self
-            .authorized(self.client.reqwest().post(&url))
+        let mut request = self.authorized(self.client.reqwest().post(&url));
+        if let Some(traceparent) = traceparent {
+            request = request.header("traceparent", traceparent);
+        }
+        let response = request
             .header("A2A-Version", "1.0")
             .json(&body)
             .timeout(Duration::from_secs(60))
