@@ -18,7 +18,7 @@
 //! **Across suspensions and restarts.** A run's trace id and span id are derived from its run
 //! id ([`run_trace`]), so the run that resumes a suspended one (after a restart too: nothing
 //! is kept in memory between them) links to the suspended run's span and carries
-//! `dormant.previous_run_id`, and a remote child's runs link to the run that called it, from
+//! `dormant.previous_run_id` and `dormant.suspended_ms` (how long it waited), and a remote child's runs link to the run that called it, from
 //! another process, through the W3C `traceparent` the remote protocol carries
 //! ([`traceparent`]).
 //!

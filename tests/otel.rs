@@ -21,10 +21,15 @@ use serde_json::json;
 
 /// Agent `helper`: `lookup` (a server tool), `pick` (a client tool) and `send` (approval).
 fn runtime(store: Arc<SledStore>, provider: &SdkTracerProvider) -> anyhow::Result<Runtime> {
-    runtime_with(store, Telemetry::new(provider))
+    runtime_with(store, Telemetry::new(provider), 0)
 }
 
-fn runtime_with(store: Arc<SledStore>, telemetry: Telemetry) -> anyhow::Result<Runtime> {
+/// The runtime of every test here, its clock at `now_ms`.
+fn runtime_with(
+    store: Arc<SledStore>,
+    telemetry: Telemetry,
+    now_ms: u64,
+) -> anyhow::Result<Runtime> {
     let lookup = ToolDefinition::server("lookup", |_input, _ctx| async {
         Ok::<_, ToolError>(json!({ "found": true }))
     });
@@ -51,7 +56,7 @@ fn runtime_with(store: Arc<SledStore>, telemetry: Telemetry) -> anyhow::Result<R
     Ok(Runtime::builder()
         .store(store)
         .llm(Arc::new(llm))
-        .clock(Arc::new(ManualClock::new(0)))
+        .clock(Arc::new(ManualClock::new(now_ms)))
         .background_deadlines(false)
         .telemetry(telemetry)
         .agent(agent)
@@ -102,8 +107,9 @@ async fn a_suspended_run_answered_after_a_restart_is_one_linked_span_tree() -> a
         runtime.shutdown().await?;
         outcome.run_id
     };
-    // Restarted: a new runtime on the reopened store answers and resumes.
-    let runtime = runtime(Arc::new(SledStore::open(dir.path())?), &provider)?;
+    // Restarted 40 s later: a new runtime on the reopened store answers and resumes.
+    let store = Arc::new(SledStore::open(dir.path())?);
+    let runtime = runtime_with(store, Telemetry::new(&provider), 40_000)?;
     let answer = Submit::result("s-otel", "c2", json!({ "picked": "a" }));
     assert_eq!(
         runtime.submit_tool_result(answer).await?,
@@ -181,6 +187,11 @@ async fn a_suspended_run_answered_after_a_restart_is_one_linked_span_tree() -> a
     assert_eq!(
         text(resumed, "dormant.previous_run_id"),
         Some(first.to_string())
+    );
+    assert_eq!(
+        int(resumed, "dormant.suspended_ms"),
+        Some(40_000),
+        "how long it waited, across the restart"
     );
     assert_eq!(resumed.links.len(), 1, "linked to the suspended run");
     assert_eq!(resumed.links[0].trace_id, trace.to_bytes());
@@ -291,7 +302,7 @@ async fn content_is_recorded_only_when_asked() -> anyhow::Result<()> {
     let provider = receiver::tracer_provider(&base)?;
     let dir = tempfile::tempdir()?;
     let telemetry = Telemetry::new(&provider).capture_content(true);
-    let runtime = runtime_with(Arc::new(SledStore::open(dir.path())?), telemetry)?;
+    let runtime = runtime_with(Arc::new(SledStore::open(dir.path())?), telemetry, 0)?;
     runtime
         .execute_on(&"s-content".parse()?, "helper", "go")
         .await?;

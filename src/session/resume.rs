@@ -69,8 +69,9 @@ impl Session {
                     .forked_from
                     .clone()
                     .filter(|_| cut_by == Some(ErrorCode::ForkPoint));
+                let waited = self.waited_since(previous, cx.now);
                 self.start_run(cx, run_id, Some(previous));
-                cx.push(self.resumed_hook(run_id, previous, forked_from));
+                cx.push(self.resumed_hook(run_id, previous, waited, forked_from));
                 if crashed {
                     let forked = cut_by == Some(ErrorCode::ForkPoint);
                     self.retry_cut_calls(cx, run_id, forked);
@@ -110,6 +111,7 @@ impl Session {
             .as_ref()
             .and_then(|suspension| suspension.finish.clone());
         let text = self.run.as_ref().and_then(|run| run.text.clone());
+        let waited = self.waited_since(previous, cx.now);
         self.start_run(cx, run_id, Some(previous));
         if finish.is_some() {
             self.finishing = finish;
@@ -117,7 +119,7 @@ impl Session {
                 run.text = text;
             }
         }
-        cx.push(self.resumed_hook(run_id, previous, None));
+        cx.push(self.resumed_hook(run_id, previous, waited, None));
         let mut ordered: Vec<(u32, StepCall)> = self
             .children
             .entries()
@@ -240,16 +242,27 @@ impl Session {
         });
     }
 
+    /// How long since the run `previous` suspended (or was cut), when its record says when.
+    fn waited_since(&self, previous: RunId, now: u64) -> Option<u64> {
+        self.run
+            .as_ref()
+            .filter(|run| run.run_id == previous)
+            .and_then(|run| run.ended_at_ms)
+            .map(|ended| now.saturating_sub(ended))
+    }
+
     fn resumed_hook(
         &self,
         run_id: RunId,
         previous: RunId,
+        suspended_ms: Option<u64>,
         resumed_from_checkpoint: Option<crate::types::ForkOrigin>,
     ) -> Effect {
         Effect::Hook(HookEvent::AgentResumed {
             session: self.record.id.clone(),
             run_id,
             previous_run_id: previous,
+            suspended_ms,
             resumed_from_checkpoint,
         })
     }

@@ -168,6 +168,7 @@ impl SessionSpans {
                 session,
                 run_id,
                 previous_run_id,
+                suspended_ms,
                 ..
             } => {
                 let context = self.open(telemetry, origin, session, *run_id);
@@ -177,6 +178,9 @@ impl SessionSpans {
                     "dormant.previous_run_id",
                     previous_run_id.to_string(),
                 ));
+                if let Some(waited) = suspended_ms.and_then(|ms| i64::try_from(ms).ok()) {
+                    span.set_attribute(KeyValue::new("dormant.suspended_ms", waited));
+                }
             }
             HookEvent::BeforeTool {
                 session,

@@ -70,6 +70,10 @@ pub enum HookEvent {
         run_id: RunId,
         /// The suspended run.
         previous_run_id: RunId,
+        /// How long it was suspended, by the runtime's clock (ms): from its suspension (or
+        /// the crash that cut it) to this resume. `None` when its record does not say when it
+        /// ended.
+        suspended_ms: Option<u64>,
         /// For the first resume of a fork made inside a run: the source session and the
         /// checkpoint the fork went on from (seed 001's `resumedFromCheckpointId`).
         resumed_from_checkpoint: Option<crate::types::ForkOrigin>,
