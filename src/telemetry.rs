@@ -22,8 +22,8 @@
 //! another process, through the W3C `traceparent` the remote protocol carries
 //! ([`traceparent`]).
 //!
-//! **Content** (tool inputs and results) is not recorded unless
-//! [`Telemetry::capture_content`] says so.
+//! **Content** (the messages sent to the model and its replies, the system prompt, tool
+//! inputs and results) is not recorded unless [`Telemetry::capture_content`] says so.
 //!
 //! ```no_run
 //! # fn demo(provider: &opentelemetry::global::GlobalTracerProvider) -> Result<(), Box<dyn std::error::Error>> {
@@ -39,6 +39,8 @@
 //! # }
 //! ```
 
+#[cfg(feature = "otel")]
+mod content;
 #[cfg(feature = "otel")]
 mod ids;
 #[cfg(feature = "otel")]

@@ -228,6 +228,10 @@ async fn a_suspended_run_answered_after_a_restart_is_one_linked_span_tree() -> a
         text(lookup, "gen_ai.tool.call.result").is_none(),
         "no content by default"
     );
+    assert!(chats
+        .iter()
+        .all(|chat| text(chat, "gen_ai.input.messages").is_none()
+            && text(chat, "gen_ai.output.messages").is_none()));
     let pick = named(&spans, "execute_tool pick")?;
     assert_eq!(pick.parent_span_id, resumed_span.to_bytes());
     assert_eq!(text(pick, "dormant.tool.kind").as_deref(), Some("client"));
@@ -318,6 +322,20 @@ async fn content_is_recorded_only_when_asked() -> anyhow::Result<()> {
         text(lookup, "gen_ai.tool.call.result").as_deref(),
         Some(r#"{"found":true}"#)
     );
+    // The model call: what it was sent, and what it answered.
+    let chat = named(&spans, "chat")?;
+    let sent: serde_json::Value = serde_json::from_str(
+        &text(chat, "gen_ai.input.messages").ok_or_else(|| anyhow::anyhow!("no input"))?,
+    )?;
+    assert_eq!(
+        sent,
+        json!([{ "role": "user", "parts": [{ "type": "text", "content": "go" }] }])
+    );
+    let answered: serde_json::Value = serde_json::from_str(
+        &text(chat, "gen_ai.output.messages").ok_or_else(|| anyhow::anyhow!("no output"))?,
+    )?;
+    assert_eq!(answered[0]["finish_reason"], "tool_calls");
+    assert_eq!(answered[0]["parts"][0]["name"], "lookup");
     provider.shutdown()?;
     Ok(())
 }

@@ -63,9 +63,12 @@ impl Telemetry {
         }
     }
 
-    /// Records tool results, and the inputs of calls dispatched in this process, on the
-    /// `execute_tool` spans (`gen_ai.tool.call.result`, `gen_ai.tool.call.arguments`; off by
-    /// default: they may hold what a person typed, or secrets).
+    /// Records content (off by default: it may hold what a person typed, or secrets): the
+    /// conversation sent to the model, the system prompt and the reply on the `chat` spans
+    /// (`gen_ai.input.messages`, `gen_ai.system_instructions`, `gen_ai.output.messages`, as
+    /// the GenAI conventions' `{role, parts}` JSON), and tool results and the inputs of calls
+    /// dispatched in this process on the `execute_tool` spans (`gen_ai.tool.call.result`,
+    /// `gen_ai.tool.call.arguments`).
     #[must_use]
     pub fn capture_content(mut self, capture: bool) -> Self {
         self.capture_content = capture;
@@ -271,13 +274,28 @@ impl SessionSpans {
         if let Some(model) = &request.settings.model {
             attributes.push(KeyValue::new("gen_ai.request.model", model.clone()));
         }
+        if telemetry.capture_content {
+            if !request.system_prompt.is_empty() {
+                attributes.push(KeyValue::new(
+                    "gen_ai.system_instructions",
+                    request.system_prompt.clone(),
+                ));
+            }
+            attributes.push(KeyValue::new(
+                "gen_ai.input.messages",
+                super::content::input_messages(&request.messages),
+            ));
+        }
         let span = telemetry
             .tracer
             .span_builder(name)
             .with_kind(SpanKind::Client)
             .with_attributes(attributes)
             .start_with_context(&telemetry.tracer, &context);
-        ChatSpan(Some(Context::new().with_span(span)))
+        ChatSpan(Some((
+            Context::new().with_span(span),
+            telemetry.capture_content,
+        )))
     }
 
     /// Closes the run's span as the run settles (completed, failed, suspended, interrupted).
@@ -391,12 +409,14 @@ fn kind_name(kind: &ToolKind) -> &'static str {
 
 /// A model call's span, closed with what the model answered.
 #[derive(Debug)]
-pub(crate) struct ChatSpan(Option<Context>);
+pub(crate) struct ChatSpan(Option<(Context, bool)>);
 
 impl ChatSpan {
     /// Ends the span with the reply's usage and finish reason, or the error.
     pub(crate) fn end(self, reply: &Result<ModelReply, LlmError>) {
-        let Some(context) = self.0 else { return };
+        let Some((context, capture_content)) = self.0 else {
+            return;
+        };
         let span = context.span();
         match reply {
             Ok(reply) => {
@@ -405,6 +425,16 @@ impl ChatSpan {
                 } else {
                     "tool_calls"
                 };
+                if capture_content {
+                    span.set_attribute(KeyValue::new(
+                        "gen_ai.output.messages",
+                        super::content::output_messages(
+                            reply.text.as_deref(),
+                            &reply.tool_calls,
+                            finish,
+                        ),
+                    ));
+                }
                 let finish: opentelemetry::StringValue = finish.into();
                 span.set_attribute(KeyValue::new(
                     "gen_ai.response.finish_reasons",
