@@ -779,7 +779,71 @@ impl Runtime {
             id.clone(),
             from,
             true,
+            None,
         ))
+    }
+
+    /// [`Runtime::follow_live`] for a follower that ends at the session's next settle, with a
+    /// future done once the session is settled (no run, resume or woken sub-agent at work in
+    /// it), with its chunk count then: the follower ends after the chunks before that count.
+    /// `None` if the count could not be read (the follower then ends where it is). A session
+    /// another node runs is followed there to its settle, which its stream then tells: no
+    /// call of its own waits for it, unless the peers transport cannot do that.
+    ///
+    /// ```
+    /// # async fn run(runtime: dormant::Runtime, id: dormant::SessionId) {
+    /// use futures::StreamExt;
+    ///
+    /// let (events, settled) = runtime.follow_live_to_settle(&id, 0);
+    /// let mut events = std::pin::pin!(events);
+    /// let mut settled = std::pin::pin!(settled);
+    /// let mut next = 0;
+    /// let end = loop {
+    ///     tokio::select! {
+    ///         Some(Ok(dormant::StreamEvent::Chunk(chunk))) = events.next() => next = chunk.seq + 1,
+    ///         end = &mut settled => break end,
+    ///     }
+    /// };
+    /// // Then the chunks from `next` up to `end` (the stream has them), and done.
+    /// # let _ = (next, end);
+    /// # }
+    /// ```
+    pub fn follow_live_to_settle(
+        &self,
+        id: &SessionId,
+        from: u64,
+    ) -> (
+        impl Stream<Item = Result<crate::StreamEvent, Error>> + Send + 'static,
+        impl std::future::Future<Output = Option<u64>> + Send + 'static,
+    ) {
+        let (tell, told) = tokio::sync::oneshot::channel();
+        let events = if self.inner.is_closing() {
+            futures::future::Either::Left(futures::stream::once(async { Err(Error::ShutDown) }))
+        } else {
+            futures::future::Either::Right(follow::follow_routed(
+                Arc::clone(&self.inner.shared),
+                id.clone(),
+                from,
+                true,
+                Some(tell),
+            ))
+        };
+        let runtime = self.clone();
+        let id = id.clone();
+        let settled = async move {
+            if let Ok(chunks) = told.await {
+                return Some(chunks);
+            }
+            // Followed here, or the owner's stream ended before it told: waited for here
+            // (a call to the owner, if another node runs it).
+            runtime.wait_settled(&id).await;
+            runtime
+                .session(&id)
+                .await
+                .ok()
+                .map(|record| record.chunk_count)
+        };
+        (events, settled)
     }
 
     /// Whether a suspended session resumes on its own once every call it waits on is

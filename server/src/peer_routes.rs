@@ -55,17 +55,31 @@ pub(crate) async fn serve(
 
 /// `POST /peer/follow`: another node follows a session's stream here, where it runs: 200 with
 /// one JSON [`PeerEvent`](dormant::cluster::peer::PeerEvent) a line, as the chunks and deltas come,
-/// until the caller hangs up (or the stream fails here, which its last event says). 403 and
-/// 400 as `POST /peer`.
+/// until the caller hangs up (or the stream fails here, which its last event says), or with
+/// `to_settle` until the session settles (a last `settled` event). 403 and 400 as
+/// `POST /peer`.
 pub(crate) async fn follow(
     State(state): State<AppState>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let key = peer_key(&state, &headers)?;
-    let Follow { session, from } =
-        serde_json::from_slice(&body).map_err(|error| unreadable("follow", &error))?;
-    let events = state.runtime.serve_peer_follow(key, &session, from)?;
+    let Follow {
+        session,
+        from,
+        to_settle,
+    } = serde_json::from_slice(&body).map_err(|error| unreadable("follow", &error))?;
+    let events = if to_settle {
+        state
+            .runtime
+            .serve_peer_follow_to_settle(key, &session, from)?
+            .boxed()
+    } else {
+        state
+            .runtime
+            .serve_peer_follow(key, &session, from)?
+            .boxed()
+    };
     let lines = events.map(|event| {
         let mut line = serde_json::to_vec(&event).unwrap_or_default();
         line.push(b'\n');

@@ -27,11 +27,15 @@ pub(crate) const PEER_ROUTE: &str = "/peer";
 /// The route a node serves its peers' follows at.
 pub(crate) const FOLLOW_ROUTE: &str = "/peer/follow";
 
-/// The body of `POST /peer/follow`: whose stream, from which chunk.
+/// The body of `POST /peer/follow`: whose stream, from which chunk, and whether it ends at the
+/// session's next settle (with a `settled` event; absent, false: a node of an earlier
+/// version asks without it).
 #[derive(Debug, Serialize, Deserialize)]
 pub(crate) struct Follow {
     pub(crate) session: SessionId,
     pub(crate) from: u64,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub(crate) to_settle: bool,
 }
 
 /// The [`Peers`] transport over HTTP: give it to every node's runtime
@@ -121,13 +125,35 @@ impl Peers for HttpPeers {
         session: &SessionId,
         from: u64,
     ) -> Result<Option<PeerEvents>, RemoteError> {
+        self.follow_on(owner, session, from, false).await.map(Some)
+    }
+
+    async fn follow_to_settle(
+        &self,
+        owner: &LeaseOwner,
+        session: &SessionId,
+        from: u64,
+    ) -> Result<Option<PeerEvents>, RemoteError> {
+        self.follow_on(owner, session, from, true).await.map(Some)
+    }
+}
+
+impl HttpPeers {
+    async fn follow_on(
+        &self,
+        owner: &LeaseOwner,
+        session: &SessionId,
+        from: u64,
+        to_settle: bool,
+    ) -> Result<PeerEvents, RemoteError> {
         let endpoint = owner.address.clone().unwrap_or_default();
         let body = Follow {
             session: session.clone(),
             from,
+            to_settle,
         };
         let response = self.post(owner, FOLLOW_ROUTE, &body).await?;
-        Ok(Some(events(endpoint, response.bytes_stream()).boxed()))
+        Ok(events(endpoint, response.bytes_stream()).boxed())
     }
 }
 

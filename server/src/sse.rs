@@ -111,33 +111,25 @@ pub(crate) fn events(
     first: Option<BytesMut>,
 ) -> Response {
     tracing::debug!(session = %id, from, "server.stream_opened");
-    let chunks = Box::pin(state.runtime.follow_live(id, from));
     let shutdown = shutdown(state.closing.clone());
     // `retry` rides on the request's answer where there is one, rather than on an event of
     // its own: one event less to frame and send.
     let first = first.unwrap_or_else(|| opening(RETRY_ALONE));
-    let settled = match ends {
-        Ends::AtSettle { backstop: true } => Some(settled(state.runtime.clone(), id.clone())),
-        _ => None,
+    let body = match ends {
+        // Done once no work of the session is in progress, with the number of chunks it has
+        // then (the stream ends after sending those); on another node, its stream says so.
+        Ends::AtSettle { backstop: true } => {
+            let (chunks, settled) = state.runtime.follow_live_to_settle(id, from);
+            let settled: Pin<Box<dyn Future<Output = Option<u64>> + Send>> = Box::pin(settled);
+            EventBody::new(state, Box::pin(chunks), shutdown, ends, first, from)
+                .ending_when_settled(Some(settled))
+        }
+        _ => {
+            let chunks = Box::pin(state.runtime.follow_live(id, from));
+            EventBody::new(state, chunks, shutdown, ends, first, from).ending_when_settled(None)
+        }
     };
-    let body = EventBody::new(state, chunks, shutdown, ends, first, from);
-    crate::sse_body::response(body.ending_when_settled(settled))
-}
-
-/// Done once no work of the session is in progress, with the number of chunks it has then
-/// (the stream ends after sending those).
-fn settled(
-    runtime: dormant::Runtime,
-    id: dormant::SessionId,
-) -> Pin<Box<dyn Future<Output = Option<u64>> + Send>> {
-    Box::pin(async move {
-        runtime.wait_settled(&id).await;
-        runtime
-            .session(&id)
-            .await
-            .ok()
-            .map(|record| record.chunk_count)
-    })
+    crate::sse_body::response(body)
 }
 
 /// `Last-Event-ID`: the last sequence number the client saw.

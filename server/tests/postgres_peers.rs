@@ -10,7 +10,11 @@
 
 use std::sync::Arc;
 
-use dormant::cluster::peer::{PeerAnswer, PeerCall};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use dormant::cluster::leases::LeaseOwner;
+use dormant::cluster::peer::{PeerAnswer, PeerCall, PeerEvents, Peers};
+use dormant::remote::RemoteError;
 use dormant::types::ChunkKind;
 use dormant::{
     AgentDefinition, Error, ModelReply, PgStore, Runtime, ScriptedLlm, SessionId, Status, ToolCall,
@@ -33,6 +37,11 @@ struct Node {
 }
 
 async fn node(url: &str, name: &str) -> anyhow::Result<Node> {
+    node_with(url, name, Arc::new(HttpPeers::new())).await
+}
+
+/// [`node`], calling the others through `peers`.
+async fn node_with(url: &str, name: &str, peers: Arc<dyn Peers>) -> anyhow::Result<Node> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let base = format!("http://{}", listener.local_addr()?);
     let store = PgStore::builder(url)
@@ -55,7 +64,7 @@ async fn node(url: &str, name: &str) -> anyhow::Result<Node> {
                 .tool(ToolDefinition::client("edit"))
                 .build()?,
         )
-        .peers(Arc::new(HttpPeers::new()))
+        .peers(peers)
         // Nothing here waits on a deadline: without the scheduler's looks at the index, a
         // node's statements are its calls'.
         .background_deadlines(false)
@@ -244,6 +253,110 @@ async fn a_call_routed_to_the_owner_costs_this_node_two_database_reads_at_most(
     let next = statements_since(&log, from)?;
     assert!(next.len() <= 1, "{next:#?}");
     assert!(!b.runtime.is_resident(&id));
+
+    for node in [a, b] {
+        node.runtime.shutdown().await?;
+        node.served.abort();
+    }
+    Ok(())
+}
+
+/// The HTTP transport, counting what goes through it.
+#[derive(Debug, Default)]
+struct CountingPeers {
+    http: HttpPeers,
+    calls: AtomicUsize,
+    follows: AtomicUsize,
+    follows_to_settle: AtomicUsize,
+}
+
+#[async_trait::async_trait]
+impl Peers for CountingPeers {
+    async fn call(&self, owner: &LeaseOwner, call: &PeerCall) -> Result<PeerAnswer, RemoteError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        self.http.call(owner, call).await
+    }
+
+    async fn follow(
+        &self,
+        owner: &LeaseOwner,
+        session: &SessionId,
+        from: u64,
+    ) -> Result<Option<PeerEvents>, RemoteError> {
+        self.follows.fetch_add(1, Ordering::SeqCst);
+        self.http.follow(owner, session, from).await
+    }
+
+    async fn follow_to_settle(
+        &self,
+        owner: &LeaseOwner,
+        session: &SessionId,
+        from: u64,
+    ) -> Result<Option<PeerEvents>, RemoteError> {
+        self.follows_to_settle.fetch_add(1, Ordering::SeqCst);
+        self.http.follow_to_settle(owner, session, from).await
+    }
+}
+
+/// A stream that ends at the settle of a run another node makes (the agent server's answer to
+/// `POST /submit-tool-result?resume=true&stream=true` on a node that does not own the
+/// session) learns the settle from the owner's stream: one follow, no call that waits for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follow_to_the_settle_of_a_run_on_another_node_is_one_call_to_it() -> anyhow::Result<()> {
+    let Some(cluster) = dormant::testkit::PgCluster::start()? else {
+        return Ok(());
+    };
+    let url = cluster.url();
+    let peers = Arc::new(CountingPeers::default());
+    let a = node(&url, "a").await?;
+    let b = node_with(&url, "b", peers.clone()).await?;
+    let id: SessionId = "s1".parse()?;
+    let suspended = a.runtime.execute_on(&id, "editor", "edit it").await?;
+    assert_eq!(suspended.status, Status::SuspendedClientTool);
+
+    let answer = Submit::result("s1", "tc-1", json!({ "ok": true }));
+    let answered = b.runtime.submit_and_resume(answer).await?;
+    assert_eq!(answered.outcome, SubmitOutcome::Accepted);
+    let started = match answered.resumed {
+        Some(Ok(started)) => started,
+        other => anyhow::bail!("resumed: {other:?}"),
+    };
+    assert_eq!(
+        peers.calls.load(Ordering::SeqCst),
+        1,
+        "the answer and its resume"
+    );
+
+    let (events, settled) = b.runtime.follow_live_to_settle(&id, started.from_seq);
+    let (mut events, mut settled) = (Box::pin(events), Box::pin(settled));
+    let mut seen = Vec::new();
+    let chunks = loop {
+        tokio::select! {
+            biased;
+            event = events.next() => match event {
+                Some(Ok(dormant::StreamEvent::Chunk(chunk))) => seen.push(chunk),
+                Some(Ok(dormant::StreamEvent::Delta(_))) => {}
+                other => anyhow::bail!("the stream broke off: {other:?}"),
+            },
+            chunks = &mut settled => break chunks,
+            () = tokio::time::sleep(FOLLOW_BOUND) => anyhow::bail!("stuck after {seen:?}"),
+        }
+    };
+    let record = a.runtime.session(&id).await?;
+    assert_eq!(record.status, Status::Completed);
+    assert_eq!(chunks, Some(record.chunk_count), "the count once settled");
+    // Every chunk of the run came before the settle was told.
+    assert_eq!(
+        seen.iter().map(|chunk| chunk.seq).collect::<Vec<_>>(),
+        (started.from_seq..record.chunk_count).collect::<Vec<_>>()
+    );
+    assert_eq!(peers.follows_to_settle.load(Ordering::SeqCst), 1);
+    assert_eq!(peers.follows.load(Ordering::SeqCst), 0);
+    assert_eq!(
+        peers.calls.load(Ordering::SeqCst),
+        1,
+        "no call waited for the settle"
+    );
 
     for node in [a, b] {
         node.runtime.shutdown().await?;

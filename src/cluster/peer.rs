@@ -279,6 +279,13 @@ pub enum PeerEvent {
     Delta(Delta),
     /// The stream failed on the owner; nothing follows.
     Failed(PeerFailure),
+    /// The session settled with this many chunks, every one of them sent before; nothing
+    /// follows. Sent only on a follow that asked to end there
+    /// ([`Peers::follow_to_settle`]).
+    Settled {
+        /// The session's chunk count once settled.
+        chunks: u64,
+    },
 }
 
 /// A session's stream from the node that runs it.
@@ -305,6 +312,26 @@ pub trait Peers: Send + Sync + fmt::Debug + 'static {
     /// # Errors
     /// As [`Peers::call`].
     async fn follow(
+        &self,
+        _owner: &LeaseOwner,
+        _session: &SessionId,
+        _from: u64,
+    ) -> Result<Option<PeerEvents>, RemoteError> {
+        Ok(None)
+    }
+
+    /// [`Peers::follow`], up to the session's next settle: the owner ends the stream with
+    /// [`PeerEvent::Settled`] once the session settles and every chunk before it was sent
+    /// (it serves it with
+    /// [`Runtime::serve_peer_follow_to_settle`](crate::Runtime::serve_peer_follow_to_settle)).
+    /// A follower that must end there learns it on the stream it reads, with no call of its
+    /// own to wait for the settle. `None` (the default): this transport does not, and the
+    /// follower waits for the settle with a [`PeerCall::WaitSettled`] beside
+    /// [`Peers::follow`].
+    ///
+    /// # Errors
+    /// As [`Peers::call`].
+    async fn follow_to_settle(
         &self,
         _owner: &LeaseOwner,
         _session: &SessionId,
@@ -379,9 +406,13 @@ mod tests {
             let wire = serde_json::to_value(&answer)?;
             assert_eq!(serde_json::from_value::<PeerAnswer>(wire)?, answer);
         }
-        let event = PeerEvent::Failed(PeerFailure::of(&Error::Crashed(session)));
-        let wire = serde_json::to_vec(&event)?;
-        assert_eq!(serde_json::from_slice::<PeerEvent>(&wire)?, event);
+        for event in [
+            PeerEvent::Failed(PeerFailure::of(&Error::Crashed(session))),
+            PeerEvent::Settled { chunks: 7 },
+        ] {
+            let wire = serde_json::to_vec(&event)?;
+            assert_eq!(serde_json::from_slice::<PeerEvent>(&wire)?, event);
+        }
         Ok(())
     }
 }

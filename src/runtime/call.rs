@@ -357,6 +357,35 @@ impl Runtime {
         ))
     }
 
+    #[doc(hidden)]
+    /// [`Runtime::serve_peer_follow`] up to the session's next settle
+    /// ([`Peers::follow_to_settle`](crate::cluster::peer::Peers::follow_to_settle)): once it
+    /// settles here and every chunk before was sent, a last [`PeerEvent::Settled`] ends the
+    /// stream. A settle this node cannot tell (the session's record did not read) ends it
+    /// with no such event, and the follower waits for the settle by a call of its own.
+    ///
+    /// # Errors
+    /// As [`Runtime::serve_peer`].
+    pub fn serve_peer_follow_to_settle(
+        &self,
+        key: &str,
+        session: &SessionId,
+        from: u64,
+    ) -> Result<impl futures::Stream<Item = PeerEvent> + Send + 'static, Error> {
+        let events = self.serve_peer_follow(key, session, from)?;
+        let runtime = self.clone();
+        let id = session.clone();
+        let settled = async move {
+            runtime.wait_settled(&id).await;
+            runtime
+                .session(&id)
+                .await
+                .ok()
+                .map(|record| record.chunk_count)
+        };
+        Ok(super::follow::to_settle(events, from, settled))
+    }
+
     /// Sends the session `id` the message `request` builds around a reply channel, and
     /// waits for the reply.
     pub(super) async fn ask<T>(

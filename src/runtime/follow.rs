@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::Stream;
-use tokio::sync::broadcast;
+use tokio::sync::{broadcast, oneshot};
 
 use futures::StreamExt;
 
@@ -52,7 +52,7 @@ pub(super) fn follow(
     session: SessionId,
     from: u64,
 ) -> impl Stream<Item = Result<Chunk, Error>> + Send + 'static {
-    follow_routed(shared, session, from, false).filter_map(|event| async move {
+    follow_routed(shared, session, from, false, None).filter_map(|event| async move {
         match event {
             Ok(StreamEvent::Chunk(chunk)) => Some(Ok(chunk)),
             Ok(StreamEvent::Delta(_)) => None,
@@ -62,12 +62,15 @@ pub(super) fn follow(
 }
 
 /// The session's stream where it runs: from the node that owns its tree, if another does and
-/// its transport follows; else here.
+/// its transport follows; else here. With `settled`, the owner is asked to end the stream at
+/// the session's next settle, and the chunk count it then tells goes there; a follow that
+/// learns none (here, or a transport that does not) drops it.
 pub(super) fn follow_routed(
     shared: Arc<Shared>,
     session: SessionId,
     from: u64,
     with_deltas: bool,
+    settled: Option<oneshot::Sender<u64>>,
 ) -> impl Stream<Item = Result<StreamEvent, Error>> + Send + 'static {
     futures::stream::once(async move {
         let owner = match route::route(&shared, &session, false).await {
@@ -76,22 +79,27 @@ pub(super) fn follow_routed(
             Ok(Route::Here) | Err(_) => None,
         };
         let events = match (owner, shared.peers.as_ref()) {
-            (Some(owner), Some(peers)) => match peers.follow(&owner, &session, from).await {
-                Ok(events) => events.map(|events| (events, owner.address.unwrap_or_default())),
-                Err(error) => {
-                    tracing::debug!(%session, %error, "runtime.follow_owner_unreachable");
-                    None
+            (Some(owner), Some(peers)) => {
+                match follow_owner(peers.as_ref(), &owner, &session, from, settled).await {
+                    Ok(events) => events.map(|(events, settled)| {
+                        (events, settled, owner.address.unwrap_or_default())
+                    }),
+                    Err(error) => {
+                        tracing::debug!(%session, %error, "runtime.follow_owner_unreachable");
+                        None
+                    }
                 }
-            },
+            }
             _ => None,
         };
         match events {
-            Some((events, endpoint)) => {
+            Some((events, settled, endpoint)) => {
                 let owner = Owner {
                     events,
                     endpoint,
                     next: from,
                     with_deltas,
+                    settled,
                 };
                 futures::future::Either::Left(from_owner(shared, session, owner))
             }
@@ -103,6 +111,26 @@ pub(super) fn follow_routed(
     .flatten()
 }
 
+/// The owner's stream, to its next settle when `settled` asks it (the sender kept for the
+/// count, when the transport does that), else open-ended.
+async fn follow_owner(
+    peers: &dyn crate::cluster::peer::Peers,
+    owner: &crate::cluster::leases::LeaseOwner,
+    session: &SessionId,
+    from: u64,
+    settled: Option<oneshot::Sender<u64>>,
+) -> Result<Option<(PeerEvents, Option<oneshot::Sender<u64>>)>, crate::remote::RemoteError> {
+    if settled.is_some() {
+        if let Some(events) = peers.follow_to_settle(owner, session, from).await? {
+            return Ok(Some((events, settled)));
+        }
+    }
+    Ok(peers
+        .follow(owner, session, from)
+        .await?
+        .map(|events| (events, None)))
+}
+
 /// A stream followed on the node that runs the session.
 struct Owner {
     events: PeerEvents,
@@ -110,6 +138,8 @@ struct Owner {
     /// The next chunk to give.
     next: u64,
     with_deltas: bool,
+    /// Where the session's chunk count goes when the owner says it settled.
+    settled: Option<oneshot::Sender<u64>>,
 }
 
 /// What a follower of the owner's stream does next.
@@ -120,6 +150,9 @@ enum FromOwner {
     Here(std::pin::Pin<Box<dyn Stream<Item = Result<StreamEvent, Error>> + Send>>),
     /// The owner said its stream failed: nothing follows.
     Done,
+    /// The owner said the session settled: nothing follows, and the stream stays open until
+    /// its reader, told the count, ends it.
+    Settled,
 }
 
 /// The owner's stream of `session`, then (if it ends before the follower does: the owner
@@ -135,6 +168,7 @@ fn from_owner(
             loop {
                 match state {
                     FromOwner::Done => return None,
+                    FromOwner::Settled => std::future::pending::<()>().await,
                     FromOwner::Here(mut here) => {
                         let next = here.next().await?;
                         return Some((next, FromOwner::Here(here)));
@@ -154,6 +188,15 @@ fn from_owner(
                         Some(Ok(PeerEvent::Failed(failure))) if failure.code != "shut_down" => {
                             let error = failure.into_error(&session, None, &owner.endpoint);
                             return Some((Err(error), FromOwner::Done));
+                        }
+                        // Settled there, every chunk before it given: nothing more comes.
+                        // The stream stays open rather than end (an end says the follow
+                        // broke off); its reader ends it with the count it was told.
+                        Some(Ok(PeerEvent::Settled { chunks })) => {
+                            if let Some(settled) = owner.settled.take() {
+                                let _ = settled.send(chunks);
+                            }
+                            state = FromOwner::Settled;
                         }
                         // A delta nobody asked for: the next event.
                         Some(Ok(PeerEvent::Delta(_))) => state = FromOwner::Owner(owner),
@@ -194,6 +237,73 @@ pub(super) fn serve_follow(
         };
         futures::future::ready(event)
     })
+}
+
+/// `events` (a follow from `from`) until `settled` says how many chunks the session has once
+/// settled and every one of them was given: then [`PeerEvent::Settled`], and the end. A
+/// `settled` that cannot tell (`None`) ends the stream there, with no such event.
+pub(super) fn to_settle(
+    events: impl Stream<Item = PeerEvent> + Send + 'static,
+    from: u64,
+    settled: impl std::future::Future<Output = Option<u64>> + Send + 'static,
+) -> impl Stream<Item = PeerEvent> + Send + 'static {
+    let state = ToSettle {
+        events: Box::pin(events),
+        settled: Some(Box::pin(settled)),
+        chunks: None,
+        next: from,
+        ended: false,
+    };
+    futures::stream::unfold(state, |mut state| async move {
+        loop {
+            if state.ended {
+                return None;
+            }
+            if let Some(chunks) = state.chunks.filter(|chunks| state.next >= *chunks) {
+                state.ended = true;
+                return Some((PeerEvent::Settled { chunks }, state));
+            }
+            let event = match state.settled.as_mut() {
+                Some(settled) => tokio::select! {
+                    // The chunks first: the settle is told only after them.
+                    biased;
+                    event = state.events.next() => event,
+                    chunks = settled => {
+                        state.settled = None;
+                        match chunks {
+                            Some(chunks) => state.chunks = Some(chunks),
+                            None => state.ended = true,
+                        }
+                        continue;
+                    }
+                },
+                None => state.events.next().await,
+            };
+            match event {
+                Some(PeerEvent::Chunk(chunk)) => {
+                    state.next = state.next.max(chunk.seq + 1);
+                    return Some((PeerEvent::Chunk(chunk), state));
+                }
+                Some(PeerEvent::Failed(failure)) => {
+                    state.ended = true;
+                    return Some((PeerEvent::Failed(failure), state));
+                }
+                Some(event) => return Some((event, state)),
+                None => return None,
+            }
+        }
+    })
+}
+
+/// [`to_settle`]'s state.
+struct ToSettle {
+    events: std::pin::Pin<Box<dyn Stream<Item = PeerEvent> + Send>>,
+    settled: Option<std::pin::Pin<Box<dyn std::future::Future<Output = Option<u64>> + Send>>>,
+    /// The session's chunk count once settled, when known.
+    chunks: Option<u64>,
+    /// The next chunk to give.
+    next: u64,
+    ended: bool,
 }
 
 /// The stored chunks from `from` on, then the live ones, with the live deltas of model calls
@@ -312,5 +422,88 @@ impl Follower {
             schema::load_chunks(self.shared.store.as_ref(), &self.session, self.next).await?;
         self.buffered.extend(stored);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use futures::StreamExt;
+    use tokio::sync::{mpsc, oneshot};
+
+    use super::to_settle;
+    use crate::cluster::peer::{PeerEvent, PeerFailure};
+    use crate::types::ids::RunId;
+    use crate::types::stream::{Chunk, ChunkKind};
+
+    fn chunk(seq: u64) -> PeerEvent {
+        PeerEvent::Chunk(Chunk {
+            seq,
+            run_id: RunId::generate(),
+            at_ms: seq,
+            kind: ChunkKind::Text {
+                text: format!("c{seq}"),
+            },
+        })
+    }
+
+    fn seqs(events: &[PeerEvent]) -> Vec<String> {
+        events
+            .iter()
+            .map(|event| match event {
+                PeerEvent::Chunk(chunk) => chunk.seq.to_string(),
+                PeerEvent::Settled { chunks } => format!("settled {chunks}"),
+                _ => "other".to_string(),
+            })
+            .collect()
+    }
+
+    /// A settle told before its last chunks arrived waits for them: the follower that reads
+    /// `settled` has every chunk before it.
+    #[tokio::test]
+    async fn the_settle_comes_after_every_chunk_before_it() {
+        let (chunks, events) = mpsc::unbounded_channel();
+        let (tell, told) = oneshot::channel();
+        let stream = to_settle(tokio_stream_of(events), 2, async move { told.await.ok() });
+        let mut stream = std::pin::pin!(stream);
+        let _ = chunks.send(chunk(2));
+        let mut seen = vec![stream.next().await];
+        let _ = tell.send(5);
+        let _ = chunks.send(chunk(3));
+        seen.push(stream.next().await);
+        let _ = chunks.send(chunk(4));
+        seen.push(stream.next().await);
+        seen.push(stream.next().await);
+        seen.push(stream.next().await);
+        let seen: Vec<PeerEvent> = seen.into_iter().flatten().collect();
+        assert_eq!(seqs(&seen), ["2", "3", "4", "settled 5"]);
+        drop(chunks);
+    }
+
+    /// Settled with nothing more to give: at once; a settle it cannot tell ends it untold; a
+    /// failure ends it.
+    #[tokio::test]
+    async fn a_settle_already_reached_or_unknown_or_a_failure_ends_the_stream() {
+        let settled = to_settle(futures::stream::pending(), 3, async { Some(3) });
+        let seen: Vec<PeerEvent> = settled.collect().await;
+        assert_eq!(seqs(&seen), ["settled 3"]);
+
+        let unknown = to_settle(futures::stream::iter([chunk(0)]), 0, async { None });
+        let seen: Vec<PeerEvent> = unknown.collect().await;
+        assert!(seqs(&seen).iter().all(|seq| seq == "0"), "{seen:?}");
+
+        let failure = PeerEvent::Failed(PeerFailure::of(&crate::Error::ShutDown));
+        let failed = to_settle(
+            futures::stream::iter([failure, chunk(0)]),
+            0,
+            std::future::pending(),
+        );
+        let seen: Vec<PeerEvent> = failed.collect().await;
+        assert_eq!(seqs(&seen), ["other"]);
+    }
+
+    fn tokio_stream_of(
+        mut events: mpsc::UnboundedReceiver<PeerEvent>,
+    ) -> impl futures::Stream<Item = PeerEvent> + Send + 'static {
+        futures::stream::poll_fn(move |cx| events.poll_recv(cx))
     }
 }
