@@ -788,10 +788,12 @@ impl Runtime {
     /// it), with its chunk count then: the follower ends after the chunks before that count.
     /// `None` if the count could not be read (the follower then ends where it is). A session
     /// another node runs is followed there to its settle, which its stream then tells: no
-    /// call of its own waits for it, unless the peers transport cannot do that.
+    /// call of its own waits for it, unless the peers transport cannot do that. So poll the
+    /// stream while waiting for the future: the future may learn the settle from it.
     ///
     /// ```
     /// # async fn run(runtime: dormant::Runtime, id: dormant::SessionId) {
+    /// use dormant::StreamEvent;
     /// use futures::StreamExt;
     ///
     /// let (events, settled) = runtime.follow_live_to_settle(&id, 0);
@@ -800,11 +802,17 @@ impl Runtime {
     /// let mut next = 0;
     /// let end = loop {
     ///     tokio::select! {
-    ///         Some(Ok(dormant::StreamEvent::Chunk(chunk))) = events.next() => next = chunk.seq + 1,
+    ///         biased;
+    ///         event = events.next() => match event {
+    ///             Some(Ok(StreamEvent::Chunk(chunk))) => next = chunk.seq + 1,
+    ///             Some(Ok(StreamEvent::Delta(_))) => {}
+    ///             Some(Err(_)) | None => break None,
+    ///         },
     ///         end = &mut settled => break end,
     ///     }
     /// };
-    /// // Then the chunks from `next` up to `end` (the stream has them), and done.
+    /// // Every chunk below `end` came before the settle was told; a chunk at or past it
+    /// // belongs to a later run.
     /// # let _ = (next, end);
     /// # }
     /// ```

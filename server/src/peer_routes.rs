@@ -12,7 +12,7 @@ use dormant::cluster::peer::PeerCall;
 use futures::StreamExt;
 
 use crate::error::ApiError;
-use crate::peers::{Follow, PEER_KEY};
+use crate::peers::{Follow, FOLLOW_TO_SETTLE, PEER_KEY};
 use crate::state::AppState;
 
 /// The caller's key, if it is this node's: a caller without it is refused whatever it sent,
@@ -85,9 +85,17 @@ pub(crate) async fn follow(
         line.push(b'\n');
         Ok::<_, std::convert::Infallible>(Bytes::from(line))
     });
-    Ok((
+    let mut response = (
         [(header::CONTENT_TYPE, "application/x-ndjson")],
         Body::from_stream(lines),
     )
-        .into_response())
+        .into_response();
+    if to_settle {
+        // Says this stream ends at the settle: a node of an earlier version ignores
+        // `to_settle`, and its follower must then wait for the settle by a call.
+        response
+            .headers_mut()
+            .insert(FOLLOW_TO_SETTLE, axum::http::HeaderValue::from_static("1"));
+    }
+    Ok(response)
 }

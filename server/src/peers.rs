@@ -27,6 +27,10 @@ pub(crate) const PEER_ROUTE: &str = "/peer";
 /// The route a node serves its peers' follows at.
 pub(crate) const FOLLOW_ROUTE: &str = "/peer/follow";
 
+/// The header of a follow's answer that ends at the session's settle, as `to_settle` asked
+/// (a node of an earlier version answers without it, and follows open-ended).
+pub(crate) const FOLLOW_TO_SETTLE: &str = "x-dormant-follow-to-settle";
+
 /// The body of `POST /peer/follow`: whose stream, from which chunk, and whether it ends at the
 /// session's next settle (with a `settled` event; absent, false: a node of an earlier
 /// version asks without it).
@@ -125,7 +129,7 @@ impl Peers for HttpPeers {
         session: &SessionId,
         from: u64,
     ) -> Result<Option<PeerEvents>, RemoteError> {
-        self.follow_on(owner, session, from, false).await.map(Some)
+        self.follow_on(owner, session, from, false).await
     }
 
     async fn follow_to_settle(
@@ -134,18 +138,21 @@ impl Peers for HttpPeers {
         session: &SessionId,
         from: u64,
     ) -> Result<Option<PeerEvents>, RemoteError> {
-        self.follow_on(owner, session, from, true).await.map(Some)
+        self.follow_on(owner, session, from, true).await
     }
 }
 
 impl HttpPeers {
+    /// The owner's stream; `None` when it was asked `to_settle` and did not say it ends there
+    /// (a node of an earlier version): the runtime then follows open-ended and waits for the
+    /// settle by a call.
     async fn follow_on(
         &self,
         owner: &LeaseOwner,
         session: &SessionId,
         from: u64,
         to_settle: bool,
-    ) -> Result<PeerEvents, RemoteError> {
+    ) -> Result<Option<PeerEvents>, RemoteError> {
         let endpoint = owner.address.clone().unwrap_or_default();
         let body = Follow {
             session: session.clone(),
@@ -153,7 +160,10 @@ impl HttpPeers {
             to_settle,
         };
         let response = self.post(owner, FOLLOW_ROUTE, &body).await?;
-        Ok(events(endpoint, response.bytes_stream()).boxed())
+        if to_settle && !response.headers().contains_key(FOLLOW_TO_SETTLE) {
+            return Ok(None);
+        }
+        Ok(Some(events(endpoint, response.bytes_stream()).boxed()))
     }
 }
 

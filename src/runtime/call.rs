@@ -375,8 +375,10 @@ impl Runtime {
         let events = self.serve_peer_follow(key, session, from)?;
         let runtime = self.clone();
         let id = session.clone();
+        // Here and never further, as every peer call is served: a node that no longer owns
+        // the tree tells the settle it sees, and its follower goes on from the store.
         let settled = async move {
-            runtime.wait_settled(&id).await;
+            runtime.wait_settled_here(&id).await;
             runtime
                 .session(&id)
                 .await

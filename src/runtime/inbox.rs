@@ -20,8 +20,8 @@ const ENTRIES_AT_ONCE: usize = 256;
 
 impl Runtime {
     /// How many calls wait for an answer now, across every session and sub-agent of the
-    /// store: client tools, approvals and reconciliations not yet answered, their deadlines
-    /// not passed. A read of every pending call (the calls answered but not yet resumed
+    /// store: client tools, approvals, tools' questions and reconciliations not yet answered,
+    /// their deadlines not passed. A read of every pending call (the calls answered but not yet resumed
     /// included, which it leaves out), so it costs what there is; the inbox lists them.
     ///
     /// ```

@@ -1,7 +1,7 @@
 //! The runtime's counters as OpenTelemetry metrics: observed from [`Runtime::stats`] and
 //! [`Runtime::client_tool_stats`] whenever the application's meter provider collects.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -134,9 +134,11 @@ struct WaitingCount {
 
 #[derive(Default)]
 struct Last {
-    count: AtomicU64,
-    /// When the last count began (`None`: none finished yet).
-    at: Mutex<Option<Instant>>,
+    /// The last count that succeeded (`None`: none yet).
+    count: Mutex<Option<u64>>,
+    /// When the last count began, whether it succeeded or not: a count that fails (a store
+    /// fault, an entry that does not read) is not tried again at every collection.
+    tried: Mutex<Option<Instant>>,
     counting: AtomicBool,
 }
 
@@ -151,28 +153,28 @@ impl WaitingCount {
     /// The last count, after starting another if it is stale and none is under way.
     fn observe(&self) -> Option<u64> {
         let runtime = self.runtime.upgrade()?;
-        let at = *self.last.at.lock();
-        let stale = at.is_none_or(|at| at.elapsed() >= WAITING_COUNTED_EVERY);
+        let stale = self
+            .last
+            .tried
+            .lock()
+            .is_none_or(|at| at.elapsed() >= WAITING_COUNTED_EVERY);
         if stale && !self.last.counting.swap(true, Ordering::AcqRel) {
+            *self.last.tried.lock() = Some(Instant::now());
             let last = Arc::clone(&self.last);
             let weak = runtime.downgrade();
             runtime.spawn_detached(async move {
-                let began = Instant::now();
                 let counted = match weak.upgrade() {
                     Some(runtime) => runtime.waiting_calls().await,
                     None => Err(crate::ReadError::ShutDown),
                 };
                 match counted {
-                    Ok(count) => {
-                        last.count.store(count, Ordering::Relaxed);
-                        *last.at.lock() = Some(began);
-                    }
-                    // Tried again at the next collection.
+                    Ok(count) => *last.count.lock() = Some(count),
+                    // Kept as it was; counted again once the attempt is stale.
                     Err(error) => tracing::debug!(%error, "telemetry.waiting_count_failed"),
                 }
                 last.counting.store(false, Ordering::Release);
             });
         }
-        at.map(|_| self.last.count.load(Ordering::Relaxed))
+        *self.last.count.lock()
     }
 }

@@ -70,8 +70,9 @@ pub enum HookEvent {
         run_id: RunId,
         /// The suspended run.
         previous_run_id: RunId,
-        /// How long it was suspended, by the runtime's clock (ms): from its suspension (or
-        /// the crash that cut it) to this resume. `None` when its record does not say when it
+        /// How long since the run it resumes ended, by the runtime's clock (ms): since it
+        /// suspended, or, for a run a crash cut, since it was closed as interrupted (at the
+        /// first activation after the crash). `None` when its record does not say when it
         /// ended.
         suspended_ms: Option<u64>,
         /// For the first resume of a fork made inside a run: the source session and the
