@@ -361,18 +361,21 @@ async fn follow_to_settle(a: &Node, b: &Node, session: &str, in_order: bool) -> 
     let (events, settled) = b.runtime.follow_live_to_settle(&id, started.from_seq);
     let (mut events, mut settled) = (Box::pin(events), Box::pin(settled));
     let mut seen = Vec::new();
-    let chunks = loop {
-        tokio::select! {
-            biased;
-            event = events.next() => match event {
-                Some(Ok(dormant::StreamEvent::Chunk(chunk))) => seen.push(chunk),
-                Some(Ok(dormant::StreamEvent::Delta(_))) => {}
-                other => anyhow::bail!("the stream broke off: {other:?}"),
-            },
-            chunks = &mut settled => break chunks,
-            () = tokio::time::sleep(FOLLOW_BOUND) => anyhow::bail!("stuck after {seen:?}"),
+    let chunks = tokio::time::timeout(FOLLOW_BOUND, async {
+        loop {
+            tokio::select! {
+                biased;
+                event = events.next() => match event {
+                    Some(Ok(dormant::StreamEvent::Chunk(chunk))) => seen.push(chunk),
+                    Some(Ok(dormant::StreamEvent::Delta(_))) => {}
+                    other => anyhow::bail!("the stream broke off: {other:?}"),
+                },
+                chunks = &mut settled => break Ok(chunks),
+            }
         }
-    };
+    })
+    .await
+    .map_err(|_| anyhow::anyhow!("stuck after {seen:?}"))??;
     let record = a.runtime.session(&id).await?;
     assert_eq!(record.status, Status::Completed);
     assert_eq!(chunks, Some(record.chunk_count), "the count once settled");
