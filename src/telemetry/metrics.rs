@@ -92,7 +92,9 @@ pub fn observe_metrics(runtime: &Runtime, meter: &Meter) {
     let waiting = WaitingCount::new(runtime.downgrade());
     meter
         .u64_observable_gauge("dormant.client_tool.pending")
-        .with_description("Client-tool, approval and reconciliation calls that wait for an answer")
+        .with_description(
+            "Calls that wait for an answer: client tools, approvals, questions, reconciliations",
+        )
         .with_unit("{call}")
         .with_callback(move |observer| {
             if let Some(count) = waiting.observe() {
