@@ -845,13 +845,15 @@ impl Runtime {
             // Followed here, or the owner's stream ended before it told: waited for here
             // (a call to the owner, if another node runs it).
             runtime.wait_settled(&id).await;
-            runtime
-                .session(&id)
-                .await
-                .ok()
-                .map(|record| record.chunk_count)
+            runtime.chunk_count(&id).await
         };
         (events, settled)
+    }
+
+    /// The session's chunk count as its stored record says (`None` if it does not read): once
+    /// settled, where a stream that ends at the settle stops.
+    pub(super) async fn chunk_count(&self, id: &SessionId) -> Option<u64> {
+        self.session(id).await.ok().map(|record| record.chunk_count)
     }
 
     /// Whether a suspended session resumes on its own once every call it waits on is

@@ -379,11 +379,7 @@ impl Runtime {
         // the tree tells the settle it sees, and its follower goes on from the store.
         let settled = async move {
             runtime.wait_settled_here(&id).await;
-            runtime
-                .session(&id)
-                .await
-                .ok()
-                .map(|record| record.chunk_count)
+            runtime.chunk_count(&id).await
         };
         Ok(super::follow::to_settle(events, from, settled))
     }
