@@ -189,6 +189,8 @@ pub use runtime::handle::Runtime;
 pub use runtime::read_error::ReadError;
 pub use session::outcome::RunOutcome;
 pub use session::submit::{Submit, SubmitOutcome};
+#[cfg(feature = "fjall")]
+pub use store::fjall::FjallStore;
 pub use store::memory::MemoryStore;
 #[cfg(feature = "postgres")]
 pub use store::postgres::PgStore;

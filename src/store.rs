@@ -13,6 +13,9 @@
 //! crate root.
 
 mod damage;
+#[cfg(feature = "fjall")]
+pub(crate) mod fjall;
+pub(crate) mod keyspace;
 // Test tooling, like `crate::testkit::scenario`: only with the `test-util` feature, and
 // public through `dormant::testkit` alone.
 #[cfg(feature = "test-util")]

@@ -3,7 +3,7 @@
 //!
 //! One job a file: [`open`] configures and opens the store, [`database`] holds the sled
 //! database (and opens it again after a failed write), [`flusher`] is the group-commit thread,
-//! [`syncer`] the `fdatasync`s of [`Durability::PowerLoss`], [`keyspace`] and [`writes`] map
+//! [`syncer`] the `fdatasync`s of [`Durability::PowerLoss`], [`writes`] (with `store::keyspace`) map
 //! logical trees and batches to sled's keys, [`values`] keeps every value small enough that
 //! sled never writes a node as a separate file (values past 4 KiB in pieces), [`migrate`]
 //! brings a store written before that to it, [`check`] and [`mark`] tell a store that lost
@@ -25,7 +25,7 @@ mod durability;
 mod error;
 mod files;
 mod flusher;
-mod keyspace;
+
 mod mark;
 mod migrate;
 mod open;
@@ -33,12 +33,12 @@ mod syncer;
 mod values;
 mod writes;
 
+use super::keyspace::{logical_key, stored_key};
 use database::{Shared, State};
 pub use durability::Durability;
 use error::io_error;
 pub use error::SledError;
 use flusher::GroupFlusher;
-use keyspace::{logical_key, stored_key};
 pub use open::SledStoreBuilder;
 use writes::SledWrites;
 

@@ -18,7 +18,7 @@ use std::collections::HashMap;
 
 use ::sled::IVec;
 
-use super::keyspace::{meta_key, META_TAG};
+use crate::store::keyspace::{meta_key, META_TAG};
 use crate::store::{Damage, Error};
 
 /// The name of the bookkeeping entry that holds the record.

@@ -6,8 +6,8 @@
 
 use ::sled::IVec;
 
-use super::keyspace::meta_key;
 use super::values::{encode, PIECES_TAG};
+use crate::store::keyspace::meta_key;
 use crate::store::Error;
 
 /// The values' layout, once every value has its header.

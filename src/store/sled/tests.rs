@@ -976,7 +976,7 @@ fn a_store_written_before_values_had_headers_is_brought_to_them_when_opened(
         let dir = tempfile::tempdir()?;
         {
             let db = ::sled::open(dir.path())?;
-            let records = db.open_tree(super::keyspace::RECORDS)?;
+            let records = db.open_tree(crate::store::keyspace::RECORDS)?;
             for i in 0..3_000u32 {
                 records.insert(
                     stored_key(Tree::Log, &i.to_be_bytes()),

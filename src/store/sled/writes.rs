@@ -12,8 +12,8 @@
 use ::sled::IVec;
 
 use super::check::entry_hash;
-use super::keyspace::stored_key;
 use super::values::{encode, piece_key};
+use crate::store::keyspace::stored_key;
 use crate::store::{Batch, Op};
 
 /// One key's new value (`None` deletes it), with the pieces of a large one; each stored entry

@@ -1,4 +1,4 @@
-//! How the logical [`Tree`]s share one sled tree.
+//! How the logical [`Tree`]s share one key space (one sled tree, one fjall partition).
 //!
 //! Every key is stored as its tree's tag byte followed by the key itself, so a logical tree is
 //! one contiguous key range and its order is the order of its keys. Why one sled tree: a
@@ -9,10 +9,10 @@
 use crate::store::Tree;
 
 /// The sled tree that holds every record.
-pub(super) const RECORDS: &str = "records";
+pub(crate) const RECORDS: &str = "records";
 
 /// The tag byte of a logical tree. Fixed forever: it is part of every stored key.
-pub(super) fn tag(tree: Tree) -> u8 {
+pub(crate) fn tag(tree: Tree) -> u8 {
     match tree {
         Tree::Sessions => 1,
         Tree::Log => 2,
@@ -29,17 +29,17 @@ pub(super) fn tag(tree: Tree) -> u8 {
 
 /// The tag byte of the store's own bookkeeping keys (the values' layout, the record of what
 /// the store holds): apart from every logical tree's tag and the pieces'.
-pub(super) const META_TAG: u8 = 0xF1;
+pub(crate) const META_TAG: u8 = 0xF1;
 
 /// The stored key of the bookkeeping entry `name`.
-pub(super) fn meta_key(name: &[u8]) -> Vec<u8> {
+pub(crate) fn meta_key(name: &[u8]) -> Vec<u8> {
     let mut key = vec![META_TAG];
     key.extend_from_slice(name);
     key
 }
 
 /// The stored form of `key` in `tree`.
-pub(super) fn stored_key(tree: Tree, key: &[u8]) -> Vec<u8> {
+pub(crate) fn stored_key(tree: Tree, key: &[u8]) -> Vec<u8> {
     let mut stored = Vec::with_capacity(key.len() + 1);
     stored.push(tag(tree));
     stored.extend_from_slice(key);
@@ -47,7 +47,7 @@ pub(super) fn stored_key(tree: Tree, key: &[u8]) -> Vec<u8> {
 }
 
 /// The key a stored key stands for (its tag byte removed).
-pub(super) fn logical_key(stored: &[u8]) -> Vec<u8> {
+pub(crate) fn logical_key(stored: &[u8]) -> Vec<u8> {
     stored.get(1..).unwrap_or_default().to_vec()
 }
 

@@ -1,0 +1,252 @@
+//! The embedded fjall backend ([`FjallStore`], feature `fjall`): an LSM tree whose commits are
+//! appended to one journal, offered beside [`SledStore`](crate::SledStore) because a suspension
+//! cycle costs it a fraction of sled's CPU (BENCHMARKS.md, "Issue 30, goal 1: a second
+//! embedded engine").
+//!
+//! This file is the store and its reads; [`persister`] is the group-commit thread that
+//! applies the batches and makes them durable, [`engine`] opens fjall and names its errors.
+
+use std::fmt;
+use std::path::Path;
+use std::sync::Arc;
+
+use super::keyspace::{logical_key, stored_key};
+use super::{Batch, Entry, Error, Store, Tree};
+
+mod engine;
+mod persister;
+
+use engine::{Engine, Open};
+use persister::Persister;
+
+/// A [`Store`] on [fjall](https://docs.rs/fjall), an embedded LSM tree (feature `fjall`).
+///
+/// Every [`Tree`] lives in one fjall partition, `records`, as a key range of its own behind
+/// its tree's tag byte, as in [`SledStore`](crate::SledStore). A batch is one fjall write
+/// batch: one record of fjall's journal, recovered whole or not at all.
+///
+/// # How a commit becomes durable
+///
+/// `commit` queues its batch for a thread of the store's own, which applies every batch queued
+/// since its last round (each as one fjall batch), then makes the journal durable once for all
+/// of them (`fdatasync`: power-loss safe, like sled's default), then answers their committers.
+/// So, as with sled, many sessions share one sync.
+///
+/// # What it does not do yet (see BENCHMARKS.md and ARCHITECTURE.md)
+///
+/// The store contract holds on it (`tests/store_contract.rs`), but the full-disk and
+/// damage rules are proven on [`SledStore`](crate::SledStore) only:
+/// - a failed sync makes fjall refuse every later write (it *poisons* its keyspace); this
+///   store then opens the directory again before the next commit, which brings back what is on
+///   disk, and reports itself [degraded](Store::degraded) until a commit succeeds; the
+///   tmpfs full-disk test does not run on it;
+/// - fjall stops replaying a journal at a bad checksum, as for a torn tail: the durable
+///   high-water mark that makes [`SledStore`](crate::SledStore) refuse such a store
+///   ([`Error::Damaged`]) is not kept here.
+///
+/// The directory is created for its owner alone (`0700`); fjall creates the files inside it
+/// as the process's umask has it, and they are reachable only through it.
+///
+/// ```
+/// # fn main() -> Result<(), dormant::store::Error> {
+/// let dir = tempfile::tempdir().map_err(dormant::store::Error::backend)?;
+/// let store = dormant::FjallStore::open(dir.path())?;
+/// let runtime = dormant::Runtime::builder().store(std::sync::Arc::new(store));
+/// # let _ = runtime;
+/// # Ok(()) }
+/// ```
+pub struct FjallStore {
+    engine: Arc<Engine>,
+    persister: Persister,
+}
+
+impl FjallStore {
+    /// Opens (or creates) the store in directory `path`.
+    ///
+    /// # Errors
+    /// [`Error::Locked`] when another open store holds the directory (after half a second);
+    /// [`Error::StorageFull`] when the disk is full; otherwise fjall cannot open it.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self, Error> {
+        let engine = Arc::new(Engine::open(path.as_ref())?);
+        let persister = Persister::start(Arc::clone(&engine))?;
+        Ok(Self { engine, persister })
+    }
+
+    /// The store directory.
+    pub fn path(&self) -> &Path {
+        self.engine.path()
+    }
+
+    /// How many durable syncs the store has made (each serves one group of commits).
+    pub fn sync_count(&self) -> u64 {
+        self.engine.syncs()
+    }
+
+    /// Reads with the open keyspace, or fails with [`Error::Closed`] once the store is closed.
+    fn read<T>(&self, read: impl FnOnce(&Open) -> Result<T, Error>) -> Result<T, Error> {
+        self.engine.read(read)
+    }
+}
+
+impl fmt::Debug for FjallStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FjallStore")
+            .field("path", &self.engine.path())
+            .field("syncs", &self.engine.syncs())
+            .finish()
+    }
+}
+
+/// A stored entry as the trait gives it: its logical key and its value.
+fn logical_entry<E>(item: Result<fjall::KvPair, E>, path: &Path) -> Result<Entry, Error>
+where
+    fjall::Error: From<E>,
+{
+    let (key, value) = item.map_err(|e| engine::error(e.into(), path))?;
+    Ok((logical_key(&key), value.to_vec()))
+}
+
+#[async_trait::async_trait]
+impl Store for FjallStore {
+    /// Queues the batch for the persister thread and returns once a sync that came after its
+    /// write has succeeded. An empty batch writes nothing but still waits (a barrier).
+    async fn commit(&self, batch: Batch) -> Result<(), Error> {
+        let batch = Some(batch).filter(|batch| !batch.is_empty());
+        let done = self.persister.enqueue(batch)?;
+        done.await.map_err(|_| Error::Closed)?
+    }
+
+    async fn get(&self, tree: Tree, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
+        self.read(|open| {
+            let value = open.view().get(stored_key(tree, key));
+            let value = value.map_err(|e| engine::error(e.into(), open.path()))?;
+            Ok(value.map(|value| value.to_vec()))
+        })
+    }
+
+    async fn scan_prefix(&self, tree: Tree, prefix: &[u8]) -> Result<Vec<Entry>, Error> {
+        self.read(|open| {
+            open.view()
+                .prefix(stored_key(tree, prefix))
+                .map(|item| logical_entry(item, open.path()))
+                .collect()
+        })
+    }
+
+    async fn scan_prefix_rev(
+        &self,
+        tree: Tree,
+        prefix: &[u8],
+        limit: usize,
+    ) -> Result<Vec<Entry>, Error> {
+        self.read(|open| {
+            open.view()
+                .prefix(stored_key(tree, prefix))
+                .rev()
+                .take(limit)
+                .map(|item| logical_entry(item, open.path()))
+                .collect()
+        })
+    }
+
+    async fn scan_range(
+        &self,
+        tree: Tree,
+        from: &[u8],
+        to: &[u8],
+        limit: usize,
+    ) -> Result<Vec<Entry>, Error> {
+        if from >= to {
+            return Ok(Vec::new());
+        }
+        self.read(|open| {
+            open.view()
+                .range(stored_key(tree, from)..stored_key(tree, to))
+                .take(limit)
+                .map(|item| logical_entry(item, open.path()))
+                .collect()
+        })
+    }
+
+    async fn flush(&self) -> Result<(), Error> {
+        self.persister
+            .enqueue(None)?
+            .await
+            .map_err(|_| Error::Closed)?
+    }
+
+    /// Syncs, then releases the keyspace and the directory lock even if other handles on this
+    /// store remain: they answer [`Error::Closed`] from then on.
+    async fn close(&self) -> Result<(), Error> {
+        let flushed = self.flush().await;
+        self.engine.close();
+        flushed
+    }
+
+    fn release(&self) {
+        self.engine.close();
+    }
+
+    fn is_closed(&self) -> bool {
+        self.engine.is_closed()
+    }
+
+    async fn size_on_disk(&self) -> Result<u64, Error> {
+        self.read(|open| Ok(open.keyspace.disk_space()))
+    }
+
+    fn degraded(&self) -> Option<String> {
+        self.engine.degraded()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::CommitKind;
+
+    #[tokio::test]
+    async fn a_commit_is_read_back_after_the_store_is_opened_again() -> Result<(), Error> {
+        let dir = tempfile::tempdir().map_err(Error::backend)?;
+        let store = FjallStore::open(dir.path())?;
+        let mut batch = Batch::new(CommitKind::Other);
+        batch.put(Tree::Log, b"s\0one".to_vec(), b"first".to_vec());
+        batch.put(Tree::Pending, b"s\0one".to_vec(), b"other tree".to_vec());
+        store.commit(batch).await?;
+        assert!(store.sync_count() >= 1);
+        store.close().await?;
+        assert!(matches!(
+            store.get(Tree::Log, b"s\0one").await,
+            Err(Error::Closed)
+        ));
+
+        let again = FjallStore::open(dir.path())?;
+        let log = again.scan_prefix(Tree::Log, b"s\0").await?;
+        assert_eq!(log, vec![(b"s\0one".to_vec(), b"first".to_vec())]);
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn a_second_open_of_the_same_directory_is_refused_while_the_first_holds_it(
+    ) -> Result<(), Error> {
+        let dir = tempfile::tempdir().map_err(Error::backend)?;
+        let first = FjallStore::open(dir.path())?;
+        let second = FjallStore::open(dir.path());
+        assert!(matches!(second, Err(Error::Locked { .. })), "{second:?}");
+        first.release();
+        FjallStore::open(dir.path())?;
+        Ok(())
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn the_directory_is_its_owners_alone() -> Result<(), Error> {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().map_err(Error::backend)?;
+        let path = dir.path().join("store");
+        let _store = FjallStore::open(&path)?;
+        let mode = std::fs::metadata(&path).map_err(Error::backend)?;
+        assert_eq!(mode.permissions().mode() & 0o777, 0o700);
+        Ok(())
+    }
+}

@@ -1,0 +1,229 @@
+//! The fjall keyspace behind a [`FjallStore`](super::FjallStore): opened under a lock of the
+//! directory, opened again after a failed write, closed once; and fjall's errors in the
+//! store's words.
+
+use std::fs::File;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use parking_lot::{Mutex, RwLock};
+
+use crate::store::keyspace::RECORDS;
+use crate::store::Error;
+
+/// The lock file in the store directory: held while a store has the directory open (fjall
+/// takes no lock of its own, and two keyspaces on one directory would break it).
+const LOCK_FILE: &str = "dormant.lock";
+
+/// How long an open waits for another store to let the directory go.
+const LOCK_WAIT: Duration = Duration::from_millis(500);
+
+/// An open keyspace and its one partition.
+pub(in crate::store) struct Open {
+    pub(super) keyspace: fjall::Keyspace,
+    pub(super) records: fjall::PartitionHandle,
+    path: PathBuf,
+}
+
+impl Open {
+    pub(super) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// What a read sees: every batch applied whole, none in part. fjall inserts a batch's
+    /// writes one by one and only then makes its sequence number visible; a plain read of the
+    /// partition would see a batch half inserted.
+    pub(super) fn view(&self) -> fjall::Snapshot {
+        self.records.snapshot_at(self.keyspace.instant())
+    }
+}
+
+enum State {
+    Open(Open),
+    /// A write failed, so fjall refuses every later one (it poisons its keyspace after a
+    /// failed sync) and what it holds in memory may be more than it made durable: the keyspace
+    /// was dropped, to be opened again from what is on disk before the next write.
+    Failed(String),
+    Closed,
+}
+
+pub(super) struct Engine {
+    path: PathBuf,
+    state: RwLock<State>,
+    lock: Mutex<Option<File>>,
+    syncs: AtomicU64,
+}
+
+impl Engine {
+    pub(super) fn open(path: &Path) -> Result<Self, Error> {
+        owner_only_directory(path).map_err(|e| io_error(e, path))?;
+        let lock = lock_directory(path)?;
+        let open = open_keyspace(path)?;
+        Ok(Self {
+            path: path.to_path_buf(),
+            state: RwLock::new(State::Open(open)),
+            lock: Mutex::new(Some(lock)),
+            syncs: AtomicU64::new(0),
+        })
+    }
+
+    pub(super) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub(super) fn syncs(&self) -> u64 {
+        self.syncs.load(Ordering::Relaxed)
+    }
+
+    /// Reads with the open keyspace. A read holds the read side of the state for as long as
+    /// it reads, so a failed write waits for it before it drops the keyspace.
+    pub(super) fn read<T>(&self, read: impl FnOnce(&Open) -> Result<T, Error>) -> Result<T, Error> {
+        match &*self.state.read() {
+            State::Open(open) => read(open),
+            State::Failed(reason) => Err(self.failed(reason)),
+            State::Closed => Err(Error::Closed),
+        }
+    }
+
+    /// Writes a group with the open keyspace, opening it again first if the last write failed;
+    /// a write that fails drops the keyspace (see [`State::Failed`]).
+    pub(super) fn write(
+        &self,
+        write: impl FnOnce(&Open) -> Result<(), Error>,
+    ) -> Result<(), Error> {
+        if matches!(&*self.state.read(), State::Failed(_)) {
+            let mut state = self.state.write();
+            if matches!(&*state, State::Failed(_)) {
+                *state = State::Open(open_keyspace(&self.path)?);
+                tracing::info!(dir = %self.path.display(), "store: opened again after a failed write");
+            }
+        }
+        let written = self.read(write);
+        if let Err(error) = &written {
+            if !matches!(error, Error::Closed) {
+                let mut state = self.state.write();
+                if matches!(&*state, State::Open(_)) {
+                    tracing::error!(dir = %self.path.display(), %error, "store: a write failed; the keyspace is opened again before the next one");
+                    *state = State::Failed(error.to_string());
+                }
+            }
+        } else {
+            self.syncs.fetch_add(1, Ordering::Relaxed);
+        }
+        written
+    }
+
+    pub(super) fn close(&self) {
+        // Waits for a read or write in progress; dropping the keyspace stops fjall's threads.
+        *self.state.write() = State::Closed;
+        *self.lock.lock() = None;
+    }
+
+    pub(super) fn is_closed(&self) -> bool {
+        matches!(&*self.state.read(), State::Closed)
+    }
+
+    pub(super) fn degraded(&self) -> Option<String> {
+        match &*self.state.read() {
+            State::Failed(reason) => Some(format!("the last write failed: {reason}")),
+            _ => None,
+        }
+    }
+
+    fn failed(&self, reason: &str) -> Error {
+        Error::backend(format!(
+            "store {}: the last write failed ({reason}); it is opened again at the next commit",
+            self.path.display()
+        ))
+    }
+}
+
+fn open_keyspace(path: &Path) -> Result<Open, Error> {
+    let keyspace = fjall::Config::new(path)
+        .open()
+        .map_err(|e| error(e, path))?;
+    let records = keyspace
+        .open_partition(RECORDS, fjall::PartitionCreateOptions::default())
+        .map_err(|e| error(e, path))?;
+    Ok(Open {
+        keyspace,
+        records,
+        path: path.to_path_buf(),
+    })
+}
+
+/// Takes the directory's lock file, waiting [`LOCK_WAIT`] for another holder at most.
+fn lock_directory(path: &Path) -> Result<File, Error> {
+    let file = File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path.join(LOCK_FILE))
+        .map_err(|e| io_error(e, path))?;
+    let started = Instant::now();
+    loop {
+        match fs2::FileExt::try_lock_exclusive(&file) {
+            Ok(()) => return Ok(file),
+            Err(e) if e.kind() != io::ErrorKind::WouldBlock => return Err(io_error(e, path)),
+            Err(_) if started.elapsed() < LOCK_WAIT => {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(_) => {
+                return Err(Error::Locked {
+                    path: path.to_path_buf(),
+                })
+            }
+        }
+    }
+}
+
+/// Creates the store directory for its owner alone (`0700`), or narrows an existing one that
+/// is empty or a store already; one that holds other things is left as it is, with a warning.
+fn owner_only_directory(dir: &Path) -> io::Result<()> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)?;
+        let mode = std::fs::metadata(dir)?.permissions().mode();
+        if mode & 0o077 == 0 {
+            return Ok(());
+        }
+        let ours = dir.join(LOCK_FILE).is_file() || std::fs::read_dir(dir)?.next().is_none();
+        if ours {
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode & 0o700))?;
+        } else {
+            tracing::warn!(dir = %dir.display(), "store: the directory holds other files and others may read it; a directory of its own would be the owner's alone");
+        }
+    }
+    #[cfg(not(unix))]
+    std::fs::create_dir_all(dir)?;
+    Ok(())
+}
+
+/// A full disk is [`Error::StorageFull`]; any other failure is fjall's own error.
+pub(super) fn error(error: fjall::Error, path: &Path) -> Error {
+    match error {
+        fjall::Error::Io(io) => io_error(io, path),
+        other => Error::backend(FjallError(other)),
+    }
+}
+
+fn io_error(error: io::Error, path: &Path) -> Error {
+    match error.kind() {
+        io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded => Error::StorageFull {
+            path: Some(path.to_path_buf()),
+            kind: error.kind(),
+        },
+        _ => Error::backend(error),
+    }
+}
+
+/// fjall's error, shown in words (its own `Display` prints its `Debug`).
+#[derive(Debug, thiserror::Error)]
+#[error("fjall: {0:?}")]
+pub(crate) struct FjallError(fjall::Error);
