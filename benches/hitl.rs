@@ -7,7 +7,8 @@
 //! against 10,000 roots with one each; and what a suspended, evicted session keeps resident.
 //!
 //! One section alone: `HITL_ONLY=cycles|memory_cycles|wait_cost|expired|submits|memory cargo
-//! bench --bench hitl`. `memory_cycles` runs the same cycles on `MemoryStore`: the runtime's
+//! bench --bench hitl`, several with commas (`HITL_ONLY=cycles,memory_cycles`); with
+//! `--features fjall`, `fjall_cycles` runs the suspension cycles on `FjallStore`. `memory_cycles` runs the same cycles on `MemoryStore`: the runtime's
 //! own ceiling, with nothing durable. `wait_cost` runs them on `MemoryStore` with every commit
 //! held up first, with no I/O: what waiting on a store costs the runtime itself, the ceiling
 //! of any store whose commit cannot finish in the caller's own poll. The bench runs on mimalloc (`--features system-allocator`
@@ -46,13 +47,20 @@ fn main() -> anyhow::Result<()> {
         allocator::NAME
     );
     let only = std::env::var("HITL_ONLY").ok();
-    let wants = |name: &str| only.as_deref().is_none_or(|only| only == name);
+    let wants = |name: &str| {
+        only.as_deref()
+            .is_none_or(|only| only.split(',').any(|one| one == name))
+    };
     runtime.block_on(async {
         if wants("cycles") {
             suspension_cycles(quick).await?;
         }
         if wants("memory_cycles") {
             memory_cycles(quick).await?;
+        }
+        #[cfg(feature = "fjall")]
+        if wants("fjall_cycles") {
+            fjall_cycles(quick).await?;
         }
         if wants("wait_cost") {
             wait_cost(quick).await?;
@@ -156,6 +164,32 @@ async fn memory_cycles(quick: bool) -> anyhow::Result<()> {
         println!(
             "| {concurrency} | {cycles} | {ours:.0} | {} |",
             cpu_per_cycle(cpu, cycles)
+        );
+    }
+    Ok(())
+}
+
+/// The same cycles on `FjallStore` (feature `fjall`): durable at each step as on sled (one
+/// `fdatasync` of fjall's journal a group), with an LSM tree's writes instead of sled's.
+#[cfg(feature = "fjall")]
+async fn fjall_cycles(quick: bool) -> anyhow::Result<()> {
+    println!("\n## The same cycles on FjallStore (durable at each step, power-loss safe, group commit)\n");
+    println!("| concurrent sessions | cycles | cycles/s | CPU µs/cycle | commits/cycle | commits/sync | key writes/cycle |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    for &(concurrency, cycles) in cycle_cases(quick) {
+        let dir = tempfile::tempdir()?;
+        let store = Arc::new(dormant::FjallStore::open(dir.path())?);
+        let runtime = runtime_on(store.clone(), cycles::one_call_script())?;
+        let (ours, cpu) = run_cycles(&runtime, concurrency, cycles).await?;
+        let stats = runtime.stats();
+        runtime.shutdown().await?;
+        let commits = stats.commit_latency.count;
+        println!(
+            "| {concurrency} | {cycles} | {ours:.0} | {} | {:.1} | {:.0} | {:.1} |",
+            cpu_per_cycle(cpu, cycles),
+            commits as f64 / cycles as f64,
+            commits as f64 / store.sync_count().max(1) as f64,
+            stats.commit_writes as f64 / cycles as f64,
         );
     }
     Ok(())

@@ -2,14 +2,17 @@
 //! is at a committed step, and every acknowledged run is there.
 //!
 //! The child is this same test binary, re-run with `--ignored --exact crash_child` and the
-//! store path in an environment variable.
+//! store path in an environment variable. The same test runs on `FjallStore` (feature
+//! `fjall`): a store directory named `fjall` is opened as one.
 
 mod common;
 
 use std::collections::HashSet;
+use std::path::Path;
 use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 
+use dormant::store::Store;
 use dormant::{ManualClock, SessionId, SledStore, Status};
 
 const STORE_ENV: &str = "DORMANT_CRASH_CHILD_STORE";
@@ -24,7 +27,7 @@ async fn crash_child() -> anyhow::Result<()> {
     let Ok(path) = std::env::var(STORE_ENV) else {
         return Ok(());
     };
-    let store = Arc::new(SledStore::open(path)?);
+    let store = open_store(Path::new(&path))?;
     let runtime =
         common::worker_runtime(store, 6, Arc::new(AtomicUsize::new(0)), ManualClock::new(0))?;
     let mut next = 0u64;
@@ -48,10 +51,33 @@ async fn crash_child() -> anyhow::Result<()> {
     }
 }
 
+/// The store in `dir`: `FjallStore` for a directory named `fjall`, else `SledStore`.
+fn open_store(dir: &Path) -> anyhow::Result<Arc<dyn Store>> {
+    #[cfg(feature = "fjall")]
+    if dir.file_name().is_some_and(|name| name == "fjall") {
+        return Ok(Arc::new(dormant::FjallStore::open(dir)?));
+    }
+    Ok(Arc::new(SledStore::open(dir)?))
+}
+
 #[test]
 fn killed_process_leaves_every_session_at_a_committed_step() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let (mut child, lines) = common::spawn_child("crash_child", STORE_ENV, dir.path())?;
+    kill_and_check(&dir.path().join("sled"))
+}
+
+#[cfg(feature = "fjall")]
+#[test]
+fn killed_process_leaves_every_session_at_a_committed_step_on_fjall() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    kill_and_check(&dir.path().join("fjall"))
+}
+
+/// Kills a child running sessions on the store in `dir` once it acknowledged
+/// [`ACKED_BEFORE_KILL`] runs, then checks what the store reopened holds.
+fn kill_and_check(dir: &Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let (mut child, lines) = common::spawn_child("crash_child", STORE_ENV, dir)?;
     let mut acked = HashSet::new();
     for line in lines {
         let line = line?;
@@ -72,7 +98,7 @@ fn killed_process_leaves_every_session_at_a_committed_step() -> anyhow::Result<(
 
     let runtime = tokio::runtime::Runtime::new()?;
     runtime.block_on(async {
-        let store = Arc::new(SledStore::open(dir.path())?);
+        let store = open_store(dir)?;
         let sessions =
             common::worker_runtime(store, 6, Arc::new(AtomicUsize::new(0)), ManualClock::new(0))?;
         let ids = sessions.session_ids().await?;
