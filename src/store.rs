@@ -16,6 +16,7 @@ mod damage;
 #[cfg(feature = "fjall")]
 pub(crate) mod fjall;
 pub(crate) mod keyspace;
+pub(crate) mod mark;
 // Test tooling, like `crate::testkit::scenario`: only with the `test-util` feature, and
 // public through `dormant::testkit` alone.
 #[cfg(feature = "test-util")]

@@ -11,7 +11,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use super::keyspace::{logical_key, stored_key};
-use super::{Batch, Entry, Error, Store, Tree};
+use super::{Batch, Damage, Entry, Error, Store, Tree};
 
 mod engine;
 mod persister;
@@ -32,17 +32,21 @@ use persister::Persister;
 /// of them (`fdatasync`: power-loss safe, like sled's default), then answers their committers.
 /// So, as with sled, many sessions share one sync.
 ///
-/// # What it does not do yet (see BENCHMARKS.md and ARCHITECTURE.md)
+/// # What is proven on it
 ///
-/// The store contract holds on it (`tests/store_contract.rs`), but the full-disk and
-/// damage rules are proven on [`SledStore`](crate::SledStore) only:
-/// - a failed sync makes fjall refuse every later write (it *poisons* its keyspace); this
-///   store then opens the directory again before the next commit, which brings back what is on
-///   disk, and reports itself [degraded](Store::degraded) until a commit succeeds; the
-///   tmpfs full-disk test does not run on it;
-/// - fjall stops replaying a journal at a bad checksum, as for a torn tail: the durable
-///   high-water mark that makes [`SledStore`](crate::SledStore) refuse such a store
-///   ([`Error::Damaged`]) is not kept here.
+/// The store contract holds on it (`tests/store_contract.rs`), as do the kill test and the
+/// damage rule (below). A failed write or sync makes fjall refuse every later write (it
+/// *poisons* its keyspace, and may hold in memory more than it made durable): this store then
+/// drops the keyspace and opens the directory again before the next commit, which brings back
+/// what is on disk, and reports itself [degraded](Store::degraded) meanwhile.
+///
+/// # Damage is told
+///
+/// The store keeps the sequence number of the last batch it acknowledged in a file of its own
+/// (`acknowledged`, synced with each group), outside the journal it vouches for. fjall stops
+/// replaying its journal at a batch it cannot read, or refuses to open it; either way a
+/// store that recovers less than it acknowledged is refused with [`Error::Damaged`] saying
+/// what is missing, and [`FjallStore::salvage`] opens what is left, read-only.
 ///
 /// The directory is created for its owner alone (`0700`); fjall creates the files inside it
 /// as the process's umask has it, and they are reachable only through it.
@@ -67,9 +71,35 @@ impl FjallStore {
     /// [`Error::Locked`] when another open store holds the directory (after half a second);
     /// [`Error::StorageFull`] when the disk is full; otherwise fjall cannot open it.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, Error> {
-        let engine = Arc::new(Engine::open(path.as_ref())?);
+        Self::start(Engine::open(path.as_ref(), false)?)
+    }
+
+    /// Opens the store in `path` read-only, to salvage what is left of a damaged one: what
+    /// [`FjallStore::open`] refused with [`Error::Damaged`]. Every commit fails with
+    /// [`Error::ReadOnly`]; [`FjallStore::damage`] tells what was lost.
+    ///
+    /// # Errors
+    /// As [`FjallStore::open`], but for the damage itself: [`Error::Damaged`] only when fjall
+    /// cannot read the files at all ([`Damage::Unreadable`](crate::store::Damage::Unreadable)).
+    pub fn salvage(path: impl AsRef<Path>) -> Result<Self, Error> {
+        Self::start(Engine::open(path.as_ref(), true)?)
+    }
+
+    fn start(engine: Engine) -> Result<Self, Error> {
+        let engine = Arc::new(engine);
         let persister = Persister::start(Arc::clone(&engine))?;
         Ok(Self { engine, persister })
+    }
+
+    /// What the store lost, when it was opened to [salvage](FjallStore::salvage) and is
+    /// damaged; `None` otherwise.
+    pub fn damage(&self) -> Option<Damage> {
+        self.engine.damage().cloned()
+    }
+
+    /// Whether the store was opened read-only, to [salvage](FjallStore::salvage) it.
+    pub fn is_read_only(&self) -> bool {
+        self.engine.is_read_only()
     }
 
     /// The store directory.
@@ -111,6 +141,11 @@ impl Store for FjallStore {
     /// Queues the batch for the persister thread and returns once a sync that came after its
     /// write has succeeded. An empty batch writes nothing but still waits (a barrier).
     async fn commit(&self, batch: Batch) -> Result<(), Error> {
+        if self.engine.is_read_only() {
+            return Err(Error::ReadOnly {
+                path: Some(self.engine.path().to_path_buf()),
+            });
+        }
         let batch = Some(batch).filter(|batch| !batch.is_empty());
         let done = self.persister.enqueue(batch)?;
         done.await.map_err(|_| Error::Closed)?
@@ -169,6 +204,9 @@ impl Store for FjallStore {
     }
 
     async fn flush(&self) -> Result<(), Error> {
+        if self.engine.is_read_only() {
+            return Ok(());
+        }
         self.persister
             .enqueue(None)?
             .await

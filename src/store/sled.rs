@@ -6,7 +6,7 @@
 //! [`syncer`] the `fdatasync`s of [`Durability::PowerLoss`], [`writes`] (with `store::keyspace`) map
 //! logical trees and batches to sled's keys, [`values`] keeps every value small enough that
 //! sled never writes a node as a separate file (values past 4 KiB in pieces), [`migrate`]
-//! brings a store written before that to it, [`check`] and [`mark`] tell a store that lost
+//! brings a store written before that to it, [`check`] and `store::mark` tell a store that lost
 //! part of its log from a whole one; this file is the store and its reads.
 
 use std::fmt;
@@ -26,7 +26,6 @@ mod error;
 mod files;
 mod flusher;
 
-mod mark;
 mod migrate;
 mod open;
 mod syncer;

@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 use parking_lot::{Mutex, RwLock};
 
 use crate::store::keyspace::RECORDS;
-use crate::store::Error;
+use crate::store::mark::{self, Mark};
+use crate::store::{Damage, Error};
 
 /// The lock file in the store directory: held while a store has the directory open (fjall
 /// takes no lock of its own, and two keyspaces on one directory would break it).
@@ -54,19 +55,85 @@ pub(super) struct Engine {
     state: RwLock<State>,
     lock: Mutex<Option<File>>,
     syncs: AtomicU64,
+    /// The mark of acknowledged commits; `None` for a store opened to salvage it, which
+    /// takes no commit.
+    mark: Option<Mark>,
+    /// What a store opened to salvage it lost.
+    damage: Option<Damage>,
 }
 
 impl Engine {
-    pub(super) fn open(path: &Path) -> Result<Self, Error> {
+    /// Opens the store in `path` and checks that fjall recovered every batch the store
+    /// acknowledged; a store that did not is refused with [`Error::Damaged`] unless opened
+    /// to `salvage` it (read-only).
+    pub(super) fn open(path: &Path, salvage: bool) -> Result<Self, Error> {
         owner_only_directory(path).map_err(|e| io_error(e, path))?;
         let lock = lock_directory(path)?;
+        let acknowledged = mark::read(path).map_err(|e| io_error(e, path))?;
         let open = open_keyspace(path)?;
+        let recovered = open.keyspace.instant();
+        let damage = match acknowledged {
+            Err(damage) => Some(damage),
+            Ok(Some(acknowledged)) if recovered < acknowledged => Some(Damage::LostTail {
+                acknowledged,
+                recovered,
+            }),
+            Ok(Some(_)) => None,
+            // The mark is written when the store is first opened, before any commit.
+            Ok(None) if recovered > 0 => Some(Damage::Unreadable {
+                reason: format!(
+                    "it holds commits but its mark of them, {}, is gone",
+                    mark::FILE
+                ),
+            }),
+            Ok(None) => None,
+        };
+        let mark = match (&damage, salvage) {
+            (Some(damage), false) => {
+                return Err(Error::Damaged {
+                    path: Some(path.to_path_buf()),
+                    damage: damage.clone(),
+                })
+            }
+            (_, true) => None,
+            (None, false) => {
+                Some(Mark::open(path, recovered, true).map_err(|e| io_error(e, path))?)
+            }
+        };
+        if let Some(damage) = &damage {
+            tracing::warn!(dir = %path.display(), %damage, "store: opened read-only to salvage what is left");
+        }
         Ok(Self {
             path: path.to_path_buf(),
             state: RwLock::new(State::Open(open)),
             lock: Mutex::new(Some(lock)),
             syncs: AtomicU64::new(0),
+            mark,
+            damage,
         })
+    }
+
+    /// What the store lost, when it was opened to salvage it and is damaged.
+    pub(super) fn damage(&self) -> Option<&Damage> {
+        self.damage.as_ref()
+    }
+
+    /// Whether the store was opened to salvage it: it takes no commit.
+    pub(super) fn is_read_only(&self) -> bool {
+        self.mark.is_none()
+    }
+
+    /// Records that every batch fjall has made visible is durable (after its sync, before
+    /// any committer of them hears of it).
+    pub(super) fn advance_mark(&self, open: &Open) -> Result<(), Error> {
+        match &self.mark {
+            Some(mark) => mark
+                .advance(open.keyspace.instant())
+                .map_err(|e| io_error(e, &self.path)),
+            None => Err(Error::ReadOnly {
+                path: Some(self.path.clone()),
+            }),
+        }
     }
 
     pub(super) fn path(&self) -> &Path {
@@ -140,18 +207,37 @@ impl Engine {
     }
 }
 
+/// Opens fjall's keyspace in `path`. What fjall cannot read back (a bad checksum inside its
+/// journal, a file it cannot decode, or a panic on one) is [`Damage::Unreadable`].
 fn open_keyspace(path: &Path) -> Result<Open, Error> {
-    let keyspace = fjall::Config::new(path)
-        .open()
-        .map_err(|e| error(e, path))?;
-    let records = keyspace
-        .open_partition(RECORDS, fjall::PartitionCreateOptions::default())
-        .map_err(|e| error(e, path))?;
-    Ok(Open {
-        keyspace,
-        records,
-        path: path.to_path_buf(),
-    })
+    let opened = std::panic::catch_unwind(|| -> Result<Open, fjall::Error> {
+        let keyspace = fjall::Config::new(path).open()?;
+        let records = keyspace.open_partition(RECORDS, fjall::PartitionCreateOptions::default())?;
+        Ok(Open {
+            keyspace,
+            records,
+            path: path.to_path_buf(),
+        })
+    });
+    let unreadable = |reason: String| Error::Damaged {
+        path: Some(path.to_path_buf()),
+        damage: Damage::Unreadable { reason },
+    };
+    match opened {
+        Ok(Ok(open)) => Ok(open),
+        Ok(Err(fjall::Error::Io(e))) => Err(io_error(e, path)),
+        Ok(Err(other)) => Err(unreadable(format!(
+            "fjall cannot read its files: {other:?}"
+        ))),
+        Err(panic) => Err(unreadable(format!(
+            "fjall panicked reading it: {}",
+            panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_default()
+        ))),
+    }
 }
 
 /// Takes the directory's lock file, waiting [`LOCK_WAIT`] for another holder at most.

@@ -134,7 +134,8 @@ fn serve(engine: &Engine, group: Vec<Pending>) {
         }
         open.keyspace
             .persist(fjall::PersistMode::SyncData)
-            .map_err(|e| engine::error(e, open.path()))
+            .map_err(|e| engine::error(e, open.path()))?;
+        engine.advance_mark(open)
     });
     if let Err(error) = &written {
         tracing::error!(%error, "store group commit failed; every commit of the group failed");

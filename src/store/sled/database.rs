@@ -15,13 +15,13 @@ use super::check::{verify, Check, Depth};
 use super::durability::Durability;
 use super::error::{io_error, SledError};
 use super::files::{open_db, refuse_old_layout};
-use super::mark::{self, Mark};
 use super::syncer::Syncer;
 use super::values::{owner_of_piece, PIECES_TAG};
 use super::writes::SledWrites;
 #[cfg(doc)]
 use super::SledStore;
 use crate::store::keyspace::RECORDS;
+use crate::store::mark::{self, Mark};
 #[cfg(doc)]
 use crate::store::Store;
 use crate::store::{Damage, Error};

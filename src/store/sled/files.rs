@@ -8,8 +8,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use super::error::{io_error, SledError};
-use super::mark;
 use crate::store::keyspace::RECORDS;
+use crate::store::mark;
 use crate::store::{Damage, Error};
 
 /// How long [`open_db`] waits for sled's directory lock to be released.

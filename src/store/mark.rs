@@ -1,7 +1,9 @@
-//! The mark: the number of the last sled batch the store acknowledged, kept in a file of its
-//! own beside sled's (`acknowledged` in the store directory), outside the log it vouches for.
+//! The mark: the number of the last batch the store acknowledged (sled's batch count, fjall's
+//! sequence number), kept in a file of its own beside the engine's (`acknowledged` in the
+//! store directory), outside the log it vouches for.
 //!
-//! sled recovering a shorter log than it wrote looks, from inside, like a crash before the
+//! An engine recovering a shorter log than it wrote (sled and fjall both stop replaying at a
+//! bad checksum) looks, from inside, like a crash before the
 //! last commits: only a record kept elsewhere tells the two apart. The flusher advances the
 //! mark after each flush that made new batches durable and before their committers hear of
 //! it, with an `fdatasync` at [`Durability::PowerLoss`] (one per group, shared by its
@@ -23,13 +25,13 @@ use parking_lot::Mutex;
 use crate::store::Damage;
 
 /// The mark's file name in the store directory.
-pub(super) const FILE: &str = "acknowledged";
+pub(crate) const FILE: &str = "acknowledged";
 
 /// How far the mark may lag at [`Durability::ProcessCrash`], where it moves only after an
 /// `fdatasync` of its own, so at most once per this long.
 ///
 /// [`Durability::ProcessCrash`]: crate::store::Durability::ProcessCrash
-pub(super) const LAG: Duration = Duration::from_secs(1);
+pub(crate) const LAG: Duration = Duration::from_secs(1);
 
 const MAGIC: &[u8; 4] = b"DMK1";
 const SLOT: usize = 16;
@@ -63,7 +65,7 @@ fn read_slots(bytes: &[u8]) -> Option<(u64, usize)> {
 ///
 /// # Errors
 /// [`Damage::Unreadable`] when the file is there and neither of its slots can be read.
-pub(super) fn read(dir: &Path) -> io::Result<Result<Option<u64>, Damage>> {
+pub(crate) fn read(dir: &Path) -> io::Result<Result<Option<u64>, Damage>> {
     let bytes = match std::fs::read(dir.join(FILE)) {
         Ok(bytes) => bytes,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Ok(None)),
@@ -78,7 +80,7 @@ pub(super) fn read(dir: &Path) -> io::Result<Result<Option<u64>, Damage>> {
 }
 
 /// The open mark file.
-pub(super) struct Mark {
+pub(crate) struct Mark {
     file: File,
     sync: bool,
     state: Mutex<Slots>,
@@ -96,7 +98,7 @@ struct Slots {
 impl Mark {
     /// Opens the mark of the store in `dir`, creating it (owner-only) at `seq`, what the store
     /// recovered, if it has none; `sync` makes every advance durable (`fdatasync`).
-    pub(super) fn open(dir: &Path, seq: u64, sync: bool) -> io::Result<Self> {
+    pub(crate) fn open(dir: &Path, seq: u64, sync: bool) -> io::Result<Self> {
         let path = dir.join(FILE);
         let mut options = OpenOptions::new();
         options.read(true).write(true).create(true);
@@ -139,7 +141,7 @@ impl Mark {
     }
 
     /// Records that every batch up to `seq` is durable, if that is more than it says.
-    pub(super) fn advance(&self, seq: u64) -> io::Result<()> {
+    pub(crate) fn advance(&self, seq: u64) -> io::Result<()> {
         let mut state = self.state.lock();
         if seq <= state.written {
             return Ok(());
@@ -155,7 +157,7 @@ impl Mark {
     }
 
     /// Whether a lagging mark is due to move: not written for [`LAG`].
-    pub(super) fn due(&self) -> bool {
+    pub(crate) fn due(&self) -> bool {
         self.state.lock().at.is_none_or(|at| at.elapsed() >= LAG)
     }
 }
