@@ -7,8 +7,9 @@
 //! against 10,000 roots with one each; and what a suspended, evicted session keeps resident.
 //!
 //! One section alone: `HITL_ONLY=cycles|memory_cycles|wait_cost|expired|submits|memory cargo
-//! bench --bench hitl`, several with commas (`HITL_ONLY=cycles,memory_cycles`); with
-//! `--features fjall`, `fjall_cycles` runs the suspension cycles on `FjallStore`. `memory_cycles` runs the same cycles on `MemoryStore`: the runtime's
+//! bench --bench hitl`, several with commas (`HITL_ONLY=cycles,memory_cycles`).
+//! `fjall_cycles` runs the suspension cycles on `FjallStore` (the bench builds the crate with
+//! its `fjall` feature). `memory_cycles` runs the same cycles on `MemoryStore`: the runtime's
 //! own ceiling, with nothing durable. `wait_cost` runs them on `MemoryStore` with every commit
 //! held up first, with no I/O: what waiting on a store costs the runtime itself, the ceiling
 //! of any store whose commit cannot finish in the caller's own poll. The bench runs on mimalloc (`--features system-allocator`

@@ -1,12 +1,13 @@
 //! The store the default mode runs on: the sled store (`--store DIR`, or a temporary
-//! directory), or with `--postgres URL` a PostgreSQL database (`--features postgres`).
+//! directory), `FjallStore` there with `--engine fjall`, or with `--postgres URL` a
+//! PostgreSQL database (`--features postgres`).
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use dormant::SledStore;
+use dormant::{FjallStore, SledStore};
 
-use crate::Args;
+use crate::{Args, DurabilityArg, EngineArg};
 
 /// The store of one run.
 pub(crate) enum Backend {
@@ -15,6 +16,12 @@ pub(crate) enum Backend {
         _temp: Option<tempfile::TempDir>,
         path: PathBuf,
         store: Arc<SledStore>,
+    },
+    Fjall {
+        /// Removed at exit when the run made it.
+        _temp: Option<tempfile::TempDir>,
+        path: PathBuf,
+        store: Arc<FjallStore>,
     },
     #[cfg(feature = "postgres")]
     Postgres {
@@ -33,8 +40,8 @@ pub(crate) struct PgTotals {
 
 impl Backend {
     pub(crate) async fn open(args: &Args) -> anyhow::Result<Self> {
-        match &args.postgres {
-            None => {
+        match (&args.postgres, args.engine) {
+            (None, EngineArg::Sled) => {
                 let (temp, path, store) = crate::open_store(args)?;
                 Ok(Self::Sled {
                     _temp: temp,
@@ -42,8 +49,28 @@ impl Backend {
                     store,
                 })
             }
-            Some(url) => Self::postgres(url).await,
+            (None, EngineArg::Fjall) => Self::fjall(args),
+            (Some(_), EngineArg::Fjall) => {
+                anyhow::bail!("--engine fjall is an embedded store: it does not go with --postgres")
+            }
+            (Some(url), EngineArg::Sled) => Self::postgres(url).await,
         }
+    }
+
+    fn fjall(args: &Args) -> anyhow::Result<Self> {
+        anyhow::ensure!(
+            args.durability == DurabilityArg::PowerLoss && !args.no_group_commit,
+            "--engine fjall is power-loss safe with group commit only: drop --durability process-crash and --no-group-commit"
+        );
+        let (temp, path) = crate::store_dir(args)?;
+        let store = FjallStore::open(&path).map_err(|error| {
+            anyhow::anyhow!("opening the fjall store at {}: {error}", path.display())
+        })?;
+        Ok(Self::Fjall {
+            _temp: temp,
+            path,
+            store: Arc::new(store),
+        })
     }
 
     #[cfg(feature = "postgres")]
@@ -63,6 +90,7 @@ impl Backend {
     pub(crate) fn store(&self) -> Arc<dyn dormant::store::Store> {
         match self {
             Self::Sled { store, .. } => Arc::clone(store) as Arc<dyn dormant::store::Store>,
+            Self::Fjall { store, .. } => Arc::clone(store) as Arc<dyn dormant::store::Store>,
             #[cfg(feature = "postgres")]
             Self::Postgres { store, .. } => Arc::clone(store) as Arc<dyn dormant::store::Store>,
         }
@@ -71,7 +99,7 @@ impl Backend {
     /// Who owns which tree: the PostgreSQL store's leases (`None` for sled, alone on it).
     pub(crate) fn leases(&self) -> Option<Arc<dyn dormant::cluster::leases::Leases>> {
         match self {
-            Self::Sled { .. } => None,
+            Self::Sled { .. } | Self::Fjall { .. } => None,
             #[cfg(feature = "postgres")]
             Self::Postgres { store, .. } => {
                 Some(Arc::clone(store) as Arc<dyn dormant::cluster::leases::Leases>)
@@ -82,7 +110,7 @@ impl Backend {
     /// A PostgreSQL run's totals (`None` for sled, measured once its store is closed).
     pub(crate) async fn postgres_totals(&self) -> anyhow::Result<Option<PgTotals>> {
         match self {
-            Self::Sled { .. } => Ok(None),
+            Self::Sled { .. } | Self::Fjall { .. } => Ok(None),
             #[cfg(feature = "postgres")]
             Self::Postgres { store, wal_before } => Ok(Some(PgTotals {
                 bytes: dormant::store::Store::size_on_disk(store.as_ref()).await?,
@@ -95,17 +123,22 @@ impl Backend {
     /// Every transaction the PostgreSQL store made in the database so far (`None` for sled).
     pub(crate) fn database_transactions(&self) -> Option<u64> {
         match self {
-            Self::Sled { .. } => None,
+            Self::Sled { .. } | Self::Fjall { .. } => None,
             #[cfg(feature = "postgres")]
             Self::Postgres { store, .. } => Some(store.database_transactions()),
         }
     }
 
-    /// The bytes on disk and the flushes of a sled run, once its store is closed.
+    /// The bytes on disk and the flushes (fjall's syncs) of an embedded store's run, once its
+    /// store is closed. fjall makes its journal 32 MiB at once: its bytes are those the
+    /// files take on disk, not their lengths.
     pub(crate) fn sled_totals(&self) -> anyhow::Result<Option<(u64, u64)>> {
         match self {
             Self::Sled { path, store, .. } => {
                 Ok(Some((crate::dir_size(path)?, store.flush_count())))
+            }
+            Self::Fjall { path, store, .. } => {
+                Ok(Some((crate::dir_allocated(path)?, store.sync_count())))
             }
             #[cfg(feature = "postgres")]
             Self::Postgres { .. } => Ok(None),
@@ -115,7 +148,9 @@ impl Backend {
     /// The sled directory a run kept (`--store DIR`), for the report.
     pub(crate) fn kept_path(&self, args: &Args) -> Option<PathBuf> {
         match self {
-            Self::Sled { path, .. } if args.store.is_some() => Some(path.clone()),
+            Self::Sled { path, .. } | Self::Fjall { path, .. } if args.store.is_some() => {
+                Some(path.clone())
+            }
             _ => None,
         }
     }

@@ -214,6 +214,11 @@ struct Args {
     /// `dormant::store::DEFAULT_LEASE_TTL`), to compare failover at another setting.
     #[arg(long, value_name = "MS", requires = "nodes")]
     lease_ttl_ms: Option<u64>,
+    /// The embedded store of the default mode: sled (the default) or fjall (`FjallStore`, an
+    /// LSM tree; power-loss safe, group commit, so it takes neither --durability
+    /// process-crash nor --no-group-commit).
+    #[arg(long, value_enum, default_value_t = EngineArg::Sled)]
+    engine: EngineArg,
     /// What an acknowledged commit survives.
     #[arg(long, value_enum, default_value_t = DurabilityArg::PowerLoss)]
     durability: DurabilityArg,
@@ -223,6 +228,14 @@ struct Args {
     /// Print the report as one JSON object instead of text.
     #[arg(long)]
     json: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum EngineArg {
+    /// `SledStore`.
+    Sled,
+    /// `FjallStore`.
+    Fjall,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -490,11 +503,9 @@ async fn simulate(args: Args) -> anyhow::Result<usize> {
     Ok(problems.len())
 }
 
-/// The sled store the run writes to: `--store`, or a temporary directory (returned so it
-/// lives as long as the run), with the durability and group-commit settings asked for.
-pub(crate) fn open_store(
-    args: &Args,
-) -> anyhow::Result<(Option<tempfile::TempDir>, PathBuf, Arc<SledStore>)> {
+/// The store directory of the run: `--store`, or a temporary directory (returned so it lives
+/// as long as the run).
+pub(crate) fn store_dir(args: &Args) -> anyhow::Result<(Option<tempfile::TempDir>, PathBuf)> {
     let temp = match &args.store {
         Some(_) => None,
         None => Some(tempfile::tempdir().context("creating a temporary directory")?),
@@ -504,6 +515,15 @@ pub(crate) fn open_store(
         (None, Some(dir)) => dir.path().join("store"),
         (None, None) => anyhow::bail!("no store directory"),
     };
+    Ok((temp, path))
+}
+
+/// The sled store the run writes to (see [`store_dir`]), with the durability and group-commit
+/// settings asked for.
+pub(crate) fn open_store(
+    args: &Args,
+) -> anyhow::Result<(Option<tempfile::TempDir>, PathBuf, Arc<SledStore>)> {
+    let (temp, path) = store_dir(args)?;
     let store = Arc::new(
         SledStore::builder(&path)
             .durability(args.durability.into())
@@ -516,6 +536,21 @@ pub(crate) fn open_store(
 
 /// Bytes of the files under `path`.
 fn dir_size(path: &Path) -> anyhow::Result<u64> {
+    dir_bytes(path, std::fs::Metadata::len)
+}
+
+/// Bytes the files under `path` take on disk (a file made long at once and filled as it goes
+/// takes only what was written).
+fn dir_allocated(path: &Path) -> anyhow::Result<u64> {
+    #[cfg(unix)]
+    let on_disk = |meta: &std::fs::Metadata| std::os::unix::fs::MetadataExt::blocks(meta) * 512;
+    #[cfg(not(unix))]
+    let on_disk = std::fs::Metadata::len;
+    dir_bytes(path, on_disk)
+}
+
+/// The sum of `size` over the files under `path`.
+fn dir_bytes(path: &Path, size: impl Fn(&std::fs::Metadata) -> u64) -> anyhow::Result<u64> {
     let mut total = 0;
     let mut dirs = vec![path.to_path_buf()];
     while let Some(dir) = dirs.pop() {
@@ -527,7 +562,7 @@ fn dir_size(path: &Path) -> anyhow::Result<u64> {
             if meta.is_dir() {
                 dirs.push(entry.path());
             } else {
-                total += meta.len();
+                total += size(&meta);
             }
         }
     }

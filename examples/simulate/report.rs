@@ -218,6 +218,7 @@ impl Report<'_> {
             "turns_per_session": self.args.turns,
             "concurrency": self.args.concurrency,
             "max_resident": (self.args.max_resident > 0).then_some(self.args.max_resident),
+            "engine": format!("{:?}", self.args.engine),
             "durability": format!("{:?}", Durability::from(self.args.durability)),
             "group_commit": !self.args.no_group_commit,
             "store_path": self.store_path.as_ref().map(|p| p.display().to_string()),
@@ -346,13 +347,14 @@ impl Report<'_> {
         let mib = |bytes: u64| as_f64(bytes) / (1024.0 * 1024.0);
         println!("dormant simulate");
         println!(
-            "config:              {} sessions × {} turns × ({} tool steps + 1 text) + {} suspensions each, concurrency {}, max resident {}, {:?}, group commit {}",
+            "config:              {} sessions × {} turns × ({} tool steps + 1 text) + {} suspensions each, concurrency {}, max resident {}, {:?} store, {:?}, group commit {}",
             args.sessions,
             args.turns,
             args.steps,
             args.suspensions,
             args.concurrency,
             if args.max_resident > 0 { args.max_resident.to_string() } else { "unlimited".into() },
+            args.engine,
             Durability::from(args.durability),
             if args.no_group_commit { "off" } else { "on" },
         );

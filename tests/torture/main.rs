@@ -29,7 +29,8 @@
 //! Knobs: `DORMANT_TORTURE_SEED` replays a run (the seed is printed first),
 //! `DORMANT_TORTURE_BATCH` sets how many new trees each generation keeps in flight (16),
 //! `DORMANT_TORTURE_BROKEN=safe_to_retry` runs the broken variant (`charge`, which must run at
-//! most once, declared `safe_to_retry`), which the last test here shows is caught.
+//! most once, declared `safe_to_retry`), which the last test here shows is caught,
+//! `DORMANT_TORTURE_STORE=fjall` runs on a `FjallStore` (a test here does, at 8 kills).
 //!
 //! The children are this test binary, re-run with `--ignored --exact torture_child`.
 
@@ -63,7 +64,7 @@ async fn torture_child() -> anyhow::Result<()> {
 /// Kills generation after generation, then checks the store.
 fn torture(options: Options) -> anyhow::Result<Report> {
     println!(
-        "torture: seed {} ({} kills{}); replay with DORMANT_TORTURE_SEED={}",
+        "torture: seed {} ({} kills{}, {} store); replay with DORMANT_TORTURE_SEED={}",
         options.seed,
         options.kills,
         if options.broken {
@@ -71,6 +72,7 @@ fn torture(options: Options) -> anyhow::Result<Report> {
         } else {
             ""
         },
+        if options.fjall { "fjall" } else { "sled" },
         options.seed
     );
     let dir = tempfile::tempdir()?;
@@ -96,6 +98,21 @@ fn sigkill_loses_no_acknowledged_answer_and_runs_no_tool_twice() -> anyhow::Resu
     anyhow::ensure!(
         report.problems() == 0,
         "{} problem(s) under SIGKILL, named in the report above",
+        report.problems()
+    );
+    Ok(())
+}
+
+/// The same on `FjallStore`.
+#[cfg(feature = "fjall")]
+#[test]
+fn sigkill_loses_no_acknowledged_answer_and_runs_no_tool_twice_on_fjall() -> anyhow::Result<()> {
+    let mut options = Options::from_env(CI_KILLS, None, child::is_broken())?;
+    options.fjall = true;
+    let report = torture(options)?;
+    anyhow::ensure!(
+        report.problems() == 0,
+        "{} problem(s) under SIGKILL on fjall, named in the report above",
         report.problems()
     );
     Ok(())

@@ -165,6 +165,21 @@ fn agents(process: &Arc<Process>) -> anyhow::Result<Vec<AgentDefinition>> {
     Ok(vec![root, helper])
 }
 
+/// The file in the run's directory that names its store engine (`fjall`; sled without it):
+/// written by the parent before the first child, read by every child and the checker.
+pub(crate) const ENGINE_FILE: &str = "engine";
+
+/// The store in `dir/store`: a `FjallStore` if `dir/engine` says `fjall`, else a `SledStore`.
+fn store(dir: &Path) -> anyhow::Result<Arc<dyn dormant::store::Store>> {
+    let path = dir.join("store");
+    match std::fs::read_to_string(dir.join(ENGINE_FILE)) {
+        Ok(engine) if engine == "fjall" => Ok(Arc::new(dormant::FjallStore::open(path)?)),
+        Ok(other) => anyhow::bail!("unknown store engine {other:?}"),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Arc::new(SledStore::open(path)?)),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// The runtime over `dir/store`, with the workload's agents and model.
 pub(crate) fn runtime(
     dir: &Path,
@@ -172,7 +187,7 @@ pub(crate) fn runtime(
     max_resident: Option<usize>,
 ) -> anyhow::Result<Runtime> {
     let mut builder = Runtime::builder()
-        .store(Arc::new(SledStore::open(dir.join("store"))?))
+        .store(store(dir)?)
         .llm(Arc::new(Model { seed: process.seed }))
         .client_tool_timeout_ms(CLIENT_TIMEOUT_MS);
     if let Some(max) = max_resident {
