@@ -6,12 +6,17 @@
 //! commit again, with nothing acknowledged lost. Repeated, since where sled's write fails
 //! decides whether it can hang.
 //!
+//! The same can run on `FjallStore` (feature `fjall`; the child opens it when the parent names
+//! it in `DORMANT_FULL_DISK_LARGE_ENGINE`), where it does not pass yet: see the test.
+//!
 //! The child is this test binary, re-run with `--ignored --exact full_disk_large_child` under
 //! `unshare --mount` (with `--map-root-user` when not root), the tmpfs mounted at the path the
 //! parent gives. It reports each step on stdout; a step that takes longer than [`STEP_BOUND`]
 //! fails the child (the parent also kills a child that stays silent).
 
 use std::io::{BufRead, Write};
+
+use anyhow::Context;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
@@ -21,6 +26,8 @@ use std::time::Duration;
 use dormant::{AgentDefinition, ModelReply, Runtime, ScriptedLlm, SessionId, SledStore, Status};
 
 const MOUNT_ENV: &str = "DORMANT_FULL_DISK_LARGE_MOUNT";
+/// `fjall`: the child's store is a `FjallStore`.
+const ENGINE_ENV: &str = "DORMANT_FULL_DISK_LARGE_ENGINE";
 const MARK: &str = "@@full-disk-large ";
 /// A commit or a read that takes longer than this is a hang (a healthy one takes
 /// milliseconds, even on a loaded machine).
@@ -49,8 +56,13 @@ async fn bounded<T>(what: &str, step: impl std::future::Future<Output = T>) -> a
 
 fn runtime_on(dir: &Path) -> anyhow::Result<Runtime> {
     let llm = ScriptedLlm::new().script("echo", vec![ModelReply::text("noted")]);
+    let store: Arc<dyn dormant::store::Store> = match std::env::var(ENGINE_ENV).as_deref() {
+        #[cfg(feature = "fjall")]
+        Ok("fjall") => Arc::new(dormant::FjallStore::open(dir)?),
+        _ => Arc::new(SledStore::open(dir)?),
+    };
     Ok(Runtime::builder()
-        .store(Arc::new(SledStore::open(dir)?))
+        .store(store)
         .llm(Arc::new(llm))
         .agent(AgentDefinition::builder("echo").build()?)
         .background_deadlines(false)
@@ -131,10 +143,14 @@ async fn round(mount: &Path, size: usize, round: usize) -> anyhow::Result<()> {
         "still degraded once space returned"
     );
     for id in &acknowledged {
-        let status = bounded("a read after space returned", runtime.status(id)).await??;
+        let status = bounded("a read after space returned", runtime.status(id))
+            .await?
+            .context("a read after space returned")?;
         anyhow::ensure!(status == Status::Completed, "{id}: {status:?}");
     }
-    bounded("the shutdown", runtime.shutdown()).await??;
+    bounded("the shutdown", runtime.shutdown())
+        .await?
+        .context("the shutdown after space returned")?;
     std::fs::remove_dir_all(&dir)?;
     report(&format!("recovered size={size} round={round}"));
     Ok(())
@@ -185,6 +201,22 @@ fn runs_as_root() -> bool {
 #[cfg(target_os = "linux")]
 #[test]
 fn a_full_disk_with_large_values_never_hangs_and_recovers() -> anyhow::Result<()> {
+    full_disk_on("sled")
+}
+
+/// Not met on fjall yet (BENCHMARKS.md, "a second embedded engine"): the full disk is typed
+/// and nothing hangs, but once the ballast is freed fjall's own writing out of its memtable
+/// (a segment of up to 16 MiB) takes the space again, and the shutdown's last sync fails.
+/// Run by hand: `cargo test --test full_disk_large -- --ignored on_fjall`.
+#[cfg(feature = "fjall")]
+#[test]
+#[ignore = "not met on fjall yet: its memtable flush needs free space of its own"]
+fn a_full_disk_with_large_values_never_hangs_and_recovers_on_fjall() -> anyhow::Result<()> {
+    full_disk_on("fjall")
+}
+
+/// Runs the child on store `engine` in a tmpfs of its own and checks its report.
+fn full_disk_on(engine: &str) -> anyhow::Result<()> {
     if std::env::var_os(MOUNT_ENV).is_some() {
         return Ok(());
     }
@@ -202,6 +234,7 @@ fn a_full_disk_with_large_values_never_hangs_and_recovers() -> anyhow::Result<()
         .arg(mount.path())
         .arg(std::env::current_exe()?)
         .env(MOUNT_ENV, mount.path())
+        .env(ENGINE_ENV, engine)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()

@@ -55,6 +55,8 @@ pub(super) struct Engine {
     state: RwLock<State>,
     lock: Mutex<Option<File>>,
     syncs: AtomicU64,
+    /// Why the last write failed, until one succeeds.
+    degraded: Mutex<Option<String>>,
     /// The mark of acknowledged commits; `None` for a store opened to salvage it, which
     /// takes no commit.
     mark: Option<Mark>,
@@ -108,6 +110,7 @@ impl Engine {
             state: RwLock::new(State::Open(open)),
             lock: Mutex::new(Some(lock)),
             syncs: AtomicU64::new(0),
+            degraded: Mutex::new(None),
             mark,
             damage,
         })
@@ -144,9 +147,11 @@ impl Engine {
         self.syncs.load(Ordering::Relaxed)
     }
 
-    /// Reads with the open keyspace. A read holds the read side of the state for as long as
-    /// it reads, so a failed write waits for it before it drops the keyspace.
+    /// Reads with the open keyspace (opened again first if the last write failed). A read
+    /// holds the read side of the state for as long as it reads, so a failed write waits for
+    /// it before it drops the keyspace.
     pub(super) fn read<T>(&self, read: impl FnOnce(&Open) -> Result<T, Error>) -> Result<T, Error> {
+        self.reopen_if_failed()?;
         match &*self.state.read() {
             State::Open(open) => read(open),
             State::Failed(reason) => Err(self.failed(reason)),
@@ -154,32 +159,51 @@ impl Engine {
         }
     }
 
-    /// Writes a group with the open keyspace, opening it again first if the last write failed;
-    /// a write that fails drops the keyspace (see [`State::Failed`]).
+    /// Writes a group with the open keyspace (opened again first if the last write failed).
+    /// A write that fails drops the keyspace and opens it again at once (see
+    /// [`State::Failed`]), so that no read sees what the failed group applied in memory; the
+    /// store is degraded until a write succeeds.
     pub(super) fn write(
         &self,
         write: impl FnOnce(&Open) -> Result<(), Error>,
     ) -> Result<(), Error> {
-        if matches!(&*self.state.read(), State::Failed(_)) {
-            let mut state = self.state.write();
-            if matches!(&*state, State::Failed(_)) {
-                *state = State::Open(open_keyspace(&self.path)?);
-                tracing::info!(dir = %self.path.display(), "store: opened again after a failed write");
-            }
-        }
         let written = self.read(write);
-        if let Err(error) = &written {
-            if !matches!(error, Error::Closed) {
+        match &written {
+            Ok(()) => {
+                self.syncs.fetch_add(1, Ordering::Relaxed);
+                *self.degraded.lock() = None;
+            }
+            Err(Error::Closed) => {}
+            Err(error) => {
+                *self.degraded.lock() = Some(error.to_string());
                 let mut state = self.state.write();
                 if matches!(&*state, State::Open(_)) {
-                    tracing::error!(dir = %self.path.display(), %error, "store: a write failed; the keyspace is opened again before the next one");
+                    tracing::error!(dir = %self.path.display(), %error, "store: a write failed; its keyspace is opened again");
+                    // The old keyspace goes (and fjall's threads with it) before the new one.
                     *state = State::Failed(error.to_string());
+                    if let Ok(open) = open_keyspace(&self.path) {
+                        *state = State::Open(open);
+                    }
                 }
             }
-        } else {
-            self.syncs.fetch_add(1, Ordering::Relaxed);
         }
         written
+    }
+
+    /// Opens the keyspace again if the last write failed and it could not be opened then.
+    fn reopen_if_failed(&self) -> Result<(), Error> {
+        if !matches!(&*self.state.read(), State::Failed(_)) {
+            return Ok(());
+        }
+        let mut state = self.state.write();
+        if matches!(&*state, State::Failed(_)) {
+            let open = open_keyspace(&self.path).inspect_err(|error| {
+                *state = State::Failed(error.to_string());
+            })?;
+            *state = State::Open(open);
+            tracing::info!(dir = %self.path.display(), "store: opened again after a failed write");
+        }
+        Ok(())
     }
 
     pub(super) fn close(&self) {
@@ -193,15 +217,15 @@ impl Engine {
     }
 
     pub(super) fn degraded(&self) -> Option<String> {
-        match &*self.state.read() {
-            State::Failed(reason) => Some(format!("the last write failed: {reason}")),
-            _ => None,
-        }
+        self.degraded
+            .lock()
+            .as_ref()
+            .map(|reason| format!("the last write failed: {reason}"))
     }
 
     fn failed(&self, reason: &str) -> Error {
         Error::backend(format!(
-            "store {}: the last write failed ({reason}); it is opened again at the next commit",
+            "store {}: the last write failed ({reason}) and it could not be opened again after a failed write yet",
             self.path.display()
         ))
     }
@@ -292,12 +316,26 @@ fn owner_only_directory(dir: &Path) -> io::Result<()> {
 }
 
 /// A full disk is [`Error::StorageFull`]; any other failure is fjall's own error.
+///
+/// fjall answers a failed sync with `Poisoned`, not the I/O error (which it logs): a store
+/// whose disk has less than [`FULL_BELOW`] free then is taken to be full.
 pub(super) fn error(error: fjall::Error, path: &Path) -> Error {
     match error {
         fjall::Error::Io(io) => io_error(io, path),
+        fjall::Error::Poisoned
+            if fs2::available_space(path).is_ok_and(|free| free < FULL_BELOW) =>
+        {
+            Error::StorageFull {
+                path: Some(path.to_path_buf()),
+                kind: io::ErrorKind::StorageFull,
+            }
+        }
         other => Error::backend(FjallError(other)),
     }
 }
+
+/// Free space under which a failed sync is put down to a full disk.
+const FULL_BELOW: u64 = 1024 * 1024;
 
 fn io_error(error: io::Error, path: &Path) -> Error {
     match error.kind() {
