@@ -34,11 +34,13 @@ use persister::Persister;
 ///
 /// # What is proven on it
 ///
-/// The store contract holds on it (`tests/store_contract.rs`), as do the kill test and the
+/// The store contract holds on it (`tests/store_contract.rs`), as do the kill tests and the
 /// damage rule (below). A failed write or sync makes fjall refuse every later write (it
 /// *poisons* its keyspace, and may hold in memory more than it made durable): this store then
-/// drops the keyspace and opens the directory again before the next commit, which brings back
-/// what is on disk, and reports itself [degraded](Store::degraded) meanwhile.
+/// drops the keyspace and opens the directory again, which brings back what is on disk, and
+/// reports itself [degraded](Store::degraded) until a write succeeds. The full-disk rule is
+/// **not** met yet: fjall's own background writing needs free space too, and can take what was
+/// freed (ARCHITECTURE.md, "fjall: a second embedded engine"). sled stays the default.
 ///
 /// # Damage is told
 ///
