@@ -4,7 +4,10 @@
 //! embedded engine").
 //!
 //! This file is the store and its reads; [`persister`] is the group-commit thread that
-//! applies the batches and makes them durable, [`engine`] opens fjall and names its errors.
+//! applies the batches and makes them durable, [`engine`] holds fjall's keyspace (opened,
+//! checked against the mark, opened again after a failed write), [`files`] the directory
+//! (its lock, its permissions, the room a group needs) and fjall's errors in the store's
+//! words.
 
 use std::fmt;
 use std::path::Path;
@@ -14,6 +17,7 @@ use super::keyspace::{logical_key, stored_key};
 use super::{Batch, Damage, Entry, Error, Store, Tree};
 
 mod engine;
+mod files;
 mod persister;
 
 use engine::{Engine, Open};
@@ -134,7 +138,7 @@ fn logical_entry<E>(item: Result<fjall::KvPair, E>, path: &Path) -> Result<Entry
 where
     fjall::Error: From<E>,
 {
-    let (key, value) = item.map_err(|e| engine::error(e.into(), path))?;
+    let (key, value) = item.map_err(|e| files::error(e.into(), path))?;
     Ok((logical_key(&key), value.to_vec()))
 }
 
@@ -156,7 +160,7 @@ impl Store for FjallStore {
     async fn get(&self, tree: Tree, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
         self.read(|open| {
             let value = open.view().get(stored_key(tree, key));
-            let value = value.map_err(|e| engine::error(e.into(), open.path()))?;
+            let value = value.map_err(|e| files::error(e.into(), open.path()))?;
             Ok(value.map(|value| value.to_vec()))
         })
     }

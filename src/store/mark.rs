@@ -156,6 +156,11 @@ impl Mark {
         Ok(())
     }
 
+    /// The number the file holds: every batch up to it was acknowledged.
+    pub(crate) fn written(&self) -> u64 {
+        self.state.lock().written
+    }
+
     /// Whether a lagging mark is due to move: not written for [`LAG`].
     pub(crate) fn due(&self) -> bool {
         self.state.lock().at.is_none_or(|at| at.elapsed() >= LAG)

@@ -1,31 +1,25 @@
 //! The fjall keyspace behind a [`FjallStore`](super::FjallStore): opened under a lock of the
-//! directory, opened again after a failed write, closed once; and fjall's errors in the
-//! store's words.
+//! directory and checked against the mark of acknowledged commits, opened again (and checked
+//! again) after a failed write, closed once.
 
 use std::fs::File;
-use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock};
 
+use super::files::{io_error, lock_directory, owner_only_directory, refuse_foreign};
 use crate::store::keyspace::RECORDS;
 use crate::store::mark::{self, Mark};
 use crate::store::{Damage, Error};
-
-/// The lock file in the store directory: held while a store has the directory open (fjall
-/// takes no lock of its own, and two keyspaces on one directory would break it).
-const LOCK_FILE: &str = "dormant.lock";
-
-/// How long an open waits for another store to let the directory go.
-const LOCK_WAIT: Duration = Duration::from_millis(500);
 
 /// An open keyspace and its one partition.
 pub(in crate::store) struct Open {
     pub(super) keyspace: fjall::Keyspace,
     pub(super) records: fjall::PartitionHandle,
     path: PathBuf,
+    /// fjall's sequence number up to which batches are acknowledged: what reads see.
+    acknowledged: AtomicU64,
 }
 
 impl Open {
@@ -33,11 +27,18 @@ impl Open {
         &self.path
     }
 
-    /// What a read sees: every batch applied whole, none in part. fjall inserts a batch's
-    /// writes one by one and only then makes its sequence number visible; a plain read of the
-    /// partition would see a batch half inserted.
+    /// What a read sees: every acknowledged batch, whole. Not fjall's visible sequence
+    /// number: that one also covers the batches of a group applied but not yet synced, which
+    /// a failed sync takes back.
     pub(super) fn view(&self) -> fjall::Snapshot {
-        self.records.snapshot_at(self.keyspace.instant())
+        self.records
+            .snapshot_at(self.acknowledged.load(Ordering::Acquire))
+    }
+
+    /// Every batch fjall has made visible is durable now: reads may see them.
+    pub(super) fn acknowledge(&self) {
+        self.acknowledged
+            .store(self.keyspace.instant(), Ordering::Release);
     }
 }
 
@@ -45,8 +46,12 @@ enum State {
     Open(Open),
     /// A write failed, so fjall refuses every later one (it poisons its keyspace after a
     /// failed sync) and what it holds in memory may be more than it made durable: the keyspace
-    /// was dropped, to be opened again from what is on disk before the next write.
+    /// was dropped, and opening it again failed too (a full disk, say); the next read or write
+    /// tries again.
     Failed(String),
+    /// Opened again after a failed write, fjall recovered less than the store had
+    /// acknowledged: it refuses everything, as an open would.
+    Damaged(Damage),
     Closed,
 }
 
@@ -71,16 +76,13 @@ impl Engine {
     pub(super) fn open(path: &Path, salvage: bool) -> Result<Self, Error> {
         owner_only_directory(path).map_err(|e| io_error(e, path))?;
         let lock = lock_directory(path)?;
+        refuse_foreign(path)?;
         let acknowledged = mark::read(path).map_err(|e| io_error(e, path))?;
         let open = open_keyspace(path)?;
         let recovered = open.keyspace.instant();
         let damage = match acknowledged {
             Err(damage) => Some(damage),
-            Ok(Some(acknowledged)) if recovered < acknowledged => Some(Damage::LostTail {
-                acknowledged,
-                recovered,
-            }),
-            Ok(Some(_)) => None,
+            Ok(Some(acknowledged)) => short(acknowledged, recovered),
             // The mark is written when the store is first opened, before any commit.
             Ok(None) if recovered > 0 => Some(Damage::Unreadable {
                 reason: format!(
@@ -127,16 +129,17 @@ impl Engine {
     }
 
     /// Records that every batch fjall has made visible is durable (after its sync, before
-    /// any committer of them hears of it).
+    /// any committer of them hears of it), then lets reads see them.
     pub(super) fn advance_mark(&self, open: &Open) -> Result<(), Error> {
-        match &self.mark {
-            Some(mark) => mark
-                .advance(open.keyspace.instant())
-                .map_err(|e| io_error(e, &self.path)),
-            None => Err(Error::ReadOnly {
+        let Some(mark) = &self.mark else {
+            return Err(Error::ReadOnly {
                 path: Some(self.path.clone()),
-            }),
-        }
+            });
+        };
+        mark.advance(open.keyspace.instant())
+            .map_err(|e| io_error(e, &self.path))?;
+        open.acknowledge();
+        Ok(())
     }
 
     pub(super) fn path(&self) -> &Path {
@@ -155,14 +158,16 @@ impl Engine {
         match &*self.state.read() {
             State::Open(open) => read(open),
             State::Failed(reason) => Err(self.failed(reason)),
+            State::Damaged(damage) => Err(self.damaged(damage)),
             State::Closed => Err(Error::Closed),
         }
     }
 
     /// Writes a group with the open keyspace (opened again first if the last write failed).
-    /// A write that fails drops the keyspace and opens it again at once (see
-    /// [`State::Failed`]), so that no read sees what the failed group applied in memory; the
-    /// store is degraded until a write succeeds.
+    /// A write that fails drops the keyspace and opens it again at once, checked against the
+    /// mark: fjall's memory may hold more than the disk (the failed group), and the disk less
+    /// than was acknowledged (a journal write that failed part-way, which fjall does not
+    /// report). The store is degraded until a write succeeds.
     pub(super) fn write(
         &self,
         write: impl FnOnce(&Open) -> Result<(), Error>,
@@ -173,7 +178,7 @@ impl Engine {
                 self.syncs.fetch_add(1, Ordering::Relaxed);
                 *self.degraded.lock() = None;
             }
-            Err(Error::Closed) => {}
+            Err(Error::Closed | Error::Damaged { .. }) => {}
             Err(error) => {
                 *self.degraded.lock() = Some(error.to_string());
                 let mut state = self.state.write();
@@ -181,13 +186,17 @@ impl Engine {
                     tracing::error!(dir = %self.path.display(), %error, "store: a write failed; its keyspace is opened again");
                     // The old keyspace goes (and fjall's threads with it) before the new one.
                     *state = State::Failed(error.to_string());
-                    if let Ok(open) = open_keyspace(&self.path) {
-                        *state = State::Open(open);
-                    }
+                    *state = self.reopen();
                 }
             }
         }
         written
+    }
+
+    /// A group refused before it was written (no room for it): the store is degraded, and
+    /// its keyspace, which wrote nothing of the group, stays open.
+    pub(super) fn refused(&self, error: &Error) {
+        *self.degraded.lock() = Some(error.to_string());
     }
 
     /// Opens the keyspace again if the last write failed and it could not be opened then.
@@ -197,13 +206,35 @@ impl Engine {
         }
         let mut state = self.state.write();
         if matches!(&*state, State::Failed(_)) {
-            let open = open_keyspace(&self.path).inspect_err(|error| {
-                *state = State::Failed(error.to_string());
-            })?;
-            *state = State::Open(open);
-            tracing::info!(dir = %self.path.display(), "store: opened again after a failed write");
+            *state = self.reopen();
         }
-        Ok(())
+        match &*state {
+            State::Failed(reason) => Err(self.failed(reason)),
+            _ => Ok(()),
+        }
+    }
+
+    /// The state after opening the keyspace again: open, damaged if fjall recovered less than
+    /// the mark says was acknowledged, or failed (with the reason logged).
+    fn reopen(&self) -> State {
+        let open = match open_keyspace(&self.path) {
+            Ok(open) => open,
+            Err(error) => {
+                tracing::warn!(dir = %self.path.display(), %error, "store: cannot open the keyspace again yet");
+                return State::Failed(error.to_string());
+            }
+        };
+        let acknowledged = self.mark.as_ref().map_or(0, Mark::written);
+        match short(acknowledged, open.keyspace.instant()) {
+            Some(damage) => {
+                tracing::error!(dir = %self.path.display(), %damage, "store: opened again after a failed write, it holds less than it acknowledged; it refuses everything");
+                State::Damaged(damage)
+            }
+            None => {
+                tracing::info!(dir = %self.path.display(), "store: opened again after a failed write");
+                State::Open(open)
+            }
+        }
     }
 
     pub(super) fn close(&self) {
@@ -217,6 +248,9 @@ impl Engine {
     }
 
     pub(super) fn degraded(&self) -> Option<String> {
+        if let State::Damaged(damage) = &*self.state.read() {
+            return Some(format!("damaged: {damage}"));
+        }
         self.degraded
             .lock()
             .as_ref()
@@ -229,6 +263,21 @@ impl Engine {
             self.path.display()
         ))
     }
+
+    fn damaged(&self, damage: &Damage) -> Error {
+        Error::Damaged {
+            path: Some(self.path.clone()),
+            damage: damage.clone(),
+        }
+    }
+}
+
+/// The damage when fjall recovered batches only up to `recovered` of the `acknowledged` ones.
+fn short(acknowledged: u64, recovered: u64) -> Option<Damage> {
+    (recovered < acknowledged).then_some(Damage::LostTail {
+        acknowledged,
+        recovered,
+    })
 }
 
 /// Opens fjall's keyspace in `path`. What fjall cannot read back (a bad checksum inside its
@@ -237,10 +286,12 @@ fn open_keyspace(path: &Path) -> Result<Open, Error> {
     let opened = std::panic::catch_unwind(|| -> Result<Open, fjall::Error> {
         let keyspace = fjall::Config::new(path).open()?;
         let records = keyspace.open_partition(RECORDS, fjall::PartitionCreateOptions::default())?;
+        let acknowledged = AtomicU64::new(keyspace.instant());
         Ok(Open {
             keyspace,
             records,
             path: path.to_path_buf(),
+            acknowledged,
         })
     });
     let unreadable = |reason: String| Error::Damaged {
@@ -264,90 +315,113 @@ fn open_keyspace(path: &Path) -> Result<Open, Error> {
     }
 }
 
-/// Takes the directory's lock file, waiting [`LOCK_WAIT`] for another holder at most.
-fn lock_directory(path: &Path) -> Result<File, Error> {
-    let file = File::options()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(path.join(LOCK_FILE))
-        .map_err(|e| io_error(e, path))?;
-    let started = Instant::now();
-    loop {
-        match fs2::FileExt::try_lock_exclusive(&file) {
-            Ok(()) => return Ok(file),
-            Err(e) if e.kind() != io::ErrorKind::WouldBlock => return Err(io_error(e, path)),
-            Err(_) if started.elapsed() < LOCK_WAIT => {
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            Err(_) => {
-                return Err(Error::Locked {
-                    path: path.to_path_buf(),
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::keyspace::stored_key;
+    use crate::store::Tree;
+
+    /// Commits one write the way the persister does: apply, sync, advance the mark.
+    fn commit(engine: &Engine, key: &[u8]) -> Result<(), Error> {
+        engine.write(|open| {
+            let mut batch = open.keyspace.batch();
+            batch.insert(&open.records, stored_key(Tree::Log, key), b"v".as_slice());
+            batch
+                .commit()
+                .map_err(|e| super::super::files::error(e, open.path()))?;
+            open.keyspace
+                .persist(fjall::PersistMode::SyncData)
+                .map_err(|e| super::super::files::error(e, open.path()))?;
+            engine.advance_mark(open)
+        })
+    }
+
+    fn reads(engine: &Engine, key: &[u8]) -> Result<bool, Error> {
+        engine.read(|open| {
+            let found = open.view().get(stored_key(Tree::Log, key));
+            Ok(found
+                .map_err(|e| Error::backend(format!("{e:?}")))?
+                .is_some())
+        })
+    }
+
+    #[test]
+    fn reads_see_acknowledged_groups_only_and_the_store_goes_on_after_a_failed_one(
+    ) -> Result<(), Error> {
+        let dir = tempfile::tempdir().map_err(Error::backend)?;
+        let engine = Engine::open(dir.path(), false)?;
+        commit(&engine, b"kept")?;
+        // A group applied, then its sync failed: while it is applied and not synced, reads do
+        // not see it; the store is degraded until the next write succeeds. (What the failed
+        // group wrote may be on disk once the keyspace is opened again, acknowledged to no
+        // one, as the trait allows.)
+        let failed = engine.write(|open| {
+            let mut batch = open.keyspace.batch();
+            batch.insert(
+                &open.records,
+                stored_key(Tree::Log, b"unsynced"),
+                b"v".as_slice(),
+            );
+            batch
+                .commit()
+                .map_err(|e| Error::backend(format!("{e:?}")))?;
+            let seen = open.view().get(stored_key(Tree::Log, b"unsynced"));
+            assert!(seen
+                .map_err(|e| Error::backend(format!("{e:?}")))?
+                .is_none());
+            Err(Error::backend("the sync failed"))
+        });
+        assert!(failed.is_err());
+        assert!(engine.degraded().is_some());
+        assert!(reads(&engine, b"kept")?);
+        commit(&engine, b"after")?;
+        assert!(engine.degraded().is_none());
+        assert!(reads(&engine, b"after")?);
+        Ok(())
+    }
+
+    #[test]
+    fn opened_again_with_less_than_it_acknowledged_the_store_refuses_everything(
+    ) -> Result<(), Error> {
+        let dir = tempfile::tempdir().map_err(Error::backend)?;
+        let engine = Engine::open(dir.path(), false)?;
+        commit(&engine, b"first")?;
+        let journal = dir.path().join("journals").join("0");
+        let length_after_first = written_length(&journal)?;
+        commit(&engine, b"second")?;
+        // The disk lost the second commit (as when fjall's journal write failed part-way):
+        // the reopen after the next failed write finds less than the mark.
+        let bytes = std::fs::read(&journal).map_err(Error::backend)?;
+        std::fs::write(&journal, &bytes[..length_after_first]).map_err(Error::backend)?;
+        let failed = engine.write(|_| Err(Error::backend("the sync failed")));
+        assert!(failed.is_err());
+        let read = engine.read(|_| Ok(()));
+        assert!(
+            matches!(
+                read,
+                Err(Error::Damaged {
+                    damage: Damage::LostTail { .. },
+                    ..
                 })
-            }
-        }
+            ),
+            "{read:?}"
+        );
+        assert!(matches!(
+            commit(&engine, b"third"),
+            Err(Error::Damaged { .. })
+        ));
+        assert!(engine
+            .degraded()
+            .is_some_and(|why| why.starts_with("damaged")));
+        Ok(())
+    }
+
+    /// The length of what fjall wrote to a journal it made long at once (zeros after it).
+    fn written_length(journal: &Path) -> Result<usize, Error> {
+        let bytes = std::fs::read(journal).map_err(Error::backend)?;
+        Ok(bytes
+            .iter()
+            .rposition(|byte| *byte != 0)
+            .map_or(0, |last| last + 1))
     }
 }
-
-/// Creates the store directory for its owner alone (`0700`), or narrows an existing one that
-/// is empty or a store already; one that holds other things is left as it is, with a warning.
-fn owner_only_directory(dir: &Path) -> io::Result<()> {
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)?;
-        let mode = std::fs::metadata(dir)?.permissions().mode();
-        if mode & 0o077 == 0 {
-            return Ok(());
-        }
-        let ours = dir.join(LOCK_FILE).is_file() || std::fs::read_dir(dir)?.next().is_none();
-        if ours {
-            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode & 0o700))?;
-        } else {
-            tracing::warn!(dir = %dir.display(), "store: the directory holds other files and others may read it; a directory of its own would be the owner's alone");
-        }
-    }
-    #[cfg(not(unix))]
-    std::fs::create_dir_all(dir)?;
-    Ok(())
-}
-
-/// A full disk is [`Error::StorageFull`]; any other failure is fjall's own error.
-///
-/// fjall answers a failed sync with `Poisoned`, not the I/O error (which it logs): a store
-/// whose disk has less than [`FULL_BELOW`] free then is taken to be full.
-pub(super) fn error(error: fjall::Error, path: &Path) -> Error {
-    match error {
-        fjall::Error::Io(io) => io_error(io, path),
-        fjall::Error::Poisoned
-            if fs2::available_space(path).is_ok_and(|free| free < FULL_BELOW) =>
-        {
-            Error::StorageFull {
-                path: Some(path.to_path_buf()),
-                kind: io::ErrorKind::StorageFull,
-            }
-        }
-        other => Error::backend(FjallError(other)),
-    }
-}
-
-/// Free space under which a failed sync is put down to a full disk.
-const FULL_BELOW: u64 = 1024 * 1024;
-
-fn io_error(error: io::Error, path: &Path) -> Error {
-    match error.kind() {
-        io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded => Error::StorageFull {
-            path: Some(path.to_path_buf()),
-            kind: error.kind(),
-        },
-        _ => Error::backend(error),
-    }
-}
-
-/// fjall's error, shown in words (its own `Display` prints its `Debug`).
-#[derive(Debug, thiserror::Error)]
-#[error("fjall: {0:?}")]
-pub(crate) struct FjallError(fjall::Error);

@@ -8,8 +8,9 @@ use std::thread::JoinHandle;
 use parking_lot::{Condvar, Mutex};
 use tokio::sync::oneshot;
 
-use super::engine::{self, Engine, Open};
-use crate::store::keyspace::stored_key;
+use super::engine::{Engine, Open};
+use super::files;
+use crate::store::keyspace::{meta_key, stored_key};
 use crate::store::{Batch, Error, Op};
 
 /// fjall's longest key (its keys carry a 16-bit length); the tag byte comes on top of the
@@ -120,9 +121,28 @@ fn run(engine: &Engine, queue: &Queue) {
     }
 }
 
+/// The key every batch also writes, so that the newest batch always leaves a live entry:
+/// fjall counts the sequence numbers it recovered from the entries it holds, and a batch of
+/// deletes alone could otherwise vanish from that count once compaction drops its tombstones,
+/// and the store look short of its mark.
+const LAST_BATCH: &[u8] = b"fjall-last-batch";
+
 /// Applies the group's batches, syncs once, and answers every committer. A batch fjall cannot
-/// hold (a key too long) is refused alone; a failed write or sync fails the whole group.
+/// hold (a key or value too long) is refused alone; a group the disk has no room for, or
+/// whose write or sync fails, fails whole.
 fn serve(engine: &Engine, group: Vec<Pending>) {
+    let bytes: usize = group
+        .iter()
+        .filter_map(|pending| pending.batch.as_ref())
+        .map(Batch::byte_len)
+        .sum();
+    if let Err(full) = files::ensure_room(engine.path(), bytes as u64) {
+        engine.refused(&full);
+        for Pending { done, .. } in group {
+            let _ = done.send(Err(duplicate(&full)));
+        }
+        return;
+    }
     let mut refused: Vec<Option<Error>> = Vec::with_capacity(group.len());
     let written = engine.write(|open| {
         for pending in &group {
@@ -134,7 +154,7 @@ fn serve(engine: &Engine, group: Vec<Pending>) {
         }
         open.keyspace
             .persist(fjall::PersistMode::SyncData)
-            .map_err(|e| engine::error(e, open.path()))?;
+            .map_err(|e| files::error(e, open.path()))?;
         engine.advance_mark(open)
     });
     if let Err(error) = &written {
@@ -155,17 +175,11 @@ fn serve(engine: &Engine, group: Vec<Pending>) {
 /// Applies one batch as one fjall batch: `Ok(Some(refusal))` for a batch fjall cannot hold,
 /// which writes nothing; `Err` when fjall fails.
 fn apply(open: &Open, batch: &Batch) -> Result<Option<Error>, Error> {
-    let too_long = batch.ops().iter().find_map(|op| {
-        let (Op::Put { tree, key, .. } | Op::Delete { tree, key }) = op;
-        (key.len() + 1 > MAX_KEY).then(|| (tree.name(), key.len()))
-    });
-    if let Some((tree, len)) = too_long {
-        return Ok(Some(Error::backend(format!(
-            "a key of {len} bytes in tree {tree} is longer than the store can hold ({} bytes)",
-            MAX_KEY - 1
-        ))));
+    if let Some(refusal) = batch.ops().iter().find_map(too_long) {
+        return Ok(Some(refusal));
     }
     let mut writes = open.keyspace.batch();
+    writes.insert(&open.records, meta_key(LAST_BATCH), b"".as_slice());
     for op in batch.ops() {
         match op {
             Op::Put { tree, key, value } => {
@@ -174,8 +188,33 @@ fn apply(open: &Open, batch: &Batch) -> Result<Option<Error>, Error> {
             Op::Delete { tree, key } => writes.remove(&open.records, stored_key(*tree, key)),
         }
     }
-    writes.commit().map_err(|e| engine::error(e, open.path()))?;
+    writes.commit().map_err(|e| files::error(e, open.path()))?;
     Ok(None)
+}
+
+/// Why fjall cannot hold `op`, if it cannot: its keys carry a 16-bit length, its values a
+/// 32-bit one (and it panics past them).
+fn too_long(op: &Op) -> Option<Error> {
+    let (Op::Put { tree, key, .. } | Op::Delete { tree, key }) = op;
+    if key.len() + 1 > MAX_KEY {
+        return Some(Error::backend(format!(
+            "a key of {} bytes in tree {} is longer than the store can hold ({} bytes)",
+            key.len(),
+            tree.name(),
+            MAX_KEY - 1
+        )));
+    }
+    match op {
+        Op::Put { tree, value, .. } if u32::try_from(value.len()).is_err() => {
+            Some(Error::backend(format!(
+                "a value of {} bytes in tree {} is longer than the store can hold ({} bytes)",
+                value.len(),
+                tree.name(),
+                u32::MAX
+            )))
+        }
+        _ => None,
+    }
 }
 
 /// The group's error again, for each of its committers (store errors are not cloneable).
