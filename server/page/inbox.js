@@ -186,8 +186,10 @@ async function pollInbox() {
   const items = reply.body.items;
   const last = items.length ? items[items.length - 1].deadline_at_ms : 0;
   for (const li of shownItems()) {
-    // Gone, unless it lies past what this read reached (a page further on).
-    const past = reply.body.next && Number(li.dataset.deadline) > last;
+    // Gone, unless it may lie past what this read reached (a page further on). An item whose
+    // deadline equals the read's last may be on the next page too (ties go on by key): a
+    // look that began before "Load more" added it reads fewer than are shown now.
+    const past = reply.body.next && Number(li.dataset.deadline) >= last;
     if (!fresh.has(li.dataset.key) && !past && !li.querySelector("[data-busy]")) gone(li);
   }
   const shown = new Set(shownItems().map((li) => li.dataset.key));
