@@ -240,7 +240,7 @@ impl VirtualActor for SessionActor {
             remote_watches: std::collections::HashMap::new(),
             resume_queued: false,
             work: work::InFlight::default(),
-            spans: crate::telemetry::SessionSpans::default(),
+            spans: Default::default(),
         })
     }
 

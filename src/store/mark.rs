@@ -157,6 +157,7 @@ impl Mark {
     }
 
     /// The number the file holds: every batch up to it was acknowledged.
+    #[cfg(feature = "fjall")]
     pub(crate) fn written(&self) -> u64 {
         self.state.lock().written
     }
