@@ -1,7 +1,7 @@
 //! The embedded fjall backend ([`FjallStore`], feature `fjall`): an LSM tree whose commits are
-//! appended to one journal, offered beside [`SledStore`](crate::SledStore) because a suspension
-//! cycle costs it a fraction of sled's CPU (BENCHMARKS.md, "Issue 30, goal 1: a second
-//! embedded engine").
+//! appended to one journal, offered beside [`SledStore`](crate::SledStore) because its share of
+//! a suspension cycle's CPU is about half of sled's (BENCHMARKS.md, "Issue 30, goal 1
+//! (2026-11-28): a second embedded engine").
 //!
 //! This file is the store and its reads; [`persister`] is the group-commit thread that
 //! applies the batches and makes them durable, [`engine`] holds fjall's keyspace (opened,
@@ -76,7 +76,9 @@ impl FjallStore {
     ///
     /// # Errors
     /// [`Error::Locked`] when another open store holds the directory (after half a second);
-    /// [`Error::StorageFull`] when the disk is full; otherwise fjall cannot open it.
+    /// [`Error::StorageFull`] when the disk is full; [`Error::Damaged`] when the store holds
+    /// less than it acknowledged or fjall cannot read its files; otherwise the directory holds
+    /// a sled store, or fjall cannot open it.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, Error> {
         Self::start(Engine::open(path.as_ref(), false)?)
     }
