@@ -38,14 +38,15 @@ use persister::Persister;
 ///
 /// # What is proven on it
 ///
-/// The store contract holds on it (`tests/store_contract.rs`), as do the kill tests and the
-/// damage rule (below). A failed write or sync makes fjall refuse every later write (it
-/// *poisons* its keyspace): this store then drops the keyspace and opens the directory again,
-/// checked against its mark, and reports itself [degraded](Store::degraded) until a write
-/// succeeds. The full-disk rule is **not** met yet: fjall 2.11 does not report a journal write
-/// that ran out of space, so a group is refused as [`Error::StorageFull`] unless the disk has
-/// room for it and 32 MiB more, and a loss is told ([`Error::Damaged`]) rather than prevented
-/// (ARCHITECTURE.md, "fjall: a second embedded engine"). sled stays the default.
+/// The store contract holds on it (`tests/store_contract.rs`), as do the kill tests, the
+/// full-disk test and the damage rule (below). A failed write or sync makes fjall refuse every
+/// later write (it *poisons* its keyspace): this store then drops the keyspace and opens the
+/// directory again, checked against its mark, and reports itself [degraded](Store::degraded)
+/// until a write succeeds. fjall 2.11 does not report a journal write that ran out of space, so
+/// a group is refused as [`Error::StorageFull`] unless the disk has room for it and 32 MiB
+/// more; should another process fill the disk between that check and the write, the loss is
+/// told ([`Error::Damaged`]) rather than prevented (ARCHITECTURE.md, "fjall: a second embedded
+/// engine"). sled, which has no such window, stays the default.
 ///
 /// # Damage is told
 ///
