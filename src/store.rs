@@ -13,8 +13,10 @@
 //! crate root.
 
 mod damage;
+pub(crate) mod directory;
 #[cfg(feature = "fjall")]
 pub(crate) mod fjall;
+pub(crate) mod group_thread;
 pub(crate) mod keyspace;
 pub(crate) mod mark;
 // Test tooling, like `crate::testkit::scenario`: only with the `test-util` feature, and
@@ -342,6 +344,36 @@ pub enum Error {
 }
 
 impl Error {
+    /// The same error again, for each commit that waited on one failed group (store errors
+    /// are not `Clone`: a backend's own error keeps its type where it can, else its text).
+    pub(crate) fn duplicate(&self) -> Error {
+        match self {
+            Error::Backend(backend) => match backend.downcast_ref::<SledError>() {
+                Some(sled) => sled.duplicate().into(),
+                // Another backend's error (fjall's, say) keeps its text.
+                None => Error::backend(backend.to_string()),
+            },
+            Error::StorageFull { path, kind } => Error::StorageFull {
+                path: path.clone(),
+                kind: *kind,
+            },
+            Error::Locked { path } => Error::Locked { path: path.clone() },
+            Error::Closed => Error::Closed,
+            Error::LeaseLost { session } => Error::LeaseLost {
+                session: session.clone(),
+            },
+            Error::LeaseHeld { session, owner } => Error::LeaseHeld {
+                session: session.clone(),
+                owner: owner.clone(),
+            },
+            Error::Damaged { path, damage } => Error::Damaged {
+                path: path.clone(),
+                damage: damage.clone(),
+            },
+            Error::ReadOnly { path } => Error::ReadOnly { path: path.clone() },
+        }
+    }
+
     /// A backend's own error, as [`Error::Backend`]. A `String` or `&str` becomes an error
     /// with that text.
     pub fn backend(error: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>) -> Self {

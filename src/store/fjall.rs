@@ -97,7 +97,7 @@ impl FjallStore {
 
     fn start(engine: Engine) -> Result<Self, Error> {
         let engine = Arc::new(engine);
-        let persister = Persister::start(Arc::clone(&engine))?;
+        let persister = persister::start(Arc::clone(&engine))?;
         Ok(Self { engine, persister })
     }
 

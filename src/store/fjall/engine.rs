@@ -8,7 +8,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::{Mutex, RwLock};
 
-use super::files::{io_error, lock_directory, owner_only_directory, refuse_foreign};
+use super::files::{io_error, lock_directory, refuse_foreign, LOCK_FILE};
+use crate::store::directory::owner_only_directory;
 use crate::store::keyspace::RECORDS;
 use crate::store::mark::{self, Mark};
 use crate::store::{Damage, Error};
@@ -74,7 +75,7 @@ impl Engine {
     /// acknowledged; a store that did not is refused with [`Error::Damaged`] unless opened
     /// to `salvage` it (read-only).
     pub(super) fn open(path: &Path, salvage: bool) -> Result<Self, Error> {
-        owner_only_directory(path).map_err(|e| io_error(e, path))?;
+        owner_only_directory(path, LOCK_FILE).map_err(|e| io_error(e, path))?;
         let lock = lock_directory(path)?;
         refuse_foreign(path)?;
         let acknowledged = mark::read(path).map_err(|e| io_error(e, path))?;

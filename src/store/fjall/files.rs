@@ -85,32 +85,6 @@ pub(super) fn lock_directory(path: &Path) -> Result<File, Error> {
     }
 }
 
-/// Creates the store directory for its owner alone (`0700`), or narrows an existing one that
-/// is empty or a store already; one that holds other things is left as it is, with a warning.
-pub(super) fn owner_only_directory(dir: &Path) -> io::Result<()> {
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)?;
-        let mode = std::fs::metadata(dir)?.permissions().mode();
-        if mode & 0o077 == 0 {
-            return Ok(());
-        }
-        let ours = dir.join(LOCK_FILE).is_file() || std::fs::read_dir(dir)?.next().is_none();
-        if ours {
-            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode & 0o700))?;
-        } else {
-            tracing::warn!(dir = %dir.display(), "store: the directory holds other files and others may read it; a directory of its own would be the owner's alone");
-        }
-    }
-    #[cfg(not(unix))]
-    std::fs::create_dir_all(dir)?;
-    Ok(())
-}
-
 /// A full disk is [`Error::StorageFull`]; any other failure is fjall's own error.
 ///
 /// fjall answers a failed sync with `Poisoned`, not the I/O error (which it logs): a store

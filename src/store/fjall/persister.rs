@@ -1,15 +1,12 @@
-//! Group commit for [`FjallStore`](super::FjallStore): the queue between committers and the
-//! persister thread, which applies every batch queued so far, syncs fjall's journal once for
-//! all of them, and answers their committers.
+//! Group commit for [`FjallStore`](super::FjallStore) on `store::group_thread`: the persister
+//! thread applies every batch queued so far, syncs fjall's journal once for all of them, and
+//! answers their committers.
 
 use std::sync::Arc;
-use std::thread::JoinHandle;
-
-use parking_lot::{Condvar, Mutex};
-use tokio::sync::oneshot;
 
 use super::engine::{Engine, Open};
 use super::files;
+use crate::store::group_thread::{GroupThread, Pending};
 use crate::store::keyspace::{meta_key, stored_key};
 use crate::store::{Batch, Error, Op};
 
@@ -17,108 +14,15 @@ use crate::store::{Batch, Error, Op};
 /// caller's key.
 const MAX_KEY: usize = u16::MAX as usize;
 
-type Waiter = oneshot::Sender<Result<(), Error>>;
-
-/// A committer waiting for the persister: its batch (`None` for a bare sync) and its wake-up.
-struct Pending {
-    batch: Option<Batch>,
-    done: Waiter,
-}
-
-struct Queue {
-    state: Mutex<QueueState>,
-    wake: Condvar,
-}
-
-struct QueueState {
-    pending: Vec<Pending>,
-    /// Set by the store's drop: serve what is queued, then exit.
-    shutdown: bool,
-    /// Set when the thread has exited (normally or by a panic): refuse new waiters.
-    closed: bool,
-}
-
 /// The persister thread and its queue; stops the thread when dropped.
-pub(super) struct Persister {
-    queue: Arc<Queue>,
-    thread: Option<JoinHandle<()>>,
-}
+pub(super) type Persister = GroupThread<Batch>;
 
-impl Persister {
-    pub(super) fn start(engine: Arc<Engine>) -> Result<Self, Error> {
-        let queue = Arc::new(Queue {
-            state: Mutex::new(QueueState {
-                pending: Vec::new(),
-                shutdown: false,
-                closed: false,
-            }),
-            wake: Condvar::new(),
-        });
-        let thread_queue = Arc::clone(&queue);
-        let thread = std::thread::Builder::new()
-            .name("dormant-fjall-persister".into())
-            .spawn(move || run(&engine, &thread_queue))
-            .map_err(Error::backend)?;
-        Ok(Self {
-            queue,
-            thread: Some(thread),
-        })
-    }
-
-    /// Queues a batch (or a bare sync) for the next group.
-    pub(super) fn enqueue(
-        &self,
-        batch: Option<Batch>,
-    ) -> Result<oneshot::Receiver<Result<(), Error>>, Error> {
-        let (done, rx) = oneshot::channel();
-        let mut state = self.queue.state.lock();
-        if state.closed || state.shutdown {
-            return Err(Error::Closed);
-        }
-        state.pending.push(Pending { batch, done });
-        drop(state);
-        self.queue.wake.notify_one();
-        Ok(rx)
-    }
-}
-
-impl Drop for Persister {
-    fn drop(&mut self) {
-        self.queue.state.lock().shutdown = true;
-        self.queue.wake.notify_one();
-        if let Some(thread) = self.thread.take() {
-            // A panic in the thread was already reported to its waiters (their senders went).
-            let _ = thread.join();
-        }
-    }
-}
-
-/// Marks the queue closed and fails the queued waiters when the thread exits, even by a panic.
-struct ExitGuard<'a>(&'a Queue);
-
-impl Drop for ExitGuard<'_> {
-    fn drop(&mut self) {
-        let mut state = self.0.state.lock();
-        state.closed = true;
-        state.pending.clear();
-    }
-}
-
-fn run(engine: &Engine, queue: &Queue) {
-    let _guard = ExitGuard(queue);
-    loop {
-        let group = {
-            let mut state = queue.state.lock();
-            while state.pending.is_empty() && !state.shutdown {
-                queue.wake.wait(&mut state);
-            }
-            if state.pending.is_empty() {
-                return;
-            }
-            std::mem::take(&mut state.pending)
-        };
-        serve(engine, group);
-    }
+/// Starts the persister thread of `engine`.
+pub(super) fn start(engine: Arc<Engine>) -> Result<Persister, Error> {
+    GroupThread::start("dormant-fjall-persister", move |group| {
+        serve(&engine, group)
+    })
+    .map_err(Error::backend)
 }
 
 /// The key every batch also writes, so that the newest batch always leaves a live entry:
@@ -130,7 +34,7 @@ const LAST_BATCH: &[u8] = b"fjall-last-batch";
 /// Applies the group's batches, syncs once, and answers every committer. A batch fjall cannot
 /// hold (a key or value too long) is refused alone; a group the disk has no room for, or
 /// whose write or sync fails, fails whole.
-fn serve(engine: &Engine, group: Vec<Pending>) {
+fn serve(engine: &Engine, group: Vec<Pending<Batch>>) {
     let bytes: usize = group
         .iter()
         .filter_map(|pending| pending.batch.as_ref())
@@ -144,7 +48,7 @@ fn serve(engine: &Engine, group: Vec<Pending>) {
     if let Err(full) = room {
         engine.refused(&full);
         for Pending { done, .. } in group {
-            let _ = done.send(Err(duplicate(&full)));
+            let _ = done.send(Err(full.duplicate()));
         }
         return;
     }
@@ -170,7 +74,7 @@ fn serve(engine: &Engine, group: Vec<Pending>) {
         let outcome = match (&written, refused.next().flatten()) {
             (_, Some(refusal)) => Err(refusal),
             (Ok(()), None) => Ok(()),
-            (Err(error), None) => Err(duplicate(error)),
+            (Err(error), None) => Err(error.duplicate()),
         };
         // The committer may have given up (its future was dropped); nothing to do then.
         let _ = done.send(outcome);
@@ -219,17 +123,5 @@ fn too_long(op: &Op) -> Option<Error> {
             )))
         }
         _ => None,
-    }
-}
-
-/// The group's error again, for each of its committers (store errors are not cloneable).
-fn duplicate(error: &Error) -> Error {
-    match error {
-        Error::StorageFull { path, kind } => Error::StorageFull {
-            path: path.clone(),
-            kind: *kind,
-        },
-        Error::Closed => Error::Closed,
-        other => Error::backend(other.to_string()),
     }
 }

@@ -41,7 +41,7 @@ pub enum SledError {
 impl SledError {
     /// A copy, for every commit that waited on the same failed flush (`io::Error` is not
     /// `Clone`: a copy keeps its kind and text).
-    pub(super) fn duplicate(&self) -> SledError {
+    pub(in crate::store) fn duplicate(&self) -> SledError {
         match self {
             SledError::Sled(error) => SledError::Sled(error.clone()),
             SledError::Io(error) => SledError::Io(io::Error::new(error.kind(), error.to_string())),

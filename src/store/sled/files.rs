@@ -68,34 +68,6 @@ pub(super) fn open_db(config: &::sled::Config, path: Option<&Path>) -> Result<::
     }
 }
 
-/// Creates the store directory `dir` for its owner alone (`0700`): sessions hold what people
-/// typed. An existing directory is narrowed to that if it is a store already, or empty; one
-/// that holds other things is left as it is (with a warning): it is not the store's to change.
-pub(super) fn owner_only_directory(dir: &Path) -> io::Result<()> {
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)?;
-        let mode = std::fs::metadata(dir)?.permissions().mode();
-        if mode & 0o077 == 0 {
-            return Ok(());
-        }
-        let ours = dir.join("db").is_file() || std::fs::read_dir(dir)?.next().is_none();
-        if ours {
-            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode & 0o700))?;
-            tracing::info!(dir = %dir.display(), "store: directory narrowed to its owner (0700)");
-        } else {
-            tracing::warn!(dir = %dir.display(), "store: the directory holds other files and others may read it; a directory of its own would be the owner's alone");
-        }
-    }
-    #[cfg(not(unix))]
-    std::fs::create_dir_all(dir)?;
-    Ok(())
-}
-
 /// Makes the files kept in the store directory `dir` (sled's `db`, `conf`, `snap.*` and
 /// `blobs/`, and the mark, `acknowledged`) its owner's alone (`0600`, `0700` for `blobs/`): sled creates them as the process's umask
 /// has it. It writes new snapshot files only while it opens a database, and no large-value

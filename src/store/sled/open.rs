@@ -7,9 +7,10 @@ use std::sync::Arc;
 use super::database::Shared;
 use super::durability::Durability;
 use super::error::io_error;
-use super::files::{owner_only_directory, owner_only_files};
-use super::flusher::GroupFlusher;
+use super::files::owner_only_files;
+use super::flusher;
 use super::SledStore;
+use crate::store::directory::owner_only_directory;
 use crate::store::Error;
 
 /// Configures and opens a [`SledStore`].
@@ -135,7 +136,7 @@ impl SledStoreBuilder {
         let mut config = ::sled::Config::new();
         match &self.path {
             Some(path) => {
-                owner_only_directory(path).map_err(io_error)?;
+                owner_only_directory(path, "db").map_err(io_error)?;
                 config = config.path(path);
             }
             None => config = config.temporary(true),
@@ -153,7 +154,7 @@ impl SledStoreBuilder {
             owner_only_files(path).map_err(io_error)?;
         }
         let group = if self.group_commit {
-            Some(GroupFlusher::start(Arc::clone(&shared))?)
+            Some(flusher::start(Arc::clone(&shared))?)
         } else {
             None
         };
