@@ -157,15 +157,26 @@ async function readInbox(more) {
 }
 
 // Says how many calls are shown, when that changed (the status line is read out: a look
-// every 2 s must not repeat it).
+// every 2 s must not repeat it). What the person last did here is said before the count
+// until the count changes again: a look that finds the same calls must not wipe it.
 let countSaid = null;
+let doneSaid = "";
 function countShown() {
   const count = shownItems().length;
   const text = count === 0 ? "Nothing waits for a person." :
     count + (count === 1 ? " call waits" : " calls wait") + (inboxNext ? " (more below)" : "") + ".";
-  if (text === countSaid && $("#inbox-status").textContent === text) return;
+  if (text !== countSaid) doneSaid = "";
+  const line = doneSaid ? doneSaid + " " + text : text;
+  if (text === countSaid && $("#inbox-status").textContent === line) return;
   countSaid = text;
-  inboxStatus(text);
+  inboxStatus(line);
+}
+
+// Says what the person just did, with the count it left.
+function saidDone(text) {
+  countShown();
+  doneSaid = text;
+  countShown();
 }
 
 // Looks again at what is shown (as many as are shown, from the first; "Load more" reads on):
@@ -222,7 +233,7 @@ async function answerFromInbox(box, envelope) {
   if (reply.ok || reply.body.code === "already_completed") {
     const key = li.dataset.key;
     gone(li);
-    inboxStatus(reply.ok ? "Answered: " + box.dataset.tool + " of session " + box.dataset.sessionId + "."
+    saidDone(reply.ok ? "Answered: " + box.dataset.tool + " of session " + box.dataset.sessionId + "."
       : "Already answered elsewhere: " + box.dataset.tool + ".");
     tellOtherTabs(key);
     return;

@@ -126,6 +126,14 @@ async fn an_operator_answers_calls_of_every_session_from_the_inbox() -> anyhow::
         .await?;
     let count = format!("return document.querySelectorAll('{pick}').length;");
     anyhow::ensure!(browser.script(&count, json!([])).await? == json!(0));
+    // The page's next look finds the same calls: the answer is still said, with the count.
+    let look = "const done = arguments[arguments.length - 1]; pollInbox().then(() => done(null));";
+    browser.script_async(look, json!([])).await?;
+    let said = browser.text("#inbox-status").await?;
+    anyhow::ensure!(
+        said.starts_with("Answered: pick") && said.ends_with("3 calls wait."),
+        "{said}"
+    );
     browser.switch_to(&b).await?;
     browser
         .wait_for_text("#inbox-status", "3 calls wait")

@@ -199,6 +199,17 @@ impl Browser {
         .await
     }
 
+    /// Runs `script` in the page until it calls its last argument, and returns what it was
+    /// given. The session's script timeout bounds the wait.
+    pub(crate) async fn script_async(&self, script: &str, args: Value) -> anyhow::Result<Value> {
+        self.command(
+            reqwest::Method::POST,
+            "/execute/async",
+            json!({ "script": script, "args": args }),
+        )
+        .await
+    }
+
     async fn find(&self, css: &str) -> anyhow::Result<String> {
         let found = self
             .command(
@@ -271,15 +282,12 @@ impl Browser {
     /// (with `text` in it, if given), so nothing polls. The session's script timeout bounds
     /// the wait; on failure the error says what the page showed.
     async fn wait_in_page(&self, css: &str, text: Option<&str>) -> anyhow::Result<()> {
-        let waited = self
-            .command(
-                reqwest::Method::POST,
-                "/execute/async",
-                json!({ "script": WAIT_IN_PAGE, "args": [css, text] }),
-            )
-            .await;
+        let waited = self.script_async(WAIT_IN_PAGE, json!([css, text])).await;
         if let Err(error) = waited {
-            let shown = self.text("body").await.unwrap_or_default();
+            let shown = match self.text("body").await {
+                Ok(shown) => shown,
+                Err(unread) => format!("(the page could not be read: {unread:#})"),
+            };
             let what = match text {
                 Some(text) => format!("{css} to show {text:?}"),
                 None => css.to_string(),
