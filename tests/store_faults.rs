@@ -200,3 +200,47 @@ async fn after_a_crash_only_safe_to_retry_tools_run_again() -> anyhow::Result<()
     );
     Ok(())
 }
+
+#[tokio::test]
+async fn a_follower_that_read_a_crash_cut_run_sees_its_recovery_live() -> anyhow::Result<()> {
+    use futures::StreamExt;
+    let inner: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let build = |store: Arc<dyn Store>| {
+        editor_runtime(
+            store,
+            ManualClock::new(0),
+            calls_then_text(&[("l1", "lookup")], "done"),
+            Arc::default(),
+            |b| b,
+        )
+    };
+    let id: SessionId = "s1".parse()?;
+    {
+        let store = Arc::new(FaultyStore::new(Arc::clone(&inner)));
+        store.arm(Fault::CrashBefore(CommitKind::ToolResults));
+        let cut = build(Arc::clone(&store) as Arc<dyn Store>)?;
+        assert!(cut.execute_on(&id, "editor", "go").await.is_err());
+        cut.shutdown().await.ok();
+    }
+    let runtime = build(Arc::clone(&inner))?;
+    // A follower (a page's stream) reads what the crash left, before anything activates the
+    // session: the run is still stored as running.
+    let stored = runtime.chunks(&id, 0).await?.len();
+    let mut follower = Box::pin(runtime.follow(&id, 0));
+    for _ in 0..stored {
+        follower.next().await.transpose()?;
+    }
+    // Activating it closes the cut run as interrupted: the follower hears it live. The bound
+    // only turns a lost chunk into a failure instead of a hang.
+    runtime.wait_settled(&id).await;
+    let next = tokio::time::timeout(std::time::Duration::from_secs(10), follower.next()).await;
+    let kind = match next {
+        Ok(Some(Ok(chunk))) => chunk.kind,
+        other => anyhow::bail!("the recovery's chunk never reached the follower: {other:?}"),
+    };
+    assert!(
+        matches!(kind, dormant::types::ChunkKind::RunInterrupted { .. }),
+        "{kind:?}"
+    );
+    Ok(())
+}

@@ -418,6 +418,8 @@ impl SessionActor {
             if let Some(commit) = &recovery.commit {
                 tracing::warn!(session = %id, "session.recovered_interrupted_run");
                 self.shared.commit(commit).await?;
+                // A follower that read the store before this commit hears it live, or never.
+                self.publish(id, commit);
             }
         }
         Ok(loaded)
