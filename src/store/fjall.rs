@@ -10,6 +10,7 @@
 //! words.
 
 use std::fmt;
+use std::ops::Bound;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -21,7 +22,7 @@ mod files;
 mod persister;
 
 use engine::{Engine, Open};
-use persister::Persister;
+use persister::{Persister, MAX_KEY};
 
 /// A [`Store`] on [fjall](https://docs.rs/fjall), an embedded LSM tree (feature `fjall`).
 ///
@@ -162,14 +163,22 @@ impl Store for FjallStore {
     }
 
     async fn get(&self, tree: Tree, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
+        let key = stored_key(tree, key);
+        if key.len() > MAX_KEY {
+            // Never written (fjall holds no longer key), and fjall panics on a read of one.
+            return Ok(None);
+        }
         self.read(|open| {
-            let value = open.view().get(stored_key(tree, key));
+            let value = open.view().get(key);
             let value = value.map_err(|e| files::error(e.into(), open.path()))?;
             Ok(value.map(|value| value.to_vec()))
         })
     }
 
     async fn scan_prefix(&self, tree: Tree, prefix: &[u8]) -> Result<Vec<Entry>, Error> {
+        if prefix.len() + 1 > MAX_KEY {
+            return Ok(Vec::new());
+        }
         self.read(|open| {
             open.view()
                 .prefix(stored_key(tree, prefix))
@@ -184,6 +193,9 @@ impl Store for FjallStore {
         prefix: &[u8],
         limit: usize,
     ) -> Result<Vec<Entry>, Error> {
+        if prefix.len() + 1 > MAX_KEY {
+            return Ok(Vec::new());
+        }
         self.read(|open| {
             open.view()
                 .prefix(stored_key(tree, prefix))
@@ -204,9 +216,12 @@ impl Store for FjallStore {
         if from >= to {
             return Ok(Vec::new());
         }
+        let Some(range) = holdable_range(stored_key(tree, from), stored_key(tree, to)) else {
+            return Ok(Vec::new());
+        };
         self.read(|open| {
             open.view()
-                .range(stored_key(tree, from)..stored_key(tree, to))
+                .range(range)
                 .take(limit)
                 .map(|item| logical_entry(item, open.path()))
                 .collect()
@@ -245,6 +260,34 @@ impl Store for FjallStore {
 
     fn degraded(&self) -> Option<String> {
         self.engine.degraded()
+    }
+}
+
+/// A range of stored keys, as fjall takes it.
+type KeyRange = (Bound<Vec<u8>>, Bound<Vec<u8>>);
+
+/// `from..to` in keys fjall can hold (and read without panicking): a bound longer than fjall's
+/// longest key is cut to it. No key it holds lies between the cut bound and the bound itself
+/// except the cut bound, so a cut `from` excludes it and a cut `to` includes it. `None`: no
+/// key fjall holds is in the range.
+fn holdable_range(from: Vec<u8>, to: Vec<u8>) -> Option<KeyRange> {
+    let cut = |mut key: Vec<u8>| {
+        key.truncate(MAX_KEY);
+        key
+    };
+    let start = if from.len() > MAX_KEY {
+        Bound::Excluded(cut(from))
+    } else {
+        Bound::Included(from)
+    };
+    let end = if to.len() > MAX_KEY {
+        Bound::Included(cut(to))
+    } else {
+        Bound::Excluded(to)
+    };
+    match (&start, &end) {
+        (Bound::Excluded(start), Bound::Included(end)) if start >= end => None,
+        _ => Some((start, end)),
     }
 }
 

@@ -12,7 +12,7 @@ use crate::store::{Batch, Error, Op};
 
 /// fjall's longest key (its keys carry a 16-bit length); the tag byte comes on top of the
 /// caller's key.
-const MAX_KEY: usize = u16::MAX as usize;
+pub(super) const MAX_KEY: usize = u16::MAX as usize;
 
 /// The persister thread and its queue; stops the thread when dropped.
 pub(super) type Persister = GroupThread<Batch>;
@@ -52,15 +52,18 @@ fn serve(engine: &Engine, group: Vec<Pending<Batch>>) {
         }
         return;
     }
-    let mut refused: Vec<Option<Error>> = Vec::with_capacity(group.len());
+    // A batch fjall cannot hold is refused alone, before anything is written.
+    let refused: Vec<Option<Error>> = group
+        .iter()
+        .map(|pending| pending.batch.as_ref().and_then(refusal))
+        .collect();
     let written = engine.write(|open| {
-        for pending in &group {
-            let outcome = match &pending.batch {
-                Some(batch) => apply(open, batch)?,
-                None => None,
-            };
-            refused.push(outcome);
-        }
+        let accepted = group
+            .iter()
+            .zip(&refused)
+            .filter(|(_, refusal)| refusal.is_none())
+            .filter_map(|(pending, _)| pending.batch.as_ref());
+        apply(open, accepted)?;
         open.keyspace
             .persist(fjall::PersistMode::SyncData)
             .map_err(|e| files::error(e, open.path()))?;
@@ -69,9 +72,8 @@ fn serve(engine: &Engine, group: Vec<Pending<Batch>>) {
     if let Err(error) = &written {
         tracing::error!(%error, "store group commit failed; every commit of the group failed");
     }
-    let mut refused = refused.into_iter();
-    for Pending { done, .. } in group {
-        let outcome = match (&written, refused.next().flatten()) {
+    for (Pending { done, .. }, refused) in group.into_iter().zip(refused) {
+        let outcome = match (&written, refused) {
             (_, Some(refusal)) => Err(refusal),
             (Ok(()), None) => Ok(()),
             (Err(error), None) => Err(error.duplicate()),
@@ -81,15 +83,17 @@ fn serve(engine: &Engine, group: Vec<Pending<Batch>>) {
     }
 }
 
-/// Applies one batch as one fjall batch: `Ok(Some(refusal))` for a batch fjall cannot hold,
-/// which writes nothing; `Err` when fjall fails.
-fn apply(open: &Open, batch: &Batch) -> Result<Option<Error>, Error> {
-    if let Some(refusal) = batch.ops().iter().find_map(too_long) {
-        return Ok(Some(refusal));
+/// Applies the group's batches as one fjall batch: one journal write and one sequence
+/// number for the group (each batch stays atomic, the group with it).
+fn apply<'a>(open: &Open, batches: impl Iterator<Item = &'a Batch>) -> Result<(), Error> {
+    let mut batches = batches.peekable();
+    if batches.peek().is_none() {
+        // Bare syncs alone write nothing (a shutdown's last flush on a full disk succeeds).
+        return Ok(());
     }
     let mut writes = open.keyspace.batch();
     writes.insert(&open.records, meta_key(LAST_BATCH), b"".as_slice());
-    for op in batch.ops() {
+    for op in batches.flat_map(Batch::ops) {
         match op {
             Op::Put { tree, key, value } => {
                 writes.insert(&open.records, stored_key(*tree, key), value.as_slice());
@@ -97,8 +101,12 @@ fn apply(open: &Open, batch: &Batch) -> Result<Option<Error>, Error> {
             Op::Delete { tree, key } => writes.remove(&open.records, stored_key(*tree, key)),
         }
     }
-    writes.commit().map_err(|e| files::error(e, open.path()))?;
-    Ok(None)
+    writes.commit().map_err(|e| files::error(e, open.path()))
+}
+
+/// Why fjall cannot hold `batch`, if it cannot.
+fn refusal(batch: &Batch) -> Option<Error> {
+    batch.ops().iter().find_map(too_long)
 }
 
 /// Why fjall cannot hold `op`, if it cannot: its keys carry a 16-bit length, its values a
@@ -123,5 +131,75 @@ fn too_long(op: &Op) -> Option<Error> {
             )))
         }
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::store::fjall::FjallStore;
+    use crate::store::{Batch, CommitKind, Store, Tree};
+
+    fn put(key: &[u8]) -> Batch {
+        let mut batch = Batch::new(CommitKind::Other);
+        batch.put(Tree::Log, key.to_vec(), b"v".to_vec());
+        batch
+    }
+
+    #[tokio::test]
+    async fn a_batch_fjall_cannot_hold_is_refused_alone_and_its_group_is_written(
+    ) -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let store = FjallStore::open(dir.path())?;
+        let long = vec![b'k'; super::MAX_KEY];
+        let (refused, kept) = tokio::join!(store.commit(put(&long)), store.commit(put(b"short")));
+        let refused = refused
+            .err()
+            .map(|error| error.to_string())
+            .unwrap_or_default();
+        assert!(
+            refused.contains("longer than the store can hold"),
+            "{refused}"
+        );
+        kept?;
+        assert!(store.get(Tree::Log, b"short").await?.is_some());
+        assert!(store.get(Tree::Log, &long).await?.is_none());
+        // Nothing is damaged: the next commit goes through.
+        store.commit(put(b"next")).await?;
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn reads_of_keys_fjall_cannot_hold_find_nothing_instead_of_panicking(
+    ) -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let store = FjallStore::open(dir.path())?;
+        let edge = vec![b'k'; super::MAX_KEY - 1];
+        store.commit(put(&edge)).await?;
+        store.commit(put(b"a")).await?;
+        let long = vec![b'k'; super::MAX_KEY + 10];
+        assert_eq!(store.get(Tree::Log, &long).await?, None);
+        assert!(store.scan_prefix(Tree::Log, &long).await?.is_empty());
+        assert!(store
+            .scan_prefix_rev(Tree::Log, &long, 10)
+            .await?
+            .is_empty());
+        // A cut upper bound still includes the longest key there is; a cut lower bound
+        // excludes it.
+        let found = store.scan_range(Tree::Log, b"a", &long, 10).await?;
+        assert_eq!(found.len(), 2);
+        let mut beyond = long.clone();
+        beyond.push(b'z');
+        assert!(store
+            .scan_range(Tree::Log, &long, &beyond, 10)
+            .await?
+            .is_empty());
+        assert_eq!(
+            store
+                .scan_range(Tree::Log, &edge[..1], &beyond, 10)
+                .await?
+                .len(),
+            1
+        );
+        Ok(())
     }
 }
