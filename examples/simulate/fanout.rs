@@ -203,7 +203,9 @@ impl ToolErrors {
 
 /// Runs the fan-out mode and prints its report; returns how many problems the check found.
 pub(crate) async fn simulate(args: Args, fanout: Fanout) -> anyhow::Result<usize> {
-    let (temp, path, store) = crate::open_store(&args)?;
+    // sled, or fjall with `--engine fjall` (not PostgreSQL: main refuses it here).
+    let backend = crate::backend::Backend::open(&args).await?;
+    let store = backend.store();
 
     let roots: Vec<SessionId> = (0..fanout.roots).map(|_| SessionId::generate()).collect();
     // ScriptedLlm scripts per agent or per session: the root's script is the agent's; each
@@ -241,7 +243,7 @@ pub(crate) async fn simulate(args: Args, fanout: Fanout) -> anyhow::Result<usize
         }
     }
     let mut builder = Runtime::builder()
-        .store(Arc::clone(&store) as Arc<dyn dormant::store::Store>)
+        .store(Arc::clone(&store))
         .llm(Arc::new(llm))
         .client_tool_timeout_ms(TIMEOUT_MS)
         .agent(
@@ -328,7 +330,7 @@ pub(crate) async fn simulate(args: Args, fanout: Fanout) -> anyhow::Result<usize
         .shutdown()
         .await
         .map_err(|error| fatal("shutting the runtime down", error))?;
-    let store_bytes = crate::dir_size(&path)?;
+    let store_bytes = backend.sled_totals()?.map_or(0, |(bytes, _)| bytes);
 
     let sim = Arc::try_unwrap(sim).map_err(|_| anyhow::anyhow!("a tree task outlived the run"))?;
     let histograms = sim.histograms.into_inner();
@@ -466,7 +468,7 @@ pub(crate) async fn simulate(args: Args, fanout: Fanout) -> anyhow::Result<usize
     }
     drop(runtime);
     drop(store);
-    drop(temp);
+    drop(backend);
     Ok(problems.len())
 }
 

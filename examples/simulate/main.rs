@@ -214,7 +214,7 @@ struct Args {
     /// `dormant::store::DEFAULT_LEASE_TTL`), to compare failover at another setting.
     #[arg(long, value_name = "MS", requires = "nodes")]
     lease_ttl_ms: Option<u64>,
-    /// The embedded store of the default mode (and --openai): sled (the default) or fjall
+    /// The embedded store of the default mode (and --fanout, --openai): sled (the default) or fjall
     /// (`FjallStore`, an LSM tree; power-loss safe, group commit, so it takes neither
     /// --durability process-crash nor --no-group-commit).
     #[arg(long, value_enum, default_value_t = EngineArg::Sled)]
@@ -338,9 +338,8 @@ fn main() -> anyhow::Result<()> {
         "--postgres runs the default mode or --nodes (not --fanout, --dormant, --http or --openai)"
     );
     anyhow::ensure!(
-        args.engine == EngineArg::Sled
-            || (args.fanout.is_none() && args.http.is_none() && args.dormant.is_none()),
-        "--engine fjall runs the default mode and --openai (not --fanout, --dormant or --http)"
+        args.engine == EngineArg::Sled || (args.http.is_none() && args.dormant.is_none()),
+        "--engine fjall runs the default mode, --fanout and --openai (not --dormant or --http)"
     );
     if args.openai {
         return real_model(args, &runtime);
