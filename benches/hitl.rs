@@ -212,20 +212,43 @@ enum Wait {
     /// gives them (one wake from the thread a group instead of one a commit: no faster here,
     /// so `SledStore`'s flusher answers its committers itself).
     Relayed(std::sync::mpsc::Sender<tokio::sync::oneshot::Sender<()>>),
+    /// A thread's round trip as [`Wait::Thread`], the thread blocked 1 ms a group first (a
+    /// flusher's `fdatasync`).
+    ThreadSyncing(std::sync::mpsc::Sender<tokio::sync::oneshot::Sender<()>>),
+    /// No thread of the store's own: the first committer to find nobody writing leads, blocks
+    /// its worker 1 ms for the group it took (`block_in_place`, a leader's `fdatasync`), then
+    /// answers the group and hands the lead to the first committer that queued meanwhile.
+    Leader(Arc<Lead>),
 }
 
+/// The queue of [`Wait::Leader`]: who waits, and whether someone leads.
+#[derive(Debug, Default)]
+struct Lead {
+    queue: parking_lot::Mutex<(Vec<tokio::sync::oneshot::Sender<bool>>, bool)>,
+}
+
+/// What a leader's `fdatasync` is taken to cost.
+const SYNC: Duration = Duration::from_millis(1);
+
 impl Wait {
-    fn thread() -> Self {
+    fn thread(syncing: bool) -> Self {
         let (queue, queued) = std::sync::mpsc::channel::<tokio::sync::oneshot::Sender<()>>();
         std::thread::spawn(move || {
             while let Ok(first) = queued.recv() {
                 let group: Vec<_> = std::iter::once(first).chain(queued.try_iter()).collect();
+                if syncing {
+                    std::thread::sleep(SYNC);
+                }
                 for done in group {
                     let _ = done.send(());
                 }
             }
         });
-        Self::Thread(queue)
+        if syncing {
+            Self::ThreadSyncing(queue)
+        } else {
+            Self::Thread(queue)
+        }
     }
 
     fn relayed() -> Self {
@@ -257,6 +280,8 @@ impl Wait {
             Wait::Timer => "a 1 ms timer",
             Wait::Thread(_) => "a round trip through a thread",
             Wait::Relayed(_) => "a round trip through a thread, answered by a task",
+            Wait::ThreadSyncing(_) => "a round trip through a thread that sleeps 1 ms a group",
+            Wait::Leader(_) => "a leader that blocks its worker 1 ms a group",
         }
     }
 }
@@ -271,7 +296,37 @@ impl dormant::testkit::Delegate for Wait {
             Wait::None => {}
             Wait::Yield => tokio::task::yield_now().await,
             Wait::Timer => tokio::time::sleep(Duration::from_millis(1)).await,
-            Wait::Thread(queue) | Wait::Relayed(queue) => {
+            Wait::Leader(lead) => {
+                let (done, answered) = tokio::sync::oneshot::channel();
+                let leads = {
+                    let mut queue = lead.queue.lock();
+                    queue.0.push(done);
+                    !std::mem::replace(&mut queue.1, true)
+                };
+                let mut leading = if leads {
+                    true
+                } else {
+                    answered.await.unwrap_or(false)
+                };
+                while leading {
+                    let group = std::mem::take(&mut lead.queue.lock().0);
+                    tokio::task::block_in_place(|| std::thread::sleep(SYNC));
+                    for done in group {
+                        let _ = done.send(false);
+                    }
+                    // Hand the lead to a committer that queued meanwhile, or let it go.
+                    let mut queue = lead.queue.lock();
+                    leading = false;
+                    queue.1 = false;
+                    while let Some(next) = queue.0.pop() {
+                        if next.send(true).is_ok() {
+                            queue.1 = true;
+                            break;
+                        }
+                    }
+                }
+            }
+            Wait::Thread(queue) | Wait::Relayed(queue) | Wait::ThreadSyncing(queue) => {
                 let (done, answered) = tokio::sync::oneshot::channel();
                 if queue.send(done).is_ok() {
                     let _ = answered.await;
@@ -304,8 +359,10 @@ async fn wait_cost(quick: bool) -> anyhow::Result<()> {
             Wait::None,
             Wait::Yield,
             Wait::Timer,
-            Wait::thread(),
+            Wait::thread(false),
             Wait::relayed(),
+            Wait::thread(true),
+            Wait::Leader(Arc::default()),
         ] {
             let name = wait.name();
             let store = dormant::testkit::DelegatingStore::wrap(Arc::new(MemoryStore::new()), wait);
