@@ -207,17 +207,19 @@ enum Wait {
     Timer,
     /// A round trip through a thread of its own, which answers every commit queued since its
     /// last answer together: a group-commit flusher's hand-off, without the writing.
-    Thread(std::sync::mpsc::Sender<tokio::sync::oneshot::Sender<()>>),
+    /// With `true`, the thread blocks 1 ms a group first (a flusher's `fdatasync`).
+    Thread(
+        std::sync::mpsc::Sender<tokio::sync::oneshot::Sender<()>>,
+        bool,
+    ),
     /// The same, the thread handing each group's answers to a task of the runtime which
     /// gives them (one wake from the thread a group instead of one a commit: no faster here,
     /// so `SledStore`'s flusher answers its committers itself).
     Relayed(std::sync::mpsc::Sender<tokio::sync::oneshot::Sender<()>>),
-    /// A thread's round trip as [`Wait::Thread`], the thread blocked 1 ms a group first (a
-    /// flusher's `fdatasync`).
-    ThreadSyncing(std::sync::mpsc::Sender<tokio::sync::oneshot::Sender<()>>),
     /// No thread of the store's own: the first committer to find nobody writing leads, blocks
     /// its worker 1 ms for the group it took (`block_in_place`, a leader's `fdatasync`), then
-    /// answers the group and hands the lead to the first committer that queued meanwhile.
+    /// answers the group and hands the lead to a committer that queued meanwhile (a sketch for
+    /// this bench: a committer handed the lead and then dropped would strand the queue).
     Leader(Arc<Lead>),
 }
 
@@ -244,11 +246,7 @@ impl Wait {
                 }
             }
         });
-        if syncing {
-            Self::ThreadSyncing(queue)
-        } else {
-            Self::Thread(queue)
-        }
+        Self::Thread(queue, syncing)
     }
 
     fn relayed() -> Self {
@@ -278,9 +276,9 @@ impl Wait {
             Wait::None => "no wait (MemoryStore)",
             Wait::Yield => "a yield",
             Wait::Timer => "a 1 ms timer",
-            Wait::Thread(_) => "a round trip through a thread",
+            Wait::Thread(_, false) => "a round trip through a thread",
             Wait::Relayed(_) => "a round trip through a thread, answered by a task",
-            Wait::ThreadSyncing(_) => "a round trip through a thread that sleeps 1 ms a group",
+            Wait::Thread(_, true) => "a round trip through a thread that sleeps 1 ms a group",
             Wait::Leader(_) => "a leader that blocks its worker 1 ms a group",
         }
     }
@@ -326,7 +324,7 @@ impl dormant::testkit::Delegate for Wait {
                     }
                 }
             }
-            Wait::Thread(queue) | Wait::Relayed(queue) | Wait::ThreadSyncing(queue) => {
+            Wait::Thread(queue, _) | Wait::Relayed(queue) => {
                 let (done, answered) = tokio::sync::oneshot::channel();
                 if queue.send(done).is_ok() {
                     let _ = answered.await;

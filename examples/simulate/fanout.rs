@@ -376,6 +376,7 @@ pub(crate) async fn simulate(args: Args, fanout: Fanout) -> anyhow::Result<usize
         "rss_before_bytes": rss_before.rss(),
         "rss_after_bytes": rss_after.rss(),
         "rss_peak_bytes": rss_after.hwm(),
+        "engine": format!("{:?}", args.engine),
         "store_bytes": store_bytes,
         "verify_s": verify_elapsed.as_secs_f64(),
         "verified": problems.is_empty(),
@@ -397,12 +398,13 @@ pub(crate) async fn simulate(args: Args, fanout: Fanout) -> anyhow::Result<usize
         let mib = |bytes: u64| as_f64(bytes) / (1024.0 * 1024.0);
         println!("dormant simulate --fanout");
         println!(
-            "config:              {} roots × {} children ({sessions} sessions), concurrency {}, max resident {}, answer delay ≤ {} ms",
+            "config:              {} roots × {} children ({sessions} sessions), concurrency {}, max resident {}, answer delay ≤ {} ms, store {:?}",
             fanout.roots,
             fanout.children,
             args.concurrency,
             if args.max_resident > 0 { args.max_resident.to_string() } else { "unlimited".into() },
-            args.answer_delay_ms
+            args.answer_delay_ms,
+            args.engine
         );
         println!("elapsed:             {secs:.2} s");
         println!(

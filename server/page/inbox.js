@@ -144,7 +144,11 @@ async function readInbox(more) {
     inboxStatus("inbox: " + reply.body.code + ": " + reply.body.message);
     return;
   }
-  if (!more) $("#inbox-list").textContent = "";
+  if (!more) {
+    // Another list (a filter changed, or a reload): what was said of the last one goes.
+    $("#inbox-list").textContent = "";
+    doneSaid = "";
+  }
   const shown = new Set(shownItems().map((li) => li.dataset.key));
   for (const item of reply.body.items) {
     if (!shown.has(itemKey(item)) && !answeredKeys.has(itemKey(item))) {
@@ -157,8 +161,9 @@ async function readInbox(more) {
 }
 
 // Says how many calls are shown, when that changed (the status line is read out: a look
-// every 2 s must not repeat it). What the person last did here is said before the count
-// until the count changes again: a look that finds the same calls must not wipe it.
+// every 2 s must not repeat it). What the person last did here (or what went wrong) is said
+// before the count until the count changes again: a look that finds the same calls must not
+// wipe it.
 let countSaid = null;
 let doneSaid = "";
 function countShown() {
@@ -173,7 +178,7 @@ function countShown() {
 }
 
 // Says what the person just did, with the count it left.
-function saidDone(text) {
+function sayBeforeCount(text) {
   countShown();
   doneSaid = text;
   countShown();
@@ -233,7 +238,7 @@ async function answerFromInbox(box, envelope) {
   if (reply.ok || reply.body.code === "already_completed") {
     const key = li.dataset.key;
     gone(li);
-    saidDone(reply.ok ? "Answered: " + box.dataset.tool + " of session " + box.dataset.sessionId + "."
+    sayBeforeCount(reply.ok ? "Answered: " + box.dataset.tool + " of session " + box.dataset.sessionId + "."
       : "Already answered elsewhere: " + box.dataset.tool + ".");
     tellOtherTabs(key);
     return;
@@ -280,7 +285,7 @@ window.addEventListener("storage", (event) => {
 async function openConversation(root) {
   const reply = await operatorCall("POST", "token", { session_id: root });
   if (!reply.ok) {
-    inboxStatus("cannot open session " + root + ": " + reply.body.code + ": " + reply.body.message);
+    sayBeforeCount("cannot open session " + root + ": " + reply.body.code + ": " + reply.body.message);
     return;
   }
   open({ session_id: root, token: reply.body.token, since: Date.now() });

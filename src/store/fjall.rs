@@ -22,19 +22,19 @@ mod files;
 mod persister;
 
 use engine::{Engine, Open};
-use persister::{Persister, MAX_KEY};
+use persister::{holds, Persister, MAX_KEY};
 
 /// A [`Store`] on [fjall](https://docs.rs/fjall), an embedded LSM tree (feature `fjall`).
 ///
 /// Every [`Tree`] lives in one fjall partition, `records`, as a key range of its own behind
-/// its tree's tag byte, as in [`SledStore`](crate::SledStore). A batch is one fjall write
-/// batch: one record of fjall's journal, recovered whole or not at all.
+/// its tree's tag byte, as in [`SledStore`](crate::SledStore). A group of commits is one fjall
+/// write batch: one record of fjall's journal, recovered whole or not at all.
 ///
 /// # How a commit becomes durable
 ///
 /// `commit` queues its batch for a thread of the store's own, which applies every batch queued
-/// since its last round (each as one fjall batch), then makes the journal durable once for all
-/// of them (`fdatasync`: power-loss safe, like sled's default), then answers their committers.
+/// since its last round (together, as one fjall batch), then makes the journal durable once for
+/// all of them (`fdatasync`: power-loss safe, like sled's default), then answers their committers.
 /// So, as with sled, many sessions share one sync.
 ///
 /// # What is proven on it
@@ -163,20 +163,19 @@ impl Store for FjallStore {
     }
 
     async fn get(&self, tree: Tree, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
-        let key = stored_key(tree, key);
-        if key.len() > MAX_KEY {
+        if !holds(key) {
             // Never written (fjall holds no longer key), and fjall panics on a read of one.
             return Ok(None);
         }
         self.read(|open| {
-            let value = open.view().get(key);
+            let value = open.view().get(stored_key(tree, key));
             let value = value.map_err(|e| files::error(e.into(), open.path()))?;
             Ok(value.map(|value| value.to_vec()))
         })
     }
 
     async fn scan_prefix(&self, tree: Tree, prefix: &[u8]) -> Result<Vec<Entry>, Error> {
-        if prefix.len() + 1 > MAX_KEY {
+        if !holds(prefix) {
             return Ok(Vec::new());
         }
         self.read(|open| {
@@ -193,7 +192,7 @@ impl Store for FjallStore {
         prefix: &[u8],
         limit: usize,
     ) -> Result<Vec<Entry>, Error> {
-        if prefix.len() + 1 > MAX_KEY {
+        if !holds(prefix) {
             return Ok(Vec::new());
         }
         self.read(|open| {

@@ -14,6 +14,11 @@ use crate::store::{Batch, Error, Op};
 /// caller's key.
 pub(super) const MAX_KEY: usize = u16::MAX as usize;
 
+/// Whether fjall can hold `key` of a tree (behind its tag byte); it panics on a longer one.
+pub(super) fn holds(key: &[u8]) -> bool {
+    key.len() < MAX_KEY
+}
+
 /// The persister thread and its queue; stops the thread when dropped.
 pub(super) type Persister = GroupThread<Batch>;
 
@@ -35,9 +40,16 @@ const LAST_BATCH: &[u8] = b"fjall-last-batch";
 /// hold (a key or value too long) is refused alone; a group the disk has no room for, or
 /// whose write or sync fails, fails whole.
 fn serve(engine: &Engine, group: Vec<Pending<Batch>>) {
+    // A batch fjall cannot hold is refused alone, before anything is written or counted.
+    let refused: Vec<Option<Error>> = group
+        .iter()
+        .map(|pending| pending.batch.as_ref().and_then(refusal))
+        .collect();
     let bytes: usize = group
         .iter()
-        .filter_map(|pending| pending.batch.as_ref())
+        .zip(&refused)
+        .filter(|(_, refusal)| refusal.is_none())
+        .filter_map(|(pending, _)| pending.batch.as_ref())
         .map(Batch::byte_len)
         .sum();
     // A group of bare syncs writes nothing (a shutdown's last flush on a full disk succeeds).
@@ -47,16 +59,11 @@ fn serve(engine: &Engine, group: Vec<Pending<Batch>>) {
     };
     if let Err(full) = room {
         engine.refused(&full);
-        for Pending { done, .. } in group {
-            let _ = done.send(Err(full.duplicate()));
+        for (Pending { done, .. }, refused) in group.into_iter().zip(refused) {
+            let _ = done.send(Err(refused.unwrap_or_else(|| full.duplicate())));
         }
         return;
     }
-    // A batch fjall cannot hold is refused alone, before anything is written.
-    let refused: Vec<Option<Error>> = group
-        .iter()
-        .map(|pending| pending.batch.as_ref().and_then(refusal))
-        .collect();
     let written = engine.write(|open| {
         let accepted = group
             .iter()
@@ -88,7 +95,7 @@ fn serve(engine: &Engine, group: Vec<Pending<Batch>>) {
 fn apply<'a>(open: &Open, batches: impl Iterator<Item = &'a Batch>) -> Result<(), Error> {
     let mut batches = batches.peekable();
     if batches.peek().is_none() {
-        // Bare syncs alone write nothing (a shutdown's last flush on a full disk succeeds).
+        // Nothing to write: bare syncs, or only refused batches.
         return Ok(());
     }
     let mut writes = open.keyspace.batch();
@@ -113,7 +120,7 @@ fn refusal(batch: &Batch) -> Option<Error> {
 /// 32-bit one (and it panics past them).
 fn too_long(op: &Op) -> Option<Error> {
     let (Op::Put { tree, key, .. } | Op::Delete { tree, key }) = op;
-    if key.len() + 1 > MAX_KEY {
+    if !holds(key) {
         return Some(Error::backend(format!(
             "a key of {} bytes in tree {} is longer than the store can hold ({} bytes)",
             key.len(),
@@ -136,8 +143,10 @@ fn too_long(op: &Op) -> Option<Error> {
 
 #[cfg(test)]
 mod tests {
+    use super::{Engine, Pending};
     use crate::store::fjall::FjallStore;
-    use crate::store::{Batch, CommitKind, Store, Tree};
+    use crate::store::keyspace::stored_key;
+    use crate::store::{Batch, CommitKind, Error, Store, Tree};
 
     fn put(key: &[u8]) -> Batch {
         let mut batch = Batch::new(CommitKind::Other);
@@ -145,26 +154,80 @@ mod tests {
         batch
     }
 
-    #[tokio::test]
-    async fn a_batch_fjall_cannot_hold_is_refused_alone_and_its_group_is_written(
-    ) -> anyhow::Result<()> {
+    /// Serves `batches` (`None`: a bare sync) as one group, as the thread does, and returns
+    /// what each committer heard.
+    fn serve_group(engine: &Engine, batches: Vec<Option<Batch>>) -> Vec<Result<(), Error>> {
+        let (group, answers): (Vec<_>, Vec<_>) = batches
+            .into_iter()
+            .map(|batch| {
+                let (done, answer) = tokio::sync::oneshot::channel();
+                (Pending { batch, done }, answer)
+            })
+            .unzip();
+        super::serve(engine, group);
+        answers
+            .into_iter()
+            .map(|mut answer| answer.try_recv().unwrap_or(Err(Error::Closed)))
+            .collect()
+    }
+
+    fn found(engine: &Engine, key: &[u8]) -> Result<bool, Error> {
+        engine.read(|open| {
+            let value = open.view().get(stored_key(Tree::Log, key));
+            Ok(value
+                .map_err(|e| Error::backend(format!("{e:?}")))?
+                .is_some())
+        })
+    }
+
+    #[test]
+    fn a_batch_fjall_cannot_hold_is_refused_alone_and_its_group_is_written() -> anyhow::Result<()> {
         let dir = tempfile::tempdir()?;
-        let store = FjallStore::open(dir.path())?;
+        let engine = Engine::open(dir.path(), false)?;
         let long = vec![b'k'; super::MAX_KEY];
-        let (refused, kept) = tokio::join!(store.commit(put(&long)), store.commit(put(b"short")));
-        let refused = refused
-            .err()
-            .map(|error| error.to_string())
-            .unwrap_or_default();
+        let heard = serve_group(&engine, vec![Some(put(&long)), Some(put(b"short")), None]);
+        let refused = heard[0].as_ref().err().map(ToString::to_string);
         assert!(
-            refused.contains("longer than the store can hold"),
-            "{refused}"
+            refused
+                .as_deref()
+                .is_some_and(|refused| refused.contains("longer than the store can hold")),
+            "{refused:?}"
         );
-        kept?;
-        assert!(store.get(Tree::Log, b"short").await?.is_some());
-        assert!(store.get(Tree::Log, &long).await?.is_none());
-        // Nothing is damaged: the next commit goes through.
-        store.commit(put(b"next")).await?;
+        assert!(heard[1].is_ok() && heard[2].is_ok(), "{heard:?}");
+        assert!(found(&engine, b"short")?);
+        // Nothing is damaged: the next group goes through.
+        assert!(serve_group(&engine, vec![Some(put(b"next"))])[0].is_ok());
+        Ok(())
+    }
+
+    #[test]
+    fn commits_of_one_group_apply_in_order_and_are_recovered_so() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let mut deleted = Batch::new(CommitKind::Other);
+        deleted.delete(Tree::Log, b"gone".to_vec());
+        {
+            let engine = Engine::open(dir.path(), false)?;
+            // One group: a key put then deleted, another deleted then put, by later commits.
+            let mut put_again = Batch::new(CommitKind::Other);
+            put_again.put(Tree::Log, b"back".to_vec(), b"2".to_vec());
+            let mut gone_first = Batch::new(CommitKind::Other);
+            gone_first.delete(Tree::Log, b"back".to_vec());
+            let heard = serve_group(
+                &engine,
+                vec![
+                    Some(put(b"gone")),
+                    Some(deleted),
+                    Some(gone_first),
+                    Some(put_again),
+                ],
+            );
+            assert!(heard.iter().all(Result::is_ok), "{heard:?}");
+            assert!(!found(&engine, b"gone")? && found(&engine, b"back")?);
+            engine.close();
+        }
+        // Replayed from the journal, the group comes back the same.
+        let engine = Engine::open(dir.path(), false)?;
+        assert!(!found(&engine, b"gone")? && found(&engine, b"back")?);
         Ok(())
     }
 
