@@ -34,10 +34,12 @@ const MARK: &str = "@@full-disk-large ";
 const STEP_BOUND: Duration = Duration::from_secs(20);
 /// The tmpfs: large enough for a few 1 MiB messages beside sled's own files.
 const TMPFS: &str = "24m";
-/// fjall's: `FjallStore` keeps 32 MiB free for fjall's own writing (a commit that would leave
-/// less is `StorageFull`), so its disk is that much larger.
+/// fjall's: `FjallStore` keeps 80 MiB free for fjall's own writing (a segment of up to one
+/// 64 MiB memtable, its journal; a commit that would leave less is `StorageFull`), and the
+/// 80 MiB left to fill let its memtable grow past 64 MiB, so that one is written out as a
+/// segment while the disk fills.
 #[cfg(feature = "fjall")]
-const TMPFS_FJALL: &str = "64m";
+const TMPFS_FJALL: &str = "160m";
 /// Rounds per value size, each on a fresh store.
 const ROUNDS: usize = 3;
 

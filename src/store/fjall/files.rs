@@ -7,6 +7,7 @@ use std::io;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use super::engine::MEMTABLE_BYTES;
 use crate::store::mark;
 use crate::store::{Damage, Error};
 
@@ -18,11 +19,11 @@ pub(super) const LOCK_FILE: &str = "dormant.lock";
 const LOCK_WAIT: Duration = Duration::from_millis(500);
 
 /// Free space a group needs beyond its own bytes before it is written: fjall writes its
-/// memtables out as segments of up to 16 MiB in the background, and a write of its journal
-/// that runs out of space part-way is not reported by fjall 2.11 (`Batch::commit` drops the
-/// error), so the store refuses a group as [`Error::StorageFull`] before the disk gets that
-/// close to full.
-pub(super) const HEADROOM: u64 = 32 * 1024 * 1024;
+/// memtables out as segments of up to [`MEMTABLE_BYTES`] in the background (and 16 MiB more
+/// for its journal and manifests), and a write of its journal that runs out of space part-way
+/// is not reported by fjall 2.11 (`Batch::commit` drops the error), so the store refuses a
+/// group as [`Error::StorageFull`] before the disk gets that close to full.
+pub(super) const HEADROOM: u64 = MEMTABLE_BYTES as u64 + 16 * 1024 * 1024;
 
 /// Refuses a directory that holds a sled store, or a fjall store that lost fjall's own
 /// `version` file (fjall would make a new, empty store over it).
