@@ -36,8 +36,8 @@ const STEP_BOUND: Duration = Duration::from_secs(20);
 const TMPFS: &str = "24m";
 /// fjall's: `FjallStore` keeps 80 MiB free for fjall's own writing (a segment of up to one
 /// 64 MiB memtable, its journal; a commit that would leave less is `StorageFull`), and the
-/// 80 MiB left to fill let its memtable grow past 64 MiB, so that one is written out as a
-/// segment while the disk fills.
+/// 80 MiB left to fill are more than a memtable holds, so that fjall writes one out while the
+/// disk fills.
 #[cfg(feature = "fjall")]
 const TMPFS_FJALL: &str = "160m";
 /// Rounds per value size, each on a fresh store.

@@ -45,8 +45,9 @@ use persister::{holds, Persister, MAX_KEY};
 /// directory again, checked against its mark, and reports itself [degraded](Store::degraded)
 /// until a write succeeds. fjall 2.11 does not report a journal write that ran out of space, so
 /// a group is refused as [`Error::StorageFull`] unless the disk has room for it and 80 MiB
-/// more (a memtable of up to 64 MiB written out as a segment, its journal); should another process fill the disk between that check and the write, the loss is
-/// told ([`Error::Damaged`]) rather than prevented (ARCHITECTURE.md, "fjall: a second embedded
+/// more (a memtable of up to 64 MiB written out as a segment, its journal); should another
+/// process fill the disk between that check and the write, the loss is told
+/// ([`Error::Damaged`]) rather than prevented (ARCHITECTURE.md, "fjall: a second embedded
 /// engine"). sled, which has no such window, stays the default.
 ///
 /// # Damage is told

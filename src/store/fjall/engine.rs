@@ -285,7 +285,7 @@ fn short(acknowledged: u64, recovered: u64) -> Option<Damage> {
 /// fjall's default is 16. A cycle rewrites its session's run record at every commit and
 /// writes its pending call and deadline entries only to delete them at the resume; in a
 /// larger memtable more of those versions die in memory instead of being written out and
-/// compacted (BENCHMARKS.md: 5–40 % more cycles, ~30 MiB more peak RSS). The keyspace's
+/// compacted (BENCHMARKS.md: 5–43 % more cycles, ~30 MiB more peak RSS). The keyspace's
 /// write buffer holds two, so one can be written out while the next fills.
 pub(super) const MEMTABLE_BYTES: u32 = 64 * 1024 * 1024;
 
