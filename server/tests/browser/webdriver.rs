@@ -191,23 +191,18 @@ impl Browser {
 
     /// Runs `script` in the page and returns what it returns.
     pub(crate) async fn script(&self, script: &str, args: Value) -> anyhow::Result<Value> {
-        self.command(
-            reqwest::Method::POST,
-            "/execute/sync",
-            json!({ "script": script, "args": args }),
-        )
-        .await
+        self.execute("/execute/sync", script, args).await
     }
 
     /// Runs `script` in the page until it calls its last argument, and returns what it was
     /// given. The session's script timeout bounds the wait.
     pub(crate) async fn script_async(&self, script: &str, args: Value) -> anyhow::Result<Value> {
-        self.command(
-            reqwest::Method::POST,
-            "/execute/async",
-            json!({ "script": script, "args": args }),
-        )
-        .await
+        self.execute("/execute/async", script, args).await
+    }
+
+    async fn execute(&self, path: &str, script: &str, args: Value) -> anyhow::Result<Value> {
+        let body = json!({ "script": script, "args": args });
+        self.command(reqwest::Method::POST, path, body).await
     }
 
     async fn find(&self, css: &str) -> anyhow::Result<String> {

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::{Mutex, RwLock};
 
-use super::files::{io_error, lock_directory, refuse_foreign, LOCK_FILE};
+use super::files::{io_error, lock_directory, refuse_foreign, LOCK_FILE, MEMTABLE_BYTES};
 use crate::store::directory::owner_only_directory;
 use crate::store::keyspace::RECORDS;
 use crate::store::mark::{self, Mark};
@@ -281,14 +281,6 @@ fn short(acknowledged: u64, recovered: u64) -> Option<Damage> {
     })
 }
 
-/// How large fjall's memtable grows before it is written out as a segment: 64 MiB, where
-/// fjall's default is 16. A cycle rewrites its session's run record at every commit and
-/// writes its pending call and deadline entries only to delete them at the resume; in a
-/// larger memtable more of those versions die in memory instead of being written out and
-/// compacted (BENCHMARKS.md: 5–43 % more cycles, ~30 MiB more peak RSS). The keyspace's
-/// write buffer holds two, so one can be written out while the next fills.
-pub(super) const MEMTABLE_BYTES: u32 = 64 * 1024 * 1024;
-
 /// Opens fjall's keyspace in `path`. What fjall cannot read back (a bad checksum inside its
 /// journal, a file it cannot decode, or a panic on one) is [`Damage::Unreadable`].
 fn open_keyspace(path: &Path) -> Result<Open, Error> {
@@ -329,6 +321,22 @@ fn open_keyspace(path: &Path) -> Result<Open, Error> {
     }
 }
 
+/// What tests read back: whether `key` of the log tree is there.
+#[cfg(test)]
+impl Engine {
+    pub(super) fn has(&self, key: &[u8]) -> Result<bool, Error> {
+        self.read(|open| {
+            let found = open.view().get(crate::store::keyspace::stored_key(
+                crate::store::Tree::Log,
+                key,
+            ));
+            Ok(found
+                .map_err(|e| Error::backend(format!("{e:?}")))?
+                .is_some())
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -347,15 +355,6 @@ mod tests {
                 .persist(fjall::PersistMode::SyncData)
                 .map_err(|e| super::super::files::error(e, open.path()))?;
             engine.advance_mark(open)
-        })
-    }
-
-    fn reads(engine: &Engine, key: &[u8]) -> Result<bool, Error> {
-        engine.read(|open| {
-            let found = open.view().get(stored_key(Tree::Log, key));
-            Ok(found
-                .map_err(|e| Error::backend(format!("{e:?}")))?
-                .is_some())
         })
     }
 
@@ -387,10 +386,10 @@ mod tests {
         });
         assert!(failed.is_err());
         assert!(engine.degraded().is_some());
-        assert!(reads(&engine, b"kept")?);
+        assert!(engine.has(b"kept")?);
         commit(&engine, b"after")?;
         assert!(engine.degraded().is_none());
-        assert!(reads(&engine, b"after")?);
+        assert!(engine.has(b"after")?);
         Ok(())
     }
 

@@ -145,7 +145,6 @@ fn too_long(op: &Op) -> Option<Error> {
 mod tests {
     use super::{Engine, Pending};
     use crate::store::fjall::FjallStore;
-    use crate::store::keyspace::stored_key;
     use crate::store::{Batch, CommitKind, Error, Store, Tree};
 
     fn put(key: &[u8]) -> Batch {
@@ -171,15 +170,6 @@ mod tests {
             .collect()
     }
 
-    fn found(engine: &Engine, key: &[u8]) -> Result<bool, Error> {
-        engine.read(|open| {
-            let value = open.view().get(stored_key(Tree::Log, key));
-            Ok(value
-                .map_err(|e| Error::backend(format!("{e:?}")))?
-                .is_some())
-        })
-    }
-
     #[test]
     fn a_batch_fjall_cannot_hold_is_refused_alone_and_its_group_is_written() -> anyhow::Result<()> {
         let dir = tempfile::tempdir()?;
@@ -194,7 +184,7 @@ mod tests {
             "{refused:?}"
         );
         assert!(heard[1].is_ok() && heard[2].is_ok(), "{heard:?}");
-        assert!(found(&engine, b"short")?);
+        assert!(engine.has(b"short")?);
         // Nothing is damaged: the next group goes through.
         assert!(serve_group(&engine, vec![Some(put(b"next"))])[0].is_ok());
         Ok(())
@@ -222,12 +212,12 @@ mod tests {
                 ],
             );
             assert!(heard.iter().all(Result::is_ok), "{heard:?}");
-            assert!(!found(&engine, b"gone")? && found(&engine, b"back")?);
+            assert!(!engine.has(b"gone")? && engine.has(b"back")?);
             engine.close();
         }
         // Replayed from the journal, the group comes back the same.
         let engine = Engine::open(dir.path(), false)?;
-        assert!(!found(&engine, b"gone")? && found(&engine, b"back")?);
+        assert!(!engine.has(b"gone")? && engine.has(b"back")?);
         Ok(())
     }
 
