@@ -63,6 +63,10 @@ fn main() -> anyhow::Result<()> {
         if wants("fjall_cycles") {
             fjall_cycles(quick).await?;
         }
+        #[cfg(all(unix, feature = "journal"))]
+        if wants("journal_cycles") {
+            journal_cycles(quick).await?;
+        }
         if wants("wait_cost") {
             wait_cost(quick).await?;
         }
@@ -180,6 +184,32 @@ async fn fjall_cycles(quick: bool) -> anyhow::Result<()> {
     for &(concurrency, cycles) in cycle_cases(quick) {
         let dir = tempfile::tempdir()?;
         let store = Arc::new(dormant::FjallStore::open(dir.path())?);
+        let runtime = runtime_on(store.clone(), cycles::one_call_script())?;
+        let (ours, cpu) = run_cycles(&runtime, concurrency, cycles).await?;
+        let stats = runtime.stats();
+        runtime.shutdown().await?;
+        let commits = stats.commit_latency.count;
+        println!(
+            "| {concurrency} | {cycles} | {ours:.0} | {} | {:.1} | {:.0} | {:.1} |",
+            cpu_per_cycle(cpu, cycles),
+            commits as f64 / cycles as f64,
+            commits as f64 / store.sync_count().max(1) as f64,
+            stats.commit_writes as f64 / cycles as f64,
+        );
+    }
+    Ok(())
+}
+
+/// The same cycles on `JournalStore` (feature `journal`): durable at each step as on sled (one
+/// `fdatasync` of the journal a group), each commit one appended record.
+#[cfg(all(unix, feature = "journal"))]
+async fn journal_cycles(quick: bool) -> anyhow::Result<()> {
+    println!("\n## The same cycles on JournalStore (durable at each step, power-loss safe, group commit)\n");
+    println!("| concurrent sessions | cycles | cycles/s | CPU µs/cycle | commits/cycle | commits/sync | key writes/cycle |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    for &(concurrency, cycles) in cycle_cases(quick) {
+        let dir = tempfile::tempdir()?;
+        let store = Arc::new(dormant::JournalStore::open(dir.path())?);
         let runtime = runtime_on(store.clone(), cycles::one_call_script())?;
         let (ours, cpu) = run_cycles(&runtime, concurrency, cycles).await?;
         let stats = runtime.stats();

@@ -194,6 +194,8 @@ pub use session::outcome::RunOutcome;
 pub use session::submit::{Submit, SubmitOutcome};
 #[cfg(feature = "fjall")]
 pub use store::fjall::FjallStore;
+#[cfg(all(unix, feature = "journal"))]
+pub use store::journal::JournalStore;
 pub use store::memory::MemoryStore;
 #[cfg(feature = "postgres")]
 pub use store::postgres::PgStore;

@@ -17,6 +17,8 @@ pub(crate) mod directory;
 #[cfg(feature = "fjall")]
 pub(crate) mod fjall;
 pub(crate) mod group_thread;
+#[cfg(all(unix, feature = "journal"))]
+pub(crate) mod journal;
 pub(crate) mod keyspace;
 pub(crate) mod mark;
 // Test tooling, like `crate::testkit::scenario`: only with the `test-util` feature, and
@@ -42,6 +44,8 @@ use std::fmt::Debug;
 use std::path::{Path, PathBuf};
 
 pub use self::damage::Damage;
+#[cfg(all(unix, feature = "journal"))]
+pub use self::journal::JournalStoreBuilder;
 #[cfg(feature = "postgres")]
 pub use self::postgres::{PgSetting, PgStoreBuilder, DEFAULT_LEASE_TTL};
 /// Why a stored value could not be read back (in [`crate::Error::Schema`]).

@@ -1,5 +1,6 @@
 //! The store contract (`dormant::testkit::store_contract`) holds on every embedded backend:
-//! memory, sled temporary, sled and fjall (feature `fjall`) on a directory opened again (PostgreSQL's is in
+//! memory, sled temporary, sled, fjall (feature `fjall`) and the journal (feature `journal`) on a directory opened
+//! again (PostgreSQL's is in
 //! tests/postgres.rs), through the kit's delegating store too; and it names the check a broken
 //! store fails.
 
@@ -27,6 +28,19 @@ async fn the_store_contract_holds_on_a_fjall_directory_across_reopens() -> anyho
     store_contract(Reopen::Same, || {
         let path = path.clone();
         async move { Ok(Arc::new(dormant::FjallStore::open(path)?) as Arc<dyn Store>) }
+    })
+    .await?;
+    Ok(())
+}
+
+#[cfg(all(unix, feature = "journal"))]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_store_contract_holds_on_a_journal_directory_across_reopens() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("store");
+    store_contract(Reopen::Same, || {
+        let path = path.clone();
+        async move { Ok(Arc::new(dormant::JournalStore::open(path)?) as Arc<dyn Store>) }
     })
     .await?;
     Ok(())

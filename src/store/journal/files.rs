@@ -1,0 +1,143 @@
+//! The journal's directory: its files (`NNNNNNNN.journal`, in the order they were begun), its
+//! lock, and I/O errors in the store's words.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crate::store::Error;
+
+/// The lock file in the store directory: held while a store has the directory open.
+pub(super) const LOCK_FILE: &str = "dormant.lock";
+
+const EXTENSION: &str = "journal";
+
+/// How long an open waits for another store to let the directory go.
+const LOCK_WAIT: Duration = Duration::from_millis(500);
+
+/// The path of journal file `id` in `dir`.
+pub(super) fn journal_path(dir: &Path, id: u32) -> PathBuf {
+    dir.join(format!("{id:08}.{EXTENSION}"))
+}
+
+/// The journal files in `dir`, in the order they were begun.
+pub(super) fn journal_files(dir: &Path) -> io::Result<Vec<u32>> {
+    let mut ids = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let name = entry?.file_name();
+        let Some(name) = name.to_str() else { continue };
+        let Some(stem) = name
+            .strip_suffix(EXTENSION)
+            .and_then(|s| s.strip_suffix('.'))
+        else {
+            continue;
+        };
+        if let Ok(id) = stem.parse::<u32>() {
+            ids.push(id);
+        }
+    }
+    ids.sort_unstable();
+    Ok(ids)
+}
+
+/// Opens journal file `id` for reading and appending, creating it for its owner alone.
+pub(super) fn open_journal(dir: &Path, id: u32) -> io::Result<File> {
+    let mut options = OpenOptions::new();
+    options.read(true).write(true).create(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    options.open(journal_path(dir, id))
+}
+
+/// How large a journal file is made by default when it is begun: filled with zeros to its size
+/// at once,
+/// so that a commit writes over bytes the file already has. Then its `fdatasync` writes the
+/// data alone; a write past the end would also have to commit the file's new size and blocks
+/// to the filesystem's journal, at every sync.
+pub(super) const FILE_BYTES: u64 = 64 * 1024 * 1024;
+
+/// Begins journal file `id`: made for its owner alone, `bytes` of zeros, durable. A file that
+/// could not be made whole (a full disk) is removed again.
+pub(super) fn begin_journal(dir: &Path, id: u32, bytes: u64) -> io::Result<File> {
+    let begin = || {
+        let mut options = OpenOptions::new();
+        options.read(true).write(true).create(true).truncate(true);
+        #[cfg(unix)]
+        std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+        let file = options.open(journal_path(dir, id))?;
+        let zeros = vec![0; 1024 * 1024];
+        let mut at = 0;
+        while at < bytes {
+            let chunk = (bytes - at).min(zeros.len() as u64) as usize;
+            std::os::unix::fs::FileExt::write_all_at(&file, &zeros[..chunk], at)?;
+            at += chunk as u64;
+        }
+        file.sync_all()?;
+        sync_dir(dir)?;
+        Ok(file)
+    };
+    begin().inspect_err(|_| {
+        let _ = std::fs::remove_file(journal_path(dir, id));
+    })
+}
+
+/// Makes the directory's entries durable (a file just begun, one just removed).
+pub(super) fn sync_dir(dir: &Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+/// Refuses a directory that holds another engine's store.
+pub(super) fn refuse_foreign(path: &Path) -> Result<(), Error> {
+    let foreign = if path.join("conf").is_file() && path.join("db").is_file() {
+        Some("a sled store (SledStore)")
+    } else if path.join("version").is_file() {
+        Some("a fjall store (FjallStore)")
+    } else {
+        None
+    };
+    match foreign {
+        Some(what) => Err(Error::backend(format!(
+            "{} holds {what}, not a journal store",
+            path.display()
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// Takes the directory's lock file, waiting [`LOCK_WAIT`] for another holder at most.
+pub(super) fn lock_directory(path: &Path) -> Result<File, Error> {
+    let mut options = OpenOptions::new();
+    options.create(true).truncate(false).write(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    let file = options
+        .open(path.join(LOCK_FILE))
+        .map_err(|e| io_error(e, path))?;
+    let started = Instant::now();
+    loop {
+        match fs2::FileExt::try_lock_exclusive(&file) {
+            Ok(()) => return Ok(file),
+            Err(e) if e.kind() != io::ErrorKind::WouldBlock => return Err(io_error(e, path)),
+            Err(_) if started.elapsed() < LOCK_WAIT => {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(_) => {
+                return Err(Error::Locked {
+                    path: path.to_path_buf(),
+                })
+            }
+        }
+    }
+}
+
+/// A full disk is [`Error::StorageFull`]; any other failure is the I/O error itself.
+pub(super) fn io_error(error: io::Error, path: &Path) -> Error {
+    match error.kind() {
+        io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded => Error::StorageFull {
+            path: Some(path.to_path_buf()),
+            kind: error.kind(),
+        },
+        _ => Error::backend(error),
+    }
+}

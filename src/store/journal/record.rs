@@ -1,0 +1,161 @@
+//! The journal's record: one commit, framed so that a reader tells a whole record from a torn
+//! or damaged one.
+//!
+//! `len:u32 · crc32(body):u32 · body` (little-endian), where the body is `seq:u64` followed by
+//! the commit's writes, each `kind:u8 · key_len:u32 · key` and, for a put,
+//! `value_len:u32 · value`. Keys are stored keys (`store::keyspace`: the tree's tag byte, then
+//! the key). A record is appended whole or not at all as far as a reader can tell: a write cut
+//! short leaves a record whose length runs past the end of the file, or whose checksum fails.
+
+use crate::store::keyspace::tag;
+use crate::store::{Batch, Op};
+
+/// The bytes before a record's body: its length and its checksum.
+pub(super) const HEADER: usize = 8;
+
+const PUT: u8 = 1;
+const DELETE: u8 = 2;
+
+/// One write of a record: its stored key, and for a put where its value lies (from the start of
+/// the record) and how long it is.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) struct Write {
+    pub(super) key: Vec<u8>,
+    pub(super) value: Option<(u64, u32)>,
+}
+
+/// A record read back: its sequence number, its writes, and its length in the file.
+#[derive(Debug)]
+pub(super) struct Record {
+    pub(super) seq: u64,
+    pub(super) writes: Vec<Write>,
+    pub(super) len: usize,
+}
+
+/// Why no record could be read where one was expected.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Unreadable {
+    /// The bytes end before the record does: a write cut short (or a file cut short).
+    Cut,
+    /// The record is all there but does not check out: damaged, or torn by a crash.
+    Bad(&'static str),
+}
+
+/// Whether a key or value of `len` bytes fits in a record (its length is a `u32`).
+pub(super) fn fits(len: usize) -> bool {
+    u32::try_from(len).is_ok()
+}
+
+/// Appends the record of commit `seq` (`batch`) to `out`, and for each of its writes where it
+/// lies from the start of `out`. Every key and value must [fit](fits).
+pub(super) fn encode(seq: u64, batch: &Batch, out: &mut Vec<u8>, placed: &mut Vec<Write>) {
+    let start = out.len();
+    out.extend_from_slice(&[0; HEADER]);
+    out.extend_from_slice(&seq.to_le_bytes());
+    for op in batch.ops() {
+        let (Op::Put { tree, key, .. } | Op::Delete { tree, key }) = op;
+        out.push(if matches!(op, Op::Put { .. }) {
+            PUT
+        } else {
+            DELETE
+        });
+        out.extend_from_slice(&len32(key.len() + 1).to_le_bytes());
+        out.push(tag(*tree));
+        out.extend_from_slice(key);
+        let mut stored = Vec::with_capacity(key.len() + 1);
+        stored.push(tag(*tree));
+        stored.extend_from_slice(key);
+        let value = match op {
+            Op::Put { value, .. } => {
+                out.extend_from_slice(&len32(value.len()).to_le_bytes());
+                let at = out.len() as u64;
+                out.extend_from_slice(value);
+                Some((at, len32(value.len())))
+            }
+            Op::Delete { .. } => None,
+        };
+        placed.push(Write { key: stored, value });
+    }
+    let body = &out[start + HEADER..];
+    let (len, crc) = (len32(body.len()), crc32fast::hash(body));
+    out[start..start + 4].copy_from_slice(&len.to_le_bytes());
+    out[start + 4..start + HEADER].copy_from_slice(&crc.to_le_bytes());
+}
+
+fn len32(len: usize) -> u32 {
+    // Checked by the writer before encoding (`fits`).
+    u32::try_from(len).unwrap_or(u32::MAX)
+}
+
+/// Reads the record at the start of `bytes`; `Ok(None)` at the end of the records: `bytes` is
+/// empty, or starts with a header of zeros (a record's length is never 0: its body holds its
+/// sequence number).
+pub(super) fn decode(bytes: &[u8]) -> Result<Option<Record>, Unreadable> {
+    if bytes.iter().take(HEADER).all(|&byte| byte == 0) {
+        // The zeros a journal file is made of, past its last record.
+        return Ok(None);
+    }
+    let header = bytes.get(..HEADER).ok_or(Unreadable::Cut)?;
+    let len = u32::from_le_bytes([header[0], header[1], header[2], header[3]]) as usize;
+    let crc = u32::from_le_bytes([header[4], header[5], header[6], header[7]]);
+    let body = bytes
+        .get(HEADER..HEADER.saturating_add(len))
+        .ok_or(Unreadable::Cut)?;
+    if crc32fast::hash(body) != crc {
+        return Err(Unreadable::Bad("its checksum does not match"));
+    }
+    let mut reader = Reader { body, at: 0 };
+    let seq = reader.u64()?;
+    let mut writes = Vec::new();
+    while reader.at < body.len() {
+        let kind = reader.u8()?;
+        let key_len = reader.u32()? as usize;
+        let key = reader.take(key_len)?.to_vec();
+        let value = match kind {
+            PUT => {
+                let value_len = reader.u32()?;
+                let at = (HEADER + reader.at) as u64;
+                reader.take(value_len as usize)?;
+                Some((at, value_len))
+            }
+            DELETE => None,
+            _ => return Err(Unreadable::Bad("a write of an unknown kind")),
+        };
+        writes.push(Write { key, value });
+    }
+    Ok(Some(Record {
+        seq,
+        writes,
+        len: HEADER + len,
+    }))
+}
+
+struct Reader<'a> {
+    body: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, len: usize) -> Result<&'a [u8], Unreadable> {
+        let end = self.at.checked_add(len);
+        let bytes = end.and_then(|end| self.body.get(self.at..end));
+        let bytes = bytes.ok_or(Unreadable::Bad("a write runs past the end of its record"))?;
+        self.at += len;
+        Ok(bytes)
+    }
+
+    fn u8(&mut self) -> Result<u8, Unreadable> {
+        Ok(self.take(1)?[0])
+    }
+
+    fn u32(&mut self) -> Result<u32, Unreadable> {
+        let bytes = self.take(4)?;
+        Ok(u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]))
+    }
+
+    fn u64(&mut self) -> Result<u64, Unreadable> {
+        let mut bytes = [0; 8];
+        bytes.copy_from_slice(self.take(8)?);
+        Ok(u64::from_le_bytes(bytes))
+    }
+}

@@ -1,0 +1,221 @@
+//! The journal's own tests: records read back across reopens and files, a torn tail cut off,
+//! damage told, the files its owner's alone.
+
+use std::path::Path;
+
+use super::files::{journal_files, journal_path};
+use super::record;
+use super::JournalStore;
+use crate::store::{Batch, CommitKind, Damage, Error, Store, Tree};
+
+/// Small files, so that a few commits span several.
+const SMALL: u64 = 4096;
+
+fn open(dir: &Path) -> Result<JournalStore, Error> {
+    JournalStore::builder(dir).file_bytes(SMALL).open()
+}
+
+async fn put(store: &JournalStore, key: &str, value: &[u8]) -> Result<(), Error> {
+    let mut batch = Batch::new(CommitKind::Other);
+    batch.put(Tree::Log, key.as_bytes().to_vec(), value.to_vec());
+    batch.put(Tree::Pending, key.as_bytes().to_vec(), b"p".to_vec());
+    store.commit(batch).await
+}
+
+/// Commits `n` entries `k000`, `k001`, … of 300 bytes each, then closes the store.
+async fn written(dir: &Path, n: usize) -> Result<(), Error> {
+    let store = open(dir)?;
+    for i in 0..n {
+        put(&store, &format!("k{i:03}"), &[i as u8; 300]).await?;
+    }
+    store.close().await
+}
+
+/// Where the whole records of journal file `id` end.
+fn records_end(dir: &Path, id: u32) -> Result<usize, Error> {
+    let bytes = std::fs::read(journal_path(dir, id)).map_err(Error::backend)?;
+    let mut at = 0;
+    while let Ok(Some(record)) = record::decode(&bytes[at..]) {
+        at += record.len;
+    }
+    Ok(at)
+}
+
+fn flip(dir: &Path, id: u32, at: usize) -> Result<(), Error> {
+    let path = journal_path(dir, id);
+    let mut bytes = std::fs::read(&path).map_err(Error::backend)?;
+    bytes[at] = !bytes[at];
+    std::fs::write(&path, bytes).map_err(Error::backend)
+}
+
+fn files(dir: &Path) -> Result<Vec<u32>, Error> {
+    journal_files(dir).map_err(Error::backend)
+}
+
+#[tokio::test]
+async fn commits_across_several_files_are_read_back_after_a_reopen() -> Result<(), Error> {
+    let dir = tempfile::tempdir().map_err(Error::backend)?;
+    written(dir.path(), 40).await?;
+    assert!(files(dir.path())?.len() > 3, "{:?}", files(dir.path())?);
+
+    let store = open(dir.path())?;
+    assert_eq!(store.get(Tree::Log, b"k007").await?, Some(vec![7; 300]));
+    assert_eq!(store.get(Tree::Log, b"k040").await?, None);
+    let all = store.scan_prefix(Tree::Log, b"k").await?;
+    assert_eq!(all.len(), 40);
+    assert_eq!(store.scan_prefix(Tree::Pending, b"k").await?.len(), 40);
+    let newest = store.scan_prefix_rev(Tree::Log, b"k0", 2).await?;
+    let keys: Vec<&[u8]> = newest.iter().map(|(key, _)| key.as_slice()).collect();
+    assert_eq!(keys, [b"k039".as_slice(), b"k038".as_slice()]);
+    let range = store.scan_range(Tree::Log, b"k010", b"k013", 10).await?;
+    assert_eq!(range.len(), 3);
+
+    // A delete, and more commits after the reopen, survive the next one.
+    let mut batch = Batch::new(CommitKind::Other);
+    batch.delete(Tree::Log, b"k000".to_vec());
+    store.commit(batch).await?;
+    put(&store, "k100", b"later").await?;
+    store.close().await?;
+    let again = open(dir.path())?;
+    assert_eq!(again.get(Tree::Log, b"k000").await?, None);
+    assert_eq!(
+        again.get(Tree::Log, b"k100").await?,
+        Some(b"later".to_vec())
+    );
+    assert_eq!(again.scan_prefix(Tree::Log, b"k").await?.len(), 40);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_write_cut_short_at_the_end_is_dropped_and_writing_goes_on() -> Result<(), Error> {
+    let dir = tempfile::tempdir().map_err(Error::backend)?;
+    written(dir.path(), 5).await?;
+    let last = *files(dir.path())?.last().ok_or(Error::Closed)?;
+    let end = records_end(dir.path(), last)?;
+    // The start of a record whose write a crash cut short: a length, no matching body.
+    let path = journal_path(dir.path(), last);
+    let mut bytes = std::fs::read(&path).map_err(Error::backend)?;
+    bytes[end..end + 6].copy_from_slice(&[200, 0, 0, 0, 7, 7]);
+    std::fs::write(&path, bytes).map_err(Error::backend)?;
+
+    let store = open(dir.path())?;
+    assert_eq!(store.scan_prefix(Tree::Log, b"k").await?.len(), 5);
+    put(&store, "k005", b"after").await?;
+    store.close().await?;
+    let again = open(dir.path())?;
+    assert_eq!(again.scan_prefix(Tree::Log, b"k").await?.len(), 6);
+    assert_eq!(
+        again.get(Tree::Log, b"k005").await?,
+        Some(b"after".to_vec())
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_damaged_acknowledged_last_record_is_told_and_salvaged_read_only() -> Result<(), Error> {
+    let dir = tempfile::tempdir().map_err(Error::backend)?;
+    written(dir.path(), 5).await?;
+    let last = *files(dir.path())?.last().ok_or(Error::Closed)?;
+    flip(dir.path(), last, records_end(dir.path(), last)? - 3)?;
+
+    let refused = open(dir.path());
+    assert!(
+        matches!(
+            &refused,
+            Err(Error::Damaged {
+                damage: Damage::LostTail {
+                    acknowledged: 5,
+                    recovered: 4
+                },
+                ..
+            })
+        ),
+        "{refused:?}"
+    );
+    let left = JournalStore::salvage(dir.path())?;
+    assert!(left.is_read_only());
+    assert!(matches!(left.damage(), Some(Damage::LostTail { .. })));
+    assert_eq!(left.scan_prefix(Tree::Log, b"k").await?.len(), 4);
+    let refused = put(&left, "k9", b"no").await;
+    assert!(
+        matches!(refused, Err(Error::ReadOnly { .. })),
+        "{refused:?}"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn damage_in_an_earlier_file_or_a_lost_file_is_told() -> Result<(), Error> {
+    let dir = tempfile::tempdir().map_err(Error::backend)?;
+    written(dir.path(), 40).await?;
+    let ids = files(dir.path())?;
+    let damaged = tempfile::tempdir().map_err(Error::backend)?;
+    for id in &ids {
+        let name = journal_path(dir.path(), *id);
+        let to = journal_path(damaged.path(), *id);
+        std::fs::copy(name, to).map_err(Error::backend)?;
+    }
+    std::fs::copy(
+        dir.path().join(crate::store::mark::FILE),
+        damaged.path().join(crate::store::mark::FILE),
+    )
+    .map_err(Error::backend)?;
+
+    // A flipped byte in the first file: later files hold newer commits, so the mark alone
+    // would not tell.
+    flip(dir.path(), ids[0], 20)?;
+    let refused = open(dir.path());
+    assert!(
+        matches!(
+            &refused,
+            Err(Error::Damaged {
+                damage: Damage::Unreadable { .. },
+                ..
+            })
+        ),
+        "{refused:?}"
+    );
+    let left = JournalStore::salvage(dir.path())?;
+    let kept = left.scan_prefix(Tree::Log, b"k").await?.len();
+    assert!(kept > 0 && kept < 40, "{kept}");
+
+    // A file gone from the middle: the commits jump.
+    std::fs::remove_file(journal_path(damaged.path(), ids[1])).map_err(Error::backend)?;
+    let refused = open(damaged.path());
+    let told = format!("{refused:?}");
+    assert!(told.contains("are lost"), "{told}");
+    Ok(())
+}
+
+#[cfg(unix)]
+#[tokio::test]
+async fn the_directory_and_its_files_are_their_owners_alone() -> Result<(), Error> {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().map_err(Error::backend)?;
+    let path = dir.path().join("store");
+    written(&path, 3).await?;
+    let mode = |path: &Path| -> Result<u32, Error> {
+        let meta = std::fs::metadata(path).map_err(Error::backend)?;
+        Ok(meta.permissions().mode() & 0o777)
+    };
+    assert_eq!(mode(&path)?, 0o700);
+    for entry in std::fs::read_dir(&path).map_err(Error::backend)? {
+        let entry = entry.map_err(Error::backend)?;
+        assert_eq!(mode(&entry.path())?, 0o600, "{}", entry.path().display());
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_second_open_is_refused_while_the_first_holds_the_directory() -> Result<(), Error> {
+    let dir = tempfile::tempdir().map_err(Error::backend)?;
+    let first = open(dir.path())?;
+    assert!(matches!(open(dir.path()), Err(Error::Locked { .. })));
+    first.release();
+    assert!(matches!(
+        first.get(Tree::Log, b"k").await,
+        Err(Error::Closed)
+    ));
+    open(dir.path())?;
+    Ok(())
+}
