@@ -7,7 +7,8 @@
 //! Two pristine stores are flipped: one stopped right after its writes (sled replays its log
 //! to open it) and one opened again first (its pages come from a snapshot). The offsets come
 //! from fixed seeds, so every run flips the same bytes. With the `fjall` feature, the same
-//! holds on `FjallStore` (`FjallStore::salvage` opens what is left).
+//! holds on `FjallStore` (`FjallStore::salvage` opens what is left), and with `journal` on
+//! `JournalStore` (in files of 16 KiB, so that the sessions span several).
 
 mod common;
 
@@ -101,7 +102,13 @@ enum Backend {
     Sled(Durability),
     #[cfg(feature = "fjall")]
     Fjall,
+    #[cfg(all(unix, feature = "journal"))]
+    Journal,
 }
+
+/// The journal's files in this test: small, so that 30 sessions span several.
+#[cfg(all(unix, feature = "journal"))]
+const JOURNAL_FILE_BYTES: u64 = 16 * 1024;
 
 impl Backend {
     /// A new store in `dir`.
@@ -112,6 +119,12 @@ impl Backend {
             }
             #[cfg(feature = "fjall")]
             Backend::Fjall => Arc::new(dormant::FjallStore::open(dir)?),
+            #[cfg(all(unix, feature = "journal"))]
+            Backend::Journal => Arc::new(
+                dormant::JournalStore::builder(dir)
+                    .file_bytes(JOURNAL_FILE_BYTES)
+                    .open()?,
+            ),
         })
     }
 
@@ -121,6 +134,8 @@ impl Backend {
             Backend::Sled(_) => Arc::new(SledStore::open(dir)?),
             #[cfg(feature = "fjall")]
             Backend::Fjall => Arc::new(dormant::FjallStore::open(dir)?),
+            #[cfg(all(unix, feature = "journal"))]
+            Backend::Journal => Arc::new(dormant::JournalStore::open(dir)?),
         })
     }
 
@@ -135,6 +150,12 @@ impl Backend {
             #[cfg(feature = "fjall")]
             Backend::Fjall => {
                 let left = dormant::FjallStore::salvage(dir)?;
+                let damage = left.damage();
+                (Arc::new(left), damage)
+            }
+            #[cfg(all(unix, feature = "journal"))]
+            Backend::Journal => {
+                let left = dormant::JournalStore::salvage(dir)?;
                 let damage = left.damage();
                 (Arc::new(left), damage)
             }
@@ -205,6 +226,21 @@ async fn a_flipped_byte_in_a_reopened_fjall_store_is_told_or_harmless() -> anyho
     flip_bytes(true, Backend::Fjall, SEED ^ 0x0f1a).await
 }
 
+/// A journal store stopped right after its writes.
+#[cfg(all(unix, feature = "journal"))]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flipped_byte_in_the_journal_is_told_never_served_silently() -> anyhow::Result<()> {
+    flip_bytes(false, Backend::Journal, SEED ^ 0x10c1).await
+}
+
+/// A journal store opened once more before it was stopped: it replays its files and goes on
+/// writing after the last record.
+#[cfg(all(unix, feature = "journal"))]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flipped_byte_in_a_reopened_journal_is_told_or_harmless() -> anyhow::Result<()> {
+    flip_bytes(true, Backend::Journal, SEED ^ 0x01c1).await
+}
+
 /// Flips one byte in each of `TRIALS` copies of a pristine store and opens each copy.
 async fn flip_bytes(reopened: bool, backend: Backend, seed: u64) -> anyhow::Result<()> {
     let root = tempfile::tempdir()?;
@@ -212,10 +248,17 @@ async fn flip_bytes(reopened: bool, backend: Backend, seed: u64) -> anyhow::Resu
     let before = pristine(&clean, reopened, backend).await?;
     assert_eq!(before.len(), SESSIONS);
     let mut files = files(&clean)?;
-    #[cfg(feature = "fjall")]
-    if matches!(backend, Backend::Fjall) {
-        // fjall makes its journal 32 MiB at once and fills it from the start: a byte flipped
-        // in the zeros past what it wrote is never read, so the flips go where it wrote.
+    let zero_filled = match backend {
+        Backend::Sled(_) => false,
+        #[cfg(feature = "fjall")]
+        Backend::Fjall => true,
+        #[cfg(all(unix, feature = "journal"))]
+        Backend::Journal => true,
+    };
+    if zero_filled {
+        // fjall makes its journal 32 MiB at once, and the journal store its files, and fill
+        // them from the start: a byte flipped in the zeros past what they wrote is never
+        // read, so the flips go where they wrote.
         for (path, len) in &mut files {
             let bytes = std::fs::read(&*path)?;
             *len = bytes

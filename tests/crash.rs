@@ -3,7 +3,8 @@
 //!
 //! The child is this same test binary, re-run with `--ignored --exact crash_child` and the
 //! store path in an environment variable. The same test runs on `FjallStore` (feature
-//! `fjall`): a store directory named `fjall` is opened as one.
+//! `fjall`) and `JournalStore` (feature `journal`): a store directory named `fjall` or
+//! `journal` is opened as one.
 
 mod common;
 
@@ -51,8 +52,13 @@ async fn crash_child() -> anyhow::Result<()> {
     }
 }
 
-/// The store in `dir`: `FjallStore` for a directory named `fjall`, else `SledStore`.
+/// The store in `dir`: `FjallStore` for a directory named `fjall`, `JournalStore` for one named
+/// `journal`, else `SledStore`.
 fn open_store(dir: &Path) -> anyhow::Result<Arc<dyn Store>> {
+    #[cfg(all(unix, feature = "journal"))]
+    if dir.file_name().is_some_and(|name| name == "journal") {
+        return Ok(Arc::new(dormant::JournalStore::open(dir)?));
+    }
     #[cfg(feature = "fjall")]
     if dir.file_name().is_some_and(|name| name == "fjall") {
         return Ok(Arc::new(dormant::FjallStore::open(dir)?));
@@ -71,6 +77,13 @@ fn killed_process_leaves_every_session_at_a_committed_step() -> anyhow::Result<(
 fn killed_process_leaves_every_session_at_a_committed_step_on_fjall() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     kill_and_check(&dir.path().join("fjall"))
+}
+
+#[cfg(all(unix, feature = "journal"))]
+#[test]
+fn killed_process_leaves_every_session_at_a_committed_step_on_the_journal() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    kill_and_check(&dir.path().join("journal"))
 }
 
 /// Kills a child running sessions on the store in `dir` once it acknowledged

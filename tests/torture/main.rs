@@ -30,7 +30,8 @@
 //! `DORMANT_TORTURE_BATCH` sets how many new trees each generation keeps in flight (16),
 //! `DORMANT_TORTURE_BROKEN=safe_to_retry` runs the broken variant (`charge`, which must run at
 //! most once, declared `safe_to_retry`), which the last test here shows is caught,
-//! `DORMANT_TORTURE_STORE=fjall` runs on a `FjallStore` (a test here does, at 8 kills).
+//! `DORMANT_TORTURE_STORE=fjall` runs on a `FjallStore`, `DORMANT_TORTURE_STORE=journal` on a
+//! `JournalStore` (a test here does each, at 8 kills).
 //!
 //! The children are this test binary, re-run with `--ignored --exact torture_child`.
 
@@ -72,7 +73,7 @@ fn torture(options: Options) -> anyhow::Result<Report> {
         } else {
             ""
         },
-        if options.fjall { "fjall" } else { "sled" },
+        options.engine.as_deref().unwrap_or("sled"),
         options.seed
     );
     let dir = tempfile::tempdir()?;
@@ -108,11 +109,27 @@ fn sigkill_loses_no_acknowledged_answer_and_runs_no_tool_twice() -> anyhow::Resu
 #[test]
 fn sigkill_loses_no_acknowledged_answer_and_runs_no_tool_twice_on_fjall() -> anyhow::Result<()> {
     let mut options = Options::from_env(CI_KILLS, None, child::is_broken())?;
-    options.fjall = true;
+    options.engine = Some("fjall".into());
     let report = torture(options)?;
     anyhow::ensure!(
         report.problems() == 0,
         "{} problem(s) under SIGKILL on fjall, named in the report above",
+        report.problems()
+    );
+    Ok(())
+}
+
+/// The same on `JournalStore`.
+#[cfg(all(unix, feature = "journal"))]
+#[test]
+fn sigkill_loses_no_acknowledged_answer_and_runs_no_tool_twice_on_the_journal(
+) -> anyhow::Result<()> {
+    let mut options = Options::from_env(CI_KILLS, None, child::is_broken())?;
+    options.engine = Some("journal".into());
+    let report = torture(options)?;
+    anyhow::ensure!(
+        report.problems() == 0,
+        "{} problem(s) under SIGKILL on the journal, named in the report above",
         report.problems()
     );
     Ok(())

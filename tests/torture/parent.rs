@@ -16,7 +16,8 @@ use super::rng::Rng;
 pub(crate) const KILLS_ENV: &str = "DORMANT_TORTURE_KILLS";
 /// The run's seed, to replay one (printed at the start of every run).
 pub(crate) const RUN_SEED_ENV: &str = "DORMANT_TORTURE_SEED";
-/// `fjall`: the run's store is a `FjallStore` instead of a `SledStore`.
+/// `fjall` or `journal`: the run's store is a `FjallStore` or a `JournalStore` instead of a
+/// `SledStore`.
 pub(crate) const STORE_ENV: &str = "DORMANT_TORTURE_STORE";
 /// How many new trees each generation keeps in flight (each one that ends is replaced).
 pub(crate) const BATCH_SIZE_ENV: &str = "DORMANT_TORTURE_BATCH";
@@ -31,8 +32,9 @@ pub(crate) struct Options {
     pub(crate) seed: u64,
     pub(crate) batch: usize,
     pub(crate) broken: bool,
-    /// The store is a `FjallStore` (see `workload::ENGINE_FILE`).
-    pub(crate) fjall: bool,
+    /// The store's engine when it is not sled: `fjall` or `journal` (see
+    /// `workload::ENGINE_FILE`).
+    pub(crate) engine: Option<String>,
 }
 
 impl Options {
@@ -50,7 +52,7 @@ impl Options {
             seed: number(RUN_SEED_ENV)?.or(seed).unwrap_or_else(random_seed),
             batch: number(BATCH_SIZE_ENV)?.map_or(Ok(16), usize::try_from)?,
             broken,
-            fjall: std::env::var(STORE_ENV).is_ok_and(|store| store == "fjall"),
+            engine: std::env::var(STORE_ENV).ok().filter(|store| store != "sled"),
         })
     }
 }
@@ -120,8 +122,8 @@ pub(crate) struct Kills {
 pub(crate) fn run(dir: &Path, options: &Options) -> anyhow::Result<Kills> {
     let mut rng = Rng::derived(options.seed, "kills");
     let mut kills = Kills::default();
-    if options.fjall {
-        std::fs::write(dir.join(super::workload::ENGINE_FILE), "fjall")?;
+    if let Some(engine) = &options.engine {
+        std::fs::write(dir.join(super::workload::ENGINE_FILE), engine)?;
     }
     for generation in 0..options.kills {
         let trigger = KillAfter::choose(&mut rng, options.broken);

@@ -165,15 +165,18 @@ fn agents(process: &Arc<Process>) -> anyhow::Result<Vec<AgentDefinition>> {
     Ok(vec![root, helper])
 }
 
-/// The file in the run's directory that names its store engine (`fjall`; sled without it):
+/// The file in the run's directory that names its store engine (`fjall` or `journal`; sled
+/// without it):
 /// written by the parent before the first child, read by every child and the checker.
 pub(crate) const ENGINE_FILE: &str = "engine";
 
-/// The store in `dir/store`: a `FjallStore` if `dir/engine` says `fjall`, else a `SledStore`.
+/// The store in `dir/store`: a `FjallStore` if `dir/engine` says `fjall`, a `JournalStore` if
+/// it says `journal`, else a `SledStore`.
 fn store(dir: &Path) -> anyhow::Result<Arc<dyn dormant::store::Store>> {
     let path = dir.join("store");
     match std::fs::read_to_string(dir.join(ENGINE_FILE)) {
         Ok(engine) if engine == "fjall" => Ok(Arc::new(dormant::FjallStore::open(path)?)),
+        Ok(engine) if engine == "journal" => Ok(Arc::new(dormant::JournalStore::open(path)?)),
         Ok(other) => anyhow::bail!("unknown store engine {other:?}"),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Arc::new(SledStore::open(path)?)),
         Err(e) => Err(e.into()),
