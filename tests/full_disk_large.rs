@@ -6,8 +6,9 @@
 //! commit again, with nothing acknowledged lost. Repeated, since where sled's write fails
 //! decides whether it can hang.
 //!
-//! The same runs on `FjallStore` (feature `fjall`; the child opens it when the parent names it
-//! in `DORMANT_FULL_DISK_LARGE_ENGINE`), on a larger tmpfs: see the test.
+//! The same runs on `FjallStore` (feature `fjall`) and `JournalStore` (feature `journal`; the
+//! child opens them when the parent names them in `DORMANT_FULL_DISK_LARGE_ENGINE`), on larger
+//! tmpfs: see the tests.
 //!
 //! The child is this test binary, re-run with `--ignored --exact full_disk_large_child` under
 //! `unshare --mount` (with `--map-root-user` when not root), the tmpfs mounted at the path the
@@ -26,7 +27,7 @@ use std::time::Duration;
 use dormant::{AgentDefinition, ModelReply, Runtime, ScriptedLlm, SessionId, SledStore, Status};
 
 const MOUNT_ENV: &str = "DORMANT_FULL_DISK_LARGE_MOUNT";
-/// `fjall`: the child's store is a `FjallStore`.
+/// `fjall` or `journal`: the child's store is a `FjallStore` or a `JournalStore`.
 const ENGINE_ENV: &str = "DORMANT_FULL_DISK_LARGE_ENGINE";
 const MARK: &str = "@@full-disk-large ";
 /// A commit or a read that takes longer than this is a hang (a healthy one takes
@@ -40,6 +41,11 @@ const TMPFS: &str = "24m";
 /// disk fills.
 #[cfg(feature = "fjall")]
 const TMPFS_FJALL: &str = "160m";
+/// The journal's: its first file takes 64 MiB of zeros at once, and the 32 MiB left are more
+/// than the next file's 64 MiB can have, so the disk fills while the store goes on in a file
+/// that grows as it is written.
+#[cfg(all(unix, feature = "journal"))]
+const TMPFS_JOURNAL: &str = "96m";
 /// Rounds per value size, each on a fresh store.
 const ROUNDS: usize = 3;
 
@@ -65,6 +71,8 @@ fn runtime_on(dir: &Path) -> anyhow::Result<Runtime> {
     let store: Arc<dyn dormant::store::Store> = match std::env::var(ENGINE_ENV).as_deref() {
         #[cfg(feature = "fjall")]
         Ok("fjall") => Arc::new(dormant::FjallStore::open(dir)?),
+        #[cfg(all(unix, feature = "journal"))]
+        Ok("journal") => Arc::new(dormant::JournalStore::open(dir)?),
         _ => Arc::new(SledStore::open(dir)?),
     };
     Ok(Runtime::builder()
@@ -216,6 +224,13 @@ fn a_full_disk_with_large_values_never_hangs_and_recovers() -> anyhow::Result<()
 #[test]
 fn a_full_disk_with_large_values_never_hangs_and_recovers_on_fjall() -> anyhow::Result<()> {
     full_disk_on("fjall", TMPFS_FJALL)
+}
+
+/// The same on the journal, on a disk of 96 MiB (see [`TMPFS_JOURNAL`]).
+#[cfg(all(unix, feature = "journal"))]
+#[test]
+fn a_full_disk_with_large_values_never_hangs_and_recovers_on_the_journal() -> anyhow::Result<()> {
+    full_disk_on("journal", TMPFS_JOURNAL)
 }
 
 /// Runs the child on store `engine` in a tmpfs of its own and checks its report.

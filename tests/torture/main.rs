@@ -122,8 +122,8 @@ fn sigkill_loses_no_acknowledged_answer_and_runs_no_tool_twice_on_fjall() -> any
 /// The same on `JournalStore`.
 #[cfg(all(unix, feature = "journal"))]
 #[test]
-fn sigkill_loses_no_acknowledged_answer_and_runs_no_tool_twice_on_the_journal(
-) -> anyhow::Result<()> {
+fn sigkill_loses_no_acknowledged_answer_and_runs_no_tool_twice_on_the_journal() -> anyhow::Result<()>
+{
     let mut options = Options::from_env(CI_KILLS, None, child::is_broken())?;
     options.engine = Some("journal".into());
     let report = torture(options)?;

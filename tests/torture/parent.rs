@@ -52,7 +52,9 @@ impl Options {
             seed: number(RUN_SEED_ENV)?.or(seed).unwrap_or_else(random_seed),
             batch: number(BATCH_SIZE_ENV)?.map_or(Ok(16), usize::try_from)?,
             broken,
-            engine: std::env::var(STORE_ENV).ok().filter(|store| store != "sled"),
+            engine: std::env::var(STORE_ENV)
+                .ok()
+                .filter(|store| store != "sled"),
         })
     }
 }

@@ -106,7 +106,8 @@ impl Engine {
                 };
                 let file = Arc::new(file);
                 index.add_file(id, Arc::clone(&file));
-                Some(Writer::new(file, id, len, recovered, mark, file_bytes))
+                let writer = Writer::new(file, id, len, recovered, mark, file_bytes);
+                Some(writer.map_err(|e| io_error(e, path))?)
             }
         };
         if let Some(damage) = &damage {

@@ -57,9 +57,22 @@ pub(super) fn open_journal(dir: &Path, id: u32) -> io::Result<File> {
 /// to the filesystem's journal, at every sync.
 pub(super) const FILE_BYTES: u64 = 64 * 1024 * 1024;
 
-/// Begins journal file `id`: made for its owner alone, `bytes` of zeros, durable. A file that
-/// could not be made whole (a full disk) is removed again.
+/// Begins journal file `id`: made for its owner alone, `bytes` of zeros, durable. On a disk
+/// without room for the zeros, the file begins empty and grows as it is written (each sync
+/// then commits its new size too); it fails only when not even that can be made.
 pub(super) fn begin_journal(dir: &Path, id: u32, bytes: u64) -> io::Result<File> {
+    match begin_zeroed(dir, id, bytes) {
+        Err(error) if bytes > 0 => {
+            tracing::warn!(%error, dir = %dir.display(), "store: no room to make a journal file whole; it grows as it is written");
+            begin_zeroed(dir, id, 0)
+        }
+        begun => begun,
+    }
+}
+
+/// Begins journal file `id` as `bytes` zeros; a file that could not be made whole is removed
+/// again.
+fn begin_zeroed(dir: &Path, id: u32, bytes: u64) -> io::Result<File> {
     let begin = || {
         let mut options = OpenOptions::new();
         options.read(true).write(true).create(true).truncate(true);

@@ -31,6 +31,8 @@ pub(super) struct Writer {
     id: u32,
     /// Where the next record goes: the end of the last whole record.
     len: u64,
+    /// The file's length: zeros from `len` up to it.
+    size: u64,
     /// The last commit written.
     seq: u64,
     mark: Mark,
@@ -50,8 +52,9 @@ impl Writer {
         seq: u64,
         mark: Mark,
         file_bytes: u64,
-    ) -> Self {
-        Self {
+    ) -> std::io::Result<Self> {
+        Ok(Self {
+            size: file.metadata()?.len(),
             file_bytes,
             file,
             id,
@@ -61,7 +64,7 @@ impl Writer {
             broken: None,
             bytes: Vec::new(),
             placed: Vec::new(),
-        }
+        })
     }
 }
 
@@ -131,10 +134,16 @@ fn write<'a>(engine: &Engine, batches: impl Iterator<Item = &'a Batch>) -> Resul
         .and_then(|()| writer.file.sync_data())
         .and_then(|()| writer.mark.advance(seq));
     if let Err(error) = durable {
-        // Zeros over the group again, so that the next group's records follow the last
-        // acknowledged one and no reader, now or after a restart, sees it.
-        let zeros = vec![0; writer.bytes.len()];
-        if let Err(undo) = writer.file.write_all_at(&zeros, writer.len) {
+        // Take the group back, so that the next group's records follow the last acknowledged
+        // one and no reader, now or after a restart, sees it: the file cut back to its length
+        // (a write past it ran out of room part-way), zeros over the rest.
+        let end = (writer.len + group).min(writer.size);
+        let zeros = vec![0; end.saturating_sub(writer.len) as usize];
+        let undone = writer
+            .file
+            .set_len(writer.size)
+            .and_then(|()| writer.file.write_all_at(&zeros, writer.len));
+        if let Err(undo) = undone {
             writer.broken = Some(undo.to_string());
         }
         return Err(io_error(error, path));
@@ -144,6 +153,7 @@ fn write<'a>(engine: &Engine, batches: impl Iterator<Item = &'a Batch>) -> Resul
     engine.index.write().apply(writer.id, writer.len, placed);
     writer.seq = seq;
     writer.len += group;
+    writer.size = writer.size.max(writer.len);
     Ok(())
 }
 
@@ -151,7 +161,9 @@ fn write<'a>(engine: &Engine, batches: impl Iterator<Item = &'a Batch>) -> Resul
 fn begin_next_file(engine: &Engine, writer: &mut Writer) -> std::io::Result<()> {
     let id = writer.id + 1;
     let file = Arc::new(begin_journal(engine.path(), id, writer.file_bytes)?);
+    let size = file.metadata()?.len();
     engine.index.write().add_file(id, Arc::clone(&file));
+    writer.size = size;
     writer.file = file;
     writer.id = id;
     writer.len = 0;
