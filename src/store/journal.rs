@@ -17,10 +17,12 @@ use super::keyspace::{logical_key, stored_key};
 use super::{prefix_end, Batch, Damage, Entry, Error, Store, Tree};
 
 mod builder;
+mod compactor;
 mod engine;
 mod files;
 mod index;
 mod record;
+mod replay;
 #[cfg(test)]
 mod tests;
 mod writer;
@@ -144,6 +146,14 @@ impl JournalStore {
     }
 }
 
+impl Drop for JournalStore {
+    /// Stops a compaction under way and lets the directory go (no commit can be waiting: each
+    /// holds the store).
+    fn drop(&mut self) {
+        self.engine.close();
+    }
+}
+
 impl fmt::Debug for JournalStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("JournalStore")
@@ -235,14 +245,13 @@ impl Store for JournalStore {
     }
 
     async fn size_on_disk(&self) -> Result<u64, Error> {
-        let ids = files::journal_files(self.engine.path())
-            .map_err(|e| files::io_error(e, self.engine.path()))?;
-        let mut bytes = 0;
-        for id in ids {
-            let path = files::journal_path(self.engine.path(), id);
-            bytes += std::fs::metadata(path).map_or(0, |meta| meta.len());
-        }
-        Ok(bytes)
+        let path = self.engine.path();
+        let entries = std::fs::read_dir(path).map_err(|e| files::io_error(e, path))?;
+        // A file removed meanwhile (by a compaction) counts for nothing.
+        Ok(entries
+            .filter_map(|entry| entry.ok()?.metadata().ok())
+            .map(|meta| meta.len())
+            .sum())
     }
 
     fn degraded(&self) -> Option<String> {

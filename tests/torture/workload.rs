@@ -176,7 +176,12 @@ fn store(dir: &Path) -> anyhow::Result<Arc<dyn dormant::store::Store>> {
     let path = dir.join("store");
     match std::fs::read_to_string(dir.join(ENGINE_FILE)) {
         Ok(engine) if engine == "fjall" => Ok(Arc::new(dormant::FjallStore::open(path)?)),
-        Ok(engine) if engine == "journal" => Ok(Arc::new(dormant::JournalStore::open(path)?)),
+        // Small journal files, so that compactions run while the children are killed.
+        Ok(engine) if engine == "journal" => Ok(Arc::new(
+            dormant::JournalStore::builder(path)
+                .file_bytes(64 * 1024)
+                .open()?,
+        )),
         Ok(other) => anyhow::bail!("unknown store engine {other:?}"),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Arc::new(SledStore::open(path)?)),
         Err(e) => Err(e.into()),

@@ -7,16 +7,17 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::thread::JoinHandle;
 
 use parking_lot::{Mutex, RwLock};
 
 use super::files::{
-    begin_journal, io_error, journal_files, journal_path, lock_directory, open_journal,
-    refuse_foreign, LOCK_FILE,
+    begin_journal, io_error, journal_path, lock_directory, open_owned, refuse_foreign,
+    remove_replaced, LOCK_FILE,
 };
-use super::index::Index;
-use super::record::{self, Unreadable};
-use super::writer::Writer;
+use super::index::{FileId, Index};
+use super::replay::replay;
+use super::writer::{Appending, Writer};
 use crate::store::directory::owner_only_directory;
 use crate::store::mark::{self, Mark};
 use crate::store::{Damage, Error};
@@ -34,18 +35,8 @@ pub(super) struct Engine {
     /// What a store opened to salvage it lost.
     damage: Option<Damage>,
     read_only: bool,
-}
-
-/// What replaying the journal found.
-struct Replayed {
-    index: Index,
-    /// The last commit recovered.
-    seq: u64,
-    /// The last file, where its whole records end, and where the bytes of a torn record that
-    /// may follow them end.
-    last: Option<(u32, u64, u64)>,
-    /// A file, not the last, with a record that cannot be read.
-    damage: Option<Damage>,
+    /// The compaction under way, if one is.
+    pub(super) compaction: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl Engine {
@@ -86,9 +77,13 @@ impl Engine {
             (_, true) => None,
             (None, false) => {
                 let mark = Mark::open(path, recovered, true).map_err(|e| io_error(e, path))?;
+                // A crash between a compaction's rename and its removals left what its base
+                // replaced.
+                remove_replaced(path, replayed.first_kept).map_err(|e| io_error(e, path))?;
                 let (id, len, file) = match replayed.last {
                     Some((id, len, torn_end)) => {
-                        let file = open_journal(path, id).map_err(|e| io_error(e, path))?;
+                        let file = open_owned(&journal_path(path, id));
+                        let file = file.map_err(|e| io_error(e, path))?;
                         // What follows the last whole record was never acknowledged (the
                         // mark says so): a write a crash cut short. Zeros again, so that the
                         // records written next end where they end.
@@ -98,15 +93,21 @@ impl Engine {
                             .map_err(|e| io_error(e, path))?;
                         (id, len, file)
                     }
-                    None => (
-                        1,
-                        0,
-                        begin_journal(path, 1, file_bytes).map_err(|e| io_error(e, path))?,
-                    ),
+                    None => {
+                        let id = replayed.first_kept;
+                        let file = begin_journal(path, id, file_bytes);
+                        (id, 0, file.map_err(|e| io_error(e, path))?)
+                    }
                 };
                 let file = Arc::new(file);
-                index.add_file(id, Arc::clone(&file));
-                let writer = Writer::new(file, id, len, recovered, mark, file_bytes);
+                index.add_file(FileId::Journal(id), Arc::clone(&file));
+                let writer = Writer::new(
+                    Appending { file, id, len },
+                    recovered,
+                    mark,
+                    file_bytes,
+                    replayed.record_bytes,
+                );
                 Some(writer.map_err(|e| io_error(e, path))?)
             }
         };
@@ -123,6 +124,7 @@ impl Engine {
             degraded: Mutex::new(None),
             damage,
             read_only: salvage,
+            compaction: Mutex::new(None),
         })
     }
 
@@ -154,6 +156,13 @@ impl Engine {
     /// Lets the files and the directory go: every later read or write fails with
     /// [`Error::Closed`].
     pub(super) fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        // A compaction sees the store closed at its next step and stops there; its files
+        // are in the directory, which is let go only after it stopped.
+        let compaction = self.compaction.lock().take();
+        if let Some(compaction) = compaction {
+            let _ = compaction.join();
+        }
         let mut writer = self.writer.lock();
         let mut index = self.index.write();
         self.closed.store(true, Ordering::Release);
@@ -162,74 +171,4 @@ impl Engine {
         drop((index, writer));
         self.lock.lock().take();
     }
-}
-
-/// Replays every journal file of `path` into an index. A record that cannot be read ends its
-/// file's replay: at the end of the last file it is a write a crash cut short (the mark tells
-/// whether it was acknowledged); in any other file it is damage (told, and to `salvage` the
-/// next files are replayed still).
-fn replay(path: &Path, salvage: bool) -> Result<Replayed, Error> {
-    let ids = journal_files(path).map_err(|e| io_error(e, path))?;
-    let mut replayed = Replayed {
-        index: Index::default(),
-        seq: 0,
-        last: None,
-        damage: None,
-    };
-    for (n, &id) in ids.iter().enumerate() {
-        let file_path = journal_path(path, id);
-        let bytes = std::fs::read(&file_path).map_err(|e| io_error(e, path))?;
-        let mut at = 0;
-        let unreadable = loop {
-            match record::decode(&bytes[at..]) {
-                Ok(None) => break None,
-                Ok(Some(record)) if replayed.seq > 0 && record.seq != replayed.seq + 1 => {
-                    // Commits are numbered one after another, across files: a gap is commits
-                    // lost with the end of an earlier file.
-                    replayed.damage.get_or_insert(Damage::Unreadable {
-                        reason: format!(
-                            "{} goes on at commit {} after commit {}: the commits between are lost",
-                            file_path.display(),
-                            record.seq,
-                            replayed.seq
-                        ),
-                    });
-                    replayed.seq = replayed.seq.max(record.seq);
-                    replayed.index.apply(id, at as u64, record.writes);
-                    at += record.len;
-                }
-                Ok(Some(record)) => {
-                    replayed.seq = record.seq;
-                    replayed.index.apply(id, at as u64, record.writes);
-                    at += record.len;
-                }
-                Err(why) => break Some(why),
-            }
-        };
-        let is_last = n + 1 == ids.len();
-        if let (Some(why), false) = (&unreadable, is_last) {
-            let why = match why {
-                Unreadable::Cut => "it ends in the middle of a record",
-                Unreadable::Bad(why) => why,
-            };
-            replayed.damage.get_or_insert(Damage::Unreadable {
-                reason: format!(
-                    "{} has a record it cannot read at byte {at} ({why})",
-                    file_path.display()
-                ),
-            });
-        }
-        if replayed.damage.is_some() && !salvage {
-            break;
-        }
-        // Past the last whole record: zeros, or the remains of a write a crash cut short.
-        let torn_end = bytes[at..]
-            .iter()
-            .rposition(|&byte| byte != 0)
-            .map_or(at, |last| at + last + 1);
-        let file = File::open(&file_path).map_err(|e| io_error(e, path))?;
-        replayed.index.add_file(id, Arc::new(file));
-        replayed.last = Some((id, at as u64, torn_end as u64));
-    }
-    Ok(replayed)
 }

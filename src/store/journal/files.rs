@@ -1,5 +1,6 @@
-//! The journal's directory: its files (`NNNNNNNN.journal`, in the order they were begun), its
-//! lock, and I/O errors in the store's words.
+//! The journal's directory: its files (`NNNNNNNN.journal`, in the order they were begun), the
+//! base the last compaction wrote (`NNNNNNNN.base`: every live entry of the journal files
+//! before `NNNNNNNN`), its lock, and I/O errors in the store's words.
 
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -11,26 +12,45 @@ use crate::store::Error;
 /// The lock file in the store directory: held while a store has the directory open.
 pub(super) const LOCK_FILE: &str = "dormant.lock";
 
-const EXTENSION: &str = "journal";
+const JOURNAL: &str = "journal";
+const BASE: &str = "base";
+/// A base being written: not part of the store until it is renamed.
+const UNFINISHED: &str = "tmp";
 
 /// How long an open waits for another store to let the directory go.
 const LOCK_WAIT: Duration = Duration::from_millis(500);
 
 /// The path of journal file `id` in `dir`.
 pub(super) fn journal_path(dir: &Path, id: u32) -> PathBuf {
-    dir.join(format!("{id:08}.{EXTENSION}"))
+    dir.join(format!("{id:08}.{JOURNAL}"))
+}
+
+/// The path of the base of every journal file before `first_kept`.
+pub(super) fn base_path(dir: &Path, first_kept: u32) -> PathBuf {
+    dir.join(format!("{first_kept:08}.{BASE}"))
+}
+
+/// Where that base is written before it is renamed into place.
+pub(super) fn unfinished_base_path(dir: &Path, first_kept: u32) -> PathBuf {
+    dir.join(format!("{first_kept:08}.{BASE}.{UNFINISHED}"))
 }
 
 /// The journal files in `dir`, in the order they were begun.
 pub(super) fn journal_files(dir: &Path) -> io::Result<Vec<u32>> {
+    numbered(dir, &format!(".{JOURNAL}"))
+}
+
+/// The bases in `dir`, oldest first.
+pub(super) fn base_files(dir: &Path) -> io::Result<Vec<u32>> {
+    numbered(dir, &format!(".{BASE}"))
+}
+
+/// The numbers of the files `NNNNNNNN{suffix}` in `dir`, in order.
+fn numbered(dir: &Path, suffix: &str) -> io::Result<Vec<u32>> {
     let mut ids = Vec::new();
     for entry in std::fs::read_dir(dir)? {
         let name = entry?.file_name();
-        let Some(name) = name.to_str() else { continue };
-        let Some(stem) = name
-            .strip_suffix(EXTENSION)
-            .and_then(|s| s.strip_suffix('.'))
-        else {
+        let Some(stem) = name.to_str().and_then(|name| name.strip_suffix(suffix)) else {
             continue;
         };
         if let Ok(id) = stem.parse::<u32>() {
@@ -41,13 +61,32 @@ pub(super) fn journal_files(dir: &Path) -> io::Result<Vec<u32>> {
     Ok(ids)
 }
 
-/// Opens journal file `id` for reading and appending, creating it for its owner alone.
-pub(super) fn open_journal(dir: &Path, id: u32) -> io::Result<File> {
+/// Removes what the base of every journal file before `first_kept` replaced (older journal
+/// files and bases, left by a crash between a compaction's rename and its removals) and any
+/// unfinished base.
+pub(super) fn remove_replaced(dir: &Path, first_kept: u32) -> io::Result<()> {
+    for id in journal_files(dir)?
+        .into_iter()
+        .filter(|id| *id < first_kept)
+    {
+        std::fs::remove_file(journal_path(dir, id))?;
+    }
+    for id in base_files(dir)?.into_iter().filter(|id| *id < first_kept) {
+        std::fs::remove_file(base_path(dir, id))?;
+    }
+    for id in numbered(dir, &format!(".{BASE}.{UNFINISHED}"))? {
+        std::fs::remove_file(unfinished_base_path(dir, id))?;
+    }
+    sync_dir(dir)
+}
+
+/// Opens the file at `path` for reading and writing, creating it for its owner alone.
+pub(super) fn open_owned(path: &Path) -> io::Result<File> {
     let mut options = OpenOptions::new();
     options.read(true).write(true).create(true);
     #[cfg(unix)]
     std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-    options.open(journal_path(dir, id))
+    options.open(path)
 }
 
 /// How large a journal file is made by default when it is begun: filled with zeros to its size
@@ -74,11 +113,8 @@ pub(super) fn begin_journal(dir: &Path, id: u32, bytes: u64) -> io::Result<File>
 /// again.
 fn begin_zeroed(dir: &Path, id: u32, bytes: u64) -> io::Result<File> {
     let begin = || {
-        let mut options = OpenOptions::new();
-        options.read(true).write(true).create(true).truncate(true);
-        #[cfg(unix)]
-        std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-        let file = options.open(journal_path(dir, id))?;
+        let file = open_owned(&journal_path(dir, id))?;
+        file.set_len(0)?;
         let zeros = vec![0; 1024 * 1024];
         let mut at = 0;
         while at < bytes {

@@ -1,5 +1,5 @@
 //! What the journal holds, in memory: every live key, in order, with where its value lies in
-//! the journal's files. Values are read from the files when asked for (the kernel's page cache
+//! the store's files. Values are read from the files when asked for (the kernel's page cache
 //! keeps the recent ones), so memory grows with the keys, not with what they hold.
 
 use std::collections::{BTreeMap, HashMap};
@@ -9,10 +9,29 @@ use std::sync::Arc;
 
 use super::record::Write;
 
+/// A file values are read from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(super) enum FileId {
+    /// Journal file `n`.
+    Journal(u32),
+    /// The base a compaction wrote: every live entry of the journal files before `n`.
+    Base(u32),
+}
+
+impl FileId {
+    /// Whether a compaction that keeps the journal files from `first_kept` on replaces it.
+    pub(super) fn is_before(self, first_kept: u32) -> bool {
+        match self {
+            FileId::Journal(id) => id < first_kept,
+            FileId::Base(_) => true,
+        }
+    }
+}
+
 /// Where a value lies: in which file, from which byte, how long.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct Loc {
-    pub(super) file: u32,
+    pub(super) file: FileId,
     pub(super) at: u64,
     pub(super) len: u32,
 }
@@ -20,35 +39,51 @@ pub(super) struct Loc {
 /// A value to read: its file and where in it.
 pub(super) type Found = (Arc<File>, Loc);
 
+/// Entries to read: each key and where its value lies.
+pub(super) type Located = Vec<(Vec<u8>, Found)>;
+
+/// A live entry a compaction copied: its key, where it was, and where its copy lies.
+pub(super) type Moved = (Vec<u8>, Loc, Loc);
+
 #[derive(Default)]
 pub(super) struct Index {
     keys: BTreeMap<Vec<u8>, Loc>,
-    files: HashMap<u32, Arc<File>>,
+    files: HashMap<FileId, Arc<File>>,
+    /// The bytes of the live entries' keys and values: what a compaction would keep.
+    live: u64,
 }
 
 impl Index {
-    /// Adds file `id`, whose values writes will name.
-    pub(super) fn add_file(&mut self, id: u32, file: Arc<File>) {
+    /// Adds a file whose values entries will name.
+    pub(super) fn add_file(&mut self, id: FileId, file: Arc<File>) {
         self.files.insert(id, file);
     }
 
-    /// Applies the writes of a record that starts at byte `at` of file `file`.
-    pub(super) fn apply(&mut self, file: u32, at: u64, writes: Vec<Write>) {
+    /// Applies the writes of a record that starts at byte `at` of `file`.
+    pub(super) fn apply(&mut self, file: FileId, at: u64, writes: Vec<Write>) {
         for Write { key, value } in writes {
-            match value {
+            let key_len = key.len() as u64;
+            let old = match value {
                 Some((offset, len)) => {
+                    self.live += key_len + u64::from(len);
                     let loc = Loc {
                         file,
                         at: at + offset,
                         len,
                     };
-                    self.keys.insert(key, loc);
+                    self.keys.insert(key, loc)
                 }
-                None => {
-                    self.keys.remove(&key);
-                }
+                None => self.keys.remove(&key),
+            };
+            if let Some(old) = old {
+                self.live -= key_len + u64::from(old.len);
             }
         }
+    }
+
+    /// The bytes of the live entries' keys and values.
+    pub(super) fn live_bytes(&self) -> u64 {
+        self.live
     }
 
     fn found(&self, loc: Loc) -> Option<Found> {
@@ -66,7 +101,7 @@ impl Index {
         to: Bound<&[u8]>,
         rev: bool,
         limit: usize,
-    ) -> Vec<(Vec<u8>, Found)> {
+    ) -> Located {
         let range = self.keys.range::<[u8], _>((from, to));
         let found = |(key, loc): (&Vec<u8>, &Loc)| Some((key.clone(), self.found(*loc)?));
         if rev {
@@ -76,10 +111,56 @@ impl Index {
         }
     }
 
+    /// For a compaction that keeps the journal files from `first_kept` on: the live entries
+    /// after key `after` whose values lie in files it replaces, among the next `examined` keys;
+    /// and the last key examined (`None`: every key was).
+    pub(super) fn to_copy(
+        &self,
+        after: Option<&[u8]>,
+        first_kept: u32,
+        examined: usize,
+    ) -> (Located, Option<Vec<u8>>) {
+        let from = after.map_or(Bound::Unbounded, Bound::Excluded);
+        let (mut last, mut seen) = (None, 0);
+        let mut copy = Vec::new();
+        for (key, loc) in self
+            .keys
+            .range::<[u8], _>((from, Bound::Unbounded))
+            .take(examined)
+        {
+            (last, seen) = (Some(key), seen + 1);
+            if loc.file.is_before(first_kept) {
+                copy.extend(self.found(*loc).map(|found| (key.clone(), found)));
+            }
+        }
+        // Fewer keys than asked for: that was the last of them.
+        (copy, last.filter(|_| seen == examined).cloned())
+    }
+
+    /// Points the entries a compaction copied at their copies, unless a commit replaced or
+    /// deleted them meanwhile.
+    pub(super) fn relocate(&mut self, moved: Vec<Moved>) {
+        for (key, old, new) in moved {
+            if let Some(loc) = self.keys.get_mut(&key) {
+                if *loc == old {
+                    *loc = new;
+                }
+            }
+        }
+    }
+
+    /// Forgets the files a compaction that kept the journal files from `first_kept` on
+    /// replaced, but for its own `base` (reads under way keep theirs open).
+    pub(super) fn forget_replaced(&mut self, first_kept: u32, base: FileId) {
+        self.files
+            .retain(|id, _| *id == base || !id.is_before(first_kept));
+    }
+
     /// Drops every file handle (the store is closing).
     pub(super) fn clear(&mut self) {
         self.keys.clear();
         self.files.clear();
+        self.live = 0;
     }
 }
 

@@ -49,33 +49,66 @@ pub(super) fn fits(len: usize) -> bool {
 /// Appends the record of commit `seq` (`batch`) to `out`, and for each of its writes where it
 /// lies from the start of `out`. Every key and value must [fit](fits).
 pub(super) fn encode(seq: u64, batch: &Batch, out: &mut Vec<u8>, placed: &mut Vec<Write>) {
+    let start = begin(seq, out);
+    for op in batch.ops() {
+        let (Op::Put { tree, key, .. } | Op::Delete { tree, key }) = op;
+        let value = match op {
+            Op::Put { value, .. } => Some(value.as_slice()),
+            Op::Delete { .. } => None,
+        };
+        push_write(out, placed, &[tag(*tree)], key, value);
+    }
+    seal(start, out);
+}
+
+/// Appends one record of puts of stored keys (a compaction's copies of live entries), as of
+/// commit `seq`, and where each value lies from the start of `out`.
+pub(super) fn encode_puts(
+    seq: u64,
+    entries: &[(Vec<u8>, Vec<u8>)],
+    out: &mut Vec<u8>,
+    placed: &mut Vec<Write>,
+) {
+    let start = begin(seq, out);
+    for (key, value) in entries {
+        push_write(out, placed, &[], key, Some(value));
+    }
+    seal(start, out);
+}
+
+/// Begins a record: room for its header, then its sequence number. Returns where it starts.
+fn begin(seq: u64, out: &mut Vec<u8>) -> usize {
     let start = out.len();
     out.extend_from_slice(&[0; HEADER]);
     out.extend_from_slice(&seq.to_le_bytes());
-    for op in batch.ops() {
-        let (Op::Put { tree, key, .. } | Op::Delete { tree, key }) = op;
-        out.push(if matches!(op, Op::Put { .. }) {
-            PUT
-        } else {
-            DELETE
-        });
-        out.extend_from_slice(&len32(key.len() + 1).to_le_bytes());
-        out.push(tag(*tree));
-        out.extend_from_slice(key);
-        let mut stored = Vec::with_capacity(key.len() + 1);
-        stored.push(tag(*tree));
-        stored.extend_from_slice(key);
-        let value = match op {
-            Op::Put { value, .. } => {
-                out.extend_from_slice(&len32(value.len()).to_le_bytes());
-                let at = out.len() as u64;
-                out.extend_from_slice(value);
-                Some((at, len32(value.len())))
-            }
-            Op::Delete { .. } => None,
-        };
-        placed.push(Write { key: stored, value });
-    }
+    start
+}
+
+/// Appends a write of the stored key `prefix · key` (a put when it has a `value`).
+fn push_write(
+    out: &mut Vec<u8>,
+    placed: &mut Vec<Write>,
+    prefix: &[u8],
+    key: &[u8],
+    value: Option<&[u8]>,
+) {
+    out.push(if value.is_some() { PUT } else { DELETE });
+    out.extend_from_slice(&len32(prefix.len() + key.len()).to_le_bytes());
+    let mut stored = Vec::with_capacity(prefix.len() + key.len());
+    stored.extend_from_slice(prefix);
+    stored.extend_from_slice(key);
+    out.extend_from_slice(&stored);
+    let value = value.map(|value| {
+        out.extend_from_slice(&len32(value.len()).to_le_bytes());
+        let at = out.len() as u64;
+        out.extend_from_slice(value);
+        (at, len32(value.len()))
+    });
+    placed.push(Write { key: stored, value });
+}
+
+/// Writes the header of the record that starts at `start`: its body's length and checksum.
+fn seal(start: usize, out: &mut [u8]) {
     let body = &out[start + HEADER..];
     let (len, crc) = (len32(body.len()), crc32fast::hash(body));
     out[start..start + 4].copy_from_slice(&len.to_le_bytes());

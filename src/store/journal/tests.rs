@@ -219,3 +219,78 @@ async fn a_second_open_is_refused_while_the_first_holds_the_directory() -> Resul
     open(dir.path())?;
     Ok(())
 }
+
+/// Commits `rounds` rounds of the same 20 keys (300 bytes each), so that most of what the
+/// files hold is replaced; returns the last round's values.
+async fn overwritten(store: &JournalStore, rounds: usize) -> Result<(), Error> {
+    for round in 0..rounds {
+        for key in 0..20 {
+            put(store, &format!("k{key:03}"), &[round as u8; 300]).await?;
+        }
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_compaction_keeps_every_live_entry_and_lets_the_rest_go() -> Result<(), Error> {
+    let dir = tempfile::tempdir().map_err(Error::backend)?;
+    let store = open(dir.path())?;
+    put(&store, "gone", b"deleted before the compaction").await?;
+    let mut batch = Batch::new(CommitKind::Other);
+    batch.delete(Tree::Log, b"gone".to_vec());
+    store.commit(batch).await?;
+    overwritten(&store, 40).await?;
+    // 40 rounds of 20 entries: ~280 KiB written for ~7 KiB live, in 4 KiB files; compactions
+    // ran meanwhile, and one more now.
+    super::writer::compact_now(&store.engine);
+    let bases = super::files::base_files(dir.path()).map_err(Error::backend)?;
+    let kept = files(dir.path())?;
+    assert_eq!(bases.len(), 1, "{bases:?}");
+    assert_eq!(
+        kept, bases,
+        "only the file begun for the compaction is left"
+    );
+    assert!(store.size_on_disk().await? < 32 * 1024);
+    assert_eq!(store.get(Tree::Log, b"k007").await?, Some(vec![39; 300]));
+    assert_eq!(store.scan_prefix(Tree::Log, b"k").await?.len(), 20);
+    assert_eq!(store.get(Tree::Log, b"gone").await?, None);
+    store.close().await?;
+
+    let again = open(dir.path())?;
+    assert_eq!(again.scan_prefix(Tree::Log, b"k").await?.len(), 20);
+    assert_eq!(again.scan_prefix(Tree::Pending, b"k").await?.len(), 20);
+    assert_eq!(again.get(Tree::Log, b"k019").await?, Some(vec![39; 300]));
+    assert_eq!(again.get(Tree::Log, b"gone").await?, None);
+    // Commits go on after the base, and across the next reopen.
+    overwritten(&again, 3).await?;
+    again.close().await?;
+    let last = open(dir.path())?;
+    assert_eq!(last.get(Tree::Log, b"k000").await?, Some(vec![2; 300]));
+    Ok(())
+}
+
+#[tokio::test]
+async fn files_a_crash_left_behind_a_base_are_removed_at_open() -> Result<(), Error> {
+    let dir = tempfile::tempdir().map_err(Error::backend)?;
+    let store = open(dir.path())?;
+    put(&store, "old", b"first").await?;
+    let first = std::fs::read(journal_path(dir.path(), 1)).map_err(Error::backend)?;
+    let mut batch = Batch::new(CommitKind::Other);
+    batch.delete(Tree::Log, b"old".to_vec());
+    store.commit(batch).await?;
+    overwritten(&store, 40).await?;
+    super::writer::compact_now(&store.engine);
+    store.close().await?;
+    // A crash between the base's rename and the removal of what it replaced: the first
+    // journal file is back, with the entry deleted since, and an unfinished base.
+    std::fs::write(journal_path(dir.path(), 1), first).map_err(Error::backend)?;
+    std::fs::write(super::files::unfinished_base_path(dir.path(), 999), b"half")
+        .map_err(Error::backend)?;
+
+    let again = open(dir.path())?;
+    assert_eq!(again.get(Tree::Log, b"old").await?, None);
+    assert_eq!(again.scan_prefix(Tree::Log, b"k").await?.len(), 20);
+    assert!(!files(dir.path())?.contains(&1));
+    assert!(!super::files::unfinished_base_path(dir.path(), 999).exists());
+    Ok(())
+}

@@ -9,8 +9,10 @@ use std::os::unix::fs::FileExt;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use super::compactor;
 use super::engine::Engine;
 use super::files::{begin_journal, io_error};
+use super::index::FileId;
 use super::record::{self, Write};
 use crate::store::group_thread::{GroupThread, Pending};
 use crate::store::mark::Mark;
@@ -25,19 +27,32 @@ pub(super) fn start(engine: Arc<Engine>) -> Result<WriterThread, Error> {
         .map_err(Error::backend)
 }
 
+/// The journal file records are appended to.
+pub(super) struct Appending {
+    pub(super) file: Arc<File>,
+    pub(super) id: u32,
+    /// Where the next record goes: the end of the last whole record.
+    pub(super) len: u64,
+}
+
 /// The appending end of the journal.
 pub(super) struct Writer {
-    file: Arc<File>,
-    id: u32,
-    /// Where the next record goes: the end of the last whole record.
-    len: u64,
-    /// The file's length: zeros from `len` up to it.
+    pub(super) at: Appending,
+    /// The file's length: zeros from `at.len` up to it.
     size: u64,
     /// The last commit written.
-    seq: u64,
+    pub(super) seq: u64,
     mark: Mark,
     /// How large a journal file is made.
     file_bytes: u64,
+    /// The bytes of the records the store's files hold: what a compaction would shrink.
+    pub(super) record_bytes: u64,
+    /// The compaction under way: the bytes of records it replaces (those written before it
+    /// began).
+    compacting: Option<u64>,
+    /// No compaction begins before the files hold this many bytes of records (after one
+    /// failed, a file's worth more).
+    compaction_after: u64,
     /// A failed group could not be cut off the file: nothing more is written.
     broken: Option<String>,
     bytes: Vec<u8>,
@@ -46,32 +61,49 @@ pub(super) struct Writer {
 
 impl Writer {
     pub(super) fn new(
-        file: Arc<File>,
-        id: u32,
-        len: u64,
+        at: Appending,
         seq: u64,
         mark: Mark,
         file_bytes: u64,
+        record_bytes: u64,
     ) -> std::io::Result<Self> {
         Ok(Self {
-            size: file.metadata()?.len(),
-            file_bytes,
-            file,
-            id,
-            len,
+            size: at.file.metadata()?.len(),
+            at,
             seq,
             mark,
+            file_bytes,
+            record_bytes,
+            compacting: None,
+            compaction_after: 0,
             broken: None,
             bytes: Vec::new(),
             placed: Vec::new(),
         })
+    }
+
+    /// Whether the files hold so much more than the live entries that a compaction is due:
+    /// more than twice as much, and a whole file's worth more.
+    fn compaction_due(&self, live: u64) -> bool {
+        self.compacting.is_none()
+            && self.record_bytes >= self.compaction_after
+            && self.record_bytes > live.saturating_mul(2).saturating_add(self.file_bytes)
+    }
+
+    /// The compaction ended: its base holds `base` bytes of records, or it did not finish.
+    pub(super) fn compaction_ended(&mut self, base: Option<u64>) {
+        let replaced = self.compacting.take().unwrap_or(0);
+        match base {
+            Some(base) => self.record_bytes = self.record_bytes - replaced + base,
+            None => self.compaction_after = self.record_bytes + self.file_bytes,
+        }
     }
 }
 
 /// Writes the group's commits, syncs once, and answers every committer. A commit with a key
 /// or value too long for a record is refused alone; a group whose write or sync fails, fails
 /// whole.
-fn serve(engine: &Engine, group: Vec<Pending<Batch>>) {
+fn serve(engine: &Arc<Engine>, group: Vec<Pending<Batch>>) {
     let refused: Vec<Option<Error>> = group
         .iter()
         .map(|pending| pending.batch.as_ref().and_then(refusal))
@@ -102,7 +134,7 @@ fn serve(engine: &Engine, group: Vec<Pending<Batch>>) {
     }
 }
 
-fn write<'a>(engine: &Engine, batches: impl Iterator<Item = &'a Batch>) -> Result<(), Error> {
+fn write<'a>(engine: &Arc<Engine>, batches: impl Iterator<Item = &'a Batch>) -> Result<(), Error> {
     let mut guard = engine.writer.lock();
     let writer = guard.as_mut().ok_or(Error::Closed)?;
     if let Some(why) = &writer.broken {
@@ -123,26 +155,25 @@ fn write<'a>(engine: &Engine, batches: impl Iterator<Item = &'a Batch>) -> Resul
     }
     let path = engine.path();
     let group = writer.bytes.len() as u64;
-    if writer.len > 0 && writer.len + group > writer.file_bytes {
+    if writer.at.len > 0 && writer.at.len + group > writer.file_bytes {
         // The group does not fit in what is left of this file: the next one takes it (a group
         // larger than a whole file makes its file longer).
         begin_next_file(engine, writer).map_err(|e| io_error(e, path))?;
     }
-    let durable = writer
-        .file
-        .write_all_at(&writer.bytes, writer.len)
-        .and_then(|()| writer.file.sync_data())
+    let Appending { file, len, id } = &writer.at;
+    let durable = file
+        .write_all_at(&writer.bytes, *len)
+        .and_then(|()| file.sync_data())
         .and_then(|()| writer.mark.advance(seq));
     if let Err(error) = durable {
         // Take the group back, so that the next group's records follow the last acknowledged
         // one and no reader, now or after a restart, sees it: the file cut back to its length
         // (a write past it ran out of room part-way), zeros over the rest.
-        let end = (writer.len + group).min(writer.size);
-        let zeros = vec![0; end.saturating_sub(writer.len) as usize];
-        let undone = writer
-            .file
+        let end = (len + group).min(writer.size);
+        let zeros = vec![0; end.saturating_sub(*len) as usize];
+        let undone = file
             .set_len(writer.size)
-            .and_then(|()| writer.file.write_all_at(&zeros, writer.len));
+            .and_then(|()| file.write_all_at(&zeros, *len));
         if let Err(undo) = undone {
             writer.broken = Some(undo.to_string());
         }
@@ -150,24 +181,77 @@ fn write<'a>(engine: &Engine, batches: impl Iterator<Item = &'a Batch>) -> Resul
     }
     engine.syncs.fetch_add(1, Ordering::Relaxed);
     let placed = std::mem::take(&mut writer.placed);
-    engine.index.write().apply(writer.id, writer.len, placed);
+    let live = {
+        let mut index = engine.index.write();
+        index.apply(FileId::Journal(*id), *len, placed);
+        index.live_bytes()
+    };
     writer.seq = seq;
-    writer.len += group;
-    writer.size = writer.size.max(writer.len);
+    writer.at.len += group;
+    writer.size = writer.size.max(writer.at.len);
+    writer.record_bytes += group;
+    if writer.compaction_due(live) {
+        begin_compaction(engine, writer);
+    }
     Ok(())
 }
 
 /// Begins the next journal file and writes there from now on.
 fn begin_next_file(engine: &Engine, writer: &mut Writer) -> std::io::Result<()> {
-    let id = writer.id + 1;
+    let id = writer.at.id + 1;
     let file = Arc::new(begin_journal(engine.path(), id, writer.file_bytes)?);
     let size = file.metadata()?.len();
-    engine.index.write().add_file(id, Arc::clone(&file));
+    engine
+        .index
+        .write()
+        .add_file(FileId::Journal(id), Arc::clone(&file));
     writer.size = size;
-    writer.file = file;
-    writer.id = id;
-    writer.len = 0;
+    writer.at = Appending { file, id, len: 0 };
     Ok(())
+}
+
+/// Begins a compaction of every journal file so far: the writer moves on to a new file, and a
+/// thread of its own writes the live entries of the files before it into a base.
+fn begin_compaction(engine: &Arc<Engine>, writer: &mut Writer) {
+    if let Err(error) = begin_next_file(engine, writer) {
+        tracing::warn!(%error, "store: could not begin a journal file for a compaction");
+        return;
+    }
+    writer.compacting = Some(writer.record_bytes);
+    let (first_kept, seq) = (writer.at.id, writer.seq);
+    let compacting = Arc::clone(engine);
+    let started = std::thread::Builder::new()
+        .name("dormant-journal-compactor".into())
+        .spawn(move || compactor::run(&compacting, first_kept, seq));
+    match started {
+        Ok(thread) => {
+            let finished = engine.compaction.lock().replace(thread);
+            if let Some(finished) = finished {
+                // Only one runs at a time: the one before has ended.
+                let _ = finished.join();
+            }
+        }
+        Err(error) => {
+            tracing::warn!(%error, "store: could not start a compaction");
+            writer.compacting = None;
+        }
+    }
+}
+
+/// Runs a compaction now, and waits for it (and for one already under way).
+#[cfg(test)]
+pub(super) fn compact_now(engine: &Arc<Engine>) {
+    let join = || {
+        let running = engine.compaction.lock().take();
+        if let Some(running) = running {
+            let _ = running.join();
+        }
+    };
+    join();
+    if let Some(writer) = engine.writer.lock().as_mut() {
+        begin_compaction(engine, writer);
+    }
+    join();
 }
 
 /// Why a record cannot hold `batch`, if it cannot: its keys and values carry 32-bit lengths.

@@ -1,0 +1,110 @@
+//! Compaction: once the journal files hold more than twice the live entries (and a file's worth
+//! more), the writer moves on to a new file and this thread writes the live entries of every
+//! file before it into a base (`NNNNNNNN.base`), made durable and renamed into place before
+//! those files are removed. Commits go on meanwhile, into the new file: an entry a commit
+//! replaces or deletes during the compaction is the commit's, whether or not it was copied.
+
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::sync::Arc;
+
+use super::engine::Engine;
+use super::files::{base_path, open_owned, remove_replaced, sync_dir, unfinished_base_path};
+use super::index::{self, FileId, Loc, Moved};
+use super::record;
+
+/// Keys looked at per step, under the index's read lock.
+const EXAMINED: usize = 4096;
+
+/// Compacts every journal file before `first_kept` into a base standing at commit `seq`, then
+/// tells the writer how many bytes of records the store's files now hold.
+pub(super) fn run(engine: &Arc<Engine>, first_kept: u32, seq: u64) {
+    let outcome = compact(engine, first_kept, seq);
+    if let Err(error) = &outcome {
+        tracing::warn!(%error, dir = %engine.path().display(), "store: a compaction of the journal failed; it is tried again later");
+    }
+    let mut writer = engine.writer.lock();
+    if let Some(writer) = writer.as_mut() {
+        writer.compaction_ended(outcome.ok().flatten());
+    }
+}
+
+/// `Ok(None)`: the store was closed meanwhile.
+fn compact(engine: &Engine, first_kept: u32, seq: u64) -> io::Result<Option<u64>> {
+    let dir = engine.path();
+    let unfinished = unfinished_base_path(dir, first_kept);
+    let written = write_base(engine, &unfinished, first_kept, seq);
+    let bytes = match written {
+        Ok(Some(bytes)) => bytes,
+        other => {
+            let _ = std::fs::remove_file(&unfinished);
+            return other;
+        }
+    };
+    std::fs::rename(&unfinished, base_path(dir, first_kept))?;
+    sync_dir(dir)?;
+    // The base is in place: what it replaced is no longer read, now or after a restart.
+    engine
+        .index
+        .write()
+        .forget_replaced(first_kept, FileId::Base(first_kept));
+    remove_replaced(dir, first_kept)?;
+    tracing::debug!(dir = %dir.display(), first_kept, bytes, "store: journal compacted into a base");
+    Ok(Some(bytes))
+}
+
+/// Writes the base to `path` and points the index at its copies; returns its length.
+fn write_base(engine: &Engine, path: &Path, first_kept: u32, seq: u64) -> io::Result<Option<u64>> {
+    let base = FileId::Base(first_kept);
+    let file = Arc::new(open_owned(path)?);
+    file.set_len(0)?;
+    engine.index.write().add_file(base, Arc::clone(&file));
+    let (mut out, mut placed) = (Vec::new(), Vec::new());
+    // The first record holds no entry: it says which commit the base stands at, so that the
+    // commits after it follow on.
+    record::encode_puts(seq, &[], &mut out, &mut placed);
+    file.write_all_at(&out, 0)?;
+    let mut at = out.len() as u64;
+    let mut after: Option<Vec<u8>> = None;
+    loop {
+        let Ok((found, next)) =
+            engine.read(|index| index.to_copy(after.as_deref(), first_kept, EXAMINED))
+        else {
+            return Ok(None);
+        };
+        let mut entries = Vec::with_capacity(found.len());
+        let mut old = Vec::with_capacity(found.len());
+        for (key, (from, loc)) in found {
+            entries.push((key, index::read(&from, loc)?));
+            old.push(loc);
+        }
+        if !entries.is_empty() {
+            out.clear();
+            placed.clear();
+            record::encode_puts(seq, &entries, &mut out, &mut placed);
+            file.write_all_at(&out, at)?;
+            let moved: Vec<Moved> = placed
+                .drain(..)
+                .zip(old)
+                .filter_map(|(copy, old)| {
+                    let (offset, len) = copy.value?;
+                    let new = Loc {
+                        file: base,
+                        at: at + offset,
+                        len,
+                    };
+                    Some((copy.key, old, new))
+                })
+                .collect();
+            engine.index.write().relocate(moved);
+            at += out.len() as u64;
+        }
+        match next {
+            Some(next) => after = Some(next),
+            None => break,
+        }
+    }
+    file.sync_all()?;
+    Ok(Some(at))
+}

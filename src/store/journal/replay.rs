@@ -1,0 +1,134 @@
+//! Replaying the store's files into an index at open: the newest base a compaction wrote, if
+//! any, then every journal file it does not cover, in order, each record checked.
+
+use std::fs::File;
+use std::path::Path;
+use std::sync::Arc;
+
+use super::files::{base_files, base_path, io_error, journal_files, journal_path};
+use super::index::{FileId, Index};
+use super::record::{self, Unreadable};
+use crate::store::{Damage, Error};
+
+/// What replaying the store's files found.
+pub(super) struct Replayed {
+    pub(super) index: Index,
+    /// The last commit recovered.
+    pub(super) seq: u64,
+    /// The last journal file, where its whole records end, and where the bytes of a torn
+    /// record that may follow them end.
+    pub(super) last: Option<(u32, u64, u64)>,
+    /// A record that cannot be read, anywhere but at the end of the last journal file; or
+    /// commits missing between two files.
+    pub(super) damage: Option<Damage>,
+    /// The first journal file the newest base does not cover (1 without a base).
+    pub(super) first_kept: u32,
+    /// The bytes of the records replayed: what the files hold, less their zeros.
+    pub(super) record_bytes: u64,
+}
+
+/// Replays the store in `path`. A record that cannot be read ends its file's replay: at the
+/// end of the last journal file it is a write a crash cut short (the mark tells whether it
+/// was acknowledged); anywhere else it is damage, told, and to `salvage` the next files are
+/// replayed still.
+pub(super) fn replay(path: &Path, salvage: bool) -> Result<Replayed, Error> {
+    let io = |e| io_error(e, path);
+    let base = base_files(path).map_err(io)?.last().copied();
+    let mut replayed = Replayed {
+        index: Index::default(),
+        seq: 0,
+        last: None,
+        damage: None,
+        first_kept: base.unwrap_or(1),
+        record_bytes: 0,
+    };
+    if let Some(first_kept) = base {
+        let file_path = base_path(path, first_kept);
+        let bytes = std::fs::read(&file_path).map_err(io)?;
+        let (end, unreadable) = replay_file(&mut replayed, FileId::Base(first_kept), &bytes);
+        if let Some(why) = unreadable {
+            // A base is renamed into place only once it was written whole and made durable.
+            replayed
+                .damage
+                .get_or_insert_with(|| cannot_read(&file_path, end, &why));
+        }
+        let file = File::open(&file_path).map_err(io)?;
+        replayed
+            .index
+            .add_file(FileId::Base(first_kept), Arc::new(file));
+        if replayed.damage.is_some() && !salvage {
+            return Ok(replayed);
+        }
+    }
+    let ids: Vec<u32> = journal_files(path)
+        .map_err(io)?
+        .into_iter()
+        .filter(|id| *id >= replayed.first_kept)
+        .collect();
+    for (n, &id) in ids.iter().enumerate() {
+        let file_path = journal_path(path, id);
+        let bytes = std::fs::read(&file_path).map_err(io)?;
+        let (end, unreadable) = replay_file(&mut replayed, FileId::Journal(id), &bytes);
+        let is_last = n + 1 == ids.len();
+        if let (Some(why), false) = (unreadable, is_last) {
+            replayed
+                .damage
+                .get_or_insert_with(|| cannot_read(&file_path, end, &why));
+        }
+        if replayed.damage.is_some() && !salvage {
+            break;
+        }
+        // Past the last whole record: zeros, or the remains of a write a crash cut short.
+        let torn_end = bytes[end..]
+            .iter()
+            .rposition(|&byte| byte != 0)
+            .map_or(end, |last| end + last + 1);
+        let file = File::open(&file_path).map_err(io)?;
+        replayed.index.add_file(FileId::Journal(id), Arc::new(file));
+        replayed.last = Some((id, end as u64, torn_end as u64));
+    }
+    Ok(replayed)
+}
+
+/// Replays the records of one file; returns where its whole records end, and why the next
+/// one could not be read, if there is one.
+fn replay_file(replayed: &mut Replayed, file: FileId, bytes: &[u8]) -> (usize, Option<Unreadable>) {
+    let mut at = 0;
+    loop {
+        match record::decode(&bytes[at..]) {
+            Ok(None) => return (at, None),
+            Ok(Some(record)) => {
+                if let FileId::Journal(id) = file {
+                    if replayed.seq > 0 && record.seq != replayed.seq + 1 {
+                        // Commits are numbered one after another, across files: a gap is
+                        // commits lost with the end of an earlier file.
+                        replayed.damage.get_or_insert_with(|| Damage::Unreadable {
+                            reason: format!(
+                                "journal file {id:08} goes on at commit {} after commit {}: the commits between are lost",
+                                record.seq, replayed.seq
+                            ),
+                        });
+                    }
+                }
+                replayed.seq = replayed.seq.max(record.seq);
+                replayed.index.apply(file, at as u64, record.writes);
+                replayed.record_bytes += record.len as u64;
+                at += record.len;
+            }
+            Err(why) => return (at, Some(why)),
+        }
+    }
+}
+
+fn cannot_read(file: &Path, at: usize, why: &Unreadable) -> Damage {
+    let why = match why {
+        Unreadable::Cut => "it ends in the middle of a record",
+        Unreadable::Bad(why) => why,
+    };
+    Damage::Unreadable {
+        reason: format!(
+            "{} has a record it cannot read at byte {at} ({why})",
+            file.display()
+        ),
+    }
+}
