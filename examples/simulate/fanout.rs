@@ -203,7 +203,7 @@ impl ToolErrors {
 
 /// Runs the fan-out mode and prints its report; returns how many problems the check found.
 pub(crate) async fn simulate(args: Args, fanout: Fanout) -> anyhow::Result<usize> {
-    // sled, or fjall with `--engine fjall` (not PostgreSQL: main refuses it here).
+    // sled, or fjall or the journal with `--engine` (not PostgreSQL: main refuses it here).
     let backend = crate::backend::Backend::open(&args).await?;
     let store = backend.store();
 

@@ -173,8 +173,15 @@ impl Store for JournalStore {
                 path: Some(self.engine.path().to_path_buf()),
             });
         }
-        let batch = Some(batch).filter(|batch| !batch.is_empty());
-        let done = self.writer.enqueue(batch)?;
+        if let Some(refusal) = writer::refusal(&batch) {
+            return Err(refusal);
+        }
+        // Encoded here, so that the batch is dropped on the thread that made it: a value
+        // freed by another thread costs its owner more than it cost to free.
+        let record = Some(batch)
+            .filter(|batch| !batch.is_empty())
+            .map(|batch| record::encode(&batch));
+        let done = self.writer.enqueue(record)?;
         done.await.map_err(|_| Error::Closed)?
     }
 

@@ -46,19 +46,44 @@ pub(super) fn fits(len: usize) -> bool {
     u32::try_from(len).is_ok()
 }
 
-/// Appends the record of commit `seq` (`batch`) to `out`, and for each of its writes where it
-/// lies from the start of `out`. Every key and value must [fit](fits).
-pub(super) fn encode(seq: u64, batch: &Batch, out: &mut Vec<u8>, placed: &mut Vec<Write>) {
-    let start = begin(seq, out);
+/// A commit's record, encoded by its committer (so that the batch is dropped on the thread that
+/// made it), numbered by the writer ([`renumber`]).
+pub(super) struct Encoded {
+    pub(super) bytes: Vec<u8>,
+    /// Its writes, each value placed from the start of the record.
+    pub(super) writes: Vec<Write>,
+}
+
+/// The record of `batch`, numbered 0 until the writer numbers it. Every key and value must
+/// [fit](fits).
+pub(super) fn encode(batch: &Batch) -> Encoded {
+    let mut encoded = Encoded {
+        bytes: Vec::with_capacity(batch.byte_len() + 64),
+        writes: Vec::with_capacity(batch.ops().len()),
+    };
+    let start = begin(0, &mut encoded.bytes);
     for op in batch.ops() {
         let (Op::Put { tree, key, .. } | Op::Delete { tree, key }) = op;
         let value = match op {
             Op::Put { value, .. } => Some(value.as_slice()),
             Op::Delete { .. } => None,
         };
-        push_write(out, placed, &[tag(*tree)], key, value);
+        push_write(
+            &mut encoded.bytes,
+            &mut encoded.writes,
+            &[tag(*tree)],
+            key,
+            value,
+        );
     }
-    seal(start, out);
+    seal(start, &mut encoded.bytes);
+    encoded
+}
+
+/// Gives the record at the start of `record` the sequence number `seq` (and its checksum again).
+pub(super) fn renumber(record: &mut [u8], seq: u64) {
+    record[HEADER..HEADER + 8].copy_from_slice(&seq.to_le_bytes());
+    seal(0, record);
 }
 
 /// Appends one record of puts of stored keys (a compaction's copies of live entries), as of
@@ -107,7 +132,8 @@ fn push_write(
     placed.push(Write { key: stored, value });
 }
 
-/// Writes the header of the record that starts at `start`: its body's length and checksum.
+/// Writes the header of the record that starts at `start` (and ends where `out` does): its
+/// body's length and checksum.
 fn seal(start: usize, out: &mut [u8]) {
     let body = &out[start + HEADER..];
     let (len, crc) = (len32(body.len()), crc32fast::hash(body));

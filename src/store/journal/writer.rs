@@ -13,13 +13,13 @@ use super::compactor;
 use super::engine::Engine;
 use super::files::{begin_journal, io_error};
 use super::index::FileId;
-use super::record::{self, Write};
+use super::record::{self, Encoded, Write};
 use crate::store::group_thread::{GroupThread, Pending};
 use crate::store::mark::Mark;
 use crate::store::{Batch, Error, Op};
 
 /// The writer thread and its queue; stops the thread when dropped.
-pub(super) type WriterThread = GroupThread<Batch>;
+pub(super) type WriterThread = GroupThread<Encoded>;
 
 /// Starts the writer thread of `engine`.
 pub(super) fn start(engine: Arc<Engine>) -> Result<WriterThread, Error> {
@@ -55,8 +55,8 @@ pub(super) struct Writer {
     compaction_after: u64,
     /// A failed group could not be cut off the file: nothing more is written.
     broken: Option<String>,
+    /// The group's records, reused from group to group.
     bytes: Vec<u8>,
-    placed: Vec<Write>,
 }
 
 impl Writer {
@@ -78,7 +78,6 @@ impl Writer {
             compaction_after: 0,
             broken: None,
             bytes: Vec::new(),
-            placed: Vec::new(),
         })
     }
 
@@ -100,20 +99,16 @@ impl Writer {
     }
 }
 
-/// Writes the group's commits, syncs once, and answers every committer. A commit with a key
-/// or value too long for a record is refused alone; a group whose write or sync fails, fails
-/// whole.
-fn serve(engine: &Arc<Engine>, group: Vec<Pending<Batch>>) {
-    let refused: Vec<Option<Error>> = group
-        .iter()
-        .map(|pending| pending.batch.as_ref().and_then(refusal))
-        .collect();
-    let accepted = group
-        .iter()
-        .zip(&refused)
-        .filter(|(_, refusal)| refusal.is_none())
-        .filter_map(|(pending, _)| pending.batch.as_ref());
-    let written = write(engine, accepted);
+/// Writes the group's commits, syncs once, and answers every committer; a group whose write
+/// or sync fails, fails whole.
+fn serve(engine: &Arc<Engine>, group: Vec<Pending<Encoded>>) {
+    let mut group = group;
+    let written = write(
+        engine,
+        group
+            .iter_mut()
+            .filter_map(|pending| pending.batch.as_mut()),
+    );
     match &written {
         Ok(()) => {
             engine.degraded.lock().take();
@@ -123,18 +118,20 @@ fn serve(engine: &Arc<Engine>, group: Vec<Pending<Batch>>) {
             *engine.degraded.lock() = Some(error.to_string());
         }
     }
-    for (Pending { done, .. }, refused) in group.into_iter().zip(refused) {
-        let outcome = match (&written, refused) {
-            (_, Some(refusal)) => Err(refusal),
-            (Ok(()), None) => Ok(()),
-            (Err(error), None) => Err(error.duplicate()),
+    for Pending { done, .. } in group {
+        let outcome = match &written {
+            Ok(()) => Ok(()),
+            Err(error) => Err(error.duplicate()),
         };
         // The committer may have given up (its future was dropped); nothing to do then.
         let _ = done.send(outcome);
     }
 }
 
-fn write<'a>(engine: &Arc<Engine>, batches: impl Iterator<Item = &'a Batch>) -> Result<(), Error> {
+fn write<'a>(
+    engine: &Arc<Engine>,
+    records: impl Iterator<Item = &'a mut Encoded>,
+) -> Result<(), Error> {
     let mut guard = engine.writer.lock();
     let writer = guard.as_mut().ok_or(Error::Closed)?;
     if let Some(why) = &writer.broken {
@@ -143,11 +140,15 @@ fn write<'a>(engine: &Arc<Engine>, batches: impl Iterator<Item = &'a Batch>) -> 
         )));
     }
     writer.bytes.clear();
-    writer.placed.clear();
+    // Each record's writes, and where the record starts in the group.
+    let mut placed: Vec<(u64, Vec<Write>)> = Vec::new();
     let mut seq = writer.seq;
-    for batch in batches {
+    for record in records {
         seq += 1;
-        record::encode(seq, batch, &mut writer.bytes, &mut writer.placed);
+        let start = writer.bytes.len();
+        writer.bytes.extend_from_slice(&record.bytes);
+        record::renumber(&mut writer.bytes[start..], seq);
+        placed.push((start as u64, std::mem::take(&mut record.writes)));
     }
     if writer.bytes.is_empty() {
         // Bare syncs: every group before was made durable before it was answered.
@@ -180,10 +181,11 @@ fn write<'a>(engine: &Arc<Engine>, batches: impl Iterator<Item = &'a Batch>) -> 
         return Err(io_error(error, path));
     }
     engine.syncs.fetch_add(1, Ordering::Relaxed);
-    let placed = std::mem::take(&mut writer.placed);
     let live = {
         let mut index = engine.index.write();
-        index.apply(FileId::Journal(*id), *len, placed);
+        for (start, writes) in placed {
+            index.apply(FileId::Journal(*id), len + start, writes);
+        }
         index.live_bytes()
     };
     writer.seq = seq;
@@ -255,7 +257,7 @@ pub(super) fn compact_now(engine: &Arc<Engine>) {
 }
 
 /// Why a record cannot hold `batch`, if it cannot: its keys and values carry 32-bit lengths.
-fn refusal(batch: &Batch) -> Option<Error> {
+pub(super) fn refusal(batch: &Batch) -> Option<Error> {
     batch.ops().iter().find_map(|op| {
         let (Op::Put { tree, key, .. } | Op::Delete { tree, key }) = op;
         let value = match op {
