@@ -19,8 +19,9 @@
 //! - answering a waiting run: [`Submit`], [`SubmitOutcome`];
 //! - streams and observing: [`Chunk`], [`StreamEvent`], [`Hooks`];
 //! - a store: [`SledStore`] (embedded, the default), [`MemoryStore`] (tests), with the
-//!   `fjall` feature `FjallStore` (embedded, on an LSM tree), and with the `postgres` feature
-//!   `PgStore` (several nodes on one database);
+//!   `fjall` feature `FjallStore` (embedded, on an LSM tree), with the `journal` feature
+//!   `JournalStore` (embedded, a log of its own), and with the `postgres` feature `PgStore`
+//!   (several nodes on one database);
 //! - a model: [`ScriptedLlm`] with [`ModelReply`] (deterministic, for tests and demos), and
 //!   with the `openai` feature `OpenAiAdapter`; a clock: [`SystemClock`], [`ManualClock`].
 //!
@@ -163,15 +164,16 @@ pub mod types;
 
 // The README's Rust blocks are compiled (and run, unless `no_run`) as doctests, so they stay
 // true. They use the `openai` adapter, the PostgreSQL store, MCP tools and OpenTelemetry, which
-// `cargo test --workspace` turns on (the server crate's default features), and `FjallStore`
-// (the crate's dev-dependency on itself turns on `fjall`).
+// `cargo test --workspace` turns on (the server crate's default features), and `FjallStore` and
+// `JournalStore` (the crate's dev-dependency on itself turns on `fjall` and `journal`).
 #[cfg(all(
     doctest,
     feature = "openai",
     feature = "postgres",
     feature = "mcp",
     feature = "otel",
-    feature = "fjall"
+    feature = "fjall",
+    feature = "journal"
 ))]
 #[doc = include_str!("../README.md")]
 mod readme {}

@@ -168,6 +168,9 @@ impl Store for JournalStore {
     /// Queues the batch for the writer thread and returns once a sync that came after its
     /// write has succeeded. An empty batch writes nothing but still waits (a barrier).
     async fn commit(&self, batch: Batch) -> Result<(), Error> {
+        if self.engine.is_closed() {
+            return Err(Error::Closed);
+        }
         if self.engine.is_read_only() {
             return Err(Error::ReadOnly {
                 path: Some(self.engine.path().to_path_buf()),
@@ -226,6 +229,9 @@ impl Store for JournalStore {
     }
 
     async fn flush(&self) -> Result<(), Error> {
+        if self.engine.is_closed() {
+            return Err(Error::Closed);
+        }
         if self.engine.is_read_only() {
             return Ok(());
         }

@@ -4,6 +4,7 @@
 //! those files are removed. Commits go on meanwhile, into the new file: an entry a commit
 //! replaces or deletes during the compaction is the commit's, whether or not it was copied.
 
+use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
@@ -16,6 +17,10 @@ use super::record;
 
 /// Keys looked at per step, under the index's read lock.
 const EXAMINED: usize = 4096;
+
+/// A base's record holds entries up to about this many bytes (or one larger entry alone): a
+/// record's length is a `u32`, and the compactor holds one record's values at a time.
+const RECORD_BYTES: usize = 16 * 1024 * 1024;
 
 /// Compacts every journal file before `first_kept` into a base standing at commit `seq`, then
 /// tells the writer how many bytes of records the store's files now hold.
@@ -60,12 +65,19 @@ fn write_base(engine: &Engine, path: &Path, first_kept: u32, seq: u64) -> io::Re
     let file = Arc::new(open_owned(path)?);
     file.set_len(0)?;
     engine.index.write().add_file(base, Arc::clone(&file));
-    let (mut out, mut placed) = (Vec::new(), Vec::new());
+    let mut copies = Copies {
+        engine,
+        file: &file,
+        base,
+        seq,
+        at: 0,
+        entries: Vec::new(),
+        old: Vec::new(),
+        bytes: 0,
+    };
     // The first record holds no entry: it says which commit the base stands at, so that the
     // commits after it follow on.
-    record::encode_puts(seq, &[], &mut out, &mut placed);
-    file.write_all_at(&out, 0)?;
-    let mut at = out.len() as u64;
+    copies.write()?;
     let mut after: Option<Vec<u8>> = None;
     loop {
         let Ok((found, next)) =
@@ -73,32 +85,17 @@ fn write_base(engine: &Engine, path: &Path, first_kept: u32, seq: u64) -> io::Re
         else {
             return Ok(None);
         };
-        let mut entries = Vec::with_capacity(found.len());
-        let mut old = Vec::with_capacity(found.len());
         for (key, (from, loc)) in found {
-            entries.push((key, index::read(&from, loc)?));
-            old.push(loc);
+            let value = index::read(&from, loc)?;
+            if copies.bytes > 0 && copies.bytes + key.len() + value.len() > RECORD_BYTES {
+                copies.write()?;
+            }
+            copies.bytes += key.len() + value.len();
+            copies.entries.push((key, value));
+            copies.old.push(loc);
         }
-        if !entries.is_empty() {
-            out.clear();
-            placed.clear();
-            record::encode_puts(seq, &entries, &mut out, &mut placed);
-            file.write_all_at(&out, at)?;
-            let moved: Vec<Moved> = placed
-                .drain(..)
-                .zip(old)
-                .filter_map(|(copy, old)| {
-                    let (offset, len) = copy.value?;
-                    let new = Loc {
-                        file: base,
-                        at: at + offset,
-                        len,
-                    };
-                    Some((copy.key, old, new))
-                })
-                .collect();
-            engine.index.write().relocate(moved);
-            at += out.len() as u64;
+        if !copies.entries.is_empty() {
+            copies.write()?;
         }
         match next {
             Some(next) => after = Some(next),
@@ -106,5 +103,46 @@ fn write_base(engine: &Engine, path: &Path, first_kept: u32, seq: u64) -> io::Re
         }
     }
     file.sync_all()?;
-    Ok(Some(at))
+    Ok(Some(copies.at))
+}
+
+/// The entries read for the base's next record.
+struct Copies<'a> {
+    engine: &'a Engine,
+    file: &'a File,
+    base: FileId,
+    seq: u64,
+    /// Where the next record goes.
+    at: u64,
+    entries: Vec<(Vec<u8>, Vec<u8>)>,
+    /// Where each entry's value was.
+    old: Vec<Loc>,
+    bytes: usize,
+}
+
+impl Copies<'_> {
+    /// Writes the entries read so far as one record, and points the index at their copies.
+    fn write(&mut self) -> io::Result<()> {
+        let (mut out, mut placed) = (Vec::new(), Vec::new());
+        record::encode_puts(self.seq, &self.entries, &mut out, &mut placed);
+        self.file.write_all_at(&out, self.at)?;
+        let moved: Vec<Moved> = placed
+            .into_iter()
+            .zip(self.old.drain(..))
+            .filter_map(|(copy, old)| {
+                let (offset, len) = copy.value?;
+                let new = Loc {
+                    file: self.base,
+                    at: self.at + offset,
+                    len,
+                };
+                Some((copy.key, old, new))
+            })
+            .collect();
+        self.engine.index.write().relocate(moved);
+        self.at += out.len() as u64;
+        self.entries.clear();
+        self.bytes = 0;
+        Ok(())
+    }
 }

@@ -157,18 +157,15 @@ impl Engine {
     /// [`Error::Closed`].
     pub(super) fn close(&self) {
         self.closed.store(true, Ordering::Release);
-        // A compaction sees the store closed at its next step and stops there; its files
-        // are in the directory, which is let go only after it stopped.
+        // No compaction begins once the writer is gone (one begins under its lock); the one
+        // under way sees the store closed at its next step and stops there. Its files are in
+        // the directory, which is let go only after it stopped.
+        self.writer.lock().take();
         let compaction = self.compaction.lock().take();
         if let Some(compaction) = compaction {
             let _ = compaction.join();
         }
-        let mut writer = self.writer.lock();
-        let mut index = self.index.write();
-        self.closed.store(true, Ordering::Release);
-        *writer = None;
-        index.clear();
-        drop((index, writer));
+        self.index.write().clear();
         self.lock.lock().take();
     }
 }

@@ -41,9 +41,22 @@ pub(super) enum Unreadable {
     Bad(&'static str),
 }
 
-/// Whether a key or value of `len` bytes fits in a record (its length is a `u32`).
+/// Whether a record whose body is `len` bytes can be written (its length is a `u32`).
 pub(super) fn fits(len: usize) -> bool {
     u32::try_from(len).is_ok()
+}
+
+/// The length of the body of `batch`'s record.
+pub(super) fn body_len(batch: &Batch) -> usize {
+    batch.ops().iter().fold(8, |len, op| {
+        let (Op::Put { key, .. } | Op::Delete { key, .. }) = op;
+        let value = match op {
+            Op::Put { value, .. } => 4 + value.len(),
+            Op::Delete { .. } => 0,
+        };
+        len.saturating_add(1 + 4 + 1 + key.len())
+            .saturating_add(value)
+    })
 }
 
 /// A commit's record, encoded by its committer (so that the batch is dropped on the thread that
@@ -54,7 +67,7 @@ pub(super) struct Encoded {
     pub(super) writes: Vec<Write>,
 }
 
-/// The record of `batch`, numbered 0 until the writer numbers it. Every key and value must
+/// The record of `batch`, numbered 0 until the writer numbers it. Its [body](body_len) must
 /// [fit](fits).
 pub(super) fn encode(batch: &Batch) -> Encoded {
     let mut encoded = Encoded {
@@ -87,7 +100,7 @@ pub(super) fn renumber(record: &mut [u8], seq: u64) {
 }
 
 /// Appends one record of puts of stored keys (a compaction's copies of live entries), as of
-/// commit `seq`, and where each value lies from the start of `out`.
+/// commit `seq`, and where each value lies from the start of `out`. Its body must [fit](fits).
 pub(super) fn encode_puts(
     seq: u64,
     entries: &[(Vec<u8>, Vec<u8>)],

@@ -46,8 +46,12 @@ pub(super) fn replay(path: &Path, salvage: bool) -> Result<Replayed, Error> {
         let file_path = base_path(path, first_kept);
         let bytes = std::fs::read(&file_path).map_err(io)?;
         let (end, unreadable) = replay_file(&mut replayed, FileId::Base(first_kept), &bytes);
+        // A base is renamed into place only once it was written whole and made durable: it
+        // holds no zeros after its records, and nothing it cannot read.
+        let unreadable = unreadable.or_else(|| {
+            (end < bytes.len()).then_some(Unreadable::Bad("zeros where a record should be"))
+        });
         if let Some(why) = unreadable {
-            // A base is renamed into place only once it was written whole and made durable.
             replayed
                 .damage
                 .get_or_insert_with(|| cannot_read(&file_path, end, &why));
@@ -99,9 +103,10 @@ fn replay_file(replayed: &mut Replayed, file: FileId, bytes: &[u8]) -> (usize, O
             Ok(None) => return (at, None),
             Ok(Some(record)) => {
                 if let FileId::Journal(id) = file {
-                    if replayed.seq > 0 && record.seq != replayed.seq + 1 {
-                        // Commits are numbered one after another, across files: a gap is
-                        // commits lost with the end of an earlier file.
+                    // Commits are numbered one after another from 1, across files and from
+                    // the commit a base stands at: a gap is commits lost (the end of an
+                    // earlier file, a whole file, the base).
+                    if replayed.seq.checked_add(1) != Some(record.seq) {
                         replayed.damage.get_or_insert_with(|| Damage::Unreadable {
                             reason: format!(
                                 "journal file {id:08} goes on at commit {} after commit {}: the commits between are lost",

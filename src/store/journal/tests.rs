@@ -294,3 +294,24 @@ async fn files_a_crash_left_behind_a_base_are_removed_at_open() -> Result<(), Er
     assert!(!super::files::unfinished_base_path(dir.path(), 999).exists());
     Ok(())
 }
+
+#[tokio::test]
+async fn a_lost_base_is_told() -> Result<(), Error> {
+    let dir = tempfile::tempdir().map_err(Error::backend)?;
+    let store = open(dir.path())?;
+    overwritten(&store, 10).await?;
+    super::writer::compact_now(&store.engine);
+    // Commits after the base, so that the journal file after it goes on from the base's.
+    put(&store, "after", b"the base").await?;
+    store.close().await?;
+    let bases = super::files::base_files(dir.path()).map_err(Error::backend)?;
+    let [base] = bases.as_slice() else {
+        return Err(Error::backend(format!("bases: {bases:?}")));
+    };
+    std::fs::remove_file(super::files::base_path(dir.path(), *base)).map_err(Error::backend)?;
+
+    let refused = open(dir.path());
+    let told = format!("{refused:?}");
+    assert!(told.contains("goes on at commit"), "{told}");
+    Ok(())
+}

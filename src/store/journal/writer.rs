@@ -16,7 +16,7 @@ use super::index::FileId;
 use super::record::{self, Encoded, Write};
 use crate::store::group_thread::{GroupThread, Pending};
 use crate::store::mark::Mark;
-use crate::store::{Batch, Error, Op};
+use crate::store::{Batch, Error};
 
 /// The writer thread and its queue; stops the thread when dropped.
 pub(super) type WriterThread = GroupThread<Encoded>;
@@ -110,9 +110,11 @@ fn serve(engine: &Arc<Engine>, group: Vec<Pending<Encoded>>) {
             .filter_map(|pending| pending.batch.as_mut()),
     );
     match &written {
-        Ok(()) => {
+        // Only a write that reached the disk says it is healthy again (not a bare sync).
+        Ok(true) => {
             engine.degraded.lock().take();
         }
+        Ok(false) | Err(Error::Closed) => {}
         Err(error) => {
             tracing::error!(%error, "store group commit failed; every commit of the group failed");
             *engine.degraded.lock() = Some(error.to_string());
@@ -120,7 +122,7 @@ fn serve(engine: &Arc<Engine>, group: Vec<Pending<Encoded>>) {
     }
     for Pending { done, .. } in group {
         let outcome = match &written {
-            Ok(()) => Ok(()),
+            Ok(_) => Ok(()),
             Err(error) => Err(error.duplicate()),
         };
         // The committer may have given up (its future was dropped); nothing to do then.
@@ -128,10 +130,11 @@ fn serve(engine: &Arc<Engine>, group: Vec<Pending<Encoded>>) {
     }
 }
 
+/// Writes the group; `Ok(false)`: it held no record (bare syncs).
 fn write<'a>(
     engine: &Arc<Engine>,
     records: impl Iterator<Item = &'a mut Encoded>,
-) -> Result<(), Error> {
+) -> Result<bool, Error> {
     let mut guard = engine.writer.lock();
     let writer = guard.as_mut().ok_or(Error::Closed)?;
     if let Some(why) = &writer.broken {
@@ -152,7 +155,7 @@ fn write<'a>(
     }
     if writer.bytes.is_empty() {
         // Bare syncs: every group before was made durable before it was answered.
-        return Ok(());
+        return Ok(false);
     }
     let path = engine.path();
     let group = writer.bytes.len() as u64;
@@ -169,12 +172,14 @@ fn write<'a>(
     if let Err(error) = durable {
         // Take the group back, so that the next group's records follow the last acknowledged
         // one and no reader, now or after a restart, sees it: the file cut back to its length
-        // (a write past it ran out of room part-way), zeros over the rest.
+        // (a write past it ran out of room part-way), zeros over the rest, made durable (the
+        // group may be on disk already, if only the mark failed).
         let end = (len + group).min(writer.size);
         let zeros = vec![0; end.saturating_sub(*len) as usize];
         let undone = file
             .set_len(writer.size)
-            .and_then(|()| file.write_all_at(&zeros, *len));
+            .and_then(|()| file.write_all_at(&zeros, *len))
+            .and_then(|()| file.sync_data());
         if let Err(undo) = undone {
             writer.broken = Some(undo.to_string());
         }
@@ -195,7 +200,7 @@ fn write<'a>(
     if writer.compaction_due(live) {
         begin_compaction(engine, writer);
     }
-    Ok(())
+    Ok(true)
 }
 
 /// Begins the next journal file and writes there from now on.
@@ -215,6 +220,11 @@ fn begin_next_file(engine: &Engine, writer: &mut Writer) -> std::io::Result<()> 
 /// Begins a compaction of every journal file so far: the writer moves on to a new file, and a
 /// thread of its own writes the live entries of the files before it into a base.
 fn begin_compaction(engine: &Arc<Engine>, writer: &mut Writer) {
+    if engine.is_closed() {
+        // `close` joins the compaction under way, then lets the writer go: none may begin
+        // after it looked.
+        return;
+    }
     if let Err(error) = begin_next_file(engine, writer) {
         tracing::warn!(%error, "store: could not begin a journal file for a compaction");
         return;
@@ -256,20 +266,13 @@ pub(super) fn compact_now(engine: &Arc<Engine>) {
     join();
 }
 
-/// Why a record cannot hold `batch`, if it cannot: its keys and values carry 32-bit lengths.
+/// Why a record cannot hold `batch`, if it cannot: its length is a `u32`.
 pub(super) fn refusal(batch: &Batch) -> Option<Error> {
-    batch.ops().iter().find_map(|op| {
-        let (Op::Put { tree, key, .. } | Op::Delete { tree, key }) = op;
-        let value = match op {
-            Op::Put { value, .. } => value.len(),
-            Op::Delete { .. } => 0,
-        };
-        (!record::fits(key.len() + 1) || !record::fits(value)).then(|| {
-            Error::backend(format!(
-                "a write of tree {} is longer than the journal holds ({} bytes at most)",
-                tree.name(),
-                u32::MAX
-            ))
-        })
+    let len = record::body_len(batch);
+    (!record::fits(len)).then(|| {
+        Error::backend(format!(
+            "a commit of {len} bytes is longer than the journal holds in one record ({} bytes)",
+            u32::MAX
+        ))
     })
 }
