@@ -3,9 +3,10 @@
 //! key's value lies; reads fetch values from the files.
 //!
 //! This file is the store and its reads; [`writer`] is the group-commit thread that appends
-//! and syncs, [`engine`] opens the journal (replaying it into the index, checked against the
-//! mark), [`record`] is a record's bytes, [`index`] the keys in memory, [`files`] the
-//! directory.
+//! and syncs (to the end of the journal [`appending`] holds), [`compactor`] the thread that
+//! writes a base of the live entries, [`engine`] opens the journal ([`replay`] reads it into
+//! the index, checked against the mark), [`record`] is a record's bytes, [`index`] the keys in
+//! memory, [`builder`] the settings, [`files`] the directory.
 
 use std::fmt;
 use std::ops::Bound;
@@ -16,6 +17,7 @@ use std::sync::Arc;
 use super::keyspace::{logical_key, stored_key};
 use super::{prefix_end, Batch, Damage, Entry, Error, Store, Tree};
 
+mod appending;
 mod builder;
 mod compactor;
 mod engine;

@@ -11,13 +11,13 @@ use std::thread::JoinHandle;
 
 use parking_lot::{Mutex, RwLock};
 
+use super::appending::{Appending, Writer};
 use super::files::{
     begin_journal, io_error, journal_path, lock_directory, open_owned, refuse_foreign,
     remove_replaced, LOCK_FILE,
 };
 use super::index::{FileId, Index};
 use super::replay::replay;
-use super::writer::{Appending, Writer};
 use crate::store::directory::owner_only_directory;
 use crate::store::mark::{self, Mark};
 use crate::store::{Damage, Error};

@@ -4,18 +4,17 @@
 //! their committers. A group that fails is cut off the file again, so nothing it wrote is
 //! ever read back.
 
-use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use super::appending::{Appending, Writer};
 use super::compactor;
 use super::engine::Engine;
 use super::files::{begin_journal, io_error};
 use super::index::FileId;
 use super::record::{self, Encoded, Write};
 use crate::store::group_thread::{GroupThread, Pending};
-use crate::store::mark::Mark;
 use crate::store::{Batch, Error};
 
 /// The writer thread and its queue; stops the thread when dropped.
@@ -25,78 +24,6 @@ pub(super) type WriterThread = GroupThread<Encoded>;
 pub(super) fn start(engine: Arc<Engine>) -> Result<WriterThread, Error> {
     GroupThread::start("dormant-journal-writer", move |group| serve(&engine, group))
         .map_err(Error::backend)
-}
-
-/// The journal file records are appended to.
-pub(super) struct Appending {
-    pub(super) file: Arc<File>,
-    pub(super) id: u32,
-    /// Where the next record goes: the end of the last whole record.
-    pub(super) len: u64,
-}
-
-/// The appending end of the journal.
-pub(super) struct Writer {
-    pub(super) at: Appending,
-    /// The file's length: zeros from `at.len` up to it.
-    size: u64,
-    /// The last commit written.
-    pub(super) seq: u64,
-    mark: Mark,
-    /// How large a journal file is made.
-    file_bytes: u64,
-    /// The bytes of the records the store's files hold: what a compaction would shrink.
-    pub(super) record_bytes: u64,
-    /// The compaction under way: the bytes of records it replaces (those written before it
-    /// began).
-    compacting: Option<u64>,
-    /// No compaction begins before the files hold this many bytes of records (after one
-    /// failed, a file's worth more).
-    compaction_after: u64,
-    /// A failed group could not be cut off the file: nothing more is written.
-    broken: Option<String>,
-    /// The group's records, reused from group to group.
-    bytes: Vec<u8>,
-}
-
-impl Writer {
-    pub(super) fn new(
-        at: Appending,
-        seq: u64,
-        mark: Mark,
-        file_bytes: u64,
-        record_bytes: u64,
-    ) -> std::io::Result<Self> {
-        Ok(Self {
-            size: at.file.metadata()?.len(),
-            at,
-            seq,
-            mark,
-            file_bytes,
-            record_bytes,
-            compacting: None,
-            compaction_after: 0,
-            broken: None,
-            bytes: Vec::new(),
-        })
-    }
-
-    /// Whether the files hold so much more than the live entries that a compaction is due:
-    /// more than twice as much, and a whole file's worth more.
-    fn compaction_due(&self, live: u64) -> bool {
-        self.compacting.is_none()
-            && self.record_bytes >= self.compaction_after
-            && self.record_bytes > live.saturating_mul(2).saturating_add(self.file_bytes)
-    }
-
-    /// The compaction ended: its base holds `base` bytes of records, or it did not finish.
-    pub(super) fn compaction_ended(&mut self, base: Option<u64>) {
-        let replaced = self.compacting.take().unwrap_or(0);
-        match base {
-            Some(base) => self.record_bytes = self.record_bytes - replaced + base,
-            None => self.compaction_after = self.record_bytes + self.file_bytes,
-        }
-    }
 }
 
 /// Writes the group's commits, syncs once, and answers every committer; a group whose write
