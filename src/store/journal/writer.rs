@@ -148,8 +148,8 @@ fn begin_next_file(engine: &Engine, writer: &mut Writer) -> std::io::Result<()> 
 /// thread of its own writes the live entries of the files before it into a base.
 fn begin_compaction(engine: &Arc<Engine>, writer: &mut Writer) {
     if engine.is_closed() {
-        // `close` joins the compaction under way, then lets the writer go: none may begin
-        // after it looked.
+        // Closing: `close` takes the writer (under whose lock a compaction begins) before it
+        // joins the compaction under way, so none could begin after it; nor need one.
         return;
     }
     if let Err(error) = begin_next_file(engine, writer) {
