@@ -8,8 +8,9 @@
 //!
 //! One section alone: `HITL_ONLY=cycles|memory_cycles|wait_cost|expired|submits|memory cargo
 //! bench --bench hitl`, several with commas (`HITL_ONLY=cycles,memory_cycles`).
-//! `fjall_cycles` runs the suspension cycles on `FjallStore` (the bench builds the crate with
-//! its `fjall` feature). `memory_cycles` runs the same cycles on `MemoryStore`: the runtime's
+//! `fjall_cycles` runs the suspension cycles on `FjallStore`, `journal_cycles` on
+//! `JournalStore` (the bench builds the crate with its `fjall` and `journal` features).
+//! `memory_cycles` runs the same cycles on `MemoryStore`: the runtime's
 //! own ceiling, with nothing durable. `wait_cost` runs them on `MemoryStore` with every commit
 //! held up first, with no I/O: what waiting on a store costs the runtime itself, the ceiling
 //! of any store whose commit cannot finish in the caller's own poll. The bench runs on mimalloc (`--features system-allocator`

@@ -214,10 +214,10 @@ struct Args {
     /// `dormant::store::DEFAULT_LEASE_TTL`), to compare failover at another setting.
     #[arg(long, value_name = "MS", requires = "nodes")]
     lease_ttl_ms: Option<u64>,
-    /// The embedded store of the default mode (and --fanout, --openai): sled (the default), fjall
-    /// (`FjallStore`, an LSM tree) or journal (`JournalStore`, a log of dormant's own); the
-    /// last two are power-loss safe with group commit, so they take neither
-    /// --durability process-crash nor --no-group-commit.
+    /// The embedded store of the default mode (and --fanout, --dormant, --openai): sled (the
+    /// default), fjall (`FjallStore`, an LSM tree) or journal (`JournalStore`, a log of
+    /// dormant's own); the last two are power-loss safe with group commit, so they take
+    /// neither --durability process-crash nor --no-group-commit.
     #[arg(long, value_enum, default_value_t = EngineArg::Sled)]
     engine: EngineArg,
     /// What an acknowledged commit survives.
@@ -341,8 +341,8 @@ fn main() -> anyhow::Result<()> {
         "--postgres runs the default mode or --nodes (not --fanout, --dormant, --http or --openai)"
     );
     anyhow::ensure!(
-        args.engine == EngineArg::Sled || (args.http.is_none() && args.dormant.is_none()),
-        "--engine fjall and journal run the default mode, --fanout and --openai (not --dormant or --http)"
+        args.engine == EngineArg::Sled || args.http.is_none(),
+        "--engine fjall and journal run the default mode, --fanout, --dormant and --openai (not --http)"
     );
     if args.openai {
         return real_model(args, &runtime);

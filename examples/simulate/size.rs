@@ -291,8 +291,9 @@ async fn check_sampled(
 
 /// Runs the dormant mode and prints its report; returns how many problems the check found.
 pub(crate) async fn simulate(args: Args, sessions: usize) -> anyhow::Result<usize> {
-    let (temp, path, store) = crate::open_store(&args)?;
-    let store_bytes_before = crate::dir_size(&path)?;
+    let backend = crate::backend::Backend::open(&args).await?;
+    let store = backend.store();
+    let store_bytes_before = embedded_bytes(&backend)?;
     let llm = ScriptedLlm::new().script(
         AGENT,
         vec![
@@ -305,7 +306,7 @@ pub(crate) async fn simulate(args: Args, sessions: usize) -> anyhow::Result<usiz
         ],
     );
     let mut builder = Runtime::builder()
-        .store(Arc::clone(&store) as Arc<dyn dormant::store::Store>)
+        .store(Arc::clone(&store))
         .llm(Arc::new(llm))
         .client_tool_timeout_ms(TIMEOUT_MS)
         .agent(
@@ -365,7 +366,7 @@ pub(crate) async fn simulate(args: Args, sessions: usize) -> anyhow::Result<usiz
         .map_err(|error| fatal("shutting the runtime down", error))?;
     drop(runtime);
     drop(store);
-    let store_bytes = crate::dir_size(&path)?.saturating_sub(store_bytes_before);
+    let store_bytes = embedded_bytes(&backend)?.saturating_sub(store_bytes_before);
 
     let n = count(sessions);
     let secs = created.elapsed.as_secs_f64().max(1e-9);
@@ -383,6 +384,7 @@ pub(crate) async fn simulate(args: Args, sessions: usize) -> anyhow::Result<usiz
         "sample": sample.len(),
         "concurrency": args.concurrency,
         "max_resident": (args.max_resident > 0).then_some(args.max_resident),
+        "engine": format!("{:?}", args.engine),
         "durability": format!("{:?}", dormant::store::Durability::from(args.durability)),
         "allocator": crate::allocator::NAME,
         "create_s": secs,
@@ -418,7 +420,7 @@ pub(crate) async fn simulate(args: Args, sessions: usize) -> anyhow::Result<usiz
     } else {
         print(&report, &problems);
     }
-    drop(temp);
+    drop(backend);
     Ok(problems.len())
 }
 
@@ -435,7 +437,7 @@ fn print(report: &Value, problems: &[String]) {
     };
     println!("dormant simulate --dormant");
     println!(
-        "config:              {} sessions, sample {}, concurrency {}, max resident {}, {}",
+        "config:              {} sessions, sample {}, concurrency {}, max resident {}, {} store, {}",
         report["sessions"],
         report["sample"],
         report["concurrency"],
@@ -443,6 +445,7 @@ fn print(report: &Value, problems: &[String]) {
             Some(limit) => limit.to_string(),
             None => "unlimited".into(),
         },
+        report["engine"].as_str().unwrap_or_default(),
         report["durability"].as_str().unwrap_or_default()
     );
     println!(
@@ -529,4 +532,9 @@ mod tests {
             "never more than the sessions"
         );
     }
+}
+
+/// The bytes the embedded store of `backend` takes on disk (main refuses PostgreSQL here).
+fn embedded_bytes(backend: &crate::backend::Backend) -> anyhow::Result<u64> {
+    Ok(backend.sled_totals()?.map_or(0, |(bytes, _)| bytes))
 }
