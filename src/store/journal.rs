@@ -38,24 +38,27 @@ use writer::WriterThread;
 ///
 /// # How a commit becomes durable
 ///
-/// `commit` queues its batch for a thread of the store's own, which appends the records of
-/// every batch queued since its last round to the journal in one write, makes them durable
-/// with one `fdatasync` (power-loss safe, like sled's default), advances the store's mark of
-/// acknowledged commits, and only then shows them to reads and answers their committers.
+/// `commit` encodes its batch as one record and queues it for a thread of the store's own,
+/// which appends every record queued since its last round to the journal in one write, makes
+/// them durable with one `fdatasync` (power-loss safe, like sled's default), advances the
+/// store's mark of acknowledged commits, and only then shows them to reads and answers their
+/// committers.
 ///
 /// # What it holds in memory
 ///
-/// Every live key, with where its value lies in the journal; values are read from the files
-/// (the kernel's page cache keeps the recent ones). The journal is replayed at open to build
-/// that index.
+/// Every live key, with where its value lies in the journal (about 150 bytes a key); values
+/// are read from the files (the kernel's page cache keeps the recent ones). The journal is
+/// replayed at open to build that index. Once the files hold more than twice the live entries,
+/// a thread of its own compacts them into a base of the live entries alone.
 ///
 /// # Damage is told
 ///
-/// Each record carries its commit's sequence number and a checksum. A record that cannot be
-/// read at the end of the last file is a write a crash cut short; anywhere else it is damage.
-/// A store that recovers less than it acknowledged (its mark, in a file of its own, says how
-/// much) is refused with [`Error::Damaged`]; [`JournalStore::salvage`] opens what is left,
-/// read-only.
+/// Each record carries its commit's sequence number and a checksum, and commits are numbered
+/// one after another. A record that cannot be read at the end of the last file is a write a
+/// crash cut short; anywhere else it is damage, and so is a gap in the numbers (a lost file,
+/// a lost base). A store that recovers less than it acknowledged (its mark, in a file of its
+/// own, says how much) is refused with [`Error::Damaged`]; [`JournalStore::salvage`] opens
+/// what is left, read-only.
 ///
 /// The directory is created for its owner alone (`0700`), its files likewise (`0600`).
 ///
