@@ -179,39 +179,46 @@ async fn memory_cycles(quick: bool) -> anyhow::Result<()> {
 /// `fdatasync` of fjall's journal a group), with an LSM tree's writes instead of sled's.
 #[cfg(feature = "fjall")]
 async fn fjall_cycles(quick: bool) -> anyhow::Result<()> {
-    println!("\n## The same cycles on FjallStore (durable at each step, power-loss safe, group commit)\n");
-    println!("| concurrent sessions | cycles | cycles/s | CPU µs/cycle | commits/cycle | commits/sync | key writes/cycle |");
-    println!("|---:|---:|---:|---:|---:|---:|---:|");
-    for &(concurrency, cycles) in cycle_cases(quick) {
-        let dir = tempfile::tempdir()?;
-        let store = Arc::new(dormant::FjallStore::open(dir.path())?);
-        let runtime = runtime_on(store.clone(), cycles::one_call_script())?;
-        let (ours, cpu) = run_cycles(&runtime, concurrency, cycles).await?;
-        let stats = runtime.stats();
-        runtime.shutdown().await?;
-        let commits = stats.commit_latency.count;
-        println!(
-            "| {concurrency} | {cycles} | {ours:.0} | {} | {:.1} | {:.0} | {:.1} |",
-            cpu_per_cycle(cpu, cycles),
-            commits as f64 / cycles as f64,
-            commits as f64 / store.sync_count().max(1) as f64,
-            stats.commit_writes as f64 / cycles as f64,
-        );
-    }
-    Ok(())
+    embedded_cycles(quick, "FjallStore", |dir| {
+        let store = Arc::new(dormant::FjallStore::open(dir)?);
+        let syncs = Arc::clone(&store);
+        Ok((store, Box::new(move || syncs.sync_count())))
+    })
+    .await
 }
 
 /// The same cycles on `JournalStore` (feature `journal`): durable at each step as on sled (one
 /// `fdatasync` of the journal a group), each commit one appended record.
 #[cfg(all(unix, feature = "journal"))]
 async fn journal_cycles(quick: bool) -> anyhow::Result<()> {
-    println!("\n## The same cycles on JournalStore (durable at each step, power-loss safe, group commit)\n");
+    embedded_cycles(quick, "JournalStore", |dir| {
+        let store = Arc::new(dormant::JournalStore::open(dir)?);
+        let syncs = Arc::clone(&store);
+        Ok((store, Box::new(move || syncs.sync_count())))
+    })
+    .await
+}
+
+/// An embedded store `open` makes in a directory, and how many syncs it has made.
+#[cfg(any(feature = "fjall", all(unix, feature = "journal")))]
+type Opened = (Arc<dyn Store>, Box<dyn Fn() -> u64>);
+
+/// The suspension cycles on the store `name` that `open` makes in a fresh directory.
+#[cfg(any(feature = "fjall", all(unix, feature = "journal")))]
+async fn embedded_cycles(
+    quick: bool,
+    name: &str,
+    open: impl Fn(&std::path::Path) -> anyhow::Result<Opened>,
+) -> anyhow::Result<()> {
+    println!(
+        "\n## The same cycles on {name} (durable at each step, power-loss safe, group commit)\n"
+    );
     println!("| concurrent sessions | cycles | cycles/s | CPU µs/cycle | commits/cycle | commits/sync | key writes/cycle |");
     println!("|---:|---:|---:|---:|---:|---:|---:|");
     for &(concurrency, cycles) in cycle_cases(quick) {
         let dir = tempfile::tempdir()?;
-        let store = Arc::new(dormant::JournalStore::open(dir.path())?);
-        let runtime = runtime_on(store.clone(), cycles::one_call_script())?;
+        let (store, syncs) = open(dir.path())?;
+        let runtime = runtime_on(store, cycles::one_call_script())?;
         let (ours, cpu) = run_cycles(&runtime, concurrency, cycles).await?;
         let stats = runtime.stats();
         runtime.shutdown().await?;
@@ -220,7 +227,7 @@ async fn journal_cycles(quick: bool) -> anyhow::Result<()> {
             "| {concurrency} | {cycles} | {ours:.0} | {} | {:.1} | {:.0} | {:.1} |",
             cpu_per_cycle(cpu, cycles),
             commits as f64 / cycles as f64,
-            commits as f64 / store.sync_count().max(1) as f64,
+            commits as f64 / syncs().max(1) as f64,
             stats.commit_writes as f64 / cycles as f64,
         );
     }

@@ -2,20 +2,13 @@
 //! while open, told apart from a directory that is not a fjall store; and fjall's errors in
 //! the store's words.
 
-use std::fs::File;
 use std::io;
 use std::path::Path;
-use std::time::{Duration, Instant};
 
+// fjall takes no lock of its own, and two keyspaces on one directory would break it.
+pub(super) use crate::store::directory::{io_error, lock_directory, LOCK_FILE};
 use crate::store::mark;
 use crate::store::{Damage, Error};
-
-/// The lock file in the store directory: held while a store has the directory open (fjall
-/// takes no lock of its own, and two keyspaces on one directory would break it).
-pub(super) const LOCK_FILE: &str = "dormant.lock";
-
-/// How long an open waits for another store to let the directory go.
-const LOCK_WAIT: Duration = Duration::from_millis(500);
 
 /// How large fjall's memtable grows before it is written out as a segment: 64 MiB, where
 /// fjall's default is 16. A cycle rewrites its session's run record at every commit and
@@ -68,31 +61,6 @@ fn full(path: &Path) -> Error {
     }
 }
 
-/// Takes the directory's lock file, waiting [`LOCK_WAIT`] for another holder at most.
-pub(super) fn lock_directory(path: &Path) -> Result<File, Error> {
-    let file = File::options()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(path.join(LOCK_FILE))
-        .map_err(|e| io_error(e, path))?;
-    let started = Instant::now();
-    loop {
-        match fs2::FileExt::try_lock_exclusive(&file) {
-            Ok(()) => return Ok(file),
-            Err(e) if e.kind() != io::ErrorKind::WouldBlock => return Err(io_error(e, path)),
-            Err(_) if started.elapsed() < LOCK_WAIT => {
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            Err(_) => {
-                return Err(Error::Locked {
-                    path: path.to_path_buf(),
-                })
-            }
-        }
-    }
-}
-
 /// A full disk is [`Error::StorageFull`]; any other failure is fjall's own error.
 ///
 /// fjall answers a failed sync with `Poisoned`, not the I/O error (which it logs): a store
@@ -104,16 +72,6 @@ pub(super) fn error(error: fjall::Error, path: &Path) -> Error {
             full(path)
         }
         other => Error::backend(FjallError(other)),
-    }
-}
-
-pub(super) fn io_error(error: io::Error, path: &Path) -> Error {
-    match error.kind() {
-        io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded => Error::StorageFull {
-            path: Some(path.to_path_buf()),
-            kind: error.kind(),
-        },
-        _ => Error::backend(error),
     }
 }
 

@@ -5,20 +5,14 @@
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
 
+pub(super) use crate::store::directory::{io_error, lock_directory, LOCK_FILE};
 use crate::store::Error;
-
-/// The lock file in the store directory: held while a store has the directory open.
-pub(super) const LOCK_FILE: &str = "dormant.lock";
 
 const JOURNAL: &str = "journal";
 const BASE: &str = "base";
 /// A base being written: not part of the store until it is renamed.
 const UNFINISHED: &str = "tmp";
-
-/// How long an open waits for another store to let the directory go.
-const LOCK_WAIT: Duration = Duration::from_millis(500);
 
 /// The path of journal file `id` in `dir`.
 pub(super) fn journal_path(dir: &Path, id: u32) -> PathBuf {
@@ -151,42 +145,5 @@ pub(super) fn refuse_foreign(path: &Path) -> Result<(), Error> {
             path.display()
         ))),
         None => Ok(()),
-    }
-}
-
-/// Takes the directory's lock file, waiting [`LOCK_WAIT`] for another holder at most.
-pub(super) fn lock_directory(path: &Path) -> Result<File, Error> {
-    let mut options = OpenOptions::new();
-    options.create(true).truncate(false).write(true);
-    #[cfg(unix)]
-    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-    let file = options
-        .open(path.join(LOCK_FILE))
-        .map_err(|e| io_error(e, path))?;
-    let started = Instant::now();
-    loop {
-        match fs2::FileExt::try_lock_exclusive(&file) {
-            Ok(()) => return Ok(file),
-            Err(e) if e.kind() != io::ErrorKind::WouldBlock => return Err(io_error(e, path)),
-            Err(_) if started.elapsed() < LOCK_WAIT => {
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            Err(_) => {
-                return Err(Error::Locked {
-                    path: path.to_path_buf(),
-                })
-            }
-        }
-    }
-}
-
-/// A full disk is [`Error::StorageFull`]; any other failure is the I/O error itself.
-pub(super) fn io_error(error: io::Error, path: &Path) -> Error {
-    match error.kind() {
-        io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded => Error::StorageFull {
-            path: Some(path.to_path_buf()),
-            kind: error.kind(),
-        },
-        _ => Error::backend(error),
     }
 }
