@@ -307,9 +307,15 @@ fn full_disk_on(engine: &str, tmpfs: &str) -> anyhow::Result<()> {
         );
         return Ok(());
     }
+    // The child's own error first: its backtrace would push it out of the last lines.
+    let error: Vec<&str> = stderr
+        .lines()
+        .filter(|line| line.starts_with("Error:"))
+        .collect();
     anyhow::ensure!(
         !silent && status.success() && marked.contains(&"done"),
-        "the child failed or hung ({status}, silent: {silent}); its report: {marked:?}\n{}",
+        "the child failed or hung ({status}, silent: {silent}); its report: {marked:?}\n{}\n{}",
+        error.join("\n"),
         stderr.lines().rev().take(30).collect::<Vec<_>>().join("\n")
     );
     let recovered = marked
