@@ -25,6 +25,7 @@ mod files;
 mod index;
 mod record;
 mod replay;
+mod spare;
 #[cfg(test)]
 mod tests;
 mod writer;

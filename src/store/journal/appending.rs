@@ -6,6 +6,7 @@
 use std::fs::File;
 use std::sync::Arc;
 
+use super::spare::Spare;
 use crate::store::mark::Mark;
 
 /// The journal file records are appended to.
@@ -38,6 +39,10 @@ pub(super) struct Writer {
     pub(super) broken: Option<String>,
     /// The group's records, reused from group to group.
     pub(super) bytes: Vec<u8>,
+    /// The next journal file, being begun ahead of its turn (`spare.rs`).
+    pub(super) spare: Option<Spare>,
+    /// The journal file a spare was last asked for: asked once a file.
+    spare_asked: u32,
 }
 
 impl Writer {
@@ -59,7 +64,21 @@ impl Writer {
             compaction_after: 0,
             broken: None,
             bytes: Vec::new(),
+            spare: None,
+            spare_asked: 0,
         })
+    }
+
+    /// Whether the next journal file should be begun ahead now: the file being written is
+    /// half full, and it was not asked for yet.
+    pub(super) fn wants_spare(&mut self) -> bool {
+        let next = self.at.id + 1;
+        let due =
+            self.spare.is_none() && self.spare_asked != next && self.at.len > self.file_bytes / 2;
+        if due {
+            self.spare_asked = next;
+        }
+        due
     }
 
     /// Whether the files hold so much more than the live entries that a compaction is due:

@@ -13,10 +13,17 @@ const JOURNAL: &str = "journal";
 const BASE: &str = "base";
 /// A base being written: not part of the store until it is renamed.
 const UNFINISHED: &str = "tmp";
+/// A journal file begun ahead of its turn: not part of the store until it is renamed.
+const SPARE: &str = "spare";
 
 /// The path of journal file `id` in `dir`.
 pub(super) fn journal_path(dir: &Path, id: u32) -> PathBuf {
     dir.join(format!("{id:08}.{JOURNAL}"))
+}
+
+/// Where journal file `id` is begun ahead of its turn (`spare.rs`).
+pub(super) fn spare_path(dir: &Path, id: u32) -> PathBuf {
+    dir.join(format!("{id:08}.{JOURNAL}.{SPARE}"))
 }
 
 /// The path of the base of every journal file before `first_kept`.
@@ -56,8 +63,8 @@ fn numbered(dir: &Path, suffix: &str) -> io::Result<Vec<u32>> {
 }
 
 /// Removes what the base of every journal file before `first_kept` replaced (older journal
-/// files and bases, left by a crash between a compaction's rename and its removals) and any
-/// unfinished base.
+/// files and bases, left by a crash between a compaction's rename and its removals), any
+/// unfinished base, and any journal file begun ahead of its turn.
 pub(super) fn remove_replaced(dir: &Path, first_kept: u32) -> io::Result<()> {
     for id in journal_files(dir)?
         .into_iter()
@@ -70,6 +77,9 @@ pub(super) fn remove_replaced(dir: &Path, first_kept: u32) -> io::Result<()> {
     }
     for id in numbered(dir, &format!(".{BASE}.{UNFINISHED}"))? {
         std::fs::remove_file(unfinished_base_path(dir, id))?;
+    }
+    for id in numbered(dir, &format!(".{JOURNAL}.{SPARE}"))? {
+        std::fs::remove_file(spare_path(dir, id))?;
     }
     sync_dir(dir)
 }
@@ -106,8 +116,19 @@ pub(super) fn begin_journal(dir: &Path, id: u32, bytes: u64) -> io::Result<File>
 /// Begins journal file `id` as `bytes` zeros; a file that could not be made whole is removed
 /// again.
 fn begin_zeroed(dir: &Path, id: u32, bytes: u64) -> io::Result<File> {
-    let begin = || {
-        let file = open_owned(&journal_path(dir, id))?;
+    let path = journal_path(dir, id);
+    let file = zeroed(&path, bytes)?;
+    sync_dir(dir).inspect_err(|_| {
+        let _ = std::fs::remove_file(&path);
+    })?;
+    Ok(file)
+}
+
+/// Makes the file at `path`, for its owner alone, `bytes` zeros, durable (its directory entry
+/// aside); a file that could not be made whole is removed again.
+pub(super) fn zeroed(path: &Path, bytes: u64) -> io::Result<File> {
+    let make = || {
+        let file = open_owned(path)?;
         file.set_len(0)?;
         let zeros = vec![0; 1024 * 1024];
         let mut at = 0;
@@ -117,11 +138,10 @@ fn begin_zeroed(dir: &Path, id: u32, bytes: u64) -> io::Result<File> {
             at += chunk as u64;
         }
         file.sync_all()?;
-        sync_dir(dir)?;
         Ok(file)
     };
-    begin().inspect_err(|_| {
-        let _ = std::fs::remove_file(journal_path(dir, id));
+    make().inspect_err(|_| {
+        let _ = std::fs::remove_file(path);
     })
 }
 

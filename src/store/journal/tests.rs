@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use super::files::{journal_files, journal_path};
+use super::files::{journal_files, journal_path, spare_path};
 use super::record;
 use super::JournalStore;
 use crate::store::{Batch, CommitKind, Damage, Error, Store, Tree};
@@ -313,5 +313,43 @@ async fn a_lost_base_is_told() -> Result<(), Error> {
     let refused = open(dir.path());
     let told = format!("{refused:?}");
     assert!(told.contains("goes on at commit"), "{told}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_file_begun_ahead_is_put_in_place_and_one_left_over_is_removed_at_open(
+) -> Result<(), Error> {
+    let dir = tempfile::tempdir().map_err(Error::backend)?;
+    let spare = super::spare::Spare::begin(dir.path(), 5, SMALL).ok_or(Error::Closed)?;
+    let file = spare.into_journal(dir.path()).ok_or(Error::Closed)?;
+    assert_eq!(file.metadata().map_err(Error::backend)?.len(), SMALL);
+    assert!(!spare_path(dir.path(), 5).exists());
+    let bytes = std::fs::read(journal_path(dir.path(), 5)).map_err(Error::backend)?;
+    assert!(bytes.len() == SMALL as usize && bytes.iter().all(|byte| *byte == 0));
+
+    // A store written across files, with a spare begun ahead at each: every record is read
+    // back, and no spare is left once it is closed.
+    let store_dir = tempfile::tempdir().map_err(Error::backend)?;
+    written(store_dir.path(), 40).await?;
+    let spares = |dir: &Path| -> Result<usize, Error> {
+        let entries = std::fs::read_dir(dir).map_err(Error::backend)?;
+        Ok(entries
+            .filter_map(Result::ok)
+            .filter(|entry| entry.file_name().to_string_lossy().ends_with(".spare"))
+            .count())
+    };
+    assert_eq!(spares(store_dir.path())?, 0);
+
+    // One a crash left behind, even a torn one, is no part of the store.
+    let last = files(store_dir.path())?.last().copied().unwrap_or(1);
+    std::fs::write(spare_path(store_dir.path(), last + 1), b"torn").map_err(Error::backend)?;
+    let store = open(store_dir.path())?;
+    assert_eq!(spares(store_dir.path())?, 0);
+    assert_eq!(store.scan_prefix(Tree::Log, b"k").await?.len(), 40);
+    put(&store, "k100", &[1; 3000]).await?;
+    put(&store, "k101", &[2; 3000]).await?;
+    store.close().await?;
+    let again = open(store_dir.path())?;
+    assert_eq!(again.get(Tree::Log, b"k101").await?, Some(vec![2; 3000]));
     Ok(())
 }

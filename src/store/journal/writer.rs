@@ -14,6 +14,7 @@ use super::engine::Engine;
 use super::files::{begin_journal, io_error};
 use super::index::FileId;
 use super::record::{self, Encoded, Write};
+use super::spare::Spare;
 use crate::store::group_thread::{GroupThread, Pending};
 use crate::store::{Batch, Error};
 
@@ -127,13 +128,23 @@ fn write<'a>(
     if writer.compaction_due(live) {
         begin_compaction(engine, writer);
     }
+    if writer.wants_spare() {
+        writer.spare = Spare::begin(path, writer.at.id + 1, writer.file_bytes);
+    }
     Ok(true)
 }
 
-/// Begins the next journal file and writes there from now on.
+/// Begins the next journal file, or puts the one begun ahead in place, and writes there from
+/// now on.
 fn begin_next_file(engine: &Engine, writer: &mut Writer) -> std::io::Result<()> {
     let id = writer.at.id + 1;
-    let file = Arc::new(begin_journal(engine.path(), id, writer.file_bytes)?);
+    // A spare for another file (none should be) is let go: its drop removes it.
+    let spare = writer.spare.take().filter(|spare| spare.id() == id);
+    let file = match spare.and_then(|spare| spare.into_journal(engine.path())) {
+        Some(file) => file,
+        None => begin_journal(engine.path(), id, writer.file_bytes)?,
+    };
+    let file = Arc::new(file);
     let size = file.metadata()?.len();
     engine
         .index
