@@ -79,6 +79,32 @@ pub(crate) fn read(dir: &Path) -> io::Result<Result<Option<u64>, Damage>> {
     })
 }
 
+/// What the mark read at open (`acknowledged`, from [`read`]) says of a store that recovered
+/// the batches up to `recovered`: the damage if it recovered less than it acknowledged, if the
+/// mark is unreadable, or if the store holds commits but its mark is gone (a mark is written
+/// when a store is first opened, before any commit).
+#[cfg(any(feature = "fjall", all(unix, feature = "journal")))]
+pub(crate) fn check(acknowledged: Result<Option<u64>, Damage>, recovered: u64) -> Option<Damage> {
+    match acknowledged {
+        Err(damage) => Some(damage),
+        Ok(Some(acknowledged)) => short(acknowledged, recovered),
+        Ok(None) if recovered > 0 => Some(Damage::Unreadable {
+            reason: format!("it holds commits but its mark of them, {FILE}, is gone"),
+        }),
+        Ok(None) => None,
+    }
+}
+
+/// The damage when a store recovered the batches only up to `recovered` of the
+/// `acknowledged` ones.
+#[cfg(any(feature = "fjall", all(unix, feature = "journal")))]
+pub(crate) fn short(acknowledged: u64, recovered: u64) -> Option<Damage> {
+    (recovered < acknowledged).then_some(Damage::LostTail {
+        acknowledged,
+        recovered,
+    })
+}
+
 /// The open mark file.
 pub(crate) struct Mark {
     file: File,

@@ -81,18 +81,7 @@ impl Engine {
         let acknowledged = mark::read(path).map_err(|e| io_error(e, path))?;
         let open = open_keyspace(path)?;
         let recovered = open.keyspace.instant();
-        let damage = match acknowledged {
-            Err(damage) => Some(damage),
-            Ok(Some(acknowledged)) => short(acknowledged, recovered),
-            // The mark is written when the store is first opened, before any commit.
-            Ok(None) if recovered > 0 => Some(Damage::Unreadable {
-                reason: format!(
-                    "it holds commits but its mark of them, {}, is gone",
-                    mark::FILE
-                ),
-            }),
-            Ok(None) => None,
-        };
+        let damage = mark::check(acknowledged, recovered);
         let mark = match (&damage, salvage) {
             (Some(damage), false) => {
                 return Err(Error::Damaged {
@@ -226,7 +215,7 @@ impl Engine {
             }
         };
         let acknowledged = self.mark.as_ref().map_or(0, Mark::written);
-        match short(acknowledged, open.keyspace.instant()) {
+        match mark::short(acknowledged, open.keyspace.instant()) {
             Some(damage) => {
                 tracing::error!(dir = %self.path.display(), %damage, "store: opened again after a failed write, it holds less than it acknowledged; it refuses everything");
                 State::Damaged(damage)
@@ -271,14 +260,6 @@ impl Engine {
             damage: damage.clone(),
         }
     }
-}
-
-/// The damage when fjall recovered batches only up to `recovered` of the `acknowledged` ones.
-fn short(acknowledged: u64, recovered: u64) -> Option<Damage> {
-    (recovered < acknowledged).then_some(Damage::LostTail {
-        acknowledged,
-        recovered,
-    })
 }
 
 /// Opens fjall's keyspace in `path`. What fjall cannot read back (a bad checksum inside its

@@ -50,22 +50,9 @@ impl Engine {
         let acknowledged = mark::read(path).map_err(|e| io_error(e, path))?;
         let replayed = replay(path, salvage)?;
         let recovered = replayed.seq;
-        let damage = replayed.damage.or(match acknowledged {
-            Err(damage) => Some(damage),
-            Ok(Some(acknowledged)) if acknowledged > recovered => Some(Damage::LostTail {
-                acknowledged,
-                recovered,
-            }),
-            Ok(Some(_)) => None,
-            // The mark is written when the store is first opened, before any commit.
-            Ok(None) if recovered > 0 => Some(Damage::Unreadable {
-                reason: format!(
-                    "it holds commits but its mark of them, {}, is gone",
-                    mark::FILE
-                ),
-            }),
-            Ok(None) => None,
-        });
+        let damage = replayed
+            .damage
+            .or_else(|| mark::check(acknowledged, recovered));
         let mut index = replayed.index;
         let writer = match (&damage, salvage) {
             (Some(damage), false) => {
