@@ -94,13 +94,9 @@ fn a_journal_killed_while_it_compacts_loses_nothing() -> anyhow::Result<()> {
         let wanted = 150 + round * 37;
         let mut seen = 0;
         for line in lines {
-            // The test harness may begin the child's first line with the test's name.
             let line = line?;
             fixed |= line.ends_with("fixed");
-            let Some(i) = line
-                .find("acked ")
-                .map(|at| line[at + "acked ".len()..].parse::<u64>())
-            else {
+            let Some(i) = line.strip_prefix("acked ").map(str::parse::<u64>) else {
                 continue;
             };
             let i = i?;

@@ -163,15 +163,13 @@ pub fn tool_result<'m>(
 }
 
 /// Re-runs this test binary as a child process that runs only the ignored test `test`, with
-/// `env` set to `dir`; returns the child and the lines of its stdout. The caller kills it.
+/// `env` set to `dir`; returns the child and the lines of its stdout, as the test printed them
+/// (see [`ChildLines`]). The caller kills it.
 pub fn spawn_child(
     test: &str,
     env: &str,
     dir: &std::path::Path,
-) -> anyhow::Result<(
-    std::process::Child,
-    std::io::Lines<std::io::BufReader<std::process::ChildStdout>>,
-)> {
+) -> anyhow::Result<(std::process::Child, ChildLines)> {
     use std::io::BufRead;
     let mut child = std::process::Command::new(std::env::current_exe()?)
         .args([
@@ -189,7 +187,34 @@ pub fn spawn_child(
         .stdout
         .take()
         .ok_or_else(|| anyhow::anyhow!("the child has no stdout"))?;
-    Ok((child, std::io::BufReader::new(stdout).lines()))
+    Ok((
+        child,
+        ChildLines {
+            lines: std::io::BufReader::new(stdout).lines(),
+            harness: format!("test {test} ... "),
+        },
+    ))
+}
+
+/// The lines a child test printed. The test harness writes `test NAME ... ` before the test's
+/// own output, on the same line as its first one: that is taken off, so that no line of the
+/// test's is missed by a reader that matches its start.
+pub struct ChildLines {
+    lines: std::io::Lines<std::io::BufReader<std::process::ChildStdout>>,
+    harness: String,
+}
+
+impl Iterator for ChildLines {
+    type Item = std::io::Result<String>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        self.lines.next().map(|line| {
+            line.map(|line| match line.strip_prefix(self.harness.as_str()) {
+                Some(own) => own.to_string(),
+                None => line,
+            })
+        })
+    }
 }
 
 /// A scripted model that checks every request before it answers: a tool call that reaches the
