@@ -39,7 +39,9 @@ impl JournalStoreBuilder {
     /// How large each journal file is made when it is begun (64 MiB by default; at least
     /// 4 KiB). A file is filled with zeros to this size at once, so that commits write over
     /// bytes the file has and its syncs write data alone; a group of commits that does not fit
-    /// in what is left of a file goes to the next one.
+    /// in what is left of a file goes to the next one. The next file is begun ahead, on a
+    /// thread of its own, once the one being written is half full (when the disk has room for
+    /// two more files), so the directory may hold one file's worth of zeros besides.
     pub fn file_bytes(mut self, bytes: u64) -> Self {
         self.file_bytes = bytes.max(4096);
         self

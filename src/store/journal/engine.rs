@@ -14,7 +14,7 @@ use parking_lot::{Mutex, RwLock};
 use super::appending::{Appending, Writer};
 use super::files::{
     begin_journal, io_error, journal_path, lock_directory, open_owned, refuse_foreign,
-    remove_replaced, LOCK_FILE,
+    remove_replaced, remove_spares, LOCK_FILE,
 };
 use super::index::{FileId, Index};
 use super::replay::replay;
@@ -66,7 +66,9 @@ impl Engine {
                 let mark = Mark::open(path, recovered, true).map_err(|e| io_error(e, path))?;
                 // A crash between a compaction's rename and its removals left what its base
                 // replaced.
-                remove_replaced(path, replayed.first_kept).map_err(|e| io_error(e, path))?;
+                remove_replaced(path, replayed.first_kept)
+                    .and_then(|()| remove_spares(path))
+                    .map_err(|e| io_error(e, path))?;
                 let (id, len, file) = match replayed.last {
                     Some((id, len, torn_end)) => {
                         let file = open_owned(&journal_path(path, id));

@@ -63,8 +63,8 @@ fn numbered(dir: &Path, suffix: &str) -> io::Result<Vec<u32>> {
 }
 
 /// Removes what the base of every journal file before `first_kept` replaced (older journal
-/// files and bases, left by a crash between a compaction's rename and its removals), any
-/// unfinished base, and any journal file begun ahead of its turn.
+/// files and bases, left by a crash between a compaction's rename and its removals) and any
+/// unfinished base.
 pub(super) fn remove_replaced(dir: &Path, first_kept: u32) -> io::Result<()> {
     for id in journal_files(dir)?
         .into_iter()
@@ -78,10 +78,16 @@ pub(super) fn remove_replaced(dir: &Path, first_kept: u32) -> io::Result<()> {
     for id in numbered(dir, &format!(".{BASE}.{UNFINISHED}"))? {
         std::fs::remove_file(unfinished_base_path(dir, id))?;
     }
+    sync_dir(dir)
+}
+
+/// Removes the journal files a crash left begun ahead of their turn: at open only, as a
+/// running store's writer may be making or using one.
+pub(super) fn remove_spares(dir: &Path) -> io::Result<()> {
     for id in numbered(dir, &format!(".{JOURNAL}.{SPARE}"))? {
         std::fs::remove_file(spare_path(dir, id))?;
     }
-    sync_dir(dir)
+    Ok(())
 }
 
 /// Opens the file at `path` for reading and writing, creating it for its owner alone.

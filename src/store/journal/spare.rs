@@ -5,8 +5,9 @@
 //! when a group no longer fits, that was a stall of every commit at each new file. So once
 //! the file being written is half full, a thread begins the next one as
 //! `NNNNNNNN.journal.spare`, and the writer only renames it into place when its turn comes.
-//! Until that rename the spare is not part of the store: an open removes any it finds, so a
-//! crash while one is being made, or before it is used, leaves nothing to replay.
+//! Until that rename the spare is not part of the store: an open removes any it finds (and only
+//! an open: a compaction's clean-up leaves them to the writer), so a crash while one is being
+//! made, or before it is used, leaves nothing to replay.
 
 use std::fs::File;
 use std::io;
@@ -68,7 +69,10 @@ impl Spare {
                 tracing::debug!(%error, "store: the next journal file could not be begun ahead");
                 return None;
             }
-            Err(_) => return None,
+            Err(_) => {
+                let _ = std::fs::remove_file(&self.path);
+                return None;
+            }
         };
         let journal = journal_path(dir, self.id);
         match std::fs::rename(&self.path, &journal).and_then(|()| sync_dir(dir)) {

@@ -317,39 +317,82 @@ async fn a_lost_base_is_told() -> Result<(), Error> {
 }
 
 #[tokio::test]
-async fn a_file_begun_ahead_is_put_in_place_and_one_left_over_is_removed_at_open(
-) -> Result<(), Error> {
-    let dir = tempfile::tempdir().map_err(Error::backend)?;
-    let spare = super::spare::Spare::begin(dir.path(), 5, SMALL).ok_or(Error::Closed)?;
-    let file = spare.into_journal(dir.path()).ok_or(Error::Closed)?;
+async fn the_next_file_is_begun_ahead_and_put_in_place() -> Result<(), Error> {
+    // A spare alone: made whole, then renamed into place as a journal file of zeros.
+    let bare = tempfile::tempdir().map_err(Error::backend)?;
+    let spare = super::spare::Spare::begin(bare.path(), 5, SMALL)
+        .ok_or_else(|| Error::backend("no spare begun: is the disk nearly full?"))?;
+    let file = spare.into_journal(bare.path()).ok_or(Error::Closed)?;
     assert_eq!(file.metadata().map_err(Error::backend)?.len(), SMALL);
-    assert!(!spare_path(dir.path(), 5).exists());
-    let bytes = std::fs::read(journal_path(dir.path(), 5)).map_err(Error::backend)?;
+    assert!(!spare_path(bare.path(), 5).exists());
+    let bytes = std::fs::read(journal_path(bare.path(), 5)).map_err(Error::backend)?;
     assert!(bytes.len() == SMALL as usize && bytes.iter().all(|byte| *byte == 0));
 
-    // A store written across files, with a spare begun ahead at each: every record is read
-    // back, and no spare is left once it is closed.
-    let store_dir = tempfile::tempdir().map_err(Error::backend)?;
-    written(store_dir.path(), 40).await?;
-    let spares = |dir: &Path| -> Result<usize, Error> {
-        let entries = std::fs::read_dir(dir).map_err(Error::backend)?;
-        Ok(entries
-            .filter_map(Result::ok)
-            .filter(|entry| entry.file_name().to_string_lossy().ends_with(".spare"))
-            .count())
+    let dir = tempfile::tempdir().map_err(Error::backend)?;
+    let store = open(dir.path())?;
+    // Where the writer is: the file it writes, how far, and the spare it began.
+    let writer = |store: &JournalStore| {
+        let guard = store.engine.writer.lock();
+        guard.as_ref().map(|writer| {
+            let spare = writer.spare.as_ref().map(super::spare::Spare::id);
+            (writer.at.id, writer.at.len, spare)
+        })
     };
-    assert_eq!(spares(store_dir.path())?, 0);
-
-    // One a crash left behind, even a torn one, is no part of the store.
-    let last = files(store_dir.path())?.last().copied().unwrap_or(1);
-    std::fs::write(spare_path(store_dir.path(), last + 1), b"torn").map_err(Error::backend)?;
-    let store = open(store_dir.path())?;
-    assert_eq!(spares(store_dir.path())?, 0);
-    assert_eq!(store.scan_prefix(Tree::Log, b"k").await?.len(), 40);
-    put(&store, "k100", &[1; 3000]).await?;
-    put(&store, "k101", &[2; 3000]).await?;
+    let (first, _, spare) = writer(&store).ok_or(Error::Closed)?;
+    assert_eq!(spare, None, "nothing is begun ahead of an empty file");
+    let mut i = 0;
+    while writer(&store).is_some_and(|(_, len, _)| len <= SMALL / 2) {
+        put(&store, &format!("k{i:03}"), &[1; 300]).await?;
+        i += 1;
+    }
+    assert_eq!(
+        writer(&store).and_then(|(.., spare)| spare),
+        Some(first + 1)
+    );
+    while writer(&store).is_some_and(|(id, ..)| id == first) {
+        put(&store, &format!("k{i:03}"), &[1; 300]).await?;
+        i += 1;
+    }
+    // The spare became the next file: renamed into place, no longer held.
+    assert_eq!(
+        writer(&store).map(|(id, _, spare)| (id, spare)),
+        Some((first + 1, None))
+    );
+    assert!(!spare_path(dir.path(), first + 1).exists());
+    // Half way through that one, the next is begun; closing lets it go.
+    while writer(&store).is_some_and(|(_, len, _)| len <= SMALL / 2) {
+        put(&store, &format!("k{i:03}"), &[1; 300]).await?;
+        i += 1;
+    }
+    assert_eq!(
+        writer(&store).and_then(|(.., spare)| spare),
+        Some(first + 2)
+    );
     store.close().await?;
-    let again = open(store_dir.path())?;
-    assert_eq!(again.get(Tree::Log, b"k101").await?, Some(vec![2; 3000]));
+    assert!(!spare_path(dir.path(), first + 2).exists());
+    let again = open(dir.path())?;
+    assert_eq!(again.scan_prefix(Tree::Log, b"k").await?.len(), i);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_spare_or_a_renamed_file_of_zeros_a_crash_left_is_no_part_of_the_store(
+) -> Result<(), Error> {
+    let dir = tempfile::tempdir().map_err(Error::backend)?;
+    written(dir.path(), 40).await?;
+    let last = files(dir.path())?.last().copied().ok_or(Error::Closed)?;
+    // A crash while the next file was being begun ahead (a torn spare), and one after its
+    // rename, before any record reached it (a last file of zeros).
+    std::fs::write(spare_path(dir.path(), last + 2), b"torn").map_err(Error::backend)?;
+    std::fs::write(journal_path(dir.path(), last + 1), vec![0; SMALL as usize])
+        .map_err(Error::backend)?;
+    let store = open(dir.path())?;
+    assert!(!spare_path(dir.path(), last + 2).exists());
+    assert_eq!(store.scan_prefix(Tree::Log, b"k").await?.len(), 40);
+    put(&store, "k100", &[2; 300]).await?;
+    store.close().await?;
+    let again = open(dir.path())?;
+    assert_eq!(again.get(Tree::Log, b"k100").await?, Some(vec![2; 300]));
+    assert_eq!(again.scan_prefix(Tree::Log, b"k").await?.len(), 41);
     Ok(())
 }
