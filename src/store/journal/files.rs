@@ -132,7 +132,7 @@ fn begin_zeroed(dir: &Path, id: u32, bytes: u64) -> io::Result<File> {
 
 /// How many bytes of zeros a file being begun writes between syncs. Synced only at the end, a
 /// spare's 64 MiB of zeros went to the disk at once, and the commits' `fdatasync`s beside it
-/// waited behind them: the main job's slowest commit took 40–49 ms, against 11–15 ms synced
+/// waited behind them: the main job's slowest commit took 40–49 ms, against 11–16 ms synced
 /// every 4 MiB (BENCHMARKS.md).
 const ZEROS_SYNCED_EVERY: u64 = 4 * 1024 * 1024;
 
