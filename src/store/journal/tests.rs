@@ -330,42 +330,25 @@ async fn the_next_file_is_begun_ahead_and_put_in_place() -> Result<(), Error> {
 
     let dir = tempfile::tempdir().map_err(Error::backend)?;
     let store = open(dir.path())?;
-    // Where the writer is: the file it writes, how far, and the spare it began.
-    let writer = |store: &JournalStore| {
-        let guard = store.engine.writer.lock();
-        guard.as_ref().map(|writer| {
-            let spare = writer.spare.as_ref().map(super::spare::Spare::id);
-            (writer.at.id, writer.at.len, spare)
-        })
-    };
-    let (first, _, spare) = writer(&store).ok_or(Error::Closed)?;
+    let (first, _, spare) = writing(&store).ok_or(Error::Closed)?;
     assert_eq!(spare, None, "nothing is begun ahead of an empty file");
     let mut i = 0;
-    while writer(&store).is_some_and(|(_, len, _)| len <= SMALL / 2) {
-        put(&store, &format!("k{i:03}"), &[1; 300]).await?;
-        i += 1;
-    }
+    put_while(&store, &mut i, |(_, len, _)| len <= SMALL / 2).await?;
     assert_eq!(
-        writer(&store).and_then(|(.., spare)| spare),
+        writing(&store).and_then(|(.., spare)| spare),
         Some(first + 1)
     );
-    while writer(&store).is_some_and(|(id, ..)| id == first) {
-        put(&store, &format!("k{i:03}"), &[1; 300]).await?;
-        i += 1;
-    }
+    put_while(&store, &mut i, |(id, ..)| id == first).await?;
     // The spare became the next file: renamed into place, no longer held.
     assert_eq!(
-        writer(&store).map(|(id, _, spare)| (id, spare)),
+        writing(&store).map(|(id, _, spare)| (id, spare)),
         Some((first + 1, None))
     );
     assert!(!spare_path(dir.path(), first + 1).exists());
     // Half way through that one, the next is begun; closing lets it go.
-    while writer(&store).is_some_and(|(_, len, _)| len <= SMALL / 2) {
-        put(&store, &format!("k{i:03}"), &[1; 300]).await?;
-        i += 1;
-    }
+    put_while(&store, &mut i, |(_, len, _)| len <= SMALL / 2).await?;
     assert_eq!(
-        writer(&store).and_then(|(.., spare)| spare),
+        writing(&store).and_then(|(.., spare)| spare),
         Some(first + 2)
     );
     store.close().await?;
@@ -394,5 +377,27 @@ async fn a_spare_or_a_renamed_file_of_zeros_a_crash_left_is_no_part_of_the_store
     let again = open(dir.path())?;
     assert_eq!(again.get(Tree::Log, b"k100").await?, Some(vec![2; 300]));
     assert_eq!(again.scan_prefix(Tree::Log, b"k").await?.len(), 41);
+    Ok(())
+}
+
+/// Where the writer is: the file it writes, how far, and the file it began ahead, if any.
+fn writing(store: &JournalStore) -> Option<(u32, u64, Option<u32>)> {
+    let guard = store.engine.writer.lock();
+    guard.as_ref().map(|writer| {
+        let spare = writer.spare.as_ref().map(super::spare::Spare::id);
+        (writer.at.id, writer.at.len, spare)
+    })
+}
+
+/// Commits `k{i}`, `k{i+1}`, … (300 bytes each) while `go_on` holds of where the writer is.
+async fn put_while(
+    store: &JournalStore,
+    i: &mut usize,
+    go_on: impl Fn((u32, u64, Option<u32>)) -> bool,
+) -> Result<(), Error> {
+    while writing(store).is_some_and(&go_on) {
+        put(store, &format!("k{i:03}"), &[1; 300]).await?;
+        *i += 1;
+    }
     Ok(())
 }
