@@ -1,8 +1,9 @@
-//! The ractor actor that carries one key's behaviour, with supervision done inside it.
+//! The cell that carries one key's behaviour: one task taking its mailbox's messages in turn,
+//! with supervision done inside it.
 //!
-//! A panic in [`VirtualActor::handle`] is caught here rather than left to ractor, which would
-//! stop the actor and drop the rest of its mailbox. Catching it keeps the queued messages and
-//! lets the state be reloaded from its durable form, which is what a restart would do.
+//! A panic in [`VirtualActor::handle`] is caught here, so it never ends the task or drops the
+//! rest of the mailbox: the state is reloaded from its durable form, which is what a restart
+//! would do, and the queued messages go on to it.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -10,10 +11,10 @@ use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Weak};
 
 use futures::FutureExt;
-use ractor::{Actor, ActorProcessingErr, ActorRef};
 
 use crate::error::{Error, HostError};
 use crate::host::{Host, Inner};
+use crate::mailbox::{CellRef, Inbox};
 use crate::VirtualActor;
 
 /// What travels through a cell's mailbox.
@@ -28,7 +29,7 @@ pub(crate) enum Envelope<M> {
 /// Handed to [`VirtualActor::handle`]: who the actor is and how to reach itself and the host.
 pub struct ActorContext<A: VirtualActor> {
     key: A::Key,
-    myself: ActorRef<Envelope<A::Msg>>,
+    myself: CellRef<Envelope<A::Msg>>,
     host: Weak<Inner<A>>,
 }
 
@@ -72,7 +73,7 @@ impl<A: VirtualActor> ActorContext<A> {
 /// actor only, not its successor after an eviction: use it for work the actor waits on, which
 /// keeps it from being passivated.
 pub struct Mailbox<A: VirtualActor> {
-    actor: ActorRef<Envelope<A::Msg>>,
+    actor: CellRef<Envelope<A::Msg>>,
 }
 
 impl<A: VirtualActor> Clone for Mailbox<A> {
@@ -86,7 +87,7 @@ impl<A: VirtualActor> Clone for Mailbox<A> {
 impl<A: VirtualActor> fmt::Debug for Mailbox<A> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Mailbox")
-            .field("actor", &self.actor.get_id())
+            .field("actor", &self.actor.id())
             .finish()
     }
 }
@@ -101,19 +102,13 @@ impl<A: VirtualActor> Mailbox<A> {
     }
 }
 
-/// The ractor actor type; stateless, as ractor wants.
+/// What a cell's task runs its messages with: the behaviour and the host.
 pub(crate) struct Cell<A: VirtualActor> {
     pub(crate) behaviour: Arc<A>,
     pub(crate) host: Weak<Inner<A>>,
-    /// The error the behaviour's activation answered, kept typed for the host: ractor hands
-    /// back only a boxed error from a failed start.
-    pub(crate) activation_error: Arc<parking_lot::Mutex<Option<A::Error>>>,
 }
 
-pub(crate) struct CellArgs<A: VirtualActor> {
-    pub(crate) key: A::Key,
-}
-
+/// What a cell's task keeps between messages.
 pub(crate) struct CellState<A: VirtualActor> {
     ctx: ActorContext<A>,
     state: Option<A::State>,
@@ -122,57 +117,60 @@ pub(crate) struct CellState<A: VirtualActor> {
     failed: Option<HostError<A>>,
 }
 
-impl<A: VirtualActor> Actor for Cell<A> {
-    type Msg = Envelope<A::Msg>;
-    type State = CellState<A>;
-    type Arguments = CellArgs<A>;
-
-    async fn pre_start(
-        &self,
-        myself: ActorRef<Self::Msg>,
-        args: CellArgs<A>,
-    ) -> Result<CellState<A>, ActorProcessingErr> {
-        let state = match Box::pin(self.behaviour.activate(&args.key)).await {
-            Ok(state) => state,
-            Err(error) => {
-                // ractor wants an error of its own: the host reads the typed one from here.
-                let shown = error.to_string();
-                *self.activation_error.lock() = Some(error);
-                return Err(shown.into());
-            }
-        };
-        Ok(CellState {
-            ctx: ActorContext {
-                key: args.key,
-                myself,
-                host: self.host.clone(),
-            },
+impl<A: VirtualActor> CellState<A> {
+    /// The state of a cell that serves `key` through mailbox `myself`, its behaviour's state
+    /// loaded.
+    pub(crate) fn new(
+        key: A::Key,
+        myself: CellRef<Envelope<A::Msg>>,
+        host: Weak<Inner<A>>,
+        state: A::State,
+    ) -> Self {
+        Self {
+            ctx: ActorContext { key, myself, host },
             state: Some(state),
             crashes: VecDeque::new(),
             failed: None,
-        })
+        }
+    }
+}
+
+impl<A: VirtualActor> Cell<A> {
+    /// Loads the state of `key`; a panic of the behaviour's activation is its failure.
+    pub(crate) async fn activate(&self, key: &A::Key) -> Result<A::State, HostError<A>> {
+        match AssertUnwindSafe(Box::pin(self.behaviour.activate(key)))
+            .catch_unwind()
+            .await
+        {
+            Ok(Ok(state)) => Ok(state),
+            Ok(Err(error)) => Err(Error::ActivationFailed {
+                key: key.clone(),
+                error: Arc::new(error),
+            }),
+            Err(panic) => Err(Error::ActivationPanicked {
+                key: key.clone(),
+                panic: panic_message(panic.as_ref()),
+            }),
+        }
     }
 
-    async fn handle(
-        &self,
-        myself: ActorRef<Self::Msg>,
-        message: Self::Msg,
-        cell: &mut CellState<A>,
-    ) -> Result<(), ActorProcessingErr> {
-        match message {
-            Envelope::User(msg) => self.deliver(msg, cell).await,
-            Envelope::Passivate { generation, force } => {
-                let busy = cell
-                    .state
-                    .as_ref()
-                    .is_some_and(|state| !self.behaviour.can_passivate(state));
-                match self.host.upgrade() {
-                    Some(host) if busy && !force => host.cancel_stop(&cell.ctx.key, generation),
-                    _ => myself.stop(None),
+    /// Handles the mailbox's messages in turn until the cell is stopped.
+    pub(crate) async fn run(&self, mut inbox: Inbox<Envelope<A::Msg>>, mut cell: CellState<A>) {
+        while let Some(message) = inbox.next().await {
+            match message {
+                Envelope::User(msg) => self.deliver(msg, &mut cell).await,
+                Envelope::Passivate { generation, force } => {
+                    let busy = cell
+                        .state
+                        .as_ref()
+                        .is_some_and(|state| !self.behaviour.can_passivate(state));
+                    match self.host.upgrade() {
+                        Some(host) if busy && !force => host.cancel_stop(&cell.ctx.key, generation),
+                        _ => cell.ctx.myself.stop(),
+                    }
                 }
             }
         }
-        Ok(())
     }
 }
 
@@ -252,30 +250,14 @@ impl<A: VirtualActor> Cell<A> {
             cell.failed = Some(error);
             return;
         }
-        let reloaded = AssertUnwindSafe(self.behaviour.activate(&cell.ctx.key))
-            .catch_unwind()
-            .await;
-        match reloaded {
-            Ok(Ok(mut state)) => {
+        match self.activate(&cell.ctx.key).await {
+            Ok(mut state) => {
                 tracing::info!(key = %cell.ctx.key, "actor.restarted");
                 let handle = Host::from_inner(Arc::clone(&host));
                 self.behaviour.restarted(&handle, &cell.ctx.key, &mut state);
                 cell.state = Some(state);
             }
-            Ok(Err(error)) => {
-                let error = Error::ActivationFailed {
-                    key: cell.ctx.key.clone(),
-                    error: Arc::new(error),
-                };
-                self.fail_reload(&host, cell, error);
-            }
-            Err(panic) => {
-                let error = Error::ActivationPanicked {
-                    key: cell.ctx.key.clone(),
-                    panic: panic_message(panic.as_ref()),
-                };
-                self.fail_reload(&host, cell, error);
-            }
+            Err(error) => self.fail_reload(&host, cell, error),
         }
     }
 
@@ -306,16 +288,13 @@ pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
     }
 }
 
-/// Sends a behaviour message to a cell; gives it back if the mailbox is closed.
-pub(crate) fn send_user<M: Send + Sync + 'static>(
-    actor: &ActorRef<Envelope<M>>,
-    msg: M,
-) -> Result<(), M> {
-    match actor.send_message(Envelope::User(msg)) {
+/// Sends a behaviour message to a cell; gives it back if the cell was stopped.
+pub(crate) fn send_user<M>(actor: &CellRef<Envelope<M>>, msg: M) -> Result<(), M> {
+    match actor.send(Envelope::User(msg)) {
         Ok(()) => Ok(()),
-        Err(ractor::MessagingErr::SendErr(Envelope::User(msg))) => Err(msg),
-        // ractor gives back what it was handed on every failed send; a passivation envelope
-        // cannot come back from a user send.
-        Err(_) => Ok(()),
+        Err(Envelope::User(msg)) => Err(msg),
+        // A send gives back what it was handed; a passivation envelope cannot come back from
+        // a user send.
+        Err(Envelope::Passivate { .. }) => Ok(()),
     }
 }

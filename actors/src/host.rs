@@ -2,18 +2,20 @@
 //! crash-loop breaker.
 
 use std::fmt;
+use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use dashmap::mapref::entry::Entry;
 use dashmap::DashMap;
-use ractor::{Actor, ActorRef};
+use futures::FutureExt;
 use tokio::sync::Notify;
 
-use crate::cell::{send_user, Cell, CellArgs, Envelope};
+use crate::cell::{send_user, Cell, CellState, Envelope};
 use crate::clock::{Clock, SystemClock};
 use crate::error::{Error, HostError};
+use crate::mailbox::{mailbox, CellRef};
 use crate::slot::{Phase, Slot};
 use crate::VirtualActor;
 
@@ -394,46 +396,39 @@ impl<A: VirtualActor> Inner<A> {
         }
     }
 
+    /// Starts the task of `key`'s next actor: it loads the state, then serves the mailbox
+    /// until the actor is stopped.
     fn spawn_activation(self: &Arc<Self>, key: A::Key, generation: u64) {
         let host = Arc::clone(self);
         tokio::spawn(async move { host.activate(key, generation).await });
     }
 
     async fn activate(self: Arc<Self>, key: A::Key, generation: u64) {
-        let activation_error = Arc::new(parking_lot::Mutex::new(None));
         let cell = Cell {
             behaviour: Arc::clone(&self.behaviour),
             host: Arc::downgrade(&self),
-            activation_error: Arc::clone(&activation_error),
         };
-        let spawned = Actor::spawn(None, cell, CellArgs { key: key.clone() }).await;
-        match spawned {
-            Ok((actor, join)) => {
+        match cell.activate(&key).await {
+            Ok(state) => {
                 self.activations.fetch_add(1, Ordering::Relaxed);
                 tracing::debug!(%key, generation, "actor.activated");
+                let (actor, inbox) = mailbox();
+                self.go_live(&key, generation, actor.clone());
+                // A resident actor must not keep its host alive: the cell reaches it weakly.
                 let host = Arc::downgrade(&self);
-                let stopped_key = key.clone();
-                tokio::spawn(async move {
-                    let _ = join.await;
-                    if let Some(host) = host.upgrade() {
-                        host.on_stopped(stopped_key, generation);
-                    }
-                });
-                self.go_live(&key, generation, actor);
+                drop(self);
+                let state = CellState::new(key.clone(), actor, host.clone(), state);
+                // The cell catches its behaviour's panics; this one is the host's own, and
+                // the key must still be forgotten after it.
+                let _ = AssertUnwindSafe(cell.run(inbox, state))
+                    .catch_unwind()
+                    .await;
+                if let Some(host) = host.upgrade() {
+                    host.on_stopped(key, generation);
+                }
             }
-            Err(spawn) => {
+            Err(error) => {
                 self.activation_failures.fetch_add(1, Ordering::Relaxed);
-                // The behaviour's own error if it answered one; else its activation panicked.
-                let error = match activation_error.lock().take() {
-                    Some(error) => Error::ActivationFailed {
-                        key: key.clone(),
-                        error: Arc::new(error),
-                    },
-                    None => Error::ActivationPanicked {
-                        key: key.clone(),
-                        panic: spawn.to_string(),
-                    },
-                };
                 let refused = error
                     .activation_error()
                     .is_some_and(|error| self.behaviour.is_refusal(error));
@@ -464,13 +459,13 @@ impl<A: VirtualActor> Inner<A> {
 
     /// Hands the buffered messages to a freshly started actor, in order, under the write lock so
     /// no concurrent sender can overtake them.
-    fn go_live(&self, key: &A::Key, generation: u64, actor: ActorRef<Envelope<A::Msg>>) {
+    fn go_live(&self, key: &A::Key, generation: u64, actor: CellRef<Envelope<A::Msg>>) {
         let Some(mut slot) = self.slots.get_mut(key) else {
-            actor.stop(None);
+            actor.stop();
             return;
         };
         if slot.generation != generation {
-            actor.stop(None);
+            actor.stop();
             return;
         }
         let queue = match &mut slot.phase {
@@ -505,7 +500,7 @@ impl<A: VirtualActor> Inner<A> {
         let phase = std::mem::replace(&mut slot.phase, Phase::Starting { queue: Vec::new() });
         slot.phase = match phase {
             Phase::Live { actor } => {
-                let sent = actor.send_message(Envelope::Passivate { generation, force });
+                let sent = actor.send(Envelope::Passivate { generation, force });
                 if sent.is_err() {
                     tracing::debug!(%key, "actor.stop_requested_on_dead_actor");
                 }
@@ -515,7 +510,7 @@ impl<A: VirtualActor> Inner<A> {
                 }
             }
             Phase::Stopping { actor, queue } if force => {
-                let _ = actor.send_message(Envelope::Passivate { generation, force });
+                let _ = actor.send(Envelope::Passivate { generation, force });
                 Phase::Stopping { actor, queue }
             }
             other => other,

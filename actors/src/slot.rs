@@ -3,9 +3,8 @@
 
 use std::sync::atomic::AtomicU64;
 
-use ractor::ActorRef;
-
 use crate::cell::Envelope;
+use crate::mailbox::CellRef;
 use crate::VirtualActor;
 
 /// The lifecycle of a key's actor, as seen by the host.
@@ -13,11 +12,11 @@ pub(crate) enum Phase<A: VirtualActor> {
     /// Activation is loading state; messages wait here in arrival order.
     Starting { queue: Vec<A::Msg> },
     /// The actor takes messages directly.
-    Live { actor: ActorRef<Envelope<A::Msg>> },
+    Live { actor: CellRef<Envelope<A::Msg>> },
     /// A passivation request is in the actor's mailbox; later messages wait here and go to the
     /// next actor for this key (or back to this one if it refuses to stop).
     Stopping {
-        actor: ActorRef<Envelope<A::Msg>>,
+        actor: CellRef<Envelope<A::Msg>>,
         queue: Vec<A::Msg>,
     },
 }
