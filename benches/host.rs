@@ -1,4 +1,5 @@
-//! What the virtual-actor host costs on top of bare ractor.
+//! What the virtual-actor host costs beside a bare ractor actor (the host's actors were ractor
+//! actors until each became one tokio task and a mailbox of the host's own).
 //!
 //! `round_trip/{current_thread,multi_thread}/…`: sequential request/reply round trips from a
 //! task on a tokio runtime of that flavor (one element = one round trip):
@@ -8,8 +9,8 @@
 //! * `bare_ractor_call`: the same through `ractor::call!` (ractor's RPC port).
 //! * `host_send`: `dormant_actors::Host::send` to a key whose actor is already active, with a
 //!   tokio oneshot in the message, then await the reply. The ratio to `bare_ractor_oneshot` is
-//!   the host's routing overhead (key lookup, LRU touch, envelope). On `current_thread` it is
-//!   pure CPU cost; on `multi_thread` cross-thread wake-ups dominate.
+//!   the host's routing (key lookup, LRU touch, envelope) and its mailbox against ractor's. On
+//!   `current_thread` it is pure CPU cost; on `multi_thread` cross-thread wake-ups dominate.
 //!
 //! Before the criterion benches, memory per idle actor is printed to stderr: 20,000 idle bare
 //! ractor actors, then 20,000 idle host actors (each activated by a message and left

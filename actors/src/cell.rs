@@ -154,8 +154,9 @@ impl<A: VirtualActor> Cell<A> {
         }
     }
 
-    /// Handles the mailbox's messages in turn until the cell is stopped.
-    pub(crate) async fn run(&self, mut inbox: Inbox<Envelope<A::Msg>>, mut cell: CellState<A>) {
+    /// Handles the mailbox's messages in turn until the cell is stopped (what the stop left
+    /// unhandled stays in `inbox`).
+    pub(crate) async fn run(&self, inbox: &mut Inbox<Envelope<A::Msg>>, mut cell: CellState<A>) {
         while let Some(message) = inbox.next().await {
             match message {
                 Envelope::User(msg) => self.deliver(msg, &mut cell).await,
@@ -285,6 +286,16 @@ pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
         text.clone()
     } else {
         "panic with a non-string payload".to_string()
+    }
+}
+
+impl<M> Envelope<M> {
+    /// The behaviour's message, if this is one.
+    pub(crate) fn into_user(self) -> Option<M> {
+        match self {
+            Envelope::User(msg) => Some(msg),
+            Envelope::Passivate { .. } => None,
+        }
     }
 }
 

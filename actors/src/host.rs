@@ -412,19 +412,25 @@ impl<A: VirtualActor> Inner<A> {
             Ok(state) => {
                 self.activations.fetch_add(1, Ordering::Relaxed);
                 tracing::debug!(%key, generation, "actor.activated");
-                let (actor, inbox) = mailbox();
+                let (actor, mut inbox) = mailbox();
                 self.go_live(&key, generation, actor.clone());
                 // A resident actor must not keep its host alive: the cell reaches it weakly.
                 let host = Arc::downgrade(&self);
                 drop(self);
                 let state = CellState::new(key.clone(), actor, host.clone(), state);
-                // The cell catches its behaviour's panics; this one is the host's own, and
-                // the key must still be forgotten after it.
-                let _ = AssertUnwindSafe(cell.run(inbox, state))
+                // The cell catches the panics of its behaviour's handler; one anywhere else
+                // (its `can_passivate`, say) ends the actor, and the key must still be
+                // forgotten after it.
+                let _ = AssertUnwindSafe(cell.run(&mut inbox, state))
                     .catch_unwind()
                     .await;
+                // What was sent to the actor but left behind its stop (a message its
+                // background work sent back, say) goes to its successor.
+                let unhandled = inbox.close().into_iter().filter_map(Envelope::into_user);
+                let unhandled: Vec<A::Msg> = unhandled.collect();
+                drop(inbox);
                 if let Some(host) = host.upgrade() {
-                    host.on_stopped(key, generation);
+                    host.on_stopped(key, generation, unhandled);
                 }
             }
             Err(error) => {
@@ -549,17 +555,18 @@ impl<A: VirtualActor> Inner<A> {
         self.stopped.notify_waiters();
     }
 
-    /// An actor's task ended: forget it, or start its successor for messages that arrived
-    /// while it was stopping.
-    fn on_stopped(self: &Arc<Self>, key: A::Key, generation: u64) {
+    /// An actor's task ended: forget it, or start its successor for the messages it left
+    /// unhandled (`unhandled`, first) and those that arrived while it was stopping.
+    fn on_stopped(self: &Arc<Self>, key: A::Key, generation: u64, unhandled: Vec<A::Msg>) {
         let mut restart = None;
+        let mut unhandled = Some(unhandled);
         if let Entry::Occupied(mut occupied) = self.slots.entry(key.clone()) {
             if occupied.get().generation == generation {
                 let slot = occupied.get_mut();
-                let queue = match &mut slot.phase {
-                    Phase::Stopping { queue, .. } => std::mem::take(queue),
-                    _ => Vec::new(),
-                };
+                let mut queue = unhandled.take().unwrap_or_default();
+                if let Phase::Stopping { queue: arrived, .. } = &mut slot.phase {
+                    queue.append(arrived);
+                }
                 self.passivations.fetch_add(1, Ordering::Relaxed);
                 if queue.is_empty() || self.shut_down.load(Ordering::Acquire) {
                     occupied.remove();
@@ -584,7 +591,11 @@ impl<A: VirtualActor> Inner<A> {
             }
         }
         if let Some(next) = restart {
-            self.spawn_activation(key, next);
+            self.spawn_activation(key.clone(), next);
+        }
+        // The key has another actor by now (or none): they go to it as any message would.
+        for msg in unhandled.into_iter().flatten() {
+            self.send(key.clone(), msg);
         }
         self.stopped.notify_waiters();
     }

@@ -2,12 +2,13 @@
 //! passivated when idle or evicted least-recently-used, restarted from durable state when it
 //! panics, and failed after too many crashes in a window.
 //!
-//! Each actor is one tokio task and a mailbox of the host's own (`mailbox.rs`), about 1 KB
+//! Each actor is one tokio task and a mailbox of the host's own (`mailbox.rs`), 1.2 KB of RSS
 //! idle. It was a [ractor](https://docs.rs/ractor) actor until activation, supervision and
 //! passivation had all moved into the host; all that was left of ractor was a task and a
 //! queue, at 6.6 KB an idle actor (four channels, two of them with 32 slots allocated up
-//! front, and a task that waited for the actor's end): more than half of what a resident
-//! suspended session costs (`cargo bench --bench host` measures both).
+//! front), 7.3 KB with the task the host kept waiting for its end: more than half of what a
+//! resident suspended session cost (`cargo bench --bench host` measures a bare ractor actor
+//! beside the host's).
 //!
 //! The host knows nothing of what the actors do. A behaviour implements [`VirtualActor`]:
 //! how to load a key's state ([`VirtualActor::activate`]), how to handle a message, when it is

@@ -4,8 +4,36 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{apply, ask, Counter, CounterMsg};
+use common::{activations, apply, ask, Counter, CounterMsg};
 use dormant_actors::{Error, Host, HostConfig, ManualClock};
+use tokio::sync::oneshot;
+
+/// A message the actor's background work sends back after the actor took its stop (behind
+/// the stop in its mailbox) is handled by the key's next actor, not dropped with the mailbox.
+#[tokio::test]
+async fn a_message_left_behind_a_stop_goes_to_the_next_actor() -> anyhow::Result<()> {
+    let host = Host::new(Counter::default(), HostConfig::default());
+    let key = "held".to_string();
+    let (open, gate) = oneshot::channel();
+    let (mailbox_to, mailbox) = oneshot::channel();
+    host.send(key.clone(), CounterMsg::Hold { mailbox_to, gate });
+    // The actor is in its handler now, waiting for the gate.
+    let mailbox = mailbox.await?;
+    host.evict(&key);
+    let (reply, answer) = oneshot::channel();
+    mailbox
+        .send(CounterMsg::Apply { id: 7, reply })
+        .map_err(|_| anyhow::anyhow!("the actor's mailbox refused a message before its stop"))?;
+    let _ = open.send(());
+    assert_eq!(answer.await?.ok(), Some(1));
+    assert_eq!(
+        activations(host.behaviour()),
+        2,
+        "the next actor handled it"
+    );
+    host.shutdown().await;
+    Ok(())
+}
 
 #[tokio::test]
 async fn first_message_activates_and_loads_durable_state() -> anyhow::Result<()> {

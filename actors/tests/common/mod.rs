@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use dormant_actors::{ActorContext, Host, HostError, VirtualActor};
+use dormant_actors::{ActorContext, Host, HostError, Mailbox, VirtualActor};
 use parking_lot::Mutex;
 use tokio::sync::oneshot;
 
@@ -30,14 +30,21 @@ pub enum CounterMsg {
         busy: bool,
         reply: oneshot::Sender<Result<usize, Error>>,
     },
+    /// Hand out the actor's own mailbox (as background work holds it), then handle nothing
+    /// more until `gate` opens (or is dropped).
+    Hold {
+        mailbox_to: oneshot::Sender<Mailbox<Counter>>,
+        gate: oneshot::Receiver<()>,
+    },
 }
 
 impl CounterMsg {
-    fn into_reply(self) -> oneshot::Sender<Result<usize, Error>> {
+    fn into_reply(self) -> Option<oneshot::Sender<Result<usize, Error>>> {
         match self {
             CounterMsg::Apply { reply, .. }
             | CounterMsg::Panic { reply }
-            | CounterMsg::SetBusy { reply, .. } => reply,
+            | CounterMsg::SetBusy { reply, .. } => Some(reply),
+            CounterMsg::Hold { .. } => None,
         }
     }
 }
@@ -90,6 +97,10 @@ impl VirtualActor for Counter {
                 state.busy = busy;
                 let _ = reply.send(Ok(state.ids.len()));
             }
+            CounterMsg::Hold { mailbox_to, gate } => {
+                let _ = mailbox_to.send(ctx.mailbox());
+                let _ = gate.await;
+            }
         }
     }
 
@@ -98,7 +109,9 @@ impl VirtualActor for Counter {
     }
 
     fn reject(&self, _host: &Host<Self>, msg: CounterMsg, error: Error) {
-        let _ = msg.into_reply().send(Err(error));
+        if let Some(reply) = msg.into_reply() {
+            let _ = reply.send(Err(error));
+        }
     }
 }
 
