@@ -559,11 +559,11 @@ impl<A: VirtualActor> Inner<A> {
     /// unhandled (`unhandled`, first) and those that arrived while it was stopping.
     fn on_stopped(self: &Arc<Self>, key: A::Key, generation: u64, unhandled: Vec<A::Msg>) {
         let mut restart = None;
-        let mut unhandled = Some(unhandled);
+        let mut unhandled = unhandled;
         if let Entry::Occupied(mut occupied) = self.slots.entry(key.clone()) {
             if occupied.get().generation == generation {
                 let slot = occupied.get_mut();
-                let mut queue = unhandled.take().unwrap_or_default();
+                let mut queue = std::mem::take(&mut unhandled);
                 if let Phase::Stopping { queue: arrived, .. } = &mut slot.phase {
                     queue.append(arrived);
                 }
@@ -594,7 +594,7 @@ impl<A: VirtualActor> Inner<A> {
             self.spawn_activation(key.clone(), next);
         }
         // The key has another actor by now (or none): they go to it as any message would.
-        for msg in unhandled.into_iter().flatten() {
+        for msg in unhandled {
             self.send(key.clone(), msg);
         }
         self.stopped.notify_waiters();
