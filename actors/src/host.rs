@@ -300,6 +300,19 @@ impl<A: VirtualActor> Host<A> {
     }
 }
 
+impl<A: VirtualActor> Drop for Inner<A> {
+    /// The last handle on the host is gone without a shutdown: its actors are stopped, so that
+    /// their tasks end and their state goes, rather than wait for messages nobody can send
+    /// (each cell holds its own mailbox, so it would never see it close).
+    fn drop(&mut self) {
+        for slot in self.slots.iter() {
+            if let Phase::Live { actor } | Phase::Stopping { actor, .. } = &slot.phase {
+                actor.stop();
+            }
+        }
+    }
+}
+
 impl<A: VirtualActor> Inner<A> {
     pub(crate) fn config(&self) -> &HostConfig {
         &self.config

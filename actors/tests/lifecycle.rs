@@ -8,6 +8,25 @@ use common::{activations, apply, ask, Counter, CounterMsg};
 use dormant_actors::{Error, Host, HostConfig, ManualClock};
 use tokio::sync::oneshot;
 
+/// Dropping the host without a shutdown stops its actors: a mailbox their background work
+/// holds refuses messages from then on, where the actor used to wait for them forever.
+#[tokio::test]
+async fn a_host_dropped_without_a_shutdown_stops_its_actors() -> anyhow::Result<()> {
+    let host = Host::new(Counter::default(), HostConfig::default());
+    let (open, gate) = oneshot::channel();
+    let (mailbox_to, mailbox) = oneshot::channel();
+    let _ = open.send(());
+    host.send("left".to_string(), CounterMsg::Hold { mailbox_to, gate });
+    let mailbox = mailbox.await?;
+    drop(host);
+    let (reply, _answer) = oneshot::channel();
+    assert!(
+        mailbox.send(CounterMsg::Apply { id: 1, reply }).is_err(),
+        "an actor of a dropped host still takes messages"
+    );
+    Ok(())
+}
+
 /// A message the actor's background work sends back after the actor took its stop (behind
 /// the stop in its mailbox) is handled by the key's next actor, not dropped with the mailbox.
 #[tokio::test]
