@@ -92,8 +92,8 @@ impl<M> CellRef<M> {
         Ok(())
     }
 
-    /// Ends the cell's task once the message it handles now (if any) is done; what is still
-    /// queued is dropped, and later sends are refused.
+    /// Ends the cell's task once the message it handles now (if any) is done, ahead of what is
+    /// still queued (which [`Inbox::close`] then hands on); later sends are refused.
     pub(crate) fn stop(&self) {
         self.shared.queue.lock().stopping = true;
         self.shared.waiting.wake();
@@ -131,9 +131,7 @@ impl<M> Inbox<M> {
         })
         .await
     }
-}
 
-impl<M> Inbox<M> {
     /// Closes the mailbox (later sends are refused) and takes what is still in it: the
     /// messages a stop left unhandled.
     pub(crate) fn close(&mut self) -> VecDeque<M> {
