@@ -70,8 +70,9 @@ impl<A: VirtualActor> ActorContext<A> {
 }
 
 /// A cloneable handle to one actor's mailbox (see [`ActorContext::mailbox`]). It reaches that
-/// actor only, not its successor after an eviction: use it for work the actor waits on, which
-/// keeps it from being passivated.
+/// actor, and refuses messages once the actor has stopped (one that arrived behind the stop
+/// goes to its successor): use it for work the actor waits on, which keeps it from being
+/// passivated.
 pub struct Mailbox<A: VirtualActor> {
     actor: CellRef<Envelope<A::Msg>>,
 }

@@ -20,7 +20,8 @@
 //!   for a key is activated only after the previous one has fully stopped.
 //! - **No lost messages.** A message sent while its actor is starting or stopping is buffered
 //!   in the host and handed, in order, to the next actor for that key. A message that races an
-//!   eviction is delivered either to the old actor before it stops or to the re-activated one.
+//!   eviction is delivered either to the old actor before it stops or to the re-activated one;
+//!   one that reached the old actor's mailbox behind its stop goes to the next actor first.
 //! - **Eviction is only a stop.** The behaviour keeps its state durable; the host never asks it
 //!   to save anything on the way out (a process can die at any point, so saving there would
 //!   not be safe anyway).
