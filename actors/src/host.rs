@@ -440,7 +440,7 @@ impl<A: VirtualActor> Inner<A> {
                 // What was sent to the actor but left behind its stop (a message its
                 // background work sent back, say) goes to its successor.
                 let unhandled = inbox.close().into_iter().filter_map(Envelope::into_user);
-                let unhandled: Vec<A::Msg> = unhandled.collect();
+                let unhandled = unhandled.collect();
                 drop(inbox);
                 if let Some(host) = host.upgrade() {
                     host.on_stopped(key, generation, unhandled);
@@ -570,9 +570,8 @@ impl<A: VirtualActor> Inner<A> {
 
     /// An actor's task ended: forget it, or start its successor for the messages it left
     /// unhandled (`unhandled`, first) and those that arrived while it was stopping.
-    fn on_stopped(self: &Arc<Self>, key: A::Key, generation: u64, unhandled: Vec<A::Msg>) {
+    fn on_stopped(self: &Arc<Self>, key: A::Key, generation: u64, mut unhandled: Vec<A::Msg>) {
         let mut restart = None;
-        let mut unhandled = unhandled;
         if let Entry::Occupied(mut occupied) = self.slots.entry(key.clone()) {
             if occupied.get().generation == generation {
                 let slot = occupied.get_mut();

@@ -11,21 +11,16 @@
 use std::collections::VecDeque;
 use std::fmt;
 use std::future::poll_fn;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::Poll;
 
 use futures::task::AtomicWaker;
 use parking_lot::Mutex;
 
-/// A number for each mailbox, for logs.
-static NEXT_ID: AtomicU64 = AtomicU64::new(1);
-
 struct Shared<M> {
     queue: Mutex<Queue<M>>,
     /// The cell's task, while it waits for a message.
     waiting: AtomicWaker,
-    id: u64,
 }
 
 struct Queue<M> {
@@ -49,7 +44,7 @@ impl<M> Clone for CellRef<M> {
 
 impl<M> fmt::Debug for CellRef<M> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("CellRef").field(&self.shared.id).finish()
+        f.debug_tuple("CellRef").field(&self.id()).finish()
     }
 }
 
@@ -66,7 +61,6 @@ pub(crate) fn mailbox<M>() -> (CellRef<M>, Inbox<M>) {
             stopping: false,
         }),
         waiting: AtomicWaker::new(),
-        id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
     });
     (
         CellRef {
@@ -99,9 +93,9 @@ impl<M> CellRef<M> {
         self.shared.waiting.wake();
     }
 
-    /// The mailbox's number, for logs.
-    pub(crate) fn id(&self) -> u64 {
-        self.shared.id
+    /// The mailbox's number, for logs: where it lies in memory, unique while it lives.
+    pub(crate) fn id(&self) -> usize {
+        Arc::as_ptr(&self.shared).cast::<()>() as usize
     }
 }
 
@@ -152,6 +146,8 @@ impl<M> Drop for Inbox<M> {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::Ordering;
+
     use super::*;
 
     #[tokio::test]
