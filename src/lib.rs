@@ -192,6 +192,9 @@ pub use runtime::build_error::BuildError;
 pub use runtime::builder::RuntimeBuilder;
 pub use runtime::handle::Runtime;
 pub use runtime::read_error::ReadError;
+// dormant-server's plumbing (`POST /submit-tool-result?resume=true&stream=true`).
+#[doc(hidden)]
+pub use runtime::submit_follow::{FollowToSettle, SubmitFollowed};
 pub use session::outcome::RunOutcome;
 pub use session::submit::{Submit, SubmitOutcome};
 #[cfg(feature = "fjall")]

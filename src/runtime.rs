@@ -19,6 +19,7 @@ pub(crate) mod read_error;
 mod route;
 mod stop;
 mod submit;
+pub(crate) mod submit_follow;
 mod tool_info;
 
 use std::sync::Arc;
@@ -836,9 +837,19 @@ impl Runtime {
                 Some(tell),
             ))
         };
+        (events, self.settle_told(id, told))
+    }
+
+    /// The chunk count of `id` once it settles: as `told` says (by the owner's stream), or,
+    /// if it never does, waited for and read here.
+    pub(super) fn settle_told(
+        &self,
+        id: &SessionId,
+        told: tokio::sync::oneshot::Receiver<u64>,
+    ) -> impl std::future::Future<Output = Option<u64>> + Send + 'static {
         let runtime = self.clone();
         let id = id.clone();
-        let settled = async move {
+        async move {
             if let Ok(chunks) = told.await {
                 return Some(chunks);
             }
@@ -846,8 +857,7 @@ impl Runtime {
             // (a call to the owner, if another node runs it).
             runtime.wait_settled(&id).await;
             runtime.chunk_count(&id).await
-        };
-        (events, settled)
+        }
     }
 
     /// The session's chunk count as its stored record says (`None` if it does not read): once

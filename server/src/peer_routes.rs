@@ -1,14 +1,14 @@
-//! `POST /peer` and `POST /peer/follow`: the calls of the other nodes of a cluster, answered
-//! here (the client side, [`HttpPeers`](crate::HttpPeers), is peers.rs). Not client routes:
-//! a call carries the node's key, not a session token, and is served by the runtime itself,
-//! here and never further.
+//! `POST /peer`, `POST /peer/follow` and `POST /peer/submit-follow`: the calls of the other
+//! nodes of a cluster, answered here (the client side, [`HttpPeers`](crate::HttpPeers), is
+//! peers.rs). Not client routes: a call carries the node's key, not a session token, and is
+//! served by the runtime itself, here and never further.
 
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use dormant::cluster::peer::PeerCall;
+use dormant::cluster::peer::{PeerCall, PeerEvent};
 use futures::StreamExt;
 
 use crate::error::ApiError;
@@ -80,16 +80,7 @@ pub(crate) async fn follow(
             .serve_peer_follow(key, &session, from)?
             .boxed()
     };
-    let lines = events.map(|event| {
-        let mut line = serde_json::to_vec(&event).unwrap_or_default();
-        line.push(b'\n');
-        Ok::<_, std::convert::Infallible>(Bytes::from(line))
-    });
-    let mut response = (
-        [(header::CONTENT_TYPE, "application/x-ndjson")],
-        Body::from_stream(lines),
-    )
-        .into_response();
+    let mut response = ndjson(events);
     if to_settle {
         // Says this stream ends at the settle: a node of an earlier version ignores
         // `to_settle`, and its follower must then wait for the settle by a call.
@@ -98,4 +89,42 @@ pub(crate) async fn follow(
             .insert(FOLLOW_TO_SETTLE, axum::http::HeaderValue::from_static("1"));
     }
     Ok(response)
+}
+
+/// `POST /peer/submit-follow`: another node's
+/// [`Peers::submit_and_follow`](dormant::cluster::peer::Peers::submit_and_follow), a
+/// [`PeerCall::SubmitAndResume`] (any other call is 400): 200 with its answer as the first
+/// line (or the call's failure, alone), then, for a resume that started a run, its stream to
+/// the settle as `POST /peer/follow` sends it with `to_settle`. 403 and 400 as `POST /peer`.
+pub(crate) async fn submit_follow(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let key = peer_key(&state, &headers)?;
+    let call: PeerCall =
+        serde_json::from_slice(&body).map_err(|error| unreadable("call", &error))?;
+    let PeerCall::SubmitAndResume { submit } = call else {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            "not a peer submit_and_resume call",
+        ));
+    };
+    let events = state.runtime.serve_peer_submit_follow(key, submit)?;
+    Ok(ndjson(events.boxed()))
+}
+
+/// `events` as a body of one JSON line each.
+fn ndjson(events: futures::stream::BoxStream<'static, PeerEvent>) -> Response {
+    let lines = events.map(|event| {
+        let mut line = serde_json::to_vec(&event).unwrap_or_default();
+        line.push(b'\n');
+        Ok::<_, std::convert::Infallible>(Bytes::from(line))
+    });
+    (
+        [(header::CONTENT_TYPE, "application/x-ndjson")],
+        Body::from_stream(lines),
+    )
+        .into_response()
 }

@@ -1,8 +1,9 @@
 //! Calls between the nodes of one cluster ([`dormant::cluster::peer`]): [`HttpPeers`] sends a
 //! [`PeerCall`] to the node that owns the session's tree (`POST /peer` at its advertised
-//! address, with its key from the shared store) and follows a session's stream there
-//! (`POST /peer/follow`); peer_routes.rs answers them there. The agent server's own routes
-//! call the runtime, which routes each call to its owner through this transport.
+//! address, with its key from the shared store), follows a session's stream there
+//! (`POST /peer/follow`), or does both for an answer, its resume and the run that resume
+//! starts (`POST /peer/submit-follow`); peer_routes.rs answers them there. The agent server's
+//! own routes call the runtime, which routes each call to its owner through this transport.
 
 use std::time::Duration;
 
@@ -11,7 +12,7 @@ use bytes::Bytes;
 use dormant::cluster::leases::LeaseOwner;
 use dormant::cluster::peer::{PeerAnswer, PeerCall, PeerEvent, PeerEvents, Peers};
 use dormant::remote::RemoteError;
-use dormant::SessionId;
+use dormant::{SessionId, Submit};
 use futures::{Stream, StreamExt};
 use serde::{Deserialize, Serialize};
 
@@ -26,6 +27,10 @@ pub(crate) const PEER_ROUTE: &str = "/peer";
 
 /// The route a node serves its peers' follows at.
 pub(crate) const FOLLOW_ROUTE: &str = "/peer/follow";
+
+/// The route a node serves its peers' answers with their follows at (a node of an earlier
+/// version answers 404, and its peers make the two calls instead).
+pub(crate) const SUBMIT_FOLLOW_ROUTE: &str = "/peer/submit-follow";
 
 /// The header of a follow's answer that ends at the session's settle, as `to_settle` asked
 /// (a node of an earlier version answers without it, and follows open-ended).
@@ -139,6 +144,23 @@ impl Peers for HttpPeers {
         from: u64,
     ) -> Result<Option<PeerEvents>, RemoteError> {
         self.follow_on(owner, session, from, true).await
+    }
+
+    async fn submit_and_follow(
+        &self,
+        owner: &LeaseOwner,
+        submit: &Submit,
+    ) -> Result<Option<PeerEvents>, RemoteError> {
+        let endpoint = owner.address.clone().unwrap_or_default();
+        let call = PeerCall::SubmitAndResume {
+            submit: submit.clone(),
+        };
+        match self.post(owner, SUBMIT_FOLLOW_ROUTE, &call).await {
+            Ok(response) => Ok(Some(events(endpoint, response.bytes_stream()).boxed())),
+            // An owner of an earlier version: the runtime makes the two calls.
+            Err(RemoteError::Refused { status: 404, .. }) => Ok(None),
+            Err(other) => Err(other),
+        }
     }
 }
 

@@ -178,12 +178,17 @@ pub(crate) async fn submit(
     let id = session_id(&submit.session_id)?;
     credentials.session(&id).await?;
     let call = submit.tool_call_id.clone();
-    // With the resume, one call of the runtime: one hop to the node that owns the session.
-    let (outcome, resumed) = if query.resume {
+    // With the resume, one call of the runtime: one hop to the node that owns the session
+    // (with the stream, the same hop brings the resumed run's stream).
+    let (outcome, resumed, follow) = if query.stream {
+        let followed = state.runtime.submit_resume_and_follow(submit).await?;
+        let answer = followed.answer;
+        (answer.outcome, answer.resumed, followed.follow)
+    } else if query.resume {
         let answer = state.runtime.submit_and_resume(submit).await?;
-        (answer.outcome, answer.resumed)
+        (answer.outcome, answer.resumed, None)
     } else {
-        (state.runtime.submit_tool_result(submit).await?, None)
+        (state.runtime.submit_tool_result(submit).await?, None, None)
     };
     tracing::info!(session = %id, tool_call_id = %Untrusted(&call), outcome = outcome.code(), "server.submit");
     let mut answer = submit_answer(outcome)?;
@@ -203,9 +208,15 @@ pub(crate) async fn submit(
                     return Ok(sse::settled_at_once(first));
                 }
                 // A run, or sub-agents woken (their runs, copied into this stream when they
-                // report, and this session's own if it goes on), until it all settles.
-                let ends = Ends::AtSettle { backstop: true };
-                return Ok(sse::events(&state, &id, from, ends, Some(first)));
+                // report, and this session's own if it goes on), until it all settles: on
+                // the follow the runtime opened with the answer.
+                return Ok(match follow {
+                    Some(follow) => sse::followed(&state, &id, from, follow, first),
+                    None => {
+                        let ends = Ends::AtSettle { backstop: true };
+                        sse::events(&state, &id, from, ends, Some(first))
+                    }
+                });
             }
             if let Some(fields) = answer.as_object_mut() {
                 fields.insert(

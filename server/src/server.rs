@@ -230,6 +230,10 @@ impl Server {
                 crate::peers::FOLLOW_ROUTE,
                 post(crate::peer_routes::follow).route_layer(with_body()),
             ),
+            (
+                crate::peers::SUBMIT_FOLLOW_ROUTE,
+                post(crate::peer_routes::submit_follow).route_layer(with_body()),
+            ),
         ];
         if page {
             table.push(("/", get(page::index)));

@@ -132,6 +132,24 @@ pub(crate) fn events(
     crate::sse_body::response(body)
 }
 
+/// [`events`] to the settle of a run a request started, from `from`, on a follow the runtime
+/// opened with the request (`POST /submit-tool-result?resume=true&stream=true`: one call to
+/// the node that owns the session), after `first`, the request's answer.
+pub(crate) fn followed(
+    state: &AppState,
+    id: &dormant::SessionId,
+    from: u64,
+    follow: dormant::FollowToSettle,
+    first: BytesMut,
+) -> Response {
+    tracing::debug!(session = %id, from, "server.stream_opened");
+    let shutdown = shutdown(state.closing.clone());
+    let ends = Ends::AtSettle { backstop: true };
+    let body = EventBody::new(state, follow.events, shutdown, ends, first, from)
+        .ending_when_settled(Some(follow.settled));
+    crate::sse_body::response(body)
+}
+
 /// `Last-Event-ID`: the last sequence number the client saw.
 fn last_event_id(headers: &HeaderMap) -> Result<Option<u64>, ApiError> {
     let Some(value) = headers.get("last-event-id") else {

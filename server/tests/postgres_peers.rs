@@ -21,7 +21,7 @@ use dormant::{
     ToolDefinition,
 };
 use dormant::{Submit, SubmitOutcome};
-use dormant_server::{Auth, HttpPeers, Server, PEER_KEY};
+use dormant_server::{Auth, HttpPeers, Server, TokenKey, PEER_KEY};
 use futures::StreamExt;
 use serde_json::json;
 
@@ -29,11 +29,15 @@ use serde_json::json;
 /// the store; a stream that says nothing for this long is stuck.
 const FOLLOW_BOUND: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// The key every node signs session tokens with: a token one issues is good on any.
+const TOKEN_KEY: [u8; 32] = [7; 32];
+
 /// One node: a runtime on the shared database, served on a loopback port it advertises.
 struct Node {
     runtime: Runtime,
     base: String,
     served: tokio::task::JoinHandle<std::io::Result<()>>,
+    _closing: dormant_server::Closing,
 }
 
 async fn node(url: &str, name: &str) -> anyhow::Result<Node> {
@@ -69,12 +73,17 @@ async fn node_with(url: &str, name: &str, peers: Arc<dyn Peers>) -> anyhow::Resu
         // node's statements are its calls'.
         .background_deadlines(false)
         .build()?;
-    let router = Server::new(runtime.clone(), Auth::allow_unauthenticated()).router()?;
+    let server = Server::new(runtime.clone(), Auth::allow_unauthenticated())
+        .token_key(TokenKey::from_bytes(TOKEN_KEY));
+    // Held: with its switch gone, every stream the node answers ends as at a shutdown.
+    let closing = server.closing();
+    let router = server.router()?;
     let served = tokio::spawn(async move { axum::serve(listener, router).await });
     Ok(Node {
         runtime,
         base,
         served,
+        _closing: closing,
     })
 }
 
@@ -268,9 +277,13 @@ struct CountingPeers {
     calls: AtomicUsize,
     follows: AtomicUsize,
     follows_to_settle: AtomicUsize,
+    submit_follows: AtomicUsize,
     /// Answers a follow to the settle as a transport that cannot (or an owner of an earlier
     /// version) does.
     open_ended: std::sync::atomic::AtomicBool,
+    /// Answers a submit with its follow as a transport that cannot (or an owner of an
+    /// earlier version) does.
+    no_submit_follow: std::sync::atomic::AtomicBool,
 }
 
 #[async_trait::async_trait]
@@ -302,6 +315,132 @@ impl Peers for CountingPeers {
         }
         self.http.follow_to_settle(owner, session, from).await
     }
+
+    async fn submit_and_follow(
+        &self,
+        owner: &LeaseOwner,
+        submit: &Submit,
+    ) -> Result<Option<PeerEvents>, RemoteError> {
+        self.submit_follows.fetch_add(1, Ordering::SeqCst);
+        if self.no_submit_follow.load(Ordering::SeqCst) {
+            return Ok(None);
+        }
+        self.http.submit_and_follow(owner, submit).await
+    }
+}
+
+/// An answer through a node that does not own the session, with its resume and the resumed
+/// run's stream (`POST /submit-tool-result?resume=true&stream=true` there): one call to the
+/// owner, which answers and then streams the run to its settle. A transport (or an owner of
+/// an earlier version) that cannot makes the two calls, with the same stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_with_its_resume_and_stream_is_one_call_to_the_owner() -> anyhow::Result<()> {
+    let Some(cluster) = dormant::testkit::PgCluster::start()? else {
+        return Ok(());
+    };
+    let url = cluster.url();
+    let peers = Arc::new(CountingPeers::default());
+    let a = node(&url, "a").await?;
+    let b = node_with(&url, "b", peers.clone()).await?;
+    let counts = || {
+        [
+            peers.submit_follows.load(Ordering::SeqCst),
+            peers.calls.load(Ordering::SeqCst),
+            peers.follows_to_settle.load(Ordering::SeqCst),
+            peers.follows.load(Ordering::SeqCst),
+        ]
+    };
+    answered_and_followed(&a, &b, "s1").await?;
+    assert_eq!(counts(), [1, 0, 0, 0], "one call, nothing beside it");
+
+    // An answer the owner does not accept: its outcome, and nothing to follow.
+    let stray = Submit::result("s1", "tc-9", json!({ "ok": true }));
+    let followed = b.runtime.submit_resume_and_follow(stray).await?;
+    assert!(
+        followed.answer.outcome == SubmitOutcome::UnknownToolCall,
+        "{:?}",
+        followed.answer
+    );
+    assert!(followed.answer.resumed.is_none() && followed.follow.is_none());
+    assert_eq!(counts(), [2, 0, 0, 0]);
+
+    peers.no_submit_follow.store(true, Ordering::SeqCst);
+    answered_and_followed(&a, &b, "s2").await?;
+    assert_eq!(counts(), [3, 1, 1, 0], "the answer, then the follow");
+
+    // Over HTTP, through B: the answer, the run's chunks, and the end at its settle.
+    peers.no_submit_follow.store(false, Ordering::SeqCst);
+    let id: SessionId = "s3".parse()?;
+    a.runtime.execute_on(&id, "editor", "edit it").await?;
+    let response = reqwest::Client::new()
+        .post(format!(
+            "{}/submit-tool-result?resume=true&stream=true",
+            b.base
+        ))
+        .bearer_auth(TokenKey::from_bytes(TOKEN_KEY).issue(&id))
+        .json(&Submit::result("s3", "tc-1", json!({ "ok": true })).to_json())
+        .send()
+        .await?;
+    assert_eq!(response.status(), reqwest::StatusCode::OK);
+    let body = tokio::time::timeout(FOLLOW_BOUND, response.text()).await??;
+    let events: Vec<&str> = body
+        .lines()
+        .filter_map(|line| line.strip_prefix("event: "))
+        .collect();
+    assert_eq!(events.first(), Some(&"accepted"), "{body}");
+    assert!(events.contains(&"run_end"), "{body}");
+    assert!(body.contains("settled"), "{body}");
+    assert_eq!(a.runtime.session(&id).await?.status, Status::Completed);
+    assert_eq!(counts(), [4, 1, 1, 0], "one call more");
+
+    for node in [a, b] {
+        node.runtime.shutdown().await?;
+        node.served.abort();
+    }
+    Ok(())
+}
+
+/// `session` suspended on A, then answered through B with its resume and followed there to
+/// the settle: every chunk of the run, once, then the count A has.
+async fn answered_and_followed(a: &Node, b: &Node, session: &str) -> anyhow::Result<()> {
+    let id: SessionId = session.parse()?;
+    let suspended = a.runtime.execute_on(&id, "editor", "edit it").await?;
+    assert_eq!(suspended.status, Status::SuspendedClientTool);
+    let answer = Submit::result(session, "tc-1", json!({ "ok": true }));
+    let followed = b.runtime.submit_resume_and_follow(answer).await?;
+    assert_eq!(followed.answer.outcome, SubmitOutcome::Accepted);
+    let started = match followed.answer.resumed {
+        Some(Ok(started)) => started,
+        other => anyhow::bail!("resumed: {other:?}"),
+    };
+    let Some(follow) = followed.follow else {
+        anyhow::bail!("a run started, and nothing to follow");
+    };
+    let (mut events, mut settled) = (follow.events, follow.settled);
+    let mut seen = Vec::new();
+    let chunks = tokio::time::timeout(FOLLOW_BOUND, async {
+        loop {
+            tokio::select! {
+                biased;
+                event = events.next() => match event {
+                    Some(Ok(dormant::StreamEvent::Chunk(chunk))) => seen.push(chunk.seq),
+                    Some(Ok(dormant::StreamEvent::Delta(_))) => {}
+                    other => anyhow::bail!("the stream broke off: {other:?}"),
+                },
+                chunks = &mut settled => break Ok(chunks),
+            }
+        }
+    })
+    .await
+    .map_err(|_| anyhow::anyhow!("stuck after {seen:?}"))??;
+    let record = a.runtime.session(&id).await?;
+    assert_eq!(record.status, Status::Completed);
+    assert_eq!(chunks, Some(record.chunk_count), "the count once settled");
+    assert_eq!(
+        seen,
+        (started.from_seq..record.chunk_count).collect::<Vec<_>>()
+    );
+    Ok(())
 }
 
 /// A stream that ends at the settle of a run another node makes (the agent server's answer to

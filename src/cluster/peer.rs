@@ -286,6 +286,9 @@ pub enum PeerEvent {
         /// The session's chunk count once settled.
         chunks: u64,
     },
+    /// The answer of a [`Peers::submit_and_follow`]: its first event, before the resumed
+    /// run's chunks.
+    SubmittedAndResumed(SubmitResumed),
 }
 
 /// A session's stream from the node that runs it.
@@ -336,6 +339,24 @@ pub trait Peers: Send + Sync + fmt::Debug + 'static {
         _owner: &LeaseOwner,
         _session: &SessionId,
         _from: u64,
+    ) -> Result<Option<PeerEvents>, RemoteError> {
+        Ok(None)
+    }
+
+    /// [`PeerCall::SubmitAndResume`] and the follow of the run it resumes, in one call: the
+    /// owner's first event is its answer ([`PeerEvent::SubmittedAndResumed`], or
+    /// [`PeerEvent::Failed`]); for a resume that started a run, [`Peers::follow_to_settle`]
+    /// from the resume's first chunk follows (the owner serves it with
+    /// [`Runtime::serve_peer_submit_follow`](crate::Runtime::serve_peer_submit_follow)). One
+    /// round trip to the owner where the two calls take two. `None` (the default): this
+    /// transport (or the owner) does not, and the runtime makes the two calls.
+    ///
+    /// # Errors
+    /// As [`Peers::call`].
+    async fn submit_and_follow(
+        &self,
+        _owner: &LeaseOwner,
+        _submit: &Submit,
     ) -> Result<Option<PeerEvents>, RemoteError> {
         Ok(None)
     }
@@ -406,9 +427,16 @@ mod tests {
             let wire = serde_json::to_value(&answer)?;
             assert_eq!(serde_json::from_value::<PeerAnswer>(wire)?, answer);
         }
+        let answered = SubmitResumed {
+            outcome: SubmitOutcome::Accepted,
+            resumed: Some(Err(PeerFailure::of(&Error::AlreadyRunning(
+                session.clone(),
+            )))),
+        };
         for event in [
             PeerEvent::Failed(PeerFailure::of(&Error::Crashed(session))),
             PeerEvent::Settled { chunks: 7 },
+            PeerEvent::SubmittedAndResumed(answered),
         ] {
             let wire = serde_json::to_vec(&event)?;
             assert_eq!(serde_json::from_slice::<PeerEvent>(&wire)?, event);

@@ -126,7 +126,7 @@ impl Runtime {
     }
 
     /// Serves `call` on this node.
-    async fn here(&self, call: PeerCall) -> Result<PeerAnswer, Error> {
+    pub(super) async fn here(&self, call: PeerCall) -> Result<PeerAnswer, Error> {
         self.ensure_open()?;
         match call {
             PeerCall::Execute {
@@ -284,6 +284,16 @@ impl Runtime {
         }
     }
 
+    /// A peer's call is served only while this runtime is open, and only with this node's
+    /// key.
+    pub(super) fn admit_peer(&self, key: &str) -> Result<(), Error> {
+        self.ensure_open()?;
+        if !self.accepts_peer_key(key) {
+            return Err(Error::PeerRefused);
+        }
+        Ok(())
+    }
+
     /// What a submit is checked against.
     pub(super) fn limits(&self) -> Limits {
         Limits {
@@ -321,10 +331,7 @@ impl Runtime {
     /// store: it takes no calls from peers), [`Error::ShutDown`]. Every other failure is the
     /// call's answer, [`PeerAnswer::Failed`].
     pub async fn serve_peer(&self, key: &str, call: PeerCall) -> Result<PeerAnswer, Error> {
-        self.ensure_open()?;
-        if !self.accepts_peer_key(key) {
-            return Err(Error::PeerRefused);
-        }
+        self.admit_peer(key)?;
         Ok(self
             .here(call)
             .await
@@ -346,10 +353,7 @@ impl Runtime {
         session: &SessionId,
         from: u64,
     ) -> Result<impl futures::Stream<Item = PeerEvent> + Send + 'static, Error> {
-        self.ensure_open()?;
-        if !self.accepts_peer_key(key) {
-            return Err(Error::PeerRefused);
-        }
+        self.admit_peer(key)?;
         Ok(super::follow::serve_follow(
             std::sync::Arc::clone(&self.inner.shared),
             session.clone(),
@@ -372,7 +376,22 @@ impl Runtime {
         session: &SessionId,
         from: u64,
     ) -> Result<impl futures::Stream<Item = PeerEvent> + Send + 'static, Error> {
-        let events = self.serve_peer_follow(key, session, from)?;
+        self.admit_peer(key)?;
+        Ok(self.follow_to_settle_here(session, from))
+    }
+
+    /// The owner's side of a follow to the settle, its peer's key checked: the stream here as
+    /// [`PeerEvent`]s, then [`PeerEvent::Settled`].
+    pub(super) fn follow_to_settle_here(
+        &self,
+        session: &SessionId,
+        from: u64,
+    ) -> impl futures::Stream<Item = PeerEvent> + Send + 'static {
+        let events = super::follow::serve_follow(
+            std::sync::Arc::clone(&self.inner.shared),
+            session.clone(),
+            from,
+        );
         let runtime = self.clone();
         let id = session.clone();
         // Here and never further, as every peer call is served: a node that no longer owns
@@ -381,7 +400,7 @@ impl Runtime {
             runtime.wait_settled_here(&id).await;
             runtime.chunk_count(&id).await
         };
-        Ok(super::follow::to_settle(events, from, settled))
+        super::follow::to_settle(events, from, settled)
     }
 
     /// Sends the session `id` the message `request` builds around a reply channel, and
@@ -399,7 +418,7 @@ impl Runtime {
 
 /// The answer as what the call asked for; another kind is the owner's protocol error (a
 /// local call always answers its own kind).
-fn expect<T: FromPeer>(answer: PeerAnswer, endpoint: &str) -> Result<T, Error> {
+pub(super) fn expect<T: FromPeer>(answer: PeerAnswer, endpoint: &str) -> Result<T, Error> {
     T::from_peer(answer).ok_or_else(|| {
         Error::Remote(RemoteError::Protocol {
             endpoint: endpoint.to_string(),

@@ -131,6 +131,27 @@ async fn follow_owner(
         .map(|events| (events, None)))
 }
 
+/// `events`, the owner's stream of `session` from `from` to its next settle (whose chunk
+/// count goes to `settled`), as [`follow_routed`] gives it: with its deltas, and followed here
+/// from the store if the owner's stream ends first.
+pub(super) fn follow_owner_to_settle(
+    shared: Arc<Shared>,
+    session: SessionId,
+    events: PeerEvents,
+    endpoint: String,
+    from: u64,
+    settled: oneshot::Sender<u64>,
+) -> impl Stream<Item = Result<StreamEvent, Error>> + Send + 'static {
+    let owner = Owner {
+        events,
+        endpoint,
+        next: from,
+        with_deltas: true,
+        settled: Some(settled),
+    };
+    from_owner(shared, session, owner)
+}
+
 /// A stream followed on the node that runs the session.
 struct Owner {
     events: PeerEvents,
