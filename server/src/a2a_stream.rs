@@ -110,10 +110,7 @@ async fn follow(
     if !send(first).await || failed {
         return;
     }
-    let mut closing = state.closing.clone();
-    let shutting_down = async move {
-        let _ = closing.wait_for(|closing| *closing).await;
-    };
+    let shutting_down = crate::server::shutting_down(state.closing.clone());
     tokio::pin!(shutting_down);
     let settled = state.runtime.wait_tree_settled(&task.session);
     tokio::pin!(settled);

@@ -386,11 +386,7 @@ async fn stream_run(
         let tree_settled = state.runtime.wait_tree_settled(&id);
         tokio::pin!(tree_settled);
         let mut next_seq = started.from_seq;
-        let mut closing = state.closing.clone();
-        let shutting_down = async move {
-            // The guard `wait_for` answers is dropped here, not held across the loop's awaits.
-            let _ = closing.wait_for(|closing| *closing).await;
-        };
+        let shutting_down = crate::server::shutting_down(state.closing.clone());
         tokio::pin!(shutting_down);
         let mut keep_alive = tokio::time::interval(state.config.sse_keep_alive);
         keep_alive.tick().await;

@@ -163,11 +163,9 @@ fn last_event_id(headers: &HeaderMap) -> Result<Option<u64>, ApiError> {
         .ok_or_else(|| ApiError::invalid("Last-Event-ID must be a chunk's sequence number"))
 }
 
-/// Done once `closing` says the server shuts down (or its sender is gone).
-fn shutdown(mut closing: watch::Receiver<bool>) -> Pin<Box<dyn Future<Output = ()> + Send>> {
-    Box::pin(async move {
-        let _ = closing.wait_for(|closing| *closing).await;
-    })
+/// Done once `closing` says the server shuts down.
+fn shutdown(closing: watch::Receiver<bool>) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+    Box::pin(crate::server::shutting_down(closing))
 }
 
 /// The event that opens a stream answering a request: the JSON the request would have

@@ -6,6 +6,7 @@ mod common;
 
 use std::time::Duration;
 
+use anyhow::Context;
 use common::{answer, demo_server, pending, read_events, text};
 use dormant_server::ServerConfig;
 use reqwest::StatusCode;
@@ -282,5 +283,79 @@ async fn a_session_at_rest_replayed_from_the_start_shows_every_run() -> anyhow::
         .count();
     assert_eq!(suspensions, 2);
     server.stop().await?.shutdown().await?;
+    Ok(())
+}
+
+/// A router made with `dormant_server::router` (which lets its `Server`, and so the switch
+/// that closes its streams, go) keeps its streams open: a stream waiting for more gets the
+/// chunks of a run that starts later, not an `end` as at a shutdown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_router_made_without_its_server_keeps_its_streams_open() -> anyhow::Result<()> {
+    let store = std::sync::Arc::new(dormant::SledStore::temporary()?);
+    let runtime = common::demo_runtime(store)?;
+    let app = dormant_server::router(
+        runtime.clone(),
+        dormant_server::Auth::allow_unauthenticated(),
+    )?;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let base = format!("http://{}", listener.local_addr()?);
+    let served = tokio::spawn(async move { axum::serve(listener, app).await });
+    let http = reqwest::Client::new();
+    let started = http
+        .post(format!("{base}/start"))
+        .json(&json!({ "agent": "demo", "message": "weather in Porto" }))
+        .send()
+        .await?;
+    let (status, started) = answer(started).await?;
+    assert_eq!(status, StatusCode::ACCEPTED, "{started}");
+    let (id, token) = (text(&started, "session_id")?, text(&started, "token")?);
+    let session: dormant::SessionId = id.parse()?;
+    runtime.wait_settled(&session).await;
+    let stored = runtime.chunks(&session, 0).await?.len();
+
+    let response = http
+        .get(format!("{base}/sse?session_id={id}&until=closed"))
+        .bearer_auth(&token)
+        .send()
+        .await?;
+    assert_eq!(response.status(), StatusCode::OK);
+    let mut events = common::EventReader::new(response);
+    let mut seen = 0;
+    while seen < stored {
+        match events.next().await? {
+            Some(event) if event.id.is_some() => seen += 1,
+            Some(event) if event.name == "delta" => {}
+            other => anyhow::bail!("after {seen} of {stored} stored chunks: {other:?}"),
+        }
+    }
+    let status = http
+        .get(format!("{base}/status?session_id={id}"))
+        .bearer_auth(&token)
+        .send()
+        .await?;
+    let (_, status) = answer(status).await?;
+    let call = text(pending(&status, "client")?, "tool_call_id")?;
+    let envelope = json!({ "session_id": id, "tool_call_id": call, "result": { "answer": "t" } });
+    let submitted = http
+        .post(format!("{base}/submit-tool-result?resume=true"))
+        .bearer_auth(&token)
+        .json(&envelope)
+        .send()
+        .await?;
+    assert_eq!(submitted.status(), StatusCode::OK);
+    let next = loop {
+        match events.next().await? {
+            Some(event) if event.name == "delta" => {}
+            other => break other,
+        }
+    };
+    let next = next.context("the stream ended")?;
+    assert_eq!(
+        next.id,
+        Some(stored as u64),
+        "the resumed run's first chunk: {next:?}"
+    );
+    served.abort();
+    runtime.shutdown().await?;
     Ok(())
 }
