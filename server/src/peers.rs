@@ -152,9 +152,9 @@ impl Peers for HttpPeers {
         submit: &Submit,
     ) -> Result<Option<PeerEvents>, RemoteError> {
         let endpoint = owner.address.clone().unwrap_or_default();
-        let call = PeerCall::SubmitAndResume {
-            submit: submit.clone(),
-        };
+        // The call `PeerCall::SubmitAndResume` is on the wire, without a copy of the submit
+        // to wrap (its envelope is written from it).
+        let call = serde_json::json!({ "call": "submit_and_resume", "envelope": submit.to_json() });
         match self.post(owner, SUBMIT_FOLLOW_ROUTE, &call).await {
             Ok(response) => Ok(Some(events(endpoint, response.bytes_stream()).boxed())),
             // An owner of an earlier version: the runtime makes the two calls.

@@ -268,7 +268,7 @@ impl PeerFailure {
 }
 
 /// One event of a session's stream, as the node that runs it sends it to a peer that follows
-/// it ([`Peers::follow`]).
+/// it ([`Peers::follow`]); on a [`Peers::submit_and_follow`], the answer before them.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
 #[non_exhaustive]

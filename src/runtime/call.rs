@@ -302,7 +302,7 @@ impl Runtime {
         }
     }
 
-    // dormant-server's plumbing: its `POST /peer` and `POST /peer/follow` routes answer other
+    // dormant-server's plumbing: its `POST /peer`, `/peer/follow` and `/peer/submit-follow` routes answer other
     // nodes with these. Public for that crate, hidden from a daemon author's docs.
     #[doc(hidden)]
     /// Whether `key` is this node's [`PeerKey`](crate::cluster::PeerKey) (compared in constant
@@ -317,7 +317,7 @@ impl Runtime {
             .is_some_and(|ours| ours.matches(key))
     }
 
-    // dormant-server's plumbing: its `POST /peer` and `POST /peer/follow` routes answer other
+    // dormant-server's plumbing: its `POST /peer`, `/peer/follow` and `/peer/submit-follow` routes answer other
     // nodes with these. Public for that crate, hidden from a daemon author's docs.
     #[doc(hidden)]
     /// Serves a call another node routed here because this one owns the session's tree
@@ -338,7 +338,7 @@ impl Runtime {
             .unwrap_or_else(|error| PeerAnswer::Failed(PeerFailure::of(&error))))
     }
 
-    // dormant-server's plumbing: its `POST /peer` and `POST /peer/follow` routes answer other
+    // dormant-server's plumbing: its `POST /peer`, `/peer/follow` and `/peer/submit-follow` routes answer other
     // nodes with these. Public for that crate, hidden from a daemon author's docs.
     #[doc(hidden)]
     /// Serves a peer's follow of `session` from `from` ([`Peers::follow`](crate::cluster::peer::Peers::follow)):
@@ -380,8 +380,8 @@ impl Runtime {
         Ok(self.follow_to_settle_here(session, from))
     }
 
-    /// The owner's side of a follow to the settle, its peer's key checked: the stream here as
-    /// [`PeerEvent`]s, then [`PeerEvent::Settled`].
+    /// The owner's side of a follow to the settle (its caller has checked the peer's key):
+    /// the stream here as [`PeerEvent`]s, then [`PeerEvent::Settled`].
     pub(super) fn follow_to_settle_here(
         &self,
         session: &SessionId,
