@@ -285,3 +285,132 @@ async fn a_remote_child_takes_answers_only_through_its_root_and_turns_only_from_
     assert_eq!(run.status, Status::SuspendedAwaitingChildren, "{run:?}");
     Ok(())
 }
+
+/// The HTTP transport, each stop held until the test lets it through.
+#[derive(Debug)]
+struct HeldStops {
+    http: HttpRemoteAgents,
+    asked: tokio::sync::mpsc::UnboundedSender<String>,
+    release: tokio::sync::Semaphore,
+}
+
+#[async_trait::async_trait]
+impl dormant::remote::RemoteAgents for HeldStops {
+    async fn start(
+        &self,
+        endpoint: &str,
+        agent: &str,
+        session: &dormant::SessionId,
+        message: &str,
+        parent: &dormant::remote::RemoteParent,
+    ) -> Result<dormant::remote::RemoteStart, dormant::remote::RemoteError> {
+        self.http
+            .start(endpoint, agent, session, message, parent)
+            .await
+    }
+
+    async fn status(
+        &self,
+        endpoint: &str,
+        session: &dormant::SessionId,
+        chunks_from: u64,
+    ) -> Result<dormant::remote::RemoteStatus, dormant::remote::RemoteError> {
+        self.http.status(endpoint, session, chunks_from).await
+    }
+
+    async fn chunks(
+        &self,
+        endpoint: &str,
+        session: &dormant::SessionId,
+        from: u64,
+    ) -> Result<dormant::remote::RemoteChunks, dormant::remote::RemoteError> {
+        self.http.chunks(endpoint, session, from).await
+    }
+
+    async fn resume(
+        &self,
+        endpoint: &str,
+        session: &dormant::SessionId,
+    ) -> Result<(), dormant::remote::RemoteError> {
+        self.http.resume(endpoint, session).await
+    }
+
+    async fn submit(
+        &self,
+        endpoint: &str,
+        submit: &Submit,
+    ) -> Result<SubmitOutcome, dormant::remote::RemoteError> {
+        self.http.submit(endpoint, submit).await
+    }
+
+    async fn stop(
+        &self,
+        endpoint: &str,
+        session: &dormant::SessionId,
+        abort: bool,
+    ) -> Result<(), dormant::remote::RemoteError> {
+        let _ = self.asked.send(session.to_string());
+        if let Ok(permit) = self.release.acquire().await {
+            permit.forget();
+        }
+        self.http.stop(endpoint, session, abort).await
+    }
+}
+
+/// A new message to a root that waits on a remote child abandons the child's call and aborts
+/// the child there: the root is at work (not settled) until the remote has stopped it, so a
+/// caller told it settled finds the child aborted, not still waiting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_root_stopping_a_remote_child_is_settled_once_the_remote_stopped_it() -> anyhow::Result<()>
+{
+    let remote = remote_server().await?;
+    let (asked, mut stops) = tokio::sync::mpsc::unbounded_channel();
+    let transport = Arc::new(HeldStops {
+        http: HttpRemoteAgents::new(Some(KEY.into())),
+        asked,
+        release: tokio::sync::Semaphore::new(0),
+    });
+    let lead = AgentDefinition::builder("lead")
+        .tool(ToolDefinition::remote_sub_agent(
+            "delegate",
+            &remote.base,
+            "helper",
+        ))
+        .build()?;
+    let llm = ScriptedLlm::new().script(
+        "lead",
+        vec![
+            ModelReply::tool_calls(vec![ToolCall::new(
+                "d1",
+                "delegate",
+                json!({ "message": "ask the user" }),
+            )]),
+            ModelReply::text("lead done"),
+        ],
+    );
+    let parent = Runtime::builder()
+        .store(Arc::new(SledStore::temporary()?))
+        .llm(Arc::new(llm))
+        .agent(lead)
+        .remote_agents(transport.clone())
+        .remote_policy(fast_policy())
+        .background_deadlines(false)
+        .build()?;
+    let root = "root-1".parse()?;
+    let run = parent.execute_on(&root, "lead", "go").await?;
+    assert_eq!(run.status, Status::SuspendedAwaitingChildren, "{run:?}");
+
+    let run = parent.execute_on(&root, "lead", "something else").await?;
+    assert_eq!(run.status, Status::Completed, "{run:?}");
+    assert_eq!(stops.recv().await.as_deref(), Some("root-1-sub-d1"));
+    assert!(
+        !parent.is_settled(&root).await,
+        "settled while its remote child was still being stopped"
+    );
+    transport.release.add_permits(1);
+    parent.wait_settled(&root).await;
+    let child = remote.runtime.session(&"root-1-sub-d1".parse()?).await?;
+    assert_eq!(child.status, Status::Failed, "the child was aborted there");
+    parent.shutdown().await?;
+    Ok(())
+}

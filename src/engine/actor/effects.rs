@@ -201,7 +201,7 @@ impl SessionActor {
                         None => here.push(child),
                     }
                 }
-                self.stop_remotes(remotes, abort);
+                self.stop_remotes(ctx, state, remotes, abort);
                 if let Some(host) = ctx.host() {
                     for child in here {
                         // Nobody waits for the answer: the child reports as its run ends, and

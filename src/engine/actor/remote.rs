@@ -62,14 +62,36 @@ impl SessionActor {
 
     /// Stops remote children in the background (a parent stopping the children its run no
     /// longer waits for; a caller walking the tree stops them itself and waits).
-    pub(super) fn stop_remotes(&self, remotes: Vec<(SessionId, RemoteChild)>, abort: bool) {
+    ///
+    /// Each stop is work in progress until its remote answered (or it was recorded as an
+    /// orphan, to be stopped once it does), as a driver is: a caller told the session settled
+    /// finds the child stopped, not still waiting on its server.
+    pub(super) fn stop_remotes(
+        &self,
+        ctx: &ActorContext<Self>,
+        state: &mut SessionState,
+        remotes: Vec<(SessionId, RemoteChild)>,
+        abort: bool,
+    ) {
+        let Some(host) = ctx.host() else {
+            return;
+        };
         for (child, remote) in remotes {
             let shared = Arc::clone(&self.shared);
+            let (host, parent) = (host.clone(), ctx.key().clone());
+            state.remote_drivers += 1;
             tokio::spawn(async move {
                 if let Err(error) = stop_remote(&shared, &child, &remote, abort).await {
                     tracing::warn!(%child, endpoint = %remote.endpoint, error = %crate::types::Untrusted(&error), "remote_subagent.stop_failed");
                     orphan(&shared, child, remote, abort).await;
                 }
+                // Nothing to feed the core: the stop is done.
+                let stopped = SessionMsg::RemoteReport {
+                    tool_call_id: String::new(),
+                    driven: Driven::Nothing,
+                    watch: false,
+                };
+                host.send(parent, stopped);
             });
         }
     }
