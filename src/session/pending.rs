@@ -1,5 +1,8 @@
 //! A session's pending calls, keyed by call id so a submit costs the same however many calls
-//! wait; call order is restored from each entry's position when the calls are drained.
+//! wait; call order is restored from each entry's position when the calls are drained. Each
+//! entry is boxed: a map allocates room for several entries at once (four slots for the first),
+//! and a resident suspended session usually waits on one call, so the slots hold pointers,
+//! not entries of a few hundred bytes each.
 
 use std::collections::HashMap;
 
@@ -9,7 +12,7 @@ use super::PendingCall;
 /// resume).
 #[derive(Debug, Default, Clone)]
 pub(crate) struct PendingCalls {
-    by_id: HashMap<String, PendingCall>,
+    by_id: HashMap<String, Box<PendingCall>>,
 }
 
 impl PendingCalls {
@@ -17,25 +20,25 @@ impl PendingCalls {
         Self {
             by_id: entries
                 .into_iter()
-                .map(|call| (call.tool_call_id.clone(), call))
+                .map(|call| (call.tool_call_id.clone(), Box::new(call)))
                 .collect(),
         }
     }
 
     pub(crate) fn get(&self, id: &str) -> Option<&PendingCall> {
-        self.by_id.get(id)
+        self.by_id.get(id).map(|call| &**call)
     }
 
     pub(crate) fn get_mut(&mut self, id: &str) -> Option<&mut PendingCall> {
-        self.by_id.get_mut(id)
+        self.by_id.get_mut(id).map(|call| &mut **call)
     }
 
     pub(crate) fn remove(&mut self, id: &str) -> Option<PendingCall> {
-        self.by_id.remove(id)
+        self.by_id.remove(id).map(|call| *call)
     }
 
     pub(crate) fn insert(&mut self, call: PendingCall) {
-        self.by_id.insert(call.tool_call_id.clone(), call);
+        self.by_id.insert(call.tool_call_id.clone(), Box::new(call));
     }
 
     pub(crate) fn is_empty(&self) -> bool {
@@ -52,6 +55,7 @@ impl PendingCalls {
         let mut waiting: Vec<&PendingCall> = self
             .by_id
             .values()
+            .map(|call| &**call)
             .filter(|call| call.is_waiting(now))
             .collect();
         waiting.sort_by_key(|call| call.position);
@@ -63,7 +67,7 @@ impl PendingCalls {
 
     /// Ids of every call, in call order.
     pub(crate) fn ids(&self) -> Vec<String> {
-        let mut calls: Vec<&PendingCall> = self.by_id.values().collect();
+        let mut calls: Vec<&PendingCall> = self.by_id.values().map(|call| &**call).collect();
         calls.sort_by_key(|call| call.position);
         calls
             .into_iter()
@@ -74,7 +78,8 @@ impl PendingCalls {
     /// Every call, in call order (copies: the entries stay until each call's result is
     /// recorded).
     pub(crate) fn in_order(&self) -> Vec<PendingCall> {
-        let mut calls: Vec<PendingCall> = self.by_id.values().cloned().collect();
+        let mut calls: Vec<PendingCall> =
+            self.by_id.values().map(|call| (**call).clone()).collect();
         calls.sort_by_key(|call| call.position);
         calls
     }
@@ -87,8 +92,7 @@ impl PendingCalls {
             .filter(|call| which(call))
             .map(|call| call.tool_call_id.clone())
             .collect();
-        let mut taken: Vec<PendingCall> =
-            ids.iter().filter_map(|id| self.by_id.remove(id)).collect();
+        let mut taken: Vec<PendingCall> = ids.iter().filter_map(|id| self.remove(id)).collect();
         taken.sort_by_key(|call| call.position);
         taken
     }
