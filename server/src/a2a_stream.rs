@@ -110,7 +110,7 @@ async fn follow(
     if !send(first).await || failed {
         return;
     }
-    let shutting_down = crate::server::shutting_down(state.closing.clone());
+    let shutting_down = crate::shutdown::shutting_down(state.closing.clone());
     tokio::pin!(shutting_down);
     let settled = state.runtime.wait_tree_settled(&task.session);
     tokio::pin!(settled);

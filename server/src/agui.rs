@@ -386,7 +386,7 @@ async fn stream_run(
         let tree_settled = state.runtime.wait_tree_settled(&id);
         tokio::pin!(tree_settled);
         let mut next_seq = started.from_seq;
-        let shutting_down = crate::server::shutting_down(state.closing.clone());
+        let shutting_down = crate::shutdown::shutting_down(state.closing.clone());
         tokio::pin!(shutting_down);
         let mut keep_alive = tokio::time::interval(state.config.sse_keep_alive);
         keep_alive.tick().await;

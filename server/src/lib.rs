@@ -70,6 +70,7 @@ mod routes;
 mod serve;
 mod server;
 mod session_token;
+mod shutdown;
 mod sse;
 mod sse_body;
 mod state;

@@ -47,16 +47,6 @@ impl Closing {
     }
 }
 
-/// Done once `closing` says the server shuts down. A switch nobody holds any more (the
-/// [`Server`] that made it and every [`Closing`] are gone, as with [`crate::router`]) can never
-/// be thrown: never done, rather than done at once, which would end every stream as at a
-/// shutdown.
-pub(crate) async fn shutting_down(mut closing: watch::Receiver<bool>) {
-    if closing.wait_for(|closing| *closing).await.is_err() {
-        std::future::pending::<()>().await;
-    }
-}
-
 /// A server under construction: the runtime, how callers are authenticated, its limits and
 /// the key of its session tokens.
 ///

@@ -165,7 +165,7 @@ fn last_event_id(headers: &HeaderMap) -> Result<Option<u64>, ApiError> {
 
 /// Done once `closing` says the server shuts down.
 fn shutdown(closing: watch::Receiver<bool>) -> Pin<Box<dyn Future<Output = ()> + Send>> {
-    Box::pin(crate::server::shutting_down(closing))
+    Box::pin(crate::shutdown::shutting_down(closing))
 }
 
 /// The event that opens a stream answering a request: the JSON the request would have
