@@ -75,7 +75,7 @@ async fn node_with(url: &str, name: &str, peers: Arc<dyn Peers>) -> anyhow::Resu
         .build()?;
     let server = Server::new(runtime.clone(), Auth::allow_unauthenticated())
         .token_key(TokenKey::from_bytes(TOKEN_KEY));
-    // Held: with its switch gone, every stream the node answers ends as at a shutdown.
+    // Held, as a daemon holds the switch that ends its streams at its shutdown.
     let closing = server.closing();
     let router = server.router()?;
     let served = tokio::spawn(async move { axum::serve(listener, router).await });

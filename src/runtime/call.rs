@@ -302,8 +302,9 @@ impl Runtime {
         }
     }
 
-    // dormant-server's plumbing: its `POST /peer`, `/peer/follow` and `/peer/submit-follow` routes answer other
-    // nodes with these. Public for that crate, hidden from a daemon author's docs.
+    // dormant-server's plumbing: its `POST /peer`, `/peer/follow` and `/peer/submit-follow`
+    // routes answer other nodes with these. Public for that crate, hidden from a daemon
+    // author's docs.
     #[doc(hidden)]
     /// Whether `key` is this node's [`PeerKey`](crate::cluster::PeerKey) (compared in constant
     /// time; a node alone on its store takes no calls from peers). A transport checks it
@@ -317,8 +318,9 @@ impl Runtime {
             .is_some_and(|ours| ours.matches(key))
     }
 
-    // dormant-server's plumbing: its `POST /peer`, `/peer/follow` and `/peer/submit-follow` routes answer other
-    // nodes with these. Public for that crate, hidden from a daemon author's docs.
+    // dormant-server's plumbing: its `POST /peer`, `/peer/follow` and `/peer/submit-follow`
+    // routes answer other nodes with these. Public for that crate, hidden from a daemon
+    // author's docs.
     #[doc(hidden)]
     /// Serves a call another node routed here because this one owns the session's tree
     /// ([`crate::cluster::peer`]): the call, served here and never further. A session this node does
@@ -338,8 +340,9 @@ impl Runtime {
             .unwrap_or_else(|error| PeerAnswer::Failed(PeerFailure::of(&error))))
     }
 
-    // dormant-server's plumbing: its `POST /peer`, `/peer/follow` and `/peer/submit-follow` routes answer other
-    // nodes with these. Public for that crate, hidden from a daemon author's docs.
+    // dormant-server's plumbing: its `POST /peer`, `/peer/follow` and `/peer/submit-follow`
+    // routes answer other nodes with these. Public for that crate, hidden from a daemon
+    // author's docs.
     #[doc(hidden)]
     /// Serves a peer's follow of `session` from `from` ([`Peers::follow`](crate::cluster::peer::Peers::follow)):
     /// [`Runtime::follow_live`] here, as [`PeerEvent`]s, never sent further. A session this

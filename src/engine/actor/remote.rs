@@ -73,25 +73,24 @@ impl SessionActor {
         remotes: Vec<(SessionId, RemoteChild)>,
         abort: bool,
     ) {
-        let Some(host) = ctx.host() else {
-            return;
-        };
+        // Without its host (the runtime is going away) the stops still run; nobody is told.
+        let host = ctx.host();
         for (child, remote) in remotes {
             let shared = Arc::clone(&self.shared);
-            let (host, parent) = (host.clone(), ctx.key().clone());
-            state.remote_drivers += 1;
+            let told = host.clone().map(|host| StopDone {
+                host,
+                parent: ctx.key().clone(),
+            });
+            if told.is_some() {
+                state.remote_drivers += 1;
+            }
             tokio::spawn(async move {
+                // Told when dropped: at the end, or if the transport panicked.
+                let _told = told;
                 if let Err(error) = stop_remote(&shared, &child, &remote, abort).await {
                     tracing::warn!(%child, endpoint = %remote.endpoint, error = %crate::types::Untrusted(&error), "remote_subagent.stop_failed");
                     orphan(&shared, child, remote, abort).await;
                 }
-                // Nothing to feed the core: the stop is done.
-                let stopped = SessionMsg::RemoteReport {
-                    tool_call_id: String::new(),
-                    driven: Driven::Nothing,
-                    watch: false,
-                };
-                host.send(parent, stopped);
             });
         }
     }
@@ -126,6 +125,25 @@ impl SessionActor {
             }
         }
         self.answer_settle_waiters_if_idle(state);
+    }
+}
+
+/// Tells a session that one of its stops of a remote child is done, when dropped: the stop's
+/// task ended, however it ended, so the session is never left at work for it.
+struct StopDone {
+    host: dormant_actors::Host<SessionActor>,
+    parent: SessionId,
+}
+
+impl Drop for StopDone {
+    fn drop(&mut self) {
+        // Nothing to feed the core: the stop is done.
+        let stopped = SessionMsg::RemoteReport {
+            tool_call_id: String::new(),
+            driven: Driven::Nothing,
+            watch: false,
+        };
+        self.host.send(self.parent.clone(), stopped);
     }
 }
 
