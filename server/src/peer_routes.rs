@@ -37,6 +37,17 @@ fn unreadable(what: &str, error: &serde_json::Error) -> ApiError {
     )
 }
 
+/// The caller's key (checked first) and the call its body holds.
+fn peer_call<'h>(
+    state: &AppState,
+    headers: &'h HeaderMap,
+    body: &[u8],
+) -> Result<(&'h str, PeerCall), ApiError> {
+    let key = peer_key(state, headers)?;
+    let call = serde_json::from_slice(body).map_err(|error| unreadable("call", &error))?;
+    Ok((key, call))
+}
+
 /// `POST /peer`: a call from another node of the cluster, answered 200 with its
 /// [`PeerAnswer`](dormant::cluster::peer::PeerAnswer) (a failure of the call included), 403
 /// `peer_refused` without this node's key, 400 for a body that is no call. The key is checked
@@ -46,9 +57,7 @@ pub(crate) async fn serve(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let key = peer_key(&state, &headers)?;
-    let call: PeerCall =
-        serde_json::from_slice(&body).map_err(|error| unreadable("call", &error))?;
+    let (key, call) = peer_call(&state, &headers, &body)?;
     let answer = state.runtime.serve_peer(key, call).await?;
     Ok(Json(answer).into_response())
 }
@@ -101,9 +110,7 @@ pub(crate) async fn submit_follow(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let key = peer_key(&state, &headers)?;
-    let call: PeerCall =
-        serde_json::from_slice(&body).map_err(|error| unreadable("call", &error))?;
+    let (key, call) = peer_call(&state, &headers, &body)?;
     let PeerCall::SubmitAndResume { submit } = call else {
         return Err(ApiError::new(
             StatusCode::BAD_REQUEST,

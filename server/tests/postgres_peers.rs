@@ -417,22 +417,7 @@ async fn answered_and_followed(a: &Node, b: &Node, session: &str) -> anyhow::Res
         anyhow::bail!("a run started, and nothing to follow");
     };
     let (mut events, mut settled) = (follow.events, follow.settled);
-    let mut seen = Vec::new();
-    let chunks = tokio::time::timeout(FOLLOW_BOUND, async {
-        loop {
-            tokio::select! {
-                biased;
-                event = events.next() => match event {
-                    Some(Ok(dormant::StreamEvent::Chunk(chunk))) => seen.push(chunk.seq),
-                    Some(Ok(dormant::StreamEvent::Delta(_))) => {}
-                    other => anyhow::bail!("the stream broke off: {other:?}"),
-                },
-                chunks = &mut settled => break Ok(chunks),
-            }
-        }
-    })
-    .await
-    .map_err(|_| anyhow::anyhow!("stuck after {seen:?}"))??;
+    let (seen, chunks) = to_the_settle(&mut events, &mut settled).await?;
     let record = a.runtime.session(&id).await?;
     assert_eq!(record.status, Status::Completed);
     assert_eq!(chunks, Some(record.chunk_count), "the count once settled");
@@ -499,29 +484,14 @@ async fn follow_to_settle(a: &Node, b: &Node, session: &str, in_order: bool) -> 
     };
     let (events, settled) = b.runtime.follow_live_to_settle(&id, started.from_seq);
     let (mut events, mut settled) = (Box::pin(events), Box::pin(settled));
-    let mut seen = Vec::new();
-    let chunks = tokio::time::timeout(FOLLOW_BOUND, async {
-        loop {
-            tokio::select! {
-                biased;
-                event = events.next() => match event {
-                    Some(Ok(dormant::StreamEvent::Chunk(chunk))) => seen.push(chunk),
-                    Some(Ok(dormant::StreamEvent::Delta(_))) => {}
-                    other => anyhow::bail!("the stream broke off: {other:?}"),
-                },
-                chunks = &mut settled => break Ok(chunks),
-            }
-        }
-    })
-    .await
-    .map_err(|_| anyhow::anyhow!("stuck after {seen:?}"))??;
+    let (mut seen, chunks) = to_the_settle(&mut events, &mut settled).await?;
     let record = a.runtime.session(&id).await?;
     assert_eq!(record.status, Status::Completed);
     assert_eq!(chunks, Some(record.chunk_count), "the count once settled");
     if !in_order {
-        while seen.last().map_or(started.from_seq, |chunk| chunk.seq + 1) < record.chunk_count {
+        while seen.last().map_or(started.from_seq, |seq| seq + 1) < record.chunk_count {
             match tokio::time::timeout(FOLLOW_BOUND, events.next()).await? {
-                Some(Ok(dormant::StreamEvent::Chunk(chunk))) => seen.push(chunk),
+                Some(Ok(dormant::StreamEvent::Chunk(chunk))) => seen.push(chunk.seq),
                 Some(Ok(dormant::StreamEvent::Delta(_))) => {}
                 other => anyhow::bail!("the stream broke off: {other:?}"),
             }
@@ -529,8 +499,33 @@ async fn follow_to_settle(a: &Node, b: &Node, session: &str, in_order: bool) -> 
     }
     // Every chunk of the run, once (and, in order, before the settle was told).
     assert_eq!(
-        seen.iter().map(|chunk| chunk.seq).collect::<Vec<_>>(),
+        seen,
         (started.from_seq..record.chunk_count).collect::<Vec<_>>()
     );
     Ok(())
+}
+
+/// Reads a follow to the settle: the sequence numbers of the chunks given before the settle
+/// was told, and the count it told.
+async fn to_the_settle(
+    events: &mut (impl futures::Stream<Item = Result<dormant::StreamEvent, Error>> + Unpin),
+    settled: &mut (impl std::future::Future<Output = Option<u64>> + Unpin),
+) -> anyhow::Result<(Vec<u64>, Option<u64>)> {
+    let mut seen = Vec::new();
+    let chunks = tokio::time::timeout(FOLLOW_BOUND, async {
+        loop {
+            tokio::select! {
+                biased;
+                event = events.next() => match event {
+                    Some(Ok(dormant::StreamEvent::Chunk(chunk))) => seen.push(chunk.seq),
+                    Some(Ok(dormant::StreamEvent::Delta(_))) => {}
+                    other => anyhow::bail!("the stream broke off: {other:?}"),
+                },
+                chunks = &mut *settled => break Ok(chunks),
+            }
+        }
+    })
+    .await
+    .map_err(|_| anyhow::anyhow!("stuck after {seen:?}"))??;
+    Ok((seen, chunks))
 }

@@ -72,6 +72,14 @@ fn fast_policy() -> RemotePolicy {
 
 /// The parent: agent `lead` delegates to `helper` at `endpoint`.
 fn parent_runtime(endpoint: &str) -> anyhow::Result<Runtime> {
+    parent_runtime_through(endpoint, Arc::new(HttpRemoteAgents::new(Some(KEY.into()))))
+}
+
+/// [`parent_runtime`], reaching the remote through `transport`.
+fn parent_runtime_through(
+    endpoint: &str,
+    transport: Arc<dyn dormant::remote::RemoteAgents>,
+) -> anyhow::Result<Runtime> {
     let lead = AgentDefinition::builder("lead")
         .tool(ToolDefinition::remote_sub_agent(
             "delegate", endpoint, "helper",
@@ -92,7 +100,7 @@ fn parent_runtime(endpoint: &str) -> anyhow::Result<Runtime> {
         .store(Arc::new(SledStore::temporary()?))
         .llm(Arc::new(llm))
         .agent(lead)
-        .remote_agents(Arc::new(HttpRemoteAgents::new(Some(KEY.into()))))
+        .remote_agents(transport)
         .remote_policy(fast_policy())
         .background_deadlines(false)
         .build()?)
@@ -370,32 +378,7 @@ async fn a_root_stopping_a_remote_child_is_settled_once_the_remote_stopped_it() 
         asked,
         release: tokio::sync::Semaphore::new(0),
     });
-    let lead = AgentDefinition::builder("lead")
-        .tool(ToolDefinition::remote_sub_agent(
-            "delegate",
-            &remote.base,
-            "helper",
-        ))
-        .build()?;
-    let llm = ScriptedLlm::new().script(
-        "lead",
-        vec![
-            ModelReply::tool_calls(vec![ToolCall::new(
-                "d1",
-                "delegate",
-                json!({ "message": "ask the user" }),
-            )]),
-            ModelReply::text("lead done"),
-        ],
-    );
-    let parent = Runtime::builder()
-        .store(Arc::new(SledStore::temporary()?))
-        .llm(Arc::new(llm))
-        .agent(lead)
-        .remote_agents(transport.clone())
-        .remote_policy(fast_policy())
-        .background_deadlines(false)
-        .build()?;
+    let parent = parent_runtime_through(&remote.base, transport.clone())?;
     let root = "root-1".parse()?;
     let run = parent.execute_on(&root, "lead", "go").await?;
     assert_eq!(run.status, Status::SuspendedAwaitingChildren, "{run:?}");
