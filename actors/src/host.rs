@@ -2,20 +2,18 @@
 //! crash-loop breaker.
 
 use std::fmt;
-use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use dashmap::mapref::entry::Entry;
 use dashmap::DashMap;
-use futures::FutureExt;
 use tokio::sync::Notify;
 
-use crate::cell::{send_user, Cell, CellState, Envelope};
+use crate::cell::{load, send_user, CellTask, Envelope, Running};
 use crate::clock::{Clock, SystemClock};
 use crate::error::{Error, HostError};
-use crate::mailbox::{mailbox, CellRef};
+use crate::mailbox::CellRef;
 use crate::slot::{Phase, Slot};
 use crate::VirtualActor;
 
@@ -413,38 +411,27 @@ impl<A: VirtualActor> Inner<A> {
     /// until the actor is stopped.
     fn spawn_activation(self: &Arc<Self>, key: A::Key, generation: u64) {
         let host = Arc::clone(self);
-        tokio::spawn(async move { host.activate(key, generation).await });
+        tokio::spawn(CellTask::Activating(Box::pin(
+            host.activate(key, generation),
+        )));
     }
 
-    async fn activate(self: Arc<Self>, key: A::Key, generation: u64) {
-        let cell = Cell {
-            behaviour: Arc::clone(&self.behaviour),
-            host: Arc::downgrade(&self),
-        };
-        match cell.activate(&key).await {
+    /// Loads `key`'s state and makes its actor live; `None` when the activation failed (the
+    /// messages that waited for it are rejected).
+    async fn activate(self: Arc<Self>, key: A::Key, generation: u64) -> Option<Running<A>> {
+        match load(&*self.behaviour, &key).await {
             Ok(state) => {
                 self.activations.fetch_add(1, Ordering::Relaxed);
                 tracing::debug!(%key, generation, "actor.activated");
-                let (actor, mut inbox) = mailbox();
-                self.go_live(&key, generation, actor.clone());
-                // A resident actor must not keep its host alive: the cell reaches it weakly.
-                let host = Arc::downgrade(&self);
-                drop(self);
-                let state = CellState::new(key.clone(), actor, host.clone(), state);
-                // The cell catches the panics of its behaviour's handler; one anywhere else
-                // (its `can_passivate`, say) ends the actor, and the key must still be
-                // forgotten after it.
-                let _ = AssertUnwindSafe(cell.run(&mut inbox, state))
-                    .catch_unwind()
-                    .await;
-                // What was sent to the actor but left behind its stop (a message its
-                // background work sent back, say) goes to its successor.
-                let unhandled = inbox.close().into_iter().filter_map(Envelope::into_user);
-                let unhandled = unhandled.collect();
-                drop(inbox);
-                if let Some(host) = host.upgrade() {
-                    host.on_stopped(key, generation, unhandled);
-                }
+                // A resident actor must not keep its host alive: its task reaches it weakly.
+                let (running, actor) = Running::new(
+                    Arc::clone(&self.behaviour),
+                    Arc::downgrade(&self),
+                    (key.clone(), generation),
+                    state,
+                );
+                self.go_live(&key, generation, actor);
+                Some(running)
             }
             Err(error) => {
                 self.activation_failures.fetch_add(1, Ordering::Relaxed);
@@ -472,6 +459,7 @@ impl<A: VirtualActor> Inner<A> {
                     self.behaviour
                         .reject(&Host::from_inner(Arc::clone(&self)), msg, error.clone());
                 }
+                None
             }
         }
     }
@@ -570,7 +558,12 @@ impl<A: VirtualActor> Inner<A> {
 
     /// An actor's task ended: forget it, or start its successor for the messages it left
     /// unhandled (`unhandled`, first) and those that arrived while it was stopping.
-    fn on_stopped(self: &Arc<Self>, key: A::Key, generation: u64, mut unhandled: Vec<A::Msg>) {
+    pub(crate) fn on_stopped(
+        self: &Arc<Self>,
+        key: A::Key,
+        generation: u64,
+        mut unhandled: Vec<A::Msg>,
+    ) {
         let mut restart = None;
         if let Entry::Occupied(mut occupied) = self.slots.entry(key.clone()) {
             if occupied.get().generation == generation {

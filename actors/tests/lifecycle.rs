@@ -259,3 +259,25 @@ async fn busy_actors_past_the_limit_are_not_scanned_for_at_every_activation() ->
     assert!((1..=100).contains(&stats.eviction_scans), "{stats:?}");
     Ok(())
 }
+
+/// An actor with a long queue of messages its handler answers at once still lets the other
+/// tasks of its worker run now and then: each message takes a unit of its task's budget.
+#[tokio::test(flavor = "current_thread")]
+async fn a_long_queue_lets_the_workers_other_tasks_run() -> anyhow::Result<()> {
+    let host = Host::new(Counter::default(), HostConfig::default());
+    let answers: Vec<_> = (0..1_000).map(|id| apply(&host, "long", id)).collect();
+    let durable = Arc::clone(&host.behaviour().durable);
+    // Queued behind the actor's task on this one thread: it runs when the actor yields.
+    let handled_before =
+        tokio::spawn(async move { durable.lock().get("long").map_or(0, Vec::len) });
+    let handled_before = handled_before.await?;
+    assert!(
+        handled_before < 1_000,
+        "the other task ran only after all {handled_before} messages"
+    );
+    for answer in answers {
+        assert!(answer.await?.is_ok());
+    }
+    host.shutdown().await;
+    Ok(())
+}
