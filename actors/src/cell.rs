@@ -330,6 +330,10 @@ impl<A: VirtualActor> Running<A> {
     /// The task ends: what was sent to the actor but left behind its stop (a message its
     /// background work sent back, say) goes to its successor.
     fn stopped(&mut self) {
+        // The state goes first, with whatever it holds (work in flight that it cancels when
+        // dropped, say), before the host may start a successor or report the key stopped.
+        self.step = None;
+        self.state = None;
         let unhandled = self
             .inbox
             .close()

@@ -2,9 +2,9 @@
 //! passivated when idle or evicted least-recently-used, restarted from durable state when it
 //! panics, and failed after too many crashes in a window.
 //!
-//! Each actor is one tokio task and a mailbox of the host's own (`mailbox.rs`), 0.7 KB of RSS
-//! idle: the task's future is written by hand (`cell.rs`), so an idle actor keeps its fields
-//! and nothing more. It was a [ractor](https://docs.rs/ractor) actor until activation, supervision and
+//! Each actor is one tokio task and a mailbox of the host's own (`mailbox.rs`), 0.7 KB of
+//! RSS idle: the task's future is written by hand (`cell.rs`), so an idle actor keeps its
+//! fields and nothing more. It was a [ractor](https://docs.rs/ractor) actor until activation, supervision and
 //! passivation had all moved into the host; all that was left of ractor was a task and a
 //! queue, at 6.6 KB an idle actor (four channels, two of them with 32 slots allocated up
 //! front), 7.3 KB with the task the host kept waiting for its end: more than half of what a

@@ -5,7 +5,7 @@ mod common;
 use std::sync::Arc;
 
 use common::{activations, apply, ask, Counter, CounterMsg};
-use dormant_actors::{Error, Host, HostConfig, ManualClock};
+use dormant_actors::{Error, Host, HostConfig, HostError, ManualClock};
 use tokio::sync::oneshot;
 
 /// Dropping the host without a shutdown stops its actors: a mailbox their background work
@@ -275,9 +275,70 @@ async fn a_long_queue_lets_the_workers_other_tasks_run() -> anyhow::Result<()> {
         handled_before < 1_000,
         "the other task ran only after all {handled_before} messages"
     );
+    assert!(handled_before > 0, "the other task ran before the actor");
     for answer in answers {
         assert!(answer.await?.is_ok());
     }
     host.shutdown().await;
+    Ok(())
+}
+
+/// A state that says when it is dropped.
+#[derive(Debug)]
+struct Tracked(Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// A behaviour that records, when its actor is reported passivated, whether the actor's state
+/// was already gone (a session's state cancels the work it holds when dropped, and its
+/// passivation hands the session on).
+#[derive(Debug, Default)]
+struct DropsFirst {
+    dropped: Arc<std::sync::atomic::AtomicBool>,
+    dropped_before_passivated: Arc<parking_lot::Mutex<Option<bool>>>,
+}
+
+impl dormant_actors::VirtualActor for DropsFirst {
+    type Key = String;
+    type Msg = oneshot::Sender<()>;
+    type State = Tracked;
+    type Error = std::convert::Infallible;
+
+    async fn activate(&self, _key: &String) -> Result<Tracked, Self::Error> {
+        Ok(Tracked(Arc::clone(&self.dropped)))
+    }
+
+    async fn handle(
+        &self,
+        _ctx: &dormant_actors::ActorContext<Self>,
+        reply: oneshot::Sender<()>,
+        _state: &mut Tracked,
+    ) {
+        let _ = reply.send(());
+    }
+
+    fn passivated(&self, _key: &String) {
+        let dropped = self.dropped.load(std::sync::atomic::Ordering::SeqCst);
+        *self.dropped_before_passivated.lock() = Some(dropped);
+    }
+
+    fn reject(&self, _host: &Host<Self>, _msg: oneshot::Sender<()>, _error: HostError<Self>) {}
+}
+
+#[tokio::test]
+async fn an_actors_state_is_dropped_before_its_stop_is_reported() -> anyhow::Result<()> {
+    let host = Host::new(DropsFirst::default(), HostConfig::default());
+    let (reply, answer) = oneshot::channel();
+    host.send("a".to_string(), reply);
+    answer.await?;
+    host.evict_and_wait(&"a".to_string()).await;
+    assert_eq!(
+        *host.behaviour().dropped_before_passivated.lock(),
+        Some(true)
+    );
     Ok(())
 }
