@@ -6,6 +6,7 @@
 
 mod children;
 mod effects;
+mod outside;
 mod remote;
 pub(crate) mod reports;
 mod submit;
@@ -133,12 +134,16 @@ pub(crate) enum SessionMsg {
         driven: crate::remote::Driven,
         /// The driver was a watch.
         watch: bool,
+        ticket: outside::Ticket,
     },
     /// An answer for a call under the remote child of `tool_call_id` was accepted at the
     /// remote (sent by the router's forward).
     RemoteAnswered { tool_call_id: String },
     /// Background recovery finished inspecting the children recorded as running.
-    Reconciled(Vec<(String, ChildState)>),
+    Reconciled {
+        ticket: outside::Ticket,
+        results: Vec<(String, ChildState)>,
+    },
     /// Become a fork: write this history (`runtime/fork.rs`) as the session's first commit,
     /// under the session's lease. Refused if the session exists.
     Fork {
@@ -183,11 +188,13 @@ pub(crate) struct SessionState {
     /// Children recorded as running when the session was loaded (a crash cut their parent's
     /// step): reconciled in the background, once (inspected here, or watched if remote).
     to_reconcile: crate::session::ToReconcile,
-    /// The background reconciliation is in flight.
+    /// The background reconciliation was started and has not reported (it is counted in
+    /// `outside` too).
     reconciling: bool,
-    /// Drivers of remote children started by this actor that have not reported yet: work in
-    /// progress, as a local child's run is (a settled session has none).
-    remote_drivers: usize,
+    /// Work this activation started outside the actor that has not reported yet (remote
+    /// children's drivers and stops, the reconciliation): work in progress, as a local child's
+    /// run is (a settled session has none).
+    outside: outside::Outside,
     /// The calls whose remote child a watch follows now: one watch of a child at a time. A
     /// watch asked for meanwhile (a look fell due, another answer was accepted there) runs
     /// once the one in flight has reported, as one, since what it would learn may be newer.
@@ -236,7 +243,7 @@ impl VirtualActor for SessionActor {
             inflight: submit::InFlightSubmits::default(),
             to_reconcile,
             reconciling: false,
-            remote_drivers: 0,
+            outside: outside::Outside::new(),
             remote_watches: std::collections::HashMap::new(),
             resume_queued: false,
             work: work::InFlight::default(),
@@ -254,8 +261,7 @@ impl VirtualActor for SessionActor {
             && state.waiters.is_empty()
             && state.settle_waiters.is_empty()
             && state.inflight.is_empty()
-            && !state.reconciling
-            && state.remote_drivers == 0
+            && state.outside.is_idle()
             && state.to_reconcile.inspect.is_empty()
             && state.to_reconcile.watch.is_empty()
             && !matches!(&state.loaded, Loaded::Present(session) if session.is_busy())
@@ -785,8 +791,12 @@ impl SessionActor {
                 tool_call_id,
                 driven,
                 watch,
+                ticket,
             } => {
-                let next = if watch {
+                // A driver of an activation before a panic: what it learnt is still fed, but
+                // this activation's count and watches are its own.
+                let ours = state.outside.finish(ticket);
+                let next = if watch && ours {
                     state.remote_watches.remove(&tool_call_id).flatten()
                 } else {
                     None
@@ -800,10 +810,16 @@ impl SessionActor {
                 self.feed(ctx, state, Input::RemoteAnswered { tool_call_id })
                     .await;
             }
-            SessionMsg::Reconciled(results) => {
-                state.reconciling = false;
-                self.feed(ctx, state, Input::Reconciled { results }).await;
-                self.answer_settle_waiters_if_idle(state);
+            SessionMsg::Reconciled { ticket, results } => {
+                if state.outside.finish(ticket) {
+                    state.reconciling = false;
+                    self.feed(ctx, state, Input::Reconciled { results }).await;
+                    self.answer_settle_waiters_if_idle(state);
+                } else {
+                    // Started before a panic reloaded the state: this activation reconciles
+                    // the children it loaded itself.
+                    tracing::debug!(session = %ctx.key(), "subagent.stale_reconciliation");
+                }
             }
             SessionMsg::Fork { batch, reply } => {
                 let _ = reply.send(self.become_fork(ctx.key(), state, batch).await);
@@ -828,11 +844,11 @@ impl SessionActor {
 }
 
 /// Whether something of the session is in progress: a run (or a resume waking its children),
-/// a queued automatic resume, a reconciliation, a remote child's driver.
+/// a queued automatic resume, work outside the actor (a reconciliation, a remote child's
+/// driver or stop).
 fn is_at_work(state: &SessionState) -> bool {
-    state.reconciling
-        || state.resume_queued
-        || state.remote_drivers > 0
+    state.resume_queued
+        || !state.outside.is_idle()
         || matches!(&state.loaded, Loaded::Present(session) if session.is_busy())
 }
 

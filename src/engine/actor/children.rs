@@ -193,6 +193,7 @@ impl SessionActor {
             return;
         }
         state.reconciling = true;
+        let ticket = state.outside.start();
         let shared = Arc::clone(&self.shared);
         let mailbox = ctx.mailbox();
         let session = ctx.key().clone();
@@ -213,7 +214,7 @@ impl SessionActor {
             let results = futures::future::join_all(inspections).await;
             tracing::info!(%session, children = results.len(), "subagent.reconciled");
             shared.metrics.record_reconciled(results.len());
-            super::send_back(&mailbox, SessionMsg::Reconciled(results));
+            super::send_back(&mailbox, SessionMsg::Reconciled { ticket, results });
         });
     }
 }

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use dormant_actors::ActorContext;
 
+use super::outside::Ticket;
 use super::{SessionActor, SessionMsg, SessionState};
 use crate::remote::{drive, stop_remote, Drive, Driven, RemoteChild};
 use crate::session::{Input, RemoteDrive};
@@ -39,7 +40,7 @@ impl SessionActor {
         let parent = ctx.key().clone();
         // Work in progress until it reports: the session is not settled meanwhile (a caller
         // waiting for the tree to settle waits for the remote too), nor evicted.
-        state.remote_drivers += 1;
+        let ticket = state.outside.start();
         tokio::spawn(async move {
             let RemoteDrive {
                 call,
@@ -55,6 +56,7 @@ impl SessionActor {
                     tool_call_id: call,
                     driven,
                     watch,
+                    ticket,
                 },
             );
         });
@@ -80,10 +82,8 @@ impl SessionActor {
             let told = host.clone().map(|host| StopDone {
                 host,
                 parent: ctx.key().clone(),
+                ticket: Some(state.outside.start()),
             });
-            if told.is_some() {
-                state.remote_drivers += 1;
-            }
             tokio::spawn(async move {
                 // Told when dropped: at the end, or if the transport panicked.
                 let _told = told;
@@ -103,7 +103,6 @@ impl SessionActor {
         tool_call_id: String,
         driven: Driven,
     ) {
-        state.remote_drivers = state.remote_drivers.saturating_sub(1);
         let input = match driven {
             Driven::Report(report) => Some(Input::RemoteReported {
                 tool_call_id,
@@ -133,15 +132,21 @@ impl SessionActor {
 struct StopDone {
     host: dormant_actors::Host<SessionActor>,
     parent: SessionId,
+    /// Taken when dropped.
+    ticket: Option<Ticket>,
 }
 
 impl Drop for StopDone {
     fn drop(&mut self) {
+        let Some(ticket) = self.ticket.take() else {
+            return;
+        };
         // Nothing to feed the core: the stop is done.
         let stopped = SessionMsg::RemoteReport {
             tool_call_id: String::new(),
             driven: Driven::Nothing,
             watch: false,
+            ticket,
         };
         self.host.send(self.parent.clone(), stopped);
     }
