@@ -294,12 +294,25 @@ async fn a_remote_child_takes_answers_only_through_its_root_and_turns_only_from_
     Ok(())
 }
 
-/// The HTTP transport, each stop held until the test lets it through.
+/// The HTTP transport, each stop held until the test lets it through, and each start
+/// panicking if the test asks for that.
 #[derive(Debug)]
 struct HeldStops {
     http: HttpRemoteAgents,
     asked: tokio::sync::mpsc::UnboundedSender<String>,
     release: tokio::sync::Semaphore,
+    panics_at_start: bool,
+}
+
+impl HeldStops {
+    fn new(asked: tokio::sync::mpsc::UnboundedSender<String>, panics_at_start: bool) -> Self {
+        Self {
+            http: HttpRemoteAgents::new(Some(KEY.into())),
+            asked,
+            release: tokio::sync::Semaphore::new(0),
+            panics_at_start,
+        }
+    }
 }
 
 #[async_trait::async_trait]
@@ -312,6 +325,7 @@ impl dormant::remote::RemoteAgents for HeldStops {
         message: &str,
         parent: &dormant::remote::RemoteParent,
     ) -> Result<dormant::remote::RemoteStart, dormant::remote::RemoteError> {
+        assert!(!self.panics_at_start, "the transport panics at a start");
         self.http
             .start(endpoint, agent, session, message, parent)
             .await
@@ -373,11 +387,7 @@ async fn a_root_stopping_a_remote_child_is_settled_once_the_remote_stopped_it() 
 {
     let remote = remote_server().await?;
     let (asked, mut stops) = tokio::sync::mpsc::unbounded_channel();
-    let transport = Arc::new(HeldStops {
-        http: HttpRemoteAgents::new(Some(KEY.into())),
-        asked,
-        release: tokio::sync::Semaphore::new(0),
-    });
+    let transport = Arc::new(HeldStops::new(asked, false));
     let parent = parent_runtime_through(&remote.base, transport.clone())?;
     let root = "root-1".parse()?;
     let run = parent.execute_on(&root, "lead", "go").await?;
@@ -394,6 +404,35 @@ async fn a_root_stopping_a_remote_child_is_settled_once_the_remote_stopped_it() 
     parent.wait_settled(&root).await;
     let child = remote.runtime.session(&"root-1-sub-d1".parse()?).await?;
     assert_eq!(child.status, Status::Failed, "the child was aborted there");
+    parent.shutdown().await?;
+    Ok(())
+}
+
+/// A driver whose transport panics reports the remote as unreachable: the parent's call is a
+/// tool error, as for a remote that does not answer, not a wait that never ends (the driver's
+/// task used to die with its report).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_driver_that_panics_is_a_remote_that_did_not_answer() -> anyhow::Result<()> {
+    let remote = remote_server().await?;
+    let (asked, _stops) = tokio::sync::mpsc::unbounded_channel();
+    let transport = Arc::new(HeldStops::new(asked, true));
+    let parent = parent_runtime_through(&remote.base, transport)?;
+    let root = "root-3".parse()?;
+    // Bounded: the defect was a run that waited for good.
+    let run = tokio::time::timeout(
+        Duration::from_secs(60),
+        parent.execute_on(&root, "lead", "go"),
+    )
+    .await
+    .map_err(|_| anyhow::anyhow!("the run still waits on a driver that panicked"))??;
+    assert_eq!(run.status, Status::Completed, "{run:?}");
+    let messages = parent.messages(&root).await?;
+    let failed = messages.iter().any(|message| {
+        matches!(message, dormant::Message::Tool { outcome: ToolOutcome::Error(text), .. }
+            if text.starts_with("remote_subagent_failed") && text.contains("panicked"))
+    });
+    assert!(failed, "{messages:?}");
+    parent.wait_settled(&root).await;
     parent.shutdown().await?;
     Ok(())
 }

@@ -801,10 +801,13 @@ impl SessionActor {
                 } else {
                     None
                 };
-                self.remote_reported(ctx, state, tool_call_id, driven).await;
+                // The next watch is counted before the report may answer settle waiters: a
+                // session is not settled with a watch about to start. Its report comes back
+                // as a later message, after this one's is fed.
                 if let Some(next) = next {
                     self.drive_remote(ctx, state, next);
                 }
+                self.remote_reported(ctx, state, tool_call_id, driven).await;
             }
             SessionMsg::RemoteAnswered { tool_call_id } => {
                 self.feed(ctx, state, Input::RemoteAnswered { tool_call_id })

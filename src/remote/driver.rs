@@ -3,15 +3,17 @@
 //! task beside the parent's actor, which it never blocks; the parent's core decides what the
 //! report means, exactly as for a local child.
 
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 
 use super::{RemoteAgents, RemoteCall, RemoteChild, RemoteError, RemoteStart, RemoteStatus};
 use crate::engine::shared::Shared;
 use crate::session::{report_of, ChildReport, RunOutcome, Status};
 use crate::types::ids::SessionId;
 use crate::types::message::ToolOutcome;
+use crate::types::panic::panic_text;
 use crate::types::stream::Chunk;
 use crate::types::tool_error::ToolErrorCode;
 
@@ -67,8 +69,39 @@ pub(crate) struct DriveReport {
 /// never answers is the call's tool error `remote_subagent_failed`; a child the remote no
 /// longer knows, `remote_subagent_lost`; a remote that does not answer later is
 /// [`Driven::Unreachable`], for the parent to try again. A watch that could not learn
-/// anything is [`Driven::Nothing`].
+/// anything is [`Driven::Nothing`]. A driver that panics (a transport's bug) counts as a remote
+/// that did not answer: its parent is told, rather than left waiting on the driver for good.
 pub(crate) async fn drive(
+    shared: Arc<Shared>,
+    child: SessionId,
+    remote: RemoteChild,
+    forwarded: u64,
+    how: Drive,
+) -> Driven {
+    let (endpoint, starting) = (remote.endpoint.clone(), matches!(how, Drive::Start { .. }));
+    let driven = AssertUnwindSafe(drive_unguarded(
+        shared,
+        child.clone(),
+        remote,
+        forwarded,
+        how,
+    ))
+    .catch_unwind()
+    .await;
+    driven.unwrap_or_else(|panic| {
+        let error = RemoteError::Unreachable {
+            endpoint,
+            reason: format!("its driver panicked: {}", panic_text(panic.as_ref())),
+        };
+        if starting {
+            Driven::Report(failed(ToolErrorCode::RemoteSubAgentFailed, &error))
+        } else {
+            unreachable(&child, error)
+        }
+    })
+}
+
+async fn drive_unguarded(
     shared: Arc<Shared>,
     child: SessionId,
     remote: RemoteChild,

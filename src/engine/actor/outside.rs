@@ -1,9 +1,11 @@
 //! Work a session's actor started outside itself and waits to hear back from: a remote child's
-//! driver or stop, the reconciliation of children a crash left running. Until each piece
-//! reports, the session is at work: neither settled nor evicted.
+//! driver or stop, the reconciliation of children a crash left running. Until each piece of
+//! this activation reports, the session is at work: neither settled nor evicted.
 //!
 //! A panic in the actor reloads its state from the store, and the count starts again from
-//! nothing; work the earlier activation started still reports afterwards. So each piece
+//! nothing (the reloaded activation reconciles the children it finds recorded as running, and
+//! watches the remote ones again; a remote stop the earlier one started is not waited for);
+//! work the earlier activation started still reports afterwards. So each piece
 //! carries a [`Ticket`] of the activation that started it, and a report whose ticket is of
 //! another activation is not counted against this one. Without the tickets, such a report
 //! lowered the new activation's count, and a session could be told settled while work the new
