@@ -3,13 +3,13 @@
 //! this activation reports, the session is at work: neither settled nor evicted.
 //!
 //! A panic in the actor reloads its state from the store, and the count starts again from
-//! nothing (the reloaded activation reconciles the children it finds recorded as running, and
-//! watches the remote ones again; a remote stop the earlier one started is not waited for);
-//! work the earlier activation started still reports afterwards. So each piece
-//! carries a [`Ticket`] of the activation that started it, and a report whose ticket is of
-//! another activation is not counted against this one. Without the tickets, such a report
-//! lowered the new activation's count, and a session could be told settled while work the new
-//! activation started was still running.
+//! nothing: the reloaded activation reconciles the children it finds recorded as running and
+//! watches the remote ones again, and a remote stop the earlier one started is not waited
+//! for. Work the earlier activation started still reports afterwards, so each piece carries a
+//! [`Ticket`] of the activation that started it, and a report whose ticket is of another
+//! activation is not counted against this one. Without the tickets, such a report lowered the
+//! new activation's count, and a session could be told settled while work the new activation
+//! started was still running.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
