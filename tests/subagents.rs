@@ -171,14 +171,23 @@ fn stuck_runtime(
     dir: &std::path::Path,
     started: tokio::sync::mpsc::UnboundedSender<SessionId>,
 ) -> anyhow::Result<Runtime> {
+    stuck_runtime_on(Arc::new(SledStore::open(dir)?), started, 200)
+}
+
+/// As [`stuck_runtime`], on `store`, inspecting a child for at most `inspection_ms`.
+fn stuck_runtime_on(
+    store: Arc<dyn Store>,
+    started: tokio::sync::mpsc::UnboundedSender<SessionId>,
+    inspection_ms: u64,
+) -> anyhow::Result<Runtime> {
     let script = ScriptedLlm::new()
         .script("lead", lead_script())
         .script("good", vec![ModelReply::text("fine")]);
     Ok(Runtime::builder()
-        .store(Arc::new(SledStore::open(dir)?))
+        .store(store)
         .llm(Arc::new(StuckFor { script, started }))
         .clock(Arc::new(ManualClock::new(0)))
-        .child_inspection_timeout_ms(200)
+        .child_inspection_timeout_ms(inspection_ms)
         .agent(lead("stuck")?)
         .agent(AgentDefinition::builder("good").build()?)
         .agent(AgentDefinition::builder("stuck").build()?)
@@ -258,6 +267,64 @@ async fn recovery_reconciles_children_in_the_background_within_its_bound_and_onl
     runtime.wait_settled(&parent).await;
     assert_eq!(runtime.stats().reconciled_children, expected);
     resuming.abort();
+    runtime.shutdown().await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_whose_inspection_panics_is_written_off_and_its_parent_settles(
+) -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let parent: SessionId = "p".parse()?;
+    let stuck = parent.ephemeral_child("o1");
+
+    // First process: the lead's step waits on a child whose model never answers; the process
+    // goes away with the step in flight.
+    let (started, mut starts) = tokio::sync::mpsc::unbounded_channel();
+    let runtime = stuck_runtime(dir.path(), started)?;
+    let running = {
+        let runtime = runtime.clone();
+        let parent = parent.clone();
+        tokio::spawn(async move { runtime.execute_on(&parent, "lead", "go").await })
+    };
+    assert_eq!(starts.recv().await, Some(stuck.clone()));
+    runtime.shutdown().await?;
+    running.abort();
+
+    // Second process: every read of the stuck child's keys panics (a damaged store that sled
+    // cannot read panics the same way), so its inspection does too.
+    let (started, _starts) = tokio::sync::mpsc::unbounded_channel();
+    let store = PanicFor::new(
+        Arc::new(SledStore::open(dir.path())?),
+        stuck.clone(),
+        usize::MAX,
+        true,
+    );
+    // A bound far beyond the panic, so that the inspection panics before it times out (the
+    // child's own activation panics first, as many times as its crash limit allows).
+    let runtime = stuck_runtime_on(Arc::new(store), started, 30_000)?;
+    runtime.interrupt(&parent).await?;
+    // Unguarded, the reconciliation died with the panic and the parent stayed at work for
+    // good: bounded here so that the test fails instead of hanging.
+    let settled = tokio::time::timeout(
+        std::time::Duration::from_secs(60),
+        runtime.wait_settled(&parent),
+    )
+    .await;
+    assert!(settled.is_ok(), "the parent never settled");
+    let reconciled = runtime.children(&parent).await?;
+    match reconciled
+        .iter()
+        .find(|entry| entry.tool_call_id == "o1")
+        .map(|entry| entry.state.clone())
+    {
+        Some(ChildState::Interrupted { reason }) => {
+            assert!(reason.starts_with("child_unreadable"), "{reason}");
+            assert!(reason.contains("its inspection panicked"), "{reason}");
+            assert!(reason.contains("read panics for p-sub-o1"), "{reason}");
+        }
+        other => panic!("the child should be written off, got {other:?}"),
+    }
     runtime.shutdown().await?;
     Ok(())
 }

@@ -203,11 +203,25 @@ impl SessionActor {
                 let host = host.clone();
                 let shared = Arc::clone(&shared);
                 async move {
-                    let inspected = tokio::time::timeout(bound, inspect(&host, &shared, &child));
-                    let state = inspected.await.unwrap_or_else(|_| {
-                        let after_ms = bound.as_millis();
-                        LostChild::InspectionTimedOut { child, after_ms }.state()
-                    });
+                    // A store that panics on the child's keys (sled does, on some damage) must
+                    // not leave the parent at work for good, its report never sent: the child
+                    // counts as one that cannot be read.
+                    let guarded = AssertUnwindSafe(inspect(&host, &shared, &child)).catch_unwind();
+                    let state = match tokio::time::timeout(bound, guarded).await {
+                        Ok(Ok(state)) => state,
+                        Ok(Err(panic)) => {
+                            let panic = crate::types::panic::panic_text(panic.as_ref());
+                            tracing::error!(%child, %panic, "subagent.inspection_panicked");
+                            LostChild::Unreadable {
+                                error: format!("its inspection panicked: {panic}"),
+                            }
+                            .state()
+                        }
+                        Err(_) => {
+                            let after_ms = bound.as_millis();
+                            LostChild::InspectionTimedOut { child, after_ms }.state()
+                        }
+                    };
                     (call, state)
                 }
             });
