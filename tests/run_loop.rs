@@ -270,6 +270,44 @@ async fn a_panicking_tool_becomes_a_tool_error() -> anyhow::Result<()> {
 }
 
 #[tokio::test]
+async fn a_tool_that_panics_before_its_future_begins_becomes_a_tool_error() -> anyhow::Result<()> {
+    // The closure panics in its own body, before it hands back a future: a handler that
+    // unwraps its input there, say. Unguarded, the step's task died with it and the run
+    // waited for good: bounded here, so that the test fails instead of hanging.
+    fn boom(
+        _input: serde_json::Value,
+        _ctx: dormant::definition::ToolContext,
+    ) -> futures::future::Ready<Result<serde_json::Value, ToolError>> {
+        panic!("kaboom before the future")
+    }
+    let agent = AgentDefinition::builder("risky")
+        .tool(ToolDefinition::server("boom", boom))
+        .build()?;
+    let llm = ScriptedLlm::new().script("risky", common::tool_script("boom", 1));
+    let runtime = Runtime::builder()
+        .store(temp_store()?)
+        .llm(Arc::new(llm))
+        .agent(agent)
+        .build()?;
+    let outcome = tokio::time::timeout(
+        std::time::Duration::from_secs(60),
+        runtime.execute("risky", "go"),
+    )
+    .await
+    .map_err(|_| anyhow::anyhow!("the run never ended"))??;
+    assert_eq!(outcome.status, Status::Completed);
+    let messages = runtime.messages(&outcome.session_id).await?;
+    assert!(
+        matches!(&messages[2], Message::Tool { outcome: ToolOutcome::Error(e), .. }
+            if e.starts_with("tool_panicked") && e.contains("kaboom before the future")),
+        "{:?}",
+        messages[2]
+    );
+    runtime.shutdown().await?;
+    Ok(())
+}
+
+#[tokio::test]
 async fn unknown_sessions_and_agents_are_typed_errors() -> anyhow::Result<()> {
     let runtime = Runtime::builder().store(temp_store()?).build()?;
     let id: SessionId = "nobody".parse()?;

@@ -135,7 +135,10 @@ async fn run_one(step: &StepContext, call: ToolCall) -> FinishedCall {
             .cloned()
             .unwrap_or_else(|| Arc::new([])),
     );
-    let running = AssertUnwindSafe(handler.call(call.input, ctx.clone())).catch_unwind();
+    // Called inside the catch: a handler may panic before it hands back its future (a
+    // closure's code before its `async` block), and that is the tool's error too.
+    let input = call.input;
+    let running = AssertUnwindSafe(async { handler.call(input, ctx.clone()).await }).catch_unwind();
     let outcome = match running.await {
         Ok(Ok(value)) => ToolOutcome::Result(value),
         Ok(Err(error)) => match ctx.take_asked().map(checked_request) {
@@ -216,7 +219,9 @@ async fn check_cut_call(
     key: &str,
 ) -> Option<Reconciled> {
     let check = check?;
-    let running = AssertUnwindSafe(check.0.check(call.input.clone(), key.to_string()));
+    // Called inside the catch, as a handler is.
+    let running =
+        AssertUnwindSafe(async { check.0.check(call.input.clone(), key.to_string()).await });
     match running.catch_unwind().await {
         Ok(settled) => {
             tracing::info!(session = %step.session, tool = %crate::types::Untrusted(&call.name), call = %crate::types::Untrusted(&call.id), settled = settled.is_some(), "tool.reconcile_checked");
