@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use common::{calls_then_text, editor_runtime};
 use dormant::store::{CommitKind, Store};
-use dormant::testkit::{Fault, FaultyStore, InjectedFault};
+use dormant::testkit::{Call, Delegate, DelegatingStore, Fault, FaultyStore, InjectedFault};
 use dormant::MemoryStore;
 use dormant::{Error, ManualClock, SessionId, Status};
 use dormant::{Submit, SubmitOutcome};
@@ -49,6 +49,75 @@ async fn a_submit_whose_commit_fails_is_not_accepted_and_the_call_still_waits() 
     assert_eq!(retry, SubmitOutcome::Accepted);
     let done = runtime.resume(&id).await?;
     assert_eq!(done.status, Status::Completed);
+    Ok(())
+}
+
+/// A store whose first commit once armed waits to be let go, then fails.
+#[derive(Debug, Default)]
+struct HoldThenFail {
+    armed: std::sync::atomic::AtomicBool,
+    held: tokio::sync::Notify,
+    release: tokio::sync::Notify,
+}
+
+#[async_trait::async_trait]
+impl Delegate for HoldThenFail {
+    async fn before(&self, call: Call<'_>) -> Result<(), dormant::store::Error> {
+        let first = matches!(call, Call::Commit(_))
+            && self.armed.swap(false, std::sync::atomic::Ordering::SeqCst);
+        if first {
+            self.held.notify_one();
+            self.release.notified().await;
+            return Err(dormant::store::Error::backend("the disk said no, once"));
+        }
+        Ok(())
+    }
+}
+
+// One thread, so that the second answer reaches the session while the first one's commit is
+// held (the session takes both from its mailbox before the commit's task runs).
+#[tokio::test(flavor = "current_thread")]
+async fn an_answer_sent_again_while_the_first_ones_commit_fails_is_accepted_not_already_completed(
+) -> anyhow::Result<()> {
+    let store = Arc::new(DelegatingStore::wrap(
+        Arc::new(MemoryStore::new()),
+        HoldThenFail::default(),
+    ));
+    let runtime = editor_runtime(
+        Arc::clone(&store) as Arc<dyn Store>,
+        ManualClock::new(0),
+        calls_then_text(&[("tc-1", "edit")], "done"),
+        Arc::default(),
+        |b| b,
+    )?;
+    let id: SessionId = "s1".parse()?;
+    runtime.execute_on(&id, "editor", "go").await?;
+    store
+        .delegate()
+        .armed
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let first = runtime.submit_tool_result(Submit::result("s1", "tc-1", json!({ "applied": 1 })));
+    let second = runtime.submit_tool_result(Submit::result("s1", "tc-1", json!({ "applied": 2 })));
+    let release = async {
+        store.delegate().held.notified().await;
+        store.delegate().release.notify_one();
+    };
+    let (first, second, ()) = tokio::join!(first, second, release);
+    assert!(matches!(first, Err(Error::Store(_))), "{first:?}");
+    // The first answer was never stored, so the second is not "already completed": it is the
+    // answer (told `already_completed`, its sender would never send it again, and the run
+    // would wait for good).
+    assert_eq!(second?, SubmitOutcome::Accepted);
+    let done = runtime.resume(&id).await?;
+    assert_eq!(done.status, Status::Completed);
+    let messages = runtime.messages(&id).await?;
+    assert_eq!(
+        common::tool_result(&messages, "tc-1"),
+        Some(&dormant::types::ToolOutcome::Result(
+            json!({ "applied": 2 })
+        ))
+    );
+    runtime.shutdown().await?;
     Ok(())
 }
 

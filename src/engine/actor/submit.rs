@@ -1,6 +1,7 @@
 //! Submits: an accepted answer is committed beside the mailbox (its commit writes only the
 //! call's own entries, so many answers for one session commit in parallel), and every other
-//! input of the session first waits for those commits (the barrier).
+//! input of the session first waits for those commits (the barrier), as does another answer
+//! to a call whose answer is being committed.
 //!
 //! Commit, then effects, here too: the caller is answered `accepted` by the commit's task once
 //! the commit is durable, and the transition's effects (a metric, an automatic resume) run on
@@ -37,6 +38,11 @@ impl InFlightSubmits {
     pub(crate) fn is_empty(&self) -> bool {
         self.committing.is_empty()
     }
+
+    /// Whether an answer to `tool_call_id` is among them.
+    fn answers(&self, tool_call_id: &str) -> bool {
+        self.committing.iter().any(|(call, _)| call == tool_call_id)
+    }
 }
 
 impl SessionActor {
@@ -49,6 +55,12 @@ impl SessionActor {
         submission: Submission,
         reply: oneshot::Sender<Result<SubmitOutcome, Error>>,
     ) {
+        // An answer to a call whose earlier answer is still being committed waits for that
+        // commit: if it fails, the earlier answer is forgotten and this one is the answer,
+        // rather than told `already_completed` about an answer that was never stored.
+        if state.inflight.answers(&tool_call_id) {
+            self.barrier(ctx, state).await;
+        }
         let now = self.shared.clock.now_ms();
         let session = match self.present(ctx.key(), state).await {
             Ok(Some(session)) => session,
