@@ -329,6 +329,191 @@ async fn a_child_whose_inspection_panics_is_written_off_and_its_parent_settles(
     Ok(())
 }
 
+/// A store whose scans of one session's log fail once armed (a database that cannot be
+/// reached, say), so that session cannot be read back.
+#[derive(Debug)]
+struct LogUnreadable {
+    session: SessionId,
+    armed: std::sync::atomic::AtomicBool,
+}
+
+#[async_trait::async_trait]
+impl Delegate for LogUnreadable {
+    async fn before(&self, call: Call<'_>) -> Result<(), store::Error> {
+        let id = self.session.as_str().as_bytes();
+        let names = |key: &[u8]| key.windows(id.len()).any(|window| window == id);
+        match call {
+            Call::ScanPrefix {
+                tree: store::Tree::Log,
+                prefix,
+            }
+            | Call::ScanPrefixRev {
+                tree: store::Tree::Log,
+                prefix,
+                ..
+            } if self.armed.load(std::sync::atomic::Ordering::SeqCst) && names(prefix) => {
+                Err(store::Error::backend("the log cannot be read"))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_that_cannot_be_read_when_its_parent_goes_on_is_a_tool_error() -> anyhow::Result<()>
+{
+    let parent: SessionId = "p".parse()?;
+    let child = parent.ephemeral_child("c1");
+    let store = Arc::new(DelegatingStore::wrap(
+        Arc::new(MemoryStore::new()),
+        LogUnreadable {
+            session: child.clone(),
+            armed: Default::default(),
+        },
+    ));
+    let llm = ScriptedLlm::new()
+        .script(
+            "lead",
+            vec![
+                ModelReply::tool_calls(vec![ToolCall::new(
+                    "c1",
+                    "ask",
+                    json!({ "message": "edit it" }),
+                )]),
+                ModelReply::text("done"),
+            ],
+        )
+        .script(
+            "helper",
+            vec![
+                ModelReply::tool_calls(vec![ToolCall::new("tc-1", "edit", json!({}))]),
+                ModelReply::text("edited"),
+            ],
+        );
+    let runtime = Runtime::builder()
+        .store(Arc::clone(&store) as Arc<dyn Store>)
+        .llm(Arc::new(llm))
+        .clock(Arc::new(ManualClock::new(0)))
+        .agent(
+            AgentDefinition::builder("lead")
+                .tool(ToolDefinition::sub_agent("ask", "helper"))
+                .build()?,
+        )
+        .agent(
+            AgentDefinition::builder("helper")
+                .tool(ToolDefinition::client("edit"))
+                .build()?,
+        )
+        .build()?;
+    let waiting = runtime.execute_on(&parent, "lead", "go").await?;
+    assert_eq!(waiting.status, Status::SuspendedAwaitingChildren);
+    let answer = dormant::Submit::result("p", "tc-1", json!({ "applied": 1 }));
+    assert_eq!(
+        runtime.submit_tool_result(answer).await?,
+        dormant::SubmitOutcome::Accepted
+    );
+    // The child leaves memory; from now on its log cannot be read back.
+    runtime.evict(&child).await;
+    store
+        .delegate()
+        .armed
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    // The parent goes on and wakes its child. Unguarded, the wake was dropped and the parent
+    // waited for the child's report for good: bounded here so that the test fails instead.
+    let resumed =
+        tokio::time::timeout(std::time::Duration::from_secs(60), runtime.resume(&parent)).await;
+    let resumed = resumed.map_err(|_| anyhow::anyhow!("the parent never went on"))??;
+    assert_eq!(resumed.status, Status::Completed);
+    assert_eq!(resumed.text.as_deref(), Some("done"));
+    match common::tool_result(&runtime.messages(&parent).await?, "c1") {
+        Some(ToolOutcome::Error(text)) => {
+            assert!(text.starts_with("sub_agent_unavailable"), "{text}");
+            assert!(text.contains("the log cannot be read"), "{text}");
+        }
+        other => panic!("c1 should be a tool error, got {other:?}"),
+    }
+    runtime.shutdown().await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_companion_that_cannot_be_read_for_its_next_turn_is_a_tool_error() -> anyhow::Result<()> {
+    let parent: SessionId = "p".parse()?;
+    let companion: SessionId = "p-agent-w".parse()?;
+    let store = Arc::new(DelegatingStore::wrap(
+        Arc::new(MemoryStore::new()),
+        LogUnreadable {
+            session: companion.clone(),
+            armed: Default::default(),
+        },
+    ));
+    let call =
+        |id: &str, tool: &str, input| ModelReply::tool_calls(vec![ToolCall::new(id, tool, input)]);
+    let llm = ScriptedLlm::new()
+        .script(
+            "lead",
+            vec![
+                call(
+                    "c1",
+                    "companion__spawnAgent",
+                    json!({ "agentType": "watcher", "name": "w", "message": "watch" }),
+                ),
+                ModelReply::text("spawned"),
+                call(
+                    "c2",
+                    "companion__sendMessage",
+                    json!({ "name": "w", "message": "again" }),
+                ),
+                ModelReply::text("went on"),
+            ],
+        )
+        .script(
+            "watcher",
+            vec![
+                ModelReply::text("watched"),
+                ModelReply::text("watched again"),
+            ],
+        );
+    let runtime = Runtime::builder()
+        .store(Arc::clone(&store) as Arc<dyn Store>)
+        .llm(Arc::new(llm))
+        .clock(Arc::new(ManualClock::new(0)))
+        .agent(
+            AgentDefinition::builder("lead")
+                .persistent_agent("watcher", dormant::definition::CompanionMode::Blocking)
+                .build()?,
+        )
+        .agent(AgentDefinition::builder("watcher").build()?)
+        .build()?;
+    let first = runtime.execute_on(&parent, "lead", "go").await?;
+    assert_eq!(first.text.as_deref(), Some("spawned"));
+    // The companion is idle (its conversation back on disk); from now on its log cannot be
+    // read.
+    store
+        .delegate()
+        .armed
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    // Its next turn cannot begin. Unguarded, the turn was dropped and the parent waited for
+    // the companion's reply for good: bounded here so that the test fails instead.
+    let second = tokio::time::timeout(
+        std::time::Duration::from_secs(60),
+        runtime.execute_on(&parent, "lead", "once more"),
+    )
+    .await;
+    let second = second.map_err(|_| anyhow::anyhow!("the parent never went on"))??;
+    assert_eq!(second.status, Status::Completed);
+    assert_eq!(second.text.as_deref(), Some("went on"));
+    match common::tool_result(&runtime.messages(&parent).await?, "c2") {
+        Some(ToolOutcome::Error(text)) => {
+            assert!(text.starts_with("sub_agent_unavailable"), "{text}");
+            assert!(text.contains("the log cannot be read"), "{text}");
+        }
+        other => panic!("c2 should be a tool error, got {other:?}"),
+    }
+    runtime.shutdown().await?;
+    Ok(())
+}
+
 #[test]
 fn a_sub_agent_tool_advertises_the_message_it_requires() -> anyhow::Result<()> {
     let lead = AgentDefinition::builder("lead")

@@ -346,10 +346,13 @@ impl VirtualActor for SessionActor {
 /// Whether an input was handled by the session's owner: applied, or refused by the session's
 /// rules (a deadline of a call it no longer has, say); not when the store could not be read
 /// or written (another node owns the session, say).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Handled {
     Yes,
+    /// Its commit failed (whoever waited on the session was told).
     No,
+    /// The session could not be read (its reason): nothing was applied, nobody was told.
+    Unread(String),
 }
 
 /// What the host answers a session's message with when it cannot deliver it.
@@ -624,7 +627,7 @@ impl SessionActor {
             Ok(None) => return Handled::Yes,
             Err(error) => {
                 tracing::warn!(session = %ctx.key(), error = %crate::types::Untrusted(&error), "session.input_unreadable");
-                return Handled::No;
+                return Handled::Unread(error.to_string());
             }
         };
         let applied = match self.prepare(session, &input).await {
@@ -638,7 +641,7 @@ impl SessionActor {
             },
             Err(error @ Error::Store(_)) => {
                 tracing::warn!(session = %ctx.key(), error = %crate::types::Untrusted(&error), "session.input_unreadable");
-                Handled::No
+                Handled::Unread(error.to_string())
             }
             Err(error) => {
                 tracing::warn!(session = %ctx.key(), error = %crate::types::Untrusted(&error), "session.input_refused");
@@ -780,11 +783,20 @@ impl SessionActor {
                 self.feed(ctx, state, input).await;
             }
             SessionMsg::StartChild(start) => self.start_child(ctx, state, start).await,
-            SessionMsg::Wake { .. } => {
+            SessionMsg::Wake {
+                parent,
+                tool_call_id,
+                child,
+            } => {
                 let input = Input::Wake {
                     run_id: RunId::generate(),
                 };
-                self.feed(ctx, state, input).await;
+                if let Handled::Unread(error) = self.feed(ctx, state, input).await {
+                    // Its parent waits for this session's report: it learns that the session
+                    // cannot be read instead of waiting for good.
+                    let why = crate::session::ChildUnavailable::Unreadable { child, error };
+                    self.run_effect(ctx, state, why.report(&parent, tool_call_id));
+                }
             }
             SessionMsg::ReportsWaiting { .. } => self.reports_waiting(ctx, state).await,
             SessionMsg::RemoteReport {

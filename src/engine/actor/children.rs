@@ -12,7 +12,7 @@ use dormant_actors::{ActorContext, Host};
 use futures::FutureExt;
 use tokio::sync::oneshot;
 
-use super::{Loaded, SessionActor, SessionMsg, SessionState};
+use super::{Handled, Loaded, SessionActor, SessionMsg, SessionState};
 use crate::engine::shared::Shared;
 use crate::error::Error;
 use crate::session::{
@@ -84,10 +84,23 @@ impl SessionActor {
         let fed = AssertUnwindSafe(self.feed(ctx, state, input))
             .catch_unwind()
             .await;
-        if let Err(panic) = fed {
-            let reason = crate::types::panic::panic_text(panic.as_ref());
-            self.never_started(ctx, origin, reason).await;
-            std::panic::resume_unwind(panic);
+        match fed {
+            Ok(Handled::Unread(error)) => {
+                // The child (a companion's next turn, a re-attach) cannot be read: its parent
+                // records that as the tool's error instead of waiting for good.
+                let why = ChildUnavailable::Unreadable {
+                    child: ctx.key().clone(),
+                    error,
+                };
+                let told = why.report(&origin.parent, origin.tool_call_id);
+                self.run_effect(ctx, state, told);
+            }
+            Ok(Handled::Yes | Handled::No) => {}
+            Err(panic) => {
+                let reason = crate::types::panic::panic_text(panic.as_ref());
+                self.never_started(ctx, origin, reason).await;
+                std::panic::resume_unwind(panic);
+            }
         }
     }
 
