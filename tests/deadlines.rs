@@ -251,3 +251,71 @@ async fn tombstones_answer_duplicates_until_retention_ends_then_are_reaped() -> 
     );
     Ok(())
 }
+
+/// A store whose next range read of the deadline index panics once armed (a store that
+/// panics on a damaged entry).
+#[derive(Debug, Default)]
+struct PanicsOnceOnDeadlines {
+    armed: std::sync::atomic::AtomicBool,
+}
+
+#[async_trait::async_trait]
+impl dormant::testkit::Delegate for PanicsOnceOnDeadlines {
+    async fn before(&self, call: dormant::testkit::Call<'_>) -> Result<(), dormant::store::Error> {
+        if let dormant::testkit::Call::ScanRange {
+            tree: dormant::store::Tree::Deadlines,
+            ..
+        } = call
+        {
+            let armed = self.armed.swap(false, std::sync::atomic::Ordering::SeqCst);
+            assert!(!armed, "the deadline index panics");
+        }
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn a_sweep_that_panics_fails_and_the_next_one_fires() -> anyhow::Result<()> {
+    let clock = ManualClock::new(0);
+    let store = Arc::new(dormant::testkit::DelegatingStore::wrap(
+        temp_store()?,
+        PanicsOnceOnDeadlines::default(),
+    ));
+    let script = calls_then_text(&[("tc-1", "edit")], "gave up");
+    let runtime = editor_runtime(
+        Arc::clone(&store) as Arc<dyn dormant::store::Store>,
+        clock.clone(),
+        script,
+        Arc::default(),
+        |b| b,
+    )?;
+    let id: SessionId = "s1".parse()?;
+    runtime.execute_on(&id, "editor", "go").await?;
+    clock.advance(30_000);
+    store
+        .delegate()
+        .armed
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    // The scheduler is one task for every session: the panic fails this sweep only.
+    let failed = runtime.sweep_deadlines().await;
+    match &failed {
+        Err(dormant::Error::Store(error)) => {
+            assert!(
+                error.to_string().contains("the deadline index panics"),
+                "{error}"
+            );
+        }
+        other => panic!("the sweep should fail with the panic, got {other:?}"),
+    }
+    assert_eq!(runtime.sweep_deadlines().await?.fired, 1);
+    let resumed = runtime.resume(&id).await?;
+    assert_eq!(resumed.status, Status::Completed);
+    match tool_result(&runtime.messages(&id).await?, "tc-1") {
+        Some(ToolOutcome::Error(text)) => {
+            assert!(text.starts_with("client_tool_timeout"), "{text}")
+        }
+        other => panic!("tc-1 should have timed out, got {other:?}"),
+    }
+    runtime.shutdown().await?;
+    Ok(())
+}

@@ -5,10 +5,12 @@
 //! A session waiting on a human is never treated as stuck: only its deadline ends the wait.
 
 use std::collections::HashSet;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
 use dormant_actors::Host;
+use futures::FutureExt;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::engine::actor::{SessionActor, SessionMsg};
@@ -108,11 +110,22 @@ impl DeadlineScheduler {
                 }
                 SchedulerMsg::Sweep { reply } => {
                     timer.wake_at = None;
-                    let report = self.sweep(reply.is_some(), &mut timer.reaper).await;
+                    // The scheduler is one task for the whole runtime: a sweep that panics
+                    // (a store that panics on a damaged entry) is a failed sweep, not the end
+                    // of every deadline from then on.
+                    let swept = AssertUnwindSafe(self.sweep(reply.is_some(), &mut timer.reaper))
+                        .catch_unwind()
+                        .await;
+                    let report = swept.unwrap_or_else(|panic| Err(panicked("sweep", &*panic)));
                     if let Err(error) = &report {
                         tracing::error!(%error, "deadline.sweep_failed");
                     }
                     self.rearm(&mut timer).await;
+                    if report.is_err() && self.background {
+                        // Tried again later rather than at once, and not never.
+                        let later = self.shared.clock.now_ms().saturating_add(DEFERRED_RETRY_MS);
+                        timer.wake_at = Some(timer.wake_at.map_or(later, |at| at.max(later)));
+                    }
                     if matches!(&report, Ok(report) if report.deferred > 0) {
                         // Deadlines another node owns stay due in the index: look again
                         // later rather than at once (the owner fires them meanwhile, or its
@@ -133,14 +146,22 @@ impl DeadlineScheduler {
         Duration::from_millis(at.saturating_sub(self.shared.clock.now_ms())).min(MAX_SLEEP)
     }
 
-    /// Arms the timer for the earliest deadline in the durable index.
+    /// Arms the timer for the earliest deadline in the durable index (a read that fails or
+    /// panics leaves it as it was).
     async fn rearm(&self, timer: &mut Timer) {
         if !self.background {
             return;
         }
-        match schema::next_deadline(self.shared.store.as_ref()).await {
-            Ok(next) => timer.wake_at = next,
-            Err(error) => tracing::error!(%error, "deadline.rearm_failed"),
+        let next = AssertUnwindSafe(schema::next_deadline(self.shared.store.as_ref()))
+            .catch_unwind()
+            .await;
+        match next {
+            Ok(Ok(next)) => timer.wake_at = next,
+            Ok(Err(error)) => tracing::error!(%error, "deadline.rearm_failed"),
+            Err(panic) => {
+                let error = panicked("rearm", &*panic);
+                tracing::error!(%error, "deadline.rearm_failed");
+            }
         }
     }
 
@@ -282,6 +303,14 @@ async fn sleep_for(delay: Option<Duration>) {
         Some(delay) => tokio::time::sleep(delay).await,
         None => std::future::pending().await,
     }
+}
+
+/// The error of a part of the scheduler's round that panicked.
+fn panicked(what: &str, panic: &(dyn std::any::Any + Send)) -> Error {
+    let reason = crate::types::panic::panic_text(panic);
+    Error::Store(crate::store::Error::backend(format!(
+        "the deadline {what} panicked: {reason}"
+    )))
 }
 
 #[cfg(test)]
