@@ -514,6 +514,111 @@ async fn a_companion_that_cannot_be_read_for_its_next_turn_is_a_tool_error() -> 
     Ok(())
 }
 
+/// A store whose next commit that writes a key of one session panics, once armed.
+#[derive(Debug)]
+struct CommitPanicsOnce {
+    session: SessionId,
+    armed: std::sync::atomic::AtomicBool,
+}
+
+#[async_trait::async_trait]
+impl Delegate for CommitPanicsOnce {
+    async fn before(&self, call: Call<'_>) -> Result<(), store::Error> {
+        if let Call::Commit(batch) = call {
+            let id = self.session.as_str().as_bytes();
+            let touches = batch.ops().iter().any(|op| {
+                let (Op::Put { key, .. } | Op::Delete { key, .. }) = op;
+                key.windows(id.len()).any(|window| window == id)
+            });
+            if touches && self.armed.swap(false, std::sync::atomic::Ordering::SeqCst) {
+                panic!("the turn's first commit panics for {}", self.session);
+            }
+        }
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_companion_whose_next_turn_panics_before_it_lands_is_a_tool_error() -> anyhow::Result<()>
+{
+    let parent: SessionId = "p".parse()?;
+    let companion: SessionId = "p-agent-w".parse()?;
+    let store = Arc::new(DelegatingStore::wrap(
+        Arc::new(MemoryStore::new()),
+        CommitPanicsOnce {
+            session: companion.clone(),
+            armed: Default::default(),
+        },
+    ));
+    let call =
+        |id: &str, tool: &str, input| ModelReply::tool_calls(vec![ToolCall::new(id, tool, input)]);
+    let llm = ScriptedLlm::new()
+        .script(
+            "lead",
+            vec![
+                call(
+                    "c1",
+                    "companion__spawnAgent",
+                    json!({ "agentType": "watcher", "name": "w", "message": "watch" }),
+                ),
+                ModelReply::text("spawned"),
+                call(
+                    "c2",
+                    "companion__sendMessage",
+                    json!({ "name": "w", "message": "again" }),
+                ),
+                ModelReply::text("went on"),
+            ],
+        )
+        .script(
+            "watcher",
+            vec![
+                ModelReply::text("watched"),
+                ModelReply::text("watched again"),
+            ],
+        );
+    let runtime = Runtime::builder()
+        .store(Arc::clone(&store) as Arc<dyn Store>)
+        .llm(Arc::new(llm))
+        .clock(Arc::new(ManualClock::new(0)))
+        .agent(
+            AgentDefinition::builder("lead")
+                .persistent_agent("watcher", dormant::definition::CompanionMode::Blocking)
+                .build()?,
+        )
+        .agent(AgentDefinition::builder("watcher").build()?)
+        .build()?;
+    let first = runtime.execute_on(&parent, "lead", "go").await?;
+    assert_eq!(first.text.as_deref(), Some("spawned"));
+    store
+        .delegate()
+        .armed
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    // The companion's next turn panics in its first commit, which never lands: its restart
+    // finds it at its last turn, with nothing cut to tell. Unguarded, the parent waited for
+    // the turn's reply for good: bounded here so that the test fails instead.
+    let second = tokio::time::timeout(
+        std::time::Duration::from_secs(60),
+        runtime.execute_on(&parent, "lead", "once more"),
+    )
+    .await;
+    let second = second.map_err(|_| anyhow::anyhow!("the parent never went on"))??;
+    assert_eq!(second.status, Status::Completed);
+    assert_eq!(second.text.as_deref(), Some("went on"));
+    match common::tool_result(&runtime.messages(&parent).await?, "c2") {
+        Some(ToolOutcome::Error(text)) => {
+            assert!(text.starts_with("sub_agent_failed"), "{text}");
+            assert!(
+                text.contains("crashed before the first commit of its run"),
+                "{text}"
+            );
+        }
+        other => panic!("c2 should be a tool error, got {other:?}"),
+    }
+    runtime.shutdown().await?;
+    Ok(())
+}
+
 #[test]
 fn a_sub_agent_tool_advertises_the_message_it_requires() -> anyhow::Result<()> {
     let lead = AgentDefinition::builder("lead")

@@ -19,7 +19,8 @@ pub(crate) enum ChildUnavailable {
     NotOwnedHere { child: SessionId, error: String },
     /// The stored child cannot be read: `error`.
     Unreadable { child: SessionId, error: String },
-    /// The child panicked before its first commit.
+    /// The child panicked before the first commit of its run (its first, or a companion's
+    /// next turn).
     CrashedBeforeFirstCommit { child: SessionId, panic: String },
     /// The host cannot deliver to the child (it keeps crashing, or cannot be loaded): `error`.
     CannotRun { child: SessionId, error: String },
@@ -40,7 +41,7 @@ impl ChildUnavailable {
                 .with(format_args!("child {child} cannot be read: {error}")),
             ChildUnavailable::CrashedBeforeFirstCommit { child, panic } => {
                 ToolErrorCode::SubAgentFailed.with(format_args!(
-                    "child {child} crashed before its first commit: {panic}"
+                    "child {child} crashed before the first commit of its run: {panic}"
                 ))
             }
             ChildUnavailable::CannotRun { child, error } => ToolErrorCode::SubAgentFailed

@@ -265,7 +265,7 @@ fn each_way_a_child_cannot_run_reaches_its_parent_as_a_tool_error_with_its_stabl
                 child: child.clone(),
                 panic: "boom".into(),
             },
-            "sub_agent_failed: child p-sub-c1 crashed before its first commit: boom",
+            "sub_agent_failed: child p-sub-c1 crashed before the first commit of its run: boom",
         ),
         (
             ChildUnavailable::CannotRun {

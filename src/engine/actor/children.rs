@@ -73,10 +73,8 @@ impl SessionActor {
             return;
         }
         let origin = start.origin.clone();
-        let input = Input::StartChild {
-            run_id: RunId::generate(),
-            start,
-        };
+        let run_id = RunId::generate();
+        let input = Input::StartChild { run_id, start };
         // A panic here (a store that panics in the child's first commit, say) is the host's to
         // supervise, but the restart finds no child to tell its parent of it if the first
         // commit never landed, and the start message is gone: so the parent is told here,
@@ -98,28 +96,31 @@ impl SessionActor {
             Ok(Handled::Yes | Handled::No) => {}
             Err(panic) => {
                 let reason = crate::types::panic::panic_text(panic.as_ref());
-                self.never_started(ctx, origin, reason).await;
+                self.never_started(ctx, origin, run_id, reason).await;
                 std::panic::resume_unwind(panic);
             }
         }
     }
 
-    /// A child's start panicked: if the child was never written, its parent records the call
-    /// as `sub_agent_failed` (a child that was written is restarted, and tells its parent
-    /// itself). One that cannot be read back counts as never written: a parent waiting
-    /// forever is worse than a tool error for a child that may exist.
+    /// A child's start panicked: unless the run it started (`run_id`) was written, its parent
+    /// records the call as `sub_agent_failed`. A run that was written is cut, so the restart
+    /// finds it and the child tells its parent itself; a run that never landed leaves nothing
+    /// for the restart to find (no child at all, or a companion still at its last turn). One
+    /// that cannot be read back counts as never written: a parent waiting forever is worse
+    /// than a tool error for a run that may exist.
     async fn never_started(
         &self,
         ctx: &ActorContext<Self>,
         origin: crate::session::ChildOrigin,
+        run_id: RunId,
         reason: String,
     ) {
         let id = ctx.key();
         let store = self.shared.store.as_ref();
-        let read = AssertUnwindSafe(schema::load_lineage(store, id))
+        let read = AssertUnwindSafe(schema::load_record(store, id))
             .catch_unwind()
             .await;
-        if matches!(read, Ok(Ok(Some(_)))) {
+        if matches!(&read, Ok(Ok(Some(record))) if record.current_run == Some(run_id)) {
             return;
         }
         tracing::error!(session = %id, parent = %origin.parent, %reason, "subagent.start_panicked");
