@@ -102,12 +102,13 @@ impl SessionActor {
         }
     }
 
-    /// A child's start panicked: unless the run it started (`run_id`) was written, its parent
-    /// records the call as `sub_agent_failed`. A run that was written is cut, so the restart
-    /// finds it and the child tells its parent itself; a run that never landed leaves nothing
-    /// for the restart to find (no child at all, or a companion still at its last turn). One
-    /// that cannot be read back counts as never written: a parent waiting forever is worse
-    /// than a tool error for a run that may exist.
+    /// A child's start panicked: unless its restart will tell the parent itself, the parent
+    /// records the call as `sub_agent_failed`. The restart tells of a run of this call that
+    /// was cut (the reload closes it as crashed): the run this start began, if it landed, or
+    /// the one a crash cut before this start re-attached to it. A run that never landed over
+    /// nothing cut leaves the restart nothing to tell (no child at all, or a companion at its
+    /// last turn's end). A child that cannot be read back counts as telling nothing: a parent
+    /// waiting forever is worse than a tool error for a run that may exist.
     async fn never_started(
         &self,
         ctx: &ActorContext<Self>,
@@ -117,10 +118,11 @@ impl SessionActor {
     ) {
         let id = ctx.key();
         let store = self.shared.store.as_ref();
-        let read = AssertUnwindSafe(schema::load_record(store, id))
+        let call = &origin.tool_call_id;
+        let read = AssertUnwindSafe(restart_tells(store, id, run_id, call))
             .catch_unwind()
             .await;
-        if matches!(&read, Ok(Ok(Some(record))) if record.current_run == Some(run_id)) {
+        if matches!(read, Ok(Ok(true))) {
             return;
         }
         tracing::error!(session = %id, parent = %origin.parent, %reason, "subagent.start_panicked");
@@ -309,6 +311,40 @@ async fn inspect(host: &Host<SessionActor>, shared: &Shared, child: &SessionId) 
         }
         .state(),
     }
+}
+
+/// Whether the restart of child `id`, whose start of a run (`run_id`) for `call` panicked,
+/// tells its parent itself: whether the child's stored run for the call is one its reload
+/// closes as cut by a crash (see [`SessionActor::never_started`]).
+async fn restart_tells(
+    store: &dyn Store,
+    id: &SessionId,
+    run_id: RunId,
+    call: &str,
+) -> Result<bool, Error> {
+    let Some(record) = schema::load_record(store, id).await? else {
+        return Ok(false);
+    };
+    if record.current_run == Some(run_id) {
+        return Ok(true);
+    }
+    if record.parent_call.as_deref() != Some(call) {
+        return Ok(false);
+    }
+    Ok(match record.status {
+        crate::types::record::Status::Running => true,
+        crate::types::record::Status::Interrupted => schema::load_run(store, id, record.run_count)
+            .await?
+            .and_then(|run| run.error)
+            .is_some_and(|error| {
+                matches!(
+                    error.code,
+                    crate::types::record::ErrorCode::Crashed
+                        | crate::types::record::ErrorCode::ForkPoint
+                )
+            }),
+        _ => false,
+    })
 }
 
 /// What the store holds of a child: its record, its last run and its pending calls.
