@@ -628,6 +628,98 @@ async fn a_companion_whose_next_turn_panics_before_it_lands_is_a_tool_error() ->
     Ok(())
 }
 
+/// A store whose next commit of a run's start in one session panics, once armed.
+#[derive(Debug)]
+struct RunStartPanicsOnce {
+    session: SessionId,
+    armed: std::sync::atomic::AtomicBool,
+    fired: std::sync::atomic::AtomicBool,
+}
+
+#[async_trait::async_trait]
+impl Delegate for RunStartPanicsOnce {
+    async fn before(&self, call: Call<'_>) -> Result<(), store::Error> {
+        if let Call::Commit(batch) = call {
+            let id = self.session.as_str().as_bytes();
+            let touches = batch.ops().iter().any(|op| {
+                let (Op::Put { key, .. } | Op::Delete { key, .. }) = op;
+                key.windows(id.len()).any(|window| window == id)
+            });
+            if touches
+                && batch.kind() == store::CommitKind::RunStart
+                && self.armed.swap(false, std::sync::atomic::Ordering::SeqCst)
+            {
+                self.fired.store(true, std::sync::atomic::Ordering::SeqCst);
+                panic!("the re-attach's first commit panics for {}", self.session);
+            }
+        }
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_re_attach_to_a_cut_child_that_panics_once_goes_on_after_the_childs_restart(
+) -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let parent: SessionId = "p".parse()?;
+    let stuck = parent.ephemeral_child("o1");
+
+    // First process: the lead's step waits on a child whose model never answers; the process
+    // goes away with both runs cut.
+    let (started, mut starts) = tokio::sync::mpsc::unbounded_channel();
+    let runtime = stuck_runtime(dir.path(), started)?;
+    let running = {
+        let runtime = runtime.clone();
+        let parent = parent.clone();
+        tokio::spawn(async move { runtime.execute_on(&parent, "lead", "go").await })
+    };
+    assert_eq!(starts.recv().await, Some(stuck.clone()));
+    runtime.wait_settled(&parent.ephemeral_child("g1")).await;
+    runtime.shutdown().await?;
+    running.abort();
+
+    // Second process: the child's model answers now, but the first commit of its run going on
+    // panics once. Its restart finds the run the crash cut and tells the parent, which wakes it
+    // again: the call ends with the child's answer, not with a failure.
+    let store = Arc::new(DelegatingStore::wrap(
+        Arc::new(SledStore::open(dir.path())?),
+        RunStartPanicsOnce {
+            session: stuck.clone(),
+            armed: std::sync::atomic::AtomicBool::new(true),
+            fired: Default::default(),
+        },
+    ));
+    let llm = ScriptedLlm::new()
+        .script("lead", lead_script())
+        .script("good", vec![ModelReply::text("fine")])
+        .script("stuck", vec![ModelReply::text("recovered")]);
+    let runtime = Runtime::builder()
+        .store(Arc::clone(&store) as Arc<dyn Store>)
+        .llm(Arc::new(llm))
+        .clock(Arc::new(ManualClock::new(0)))
+        .agent(lead("stuck")?)
+        .agent(AgentDefinition::builder("good").build()?)
+        .agent(AgentDefinition::builder("stuck").build()?)
+        .build()?;
+    let resumed =
+        tokio::time::timeout(std::time::Duration::from_secs(60), runtime.resume(&parent)).await;
+    let resumed = resumed.map_err(|_| anyhow::anyhow!("the parent never went on"))??;
+    assert!(
+        store
+            .delegate()
+            .fired
+            .load(std::sync::atomic::Ordering::SeqCst),
+        "the child's run never went on through the panicking commit"
+    );
+    assert_eq!(resumed.status, Status::Completed, "{resumed:?}");
+    assert_eq!(
+        common::tool_result(&runtime.messages(&parent).await?, "o1"),
+        Some(&ToolOutcome::Result(json!("recovered")))
+    );
+    runtime.shutdown().await?;
+    Ok(())
+}
+
 #[test]
 fn a_sub_agent_tool_advertises_the_message_it_requires() -> anyhow::Result<()> {
     let lead = AgentDefinition::builder("lead")
