@@ -62,34 +62,34 @@ impl PanicFor {
         DelegatingStore::wrap(inner, panics)
     }
 
-    fn names(&self, key: &[u8]) -> bool {
-        let id = self.session.as_str().as_bytes();
-        key.windows(id.len()).any(|window| window == id)
-    }
-
     fn read(&self, key: &[u8]) {
         assert!(
-            !(self.reads && self.names(key)),
+            !(self.reads && names(&self.session, key)),
             "read panics for {}",
             self.session
         );
     }
+}
 
-    fn touches(&self, batch: &Batch) -> bool {
-        batch.ops().iter().any(|op| {
-            let key = match op {
-                Op::Put { key, .. } | Op::Delete { key, .. } => key,
-            };
-            self.names(key)
-        })
-    }
+/// Whether `key` names `session`.
+fn names(session: &SessionId, key: &[u8]) -> bool {
+    let id = session.as_str().as_bytes();
+    key.windows(id.len()).any(|window| window == id)
+}
+
+/// Whether `batch` writes a key of `session`.
+fn writes_to(session: &SessionId, batch: &Batch) -> bool {
+    batch.ops().iter().any(|op| {
+        let (Op::Put { key, .. } | Op::Delete { key, .. }) = op;
+        names(session, key)
+    })
 }
 
 #[async_trait::async_trait]
 impl Delegate for PanicFor {
     async fn before(&self, call: Call<'_>) -> Result<(), store::Error> {
         match call {
-            Call::Commit(batch) if self.touches(batch) => {
+            Call::Commit(batch) if writes_to(&self.session, batch) => {
                 let earlier = self
                     .commits
                     .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
@@ -340,8 +340,6 @@ struct LogUnreadable {
 #[async_trait::async_trait]
 impl Delegate for LogUnreadable {
     async fn before(&self, call: Call<'_>) -> Result<(), store::Error> {
-        let id = self.session.as_str().as_bytes();
-        let names = |key: &[u8]| key.windows(id.len()).any(|window| window == id);
         match call {
             Call::ScanPrefix {
                 tree: store::Tree::Log,
@@ -351,7 +349,9 @@ impl Delegate for LogUnreadable {
                 tree: store::Tree::Log,
                 prefix,
                 ..
-            } if self.armed.load(std::sync::atomic::Ordering::SeqCst) && names(prefix) => {
+            } if self.armed.load(std::sync::atomic::Ordering::SeqCst)
+                && names(&self.session, prefix) =>
+            {
                 Err(store::Error::backend("the log cannot be read"))
             }
             _ => Ok(()),
@@ -523,24 +523,37 @@ async fn a_companion_that_cannot_be_read_for_its_next_turn_is_a_tool_error() -> 
     Ok(())
 }
 
-/// A store whose next commit that writes a key of one session panics, once armed.
+/// A store whose next commit that writes a key of one session (of one kind, if given)
+/// panics, once armed.
 #[derive(Debug)]
 struct CommitPanicsOnce {
     session: SessionId,
+    kind: Option<store::CommitKind>,
     armed: std::sync::atomic::AtomicBool,
+    fired: std::sync::atomic::AtomicBool,
+}
+
+impl CommitPanicsOnce {
+    fn new(session: SessionId, kind: Option<store::CommitKind>, armed: bool) -> Self {
+        Self {
+            session,
+            kind,
+            armed: std::sync::atomic::AtomicBool::new(armed),
+            fired: Default::default(),
+        }
+    }
 }
 
 #[async_trait::async_trait]
 impl Delegate for CommitPanicsOnce {
     async fn before(&self, call: Call<'_>) -> Result<(), store::Error> {
         if let Call::Commit(batch) = call {
-            let id = self.session.as_str().as_bytes();
-            let touches = batch.ops().iter().any(|op| {
-                let (Op::Put { key, .. } | Op::Delete { key, .. }) = op;
-                key.windows(id.len()).any(|window| window == id)
-            });
-            if touches && self.armed.swap(false, std::sync::atomic::Ordering::SeqCst) {
-                panic!("the turn's first commit panics for {}", self.session);
+            if writes_to(&self.session, batch)
+                && self.kind.is_none_or(|kind| batch.kind() == kind)
+                && self.armed.swap(false, std::sync::atomic::Ordering::SeqCst)
+            {
+                self.fired.store(true, std::sync::atomic::Ordering::SeqCst);
+                panic!("a run's first commit panics for {}", self.session);
             }
         }
         Ok(())
@@ -554,10 +567,7 @@ async fn a_companion_whose_next_turn_panics_before_it_lands_is_a_tool_error() ->
     let companion: SessionId = "p-agent-w".parse()?;
     let store = Arc::new(DelegatingStore::wrap(
         Arc::new(MemoryStore::new()),
-        CommitPanicsOnce {
-            session: companion.clone(),
-            armed: Default::default(),
-        },
+        CommitPanicsOnce::new(companion.clone(), None, false),
     ));
     let call =
         |id: &str, tool: &str, input| ModelReply::tool_calls(vec![ToolCall::new(id, tool, input)]);
@@ -628,35 +638,6 @@ async fn a_companion_whose_next_turn_panics_before_it_lands_is_a_tool_error() ->
     Ok(())
 }
 
-/// A store whose next commit of a run's start in one session panics, once armed.
-#[derive(Debug)]
-struct RunStartPanicsOnce {
-    session: SessionId,
-    armed: std::sync::atomic::AtomicBool,
-    fired: std::sync::atomic::AtomicBool,
-}
-
-#[async_trait::async_trait]
-impl Delegate for RunStartPanicsOnce {
-    async fn before(&self, call: Call<'_>) -> Result<(), store::Error> {
-        if let Call::Commit(batch) = call {
-            let id = self.session.as_str().as_bytes();
-            let touches = batch.ops().iter().any(|op| {
-                let (Op::Put { key, .. } | Op::Delete { key, .. }) = op;
-                key.windows(id.len()).any(|window| window == id)
-            });
-            if touches
-                && batch.kind() == store::CommitKind::RunStart
-                && self.armed.swap(false, std::sync::atomic::Ordering::SeqCst)
-            {
-                self.fired.store(true, std::sync::atomic::Ordering::SeqCst);
-                panic!("the re-attach's first commit panics for {}", self.session);
-            }
-        }
-        Ok(())
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_re_attach_to_a_cut_child_that_panics_once_goes_on_after_the_childs_restart(
 ) -> anyhow::Result<()> {
@@ -683,11 +664,7 @@ async fn a_re_attach_to_a_cut_child_that_panics_once_goes_on_after_the_childs_re
     // again: the call ends with the child's answer, not with a failure.
     let store = Arc::new(DelegatingStore::wrap(
         Arc::new(SledStore::open(dir.path())?),
-        RunStartPanicsOnce {
-            session: stuck.clone(),
-            armed: std::sync::atomic::AtomicBool::new(true),
-            fired: Default::default(),
-        },
+        CommitPanicsOnce::new(stuck.clone(), Some(store::CommitKind::RunStart), true),
     ));
     let llm = ScriptedLlm::new()
         .script("lead", lead_script())
