@@ -85,6 +85,14 @@ fn writes_to(session: &SessionId, batch: &Batch) -> bool {
     })
 }
 
+/// `work`, bounded: where a missing fix leaves someone waiting for good, the test fails
+/// ("the `what` never happened") instead of hanging.
+async fn bounded<T>(what: &str, work: impl std::future::Future<Output = T>) -> anyhow::Result<T> {
+    tokio::time::timeout(std::time::Duration::from_secs(60), work)
+        .await
+        .map_err(|_| anyhow::anyhow!("{what} never happened"))
+}
+
 #[async_trait::async_trait]
 impl Delegate for PanicFor {
     async fn before(&self, call: Call<'_>) -> Result<(), store::Error> {
@@ -306,12 +314,7 @@ async fn a_child_whose_inspection_panics_is_written_off_and_its_parent_settles(
     runtime.interrupt(&parent).await?;
     // Unguarded, the reconciliation died with the panic and the parent stayed at work for
     // good: bounded here so that the test fails instead of hanging.
-    let settled = tokio::time::timeout(
-        std::time::Duration::from_secs(60),
-        runtime.wait_settled(&parent),
-    )
-    .await;
-    assert!(settled.is_ok(), "the parent never settled");
+    bounded("the parent's settling", runtime.wait_settled(&parent)).await?;
     let reconciled = runtime.children(&parent).await?;
     match reconciled
         .iter()
@@ -415,23 +418,20 @@ async fn a_child_that_cannot_be_read_when_its_parent_goes_on_is_a_tool_error() -
     // The child leaves memory (the answer's commit hands its effects back to the child one
     // message later, and a busy actor refuses to leave: asked until it has left); from now on
     // its log cannot be read back.
-    let left = tokio::time::timeout(std::time::Duration::from_secs(60), async {
+    bounded("the child's leaving memory", async {
         while runtime.is_resident(&child) {
             runtime.evict(&child).await;
             tokio::task::yield_now().await;
         }
     })
-    .await;
-    assert!(left.is_ok(), "the child never left memory");
+    .await?;
     store
         .delegate()
         .armed
         .store(true, std::sync::atomic::Ordering::SeqCst);
     // The parent goes on and wakes its child. Unguarded, the wake was dropped and the parent
     // waited for the child's report for good: bounded here so that the test fails instead.
-    let resumed =
-        tokio::time::timeout(std::time::Duration::from_secs(60), runtime.resume(&parent)).await;
-    let resumed = resumed.map_err(|_| anyhow::anyhow!("the parent never went on"))??;
+    let resumed = bounded("the parent's going on", runtime.resume(&parent)).await??;
     assert_eq!(resumed.status, Status::Completed);
     assert_eq!(resumed.text.as_deref(), Some("done"));
     match common::tool_result(&runtime.messages(&parent).await?, "c1") {
@@ -445,17 +445,9 @@ async fn a_child_that_cannot_be_read_when_its_parent_goes_on_is_a_tool_error() -
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_companion_that_cannot_be_read_for_its_next_turn_is_a_tool_error() -> anyhow::Result<()> {
-    let parent: SessionId = "p".parse()?;
-    let companion: SessionId = "p-agent-w".parse()?;
-    let store = Arc::new(DelegatingStore::wrap(
-        Arc::new(MemoryStore::new()),
-        LogUnreadable {
-            session: companion.clone(),
-            armed: Default::default(),
-        },
-    ));
+/// A lead with a blocking companion `w` (session `p-agent-w`) on `store`: its first turn spawns
+/// the companion, its second sends it a message (call `c2`).
+fn companion_runtime(store: Arc<dyn Store>) -> anyhow::Result<Runtime> {
     let call =
         |id: &str, tool: &str, input| ModelReply::tool_calls(vec![ToolCall::new(id, tool, input)]);
     let llm = ScriptedLlm::new()
@@ -483,8 +475,8 @@ async fn a_companion_that_cannot_be_read_for_its_next_turn_is_a_tool_error() -> 
                 ModelReply::text("watched again"),
             ],
         );
-    let runtime = Runtime::builder()
-        .store(Arc::clone(&store) as Arc<dyn Store>)
+    Ok(Runtime::builder()
+        .store(store)
         .llm(Arc::new(llm))
         .clock(Arc::new(ManualClock::new(0)))
         .agent(
@@ -493,32 +485,51 @@ async fn a_companion_that_cannot_be_read_for_its_next_turn_is_a_tool_error() -> 
                 .build()?,
         )
         .agent(AgentDefinition::builder("watcher").build()?)
-        .build()?;
+        .build()?)
+}
+
+/// Runs the lead's first turn on `runtime` (from [`companion_runtime`]), then `arm`, then its
+/// second turn, which must end, and end completed; returns the tool error its call `c2` got.
+async fn second_turn_error(runtime: &Runtime, arm: impl FnOnce()) -> anyhow::Result<String> {
+    let parent: SessionId = "p".parse()?;
     let first = runtime.execute_on(&parent, "lead", "go").await?;
     assert_eq!(first.text.as_deref(), Some("spawned"));
-    // The companion is idle (its conversation back on disk); from now on its log cannot be
-    // read.
-    store
-        .delegate()
-        .armed
-        .store(true, std::sync::atomic::Ordering::SeqCst);
-    // Its next turn cannot begin. Unguarded, the turn was dropped and the parent waited for
-    // the companion's reply for good: bounded here so that the test fails instead.
-    let second = tokio::time::timeout(
-        std::time::Duration::from_secs(60),
+    arm();
+    let second = bounded(
+        "the parent's going on",
         runtime.execute_on(&parent, "lead", "once more"),
     )
-    .await;
-    let second = second.map_err(|_| anyhow::anyhow!("the parent never went on"))??;
+    .await??;
     assert_eq!(second.status, Status::Completed);
     assert_eq!(second.text.as_deref(), Some("went on"));
     match common::tool_result(&runtime.messages(&parent).await?, "c2") {
-        Some(ToolOutcome::Error(text)) => {
-            assert!(text.starts_with("sub_agent_unavailable"), "{text}");
-            assert!(text.contains("the log cannot be read"), "{text}");
-        }
+        Some(ToolOutcome::Error(text)) => Ok(text.clone()),
         other => panic!("c2 should be a tool error, got {other:?}"),
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_companion_that_cannot_be_read_for_its_next_turn_is_a_tool_error() -> anyhow::Result<()> {
+    let store = Arc::new(DelegatingStore::wrap(
+        Arc::new(MemoryStore::new()),
+        LogUnreadable {
+            session: "p-agent-w".parse()?,
+            armed: Default::default(),
+        },
+    ));
+    let runtime = companion_runtime(Arc::clone(&store) as Arc<dyn Store>)?;
+    // Once the companion is idle (its conversation back on disk), its log cannot be read, so
+    // its next turn cannot begin. Unguarded, the turn was dropped and the parent waited for
+    // the companion's reply for good.
+    let arm = || {
+        store
+            .delegate()
+            .armed
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    };
+    let text = second_turn_error(&runtime, arm).await?;
+    assert!(text.starts_with("sub_agent_unavailable"), "{text}");
+    assert!(text.contains("the log cannot be read"), "{text}");
     runtime.shutdown().await?;
     Ok(())
 }
@@ -563,77 +574,26 @@ impl Delegate for CommitPanicsOnce {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_companion_whose_next_turn_panics_before_it_lands_is_a_tool_error() -> anyhow::Result<()>
 {
-    let parent: SessionId = "p".parse()?;
-    let companion: SessionId = "p-agent-w".parse()?;
     let store = Arc::new(DelegatingStore::wrap(
         Arc::new(MemoryStore::new()),
-        CommitPanicsOnce::new(companion.clone(), None, false),
+        CommitPanicsOnce::new("p-agent-w".parse()?, None, false),
     ));
-    let call =
-        |id: &str, tool: &str, input| ModelReply::tool_calls(vec![ToolCall::new(id, tool, input)]);
-    let llm = ScriptedLlm::new()
-        .script(
-            "lead",
-            vec![
-                call(
-                    "c1",
-                    "companion__spawnAgent",
-                    json!({ "agentType": "watcher", "name": "w", "message": "watch" }),
-                ),
-                ModelReply::text("spawned"),
-                call(
-                    "c2",
-                    "companion__sendMessage",
-                    json!({ "name": "w", "message": "again" }),
-                ),
-                ModelReply::text("went on"),
-            ],
-        )
-        .script(
-            "watcher",
-            vec![
-                ModelReply::text("watched"),
-                ModelReply::text("watched again"),
-            ],
-        );
-    let runtime = Runtime::builder()
-        .store(Arc::clone(&store) as Arc<dyn Store>)
-        .llm(Arc::new(llm))
-        .clock(Arc::new(ManualClock::new(0)))
-        .agent(
-            AgentDefinition::builder("lead")
-                .persistent_agent("watcher", dormant::definition::CompanionMode::Blocking)
-                .build()?,
-        )
-        .agent(AgentDefinition::builder("watcher").build()?)
-        .build()?;
-    let first = runtime.execute_on(&parent, "lead", "go").await?;
-    assert_eq!(first.text.as_deref(), Some("spawned"));
-    store
-        .delegate()
-        .armed
-        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let runtime = companion_runtime(Arc::clone(&store) as Arc<dyn Store>)?;
     // The companion's next turn panics in its first commit, which never lands: its restart
     // finds it at its last turn, with nothing cut to tell. Unguarded, the parent waited for
-    // the turn's reply for good: bounded here so that the test fails instead.
-    let second = tokio::time::timeout(
-        std::time::Duration::from_secs(60),
-        runtime.execute_on(&parent, "lead", "once more"),
-    )
-    .await;
-    let second = second.map_err(|_| anyhow::anyhow!("the parent never went on"))??;
-    assert_eq!(second.status, Status::Completed);
-    assert_eq!(second.text.as_deref(), Some("went on"));
-    match common::tool_result(&runtime.messages(&parent).await?, "c2") {
-        Some(ToolOutcome::Error(text)) => {
-            assert!(text.starts_with("sub_agent_failed"), "{text}");
-            assert!(
-                text.contains("crashed before the first commit of its run"),
-                "{text}"
-            );
-        }
-        other => panic!("c2 should be a tool error, got {other:?}"),
-    }
+    // the turn's reply for good.
+    let arm = || {
+        store
+            .delegate()
+            .armed
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    };
+    let text = second_turn_error(&runtime, arm).await?;
+    assert!(text.starts_with("sub_agent_failed"), "{text}");
+    assert!(
+        text.contains("crashed before the first commit of its run"),
+        "{text}"
+    );
     runtime.shutdown().await?;
     Ok(())
 }
@@ -678,9 +638,7 @@ async fn a_re_attach_to_a_cut_child_that_panics_once_goes_on_after_the_childs_re
         .agent(AgentDefinition::builder("good").build()?)
         .agent(AgentDefinition::builder("stuck").build()?)
         .build()?;
-    let resumed =
-        tokio::time::timeout(std::time::Duration::from_secs(60), runtime.resume(&parent)).await;
-    let resumed = resumed.map_err(|_| anyhow::anyhow!("the parent never went on"))??;
+    let resumed = bounded("the parent's going on", runtime.resume(&parent)).await??;
     assert!(
         store
             .delegate()
