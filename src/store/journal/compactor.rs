@@ -7,6 +7,7 @@
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
+use std::panic::AssertUnwindSafe;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -25,7 +26,15 @@ const RECORD_BYTES: usize = 16 * 1024 * 1024;
 /// Compacts every journal file before `first_kept` into a base standing at commit `seq`, then
 /// tells the writer how many bytes of records the store's files now hold.
 pub(super) fn run(engine: &Arc<Engine>, first_kept: u32, seq: u64) {
-    let outcome = compact(engine, first_kept, seq);
+    // A panic ends this compaction as an error would: the writer must hear that it ended, or
+    // it would wait for it, and never compact again, for as long as the store is open.
+    let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| compact(engine, first_kept, seq)))
+        .unwrap_or_else(|panic| {
+            let said = crate::types::panic::panic_text(panic.as_ref());
+            // What it was writing is not read: it goes, as an error's would.
+            let _ = std::fs::remove_file(unfinished_base_path(engine.path(), first_kept));
+            Err(io::Error::other(format!("the compaction panicked: {said}")))
+        });
     if let Err(error) = &outcome {
         tracing::warn!(%error, dir = %engine.path().display(), "store: a compaction of the journal failed; it is tried again later");
     }
@@ -38,6 +47,8 @@ pub(super) fn run(engine: &Arc<Engine>, first_kept: u32, seq: u64) {
 /// `Ok(None)`: the store was closed meanwhile.
 fn compact(engine: &Engine, first_kept: u32, seq: u64) -> io::Result<Option<u64>> {
     let dir = engine.path();
+    #[cfg(test)]
+    tests::panic_if_armed(dir);
     let unfinished = unfinished_base_path(dir, first_kept);
     let written = write_base(engine, &unfinished, first_kept, seq);
     let bytes = match written {
@@ -144,5 +155,32 @@ impl Copies<'_> {
         self.entries.clear();
         self.bytes = 0;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+pub(super) mod tests {
+    use std::path::{Path, PathBuf};
+
+    /// The directory whose next compaction panics (one store's, so that the other tests'
+    /// compactions, on threads of their own, go on).
+    static PANICS_IN: parking_lot::Mutex<Option<PathBuf>> = parking_lot::Mutex::new(None);
+
+    pub(in super::super) fn panic_next_compaction_in(dir: &Path) {
+        *PANICS_IN.lock() = Some(dir.to_path_buf());
+    }
+
+    /// Whether the panic armed for `dir` is still to come.
+    pub(in super::super) fn armed_for(dir: &Path) -> bool {
+        PANICS_IN.lock().as_deref() == Some(dir)
+    }
+
+    pub(super) fn panic_if_armed(dir: &Path) {
+        let mut armed = PANICS_IN.lock();
+        if armed.as_deref() == Some(dir) {
+            *armed = None;
+            drop(armed);
+            panic!("a compaction that panics, for a test");
+        }
     }
 }

@@ -270,6 +270,45 @@ async fn a_compaction_keeps_every_live_entry_and_lets_the_rest_go() -> Result<()
 }
 
 #[tokio::test]
+async fn a_compaction_that_panics_is_tried_again_later() -> Result<(), Error> {
+    let dir = tempfile::tempdir().map_err(Error::backend)?;
+    let store = open(dir.path())?;
+    super::compactor::tests::panic_next_compaction_in(dir.path());
+    // Enough overwrites for a compaction to begin on its own; it panics.
+    overwritten(&store, 40).await?;
+    wait_for_compaction(&store);
+    assert!(
+        !super::compactor::tests::armed_for(dir.path()),
+        "no compaction began"
+    );
+    assert!(super::files::base_files(dir.path())
+        .map_err(Error::backend)?
+        .is_empty());
+    // The store goes on, and compacts again once it holds another file's worth more.
+    overwritten(&store, 40).await?;
+    wait_for_compaction(&store);
+    let bases = super::files::base_files(dir.path()).map_err(Error::backend)?;
+    assert!(
+        !bases.is_empty(),
+        "no compaction after the one that panicked"
+    );
+    assert_eq!(store.scan_prefix(Tree::Log, b"k").await?.len(), 20);
+    assert_eq!(store.get(Tree::Log, b"k007").await?, Some(vec![39; 300]));
+    store.close().await?;
+    let again = open(dir.path())?;
+    assert_eq!(again.get(Tree::Log, b"k019").await?, Some(vec![39; 300]));
+    Ok(())
+}
+
+/// Waits for the compaction under way, if one is.
+fn wait_for_compaction(store: &JournalStore) {
+    let running = store.engine.compaction.lock().take();
+    if let Some(running) = running {
+        let _ = running.join();
+    }
+}
+
+#[tokio::test]
 async fn files_a_crash_left_behind_a_base_are_removed_at_open() -> Result<(), Error> {
     let dir = tempfile::tempdir().map_err(Error::backend)?;
     let store = open(dir.path())?;
