@@ -8,7 +8,7 @@
 //! `GetTask`, `CancelTask` (an abort), and, in `a2a_stream.rs`, `SendStreamingMessage` and
 //! `SubscribeToTask`. docs/protocols.md says what maps to what.
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -19,7 +19,7 @@ use crate::a2a_message::{begin_message, task_id};
 use crate::a2a_rpc::{check, response, RpcError, METHOD_NOT_FOUND, TASK_NOT_CANCELABLE};
 use crate::a2a_task;
 use crate::access::Credentials;
-use crate::body::JsonBody;
+use crate::body::{JsonBody, Segment};
 use crate::state::AppState;
 
 /// The A2A extension a dormant server's card declares: its tasks list their calls, and answers
@@ -42,7 +42,7 @@ pub(crate) async fn card(State(state): State<AppState>, headers: HeaderMap) -> R
 /// JSON-RPC interface at `/a2a/{agent}`.
 pub(crate) async fn agent_card(
     State(state): State<AppState>,
-    Path(agent): Path<String>,
+    Segment(agent): Segment,
     headers: HeaderMap,
 ) -> Response {
     if !state.runtime.has_agent(&agent) {
@@ -121,7 +121,7 @@ pub(crate) async fn rpc(
 /// `POST /a2a/{agent}`: one JSON-RPC request to `agent`.
 pub(crate) async fn agent_rpc(
     State(state): State<AppState>,
-    Path(agent): Path<String>,
+    Segment(agent): Segment,
     headers: HeaderMap,
     credentials: Credentials,
     JsonBody(request): JsonBody<Value>,

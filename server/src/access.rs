@@ -5,7 +5,6 @@
 use std::convert::Infallible;
 
 use axum::extract::{FromRequestParts, Query};
-use axum::http::header::AUTHORIZATION;
 use axum::http::request::Parts;
 use axum::http::HeaderMap;
 use dormant::SessionId;
@@ -58,11 +57,7 @@ impl Credentials {
     /// Whether it carries what looks like a session token (`Authorization: Bearer …`), which
     /// makes a start naming a session a new turn of it rather than a caller's choice of id.
     pub(crate) fn has_session_token(&self) -> bool {
-        self.headers
-            .get(AUTHORIZATION)
-            .and_then(|value| value.to_str().ok())
-            .and_then(|value| value.strip_prefix("Bearer "))
-            .is_some_and(|token| crate::token::is_token(token.trim()))
+        crate::auth::bearer_token(&self.headers).is_some()
     }
 }
 

@@ -251,7 +251,7 @@ impl Auth {
 /// A session token in `Authorization: Bearer …` (other bearer credentials are the hook's).
 /// The scheme's name is case-insensitive (RFC 9110, 11.1): `bearer` and `BEARER` are
 /// `Bearer` too.
-fn bearer_token(headers: &HeaderMap) -> Option<&str> {
+pub(crate) fn bearer_token(headers: &HeaderMap) -> Option<&str> {
     let value = headers.get(AUTHORIZATION)?.to_str().ok()?;
     let (scheme, token) = value.trim_start().split_once(' ')?;
     if !scheme.eq_ignore_ascii_case("bearer") {

@@ -203,6 +203,25 @@ mod tests {
     }
 }
 
+/// The one `{…}` segment of a route's path (an agent's name, say); one that is not UTF-8
+/// once decoded is a typed 400 like a malformed body, not axum's plain-text answer.
+#[derive(Debug)]
+pub(crate) struct Segment(pub(crate) String);
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Segment {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<Self, ApiError> {
+        axum::extract::Path::<String>::from_request_parts(parts, state)
+            .await
+            .map(|axum::extract::Path(segment)| Segment(segment))
+            .map_err(|error| ApiError::invalid(format!("malformed path: {}", error.body_text())))
+    }
+}
+
 /// Query parameters of type `T`; malformed ones are a typed 400 like a malformed body.
 #[derive(Debug)]
 pub(crate) struct Params<T>(pub(crate) T);

@@ -41,6 +41,24 @@ fn histogram() -> Option<Histogram<u64>> {
     Histogram::new_with_bounds(1, 3_600_000_000, 3).ok()
 }
 
+/// Whether `path` is one of `route`'s: segment by segment, where a `{…}` segment of the
+/// route stands for any one segment that is not empty.
+fn matches(route: &str, path: &str) -> bool {
+    let (mut route, mut path) = (route.split('/'), path.split('/'));
+    loop {
+        match (route.next(), path.next()) {
+            (None, None) => return true,
+            (Some(expected), Some(got)) => {
+                let any = expected.starts_with('{') && expected.ends_with('}');
+                if !(expected == got || (any && !got.is_empty())) {
+                    return false;
+                }
+            }
+            _ => return false,
+        }
+    }
+}
+
 fn micros(elapsed: Duration) -> u64 {
     u64::try_from(elapsed.as_micros())
         .unwrap_or(u64::MAX)
@@ -60,11 +78,12 @@ fn summary(histogram: &Histogram<u64>) -> Latency {
 }
 
 impl HttpMetrics {
-    /// The name `path` is counted under: its route's, or `other`.
+    /// The name `path` is counted under: its route's (`/a2a/{agent}` for `/a2a/demo`), or
+    /// `other`.
     pub(crate) fn route_of(&self, path: &str) -> &'static str {
         self.routes
             .iter()
-            .find(|route| **route == path)
+            .find(|route| matches(route, path))
             .copied()
             .unwrap_or("other")
     }
@@ -242,4 +261,27 @@ fn summary_lines(out: &mut String, name: &str, help: &str, series: &[(&str, Late
 
 fn seconds(micros: u64) -> String {
     format!("{:.6}", micros as f64 / 1e6)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::HttpMetrics;
+
+    #[test]
+    fn a_path_counts_under_its_routes_name_with_its_segments_filled_in() {
+        let metrics = HttpMetrics::new(vec![
+            "/start",
+            "/a2a/{agent}",
+            "/a2a/{agent}/.well-known/agent-card.json",
+        ]);
+        assert_eq!(metrics.route_of("/start"), "/start");
+        assert_eq!(metrics.route_of("/a2a/demo"), "/a2a/{agent}");
+        assert_eq!(
+            metrics.route_of("/a2a/demo/.well-known/agent-card.json"),
+            "/a2a/{agent}/.well-known/agent-card.json"
+        );
+        for other in ["/a2a/", "/a2a", "/a2a/demo/more", "/start/", "/nowhere"] {
+            assert_eq!(metrics.route_of(other), "other", "{other}");
+        }
+    }
 }

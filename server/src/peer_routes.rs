@@ -37,14 +37,44 @@ fn unreadable(what: &str, error: &serde_json::Error) -> ApiError {
     )
 }
 
-/// The caller's key (checked first) and the call its body holds.
-fn peer_call<'h>(
+/// The caller's key, checked before a byte of the body is read, then the body: within the
+/// body cap and the request timeout. A peer's call may wait for a run as long as it takes (the
+/// request timeout is off for `POST /peer`), but its body may not: a caller that sends headers
+/// and then nothing would hold its connection, and the server's drain at shutdown, for good.
+async fn keyed_body<'h>(
     state: &AppState,
     headers: &'h HeaderMap,
-    body: &[u8],
-) -> Result<(&'h str, PeerCall), ApiError> {
+    body: Body,
+) -> Result<(&'h str, Bytes), ApiError> {
     let key = peer_key(state, headers)?;
-    let call = serde_json::from_slice(body).map_err(|error| unreadable("call", &error))?;
+    let (limit, timeout) = (state.config.max_body_bytes, state.config.request_timeout);
+    let read = tokio::time::timeout(timeout, axum::body::to_bytes(body, limit))
+        .await
+        .map_err(|_| {
+            ApiError::new(
+                StatusCode::REQUEST_TIMEOUT,
+                "request_timeout",
+                format!("the body was not read within {} ms", timeout.as_millis()),
+            )
+        })?;
+    let bytes = read.map_err(|error| {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payload_too_large",
+            format!("the body could not be read within {limit} bytes: {error}"),
+        )
+    })?;
+    Ok((key, bytes))
+}
+
+/// The caller's key (checked first) and the call its body holds.
+async fn peer_call<'h>(
+    state: &AppState,
+    headers: &'h HeaderMap,
+    body: Body,
+) -> Result<(&'h str, PeerCall), ApiError> {
+    let (key, body) = keyed_body(state, headers, body).await?;
+    let call = serde_json::from_slice(&body).map_err(|error| unreadable("call", &error))?;
     Ok((key, call))
 }
 
@@ -55,9 +85,9 @@ fn peer_call<'h>(
 pub(crate) async fn serve(
     State(state): State<AppState>,
     headers: HeaderMap,
-    body: Bytes,
+    body: Body,
 ) -> Result<Response, ApiError> {
-    let (key, call) = peer_call(&state, &headers, &body)?;
+    let (key, call) = peer_call(&state, &headers, body).await?;
     let answer = state.runtime.serve_peer(key, call).await?;
     Ok(Json(answer).into_response())
 }
@@ -70,9 +100,9 @@ pub(crate) async fn serve(
 pub(crate) async fn follow(
     State(state): State<AppState>,
     headers: HeaderMap,
-    body: Bytes,
+    body: Body,
 ) -> Result<Response, ApiError> {
-    let key = peer_key(&state, &headers)?;
+    let (key, body) = keyed_body(&state, &headers, body).await?;
     let Follow {
         session,
         from,
@@ -108,9 +138,9 @@ pub(crate) async fn follow(
 pub(crate) async fn submit_follow(
     State(state): State<AppState>,
     headers: HeaderMap,
-    body: Bytes,
+    body: Body,
 ) -> Result<Response, ApiError> {
-    let (key, call) = peer_call(&state, &headers, &body)?;
+    let (key, call) = peer_call(&state, &headers, body).await?;
     let PeerCall::SubmitAndResume { submit } = call else {
         return Err(ApiError::new(
             StatusCode::BAD_REQUEST,

@@ -23,8 +23,8 @@ use crate::wire::{
     Started, StateQuery, StatusAnswer, StreamOption, SubmitQuery,
 };
 
-/// `POST /start`: a new session (server-issued id), or a new turn of one the caller holds a
-/// token for or may name. Answered once the turn is durably started, with the session's
+/// `POST /start`: a new session (server-issued id, or named by a caller that may choose ids),
+/// or a new turn of one the caller holds a token for or operates. Answered once the turn is durably started, with the session's
 /// token and where to follow it.
 pub(crate) async fn start(
     State(state): State<AppState>,
@@ -35,15 +35,20 @@ pub(crate) async fn start(
     let (parts, body) = request.into_parts();
     let headers = parts.headers;
     let JsonBody(body) = JsonBody::<StartRequest>::read(&headers, body, &state).await?;
-    let id = match &body.session_id {
+    // Whether the caller may give an existing session a new turn: with its token, or as an
+    // operator. A caller that may only choose ids names a session it starts, never one that
+    // someone else started (whose token this answer would hand it).
+    let (id, may_continue) = match &body.session_id {
         None => {
             credentials.caller().await?;
-            SessionId::generate()
+            // A fresh id: no session has it to continue.
+            (SessionId::generate(), true)
         }
         Some(text) => {
             let id = session_id(text)?;
             if credentials.has_session_token() {
                 credentials.session(&id).await?;
+                (id, true)
             } else {
                 let caller = credentials.caller().await?;
                 if !caller.may_choose_session_id {
@@ -53,12 +58,17 @@ pub(crate) async fn start(
                         "this caller may not choose a session id: leave session_id out, or send the session's token to start a new turn of it",
                     ));
                 }
+                (id, caller.all_sessions)
             }
-            id
         }
     };
     let remote_parent = remote_parent(&body, &headers)?;
-    let started = if body.new_only {
+    if remote_parent.is_some() && !body.new_only {
+        return Err(ApiError::invalid(
+            "parent_session_id and root_session_id start a remote sub-agent: add new_only",
+        ));
+    }
+    let started = if body.new_only || !may_continue {
         if body.session_id.is_none() {
             return Err(ApiError::invalid("new_only needs a session_id"));
         }
@@ -70,16 +80,22 @@ pub(crate) async fn start(
                     .await?
             }
             None => {
-                state
+                let started = state
                     .runtime
                     .start_new(&id, &body.agent, body.message)
-                    .await?
+                    .await;
+                match started {
+                    Err(dormant::Error::SessionExists(_)) if !body.new_only => {
+                        return Err(ApiError::new(
+                            StatusCode::FORBIDDEN,
+                            "session_token_required",
+                            format!("session {id} exists: a new turn of it needs its token (Authorization: Bearer <token>)"),
+                        ));
+                    }
+                    started => started?,
+                }
             }
         }
-    } else if remote_parent.is_some() {
-        return Err(ApiError::invalid(
-            "parent_session_id and root_session_id start a remote sub-agent: add new_only",
-        ));
     } else {
         state
             .runtime

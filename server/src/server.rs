@@ -344,6 +344,15 @@ fn cors(origins: &[String]) -> Result<Option<CorsLayer>, ServerError> {
     let origins = origins
         .iter()
         .map(|origin| {
+            if origin.trim() == "*" {
+                // Refused rather than taken for "any origin": fail closed, and a wildcard
+                // would let every site's pages call this server with a token they hold.
+                return Err(ServerError::InvalidConfig {
+                    setting: "cors_origins",
+                    reason: "\"*\" is no origin: list each origin allowed (https://app.example)"
+                        .into(),
+                });
+            }
             HeaderValue::from_str(origin).map_err(|_| ServerError::InvalidConfig {
                 setting: "cors_origins",
                 reason: format!("{origin:?} is not a valid origin"),
@@ -358,6 +367,8 @@ fn cors(origins: &[String]) -> Result<Option<CorsLayer>, ServerError> {
                 axum::http::header::CONTENT_TYPE,
                 axum::http::header::AUTHORIZATION,
                 HeaderName::from_static("last-event-id"),
+                // The built-in API key's header (`Auth::api_key`).
+                HeaderName::from_static("x-api-key"),
             ]),
     ))
 }

@@ -140,6 +140,22 @@ async fn each_agent_has_a_card_and_an_endpoint_of_its_own() -> anyhow::Result<()
     assert_eq!(missing.status(), StatusCode::NOT_FOUND);
     let body: Value = missing.json().await?;
     assert_eq!(body["code"], "unknown_agent");
+    // A name that is no text once decoded is a JSON error like any other.
+    let garbled = server
+        .http
+        .get(server.url("/a2a/%FF/.well-known/agent-card.json"))
+        .send()
+        .await?;
+    assert_eq!(garbled.status(), StatusCode::BAD_REQUEST);
+    let body: Value = garbled.json().await?;
+    assert_eq!(body["code"], "invalid_request", "{body}");
+    // Each agent's endpoint counts under its route's name, not as `other`.
+    let metrics = server.http.get(server.url("/metrics")).send().await?;
+    let metrics = metrics.text().await?;
+    assert!(
+        metrics.contains("dormant_http_requests_total{route=\"/a2a/{agent}\",status=\"200\"} 1"),
+        "{metrics}"
+    );
     server.stop().await?.shutdown().await?;
     Ok(())
 }

@@ -148,6 +148,7 @@ fn key_hook() -> Auth {
             match key.as_deref() {
                 Some("ops") => Ok(Caller::new("ops").operator().choosing_session_ids()),
                 Some("app") => Ok(Caller::new("app")),
+                Some("chooser") => Ok(Caller::new("chooser").choosing_session_ids()),
                 _ => Err(Denied("x-api-key is required".into())),
             }
         })
@@ -181,10 +182,30 @@ async fn the_hook_decides_who_starts_names_and_operates() -> anyhow::Result<()> 
     let named = json!({ "agent": "demo", "message": "echo hi", "session_id": "ops-1" });
     let (code, _) = answer(post(Some("app"), "/start", named.clone()).await?).await?;
     assert_eq!(code, StatusCode::FORBIDDEN);
-    let (code, body) = answer(post(Some("ops"), "/start", named).await?).await?;
+    let (code, body) = answer(post(Some("ops"), "/start", named.clone()).await?).await?;
     assert_eq!(
         (code, body["session_id"].as_str()),
         (StatusCode::ACCEPTED, Some("ops-1"))
+    );
+    // A caller that may choose ids names a session it starts, not one that exists: that
+    // would be a turn of someone else's session, and its token in the answer.
+    let (code, body) = answer(post(Some("chooser"), "/start", named).await?).await?;
+    assert_eq!(
+        (code, body["code"].as_str(), body.get("token")),
+        (StatusCode::FORBIDDEN, Some("session_token_required"), None),
+        "{body}"
+    );
+    let mine = json!({ "agent": "demo", "message": "echo hi", "session_id": "chooser-1" });
+    let (code, body) = answer(post(Some("chooser"), "/start", mine.clone()).await?).await?;
+    assert_eq!(
+        (code, body["session_id"].as_str()),
+        (StatusCode::ACCEPTED, Some("chooser-1"))
+    );
+    let (code, body) = answer(post(Some("chooser"), "/start", mine).await?).await?;
+    assert_eq!(
+        (code, body["code"].as_str()),
+        (StatusCode::FORBIDDEN, Some("session_token_required")),
+        "{body}"
     );
     let status = |key: &'static str| {
         server
@@ -238,6 +259,19 @@ async fn the_scheme_is_read_in_any_case_and_a_token_in_its_one_spelling_only() -
         let (code, body) = answer(status(format!("{scheme} {}", session.token)).await?).await?;
         assert_eq!(code, StatusCode::OK, "{scheme}: {body}");
     }
+    // A start that names its session reads the scheme the same way: a new turn of it, once
+    // the first has settled.
+    server.events(&session, "").await?;
+    let turn = json!({ "agent": "demo", "message": "weather in Braga", "session_id": session.id });
+    let started = server
+        .http
+        .post(server.url("/start"))
+        .header("authorization", format!("bearer {}", session.token))
+        .json(&turn)
+        .send()
+        .await?;
+    let (code, body) = answer(started).await?;
+    assert_eq!(code, StatusCode::ACCEPTED, "{body}");
     let (head, mac) = session
         .token
         .rsplit_once('.')
@@ -286,6 +320,36 @@ async fn a_peer_call_without_the_key_is_refused_before_its_body_is_read() -> any
         }
     }
     server.stop().await?.shutdown().await?;
+    Ok(())
+}
+
+/// A caller without the key that sends a peer route's headers and then no body (a body that
+/// never comes) is refused at once: its connection, and the server's drain at shutdown, are
+/// not held until it sends one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_call_without_the_key_is_refused_before_a_body_that_never_comes(
+) -> anyhow::Result<()> {
+    use axum::body::Body;
+    use axum::http::Request;
+    use tower::ServiceExt;
+
+    let runtime = demo_runtime(Arc::new(SledStore::temporary()?))?;
+    let router = dormant_server::router(runtime.clone(), Auth::allow_unauthenticated())?;
+    for route in ["/peer", "/peer/follow", "/peer/submit-follow"] {
+        let never = futures::stream::pending::<Result<axum::body::Bytes, std::io::Error>>();
+        let request = Request::post(route)
+            .header("content-type", "application/json")
+            .header("content-length", 1000)
+            .body(Body::from_stream(never))?;
+        let answered = tokio::time::timeout(
+            std::time::Duration::from_secs(30),
+            router.clone().oneshot(request),
+        )
+        .await
+        .map_err(|_| anyhow::anyhow!("{route}: no answer while the body never came"))??;
+        assert_eq!(answered.status(), StatusCode::FORBIDDEN, "{route}");
+    }
+    runtime.shutdown().await?;
     Ok(())
 }
 

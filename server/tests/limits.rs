@@ -293,7 +293,37 @@ async fn cors_is_off_by_default_and_allows_only_the_configured_origins() -> anyh
         .send()
         .await?;
     assert!(other.headers().get("access-control-allow-origin").is_none());
-    open.stop().await?.shutdown().await?;
+    // A front end sends the built-in API key's header across origins.
+    let with_key = open
+        .http
+        .request(reqwest::Method::OPTIONS, open.url("/start"))
+        .header("origin", "https://app.example")
+        .header("access-control-request-method", "POST")
+        .header("access-control-request-headers", "content-type,x-api-key")
+        .send()
+        .await?;
+    let allowed = with_key
+        .headers()
+        .get("access-control-allow-headers")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_ascii_lowercase();
+    assert!(allowed.contains("x-api-key"), "{allowed}");
+    let runtime = open.stop().await?;
+    // A wildcard is refused as a setting, not taken for "any origin" (nor a panic).
+    let wildcard = dormant_server::Server::new(runtime.clone(), Auth::allow_unauthenticated())
+        .config(ServerConfig::default().cors_origins(["*"]))
+        .router();
+    match wildcard {
+        Err(dormant_server::ServerError::InvalidConfig { setting, .. }) => {
+            assert_eq!(setting, "cors_origins")
+        }
+        other => panic!(
+            "a wildcard origin should be refused, got {:?}",
+            other.map(|_| ())
+        ),
+    }
+    runtime.shutdown().await?;
     Ok(())
 }
 
