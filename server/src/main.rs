@@ -72,8 +72,9 @@ struct Serve {
     /// start in both cases.
     #[arg(long)]
     new_token_key: bool,
-    /// This node's name among the nodes sharing a PostgreSQL store (default: its --listen
-    /// address).
+    /// This node's name among the nodes sharing a PostgreSQL store (default: its --advertise
+    /// URL, else the address it listens on, with the port a `:0` was given). Each node's must
+    /// be its own.
     #[arg(long, value_name = "NAME")]
     node_name: Option<String>,
     /// How long a node's lease on a session lasts unless renewed, in milliseconds (PostgreSQL
@@ -82,7 +83,8 @@ struct Serve {
     #[arg(long, default_value_t = 2_500)]
     lease_ttl_ms: u64,
     /// The URL other nodes sharing a PostgreSQL store forward this node's sessions' requests
-    /// to (default: http:// and the address it listens on).
+    /// to (default: http:// and the address it listens on; required when that is 0.0.0.0 or
+    /// [::], which no other node can reach).
     #[arg(long, value_name = "URL")]
     advertise: Option<String>,
     /// Serve the demo agent (`demo`): a server tool, a client tool the browser answers and an
@@ -265,7 +267,7 @@ async fn serve(args: Serve) -> Result<(), String> {
         .advertise
         .clone()
         .unwrap_or_else(|| format!("http://{address}"));
-    let opened = open_store(&store_dir, &args, advertised).await?;
+    let opened = open_store(&store_dir, &args, address, advertised).await?;
     // A URL may carry a password: name only the kind of store.
     let store_label = if store_dir.to_string_lossy().contains("://") {
         "postgresql".to_string()
@@ -399,10 +401,15 @@ struct Opened {
 }
 
 /// Opens the store `--store` names.
-async fn open_store(store: &Path, args: &Serve, advertised: String) -> Result<Opened, String> {
+async fn open_store(
+    store: &Path,
+    args: &Serve,
+    address: std::net::SocketAddr,
+    advertised: String,
+) -> Result<Opened, String> {
     let text = store.to_string_lossy();
     if text.starts_with("postgres://") || text.starts_with("postgresql://") {
-        return open_postgres(&text, args, advertised).await;
+        return open_postgres(&text, args, address, advertised).await;
     }
     // Looked at before sled creates it: a directory with something in it is a store that
     // was used.
@@ -423,14 +430,31 @@ async fn open_store(store: &Path, args: &Serve, advertised: String) -> Result<Op
 }
 
 #[cfg(feature = "postgres")]
-async fn open_postgres(url: &str, args: &Serve, advertised: String) -> Result<Opened, String> {
+async fn open_postgres(
+    url: &str,
+    args: &Serve,
+    address: std::net::SocketAddr,
+    advertised: String,
+) -> Result<Opened, String> {
     let key_path = args.token_key_file.clone().ok_or(
         "--store postgres://… needs --token-key-file FILE: every node sharing the database must sign session tokens with the same key",
     )?;
+    // Every node's name and address must be its own: two nodes of one name share one row of
+    // liveness and take each other's sessions; a node that advertises 0.0.0.0 is sent its
+    // sessions' calls by nobody but itself.
+    if args.advertise.is_none() && address.ip().is_unspecified() {
+        return Err(format!(
+            "--listen {} is no address another node can reach: give --advertise URL (http://this-host:{}) and --node-name NAME",
+            args.listen,
+            address.port()
+        ));
+    }
+    // The address it was bound to (a port 0 chosen), or the one it advertises.
     let node = args
         .node_name
         .clone()
-        .unwrap_or_else(|| args.listen.to_string());
+        .or_else(|| args.advertise.clone())
+        .unwrap_or_else(|| address.to_string());
     let store = dormant::PgStore::builder(url)
         .node(node.clone())
         .lease_ttl(Duration::from_millis(args.lease_ttl_ms))
@@ -450,7 +474,12 @@ async fn open_postgres(url: &str, args: &Serve, advertised: String) -> Result<Op
 }
 
 #[cfg(not(feature = "postgres"))]
-async fn open_postgres(_url: &str, _args: &Serve, _advertised: String) -> Result<Opened, String> {
+async fn open_postgres(
+    _url: &str,
+    _args: &Serve,
+    _address: std::net::SocketAddr,
+    _advertised: String,
+) -> Result<Opened, String> {
     Err("this build has no `postgres` feature: --store takes a sled directory".into())
 }
 

@@ -62,6 +62,31 @@ fn without_authentication_it_refuses_to_start_and_help_documents_every_flag() ->
     Ok(())
 }
 
+/// A node of a PostgreSQL cluster that listens on every interface and does not say where the
+/// others reach it refuses to start (it would advertise 0.0.0.0, and every node so started
+/// would share one name): before it connects, so no database is needed here.
+#[test]
+fn a_cluster_node_listening_everywhere_must_say_its_address() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let output = Command::new(env!("CARGO_BIN_EXE_dormant-server"))
+        .args(["--listen", "0.0.0.0:0", "--demo", "--allow-unauthenticated"])
+        .args([
+            "--store",
+            "postgres://nobody@127.0.0.1:1/none",
+            "--token-key-file",
+        ])
+        .arg(dir.path().join("token-key"))
+        .output()?;
+    let stderr = String::from_utf8(output.stderr)?;
+    assert!(!output.status.success(), "{stderr}");
+    assert!(stderr.contains("--advertise"), "{stderr}");
+    assert!(
+        stderr.contains("no address another node can reach"),
+        "{stderr}"
+    );
+    Ok(())
+}
+
 /// inspect only reads: where no store is (a typo, a database URL), it says so and creates none.
 #[test]
 fn inspect_creates_no_store_where_none_is() -> anyhow::Result<()> {

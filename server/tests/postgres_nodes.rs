@@ -308,3 +308,41 @@ async fn any_node_answers_a_request_for_a_session_another_node_owns() -> anyhow:
     drop((a, b));
     Ok(())
 }
+
+/// Nodes started without `--node-name` each have a name of their own (the address each was
+/// bound to, a port 0 resolved), not the `--listen` text they share.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_without_a_name_are_named_apart() -> anyhow::Result<()> {
+    let Some(cluster) = dormant::testkit::PgCluster::start()? else {
+        return Ok(());
+    };
+    let url = format!("postgres://postgres@{}", cluster.address());
+    let dir = tempfile::tempdir()?;
+    let key = dir.path().join("token-key").to_string_lossy().into_owned();
+    let unnamed = || {
+        Binary::start_with_env(
+            Path::new(&url),
+            "127.0.0.1:0",
+            &["--token-key-file", &key],
+            &[],
+        )
+    };
+    let (a, b) = (unnamed()?, unnamed()?);
+    let (sql, connection) = tokio_postgres::connect(&cluster.url(), tokio_postgres::NoTls).await?;
+    tokio::spawn(connection);
+    let mut names: Vec<String> = sql
+        .query("SELECT node FROM dormant_nodes", &[])
+        .await?
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    names.sort();
+    let mut expected: Vec<String> = [&a, &b]
+        .iter()
+        .map(|node| node.base.trim_start_matches("http://").to_string())
+        .collect();
+    expected.sort();
+    assert_eq!(names, expected);
+    drop((a, b));
+    Ok(())
+}
