@@ -27,6 +27,10 @@ use crate::store::Damage;
 /// The mark's file name in the store directory.
 pub(crate) const FILE: &str = "acknowledged";
 
+/// A new mark's name until it is written whole (a crash may leave one: the next open writes
+/// it again).
+const UNFINISHED: &str = "acknowledged.new";
+
 /// How far the mark may lag at [`Durability::ProcessCrash`], where it moves only after an
 /// `fdatasync` of its own, so at most once per this long.
 ///
@@ -126,10 +130,11 @@ impl Mark {
     /// recovered, if it has none; `sync` makes every advance durable (`fdatasync`).
     pub(crate) fn open(dir: &Path, seq: u64, sync: bool) -> io::Result<Self> {
         let path = dir.join(FILE);
+        if !path.exists() {
+            create(dir, seq)?;
+        }
         let mut options = OpenOptions::new();
-        options.read(true).write(true).create(true);
-        #[cfg(unix)]
-        std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+        options.read(true).write(true);
         let file = options.open(&path)?;
         let bytes = std::fs::read(&path)?;
         let mark = Self {
@@ -150,7 +155,8 @@ impl Mark {
                 };
             }
             None => {
-                // New (or unreadable, which opening to salvage accepted): both slots at `seq`.
+                // Unreadable, which opening to salvage accepted (a new one was created whole
+                // above): both slots at `seq`.
                 write_at(&mark.file, 0, &[encode(seq), encode(seq)].concat())?;
                 mark.file.sync_all()?;
                 if let Some(parent) = path.parent() {
@@ -192,6 +198,23 @@ impl Mark {
     pub(crate) fn due(&self) -> bool {
         self.state.lock().at.is_none_or(|at| at.elapsed() >= LAG)
     }
+}
+
+/// Creates the mark of a store in `dir` at `seq`, whole or not at all: both slots written
+/// into a file of another name, made durable, then renamed into place. A mark created in
+/// place and cut short (a full disk, a crash between its creation and its write) would be a
+/// mark that cannot be read, which every later open takes for damage.
+fn create(dir: &Path, seq: u64) -> io::Result<()> {
+    let unfinished = dir.join(UNFINISHED);
+    let mut options = OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    let file = options.open(&unfinished)?;
+    write_at(&file, 0, &[encode(seq), encode(seq)].concat())?;
+    file.sync_all()?;
+    std::fs::rename(&unfinished, dir.join(FILE))?;
+    sync_dir(dir)
 }
 
 fn write_at(mut file: &File, offset: u64, bytes: &[u8]) -> io::Result<()> {
@@ -247,6 +270,18 @@ mod tests {
 
         std::fs::write(&path, [0u8; 2 * SLOT])?;
         assert!(matches!(read(dir.path())?, Err(Damage::Unreadable { .. })));
+        Ok(())
+    }
+
+    #[test]
+    fn a_mark_is_created_whole_or_not_at_all() -> io::Result<()> {
+        let dir = tempfile::tempdir()?;
+        // A creation a crash (or a full disk) cut short left its unfinished file, empty.
+        std::fs::write(dir.path().join(UNFINISHED), b"")?;
+        assert_eq!(read(dir.path())?, Ok(None), "no mark until it is whole");
+        Mark::open(dir.path(), 3, true)?;
+        assert_eq!(read(dir.path())?, Ok(Some(3)));
+        assert!(!dir.path().join(UNFINISHED).exists());
         Ok(())
     }
 

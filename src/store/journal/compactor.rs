@@ -87,8 +87,11 @@ fn write_base(engine: &Engine, path: &Path, first_kept: u32, seq: u64) -> io::Re
         bytes: 0,
     };
     // The first record holds no entry: it says which commit the base stands at, so that the
-    // commits after it follow on.
-    copies.write()?;
+    // commits after it follow on, and that the base ends with a mark of its end.
+    let mut begins = Vec::new();
+    record::encode_mark(seq, record::BASE_BEGINS, &mut begins);
+    file.write_all_at(&begins, 0)?;
+    copies.at = begins.len() as u64;
     let mut after: Option<Vec<u8>> = None;
     loop {
         let Ok((found, next)) =
@@ -113,8 +116,12 @@ fn write_base(engine: &Engine, path: &Path, first_kept: u32, seq: u64) -> io::Re
             None => break,
         }
     }
+    // Its end, so that a base cut short at a record's boundary is told at open.
+    let mut end = Vec::new();
+    record::encode_mark(seq, record::BASE_END, &mut end);
+    file.write_all_at(&end, copies.at)?;
     file.sync_all()?;
-    Ok(Some(copies.at))
+    Ok(Some(copies.at + end.len() as u64))
 }
 
 /// The entries read for the base's next record.

@@ -114,6 +114,27 @@ pub(super) fn encode_puts(
     seal(start, out);
 }
 
+/// The one write of a base's first record (a delete of a key no tree has): "this base ends
+/// with [`BASE_END`]". A base written before there were ends has a first record without writes.
+pub(super) const BASE_BEGINS: &[u8] = b"\xF1journal:base-begins";
+
+/// The one write of a base's last record: without it, a base that announced it was cut short
+/// at a record's boundary, which no record's checksum can tell.
+pub(super) const BASE_END: &[u8] = b"\xF1journal:base-end";
+
+/// Appends a record as of commit `seq` whose one write is a delete of the stored key `mark`
+/// ([`BASE_BEGINS`], [`BASE_END`]): a mark read by replay, never applied.
+pub(super) fn encode_mark(seq: u64, mark: &[u8], out: &mut Vec<u8>) {
+    let start = begin(seq, out);
+    push_write(out, &mut Vec::new(), &[], mark, None);
+    seal(start, out);
+}
+
+/// Whether `record` is the mark `mark` and nothing else.
+pub(super) fn is_mark(record: &Record, mark: &[u8]) -> bool {
+    matches!(record.writes.as_slice(), [Write { key, value: None }] if key.as_slice() == mark)
+}
+
 /// Begins a record: room for its header, then its sequence number. Returns where it starts.
 fn begin(seq: u64, out: &mut Vec<u8>) -> usize {
     let start = out.len();

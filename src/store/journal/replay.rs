@@ -45,12 +45,20 @@ pub(super) fn replay(path: &Path, salvage: bool) -> Result<Replayed, Error> {
     if let Some(first_kept) = base {
         let file_path = base_path(path, first_kept);
         let bytes = std::fs::read(&file_path).map_err(io)?;
-        let (end, unreadable) = replay_file(&mut replayed, FileId::Base(first_kept), &bytes);
+        let mut marks = BaseMarks::default();
+        let (end, unreadable) =
+            replay_file(&mut replayed, FileId::Base(first_kept), &bytes, &mut marks);
         // A base is renamed into place only once it was written whole and made durable: it
-        // holds no zeros after its records, and nothing it cannot read.
-        let unreadable = unreadable.or_else(|| {
-            (end < bytes.len()).then_some(Unreadable::Bad("zeros where a record should be"))
-        });
+        // holds no zeros after its records, nothing it cannot read, and, if it began by saying
+        // so, its end last.
+        let unreadable = unreadable
+            .or_else(|| {
+                (end < bytes.len()).then_some(Unreadable::Bad("zeros where a record should be"))
+            })
+            .or_else(|| {
+                (marks.begins && !marks.ended)
+                    .then_some(Unreadable::Bad("the base ends before its last record"))
+            });
         if let Some(why) = unreadable {
             replayed
                 .damage
@@ -72,7 +80,12 @@ pub(super) fn replay(path: &Path, salvage: bool) -> Result<Replayed, Error> {
     for (n, &id) in ids.iter().enumerate() {
         let file_path = journal_path(path, id);
         let bytes = std::fs::read(&file_path).map_err(io)?;
-        let (end, unreadable) = replay_file(&mut replayed, FileId::Journal(id), &bytes);
+        let (end, unreadable) = replay_file(
+            &mut replayed,
+            FileId::Journal(id),
+            &bytes,
+            &mut BaseMarks::default(),
+        );
         let is_last = n + 1 == ids.len();
         if let (Some(why), false) = (unreadable, is_last) {
             replayed
@@ -94,14 +107,39 @@ pub(super) fn replay(path: &Path, salvage: bool) -> Result<Replayed, Error> {
     Ok(replayed)
 }
 
+/// The marks a base's records held: its first said it ends with a mark, and that mark was
+/// its last record.
+#[derive(Default)]
+struct BaseMarks {
+    begins: bool,
+    ended: bool,
+}
+
 /// Replays the records of one file; returns where its whole records end, and why the next
-/// one could not be read, if there is one.
-fn replay_file(replayed: &mut Replayed, file: FileId, bytes: &[u8]) -> (usize, Option<Unreadable>) {
+/// one could not be read, if there is one. A base's marks are noted in `marks`, not applied.
+fn replay_file(
+    replayed: &mut Replayed,
+    file: FileId,
+    bytes: &[u8],
+    marks: &mut BaseMarks,
+) -> (usize, Option<Unreadable>) {
     let mut at = 0;
     loop {
         match record::decode(&bytes[at..]) {
             Ok(None) => return (at, None),
-            Ok(Some(record)) => {
+            Ok(Some(_)) if marks.ended => {
+                return (at, Some(Unreadable::Bad("a record after the base's end")));
+            }
+            Ok(Some(mut record)) => {
+                if let FileId::Base(_) = file {
+                    if at == 0 && record::is_mark(&record, record::BASE_BEGINS) {
+                        marks.begins = true;
+                        record.writes.clear();
+                    } else if marks.begins && record::is_mark(&record, record::BASE_END) {
+                        marks.ended = true;
+                        record.writes.clear();
+                    }
+                }
                 if let FileId::Journal(id) = file {
                     // Commits are numbered one after another from 1, across files and from
                     // the commit a base stands at: a gap is commits lost (the end of an

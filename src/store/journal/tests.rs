@@ -355,6 +355,44 @@ async fn a_lost_base_is_told() -> Result<(), Error> {
     Ok(())
 }
 
+/// A base cut short at a record's boundary (every record whole, its end gone) is damage, told
+/// at open, not a store that silently lost the entries the cut took.
+#[tokio::test]
+async fn a_base_cut_at_a_records_boundary_is_told() -> Result<(), Error> {
+    let dir = tempfile::tempdir().map_err(Error::backend)?;
+    let store = open(dir.path())?;
+    overwritten(&store, 10).await?;
+    super::writer::compact_now(&store.engine);
+    store.close().await?;
+    let bases = super::files::base_files(dir.path()).map_err(Error::backend)?;
+    let [base] = bases.as_slice() else {
+        return Err(Error::backend(format!("bases: {bases:?}")));
+    };
+    let path = super::files::base_path(dir.path(), *base);
+    let whole = std::fs::read(&path).map_err(Error::backend)?;
+    // Where each record ends: after its first (no entry), and before its last (the end).
+    let mut ends = Vec::new();
+    let mut at = 0;
+    while let Ok(Some(found)) = record::decode(&whole[at..]) {
+        at += found.len;
+        ends.push(at);
+    }
+    assert!(ends.len() >= 3, "a first record, entries, an end: {ends:?}");
+    for cut in [ends[0], ends[ends.len() - 2]] {
+        std::fs::write(&path, &whole[..cut]).map_err(Error::backend)?;
+        let refused = open(dir.path());
+        let told = format!("{refused:?}");
+        assert!(
+            told.contains("ends before its last record"),
+            "cut at {cut}: {told}"
+        );
+    }
+    std::fs::write(&path, &whole).map_err(Error::backend)?;
+    let again = open(dir.path())?;
+    assert_eq!(again.scan_prefix(Tree::Log, b"k").await?.len(), 20);
+    Ok(())
+}
+
 #[tokio::test]
 async fn the_next_file_is_begun_ahead_and_put_in_place() -> Result<(), Error> {
     // A spare alone: made whole, then renamed into place as a journal file of zeros.
