@@ -114,6 +114,9 @@ pub(crate) struct Mark {
     file: File,
     sync: bool,
     state: Mutex<Slots>,
+    /// The next sync fails (a test's fault).
+    #[cfg(test)]
+    fail_next_sync: std::sync::atomic::AtomicBool,
 }
 
 struct Slots {
@@ -145,6 +148,8 @@ impl Mark {
                 next: 0,
                 at: None,
             }),
+            #[cfg(test)]
+            fail_next_sync: Default::default(),
         };
         match read_slots(&bytes) {
             Some((written, slot)) => {
@@ -178,13 +183,34 @@ impl Mark {
         if seq <= state.written {
             return Ok(());
         }
-        write_at(&self.file, (state.next * SLOT) as u64, &encode(seq))?;
-        if self.sync {
-            self.file.sync_data()?;
+        let slot = (state.next * SLOT) as u64;
+        let advanced = write_at(&self.file, slot, &encode(seq)).and_then(|()| self.synced());
+        if let Err(error) = advanced {
+            // Taken back, as the store takes back the group it vouched for: left in the page
+            // cache (or on the disk, if the failed sync wrote it after all), the new number
+            // would name commits the store then refuses, and read as their loss at the next
+            // open. The slot says again what the other one does.
+            let _ = write_at(&self.file, slot, &encode(state.written)).and_then(|()| self.synced());
+            return Err(error);
         }
         state.written = seq;
         state.next = 1 - state.next;
         state.at = Some(Instant::now());
+        Ok(())
+    }
+
+    /// Makes the last write durable, at `PowerLoss`.
+    fn synced(&self) -> io::Result<()> {
+        #[cfg(test)]
+        if self
+            .fail_next_sync
+            .swap(false, std::sync::atomic::Ordering::SeqCst)
+        {
+            return Err(io::Error::other("a sync that fails, for a test"));
+        }
+        if self.sync {
+            self.file.sync_data()?;
+        }
         Ok(())
     }
 
@@ -270,6 +296,25 @@ mod tests {
 
         std::fs::write(&path, [0u8; 2 * SLOT])?;
         assert!(matches!(read(dir.path())?, Err(Damage::Unreadable { .. })));
+        Ok(())
+    }
+
+    #[test]
+    fn an_advance_whose_sync_fails_is_taken_back() -> io::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let mark = Mark::open(dir.path(), 4, true)?;
+        mark.advance(5)?;
+        mark.fail_next_sync
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        assert!(mark.advance(6).is_err());
+        assert_eq!(
+            read(dir.path())?,
+            Ok(Some(5)),
+            "the failed advance is not kept"
+        );
+        // The next one goes on from there.
+        mark.advance(6)?;
+        assert_eq!(read(dir.path())?, Ok(Some(6)));
         Ok(())
     }
 
