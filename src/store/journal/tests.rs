@@ -393,6 +393,31 @@ async fn a_base_cut_at_a_records_boundary_is_told() -> Result<(), Error> {
     Ok(())
 }
 
+/// A group far larger than the usual lets its buffer go once written: one large commit does
+/// not hold its size in memory for as long as the store is open.
+#[tokio::test]
+async fn a_large_group_does_not_keep_its_buffer() -> Result<(), Error> {
+    let dir = tempfile::tempdir().map_err(Error::backend)?;
+    let store = open(dir.path())?;
+    put(&store, "large", &vec![7; 16 * 1024 * 1024]).await?;
+    put(&store, "small", b"after").await?;
+    let kept = store
+        .engine
+        .writer
+        .lock()
+        .as_ref()
+        .map_or(0, |writer| writer.bytes.capacity());
+    assert!(kept <= 8 * 1024 * 1024, "the buffer kept {kept} bytes");
+    assert_eq!(
+        store
+            .get(Tree::Log, b"large")
+            .await?
+            .map(|value| value.len()),
+        Some(16 * 1024 * 1024)
+    );
+    Ok(())
+}
+
 #[tokio::test]
 async fn the_next_file_is_begun_ahead_and_put_in_place() -> Result<(), Error> {
     // A spare alone: made whole, then renamed into place as a journal file of zeros.

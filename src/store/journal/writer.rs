@@ -58,6 +58,11 @@ fn serve(engine: &Arc<Engine>, group: Vec<Pending<Encoded>>) {
     }
 }
 
+/// The most bytes the group's buffer keeps from one group to the next: a group larger than
+/// this (a commit of hundreds of MiB, say) lets its buffer go once written, rather than
+/// holding that much for as long as the store is open.
+const GROUP_BUFFER_KEPT: usize = 8 * 1024 * 1024;
+
 /// Writes the group; `Ok(false)`: it held no record (bare syncs).
 fn write<'a>(
     engine: &Arc<Engine>,
@@ -65,6 +70,18 @@ fn write<'a>(
 ) -> Result<bool, Error> {
     let mut guard = engine.writer.lock();
     let writer = guard.as_mut().ok_or(Error::Closed)?;
+    let written = write_group(engine, writer, records);
+    if writer.bytes.capacity() > GROUP_BUFFER_KEPT {
+        writer.bytes = Vec::new();
+    }
+    written
+}
+
+fn write_group<'a>(
+    engine: &Arc<Engine>,
+    writer: &mut Writer,
+    records: impl Iterator<Item = &'a mut Encoded>,
+) -> Result<bool, Error> {
     if let Some(why) = &writer.broken {
         return Err(Error::backend(format!(
             "the journal could not take back a failed write ({why}); open the store again"
