@@ -28,6 +28,7 @@ mod replay;
 mod spare;
 #[cfg(test)]
 mod tests;
+mod window;
 mod writer;
 
 pub use builder::JournalStoreBuilder;

@@ -76,8 +76,7 @@ impl Engine {
                         // What follows the last whole record was never acknowledged (the
                         // mark says so): a write a crash cut short. Zeros again, so that the
                         // records written next end where they end.
-                        let zeros = vec![0; (torn_end - len) as usize];
-                        file.write_all_at(&zeros, len)
+                        zero(&file, len, torn_end)
                             .and_then(|()| file.sync_data())
                             .map_err(|e| io_error(e, path))?;
                         (id, len, file)
@@ -157,4 +156,17 @@ impl Engine {
         self.index.write().clear();
         self.lock.lock().take();
     }
+}
+
+/// Writes zeros over `file` from `from` to `to`, a MiB at a time (what a crash cut short may
+/// be as long as a commit).
+fn zero(file: &File, from: u64, to: u64) -> std::io::Result<()> {
+    let zeros = vec![0; (to.saturating_sub(from)).min(1024 * 1024) as usize];
+    let mut at = from;
+    while at < to {
+        let len = (to - at).min(zeros.len() as u64) as usize;
+        file.write_all_at(&zeros[..len], at)?;
+        at += len as u64;
+    }
+    Ok(())
 }

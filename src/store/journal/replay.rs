@@ -2,12 +2,14 @@
 //! any, then every journal file it does not cover, in order, each record checked.
 
 use std::fs::File;
+use std::io;
 use std::path::Path;
 use std::sync::Arc;
 
 use super::files::{base_files, base_path, io_error, journal_files, journal_path};
 use super::index::{FileId, Index};
 use super::record::{self, Unreadable};
+use super::window::Window;
 use crate::store::{Damage, Error};
 
 /// What replaying the store's files found.
@@ -44,16 +46,22 @@ pub(super) fn replay(path: &Path, salvage: bool) -> Result<Replayed, Error> {
     };
     if let Some(first_kept) = base {
         let file_path = base_path(path, first_kept);
-        let bytes = std::fs::read(&file_path).map_err(io)?;
+        let file = File::open(&file_path).map_err(io)?;
+        let mut window = Window::new(&file).map_err(io)?;
         let mut marks = BaseMarks::default();
-        let (end, unreadable) =
-            replay_file(&mut replayed, FileId::Base(first_kept), &bytes, &mut marks);
+        let (end, unreadable) = replay_file(
+            &mut replayed,
+            FileId::Base(first_kept),
+            &mut window,
+            &mut marks,
+        )
+        .map_err(io)?;
         // A base is renamed into place only once it was written whole and made durable: it
         // holds no zeros after its records, nothing it cannot read, and, if it began by saying
         // so, its end last.
         let unreadable = unreadable
             .or_else(|| {
-                (end < bytes.len()).then_some(Unreadable::Bad("zeros where a record should be"))
+                (end < window.size()).then_some(Unreadable::Bad("zeros where a record should be"))
             })
             .or_else(|| {
                 (marks.begins && !marks.ended)
@@ -64,7 +72,6 @@ pub(super) fn replay(path: &Path, salvage: bool) -> Result<Replayed, Error> {
                 .damage
                 .get_or_insert_with(|| cannot_read(&file_path, end, &why));
         }
-        let file = File::open(&file_path).map_err(io)?;
         replayed
             .index
             .add_file(FileId::Base(first_kept), Arc::new(file));
@@ -79,13 +86,15 @@ pub(super) fn replay(path: &Path, salvage: bool) -> Result<Replayed, Error> {
         .collect();
     for (n, &id) in ids.iter().enumerate() {
         let file_path = journal_path(path, id);
-        let bytes = std::fs::read(&file_path).map_err(io)?;
+        let file = File::open(&file_path).map_err(io)?;
+        let mut window = Window::new(&file).map_err(io)?;
         let (end, unreadable) = replay_file(
             &mut replayed,
             FileId::Journal(id),
-            &bytes,
+            &mut window,
             &mut BaseMarks::default(),
-        );
+        )
+        .map_err(io)?;
         let is_last = n + 1 == ids.len();
         if let (Some(why), false) = (unreadable, is_last) {
             replayed
@@ -96,13 +105,9 @@ pub(super) fn replay(path: &Path, salvage: bool) -> Result<Replayed, Error> {
             break;
         }
         // Past the last whole record: zeros, or the remains of a write a crash cut short.
-        let torn_end = bytes[end..]
-            .iter()
-            .rposition(|&byte| byte != 0)
-            .map_or(end, |last| end + last + 1);
-        let file = File::open(&file_path).map_err(io)?;
+        let torn_end = window.last_nonzero_end(end).map_err(io)?;
         replayed.index.add_file(FileId::Journal(id), Arc::new(file));
-        replayed.last = Some((id, end as u64, torn_end as u64));
+        replayed.last = Some((id, end, torn_end));
     }
     Ok(replayed)
 }
@@ -120,15 +125,21 @@ struct BaseMarks {
 fn replay_file(
     replayed: &mut Replayed,
     file: FileId,
-    bytes: &[u8],
+    window: &mut Window<'_>,
     marks: &mut BaseMarks,
-) -> (usize, Option<Unreadable>) {
+) -> io::Result<(u64, Option<Unreadable>)> {
     let mut at = 0;
     loop {
-        match record::decode(&bytes[at..]) {
-            Ok(None) => return (at, None),
+        let decoded = match record_len(window.at(at, record::HEADER)?) {
+            // Read only if the file holds it all: a damaged length reads nothing more.
+            Some(len) if len <= window.size() - at => record::decode(window.at(at, len as usize)?),
+            Some(_) => Err(Unreadable::Cut),
+            None => record::decode(window.at(at, record::HEADER)?),
+        };
+        match decoded {
+            Ok(None) => return Ok((at, None)),
             Ok(Some(_)) if marks.ended => {
-                return (at, Some(Unreadable::Bad("a record after the base's end")));
+                return Ok((at, Some(Unreadable::Bad("a record after the base's end"))));
             }
             Ok(Some(mut record)) => {
                 if let FileId::Base(_) = file {
@@ -154,16 +165,27 @@ fn replay_file(
                     }
                 }
                 replayed.seq = replayed.seq.max(record.seq);
-                replayed.index.apply(file, at as u64, record.writes);
+                replayed.index.apply(file, at, record.writes);
                 replayed.record_bytes += record.len as u64;
-                at += record.len;
+                at += record.len as u64;
             }
-            Err(why) => return (at, Some(why)),
+            Err(why) => return Ok((at, Some(why))),
         }
     }
 }
 
-fn cannot_read(file: &Path, at: usize, why: &Unreadable) -> Damage {
+/// The length of the record whose header `bytes` starts with (header included), if they hold
+/// a whole header that is not zeros.
+fn record_len(bytes: &[u8]) -> Option<u64> {
+    let header = bytes.get(..record::HEADER)?;
+    if header.iter().all(|&byte| byte == 0) {
+        return None;
+    }
+    let len = u32::from_le_bytes([header[0], header[1], header[2], header[3]]);
+    Some(record::HEADER as u64 + u64::from(len))
+}
+
+fn cannot_read(file: &Path, at: u64, why: &Unreadable) -> Damage {
     let why = match why {
         Unreadable::Cut => "it ends in the middle of a record",
         Unreadable::Bad(why) => why,
