@@ -119,7 +119,7 @@ pub(crate) async fn follow(
             .serve_peer_follow(key, &session, from)?
             .boxed()
     };
-    let mut response = ndjson(events);
+    let mut response = ndjson(&state, events);
     if to_settle {
         // Says this stream ends at the settle: a node of an earlier version ignores
         // `to_settle`, and its follower must then wait for the settle by a call.
@@ -149,12 +149,15 @@ pub(crate) async fn submit_follow(
         ));
     };
     let events = state.runtime.serve_peer_submit_follow(key, submit)?;
-    Ok(ndjson(events.boxed()))
+    Ok(ndjson(&state, events.boxed()))
 }
 
-/// `events` as a body of one JSON line each.
-fn ndjson(events: futures::stream::BoxStream<'static, PeerEvent>) -> Response {
-    let lines = events.map(|event| {
+/// `events` as a body of one JSON line each, until the server shuts down: a follow may be
+/// open-ended (until the caller hangs up), and must not hold the drain of a shutdown. The
+/// node that follows reads an end as the owner gone, and follows the rest from the store.
+fn ndjson(state: &AppState, events: futures::stream::BoxStream<'static, PeerEvent>) -> Response {
+    let shutting_down = crate::shutdown::shutting_down(state.closing.clone());
+    let lines = events.take_until(Box::pin(shutting_down)).map(|event| {
         let mut line = serde_json::to_vec(&event).unwrap_or_default();
         line.push(b'\n');
         Ok::<_, std::convert::Infallible>(Bytes::from(line))

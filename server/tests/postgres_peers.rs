@@ -37,7 +37,7 @@ struct Node {
     runtime: Runtime,
     base: String,
     served: tokio::task::JoinHandle<std::io::Result<()>>,
-    _closing: dormant_server::Closing,
+    closing: dormant_server::Closing,
 }
 
 async fn node(url: &str, name: &str) -> anyhow::Result<Node> {
@@ -83,7 +83,7 @@ async fn node_with(url: &str, name: &str, peers: Arc<dyn Peers>) -> anyhow::Resu
         runtime,
         base,
         served,
-        _closing: closing,
+        closing,
     })
 }
 
@@ -528,4 +528,50 @@ async fn to_the_settle(
     .await
     .map_err(|_| anyhow::anyhow!("stuck after {seen:?}"))??;
     Ok((seen, chunks))
+}
+
+/// A follow another node keeps open (until its caller hangs up) ends when the owner shuts
+/// down: it must not hold the drain of the owner's shutdown until the follower leaves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_follow_ends_when_the_owner_shuts_down() -> anyhow::Result<()> {
+    let Some(cluster) = dormant::testkit::PgCluster::start()? else {
+        return Ok(());
+    };
+    let url = cluster.url();
+    let a = node(&url, "a").await?;
+    let id: SessionId = "s1".parse()?;
+    let suspended = a.runtime.execute_on(&id, "editor", "edit it").await?;
+    assert_eq!(suspended.status, Status::SuspendedClientTool);
+    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await?;
+    tokio::spawn(connection);
+    let key: String = client
+        .query_one("SELECT peer_key FROM dormant_nodes WHERE node = 'a'", &[])
+        .await?
+        .get(0);
+    let response = reqwest::Client::new()
+        .post(format!("{}/peer/follow", a.base))
+        .header(PEER_KEY, key)
+        .json(&json!({ "session": "s1", "from": 0 }))
+        .send()
+        .await?;
+    assert_eq!(response.status(), reqwest::StatusCode::OK);
+    let mut body = response.bytes_stream();
+    // The session's chunks so far come; then the follow stays open, as asked.
+    let first = tokio::time::timeout(FOLLOW_BOUND, body.next()).await?;
+    assert!(matches!(first, Some(Ok(_))), "{first:?}");
+    a.closing.close();
+    let ended = tokio::time::timeout(FOLLOW_BOUND, async {
+        while let Some(chunk) = body.next().await {
+            chunk?;
+        }
+        anyhow::Ok(())
+    })
+    .await;
+    assert!(
+        matches!(ended, Ok(Ok(()))),
+        "the follow did not end at the shutdown: {ended:?}"
+    );
+    a.served.abort();
+    a.runtime.shutdown().await?;
+    Ok(())
 }
