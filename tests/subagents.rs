@@ -158,6 +158,97 @@ async fn a_child_that_keeps_crashing_is_a_tool_error_and_its_sibling_is_unaffect
     Ok(())
 }
 
+/// A store on which every commit of one session after its first panics, and on which, once
+/// `limit` of them have panicked, its next `unreadable` reads of its log fail: the reads that
+/// look for the parent to tell, once the session is marked failed.
+#[derive(Debug)]
+struct CrashesThenUnreadable {
+    session: SessionId,
+    panics: std::sync::atomic::AtomicUsize,
+    limit: usize,
+    unreadable: std::sync::atomic::AtomicUsize,
+}
+
+#[async_trait::async_trait]
+impl Delegate for CrashesThenUnreadable {
+    async fn before(&self, call: Call<'_>) -> Result<(), store::Error> {
+        use std::sync::atomic::Ordering::SeqCst;
+        match call {
+            Call::Commit(batch) if writes_to(&self.session, batch) => {
+                let panics = self.panics.fetch_add(1, SeqCst);
+                assert!(panics == 0, "commit panics for {}", self.session);
+            }
+            Call::ScanPrefixRev { prefix, .. }
+                if names(&self.session, prefix) && self.panics.load(SeqCst) > self.limit =>
+            {
+                let left = self.unreadable.load(SeqCst);
+                if left > 0 {
+                    self.unreadable.store(left - 1, SeqCst);
+                    return Err(store::Error::Backend("the log cannot be read, once".into()));
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
+/// A child that keeps crashing is told to its parent even when the first reads of its lineage
+/// fail: the parent is read again, and does not wait for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_marked_failed_whose_lineage_cannot_be_read_at_first_is_still_told(
+) -> anyhow::Result<()> {
+    let llm = ScriptedLlm::new()
+        .script("lead", lead_script())
+        .script("good", vec![ModelReply::text("fine")])
+        .script("crashy", vec![ModelReply::text("never")]);
+    let parent: SessionId = "p".parse()?;
+    let store = Arc::new(DelegatingStore::wrap(
+        Arc::new(MemoryStore::new()),
+        CrashesThenUnreadable {
+            session: parent.ephemeral_child("o1"),
+            panics: Default::default(),
+            // The first panic is a step's commit; the second the reload's (it closes the run
+            // the crash cut), which fails the child at once.
+            limit: 2,
+            unreadable: 2.into(),
+        },
+    ));
+    let runtime = Runtime::builder()
+        .llm(Arc::new(llm))
+        .clock(Arc::new(ManualClock::new(0)))
+        .store(store.clone())
+        .crash_limit(3, 60_000)
+        .agent(lead("crashy")?)
+        .agent(AgentDefinition::builder("good").build()?)
+        .agent(AgentDefinition::builder("crashy").build()?)
+        .build()?;
+    let outcome = bounded(
+        "the parent's settle",
+        runtime.execute_on(&parent, "lead", "go"),
+    )
+    .await??;
+    assert_eq!(outcome.status, Status::Completed);
+    let messages = runtime.messages(&parent).await?;
+    match common::tool_result(&messages, "o1") {
+        Some(ToolOutcome::Error(text)) => assert!(text.starts_with("sub_agent_failed"), "{text}"),
+        other => panic!("o1 should be a tool error, got {other:?}"),
+    }
+    let delegate = store.delegate();
+    assert_eq!(
+        (
+            delegate.panics.load(std::sync::atomic::Ordering::SeqCst),
+            delegate
+                .unreadable
+                .load(std::sync::atomic::Ordering::SeqCst)
+        ),
+        (3, 0),
+        "two panics after a first commit, and both failing reads made"
+    );
+    runtime.shutdown().await?;
+    Ok(())
+}
+
 /// Answers from a script, except that every model call of agent `stuck` never returns;
 /// `started` is told each time such a call begins.
 struct StuckFor {

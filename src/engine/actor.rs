@@ -285,13 +285,7 @@ impl VirtualActor for SessionActor {
             child: id.clone(),
             error: error.to_string(),
         };
-        tokio::spawn(async move {
-            if let Ok(Some(record)) = schema::load_record(shared.store.as_ref(), &id).await {
-                if let (Some(parent), Some(call)) = (record.parent, record.parent_call) {
-                    send_reports(&host, &shared, [why.report(&parent, call)]);
-                }
-            }
-        });
+        tokio::spawn(children::tell_parent_of_failed(host, shared, id, why));
     }
 
     fn passivated(&self, id: &SessionId) {

@@ -23,6 +23,47 @@ use crate::store::schema;
 use crate::store::Store;
 use crate::types::ids::{RunId, SessionId};
 
+/// How many times the lineage of a failed child is read before its parent is given up on, and
+/// the wait before the first retry (doubled each time: about 25 s in all).
+const LINEAGE_READS: u32 = 8;
+const LINEAGE_RETRY: Duration = Duration::from_millis(100);
+
+/// Tells the parent of `child`, which the host marked failed, that its call failed (`why`).
+/// The parent is read from the child's record: a read that fails (the store's error, or its
+/// panic, as a crashing store may well give) is tried again a few times, since a parent
+/// nobody tells waits for good.
+pub(super) async fn tell_parent_of_failed(
+    host: Host<SessionActor>,
+    shared: Arc<Shared>,
+    child: SessionId,
+    why: ChildUnavailable,
+) {
+    let mut wait = LINEAGE_RETRY;
+    for read in 1..=LINEAGE_READS {
+        let loaded = AssertUnwindSafe(schema::load_record(shared.store.as_ref(), &child))
+            .catch_unwind()
+            .await;
+        let error = match loaded {
+            Ok(Ok(Some(record))) => {
+                if let (Some(parent), Some(call)) = (record.parent, record.parent_call) {
+                    send_reports(&host, &shared, [why.report(&parent, call)]);
+                }
+                return;
+            }
+            // Never stored: no parent waits on it.
+            Ok(Ok(None)) => return,
+            Ok(Err(error)) => error.to_string(),
+            Err(panic) => crate::types::panic::panic_text(panic.as_ref()),
+        };
+        tracing::warn!(session = %child, read, error = %crate::types::Untrusted(&error), "session.failed_lineage_unread");
+        if read < LINEAGE_READS {
+            tokio::time::sleep(wait).await;
+            wait *= 2;
+        }
+    }
+    tracing::error!(session = %child, reads = LINEAGE_READS, "session.failed_parent_untold: its lineage could not be read; a parent waiting on it is not told");
+}
+
 impl SessionActor {
     /// Starts the child of a sub-agent call, or gives a companion a new turn, or re-attaches
     /// to either: the core decides; a child that does not exist yet is created here with the
