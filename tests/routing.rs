@@ -444,3 +444,95 @@ async fn an_owner_looked_up_a_second_ago_or_more_is_looked_up_again_before_the_c
     b.shutdown().await?;
     Ok(())
 }
+
+/// The lease table as this node holds every tree, until a commit finds the lease lost: from
+/// then on node `a` owns it.
+#[derive(Debug, Default)]
+struct HeldHereThenLost;
+
+#[async_trait::async_trait]
+impl Leases for HeldHereThenLost {
+    fn is_shared(&self) -> bool {
+        true
+    }
+
+    async fn acquire(&self, _session: &str, _lease: &str) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    fn release_session(&self, _session: &str) {}
+
+    fn holds_current(&self, _session: &str) -> bool {
+        true
+    }
+
+    fn holds(&self, _lease: &str) -> bool {
+        false
+    }
+
+    async fn owner(&self, _lease: &str) -> Result<Option<LeaseOwner>, StoreError> {
+        Ok(Some(LeaseOwner {
+            node: "a".into(),
+            address: Some("fake://a".into()),
+            key: Some(PeerKey::new("a-key")),
+        }))
+    }
+
+    fn peer_key(&self) -> Option<PeerKey> {
+        Some(PeerKey::new("b-key"))
+    }
+}
+
+/// Fences every commit of a run after its first, as a store does once another node took the
+/// tree: the run's start lands, the commit of the model's reply finds the lease lost.
+#[derive(Debug, Default)]
+struct FencedAfterTheStart {
+    commits: AtomicUsize,
+}
+
+#[async_trait::async_trait]
+impl dormant::testkit::Delegate for FencedAfterTheStart {
+    async fn before(&self, call: dormant::testkit::Call<'_>) -> Result<(), StoreError> {
+        if let dormant::testkit::Call::Commit(_) = call {
+            if self.commits.fetch_add(1, Ordering::SeqCst) > 0 {
+                return Err(StoreError::LeaseLost {
+                    session: "s1".into(),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A lease lost after the run's first commit landed is not "nothing written": the call is not
+/// sent to the node that took the tree over (it would run the message a second time there),
+/// and its caller learns that the session went on elsewhere.
+#[tokio::test]
+async fn a_lease_lost_after_the_run_began_does_not_send_the_message_again() -> anyhow::Result<()> {
+    let store = dormant::testkit::DelegatingStore::wrap(
+        Arc::new(MemoryStore::new()),
+        FencedAfterTheStart::default(),
+    );
+    let a = Arc::new(NodeA::default());
+    let llm = ScriptedLlm::new().script("greeter", vec![ModelReply::text("hello")]);
+    let b = Runtime::builder()
+        .store(Arc::new(store))
+        .leases(Arc::new(HeldHereThenLost))
+        .peers(Arc::clone(&a) as Arc<dyn Peers>)
+        .llm(Arc::new(llm))
+        .clock(Arc::new(ManualClock::new(0)))
+        .agent(greeter()?)
+        .build()?;
+    let id: SessionId = "s1".parse()?;
+
+    let answer = b.execute_on(&id, "greeter", "hi").await;
+
+    let calls = a.calls.lock().clone();
+    assert!(calls.is_empty(), "the message was sent again: {calls:?}");
+    assert!(
+        matches!(&answer, Err(Error::SessionUnavailable { reason, .. }) if reason.contains("after its run began")),
+        "{answer:?}"
+    );
+    b.shutdown().await?;
+    Ok(())
+}

@@ -182,6 +182,9 @@ pub(crate) enum Loaded {
 pub(crate) struct SessionState {
     loaded: Loaded,
     waiters: Vec<RunReply>,
+    /// How many of `waiters` (the first ones) have seen a commit of their run land: a lost
+    /// lease is no longer "nothing written" for them.
+    landed_for: usize,
     settle_waiters: Vec<oneshot::Sender<()>>,
     /// Accepted submits whose commits are in flight (see `submit.rs`).
     inflight: submit::InFlightSubmits,
@@ -239,6 +242,7 @@ impl VirtualActor for SessionActor {
         Ok(SessionState {
             loaded,
             waiters: Vec::new(),
+            landed_for: 0,
             settle_waiters: Vec::new(),
             inflight: submit::InFlightSubmits::default(),
             to_reconcile,

@@ -34,10 +34,25 @@ impl SessionActor {
                     reason: reason.clone(),
                 };
                 // The caller waiting for this run gets the typed store error; anyone else
-                // joined to it learns why in words (store errors are not cloneable).
+                // joined to it learns why in words (store errors are not cloneable). But a
+                // waiter for whom a commit of its run already landed does not get a lost
+                // lease typed: typed, it says that nothing was written, and the call would be
+                // sent to the node that took the tree over, to run its message again there.
+                let landed = std::mem::take(&mut state.landed_for);
+                let began = || {
+                    Error::SessionUnavailable {
+                    session: ctx.key().clone(),
+                    reason: format!("{reason}, after its run began: the node that took the session over goes on with it"),
+                }
+                };
                 let mut typed = Some(error);
-                for waiter in state.waiters.drain(..) {
-                    let _ = waiter.send(Err(typed.take().unwrap_or_else(unavailable)));
+                for (n, waiter) in state.waiters.drain(..).enumerate() {
+                    let answer = if fenced && n < landed {
+                        began()
+                    } else {
+                        typed.take().unwrap_or_else(unavailable)
+                    };
+                    let _ = waiter.send(Err(answer));
                 }
                 state.settle_waiters.clear();
                 if fenced {
@@ -74,6 +89,8 @@ impl SessionActor {
                     .unwrap_or(Loaded::Unreadable);
                 return Err(typed.unwrap_or_else(unavailable));
             }
+            // Every waiter so far has seen a commit of its run land.
+            state.landed_for = state.waiters.len();
             self.publish(ctx.key(), &commit);
         }
         for effect in transition.effects {
@@ -271,6 +288,7 @@ impl SessionActor {
                         host.send(ctx.key().clone(), SessionMsg::Compact { retention, reply });
                     }
                 }
+                state.landed_for = 0;
                 for waiter in state.waiters.drain(..) {
                     let _ = waiter.send(Ok(outcome.clone()));
                 }
