@@ -205,11 +205,15 @@ pub enum RemoteError {
 }
 
 impl RemoteError {
-    /// Whether trying again later may succeed (the remote was unreachable, or overloaded).
+    /// Whether trying again later may succeed: the remote was unreachable, overloaded (429,
+    /// 503), or answered through a proxy that could not reach it (502, 504) or with an error
+    /// of its own (408, 500) that a rolling restart gives as readily as a real fault.
     pub fn is_retryable(&self) -> bool {
         match self {
             RemoteError::Unreachable { .. } => true,
-            RemoteError::Refused { status, .. } => *status == 503 || *status == 429,
+            RemoteError::Refused { status, .. } => {
+                matches!(status, 408 | 429 | 500 | 502 | 503 | 504)
+            }
             RemoteError::Protocol { .. } | RemoteError::NoTransport => false,
         }
     }

@@ -171,10 +171,14 @@ impl RemoteAgents for HttpRemoteAgents {
         if !response.status().is_success() {
             return Err(refusal(endpoint, response).await);
         }
-        let body: StatusBody = response
-            .json()
-            .await
-            .map_err(|error| protocol(endpoint, format!("GET /status: {error}")))?;
+        let body: StatusBody = response.json().await.map_err(|error| {
+            if error.is_decode() {
+                protocol(endpoint, format!("GET /status: {error}"))
+            } else {
+                // The body broke off (a reset, a timeout): nothing was read, nothing decided.
+                unreachable(endpoint, &error)
+            }
+        })?;
         Ok(RemoteStatus {
             status: body.status,
             run_id: body.run_id,

@@ -302,6 +302,9 @@ struct HeldStops {
     asked: tokio::sync::mpsc::UnboundedSender<String>,
     release: tokio::sync::Semaphore,
     panics_at_start: bool,
+    /// The next status reads this many times answer 502, as a proxy in front of a remote
+    /// that restarts does.
+    bad_gateways: std::sync::atomic::AtomicUsize,
 }
 
 impl HeldStops {
@@ -311,6 +314,7 @@ impl HeldStops {
             asked,
             release: tokio::sync::Semaphore::new(0),
             panics_at_start,
+            bad_gateways: Default::default(),
         }
     }
 }
@@ -337,6 +341,17 @@ impl dormant::remote::RemoteAgents for HeldStops {
         session: &dormant::SessionId,
         chunks_from: u64,
     ) -> Result<dormant::remote::RemoteStatus, dormant::remote::RemoteError> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let left = self.bad_gateways.load(SeqCst);
+        if left > 0 {
+            self.bad_gateways.store(left - 1, SeqCst);
+            return Err(dormant::remote::RemoteError::Refused {
+                endpoint: endpoint.to_string(),
+                status: 502,
+                code: "http_error".into(),
+                message: "Bad Gateway".into(),
+            });
+        }
         self.http.status(endpoint, session, chunks_from).await
     }
 
@@ -434,5 +449,91 @@ async fn a_driver_that_panics_is_a_remote_that_did_not_answer() -> anyhow::Resul
     assert!(failed, "{messages:?}");
     parent.wait_settled(&root).await;
     parent.shutdown().await?;
+    Ok(())
+}
+
+/// A proxy's 502 in front of a remote that restarts is tried again, as an unreachable remote
+/// is: the remote child goes on, rather than being written off as lost at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_gateway_before_the_remote_is_tried_again_not_a_lost_child() -> anyhow::Result<()> {
+    let remote = remote_server().await?;
+    let (asked, _stops) = tokio::sync::mpsc::unbounded_channel();
+    let transport = Arc::new(HeldStops::new(asked, false));
+    let parent = parent_runtime_through(&remote.base, transport.clone())?;
+    let root = "root-gw".parse()?;
+    let run = parent.execute_on(&root, "lead", "go").await?;
+    assert_eq!(run.status, Status::SuspendedAwaitingChildren, "{run:?}");
+    let accepted = parent
+        .submit_tool_result(Submit::result(
+            "root-gw",
+            "q1",
+            json!({ "answer": "hello" }),
+        ))
+        .await?;
+    assert_eq!(accepted, SubmitOutcome::Accepted);
+
+    // The resume wakes the child; its status reads meet two 502s first (fewer than the
+    // policy's tries).
+    transport
+        .bad_gateways
+        .store(2, std::sync::atomic::Ordering::SeqCst);
+    let run = parent.resume(&root).await?;
+    assert_eq!(run.status, Status::SuspendedAwaitingChildren, "{run:?}");
+    assert_eq!(
+        transport
+            .bad_gateways
+            .load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "the 502s were met"
+    );
+    let remote_calls = parent.pending_remote(&root).await?;
+    assert_eq!(remote_calls.len(), 1, "{remote_calls:?}");
+    assert_eq!(remote_calls[0].1.kind, PendingKind::Approval);
+    Ok(())
+}
+
+/// A remote that froze with its connection open (the stream's headers sent, then nothing, not
+/// even a keep-alive) is taken for unreachable, not waited on for good. (The clock is paused
+/// once the stream is open: it moves on whenever everything waits, as then.)
+#[tokio::test]
+async fn a_stream_that_falls_silent_is_a_remote_out_of_reach() -> anyhow::Result<()> {
+    use dormant::remote::RemoteAgents;
+    use futures::StreamExt;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let endpoint = format!("http://{}", listener.local_addr()?);
+    let frozen = tokio::spawn(async move {
+        let (mut socket, _) = listener.accept().await?;
+        // The request's head first, then the answer's.
+        let mut head = Vec::new();
+        while !head.windows(4).any(|end| end == b"\r\n\r\n") {
+            let mut buffer = [0u8; 1024];
+            let read = socket.read(&mut buffer).await?;
+            anyhow::ensure!(read > 0, "the request ended early");
+            head.extend_from_slice(&buffer[..read]);
+        }
+        socket
+            .write_all(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\n")
+            .await?;
+        // Holds the connection, and says nothing more.
+        std::future::pending::<()>().await;
+        anyhow::Ok(socket)
+    });
+    let transport = HttpRemoteAgents::new(Some(KEY.into()));
+    let mut chunks = transport.chunks(&endpoint, &"child-1".parse()?, 0).await?;
+    tokio::time::pause();
+    // Bounded (at ten minutes of the paused clock), so that a reader that waits for good fails.
+    let first = tokio::time::timeout(Duration::from_secs(600), chunks.next())
+        .await
+        .map_err(|_| anyhow::anyhow!("the silent stream was waited on for good"))?;
+    match first {
+        Some(Err(error)) => {
+            assert!(error.is_retryable(), "{error}");
+            assert!(error.to_string().contains("sent nothing"), "{error}");
+        }
+        other => panic!("expected the stream to be taken for broken, got {other:?}"),
+    }
+    frozen.abort();
     Ok(())
 }

@@ -247,7 +247,6 @@ impl Driver<'_> {
     async fn follow(&self, from: u64) -> Result<(RemoteStatus, Vec<Chunk>), RemoteError> {
         let mut chunks: Vec<Chunk> = Vec::new();
         let mut next = from;
-        let mut quiet_rounds = 0u32;
         loop {
             let mut status = self
                 .retrying(|| self.transport.status(self.endpoint, self.child, next))
@@ -275,7 +274,15 @@ impl Driver<'_> {
             let end = status.chunk_count;
             let mut stream = std::pin::pin!(stream);
             while let Some(chunk) = stream.next().await {
-                let chunk = chunk?;
+                let chunk = match chunk {
+                    Ok(chunk) => chunk,
+                    // A stream that broke, or ended on an error of its own, says nothing of
+                    // the child: its status, read again, does.
+                    Err(error) => {
+                        tracing::debug!(child = %self.child, error = %crate::types::Untrusted(&error), "remote_subagent.stream_broke");
+                        break;
+                    }
+                };
                 if chunk.seq < next {
                     continue;
                 }
@@ -291,18 +298,11 @@ impl Driver<'_> {
                 }
             }
             if next == before {
-                // The stream ended with nothing new (the remote closed it): try again later,
-                // and give up if it never moves.
-                quiet_rounds += 1;
-                if quiet_rounds >= self.shared.remote_policy.attempts {
-                    return Err(RemoteError::Unreachable {
-                        endpoint: self.endpoint.to_string(),
-                        reason: format!("the stream of {} shows nothing new", self.child),
-                    });
-                }
+                // The stream ended with nothing new (the remote closed an idle one, or it
+                // broke): its status is read again, after a wait. A child that stays quiet
+                // is not lost while its status answers: a long tool, or a sub-agent of its own
+                // whose chunks come only when it reports, keeps it quiet for as long as it runs.
                 tokio::time::sleep(self.shared.remote_policy.backoff).await;
-            } else {
-                quiet_rounds = 0;
             }
         }
     }

@@ -12,6 +12,11 @@ use futures::{Stream, StreamExt};
 /// The most of one event read (a chunk or a task carries at most a result's bytes).
 const MAX_EVENT_BYTES: usize = 16 * 1024 * 1024;
 
+/// How long a dormant server's stream may send nothing at all, not even the comment it sends
+/// every `sse_keep_alive` (15 s by default), before it is taken for broken: a frozen remote
+/// keeps its connection open, and its reader would wait for good.
+const SILENCE: std::time::Duration = std::time::Duration::from_secs(120);
+
 /// One event, as far as it is read.
 #[derive(Debug, Default)]
 pub(crate) struct Event {
@@ -38,7 +43,8 @@ pub(crate) fn chunks(
     endpoint: String,
     body: impl Stream<Item = Result<Bytes, reqwest::Error>> + Send + 'static,
 ) -> impl Stream<Item = Result<Chunk, RemoteError>> + Send + 'static {
-    let state = Reader::new(endpoint, body);
+    let mut state = Reader::new(endpoint, body);
+    state.silence = Some(SILENCE);
     futures::stream::unfold(state, |mut reader| async move {
         let item = reader.next_chunk().await?;
         Some((item, reader))
@@ -51,6 +57,9 @@ struct Reader {
     buffer: Vec<u8>,
     event: Event,
     done: bool,
+    /// The longest the body may send nothing before it is taken for broken (none: as long
+    /// as it takes, for a peer that sends no keep-alive).
+    silence: Option<std::time::Duration>,
 }
 
 impl Reader {
@@ -64,6 +73,7 @@ impl Reader {
             buffer: Vec::new(),
             event: Event::default(),
             done: false,
+            silence: None,
         }
     }
 
@@ -119,7 +129,23 @@ impl Reader {
                     reason: format!("an event over {MAX_EVENT_BYTES} bytes"),
                 }));
             }
-            match self.body.next().await {
+            let next = match self.silence {
+                Some(silence) => match tokio::time::timeout(silence, self.body.next()).await {
+                    Ok(next) => next,
+                    Err(_) => {
+                        self.done = true;
+                        return Some(Err(RemoteError::Unreachable {
+                            endpoint: self.endpoint.clone(),
+                            reason: format!(
+                                "the stream sent nothing for {} s, not even a keep-alive",
+                                silence.as_secs()
+                            ),
+                        }));
+                    }
+                },
+                None => self.body.next().await,
+            };
+            match next {
                 Some(Ok(bytes)) => self.buffer.extend_from_slice(&bytes),
                 Some(Err(error)) => {
                     self.done = true;
