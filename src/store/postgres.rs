@@ -25,6 +25,7 @@
 
 mod batch;
 mod commit;
+mod connection;
 mod group;
 mod lease;
 mod migrate;
@@ -233,6 +234,7 @@ impl PgStore {
         address: Option<String>,
     ) -> Result<Self, Error> {
         let config: tokio_postgres::Config = url.parse().map_err(db)?;
+        let config = connection::bounded(config, ttl);
         let pool = connections(config.clone(), POOL_SIZE)?;
         let mut client = pool.get().await.map_err(Error::backend)?;
         migrate::run(&mut client).await?;
@@ -243,11 +245,7 @@ impl PgStore {
         // (one WAL). A take lost with the crash leaves the node without the lease, and its
         // commits fenced; a release or renewal lost lets the lease expire at its old time.
         let mut lease_config = config;
-        let options = match lease_config.get_options() {
-            Some(options) => format!("{options} -c synchronous_commit=off"),
-            None => "-c synchronous_commit=off".to_string(),
-        };
-        lease_config.options(&options);
+        connection::with_option(&mut lease_config, "-c synchronous_commit=off");
         let lease_pool = connections(lease_config, LEASE_POOL_SIZE)?;
         let counts = Arc::new(Counts::default());
         let leases = Arc::new(lease::Leases::new(node, ttl, address, &lease_pool, &counts));
