@@ -471,3 +471,44 @@ async fn two_children_sharing_a_call_id_are_each_answered_at_the_root() -> anyho
     runtime.shutdown().await?;
     Ok(())
 }
+
+/// A node whose liveness lapsed (paused past its time to live) and that nobody took over
+/// forgets its leases and gives them up, rather than keep rows that are valid again once it is
+/// live again and that no session of it would ever give up: another node may take the tree.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_a_lapsed_node_forgot_are_given_up_not_held_for_its_lifetime() -> anyhow::Result<()>
+{
+    use dormant::cluster::leases::Leases;
+    let Some(cluster) = dormant::testkit::PgCluster::start()? else {
+        return Ok(());
+    };
+    let a = PgStore::builder(cluster.url()).node("a").connect().await?;
+    let b = PgStore::builder(cluster.url()).node("b").connect().await?;
+    a.acquire("s", "t").await?;
+    let held = b.acquire("s2", "t").await;
+    assert!(held.is_err(), "a holds t: {held:?}");
+    // A pauses past its time to live: its row expires, nobody takes t meanwhile.
+    let (sql, connection) = tokio_postgres::connect(&cluster.url(), tokio_postgres::NoTls).await?;
+    tokio::spawn(connection);
+    sql.execute(
+        "UPDATE dormant_nodes SET expires_at = now() - interval '1 second' WHERE node = 'a'",
+        &[],
+    )
+    .await?;
+    // Its next renewal finds that, forgets its leases, and registers again.
+    assert_eq!(a.renew_leases().await?, 0);
+    a.release_session("s");
+    // The give-up is posted; B's take waits for nothing but it (bounded, so a lease never
+    // given up fails here instead of hanging).
+    let taken = tokio::time::timeout(std::time::Duration::from_secs(30), async {
+        loop {
+            match b.acquire("s2", "t").await {
+                Ok(()) => break,
+                Err(_) => tokio::task::yield_now().await,
+            }
+        }
+    })
+    .await;
+    assert!(taken.is_ok(), "t is still held by a, which forgot it");
+    Ok(())
+}

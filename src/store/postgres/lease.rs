@@ -339,7 +339,20 @@ impl Leases {
         drop(client);
         if renewed == 0 {
             tracing::warn!(node = %self.node, held = self.held.len(), "store.liveness_lapsed");
+            // Forgotten, and given up: a lease nobody took meanwhile is still this node's row,
+            // valid again once the node is live again, and no session here would ever give it
+            // up (each leaves only a lease it believes it holds); another node would find it
+            // held for as long as this node lives. One taken over since is not touched (its
+            // epoch moved on); a session here that needs its lease again takes it again.
+            let forgotten: Vec<(String, i64)> = self
+                .held
+                .iter()
+                .map(|held| (held.key().clone(), held.value().epoch))
+                .collect();
             self.held.clear();
+            for (lease, epoch) in forgotten {
+                self.releases.give_up(lease, epoch);
+            }
             return self.register(pool).await;
         }
         *self.live_until.lock() = Some(started + self.ttl);
