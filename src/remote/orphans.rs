@@ -13,8 +13,8 @@ use crate::error::Error;
 use crate::store::schema;
 use crate::store::{Batch, CommitKind};
 
-/// Orphans tried per pass.
-const PASS_LIMIT: usize = 256;
+/// Orphans read at a time.
+const PAGE: usize = 256;
 
 /// Records `orphan` to be stopped, and wakes the background task.
 pub(crate) async fn record(shared: &Shared, orphan: RemoteOrphan) -> Result<(), Error> {
@@ -26,9 +26,10 @@ pub(crate) async fn record(shared: &Shared, orphan: RemoteOrphan) -> Result<(), 
     Ok(())
 }
 
-/// Tries to stop every recorded orphan once (one request each: a server that is still away
-/// costs one refused connection per orphan); forgets those stopped, or unknown to their
-/// server. Returns how many are left.
+/// Tries to stop every recorded orphan once, a page at a time; forgets those stopped, or
+/// unknown to their server. A server that does not answer is asked once a pass: its other
+/// orphans wait for the next, so that a server gone for good (each request a timeout) does not
+/// keep the orphans of the others from being stopped. Returns how many are left.
 ///
 /// # Errors
 /// A store failure reading or forgetting them.
@@ -36,32 +37,46 @@ pub(crate) async fn pass(shared: &Shared) -> Result<usize, Error> {
     let Some(transport) = shared.remote.clone() else {
         return Ok(0);
     };
-    let orphans = schema::remote_orphans(shared.store.as_ref(), PASS_LIMIT).await?;
+    let mut away: std::collections::HashSet<String> = std::collections::HashSet::new();
     let mut left = 0;
-    let mut stopped = Batch::new(CommitKind::Other);
-    for orphan in orphans {
-        let outcome = transport
-            .stop(&orphan.endpoint, &orphan.child, orphan.abort)
-            .await;
-        match outcome.or_else(|error| match error {
-            // Never started there, or gone: nothing to stop.
-            error if error.is_not_found() => Ok(()),
-            error => Err::<(), RemoteError>(error),
-        }) {
-            Ok(()) => {
-                tracing::info!(child = %orphan.child, endpoint = %orphan.endpoint, "remote_subagent.orphan_stopped");
-                schema::delete_orphan(&mut stopped, &orphan.child);
-            }
-            Err(error) => {
-                tracing::debug!(child = %orphan.child, endpoint = %orphan.endpoint, error = %crate::types::Untrusted(&error), "remote_subagent.orphan_unreachable");
+    let mut from = Vec::new();
+    loop {
+        let (orphans, next) = schema::remote_orphans(shared.store.as_ref(), &from, PAGE).await?;
+        let mut stopped = Batch::new(CommitKind::Other);
+        for orphan in orphans {
+            if away.contains(&orphan.endpoint) {
                 left += 1;
+                continue;
+            }
+            let outcome = transport
+                .stop(&orphan.endpoint, &orphan.child, orphan.abort)
+                .await;
+            match outcome.or_else(|error| match error {
+                // Never started there, or gone: nothing to stop.
+                error if error.is_not_found() => Ok(()),
+                error => Err::<(), RemoteError>(error),
+            }) {
+                Ok(()) => {
+                    tracing::info!(child = %orphan.child, endpoint = %orphan.endpoint, "remote_subagent.orphan_stopped");
+                    schema::delete_orphan(&mut stopped, &orphan.child);
+                }
+                Err(error) => {
+                    tracing::debug!(child = %orphan.child, endpoint = %orphan.endpoint, error = %crate::types::Untrusted(&error), "remote_subagent.orphan_unreachable");
+                    if error.is_retryable() {
+                        away.insert(orphan.endpoint.clone());
+                    }
+                    left += 1;
+                }
             }
         }
+        if !stopped.is_empty() {
+            shared.store.commit(stopped).await?;
+        }
+        match next {
+            Some(next) => from = next,
+            None => return Ok(left),
+        }
     }
-    if !stopped.is_empty() {
-        shared.store.commit(stopped).await?;
-    }
-    Ok(left)
 }
 
 /// Makes a pass at start, whenever an orphan is recorded, and every `wait` while any is left.
@@ -89,5 +104,122 @@ pub(crate) async fn run(shared: Arc<Shared>) {
         if shared.store.is_closed() {
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use parking_lot::Mutex;
+
+    use crate::remote::{
+        RemoteAgents, RemoteChunks, RemoteError, RemoteOrphan, RemoteParent, RemoteStart,
+        RemoteStatus,
+    };
+    use crate::session::submit::{Submit, SubmitOutcome};
+    use crate::store::{schema, Batch, CommitKind, Store};
+    use crate::types::ids::SessionId;
+    use crate::MemoryStore;
+
+    /// A transport whose only call is a stop: `dead` never answers one, any other endpoint
+    /// stops what it is asked to.
+    #[derive(Debug, Default)]
+    struct Stops {
+        asked: Mutex<Vec<String>>,
+    }
+
+    #[async_trait::async_trait]
+    impl RemoteAgents for Stops {
+        async fn start(
+            &self,
+            _: &str,
+            _: &str,
+            _: &SessionId,
+            _: &str,
+            _: &RemoteParent,
+        ) -> Result<RemoteStart, RemoteError> {
+            Err(RemoteError::NoTransport)
+        }
+
+        async fn status(
+            &self,
+            _: &str,
+            _: &SessionId,
+            _: u64,
+        ) -> Result<RemoteStatus, RemoteError> {
+            Err(RemoteError::NoTransport)
+        }
+
+        async fn chunks(
+            &self,
+            _: &str,
+            _: &SessionId,
+            _: u64,
+        ) -> Result<RemoteChunks, RemoteError> {
+            Err(RemoteError::NoTransport)
+        }
+
+        async fn resume(&self, _: &str, _: &SessionId) -> Result<(), RemoteError> {
+            Err(RemoteError::NoTransport)
+        }
+
+        async fn submit(&self, _: &str, _: &Submit) -> Result<SubmitOutcome, RemoteError> {
+            Err(RemoteError::NoTransport)
+        }
+
+        async fn stop(&self, endpoint: &str, _: &SessionId, _: bool) -> Result<(), RemoteError> {
+            self.asked.lock().push(endpoint.to_string());
+            if endpoint == "dead" {
+                return Err(RemoteError::Unreachable {
+                    endpoint: endpoint.into(),
+                    reason: "it timed out".into(),
+                });
+            }
+            Ok(())
+        }
+    }
+
+    /// A server gone for good is asked once a pass, however many orphans it has, and the
+    /// orphans of the others (past the first page of them) are stopped all the same.
+    #[tokio::test]
+    async fn a_dead_server_is_asked_once_a_pass_and_keeps_no_other_orphan_waiting(
+    ) -> anyhow::Result<()> {
+        let store = Arc::new(MemoryStore::new());
+        let mut batch = Batch::new(CommitKind::Other);
+        let orphan = |child: &str, endpoint: &str| -> anyhow::Result<RemoteOrphan> {
+            Ok(RemoteOrphan {
+                child: child.parse()?,
+                endpoint: endpoint.into(),
+                abort: true,
+                since_ms: 0,
+            })
+        };
+        for n in 0..300 {
+            schema::put_orphan(&mut batch, &orphan(&format!("a-{n:03}"), "dead")?)?;
+        }
+        schema::put_orphan(&mut batch, &orphan("z-alive", "alive")?)?;
+        store.commit(batch).await?;
+        let stops = Arc::new(Stops::default());
+        let runtime = crate::Runtime::builder()
+            .store(Arc::clone(&store) as Arc<dyn Store>)
+            .remote_agents(Arc::clone(&stops) as Arc<dyn RemoteAgents>)
+            .background_deadlines(false)
+            .build()?;
+
+        let left = runtime.retry_remote_stops().await?;
+
+        assert_eq!(
+            left, 300,
+            "the dead server's orphans are left for the next pass"
+        );
+        let asked = stops.asked.lock().clone();
+        assert_eq!(
+            asked,
+            vec!["dead".to_string(), "alive".to_string()],
+            "one stop a server that does not answer, and every other orphan tried"
+        );
+        runtime.shutdown().await?;
+        Ok(())
     }
 }

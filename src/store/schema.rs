@@ -812,16 +812,26 @@ pub(crate) fn delete_orphan(batch: &mut Batch, child: &SessionId) {
     batch.delete(Tree::RemoteOrphans, session_key(child));
 }
 
-/// Up to `limit` remote children waiting to be stopped. An unreadable record is skipped
+/// Up to `limit` remote children waiting to be stopped, in key order from `from` on, and
+/// where the next page starts (`None`: this was the last). An unreadable record is skipped
 /// (logged): it must not keep the others from being stopped.
 pub(crate) async fn remote_orphans(
     store: &dyn Store,
+    from: &[u8],
     limit: usize,
-) -> Result<Vec<crate::remote::RemoteOrphan>, Error> {
+) -> Result<(Vec<crate::remote::RemoteOrphan>, Option<Vec<u8>>), Error> {
     let entries = store
-        .scan_range(Tree::RemoteOrphans, &[], &[0xff; 2], limit)
+        .scan_range(Tree::RemoteOrphans, from, &[0xff; 2], limit)
         .await?;
-    Ok(entries
+    // The key just after the last one read: the next page's first.
+    let next = (entries.len() >= limit)
+        .then(|| {
+            entries
+                .last()
+                .map(|(key, _)| [key.as_slice(), &[0]].concat())
+        })
+        .flatten();
+    let orphans = entries
         .into_iter()
         .filter_map(|(key, bytes)| {
             let id: SessionId = String::from_utf8(key).ok()?.parse().ok()?;
@@ -833,7 +843,8 @@ pub(crate) async fn remote_orphans(
                 }
             }
         })
-        .collect())
+        .collect();
+    Ok((orphans, next))
 }
 
 /// `session`'s pending entry for `call`, if it has one.
