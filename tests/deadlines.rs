@@ -319,3 +319,83 @@ async fn a_sweep_that_panics_fails_and_the_next_one_fires() -> anyhow::Result<()
     runtime.shutdown().await?;
     Ok(())
 }
+
+/// The lease table as another node owns every session named `other-…` (its activation here
+/// is refused), this node the rest.
+#[derive(Debug)]
+struct OthersOwnTheirs;
+
+#[async_trait::async_trait]
+impl dormant::cluster::leases::Leases for OthersOwnTheirs {
+    fn is_shared(&self) -> bool {
+        true
+    }
+
+    async fn acquire(&self, _session: &str, lease: &str) -> Result<(), dormant::store::Error> {
+        if lease.starts_with("other-") {
+            return Err(dormant::store::Error::LeaseHeld {
+                session: lease.to_string(),
+                owner: "b".into(),
+            });
+        }
+        Ok(())
+    }
+
+    fn release_session(&self, _session: &str) {}
+
+    fn holds_current(&self, session: &str) -> bool {
+        !session.starts_with("other-")
+    }
+
+    fn holds(&self, lease: &str) -> bool {
+        !lease.starts_with("other-")
+    }
+
+    async fn owner(
+        &self,
+        _lease: &str,
+    ) -> Result<Option<dormant::cluster::leases::LeaseOwner>, dormant::store::Error> {
+        Ok(None)
+    }
+
+    fn peer_key(&self) -> Option<dormant::cluster::leases::PeerKey> {
+        None
+    }
+}
+
+/// More expired entries than a sweep reads at once, all of sessions another node owns (left
+/// to it), do not keep this node's own expired call after them from firing.
+#[tokio::test]
+async fn deadlines_left_to_their_owners_do_not_keep_this_nodes_own_from_firing(
+) -> anyhow::Result<()> {
+    let clock = ManualClock::new(0);
+    let store = temp_store()?;
+    // 1,100 expired entries of other nodes' sessions, earlier than any of this node's.
+    let mut batch = dormant::store::Batch::new(dormant::store::CommitKind::Other);
+    for n in 0..1_100 {
+        let session: SessionId = format!("other-{n:04}").parse()?;
+        batch.put(
+            dormant::store::Tree::Deadlines,
+            dormant::store::schema::deadline_key(1, &session, "c"),
+            Vec::new(),
+        );
+    }
+    store.commit(batch).await?;
+    let script = calls_then_text(&[("tc-1", "edit")], "gave up");
+    let runtime = editor_runtime(store, clock.clone(), script, Arc::default(), |b| {
+        b.leases(Arc::new(OthersOwnTheirs))
+    })?;
+    let id: SessionId = "s1".parse()?;
+    runtime.execute_on(&id, "editor", "go").await?;
+    clock.advance(30_000);
+
+    let report = runtime.sweep_deadlines().await?;
+
+    assert_eq!(report.fired, 1, "{report:?}");
+    assert_eq!(report.deferred, 1_100, "{report:?}");
+    match tool_result(&runtime.messages(&id).await?, "tc-1") {
+        Some(ToolOutcome::Error(error)) => assert!(error.starts_with("client_tool_timeout")),
+        other => anyhow::bail!("this node's call should have timed out, got {other:?}"),
+    }
+    Ok(())
+}

@@ -174,8 +174,12 @@ impl DeadlineScheduler {
         let mut seen = HashSet::new();
         let mut touched: HashSet<SessionId> = HashSet::new();
         let mut undelivered = HashSet::new();
+        // Where the scan starts: the index's start, or past a whole page of entries handled
+        // already (deferred to the nodes that own them, say), so that they cannot keep the
+        // entries after them from ever being read.
+        let mut from: Vec<u8> = Vec::new();
         loop {
-            let expired = schema::expired_calls(store, now, SWEEP_BATCH).await?;
+            let expired = schema::expired_calls_from(store, &from, now, SWEEP_BATCH).await?;
             let fresh: Vec<_> = expired
                 .iter()
                 .filter(|call| seen.insert((call.session.clone(), call.tool_call_id.clone())))
@@ -185,6 +189,9 @@ impl DeadlineScheduler {
                 // Entries that survived their owner's timeout are stale (the owner has no such
                 // call): clear them so they are not fired forever. Not those of sessions this
                 // node could not handle (another node owns them): their owner fires them.
+                let next = (expired.len() >= SWEEP_BATCH)
+                    .then(|| expired.last().map(schema::ExpiredCall::key_after))
+                    .flatten();
                 let stale: Vec<_> = expired
                     .into_iter()
                     .filter(|call| {
@@ -192,7 +199,13 @@ impl DeadlineScheduler {
                     })
                     .collect();
                 self.clear_stale(&stale).await?;
-                break;
+                match next {
+                    Some(next) => {
+                        from = next;
+                        continue;
+                    }
+                    None => break,
+                }
             }
             let mut recorded = Vec::with_capacity(fresh.len());
             for call in &fresh {

@@ -909,6 +909,15 @@ pub struct ExpiredCall {
     pub tool_call_id: String,
 }
 
+impl ExpiredCall {
+    /// The deadline index's key just after this entry's: where a scan that read it goes on.
+    pub(crate) fn key_after(&self) -> Vec<u8> {
+        let mut key = timed_key(self.deadline_at_ms, &self.session, &self.tool_call_id);
+        key.push(0);
+        key
+    }
+}
+
 /// Up to `limit` calls whose deadline is at or before `now`, earliest first: a range scan of
 /// the deadline index, O(log n + k).
 pub(crate) async fn expired_calls(
@@ -916,9 +925,20 @@ pub(crate) async fn expired_calls(
     now: u64,
     limit: usize,
 ) -> Result<Vec<ExpiredCall>, Error> {
+    expired_calls_from(store, &[], now, limit).await
+}
+
+/// As [`expired_calls`], from the index's key `from` on (the key just after the last of an
+/// earlier page, [`ExpiredCall::key_after`]).
+pub(crate) async fn expired_calls_from(
+    store: &dyn Store,
+    from: &[u8],
+    now: u64,
+    limit: usize,
+) -> Result<Vec<ExpiredCall>, Error> {
     let end = now.saturating_add(1).to_be_bytes();
     Ok(store
-        .scan_range(Tree::Deadlines, &[], &end, limit)
+        .scan_range(Tree::Deadlines, from, &end, limit)
         .await?
         .into_iter()
         .filter_map(|(key, _)| split_timed_key(&key))
