@@ -77,6 +77,17 @@ pub enum Error {
     /// The session's actor went away before answering (it crashed while handling the call).
     #[error("session {0} crashed while handling the request")]
     Crashed(SessionId),
+    /// The run this call began (its message is in the session) was cut when this node lost
+    /// the session's lease to another (PostgreSQL store): the session's next owner closes it
+    /// as interrupted. Sending the call again would run its message a second time; resume the
+    /// session instead.
+    #[error("session {session}: its run began and was cut ({reason}); resume the session, do not send the call again")]
+    RunCut {
+        /// The session.
+        session: SessionId,
+        /// Why.
+        reason: String,
+    },
     /// The runtime is shut down: every method of it and of its clones answers this from the
     /// moment `shutdown` begins.
     #[error("the runtime is shut down")]
@@ -167,6 +178,7 @@ impl Error {
             Error::Schema(_) => "corrupt_snapshot",
             Error::SessionUnavailable { .. } => "session_unavailable",
             Error::Crashed(_) => "crashed",
+            Error::RunCut { .. } => "run_cut",
             Error::ShutDown => "shut_down",
             Error::Remote(error) if error.is_retryable() => "remote_unavailable",
             Error::Remote(_) => "remote_error",

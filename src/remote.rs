@@ -206,14 +206,13 @@ pub enum RemoteError {
 
 impl RemoteError {
     /// Whether trying again later may succeed: the remote was unreachable, overloaded (429,
-    /// 503), or answered through a proxy that could not reach it (502, 504) or with an error
-    /// of its own (408, 500) that a rolling restart gives as readily as a real fault.
+    /// 503), did not read the request in time (408), or answered through a proxy that could
+    /// not reach it (502, 504: a remote that restarts behind one). A 500 is the remote's own
+    /// answer, and final.
     pub fn is_retryable(&self) -> bool {
         match self {
             RemoteError::Unreachable { .. } => true,
-            RemoteError::Refused { status, .. } => {
-                matches!(status, 408 | 429 | 500 | 502 | 503 | 504)
-            }
+            RemoteError::Refused { status, .. } => matches!(status, 408 | 429 | 502 | 503 | 504),
             RemoteError::Protocol { .. } | RemoteError::NoTransport => false,
         }
     }

@@ -506,7 +506,7 @@ impl dormant::testkit::Delegate for FencedAfterTheStart {
 
 /// A lease lost after the run's first commit landed is not "nothing written": the call is not
 /// sent to the node that took the tree over (it would run the message a second time there),
-/// and its caller learns that the session went on elsewhere.
+/// and its caller learns that its run was cut (`run_cut`: resume, do not send it again).
 #[tokio::test]
 async fn a_lease_lost_after_the_run_began_does_not_send_the_message_again() -> anyhow::Result<()> {
     let store = dormant::testkit::DelegatingStore::wrap(
@@ -530,7 +530,7 @@ async fn a_lease_lost_after_the_run_began_does_not_send_the_message_again() -> a
     let calls = a.calls.lock().clone();
     assert!(calls.is_empty(), "the message was sent again: {calls:?}");
     assert!(
-        matches!(&answer, Err(Error::SessionUnavailable { reason, .. }) if reason.contains("after its run began")),
+        matches!(&answer, Err(Error::RunCut { session, .. }) if *session == id),
         "{answer:?}"
     );
     b.shutdown().await?;

@@ -97,6 +97,7 @@ impl From<dormant::Error> for ApiError {
             E::UnknownSession(_) | E::UnknownAgent(_) => StatusCode::NOT_FOUND,
             E::InvalidDefinition(_) => StatusCode::BAD_REQUEST,
             E::AgentMismatch { .. }
+            | E::RunCut { .. }
             | E::SubAgentSession { .. }
             | E::AlreadyRunning(_)
             | E::SessionExists(_)

@@ -230,6 +230,10 @@ impl PeerFailure {
             ("session_exists", _) => Error::SessionExists(session),
             ("aborted", _) => Error::Aborted(session),
             ("crashed", _) => Error::Crashed(session),
+            ("run_cut", _) => Error::RunCut {
+                session,
+                reason: self.message,
+            },
             ("not_resumable", Some(status)) => Error::NotResumable { session, status },
             ("unknown_agent", _) => Error::UnknownAgent(detail),
             ("agent_mismatch", _) => Error::AgentMismatch {

@@ -39,11 +39,9 @@ impl SessionActor {
                 // lease typed: typed, it says that nothing was written, and the call would be
                 // sent to the node that took the tree over, to run its message again there.
                 let landed = std::mem::take(&mut state.landed_for);
-                let began = || {
-                    Error::SessionUnavailable {
+                let began = || Error::RunCut {
                     session: ctx.key().clone(),
-                    reason: format!("{reason}, after its run began: the node that took the session over goes on with it"),
-                }
+                    reason: reason.clone(),
                 };
                 let mut typed = Some(error);
                 for (n, waiter) in state.waiters.drain(..).enumerate() {

@@ -349,9 +349,16 @@ impl Leases {
                 .iter()
                 .map(|held| (held.key().clone(), held.value().epoch))
                 .collect();
-            self.held.clear();
+            // Each at the epoch read: a lease taken meanwhile (after the read) is not
+            // forgotten without being given up.
             for (lease, epoch) in forgotten {
-                self.releases.give_up(lease, epoch);
+                if self
+                    .held
+                    .remove_if(&lease, |_, held| held.epoch == epoch)
+                    .is_some()
+                {
+                    self.releases.give_up(lease, epoch);
+                }
             }
             return self.register(pool).await;
         }

@@ -238,7 +238,9 @@ pub(super) fn refusal(base: &str, error: &Value) -> RemoteError {
         -32601 | -32004 | -32003 | -32005 | -32009 => 501,
         -32002 => 409,
         -32603 => 503,
-        _ => 502,
+        // The agent's own answer, of a kind this side does not know: final (not a 502, which
+        // says a proxy could not reach the agent, and is tried again).
+        _ => 422,
     };
     RemoteError::Refused {
         endpoint: base.to_string(),
