@@ -73,8 +73,8 @@ struct Serve {
     #[arg(long)]
     new_token_key: bool,
     /// This node's name among the nodes sharing a PostgreSQL store (default: its --advertise
-    /// URL, else the address it listens on, with the port a `:0` was given). Each node's must
-    /// be its own.
+    /// URL, else the address it is reached at, with the port a `:0` was given). Each node's
+    /// must be its own.
     #[arg(long, value_name = "NAME")]
     node_name: Option<String>,
     /// How long a node's lease on a session lasts unless renewed, in milliseconds (PostgreSQL
@@ -83,8 +83,8 @@ struct Serve {
     #[arg(long, default_value_t = 2_500)]
     lease_ttl_ms: u64,
     /// The URL other nodes sharing a PostgreSQL store forward this node's sessions' requests
-    /// to (default: http:// and the address it listens on; required when that is 0.0.0.0 or
-    /// [::], which no other node can reach).
+    /// to (default: http:// and the address it listens on; for 0.0.0.0 or [::], which no
+    /// other node can reach, the machine's name and the port).
     #[arg(long, value_name = "URL")]
     advertise: Option<String>,
     /// Serve the demo agent (`demo`): a server tool, a client tool the browser answers and an
@@ -442,19 +442,22 @@ async fn open_postgres(
     // Every node's name and address must be its own: two nodes of one name share one row of
     // liveness and take each other's sessions; a node that advertises 0.0.0.0 is sent its
     // sessions' calls by nobody but itself.
-    if args.advertise.is_none() && address.ip().is_unspecified() {
-        return Err(format!(
-            "--listen {} is no address another node can reach: give --advertise URL (http://this-host:{}) and --node-name NAME",
-            args.listen,
-            address.port()
-        ));
-    }
-    // The address it was bound to (a port 0 chosen), or the one it advertises.
-    let node = args
-        .node_name
-        .clone()
-        .or_else(|| args.advertise.clone())
-        .unwrap_or_else(|| address.to_string());
+    let (advertised, reached_at) = match (&args.advertise, address.ip().is_unspecified()) {
+        (None, true) => {
+            let reached_at = by_machine_name(address, machine_name())
+                .ok_or_else(|| format!(
+                    "--listen {} is no address another node can reach, and this machine's name cannot be read: give --advertise URL (http://this-host:{})",
+                    args.listen,
+                    address.port()
+                ))?;
+            tracing::info!(advertised = %reached_at, "server.advertised_by_machine_name");
+            (format!("http://{reached_at}"), reached_at)
+        }
+        (Some(url), _) => (advertised, url.clone()),
+        (None, false) => (advertised, address.to_string()),
+    };
+    // The address it is reached at (a port 0 chosen), or the URL it advertises.
+    let node = args.node_name.clone().unwrap_or(reached_at);
     let store = dormant::PgStore::builder(url)
         .node(node.clone())
         .lease_ttl(Duration::from_millis(args.lease_ttl_ms))
@@ -471,6 +474,24 @@ async fn open_postgres(
         existed,
         shared: Some(store),
     })
+}
+
+/// This machine's name (a container's hostname, which resolves on its network), if it can be
+/// read.
+#[cfg(feature = "postgres")]
+fn machine_name() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .map(|name| name.trim().to_string())
+        .filter(|name| !name.is_empty())
+}
+
+/// `host:port` for a node that listens on every interface at `address`, by the machine's
+/// `name`.
+#[cfg(feature = "postgres")]
+fn by_machine_name(address: std::net::SocketAddr, name: Option<String>) -> Option<String> {
+    name.map(|name| format!("{name}:{}", address.port()))
 }
 
 #[cfg(not(feature = "postgres"))]
