@@ -25,10 +25,9 @@ const IDLE_IN_TRANSACTION: Duration = Duration::from_secs(10);
 
 /// `config` with the store's timeouts where the URL set none, and, server side, a
 /// transaction left idle for four times the lease's time to live (10 s at least) ended by the
-/// server: a node
-/// paused (or cut off) between its fence's check and its commit then releases the lease rows
-/// it locked, and the node taking its leases over waits no longer than that. A live node never
-/// idles inside a transaction for that long: each is one or two round trips.
+/// server: a node paused (or cut off) between its fence's check and its commit then releases
+/// the lease rows it locked, and the node taking its leases over waits no longer than that. A
+/// live node never idles inside a transaction for that long: each is one or two round trips.
 pub(super) fn bounded(mut config: Config, lease_ttl: Duration) -> Config {
     if config.get_connect_timeout().is_none() {
         config.connect_timeout(CONNECT);
