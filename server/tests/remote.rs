@@ -305,6 +305,10 @@ struct HeldStops {
     /// The next status reads this many times answer 502, as a proxy in front of a remote
     /// that restarts does.
     bad_gateways: std::sync::atomic::AtomicUsize,
+    /// The next streams this many times end at once on an error event of the remote's, each
+    /// told on `broke` as it is served.
+    broken_streams: std::sync::atomic::AtomicUsize,
+    broke: tokio::sync::Notify,
 }
 
 impl HeldStops {
@@ -315,6 +319,8 @@ impl HeldStops {
             release: tokio::sync::Semaphore::new(0),
             panics_at_start,
             bad_gateways: Default::default(),
+            broken_streams: Default::default(),
+            broke: tokio::sync::Notify::new(),
         }
     }
 }
@@ -361,6 +367,20 @@ impl dormant::remote::RemoteAgents for HeldStops {
         session: &dormant::SessionId,
         from: u64,
     ) -> Result<dormant::remote::RemoteChunks, dormant::remote::RemoteError> {
+        use futures::StreamExt;
+        use std::sync::atomic::Ordering::SeqCst;
+        let left = self.broken_streams.load(SeqCst);
+        if left > 0 {
+            self.broken_streams.store(left - 1, SeqCst);
+            self.broke.notify_one();
+            let error = dormant::remote::RemoteError::Refused {
+                endpoint: endpoint.to_string(),
+                status: 200,
+                code: "stream_error".into(),
+                message: "the stream ended on an error".into(),
+            };
+            return Ok(futures::stream::iter([Err(error)]).boxed());
+        }
         self.http.chunks(endpoint, session, from).await
     }
 
@@ -535,5 +555,76 @@ async fn a_stream_that_falls_silent_is_a_remote_out_of_reach() -> anyhow::Result
         other => panic!("expected the stream to be taken for broken, got {other:?}"),
     }
     frozen.abort();
+    Ok(())
+}
+
+/// Answers from a script once the test lets each call through.
+struct Gated {
+    script: ScriptedLlm,
+    gate: Arc<tokio::sync::Semaphore>,
+}
+
+impl dormant::llm::LlmAdapter for Gated {
+    fn complete(
+        &self,
+        request: dormant::llm::ModelRequest,
+    ) -> futures::future::BoxFuture<'static, Result<ModelReply, dormant::llm::LlmError>> {
+        let (gate, reply) = (Arc::clone(&self.gate), self.script.complete(request));
+        Box::pin(async move {
+            if let Ok(permit) = gate.acquire().await {
+                permit.forget();
+            }
+            reply.await
+        })
+    }
+}
+
+/// A remote child's stream that ends on an error while the child runs says nothing of the
+/// child: its status is read again and the child followed on, not written off as lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_that_breaks_while_the_child_runs_is_followed_again() -> anyhow::Result<()> {
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let helper = AgentDefinition::builder("helper")
+        .tool(ToolDefinition::client("ask"))
+        .build()?;
+    let llm = Gated {
+        script: ScriptedLlm::new().script(
+            "helper",
+            vec![ModelReply::tool_calls(vec![ToolCall::new(
+                "q1",
+                "ask",
+                json!({ "q": "title?" }),
+            )])],
+        ),
+        gate: Arc::clone(&gate),
+    };
+    let remote_runtime = Runtime::builder()
+        .store(Arc::new(SledStore::temporary()?))
+        .llm(Arc::new(llm))
+        .agent(helper)
+        .background_deadlines(false)
+        .build()?;
+    let remote = serve(remote_runtime, operator_auth(), ServerConfig::default()).await?;
+    let (asked, _stops) = tokio::sync::mpsc::unbounded_channel();
+    let transport = Arc::new(HeldStops::new(asked, false));
+    transport
+        .broken_streams
+        .store(1, std::sync::atomic::Ordering::SeqCst);
+    let parent = parent_runtime_through(&remote.base, transport.clone())?;
+    let root: dormant::SessionId = "root-broken".parse()?;
+    let running = {
+        let (parent, root) = (parent.clone(), root.clone());
+        tokio::spawn(async move { parent.execute_on(&root, "lead", "go").await })
+    };
+    // The child's model waits: its status says running, and its stream breaks.
+    tokio::time::timeout(Duration::from_secs(60), transport.broke.notified())
+        .await
+        .map_err(|_| anyhow::anyhow!("the child's stream was never asked for"))?;
+    gate.add_permits(10);
+    let run = tokio::time::timeout(Duration::from_secs(60), running)
+        .await
+        .map_err(|_| anyhow::anyhow!("the root never settled"))???;
+    assert_eq!(run.status, Status::SuspendedAwaitingChildren, "{run:?}");
+    assert_eq!(run.pending, vec!["q1".to_string()]);
     Ok(())
 }
