@@ -61,15 +61,20 @@ impl Leases for HeldElsewhere {
 
     async fn owner(&self, _lease: &str) -> Result<Option<LeaseOwner>, StoreError> {
         let lookup = self.lookups.fetch_add(1, Ordering::SeqCst);
-        Ok((lookup >= self.known_after).then(|| LeaseOwner {
-            node: "a".into(),
-            address: Some("fake://a".into()),
-            key: Some(PeerKey::new("a-key")),
-        }))
+        Ok((lookup >= self.known_after).then(node_a))
     }
 
     fn peer_key(&self) -> Option<PeerKey> {
         Some(PeerKey::new("b-key"))
+    }
+}
+
+/// Node A as the lease table names it.
+fn node_a() -> LeaseOwner {
+    LeaseOwner {
+        node: "a".into(),
+        address: Some("fake://a".into()),
+        key: Some(PeerKey::new("a-key")),
     }
 }
 
@@ -471,11 +476,7 @@ impl Leases for HeldHereThenLost {
     }
 
     async fn owner(&self, _lease: &str) -> Result<Option<LeaseOwner>, StoreError> {
-        Ok(Some(LeaseOwner {
-            node: "a".into(),
-            address: Some("fake://a".into()),
-            key: Some(PeerKey::new("a-key")),
-        }))
+        Ok(Some(node_a()))
     }
 
     fn peer_key(&self) -> Option<PeerKey> {

@@ -113,28 +113,34 @@ impl Delegate for PanicFor {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_child_that_keeps_crashing_is_a_tool_error_and_its_sibling_is_unaffected(
-) -> anyhow::Result<()> {
+/// The lead over `store`, its `o1` child of agent `crashy` (whose model would say "never"),
+/// with a crash limit of 3 in a minute.
+fn crashy_runtime(store: Arc<dyn Store>) -> anyhow::Result<Runtime> {
     let llm = ScriptedLlm::new()
         .script("lead", lead_script())
         .script("good", vec![ModelReply::text("fine")])
         .script("crashy", vec![ModelReply::text("never")]);
-    let parent: SessionId = "p".parse()?;
-    let runtime = Runtime::builder()
+    Ok(Runtime::builder()
         .llm(Arc::new(llm))
         .clock(Arc::new(ManualClock::new(0)))
-        .store(Arc::new(PanicFor::new(
-            Arc::new(MemoryStore::new()),
-            parent.ephemeral_child("o1"),
-            1,
-            false,
-        )))
+        .store(store)
         .crash_limit(3, 60_000)
         .agent(lead("crashy")?)
         .agent(AgentDefinition::builder("good").build()?)
         .agent(AgentDefinition::builder("crashy").build()?)
-        .build()?;
+        .build()?)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_that_keeps_crashing_is_a_tool_error_and_its_sibling_is_unaffected(
+) -> anyhow::Result<()> {
+    let parent: SessionId = "p".parse()?;
+    let runtime = crashy_runtime(Arc::new(PanicFor::new(
+        Arc::new(MemoryStore::new()),
+        parent.ephemeral_child("o1"),
+        1,
+        false,
+    )))?;
     let outcome = runtime.execute_on(&parent, "lead", "go").await?;
     assert_eq!(outcome.status, Status::Completed);
     assert_eq!(outcome.text.as_deref(), Some("done"));
@@ -198,10 +204,6 @@ impl Delegate for CrashesThenUnreadable {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_child_marked_failed_whose_lineage_cannot_be_read_at_first_is_still_told(
 ) -> anyhow::Result<()> {
-    let llm = ScriptedLlm::new()
-        .script("lead", lead_script())
-        .script("good", vec![ModelReply::text("fine")])
-        .script("crashy", vec![ModelReply::text("never")]);
     let parent: SessionId = "p".parse()?;
     let store = Arc::new(DelegatingStore::wrap(
         Arc::new(MemoryStore::new()),
@@ -214,15 +216,7 @@ async fn a_child_marked_failed_whose_lineage_cannot_be_read_at_first_is_still_to
             unreadable: 2.into(),
         },
     ));
-    let runtime = Runtime::builder()
-        .llm(Arc::new(llm))
-        .clock(Arc::new(ManualClock::new(0)))
-        .store(store.clone())
-        .crash_limit(3, 60_000)
-        .agent(lead("crashy")?)
-        .agent(AgentDefinition::builder("good").build()?)
-        .agent(AgentDefinition::builder("crashy").build()?)
-        .build()?;
+    let runtime = crashy_runtime(store.clone())?;
     let outcome = bounded(
         "the parent's settle",
         runtime.execute_on(&parent, "lead", "go"),
@@ -293,28 +287,40 @@ fn stuck_runtime_on(
         .build()?)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn recovery_reconciles_children_in_the_background_within_its_bound_and_only_once(
-) -> anyhow::Result<()> {
-    let dir = tempfile::tempdir()?;
-    let parent: SessionId = "p".parse()?;
-    let good = parent.ephemeral_child("g1");
-    let stuck = parent.ephemeral_child("o1");
-
-    // First process: the lead's step waits on a child whose model never answers.
+/// A first process over the sled store in `dir`: the lead's step waits on `o1`, whose model
+/// never answers, and on `g1`, which answers; once `g1` has settled the process goes away
+/// with the step (and `o1`'s run) in flight. Returns the status `g1` settled at.
+async fn cut_with_o1_in_flight(
+    dir: &std::path::Path,
+    parent: &SessionId,
+) -> anyhow::Result<Status> {
     let (started, mut starts) = tokio::sync::mpsc::unbounded_channel();
-    let runtime = stuck_runtime(dir.path(), started)?;
+    let runtime = stuck_runtime(dir, started)?;
     let running = {
         let runtime = runtime.clone();
         let parent = parent.clone();
         tokio::spawn(async move { runtime.execute_on(&parent, "lead", "go").await })
     };
-    assert_eq!(starts.recv().await, Some(stuck.clone()));
+    assert_eq!(starts.recv().await, Some(parent.ephemeral_child("o1")));
+    let good = parent.ephemeral_child("g1");
     runtime.wait_settled(&good).await;
-    assert_eq!(runtime.status(&good).await?, Status::Completed);
-    // The process goes away with the step in flight.
+    let settled = runtime.status(&good).await?;
     runtime.shutdown().await?;
     running.abort();
+    Ok(settled)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recovery_reconciles_children_in_the_background_within_its_bound_and_only_once(
+) -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let parent: SessionId = "p".parse()?;
+    let stuck = parent.ephemeral_child("o1");
+
+    assert_eq!(
+        cut_with_o1_in_flight(dir.path(), &parent).await?,
+        Status::Completed
+    );
 
     // Second process: the stuck child is busy again (someone resumed it), so its inspection
     // cannot finish; the good one can.
@@ -377,18 +383,7 @@ async fn a_child_whose_inspection_panics_is_written_off_and_its_parent_settles(
     let parent: SessionId = "p".parse()?;
     let stuck = parent.ephemeral_child("o1");
 
-    // First process: the lead's step waits on a child whose model never answers; the process
-    // goes away with the step in flight.
-    let (started, mut starts) = tokio::sync::mpsc::unbounded_channel();
-    let runtime = stuck_runtime(dir.path(), started)?;
-    let running = {
-        let runtime = runtime.clone();
-        let parent = parent.clone();
-        tokio::spawn(async move { runtime.execute_on(&parent, "lead", "go").await })
-    };
-    assert_eq!(starts.recv().await, Some(stuck.clone()));
-    runtime.shutdown().await?;
-    running.abort();
+    cut_with_o1_in_flight(dir.path(), &parent).await?;
 
     // Second process: every read of the stuck child's keys panics (a damaged store that sled
     // cannot read panics the same way), so its inspection does too.
@@ -696,19 +691,8 @@ async fn a_re_attach_to_a_cut_child_that_panics_once_goes_on_after_the_childs_re
     let parent: SessionId = "p".parse()?;
     let stuck = parent.ephemeral_child("o1");
 
-    // First process: the lead's step waits on a child whose model never answers; the process
-    // goes away with both runs cut.
-    let (started, mut starts) = tokio::sync::mpsc::unbounded_channel();
-    let runtime = stuck_runtime(dir.path(), started)?;
-    let running = {
-        let runtime = runtime.clone();
-        let parent = parent.clone();
-        tokio::spawn(async move { runtime.execute_on(&parent, "lead", "go").await })
-    };
-    assert_eq!(starts.recv().await, Some(stuck.clone()));
-    runtime.wait_settled(&parent.ephemeral_child("g1")).await;
-    runtime.shutdown().await?;
-    running.abort();
+    // Both runs are cut.
+    cut_with_o1_in_flight(dir.path(), &parent).await?;
 
     // Second process: the child's model answers now, but the first commit of its run going on
     // panics once. Its restart finds the run the crash cut and tells the parent, which wakes it
@@ -812,20 +796,8 @@ async fn child_that_cannot_come_up(
     store: DelegatingStore<PanicFor>,
     why: &str,
 ) -> anyhow::Result<()> {
-    let llm = ScriptedLlm::new()
-        .script("lead", lead_script())
-        .script("good", vec![ModelReply::text("fine")])
-        .script("crashy", vec![ModelReply::text("never")]);
     let parent: SessionId = "p".parse()?;
-    let runtime = Runtime::builder()
-        .llm(Arc::new(llm))
-        .clock(Arc::new(ManualClock::new(0)))
-        .store(Arc::new(store))
-        .crash_limit(3, 60_000)
-        .agent(lead("crashy")?)
-        .agent(AgentDefinition::builder("good").build()?)
-        .agent(AgentDefinition::builder("crashy").build()?)
-        .build()?;
+    let runtime = crashy_runtime(Arc::new(store))?;
     // Bounded so that a parent left waiting forever fails the test instead of hanging it.
     let running = runtime.execute_on(&parent, "lead", "go");
     let outcome = tokio::time::timeout(std::time::Duration::from_secs(60), running)
