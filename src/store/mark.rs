@@ -83,6 +83,25 @@ pub(crate) fn read(dir: &Path) -> io::Result<Result<Option<u64>, Damage>> {
     })
 }
 
+/// The last batch the store in `dir` may have acknowledged, when its mark says so for
+/// certain: both slots read, so the newer one is the last advance. Every advance is made
+/// durable before its batches are answered (at [`Durability::PowerLoss`]), so a batch past it
+/// was never acknowledged: a crash came between its sync and the mark's, or its group failed
+/// and could not be taken back. `None` when a slot cannot be read (the mark may be one advance
+/// behind, and a batch past it acknowledged) or there is no mark.
+///
+/// [`Durability::PowerLoss`]: crate::store::Durability::PowerLoss
+#[cfg(all(unix, feature = "journal"))]
+pub(crate) fn certain(dir: &Path) -> io::Result<Option<u64>> {
+    let bytes = match std::fs::read(dir.join(FILE)) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let slot = |n: usize| decode(bytes.get(n * SLOT..(n + 1) * SLOT)?);
+    Ok(slot(0).zip(slot(1)).map(|(a, b)| a.max(b)))
+}
+
 /// What the mark read at open (`acknowledged`, from [`read`]) says of a store that recovered
 /// the batches up to `recovered`: the damage if it recovered less than it acknowledged, if the
 /// mark is unreadable, or if the store holds commits but its mark is gone (a mark is written
@@ -241,6 +260,14 @@ fn create(dir: &Path, seq: u64) -> io::Result<()> {
     file.sync_all()?;
     std::fs::rename(&unfinished, dir.join(FILE))?;
     sync_dir(dir)
+}
+
+/// Writes the mark of the store in `dir` over: each slot the number given, or bytes that
+/// cannot be read (`None`). A test's way to a mark behind its store, or half damaged.
+#[cfg(test)]
+pub(crate) fn rewrite(dir: &Path, slots: [Option<u64>; 2]) -> io::Result<()> {
+    let slot = |seq: Option<u64>| seq.map_or([0xAB; SLOT], encode);
+    std::fs::write(dir.join(FILE), [slot(slots[0]), slot(slots[1])].concat())
 }
 
 fn write_at(mut file: &File, offset: u64, bytes: &[u8]) -> io::Result<()> {

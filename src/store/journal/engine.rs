@@ -48,7 +48,16 @@ impl Engine {
         let lock = lock_directory(path)?;
         refuse_foreign(path)?;
         let acknowledged = mark::read(path).map_err(|e| io_error(e, path))?;
-        let replayed = replay(path, salvage)?;
+        let acknowledged_end = mark::certain(path).map_err(|e| io_error(e, path))?;
+        let replayed = replay(path, salvage, acknowledged_end)?;
+        if let Some((file, at)) = replayed.past_the_mark {
+            tracing::warn!(
+                dir = %path.display(),
+                file,
+                at,
+                "store: the journal holds commits past its mark; never acknowledged, they are let go"
+            );
+        }
         let recovered = replayed.seq;
         let damage = replayed
             .damage
@@ -74,8 +83,8 @@ impl Engine {
                         let file = open_owned(&journal_path(path, id));
                         let file = file.map_err(|e| io_error(e, path))?;
                         // What follows the last whole record was never acknowledged (the
-                        // mark says so): a write a crash cut short. Zeros again, so that the
-                        // records written next end where they end.
+                        // mark says so): a write a crash cut short, or commits past the mark.
+                        // Zeros again, so that the records written next end where they end.
                         zero(&file, len, torn_end)
                             .and_then(|()| file.sync_data())
                             .map_err(|e| io_error(e, path))?;

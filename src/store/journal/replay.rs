@@ -27,13 +27,27 @@ pub(super) struct Replayed {
     pub(super) first_kept: u32,
     /// The bytes of the records replayed: what the files hold, less their zeros.
     pub(super) record_bytes: u64,
+    /// The last commit the mark says for certain may have been acknowledged
+    /// (`mark::certain`): records past it are not replayed.
+    acknowledged_end: Option<u64>,
+    /// The journal file whose replay stopped at a record past `acknowledged_end`, and where.
+    pub(super) past_the_mark: Option<(u32, u64)>,
 }
 
 /// Replays the store in `path`. A record that cannot be read ends its file's replay: at the
 /// end of the last journal file it is a write a crash cut short (the mark tells whether it
 /// was acknowledged); anywhere else it is damage, told, and to `salvage` the next files are
 /// replayed still.
-pub(super) fn replay(path: &Path, salvage: bool) -> Result<Replayed, Error> {
+///
+/// Records past `acknowledged_end` end the replay too: never acknowledged, they are as good
+/// as a write cut short. Their committers may have been told that they failed (a group whose
+/// sync failed and that could not be cut off the file again), and must not find them there
+/// after a restart. They can only be the last file's last group: anywhere else, damage.
+pub(super) fn replay(
+    path: &Path,
+    salvage: bool,
+    acknowledged_end: Option<u64>,
+) -> Result<Replayed, Error> {
     let io = |e| io_error(e, path);
     let base = base_files(path).map_err(io)?.last().copied();
     let mut replayed = Replayed {
@@ -43,6 +57,8 @@ pub(super) fn replay(path: &Path, salvage: bool) -> Result<Replayed, Error> {
         damage: None,
         first_kept: base.unwrap_or(1),
         record_bytes: 0,
+        acknowledged_end,
+        past_the_mark: None,
     };
     if let Some(first_kept) = base {
         let file_path = base_path(path, first_kept);
@@ -96,7 +112,11 @@ pub(super) fn replay(path: &Path, salvage: bool) -> Result<Replayed, Error> {
         )
         .map_err(io)?;
         let is_last = n + 1 == ids.len();
-        if let (Some(why), false) = (unreadable, is_last) {
+        let past_the_mark = (!is_last && replayed.past_the_mark.is_some())
+            .then_some(Unreadable::Bad(
+            "a commit past the mark of acknowledged ones, in a journal file that is not the last",
+        ));
+        if let (Some(why), false) = (unreadable.or(past_the_mark), is_last) {
             replayed
                 .damage
                 .get_or_insert_with(|| cannot_read(&file_path, end, &why));
@@ -152,6 +172,13 @@ fn replay_file(
                     }
                 }
                 if let FileId::Journal(id) = file {
+                    if replayed
+                        .acknowledged_end
+                        .is_some_and(|end| record.seq > end)
+                    {
+                        replayed.past_the_mark = Some((id, at));
+                        return Ok((at, None));
+                    }
                     // Commits are numbered one after another from 1, across files and from
                     // the commit a base stands at: a gap is commits lost (the end of an
                     // earlier file, a whole file, the base).

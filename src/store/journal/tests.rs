@@ -552,3 +552,37 @@ async fn put_while(
     }
     Ok(())
 }
+
+/// Commits past the mark were never acknowledged (the mark is made durable before any
+/// committer hears): a group whose sync failed and that could not be cut off the file again
+/// leaves such commits, and their committers were told they failed. The next open lets them
+/// go, and the commits after that take their place; a mark with a slot it cannot read may be
+/// one advance behind, so there every commit is kept.
+#[tokio::test]
+async fn commits_past_the_mark_were_never_acknowledged_and_are_let_go() -> Result<(), Error> {
+    use crate::store::mark;
+    let dir = tempfile::tempdir().map_err(Error::backend)?;
+    written(dir.path(), 3).await?;
+    // The third commit's group reached the disk, its mark did not.
+    mark::rewrite(dir.path(), [Some(2), Some(1)]).map_err(Error::backend)?;
+    let store = open(dir.path())?;
+    assert!(store.get(Tree::Log, b"k001").await?.is_some());
+    assert_eq!(store.get(Tree::Log, b"k002").await?, None, "told it failed");
+    put(&store, "k003", b"after").await?;
+    store.close().await?;
+    let store = open(dir.path())?;
+    assert_eq!(store.get(Tree::Log, b"k002").await?, None);
+    assert_eq!(
+        store.get(Tree::Log, b"k003").await?,
+        Some(b"after".to_vec())
+    );
+    store.close().await?;
+
+    // One slot unreadable: the other may be one advance behind the last acknowledged commit.
+    let dir = tempfile::tempdir().map_err(Error::backend)?;
+    written(dir.path(), 3).await?;
+    mark::rewrite(dir.path(), [None, Some(2)]).map_err(Error::backend)?;
+    let store = open(dir.path())?;
+    assert!(store.get(Tree::Log, b"k002").await?.is_some());
+    store.close().await
+}
