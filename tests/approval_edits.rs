@@ -14,6 +14,15 @@ use serde_json::{json, Value};
 /// Agent `ops`: `deploy` (editable approval, input `{env: string}` required) and `drop`
 /// (plain approval); both record the input they ran with.
 fn runtime(ran: Arc<Mutex<Vec<Value>>>, calls: Vec<ToolCall>) -> anyhow::Result<Runtime> {
+    runtime_on(Arc::new(dormant::MemoryStore::new()), ran, calls)
+}
+
+/// [`runtime`] on `store`.
+fn runtime_on(
+    store: Arc<dyn dormant::store::Store>,
+    ran: Arc<Mutex<Vec<Value>>>,
+    calls: Vec<ToolCall>,
+) -> anyhow::Result<Runtime> {
     let tool = |name: &str, approval: Approval| {
         let ran = Arc::clone(&ran);
         ToolDefinition::server(name, move |input: Value, _ctx| {
@@ -38,6 +47,7 @@ fn runtime(ran: Arc<Mutex<Vec<Value>>>, calls: Vec<ToolCall>) -> anyhow::Result<
         vec![ModelReply::tool_calls(calls), ModelReply::text("done")],
     );
     Ok(Runtime::builder()
+        .store(store)
         .llm(Arc::new(llm))
         .clock(Arc::new(ManualClock::new(1_000)))
         .background_deadlines(false)
@@ -133,5 +143,51 @@ async fn a_tool_that_does_not_allow_edits_refuses_an_edited_approval() -> anyhow
         *ran.lock().map_err(|_| anyhow::anyhow!("poisoned"))?,
         [json!({ "env": "prod" })]
     );
+    Ok(())
+}
+
+/// An edited approval whose commit failed left nothing behind: approved again without an
+/// edit, the tool runs with the model's input; sent again with the same edit, it runs with the
+/// edit (not refused as stale, as if the edit were the model's own input).
+#[tokio::test]
+async fn an_edited_approval_whose_commit_failed_leaves_the_calls_own_input() -> anyhow::Result<()> {
+    use dormant::testkit::{Fault, FaultyStore};
+    for edit_again in [false, true] {
+        let ran = Arc::new(Mutex::new(Vec::new()));
+        let store = Arc::new(FaultyStore::new(Arc::new(dormant::MemoryStore::new())));
+        let calls = vec![ToolCall::new("d1", "deploy", json!({ "env": "prod" }))];
+        let runtime = runtime_on(store.clone(), ran.clone(), calls)?;
+        let id: SessionId = "s1".parse()?;
+        let run = runtime.execute_on(&id, "ops", "ship").await?;
+        let edited = || {
+            Submit::approval("s1", "d1", approval(&run, "d1"), true, None)
+                .with_edited_input(json!({ "env": "staging" }))
+        };
+        store.arm(Fault::NextCommit);
+        let failed = runtime.submit_tool_result(edited()).await;
+        assert!(
+            matches!(failed, Err(dormant::Error::Store(_))),
+            "{failed:?}"
+        );
+        let pending = runtime.pending(&id).await?;
+        assert_eq!(pending[0].input, json!({ "env": "prod" }));
+
+        let again = if edit_again {
+            edited()
+        } else {
+            Submit::approval("s1", "d1", approval(&run, "d1"), true, None)
+        };
+        assert_eq!(
+            runtime.submit_tool_result(again).await?,
+            SubmitOutcome::Accepted
+        );
+        assert_eq!(runtime.resume(&id).await?.status, Status::Completed);
+        let expected = if edit_again { "staging" } else { "prod" };
+        assert_eq!(
+            *ran.lock().map_err(|_| anyhow::anyhow!("poisoned"))?,
+            [json!({ "env": expected })],
+            "edited again: {edit_again}"
+        );
+    }
     Ok(())
 }

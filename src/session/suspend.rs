@@ -486,11 +486,19 @@ impl Session {
     }
 
     /// Forgets an answer whose commit failed: the call waits again (its deadline entry was
-    /// never removed, since that removal was part of the failed commit).
+    /// never removed, since that removal was part of the failed commit), with its own input
+    /// again if the answer was an approval that edited it.
     pub(super) fn revert_answer(&mut self, call_id: &str) {
         if let Some(entry) = self.pending.get_mut(call_id) {
             entry.answer = None;
             entry.answered_at_ms = None;
+            // An approval's entry holds its call's own input until an answer edits it (a
+            // reconciliation or a question after the approval keeps that approval's edit).
+            if entry.kind == PendingKind::Approval {
+                if let Some(original) = entry.original_input.take() {
+                    entry.input = original;
+                }
+            }
         }
     }
 
