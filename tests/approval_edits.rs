@@ -41,6 +41,7 @@ fn runtime_on(
     let ops = AgentDefinition::builder("ops")
         .tool(tool("deploy", Approval::Editable))
         .tool(tool("drop", Approval::Always))
+        .tool(tool("rerun", Approval::Editable).safe_to_retry(true))
         .build()?;
     let llm = ScriptedLlm::new().script(
         "ops",
@@ -189,5 +190,39 @@ async fn an_edited_approval_whose_commit_failed_leaves_the_calls_own_input() -> 
             "edited again: {edit_again}"
         );
     }
+    Ok(())
+}
+
+/// A fork made where an approved call was running (its decision on the stream, no result yet)
+/// runs it again, being safe to retry, with the input the person approved: not with the
+/// model's, which the edit replaced.
+#[tokio::test]
+async fn a_fork_where_an_edited_approval_ran_runs_it_again_with_the_edit() -> anyhow::Result<()> {
+    let ran = Arc::new(Mutex::new(Vec::new()));
+    let calls = vec![ToolCall::new("r1", "rerun", json!({ "env": "prod" }))];
+    let runtime = runtime(ran.clone(), calls)?;
+    let id: SessionId = "s1".parse()?;
+    let run = runtime.execute_on(&id, "ops", "ship").await?;
+    let edited = Submit::approval("s1", "r1", approval(&run, "r1"), true, None)
+        .with_edited_input(json!({ "env": "staging" }));
+    assert_eq!(
+        runtime.submit_tool_result(edited).await?,
+        SubmitOutcome::Accepted
+    );
+    assert_eq!(runtime.resume(&id).await?.status, Status::Completed);
+    let running = runtime
+        .checkpoints(&id)
+        .await?
+        .into_iter()
+        .rfind(|c| c.status == Status::Running && !c.open_calls.is_empty())
+        .ok_or_else(|| anyhow::anyhow!("no checkpoint while the call ran"))?;
+    let fork = runtime
+        .fork(&id, running.id, dormant::types::ForkOptions::new())
+        .await?;
+    assert_eq!(runtime.resume(&fork).await?.status, Status::Completed);
+    assert_eq!(
+        *ran.lock().map_err(|_| anyhow::anyhow!("poisoned"))?,
+        [json!({ "env": "staging" }), json!({ "env": "staging" })]
+    );
     Ok(())
 }

@@ -397,7 +397,7 @@ fn plan_answers(
             // asked belongs to the source), it goes on as after a crash (run again if safe to
             // retry, asking again in the fork, else `tool_durability_error`).
             (ToolKind::Server(_), _)
-                if suspension && approval == Some(false) && !approved.contains(&id) =>
+                if suspension && approval == Some(false) && !approved.contains_key(&id) =>
             {
                 return Err(refuse(
                     "it asked a person for input at the checkpoint: a fork does not answer it (it runs again in the fork if it is safe to retry, and asks again there)",
@@ -407,8 +407,8 @@ fn plan_answers(
             (ToolKind::Server(_), answer) => {
                 // At a suspension an open server call waits for its approval; elsewhere it was
                 // running, unless it needs an approval it never got.
-                let waits = !approved.contains(&id) && (suspension || approval == Some(true));
-                if !suspension && !approved.contains(&id) && approval.is_none() {
+                let waits = !approved.contains_key(&id) && (suspension || approval == Some(true));
+                if !suspension && !approved.contains_key(&id) && approval.is_none() {
                     return Err(refuse("whether it needs an approval depends on its input: fork at the suspension that asked").into());
                 }
                 match (waits, answer) {

@@ -403,11 +403,13 @@ fn dispatched_approvals(
     Ok(open
         .0
         .iter()
-        .filter(|(_, call)| approved.contains(&call.id))
-        .map(|(position, call)| PendingCall {
+        .filter_map(|(position, call)| Some((position, call, approved.get(&call.id)?)))
+        .map(|(position, call, edited)| PendingCall {
             tool_call_id: call.id.clone(),
             tool_name: call.name.clone(),
-            input: call.input.clone(),
+            // The input the person approved, the model's own beside it, as the source's
+            // entry held them: the call runs again with what was approved, if it runs again.
+            input: edited.clone().unwrap_or_else(|| call.input.clone()),
             kind: PendingKind::Approval,
             run_id,
             position: u32::try_from(*position).unwrap_or(u32::MAX),
@@ -415,7 +417,7 @@ fn dispatched_approvals(
             deadline_at_ms: now,
             answer: Some(Answer::Approved),
             answered_at_ms: Some(now),
-            original_input: None,
+            original_input: edited.as_ref().map(|_| call.input.clone()),
             binding: None,
             idempotency_key: None,
             request: None,
@@ -545,17 +547,18 @@ pub(crate) fn compact_batch(
 pub(crate) fn approved_calls(
     session: &SessionId,
     copied: &[LogEntry],
-) -> Result<std::collections::HashSet<String>, Error> {
-    let mut approved = std::collections::HashSet::new();
+) -> Result<std::collections::HashMap<String, Option<serde_json::Value>>, Error> {
+    let mut approved = std::collections::HashMap::new();
     for entry in copied {
         for chunk in entry.chunks(session)? {
             if let ChunkKind::ToolApprovalResponse {
                 tool_call_id,
                 approved: true,
+                edited_input,
                 ..
             } = chunk.kind
             {
-                approved.insert(tool_call_id);
+                approved.insert(tool_call_id, edited_input);
             }
         }
     }
