@@ -399,3 +399,79 @@ async fn deadlines_left_to_their_owners_do_not_keep_this_nodes_own_from_firing(
     }
     Ok(())
 }
+
+/// A resume drains a call that expired unswept into its timeout while an approved tool of the
+/// same step runs; a late answer (or the sweep) for that call meanwhile finds it timed out
+/// already and records nothing: the call has one result, not two.
+#[tokio::test]
+async fn a_call_that_expired_unswept_gets_one_result_while_its_steps_tool_runs(
+) -> anyhow::Result<()> {
+    use dormant::{AgentDefinition, Approval, Message, ModelReply, Runtime, ScriptedLlm};
+    use dormant::{ToolCall, ToolDefinition, ToolError};
+    let started = Arc::new(tokio::sync::Notify::new());
+    let release = Arc::new(tokio::sync::Notify::new());
+    let deploy = {
+        let (started, release) = (Arc::clone(&started), Arc::clone(&release));
+        ToolDefinition::server("deploy", move |_input, _ctx| {
+            let (started, release) = (Arc::clone(&started), Arc::clone(&release));
+            async move {
+                started.notify_one();
+                release.notified().await;
+                Ok::<_, ToolError>(json!("deployed"))
+            }
+        })
+        .require_approval(Approval::Always)
+    };
+    let ops = AgentDefinition::builder("ops")
+        .tool(ToolDefinition::client("pick").timeout_ms(100))
+        .tool(deploy)
+        .build()?;
+    let llm = ScriptedLlm::new().script(
+        "ops",
+        vec![
+            ModelReply::tool_calls(vec![
+                ToolCall::new("p1", "pick", json!({})),
+                ToolCall::new("d1", "deploy", json!({})),
+            ]),
+            ModelReply::text("done"),
+        ],
+    );
+    let clock = ManualClock::new(1_000);
+    let runtime = Runtime::builder()
+        .llm(Arc::new(llm))
+        .clock(Arc::new(clock.clone()))
+        .background_deadlines(false)
+        .agent(ops)
+        .build()?;
+    let id: SessionId = "s1".parse()?;
+    let run = runtime.execute_on(&id, "ops", "go").await?;
+    let approve = Submit::approval("s1", "d1", format!("{}::d1", run.run_id), true, None);
+    assert_eq!(
+        runtime.submit_tool_result(approve).await?,
+        SubmitOutcome::Accepted
+    );
+    clock.advance(200);
+    let resumed = tokio::spawn({
+        let runtime = runtime.clone();
+        let id = id.clone();
+        async move { runtime.resume(&id).await }
+    });
+    tokio::time::timeout(std::time::Duration::from_secs(10), started.notified()).await?;
+    let late = runtime
+        .submit_tool_result(Submit::result("s1", "p1", json!("late")))
+        .await?;
+    assert_eq!(late, SubmitOutcome::AlreadyCompleted);
+    release.notify_one();
+    let resumed = tokio::time::timeout(std::time::Duration::from_secs(10), resumed).await???;
+    assert_eq!(resumed.status, Status::Completed);
+    let results = runtime
+        .messages(&id)
+        .await?
+        .into_iter()
+        .filter(
+            |message| matches!(message, Message::Tool { tool_call_id, .. } if tool_call_id == "p1"),
+        )
+        .count();
+    assert_eq!(results, 1, "one result for the expired call");
+    Ok(())
+}
