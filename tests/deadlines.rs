@@ -176,6 +176,20 @@ async fn a_timeout_of_zero_expires_at_once() -> anyhow::Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn overdue_deadlines_fire_after_a_restart_by_themselves() -> anyhow::Result<()> {
+    overdue_after_a_restart(false).await
+}
+
+/// The boot's read of the deadline index fails (here it panics): the scheduler reads it again
+/// later, rather than sleeping until some new deadline is armed, which may be never.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overdue_deadlines_fire_after_a_restart_whose_first_read_of_them_fails(
+) -> anyhow::Result<()> {
+    overdue_after_a_restart(true).await
+}
+
+/// A call whose deadline passed while no process ran fires by itself once a process runs
+/// again; `first_read_fails`: that process's first scan of the deadline index panics.
+async fn overdue_after_a_restart(first_read_fails: bool) -> anyhow::Result<()> {
     use dormant::types::Clock;
     let dir = tempfile::tempdir()?;
     let script = calls_then_text(&[("tc-1", "edit")], "ok");
@@ -195,8 +209,14 @@ async fn overdue_deadlines_fire_after_a_restart_by_themselves() -> anyhow::Resul
     // from the durable index at boot and fires the overdue entry without being asked.
     let clock = ManualClock::new(31_000);
     let hooks = Arc::new(TimeoutHooks::default());
-    let runtime = editor_runtime(
+    let store = dormant::testkit::DelegatingStore::wrap(
         Arc::new(SledStore::open(dir.path())?),
+        PanicsOnceOnDeadlines {
+            armed: first_read_fails.into(),
+        },
+    );
+    let runtime = editor_runtime(
+        Arc::new(store),
         clock.clone(),
         script,
         Arc::default(),

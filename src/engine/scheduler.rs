@@ -146,8 +146,10 @@ impl DeadlineScheduler {
         Duration::from_millis(at.saturating_sub(self.shared.clock.now_ms())).min(MAX_SLEEP)
     }
 
-    /// Arms the timer for the earliest deadline in the durable index (a read that fails or
-    /// panics leaves it as it was).
+    /// Arms the timer for the earliest deadline in the durable index. A read that fails or
+    /// panics arms it to read again a little later (sooner, if it was armed sooner): left
+    /// unarmed, the timer would wait for a new deadline, which may never come, and the
+    /// deadlines in the index would never fire.
     async fn rearm(&self, timer: &mut Timer) {
         if !self.background {
             return;
@@ -155,14 +157,17 @@ impl DeadlineScheduler {
         let next = AssertUnwindSafe(schema::next_deadline(self.shared.store.as_ref()))
             .catch_unwind()
             .await;
-        match next {
-            Ok(Ok(next)) => timer.wake_at = next,
-            Ok(Err(error)) => tracing::error!(%error, "deadline.rearm_failed"),
-            Err(panic) => {
-                let error = panicked("rearm", &*panic);
-                tracing::error!(%error, "deadline.rearm_failed");
+        let error = match next {
+            Ok(Ok(next)) => {
+                timer.wake_at = next;
+                return;
             }
-        }
+            Ok(Err(error)) => error.to_string(),
+            Err(panic) => panicked("rearm", &*panic).to_string(),
+        };
+        tracing::error!(%error, "deadline.rearm_failed");
+        let later = self.shared.clock.now_ms().saturating_add(DEFERRED_RETRY_MS);
+        timer.wake_at = Some(timer.wake_at.map_or(later, |at| at.min(later)));
     }
 
     /// Fires every expired call, earliest first, then reaps old tombstones if the reaper is
