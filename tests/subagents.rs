@@ -448,18 +448,9 @@ impl Delegate for LogUnreadable {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_child_that_cannot_be_read_when_its_parent_goes_on_is_a_tool_error() -> anyhow::Result<()>
-{
-    let parent: SessionId = "p".parse()?;
-    let child = parent.ephemeral_child("c1");
-    let store = Arc::new(DelegatingStore::wrap(
-        Arc::new(MemoryStore::new()),
-        LogUnreadable {
-            session: child.clone(),
-            armed: Default::default(),
-        },
-    ));
+/// Lead `p`'s agent `lead` asks sub-agent `helper` (call `c1`), whose client tool `edit` (call
+/// `tc-1`) it waits on; then the child says "edited" and the lead "done".
+fn editing_child_runtime(store: Arc<dyn Store>) -> anyhow::Result<Runtime> {
     let llm = ScriptedLlm::new()
         .script(
             "lead",
@@ -479,8 +470,8 @@ async fn a_child_that_cannot_be_read_when_its_parent_goes_on_is_a_tool_error() -
                 ModelReply::text("edited"),
             ],
         );
-    let runtime = Runtime::builder()
-        .store(Arc::clone(&store) as Arc<dyn Store>)
+    Ok(Runtime::builder()
+        .store(store)
         .llm(Arc::new(llm))
         .clock(Arc::new(ManualClock::new(0)))
         .agent(
@@ -493,7 +484,22 @@ async fn a_child_that_cannot_be_read_when_its_parent_goes_on_is_a_tool_error() -
                 .tool(ToolDefinition::client("edit"))
                 .build()?,
         )
-        .build()?;
+        .build()?)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_that_cannot_be_read_when_its_parent_goes_on_is_a_tool_error() -> anyhow::Result<()>
+{
+    let parent: SessionId = "p".parse()?;
+    let child = parent.ephemeral_child("c1");
+    let store = Arc::new(DelegatingStore::wrap(
+        Arc::new(MemoryStore::new()),
+        LogUnreadable {
+            session: child.clone(),
+            armed: Default::default(),
+        },
+    ));
+    let runtime = editing_child_runtime(Arc::clone(&store) as Arc<dyn Store>)?;
     let waiting = runtime.execute_on(&parent, "lead", "go").await?;
     assert_eq!(waiting.status, Status::SuspendedAwaitingChildren);
     let answer = dormant::Submit::result("p", "tc-1", json!({ "applied": 1 }));
@@ -907,6 +913,44 @@ async fn a_child_whose_first_commit_fails_is_a_tool_error() -> anyhow::Result<()
         }
         other => panic!("g1 should be a tool error, got {other:?}"),
     }
+    runtime.shutdown().await?;
+    Ok(())
+}
+
+/// A child woken by its parent's resume panics in the first commit of its run going on, which
+/// never lands: its restart finds it suspended as before, with no cut run to tell its parent
+/// of. The wake is sent again, and the parent goes on with the child's answer, instead of
+/// waiting for its report for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_woken_child_whose_run_panics_before_it_lands_is_woken_again() -> anyhow::Result<()> {
+    let parent: SessionId = "p".parse()?;
+    let child = parent.ephemeral_child("c1");
+    let store = Arc::new(DelegatingStore::wrap(
+        Arc::new(MemoryStore::new()),
+        CommitPanicsOnce::new(child, Some(store::CommitKind::RunStart), false),
+    ));
+    let runtime = editing_child_runtime(Arc::clone(&store) as Arc<dyn Store>)?;
+    let waiting = runtime.execute_on(&parent, "lead", "go").await?;
+    assert_eq!(waiting.status, Status::SuspendedAwaitingChildren);
+    let answer = dormant::Submit::result("p", "tc-1", json!({ "applied": 1 }));
+    assert_eq!(
+        runtime.submit_tool_result(answer).await?,
+        dormant::SubmitOutcome::Accepted
+    );
+    store
+        .delegate()
+        .armed
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let resumed = bounded("the parent's going on", runtime.resume(&parent)).await??;
+    assert!(store
+        .delegate()
+        .fired
+        .load(std::sync::atomic::Ordering::SeqCst));
+    assert_eq!(resumed.status, Status::Completed, "{resumed:?}");
+    assert_eq!(
+        common::tool_result(&runtime.messages(&parent).await?, "c1"),
+        Some(&ToolOutcome::Result(json!("edited")))
+    );
     runtime.shutdown().await?;
     Ok(())
 }

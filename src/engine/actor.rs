@@ -785,17 +785,7 @@ impl SessionActor {
                 parent,
                 tool_call_id,
                 child,
-            } => {
-                let input = Input::Wake {
-                    run_id: RunId::generate(),
-                };
-                if let Handled::Unread(error) = self.feed(ctx, state, input).await {
-                    // Its parent waits for this session's report: it learns that the session
-                    // cannot be read instead of waiting for good.
-                    let why = crate::session::ChildUnavailable::Unreadable { child, error };
-                    self.run_effect(ctx, state, why.report(&parent, tool_call_id));
-                }
-            }
+            } => self.wake(ctx, state, parent, tool_call_id, child).await,
             SessionMsg::ReportsWaiting { .. } => self.reports_waiting(ctx, state).await,
             SessionMsg::RemoteReport {
                 tool_call_id,

@@ -143,6 +143,49 @@ impl SessionActor {
         }
     }
 
+    /// This session's parent goes on (a resume cascading down) and waits for its report. A
+    /// session that cannot be read reports that instead. A run going on that panics before its
+    /// first commit lands leaves the session as it was, and its restart nothing cut to tell the
+    /// parent of: the wake is sent again, to be handled after the restart (a session that
+    /// keeps crashing is failed by the host, which tells the parent).
+    pub(super) async fn wake(
+        &self,
+        ctx: &ActorContext<Self>,
+        state: &mut SessionState,
+        parent: SessionId,
+        tool_call_id: String,
+        child: SessionId,
+    ) {
+        let run_id = RunId::generate();
+        let fed = AssertUnwindSafe(self.feed(ctx, state, Input::Wake { run_id }))
+            .catch_unwind()
+            .await;
+        match fed {
+            Ok(Handled::Unread(error)) => {
+                let why = ChildUnavailable::Unreadable { child, error };
+                self.run_effect(ctx, state, why.report(&parent, tool_call_id));
+            }
+            Ok(Handled::Yes | Handled::No) => {}
+            Err(panic) => {
+                let store = self.shared.store.as_ref();
+                let read = AssertUnwindSafe(restart_tells(store, ctx.key(), run_id, &tool_call_id))
+                    .catch_unwind()
+                    .await;
+                if !matches!(read, Ok(Ok(true))) {
+                    if let Some(host) = ctx.host() {
+                        let wake = SessionMsg::Wake {
+                            parent,
+                            tool_call_id,
+                            child,
+                        };
+                        host.send(ctx.key().clone(), wake);
+                    }
+                }
+                std::panic::resume_unwind(panic);
+            }
+        }
+    }
+
     /// A child's start panicked: unless its restart will tell the parent itself, the parent
     /// records the call as `sub_agent_failed`. The restart tells of a run of this call that
     /// was cut (the reload closes it as crashed): the run this start began, if it landed, or
