@@ -954,3 +954,72 @@ async fn a_woken_child_whose_run_panics_before_it_lands_is_woken_again() -> anyh
     runtime.shutdown().await?;
     Ok(())
 }
+
+/// A suspended child's commit that fails (here its timeout's) cuts no run: the child reloads
+/// as it was, suspended, and its parent is not told that the call failed. Its calls go on:
+/// the timeout fires at the next sweep, the other call's answer reaches the parent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_suspended_childs_failed_commit_does_not_fail_its_parents_call() -> anyhow::Result<()> {
+    use dormant::testkit::{Fault, FaultyStore};
+    let store = Arc::new(FaultyStore::new(Arc::new(MemoryStore::new())));
+    let llm = ScriptedLlm::new()
+        .script(
+            "lead",
+            vec![
+                ModelReply::tool_calls(vec![ToolCall::new(
+                    "c1",
+                    "ask",
+                    json!({ "message": "pick" }),
+                )]),
+                ModelReply::text("done"),
+            ],
+        )
+        .script(
+            "helper",
+            vec![
+                ModelReply::tool_calls(vec![
+                    ToolCall::new("a1", "quick", json!({})),
+                    ToolCall::new("b1", "slow", json!({})),
+                ]),
+                ModelReply::text("picked"),
+            ],
+        );
+    let clock = ManualClock::new(0);
+    let runtime = Runtime::builder()
+        .store(Arc::clone(&store) as Arc<dyn Store>)
+        .llm(Arc::new(llm))
+        .clock(Arc::new(clock.clone()))
+        .background_deadlines(false)
+        .agent(
+            AgentDefinition::builder("lead")
+                .tool(ToolDefinition::sub_agent("ask", "helper"))
+                .build()?,
+        )
+        .agent(
+            AgentDefinition::builder("helper")
+                .tool(ToolDefinition::client("quick").timeout_ms(100))
+                .tool(ToolDefinition::client("slow").timeout_ms(10_000))
+                .build()?,
+        )
+        .build()?;
+    let parent: SessionId = "p".parse()?;
+    let waiting = runtime.execute_on(&parent, "lead", "go").await?;
+    assert_eq!(waiting.status, Status::SuspendedAwaitingChildren);
+    clock.advance(200);
+    store.arm(Fault::NextCommitOf(store::CommitKind::Other));
+    let _ = runtime.sweep_deadlines().await;
+    assert_eq!(runtime.sweep_deadlines().await?.fired, 1, "fired again");
+    let answer = dormant::Submit::result("p", "b1", json!("b"));
+    assert_eq!(
+        runtime.submit_tool_result(answer).await?,
+        dormant::SubmitOutcome::Accepted
+    );
+    let resumed = bounded("the parent's going on", runtime.resume(&parent)).await??;
+    assert_eq!(resumed.status, Status::Completed, "{resumed:?}");
+    assert_eq!(
+        common::tool_result(&runtime.messages(&parent).await?, "c1"),
+        Some(&ToolOutcome::Result(json!("picked")))
+    );
+    runtime.shutdown().await?;
+    Ok(())
+}

@@ -103,6 +103,20 @@ impl Session {
         })
     }
 
+    /// What this session tells its parent while it is suspended (`None` for a root, or in
+    /// any other state).
+    pub(crate) fn suspended_report(&self, now: u64) -> Option<Effect> {
+        self.report(now).filter(|report| {
+            matches!(
+                report,
+                Effect::Report {
+                    report: ChildReport::Suspended(_),
+                    ..
+                }
+            )
+        })
+    }
+
     /// Read back after its actor panicked: a parent whose step waits on this child learns
     /// that the run was cut, and wakes it to go on (the at-most-once rules decide what runs
     /// again; if it keeps crashing, the host fails it).

@@ -66,17 +66,16 @@ impl SessionActor {
                     return Err(typed.unwrap_or_else(unavailable));
                 }
                 // A child's parent waits for it: it learns of the failure as the tool's error.
-                if let Loaded::Present(session) = &mut state.loaded {
-                    let now = self.shared.clock.now_ms();
-                    let failed = Input::CommitFailed {
-                        reason: reason.clone(),
-                    };
-                    if let Ok(told) = session.apply(failed, now) {
-                        for effect in told.effects {
-                            self.run_effect(ctx, state, effect);
-                        }
+                let now = self.shared.clock.now_ms();
+                let told = match &mut state.loaded {
+                    Loaded::Present(session) => {
+                        let failed = Input::CommitFailed {
+                            reason: reason.clone(),
+                        };
+                        session.apply(failed, now).map(|told| told.effects)
                     }
-                }
+                    _ => Ok(Vec::new()),
+                };
                 // The run is cut as by a crash: its work in flight goes, and what the store holds
                 // is read back, with the run closed as interrupted (the at-most-once rule
                 // decides what its cut calls become when it goes on).
@@ -85,6 +84,21 @@ impl SessionActor {
                     .load_recovered(ctx.key())
                     .await
                     .unwrap_or(Loaded::Unreadable);
+                // Unless no run was cut: a suspended child (its timeout's commit failed, or
+                // the first of the run its wake began) is read back suspended, its calls
+                // still open. Its parent hears where it stands, which a wake waits for; a
+                // failed call would be final, and the child's answers would reach no one.
+                let standing = match &state.loaded {
+                    Loaded::Present(session) => session.suspended_report(now),
+                    _ => None,
+                };
+                let effects = match standing {
+                    Some(report) => vec![report],
+                    None => told.unwrap_or_default(),
+                };
+                for effect in effects {
+                    self.run_effect(ctx, state, effect);
+                }
                 return Err(typed.unwrap_or_else(unavailable));
             }
             // Every waiter so far has seen a commit of its run land.
