@@ -1023,3 +1023,43 @@ async fn a_suspended_childs_failed_commit_does_not_fail_its_parents_call() -> an
     runtime.shutdown().await?;
     Ok(())
 }
+
+/// An interrupt of the root whose walk is cut short (the child's stop panics) leaves the
+/// child waiting, its call open, while the root has forgotten it. The interrupt said so
+/// (an error); sent again, it finds the child by the call it still owns under the root, and
+/// stops it: the call is closed, and a late answer for it is `unknown_tool_call`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupt_sent_again_stops_a_child_the_first_walk_left_waiting() -> anyhow::Result<()> {
+    let parent: SessionId = "p".parse()?;
+    let child = parent.ephemeral_child("c1");
+    let store = Arc::new(DelegatingStore::wrap(
+        Arc::new(MemoryStore::new()),
+        CommitPanicsOnce::new(child.clone(), None, false),
+    ));
+    let runtime = editing_child_runtime(Arc::clone(&store) as Arc<dyn Store>)?;
+    let waiting = runtime.execute_on(&parent, "lead", "go").await?;
+    assert_eq!(waiting.status, Status::SuspendedAwaitingChildren);
+    store
+        .delegate()
+        .armed
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        runtime.interrupt(&parent).await.is_err(),
+        "the walk was cut"
+    );
+    assert!(store
+        .delegate()
+        .fired
+        .load(std::sync::atomic::Ordering::SeqCst));
+    assert_eq!(runtime.status(&child).await?, Status::SuspendedClientTool);
+
+    runtime.interrupt(&parent).await?;
+    assert_eq!(runtime.status(&child).await?, Status::Interrupted);
+    let late = dormant::Submit::result("p", "tc-1", json!({ "applied": 1 }));
+    assert_eq!(
+        runtime.submit_tool_result(late).await?,
+        dormant::SubmitOutcome::UnknownToolCall
+    );
+    runtime.shutdown().await?;
+    Ok(())
+}

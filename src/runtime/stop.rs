@@ -14,12 +14,47 @@ impl Runtime {
     /// once its stop is durable and hands back its own children, so when the walk ends no
     /// session of the tree is running and none of its calls is pending. The walk runs here,
     /// outside every actor, so no session ever waits on another.
+    ///
+    /// Then every session that still owns a call under `root` is stopped too (and the
+    /// sessions below it): a root's stop forgets its children before they are stopped, so
+    /// a walk cut short (a crash, a child's stop that failed) left them waiting, their calls
+    /// open and unknown to their parent. Interrupting the root again finds them here.
     pub(super) async fn stop_tree(&self, root: &SessionId, abort: bool) -> Result<(), Error> {
         self.ensure_open()?;
         self.session(root).await?;
         let mut queue = VecDeque::from([(root.clone(), abort, None)]);
         let mut stopped = HashSet::new();
         let mut unreachable = None;
+        loop {
+            self.walk(root, &mut queue, &mut stopped, &mut unreachable)
+                .await?;
+            let store = self.inner.shared.store.as_ref();
+            let left = crate::store::schema::sessions_under(store, root).await?;
+            let orphans: Vec<_> = left
+                .into_iter()
+                .filter(|session| !stopped.contains(session))
+                .collect();
+            if orphans.is_empty() {
+                break;
+            }
+            for orphan in orphans {
+                tracing::warn!(%root, session = %orphan, "session.orphan_stopped");
+                queue.push_back((orphan, abort, None));
+            }
+        }
+        // Every session this side holds is stopped; a remote that could not be told is the
+        // caller's to retry.
+        unreachable.map_or(Ok(()), Err)
+    }
+
+    /// Stops every session in `queue` and the children each hands back, once each.
+    async fn walk(
+        &self,
+        root: &SessionId,
+        queue: &mut VecDeque<crate::engine::actor::StopTarget>,
+        stopped: &mut HashSet<SessionId>,
+        unreachable: &mut Option<Error>,
+    ) -> Result<(), Error> {
         while let Some((id, abort, remote)) = queue.pop_front() {
             if !stopped.insert(id.clone()) {
                 continue;
@@ -50,8 +85,6 @@ impl Runtime {
                 Err(error) => return Err(error),
             }
         }
-        // Every session this side holds is stopped; a remote that could not be told is the
-        // caller's to retry.
-        unreachable.map_or(Ok(()), Err)
+        Ok(())
     }
 }

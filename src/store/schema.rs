@@ -777,7 +777,7 @@ pub(crate) async fn load_conversation(
         .collect())
 }
 
-pub(crate) use ownership::{legacy_owner, migrate as migrate_ownership, owners};
+pub(crate) use ownership::{legacy_owner, migrate as migrate_ownership, owners, sessions_under};
 
 /// The calls under `root` that remote children's trees own, in call id order.
 pub(crate) async fn remote_owned(

@@ -65,6 +65,25 @@ pub(crate) async fn owners(
         .collect()
 }
 
+/// Every session of this process that owns a call under `root` (for a remote child's tree,
+/// the local session whose call runs it), each once, in key order.
+pub(crate) async fn sessions_under(
+    store: &dyn Store,
+    root: &SessionId,
+) -> Result<Vec<SessionId>, Error> {
+    let mut sessions = Vec::new();
+    for (_, bytes) in store.scan_prefix(Tree::Ownership, &prefix(root)).await? {
+        let session = match decode(root, Tree::Ownership, &bytes)? {
+            Owner::Local(session) => session,
+            Owner::Remote(remote) => remote.via,
+        };
+        if !sessions.contains(&session) {
+            sessions.push(session);
+        }
+    }
+    Ok(sessions)
+}
+
 /// The owner an entry of the earlier layout names for call `call` under `root`, if one is
 /// left (written before this layout, and not yet moved by [`migrate`]).
 pub(crate) async fn legacy_owner(
