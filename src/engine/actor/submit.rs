@@ -11,6 +11,7 @@
 //! already, so a second submit of the same call answers `already_completed`, and no input that
 //! reads answers or writes the session's own keys runs before the barrier.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use dormant_actors::ActorContext;
@@ -24,9 +25,10 @@ use crate::session::{Effect, Input, Submission, Transition, Verdict};
 use crate::types::ids::SessionId;
 use crate::types::Untrusted;
 
-/// An accepted answer's commit in flight: its task yields the transition's effects once the
+/// An accepted answer's commit in flight: the call; whether its commit ended (set by its task
+/// before it sends `SubmitSettled`); the task, which yields the transition's effects once the
 /// commit is durable, or `None` if it failed.
-type Committing = (String, JoinHandle<Option<Vec<Effect>>>);
+type Committing = (String, Arc<AtomicBool>, JoinHandle<Option<Vec<Effect>>>);
 
 /// The accepted answers whose commits are in flight.
 #[derive(Debug, Default)]
@@ -41,7 +43,7 @@ impl InFlightSubmits {
 
     /// Whether an answer to `tool_call_id` is among them.
     fn answers(&self, tool_call_id: &str) -> bool {
-        self.committing.iter().any(|(call, _)| call == tool_call_id)
+        self.committing.iter().any(|(call, _, _)| call == tool_call_id)
     }
 }
 
@@ -127,6 +129,8 @@ impl SessionActor {
         let mailbox = ctx.mailbox();
         let session = ctx.key().clone();
         let call = tool_call_id.clone();
+        let ended = Arc::new(AtomicBool::new(false));
+        let ending = Arc::clone(&ended);
         let task = tokio::spawn(async move {
             let committed = match &transition.commit {
                 Some(commit) => shared.commit(commit).await,
@@ -144,10 +148,13 @@ impl SessionActor {
                     None
                 }
             };
+            // Told before the task is done: the actor may take the message first, and must
+            // then count this commit as ended, or its effects wait for another message.
+            ending.store(true, Ordering::Release);
             send_back(&mailbox, SessionMsg::SubmitSettled);
             effects
         });
-        state.inflight.committing.push((tool_call_id, task));
+        state.inflight.committing.push((tool_call_id, ended, task));
     }
 
     /// Runs the effects of the submit commits that are durable, and forgets the answers whose
@@ -155,7 +162,7 @@ impl SessionActor {
     pub(super) async fn settle_submits(&self, ctx: &ActorContext<Self>, state: &mut SessionState) {
         let (done, in_flight) = std::mem::take(&mut state.inflight.committing)
             .into_iter()
-            .partition(|(_, task)| task.is_finished());
+            .partition(|(_, ended, _)| ended.load(Ordering::Acquire));
         state.inflight.committing = in_flight;
         self.conclude(ctx, state, done).await;
     }
@@ -175,7 +182,7 @@ impl SessionActor {
         committing: Vec<Committing>,
     ) {
         let now = self.shared.clock.now_ms();
-        for (tool_call_id, task) in committing {
+        for (tool_call_id, _, task) in committing {
             match task.await.unwrap_or(None) {
                 Some(effects) => {
                     for effect in effects {
