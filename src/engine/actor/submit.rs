@@ -43,7 +43,9 @@ impl InFlightSubmits {
 
     /// Whether an answer to `tool_call_id` is among them.
     fn answers(&self, tool_call_id: &str) -> bool {
-        self.committing.iter().any(|(call, _, _)| call == tool_call_id)
+        self.committing
+            .iter()
+            .any(|(call, _, _)| call == tool_call_id)
     }
 }
 

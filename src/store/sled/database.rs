@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use ::sled::IVec;
-use parking_lot::{MappedRwLockReadGuard, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use parking_lot::{MappedRwLockReadGuard, Mutex, RwLock, RwLockReadGuard};
 
 use super::check::{verify, Check, Depth};
 use super::durability::Durability;
@@ -284,11 +284,21 @@ impl Shared {
         }
         if matches!(*state, State::Failed) {
             drop(state);
-            let mut write = self.state.write();
-            if matches!(*write, State::Failed) {
-                *write = State::Open(Box::new(self.open_database()?));
+            let reopening = {
+                let mut write = self.state.write();
+                let failed = matches!(*write, State::Failed);
+                if failed {
+                    *write = State::Reopening;
+                }
+                failed
+            };
+            if reopening {
+                self.reopen()?;
             }
-            state = RwLockWriteGuard::downgrade(write);
+            state = self.state.read();
+            if matches!(*state, State::Reopening) {
+                return Err(self.unavailable());
+            }
         }
         RwLockReadGuard::try_map(state, State::open).map_err(|_| Error::Closed)
     }
@@ -406,7 +416,7 @@ impl Shared {
                 // The failed database must be gone before it is opened again: it holds the
                 // directory's lock.
                 drop(failed);
-                shared.reopen();
+                let _ = shared.reopen();
             });
         if let Err(error) = reopen {
             // No thread (the process is out of them): the next operation opens it.
@@ -420,13 +430,19 @@ impl Shared {
 
     /// Opens the database again once the failed one is gone; if that fails (the disk is
     /// still full, say), the next operation tries again.
-    fn reopen(&self) {
+    ///
+    /// The open (sled replays its log, the store checks what it holds) runs outside the lock:
+    /// meanwhile the state says [`State::Reopening`], and every operation fails within
+    /// [`REOPEN_PATIENCE`] rather than blocking its tokio worker on the lock for as long as
+    /// the open takes. A store closed meanwhile lets the database go again.
+    fn reopen(&self) -> Result<(), Error> {
+        let opened = self.open_database();
         let mut state = self.state.write();
-        if matches!(*state, State::Reopening) {
-            *state = match self.open_database() {
+        let reopened = if matches!(*state, State::Reopening) {
+            let (next, reopened) = match opened {
                 Ok(open) => {
                     tracing::info!("store.reopened");
-                    State::Open(Box::new(open))
+                    (State::Open(Box::new(open)), Ok(()))
                 }
                 Err(error) => {
                     self.full.store(
@@ -434,13 +450,24 @@ impl Shared {
                         Ordering::Relaxed,
                     );
                     tracing::warn!(%error, "store: opening the database again after a failed write failed; the next operation tries again");
-                    State::Failed
+                    (State::Failed, Err(error))
                 }
             };
-        }
-        drop(state);
+            *state = next;
+            drop(state);
+            reopened
+        } else {
+            // Closed meanwhile.
+            drop(state);
+            if let Ok(open) = opened {
+                super::let_go(State::Open(Box::new(open)));
+            }
+            Err(Error::Closed)
+        };
+        // Not under the state's lock: a waiter holds this one while it reads the state.
         let _told = self.let_go.0.lock();
         self.let_go.1.notify_all();
+        reopened
     }
 
     /// Waits until no failed database is being let go, `patience` at most.
