@@ -363,10 +363,15 @@ impl Store for SledStore {
     }
 
     fn degraded(&self) -> Option<String> {
-        self.shared
-            .full
-            .load(Ordering::Relaxed)
-            .then(|| "storage_full: the disk is full; commits fail until space is freed".into())
+        if self.shared.full.load(Ordering::Relaxed) {
+            return Some(
+                "storage_full: the disk is full; commits fail until space is freed".into(),
+            );
+        }
+        let failure = self.shared.failure.lock();
+        failure
+            .as_ref()
+            .map(|why| format!("the last write failed: {why}"))
     }
 }
 

@@ -91,6 +91,9 @@ pub(super) struct Shared {
     pub(super) flushes: AtomicU64,
     /// The last failed write found the disk full (and no write succeeded since).
     pub(super) full: AtomicBool,
+    /// Why the last write failed, or the database could not be opened again after it (a full
+    /// disk, an I/O error, damage found), until a write succeeds: what `degraded` tells.
+    pub(super) failure: Mutex<Option<String>>,
     /// Told when a failed database has been let go (and opened again, or left for the next
     /// operation to open): what tests wait on.
     let_go: (Mutex<()>, parking_lot::Condvar),
@@ -129,6 +132,7 @@ impl Shared {
             opened: AtomicU64::new(0),
             flushes: AtomicU64::new(0),
             full: AtomicBool::new(false),
+            failure: Mutex::new(None),
             let_go: (Mutex::new(()), parking_lot::Condvar::new()),
             #[cfg(test)]
             fail_flushes: std::sync::atomic::AtomicBool::new(false),
@@ -348,6 +352,7 @@ impl Shared {
             match self.apply_group_and_flush(&open, batches) {
                 Ok(()) => {
                     self.full.store(false, Ordering::Relaxed);
+                    self.failure.lock().take();
                     return Ok(());
                 }
                 Err(error) => (error, open.generation),
@@ -359,6 +364,7 @@ impl Shared {
             matches!(error, Error::StorageFull { .. }),
             Ordering::Relaxed,
         );
+        *self.failure.lock() = Some(error.to_string());
         self.replace_failed(generation);
         Err(error)
     }
@@ -449,6 +455,7 @@ impl Shared {
                         matches!(error, Error::StorageFull { .. }),
                         Ordering::Relaxed,
                     );
+                    *self.failure.lock() = Some(error.to_string());
                     tracing::warn!(%error, "store: opening the database again after a failed write failed; the next operation tries again");
                     (State::Failed, Err(error))
                 }

@@ -455,11 +455,18 @@ async fn a_failed_flush_fails_every_commit_waiting_on_it() -> Result<(), anyhow:
             store.shared.opened.load(Ordering::SeqCst) > 1,
             "the database was not opened again after a failed write"
         );
+        let degraded = store.degraded().unwrap_or_default();
+        assert!(degraded.starts_with("the last write failed"), "{degraded}");
         store.shared.fail_flushes.store(false, Ordering::SeqCst);
         store
             .commit(batch(&[(Tree::Children, b"ok", b"ok")]))
             .await?;
         assert_eq!(store.flush_count(), 1);
+        assert_eq!(
+            store.degraded(),
+            None,
+            "healthy again once a write succeeded"
+        );
     }
     Ok(())
 }
