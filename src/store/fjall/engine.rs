@@ -49,7 +49,7 @@ enum State {
     /// failed sync) and what it holds in memory may be more than it made durable: the keyspace
     /// was dropped, and opening it again failed too (a full disk, say); the next read or write
     /// tries again.
-    Failed(String),
+    Failed(Error),
     /// Opened again after a failed write, fjall recovered less than the store had
     /// acknowledged: it refuses everything, as an open would.
     Damaged(Damage),
@@ -175,7 +175,7 @@ impl Engine {
                 if matches!(&*state, State::Open(_)) {
                     tracing::error!(dir = %self.path.display(), %error, "store: a write failed; its keyspace is opened again");
                     // The old keyspace goes (and fjall's threads with it) before the new one.
-                    *state = State::Failed(error.to_string());
+                    *state = State::Failed(error.duplicate());
                     *state = self.reopen();
                 }
             }
@@ -211,7 +211,7 @@ impl Engine {
             Ok(open) => open,
             Err(error) => {
                 tracing::warn!(dir = %self.path.display(), %error, "store: cannot open the keyspace again yet");
-                return State::Failed(error.to_string());
+                return State::Failed(error);
             }
         };
         let acknowledged = self.mark.as_ref().map_or(0, Mark::written);
@@ -247,7 +247,12 @@ impl Engine {
             .map(|reason| format!("the last write failed: {reason}"))
     }
 
-    fn failed(&self, reason: &str) -> Error {
+    /// The error of an operation while the keyspace cannot be opened again: a full disk stays
+    /// [`Error::StorageFull`], which the caller may retry; anything else says what failed.
+    fn failed(&self, reason: &Error) -> Error {
+        if let Error::StorageFull { .. } = reason {
+            return reason.duplicate();
+        }
         Error::backend(format!(
             "store {}: the last write failed ({reason}) and it could not be opened again after a failed write yet",
             self.path.display()
