@@ -448,6 +448,11 @@ impl Shared {
             let (next, reopened) = match opened {
                 Ok(open) => {
                     tracing::info!("store.reopened");
+                    // sled wrote a new snapshot as it opened, with the process's umask.
+                    let narrowed = self.path.as_deref().map(super::files::owner_only_files);
+                    if let Some(Err(error)) = narrowed {
+                        tracing::warn!(%error, "store: the files of the database opened again could not be made the owner's alone");
+                    }
                     (State::Open(Box::new(open)), Ok(()))
                 }
                 Err(error) => {

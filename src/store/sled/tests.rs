@@ -1089,3 +1089,43 @@ async fn the_store_directory_and_its_files_are_the_owners_alone() -> Result<(), 
     );
     Ok(())
 }
+
+/// sled writes a snapshot each time it opens a database, with the process's umask: the
+/// database opened again after a failed write has its files narrowed too (what counts in a
+/// directory whose own mode is not the store's to narrow).
+#[cfg(unix)]
+#[tokio::test]
+async fn files_of_a_database_opened_again_after_a_failed_write_are_the_owners_alone(
+) -> Result<(), anyhow::Error> {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir()?;
+    let store = SledStore::open(dir.path())?;
+    store
+        .commit(batch(&[(Tree::Sessions, b"s1", &[7; 100])]))
+        .await?;
+    // As a wide umask would leave them.
+    for entry in std::fs::read_dir(dir.path())? {
+        let path = entry?.path();
+        if path.is_file() {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644))?;
+        }
+    }
+    store.shared.fail_flushes.store(true, Ordering::SeqCst);
+    assert!(store
+        .commit(batch(&[(Tree::Sessions, b"s2", b"v")]))
+        .await
+        .is_err());
+    store.shared.wait_let_go();
+    store.shared.fail_flushes.store(false, Ordering::SeqCst);
+    assert!(
+        store.shared.opened.load(Ordering::SeqCst) > 1,
+        "opened again"
+    );
+    let files: Vec<_> = open_to_others(dir.path())?
+        .into_iter()
+        .filter(|(path, _)| path != dir.path())
+        .collect();
+    assert_eq!(files, vec![]);
+    store.close().await?;
+    Ok(())
+}
