@@ -451,6 +451,14 @@ impl Delegate for LogUnreadable {
 /// Lead `p`'s agent `lead` asks sub-agent `helper` (call `c1`), whose client tool `edit` (call
 /// `tc-1`) it waits on; then the child says "edited" and the lead "done".
 fn editing_child_runtime(store: Arc<dyn Store>) -> anyhow::Result<Runtime> {
+    editing_child_runtime_with(store, |builder| builder)
+}
+
+/// [`editing_child_runtime`], its builder changed by `with`.
+fn editing_child_runtime_with(
+    store: Arc<dyn Store>,
+    with: impl FnOnce(dormant::RuntimeBuilder) -> dormant::RuntimeBuilder,
+) -> anyhow::Result<Runtime> {
     let llm = ScriptedLlm::new()
         .script(
             "lead",
@@ -470,7 +478,7 @@ fn editing_child_runtime(store: Arc<dyn Store>) -> anyhow::Result<Runtime> {
                 ModelReply::text("edited"),
             ],
         );
-    Ok(Runtime::builder()
+    let builder = Runtime::builder()
         .store(store)
         .llm(Arc::new(llm))
         .clock(Arc::new(ManualClock::new(0)))
@@ -483,8 +491,8 @@ fn editing_child_runtime(store: Arc<dyn Store>) -> anyhow::Result<Runtime> {
             AgentDefinition::builder("helper")
                 .tool(ToolDefinition::client("edit"))
                 .build()?,
-        )
-        .build()?)
+        );
+    Ok(with(builder).build()?)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1060,6 +1068,80 @@ async fn an_interrupt_sent_again_stops_a_child_the_first_walk_left_waiting() -> 
         runtime.submit_tool_result(late).await?,
         dormant::SubmitOutcome::UnknownToolCall
     );
+    runtime.shutdown().await?;
+    Ok(())
+}
+
+/// A store whose next commit (once armed) that writes a child entry of session `p` fails.
+#[derive(Debug, Default)]
+struct ParentsReportFails {
+    armed: std::sync::atomic::AtomicBool,
+    fired: std::sync::atomic::AtomicBool,
+}
+
+#[async_trait::async_trait]
+impl Delegate for ParentsReportFails {
+    async fn before(&self, call: Call<'_>) -> Result<(), store::Error> {
+        if let Call::Commit(batch) = call {
+            // Keys of session `p` begin with its id's length (a u16) and its id.
+            let of_p = batch.ops().iter().any(|op| {
+                let (Op::Put { tree, key, .. } | Op::Delete { tree, key, .. }) = op;
+                *tree == store::Tree::Children && key.starts_with(&[0, 1, b'p'])
+            });
+            if of_p && self.armed.swap(false, std::sync::atomic::Ordering::SeqCst) {
+                self.fired.store(true, std::sync::atomic::Ordering::SeqCst);
+                return Err(store::Error::backend("the disk said no, once"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The commit that records a child's report in its parent fails once: the report is not lost
+/// with it (it was taken from the queue already), but delivered again, and the parent, which
+/// resumes by itself once its child finished, completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_childs_report_whose_commit_in_the_parent_fails_is_delivered_again() -> anyhow::Result<()>
+{
+    use futures::StreamExt;
+    let parent: SessionId = "p".parse()?;
+    let store = Arc::new(DelegatingStore::wrap(
+        Arc::new(MemoryStore::new()),
+        ParentsReportFails::default(),
+    ));
+    let runtime = editing_child_runtime_with(Arc::clone(&store) as Arc<dyn Store>, |builder| {
+        builder.auto_resume(true)
+    })?;
+    let waiting = runtime.execute_on(&parent, "lead", "go").await?;
+    assert_eq!(waiting.status, Status::SuspendedAwaitingChildren);
+    let from = runtime.chunks(&parent, 0).await?.len() as u64;
+    store
+        .delegate()
+        .armed
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let answer = dormant::Submit::result("p", "tc-1", json!({ "applied": 1 }));
+    assert_eq!(
+        runtime.submit_tool_result(answer).await?,
+        dormant::SubmitOutcome::Accepted
+    );
+    let mut chunks = std::pin::pin!(runtime.follow(&parent, from));
+    let ended = bounded("the parent's completion", async {
+        while let Some(chunk) = chunks.next().await {
+            let chunk = chunk?;
+            if let dormant::types::ChunkKind::RunEnd { status, .. } = chunk.kind {
+                if !chunk.kind.is_forwarded() {
+                    return Ok::<_, anyhow::Error>(Some(status));
+                }
+            }
+        }
+        Ok(None)
+    })
+    .await??;
+    assert!(store
+        .delegate()
+        .fired
+        .load(std::sync::atomic::Ordering::SeqCst));
+    assert_eq!(ended, Some(Status::Completed));
     runtime.shutdown().await?;
     Ok(())
 }

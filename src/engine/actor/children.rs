@@ -12,6 +12,7 @@ use dormant_actors::{ActorContext, Host};
 use futures::FutureExt;
 use tokio::sync::oneshot;
 
+use super::reports::Report;
 use super::{Handled, Loaded, SessionActor, SessionMsg, SessionState};
 use crate::engine::shared::Shared;
 use crate::error::Error;
@@ -27,6 +28,9 @@ use crate::types::ids::{RunId, SessionId};
 /// the wait before the first retry (doubled each time: about 25 s in all).
 const LINEAGE_READS: u32 = 8;
 const LINEAGE_RETRY: Duration = Duration::from_millis(100);
+
+/// How long a parent waits before it takes again children's reports it could not record.
+const REPORTS_RETRY: Duration = Duration::from_secs(1);
 
 /// Tells the parent of `child`, which the host marked failed, that its call failed (`why`).
 /// The parent is read from the child's record: a read that fails (the store's error, or its
@@ -237,9 +241,11 @@ impl SessionActor {
         if taken.is_empty() {
             return;
         }
+        let kept = taken.clone();
         let session = match self.present(ctx.key(), state).await {
             Ok(Some(session)) => session,
-            Ok(None) | Err(_) => return,
+            Ok(None) => return,
+            Err(_) => return self.report_again_later(ctx, kept),
         };
         let mut reports = Vec::with_capacity(taken.len());
         for (tool_call_id, report) in taken {
@@ -263,8 +269,28 @@ impl SessionActor {
         if reports.is_empty() {
             return;
         }
-        self.feed(ctx, state, Input::ChildrenReported { reports })
+        let fed = self
+            .feed(ctx, state, Input::ChildrenReported { reports })
             .await;
+        if fed != Handled::Yes {
+            self.report_again_later(ctx, kept);
+        }
+    }
+
+    /// Children's reports this session took but did not record (it could not be read, or
+    /// its commit failed): like a failed commit's answer they are not lost, but queued again
+    /// and handled a little later (a store that keeps failing is not asked in a busy loop).
+    /// Reports apply once: one recorded meanwhile changes nothing when it comes again.
+    fn report_again_later(&self, ctx: &ActorContext<Self>, reports: Vec<Report>) {
+        let parent = ctx.key().clone();
+        tracing::warn!(session = %parent, reports = reports.len(), "subagent.reports_requeued");
+        self.shared.reports.requeue(parent.clone(), reports);
+        if let Some(host) = ctx.host() {
+            tokio::spawn(async move {
+                tokio::time::sleep(REPORTS_RETRY).await;
+                host.send(parent.clone(), SessionMsg::ReportsWaiting { parent });
+            });
+        }
     }
 
     /// Starts reconciling the children a crash left marked as running, once per activation,

@@ -59,6 +59,14 @@ impl Reports {
         (taken, true)
     }
 
+    /// Puts `reports`, taken for `parent` but not recorded (its commit failed), back in front
+    /// of its queue; the caller nudges the parent again.
+    pub(crate) fn requeue(&self, parent: SessionId, mut reports: Vec<Report>) {
+        let mut queue = self.waiting.entry(parent).or_default();
+        reports.append(&mut queue);
+        *queue = reports;
+    }
+
     /// Drops every report waiting for `parent`: it cannot hear them (its actor cannot be
     /// activated), as a report sent to it as a message would have been dropped.
     pub(crate) fn drop_all(&self, parent: &SessionId) {
