@@ -873,3 +873,66 @@ async fn a_fork_can_start_with_other_answers_than_its_source_got() -> anyhow::Re
     assert_eq!(runs.charges(), 1, "the charge ran once, in the source");
     Ok(())
 }
+
+/// A run whose finishing tool succeeded while a child still waited is suspended with its
+/// output decided. A fork made there keeps it: once the fork's child finishes, the fork
+/// completes with that output, as its source would, without asking the model again.
+#[tokio::test]
+async fn a_fork_of_a_run_that_waits_only_to_finish_completes_with_its_output() -> anyhow::Result<()>
+{
+    let lead = AgentDefinition::builder("lead")
+        .tool(
+            ToolDefinition::server("submit", |_input, _ctx| async {
+                Ok::<_, dormant::ToolError>(json!("submitted"))
+            })
+            .finish_with(true),
+        )
+        .tool(ToolDefinition::sub_agent("helper", "helper"))
+        .build()?;
+    let helper = AgentDefinition::builder("helper")
+        .tool(ToolDefinition::client("ask"))
+        .build()?;
+    let llm = ScriptedLlm::new()
+        .script(
+            "lead",
+            vec![
+                ModelReply::tool_calls(vec![
+                    ToolCall::new("h1", "helper", json!({ "message": "help" })),
+                    ToolCall::new("f1", "submit", json!({})),
+                ]),
+                ModelReply::text("asked again"),
+            ],
+        )
+        .script(
+            "helper",
+            vec![
+                ModelReply::tool_calls(vec![ToolCall::new("a1", "ask", json!({}))]),
+                ModelReply::text("helped"),
+            ],
+        );
+    let runtime = Runtime::builder()
+        .store(memory())
+        .llm(Arc::new(llm))
+        .clock(Arc::new(ManualClock::new(1_000)))
+        .background_deadlines(false)
+        .agent(lead)
+        .agent(helper)
+        .build()?;
+    let source: SessionId = "s1".parse()?;
+    let run = runtime.execute_on(&source, "lead", "go").await?;
+    assert_eq!(run.status, Status::SuspendedAwaitingChildren);
+    let checkpoint = last_checkpoint(&runtime, &source).await?;
+    let fork = runtime
+        .fork(&source, checkpoint, ForkOptions::new())
+        .await?;
+    let answer = Submit::result(fork.as_str(), "a1", json!({ "answer": "fork" }));
+    assert_eq!(
+        runtime.submit_tool_result(answer).await?,
+        SubmitOutcome::Accepted
+    );
+    let done = runtime.resume(&fork).await?;
+    assert_eq!(done.status, Status::Completed);
+    assert_eq!(done.output, Some(json!("submitted")));
+    assert_ne!(done.text.as_deref(), Some("asked again"));
+    Ok(())
+}

@@ -70,7 +70,10 @@ impl Session {
                     .clone()
                     .filter(|_| cut_by == Some(ErrorCode::ForkPoint));
                 let waited = self.waited_since(previous, cx.now);
+                // A fork of a run that waited only to finish goes on to finish, as in `drain`.
+                let decided = self.decided_output().filter(|_| crashed);
                 self.start_run(cx, run_id, Some(previous));
+                self.keep_output(decided);
                 cx.push(self.resumed_hook(run_id, previous, waited, forked_from));
                 if crashed {
                     let forked = cut_by == Some(ErrorCode::ForkPoint);
@@ -89,6 +92,24 @@ impl Session {
         }
     }
 
+    /// The suspended step's finisher, if it succeeded: its value, and the text of the reply
+    /// that called it. The run that goes on completes with them once the children it waited
+    /// for are recorded.
+    fn decided_output(&self) -> Option<(Value, Option<String>)> {
+        let finish = self.record.suspension.as_ref()?.finish.clone()?;
+        Some((finish, self.run.as_ref().and_then(|run| run.text.clone())))
+    }
+
+    /// Keeps the [`Session::decided_output`] read before the run went on (which forgets it).
+    fn keep_output(&mut self, decided: Option<(Value, Option<String>)>) {
+        if let Some((finish, text)) = decided {
+            self.finishing = Some(finish);
+            if let Some(run) = &mut self.run {
+                run.text = text;
+            }
+        }
+    }
+
     /// Drains every answer of the suspension into tool results, in call order, and runs the
     /// approved tools: one continuation that sees all results, once.
     ///
@@ -103,22 +124,10 @@ impl Session {
             .suspension
             .as_ref()
             .map_or_else(|| self.current_run_id(), |suspension| suspension.run_id);
-        // The suspended step's finisher: this run completes with its value (and the text of
-        // the reply that called it) once the drained children are recorded.
-        let finish = self
-            .record
-            .suspension
-            .as_ref()
-            .and_then(|suspension| suspension.finish.clone());
-        let text = self.run.as_ref().and_then(|run| run.text.clone());
+        let decided = self.decided_output();
         let waited = self.waited_since(previous, cx.now);
         self.start_run(cx, run_id, Some(previous));
-        if finish.is_some() {
-            self.finishing = finish;
-            if let Some(run) = &mut self.run {
-                run.text = text;
-            }
-        }
+        self.keep_output(decided);
         cx.push(self.resumed_hook(run_id, previous, waited, None));
         let mut ordered: Vec<(u32, StepCall)> = self
             .children

@@ -344,7 +344,12 @@ pub(crate) fn write_fork(
         Status::Running | Status::SuspendedClientTool | Status::SuspendedAwaitingChildren
     ) {
         record.status = Status::Interrupted;
-        record.suspension = None;
+        // A run whose finishing tool succeeded, suspended only for its children, keeps its
+        // output: its resume completes with it, as the source's would.
+        record.suspension = record
+            .suspension
+            .take()
+            .filter(|suspension| suspension.finish.is_some());
         record.interrupt_requested = false;
         if let Some(run) = current_run {
             runs.push(RunRecord {
