@@ -1145,3 +1145,40 @@ async fn a_childs_report_whose_commit_in_the_parent_fails_is_delivered_again() -
     runtime.shutdown().await?;
     Ok(())
 }
+
+/// A woken child whose run goes on, then is cut by its actor's crash, tells its parent so and
+/// is woken again: the crash is no answer to the wake. The parent's resume waits for the
+/// run that goes on after the crash, and completes with the child's answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_woken_childs_crash_is_no_answer_to_the_wake() -> anyhow::Result<()> {
+    let parent: SessionId = "p".parse()?;
+    let child = parent.ephemeral_child("c1");
+    let store = Arc::new(DelegatingStore::wrap(
+        Arc::new(MemoryStore::new()),
+        CommitPanicsOnce::new(child, Some(store::CommitKind::RunEnd), false),
+    ));
+    let runtime = editing_child_runtime(Arc::clone(&store) as Arc<dyn Store>)?;
+    let waiting = runtime.execute_on(&parent, "lead", "go").await?;
+    assert_eq!(waiting.status, Status::SuspendedAwaitingChildren);
+    let answer = dormant::Submit::result("p", "tc-1", json!({ "applied": 1 }));
+    assert_eq!(
+        runtime.submit_tool_result(answer).await?,
+        dormant::SubmitOutcome::Accepted
+    );
+    store
+        .delegate()
+        .armed
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let resumed = bounded("the parent's going on", runtime.resume(&parent)).await??;
+    assert!(store
+        .delegate()
+        .fired
+        .load(std::sync::atomic::Ordering::SeqCst));
+    assert_eq!(resumed.status, Status::Completed, "{resumed:?}");
+    assert_eq!(
+        common::tool_result(&runtime.messages(&parent).await?, "c1"),
+        Some(&ToolOutcome::Result(json!("edited")))
+    );
+    runtime.shutdown().await?;
+    Ok(())
+}

@@ -273,10 +273,12 @@ impl Session {
                 continue;
             };
             // A result already recorded stays (a re-attached child reports it again).
+            let mut rewoken = false;
             if !entry.state.is_finished() {
                 match &report {
                     ChildReport::Crashed if live && entry.companion.is_none() => {
                         crashed.push((target.clone(), entry.child.clone()));
+                        rewoken = true;
                     }
                     ChildReport::Crashed => {}
                     ChildReport::Suspended(waiting) => {
@@ -292,7 +294,8 @@ impl Session {
                     }
                 }
             }
-            if entry.state != ChildState::Running {
+            // A child woken again after a crash answers no wake yet: it reports again.
+            if entry.state != ChildState::Running && !rewoken {
                 woken.push(target);
             }
             let entry = entry.clone();
