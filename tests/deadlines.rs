@@ -481,9 +481,26 @@ async fn a_call_that_expired_unswept_gets_one_result_while_its_steps_tool_runs(
         .submit_tool_result(Submit::result("s1", "p1", json!("late")))
         .await?;
     assert_eq!(late, SubmitOutcome::AlreadyCompleted);
+    // The sweep meanwhile (it waits for the session to settle, so it runs beside).
+    let swept = tokio::spawn({
+        let runtime = runtime.clone();
+        async move { runtime.sweep_deadlines().await }
+    });
+    // The sweep fired the call while the tool runs: its deadline entry went.
+    tokio::time::timeout(std::time::Duration::from_secs(10), async {
+        while !runtime.find_expired_pending(10_000).await?.is_empty() {
+            tokio::task::yield_now().await;
+        }
+        Ok::<_, dormant::Error>(())
+    })
+    .await??;
     release.notify_one();
     let resumed = tokio::time::timeout(std::time::Duration::from_secs(10), resumed).await???;
     assert_eq!(resumed.status, Status::Completed);
+    tokio::time::timeout(std::time::Duration::from_secs(10), swept).await???;
+    // Nothing of the call is left for a sweep to fire.
+    assert_eq!(runtime.sweep_deadlines().await?.fired, 0);
+    assert!(runtime.find_expired_pending(10_000).await?.is_empty());
     let results = runtime
         .messages(&id)
         .await?

@@ -147,16 +147,6 @@ impl Session {
             }
             self.report_decision(cx, run_id, &entry);
             let slot = self.answered_slot(cx, &entry);
-            if entry.answer.is_none() {
-                // Expired unswept: its slot holds the timeout. The entry stays until the step
-                // records it, answered here, so that the sweep or a late answer meanwhile (an
-                // approved tool of the step still running) finds it timed out, and records no
-                // second result.
-                if let Some(expired) = self.pending.get_mut(&entry.tool_call_id) {
-                    expired.answer = Some(Answer::TimedOut);
-                    expired.answered_at_ms = Some(cx.now);
-                }
-            }
             ordered.push((entry.position, StepCall::new(entry_call(&entry), slot)));
         }
         // Children and own calls interleave in the model's reply: restore call order.

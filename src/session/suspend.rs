@@ -4,7 +4,7 @@
 use serde_json::Value;
 
 use super::apply_cx::ApplyCx;
-use super::core::{Outcome, Session};
+use super::core::{CallSlot, Outcome, Phase, Session};
 use super::{Answer, Effect, Observation, PendingCall, PendingKind, Status, Suspension};
 use crate::definition::{InputAnswer, InputRequest, Reconciled, ToolKind};
 use crate::store::schema::IndexWrite;
@@ -200,7 +200,7 @@ impl Session {
         let Some(entry) = self.pending.get(call_id) else {
             return cx.decide(Verdict::NotPending);
         };
-        if entry.answer.is_some() {
+        if entry.answer.is_some() || self.settled_in_step(call_id) {
             return cx.decide(Verdict::AlreadyCompleted);
         }
         if now >= entry.deadline_at_ms {
@@ -464,6 +464,16 @@ impl Session {
         if entry.answer.is_some() || now < entry.deadline_at_ms {
             return;
         }
+        if self.settled_in_step(call_id) {
+            // Its deadline goes now (the step removes it again with the entry, a delete of
+            // nothing): left, the sweep would fire it again at once, for as long as the
+            // step's tool runs.
+            cx.staged.index.push(IndexWrite::DeleteDeadline {
+                at: entry.deadline_at_ms,
+                call: entry.tool_call_id.clone(),
+            });
+            return self.finish_entries(cx, CommitKind::Other);
+        }
         self.record_answer(cx, call_id, Answer::TimedOut, None);
         cx.push(Effect::Observe(Observation::TimedOut {
             tool_call_id: entry.tool_call_id.clone(),
@@ -483,6 +493,19 @@ impl Session {
             cx.push(Effect::AutoResume);
         }
         self.finish(cx, CommitKind::Other);
+    }
+
+    /// Whether call `call_id` has its result in the step under way already: a resume drained
+    /// it (an answer, or the timeout of a call that expired unswept) while an approved tool of
+    /// the step still runs. Its entry stays, as it is stored, until the step records the
+    /// result; neither the sweep nor a late answer meanwhile records another.
+    fn settled_in_step(&self, call_id: &str) -> bool {
+        let Phase::AwaitingTools { calls, .. } = &self.phase else {
+            return false;
+        };
+        calls
+            .iter()
+            .any(|step| step.call.id == call_id && matches!(step.slot, CallSlot::Ready { .. }))
     }
 
     /// Forgets an answer whose commit failed: the call waits again (its deadline entry was
