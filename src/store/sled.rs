@@ -95,8 +95,8 @@ use writes::SledWrites;
 /// failed, even after space is freed, and it keeps showing the batches it applied in memory
 /// but could not write (they would vanish at the next restart). So after *any* failed apply or
 /// flush the store drops the `sled::Db` and opens it again from the directory before the
-/// failed commits hear of it: from then on, readers see what is on disk. Reads wait while
-/// that happens. A read can fail the same way (sled writes while it reads: it finishes the
+/// failed commits hear of it: from then on, readers see what is on disk. Reads and commits
+/// wait a moment (250 ms at most) while that happens, then fail. A read can fail the same way (sled writes while it reads: it finishes the
 /// splits and merges of the tree nodes it walks through): it is handled like a failed write,
 /// and fails with [`Error::StorageFull`] on a full disk too. While the disk stays full,
 /// opening the database can fail as well (sled needs a little space to open); the store then
@@ -343,6 +343,7 @@ impl Store for SledStore {
         // Waits for an apply or flush in progress, which holds the read side.
         let open = std::mem::replace(&mut *self.shared.state.write(), State::Closed);
         let_go(open);
+        self.shared.wait_reopen_ended(LET_GO_BOUND);
         flushed
     }
 
@@ -352,6 +353,7 @@ impl Store for SledStore {
     fn release(&self) {
         let open = std::mem::replace(&mut *self.shared.state.write(), State::Closed);
         let_go(open);
+        self.shared.wait_reopen_ended(LET_GO_BOUND);
     }
 
     fn is_closed(&self) -> bool {

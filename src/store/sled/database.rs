@@ -56,8 +56,9 @@ pub(super) enum State {
     /// A write failed, the database was dropped, and opening it again failed as well (the
     /// disk is still full, say): the next operation tries again.
     Failed,
-    /// A write failed, and the failed database is being let go and opened again by a thread
-    /// of its own, off every caller's path: operations fail at once meanwhile.
+    /// A write failed, and the failed database is being let go and opened again (by a thread
+    /// of its own, or by the operation that found it [`State::Failed`]), outside the state's
+    /// lock: other operations fail within [`REOPEN_PATIENCE`] meanwhile.
     Reopening,
     /// Taken out by [`Store::close`] or [`Store::release`].
     Closed,
@@ -94,6 +95,9 @@ pub(super) struct Shared {
     /// Why the last write failed, or the database could not be opened again after it (a full
     /// disk, an I/O error, damage found), until a write succeeds: what `degraded` tells.
     pub(super) failure: Mutex<Option<String>>,
+    /// A reopen is running: the failed database being let go, or the new one being opened
+    /// (either holds the directory's lock).
+    reopen_running: AtomicBool,
     /// Told when a failed database has been let go (and opened again, or left for the next
     /// operation to open): what tests wait on.
     let_go: (Mutex<()>, parking_lot::Condvar),
@@ -133,6 +137,7 @@ impl Shared {
             flushes: AtomicU64::new(0),
             full: AtomicBool::new(false),
             failure: Mutex::new(None),
+            reopen_running: AtomicBool::new(false),
             let_go: (Mutex::new(()), parking_lot::Condvar::new()),
             #[cfg(test)]
             fail_flushes: std::sync::atomic::AtomicBool::new(false),
@@ -297,7 +302,11 @@ impl Shared {
                 failed
             };
             if reopening {
+                self.reopen_running.store(true, Ordering::Release);
                 self.reopen()?;
+            } else {
+                // Another operation is opening it: as at the top, a moment's patience.
+                self.wait_let_go_for(REOPEN_PATIENCE);
             }
             state = self.state.read();
             if matches!(*state, State::Reopening) {
@@ -415,6 +424,7 @@ impl Shared {
             }
             std::mem::replace(&mut *state, State::Reopening)
         };
+        self.reopen_running.store(true, Ordering::Release);
         let shared = Arc::clone(self);
         let reopen = std::thread::Builder::new()
             .name("dormant-store-reopen".into())
@@ -431,6 +441,8 @@ impl Shared {
             if matches!(*state, State::Reopening) {
                 *state = State::Failed;
             }
+            drop(state);
+            self.reopen_ended();
         }
     }
 
@@ -476,10 +488,29 @@ impl Shared {
             }
             Err(Error::Closed)
         };
+        self.reopen_ended();
+        reopened
+    }
+
+    /// No reopen is running any more: tells whoever waits for it (an operation, a close).
+    fn reopen_ended(&self) {
+        self.reopen_running.store(false, Ordering::Release);
         // Not under the state's lock: a waiter holds this one while it reads the state.
         let _told = self.let_go.0.lock();
         self.let_go.1.notify_all();
-        reopened
+    }
+
+    /// Waits until no reopen is running, `patience` at most: a closing store's caller may open
+    /// the directory again at once, and the database being let go or opened by a reopen holds
+    /// its lock until then.
+    pub(super) fn wait_reopen_ended(&self, patience: std::time::Duration) {
+        let until = std::time::Instant::now() + patience;
+        let mut told = self.let_go.0.lock();
+        while self.reopen_running.load(Ordering::Acquire) {
+            if self.let_go.1.wait_until(&mut told, until).timed_out() {
+                return;
+            }
+        }
     }
 
     /// Waits until no failed database is being let go, `patience` at most.
