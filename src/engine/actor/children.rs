@@ -272,22 +272,28 @@ impl SessionActor {
         let fed = self
             .feed(ctx, state, Input::ChildrenReported { reports })
             .await;
-        if fed != Handled::Yes {
+        if fed == Handled::Yes {
+            self.shared.reports.recorded(ctx.key());
+        } else {
             self.report_again_later(ctx, kept);
         }
     }
 
     /// Children's reports this session took but did not record (it could not be read, or
     /// its commit failed): like a failed commit's answer they are not lost, but queued again
-    /// and handled a little later (a store that keeps failing is not asked in a busy loop).
-    /// Reports apply once: one recorded meanwhile changes nothing when it comes again.
+    /// and taken again later, twice as late each time in a row (a store that keeps failing is
+    /// not asked in a busy loop), a few times. A report recorded meanwhile (the child's state
+    /// is where it says) changes nothing when it comes again.
     fn report_again_later(&self, ctx: &ActorContext<Self>, reports: Vec<Report>) {
         let parent = ctx.key().clone();
         tracing::warn!(session = %parent, reports = reports.len(), "subagent.reports_requeued");
-        self.shared.reports.requeue(parent.clone(), reports);
+        let Some(times) = self.shared.reports.requeue(parent.clone(), reports) else {
+            return;
+        };
         if let Some(host) = ctx.host() {
+            let later = REPORTS_RETRY.saturating_mul(1 << (times - 1).min(6));
             tokio::spawn(async move {
-                tokio::time::sleep(REPORTS_RETRY).await;
+                tokio::time::sleep(later).await;
                 host.send(parent.clone(), SessionMsg::ReportsWaiting { parent });
             });
         }

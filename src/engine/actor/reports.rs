@@ -30,7 +30,13 @@ pub(crate) type Report = (String, ChildReport);
 #[derive(Debug, Default)]
 pub(crate) struct Reports {
     waiting: DashMap<SessionId, Vec<Report>>,
+    /// How many times in a row each parent took reports it could not record.
+    unrecorded: DashMap<SessionId, u32>,
 }
+
+/// How many times in a row a parent may take reports it cannot record before they are let
+/// go (with the reconciliation of its children left to its next activation).
+pub(crate) const MOST_UNRECORDED: u32 = 8;
 
 impl Reports {
     /// Queues a report for `parent`; true when the parent must be nudged (its queue was
@@ -60,11 +66,29 @@ impl Reports {
     }
 
     /// Puts `reports`, taken for `parent` but not recorded (its commit failed), back in front
-    /// of its queue; the caller nudges the parent again.
-    pub(crate) fn requeue(&self, parent: SessionId, mut reports: Vec<Report>) {
+    /// of its queue, and answers how many times in a row that happened (the caller nudges the
+    /// parent again, later each time); `None` after [`MOST_UNRECORDED`] times: the reports
+    /// are let go instead.
+    pub(crate) fn requeue(&self, parent: SessionId, mut reports: Vec<Report>) -> Option<u32> {
+        let times = {
+            let mut times = self.unrecorded.entry(parent.clone()).or_default();
+            *times += 1;
+            *times
+        };
+        if times > MOST_UNRECORDED {
+            self.unrecorded.remove(&parent);
+            tracing::error!(%parent, reports = reports.len(), "subagent.reports_unrecordable");
+            return None;
+        }
         let mut queue = self.waiting.entry(parent).or_default();
         reports.append(&mut queue);
         *queue = reports;
+        Some(times)
+    }
+
+    /// `parent` recorded the reports it took.
+    pub(crate) fn recorded(&self, parent: &SessionId) {
+        self.unrecorded.remove(parent);
     }
 
     /// Drops every report waiting for `parent`: it cannot hear them (its actor cannot be
