@@ -15,6 +15,9 @@ impl Runtime {
     /// session of the tree is running and none of its calls is pending. The walk runs here,
     /// outside every actor, so no session ever waits on another.
     ///
+    /// A session below the root whose stop fails does not end the walk: the others are
+    /// stopped still, and the call fails with the first such error once they are.
+    ///
     /// Then every session that still owns a call under `root` is stopped too (and the
     /// sessions below it): a root's stop forgets its children before they are stopped, so
     /// a walk cut short (a crash, a child's stop that failed) left them waiting, their calls
@@ -24,9 +27,9 @@ impl Runtime {
         self.session(root).await?;
         let mut queue = VecDeque::from([(root.clone(), abort, None)]);
         let mut stopped = HashSet::new();
-        let mut unreachable = None;
+        let mut failed = None;
         loop {
-            self.walk(root, &mut queue, &mut stopped, &mut unreachable)
+            self.walk(root, &mut queue, &mut stopped, &mut failed)
                 .await?;
             let store = self.inner.shared.store.as_ref();
             let left = crate::store::schema::sessions_under(store, root).await?;
@@ -42,9 +45,9 @@ impl Runtime {
                 queue.push_back((orphan, abort, None));
             }
         }
-        // Every session this side holds is stopped; a remote that could not be told is the
-        // caller's to retry.
-        unreachable.map_or(Ok(()), Err)
+        // Every session this side could stop is stopped; a remote that could not be told, or
+        // a session whose stop failed, is the caller's to retry.
+        failed.map_or(Ok(()), Err)
     }
 
     /// Stops every session in `queue` and the children each hands back, once each.
@@ -53,7 +56,7 @@ impl Runtime {
         root: &SessionId,
         queue: &mut VecDeque<crate::engine::actor::StopTarget>,
         stopped: &mut HashSet<SessionId>,
-        unreachable: &mut Option<Error>,
+        failed: &mut Option<Error>,
     ) -> Result<(), Error> {
         while let Some((id, abort, remote)) = queue.pop_front() {
             if !stopped.insert(id.clone()) {
@@ -66,7 +69,7 @@ impl Runtime {
                     tracing::warn!(child = %id, endpoint = %remote.endpoint, error = %crate::types::Untrusted(&error), "remote_subagent.stop_failed");
                     // This side let it go: it is stopped there once the remote answers.
                     crate::engine::actor::orphan(shared, id.clone(), remote, abort).await;
-                    unreachable.get_or_insert(Error::Remote(error));
+                    failed.get_or_insert(Error::Remote(error));
                 }
                 continue;
             }
@@ -78,11 +81,16 @@ impl Runtime {
                     reply: Some(reply),
                 },
             );
-            match answer.await.map_err(|_| self.lost_reply(&id))? {
+            let stopped = answer.await.unwrap_or_else(|_| Err(self.lost_reply(&id)));
+            match stopped {
                 Ok(children) => queue.extend(children),
+                Err(error) if &id == root => return Err(error),
                 // A child whose start never happened (it was refused): nothing to stop.
-                Err(Error::UnknownSession(_)) if &id != root => {}
-                Err(error) => return Err(error),
+                Err(Error::UnknownSession(_)) => {}
+                Err(error) => {
+                    tracing::warn!(%root, session = %id, %error, "session.stop_failed");
+                    failed.get_or_insert(error);
+                }
             }
         }
         Ok(())

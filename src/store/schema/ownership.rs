@@ -71,13 +71,14 @@ pub(crate) async fn sessions_under(
     store: &dyn Store,
     root: &SessionId,
 ) -> Result<Vec<SessionId>, Error> {
+    let mut seen = std::collections::HashSet::new();
     let mut sessions = Vec::new();
     for (_, bytes) in store.scan_prefix(Tree::Ownership, &prefix(root)).await? {
         let session = match decode(root, Tree::Ownership, &bytes)? {
             Owner::Local(session) => session,
             Owner::Remote(remote) => remote.via,
         };
-        if !sessions.contains(&session) {
+        if seen.insert(session.clone()) {
             sessions.push(session);
         }
     }
