@@ -73,6 +73,10 @@ impl Engine {
             (_, true) => None,
             (None, false) => {
                 let mark = Mark::open(path, recovered, true).map_err(|e| io_error(e, path))?;
+                // What was replayed is served from now on: the mark says so, or a later
+                // advance's take-back could leave it behind commits readers have seen (one
+                // of its slots unreadable, it may be behind them now).
+                mark.advance(recovered).map_err(|e| io_error(e, path))?;
                 // A crash between a compaction's rename and its removals left what its base
                 // replaced.
                 remove_replaced(path, replayed.first_kept)

@@ -584,5 +584,7 @@ async fn commits_past_the_mark_were_never_acknowledged_and_are_let_go() -> Resul
     mark::rewrite(dir.path(), [None, Some(2)]).map_err(Error::backend)?;
     let store = open(dir.path())?;
     assert!(store.get(Tree::Log, b"k002").await?.is_some());
+    // Served now, so the mark names it.
+    assert_eq!(mark::certain(dir.path()).map_err(Error::backend)?, Some(3));
     store.close().await
 }
