@@ -361,7 +361,10 @@ impl Shared {
             match self.apply_group_and_flush(&open, batches) {
                 Ok(()) => {
                     self.full.store(false, Ordering::Relaxed);
-                    self.failure.lock().take();
+                    // Only a write that reached the disk says it is healthy again.
+                    if !batches.is_empty() {
+                        self.failure.lock().take();
+                    }
                     return Ok(());
                 }
                 Err(error) => (error, open.generation),
