@@ -120,6 +120,9 @@ pub(crate) enum SessionMsg {
         tool_call_id: String,
         /// The session woken (named in the parent's error if it cannot be reached).
         child: SessionId,
+        /// Sent again by the session itself, after handling the first panicked: it goes on
+        /// only if the session is still suspended (a stop may have come in between).
+        again: bool,
     },
     /// Children of this session queued reports for it (`actor/reports.rs`): sent by the
     /// child whose report found the queue empty.
@@ -332,6 +335,7 @@ impl VirtualActor for SessionActor {
                 parent,
                 tool_call_id,
                 child,
+                ..
             } => unreachable_child(host, &self.shared, &parent, tool_call_id, &child, error),
             // The parent cannot hear them: its queue goes, or no later report would nudge it.
             SessionMsg::ReportsWaiting { parent } => self.shared.reports.drop_all(&parent),
@@ -785,7 +789,11 @@ impl SessionActor {
                 parent,
                 tool_call_id,
                 child,
-            } => self.wake(ctx, state, parent, tool_call_id, child).await,
+                again,
+            } => {
+                self.wake(ctx, state, (parent, tool_call_id), child, again)
+                    .await
+            }
             SessionMsg::ReportsWaiting { .. } => self.reports_waiting(ctx, state).await,
             SessionMsg::RemoteReport {
                 tool_call_id,

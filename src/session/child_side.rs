@@ -90,7 +90,7 @@ impl Session {
 
     /// What this session tells its parent about where its last run stands (`None` for a root,
     /// or while a run is in progress).
-    pub(super) fn report(&self, now: u64) -> Option<Effect> {
+    pub(crate) fn report(&self, now: u64) -> Option<Effect> {
         let (parent, call) = (
             self.record.parent.as_ref()?,
             self.record.parent_call.as_ref()?,

@@ -389,7 +389,8 @@ impl Session {
         self.drain(cx, run_id);
     }
 
-    pub(super) fn is_suspended(&self) -> bool {
+    /// Whether the session is suspended (a wake resumes it, unless it was aborted).
+    pub(crate) fn is_suspended(&self) -> bool {
         matches!(
             self.record.status,
             super::Status::SuspendedClientTool | super::Status::SuspendedAwaitingChildren

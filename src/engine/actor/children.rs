@@ -151,15 +151,28 @@ impl SessionActor {
     /// session that cannot be read reports that instead. A run going on that panics before its
     /// first commit lands leaves the session as it was, and its restart nothing cut to tell the
     /// parent of: the wake is sent again, to be handled after the restart (a session that
-    /// keeps crashing is failed by the host, which tells the parent).
+    /// keeps crashing is failed by the host, which tells the parent). A wake sent `again` that
+    /// finds the session no longer suspended (stopped meanwhile, its parent may have forgotten
+    /// it) does not resume it: the session reports where it stands.
     pub(super) async fn wake(
         &self,
         ctx: &ActorContext<Self>,
         state: &mut SessionState,
-        parent: SessionId,
-        tool_call_id: String,
+        (parent, tool_call_id): (SessionId, String),
         child: SessionId,
+        again: bool,
     ) {
+        if again {
+            let now = self.shared.clock.now_ms();
+            if let Ok(Some(session)) = self.present(ctx.key(), state).await {
+                if !session.is_suspended() {
+                    if let Some(report) = session.report(now) {
+                        self.run_effect(ctx, state, report);
+                    }
+                    return;
+                }
+            }
+        }
         let run_id = RunId::generate();
         let fed = AssertUnwindSafe(self.feed(ctx, state, Input::Wake { run_id }))
             .catch_unwind()
@@ -181,6 +194,7 @@ impl SessionActor {
                             parent,
                             tool_call_id,
                             child,
+                            again: true,
                         };
                         host.send(ctx.key().clone(), wake);
                     }

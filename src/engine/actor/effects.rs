@@ -215,6 +215,7 @@ impl SessionActor {
                                 parent,
                                 tool_call_id,
                                 child,
+                                again: false,
                             },
                         );
                     }
