@@ -9,7 +9,7 @@ mod effects;
 mod outside;
 mod remote;
 pub(crate) mod reports;
-mod submit;
+pub(crate) mod submit;
 mod work;
 
 pub(crate) use children::DEFAULT_CHILD_INSPECTION_TIMEOUT;
@@ -228,6 +228,8 @@ impl VirtualActor for SessionActor {
 
     async fn activate(&self, id: &SessionId) -> Result<SessionState, Error> {
         self.take_lease(id).await?;
+        // After a panic, answers an earlier state was committing may not have landed yet.
+        self.shared.landing.settled(id).await;
         let loaded = match self.load_recovered(id).await {
             Ok(loaded) => loaded,
             Err(error) => {

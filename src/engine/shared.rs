@@ -53,6 +53,8 @@ pub(crate) struct Shared {
     pub(crate) peers: Option<Arc<dyn crate::cluster::peer::Peers>>,
     /// Children's reports on their way to their parents, heard in groups.
     pub(crate) reports: crate::engine::actor::reports::Reports,
+    /// The accepted answers' commits on their way, which a session's loading waits for.
+    pub(crate) landing: crate::engine::actor::submit::Landing,
 }
 
 impl std::fmt::Debug for Shared {
