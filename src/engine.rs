@@ -4,6 +4,7 @@
 pub(crate) mod actor;
 pub(crate) mod deadlines;
 pub(crate) mod dispatch;
+pub(crate) mod landing;
 pub(crate) mod metrics;
 pub(crate) mod router;
 pub(crate) mod scheduler;

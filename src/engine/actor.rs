@@ -9,7 +9,7 @@ mod effects;
 mod outside;
 mod remote;
 pub(crate) mod reports;
-pub(crate) mod submit;
+mod submit;
 mod work;
 
 pub(crate) use children::DEFAULT_CHILD_INSPECTION_TIMEOUT;

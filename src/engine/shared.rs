@@ -54,7 +54,7 @@ pub(crate) struct Shared {
     /// Children's reports on their way to their parents, heard in groups.
     pub(crate) reports: crate::engine::actor::reports::Reports,
     /// The accepted answers' commits on their way, which a session's loading waits for.
-    pub(crate) landing: crate::engine::actor::submit::Landing,
+    pub(crate) landing: crate::engine::landing::Landing,
 }
 
 impl std::fmt::Debug for Shared {

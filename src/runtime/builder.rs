@@ -320,7 +320,7 @@ impl RuntimeBuilder {
             remote_policy: self.remote_policy,
             orphans_recorded: tokio::sync::Notify::new(),
             reports: crate::engine::actor::reports::Reports::default(),
-            landing: crate::engine::actor::submit::Landing::default(),
+            landing: crate::engine::landing::Landing::default(),
             peers: self.peers,
         });
         // Agents may name each other as sub-agents: the set is checked as a whole.
