@@ -93,6 +93,36 @@ async fn bounded<T>(what: &str, work: impl std::future::Future<Output = T>) -> a
         .map_err(|_| anyhow::anyhow!("{what} never happened"))
 }
 
+/// Runs `parent` (the lead of [`editing_child_runtime`]) until it waits on its child, and
+/// answers the child's call `tc-1`.
+async fn child_answered(runtime: &Runtime, parent: &SessionId) -> anyhow::Result<()> {
+    let waiting = runtime.execute_on(parent, "lead", "go").await?;
+    assert_eq!(waiting.status, Status::SuspendedAwaitingChildren);
+    let answer = dormant::Submit::result(parent.as_str(), "tc-1", json!({ "applied": 1 }));
+    assert_eq!(
+        runtime.submit_tool_result(answer).await?,
+        dormant::SubmitOutcome::Accepted
+    );
+    Ok(())
+}
+
+/// Resumes `parent`, bounded, and checks that its run completes with `answer` as its child's
+/// result for `call`.
+async fn resumed_with(
+    runtime: &Runtime,
+    parent: &SessionId,
+    call: &str,
+    answer: serde_json::Value,
+) -> anyhow::Result<()> {
+    let resumed = bounded("the parent's going on", runtime.resume(parent)).await??;
+    assert_eq!(resumed.status, Status::Completed, "{resumed:?}");
+    assert_eq!(
+        common::tool_result(&runtime.messages(parent).await?, call),
+        Some(&ToolOutcome::Result(answer))
+    );
+    Ok(())
+}
+
 #[async_trait::async_trait]
 impl Delegate for PanicFor {
     async fn before(&self, call: Call<'_>) -> Result<(), store::Error> {
@@ -459,6 +489,24 @@ fn editing_child_runtime_with(
     store: Arc<dyn Store>,
     with: impl FnOnce(dormant::RuntimeBuilder) -> dormant::RuntimeBuilder,
 ) -> anyhow::Result<Runtime> {
+    let helper = AgentDefinition::builder("helper")
+        .tool(ToolDefinition::client("edit"))
+        .build()?;
+    let script = vec![
+        ModelReply::tool_calls(vec![ToolCall::new("tc-1", "edit", json!({}))]),
+        ModelReply::text("edited"),
+    ];
+    lead_and_helper_runtime(store, (helper, script), with)
+}
+
+/// Lead `p`'s agent `lead` asks sub-agent `helper` (call `c1`) and says "done" once it has
+/// its answer; the helper is the agent given, with its script. The builder is changed by
+/// `with`.
+fn lead_and_helper_runtime(
+    store: Arc<dyn Store>,
+    (helper, script): (AgentDefinition, Vec<ModelReply>),
+    with: impl FnOnce(dormant::RuntimeBuilder) -> dormant::RuntimeBuilder,
+) -> anyhow::Result<Runtime> {
     let llm = ScriptedLlm::new()
         .script(
             "lead",
@@ -466,18 +514,12 @@ fn editing_child_runtime_with(
                 ModelReply::tool_calls(vec![ToolCall::new(
                     "c1",
                     "ask",
-                    json!({ "message": "edit it" }),
+                    json!({ "message": "help" }),
                 )]),
                 ModelReply::text("done"),
             ],
         )
-        .script(
-            "helper",
-            vec![
-                ModelReply::tool_calls(vec![ToolCall::new("tc-1", "edit", json!({}))]),
-                ModelReply::text("edited"),
-            ],
-        );
+        .script("helper", script);
     let builder = Runtime::builder()
         .store(store)
         .llm(Arc::new(llm))
@@ -487,11 +529,7 @@ fn editing_child_runtime_with(
                 .tool(ToolDefinition::sub_agent("ask", "helper"))
                 .build()?,
         )
-        .agent(
-            AgentDefinition::builder("helper")
-                .tool(ToolDefinition::client("edit"))
-                .build()?,
-        );
+        .agent(helper);
     Ok(with(builder).build()?)
 }
 
@@ -508,13 +546,7 @@ async fn a_child_that_cannot_be_read_when_its_parent_goes_on_is_a_tool_error() -
         },
     ));
     let runtime = editing_child_runtime(Arc::clone(&store) as Arc<dyn Store>)?;
-    let waiting = runtime.execute_on(&parent, "lead", "go").await?;
-    assert_eq!(waiting.status, Status::SuspendedAwaitingChildren);
-    let answer = dormant::Submit::result("p", "tc-1", json!({ "applied": 1 }));
-    assert_eq!(
-        runtime.submit_tool_result(answer).await?,
-        dormant::SubmitOutcome::Accepted
-    );
+    child_answered(&runtime, &parent).await?;
     // The child leaves memory (the answer's commit hands its effects back to the child one
     // message later, and a busy actor refuses to leave: asked until it has left); from now on
     // its log cannot be read back.
@@ -727,18 +759,13 @@ async fn a_re_attach_to_a_cut_child_that_panics_once_goes_on_after_the_childs_re
         .agent(AgentDefinition::builder("good").build()?)
         .agent(AgentDefinition::builder("stuck").build()?)
         .build()?;
-    let resumed = bounded("the parent's going on", runtime.resume(&parent)).await??;
+    resumed_with(&runtime, &parent, "o1", json!("recovered")).await?;
     assert!(
         store
             .delegate()
             .fired
             .load(std::sync::atomic::Ordering::SeqCst),
         "the child's run never went on through the panicking commit"
-    );
-    assert_eq!(resumed.status, Status::Completed, "{resumed:?}");
-    assert_eq!(
-        common::tool_result(&runtime.messages(&parent).await?, "o1"),
-        Some(&ToolOutcome::Result(json!("recovered")))
     );
     runtime.shutdown().await?;
     Ok(())
@@ -931,34 +958,29 @@ async fn a_child_whose_first_commit_fails_is_a_tool_error() -> anyhow::Result<()
 /// waiting for its report for good.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_woken_child_whose_run_panics_before_it_lands_is_woken_again() -> anyhow::Result<()> {
+    woken_child_panicking_once_in(store::CommitKind::RunStart).await
+}
+
+/// The lead's child answered, then woken by the lead's resume: the child's first commit of
+/// `kind` once woken panics. The parent's resume completes, with the child's answer.
+async fn woken_child_panicking_once_in(kind: store::CommitKind) -> anyhow::Result<()> {
     let parent: SessionId = "p".parse()?;
     let child = parent.ephemeral_child("c1");
     let store = Arc::new(DelegatingStore::wrap(
         Arc::new(MemoryStore::new()),
-        CommitPanicsOnce::new(child, Some(store::CommitKind::RunStart), false),
+        CommitPanicsOnce::new(child, Some(kind), false),
     ));
     let runtime = editing_child_runtime(Arc::clone(&store) as Arc<dyn Store>)?;
-    let waiting = runtime.execute_on(&parent, "lead", "go").await?;
-    assert_eq!(waiting.status, Status::SuspendedAwaitingChildren);
-    let answer = dormant::Submit::result("p", "tc-1", json!({ "applied": 1 }));
-    assert_eq!(
-        runtime.submit_tool_result(answer).await?,
-        dormant::SubmitOutcome::Accepted
-    );
+    child_answered(&runtime, &parent).await?;
     store
         .delegate()
         .armed
         .store(true, std::sync::atomic::Ordering::SeqCst);
-    let resumed = bounded("the parent's going on", runtime.resume(&parent)).await??;
+    resumed_with(&runtime, &parent, "c1", json!("edited")).await?;
     assert!(store
         .delegate()
         .fired
         .load(std::sync::atomic::Ordering::SeqCst));
-    assert_eq!(resumed.status, Status::Completed, "{resumed:?}");
-    assert_eq!(
-        common::tool_result(&runtime.messages(&parent).await?, "c1"),
-        Some(&ToolOutcome::Result(json!("edited")))
-    );
     runtime.shutdown().await?;
     Ok(())
 }
@@ -970,46 +992,27 @@ async fn a_woken_child_whose_run_panics_before_it_lands_is_woken_again() -> anyh
 async fn a_suspended_childs_failed_commit_does_not_fail_its_parents_call() -> anyhow::Result<()> {
     use dormant::testkit::{Fault, FaultyStore};
     let store = Arc::new(FaultyStore::new(Arc::new(MemoryStore::new())));
-    let llm = ScriptedLlm::new()
-        .script(
-            "lead",
-            vec![
-                ModelReply::tool_calls(vec![ToolCall::new(
-                    "c1",
-                    "ask",
-                    json!({ "message": "pick" }),
-                )]),
-                ModelReply::text("done"),
-            ],
-        )
-        .script(
-            "helper",
-            vec![
-                ModelReply::tool_calls(vec![
-                    ToolCall::new("a1", "quick", json!({})),
-                    ToolCall::new("b1", "slow", json!({})),
-                ]),
-                ModelReply::text("picked"),
-            ],
-        );
-    let clock = ManualClock::new(0);
-    let runtime = Runtime::builder()
-        .store(Arc::clone(&store) as Arc<dyn Store>)
-        .llm(Arc::new(llm))
-        .clock(Arc::new(clock.clone()))
-        .background_deadlines(false)
-        .agent(
-            AgentDefinition::builder("lead")
-                .tool(ToolDefinition::sub_agent("ask", "helper"))
-                .build()?,
-        )
-        .agent(
-            AgentDefinition::builder("helper")
-                .tool(ToolDefinition::client("quick").timeout_ms(100))
-                .tool(ToolDefinition::client("slow").timeout_ms(10_000))
-                .build()?,
-        )
+    let helper = AgentDefinition::builder("helper")
+        .tool(ToolDefinition::client("quick").timeout_ms(100))
+        .tool(ToolDefinition::client("slow").timeout_ms(10_000))
         .build()?;
+    let script = vec![
+        ModelReply::tool_calls(vec![
+            ToolCall::new("a1", "quick", json!({})),
+            ToolCall::new("b1", "slow", json!({})),
+        ]),
+        ModelReply::text("picked"),
+    ];
+    let clock = ManualClock::new(0);
+    let runtime = lead_and_helper_runtime(
+        Arc::clone(&store) as Arc<dyn Store>,
+        (helper, script),
+        |builder| {
+            builder
+                .clock(Arc::new(clock.clone()))
+                .background_deadlines(false)
+        },
+    )?;
     let parent: SessionId = "p".parse()?;
     let waiting = runtime.execute_on(&parent, "lead", "go").await?;
     assert_eq!(waiting.status, Status::SuspendedAwaitingChildren);
@@ -1022,12 +1025,7 @@ async fn a_suspended_childs_failed_commit_does_not_fail_its_parents_call() -> an
         runtime.submit_tool_result(answer).await?,
         dormant::SubmitOutcome::Accepted
     );
-    let resumed = bounded("the parent's going on", runtime.resume(&parent)).await??;
-    assert_eq!(resumed.status, Status::Completed, "{resumed:?}");
-    assert_eq!(
-        common::tool_result(&runtime.messages(&parent).await?, "c1"),
-        Some(&ToolOutcome::Result(json!("picked")))
-    );
+    resumed_with(&runtime, &parent, "c1", json!("picked")).await?;
     runtime.shutdown().await?;
     Ok(())
 }
@@ -1151,34 +1149,5 @@ async fn a_childs_report_whose_commit_in_the_parent_fails_is_delivered_again() -
 /// run that goes on after the crash, and completes with the child's answer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_woken_childs_crash_is_no_answer_to_the_wake() -> anyhow::Result<()> {
-    let parent: SessionId = "p".parse()?;
-    let child = parent.ephemeral_child("c1");
-    let store = Arc::new(DelegatingStore::wrap(
-        Arc::new(MemoryStore::new()),
-        CommitPanicsOnce::new(child, Some(store::CommitKind::RunEnd), false),
-    ));
-    let runtime = editing_child_runtime(Arc::clone(&store) as Arc<dyn Store>)?;
-    let waiting = runtime.execute_on(&parent, "lead", "go").await?;
-    assert_eq!(waiting.status, Status::SuspendedAwaitingChildren);
-    let answer = dormant::Submit::result("p", "tc-1", json!({ "applied": 1 }));
-    assert_eq!(
-        runtime.submit_tool_result(answer).await?,
-        dormant::SubmitOutcome::Accepted
-    );
-    store
-        .delegate()
-        .armed
-        .store(true, std::sync::atomic::Ordering::SeqCst);
-    let resumed = bounded("the parent's going on", runtime.resume(&parent)).await??;
-    assert!(store
-        .delegate()
-        .fired
-        .load(std::sync::atomic::Ordering::SeqCst));
-    assert_eq!(resumed.status, Status::Completed, "{resumed:?}");
-    assert_eq!(
-        common::tool_result(&runtime.messages(&parent).await?, "c1"),
-        Some(&ToolOutcome::Result(json!("edited")))
-    );
-    runtime.shutdown().await?;
-    Ok(())
+    woken_child_panicking_once_in(store::CommitKind::RunEnd).await
 }
