@@ -568,7 +568,10 @@ impl Runtime {
     /// A store failure.
     pub async fn find_expired_pending(&self, now: u64) -> Result<Vec<ExpiredCall>, ReadError> {
         self.ensure_open()?;
-        self.read(schema::expired_calls(self.store(), now, usize::MAX).await)
+        let mut expired = self.read(schema::expired_calls(self.store(), now, usize::MAX).await)?;
+        // A resume the runtime owes a session is no call of it: the scheduler fires those.
+        expired.retain(|call| call.tool_call_id != schema::RESUME_DUE);
+        Ok(expired)
     }
 
     /// The session's pending calls (waiting, or answered and waiting for a resume).

@@ -23,6 +23,7 @@ mod pending;
 pub(crate) mod remote_children;
 mod remote_looks;
 mod resume;
+mod resume_due;
 mod step;
 pub(crate) mod submit;
 mod suspend;

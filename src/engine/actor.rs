@@ -769,7 +769,14 @@ impl SessionActor {
                 tool_call_id,
                 reply,
             } => {
-                let handled = self.feed(ctx, state, Input::Timeout { tool_call_id }).await;
+                let input = if tool_call_id == schema::RESUME_DUE {
+                    Input::ResumeDue {
+                        run_id: RunId::generate(),
+                    }
+                } else {
+                    Input::Timeout { tool_call_id }
+                };
+                let handled = self.feed(ctx, state, input).await;
                 let _ = reply.send(handled == Handled::Yes);
             }
             SessionMsg::Stop { abort, reply } => {

@@ -88,6 +88,9 @@ impl DeadlineScheduler {
     pub(crate) async fn run(self, mut requests: mpsc::UnboundedReceiver<SchedulerMsg>) {
         let mut timer = Timer::default();
         self.rearm(&mut timer).await;
+        if self.background && self.resume_owed().await {
+            timer.wake_at = Some(self.shared.clock.now_ms());
+        }
         loop {
             let mut sleep = timer.wake_at.map(|at| self.delay_until(at));
             if self.background && self.shared.leases.is_shared() {
@@ -168,6 +171,16 @@ impl DeadlineScheduler {
         tracing::error!(%error, "deadline.rearm_failed");
         let later = self.shared.clock.now_ms().saturating_add(DEFERRED_RETRY_MS);
         timer.wake_at = Some(timer.wake_at.map_or(later, |at| at.min(later)));
+    }
+
+    /// Whether the index holds resumes a crash left owed (`schema::RESUME_DUE`): they sit
+    /// before every real deadline, where [`Self::rearm`] does not look, so the first sweep
+    /// fires them. A read that fails or panics says yes: a sweep for nothing costs a scan.
+    async fn resume_owed(&self) -> bool {
+        let owed = AssertUnwindSafe(schema::any_resume_due(self.shared.store.as_ref()))
+            .catch_unwind()
+            .await;
+        !matches!(owed, Ok(Ok(false)))
     }
 
     /// Fires every expired call, earliest first, then reaps old tombstones if the reaper is

@@ -5,7 +5,7 @@
 //! way to collect output, and no time or effect list threaded through the handlers.
 
 use super::{Effect, Transition, Verdict};
-use crate::store::schema::{Commit, IndexWrite};
+use crate::store::schema::{self, Commit, IndexWrite};
 use crate::types::message::Message;
 use crate::types::stream::Chunk;
 
@@ -111,6 +111,20 @@ impl ApplyCx {
             }));
         self.effects.extend(earliest_deadline(&commit.index));
         self.commit = Some(commit);
+    }
+
+    /// For a session the runtime resumes by itself (`auto_resume`): an automatic resume is a
+    /// message to the session's actor, which a crash loses, so the commit that makes it owed
+    /// records it in the deadline index too ([`schema::RESUME_DUE`]), where the scheduler
+    /// finds it after a restart. Not armed: the resume under way removes it.
+    pub(super) fn record_resume_due(&mut self) {
+        let resumes = self
+            .effects
+            .iter()
+            .any(|effect| matches!(effect, Effect::AutoResume));
+        if let (true, Some(commit)) = (resumes, &mut self.commit) {
+            commit.index.push(schema::resume_due_write(true));
+        }
     }
 
     /// The transition the apply produced.

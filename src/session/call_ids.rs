@@ -56,6 +56,9 @@ impl Session {
                 Some("empty")
             } else if used.contains(&call.id) {
                 Some("repeated")
+            } else if call.id == crate::store::schema::RESUME_DUE {
+                // The deadline index's name for a resume the runtime owes the session.
+                Some("reserved")
             } else {
                 None
             };

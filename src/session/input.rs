@@ -39,6 +39,9 @@ pub(crate) enum Input {
     /// Continue a suspended or interrupted run as the run `run_id` (a resume while a run is in
     /// progress joins it).
     Resume { run_id: RunId },
+    /// The session's resume-due entry fell due (`schema::RESUME_DUE`): resume as the run
+    /// `run_id` if an automatic resume is still owed, else remove the entry.
+    ResumeDue { run_id: RunId },
     /// An answer for one of this session's pending calls.
     Submit {
         tool_call_id: String,
@@ -114,6 +117,7 @@ impl Input {
                 new_only: false,
                 ..
             } | Input::Resume { .. }
+                | Input::ResumeDue { .. }
                 | Input::Interrupt
                 | Input::Abort
                 | Input::StartChild { .. }
@@ -155,6 +159,9 @@ impl Session {
     pub(crate) fn apply(&mut self, input: Input, now: u64) -> Result<Transition, Error> {
         let mut cx = ApplyCx::new(now);
         self.handle(&mut cx, input)?;
+        if self.policy.auto_resume {
+            cx.record_resume_due();
+        }
         Ok(cx.into_transition())
     }
 
@@ -176,6 +183,7 @@ impl Session {
                 self.execute_from_outside(cx, run_id, message, outside)?;
             }
             Input::Resume { run_id } => self.resume(cx, run_id)?,
+            Input::ResumeDue { run_id } => self.resume_due(cx, run_id)?,
             Input::Submit {
                 tool_call_id,
                 submission,

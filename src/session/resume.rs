@@ -10,7 +10,7 @@ use super::{
     Answer, ChildState, Effect, ErrorCode, Observation, PendingCall, PendingKind, RunError, Status,
 };
 use crate::error::Error;
-use crate::store::schema::IndexWrite;
+use crate::store::schema::{self, IndexWrite};
 use crate::store::CommitKind;
 use crate::types::hooks::HookEvent;
 use crate::types::ids::RunId;
@@ -152,6 +152,10 @@ impl Session {
         // Children and own calls interleave in the model's reply: restore call order.
         ordered.sort_by_key(|(position, _)| *position);
         let calls = ordered.into_iter().map(|(_, call)| call).collect();
+        if self.policy.auto_resume {
+            // The resume it may have owed itself is under way.
+            cx.staged.index.push(schema::resume_due_write(false));
+        }
         self.dispatch(cx, CommitKind::RunStart, run_id, calls);
     }
 

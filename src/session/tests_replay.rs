@@ -395,6 +395,8 @@ fn cut_life() -> Vec<Step> {
             replied(r6, 2, ModelReply::text("dug it")),
         ),
         step(CUT, 8 + patience, true, Input::Abort),
+        // A resume-due entry left from before the abort: removed, nothing resumes.
+        step(CUT, 9 + patience, true, Input::ResumeDue { run_id: run(7) }),
     ]
 }
 
@@ -408,9 +410,10 @@ pub(super) fn recorded_life() -> Vec<Step> {
 
 /// Every kind of input, by name. [`name_of`] matches exhaustively, so a new kind of input does
 /// not compile until it is named there; name it here too, and replay it above.
-const EVERY_INPUT: [&str; 19] = [
+const EVERY_INPUT: [&str; 20] = [
     "execute",
     "resume",
+    "resume_due",
     "submit",
     "answer_lost",
     "timeout",
@@ -434,6 +437,7 @@ fn name_of(input: &Input) -> &'static str {
     match input {
         Input::Execute { .. } => "execute",
         Input::Resume { .. } => "resume",
+        Input::ResumeDue { .. } => "resume_due",
         Input::Submit { .. } => "submit",
         Input::AnswerLost { .. } => "answer_lost",
         Input::Timeout { .. } => "timeout",

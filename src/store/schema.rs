@@ -969,10 +969,45 @@ pub(crate) async fn deadlines_after(
         .collect())
 }
 
-/// The earliest armed deadline.
+/// The call name of a session's resume-due entry in the deadline index. A session that lets
+/// the runtime resume it (`auto_resume`) writes it, in the same commit, with the answer,
+/// timeout or child's report that leaves it nothing to wait for; the resume's commit removes
+/// it. The resume itself is a message to the session's actor, which a crash loses: after a
+/// restart the scheduler finds the entry and the session resumes then. A control character
+/// keeps it apart from a model's call ids (a call the model gives this id gets one of the
+/// runtime's own).
+pub(crate) const RESUME_DUE: &str = "\u{1}resume";
+
+/// The deadline of every resume-due entry: 0, due from the start and before every real
+/// deadline, so the background timer arms past them ([`next_deadline`]) instead of firing at
+/// once for each resume under way; it fires them at start, and any sweep fires those it meets.
+pub(crate) const RESUME_DUE_AT: u64 = 0;
+
+/// The write that arms (`put`) or removes a session's resume-due entry.
+pub(crate) fn resume_due_write(put: bool) -> IndexWrite {
+    let (at, call) = (RESUME_DUE_AT, RESUME_DUE.to_string());
+    if put {
+        IndexWrite::PutDeadline { at, call }
+    } else {
+        IndexWrite::DeleteDeadline { at, call }
+    }
+}
+
+/// Whether the deadline index holds an entry armed at [`RESUME_DUE_AT`]: a resume a crash
+/// (or a stop) left owed.
+pub(crate) async fn any_resume_due(store: &dyn Store) -> Result<bool, Error> {
+    let end = RESUME_DUE_AT.saturating_add(1).to_be_bytes();
+    Ok(!store
+        .scan_range(Tree::Deadlines, &[], &end, 1)
+        .await?
+        .is_empty())
+}
+
+/// The earliest armed deadline, past the resume-due entries ([`RESUME_DUE_AT`]).
 pub(crate) async fn next_deadline(store: &dyn Store) -> Result<Option<u64>, Error> {
+    let start = RESUME_DUE_AT.saturating_add(1).to_be_bytes();
     Ok(store
-        .scan_range(Tree::Deadlines, &[], &[0xff; 9], 1)
+        .scan_range(Tree::Deadlines, &start, &[0xff; 9], 1)
         .await?
         .first()
         .and_then(|(key, _)| split_timed_key(key))
