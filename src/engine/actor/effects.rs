@@ -206,6 +206,8 @@ impl SessionActor {
                 }
             }
             Effect::WakeChildren(children) => {
+                let woken = children.iter().map(|(call, _)| call.as_str()).collect();
+                self.shared.reports.superseded(ctx.key(), &woken);
                 if let Some(host) = ctx.host() {
                     for (tool_call_id, child) in children {
                         let parent = ctx.key().clone();

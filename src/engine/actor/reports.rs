@@ -14,6 +14,8 @@
 //! message in a mailbox, a queued report is not durable: a crash loses it, and the parent's
 //! recovery asks its children where they stand.
 
+use std::collections::HashSet;
+
 use dashmap::DashMap;
 
 use crate::session::ChildReport;
@@ -86,6 +88,17 @@ impl Reports {
         Some(times)
     }
 
+    /// Drops the reports waiting for `parent` from the children of `calls`, which it wakes:
+    /// each answers its wake with where it stands then, and a report from before (one its
+    /// commit failed to record, queued again) must not be taken for that answer, which would
+    /// end the parent's resume while the child still goes on.
+    pub(crate) fn superseded(&self, parent: &SessionId, calls: &HashSet<&str>) {
+        if let Some(mut queue) = self.waiting.get_mut(parent) {
+            queue.retain(|(call, _)| !calls.contains(call.as_str()));
+        }
+        self.waiting.remove_if(parent, |_, queue| queue.is_empty());
+    }
+
     /// `parent` recorded the reports it took.
     pub(crate) fn recorded(&self, parent: &SessionId) {
         self.unrecorded.remove(parent);
@@ -127,6 +140,25 @@ mod tests {
         assert_eq!(reports.take(&parent).0.len(), 1);
         assert_eq!(reports.take(&parent), (Vec::new(), false));
         assert!(reports.waiting.is_empty(), "an empty queue is not kept");
+    }
+
+    #[test]
+    fn a_wake_drops_the_reports_of_the_children_it_wakes_and_keeps_the_others() {
+        let reports = Reports::default();
+        let parent: SessionId = SessionId::generate();
+        for call in 0..3 {
+            reports.push(parent.clone(), report(call));
+        }
+        reports.superseded(&parent, &HashSet::from(["call-0", "call-2"]));
+        let (kept, _) = reports.take(&parent);
+        assert_eq!(kept, vec![report(1)]);
+        reports.push(parent.clone(), report(4));
+        reports.superseded(&parent, &HashSet::from(["call-4"]));
+        assert!(reports.waiting.is_empty(), "an emptied queue is not kept");
+        assert!(
+            reports.push(parent.clone(), report(5)),
+            "the next report nudges"
+        );
     }
 
     #[test]
