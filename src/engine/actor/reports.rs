@@ -155,10 +155,7 @@ mod tests {
         reports.push(parent.clone(), report(4));
         reports.superseded(&parent, &HashSet::from(["call-4"]));
         assert!(reports.waiting.is_empty(), "an emptied queue is not kept");
-        assert!(
-            reports.push(parent.clone(), report(5)),
-            "the next report nudges"
-        );
+        assert!(reports.push(parent, report(5)), "the next report nudges");
     }
 
     #[test]
