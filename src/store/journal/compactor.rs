@@ -13,8 +13,9 @@ use std::sync::Arc;
 
 use super::engine::Engine;
 use super::files::{base_path, open_owned, remove_replaced, sync_dir, unfinished_base_path};
-use super::index::{self, FileId, Loc, Moved};
+use super::index::{self, FileId, Loc};
 use super::record;
+use super::window::Window;
 
 /// Keys looked at per step, under the index's read lock.
 const EXAMINED: usize = 4096;
@@ -51,16 +52,20 @@ fn compact(engine: &Engine, first_kept: u32, seq: u64) -> io::Result<Option<u64>
     tests::panic_if_armed(dir);
     let unfinished = unfinished_base_path(dir, first_kept);
     let written = write_base(engine, &unfinished, first_kept, seq);
-    let bytes = match written {
-        Ok(Some(bytes)) => bytes,
+    let (file, bytes) = match written {
+        Ok(Some(written)) => written,
         other => {
             let _ = std::fs::remove_file(&unfinished);
-            return other;
+            return other.map(|written| written.map(|(_, bytes)| bytes));
         }
     };
     std::fs::rename(&unfinished, base_path(dir, first_kept))?;
     sync_dir(dir)?;
-    // The base is in place: what it replaced is no longer read, now or after a restart.
+    // The base is durable and in place: reads may go to it now, and only now (a base that
+    // failed half-way is removed, and its pages, whose write-back may have failed, are
+    // never read).
+    point_at_copies(engine, &file, first_kept)?;
+    // What it replaced is no longer read, now or after a restart.
     engine
         .index
         .write()
@@ -70,20 +75,22 @@ fn compact(engine: &Engine, first_kept: u32, seq: u64) -> io::Result<Option<u64>
     Ok(Some(bytes))
 }
 
-/// Writes the base to `path` and points the index at its copies; returns its length.
-fn write_base(engine: &Engine, path: &Path, first_kept: u32, seq: u64) -> io::Result<Option<u64>> {
+/// Writes the base to `path` and makes it durable; returns it and its length.
+fn write_base(
+    engine: &Engine,
+    path: &Path,
+    first_kept: u32,
+    seq: u64,
+) -> io::Result<Option<(Arc<File>, u64)>> {
     let base = FileId::Base(first_kept);
     let file = Arc::new(open_owned(path)?);
     file.set_len(0)?;
     engine.index.write().add_file(base, Arc::clone(&file));
     let mut copies = Copies {
-        engine,
         file: &file,
-        base,
         seq,
         at: 0,
         entries: Vec::new(),
-        old: Vec::new(),
         bytes: 0,
     };
     // The first record holds no entry: it says which commit the base stands at, so that the
@@ -106,7 +113,6 @@ fn write_base(engine: &Engine, path: &Path, first_kept: u32, seq: u64) -> io::Re
             }
             copies.bytes += key.len() + value.len();
             copies.entries.push((key, value));
-            copies.old.push(loc);
         }
         if !copies.entries.is_empty() {
             copies.write()?;
@@ -120,44 +126,69 @@ fn write_base(engine: &Engine, path: &Path, first_kept: u32, seq: u64) -> io::Re
     let mut end = Vec::new();
     record::encode_mark(seq, record::BASE_END, &mut end);
     file.write_all_at(&end, copies.at)?;
+    #[cfg(test)]
+    tests::fail_sync_if_armed(engine.path())?;
     file.sync_all()?;
-    Ok(Some(copies.at + end.len() as u64))
+    let len = copies.at + end.len() as u64;
+    Ok(Some((file, len)))
+}
+
+/// Points the index at the copies in the base `file` (durable, in place), reading it back a
+/// record at a time rather than keeping every copied key in memory meanwhile. An entry is
+/// pointed at its copy if its value still lies in a file the base replaces: no commit
+/// replaced or deleted it since it was copied, as those files take no more writes.
+fn point_at_copies(engine: &Engine, file: &File, first_kept: u32) -> io::Result<()> {
+    let base = FileId::Base(first_kept);
+    let mut window = Window::new(file)?;
+    let mut at = 0;
+    let mut copies = Vec::new();
+    while let Some(len) = record::stored_len(window.at(at, record::HEADER)?) {
+        let whole = usize::try_from(len).map_err(io::Error::other)?;
+        let Ok(Some(read)) = record::decode(window.at(at, whole)?) else {
+            return Err(io::Error::other(
+                "the base just written does not read back whole",
+            ));
+        };
+        copies.extend(read.writes.into_iter().filter_map(|write| {
+            let (offset, len) = write.value?;
+            Some((
+                write.key,
+                Loc {
+                    file: base,
+                    at: at + offset,
+                    len,
+                },
+            ))
+        }));
+        at += read.len as u64;
+        if copies.len() >= EXAMINED {
+            engine
+                .index
+                .write()
+                .point_at_copies(std::mem::take(&mut copies), first_kept);
+        }
+    }
+    engine.index.write().point_at_copies(copies, first_kept);
+    Ok(())
 }
 
 /// The entries read for the base's next record.
 struct Copies<'a> {
-    engine: &'a Engine,
     file: &'a File,
-    base: FileId,
     seq: u64,
     /// Where the next record goes.
     at: u64,
     entries: Vec<(Vec<u8>, Vec<u8>)>,
-    /// Where each entry's value was.
-    old: Vec<Loc>,
     bytes: usize,
 }
 
 impl Copies<'_> {
-    /// Writes the entries read so far as one record, and points the index at their copies.
+    /// Writes the entries read so far as one record (the index is pointed at them once the
+    /// whole base is durable: [`point_at_copies`]).
     fn write(&mut self) -> io::Result<()> {
-        let (mut out, mut placed) = (Vec::new(), Vec::new());
-        record::encode_puts(self.seq, &self.entries, &mut out, &mut placed);
+        let mut out = Vec::new();
+        record::encode_puts(self.seq, &self.entries, &mut out, &mut Vec::new());
         self.file.write_all_at(&out, self.at)?;
-        let moved: Vec<Moved> = placed
-            .into_iter()
-            .zip(self.old.drain(..))
-            .filter_map(|(copy, old)| {
-                let (offset, len) = copy.value?;
-                let new = Loc {
-                    file: self.base,
-                    at: self.at + offset,
-                    len,
-                };
-                Some((copy.key, old, new))
-            })
-            .collect();
-        self.engine.index.write().relocate(moved);
         self.at += out.len() as u64;
         self.entries.clear();
         self.bytes = 0;
@@ -180,6 +211,27 @@ pub(super) mod tests {
     /// Whether the panic armed for `dir` is still to come.
     pub(in super::super) fn armed_for(dir: &Path) -> bool {
         PANICS_IN.lock().as_deref() == Some(dir)
+    }
+
+    /// The directory whose next compaction fails to make its base durable.
+    static SYNC_FAILS_IN: parking_lot::Mutex<Option<PathBuf>> = parking_lot::Mutex::new(None);
+
+    pub(in super::super) fn fail_next_base_sync_in(dir: &Path) {
+        *SYNC_FAILS_IN.lock() = Some(dir.to_path_buf());
+    }
+
+    /// Whether the failure armed for `dir` is still to come.
+    pub(in super::super) fn sync_fails_in(dir: &Path) -> bool {
+        SYNC_FAILS_IN.lock().as_deref() == Some(dir)
+    }
+
+    pub(super) fn fail_sync_if_armed(dir: &Path) -> std::io::Result<()> {
+        let mut armed = SYNC_FAILS_IN.lock();
+        if armed.as_deref() == Some(dir) {
+            *armed = None;
+            return Err(std::io::Error::other("a base whose sync fails, for a test"));
+        }
+        Ok(())
     }
 
     pub(super) fn panic_if_armed(dir: &Path) {

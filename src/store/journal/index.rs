@@ -42,9 +42,6 @@ pub(super) type Found = (Arc<File>, Loc);
 /// Entries to read: each key and where its value lies.
 pub(super) type Located = Vec<(Vec<u8>, Found)>;
 
-/// A live entry a compaction copied: its key, where it was, and where its copy lies.
-pub(super) type Moved = (Vec<u8>, Loc, Loc);
-
 #[derive(Default)]
 pub(super) struct Index {
     keys: BTreeMap<Vec<u8>, Loc>,
@@ -137,13 +134,14 @@ impl Index {
         (copy, last.filter(|_| seen == examined).cloned())
     }
 
-    /// Points the entries a compaction copied at their copies, unless a commit replaced or
-    /// deleted them meanwhile.
-    pub(super) fn relocate(&mut self, moved: Vec<Moved>) {
-        for (key, old, new) in moved {
+    /// Points entries at their copies in a compaction's base (each copy's `file`), unless a
+    /// commit replaced or deleted them since they were copied: an entry whose value still lies
+    /// in a file the compaction replaces was not (those files take no more writes).
+    pub(super) fn point_at_copies(&mut self, copies: Vec<(Vec<u8>, Loc)>, first_kept: u32) {
+        for (key, copy) in copies {
             if let Some(loc) = self.keys.get_mut(&key) {
-                if *loc == old {
-                    *loc = new;
+                if loc.file != copy.file && loc.file.is_before(first_kept) {
+                    *loc = copy;
                 }
             }
         }
@@ -154,6 +152,12 @@ impl Index {
     pub(super) fn forget_replaced(&mut self, first_kept: u32, base: FileId) {
         self.files
             .retain(|id, _| *id == base || !id.is_before(first_kept));
+    }
+
+    /// How many entries' values lie in `file`.
+    #[cfg(test)]
+    pub(super) fn entries_in(&self, file: FileId) -> usize {
+        self.keys.values().filter(|loc| loc.file == file).count()
     }
 
     /// Drops every file handle (the store is closing).

@@ -180,6 +180,17 @@ fn len32(len: usize) -> u32 {
     u32::try_from(len).unwrap_or(u32::MAX)
 }
 
+/// The length in the file of the record whose header starts `bytes` (`None`: no header, or
+/// one of zeros, past the last record). Read before the record, so that a window holds it all.
+pub(super) fn stored_len(bytes: &[u8]) -> Option<u64> {
+    let header = bytes.get(..HEADER)?;
+    if header.iter().all(|&byte| byte == 0) {
+        return None;
+    }
+    let len = u32::from_le_bytes([header[0], header[1], header[2], header[3]]);
+    Some(HEADER as u64 + u64::from(len))
+}
+
 /// Reads the record at the start of `bytes`; `Ok(None)` at the end of the records: `bytes` is
 /// empty, or starts with a header of zeros (a record's length is never 0: its body holds its
 /// sequence number).

@@ -150,7 +150,7 @@ fn replay_file(
 ) -> io::Result<(u64, Option<Unreadable>)> {
     let mut at = 0;
     loop {
-        let decoded = match record_len(window.at(at, record::HEADER)?) {
+        let decoded = match record::stored_len(window.at(at, record::HEADER)?) {
             // Read only if the file holds it all: a damaged length reads nothing more.
             Some(len) if len <= window.size() - at => record::decode(window.at(at, len as usize)?),
             Some(_) => Err(Unreadable::Cut),
@@ -199,17 +199,6 @@ fn replay_file(
             Err(why) => return Ok((at, Some(why))),
         }
     }
-}
-
-/// The length of the record whose header `bytes` starts with (header included), if they hold
-/// a whole header that is not zeros.
-fn record_len(bytes: &[u8]) -> Option<u64> {
-    let header = bytes.get(..record::HEADER)?;
-    if header.iter().all(|&byte| byte == 0) {
-        return None;
-    }
-    let len = u32::from_le_bytes([header[0], header[1], header[2], header[3]]);
-    Some(record::HEADER as u64 + u64::from(len))
 }
 
 fn cannot_read(file: &Path, at: u64, why: &Unreadable) -> Damage {

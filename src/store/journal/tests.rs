@@ -302,6 +302,44 @@ async fn a_compaction_that_panics_is_tried_again_later() -> Result<(), Error> {
     Ok(())
 }
 
+/// A base whose sync fails is never read: the entries it copied still read from the files it
+/// was to replace (its pages may never reach the disk, and a later compaction would copy
+/// whatever they then read as), and those files stay until a compaction succeeds.
+#[tokio::test]
+async fn a_compaction_whose_base_is_not_made_durable_leaves_every_entry_where_it_was(
+) -> Result<(), Error> {
+    let dir = tempfile::tempdir().map_err(Error::backend)?;
+    let store = open(dir.path())?;
+    super::compactor::tests::fail_next_base_sync_in(dir.path());
+    let mut puts = 0;
+    while super::compactor::tests::sync_fails_in(dir.path()) {
+        assert!(puts < 10_000, "no compaction began");
+        put(&store, &format!("k{:03}", puts % 20), &[1; 300]).await?;
+        puts += 1;
+    }
+    wait_for_compaction(&store);
+    assert!(super::files::base_files(dir.path())
+        .map_err(Error::backend)?
+        .is_empty());
+    let in_bases = store.engine.read(|index| {
+        (0..64)
+            .map(|id| index.entries_in(super::index::FileId::Base(id)))
+            .sum::<usize>()
+    })?;
+    assert_eq!(in_bases, 0, "entries point into a base that was removed");
+    assert_eq!(store.get(Tree::Log, b"k003").await?, Some(vec![1; 300]));
+    overwritten(&store, 40).await?;
+    wait_for_compaction(&store);
+    assert!(!super::files::base_files(dir.path())
+        .map_err(Error::backend)?
+        .is_empty());
+    assert_eq!(store.get(Tree::Log, b"k007").await?, Some(vec![39; 300]));
+    store.close().await?;
+    let again = open(dir.path())?;
+    assert_eq!(again.get(Tree::Log, b"k019").await?, Some(vec![39; 300]));
+    Ok(())
+}
+
 /// Waits for the compaction under way, if one is.
 fn wait_for_compaction(store: &JournalStore) {
     let running = store.engine.compaction.lock().take();
