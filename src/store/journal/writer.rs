@@ -116,14 +116,15 @@ fn write_group<'a>(
         .and_then(|()| writer.mark.advance(seq));
     if let Err(error) = durable {
         // Take the group back, so that the next group's records follow the last acknowledged
-        // one and no reader, now or after a restart, sees it: the file cut back to its length
-        // (a write past it ran out of room part-way), zeros over the rest, made durable (the
-        // group may be on disk already, if only the mark failed).
-        let end = (len + group).min(writer.size);
-        let zeros = vec![0; end.saturating_sub(*len) as usize];
+        // one and no reader, now or after a restart, sees it: the file cut at its last
+        // acknowledged record and grown back to its length, made durable (the group may be on
+        // disk already, if only the mark failed). What was cut reads as zeros, a hole: unlike
+        // zeros written over it, that takes no free space on any filesystem (a copy-on-write
+        // one, btrfs or ZFS, allocates for every overwrite, so on a full disk the zeros could
+        // not be written, and the journal could not go on until it was opened again).
         let undone = file
-            .set_len(writer.size)
-            .and_then(|()| file.write_all_at(&zeros, *len))
+            .set_len(*len)
+            .and_then(|()| file.set_len(writer.size))
             .and_then(|()| file.sync_data());
         if let Err(undo) = undone {
             writer.broken = Some(undo.to_string());
