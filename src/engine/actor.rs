@@ -227,9 +227,11 @@ impl VirtualActor for SessionActor {
     }
 
     async fn activate(&self, id: &SessionId) -> Result<SessionState, Error> {
-        self.take_lease(id).await?;
-        // After a panic, answers an earlier state was committing may not have landed yet.
+        // After a panic, answers an earlier state was committing may not have landed yet:
+        // they land (or fail, fenced) under the lease they were made under, before this node
+        // takes it again.
         self.shared.landing.settled(id).await;
+        self.take_lease(id).await?;
         let loaded = match self.load_recovered(id).await {
             Ok(loaded) => loaded,
             Err(error) => {
@@ -538,6 +540,11 @@ impl SessionActor {
             state.loaded = Loaded::Unreadable;
         }
         if matches!(state.loaded, Loaded::Unreadable) {
+            // Answers accepted before are still being committed beside the mailbox: read
+            // before they land, the session would wait on them again (no deadline left to end
+            // the wait) and take a second answer. They land (or fail, fenced) first, under the
+            // lease they were made under.
+            self.shared.landing.settled(id).await;
             // Read again only as its owner: a lost lease made it unreadable, say.
             self.take_lease(id).await?;
             state.loaded = self.load_recovered(id).await?;
