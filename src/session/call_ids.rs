@@ -29,6 +29,12 @@ use super::core::Session;
 use super::{Effect, Observation};
 use crate::types::message::{Message, ToolCall};
 
+/// The longest id a model's call keeps, in bytes. Every index entry of a call is keyed by
+/// it (pending, deadline, ownership, tombstone): a longer one could pass a store's own limit
+/// on a key (PostgreSQL's index rows hold about 2.7 KB), and fail with its commit every other
+/// session's commit grouped with it. Providers' ids are a few dozen bytes.
+pub(crate) const MAX_CALL_ID_BYTES: usize = 256;
+
 impl Session {
     /// Gives each call of `calls` whose id is empty, or is used by an earlier call of the same
     /// reply, an id of the runtime's own (see the module's documentation), and reports each
@@ -56,6 +62,8 @@ impl Session {
                 Some("empty")
             } else if used.contains(&call.id) {
                 Some("repeated")
+            } else if call.id.len() > MAX_CALL_ID_BYTES {
+                Some("too long")
             } else if call.id == crate::store::schema::RESUME_DUE {
                 // The deadline index's name for a resume the runtime owes the session.
                 Some("reserved")

@@ -120,6 +120,23 @@ fn empty_and_repeated_ids_in_one_reply_get_ids_of_their_own_everywhere() {
 }
 
 #[test]
+fn an_id_too_long_for_a_key_or_taking_the_resume_due_name_gets_one_of_the_runtimes_own() {
+    let (mut session, run_id) = started("s");
+    let long = "x".repeat(super::call_ids::MAX_CALL_ID_BYTES + 1);
+    let kept = "y".repeat(super::call_ids::MAX_CALL_ID_BYTES);
+    let calls = vec![
+        ask(&long),
+        ask(&kept),
+        ask(crate::store::schema::RESUME_DUE),
+    ];
+    let (messages, _) = committed_ids(&reply(&mut session, run_id, 1, calls));
+    assert_eq!(
+        messages,
+        ["call-1-0".to_string(), kept, "call-1-2".to_string()]
+    );
+}
+
+#[test]
 fn a_replayed_reply_gets_the_same_ids() {
     let calls = || vec![ask(""), ask("x"), ask("x")];
     let (mut first, run_first) = started("s");
