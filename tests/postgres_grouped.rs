@@ -165,3 +165,49 @@ async fn a_group_with_a_lease_taken_over_writes_the_others_and_refuses_that_one(
     other.close().await?;
     Ok(())
 }
+
+/// A batch PostgreSQL refuses for what it holds (a key too long for an index row) fails
+/// alone: the batches grouped with it are written.
+#[tokio::test]
+async fn a_batch_refused_for_its_data_fails_alone_and_the_rest_of_its_group_is_written(
+) -> anyhow::Result<()> {
+    let Some(cluster) = PgCluster::start()? else {
+        return Ok(());
+    };
+    let store = store(&cluster.url(), "a").await?;
+    // 3,000 bytes that do not compress: past the 2,704 bytes of a B-tree index row.
+    let mut seed = 0x9E37_79B9_7F4A_7C15_u64;
+    let too_long: Vec<u8> = (0..3_000)
+        .map(|_| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed.to_le_bytes()[0]
+        })
+        .collect();
+    let write = |key: Vec<u8>| {
+        let mut batch = Batch::new(CommitKind::Other);
+        batch.put(Tree::Pending, key, b"v".to_vec());
+        batch
+    };
+    let answers = futures::future::join_all((0..9u8).map(|index| {
+        let key = if index == 4 {
+            too_long.clone()
+        } else {
+            vec![b'k', index]
+        };
+        store.commit(write(key))
+    }))
+    .await;
+    for (index, answer) in answers.into_iter().enumerate() {
+        if index == 4 {
+            assert!(answer.is_err(), "the key too long is refused");
+        } else {
+            answer?;
+            let key = [b'k', u8::try_from(index)?];
+            assert_eq!(store.get(Tree::Pending, &key).await?, Some(b"v".to_vec()));
+        }
+    }
+    store.close().await?;
+    Ok(())
+}
