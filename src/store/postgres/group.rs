@@ -130,7 +130,12 @@ fn commit_in_halves<'a>(
 }
 
 /// One group's transaction; tried again (twice at most) when a deadlock with a lease take or
-/// takeover aborted it (rare: a take locks one lease row, a commit locks its rows in order).
+/// takeover aborted it (rare: a take locks one lease row, a commit locks its rows in order),
+/// or its connection was lost. A connection lost as the `COMMIT` went may have committed it;
+/// writing the group again is safe, as its writes set keys to values and delete keys (the
+/// same again changes nothing) and nothing else of this node writes in between. Told a
+/// failure instead, a committer would take back what the database may hold: an accepted
+/// answer forgotten in memory, while the store keeps it, its deadline gone.
 async fn commit_retrying(
     pool: &Pool,
     leases: &Leases,
@@ -139,7 +144,7 @@ async fn commit_retrying(
     let mut result = commit_group(pool, leases, batches).await;
     for _ in 0..2 {
         match &result {
-            Err(error) if is_retryable(error) => {
+            Err(error) if is_retryable(error) || lost_connection(error) => {
                 tracing::info!(%error, "store.postgres_commit_retried");
                 result = commit_group(pool, leases, batches).await;
             }
@@ -147,6 +152,18 @@ async fn commit_retrying(
         }
     }
     result
+}
+
+/// Whether the transaction failed for its connection (closed, or an I/O error on it), not
+/// for anything the server said.
+fn lost_connection(error: &Error) -> bool {
+    error
+        .downcast_ref::<tokio_postgres::Error>()
+        .is_some_and(|error| {
+            error.is_closed()
+                || std::error::Error::source(error)
+                    .is_some_and(|cause| cause.is::<std::io::Error>())
+        })
 }
 
 /// Whether PostgreSQL refused the transaction for what it held: a data exception (SQLSTATE
