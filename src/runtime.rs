@@ -301,8 +301,11 @@ impl Runtime {
     /// [`Runtime::submit_tool_result`], and once the answer is accepted,
     /// [`Runtime::start_resume`] of the session it names, in one call: one hop to the node
     /// that owns the session's tree, not two (what `POST /submit-tool-result?resume=true`
-    /// does). The resume is tried only for an accepted answer; its failure does not undo the
-    /// answer, and is in it.
+    /// does). The resume is tried once the call has its answer: this one, accepted, or one
+    /// before it (`already_completed`, as a retry of a request cut off before its resume
+    /// was asked for is answered); its failure does not undo the answer, and is in it. The
+    /// two run on a task of their own, so a caller that gives up midway does not leave the
+    /// answer in and the resume never asked for.
     ///
     /// # Errors
     /// As [`Runtime::submit_tool_result`].

@@ -12,7 +12,7 @@ use crate::cluster::peer::{PeerAnswer, PeerCall, PeerEvent, PeerFailure, SubmitR
 use crate::engine::actor::{Reply, SessionMsg};
 use crate::error::Error;
 use crate::remote::RemoteError;
-use crate::session::submit::{Limits, SubmitOutcome};
+use crate::session::submit::{Limits, Submit, SubmitOutcome};
 use crate::session::{RunOutcome, RunStarted};
 use crate::types::ids::SessionId;
 
@@ -167,20 +167,14 @@ impl Runtime {
                 self.submit_here(submit).await.map(PeerAnswer::Submitted)
             }
             PeerCall::SubmitAndResume { submit } => {
-                let session = submit.session_id.parse::<SessionId>().ok();
-                let outcome = self.submit_here(submit).await?;
-                let resumed = match session {
-                    Some(session) if outcome == SubmitOutcome::Accepted => Some(
-                        self.start_resume_here(&session)
-                            .await
-                            .map_err(|error| PeerFailure::of(&error)),
-                    ),
-                    _ => None,
-                };
-                Ok(PeerAnswer::SubmittedAndResumed(SubmitResumed {
-                    outcome,
-                    resumed,
-                }))
+                // On a task of its own: a caller that gives up once the answer is on its way
+                // (a request's timeout, a client gone) must not leave it accepted and the
+                // resume never asked for; the one who answered may have no other way to
+                // move the run.
+                let runtime = self.clone();
+                tokio::spawn(async move { runtime.submit_then_resume(submit).await })
+                    .await
+                    .map_err(|_| Error::ShutDown)?
             }
             PeerCall::Resume {
                 session,
@@ -220,6 +214,30 @@ impl Runtime {
     }
 
     /// [`Runtime::start_resume`] on this node.
+    /// An answer, then the resume of its session once the answer is in: accepted now, or
+    /// earlier (`already_completed`: a retry of a request whose resume may never have been
+    /// asked for; a resume with nothing to do answers at once).
+    async fn submit_then_resume(&self, submit: Submit) -> Result<PeerAnswer, Error> {
+        let session = submit.session_id.parse::<SessionId>().ok();
+        let outcome = self.submit_here(submit).await?;
+        let answered = matches!(
+            outcome,
+            SubmitOutcome::Accepted | SubmitOutcome::AlreadyCompleted
+        );
+        let resumed = match session {
+            Some(session) if answered => Some(
+                self.start_resume_here(&session)
+                    .await
+                    .map_err(|error| PeerFailure::of(&error)),
+            ),
+            _ => None,
+        };
+        Ok(PeerAnswer::SubmittedAndResumed(SubmitResumed {
+            outcome,
+            resumed,
+        }))
+    }
+
     async fn start_resume_here(&self, session: &SessionId) -> Result<RunStarted, Error> {
         self.session(session).await?;
         self.ask(session, |reply| SessionMsg::Resume {
