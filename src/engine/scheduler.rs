@@ -89,6 +89,7 @@ impl DeadlineScheduler {
         let mut timer = Timer::default();
         self.rearm(&mut timer).await;
         if self.background && self.resume_owed().await {
+            // What a crash left owed goes on at once.
             timer.wake_at = Some(self.shared.clock.now_ms());
         }
         loop {
@@ -163,6 +164,12 @@ impl DeadlineScheduler {
         let error = match next {
             Ok(Ok(next)) => {
                 timer.wake_at = next;
+                if self.resume_owed().await {
+                    // Resumes still owed (their resume under way, or its commit failed) are
+                    // looked at again a little later, not only when a deadline falls due.
+                    let later = self.shared.clock.now_ms().saturating_add(DEFERRED_RETRY_MS);
+                    timer.wake_at = Some(timer.wake_at.map_or(later, |at| at.min(later)));
+                }
                 return;
             }
             Ok(Err(error)) => error.to_string(),
@@ -173,9 +180,10 @@ impl DeadlineScheduler {
         timer.wake_at = Some(timer.wake_at.map_or(later, |at| at.min(later)));
     }
 
-    /// Whether the index holds resumes a crash left owed (`schema::RESUME_DUE`): they sit
-    /// before every real deadline, where [`Self::rearm`] does not look, so the first sweep
-    /// fires them. A read that fails or panics says yes: a sweep for nothing costs a scan.
+    /// Whether the index holds resumes owed (`schema::RESUME_DUE`): they sit before every
+    /// real deadline, where `next_deadline` does not look, so the first sweep fires them, and
+    /// [`Self::rearm`] looks again a second later while any is left. A read that fails or
+    /// panics says yes: a sweep for nothing costs a scan.
     async fn resume_owed(&self) -> bool {
         let owed = AssertUnwindSafe(schema::any_resume_due(self.shared.store.as_ref()))
             .catch_unwind()
@@ -210,10 +218,14 @@ impl DeadlineScheduler {
                 let next = (expired.len() >= SWEEP_BATCH)
                     .then(|| expired.last().map(schema::ExpiredCall::key_after))
                     .flatten();
+                // Nor resume-due entries: their sessions remove them, in commits their lease
+                // fences (one left is a resume under way, or one still owed).
                 let stale: Vec<_> = expired
                     .into_iter()
                     .filter(|call| {
-                        !undelivered.contains(&(call.session.clone(), call.tool_call_id.clone()))
+                        call.tool_call_id != schema::RESUME_DUE
+                            && !undelivered
+                                .contains(&(call.session.clone(), call.tool_call_id.clone()))
                     })
                     .collect();
                 self.clear_stale(&stale).await?;
@@ -239,7 +251,14 @@ impl DeadlineScheduler {
                 recorded.push(done);
             }
             for (call, done) in fresh.iter().zip(recorded) {
-                if done.await == Ok(true) {
+                let delivered = done.await == Ok(true);
+                if call.tool_call_id == schema::RESUME_DUE {
+                    // Not a call's timeout: neither counted as fired nor, undelivered (a
+                    // resume another node owes), put off as one; looked at again by the
+                    // resume-due poll (`rearm`).
+                    continue;
+                }
+                if delivered {
                     report.fired += 1;
                 } else {
                     undelivered.insert((call.session.clone(), call.tool_call_id.clone()));

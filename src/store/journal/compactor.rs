@@ -82,10 +82,8 @@ fn write_base(
     first_kept: u32,
     seq: u64,
 ) -> io::Result<Option<(Arc<File>, u64)>> {
-    let base = FileId::Base(first_kept);
     let file = Arc::new(open_owned(path)?);
     file.set_len(0)?;
-    engine.index.write().add_file(base, Arc::clone(&file));
     let mut copies = Copies {
         file: &file,
         seq,
@@ -137,8 +135,11 @@ fn write_base(
 /// record at a time rather than keeping every copied key in memory meanwhile. An entry is
 /// pointed at its copy if its value still lies in a file the base replaces: no commit
 /// replaced or deleted it since it was copied, as those files take no more writes.
-fn point_at_copies(engine: &Engine, file: &File, first_kept: u32) -> io::Result<()> {
+fn point_at_copies(engine: &Engine, file: &Arc<File>, first_kept: u32) -> io::Result<()> {
     let base = FileId::Base(first_kept);
+    // Only now does the index hold the file: a base that failed is let go with its last
+    // handle, and its room on the disk with it.
+    engine.index.write().add_file(base, Arc::clone(file));
     let mut window = Window::new(file)?;
     let mut at = 0;
     let mut copies = Vec::new();

@@ -116,16 +116,25 @@ fn write_group<'a>(
         .and_then(|()| writer.mark.advance(seq));
     if let Err(error) = durable {
         // Take the group back, so that the next group's records follow the last acknowledged
-        // one and no reader, now or after a restart, sees it: the file cut at its last
-        // acknowledged record and grown back to its length, made durable (the group may be on
-        // disk already, if only the mark failed). What was cut reads as zeros, a hole: unlike
-        // zeros written over it, that takes no free space on any filesystem (a copy-on-write
-        // one, btrfs or ZFS, allocates for every overwrite, so on a full disk the zeros could
-        // not be written, and the journal could not go on until it was opened again).
-        let undone = file
-            .set_len(*len)
-            .and_then(|()| file.set_len(writer.size))
+        // one and no reader, now or after a restart, sees it: the file cut back to its length
+        // (a write past it ran out of room part-way), zeros over the group, made durable (the
+        // group may be on disk already, if only the mark failed). Zeros written over the
+        // file's own blocks keep them (later syncs then write no allocation); where they
+        // cannot be written (a copy-on-write filesystem, btrfs or ZFS, allocates for every
+        // overwrite, so on a full disk it has no room for them), the file is cut at its last
+        // acknowledged record and grown back to its length: a hole, which reads as zeros and
+        // takes no room anywhere.
+        let end = (len + group).min(writer.size);
+        let zeros = vec![0; end.saturating_sub(*len) as usize];
+        let zeroed = file
+            .set_len(writer.size)
+            .and_then(|()| file.write_all_at(&zeros, *len))
             .and_then(|()| file.sync_data());
+        let undone = zeroed.or_else(|_| {
+            file.set_len(*len)
+                .and_then(|()| file.set_len(writer.size))
+                .and_then(|()| file.sync_data())
+        });
         if let Err(undo) = undone {
             writer.broken = Some(undo.to_string());
         }

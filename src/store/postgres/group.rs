@@ -23,8 +23,9 @@ use crate::store::{Batch, Error};
 /// The most batches one transaction takes.
 const MAX_GROUP: usize = 512;
 
-/// The most bytes of keys and values one transaction takes (a first batch larger than this
-/// goes alone): far below what one statement may carry (1 GiB a parameter).
+/// A group that holds this many bytes of keys and values takes no more batches (the last it
+/// took may carry it past; a first batch larger than this goes alone): far below what one
+/// statement may carry (1 GiB a parameter).
 const MAX_GROUP_BYTES: usize = 64 * 1024 * 1024;
 
 /// A commit waiting for its group.
