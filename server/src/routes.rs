@@ -108,7 +108,10 @@ pub(crate) async fn start(
     let answer = Started::new(started, Some(token));
     if query.stream {
         let first = sse::first_event("started", &answer);
-        let ends = Ends::AtSettle { backstop: true };
+        let ends = Ends::AtSettle {
+            backstop: true,
+            after: from,
+        };
         return Ok(sse::events(&state, &id, from, ends, Some(first)));
     }
     Ok((StatusCode::ACCEPTED, Json(answer)).into_response())
@@ -229,7 +232,10 @@ pub(crate) async fn submit(
                 return Ok(match follow {
                     Some(follow) => sse::followed(&state, &id, from, follow, first),
                     None => {
-                        let ends = Ends::AtSettle { backstop: true };
+                        let ends = Ends::AtSettle {
+                            backstop: true,
+                            after: from,
+                        };
                         sse::events(&state, &id, from, ends, Some(first))
                     }
                 });

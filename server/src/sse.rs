@@ -55,8 +55,15 @@ pub(crate) async fn stream(
             // Settled, and no run starts without a request: what follows `from` up to now
             // is all there is to show.
             Standing::AtRest => Ends::Before(session.chunk_count),
-            Standing::AtWork => Ends::AtSettle { backstop: true },
-            Standing::ResumesByItself => Ends::AtSettle { backstop: false },
+            // The work it follows settles with a chunk it has not written yet.
+            Standing::AtWork => Ends::AtSettle {
+                backstop: true,
+                after: session.chunk_count,
+            },
+            Standing::ResumesByItself => Ends::AtSettle {
+                backstop: false,
+                after: session.chunk_count,
+            },
         },
     };
     if matches!(ends, Ends::Before(bound) if from >= bound) {
@@ -118,7 +125,7 @@ pub(crate) fn events(
     let body = match ends {
         // Done once no work of the session is in progress, with the number of chunks it has
         // then (the stream ends after sending those); on another node, its stream says so.
-        Ends::AtSettle { backstop: true } => {
+        Ends::AtSettle { backstop: true, .. } => {
             let (chunks, settled) = state.runtime.follow_live_to_settle(id, from);
             let settled: Pin<Box<dyn Future<Output = Option<u64>> + Send>> = Box::pin(settled);
             EventBody::new(state, Box::pin(chunks), shutdown, ends, first, from)
@@ -144,7 +151,10 @@ pub(crate) fn followed(
 ) -> Response {
     tracing::debug!(session = %id, from, "server.stream_opened");
     let shutdown = shutdown(state.closing.clone());
-    let ends = Ends::AtSettle { backstop: true };
+    let ends = Ends::AtSettle {
+        backstop: true,
+        after: from,
+    };
     let body = EventBody::new(state, follow.events, shutdown, ends, first, from)
         .ending_when_settled(Some(follow.settled));
     crate::sse_body::response(body)

@@ -51,7 +51,10 @@ pub(crate) enum Ends {
     /// interrupted): the stream of a run in progress. With `backstop`, also once the
     /// session has settled and every chunk it had then was sent: a resume that woke
     /// sub-agents which still wait writes no chunk of the root's own that settles.
-    AtSettle { backstop: bool },
+    ///
+    /// Only a chunk numbered `after` or later settles it: one before is an earlier run's, in
+    /// a stream replayed from before the run it follows began.
+    AtSettle { backstop: bool, after: u64 },
     /// After the last chunk before `seq`: the stream of a session at rest when the stream
     /// opened (settled, and no run starts without a request), whose chunks from `seq` on
     /// belong to a run started since. It shows everything the client has not seen yet (every
@@ -200,7 +203,7 @@ impl EventBody {
                     .sse_lag(Duration::from_millis(now_ms.saturating_sub(chunk.at_ms)));
                 write_event(frame, Some(chunk.seq), chunk.kind.type_name(), &chunk);
                 let settled = match self.ends {
-                    Ends::AtSettle { .. } => chunk.kind.settles_run(),
+                    Ends::AtSettle { after, .. } => chunk.seq >= after && chunk.kind.settles_run(),
                     Ends::Before(bound) => chunk.seq + 1 >= bound,
                     Ends::Never => false,
                 };

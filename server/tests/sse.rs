@@ -286,6 +286,61 @@ async fn a_session_at_rest_replayed_from_the_start_shows_every_run() -> anyhow::
     Ok(())
 }
 
+/// A stream that follows a session to its next settle, replayed from before the run it
+/// follows began, shows that run to its end: an earlier run's settle on the way is history.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_replayed_from_an_earlier_run_ends_at_the_settle_it_follows() -> anyhow::Result<()>
+{
+    let builder = dormant::Runtime::builder()
+        .store(std::sync::Arc::new(dormant::SledStore::temporary()?))
+        .background_deadlines(false)
+        .auto_resume(true);
+    let runtime = dormant_server::demo::configure(builder)?.build()?;
+    let server = common::serve(
+        runtime,
+        dormant_server::Auth::allow_unauthenticated(),
+        ServerConfig::default(),
+    )
+    .await?;
+    let session = server.start("weather in Porto").await?;
+    let id: dormant::SessionId = session.id.parse()?;
+    server.runtime.wait_settled(&id).await;
+    let first_run = server.runtime.chunks(&id, 0).await?.len() as u64;
+    // Suspended on its client tool, resumed by the runtime once answered: the stream waits
+    // for that resume's settle, from the start of the session's first run.
+    let path = format!("/sse?session_id={}&token={}", session.id, session.token);
+    let mut reader = common::EventReader::new(server.get(&path, None).await?);
+    let mut events = Vec::new();
+    while let Some(event) = reader.next().await? {
+        let caught_up = event.id == Some(first_run - 1);
+        events.push(event);
+        if caught_up {
+            break;
+        }
+    }
+    let ask = json!({ "session_id": session.id, "tool_call_id": "ask_user-1",
+                      "result": { "answer": "Porto" } });
+    let (code, body) = server.submit(&session, &ask).await?;
+    assert_eq!(code, StatusCode::OK, "{body}");
+    while let Some(event) = reader.next().await? {
+        if event.name != "delta" {
+            events.push(event);
+        }
+    }
+    let names: Vec<&str> = events.iter().map(|event| event.name.as_str()).collect();
+    assert_eq!(
+        names
+            .iter()
+            .filter(|name| **name == "run_suspended")
+            .count(),
+        2,
+        "the first run's suspension, then the resumed run's (on its approval): {names:?}"
+    );
+    assert_eq!(names.last(), Some(&"end"), "{names:?}");
+    server.stop().await?.shutdown().await?;
+    Ok(())
+}
+
 /// A router made with `dormant_server::router` (which lets its `Server`, and so the switch
 /// that closes its streams, go) keeps its streams open: a stream waiting for more gets the
 /// chunks of a run that starts later, not an `end` as at a shutdown.

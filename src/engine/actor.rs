@@ -701,6 +701,10 @@ impl SessionActor {
     }
 
     fn when_settled(&self, state: &mut SessionState, reply: oneshot::Sender<()>) {
+        // Those who stopped waiting go first: a client that asks again and again with a short
+        // wait while a long run goes on (`GET /status?settle_ms=`) would pile them up, and
+        // the actor could not passivate while any is held.
+        state.settle_waiters.retain(|waiter| !waiter.is_closed());
         state.settle_waiters.push(reply);
         self.answer_settle_waiters_if_idle(state);
     }
