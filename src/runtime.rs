@@ -722,8 +722,22 @@ impl Runtime {
     /// # Errors
     /// As [`Runtime::session`].
     pub async fn chunks(&self, id: &SessionId, from: u64) -> Result<Vec<Chunk>, ReadError> {
+        self.chunks_at_most(id, from, usize::MAX).await
+    }
+
+    /// [`Runtime::chunks`], `most` of them at most: the stored stream is read a page at a
+    /// time until it has them, so a long history is not read whole for its first few.
+    ///
+    /// # Errors
+    /// As [`Runtime::session`].
+    pub async fn chunks_at_most(
+        &self,
+        id: &SessionId,
+        from: u64,
+        most: usize,
+    ) -> Result<Vec<Chunk>, ReadError> {
         self.ensure_open()?;
-        let chunks = self.read(schema::load_chunks(self.store(), id, from).await)?;
+        let chunks = self.read(schema::load_chunks_at_most(self.store(), id, from, most).await)?;
         self.require_session_if(chunks.is_empty(), id).await?;
         Ok(chunks)
     }

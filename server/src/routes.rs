@@ -326,8 +326,10 @@ pub(crate) async fn status(
     answer.settled = settled;
     if let Some(from) = query.chunks_from {
         // Read after the record: every chunk the status counts is in the answer.
-        let mut chunks = state.runtime.chunks(&id, from).await?;
-        chunks.truncate(crate::wire::MAX_STATUS_CHUNKS);
+        let chunks = state
+            .runtime
+            .chunks_at_most(&id, from, crate::wire::MAX_STATUS_CHUNKS)
+            .await?;
         answer.chunks = Some(chunks);
     }
     Ok(Json(answer))

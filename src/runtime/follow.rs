@@ -38,6 +38,9 @@ struct Follower {
     session: SessionId,
     next: u64,
     buffered: VecDeque<Chunk>,
+    /// Where the next page of stored chunks begins, while a history read a page at a time
+    /// has more (a page is a few dozen commits': a long history is never held whole).
+    stored: Option<schema::ChunkPage>,
     live: broadcast::Receiver<StreamEvent>,
     with_deltas: bool,
     started: bool,
@@ -347,6 +350,7 @@ pub(super) fn follow_events(
         session,
         next: from,
         buffered: VecDeque::new(),
+        stored: None,
         live,
         with_deltas,
         started: false,
@@ -370,6 +374,14 @@ pub(super) fn follow_events(
                     follower.next = chunk.seq + 1;
                     return Some((Ok(StreamEvent::Chunk(chunk)), follower));
                 }
+            }
+            if follower.stored.is_some() {
+                // The store's next page of a history read a page at a time.
+                if let Err(error) = follower.refill().await {
+                    follower.failed = true;
+                    return Some((Err(error), follower));
+                }
+                continue;
             }
             let received = if follower.fed_elsewhere() {
                 // The session runs on another node (a store several nodes share): its live
@@ -438,10 +450,20 @@ impl Follower {
         leases.is_shared() && !leases.holds_current(self.session.as_str())
     }
 
+    /// Reads the next page of stored chunks: where the last page stopped, or the page that
+    /// holds the next chunk to send.
     async fn refill(&mut self) -> Result<(), Error> {
-        let stored =
-            schema::load_chunks(self.shared.store.as_ref(), &self.session, self.next).await?;
+        let page = match self.stored.take() {
+            Some(schema::ChunkPage::After { key, from }) => schema::ChunkPage::After {
+                key,
+                from: from.max(self.next),
+            },
+            _ => schema::ChunkPage::First(self.next),
+        };
+        let (stored, next) =
+            schema::load_chunk_page(self.shared.store.as_ref(), &self.session, &page).await?;
         self.buffered.extend(stored);
+        self.stored = next;
         Ok(())
     }
 }

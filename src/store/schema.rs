@@ -717,26 +717,84 @@ pub(crate) async fn load_session(
 }
 
 /// Reads a session's stream chunks from sequence number `from` on: a range scan from the
-/// first log entry whose chunks end after `from`.
+/// first log entry whose chunks end after `from`, [`CHUNK_PAGE`] entries at a time.
 pub(crate) async fn load_chunks(
     store: &dyn Store,
     session: &SessionId,
     from: u64,
 ) -> Result<Vec<Chunk>, Error> {
-    let start = log_key(session, from.saturating_add(1), 0);
+    load_chunks_at_most(store, session, from, usize::MAX).await
+}
+
+/// As [`load_chunks`], `most` chunks at most: the log is read a page at a time until it has
+/// them, so a long history costs a page of memory beyond what is kept, not all of it.
+pub(crate) async fn load_chunks_at_most(
+    store: &dyn Store,
+    session: &SessionId,
+    from: u64,
+    most: usize,
+) -> Result<Vec<Chunk>, Error> {
+    let mut chunks = Vec::new();
+    let mut page = ChunkPage::First(from);
+    while chunks.len() < most {
+        let (read, next) = load_chunk_page(store, session, &page).await?;
+        chunks.extend(read);
+        match next {
+            Some(next) => page = next,
+            None => break,
+        }
+    }
+    chunks.truncate(most);
+    Ok(chunks)
+}
+
+/// The log entries one read of a session's chunks takes: an entry is one commit's, messages
+/// and all (a tool's result of a megabyte, say), so a page is bounded by what a few dozen
+/// commits hold rather than by a session's whole history.
+pub(crate) const CHUNK_PAGE: usize = 32;
+
+/// Where a page of a session's chunks begins.
+#[derive(Clone, Debug)]
+pub(crate) enum ChunkPage {
+    /// At the log entry that holds chunk `from`.
+    First(u64),
+    /// After the log entry of this key (the last an earlier page read), chunks from `from`
+    /// on.
+    After { key: Vec<u8>, from: u64 },
+}
+
+/// The chunks of the next [`CHUNK_PAGE`] log entries of `session`, and where the page after
+/// them begins if entries may follow (by key, not by chunk: entries that hold no chunk are
+/// passed, not read again).
+pub(crate) async fn load_chunk_page(
+    store: &dyn Store,
+    session: &SessionId,
+    page: &ChunkPage,
+) -> Result<(Vec<Chunk>, Option<ChunkPage>), Error> {
+    let (start, from) = match page {
+        ChunkPage::First(from) => (log_key(session, from.saturating_add(1), 0), *from),
+        ChunkPage::After { key, from } => (successor(key), *from),
+    };
     // A stream never reaches u64::MAX chunks, so an exclusive end there loses nothing.
     let end = log_key(session, u64::MAX, u64::MAX);
+    let entries = store
+        .scan_range(Tree::Log, &start, &end, CHUNK_PAGE)
+        .await?;
+    let last_key = (entries.len() == CHUNK_PAGE)
+        .then(|| entries.last().map(|(key, _)| key.clone()))
+        .flatten();
     let mut chunks = Vec::new();
-    for (_, bytes) in store
-        .scan_range(Tree::Log, &start, &end, usize::MAX)
-        .await?
-    {
+    for (_, bytes) in entries {
         let entry: Vec<Chunk> = decode_section(session, &bytes, Section::Chunks)?;
         // Each chunk once, as for messages (a scan that met a compaction).
         let next = chunks.last().map_or(from, |chunk: &Chunk| chunk.seq + 1);
         chunks.extend(entry.into_iter().filter(|chunk| chunk.seq >= next));
     }
-    Ok(chunks)
+    let next = last_key.map(|key| ChunkPage::After {
+        key,
+        from: chunks.last().map_or(from, |chunk| chunk.seq + 1),
+    });
+    Ok((chunks, next))
 }
 
 /// Reads a session's pending calls.

@@ -182,6 +182,37 @@ fn chunks_from_any_offset_are_exactly_those_at_or_after_it() {
 }
 
 #[test]
+fn a_history_read_a_page_at_a_time_gives_every_chunk_once_past_entries_without_chunks() {
+    let mut writer = Writer::new("s1");
+    let mut written = 0;
+    for entry in 0..3 * CHUNK_PAGE {
+        // Whole pages of entries with no chunk between those with some.
+        let chunks = if (CHUNK_PAGE..2 * CHUNK_PAGE).contains(&entry) {
+            0
+        } else {
+            2
+        };
+        writer.commit(0, chunks, None);
+        written += chunks as u64;
+    }
+    assert_eq!(writer.chunk_seqs(0), (0..written).collect::<Vec<_>>());
+    assert_eq!(writer.chunk_seqs(5), (5..written).collect::<Vec<_>>());
+    let id = writer.record.id.clone();
+    let (first, next) = load_chunk_page(&writer.store, &id, &ChunkPage::First(0))
+        .wait()
+        .expect("reads");
+    assert_eq!(first.len(), 2 * CHUNK_PAGE, "a page is a page of entries");
+    assert!(next.is_some(), "more follow");
+    let some = load_chunks_at_most(&writer.store, &id, 3, 7)
+        .wait()
+        .expect("reads");
+    assert_eq!(
+        some.iter().map(|chunk| chunk.seq).collect::<Vec<_>>(),
+        (3..10).collect::<Vec<_>>()
+    );
+}
+
+#[test]
 fn a_run_rewritten_by_later_commits_reads_as_last_written() {
     let mut writer = Writer::new("s1");
     writer.commit(1, 1, Some(run(1, 0)));
