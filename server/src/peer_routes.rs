@@ -8,7 +8,7 @@ use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use dormant::cluster::peer::{PeerCall, PeerEvent};
+use dormant::cluster::peer::{PeerAnswer, PeerCall, PeerEvent, PeerFailure};
 use futures::StreamExt;
 
 use crate::error::ApiError;
@@ -88,7 +88,28 @@ pub(crate) async fn serve(
     body: Body,
 ) -> Result<Response, ApiError> {
     let (key, call) = peer_call(&state, &headers, body).await?;
-    let answer = state.runtime.serve_peer(key, call).await?;
+    // A call that waits for a run to settle (an execute, a resume, a wait) could wait longer
+    // than a shutdown's drain, which waits for it: at a shutdown it is answered that this
+    // node shut down (the caller reads the owner as gone, and asks again); its run is
+    // stopped by the runtime's own shutdown after the drain. Other calls are answered as
+    // they end.
+    let waits = matches!(
+        call,
+        PeerCall::Execute { .. }
+            | PeerCall::Resume { wait: true, .. }
+            | PeerCall::WaitSettled { .. }
+    );
+    let served = state.runtime.serve_peer(key, call);
+    let answer = if waits {
+        tokio::select! {
+            answer = served => answer?,
+            () = crate::shutdown::shutting_down(state.closing.clone()) => {
+                PeerAnswer::Failed(PeerFailure::of(&dormant::Error::ShutDown))
+            }
+        }
+    } else {
+        served.await?
+    };
     Ok(Json(answer).into_response())
 }
 

@@ -172,13 +172,14 @@ pub enum PeerAnswer {
 }
 
 /// What [`Runtime::submit_and_resume`](crate::Runtime::submit_and_resume) answers: the
-/// submit's outcome and, for an accepted answer, its session's resume.
+/// submit's outcome and, once the call has its answer, its session's resume.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SubmitResumed {
     /// The submit's outcome.
     pub outcome: SubmitOutcome,
-    /// The resume, tried only once the answer was accepted: started (or found calls still
-    /// waiting), or refused, as the node that ran it said
+    /// The resume, tried once the call has its answer (this one, accepted, or an earlier
+    /// one: `already_completed`): started (or found calls still waiting), or refused, as the
+    /// node that ran it said
     /// ([`PeerFailure::into_error`] gives the error back).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resumed: Option<Result<RunStarted, PeerFailure>>,
