@@ -209,6 +209,12 @@ impl<L: Listener> Serve<L> {
                         }
                         // Made room for a new connection: dropping it closes the socket.
                         () = activity.shed.notified() => {
+                            // A request may have come in since it was chosen: it is answered,
+                            // and the connection may be chosen again once it waits.
+                            if activity.answering.load(Ordering::Acquire) > 0 {
+                                activity.shedding.store(false, Ordering::Release);
+                                continue;
+                            }
                             tracing::debug!("server.connection_shed");
                             break;
                         }
