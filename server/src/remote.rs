@@ -171,14 +171,10 @@ impl RemoteAgents for HttpRemoteAgents {
         if !response.status().is_success() {
             return Err(refusal(endpoint, response).await);
         }
-        let body: StatusBody = response.json().await.map_err(|error| {
-            if error.is_decode() {
-                protocol(endpoint, format!("GET /status: {error}"))
-            } else {
-                // The body broke off (a reset, a timeout): nothing was read, nothing decided.
-                unreachable(endpoint, &error)
-            }
-        })?;
+        // The body broke off (a reset, a timeout): nothing was read, nothing decided.
+        let bytes = read_bounded(endpoint, response, MAX_STATUS_BODY).await?;
+        let body: StatusBody = serde_json::from_slice(&bytes)
+            .map_err(|error| protocol(endpoint, format!("GET /status: {error}")))?;
         Ok(RemoteStatus {
             status: body.status,
             run_id: body.run_id,
@@ -244,7 +240,7 @@ impl RemoteAgents for HttpRemoteAgents {
         if status.is_success() {
             return Ok(SubmitOutcome::Accepted);
         }
-        let body: Value = response.json().await.unwrap_or_default();
+        let body: Value = error_body(endpoint, response).await;
         let code = body["code"].as_str().unwrap_or("http_error");
         let message = body["message"].as_str().unwrap_or_default().to_string();
         let count = |field: &str| {
@@ -339,7 +335,7 @@ struct StatusBody {
 /// The remote's error answer (`{code, message, …}`) as a typed refusal.
 pub(crate) async fn refusal(endpoint: &str, response: Response) -> RemoteError {
     let status = response.status().as_u16();
-    let body: Value = response.json().await.unwrap_or_default();
+    let body: Value = error_body(endpoint, response).await;
     RemoteError::Refused {
         endpoint: endpoint.to_string(),
         status,
@@ -357,6 +353,45 @@ pub(crate) async fn refusal(endpoint: &str, response: Response) -> RemoteError {
             _ => body["message"].as_str().unwrap_or_default().to_string(),
         },
     }
+}
+
+/// The most bytes a remote's status answer may hold: a thousand chunks (what a status
+/// carries at most), each a tool's result of up to a megabyte, would be more; a page that
+/// large is refused as unreadable (and asked again until the runtime's patience runs out)
+/// rather than read whole into memory, as any size a remote sent was.
+const MAX_STATUS_BODY: usize = 128 * 1024 * 1024;
+
+/// The most bytes a remote's error answer may hold (its code and message are what is read).
+const MAX_ERROR_BODY: usize = 1024 * 1024;
+
+/// A remote's error answer as JSON (`null` if it is none, or longer than
+/// [`MAX_ERROR_BODY`]).
+async fn error_body(endpoint: &str, response: Response) -> Value {
+    read_bounded(endpoint, response, MAX_ERROR_BODY)
+        .await
+        .ok()
+        .and_then(|bytes| serde_json::from_slice(&bytes).ok())
+        .unwrap_or_default()
+}
+
+/// A remote's answer body, refused past `max` bytes.
+pub(crate) async fn read_bounded(
+    endpoint: &str,
+    mut response: Response,
+    max: usize,
+) -> Result<Vec<u8>, RemoteError> {
+    let mut body = Vec::new();
+    while let Some(chunk) = response
+        .chunk()
+        .await
+        .map_err(|error| unreachable(endpoint, &error))?
+    {
+        if body.len() + chunk.len() > max {
+            return Err(protocol(endpoint, format!("an answer over {max} bytes")));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
 }
 
 pub(crate) fn unreachable(endpoint: &str, error: &reqwest::Error) -> RemoteError {

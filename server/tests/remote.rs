@@ -305,6 +305,8 @@ struct HeldStops {
     /// The next status reads this many times answer 502, as a proxy in front of a remote
     /// that restarts does.
     bad_gateways: std::sync::atomic::AtomicUsize,
+    /// The next status reads this many times answer 500, the remote's own failure.
+    server_errors: std::sync::atomic::AtomicUsize,
     /// The next streams this many times end at once on an error event of the remote's, each
     /// told on `broke` as it is served.
     broken_streams: std::sync::atomic::AtomicUsize,
@@ -319,6 +321,7 @@ impl HeldStops {
             release: tokio::sync::Semaphore::new(0),
             panics_at_start,
             bad_gateways: Default::default(),
+            server_errors: Default::default(),
             broken_streams: Default::default(),
             broke: tokio::sync::Notify::new(),
         }
@@ -348,6 +351,16 @@ impl dormant::remote::RemoteAgents for HeldStops {
         chunks_from: u64,
     ) -> Result<dormant::remote::RemoteStatus, dormant::remote::RemoteError> {
         use std::sync::atomic::Ordering::SeqCst;
+        let errors = self.server_errors.load(SeqCst);
+        if errors > 0 {
+            self.server_errors.store(errors - 1, SeqCst);
+            return Err(dormant::remote::RemoteError::Refused {
+                endpoint: endpoint.to_string(),
+                status: 500,
+                code: "store_error".into(),
+                message: "the remote's store failed".into(),
+            });
+        }
         let left = self.bad_gateways.load(SeqCst);
         if left > 0 {
             self.bad_gateways.store(left - 1, SeqCst);
@@ -506,6 +519,55 @@ async fn a_bad_gateway_before_the_remote_is_tried_again_not_a_lost_child() -> an
         0,
         "the 502s were met"
     );
+    let remote_calls = parent.pending_remote(&root).await?;
+    assert_eq!(remote_calls.len(), 1, "{remote_calls:?}");
+    assert_eq!(remote_calls[0].1.kind, PendingKind::Approval);
+    Ok(())
+}
+
+/// The remote's own failure (a 500) reading a live child's status is tried again, as a remote
+/// out of reach is, up to the runtime's patience: the child is not written off at once, and
+/// left running there for nobody.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remote_failure_reading_a_live_child_is_tried_again_not_a_lost_child(
+) -> anyhow::Result<()> {
+    let remote = remote_server().await?;
+    let (asked, _stops) = tokio::sync::mpsc::unbounded_channel();
+    let transport = Arc::new(HeldStops::new(asked, false));
+    let parent = parent_runtime_through(&remote.base, transport.clone())?;
+    let root = "root-500".parse()?;
+    let run = parent.execute_on(&root, "lead", "go").await?;
+    assert_eq!(run.status, Status::SuspendedAwaitingChildren, "{run:?}");
+    let answer = Submit::result("root-500", "q1", json!({ "answer": "hello" }));
+    assert_eq!(
+        parent.submit_tool_result(answer).await?,
+        SubmitOutcome::Accepted
+    );
+    // The watch that follows the answer has read the child's status: the failure is the
+    // wake's.
+    parent.wait_settled(&root).await;
+    transport
+        .server_errors
+        .store(1, std::sync::atomic::Ordering::SeqCst);
+    let run = parent.resume(&root).await?;
+    assert_eq!(run.status, Status::SuspendedAwaitingChildren, "{run:?}");
+    assert_eq!(
+        transport
+            .server_errors
+            .load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "the 500 was met"
+    );
+    let written_off = parent.messages(&root).await?.into_iter().any(|message| {
+        matches!(message, dormant::Message::Tool { tool_call_id, .. } if tool_call_id == "d1")
+    });
+    assert!(
+        !written_off,
+        "the child is not written off at the first failure"
+    );
+    // Asked again, the remote answers: the child waits on its approval.
+    let run = parent.resume(&root).await?;
+    assert_eq!(run.status, Status::SuspendedAwaitingChildren, "{run:?}");
     let remote_calls = parent.pending_remote(&root).await?;
     assert_eq!(remote_calls.len(), 1, "{remote_calls:?}");
     assert_eq!(remote_calls[0].1.kind, PendingKind::Approval);

@@ -67,8 +67,9 @@ pub(crate) struct DriveReport {
 
 /// Drives the remote child `child` of a parent's call; never fails. A start that the remote
 /// never answers is the call's tool error `remote_subagent_failed`; a child the remote no
-/// longer knows, `remote_subagent_lost`; a remote that does not answer later is
-/// [`Driven::Unreachable`], for the parent to try again. A watch that could not learn
+/// longer knows, `remote_subagent_lost`; a remote that does not answer later, or answers
+/// with another failure, is [`Driven::Unreachable`], for the parent to try again (and, past
+/// its patience, to write the child off and stop it there). A watch that could not learn
 /// anything is [`Driven::Nothing`]. A driver that panics (a transport's bug) counts as a remote
 /// that did not answer: its parent is told, rather than left waiting on the driver for good.
 pub(crate) async fn drive(
@@ -151,9 +152,14 @@ async fn drive_unguarded(
                 Err(error) if error.is_retryable() => return unreachable(&child, error),
                 // Nothing to resume (it completed, or still waits): its status says which.
                 Err(RemoteError::Refused { .. }) => {}
-                Err(error) => {
-                    return Driven::Report(failed(ToolErrorCode::RemoteSubAgentLost, &error))
+                Err(RemoteError::NoTransport) => {
+                    return Driven::Report(failed(
+                        ToolErrorCode::RemoteSubAgentLost,
+                        &RemoteError::NoTransport,
+                    ))
                 }
+                // An answer this side cannot read: as for its status below.
+                Err(error) => return unreachable(&child, error),
             }
         }
         Drive::Follow | Drive::Watch => {}
@@ -178,8 +184,20 @@ async fn drive_unguarded(
             tracing::info!(%child, endpoint = %remote.endpoint, error = %crate::types::Untrusted(&error), "remote_subagent.watch_failed");
             Driven::Nothing
         }
-        Err(error) if error.is_retryable() => unreachable(&child, error),
-        Err(error) => Driven::Report(failed(ToolErrorCode::RemoteSubAgentLost, &error)),
+        // A child the remote no longer knows is lost; nothing is left there to stop.
+        Err(error) if error.is_not_found() => {
+            Driven::Report(failed(ToolErrorCode::RemoteSubAgentLost, &error))
+        }
+        Err(RemoteError::NoTransport) => Driven::Report(failed(
+            ToolErrorCode::RemoteSubAgentLost,
+            &RemoteError::NoTransport,
+        )),
+        // Any other failure (a 500, a refusal of this node's credentials, a status this side
+        // cannot read, as from a newer remote) is tried again, as a remote that does not
+        // answer is, until the runtime's patience runs out: then the child is written off
+        // and recorded to be stopped there. Written off at once, it was left running on the
+        // remote, its model calls and effects going on for nobody.
+        Err(error) => unreachable(&child, error),
     }
 }
 

@@ -47,6 +47,9 @@ pub const DEFAULT_A2A_INPUT_TIMEOUT: Duration = Duration::from_secs(24 * 60 * 60
 /// The longest wait between two looks at a task at work.
 const MAX_POLL: Duration = Duration::from_secs(1);
 
+/// The longest one `SubscribeToTask` is followed before the task is asked for again.
+const SUBSCRIPTION_AT_MOST: Duration = Duration::from_secs(60);
+
 /// How long a status waits for a task at work to stop working before it says it works.
 const SETTLE_WAIT: Duration = Duration::from_secs(5);
 
@@ -432,7 +435,15 @@ impl A2aClient {
             let streams = interface.streaming && task::working(&task::state(&task));
             let followed = match (streams, left) {
                 (false, _) => false,
-                (true, None) => self.subscribe(base, &interface.url, id).await?,
+                // At most a while: an agent that keeps the stream open and sends nothing (a
+                // process stopped, a VM paused) is asked with `GetTask` then, whose own
+                // timeout tells a frozen agent from a slow task.
+                (true, None) => tokio::time::timeout(
+                    SUBSCRIPTION_AT_MOST,
+                    self.subscribe(base, &interface.url, id),
+                )
+                .await
+                .unwrap_or(Ok(false))?,
                 (true, Some(left)) => {
                     tokio::time::timeout(left, self.subscribe(base, &interface.url, id))
                         .await

@@ -207,19 +207,8 @@ fn interface_of(base: &str, card: &Value) -> Result<Interface, RemoteError> {
 }
 
 /// The body, refused past [`MAX_BODY`].
-async fn bounded(base: &str, mut response: reqwest::Response) -> Result<Vec<u8>, RemoteError> {
-    let mut body = Vec::new();
-    while let Some(chunk) = response
-        .chunk()
-        .await
-        .map_err(|error| crate::remote::unreachable(base, &error))?
-    {
-        if body.len() + chunk.len() > MAX_BODY {
-            return Err(protocol(base, format!("an answer over {MAX_BODY} bytes")));
-        }
-        body.extend_from_slice(&chunk);
-    }
-    Ok(body)
+async fn bounded(base: &str, response: reqwest::Response) -> Result<Vec<u8>, RemoteError> {
+    crate::remote::read_bounded(base, response, MAX_BODY).await
 }
 
 /// A JSON-RPC error as a typed refusal: dormant's code from its `ErrorInfo` when it gave one,
