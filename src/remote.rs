@@ -36,7 +36,10 @@ pub use crate::types::remote::{
 };
 pub(crate) use driver::{drive, stop_remote, Drive, Driven};
 pub(crate) use forward::forward;
-pub(crate) use orphans::{pass as stop_orphans_once, record as record_orphan, run as stop_orphans};
+pub(crate) use orphans::{
+    forget as forget_orphan, pass as stop_orphans_once, record as record_orphan,
+    run as stop_orphans,
+};
 pub(crate) use owner::{Owner, RemoteOwner};
 
 /// A remote child its parent let go (wrote off after the remote stayed unreachable, aborted,

@@ -26,6 +26,16 @@ pub(crate) async fn record(shared: &Shared, orphan: RemoteOrphan) -> Result<(), 
     Ok(())
 }
 
+/// Forgets `child`, recorded to be stopped (by the commit that let it go): its stop got
+/// through. A failure to forget it costs one stop more, by the next pass.
+pub(crate) async fn forget(shared: &Shared, child: &crate::types::ids::SessionId) {
+    let mut batch = Batch::new(CommitKind::Other);
+    schema::delete_orphan(&mut batch, child);
+    if let Err(error) = shared.store.commit(batch).await {
+        tracing::warn!(%child, %error, "remote_subagent.orphan_not_forgotten");
+    }
+}
+
 /// Tries to stop every recorded orphan once, a page at a time; forgets those stopped, or
 /// unknown to their server. A server that does not answer is asked once a pass: its other
 /// orphans wait for the next, so that a server gone for good (each request a timeout) does not

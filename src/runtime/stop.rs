@@ -65,11 +65,14 @@ impl Runtime {
             if let Some(remote) = remote {
                 // The remote walks the child's own tree before it answers.
                 let shared = &self.inner.shared;
-                if let Err(error) = crate::remote::stop_remote(shared, &id, &remote, abort).await {
-                    tracing::warn!(child = %id, endpoint = %remote.endpoint, error = %crate::types::Untrusted(&error), "remote_subagent.stop_failed");
-                    // This side let it go: it is stopped there once the remote answers.
-                    crate::engine::actor::orphan(shared, id.clone(), remote, abort).await;
-                    failed.get_or_insert(Error::Remote(error));
+                match crate::remote::stop_remote(shared, &id, &remote, abort).await {
+                    Ok(()) => crate::remote::forget_orphan(shared, &id).await,
+                    Err(error) => {
+                        tracing::warn!(child = %id, endpoint = %remote.endpoint, error = %crate::types::Untrusted(&error), "remote_subagent.stop_failed");
+                        // This side let it go: it is stopped there once the remote answers.
+                        crate::engine::actor::orphan(shared, id.clone(), remote, abort).await;
+                        failed.get_or_insert(Error::Remote(error));
+                    }
                 }
                 continue;
             }

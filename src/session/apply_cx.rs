@@ -127,6 +127,34 @@ impl ApplyCx {
         }
     }
 
+    /// Remote children this apply stops are recorded in its commit to be stopped by the
+    /// orphan pass (`remote/orphans.rs`) should the stop itself not get through: a crash, a
+    /// caller gone, a remote that does not answer. Told of them only after the commit that
+    /// lets them go, nothing durable would point at them then. The stop that gets through
+    /// forgets them.
+    pub(super) fn record_remote_stops(&mut self) {
+        let Some(commit) = &mut self.commit else {
+            return;
+        };
+        for effect in &self.effects {
+            let Effect::StopChildren { children, abort } = effect else {
+                continue;
+            };
+            for child in children {
+                if let Some(remote) = &child.remote {
+                    commit
+                        .index
+                        .push(IndexWrite::PutOrphan(crate::remote::RemoteOrphan {
+                            child: child.child.clone(),
+                            endpoint: remote.endpoint.clone(),
+                            abort: *abort,
+                            since_ms: self.now,
+                        }));
+                }
+            }
+        }
+    }
+
     /// The transition the apply produced.
     pub(super) fn into_transition(self) -> Transition {
         // Whatever was staged went into the commit: nothing is left to a later input.

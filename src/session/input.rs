@@ -162,6 +162,7 @@ impl Session {
         if self.policy.auto_resume {
             cx.record_resume_due();
         }
+        cx.record_remote_stops();
         Ok(cx.into_transition())
     }
 

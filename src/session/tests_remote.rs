@@ -378,3 +378,37 @@ fn a_remote_away_past_the_patience_is_written_off_and_recorded_to_be_stopped() {
         .iter()
         .any(|effect| matches!(effect, Effect::AutoResume)));
 }
+
+#[test]
+fn a_remote_child_an_abort_lets_go_is_recorded_to_be_stopped_in_the_abort_s_own_commit() {
+    let mut session = waking_an_answered_child(Policy::default());
+    let aborted = session.apply(Input::Abort, 1_000).unwrap_or_default();
+    let stopped: Vec<SessionId> = aborted
+        .effects
+        .iter()
+        .filter_map(|effect| match effect {
+            Effect::StopChildren {
+                children,
+                abort: true,
+            } => Some(children),
+            _ => None,
+        })
+        .flatten()
+        .filter(|child| child.remote.is_some())
+        .map(|child| child.child.clone())
+        .collect();
+    assert_eq!(stopped.len(), 1, "{:?}", aborted.effects);
+    let recorded: Vec<&crate::remote::RemoteOrphan> = aborted
+        .commit
+        .iter()
+        .flat_map(|commit| &commit.index)
+        .filter_map(|write| match write {
+            IndexWrite::PutOrphan(orphan) => Some(orphan),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(recorded.len(), 1, "{recorded:?}");
+    assert_eq!(recorded[0].child, stopped[0]);
+    assert!(recorded[0].abort);
+    assert_eq!(recorded[0].since_ms, 1_000);
+}

@@ -87,9 +87,12 @@ impl SessionActor {
             tokio::spawn(async move {
                 // Told when dropped: at the end, or if the transport panicked.
                 let _told = told;
-                if let Err(error) = stop_remote(&shared, &child, &remote, abort).await {
-                    tracing::warn!(%child, endpoint = %remote.endpoint, error = %crate::types::Untrusted(&error), "remote_subagent.stop_failed");
-                    orphan(&shared, child, remote, abort).await;
+                match stop_remote(&shared, &child, &remote, abort).await {
+                    Ok(()) => crate::remote::forget_orphan(&shared, &child).await,
+                    Err(error) => {
+                        tracing::warn!(%child, endpoint = %remote.endpoint, error = %crate::types::Untrusted(&error), "remote_subagent.stop_failed");
+                        orphan(&shared, child, remote, abort).await;
+                    }
                 }
             });
         }
