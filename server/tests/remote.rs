@@ -80,6 +80,15 @@ fn parent_runtime_through(
     endpoint: &str,
     transport: Arc<dyn dormant::remote::RemoteAgents>,
 ) -> anyhow::Result<Runtime> {
+    parent_runtime_with(endpoint, transport, |builder| builder)
+}
+
+/// [`parent_runtime_through`], its builder changed by `configure` first.
+fn parent_runtime_with(
+    endpoint: &str,
+    transport: Arc<dyn dormant::remote::RemoteAgents>,
+    configure: impl FnOnce(dormant::RuntimeBuilder) -> dormant::RuntimeBuilder,
+) -> anyhow::Result<Runtime> {
     let lead = AgentDefinition::builder("lead")
         .tool(ToolDefinition::remote_sub_agent(
             "delegate", endpoint, "helper",
@@ -96,14 +105,14 @@ fn parent_runtime_through(
             ModelReply::text("lead done"),
         ],
     );
-    Ok(Runtime::builder()
+    let builder = Runtime::builder()
         .store(Arc::new(SledStore::temporary()?))
         .llm(Arc::new(llm))
         .agent(lead)
         .remote_agents(transport)
         .remote_policy(fast_policy())
-        .background_deadlines(false)
-        .build()?)
+        .background_deadlines(false);
+    Ok(configure(builder).build()?)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -522,6 +531,67 @@ async fn a_bad_gateway_before_the_remote_is_tried_again_not_a_lost_child() -> an
     let remote_calls = parent.pending_remote(&root).await?;
     assert_eq!(remote_calls.len(), 1, "{remote_calls:?}");
     assert_eq!(remote_calls[0].1.kind, PendingKind::Approval);
+    Ok(())
+}
+
+/// A parent that resumes by itself (`auto_resume`) takes its remote child, on a server that
+/// does not, through its answers: once nothing waits but the child's resume, the parent
+/// resumes, which wakes the child there; the tree completes with no resume asked for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parent_that_resumes_by_itself_wakes_a_remote_child_that_does_not() -> anyhow::Result<()>
+{
+    use futures::StreamExt;
+    let remote = remote_server().await?;
+    let transport = Arc::new(HttpRemoteAgents::new(Some(KEY.into())));
+    let parent = parent_runtime_with(&remote.base, transport, |builder| builder.auto_resume(true))?;
+    let root: dormant::SessionId = "root-auto".parse()?;
+    let run = parent.execute_on(&root, "lead", "go").await?;
+    assert_eq!(run.status, Status::SuspendedAwaitingChildren, "{run:?}");
+    let from = parent.chunks(&root, 0).await?.len() as u64;
+    let mut chunks = std::pin::pin!(parent.follow(&root, from));
+    let answer = Submit::result("root-auto", "q1", json!({ "answer": "hello" }));
+    assert_eq!(
+        parent.submit_tool_result(answer).await?,
+        SubmitOutcome::Accepted
+    );
+    // The parent goes on by itself: the child, woken, asks for its approval next.
+    let approval = tokio::time::timeout(Duration::from_secs(60), async {
+        loop {
+            let waits = parent.pending_remote(&root).await?;
+            if let Some((_, call)) = waits
+                .into_iter()
+                .find(|(_, call)| call.kind == PendingKind::Approval)
+            {
+                return anyhow::Ok(call);
+            }
+            // A chunk of the tree moved (the next one is awaited, not a time).
+            chunks.next().await;
+        }
+    })
+    .await??;
+    let yes = Submit::approval(
+        "root-auto",
+        approval.tool_call_id.clone(),
+        approval.approval_id.clone().unwrap_or_default(),
+        true,
+        None,
+    );
+    assert_eq!(
+        parent.submit_tool_result(yes).await?,
+        SubmitOutcome::Accepted
+    );
+    let ended = tokio::time::timeout(Duration::from_secs(60), async {
+        while let Some(chunk) = chunks.next().await {
+            let chunk = chunk?;
+            if let dormant::types::ChunkKind::RunEnd { status, .. } = chunk.kind {
+                return anyhow::Ok(Some(status));
+            }
+        }
+        Ok(None)
+    })
+    .await??;
+    assert_eq!(ended, Some(Status::Completed));
+    parent.shutdown().await?;
     Ok(())
 }
 

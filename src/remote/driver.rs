@@ -272,7 +272,8 @@ impl Driver<'_> {
             // The chunks the status carries (read after it): no stream needed for those.
             for chunk in std::mem::take(&mut status.chunks) {
                 if chunk.seq >= next {
-                    next = chunk.seq + 1;
+                    // Saturating: a remote's numbers are not trusted to stay short of the end.
+                    next = chunk.seq.saturating_add(1);
                     chunks.push(chunk);
                 }
             }
@@ -304,7 +305,7 @@ impl Driver<'_> {
                 if chunk.seq < next {
                     continue;
                 }
-                next = chunk.seq + 1;
+                next = chunk.seq.saturating_add(1);
                 let settles = chunk.kind.settles_run();
                 let run = chunk.run_id;
                 chunks.push(chunk);

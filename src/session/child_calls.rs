@@ -112,6 +112,18 @@ impl ChildCalls {
         self.by_id.values().any(|call| !call.state.is_finished())
     }
 
+    /// Whether a child not finished waits on anything but its parent's resume: one running,
+    /// interrupted, or suspended on calls to answer. A remote child suspended on none waits
+    /// for that resume alone (its server need not resume it by itself, as a child of this
+    /// runtime with `auto_resume` does).
+    pub(crate) fn any_waiting_on_others(&self) -> bool {
+        self.by_id.values().any(|call| match &call.state {
+            ChildState::Finished(_) => false,
+            ChildState::Suspended { waiting } => !waiting.is_empty() || call.remote.is_none(),
+            ChildState::Running | ChildState::Interrupted { .. } => true,
+        })
+    }
+
     pub(super) fn in_order(&self) -> Vec<&ChildCall> {
         let mut calls: Vec<&ChildCall> = self.by_id.values().collect();
         calls.sort_by_key(|call| call.position);

@@ -331,7 +331,7 @@ impl Session {
                 }
             }
             Phase::Idle | Phase::AwaitingModel { .. } => {
-                if self.policy.auto_resume && self.is_suspended() && !self.any_waiting(cx.now) {
+                if self.owes_itself_a_resume(cx.now) {
                     cx.push(Effect::AutoResume);
                 }
             }
@@ -352,7 +352,8 @@ impl Session {
             if chunk.seq < forwarded {
                 continue;
             }
-            forwarded = chunk.seq + 1;
+            // Saturating: a remote child's numbers come from its server.
+            forwarded = chunk.seq.saturating_add(1);
             self.stage_chunk(
                 cx,
                 run_id,
@@ -395,6 +396,16 @@ impl Session {
             self.record.status,
             super::Status::SuspendedClientTool | super::Status::SuspendedAwaitingChildren
         )
+    }
+
+    /// Whether the runtime resumes this session by itself now (`auto_resume`): it is
+    /// suspended, none of its own calls waits, and no child waits on anything but this
+    /// resume (see `ChildCalls::any_waiting_on_others`).
+    pub(super) fn owes_itself_a_resume(&self, now: u64) -> bool {
+        self.policy.auto_resume
+            && self.is_suspended()
+            && !self.pending.any_waiting(now)
+            && !self.children.any_waiting_on_others()
     }
 
     /// Whether some call of the suspension still waits: an own call unanswered and unexpired,

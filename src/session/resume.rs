@@ -50,6 +50,15 @@ impl Session {
                         run_id,
                     };
                     self.wake_children(cx, asleep);
+                    if self.policy.auto_resume {
+                        // The resume it may have owed itself is under way: what the woken
+                        // children answer decides what comes next (a resume owed then is
+                        // owed afresh). Left, the entry would wake them again every time
+                        // the scheduler looks, for as long as one of them (a remote child)
+                        // answers that it waits on nothing but a resume.
+                        cx.staged.index.push(schema::resume_due_write(false));
+                        self.finish_entries(cx, CommitKind::Other);
+                    }
                     return Ok(());
                 }
                 self.drain(cx, run_id);

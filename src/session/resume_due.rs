@@ -10,8 +10,7 @@ use crate::types::ids::RunId;
 
 impl Session {
     /// Resumes as the run `run_id` if the runtime still owes this session an automatic
-    /// resume: it resumes by itself (`auto_resume`), is suspended and idle, and nothing of
-    /// its suspension waits. The resume's commit removes the entry. A session at work (the
+    /// resume: it is idle, and [`Session::owes_itself_a_resume`]. The resume's commit removes the entry. A session at work (the
     /// resume already under way, say) is left alone; any other removes the entry and stays
     /// as it is.
     ///
@@ -21,7 +20,7 @@ impl Session {
         if self.is_busy() {
             return Ok(());
         }
-        if self.policy.auto_resume && self.is_suspended() && !self.any_waiting(cx.now) {
+        if self.owes_itself_a_resume(cx.now) {
             return self.resume(cx, run_id);
         }
         cx.staged.index.push(schema::resume_due_write(false));

@@ -222,7 +222,7 @@ impl Session {
         // The outcome is reported on the stream when the resume records it: a submit writes
         // only its own entry, so concurrent submits to one session never wait on each other.
         self.record_answer(cx, call_id, answer, edited);
-        if self.policy.auto_resume && !self.any_waiting(now) {
+        if self.owes_itself_a_resume(now) {
             cx.push(Effect::AutoResume);
         }
         self.finish_entries(cx, CommitKind::Other);
@@ -489,7 +489,7 @@ impl Session {
             self.question_closed(cx, &entry.tool_name, entry.idempotency_key.clone());
         }
         self.record_result(cx, entry.run_id, call, Outcome::of(outcome));
-        if self.policy.auto_resume && !self.any_waiting(now) {
+        if self.owes_itself_a_resume(now) {
             cx.push(Effect::AutoResume);
         }
         self.finish(cx, CommitKind::Other);

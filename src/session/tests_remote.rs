@@ -412,3 +412,75 @@ fn a_remote_child_an_abort_lets_go_is_recorded_to_be_stopped_in_the_abort_s_own_
     assert!(recorded[0].abort);
     assert_eq!(recorded[0].since_ms, 1_000);
 }
+
+/// With `auto_resume`, a remote child that waits on nothing but its parent's resume (its
+/// server does not resume it by itself) makes the parent resume, which wakes it; the resume
+/// owed goes with the wake, so that a child that keeps answering so is not woken again each
+/// time the scheduler looks.
+#[test]
+fn a_parent_that_resumes_by_itself_wakes_a_remote_child_waiting_only_on_its_resume() {
+    use crate::store::schema::{RESUME_DUE, RESUME_DUE_AT};
+    let policy = Policy {
+        auto_resume: true,
+        ..Policy::default()
+    };
+    let mut session = delegating(policy);
+    let asked = reported(
+        &mut session,
+        ChildReport::Suspended(vec!["q1".into()]),
+        vec![call("q1", 900_000, true, false)],
+        false,
+        10,
+    );
+    assert!(!asked
+        .effects
+        .iter()
+        .any(|effect| matches!(effect, Effect::AutoResume)));
+    let answered = RemoteCall {
+        answered: true,
+        ..call("q1", 900_000, false, false)
+    };
+    let waits_on_us = reported(
+        &mut session,
+        ChildReport::Suspended(Vec::new()),
+        vec![answered],
+        true,
+        20,
+    );
+    assert!(waits_on_us
+        .effects
+        .iter()
+        .any(|effect| matches!(effect, Effect::AutoResume)));
+    let owed = |transition: &Transition, put: bool| {
+        transition
+            .commit
+            .iter()
+            .flat_map(|commit| &commit.index)
+            .any(|write| match write {
+                IndexWrite::PutDeadline { at, call } if put => {
+                    *at == RESUME_DUE_AT && call == RESUME_DUE
+                }
+                IndexWrite::DeleteDeadline { at, call } if !put => {
+                    *at == RESUME_DUE_AT && call == RESUME_DUE
+                }
+                _ => false,
+            })
+    };
+    assert!(owed(&waits_on_us, true), "the resume owed is recorded");
+    let woken = session
+        .apply(
+            Input::ResumeDue {
+                run_id: RunId::generate(),
+            },
+            30,
+        )
+        .unwrap_or_default();
+    assert!(woken.effects.iter().any(|effect| matches!(
+        effect,
+        Effect::DriveRemote(RemoteDrive {
+            how: crate::remote::Drive::Wake,
+            ..
+        })
+    )));
+    assert!(owed(&woken, false), "the wake takes the resume owed");
+}
