@@ -10,9 +10,9 @@ use crate::types::ids::RunId;
 
 impl Session {
     /// Resumes as the run `run_id` if the runtime still owes this session an automatic
-    /// resume: it is idle, and [`Session::owes_itself_a_resume`]. The resume's commit removes the entry. A session at work (the
-    /// resume already under way, say) is left alone; any other removes the entry and stays
-    /// as it is.
+    /// resume: it is idle, and [`Session::owes_itself_a_resume`]. The resume removes the
+    /// entry. A session at work (the resume already under way, say) is left alone; any other
+    /// removes the entry and stays as it is.
     ///
     /// # Errors
     /// As [`Session::resume`] (an aborted session is never suspended, so none in practice).
