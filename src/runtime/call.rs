@@ -213,7 +213,6 @@ impl Runtime {
         }
     }
 
-    /// [`Runtime::start_resume`] on this node.
     /// An answer, then the resume of its session once the answer is in: accepted now, or
     /// earlier (`already_completed`: a retry of a request whose resume may never have been
     /// asked for; a resume with nothing to do answers at once).
@@ -238,6 +237,7 @@ impl Runtime {
         }))
     }
 
+    /// [`Runtime::start_resume`] on this node.
     async fn start_resume_here(&self, session: &SessionId) -> Result<RunStarted, Error> {
         self.session(session).await?;
         self.ask(session, |reply| SessionMsg::Resume {
