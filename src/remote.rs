@@ -56,7 +56,17 @@ pub(crate) struct RemoteOrphan {
     pub(crate) abort: bool,
     /// When its parent let it go (clock ms).
     pub(crate) since_ms: u64,
+    /// Recorded by the commit that let it go, while that stop itself is under way: the
+    /// orphan pass leaves it alone until then (clock ms), unless the stop fails first (which
+    /// records it again without). Past then, a crash or a caller gone cut that stop.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) held_until_ms: Option<u64>,
 }
+
+/// How long the stop of a remote child is left to itself before the orphan pass takes it
+/// over: longer than the stop's own tries (`RemotePolicy`'s attempts, each bounded by its
+/// request's timeout).
+pub(crate) const STOP_UNDER_WAY_MS: u64 = 10 * 60 * 1000;
 
 /// A call a remote child's tree waits on, as the remote's status lists it (the JSON of the
 /// agent server's `GET /status` `pending` entries).

@@ -53,8 +53,12 @@ pub(crate) async fn pass(shared: &Shared) -> Result<usize, Error> {
     loop {
         let (orphans, next) = schema::remote_orphans(shared.store.as_ref(), &from, PAGE).await?;
         let mut stopped = Batch::new(CommitKind::Other);
+        let now = shared.clock.now_ms();
         for orphan in orphans {
-            if away.contains(&orphan.endpoint) {
+            // Its own stop may still be under way: not raced (a second stop of the same
+            // child, a second cancel at an A2A agent).
+            let held = orphan.held_until_ms.is_some_and(|until| until > now);
+            if held || away.contains(&orphan.endpoint) {
                 left += 1;
                 continue;
             }
@@ -203,6 +207,7 @@ mod tests {
                 endpoint: endpoint.into(),
                 abort: true,
                 since_ms: 0,
+                held_until_ms: None,
             })
         };
         for n in 0..300 {
@@ -229,6 +234,46 @@ mod tests {
             vec!["dead".to_string(), "alive".to_string()],
             "one stop a server that does not answer, and every other orphan tried"
         );
+        runtime.shutdown().await?;
+        Ok(())
+    }
+
+    /// An orphan recorded while its own stop is under way is left to that stop until its
+    /// hold ends; then a pass stops it (that stop was cut: a crash, a caller gone).
+    #[tokio::test]
+    async fn an_orphan_whose_own_stop_may_be_under_way_is_left_to_it_until_its_hold_ends(
+    ) -> anyhow::Result<()> {
+        let store = Arc::new(MemoryStore::new());
+        let mut batch = Batch::new(CommitKind::Other);
+        schema::put_orphan(
+            &mut batch,
+            &RemoteOrphan {
+                child: "held".parse()?,
+                endpoint: "alive".into(),
+                abort: true,
+                since_ms: 0,
+                held_until_ms: Some(1_000),
+            },
+        )?;
+        store.commit(batch).await?;
+        let stops = Arc::new(Stops::default());
+        let clock = crate::ManualClock::new(0);
+        let runtime = crate::Runtime::builder()
+            .store(Arc::clone(&store) as Arc<dyn Store>)
+            .remote_agents(Arc::clone(&stops) as Arc<dyn RemoteAgents>)
+            .clock(Arc::new(clock.clone()))
+            .background_deadlines(false)
+            .build()?;
+
+        assert_eq!(runtime.retry_remote_stops().await?, 1, "held: left");
+        assert!(stops.asked.lock().is_empty(), "and not asked");
+        clock.advance(1_000);
+        assert_eq!(
+            runtime.retry_remote_stops().await?,
+            0,
+            "stopped once its hold ended"
+        );
+        assert_eq!(stops.asked.lock().clone(), vec!["alive".to_string()]);
         runtime.shutdown().await?;
         Ok(())
     }

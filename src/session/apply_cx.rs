@@ -131,7 +131,7 @@ impl ApplyCx {
     /// orphan pass (`remote/orphans.rs`) should the stop itself not get through: a crash, a
     /// caller gone, a remote that does not answer. Told of them only after the commit that
     /// lets them go, nothing durable would point at them then. The stop that gets through
-    /// forgets them.
+    /// forgets them; the pass leaves them to it while it may be under way.
     pub(super) fn record_remote_stops(&mut self) {
         let Some(commit) = &mut self.commit else {
             return;
@@ -149,6 +149,9 @@ impl ApplyCx {
                             endpoint: remote.endpoint.clone(),
                             abort: *abort,
                             since_ms: self.now,
+                            held_until_ms: Some(
+                                self.now.saturating_add(crate::remote::STOP_UNDER_WAY_MS),
+                            ),
                         }));
                 }
             }

@@ -106,6 +106,7 @@ impl Session {
                 endpoint: remote.endpoint,
                 abort: true,
                 since_ms: now,
+                held_until_ms: None,
             }));
             let lost = ChildReport::Finished(outcome.into());
             self.child_reported(cx, call_id, lost, Vec::new());

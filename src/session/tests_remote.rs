@@ -411,6 +411,11 @@ fn a_remote_child_an_abort_lets_go_is_recorded_to_be_stopped_in_the_abort_s_own_
     assert_eq!(recorded[0].child, stopped[0]);
     assert!(recorded[0].abort);
     assert_eq!(recorded[0].since_ms, 1_000);
+    assert_eq!(
+        recorded[0].held_until_ms,
+        Some(1_000 + crate::remote::STOP_UNDER_WAY_MS),
+        "left to its own stop, under way"
+    );
 }
 
 /// With `auto_resume`, a remote child that waits on nothing but its parent's resume (its
