@@ -57,6 +57,25 @@ impl Delegate for ResumesNeverLand {
     }
 }
 
+/// The editor's runtime on `store`, resuming by itself.
+fn auto_resuming(store: Arc<dyn Store>) -> anyhow::Result<dormant::Runtime> {
+    editor_runtime(store, ManualClock::new(0), script(), Arc::default(), |b| {
+        b.auto_resume(true)
+    })
+}
+
+/// The answer to session `s1`'s call.
+fn answer() -> Submit {
+    Submit::result("s1", "tc-1", json!({ "applied": 1 }))
+}
+
+/// Runs session `s1` until it waits on its call.
+async fn waiting(runtime: &dormant::Runtime) -> anyhow::Result<SessionId> {
+    let id: SessionId = "s1".parse()?;
+    runtime.execute_on(&id, "editor", "go").await?;
+    Ok(id)
+}
+
 /// The child: suspends sessions on a client tool, answers them (each answer makes a resume
 /// owed, whose commit never lands) and prints `accepted ID` for each; then waits to be killed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -69,13 +88,7 @@ async fn auto_resume_child() -> anyhow::Result<()> {
         Arc::new(SledStore::open(path)?),
         ResumesNeverLand::new(true),
     ));
-    let runtime = editor_runtime(
-        Arc::clone(&store) as Arc<dyn Store>,
-        ManualClock::new(0),
-        script(),
-        Arc::default(),
-        |b| b.auto_resume(true),
-    )?;
+    let runtime = auto_resuming(Arc::clone(&store) as Arc<dyn Store>)?;
     for i in 0..SESSIONS {
         let id: SessionId = format!("s{i}").parse()?;
         runtime.execute_on(&id, "editor", "go").await?;
@@ -174,19 +187,10 @@ async fn a_resume_whose_commit_failed_runs_at_the_next_sweep() -> anyhow::Result
         ResumesNeverLand::new(false),
     ));
     let failing = store.delegate();
-    let runtime = editor_runtime(
-        Arc::clone(&store) as Arc<dyn Store>,
-        ManualClock::new(0),
-        script(),
-        Arc::default(),
-        |b| b.auto_resume(true),
-    )?;
-    let id: SessionId = "s1".parse()?;
-    runtime.execute_on(&id, "editor", "go").await?;
+    let runtime = auto_resuming(Arc::clone(&store) as Arc<dyn Store>)?;
+    let id = waiting(&runtime).await?;
     failing.on.store(true, Ordering::SeqCst);
-    runtime
-        .submit_tool_result(Submit::result("s1", "tc-1", json!({ "applied": 1 })))
-        .await?;
+    runtime.submit_tool_result(answer()).await?;
     runtime.wait_settled(&id).await;
     assert_eq!(runtime.status(&id).await?, Status::SuspendedClientTool);
     failing.on.store(false, Ordering::SeqCst);
@@ -204,18 +208,9 @@ async fn a_resume_whose_commit_failed_runs_at_the_next_sweep() -> anyhow::Result
 #[tokio::test]
 async fn an_automatic_resume_that_ran_leaves_no_entry_behind() -> anyhow::Result<()> {
     let memory = Arc::new(MemoryStore::new());
-    let runtime = editor_runtime(
-        Arc::clone(&memory) as Arc<dyn Store>,
-        ManualClock::new(0),
-        script(),
-        Arc::default(),
-        |b| b.auto_resume(true),
-    )?;
-    let id: SessionId = "s1".parse()?;
-    runtime.execute_on(&id, "editor", "go").await?;
-    runtime
-        .submit_tool_result(Submit::result("s1", "tc-1", json!({ "applied": 1 })))
-        .await?;
+    let runtime = auto_resuming(Arc::clone(&memory) as Arc<dyn Store>)?;
+    let id = waiting(&runtime).await?;
+    runtime.submit_tool_result(answer()).await?;
     runtime.wait_settled(&id).await;
     assert_eq!(runtime.status(&id).await?, Status::Completed);
     assert_no_deadline_entries(memory.as_ref()).await

@@ -6,13 +6,12 @@ mod common;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use common::{calls_then_text, editor_runtime};
+use common::{calls_then_text, editor_runtime, HoldsOne};
 use dormant::cluster::leases::{LeaseOwner, Leases, PeerKey};
-use dormant::store::{CommitKind, Error as StoreError, Store};
-use dormant::testkit::{Call, Delegate, DelegatingStore};
+use dormant::store::{Error as StoreError, Store};
+use dormant::testkit::DelegatingStore;
 use dormant::{ManualClock, MemoryStore, SessionId, Status, Submit, SubmitOutcome};
 use serde_json::json;
-use tokio::sync::Notify;
 
 /// Leases of a store other nodes share, held all along but once: the next look after
 /// `lapse` says the lease was lost and taken again since.
@@ -47,27 +46,6 @@ impl Leases for LapsingOnce {
 
     fn peer_key(&self) -> Option<PeerKey> {
         None
-    }
-}
-
-/// Holds the next commit once armed, until let go.
-#[derive(Debug, Default)]
-struct HoldsOne {
-    armed: AtomicBool,
-    reached: Notify,
-    let_go: Notify,
-}
-
-#[async_trait::async_trait]
-impl Delegate for HoldsOne {
-    async fn before(&self, call: Call<'_>) -> Result<(), StoreError> {
-        if let Call::Commit(batch) = call {
-            if batch.kind() == CommitKind::Other && self.armed.swap(false, Ordering::SeqCst) {
-                self.reached.notify_one();
-                self.let_go.notified().await;
-            }
-        }
-        Ok(())
     }
 }
 

@@ -4,38 +4,16 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use common::{calls_then_text, editor_runtime};
-use dormant::store::{CommitKind, Error as StoreError, Store};
-use dormant::testkit::{Call, Delegate, DelegatingStore};
+use common::{calls_then_text, editor_runtime, HoldsOne};
+use dormant::store::Store;
+use dormant::testkit::DelegatingStore;
 use dormant::types::ChunkKind;
 use dormant::{ManualClock, MemoryStore, Runtime, SessionId, Status, Submit, SubmitOutcome};
 use futures::StreamExt;
 use serde_json::json;
-use tokio::sync::Notify;
-
-/// Holds the next commit once armed, until let go.
-#[derive(Debug, Default)]
-struct HoldsOne {
-    armed: AtomicBool,
-    reached: Notify,
-    let_go: Notify,
-}
-
-#[async_trait::async_trait]
-impl Delegate for HoldsOne {
-    async fn before(&self, call: Call<'_>) -> Result<(), StoreError> {
-        if let Call::Commit(batch) = call {
-            if batch.kind() == CommitKind::Other && self.armed.swap(false, Ordering::SeqCst) {
-                self.reached.notify_one();
-                self.let_go.notified().await;
-            }
-        }
-        Ok(())
-    }
-}
 
 /// A runtime whose session `s1` waits on its client call `tc-1`; the stream's length then.
 async fn suspended(

@@ -249,3 +249,26 @@ impl LlmAdapter for CheckedLlm {
         self.inner.complete(request)
     }
 }
+
+/// A store delegate that holds the next commit of kind `Other` (an answer's) once armed,
+/// until the test lets it go: `reached` says it is held.
+#[derive(Debug, Default)]
+pub struct HoldsOne {
+    pub armed: std::sync::atomic::AtomicBool,
+    pub reached: tokio::sync::Notify,
+    pub let_go: tokio::sync::Notify,
+}
+
+#[async_trait::async_trait]
+impl dormant::testkit::Delegate for HoldsOne {
+    async fn before(&self, call: dormant::testkit::Call<'_>) -> Result<(), dormant::store::Error> {
+        if let dormant::testkit::Call::Commit(batch) = call {
+            let answer = batch.kind() == dormant::store::CommitKind::Other;
+            if answer && self.armed.swap(false, Ordering::SeqCst) {
+                self.reached.notify_one();
+                self.let_go.notified().await;
+            }
+        }
+        Ok(())
+    }
+}

@@ -269,23 +269,30 @@ async fn a_compaction_keeps_every_live_entry_and_lets_the_rest_go() -> Result<()
     Ok(())
 }
 
+/// Overwrites 20 keys, one at a time, while the failure armed for the next compaction is
+/// still to come (`armed`): until a compaction begins on its own, and fails. (No more after
+/// it: another file's worth would begin the next one.) Then no base is left.
+async fn a_compaction_fails(store: &JournalStore, armed: impl Fn() -> bool) -> Result<(), Error> {
+    let mut puts = 0;
+    while armed() {
+        assert!(puts < 10_000, "no compaction began");
+        put(store, &format!("k{:03}", puts % 20), &[1; 300]).await?;
+        puts += 1;
+    }
+    wait_for_compaction(store);
+    assert!(super::files::base_files(store.engine.path())
+        .map_err(Error::backend)?
+        .is_empty());
+    Ok(())
+}
+
 #[tokio::test]
 async fn a_compaction_that_panics_is_tried_again_later() -> Result<(), Error> {
     let dir = tempfile::tempdir().map_err(Error::backend)?;
     let store = open(dir.path())?;
     super::compactor::tests::panic_next_compaction_in(dir.path());
-    // Overwrites, one at a time, until a compaction begins on its own; it panics. (No more
-    // after it: another file's worth would begin the next one.)
-    let mut puts = 0;
-    while super::compactor::tests::armed_for(dir.path()) {
-        assert!(puts < 10_000, "no compaction began");
-        put(&store, &format!("k{:03}", puts % 20), &[1; 300]).await?;
-        puts += 1;
-    }
-    wait_for_compaction(&store);
-    assert!(super::files::base_files(dir.path())
-        .map_err(Error::backend)?
-        .is_empty());
+    // It panics.
+    a_compaction_fails(&store, || super::compactor::tests::armed_for(dir.path())).await?;
     // The store goes on, and compacts again once it holds another file's worth more.
     overwritten(&store, 40).await?;
     wait_for_compaction(&store);
@@ -311,16 +318,10 @@ async fn a_compaction_whose_base_is_not_made_durable_leaves_every_entry_where_it
     let dir = tempfile::tempdir().map_err(Error::backend)?;
     let store = open(dir.path())?;
     super::compactor::tests::fail_next_base_sync_in(dir.path());
-    let mut puts = 0;
-    while super::compactor::tests::sync_fails_in(dir.path()) {
-        assert!(puts < 10_000, "no compaction began");
-        put(&store, &format!("k{:03}", puts % 20), &[1; 300]).await?;
-        puts += 1;
-    }
-    wait_for_compaction(&store);
-    assert!(super::files::base_files(dir.path())
-        .map_err(Error::backend)?
-        .is_empty());
+    a_compaction_fails(&store, || {
+        super::compactor::tests::sync_fails_in(dir.path())
+    })
+    .await?;
     let in_bases = store.engine.read(|index| {
         (0..64)
             .map(|id| index.entries_in(super::index::FileId::Base(id)))
