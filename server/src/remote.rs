@@ -171,7 +171,8 @@ impl RemoteAgents for HttpRemoteAgents {
         if !response.status().is_success() {
             return Err(refusal(endpoint, response).await);
         }
-        // The body broke off (a reset, a timeout): nothing was read, nothing decided.
+        // A body that breaks off (a reset, a timeout) is a remote out of reach: nothing was
+        // read, nothing decided.
         let bytes = read_bounded(endpoint, response, MAX_STATUS_BODY).await?;
         let body: StatusBody = serde_json::from_slice(&bytes)
             .map_err(|error| protocol(endpoint, format!("GET /status: {error}")))?;
