@@ -4,10 +4,10 @@
 //! (the last wins), so the transaction leaves each key as applying the batches one after the
 //! other would; all of a group's batches are acknowledged together, once it committed, or
 //! all get its error (but a transaction refused for what one batch holds is split until that
-//! batch fails alone: `commit_in_halves`). A batch of a session is written only if this node still holds the
-//! session's lease with the epoch it took, checked in the same transaction with the lease row
-//! locked (a takeover waits for the transaction): the others of the group get
-//! [`Error::LeaseLost`] and nothing of theirs is written.
+//! batch fails alone: `commit_in_halves`). A batch of a session is written only if this node
+//! still holds the session's lease with the epoch it took, checked in the same transaction
+//! with the lease row locked (a takeover waits for the transaction): the others of the group
+//! get [`Error::LeaseLost`] and nothing of theirs is written.
 
 use std::sync::Arc;
 
