@@ -452,6 +452,24 @@ impl Session {
                 self.end_run(cx, Status::Interrupted, Some(error));
                 self.finish(cx, CommitKind::RunEnd);
             }
+            Status::Interrupted => {
+                // A crash interrupted this run, not its remote children: they went on there
+                // (a resume re-attaches to them). An interrupt asked for now reaches them;
+                // their entries stay, for that resume.
+                let remote: Vec<_> = self
+                    .children
+                    .in_order()
+                    .into_iter()
+                    .filter(|entry| entry.remote.is_some() && !entry.state.is_finished())
+                    .map(|entry| self.child_at(entry.child.clone()))
+                    .collect();
+                if !remote.is_empty() {
+                    cx.push(Effect::StopChildren {
+                        children: remote,
+                        abort: false,
+                    });
+                }
+            }
             _ => {}
         }
     }

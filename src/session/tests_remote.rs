@@ -489,3 +489,50 @@ fn a_parent_that_resumes_by_itself_wakes_a_remote_child_waiting_only_on_its_resu
     )));
     assert!(owed(&woken, false), "the wake takes the resume owed");
 }
+
+/// A run a crash interrupted leaves its remote child going on there; an interrupt asked for
+/// then reaches it (its entry stays, for a resume to re-attach).
+#[test]
+fn an_interrupt_of_a_run_a_crash_interrupted_reaches_its_remote_child() {
+    let session = delegating(Policy::default());
+    let stored = Stored {
+        run: session.run.clone(),
+        children: session.children.entries(),
+        ..Stored::default()
+    };
+    let mut restored = Session::restore(
+        session.record,
+        lead(),
+        Arc::new(Policy::default()),
+        stored,
+    );
+    let recovered = restored.apply(Input::Recover, 10).unwrap_or_default();
+    assert!(recovered.commit.is_some(), "the crash's cut is recorded");
+    assert_eq!(restored.record.status, Status::Interrupted);
+    let interrupted = restored.apply(Input::Interrupt, 11).unwrap_or_default();
+    let stopped: Vec<(SessionId, bool)> = interrupted
+        .effects
+        .iter()
+        .filter_map(|effect| match effect {
+            Effect::StopChildren { children, abort } => Some(
+                children
+                    .iter()
+                    .filter(|child| child.remote.is_some())
+                    .map(|child| (child.child.clone(), *abort))
+                    .collect::<Vec<_>>(),
+            ),
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    assert_eq!(stopped.len(), 1, "{:?}", interrupted.effects);
+    assert!(!stopped[0].1, "interrupted, not aborted");
+    assert!(
+        restored
+            .children
+            .entries()
+            .iter()
+            .any(|entry| entry.remote.is_some()),
+        "its entry stays"
+    );
+}
