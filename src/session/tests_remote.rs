@@ -500,12 +500,8 @@ fn an_interrupt_of_a_run_a_crash_interrupted_reaches_its_remote_child() {
         children: session.children.entries(),
         ..Stored::default()
     };
-    let mut restored = Session::restore(
-        session.record,
-        lead(),
-        Arc::new(Policy::default()),
-        stored,
-    );
+    let mut restored =
+        Session::restore(session.record, lead(), Arc::new(Policy::default()), stored);
     let recovered = restored.apply(Input::Recover, 10).unwrap_or_default();
     assert!(recovered.commit.is_some(), "the crash's cut is recorded");
     assert_eq!(restored.record.status, Status::Interrupted);
