@@ -37,8 +37,8 @@ pub use crate::types::remote::{
 pub(crate) use driver::{drive, stop_remote, Drive, Driven};
 pub(crate) use forward::forward;
 pub(crate) use orphans::{
-    forget as forget_orphan, pass as stop_orphans_once, record as record_orphan,
-    run as stop_orphans,
+    forget as forget_orphan, forget_if_recorded as forget_orphan_if_recorded,
+    pass as stop_orphans_once, record as record_orphan, run as stop_orphans,
 };
 pub(crate) use owner::{Owner, RemoteOwner};
 

@@ -144,6 +144,11 @@ async fn drive_unguarded(
             let resumed = driver
                 .retrying(|| transport.resume(&remote.endpoint, &child))
                 .await;
+            if matches!(resumed, Ok(()) | Err(RemoteError::Refused { .. })) {
+                // Its parent wants it going again: a stop recorded for it earlier (an
+                // interrupt that could not reach it) is stale.
+                crate::remote::forget_orphan_if_recorded(&shared, &child).await;
+            }
             match resumed {
                 Ok(()) => {}
                 Err(error) if error.is_not_found() => {

@@ -36,6 +36,17 @@ pub(crate) async fn forget(shared: &Shared, child: &crate::types::ids::SessionId
     }
 }
 
+/// Forgets `child` if it is recorded to be stopped: its parent wakes it, and wants it going
+/// (a stop recorded earlier, an interrupt that could not reach it, would cut the run now
+/// resumed once its server answers the orphan pass). A read, and a commit only then.
+pub(crate) async fn forget_if_recorded(shared: &Shared, child: &crate::types::ids::SessionId) {
+    match schema::orphan_recorded(shared.store.as_ref(), child).await {
+        Ok(true) => forget(shared, child).await,
+        Ok(false) => {}
+        Err(error) => tracing::warn!(%child, %error, "remote_subagent.orphan_unreadable"),
+    }
+}
+
 /// Tries to stop every recorded orphan once, a page at a time; forgets those stopped, or
 /// unknown to their server. A server that does not answer is asked once a pass: its other
 /// orphans wait for the next, so that a server gone for good (each request a timeout) does not

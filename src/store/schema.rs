@@ -870,6 +870,14 @@ pub(crate) fn delete_orphan(batch: &mut Batch, child: &SessionId) {
     batch.delete(Tree::RemoteOrphans, session_key(child));
 }
 
+/// Whether remote child `child` is recorded to be stopped.
+pub(crate) async fn orphan_recorded(store: &dyn Store, child: &SessionId) -> Result<bool, Error> {
+    Ok(store
+        .get(Tree::RemoteOrphans, &session_key(child))
+        .await?
+        .is_some())
+}
+
 /// Up to `limit` remote children waiting to be stopped, in key order from `from` on, and
 /// where the next page starts (`None`: this was the last). An unreadable record is skipped
 /// (logged): it must not keep the others from being stopped.
