@@ -10,7 +10,7 @@ mod common;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use common::{calls_then_text, editor_runtime, tool_result};
+use common::{calls_then_text, editor_runtime, run_ended, tool_result};
 use dormant::store::{CommitKind, Error as StoreError, Store, Tree};
 use dormant::testkit::{Call, Delegate, DelegatingStore};
 use dormant::types::ToolOutcome;
@@ -145,7 +145,11 @@ fn a_resume_owed_when_the_process_was_killed_runs_after_the_restart() -> anyhow:
         for id in &accepted {
             let id: SessionId = id.parse()?;
             let index: i64 = id.as_str()[1..].parse()?;
-            assert_eq!(run_ended(&runtime, &id).await?, Status::Completed, "{id}");
+            assert_eq!(
+                run_ended(&runtime, &id, 0).await?,
+                Status::Completed,
+                "{id}"
+            );
             let messages = runtime.messages(&id).await?;
             assert_eq!(
                 tool_result(&messages, "tc-1"),
@@ -157,24 +161,6 @@ fn a_resume_owed_when_the_process_was_killed_runs_after_the_restart() -> anyhow:
         runtime.shutdown().await?;
         anyhow::Ok(())
     })
-}
-
-/// Waits (60 s at most: a hang is a failure, not a wait) until `id`'s last run ended, from
-/// the start of its stream.
-async fn run_ended(runtime: &dormant::Runtime, id: &SessionId) -> anyhow::Result<Status> {
-    use futures::StreamExt;
-    let mut chunks = std::pin::pin!(runtime.follow(id, 0));
-    let ended = async {
-        while let Some(chunk) = chunks.next().await {
-            if let dormant::types::ChunkKind::RunEnd { status, .. } = chunk?.kind {
-                return Ok::<_, anyhow::Error>(status);
-            }
-        }
-        anyhow::bail!("the stream ended without the run's end")
-    };
-    tokio::time::timeout(std::time::Duration::from_secs(60), ended)
-        .await
-        .map_err(|_| anyhow::anyhow!("{id} never ended its run"))?
 }
 
 /// The resume's commit failed: the session, read back suspended with its answer, resumes at

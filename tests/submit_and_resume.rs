@@ -7,12 +7,10 @@ mod common;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use common::{calls_then_text, editor_runtime, HoldsOne};
+use common::{calls_then_text, editor_runtime, run_ended, HoldsOne};
 use dormant::store::Store;
 use dormant::testkit::DelegatingStore;
-use dormant::types::ChunkKind;
 use dormant::{ManualClock, MemoryStore, Runtime, SessionId, Status, Submit, SubmitOutcome};
-use futures::StreamExt;
 use serde_json::json;
 
 /// A runtime whose session `s1` waits on its client call `tc-1`; the stream's length then.
@@ -31,22 +29,6 @@ async fn suspended(
     assert_eq!(waiting.status, Status::SuspendedClientTool);
     let from = runtime.chunks(&id, 0).await?.len() as u64;
     Ok((runtime, id, from))
-}
-
-/// Waits (60 s at most: a hang is a failure, not a wait) for the run after `from` to end.
-async fn run_ended(runtime: &Runtime, id: &SessionId, from: u64) -> anyhow::Result<Status> {
-    let mut chunks = std::pin::pin!(runtime.follow(id, from));
-    let ended = async {
-        while let Some(chunk) = chunks.next().await {
-            if let ChunkKind::RunEnd { status, .. } = chunk?.kind {
-                return Ok::<_, anyhow::Error>(status);
-            }
-        }
-        anyhow::bail!("the stream ended without the run's end")
-    };
-    tokio::time::timeout(std::time::Duration::from_secs(60), ended)
-        .await
-        .map_err(|_| anyhow::anyhow!("the run never ended"))?
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -164,7 +164,9 @@ impl DeadlineScheduler {
         let error = match next {
             Ok(Ok(next)) => {
                 timer.wake_at = next;
-                if self.resume_owed().await {
+                // Only a runtime that resumes by itself writes them: the others fire what a
+                // run with `auto_resume` left at start, and read nothing more after a sweep.
+                if self.shared.policy.auto_resume && self.resume_owed().await {
                     // Resumes still owed (their resume under way, or its commit failed) are
                     // looked at again a little later, not only when a deadline falls due.
                     let later = self.shared.clock.now_ms().saturating_add(DEFERRED_RETRY_MS);

@@ -272,3 +272,25 @@ impl dormant::testkit::Delegate for HoldsOne {
         Ok(())
     }
 }
+
+/// The status of the first run end on `id`'s stream from chunk `from` on; 60 s at most (a
+/// hang is a failure, not a wait).
+pub async fn run_ended(
+    runtime: &Runtime,
+    id: &dormant::SessionId,
+    from: u64,
+) -> anyhow::Result<dormant::Status> {
+    use futures::StreamExt;
+    let mut chunks = std::pin::pin!(runtime.follow(id, from));
+    let ended = async {
+        while let Some(chunk) = chunks.next().await {
+            if let dormant::types::ChunkKind::RunEnd { status, .. } = chunk?.kind {
+                return Ok::<_, anyhow::Error>(status);
+            }
+        }
+        anyhow::bail!("the stream ended without the run's end")
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(60), ended)
+        .await
+        .map_err(|_| anyhow::anyhow!("{id} never ended its run"))?
+}
