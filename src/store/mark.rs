@@ -106,7 +106,6 @@ pub(crate) fn certain(dir: &Path) -> io::Result<Option<u64>> {
 /// the batches up to `recovered`: the damage if it recovered less than it acknowledged, if the
 /// mark is unreadable, or if the store holds commits but its mark is gone (a mark is written
 /// when a store is first opened, before any commit).
-#[cfg(any(feature = "fjall", all(unix, feature = "journal")))]
 pub(crate) fn check(acknowledged: Result<Option<u64>, Damage>, recovered: u64) -> Option<Damage> {
     match acknowledged {
         Err(damage) => Some(damage),
@@ -120,7 +119,6 @@ pub(crate) fn check(acknowledged: Result<Option<u64>, Damage>, recovered: u64) -
 
 /// The damage when a store recovered the batches only up to `recovered` of the
 /// `acknowledged` ones.
-#[cfg(any(feature = "fjall", all(unix, feature = "journal")))]
 pub(crate) fn short(acknowledged: u64, recovered: u64) -> Option<Damage> {
     (recovered < acknowledged).then_some(Damage::LostTail {
         acknowledged,

@@ -154,10 +154,9 @@ impl Shared {
             let db = open_db(&self.config, self.path.as_deref())?;
             refuse_old_layout(&db)?;
             let records = db.open_tree(RECORDS)?;
-            super::migrate::migrate(&records)?;
-            let pieced = Mutex::new(pieced_values(&records)?);
             let generation = self.opened.fetch_add(1, Ordering::Relaxed);
             let (check, mark) = self.verify(&records, generation)?;
+            let pieced = Mutex::new(pieced_values(&records)?);
             // ProcessCrash keeps one too: its mark may name only batches an fdatasync made
             // durable (see `advance_mark`).
             let syncer = match &self.path {
@@ -201,7 +200,8 @@ impl Shared {
     /// [`check`](super::check)): every entry when the store is opened, the number only when
     /// it is opened again after a failed write. Refuses a damaged store with
     /// [`Error::Damaged`], unless opened to salvage it; returns the record to go on from and
-    /// the open mark.
+    /// the open mark. A store written before records were kept is first brought to the
+    /// current layout of values (see [`migrate`](super::migrate)).
     fn verify(
         &self,
         records: &::sled::Tree,
@@ -211,6 +211,14 @@ impl Shared {
             Some(path) => mark::read(path).map_err(io_error)?,
             None => Ok(None),
         };
+        // Only a store written before records were kept (which came after the values' last
+        // change of layout) can need a migration, and only one that acknowledged nothing since
+        // has no record: in any other, a missing layout entry is damage, and rewriting every
+        // value would make it worse (and a salvage writes nothing).
+        let unrecorded = records.get(Check::key())?.is_none();
+        if unrecorded && !self.salvage && matches!(acknowledged, Ok(None | Some(0))) {
+            super::migrate::migrate(records)?;
+        }
         let depth = if generation == 0 {
             Depth::Full
         } else {
@@ -233,7 +241,14 @@ impl Shared {
             },
             Err(error) => return Err(error),
         };
-        let damage = acknowledged.err().or(verified.damage);
+        let damage = match &self.path {
+            // A mark gone from a store that holds commits is damage as well (the mark is
+            // written when a store is first opened, before any commit).
+            Some(_) => verified
+                .damage
+                .or_else(|| mark::check(acknowledged, verified.check.seq)),
+            None => verified.damage,
+        };
         if let Some(damage) = damage {
             if !self.salvage {
                 tracing::error!(path = ?self.path, %damage, "store.damaged");

@@ -99,7 +99,9 @@ impl SledStoreBuilder {
     /// The store keeps its mark as it found it, so it stays refused when opened normally
     /// again. sled, though, rewrites parts of its own files whenever it opens them (it does
     /// so on the refused open too): to keep the damaged bytes as they were, for a tool that
-    /// reads deeper, copy the directory before opening it at all.
+    /// reads deeper, copy the directory before opening it at all. A salvage reads values as
+    /// this version keeps them: a store written before they had a header byte (before
+    /// 2026-11-27) is brought to it only by a normal open.
     ///
     /// # Examples
     ///

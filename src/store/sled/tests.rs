@@ -1023,6 +1023,76 @@ fn a_store_written_before_values_had_headers_is_brought_to_them_when_opened(
     Ok(())
 }
 
+/// A store that keeps a record of what it holds was written with the current layout of
+/// values: one whose layout entry is gone (damage to a bookkeeping entry the digest leaves
+/// out) is not "migrated", which would put a second header on every value.
+#[test]
+fn a_recorded_store_whose_layout_entry_is_gone_is_not_migrated_again() -> Result<(), anyhow::Error>
+{
+    let dir = tempfile::tempdir()?;
+    let big: Vec<u8> = (0..20_000).map(|i| (i % 251) as u8).collect();
+    {
+        let store = SledStore::open(dir.path())?;
+        store
+            .commit(batch(&[
+                (Tree::Sessions, b"s1", b"session"),
+                (Tree::Pending, b"big", &big),
+            ]))
+            .wait()?;
+    }
+    {
+        let db = ::sled::open(dir.path())?;
+        let records = db.open_tree(crate::store::keyspace::RECORDS)?;
+        assert!(records
+            .remove(crate::store::keyspace::meta_key(b"layout"))?
+            .is_some());
+        db.flush()?;
+    }
+    let store = SledStore::open(dir.path())?;
+    assert_eq!(
+        store.get(Tree::Sessions, b"s1").wait()?,
+        Some(b"session".to_vec())
+    );
+    assert_eq!(store.get(Tree::Pending, b"big").wait()?, Some(big));
+    Ok(())
+}
+
+/// The mark is written when a store is first opened, before any commit: a store that holds
+/// commits without it has lost it, and is refused (it can no longer tell a lost tail), but
+/// can be salvaged.
+#[test]
+fn a_store_holding_commits_whose_mark_is_gone_is_refused_and_can_be_salvaged(
+) -> Result<(), anyhow::Error> {
+    let dir = tempfile::tempdir()?;
+    {
+        let store = SledStore::open(dir.path())?;
+        store
+            .commit(batch(&[(Tree::Sessions, b"s1", b"session")]))
+            .wait()?;
+    }
+    std::fs::remove_file(dir.path().join(crate::store::mark::FILE))?;
+    match SledStore::open(dir.path()) {
+        Err(Error::Damaged {
+            damage: Damage::Unreadable { reason },
+            ..
+        }) => assert!(reason.contains("mark"), "{reason}"),
+        other => panic!("expected the lost mark to be told, got {other:?}"),
+    }
+    let left = SledStore::builder(dir.path()).salvage().open()?;
+    assert!(left.damage().is_some());
+    assert_eq!(
+        left.get(Tree::Sessions, b"s1").wait()?,
+        Some(b"session".to_vec())
+    );
+    drop(left);
+    // Still refused: the salvage wrote no new mark.
+    assert!(matches!(
+        SledStore::open(dir.path()),
+        Err(Error::Damaged { .. })
+    ));
+    Ok(())
+}
+
 /// Every path under `dir` (itself included) whose mode lets anyone but its owner in.
 #[cfg(unix)]
 fn open_to_others(dir: &std::path::Path) -> std::io::Result<Vec<(std::path::PathBuf, u32)>> {
