@@ -56,11 +56,35 @@ pub(crate) struct RemoteOrphan {
     pub(crate) abort: bool,
     /// When its parent let it go (clock ms).
     pub(crate) since_ms: u64,
-    /// Recorded by the commit that let it go, while that stop itself is under way: the
-    /// orphan pass leaves it alone until then (clock ms), unless the stop fails first (which
-    /// records it again without). Past then, a crash or a caller gone cut that stop.
+    /// The orphan pass leaves it alone until then (clock ms). Set by the commit that let it
+    /// go, while that stop itself is under way (a stop that fails records it again without;
+    /// past then, a crash or a caller gone cut that stop), and after each refusal of its stop,
+    /// for longer each time (see `refusals`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) held_until_ms: Option<u64>,
+    /// How many times in a row its server refused to stop it for good (a 401, a 500): each
+    /// refusal doubles the wait before the next try, up to [`REFUSED_STOP_MAX_WAIT_MS`]. Such
+    /// a refusal may end with a change on either side (credentials mended), so it is tried
+    /// again, rarely, rather than given up.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub(crate) refusals: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+/// The longest wait between two tries to stop an orphan whose server refuses it for good.
+pub(crate) const REFUSED_STOP_MAX_WAIT_MS: u64 = 60 * 60 * 1000;
+
+impl RemoteOrphan {
+    /// The wait before the try after the `refusals`-th refusal in a row: 2 s, doubled each
+    /// time, an hour at most.
+    pub(crate) fn wait_after_refusals(refusals: u32) -> u64 {
+        1_000u64
+            .saturating_mul(1u64 << refusals.min(32))
+            .min(REFUSED_STOP_MAX_WAIT_MS)
+    }
 }
 
 /// How long the stop of a remote child is left to itself before the orphan pass takes it

@@ -50,7 +50,9 @@ pub(crate) async fn forget_if_recorded(shared: &Shared, child: &crate::types::id
 /// Tries to stop every recorded orphan once, a page at a time; forgets those stopped, or
 /// unknown to their server. A server that does not answer is asked once a pass: its other
 /// orphans wait for the next, so that a server gone for good (each request a timeout) does not
-/// keep the orphans of the others from being stopped. Returns how many are left.
+/// keep the orphans of the others from being stopped. One whose server refuses its stop for
+/// good (a 401, a 500) is left alone for longer after each refusal (2 s, doubled, an hour at
+/// most), not asked every pass. Returns how many are left.
 ///
 /// # Errors
 /// A store failure reading or forgetting them.
@@ -63,7 +65,7 @@ pub(crate) async fn pass(shared: &Shared) -> Result<usize, Error> {
     let mut from = Vec::new();
     loop {
         let (orphans, next) = schema::remote_orphans(shared.store.as_ref(), &from, PAGE).await?;
-        let mut stopped = Batch::new(CommitKind::Other);
+        let mut written = Batch::new(CommitKind::Other);
         let now = shared.clock.now_ms();
         for orphan in orphans {
             // Its own stop may still be under way: not raced (a second stop of the same
@@ -83,19 +85,29 @@ pub(crate) async fn pass(shared: &Shared) -> Result<usize, Error> {
             }) {
                 Ok(()) => {
                     tracing::info!(child = %orphan.child, endpoint = %orphan.endpoint, "remote_subagent.orphan_stopped");
-                    schema::delete_orphan(&mut stopped, &orphan.child);
+                    schema::delete_orphan(&mut written, &orphan.child);
+                }
+                Err(error) if error.is_retryable() => {
+                    tracing::debug!(child = %orphan.child, endpoint = %orphan.endpoint, error = %crate::types::Untrusted(&error), "remote_subagent.orphan_unreachable");
+                    away.insert(orphan.endpoint.clone());
+                    left += 1;
                 }
                 Err(error) => {
-                    tracing::debug!(child = %orphan.child, endpoint = %orphan.endpoint, error = %crate::types::Untrusted(&error), "remote_subagent.orphan_unreachable");
-                    if error.is_retryable() {
-                        away.insert(orphan.endpoint.clone());
-                    }
+                    let refusals = orphan.refusals.saturating_add(1);
+                    let wait_ms = RemoteOrphan::wait_after_refusals(refusals);
+                    tracing::warn!(child = %orphan.child, endpoint = %orphan.endpoint, refusals, wait_ms, error = %crate::types::Untrusted(&error), "remote_subagent.orphan_stop_refused");
+                    let again = RemoteOrphan {
+                        refusals,
+                        held_until_ms: Some(now.saturating_add(wait_ms)),
+                        ..orphan
+                    };
+                    schema::put_orphan(&mut written, &again)?;
                     left += 1;
                 }
             }
         }
-        if !stopped.is_empty() {
-            shared.store.commit(stopped).await?;
+        if !written.is_empty() {
+            shared.store.commit(written).await?;
         }
         match next {
             Some(next) => from = next,
@@ -195,6 +207,14 @@ mod tests {
 
         async fn stop(&self, endpoint: &str, _: &SessionId, _: bool) -> Result<(), RemoteError> {
             self.asked.lock().push(endpoint.to_string());
+            if endpoint == "refuses" {
+                return Err(RemoteError::Refused {
+                    endpoint: endpoint.into(),
+                    status: 401,
+                    code: "unauthenticated".into(),
+                    message: "no such key".into(),
+                });
+            }
             if endpoint == "dead" {
                 return Err(RemoteError::Unreachable {
                     endpoint: endpoint.into(),
@@ -219,6 +239,7 @@ mod tests {
                 abort: true,
                 since_ms: 0,
                 held_until_ms: None,
+                refusals: 0,
             })
         };
         for n in 0..300 {
@@ -249,6 +270,66 @@ mod tests {
         Ok(())
     }
 
+    /// An orphan whose server refuses its stop for good is not asked every pass: after each
+    /// refusal it waits twice as long (2 s, 4 s, …), and it is still tried, rarely, after an
+    /// hour of refusals.
+    #[tokio::test]
+    async fn an_orphan_whose_stop_is_refused_for_good_is_tried_again_ever_more_rarely(
+    ) -> anyhow::Result<()> {
+        let store = Arc::new(MemoryStore::new());
+        let mut batch = Batch::new(CommitKind::Other);
+        schema::put_orphan(
+            &mut batch,
+            &RemoteOrphan {
+                child: "refused".parse()?,
+                endpoint: "refuses".into(),
+                abort: true,
+                since_ms: 0,
+                held_until_ms: None,
+                refusals: 0,
+            },
+        )?;
+        store.commit(batch).await?;
+        let stops = Arc::new(Stops::default());
+        let clock = crate::ManualClock::new(0);
+        let runtime = crate::Runtime::builder()
+            .store(Arc::clone(&store) as Arc<dyn Store>)
+            .remote_agents(Arc::clone(&stops) as Arc<dyn RemoteAgents>)
+            .clock(Arc::new(clock.clone()))
+            .background_deadlines(false)
+            .build()?;
+        let asked = || stops.asked.lock().len();
+
+        assert_eq!(runtime.retry_remote_stops().await?, 1);
+        assert_eq!(asked(), 1, "tried once");
+        assert_eq!(runtime.retry_remote_stops().await?, 1);
+        assert_eq!(asked(), 1, "not again at once");
+        clock.advance(1_999);
+        runtime.retry_remote_stops().await?;
+        assert_eq!(asked(), 1, "nor before 2 s");
+        clock.advance(1);
+        runtime.retry_remote_stops().await?;
+        assert_eq!(asked(), 2, "then again");
+        clock.advance(3_999);
+        runtime.retry_remote_stops().await?;
+        assert_eq!(asked(), 2, "the next wait is 4 s");
+        clock.advance(1);
+        runtime.retry_remote_stops().await?;
+        assert_eq!(asked(), 3);
+        // A day of refusals: tried about once an hour at the end, never given up.
+        for _ in 0..24 * 60 {
+            clock.advance(60_000);
+            runtime.retry_remote_stops().await?;
+        }
+        let after_a_day = asked();
+        assert!(
+            (24..=40).contains(&after_a_day),
+            "{after_a_day} tries in a day"
+        );
+        runtime.shutdown().await?;
+        Ok(())
+    }
+
     /// An orphan recorded while its own stop is under way is left to that stop until its
     /// hold ends; then a pass stops it (that stop was cut: a crash, a caller gone).
     #[tokio::test]
@@ -264,6 +345,7 @@ mod tests {
                 abort: true,
                 since_ms: 0,
                 held_until_ms: Some(1_000),
+                refusals: 0,
             },
         )?;
         store.commit(batch).await?;

@@ -152,6 +152,7 @@ impl ApplyCx {
                             held_until_ms: Some(
                                 self.now.saturating_add(crate::remote::STOP_UNDER_WAY_MS),
                             ),
+                            refusals: 0,
                         }));
                 }
             }

@@ -107,6 +107,7 @@ impl Session {
                 abort: true,
                 since_ms: now,
                 held_until_ms: None,
+                refusals: 0,
             }));
             let lost = ChildReport::Finished(outcome.into());
             self.child_reported(cx, call_id, lost, Vec::new());

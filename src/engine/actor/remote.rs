@@ -168,6 +168,7 @@ pub(crate) async fn orphan(
         abort,
         since_ms: shared.clock.now_ms(),
         held_until_ms: None,
+        refusals: 0,
     };
     if let Err(error) = crate::remote::record_orphan(shared, orphan).await {
         tracing::error!(%error, "remote_subagent.orphan_not_recorded");
