@@ -736,6 +736,7 @@ impl Runtime {
                     companion: None,
                     remote: None,
                     remote_look: None,
+                    routed_calls: Vec::new(),
                 };
                 self.read(history::put_forked_child(batch, &place.id, &entry))?;
                 from_latest |= self.write_fork(batch, child_cut, child_place, true).await?;

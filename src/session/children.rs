@@ -79,6 +79,7 @@ impl Session {
                     companion: None,
                     remote: remote_of(&self.agent, &call.name),
                     remote_look: None,
+                    routed_calls: Vec::new(),
                 };
                 self.record_child_call(cx, entry);
             }

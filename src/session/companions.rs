@@ -424,6 +424,7 @@ impl Session {
             companion: Some(companion.name.clone()),
             remote: None,
             remote_look: None,
+            routed_calls: Vec::new(),
         };
         self.record_child_call(cx, entry);
     }

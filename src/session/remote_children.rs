@@ -47,7 +47,7 @@ impl Session {
         // now that it did, if nothing else waits.
         let owed = self.wake_owed(call_id);
         if let (Some(remote), false) = (entry.remote.clone(), entry.state.is_finished()) {
-            let before = waiting_of(&entry.state);
+            let before = routed_of(entry);
             let child = entry.child.clone();
             let after = match &report {
                 ChildReport::Suspended(_) => calls,
@@ -90,6 +90,10 @@ impl Session {
             .min();
         let after: Vec<RemoteCall> = after.into_iter().filter(|call| call.waiting).collect();
         self.look_at_deadline(cx, call_id, due);
+        if let Some(entry) = self.children.by_id.get_mut(call_id) {
+            // Staged with the entry by the report that follows.
+            entry.routed_calls = after.iter().map(|call| call.tool_call_id.clone()).collect();
+        }
         let root = self.record.root.clone();
         for gone in before
             .iter()
@@ -131,8 +135,11 @@ impl Session {
         if entry.remote.is_none() {
             return;
         }
-        let waiting = waiting_of(&entry.state);
+        let waiting = routed_of(entry);
         let child = entry.child.clone();
+        if let Some(entry) = self.children.by_id.get_mut(call_id) {
+            entry.routed_calls.clear();
+        }
         self.set_remote_look(cx, call_id, None);
         let root = self.record.root.clone();
         for call in waiting {
@@ -199,7 +206,19 @@ impl Session {
     }
 }
 
-pub(super) fn waiting_of(state: &ChildState) -> Vec<String> {
+/// The calls the root lists as owned through a remote child's entry: those it recorded, and
+/// (for an entry stored before they were kept apart) those the child last waited on.
+fn routed_of(entry: &crate::types::record::ChildCall) -> Vec<String> {
+    let mut routed = entry.routed_calls.clone();
+    for call in waiting_of(&entry.state) {
+        if !routed.contains(&call) {
+            routed.push(call);
+        }
+    }
+    routed
+}
+
+fn waiting_of(state: &ChildState) -> Vec<String> {
     match state {
         ChildState::Suspended { waiting } => waiting.clone(),
         _ => Vec::new(),

@@ -532,3 +532,108 @@ fn an_interrupt_of_a_run_a_crash_interrupted_reaches_its_remote_child() {
         "its entry stays"
     );
 }
+
+/// The root's entries of calls a remote child waits on, as (put, deleted) call ids.
+fn routed(transition: &Transition) -> (Vec<String>, Vec<String>) {
+    let mut put = Vec::new();
+    let mut deleted = Vec::new();
+    for write in transition.commit.iter().flat_map(|commit| &commit.index) {
+        match write {
+            IndexWrite::PutRemoteOwnership { owner, .. } => {
+                put.push(owner.call.tool_call_id.clone());
+            }
+            IndexWrite::DeleteOwnership { call, .. } => deleted.push(call.clone()),
+            _ => {}
+        }
+    }
+    (put, deleted)
+}
+
+/// A remote child re-attached after a crash (the step that made its call is run again: its
+/// entry waits on it again) reports that one of the calls it waited on before no longer waits
+/// (answered at the remote meanwhile): the root's entry of that call is cleared, as without
+/// the crash, so that the root no longer lists it as waiting.
+#[test]
+fn a_call_a_remote_child_no_longer_waits_on_after_a_re_attach_is_cleared_from_the_root() {
+    // A step with a server tool beside the remote child: the child suspends while the tool
+    // runs, and a crash cuts the step there.
+    let built = AgentDefinition::builder("lead")
+        .tool(ToolDefinition::remote_sub_agent(
+            "far",
+            "http://remote.invalid",
+            "worker",
+        ))
+        .tool(ToolDefinition::server("slow", |_input, _ctx| async {
+            Ok::<_, crate::definition::ToolError>(json!(null))
+        }))
+        .build();
+    let agent = Arc::new(built.unwrap_or_else(|error| panic!("valid definition: {error}")));
+    let id: SessionId = "p".parse().unwrap_or_else(|_| SessionId::generate());
+    let mut session = Session::create(id, Arc::clone(&agent), Arc::new(Policy::default()), 0);
+    let run_id = RunId::generate();
+    let execute = Input::Execute {
+        run_id,
+        message: "go".into(),
+        agent: "lead".into(),
+        new_only: false,
+        remote_parent: None,
+    };
+    assert!(session.apply(execute, 1).is_ok());
+    let reply = ModelReply::tool_calls(vec![
+        ToolCall::new("d1", "far", json!({ "message": "do it" })),
+        ToolCall::new("s1", "slow", json!({})),
+    ]);
+    let replied = Input::ModelReplied {
+        run_id,
+        step: 1,
+        reply: Ok(reply),
+    };
+    assert!(session.apply(replied, 2).is_ok());
+    let first = reported(
+        &mut session,
+        ChildReport::Suspended(vec!["a".into(), "b".into()]),
+        vec![call("a", 1_000, true, false), call("b", 1_000, true, false)],
+        false,
+        3,
+    );
+    assert_eq!(routed(&first).0, vec!["a".to_string(), "b".to_string()]);
+
+    let stored = Stored {
+        run: session.run.clone(),
+        children: session.children.entries(),
+        ..Stored::default()
+    };
+    let messages = session.messages.clone();
+    let mut restored = Session::restore(session.record, agent, Arc::new(Policy::default()), stored);
+    // What the actor loads for the resume: the conversation, cut after the model's reply.
+    restored.messages = messages;
+    assert!(restored.apply(Input::Recover, 10).is_ok());
+    let resumed = restored
+        .apply(Input::Resume { run_id }, 11)
+        .unwrap_or_default();
+    assert!(
+        restored
+            .children
+            .entries()
+            .iter()
+            .all(|entry| entry.state == ChildState::Running),
+        "the step ran again and waits on its child: {:?}",
+        resumed.effects
+    );
+    let input = Input::RemoteReported {
+        tool_call_id: "d1".into(),
+        report: ChildReport::Suspended(vec!["b".into()]),
+        chunks: Vec::new(),
+        calls: vec![call("b", 1_000, true, false)],
+        as_of: 4,
+        watch: false,
+    };
+    let after = restored.apply(input, 12).unwrap_or_default();
+    let (put, deleted) = routed(&after);
+    assert_eq!(put, vec!["b".to_string()]);
+    assert_eq!(
+        deleted,
+        vec!["a".to_string()],
+        "the answered call is cleared"
+    );
+}

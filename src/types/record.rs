@@ -388,6 +388,11 @@ pub struct ChildCall {
     /// For a remote child that waits on calls: when this session looks at it again by itself.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub remote_look: Option<crate::types::remote::RemoteLook>,
+    /// For a remote sub-agent call: the calls under the child that the root lists as owned
+    /// through this call, which a report of the child that no longer lists them clears. Kept
+    /// apart from [`ChildState::Suspended`]'s list, which a re-attach after a crash resets.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub routed_calls: Vec<String>,
 }
 
 /// What a parent knows of one of its children.
