@@ -329,6 +329,51 @@ mod tests {
         Ok(())
     }
 
+    /// As sled's: a group durable but whose mark could not advance is acknowledged, and the
+    /// next one is written only once the mark names it.
+    #[tokio::test]
+    async fn a_group_is_not_written_while_the_mark_of_those_acknowledged_cannot_move(
+    ) -> Result<(), Error> {
+        let dir = tempfile::tempdir().map_err(Error::backend)?;
+        let store = FjallStore::open(dir.path())?;
+        let commit = |n: u8| {
+            let mut batch = Batch::new(CommitKind::Other);
+            batch.put(Tree::Log, vec![n], vec![n]);
+            store.commit(batch)
+        };
+        let mark = || {
+            crate::store::mark::read(dir.path())
+                .map_err(Error::backend)
+                .map(|read| read.ok().flatten())
+        };
+        commit(1).await?;
+        let first = mark()?;
+        store.engine.fail_next_mark_sync();
+        commit(2).await?;
+        assert_eq!(
+            mark()?,
+            first,
+            "the mark stayed behind the acknowledged group"
+        );
+        store.engine.fail_next_mark_sync();
+        assert!(
+            commit(3).await.is_err(),
+            "a group written past a mark that cannot move"
+        );
+        assert!(store.degraded().is_some());
+        commit(4).await?;
+        async fn shown(store: &FjallStore) -> Result<Vec<u8>, Error> {
+            let log = store.scan_prefix(Tree::Log, b"").await?;
+            Ok(log.into_iter().flat_map(|(key, _)| key).collect())
+        }
+        assert_eq!(shown(&store).await?, vec![1, 2, 4]);
+        assert!(mark()? > first);
+        store.close().await?;
+        let again = FjallStore::open(dir.path())?;
+        assert_eq!(shown(&again).await?, vec![1, 2, 4]);
+        Ok(())
+    }
+
     #[cfg(unix)]
     #[test]
     fn the_directory_is_its_owners_alone() -> Result<(), Error> {

@@ -216,6 +216,13 @@ impl Mark {
         Ok(())
     }
 
+    /// Makes the next sync of an advance fail (a test's fault).
+    #[cfg(test)]
+    pub(crate) fn fail_next_sync(&self) {
+        self.fail_next_sync
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
     /// Makes the last write durable, at `PowerLoss`.
     fn synced(&self) -> io::Result<()> {
         #[cfg(test)]
@@ -232,7 +239,6 @@ impl Mark {
     }
 
     /// The number the file holds: every batch up to it was acknowledged.
-    #[cfg(feature = "fjall")]
     pub(crate) fn written(&self) -> u64 {
         self.state.lock().written
     }

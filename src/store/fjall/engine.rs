@@ -3,6 +3,7 @@
 //! again) after a failed write, closed once.
 
 use std::fs::File;
+use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -120,20 +121,55 @@ impl Engine {
 
     /// Records that every batch fjall has made visible is durable (after its sync, before
     /// any committer of them hears of it), then lets reads see them.
+    ///
+    /// An advance that fails does not fail the group: it is durable, and told failed it
+    /// would still be served once the keyspace is opened again. It is acknowledged, and the
+    /// next group is written only once the mark names it ([`Engine::mark_caught_up`]).
     pub(super) fn advance_mark(&self, open: &Open) -> Result<(), Error> {
         let Some(mark) = &self.mark else {
             return Err(Error::ReadOnly {
                 path: Some(self.path.clone()),
             });
         };
-        mark.advance(open.keyspace.instant())
-            .map_err(|e| io_error(e, &self.path))?;
+        if let Err(error) = mark.advance(open.keyspace.instant()) {
+            tracing::error!(dir = %self.path.display(), %error, "store: the mark of acknowledged commits could not be advanced");
+        }
         open.acknowledge();
         Ok(())
     }
 
+    /// Before a group is written: the mark must name every batch already acknowledged (an
+    /// advance after the last sync failed). It is advanced now, or the group fails unwritten,
+    /// so that commits are never acknowledged past a mark that cannot move.
+    pub(super) fn mark_caught_up(&self, open: &Open) -> Result<(), Error> {
+        let Some(mark) = &self.mark else {
+            return Ok(());
+        };
+        let acknowledged = open.acknowledged.load(Ordering::Acquire);
+        if mark.written() >= acknowledged {
+            return Ok(());
+        }
+        mark.advance(acknowledged).map_err(|error| {
+            io_error(
+                io::Error::new(
+                    error.kind(),
+                    format!("the mark of acknowledged commits cannot be advanced: {error}"),
+                ),
+                &self.path,
+            )
+        })
+    }
+
     pub(super) fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Makes the next advance of the mark fail (a test's fault).
+    #[cfg(test)]
+    pub(super) fn fail_next_mark_sync(&self) {
+        if let Some(mark) = &self.mark {
+            mark.fail_next_sync();
+        }
     }
 
     pub(super) fn syncs(&self) -> u64 {

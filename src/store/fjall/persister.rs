@@ -65,6 +65,7 @@ fn serve(engine: &Engine, group: Vec<Pending<Batch>>) {
         return;
     }
     let written = engine.write(|open| {
+        engine.mark_caught_up(open)?;
         let accepted = group
             .iter()
             .zip(&refused)

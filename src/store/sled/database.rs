@@ -575,6 +575,7 @@ impl Shared {
     /// Applies a group's batches in as few sled batches as [`MAX_WRITES_PER_SLED_BATCH`]
     /// allows (a batch is never split), then does one flush.
     fn apply_group_and_flush(&self, open: &Open, batches: &[SledWrites]) -> Result<(), Error> {
+        self.mark_caught_up(open)?;
         let mut start = 0;
         let mut writes = 0;
         for (i, batch) in batches.iter().enumerate() {
@@ -593,13 +594,45 @@ impl Shared {
         self.flush_durable(open)?;
         open.flushed.fetch_max(covered, Ordering::Relaxed);
         if let Some(mark) = &open.mark {
-            // The batches are durable either way: a mark left behind only narrows what the
-            // next opening can tell, so the commits are not failed for it.
+            // The batches are durable either way: told failed, they would still be served.
+            // So they are acknowledged, and the next group is not written until the mark
+            // names them (`mark_caught_up`): at most one group is ever acknowledged past it.
             if let Err(error) = self.advance_mark(open, mark, covered) {
-                tracing::warn!(%error, "store: the mark of acknowledged commits could not be advanced");
+                tracing::error!(%error, "store: the mark of acknowledged commits could not be advanced");
             }
         }
         Ok(())
+    }
+
+    /// At [`Durability::PowerLoss`], before a group is written: the mark must name every
+    /// batch already acknowledged (an advance after the last flush failed). It is advanced
+    /// now, or the group fails unwritten, so that commits are never acknowledged past a mark
+    /// that cannot move (a lost tail of them would go untold).
+    fn mark_caught_up(&self, open: &Open) -> Result<(), Error> {
+        let Some(mark) = &open.mark else {
+            return Ok(());
+        };
+        if self.durability != Durability::PowerLoss {
+            return Ok(());
+        }
+        let flushed = open.flushed.load(Ordering::Relaxed);
+        if mark.written() >= flushed {
+            return Ok(());
+        }
+        mark.advance(flushed).map_err(|error| {
+            io_error(io::Error::new(
+                error.kind(),
+                format!("the mark of acknowledged commits cannot be advanced: {error}"),
+            ))
+        })
+    }
+
+    /// Makes the next advance of the mark fail (a test's fault).
+    #[cfg(test)]
+    pub(super) fn fail_next_mark_sync(&self) {
+        if let Some(mark) = self.state.read().open().and_then(|open| open.mark.as_ref()) {
+            mark.fail_next_sync();
+        }
     }
 
     /// On a graceful close: a lagging mark (at [`Durability::ProcessCrash`]) catches up with

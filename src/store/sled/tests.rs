@@ -426,6 +426,57 @@ async fn concurrent_committers_share_flushes_and_all_commits_survive_a_reopen(
     Ok(())
 }
 
+/// A mark whose advance fails after a durable flush: that group is acknowledged (told
+/// failed, it would still be served), but the next one is written only once the mark names
+/// it; while the mark cannot move, groups fail unwritten. Commits are never acknowledged
+/// past a mark left behind.
+#[test]
+fn a_group_is_not_written_while_the_mark_of_those_acknowledged_cannot_move(
+) -> Result<(), anyhow::Error> {
+    for group_commit in [true, false] {
+        let dir = tempfile::tempdir()?;
+        let store = SledStore::builder(dir.path())
+            .group_commit(group_commit)
+            .open()?;
+        let mark = || crate::store::mark::read(dir.path()).map(|read| read.ok().flatten());
+        store.commit(numbered(1)).wait()?;
+        let first = mark()?;
+
+        store.shared.fail_next_mark_sync();
+        store.commit(numbered(2)).wait()?;
+        assert_eq!(
+            mark()?,
+            first,
+            "the mark stayed behind the acknowledged group"
+        );
+
+        store.shared.fail_next_mark_sync();
+        let refused = store.commit(numbered(3)).wait();
+        assert!(
+            refused.is_err(),
+            "a group written past a mark that cannot move"
+        );
+        assert!(store.degraded().is_some(), "the failure is told");
+
+        store.commit(numbered(4)).wait()?;
+        assert_eq!(shown_messages(&store)?, vec![1, 2, 4]);
+        let last = mark()?;
+        assert_eq!(
+            last,
+            first.map(|seq| seq + 2),
+            "the mark names every group written"
+        );
+        drop(store);
+        let store = SledStore::open(dir.path())?;
+        assert_eq!(
+            shown_messages(&store)?,
+            vec![1, 2, 4],
+            "group commit: {group_commit}"
+        );
+    }
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_flush_fails_every_commit_waiting_on_it() -> Result<(), anyhow::Error> {
     for group_commit in [true, false] {
