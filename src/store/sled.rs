@@ -347,10 +347,14 @@ impl Store for SledStore {
         flushed
     }
 
-    /// Waits for an apply or flush in progress (it holds the read side), then drops the
-    /// database outside the lock (sled flushes as it drops); queued commits that were never
-    /// acknowledged fail with [`Error::Closed`].
+    /// Brings a lagging mark up to what was flushed, waits for an apply or flush in progress
+    /// (it holds the read side), then drops the database outside the lock (sled flushes as it
+    /// drops); queued commits that were never acknowledged fail with [`Error::Closed`].
     fn release(&self) {
+        // A lagging mark (at `ProcessCrash`) catches up here too: a runtime dropped without a
+        // close releases its store, and a mark left behind would leave its last commits'
+        // damage untold for as long as the store stays stopped.
+        self.shared.mark_everything_flushed();
         let open = std::mem::replace(&mut *self.shared.state.write(), State::Closed);
         let_go(open);
         self.shared.wait_reopen_ended(LET_GO_BOUND);

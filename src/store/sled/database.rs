@@ -313,11 +313,12 @@ impl Shared {
                 let failed = matches!(*write, State::Failed);
                 if failed {
                     *write = State::Reopening;
+                    // Under the lock: a close that takes the state next waits for the reopen.
+                    self.reopen_running.store(true, Ordering::Release);
                 }
                 failed
             };
             if reopening {
-                self.reopen_running.store(true, Ordering::Release);
                 self.reopen()?;
             } else {
                 // Another operation is opening it: as at the top, a moment's patience.
@@ -440,9 +441,11 @@ impl Shared {
                 // Already replaced, closed, or waiting for the next operation to open it.
                 return;
             }
+            // Under the lock: a close that takes the state next waits for the reopen (which
+            // holds the directory until it sees the store closed).
+            self.reopen_running.store(true, Ordering::Release);
             std::mem::replace(&mut *state, State::Reopening)
         };
-        self.reopen_running.store(true, Ordering::Release);
         let shared = Arc::clone(self);
         let reopen = std::thread::Builder::new()
             .name("dormant-store-reopen".into())
