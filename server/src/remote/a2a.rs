@@ -57,6 +57,9 @@ const SETTLE_WAIT: Duration = Duration::from_secs(5);
 /// answer up (an answer just before the deadline is not cancelled under the agent).
 const ANSWER_GRACE_MS: u64 = 5 * 60 * 1000;
 
+/// How long an answer an agent gave at once, with no task, is kept for its parent to read.
+const DIRECT_KEPT_MS: u64 = 60 * 60 * 1000;
+
 /// Speaks A2A to remote children: one per [`HttpRemoteAgents`](crate::HttpRemoteAgents).
 pub(super) struct A2aClient {
     client: HttpClient,
@@ -74,8 +77,11 @@ struct Known {
     interfaces: HashMap<String, Interface>,
     /// The task of each child: `{base} {context}` → task id.
     tasks: HashMap<String, String>,
-    /// A child whose agent answered its first message with a message, not a task: its text.
-    direct: HashMap<String, Option<String>>,
+    /// A child whose agent answered its first message with a message, not a task: its text,
+    /// and when it came (ms since the epoch). Kept [`DIRECT_KEPT_MS`]: its parent reads it at
+    /// once (the status that follows the start), and again only if that reading's commit
+    /// failed.
+    direct: HashMap<String, (Option<String>, u64)>,
     /// When each of an agent's own requests for input was first seen (ms since the epoch), by
     /// `{base} {context} {call}`.
     asked: HashMap<String, u64>,
@@ -134,6 +140,7 @@ impl A2aClient {
         let calls = format!("{key} ");
         let mut known = self.known.lock();
         known.tasks.remove(&key);
+        known.direct.remove(&key);
         known.locks.remove(&key);
         known.asked.retain(|call, _| !call.starts_with(&calls));
         known.answered.retain(|call| !call.starts_with(&calls));
@@ -224,7 +231,13 @@ impl A2aClient {
         } else if let Some(message) = answer.get("message") {
             // Answered at once, with no task: the child's result.
             let text = task::text_of(message);
-            self.known.lock().direct.insert(key, text);
+            let now = now_ms();
+            let mut known = self.known.lock();
+            // Those kept past their time go first: a long-lived process starts many.
+            known
+                .direct
+                .retain(|_, (_, at)| now.saturating_sub(*at) < DIRECT_KEPT_MS);
+            known.direct.insert(key, (text, now));
         } else {
             return Err(protocol(
                 base,
@@ -247,7 +260,7 @@ impl A2aClient {
                 .lock()
                 .direct
                 .get(&child_key(base, context))
-                .cloned();
+                .map(|(text, _)| text.clone());
             return match direct {
                 Some(text) => Ok(status(Status::Completed, text, None)),
                 None => Err(unknown_task(base, context)),
