@@ -219,6 +219,29 @@ impl Engine {
         written
     }
 
+    /// Whether the keyspace opened again after a failed write (by [`Engine::write`]) holds
+    /// every batch up to fjall's sequence number `at` (the failed group's), made durable
+    /// there now: then the group is acknowledged, and the store healthy again. `false` if the
+    /// keyspace could not be opened, holds less, or cannot be synced.
+    pub(super) fn landed_after_reopen(&self, at: u64) -> bool {
+        let state = self.state.read();
+        let State::Open(open) = &*state else {
+            return false;
+        };
+        if open.keyspace.instant() < at {
+            return false;
+        }
+        if let Err(error) = open.keyspace.persist(fjall::PersistMode::SyncAll) {
+            tracing::warn!(dir = %self.path.display(), %error, "store: the group found after a failed write cannot be made durable; it is told failed");
+            return false;
+        }
+        if self.advance_mark(open).is_err() {
+            return false;
+        }
+        *self.degraded.lock() = None;
+        true
+    }
+
     /// A group refused before it was written (no room for it): the store is degraded, and
     /// its keyspace, which wrote nothing of the group, stays open.
     pub(super) fn refused(&self, error: &Error) {
@@ -381,6 +404,39 @@ mod tests {
     }
 
     #[test]
+    fn a_failed_group_the_keyspace_opened_again_holds_is_made_durable_and_acknowledged(
+    ) -> Result<(), Error> {
+        let dir = tempfile::tempdir().map_err(Error::backend)?;
+        let engine = Engine::open(dir.path(), false)?;
+        commit(&engine, b"kept")?;
+        let mut at = 0;
+        let failed = engine.write(|open| {
+            let mut batch = open.keyspace.batch();
+            batch.insert(
+                &open.records,
+                stored_key(Tree::Log, b"landed"),
+                b"v".as_slice(),
+            );
+            batch
+                .commit()
+                .map_err(|e| Error::backend(format!("{e:?}")))?;
+            at = open.keyspace.instant();
+            Err(Error::backend("the sync failed"))
+        });
+        assert!(failed.is_err());
+        // fjall wrote its journal as the keyspace went: the group is there.
+        assert!(engine.landed_after_reopen(at), "the group was found");
+        assert!(engine.has(b"landed")?, "and reads see it");
+        assert!(engine.degraded().is_none());
+        // Not a later group than the keyspace holds.
+        assert!(!engine.landed_after_reopen(at + 10));
+        drop(engine);
+        let engine = Engine::open(dir.path(), false)?;
+        assert!(engine.has(b"landed")?, "durable");
+        Ok(())
+    }
+
+    #[test]
     fn reads_see_acknowledged_groups_only_and_the_store_goes_on_after_a_failed_one(
     ) -> Result<(), Error> {
         let dir = tempfile::tempdir().map_err(Error::backend)?;
@@ -388,8 +444,8 @@ mod tests {
         commit(&engine, b"kept")?;
         // A group applied, then its sync failed: while it is applied and not synced, reads do
         // not see it; the store is degraded until the next write succeeds. (What the failed
-        // group wrote may be on disk once the keyspace is opened again, acknowledged to no
-        // one, as the trait allows.)
+        // group wrote may be on disk once the keyspace is opened again: the persister then
+        // acknowledges it, the test above.)
         let failed = engine.write(|open| {
             let mut batch = open.keyspace.batch();
             batch.insert(

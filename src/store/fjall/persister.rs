@@ -64,19 +64,31 @@ fn serve(engine: &Engine, group: Vec<Pending<Batch>>) {
         }
         return;
     }
-    let written = engine.write(|open| {
+    // fjall's sequence number once the group is applied (`None`: nothing was).
+    let mut applied = None;
+    let mut written = engine.write(|open| {
         engine.mark_caught_up(open)?;
         let accepted = group
             .iter()
             .zip(&refused)
             .filter(|(_, refusal)| refusal.is_none())
             .filter_map(|(pending, _)| pending.batch.as_ref());
-        apply(open, accepted)?;
+        if apply(open, accepted)? {
+            applied = Some(open.keyspace.instant());
+        }
         open.keyspace
             .persist(fjall::PersistMode::SyncData)
             .map_err(|e| files::error(e, open.path()))?;
         engine.advance_mark(open)
     });
+    if let (Err(error), Some(at)) = (&written, applied) {
+        // fjall writes its journal as it lets a keyspace go: a group whose sync failed is
+        // often there after all, and told failed it would still be served.
+        if engine.landed_after_reopen(at) {
+            tracing::warn!(%error, "store: a group whose write failed was found whole in the keyspace opened again; made durable there, it is acknowledged");
+            written = Ok(());
+        }
+    }
     if let Err(error) = &written {
         tracing::error!(%error, "store group commit failed; every commit of the group failed");
     }
@@ -93,11 +105,13 @@ fn serve(engine: &Engine, group: Vec<Pending<Batch>>) {
 
 /// Applies the group's batches as one fjall batch: one journal write and one sequence
 /// number for the group (each batch stays atomic, the group with it).
-fn apply<'a>(open: &Open, batches: impl Iterator<Item = &'a Batch>) -> Result<(), Error> {
+///
+/// Returns whether there was anything to write.
+fn apply<'a>(open: &Open, batches: impl Iterator<Item = &'a Batch>) -> Result<bool, Error> {
     let mut batches = batches.peekable();
     if batches.peek().is_none() {
         // Nothing to write: bare syncs, or only refused batches.
-        return Ok(());
+        return Ok(false);
     }
     let mut writes = open.keyspace.batch();
     writes.insert(&open.records, meta_key(LAST_BATCH), b"".as_slice());
@@ -109,7 +123,8 @@ fn apply<'a>(open: &Open, batches: impl Iterator<Item = &'a Batch>) -> Result<()
             Op::Delete { tree, key } => writes.remove(&open.records, stored_key(*tree, key)),
         }
     }
-    writes.commit().map_err(|e| files::error(e, open.path()))
+    writes.commit().map_err(|e| files::error(e, open.path()))?;
+    Ok(true)
 }
 
 /// Why fjall cannot hold `batch`, if it cannot.

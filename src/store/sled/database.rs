@@ -104,6 +104,9 @@ pub(super) struct Shared {
     /// Makes every flush fail while set (tests of error propagation).
     #[cfg(test)]
     pub(super) fail_flushes: std::sync::atomic::AtomicBool,
+    /// Makes every application of a batch fail while set, before sled sees it.
+    #[cfg(test)]
+    pub(super) fail_applies: std::sync::atomic::AtomicBool,
     /// Number of sled batches applied.
     #[cfg(test)]
     pub(super) applied_batches: AtomicU64,
@@ -113,6 +116,11 @@ pub(super) struct Shared {
 /// fails: long enough for a database to be dropped and opened, short enough that a wedged one
 /// holds nobody up.
 const REOPEN_PATIENCE: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// How long a commit whose write failed waits for the database to be opened again, to learn
+/// whether its group is there after all: an opening takes milliseconds (sled replays the tail
+/// of its log), unless a full disk wedged the failed database's drop.
+const LANDED_PATIENCE: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// A group's batches are applied as sled batches of about this many writes, so that one
 /// application (which holds sled's global write lock) stays bounded.
@@ -141,6 +149,8 @@ impl Shared {
             let_go: (Mutex::new(()), parking_lot::Condvar::new()),
             #[cfg(test)]
             fail_flushes: std::sync::atomic::AtomicBool::new(false),
+            #[cfg(test)]
+            fail_applies: std::sync::atomic::AtomicBool::new(false),
             #[cfg(test)]
             applied_batches: AtomicU64::new(0),
         };
@@ -365,16 +375,22 @@ impl Shared {
     /// same database.
     ///
     /// When any of it fails, the database is replaced with one opened again from its files
-    /// before this returns (see [`Shared::replace_failed`]); the error is the failure's.
+    /// (see [`Shared::replace_failed`]); the error is the failure's. Unless that database
+    /// holds the whole group: sled writes what it applied as it lets a database go, so a
+    /// group whose flush failed is often on disk after all, and told failed it would still be
+    /// served (an answer taken twice, a run started twice). Such a group is made durable in the
+    /// database opened again and acknowledged ([`Shared::landed_after_reopen`]).
     pub(super) fn commit(self: &Arc<Self>, batches: &[SledWrites]) -> Result<(), Error> {
         if self.salvage && !batches.is_empty() {
             return Err(Error::ReadOnly {
                 path: self.path.clone(),
             });
         }
+        // The number of the group's last sled batch, once all of them are applied.
+        let mut applied = None;
         let failed = {
             let open = self.open()?;
-            match self.apply_group_and_flush(&open, batches) {
+            match self.apply_group_and_flush(&open, batches, &mut applied) {
                 Ok(()) => {
                     self.full.store(false, Ordering::Relaxed);
                     // Only a write that reached the disk says it is healthy again.
@@ -394,7 +410,46 @@ impl Shared {
         );
         *self.failure.lock() = Some(error.to_string());
         self.replace_failed(generation);
+        if let Some(last) = applied {
+            if self.landed_after_reopen(generation, last) {
+                tracing::warn!(%error, "store: a group whose write failed was found whole in the database opened again; made durable there, it is acknowledged");
+                return Ok(());
+            }
+        }
         Err(error)
+    }
+
+    /// Whether the database opened again after a failed write of `generation` holds every
+    /// sled batch up to `last` (the failed group's), made durable there now: waits for that
+    /// opening [`LANDED_PATIENCE`] at most. `false` if it is not open by then, holds less, or
+    /// cannot be made durable: the group is then told failed. (A group the opening finishes
+    /// holding after that is served although told failed, as a commit a crash cut may be.)
+    fn landed_after_reopen(&self, generation: u64, last: u64) -> bool {
+        self.wait_reopen_ended(LANDED_PATIENCE);
+        let state = self.state.read();
+        let Some(open) = state.open() else {
+            return false;
+        };
+        if open.generation <= generation {
+            return false;
+        }
+        let recovered = open.check.lock().seq;
+        if recovered < last {
+            return false;
+        }
+        if let Err(error) = self.flush_files(open) {
+            tracing::warn!(%error, "store: the group found after a failed write cannot be made durable; it is told failed");
+            return false;
+        }
+        open.flushed.fetch_max(recovered, Ordering::Relaxed);
+        if let Some(mark) = &open.mark {
+            if let Err(error) = self.advance_mark(open, mark, recovered) {
+                tracing::error!(%error, "store: the mark of acknowledged commits could not be advanced");
+            }
+        }
+        self.full.store(false, Ordering::Relaxed);
+        self.failure.lock().take();
+        true
     }
 
     /// Whether the store was opened to salvage what is left of it (read-only).
@@ -555,7 +610,11 @@ impl Shared {
     /// Applies `batches` as one sled batch, with the record of what the database holds after
     /// it: all or nothing, after a crash too. A key written by several of them ends with the
     /// last write, as if they were applied in order.
-    fn apply(&self, open: &Open, batches: &[SledWrites]) -> Result<(), Error> {
+    fn apply(&self, open: &Open, batches: &[SledWrites]) -> Result<u64, Error> {
+        #[cfg(test)]
+        if self.fail_applies.load(Ordering::SeqCst) {
+            return Err(io_error(io::Error::other("injected write failure")));
+        }
         let mut sled_batch = ::sled::Batch::default();
         let mut touched = Vec::new();
         // Held until the batch is applied: without group commit, committers apply batches
@@ -572,12 +631,18 @@ impl Shared {
         *check = next;
         #[cfg(test)]
         self.applied_batches.fetch_add(1, Ordering::SeqCst);
-        Ok(())
+        Ok(next.seq)
     }
 
     /// Applies a group's batches in as few sled batches as [`MAX_WRITES_PER_SLED_BATCH`]
-    /// allows (a batch is never split), then does one flush.
-    fn apply_group_and_flush(&self, open: &Open, batches: &[SledWrites]) -> Result<(), Error> {
+    /// allows (a batch is never split), then does one flush. `applied` gets the number of
+    /// the last sled batch once all of them are applied.
+    fn apply_group_and_flush(
+        &self,
+        open: &Open,
+        batches: &[SledWrites],
+        applied: &mut Option<u64>,
+    ) -> Result<(), Error> {
         self.mark_caught_up(open)?;
         let mut start = 0;
         let mut writes = 0;
@@ -590,7 +655,7 @@ impl Shared {
             writes += batch.len();
         }
         if start < batches.len() {
-            self.apply(open, &batches[start..])?;
+            *applied = Some(self.apply(open, &batches[start..])?);
         }
         // Every batch applied so far, by this thread or another, is made durable by the flush.
         let covered = open.check.lock().seq;
@@ -687,6 +752,11 @@ impl Shared {
         if self.fail_flushes.load(Ordering::SeqCst) {
             return Err(io_error(io::Error::other("injected flush failure")));
         }
+        self.flush_files(open)
+    }
+
+    /// sled's `flush()`, then the `fdatasync`s of the durability level.
+    fn flush_files(&self, open: &Open) -> Result<(), Error> {
         open.db.flush()?;
         if let (Durability::PowerLoss, Some(syncer)) = (self.durability, &open.syncer) {
             syncer.sync().map_err(io_error)?;
