@@ -9,7 +9,7 @@ use std::sync::Arc;
 use super::files::{base_files, base_path, io_error, journal_files, journal_path};
 use super::index::{FileId, Index};
 use super::record::{self, Unreadable};
-use super::window::Window;
+use super::window::{Window, CHUNK};
 use crate::store::{Damage, Error};
 
 /// What replaying the store's files found.
@@ -140,6 +140,17 @@ struct BaseMarks {
     ended: bool,
 }
 
+/// Whether the checksum in the header of the `len`-byte record at `at` is its body's, read a
+/// window at a time.
+fn checksum_holds(window: &mut Window<'_>, at: u64, len: u64) -> io::Result<bool> {
+    let header = window.at(at, record::HEADER)?;
+    let Some(crc) = header.get(4..8).and_then(|crc| crc.try_into().ok()) else {
+        return Ok(false);
+    };
+    let header_len = record::HEADER as u64;
+    Ok(window.crc32(at + header_len, len - header_len)? == u32::from_le_bytes(crc))
+}
+
 /// Replays the records of one file; returns where its whole records end, and why the next
 /// one could not be read, if there is one. A base's marks are noted in `marks`, not applied.
 fn replay_file(
@@ -151,8 +162,16 @@ fn replay_file(
     let mut at = 0;
     loop {
         let decoded = match record::stored_len(window.at(at, record::HEADER)?) {
-            // Read only if the file holds it all: a damaged length reads nothing more.
-            Some(len) if len <= window.size() - at => record::decode(window.at(at, len as usize)?),
+            // Read only if the file holds it all: a damaged length reads nothing more. A long
+            // one is held only once its checksum holds (a damaged length within the file
+            // would otherwise hold the rest of it).
+            Some(len) if len <= window.size() - at => {
+                if len > CHUNK as u64 && !checksum_holds(window, at, len)? {
+                    Err(Unreadable::Bad("its checksum does not match"))
+                } else {
+                    record::decode(window.at(at, len as usize)?)
+                }
+            }
             Some(_) => Err(Unreadable::Cut),
             None => record::decode(window.at(at, record::HEADER)?),
         };

@@ -506,6 +506,31 @@ async fn records_larger_than_the_replays_window_and_across_its_edges_are_read_ba
     Ok(())
 }
 
+/// A record longer than replay's window is read back (its checksum checked a window at a
+/// time first), and a flipped byte in a record's length, which makes it run far into the file,
+/// is told as damage.
+#[tokio::test]
+async fn a_record_longer_than_a_window_is_read_back_and_a_damaged_length_is_told(
+) -> Result<(), Error> {
+    let dir = tempfile::tempdir().map_err(Error::backend)?;
+    let long = vec![7u8; 5 * 1024 * 1024];
+    let store = JournalStore::builder(dir.path()).open()?;
+    put(&store, "small", b"first").await?;
+    put(&store, "long", &long).await?;
+    store.close().await?;
+    let again = JournalStore::builder(dir.path()).open()?;
+    assert_eq!(again.get(Tree::Log, b"long").await?, Some(long));
+    again.close().await?;
+    // The first record's length (little-endian): its third byte flipped, it runs some
+    // 16 MiB into the file, whose checksum cannot hold.
+    let first = *files(dir.path())?.first().unwrap_or(&1);
+    flip(dir.path(), first, 2)?;
+    match JournalStore::builder(dir.path()).open() {
+        Err(Error::Damaged { .. }) => Ok(()),
+        other => Err(Error::backend(format!("expected damage, got {other:?}"))),
+    }
+}
+
 #[tokio::test]
 async fn the_next_file_is_begun_ahead_and_put_in_place() -> Result<(), Error> {
     // A spare alone: made whole, then renamed into place as a journal file of zeros.
