@@ -36,6 +36,7 @@ impl Session {
         position: ReportPosition,
     ) {
         let Some(entry) = self.children.get(call_id) else {
+            self.stop_unclaimed(cx, call_id, &report, position);
             return;
         };
         // Read before a report this session already acted on, or a watch while a start or a
@@ -68,6 +69,35 @@ impl Session {
             );
         }
         self.resume_if_owed(cx, owed);
+    }
+
+    /// A start's or a wake's report of a remote child whose entry is gone: an abort, or a
+    /// message that abandoned the call, came while the start or the wake was in flight, and
+    /// its stop may have reached the child's server first (finding nothing to stop, or a
+    /// child the wake then set going). A child that waits there now waits for nobody: it is
+    /// aborted. (A watch only informs; a child that ended needs nothing.)
+    fn stop_unclaimed(
+        &self,
+        cx: &mut ApplyCx,
+        call_id: &str,
+        report: &ChildReport,
+        position: ReportPosition,
+    ) {
+        if position.watch || !matches!(report, ChildReport::Suspended(_)) {
+            return;
+        }
+        let child = self.record.id.ephemeral_child(call_id);
+        let Some(remote) = self.children.remote_of(&child) else {
+            return;
+        };
+        tracing::warn!(parent = %self.record.id, %child, "remote_subagent.unclaimed_stopped");
+        cx.push(Effect::StopChildren {
+            children: vec![ChildAt {
+                child,
+                remote: Some(remote.clone()),
+            }],
+            abort: true,
+        });
     }
 
     /// Records on the root each call of `after` still waiting as owned through this session's

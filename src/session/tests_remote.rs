@@ -637,3 +637,52 @@ fn a_call_a_remote_child_no_longer_waits_on_after_a_re_attach_is_cleared_from_th
         "the answered call is cleared"
     );
 }
+
+/// An abort while the remote child's start was in flight: its stop may reach the server before
+/// the start, find nothing, and the child then starts there for nobody. Its start's report,
+/// coming to a parent without its entry, stops it again; a watch's does not.
+#[test]
+fn a_remote_child_that_reports_after_its_entry_went_is_stopped_there() {
+    let mut session = delegating(Policy::default());
+    let aborted = session.apply(Input::Abort, 3).unwrap_or_default();
+    assert!(
+        aborted
+            .effects
+            .iter()
+            .any(|effect| matches!(effect, Effect::StopChildren { abort: true, .. })),
+        "{:?}",
+        aborted.effects
+    );
+    assert!(session.children.get("d1").is_none(), "the entry went");
+    let watched = reported(
+        &mut session,
+        ChildReport::Suspended(vec!["a".into()]),
+        vec![call("a", 1_000, true, false)],
+        true,
+        4,
+    );
+    assert!(watched.effects.is_empty(), "{:?}", watched.effects);
+    let started = reported(
+        &mut session,
+        ChildReport::Suspended(vec!["a".into()]),
+        vec![call("a", 1_000, true, false)],
+        false,
+        5,
+    );
+    let stopped: Vec<(String, bool)> = started
+        .effects
+        .iter()
+        .filter_map(|effect| match effect {
+            Effect::StopChildren { children, abort } => Some(
+                children
+                    .iter()
+                    .filter(|child| child.remote.is_some())
+                    .map(|child| (child.child.to_string(), *abort))
+                    .collect::<Vec<_>>(),
+            ),
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    assert_eq!(stopped, vec![("p-sub-d1".to_string(), true)]);
+}
