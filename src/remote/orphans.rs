@@ -270,22 +270,23 @@ mod tests {
         Ok(())
     }
 
-    /// An orphan whose server refuses its stop for good is not asked every pass: after each
-    /// refusal it waits twice as long (2 s, 4 s, …), and it is still tried, rarely, after an
-    /// hour of refusals.
-    #[tokio::test]
-    async fn an_orphan_whose_stop_is_refused_for_good_is_tried_again_ever_more_rarely(
-    ) -> anyhow::Result<()> {
+    /// A runtime on a store that records one orphan, `child` on `endpoint`, held until
+    /// `held_until_ms`; with the transport that counts its stops, and a manual clock at 0.
+    async fn one_orphan(
+        child: &str,
+        endpoint: &str,
+        held_until_ms: Option<u64>,
+    ) -> anyhow::Result<(crate::Runtime, Arc<Stops>, crate::ManualClock)> {
         let store = Arc::new(MemoryStore::new());
         let mut batch = Batch::new(CommitKind::Other);
         schema::put_orphan(
             &mut batch,
             &RemoteOrphan {
-                child: "refused".parse()?,
-                endpoint: "refuses".into(),
+                child: child.parse()?,
+                endpoint: endpoint.into(),
                 abort: true,
                 since_ms: 0,
-                held_until_ms: None,
+                held_until_ms,
                 refusals: 0,
             },
         )?;
@@ -293,11 +294,21 @@ mod tests {
         let stops = Arc::new(Stops::default());
         let clock = crate::ManualClock::new(0);
         let runtime = crate::Runtime::builder()
-            .store(Arc::clone(&store) as Arc<dyn Store>)
+            .store(store as Arc<dyn Store>)
             .remote_agents(Arc::clone(&stops) as Arc<dyn RemoteAgents>)
             .clock(Arc::new(clock.clone()))
             .background_deadlines(false)
             .build()?;
+        Ok((runtime, stops, clock))
+    }
+
+    /// An orphan whose server refuses its stop for good is not asked every pass: after each
+    /// refusal it waits twice as long (2 s, 4 s, …), and it is still tried, rarely, after an
+    /// hour of refusals.
+    #[tokio::test]
+    async fn an_orphan_whose_stop_is_refused_for_good_is_tried_again_ever_more_rarely(
+    ) -> anyhow::Result<()> {
+        let (runtime, stops, clock) = one_orphan("refused", "refuses", None).await?;
         let asked = || stops.asked.lock().len();
 
         assert_eq!(runtime.retry_remote_stops().await?, 1);
@@ -335,28 +346,7 @@ mod tests {
     #[tokio::test]
     async fn an_orphan_whose_own_stop_may_be_under_way_is_left_to_it_until_its_hold_ends(
     ) -> anyhow::Result<()> {
-        let store = Arc::new(MemoryStore::new());
-        let mut batch = Batch::new(CommitKind::Other);
-        schema::put_orphan(
-            &mut batch,
-            &RemoteOrphan {
-                child: "held".parse()?,
-                endpoint: "alive".into(),
-                abort: true,
-                since_ms: 0,
-                held_until_ms: Some(1_000),
-                refusals: 0,
-            },
-        )?;
-        store.commit(batch).await?;
-        let stops = Arc::new(Stops::default());
-        let clock = crate::ManualClock::new(0);
-        let runtime = crate::Runtime::builder()
-            .store(Arc::clone(&store) as Arc<dyn Store>)
-            .remote_agents(Arc::clone(&stops) as Arc<dyn RemoteAgents>)
-            .clock(Arc::new(clock.clone()))
-            .background_deadlines(false)
-            .build()?;
+        let (runtime, stops, clock) = one_orphan("held", "alive", Some(1_000)).await?;
 
         assert_eq!(runtime.retry_remote_stops().await?, 1, "held: left");
         assert!(stops.asked.lock().is_empty(), "and not asked");

@@ -26,8 +26,18 @@ fn lead() -> Arc<AgentDefinition> {
 
 /// A lead whose first step delegated `d1` to a remote child.
 fn delegating(policy: Policy) -> Session {
+    let reply = vec![ToolCall::new("d1", "far", json!({ "message": "do it" }))];
+    replied_with(lead(), policy, reply).0
+}
+
+/// A session of `agent` whose first step's model reply made `calls`, and that run.
+fn replied_with(
+    agent: Arc<AgentDefinition>,
+    policy: Policy,
+    calls: Vec<ToolCall>,
+) -> (Session, RunId) {
     let id: SessionId = "p".parse().unwrap_or_else(|_| SessionId::generate());
-    let mut session = Session::create(id, lead(), Arc::new(policy), 0);
+    let mut session = Session::create(id, agent, Arc::new(policy), 0);
     let run_id = RunId::generate();
     let execute = Input::Execute {
         run_id,
@@ -37,18 +47,32 @@ fn delegating(policy: Policy) -> Session {
         remote_parent: None,
     };
     assert!(session.apply(execute, 1).is_ok());
-    let reply = ModelReply::tool_calls(vec![ToolCall::new(
-        "d1",
-        "far",
-        json!({ "message": "do it" }),
-    )]);
     let replied = Input::ModelReplied {
         run_id,
         step: 1,
-        reply: Ok(reply),
+        reply: Ok(ModelReply::tool_calls(calls)),
     };
     assert!(session.apply(replied, 2).is_ok());
-    session
+    (session, run_id)
+}
+
+/// The remote children a transition stops, with whether each is aborted.
+fn remote_stops(transition: &Transition) -> Vec<(SessionId, bool)> {
+    transition
+        .effects
+        .iter()
+        .filter_map(|effect| match effect {
+            Effect::StopChildren { children, abort } => Some(
+                children
+                    .iter()
+                    .filter(|child| child.remote.is_some())
+                    .map(|child| (child.child.clone(), *abort))
+                    .collect::<Vec<_>>(),
+            ),
+            _ => None,
+        })
+        .flatten()
+        .collect()
 }
 
 fn call(id: &str, deadline: u64, waiting: bool, timed_out: bool) -> RemoteCall {
@@ -506,21 +530,7 @@ fn an_interrupt_of_a_run_a_crash_interrupted_reaches_its_remote_child() {
     assert!(recovered.commit.is_some(), "the crash's cut is recorded");
     assert_eq!(restored.record.status, Status::Interrupted);
     let interrupted = restored.apply(Input::Interrupt, 11).unwrap_or_default();
-    let stopped: Vec<(SessionId, bool)> = interrupted
-        .effects
-        .iter()
-        .filter_map(|effect| match effect {
-            Effect::StopChildren { children, abort } => Some(
-                children
-                    .iter()
-                    .filter(|child| child.remote.is_some())
-                    .map(|child| (child.child.clone(), *abort))
-                    .collect::<Vec<_>>(),
-            ),
-            _ => None,
-        })
-        .flatten()
-        .collect();
+    let stopped = remote_stops(&interrupted);
     assert_eq!(stopped.len(), 1, "{:?}", interrupted.effects);
     assert!(!stopped[0].1, "interrupted, not aborted");
     assert!(
@@ -568,27 +578,11 @@ fn a_call_a_remote_child_no_longer_waits_on_after_a_re_attach_is_cleared_from_th
         }))
         .build();
     let agent = Arc::new(built.unwrap_or_else(|error| panic!("valid definition: {error}")));
-    let id: SessionId = "p".parse().unwrap_or_else(|_| SessionId::generate());
-    let mut session = Session::create(id, Arc::clone(&agent), Arc::new(Policy::default()), 0);
-    let run_id = RunId::generate();
-    let execute = Input::Execute {
-        run_id,
-        message: "go".into(),
-        agent: "lead".into(),
-        new_only: false,
-        remote_parent: None,
-    };
-    assert!(session.apply(execute, 1).is_ok());
-    let reply = ModelReply::tool_calls(vec![
+    let calls = vec![
         ToolCall::new("d1", "far", json!({ "message": "do it" })),
         ToolCall::new("s1", "slow", json!({})),
-    ]);
-    let replied = Input::ModelReplied {
-        run_id,
-        step: 1,
-        reply: Ok(reply),
-    };
-    assert!(session.apply(replied, 2).is_ok());
+    ];
+    let (mut session, run_id) = replied_with(Arc::clone(&agent), Policy::default(), calls);
     let first = reported(
         &mut session,
         ChildReport::Suspended(vec!["a".into(), "b".into()]),
@@ -669,20 +663,9 @@ fn a_remote_child_that_reports_after_its_entry_went_is_stopped_there() {
         false,
         5,
     );
-    let stopped: Vec<(String, bool)> = started
-        .effects
-        .iter()
-        .filter_map(|effect| match effect {
-            Effect::StopChildren { children, abort } => Some(
-                children
-                    .iter()
-                    .filter(|child| child.remote.is_some())
-                    .map(|child| (child.child.to_string(), *abort))
-                    .collect::<Vec<_>>(),
-            ),
-            _ => None,
-        })
-        .flatten()
+    let stopped: Vec<(String, bool)> = remote_stops(&started)
+        .into_iter()
+        .map(|(child, abort)| (child.to_string(), abort))
         .collect();
     assert_eq!(stopped, vec![("p-sub-d1".to_string(), true)]);
 }
