@@ -512,3 +512,38 @@ async fn a_call_that_expired_unswept_gets_one_result_while_its_steps_tool_runs(
     assert_eq!(results, 1, "one result for the expired call");
     Ok(())
 }
+
+/// An expired entry whose session has no such call (its owner handled the timeout and did
+/// nothing) is cleared by the sweep that fired it, not fired again by every sweep after: left,
+/// it kept the background timer sweeping at once, for good.
+#[tokio::test]
+async fn a_stale_entry_is_cleared_by_the_sweep_that_fires_it() -> anyhow::Result<()> {
+    let clock = ManualClock::new(0);
+    let store = temp_store()?;
+    let ghost: SessionId = "ghost".parse()?;
+    let mut batch = dormant::store::Batch::new(dormant::store::CommitKind::Other);
+    batch.put(
+        dormant::store::Tree::Deadlines,
+        dormant::store::schema::deadline_key(1, &ghost, "c"),
+        Vec::new(),
+    );
+    store.commit(batch).await?;
+    let script = calls_then_text(&[("tc-1", "edit")], "gave up");
+    let runtime = editor_runtime(
+        Arc::clone(&store),
+        clock.clone(),
+        script,
+        Arc::default(),
+        |b| b,
+    )?;
+    clock.advance(10);
+
+    let report = runtime.sweep_deadlines().await?;
+
+    assert_eq!((report.fired, report.cleared), (0, 1), "{report:?}");
+    let left = store
+        .scan_prefix(dormant::store::Tree::Deadlines, b"")
+        .await?;
+    assert!(left.is_empty(), "{} entries left", left.len());
+    Ok(())
+}

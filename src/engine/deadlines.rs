@@ -17,6 +17,11 @@ pub struct SweepReport {
     pub deferred: usize,
     /// Tombstones removed because their retention ended.
     pub reaped: usize,
+    /// Expired entries that no call waits on any more (fired, their session had nothing to
+    /// do for them; or no such session): removed from the index, and not counted in `fired`.
+    /// On a healthy store they do not occur: each is a deadline the store kept after the
+    /// commit that removed it.
+    pub cleared: usize,
 }
 
 /// Requests the scheduler handles.

@@ -202,6 +202,7 @@ impl DeadlineScheduler {
         let mut seen = HashSet::new();
         let mut touched: HashSet<SessionId> = HashSet::new();
         let mut undelivered = HashSet::new();
+        let mut fired = HashSet::new();
         // Where the scan starts: the index's start, or past a whole page of entries handled
         // already (deferred to the nodes that own them, say), so that they cannot keep the
         // entries after them from ever being read.
@@ -231,6 +232,15 @@ impl DeadlineScheduler {
                     })
                     .collect();
                 self.clear_stale(&stale).await?;
+                // Fired, they did nothing: not counted as fired.
+                let was_fired = stale
+                    .iter()
+                    .filter(|call| {
+                        fired.contains(&(call.session.clone(), call.tool_call_id.clone()))
+                    })
+                    .count();
+                report.fired = report.fired.saturating_sub(was_fired);
+                report.cleared += stale.len();
                 match next {
                     Some(next) => {
                         from = next;
@@ -262,13 +272,15 @@ impl DeadlineScheduler {
                 }
                 if delivered {
                     report.fired += 1;
+                    fired.insert((call.session.clone(), call.tool_call_id.clone()));
                 } else {
                     undelivered.insert((call.session.clone(), call.tool_call_id.clone()));
                 }
             }
-            if expired.len() < SWEEP_BATCH && fresh.len() == expired.len() {
-                break;
-            }
+            // The page is read again: an entry it fired that is still there (its session
+            // had no such call, or nothing left to do for it) is then cleared as stale,
+            // rather than fired by every sweep after, which kept the background timer
+            // sweeping at once, for good.
         }
         report.deferred = undelivered.len();
         if settle {
