@@ -129,3 +129,66 @@ async fn an_answer_still_being_committed_when_the_lease_lapsed_is_read_back_with
     runtime.shutdown().await?;
     Ok(())
 }
+
+/// A run at work (a server tool running) when the node's lease lapsed: the message that comes
+/// next (the tool's result) finds the lease lost, and the run is cut as by a fenced commit: its
+/// caller is answered `RunCut` (its run began: sending the call again would run it twice),
+/// not left waiting for good on a run nobody finishes; the session reads back interrupted, and
+/// a resume goes on with it.
+#[tokio::test]
+async fn a_run_at_work_when_the_lease_lapsed_answers_its_caller_that_it_was_cut(
+) -> anyhow::Result<()> {
+    let (started, gate) = (
+        Arc::new(tokio::sync::Notify::new()),
+        Arc::new(tokio::sync::Notify::new()),
+    );
+    let tool = dormant::ToolDefinition::server("slow", {
+        let (started, gate) = (Arc::clone(&started), Arc::clone(&gate));
+        move |_input, _ctx| {
+            let (started, gate) = (Arc::clone(&started), Arc::clone(&gate));
+            async move {
+                started.notify_one();
+                gate.notified().await;
+                Ok::<_, dormant::ToolError>(json!("done"))
+            }
+        }
+    });
+    let agent = dormant::AgentDefinition::builder("worker")
+        .tool(tool)
+        .build()?;
+    let script = calls_then_text(&[("tc-1", "slow")], "finished");
+    let leases = Arc::new(LapsingOnce::default());
+    let runtime = dormant::Runtime::builder()
+        .store(Arc::new(MemoryStore::new()))
+        .llm(Arc::new(
+            dormant::ScriptedLlm::new().script("worker", script),
+        ))
+        .clock(Arc::new(ManualClock::new(0)))
+        .background_deadlines(false)
+        .leases(Arc::clone(&leases) as Arc<dyn Leases>)
+        .agent(agent)
+        .build()?;
+    let id: SessionId = "s1".parse()?;
+    let running = tokio::spawn({
+        let (runtime, id) = (runtime.clone(), id.clone());
+        async move { runtime.execute_on(&id, "worker", "go").await }
+    });
+    // The tool runs: the run waits on it.
+    started.notified().await;
+    leases.lapsed.store(true, Ordering::SeqCst);
+    gate.notify_one();
+
+    let answered = tokio::time::timeout(std::time::Duration::from_secs(30), running)
+        .await
+        .map_err(|_| anyhow::anyhow!("the caller was never answered"))??;
+    match answered {
+        Err(dormant::Error::RunCut { .. }) => {}
+        other => anyhow::bail!("expected the run to be cut, got {other:?}"),
+    }
+    let cut = runtime.session(&id).await?;
+    assert_eq!(cut.status, Status::Interrupted);
+    let outcome = runtime.resume(&id).await?;
+    assert_eq!(outcome.status, Status::Completed);
+    runtime.shutdown().await?;
+    Ok(())
+}

@@ -525,6 +525,35 @@ impl SessionActor {
         Ok(())
     }
 
+    /// On a store several nodes share: a session loaded under a lease this node has lost
+    /// since (its liveness lapsed: a database out of reach, a pause) may have been taken over
+    /// and written elsewhere, so its run is cut as by a failed, fenced commit: its waiters are
+    /// answered (`RunCut` for those whose run wrote something; sending the call again would
+    /// run its message twice), its work in flight cancelled, and it is read again as its
+    /// owner, its run closed as interrupted, as after a crash. A child tells its parent, which
+    /// wakes it to go on (or, having lost the same lease, is cut in turn, its own waiters
+    /// answered): left, they all waited for good on a run nobody would finish.
+    async fn cut_if_lease_lost(&self, ctx: &ActorContext<Self>, state: &mut SessionState) {
+        let id = ctx.key();
+        if !matches!(state.loaded, Loaded::Present(_))
+            || self.shared.leases.holds_current(id.as_str())
+        {
+            return;
+        }
+        tracing::warn!(session = %id, "session.stale_after_lease_lost");
+        let reason = "this node lost the session's lease while its run was under way";
+        effects::answer_cut_waiters(id, state, None, reason, true);
+        state.work.cancel();
+        state.loaded = Loaded::Unreadable;
+        let now = self.shared.clock.now_ms();
+        if let Ok(Some(session)) = self.present(id, state).await {
+            if let (Ok(transition), Some(host)) = (session.apply(Input::Restarted, now), ctx.host())
+            {
+                send_reports(&host, &self.shared, transition.effects);
+            }
+        }
+    }
+
     /// The loaded session, re-reading an unreadable one; `None` if it does not exist.
     async fn present<'s>(
         &self,
@@ -740,6 +769,7 @@ impl SessionActor {
         if !matches!(msg, SessionMsg::Submit { .. } | SessionMsg::SubmitSettled) {
             self.barrier(ctx, state).await;
         }
+        self.cut_if_lease_lost(ctx, state).await;
         match msg {
             SessionMsg::Execute {
                 agent,

@@ -15,6 +15,38 @@ use crate::types::stream::{Delta, StreamEvent};
 use crate::types::Untrusted;
 use tracing::Instrument;
 
+/// Answers everyone waiting on the session's run, which a failed commit (or a lost lease) cut:
+/// the first gets `typed`, the others `SessionUnavailable` with `reason` in words (store errors
+/// are not cloneable). With `lease_lost`, a waiter for whom a commit of its run already landed
+/// gets [`Error::RunCut`] instead: a lost lease, typed, says that nothing was written, and the
+/// call would be sent to the node that took the tree over, to run its message again there.
+/// Settle waiters are let go. Returns `typed` if nobody took it.
+pub(super) fn answer_cut_waiters(
+    id: &SessionId,
+    state: &mut SessionState,
+    mut typed: Option<Error>,
+    reason: &str,
+    lease_lost: bool,
+) -> Option<Error> {
+    let landed = std::mem::take(&mut state.landed_for);
+    for (n, waiter) in state.waiters.drain(..).enumerate() {
+        let answer = if lease_lost && n < landed {
+            Error::RunCut {
+                session: id.clone(),
+                reason: reason.to_string(),
+            }
+        } else {
+            typed.take().unwrap_or_else(|| Error::SessionUnavailable {
+                session: id.clone(),
+                reason: reason.to_string(),
+            })
+        };
+        let _ = waiter.send(Err(answer));
+    }
+    state.settle_waiters.clear();
+    typed
+}
+
 impl SessionActor {
     /// Makes the commit durable, then runs the effects in order. A failed commit leaves the
     /// in-memory state unreliable, so it is dropped and read back from the store.
@@ -38,21 +70,7 @@ impl SessionActor {
                 // waiter for whom a commit of its run already landed does not get a lost
                 // lease typed: typed, it says that nothing was written, and the call would be
                 // sent to the node that took the tree over, to run its message again there.
-                let landed = std::mem::take(&mut state.landed_for);
-                let began = || Error::RunCut {
-                    session: ctx.key().clone(),
-                    reason: reason.clone(),
-                };
-                let mut typed = Some(error);
-                for (n, waiter) in state.waiters.drain(..).enumerate() {
-                    let answer = if fenced && n < landed {
-                        began()
-                    } else {
-                        typed.take().unwrap_or_else(unavailable)
-                    };
-                    let _ = waiter.send(Err(answer));
-                }
-                state.settle_waiters.clear();
+                let typed = answer_cut_waiters(ctx.key(), state, Some(error), &reason, fenced);
                 if fenced {
                     // Another node owns the session now: this actor stops, having acknowledged
                     // nothing of the commit (its parent is not told: the session lives on
