@@ -572,8 +572,9 @@ impl Runtime {
     pub async fn find_expired_pending(&self, now: u64) -> Result<Vec<ExpiredCall>, ReadError> {
         self.ensure_open()?;
         let mut expired = self.read(schema::expired_calls(self.store(), now, usize::MAX).await)?;
-        // A resume the runtime owes a session is no call of it: the scheduler fires those.
-        expired.retain(|call| call.tool_call_id != schema::RESUME_DUE);
+        // A resume the runtime owes a session, a look at a remote sub-agent: no calls (the
+        // scheduler fires those).
+        expired.retain(|call| !schema::is_runtime_entry(&call.tool_call_id));
         Ok(expired)
     }
 

@@ -547,3 +547,35 @@ async fn a_stale_entry_is_cleared_by_the_sweep_that_fires_it() -> anyhow::Result
     assert!(left.is_empty(), "{} entries left", left.len());
     Ok(())
 }
+
+/// `find_expired_pending` lists calls only: not the runtime's own entries in the index (a
+/// look at a remote sub-agent, a resume owed).
+#[tokio::test]
+async fn find_expired_pending_lists_calls_not_the_runtime_s_own_entries() -> anyhow::Result<()> {
+    let clock = ManualClock::new(0);
+    let store = temp_store()?;
+    let parent: SessionId = "parent".parse()?;
+    let mut batch = dormant::store::Batch::new(dormant::store::CommitKind::Other);
+    for name in ["\u{1}look d1", "\u{1}resume"] {
+        batch.put(
+            dormant::store::Tree::Deadlines,
+            dormant::store::schema::deadline_key(1, &parent, name),
+            Vec::new(),
+        );
+    }
+    store.commit(batch).await?;
+    let script = calls_then_text(&[("tc-1", "edit")], "gave up");
+    let runtime = editor_runtime(store, clock.clone(), script, Arc::default(), |b| b)?;
+    let id: SessionId = "s1".parse()?;
+    runtime.execute_on(&id, "editor", "go").await?;
+    clock.advance(60_000);
+
+    let expired = runtime.find_expired_pending(clock_now(&clock)).await?;
+
+    let names: Vec<(String, String)> = expired
+        .into_iter()
+        .map(|call| (call.session.to_string(), call.tool_call_id))
+        .collect();
+    assert_eq!(names, vec![("s1".to_string(), "tc-1".to_string())]);
+    Ok(())
+}

@@ -815,6 +815,9 @@ impl SessionActor {
                         run_id: RunId::generate(),
                     }
                 } else {
+                    // A look at a remote sub-agent is keyed by its call.
+                    let tool_call_id = schema::remote_look_call(&tool_call_id)
+                        .map_or(tool_call_id.clone(), str::to_string);
                     Input::Timeout { tool_call_id }
                 };
                 let handled = self.feed(ctx, state, input).await;

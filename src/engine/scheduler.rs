@@ -271,8 +271,11 @@ impl DeadlineScheduler {
                     continue;
                 }
                 if delivered {
-                    report.fired += 1;
-                    fired.insert((call.session.clone(), call.tool_call_id.clone()));
+                    // A look at a remote sub-agent is no call's timeout.
+                    if schema::remote_look_call(&call.tool_call_id).is_none() {
+                        report.fired += 1;
+                        fired.insert((call.session.clone(), call.tool_call_id.clone()));
+                    }
                 } else {
                     undelivered.insert((call.session.clone(), call.tool_call_id.clone()));
                 }

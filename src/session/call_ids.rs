@@ -64,8 +64,9 @@ impl Session {
                 Some("repeated")
             } else if call.id.len() > MAX_CALL_ID_BYTES {
                 Some("too long")
-            } else if call.id == crate::store::schema::RESUME_DUE {
-                // The deadline index's name for a resume the runtime owes the session.
+            } else if crate::store::schema::is_runtime_entry(&call.id) {
+                // The deadline index's names for the runtime's own entries (a resume the
+                // runtime owes the session, a look at a remote sub-agent).
                 Some("reserved")
             } else {
                 None

@@ -8,7 +8,7 @@ use super::apply_cx::ApplyCx;
 use super::core::{Phase, Session};
 use super::{ChildReport, ChildState, Effect};
 use crate::remote::{Drive, LookReason, RemoteLook, RemoteOrphan};
-use crate::store::schema::IndexWrite;
+use crate::store::schema::{self, IndexWrite};
 use crate::store::CommitKind;
 use crate::types::tool_error::ToolErrorCode;
 
@@ -221,13 +221,19 @@ impl Session {
         if let Some(before) = before {
             cx.staged.index.push(IndexWrite::DeleteDeadline {
                 at: before.at_ms,
+                call: schema::remote_look_entry(call_id),
+            });
+            // And under the bare call id, as a look armed before looks had a name of their
+            // own is kept.
+            cx.staged.index.push(IndexWrite::DeleteDeadline {
+                at: before.at_ms,
                 call: call_id.to_string(),
             });
         }
         if let Some(look) = look {
             cx.staged.index.push(IndexWrite::PutDeadline {
                 at: look.at_ms,
-                call: call_id.to_string(),
+                call: schema::remote_look_entry(call_id),
             });
         }
     }

@@ -9,7 +9,7 @@ use super::*;
 use crate::definition::{AgentDefinition, ToolDefinition};
 use crate::llm::ModelReply;
 use crate::remote::RemoteCall;
-use crate::store::schema::IndexWrite;
+use crate::store::schema::{self, IndexWrite};
 use crate::types::ids::{RunId, SessionId};
 use crate::types::message::{ToolCall, ToolOutcome};
 
@@ -127,18 +127,51 @@ fn timeout(session: &mut Session, call: &str, now: u64) -> Transition {
 /// Deadline entries, as (at, call).
 type Entries = Vec<(u64, String)>;
 
-/// The deadline entries a transition puts and deletes.
+/// The looks at remote children a transition arms and removes in the deadline index, by the
+/// call each looks at (the removal under a look's bare call id, for an entry armed before
+/// looks had a name of their own, is left out: it goes with each removal).
 fn deadlines(transition: &Transition) -> (Entries, Entries) {
     let mut put = Vec::new();
     let mut deleted = Vec::new();
     for write in transition.commit.iter().flat_map(|commit| &commit.index) {
+        let look = |call: &str| schema::remote_look_call(call).map(str::to_string);
         match write {
-            IndexWrite::PutDeadline { at, call } => put.push((*at, call.clone())),
-            IndexWrite::DeleteDeadline { at, call } => deleted.push((*at, call.clone())),
+            IndexWrite::PutDeadline { at, call } => put.extend(look(call).map(|c| (*at, c))),
+            IndexWrite::DeleteDeadline { at, call } => {
+                deleted.extend(look(call).map(|c| (*at, c)));
+            }
             _ => {}
         }
     }
     (put, deleted)
+}
+
+/// A look moved deletes its entry under both names, the bare call id too.
+#[test]
+fn a_look_moved_removes_its_entry_under_its_name_and_its_bare_call_id() {
+    let mut session = delegating(Policy::default());
+    let first = reported(
+        &mut session,
+        ChildReport::Suspended(vec!["a".into()]),
+        vec![call("a", 5_000, true, false)],
+        false,
+        3,
+    );
+    assert_eq!(deadlines(&first).0, vec![(5_000, "d1".to_string())]);
+    let moved = timeout(&mut session, "d1", 5_000);
+    let removed: Vec<String> = moved
+        .commit
+        .iter()
+        .flat_map(|commit| &commit.index)
+        .filter_map(|write| match write {
+            IndexWrite::DeleteDeadline { at: 5_000, call } => Some(call.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        removed,
+        vec![schema::remote_look_entry("d1"), "d1".to_string()]
+    );
 }
 
 fn watches(transition: &Transition) -> Vec<String> {

@@ -1044,6 +1044,29 @@ pub(crate) async fn deadlines_after(
 /// runtime's own).
 pub(crate) const RESUME_DUE: &str = "\u{1}resume";
 
+/// The deadline index's name for a parent's look at its remote sub-agent of `call` (when it
+/// asks the child where it stands by itself): the control character keeps it apart from the
+/// entries of calls, so that [`expired_calls`]' callers can tell them (`find_expired_pending`
+/// lists calls only). An entry armed before looks had a name of their own is the bare call id;
+/// it still fires as a look (the session has no pending call of that id).
+pub(crate) fn remote_look_entry(call: &str) -> String {
+    format!("{LOOK_PREFIX}{call}")
+}
+
+const LOOK_PREFIX: &str = "\u{1}look ";
+
+/// The sub-agent call a deadline entry named `entry` looks at, if it is a look.
+pub(crate) fn remote_look_call(entry: &str) -> Option<&str> {
+    entry.strip_prefix(LOOK_PREFIX)
+}
+
+/// Whether a deadline entry named `entry` is the runtime's own (a resume owed, a look at a
+/// remote sub-agent), not a call's. A model's call ids never start so (one that does gets an
+/// id of the runtime's own).
+pub(crate) fn is_runtime_entry(entry: &str) -> bool {
+    entry.starts_with('\u{1}')
+}
+
 /// The deadline of every resume-due entry: 0, due from the start and before every real
 /// deadline, so the background timer arms past them ([`next_deadline`]) instead of firing at
 /// once for each resume under way; it fires them at start, and any sweep fires those it meets.
