@@ -252,13 +252,16 @@ impl SessionActor {
                 host.send(parent.clone(), SessionMsg::ReportsWaiting { parent });
             }
         }
+        // Nothing left to record (the queue was emptied, or its reports have no call here
+        // any more): a count of earlier failures to record them goes too.
+        let nothing_to_record = || self.shared.reports.recorded(ctx.key());
         if taken.is_empty() {
-            return;
+            return nothing_to_record();
         }
         let kept = taken.clone();
         let session = match self.present(ctx.key(), state).await {
             Ok(Some(session)) => session,
-            Ok(None) => return,
+            Ok(None) => return nothing_to_record(),
             Err(_) => return self.report_again_later(ctx, kept),
         };
         let mut reports = Vec::with_capacity(taken.len());
@@ -281,7 +284,7 @@ impl SessionActor {
             });
         }
         if reports.is_empty() {
-            return;
+            return nothing_to_record();
         }
         let fed = self
             .feed(ctx, state, Input::ChildrenReported { reports })
