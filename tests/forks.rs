@@ -936,3 +936,47 @@ async fn a_fork_of_a_run_that_waits_only_to_finish_completes_with_its_output() -
     assert_ne!(done.text.as_deref(), Some("asked again"));
     Ok(())
 }
+
+/// A model that gives a call of a later step the id of an earlier one (some do: `call_0`
+/// each reply): the earlier call's approval is not the later one's. A fork at the later
+/// call's suspension asks for its approval again; it does not take it as approved and in
+/// flight.
+#[tokio::test]
+async fn an_approval_of_an_earlier_call_with_the_same_id_is_not_the_forks() -> anyhow::Result<()> {
+    let runs = Runs::default();
+    let clock = ManualClock::new(1_000);
+    let script = vec![
+        call("d1", "deploy"),
+        call("d1", "deploy"),
+        ModelReply::text("deployed twice"),
+    ];
+    let runtime = runtime(memory(), &clock, script, &runs, Arc::default())?;
+    let source: SessionId = "s1".parse()?;
+    let first = runtime.execute_on(&source, "shop", "ship").await?;
+    let approve = Submit::approval("s1", "d1", format!("{}::d1", first.run_id), true, None);
+    assert_eq!(
+        runtime.submit_tool_result(approve).await?,
+        SubmitOutcome::Accepted
+    );
+    // The first deploy runs, and the model asks for a second one under the same id.
+    let second = runtime.resume(&source).await?;
+    assert_eq!(second.status, Status::SuspendedClientTool);
+    assert_eq!(runs.deploys(), 1);
+    let checkpoint = last_checkpoint(&runtime, &source).await?;
+
+    let fork = runtime
+        .fork(&source, checkpoint, ForkOptions::new())
+        .await?;
+    let pending = runtime.pending(&fork).await?;
+    assert_eq!(pending.len(), 1, "{pending:?}");
+    assert!(
+        pending[0].answer.is_none(),
+        "the second call waits for its own approval: {pending:?}"
+    );
+    assert_eq!(
+        runtime.resume(&fork).await?.status,
+        Status::SuspendedClientTool
+    );
+    assert_eq!(runs.deploys(), 1, "nothing ran unapproved");
+    Ok(())
+}

@@ -547,8 +547,10 @@ pub(crate) fn compact_batch(
     Ok(Some((batch, CheckpointId(merged[target].seq), target)))
 }
 
-/// The calls `copied` (a session's history) records as approved: the resume that acted on an
-/// approval put the decision on the stream before the tool ran.
+/// The calls `copied` (a session's history) records as approved and not ended: the resume
+/// that acted on an approval put the decision on the stream before the tool ran. A decision
+/// holds for the request it answers only: a later request under the same id (a model that
+/// gives a later step's call an earlier call's id, as some do), or the call's end, lets it go.
 pub(crate) fn approved_calls(
     session: &SessionId,
     copied: &[LogEntry],
@@ -556,14 +558,21 @@ pub(crate) fn approved_calls(
     let mut approved = std::collections::HashMap::new();
     for entry in copied {
         for chunk in entry.chunks(session)? {
-            if let ChunkKind::ToolApprovalResponse {
-                tool_call_id,
-                approved: true,
-                edited_input,
-                ..
-            } = chunk.kind
-            {
-                approved.insert(tool_call_id, edited_input);
+            match chunk.kind {
+                ChunkKind::ToolApprovalResponse {
+                    tool_call_id,
+                    approved: true,
+                    edited_input,
+                    ..
+                } => {
+                    approved.insert(tool_call_id, edited_input);
+                }
+                ChunkKind::ToolApprovalResponse { tool_call_id, .. }
+                | ChunkKind::ToolApprovalRequest { tool_call_id, .. }
+                | ChunkKind::ToolEnd { tool_call_id, .. } => {
+                    approved.remove(&tool_call_id);
+                }
+                _ => {}
             }
         }
     }
