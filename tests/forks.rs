@@ -980,3 +980,125 @@ async fn an_approval_of_an_earlier_call_with_the_same_id_is_not_the_forks() -> a
     assert_eq!(runs.deploys(), 1, "nothing ran unapproved");
     Ok(())
 }
+
+/// A fork made inside a step whose two calls were in flight: `pay` (not safe to retry, with
+/// a check that looks its idempotency key up) and `slow` (safe to retry). The fork's resume
+/// gives `pay` a `tool_durability_error` and runs `slow` again; the process stops before
+/// `slow` returns. The resume after that must not take `pay` for the fork's own call in
+/// flight: checked under the fork's key, which the provider never saw, it would be found not
+/// to have happened, and paid a second time.
+#[tokio::test]
+async fn a_copied_call_in_flight_is_not_reconciled_after_a_crash_in_the_forks_first_resume(
+) -> anyhow::Result<()> {
+    use dormant::definition::Reconciled;
+    use std::sync::atomic::AtomicBool;
+
+    let paid: Arc<parking_lot::Mutex<Vec<String>>> = Arc::default();
+    let (block, started) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(tokio::sync::Notify::new()),
+    );
+    let agent = || -> anyhow::Result<AgentDefinition> {
+        let pay = ToolDefinition::server("pay", {
+            let paid = Arc::clone(&paid);
+            move |_input, ctx: dormant::definition::ToolContext| {
+                let paid = Arc::clone(&paid);
+                async move {
+                    paid.lock().push(ctx.idempotency_key().to_string());
+                    Ok::<_, dormant::ToolError>(json!("paid"))
+                }
+            }
+        })
+        .reconcile_with({
+            let paid = Arc::clone(&paid);
+            move |_input: serde_json::Value, key: String| {
+                let known = paid.lock().contains(&key);
+                async move {
+                    Some(if known {
+                        Reconciled::Happened(json!("paid"))
+                    } else {
+                        Reconciled::DidNotHappen
+                    })
+                }
+            }
+        });
+        let slow = ToolDefinition::server("slow", {
+            let (block, started) = (Arc::clone(&block), Arc::clone(&started));
+            move |_input, _ctx| {
+                let (block, started) = (Arc::clone(&block), Arc::clone(&started));
+                async move {
+                    if block.load(Ordering::SeqCst) {
+                        started.notify_one();
+                        std::future::pending::<()>().await;
+                    }
+                    Ok::<_, dormant::ToolError>(json!("slow"))
+                }
+            }
+        })
+        .safe_to_retry(true);
+        Ok(AgentDefinition::builder("pair")
+            .tool(pay)
+            .tool(slow)
+            .build()?)
+    };
+    let store = memory();
+    let clock = ManualClock::new(1_000);
+    let build = |script: Vec<ModelReply>| -> anyhow::Result<Runtime> {
+        Ok(Runtime::builder()
+            .store(Arc::clone(&store))
+            .llm(Arc::new(ScriptedLlm::new().script("pair", script)))
+            .clock(Arc::new(clock.clone()))
+            .background_deadlines(false)
+            .agent(agent()?)
+            .build()?)
+    };
+    let both = ModelReply::tool_calls(vec![
+        ToolCall::new("p1", "pay", json!({})),
+        ToolCall::new("w1", "slow", json!({})),
+    ]);
+    let first = build(vec![both, ModelReply::text("done")])?;
+    let source: SessionId = "s1".parse()?;
+    first.execute_on(&source, "pair", "go").await?;
+    assert_eq!(paid.lock().len(), 1);
+    let in_step = first
+        .checkpoints(&source)
+        .await?
+        .into_iter()
+        .find(|c| c.status == Status::Running && c.open_calls.len() == 2)
+        .ok_or_else(|| anyhow::anyhow!("no checkpoint with both calls in flight"))?;
+    let fork = first.fork(&source, in_step.id, ForkOptions::new()).await?;
+
+    block.store(true, Ordering::SeqCst);
+    let resuming = tokio::spawn({
+        let (first, fork) = (first.clone(), fork.clone());
+        async move { first.resume(&fork).await }
+    });
+    let bounded = std::time::Duration::from_secs(30);
+    tokio::time::timeout(bounded, started.notified())
+        .await
+        .map_err(|_| anyhow::anyhow!("the fork's resume never ran slow again"))?;
+    // The process stops while `slow` runs (a shutdown records nothing more of the run: its
+    // next activation closes it as cut, as after a kill).
+    tokio::time::timeout(bounded, first.shutdown())
+        .await
+        .map_err(|_| anyhow::anyhow!("the shutdown never ended"))??;
+    let _ = resuming.await?;
+    block.store(false, Ordering::SeqCst);
+
+    // The script is read by reply number: the fork's next is its second.
+    let second = build(vec![ModelReply::text("unused"), ModelReply::text("done")])?;
+    let resumed = tokio::time::timeout(bounded, second.resume(&fork))
+        .await
+        .map_err(|_| anyhow::anyhow!("the resume never ended; paid: {:?}", paid.lock()))??;
+    let paid_now = paid.lock().clone();
+    assert_eq!(paid_now.len(), 1, "paid again: {paid_now:?}");
+    assert_eq!(resumed.status, Status::Completed);
+    match tool_result(&second.messages(&fork).await?, "p1") {
+        Some(ToolOutcome::Error(error)) => assert!(
+            error.contains(ToolErrorCode::ToolDurabilityError.as_str()),
+            "{error}"
+        ),
+        other => anyhow::bail!("expected a durability error, got {other:?}"),
+    }
+    Ok(())
+}

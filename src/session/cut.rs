@@ -121,13 +121,34 @@ impl Session {
             self.begin_step(cx, run_id);
             return self.finish(cx, CommitKind::RunStart);
         }
-        let calls = cut
+        let mut calls: Vec<StepCall> = cut
             .into_iter()
             .map(|call| {
                 let slot = self.cut_slot(cx, &call, true, !forked);
                 StepCall::new(self.as_approved(call), slot)
             })
             .collect();
+        let settles_at_once = calls
+            .iter()
+            .all(|step_call| matches!(step_call.slot, CallSlot::Ready { .. }));
+        if forked && !settles_at_once {
+            // The results given to the copied calls that do not run again (a
+            // `tool_durability_error`) are recorded in this very commit, not when the step
+            // settles: a crash before that would close this run as cut by a crash, and the
+            // resume after it would take them for the fork's own calls in flight, and
+            // reconcile them under the fork's idempotency keys (which find nothing: the
+            // effect, if any, was the source's), running them again.
+            let (ready, rest): (Vec<StepCall>, Vec<StepCall>) = calls
+                .into_iter()
+                .partition(|step_call| matches!(step_call.slot, CallSlot::Ready { .. }));
+            for step_call in ready {
+                if let CallSlot::Ready { outcome, reported } = step_call.slot {
+                    let outcome = Outcome::reported(outcome, reported);
+                    self.record_outcome(cx, run_id, step_call.call, outcome);
+                }
+            }
+            calls = rest;
+        }
         self.dispatch(cx, CommitKind::RunStart, run_id, calls);
     }
 
