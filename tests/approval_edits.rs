@@ -226,3 +226,94 @@ async fn a_fork_where_an_edited_approval_ran_runs_it_again_with_the_edit() -> an
     );
     Ok(())
 }
+
+/// An approved call of a tool safe to retry, cut by a stop while it ran, and its tool
+/// redefined before the next start (a deploy of a new version): the resume does not run it
+/// again on the approval of the tool as it was; the call's result says so (`stale_approval`).
+#[tokio::test]
+async fn an_approved_call_cut_while_it_ran_is_not_run_again_once_its_tool_was_redefined(
+) -> anyhow::Result<()> {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let runs = Arc::new(AtomicUsize::new(0));
+    let (block, started) = (
+        Arc::new(AtomicBool::new(true)),
+        Arc::new(tokio::sync::Notify::new()),
+    );
+    let store: Arc<dyn dormant::store::Store> = Arc::new(dormant::MemoryStore::new());
+    let build = |description: &str| -> anyhow::Result<Runtime> {
+        let (runs, block, started) = (Arc::clone(&runs), Arc::clone(&block), Arc::clone(&started));
+        let rerun = ToolDefinition::server("rerun", move |_input: Value, _ctx| {
+            let (runs, block, started) =
+                (Arc::clone(&runs), Arc::clone(&block), Arc::clone(&started));
+            async move {
+                runs.fetch_add(1, Ordering::SeqCst);
+                if block.load(Ordering::SeqCst) {
+                    started.notify_one();
+                    std::future::pending::<()>().await;
+                }
+                Ok::<_, ToolError>(json!("ran"))
+            }
+        })
+        .description(description)
+        .require_approval(Approval::Always)
+        .safe_to_retry(true);
+        let ops = AgentDefinition::builder("ops").tool(rerun).build()?;
+        let script = vec![
+            ModelReply::tool_calls(vec![ToolCall::new("r1", "rerun", json!({}))]),
+            ModelReply::text("done"),
+        ];
+        Ok(Runtime::builder()
+            .store(Arc::clone(&store))
+            .llm(Arc::new(ScriptedLlm::new().script("ops", script)))
+            .clock(Arc::new(ManualClock::new(1_000)))
+            .background_deadlines(false)
+            .agent(ops)
+            .build()?)
+    };
+    let first = build("version 1")?;
+    let id: SessionId = "s1".parse()?;
+    let asked = first.execute_on(&id, "ops", "go").await?;
+    let approve = Submit::approval("s1", "r1", approval(&asked, "r1"), true, None);
+    assert_eq!(
+        first.submit_tool_result(approve).await?,
+        SubmitOutcome::Accepted
+    );
+    let resuming = tokio::spawn({
+        let (first, id) = (first.clone(), id.clone());
+        async move { first.resume(&id).await }
+    });
+    let bounded = std::time::Duration::from_secs(30);
+    tokio::time::timeout(bounded, started.notified())
+        .await
+        .map_err(|_| anyhow::anyhow!("the approved call never ran"))?;
+    tokio::time::timeout(bounded, first.shutdown())
+        .await
+        .map_err(|_| anyhow::anyhow!("the shutdown never ended"))??;
+    let _ = resuming.await?;
+    block.store(false, Ordering::SeqCst);
+
+    let second = build("version 2")?;
+    let resumed = tokio::time::timeout(bounded, second.resume(&id))
+        .await
+        .map_err(|_| anyhow::anyhow!("the resume never ended"))??;
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        1,
+        "run again on a stale approval"
+    );
+    assert_eq!(resumed.status, Status::Completed);
+    let messages = second.messages(&id).await?;
+    let result = messages.iter().find_map(|message| match message {
+        Message::Tool {
+            tool_call_id,
+            outcome,
+            ..
+        } if tool_call_id == "r1" => Some(outcome.clone()),
+        _ => None,
+    });
+    match result {
+        Some(ToolOutcome::Error(error)) => assert!(error.starts_with("stale_approval"), "{error}"),
+        other => anyhow::bail!("expected stale_approval, got {other:?}"),
+    }
+    Ok(())
+}

@@ -182,9 +182,18 @@ impl Session {
                 // A person is asked to reconcile it only while the approval still holds: not
                 // for a tool redefined since (it would run again on a stale approval).
                 // Or the resume that drained an answer to its question ran it again.
+                Some(Answer::Approved | Answer::DidNotHappen | Answer::Input(_))
+                    if self.approval_is_stale(&entry) =>
+                {
+                    // Its tool was redefined since: not run again on the approval of the tool
+                    // as it was, however safe to retry the tool now says it is.
+                    CallSlot::failed(ToolErrorCode::StaleApproval.with(format_args!(
+                        "{} was redefined since this call was approved, and the process stopped while it ran: it may or may not have taken effect, and it was not run again on the approval of the tool as it was",
+                        call.name
+                    )))
+                }
                 Some(Answer::Approved | Answer::DidNotHappen | Answer::Input(_)) => {
-                    let fresh = !self.approval_is_stale(&entry);
-                    self.dispatched_slot(call, retry && reconcile && fresh, retry)
+                    self.dispatched_slot(call, retry && reconcile, retry)
                 }
                 None if entry.is_waiting(cx.now) && retry => CallSlot::Pending(entry.kind),
                 None if entry.is_waiting(cx.now) => cut_before_result(),
