@@ -48,6 +48,10 @@ pub(super) struct Open {
     mark: Option<Mark>,
     /// The last batch a flush covered.
     flushed: AtomicU64,
+    /// The last batch the database held when it was opened: what a commit whose write failed
+    /// on the database before compares its group with (not the record now, which later
+    /// commits on this one move on, with numbers the failed group's took).
+    recovered: u64,
 }
 
 /// What the store holds of its database.
@@ -180,6 +184,7 @@ impl Shared {
                 generation,
                 pieced,
                 flushed: AtomicU64::new(check.seq),
+                recovered: check.seq,
                 check: Mutex::new(check),
                 mark,
             })
@@ -430,10 +435,12 @@ impl Shared {
         let Some(open) = state.open() else {
             return false;
         };
-        if open.generation <= generation {
+        // The database opened right after the failed one: one opened since (another failure)
+        // may number its own batches as the failed group's were.
+        if open.generation != generation + 1 {
             return false;
         }
-        let recovered = open.check.lock().seq;
+        let recovered = open.recovered;
         if recovered < last {
             return false;
         }
