@@ -96,12 +96,18 @@ pub(crate) async fn pass(shared: &Shared) -> Result<usize, Error> {
                     let refusals = orphan.refusals.saturating_add(1);
                     let wait_ms = RemoteOrphan::wait_after_refusals(refusals);
                     tracing::warn!(child = %orphan.child, endpoint = %orphan.endpoint, refusals, wait_ms, error = %crate::types::Untrusted(&error), "remote_subagent.orphan_stop_refused");
-                    let again = RemoteOrphan {
-                        refusals,
-                        held_until_ms: Some(now.saturating_add(wait_ms)),
-                        ..orphan
-                    };
-                    schema::put_orphan(&mut written, &again)?;
+                    // Only over the record this pass read: one forgotten meanwhile (its parent
+                    // woke the child and wants it going) or recorded again (an abort now) is
+                    // not put back as it was.
+                    let now_recorded = schema::orphan(shared.store.as_ref(), &orphan.child).await;
+                    if matches!(now_recorded, Ok(Some(ref recorded)) if *recorded == orphan) {
+                        let again = RemoteOrphan {
+                            refusals,
+                            held_until_ms: Some(now.saturating_add(wait_ms)),
+                            ..orphan
+                        };
+                        schema::put_orphan(&mut written, &again)?;
+                    }
                     left += 1;
                 }
             }
@@ -159,11 +165,13 @@ mod tests {
     use crate::types::ids::SessionId;
     use crate::MemoryStore;
 
-    /// A transport whose only call is a stop: `dead` never answers one, any other endpoint
-    /// stops what it is asked to.
+    /// A transport whose only call is a stop: `dead` never answers one, `refuses` refuses it
+    /// for good, any other endpoint stops what it is asked to. With `meanwhile`, the store on
+    /// which each stop forgets its child first (its parent woke it while the stop was out).
     #[derive(Debug, Default)]
     struct Stops {
         asked: Mutex<Vec<String>>,
+        meanwhile: Mutex<Option<Arc<dyn Store>>>,
     }
 
     #[async_trait::async_trait]
@@ -205,8 +213,20 @@ mod tests {
             Err(RemoteError::NoTransport)
         }
 
-        async fn stop(&self, endpoint: &str, _: &SessionId, _: bool) -> Result<(), RemoteError> {
+        async fn stop(
+            &self,
+            endpoint: &str,
+            child: &SessionId,
+            _: bool,
+        ) -> Result<(), RemoteError> {
             self.asked.lock().push(endpoint.to_string());
+            let meanwhile = self.meanwhile.lock().clone();
+            if let Some(store) = meanwhile {
+                let mut batch = Batch::new(CommitKind::Other);
+                schema::delete_orphan(&mut batch, child);
+                let forgotten = store.commit(batch).await;
+                assert!(forgotten.is_ok(), "{forgotten:?}");
+            }
             if endpoint == "refuses" {
                 return Err(RemoteError::Refused {
                     endpoint: endpoint.into(),
@@ -276,8 +296,13 @@ mod tests {
         child: &str,
         endpoint: &str,
         held_until_ms: Option<u64>,
-    ) -> anyhow::Result<(crate::Runtime, Arc<Stops>, crate::ManualClock)> {
-        let store = Arc::new(MemoryStore::new());
+    ) -> anyhow::Result<(
+        crate::Runtime,
+        Arc<Stops>,
+        crate::ManualClock,
+        Arc<dyn Store>,
+    )> {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
         let mut batch = Batch::new(CommitKind::Other);
         schema::put_orphan(
             &mut batch,
@@ -294,12 +319,12 @@ mod tests {
         let stops = Arc::new(Stops::default());
         let clock = crate::ManualClock::new(0);
         let runtime = crate::Runtime::builder()
-            .store(store as Arc<dyn Store>)
+            .store(Arc::clone(&store))
             .remote_agents(Arc::clone(&stops) as Arc<dyn RemoteAgents>)
             .clock(Arc::new(clock.clone()))
             .background_deadlines(false)
             .build()?;
-        Ok((runtime, stops, clock))
+        Ok((runtime, stops, clock, store))
     }
 
     /// An orphan whose server refuses its stop for good is not asked every pass: after each
@@ -308,7 +333,7 @@ mod tests {
     #[tokio::test]
     async fn an_orphan_whose_stop_is_refused_for_good_is_tried_again_ever_more_rarely(
     ) -> anyhow::Result<()> {
-        let (runtime, stops, clock) = one_orphan("refused", "refuses", None).await?;
+        let (runtime, stops, clock, _) = one_orphan("refused", "refuses", None).await?;
         let asked = || stops.asked.lock().len();
 
         assert_eq!(runtime.retry_remote_stops().await?, 1);
@@ -341,12 +366,28 @@ mod tests {
         Ok(())
     }
 
+    /// An orphan its parent wakes (forgetting it) while the pass's refused stop is out is not
+    /// put back by the pass: it would stop the run the parent just resumed.
+    #[tokio::test]
+    async fn a_refused_orphan_forgotten_meanwhile_is_not_recorded_again() -> anyhow::Result<()> {
+        let (runtime, stops, _clock, store) = one_orphan("woken", "refuses", None).await?;
+        *stops.meanwhile.lock() = Some(Arc::clone(&store));
+        runtime.retry_remote_stops().await?;
+        assert_eq!(stops.asked.lock().len(), 1);
+        assert!(
+            !schema::orphan_recorded(store.as_ref(), &"woken".parse()?).await?,
+            "the orphan its parent forgot is recorded again"
+        );
+        runtime.shutdown().await?;
+        Ok(())
+    }
+
     /// An orphan recorded while its own stop is under way is left to that stop until its
     /// hold ends; then a pass stops it (that stop was cut: a crash, a caller gone).
     #[tokio::test]
     async fn an_orphan_whose_own_stop_may_be_under_way_is_left_to_it_until_its_hold_ends(
     ) -> anyhow::Result<()> {
-        let (runtime, stops, clock) = one_orphan("held", "alive", Some(1_000)).await?;
+        let (runtime, stops, clock, _) = one_orphan("held", "alive", Some(1_000)).await?;
 
         assert_eq!(runtime.retry_remote_stops().await?, 1, "held: left");
         assert!(stops.asked.lock().is_empty(), "and not asked");

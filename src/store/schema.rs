@@ -878,6 +878,20 @@ pub(crate) async fn orphan_recorded(store: &dyn Store, child: &SessionId) -> Res
         .is_some())
 }
 
+/// The record of remote child `child` waiting to be stopped, if there is one (an unreadable
+/// one is an error).
+pub(crate) async fn orphan(
+    store: &dyn Store,
+    child: &SessionId,
+) -> Result<Option<crate::remote::RemoteOrphan>, Error> {
+    let key = session_key(child);
+    store
+        .get(Tree::RemoteOrphans, &key)
+        .await?
+        .map(|bytes| decode(child, Tree::RemoteOrphans, &bytes))
+        .transpose()
+}
+
 /// Up to `limit` remote children waiting to be stopped, in key order from `from` on, and
 /// where the next page starts (`None`: this was the last). An unreadable record is skipped
 /// (logged): it must not keep the others from being stopped.

@@ -79,9 +79,12 @@ use writes::SledWrites;
 /// transactions then one flush reach ~8k writes/s; one transaction holding the same 64 batches
 /// then one flush reach ~33k writes/s.
 ///
-/// Grouping keeps every batch all-or-nothing (a group is all-or-nothing as a whole). A commit is
-/// never acknowledged before its flush has succeeded; a failed apply or flush fails every
-/// commit of its group.
+/// Grouping keeps every batch all-or-nothing. A commit is never acknowledged before it is
+/// durable; a failed apply or flush fails every commit of its group, unless the database opened
+/// again after it holds the whole group (sled writes what it applied as it lets a failed
+/// database go), which is then made durable and acknowledged. A group of more than 4,096
+/// writes is applied as several sled batches: one whose later part failed is told failed while
+/// its earlier part may be kept, as a commit a crash cut may be.
 ///
 /// # After a failed write, and when the disk is full
 ///

@@ -490,9 +490,8 @@ fn a_released_store_s_lagging_mark_names_every_flushed_commit() -> Result<(), an
     let first = mark()?;
     store.commit(numbered(2)).wait()?;
     store.commit(numbered(3)).wait()?;
-    // Within its second the mark lags (on a machine slow enough to take longer, it moved;
-    // the release must then leave it where it is).
-    assert!(mark()? >= first);
+    // Within its second the mark lags (on a machine slow enough to take longer, it moved):
+    // either way the release must leave it naming every commit.
     Store::release(&store);
     assert_eq!(
         mark()?,
