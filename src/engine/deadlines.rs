@@ -7,8 +7,9 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::error::Error;
 
-/// What one sweep did.
+/// What one sweep did. Read its fields; a later version may add more.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct SweepReport {
     /// Expired calls whose owners were told to record a timeout.
     pub fired: usize,
