@@ -2,6 +2,8 @@
 //! with the input the person approved it with, checked against its input schema, the original
 //! kept beside it; other tools refuse edits.
 
+mod common;
+
 use std::sync::{Arc, Mutex};
 
 use dormant::types::{ChunkKind, ToolOutcome};
@@ -278,19 +280,9 @@ async fn an_approved_call_cut_while_it_ran_is_not_run_again_once_its_tool_was_re
         first.submit_tool_result(approve).await?,
         SubmitOutcome::Accepted
     );
-    let resuming = tokio::spawn({
-        let (first, id) = (first.clone(), id.clone());
-        async move { first.resume(&id).await }
-    });
-    let bounded = std::time::Duration::from_secs(30);
-    tokio::time::timeout(bounded, started.notified())
-        .await
-        .map_err(|_| anyhow::anyhow!("the approved call never ran"))?;
-    tokio::time::timeout(bounded, first.shutdown())
-        .await
-        .map_err(|_| anyhow::anyhow!("the shutdown never ended"))??;
-    let _ = resuming.await?;
+    common::stop_while_a_resumed_tool_runs(&first, &id, &started).await?;
     block.store(false, Ordering::SeqCst);
+    let bounded = std::time::Duration::from_secs(30);
 
     let second = build("version 2")?;
     let resumed = tokio::time::timeout(bounded, second.resume(&id))

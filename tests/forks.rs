@@ -1069,21 +1069,10 @@ async fn a_copied_call_in_flight_is_not_reconciled_after_a_crash_in_the_forks_fi
     let fork = first.fork(&source, in_step.id, ForkOptions::new()).await?;
 
     block.store(true, Ordering::SeqCst);
-    let resuming = tokio::spawn({
-        let (first, fork) = (first.clone(), fork.clone());
-        async move { first.resume(&fork).await }
-    });
-    let bounded = std::time::Duration::from_secs(30);
-    tokio::time::timeout(bounded, started.notified())
-        .await
-        .map_err(|_| anyhow::anyhow!("the fork's resume never ran slow again"))?;
-    // The process stops while `slow` runs (a shutdown records nothing more of the run: its
-    // next activation closes it as cut, as after a kill).
-    tokio::time::timeout(bounded, first.shutdown())
-        .await
-        .map_err(|_| anyhow::anyhow!("the shutdown never ended"))??;
-    let _ = resuming.await?;
+    // The process stops while `slow` runs.
+    common::stop_while_a_resumed_tool_runs(&first, &fork, &started).await?;
     block.store(false, Ordering::SeqCst);
+    let bounded = std::time::Duration::from_secs(30);
 
     // The script is read by reply number: the fork's next is its second.
     let second = build(vec![ModelReply::text("unused"), ModelReply::text("done")])?;

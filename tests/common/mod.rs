@@ -294,3 +294,26 @@ pub async fn run_ended(
         .await
         .map_err(|_| anyhow::anyhow!("{id} never ended its run"))?
 }
+
+/// Resumes `id` on `runtime` in the background, waits (30 s at most) until `started` says a
+/// tool of the resumed run is running, then shuts the runtime down while it runs: the process
+/// stops mid-tool, and the session's next activation closes the run as cut, as after a kill.
+pub async fn stop_while_a_resumed_tool_runs(
+    runtime: &Runtime,
+    id: &dormant::SessionId,
+    started: &tokio::sync::Notify,
+) -> anyhow::Result<()> {
+    let resuming = tokio::spawn({
+        let (runtime, id) = (runtime.clone(), id.clone());
+        async move { runtime.resume(&id).await }
+    });
+    let bounded = std::time::Duration::from_secs(30);
+    tokio::time::timeout(bounded, started.notified())
+        .await
+        .map_err(|_| anyhow::anyhow!("the resumed run's tool never started"))?;
+    tokio::time::timeout(bounded, runtime.shutdown())
+        .await
+        .map_err(|_| anyhow::anyhow!("the shutdown never ended"))??;
+    let _ = resuming.await?;
+    Ok(())
+}
